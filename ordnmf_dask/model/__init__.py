@@ -1,0 +1,1 @@
+"""Pure numpy / scipy numerics of IG-OrdNMF: block kernels, gamma updates, thresholds."""

@@ -1,0 +1,113 @@
+"""Functions that run on the workers. Module-level, small arguments, no closures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io.store import read_block
+from ..model import kernels
+from ..model.kernels import CsrBlock, LocalStats
+from ..model.updates import FactorChunk, update_chunk
+
+INIT_ROWS = 4096  # rows per random-initialization seed: the init does not depend on the grid
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """Where to read a block from when it is not cached on the workers (streaming mode)."""
+
+    path: str
+    split: str
+    r: int
+    c: int
+
+
+def load_block(path: str, split: str, r: int, c: int) -> CsrBlock:
+    """Read block (r, c) of ``split`` from the zarr store."""
+    b = read_block(path, split, r, c)
+    return CsrBlock.from_coo(b.rows, b.cols, b.y, b.shape)
+
+
+def materialize(block: CsrBlock | BlockRef) -> CsrBlock:
+    """A cached block as is, or a streamed block read now."""
+    if isinstance(block, BlockRef):
+        return load_block(block.path, block.split, block.r, block.c)
+    return block
+
+
+def random_chunk(seed: int, which: int, start: int, stop: int, k: int) -> FactorChunk:
+    """Gamma(1, 1) draws for global rows [start, stop), independent of the block grid.
+
+    Rows are drawn in fixed groups of INIT_ROWS, each from its own stream
+    ``SeedSequence([seed, which, group])``.
+    """
+    first, last = start // INIT_ROWS, (stop - 1) // INIT_ROWS
+    parts = []
+    for group in range(first, last + 1):
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, which, group])))
+        parts.append(rng.gamma(1.0, 1.0, size=(INIT_ROWS, k)))
+    rows = np.concatenate(parts)
+    offset = first * INIT_ROWS
+    return FactorChunk(mean=rows[start - offset : stop - offset].copy(), log_mean=None)
+
+
+def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
+    """Warm-start rows [start, stop) of a zarr array at ``path``."""
+    import zarr
+
+    return FactorChunk(mean=zarr.open_array(path, mode="r")[start:stop], log_mean=None)
+
+
+def local_block(
+    block: CsrBlock | BlockRef, w: FactorChunk, h: FactorChunk, delta: np.ndarray, approx: bool
+) -> LocalStats:
+    """Local step of block (r, c) with the current factor chunks."""
+    return kernels.local_step(
+        materialize(block), w.geo_mean, h.geo_mean, w.mean, h.mean, delta, approx
+    )
+
+
+def row_correction_block(block: CsrBlock | BlockRef, gap: np.ndarray, h: FactorChunk) -> np.ndarray:
+    """Sparse W-rate term of block (r, c), shape (n_rows, K)."""
+    return kernels.row_correction(materialize(block), gap, h.mean)
+
+
+def col_correction_block(block: CsrBlock | BlockRef, gap: np.ndarray, w: FactorChunk) -> np.ndarray:
+    """Sparse H-rate term of block (r, c), shape (n_cols, K)."""
+    return kernels.col_correction(materialize(block), gap, w.mean)
+
+
+def update_factor(
+    old: FactorChunk,
+    alpha: float,
+    shape_stat: np.ndarray,
+    theta0: float,
+    other_summary: np.ndarray,
+    correction: np.ndarray,
+) -> FactorChunk:
+    """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum."""
+    k = old.mean.shape[1]
+    return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
+
+
+def save_any(value: FactorChunk | np.ndarray, root: str, name: str, index: int) -> str:
+    """Write a factor chunk or a plain array to ``root/name/index`` (lineage cut)."""
+    from . import chunkstore
+
+    if isinstance(value, FactorChunk):
+        return chunkstore.save_chunk(value, root, name, index)
+    return chunkstore.save_array(value, root, name, index)
+
+
+def load_any(root: str, name: str, index: int) -> FactorChunk | np.ndarray:
+    """Read back what :func:`save_any` wrote."""
+    import zarr
+
+    from . import chunkstore
+
+    node = zarr.open(chunkstore.chunk_path(root, name, index), mode="r")
+    if isinstance(node, zarr.Group):
+        return chunkstore.load_chunk(root, name, index)
+    return node[...]

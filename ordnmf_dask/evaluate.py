@@ -1,0 +1,125 @@
+"""Evaluation on the held-out nonzeros, per user-block on the workers (DESIGN.md section 3).
+
+NDCG@k for each relevance threshold s (relevance ``y_test >= s``, training items excluded) and the
+test log-likelihood of the nonzeros. Only per-block sums travel to the client.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from distributed import Client
+
+from .engine import chunkstore
+from .engine.cluster import resolve_client
+from .engine.reduce import tree_reduce, tree_sum
+from .engine.tasks import load_block
+from .io.errors import InputError
+from .io.store import StoreInfo, open_store, read_block
+from .model import metrics
+from .modelstore import ModelInfo, open_model
+
+
+def _topk_task(model: str, store: str, r: int, c: int, col_offset: int, k: int) -> tuple:
+    ew = chunkstore.load_chunk(model, "W", r).mean
+    eh = chunkstore.load_chunk(model, "H", c).mean
+    return metrics.topk_block(ew, eh, load_block(store, "train", r, c), col_offset, k)
+
+
+def _ndcg_task(
+    top: tuple[np.ndarray, np.ndarray], store: str, r: int, col_bounds: list[int],
+    levels: list[int], k: int,
+) -> np.ndarray:
+    rows, items, ys = [], [], []
+    for c in range(len(col_bounds) - 1):
+        b = read_block(store, "test", r, c)
+        rows.append(b.rows)
+        items.append(b.cols.astype(np.int64) + col_bounds[c])
+        ys.append(b.y)
+    sums, counts = metrics.ndcg_sums(
+        top[1], np.concatenate(rows), np.concatenate(items), np.concatenate(ys), levels, k
+    )
+    return np.concatenate([sums, counts])
+
+
+def _loglik_task(model: str, store: str, r: int, c: int, delta: np.ndarray) -> np.ndarray:
+    b = read_block(store, "test", r, c)
+    ew = chunkstore.load_chunk(model, "W", r).mean
+    eh = chunkstore.load_chunk(model, "H", c).mean
+    return np.array([metrics.test_loglik(b.rows, b.cols, b.y, ew, eh, delta), len(b.y)])
+
+
+def check_compatible(store: StoreInfo, model: ModelInfo) -> None:
+    """InputError unless ``model`` was fitted on a store with the same shape and block grid."""
+    s = model.attrs["store"]
+    same = (
+        s["n_users"] == store.n_users
+        and s["n_items"] == store.n_items
+        and s["n_classes"] == store.n_classes
+        and list(model.attrs["row_bounds"]) == store.row_bounds.tolist()
+        and list(model.attrs["col_bounds"]) == store.col_bounds.tolist()
+    )
+    if not same:
+        raise InputError(
+            f"model {model.path} was fitted on {s['path']} "
+            f"({s['n_users']} users x {s['n_items']} items, V={s['n_classes']}), "
+            f"which does not match store {store.path}"
+        )
+
+
+def evaluate(
+    store: str | os.PathLike | StoreInfo,
+    model: Any,
+    client: Client | None = None,
+    *,
+    k: int = 100,
+    levels: list[int] | None = None,
+    n_workers: int = 2,
+) -> dict[str, Any]:
+    """NDCG@k per threshold and the test log-likelihood of a fitted model.
+
+    Parameters
+    ----------
+    store : the store the model was fitted on (its ``test`` split is evaluated).
+    model : a model directory path or a fitted estimator (uses its ``model_path_``).
+    levels : relevance thresholds s (default 1..V).
+
+    Returns
+    -------
+    dict with ``ndcg`` ({s: mean NDCG@k over users with a relevant item}), ``n_users``
+    ({s: count}), ``test_loglik`` (sum over test nonzeros), ``test_loglik_mean`` (per nonzero),
+    ``k`` and ``nnz_test``.
+    """
+    info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+    m = open_model(os.fspath(getattr(model, "model_path_", model)))
+    check_compatible(info, m)
+    if k < 1:
+        raise InputError(f"k must be >= 1, got {k}")
+    levels = list(range(1, info.n_classes + 1)) if levels is None else [int(s) for s in levels]
+    n_r, n_c = info.grid
+    cb = [int(x) for x in info.col_bounds]
+    with resolve_client(client, n_workers) as cl:
+        per_row = []
+        for r in range(n_r):
+            cands = [cl.submit(_topk_task, m.path, info.path, r, c, cb[c], k) for c in range(n_c)]
+            top = tree_reduce(cl, cands, metrics.merge_topk, k)
+            per_row.append(cl.submit(_ndcg_task, top, info.path, r, cb, levels, k))
+        ll = [
+            cl.submit(_loglik_task, m.path, info.path, r, c, m.delta)
+            for r in range(n_r)
+            for c in range(n_c)
+        ]
+        ndcg_v, ll_v = cl.gather([tree_sum(cl, per_row), tree_sum(cl, ll)])
+    sums, counts = ndcg_v[: len(levels)], ndcg_v[len(levels) :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums / counts
+    return {
+        "k": k,
+        "ndcg": {int(s): float(v) for s, v in zip(levels, means, strict=True)},
+        "n_users": {int(s): int(n) for s, n in zip(levels, counts, strict=True)},
+        "test_loglik": float(ll_v[0]),
+        "test_loglik_mean": float(ll_v[0] / ll_v[1]) if ll_v[1] else float("nan"),
+        "nnz_test": int(ll_v[1]),
+    }

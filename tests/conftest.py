@@ -1,0 +1,78 @@
+"""Shared fixtures: a session-wide LocalCluster of worker processes, and small stores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from ordnmf_dask.io.blocking import balanced_bounds, block_sort
+from ordnmf_dask.io.store import StoreInfo, write_store
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Two single-threaded worker processes on loopback (the realistic default here)."""
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        dashboard_address=None,
+    ) as lc:
+        yield lc
+
+
+@pytest.fixture
+def client(cluster):
+    with Client(cluster) as c:
+        yield c
+
+
+def synthetic_ordinal(
+    n_users: int, n_items: int, n_classes: int, k: int = 3, density: float = 0.3, seed: int = 0
+) -> np.ndarray:
+    """Dense (U, I) classes 0..V drawn from a low-rank Gamma model; every class occurs."""
+    rng = np.random.default_rng(seed)
+    lam = rng.gamma(1.0, 1.0, (n_users, k)) @ rng.gamma(1.0, 1.0, (k, n_items))
+    score = lam * rng.gamma(2.0, 0.5, lam.shape)
+    mask = rng.random(lam.shape) < density
+    edges = np.quantile(score[mask], np.linspace(0, 1, n_classes + 1)[1:-1])
+    y = np.where(mask, 1 + np.searchsorted(edges, score), 0)
+    y[0, : n_classes] = np.arange(1, n_classes + 1)  # every class present
+    return y.astype(np.int64)
+
+
+def dense_split(y: np.ndarray, test_fraction: float = 0.2, seed: int = 1):
+    """Split the nonzeros of a dense matrix into dense train / test matrices."""
+    rng = np.random.default_rng(seed)
+    test = (rng.random(y.shape) < test_fraction) & (y > 0)
+    test[0, :] = False  # keep every class in train
+    return np.where(test, 0, y), np.where(test, y, 0)
+
+
+def store_from_dense(
+    path: Path, train: np.ndarray, test: np.ndarray, n_classes: int, grid: tuple[int, int]
+) -> StoreInfo:
+    """Write a store holding exactly these dense train / test matrices on a given grid."""
+    u, i = np.nonzero(train)
+    rb = balanced_bounds(np.bincount(u, minlength=train.shape[0]), grid[0])
+    cb = balanced_bounds(np.bincount(i, minlength=train.shape[1]), grid[1])
+
+    def blocked(m: np.ndarray):
+        uu, ii = np.nonzero(m)
+        return block_sort(uu, ii, m[uu, ii], m[uu, ii].astype(float), rb, cb)
+
+    hist = lambda m: np.bincount(m[m > 0], minlength=n_classes + 1).tolist()  # noqa: E731
+    attrs = {
+        "n_users": train.shape[0], "n_items": train.shape[1], "n_classes": n_classes,
+        "value_kind": "ratings-integer", "thresholds": None, "binarize": None,
+        "nnz_train": int((train > 0).sum()), "nnz_test": int((test > 0).sum()),
+        "hist_train": hist(train), "hist_test": hist(test), "grid": list(grid),
+        "split": "file", "seed": None,
+    }
+    return write_store(
+        path, attrs, rb, cb, blocked(train), blocked(test),
+        np.arange(train.shape[0]), np.arange(train.shape[1]),
+    )

@@ -1,0 +1,113 @@
+"""Block kernels against the dense oracle (tests/oracle.py), without Dask."""
+
+from __future__ import annotations
+
+import numpy as np
+import oracle
+import pytest
+from conftest import synthetic_ordinal
+
+from ordnmf_dask.model import kernels, metrics, thresholds
+from ordnmf_dask.model.gamma import gamma_elbo_term, gamma_moments
+
+
+def _block(y: np.ndarray) -> kernels.CsrBlock:
+    rows, cols = np.nonzero(y)
+    return kernels.CsrBlock.from_coo(rows, cols, y[rows, cols].astype(np.uint8), y.shape)
+
+
+@pytest.mark.parametrize("approx", [False, True])
+@pytest.mark.parametrize("n_classes", [1, 4])
+def test_local_step_matches_oracle(approx, n_classes):
+    y = synthetic_ordinal(13, 11, n_classes, seed=n_classes)
+    rng = np.random.default_rng(0)
+    gw, gh = rng.gamma(1, 1, (13, 3)), rng.gamma(1, 1, (11, 3))
+    ew, eh = rng.gamma(1, 1, (13, 3)), rng.gamma(1, 1, (11, 3))
+    delta = oracle.init_delta(y, n_classes)
+    got = kernels.local_step(_block(y), gw, gh, ew, eh, delta, approx)
+    want = oracle.local_step(y, gw, gh, delta, approx)
+    np.testing.assert_allclose(got.sw, want["SW"], rtol=1e-12)
+    np.testing.assert_allclose(got.sh, want["SH"], rtol=1e-12)
+    assert got.elbo == pytest.approx(want["elbo_local"], rel=1e-12)
+    assert got.bound == pytest.approx(want["bound_local"], rel=1e-12)
+    lam = ew @ eh.T
+    for v in range(1, n_classes + 1):
+        assert got.en_by_class[v] == pytest.approx(want["En"][y == v].sum(), rel=1e-12)
+        assert got.lam_by_class[v] == pytest.approx(lam[y == v].sum(), rel=1e-12)
+
+
+def test_sddmm_spans_several_slabs(monkeypatch):
+    monkeypatch.setattr(kernels, "_CHUNK", 7)
+    rng = np.random.default_rng(3)
+    a, b = rng.random((20, 4)), rng.random((30, 4))
+    rows, cols = rng.integers(0, 20, 100), rng.integers(0, 30, 100)
+    np.testing.assert_allclose(kernels.sddmm(rows, cols, a, b), (a @ b.T)[rows, cols], rtol=1e-14)
+
+
+def test_rate_corrections_match_dense_rates():
+    n_classes = 5
+    y = synthetic_ordinal(12, 9, n_classes, seed=2)
+    rng = np.random.default_rng(1)
+    ew, eh = rng.gamma(1, 1, (12, 3)), rng.gamma(1, 1, (9, 3))
+    delta = oracle.init_delta(y, n_classes)
+    theta = oracle.thresholds(delta)
+    gap = thresholds.gap_from_delta(delta)
+    np.testing.assert_allclose(gap, oracle.G_of(theta), atol=1e-15)
+    beta_w, beta_h = rng.random((12, 1)), rng.random((9, 1))
+    block = _block(y)
+    got_w = beta_w + (theta[0] * eh.sum(0) - kernels.row_correction(block, gap, eh))
+    got_h = beta_h + (theta[0] * ew.sum(0) - kernels.col_correction(block, gap, ew))
+    np.testing.assert_allclose(got_w, oracle.rate_W(y, eh, beta_w[:, 0], theta), rtol=1e-12)
+    np.testing.assert_allclose(got_h, oracle.rate_H(y, ew, beta_h[:, 0], theta), rtol=1e-12)
+
+
+def test_thresholds_and_delta_update_match_oracle():
+    n_classes = 6
+    y = synthetic_ordinal(15, 14, n_classes, seed=4)
+    hist = np.bincount(y[y > 0], minlength=n_classes + 1)
+    delta = thresholds.init_delta(hist)
+    np.testing.assert_allclose(delta, oracle.init_delta(y, n_classes), rtol=1e-15)
+    np.testing.assert_allclose(
+        thresholds.theta_from_delta(delta), oracle.thresholds(delta), rtol=1e-14
+    )
+    rng = np.random.default_rng(5)
+    ew, eh = rng.gamma(1, 1, (15, 2)), rng.gamma(1, 1, (14, 2))
+    en = np.where(y > 0, 1 + rng.random(y.shape), 0.0)
+    lam = ew @ eh.T
+    en_c = np.bincount(y.ravel(), en.ravel(), n_classes + 1)
+    lam_c = np.bincount(y.ravel(), np.where(y > 0, lam, 0).ravel(), n_classes + 1)
+    total = float(ew.sum(0) @ eh.sum(0))
+    got = thresholds.update_delta(en_c, lam_c, total)
+    np.testing.assert_allclose(got, oracle.update_delta(y, en, lam, n_classes), rtol=1e-12)
+
+
+def test_gamma_term_matches_oracle():
+    rng = np.random.default_rng(6)
+    a, b, beta = 0.3 + rng.random((5, 3)), rng.random((5, 3)) + 0.1, rng.random((5, 1)) + 0.1
+    mean, log_mean = gamma_moments(a, b)
+    got = gamma_elbo_term(0.3, beta, a, b, mean, log_mean)
+    assert got == pytest.approx(oracle.gamma_elbo_terms(0.3, beta, a, b), rel=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 3, 100])
+def test_topk_ndcg_and_loglik_match_oracle(k):
+    n_classes = 4
+    y = synthetic_ordinal(20, 17, n_classes, seed=7)
+    rng = np.random.default_rng(8)
+    test = (rng.random(y.shape) < 0.3) & (y > 0)
+    train_y, test_y = np.where(test, 0, y), np.where(test, y, 0)
+    ew, eh = rng.gamma(1, 1, (20, 3)), rng.gamma(1, 1, (17, 3))
+    # two item-blocks merged, as the engine does
+    left = metrics.topk_block(ew, eh[:9], _block(train_y[:, :9]), 0, k)
+    right = metrics.topk_block(ew, eh[9:], _block(train_y[:, 9:]), 9, k)
+    _, items = metrics.merge_topk(left, right, k)
+    rows, cols = np.nonzero(test_y)
+    levels = [1, 2, 4]
+    sums, counts = metrics.ndcg_sums(items, rows, cols, test_y[rows, cols], levels, k)
+    for j, s in enumerate(levels):
+        assert sums[j] / counts[j] == pytest.approx(
+            oracle.ndcg_at_k(ew, eh, train_y, test_y, s, k=k), rel=1e-12
+        )
+    delta = oracle.init_delta(train_y, n_classes)
+    got = metrics.test_loglik(rows, cols, test_y[rows, cols], ew, eh, delta)
+    assert got == pytest.approx(oracle.test_loglik(ew, eh, delta, test_y), rel=1e-12)
