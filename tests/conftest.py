@@ -19,7 +19,7 @@ def cluster():
     """Two single-threaded worker processes on loopback (the realistic default here)."""
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-        dashboard_address=None,
+        dashboard_address="127.0.0.1:0",
     ) as lc:
         yield lc
 

@@ -1,0 +1,119 @@
+"""The distributed fit against the dense oracle, on real worker processes and zarr stores."""
+
+from __future__ import annotations
+
+import numpy as np
+import oracle
+import pytest
+from conftest import dense_split, store_from_dense, synthetic_ordinal
+from distributed import Client, LocalCluster
+
+from ordnmf_dask import OrdNMF
+from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def problem():
+    n_classes = 4
+    y = synthetic_ordinal(30, 25, n_classes, seed=0)
+    train, test = dense_split(y)
+    rng = np.random.default_rng(0)
+    return n_classes, train, test, rng.gamma(1, 1, (30, K)), rng.gamma(1, 1, (25, K))
+
+
+def _assert_same_fit(model, ref, elbo_rtol=1e-9, factor_rtol=1e-6):
+    assert model.n_iter_ == ref["n_iter"]
+    np.testing.assert_allclose(model.elbo_, ref["elbo"], rtol=elbo_rtol)
+    np.testing.assert_allclose(model.W_.compute(), ref["EW"], rtol=factor_rtol)
+    np.testing.assert_allclose(model.H_.compute(), ref["EH"], rtol=factor_rtol)
+    np.testing.assert_allclose(model.log_W_.compute(), ref["ElogW"], rtol=factor_rtol)
+    np.testing.assert_allclose(model.delta_, ref["delta"], rtol=factor_rtol)
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (2, 3), (4, 2)])
+@pytest.mark.parametrize("approx", [False, True])
+def test_fit_matches_oracle_trajectory(tmp_path, client, problem, grid, approx):
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, grid)
+    ref = oracle.fit(train, n_classes, w0, h0, tol=1e-5, approx=approx)
+    model = OrdNMF(K, approx=approx, lineage_every=7).fit(store, client, init=(w0, h0))
+    _assert_same_fit(model, ref)
+    assert model.converged_
+    objective = np.asarray(ref["objective"])
+    assert np.all(np.diff(objective) >= -1e-12 * np.abs(objective[1:]))
+
+
+def test_binary_data_is_bepof(tmp_path, client, problem):
+    _, train, test, w0, h0 = problem
+    tr, te = (train > 0).astype(np.int64), (test > 0).astype(np.int64)
+    store = store_from_dense(tmp_path / "b.zarr", tr, te, 1, (2, 2))
+    ref = oracle.fit(tr, 1, w0, h0, tol=1e-6, min_iter=5)
+    model = OrdNMF(K, tol=1e-6, min_iter=5).fit(store, client, init=(w0, h0))
+    _assert_same_fit(model, ref)
+
+
+def test_streaming_cached_and_lineage_cuts_agree_bitwise(tmp_path, client, problem):
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 2))
+    fits = [
+        OrdNMF(K, max_iter=12, cache_blocks=cache, lineage_every=every).fit(
+            store, client, init=(w0, h0)
+        )
+        for cache, every in [(True, 0), (False, 0), (True, 5)]
+    ]
+    for other in fits[1:]:
+        assert other.elbo_ == fits[0].elbo_
+        np.testing.assert_array_equal(other.W_.compute(), fits[0].W_.compute())
+
+
+def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 3))
+    two = OrdNMF(K, max_iter=15).fit(store, client)
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
+    ) as lc, Client(lc) as one_client:
+        one = OrdNMF(K, max_iter=15).fit(store, one_client)
+    assert one.elbo_ == two.elbo_
+    np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
+
+
+def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):
+    n_classes, train, test, _, _ = problem
+    fits = []
+    for grid in [(1, 1), (3, 2)]:
+        store = store_from_dense(tmp_path / f"s{grid[0]}.zarr", train, test, n_classes, grid)
+        fits.append(OrdNMF(K, max_iter=6, random_state=3).fit(store, client))
+    np.testing.assert_allclose(fits[0].elbo_, fits[1].elbo_, rtol=1e-12)
+    other_seed = OrdNMF(K, max_iter=6, random_state=4).fit(store, client)
+    assert other_seed.elbo_[-1] != fits[1].elbo_[-1]
+
+
+def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
+    """With lineage cuts, the scheduler holds the same number of tasks at iteration 10 and 40."""
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
+    counts = {}
+
+    def count_tasks(n, *_):
+        if n in (10, 40):
+            counts[n] = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+
+    runner = CaviRunner(client, store, CaviConfig(K, max_iter=40, tol=1e-300), str(tmp_path),
+                        cache_blocks=True, lineage_every=5)
+    runner.run(runner.random_init(), count_tasks)
+    assert counts[40] <= counts[10]
+
+
+def test_save_and_load_round_trip(tmp_path, client, problem):
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
+    model = OrdNMF(K, max_iter=5).fit(store, client, out=tmp_path / "m.zarr")
+    model.save(tmp_path / "copy.zarr")
+    loaded = OrdNMF.load(tmp_path / "copy.zarr")
+    assert loaded.get_params() == model.get_params()
+    assert loaded.elbo_ == model.elbo_
+    np.testing.assert_array_equal(loaded.W_.compute(), model.W_.compute())
+    assert not list(tmp_path.glob("*.tmp-*"))
