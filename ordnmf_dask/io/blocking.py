@@ -1,0 +1,127 @@
+"""Choose the block grid by nonzeros and sort nonzeros block by block."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+DEFAULT_NNZ_PER_BLOCK = 2**21
+
+
+@dataclass(frozen=True, eq=False)
+class BlockedNonzeros:
+    """Nonzeros sorted by (block row r, block col c, local row, local col).
+
+    Attributes
+    ----------
+    rows, cols : np.ndarray of int32, shape (nnz,)
+        Local indices within the block (``user - row_bounds[r]``, ``item - col_bounds[c]``).
+    y : np.ndarray of uint8, shape (nnz,)
+    raw : np.ndarray of float64, shape (nnz,)
+    offsets : np.ndarray of int64, shape (n_r * n_c + 1,)
+        Block ``b = r * n_c + c`` occupies ``[offsets[b], offsets[b + 1])``.
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    y: np.ndarray
+    raw: np.ndarray
+    offsets: np.ndarray
+
+
+def auto_grid(nnz: int, n_users: int, n_items: int, nnz_per_block: int) -> tuple[int, int]:
+    """Grid of about ``sqrt(nnz / nnz_per_block)`` blocks per side, at most U x I."""
+    if nnz_per_block < 1:
+        raise InputError(f"nnz_per_block must be >= 1, got {nnz_per_block}")
+    side = max(1, round(math.sqrt(nnz / nnz_per_block)))
+    return min(side, n_users), min(side, n_items)
+
+
+def balanced_bounds(degrees: np.ndarray, n_parts: int) -> np.ndarray:
+    """Cut ``len(degrees)`` indices into ``n_parts`` contiguous non-empty ranges of ~equal nnz.
+
+    Parameters
+    ----------
+    degrees : np.ndarray of int, shape (n,)
+        Nonzeros per index.
+    n_parts : int
+        1 <= n_parts <= n.
+
+    Returns
+    -------
+    np.ndarray of int64, shape (n_parts + 1,)
+        Strictly increasing, from 0 to n; cuts sit at nnz quantiles.
+    """
+    n = len(degrees)
+    if not 1 <= n_parts <= n:
+        raise InputError(f"cannot cut {n} indices into {n_parts} non-empty blocks")
+    cum = np.cumsum(degrees, dtype=np.float64)
+    total = cum[-1] if n else 0.0
+    targets = total * np.arange(1, n_parts) / n_parts
+    # bound b puts indices [0, b) before the cut, holding cum[b - 1] nonzeros.
+    hi = np.searchsorted(cum, targets, side="left") + 1
+    lo = hi - 1
+    cum0 = np.concatenate([[0.0], cum])
+    pick = np.where(np.abs(cum0[lo] - targets) <= np.abs(cum0[hi] - targets), lo, hi)
+    bounds = np.concatenate([[0], pick, [n]]).astype(np.int64)
+    for k in range(1, n_parts):  # make every range non-empty
+        bounds[k] = max(bounds[k], bounds[k - 1] + 1)
+    for k in range(n_parts - 1, 0, -1):
+        bounds[k] = min(bounds[k], bounds[k + 1] - 1)
+    return bounds
+
+
+def choose_bounds(
+    u: np.ndarray,
+    i: np.ndarray,
+    n_users: int,
+    n_items: int,
+    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
+    grid: tuple[int, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row bounds (n_r + 1,) and col bounds (n_c + 1,), int64, from train nonzeros (u, i)."""
+    if grid is None:
+        n_r, n_c = auto_grid(len(u), n_users, n_items, nnz_per_block)
+    else:
+        n_r, n_c = _check_grid(grid)
+    rows = balanced_bounds(np.bincount(u, minlength=n_users), n_r)
+    cols = balanced_bounds(np.bincount(i, minlength=n_items), n_c)
+    return rows, cols
+
+
+def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
+    try:
+        n_r, n_c = (int(g) for g in grid)
+    except (TypeError, ValueError):
+        raise InputError(f"grid must be a pair of positive ints, got {grid!r}") from None
+    if n_r < 1 or n_c < 1 or (n_r, n_c) != tuple(grid):
+        raise InputError(f"grid must be a pair of positive ints, got {grid!r}")
+    return n_r, n_c
+
+
+def block_sort(
+    u: np.ndarray,
+    i: np.ndarray,
+    y: np.ndarray,
+    raw: np.ndarray,
+    row_bounds: np.ndarray,
+    col_bounds: np.ndarray,
+) -> BlockedNonzeros:
+    """Sort global nonzeros (u, i int64 (nnz,)) into blocks with local int32 indices."""
+    n_c = len(col_bounds) - 1
+    n_blocks = (len(row_bounds) - 1) * n_c
+    r = np.searchsorted(row_bounds, u, side="right") - 1
+    c = np.searchsorted(col_bounds, i, side="right") - 1
+    rows = (u - row_bounds[r]).astype(np.int32)
+    cols = (i - col_bounds[c]).astype(np.int32)
+    b = r * n_c + c
+    order = np.lexsort((cols, rows, b))
+    offsets = np.zeros(n_blocks + 1, dtype=np.int64)
+    np.cumsum(np.bincount(b, minlength=n_blocks), out=offsets[1:])
+    return BlockedNonzeros(
+        rows[order], cols[order], y[order].astype(np.uint8), raw[order].astype(np.float64), offsets
+    )

@@ -1,0 +1,312 @@
+"""The on-disk block store: atomic writing, opening and block reads.
+
+Layout of one zarr v3 group directory (format_version 1)::
+
+    OUT/                 attrs: format_version, complete, n_users, n_items, n_classes, value_kind,
+                         thresholds, binarize, min_count, filter_mode, duplicates, split,
+                         test_fraction, seed, nnz_train, nnz_test, hist_train, hist_test, grid,
+                         source, created (and a few informative extras)
+      row_bounds         int64 (n_r + 1,)
+      col_bounds         int64 (n_c + 1,)
+      train/, test/      rows int32, cols int32, y uint8, raw float64 (nnz,); offsets int64
+                         (n_r * n_c + 1,); block b = r * n_c + c is [offsets[b], offsets[b + 1]),
+                         sorted by (rows, cols) within a block
+      users/ids, items/ids   raw ids in index order: int64 if every raw id was an integer, else a
+                         zarr ``string`` array (numpy StringDType; read back as ``str``)
+
+A store is complete or absent: it is written to ``OUT.tmp-<random>``, ``complete`` is set last, and
+the directory is then renamed to OUT.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+
+from .blocking import BlockedNonzeros
+from .errors import InputError, StoreError
+
+FORMAT_VERSION = 1
+CHUNK = 2**20
+SPLITS = ("train", "test")
+AXES = ("users", "items")
+_FIELDS = ("rows", "cols", "y", "raw")
+
+
+@dataclass(frozen=True, eq=False)
+class StoreInfo:
+    """Metadata of a complete store.
+
+    Attributes
+    ----------
+    path : str
+        Absolute path of the store directory.
+    n_users, n_items, n_classes : int
+        U, I and V.
+    row_bounds : np.ndarray of int64, shape (n_r + 1,)
+    col_bounds : np.ndarray of int64, shape (n_c + 1,)
+    nnz_train, nnz_test : int
+    hist_train, hist_test : np.ndarray of int64, shape (V + 1,)
+        Class counts; index 0 is always 0.
+    attrs : dict
+        All group attributes.
+    """
+
+    path: str
+    n_users: int
+    n_items: int
+    n_classes: int
+    row_bounds: np.ndarray
+    col_bounds: np.ndarray
+    nnz_train: int
+    nnz_test: int
+    hist_train: np.ndarray
+    hist_test: np.ndarray
+    attrs: dict
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """(n_r, n_c), the number of user-blocks and item-blocks."""
+        return len(self.row_bounds) - 1, len(self.col_bounds) - 1
+
+    def block_shape(self, r: int, c: int) -> tuple[int, int]:
+        """(n_rows, n_cols) of block (r, c)."""
+        n_r, n_c = self.grid
+        if not (0 <= r < n_r and 0 <= c < n_c):
+            raise IndexError(f"block ({r}, {c}) outside grid {n_r} x {n_c}")
+        rb, cb = self.row_bounds, self.col_bounds
+        return int(rb[r + 1] - rb[r]), int(cb[c + 1] - cb[c])
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """The nonzeros of one block, sorted by (rows, cols).
+
+    Attributes
+    ----------
+    rows, cols : np.ndarray of int32, shape (nnz,)
+        Local indices within the block.
+    y : np.ndarray of uint8, shape (nnz,)
+        Classes 1..V.
+    raw : np.ndarray of float64, shape (nnz,)
+        Raw values before quantization.
+    shape : (int, int)
+        (n_rows, n_cols) of the block.
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    y: np.ndarray
+    raw: np.ndarray
+    shape: tuple[int, int]
+
+    @property
+    def nnz(self) -> int:
+        """Number of nonzeros in the block."""
+        return len(self.y)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def check_target(out: str | os.PathLike, overwrite: bool) -> str:
+    """Absolute output path, after checking it can be (over)written; raises InputError."""
+    path = os.path.abspath(os.fspath(out))
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InputError(f"{path}: parent directory {parent} does not exist")
+    if os.path.lexists(path):
+        if not overwrite:
+            raise InputError(f"{path} already exists; pass overwrite=True to replace it")
+        if not os.path.isfile(os.path.join(path, "zarr.json")):
+            raise InputError(f"refusing to overwrite {path}: it is not a zarr store")
+    return path
+
+
+def write_store(
+    out: str | os.PathLike,
+    attrs: dict[str, Any],
+    row_bounds: np.ndarray,
+    col_bounds: np.ndarray,
+    train: BlockedNonzeros,
+    test: BlockedNonzeros,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    *,
+    overwrite: bool = False,
+) -> StoreInfo:
+    """Write a complete store atomically and return its ``StoreInfo``.
+
+    Everything goes to a sibling ``OUT.tmp-<random>`` directory; ``complete = true`` is set last
+    and the directory renamed to OUT (an existing OUT is replaced only if ``overwrite``, and only
+    once the new store is complete). On any error the temporary directory is removed.
+    """
+    path = check_target(out, overwrite)
+    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    try:
+        group = zarr.open_group(tmp, mode="w-", zarr_format=3)
+        group.attrs.update({**attrs, "format_version": FORMAT_VERSION, "complete": False})
+        _write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
+        _write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
+        for name, part in (("train", train), ("test", test)):
+            sub = group.create_group(name)
+            for field in (*_FIELDS, "offsets"):
+                _write_array(sub, field, getattr(part, field))
+        for name, ids in (("users", user_ids), ("items", item_ids)):
+            _write_array(group.create_group(name), "ids", _ids_for_zarr(ids))
+        group.attrs["complete"] = True
+        _publish(tmp, path, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_store(path)
+
+
+def _write_array(group: zarr.Group, name: str, data: np.ndarray) -> None:
+    chunks = (max(1, min(len(data), CHUNK)),)
+    arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks)
+    if data.size:
+        arr[:] = data
+
+
+def _ids_for_zarr(ids: np.ndarray) -> np.ndarray:
+    if ids.dtype.kind in "iu":
+        return ids.astype(np.int64)
+    return ids.astype(np.dtypes.StringDType())
+
+
+def _publish(tmp: str, path: str, overwrite: bool) -> None:
+    if not os.path.lexists(path):
+        os.rename(tmp, path)
+        return
+    check_target(path, overwrite)
+    aside = f"{path}.old-{secrets.token_hex(6)}"
+    os.rename(path, aside)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(aside, path)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def open_store(path: str | os.PathLike) -> StoreInfo:
+    """Open a complete store and return its metadata.
+
+    Raises
+    ------
+    StoreError
+        Missing path, not a zarr group, written by a newer format, or not complete.
+    """
+    return _handle(path, fresh=True).info
+
+
+def read_block(path: str | os.PathLike, split: str, r: int, c: int) -> Block:
+    """Nonzeros of block (r, c) of ``split`` ("train" or "test").
+
+    Cheap and safe to call concurrently from many threads or processes: it reads only the
+    block's slice; opened groups are kept in a small per-process cache keyed by the store's
+    identity on disk.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    handle = _handle(path)
+    shape = handle.info.block_shape(r, c)
+    b = r * handle.info.grid[1] + c
+    lo, hi = (int(x) for x in handle.offsets[split][b : b + 2])
+    arrays = handle.arrays[split]
+    data = {name: np.asarray(arrays[name][lo:hi]) for name in _FIELDS}
+    return Block(data["rows"], data["cols"], data["y"], data["raw"], shape)
+
+
+def read_ids(path: str | os.PathLike, axis: str) -> np.ndarray:
+    """Raw ids of ``axis`` ("users" or "items") in index order: int64, or str (``<U``)."""
+    if axis not in AXES:
+        raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
+    ids = np.asarray(_handle(path).group[f"{axis}/ids"][:])
+    if ids.dtype.kind in "iu":
+        return ids
+    width = int(np.strings.str_len(ids).max()) if ids.size else 1
+    return ids.astype(f"<U{max(width, 1)}")
+
+
+@dataclass(frozen=True, eq=False)
+class _Handle:
+    info: StoreInfo
+    group: zarr.Group
+    arrays: dict[str, dict[str, zarr.Array]]
+    offsets: dict[str, np.ndarray]
+
+
+_CACHE: OrderedDict[tuple, _Handle] = OrderedDict()
+_CACHE_SIZE = 8
+_LOCK = threading.Lock()
+
+
+def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
+    full = os.path.abspath(os.fspath(path))
+    try:
+        st = os.stat(os.path.join(full, "zarr.json"))
+    except OSError:
+        if not os.path.exists(full):
+            raise StoreError(f"{full}: no store here (path does not exist)") from None
+        raise StoreError(f"{full}: not a zarr group (no zarr.json)") from None
+    key = (os.getpid(), full, st.st_ino, st.st_mtime_ns, st.st_size)
+    with _LOCK:
+        if key in _CACHE and not fresh:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    handle = _open(full)
+    with _LOCK:
+        _CACHE[key] = handle
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return handle
+
+
+def _open(path: str) -> _Handle:
+    try:
+        group = zarr.open_group(path, mode="r")
+    except Exception as exc:
+        raise StoreError(f"{path}: not a readable zarr group ({exc})") from None
+    attrs = dict(group.attrs.asdict())
+    version = attrs.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise StoreError(f"{path}: not an ordnmf_dask store (no integer format_version)")
+    if version > FORMAT_VERSION:
+        raise StoreError(
+            f"{path}: written by a newer ordnmf_dask format {version}; "
+            f"this version reads <= {FORMAT_VERSION}"
+        )
+    if attrs.get("complete") is not True:
+        raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
+    try:
+        arrays = {s: {f: group[f"{s}/{f}"] for f in _FIELDS} for s in SPLITS}
+        offsets = {s: np.asarray(group[f"{s}/offsets"][:], dtype=np.int64) for s in SPLITS}
+        info = StoreInfo(
+            path=path,
+            n_users=int(attrs["n_users"]),
+            n_items=int(attrs["n_items"]),
+            n_classes=int(attrs["n_classes"]),
+            row_bounds=np.asarray(group["row_bounds"][:], dtype=np.int64),
+            col_bounds=np.asarray(group["col_bounds"][:], dtype=np.int64),
+            nnz_train=int(attrs["nnz_train"]),
+            nnz_test=int(attrs["nnz_test"]),
+            hist_train=np.asarray(attrs["hist_train"], dtype=np.int64),
+            hist_test=np.asarray(attrs["hist_test"], dtype=np.int64),
+            attrs=attrs,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"{path}: unreadable store ({type(exc).__name__}: {exc})") from None
+    return _Handle(info, group, arrays, offsets)

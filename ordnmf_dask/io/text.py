@@ -1,0 +1,203 @@
+"""Read (user, item, value) triples from delimited text files.
+
+Supported: CSV, TSV, MovieLens ``::`` ``.dat`` and whitespace-separated files, with LF or CRLF
+line endings, an optional header line and any number of extra columns (e.g. timestamps).
+Users and items are kept as raw strings; values are parsed as float64.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+from .origin import Origin
+
+#: Accepted spellings of ``delimiter``; ``None`` as a value means "any run of whitespace".
+DELIMITERS: dict[str, str | None] = {
+    ",": ",",
+    "comma": ",",
+    "\t": "\t",
+    "tab": "\t",
+    "::": "::",
+    ";": ";",
+    " ": None,
+    "whitespace": None,
+}
+
+
+@dataclass(frozen=True, eq=False)
+class Triples:
+    """Parsed interactions, one entry per data row.
+
+    Attributes
+    ----------
+    users, items : np.ndarray of str, shape (n,)
+        Raw ids, whitespace-stripped.
+    values : np.ndarray of float64, shape (n,)
+        Finite values.
+    origin : Origin
+        File and 1-based line number of every row.
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    values: np.ndarray
+    origin: Origin
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def read_triples(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    delimiter: str | None = None,
+    header: bool | None = None,
+    columns: Sequence[int] = (0, 1, 2),
+) -> Triples:
+    """Read and concatenate triples from one or more files (line numbers are per file).
+
+    Parameters
+    ----------
+    paths : path or sequence of paths
+    delimiter : str, optional
+        One of ``DELIMITERS``; auto-detected per file from the first data line if None
+        (tab, then ``::``, then comma, else whitespace).
+    header : bool, optional
+        True: the first non-blank line is a header. False: there is none. None: the first
+        non-blank line is a header iff its value column is not a number.
+    columns : (int, int, int)
+        0-based column indices of user, item and value.
+
+    Raises
+    ------
+    InputError
+        Missing or unreadable file, a line with too few columns, an empty id, a non-numeric or
+        non-finite value, or a file without data rows.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise InputError("no input files given")
+    columns = _check_columns(columns)
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    parts = [_read_one(os.fspath(p), delimiter, header, columns) for p in paths]
+    if len(parts) == 1:
+        return parts[0]
+    return Triples(
+        np.concatenate([t.users for t in parts]),
+        np.concatenate([t.items for t in parts]),
+        np.concatenate([t.values for t in parts]),
+        Origin.concat([t.origin for t in parts]),
+    )
+
+
+def _check_columns(columns: Sequence[int]) -> tuple[int, int, int]:
+    cols = tuple(int(c) for c in columns)
+    if len(cols) != 3 or min(cols) < 0 or len(set(cols)) != 3:
+        raise InputError(f"columns must be 3 distinct non-negative indices, got {columns!r}")
+    return cols  # type: ignore[return-value]
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}, line {line}: not valid UTF-8 text") from None
+
+
+def _detect_delimiter(line: str) -> str | None:
+    for delim in ("\t", "::", ","):
+        if delim in line:
+            return delim
+    return None
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_one(
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[int, int, int]
+) -> Triples:
+    text = _read_text(path)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    lines = text.split("\n")
+    keep = [k for k, ln in enumerate(lines) if ln.strip()]
+    if not keep:
+        raise InputError(f"{path}: no data rows (the file is empty)")
+    delim = DELIMITERS[delimiter] if delimiter is not None else _detect_delimiter(lines[keep[0]])
+    if delim is None:
+        fields = [lines[k].split() for k in keep]
+    else:
+        fields = [lines[k].split(delim) for k in keep]
+    line_no = np.asarray(keep, dtype=np.int64) + 1
+    cu, ci, cv = columns
+    if header is None:
+        first = fields[0]
+        header = len(first) > cv and not _is_number(first[cv])
+    if header:
+        fields, line_no = fields[1:], line_no[1:]
+        if not fields:
+            raise InputError(f"{path}: no data rows (only a header line)")
+    need = max(columns) + 1
+    ncol = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))
+    short = np.flatnonzero(ncol < need)
+    if short.size:
+        k = int(short[0])
+        shown = "whitespace" if delim is None else repr(delim)
+        raise InputError(
+            f"{path}, line {line_no[k]}: expected at least {need} columns separated by "
+            f"{shown}, found {ncol[k]}"
+        )
+    users = _ids(path, [f[cu].strip() for f in fields], line_no, "user")
+    items = _ids(path, [f[ci].strip() for f in fields], line_no, "item")
+    values = _values(path, [f[cv] for f in fields], line_no)
+    origin = Origin((path,), np.zeros(len(values), np.int32), line_no)
+    return Triples(users, items, values, origin)
+
+
+def _ids(path: str, tokens: list[str], line_no: np.ndarray, what: str) -> np.ndarray:
+    ids = np.array(tokens, dtype=str)
+    empty = np.flatnonzero(np.char.str_len(ids) == 0)
+    if empty.size:
+        raise InputError(f"{path}, line {line_no[empty[0]]}: empty {what} id")
+    return ids
+
+
+def _values(path: str, tokens: list[str], line_no: np.ndarray) -> np.ndarray:
+    try:
+        values = np.array(tokens, dtype=np.float64)
+    except ValueError:
+        for k, tok in enumerate(tokens):
+            if not _is_number(tok):
+                raise InputError(
+                    f"{path}, line {line_no[k]}: value {tok.strip()!r} is not a number"
+                ) from None
+        raise  # pragma: no cover - numpy and float() disagree
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        k = int(bad[0])
+        raise InputError(f"{path}, line {line_no[k]}: value {tokens[k].strip()!r} is not finite")
+    return values

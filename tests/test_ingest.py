@@ -1,0 +1,271 @@
+"""Ingest round trips, the three shared datasets, value rules and filtering."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA as DATA
+
+from ordnmf_dask.io import ingest, ingest_arrays, open_store, read_block, read_ids
+from ordnmf_dask.io.text import read_triples
+
+ML = DATA / "ml-latest-small" / "ratings.csv"
+LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
+TPS = DATA / "tasteprofile-gouvert-subset" / "derived" / "tps_98765_U1502_I786_triplets.txt"
+
+ML_HIST = [1370, 2811, 1791, 7551, 5550, 20047, 13136, 26818, 8551, 13211]
+LASTFM_HIST = [636, 419, 1001, 1405, 2349, 6270, 9885, 16998, 25744, 28127]
+TPS_HIST = [34320, 11815, 11056, 4202, 1820, 673, 68, 16, 3, 0]
+
+
+def store_triples(path, split: str) -> dict[tuple, tuple[int, float]]:
+    """{(raw user, raw item): (y, raw)} rebuilt from every block of ``split``."""
+    info = open_store(path)
+    users, items = read_ids(path, "users"), read_ids(path, "items")
+    out = {}
+    n_r, n_c = info.grid
+    for r in range(n_r):
+        for c in range(n_c):
+            b = read_block(path, split, r, c)
+            u = b.rows.astype(np.int64) + info.row_bounds[r]
+            i = b.cols.astype(np.int64) + info.col_bounds[c]
+            keys = zip(users[u].tolist(), items[i].tolist(), strict=True)
+            for key, y, raw in zip(keys, b.y, b.raw, strict=True):
+                assert key not in out
+                out[key] = (int(y), float(raw))
+    return out
+
+
+def random_data(seed: int, n_users: int = 40, n_items: int = 30, density: float = 0.4):
+    rng = np.random.default_rng(seed)
+    mask = rng.random((n_users, n_items)) < density
+    u, i = np.nonzero(mask)
+    perm = rng.permutation(len(u))
+    users = (u[perm] * 7 + 3).astype(np.int64)  # int ids with gaps
+    items = np.array([f"item-{k:03d}" for k in i[perm]])  # string ids
+    values = rng.integers(1, 6, len(u)).astype(float)
+    return users, items, values
+
+
+def test_round_trip_random_split(tmp_path):
+    users, items, values = random_data(0)
+    out = tmp_path / "s.zarr"
+    info = ingest_arrays(users, items, values, out, ratings="integer", grid=(3, 2), seed=7)
+    assert info.grid == (3, 2)
+    assert (info.n_users, info.n_items, info.n_classes) == (40, 30, 5)
+    train, test = store_triples(out, "train"), store_triples(out, "test")
+    expected = {
+        (int(u), str(i)): (int(v), float(v)) for u, i, v in zip(users, items, values, strict=True)
+    }
+    assert {**train, **test} == expected
+    assert not set(train) & set(test)
+    assert len(test) == round(0.2 * len(expected))
+    assert (info.nnz_train, info.nnz_test) == (len(train), len(test))
+    hist = np.bincount(values.astype(int), minlength=6)
+    np.testing.assert_array_equal(info.hist_train + info.hist_test, hist)
+    assert info.hist_train[0] == 0
+    np.testing.assert_array_equal(read_ids(out, "users"), np.unique(users))
+    np.testing.assert_array_equal(read_ids(out, "items"), np.unique(items))
+
+
+def test_split_is_deterministic_per_seed(tmp_path):
+    users, items, values = random_data(1)
+    tests = []
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        ingest_arrays(users, items, values, tmp_path / name, seed=seed, grid=(2, 2))
+        tests.append(set(store_triples(tmp_path / name, "test")))
+    assert tests[0] == tests[1]
+    assert tests[0] != tests[2]
+    # Row order of the input does not change the split.
+    perm = np.random.default_rng(0).permutation(len(users))
+    ingest_arrays(users[perm], items[perm], values[perm], tmp_path / "d", seed=3, grid=(2, 2))
+    assert set(store_triples(tmp_path / "d", "test")) == tests[0]
+
+
+def test_blocks_sorted_and_in_range(tmp_path):
+    users, items, values = random_data(2)
+    info = ingest_arrays(users, items, values, tmp_path / "s", grid=(3, 4))
+    for split in ("train", "test"):
+        for r in range(3):
+            for c in range(4):
+                b = read_block(info.path, split, r, c)
+                assert (b.rows.dtype, b.cols.dtype, b.y.dtype, b.raw.dtype) == (
+                    np.int32, np.int32, np.uint8, np.float64,
+                )  # fmt: skip
+                assert b.shape == info.block_shape(r, c)
+                if b.nnz:
+                    assert b.rows.min() >= 0 and b.rows.max() < b.shape[0]
+                    assert b.cols.min() >= 0 and b.cols.max() < b.shape[1]
+                    key = b.rows.astype(np.int64) * b.shape[1] + b.cols
+                    assert np.all(np.diff(key) > 0)
+
+
+def test_auto_grid_balanced(tmp_path):
+    rng = np.random.default_rng(3)
+    n_users, n_items, nnz = 3000, 2000, 40000
+    pu = 1.0 / np.arange(1, n_users + 1) ** 0.7
+    pi = 1.0 / np.arange(1, n_items + 1) ** 0.7
+    u = rng.choice(n_users, nnz, p=pu / pu.sum())
+    i = rng.choice(n_items, nnz, p=pi / pi.sum())
+    key = np.unique(u * n_items + i)
+    u, i = key // n_items, key % n_items
+    info = ingest_arrays(u, i, np.ones(len(u)), tmp_path / "s", nnz_per_block=4000)
+    side = round(np.sqrt(info.nnz_train / 4000))
+    assert info.grid == (side, side)
+    assert np.all(np.diff(info.row_bounds) > 0) and np.all(np.diff(info.col_bounds) > 0)
+    assert info.row_bounds[-1] == info.n_users and info.col_bounds[-1] == info.n_items
+    counts = np.zeros(info.grid, dtype=np.int64)
+    for r in range(side):
+        for c in range(side):
+            counts[r, c] = read_block(info.path, "train", r, c).nnz
+    assert counts.sum() == info.nnz_train
+    for per_block in (counts.sum(axis=1), counts.sum(axis=0)):
+        assert per_block.max() < 1.25 * per_block.mean()
+        assert per_block.min() > 0.75 * per_block.mean()
+
+
+def test_filter_paper_vs_stable(tmp_path):
+    rows = [("A", "x"), ("A", "y"), ("B", "x"), ("B", "z"), ("C", "y"),
+            ("D", "p"), ("D", "q"), ("E", "p"), ("E", "q")]  # fmt: skip
+    users, items = zip(*rows, strict=True)
+    ones = np.ones(len(rows))
+    common = dict(min_count=2, test_fraction=0.0)
+    paper = ingest_arrays(users, items, ones, tmp_path / "p", filter_mode="paper", **common)
+    stable = ingest_arrays(users, items, ones, tmp_path / "s", filter_mode="stable", **common)
+    assert set(store_triples(paper.path, "train")) == {
+        ("A", "x"), ("A", "y"), ("D", "p"), ("D", "q"), ("E", "p"), ("E", "q"),
+    }  # fmt: skip
+    assert set(store_triples(stable.path, "train")) == {
+        ("D", "p"), ("D", "q"), ("E", "p"), ("E", "q"),
+    }  # fmt: skip
+    assert paper.attrs["filter_mode"] == "paper" and stable.attrs["rows_filtered"] == 5
+
+
+def test_movielens_halfstar(tmp_path):
+    info = ingest(ML, tmp_path / "ml", ratings="halfstar")
+    assert (info.n_users, info.n_items, info.n_classes) == (610, 9724, 10)
+    assert (info.hist_train + info.hist_test).tolist() == [0, *ML_HIST]
+    assert info.attrs["value_kind"] == "ratings-halfstar"
+    assert info.attrs["source"] == [str(ML)]
+    assert read_ids(info.path, "users").dtype == np.int64
+    raw = read_block(info.path, "train", 0, 0)
+    np.testing.assert_array_equal(raw.y, (raw.raw * 2).astype(np.uint8))
+
+
+def test_movielens_min_count(tmp_path):
+    info = ingest(ML, tmp_path / "ml", ratings="halfstar", min_count=20)
+    full = np.array(ML_HIST)
+    hist = (info.hist_train + info.hist_test)[1:]
+    assert np.all(hist <= full) and hist.sum() < full.sum()
+    assert info.n_users < 610 and info.n_items < 9724
+    deg_u = np.zeros(info.n_users, np.int64)
+    for split in ("train", "test"):
+        np.add.at(deg_u, read_block(info.path, split, 0, 0).rows, 1)
+    assert deg_u.min() >= 20  # paper mode: users are filtered last
+
+
+def test_movielens_binarize(tmp_path):
+    info = ingest(ML, tmp_path / "ml", ratings="halfstar", binarize=8)
+    assert info.n_classes == 1 and info.attrs["value_kind"] == "binary"
+    assert info.nnz_train + info.nnz_test == sum(ML_HIST[7:])
+    assert info.attrs["rows_not_interaction"] == sum(ML_HIST[:7])
+    block = read_block(info.path, "train", 0, 0)
+    assert set(np.unique(block.y)) == {1} and block.raw.min() >= 4.0
+
+
+def test_lastfm_counts_paper(tmp_path):
+    info = ingest(LASTFM, tmp_path / "lfm", counts="paper")
+    assert (info.n_users, info.n_items) == (1892, 17632)
+    assert (info.hist_train + info.hist_test).tolist() == [0, *LASTFM_HIST]
+    assert info.attrs["thresholds"] == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500]
+
+
+def test_tasteprofile_counts_paper(tmp_path):
+    info = ingest(TPS, tmp_path / "tps", counts="paper", nnz_per_block=6000)
+    assert (info.n_users, info.n_items) == (1502, 786)
+    assert (info.hist_train + info.hist_test).tolist() == [0, *TPS_HIST]
+    assert info.grid == (3, 3)
+    users = read_ids(info.path, "users")
+    assert users.dtype.kind == "U" and len(users[0]) == 40 and np.all(users[:-1] < users[1:])
+
+
+@pytest.mark.parametrize("path", [ML, LASTFM, TPS])
+def test_parse_is_fast(path):
+    start = time.perf_counter()
+    triples = read_triples(path)
+    assert time.perf_counter() - start < 2.0
+    assert len(triples) in (100836, 92834, 63973)
+
+
+def test_text_formats(tmp_path):
+    rows = [("1", "10", "3"), ("1", "11", "4"), ("2", "10", "5")]
+    variants = {
+        "a.csv": ("userId,movieId,rating,ts\r\n", ",", "\r\n"),
+        "b.dat": ("", "::", "\n"),
+        "c.tsv": ("u\ti\tv\n", "\t", "\n"),
+        "d.txt": ("", "  ", "\n"),
+    }
+    for name, (head, sep, eol) in variants.items():
+        text = head + "".join(sep.join([*r, "999"]) + eol for r in rows) + eol
+        (tmp_path / name).write_text(text, newline="")
+        info = ingest(tmp_path / name, tmp_path / f"{name}.zarr", test_fraction=0.0)
+        got = store_triples(info.path, "train")
+        assert got == {(1, 10): (3, 3.0), (1, 11): (4, 4.0), (2, 10): (5, 5.0)}, name
+
+
+def test_columns_header_and_multiple_files(tmp_path):
+    (tmp_path / "a.csv").write_text("5,a,u1\n7,b,u2\n")
+    (tmp_path / "b.csv").write_text("h1,h2,h3\n2,a,u2\n")
+    info = ingest(
+        [tmp_path / "a.csv", tmp_path / "b.csv"], tmp_path / "s", columns=(2, 1, 0),
+        test_fraction=0.0, counts="paper",
+    )  # fmt: skip
+    got = store_triples(info.path, "train")
+    assert got == {("u1", "a"): (3, 5.0), ("u2", "b"): (4, 7.0), ("u2", "a"): (2, 2.0)}
+    (tmp_path / "c.csv").write_text("5,6,7\n1,2,3\n")
+    forced = ingest(tmp_path / "c.csv", tmp_path / "t", header=True, test_fraction=0.0)
+    assert forced.nnz_train == 1
+
+
+def test_integer_ratings_default_and_scale_max(tmp_path):
+    info = ingest_arrays([1, 2, 3], [1, 1, 1], [1, 2, 3], tmp_path / "a", test_fraction=0.0)
+    assert info.attrs["value_kind"] == "ratings-integer" and info.n_classes == 3
+    info = ingest_arrays(
+        [1, 2, 3], [1, 1, 1], [1, 2, 3], tmp_path / "b", ratings="integer", scale_max=5,
+        test_fraction=0.0,
+    )  # fmt: skip
+    assert info.n_classes == 5 and info.hist_train.tolist() == [0, 1, 1, 1, 0, 0]
+
+
+def test_count_thresholds_and_binarize_raw(tmp_path):
+    vals = [1, 2, 3, 4, 10, 11]
+    info = ingest_arrays(
+        range(6), [0] * 6, vals, tmp_path / "a", counts=[2, 4, 10], test_fraction=0.0
+    )
+    # counts <= 2 are class 0: not interactions
+    assert info.nnz_train == 4 and info.hist_train.tolist() == [0, 2, 1, 1]
+    assert info.attrs["rows_not_interaction"] == 2
+    info = ingest_arrays(
+        range(4), [0] * 4, [0.5, -1.0, 1.0, 3.5], tmp_path / "b", binarize=1.0, test_fraction=0.0
+    )
+    assert info.n_classes == 1 and info.attrs["binarize_on"] == "raw"
+    assert store_triples(info.path, "train") == {(2, 0): (1, 1.0), (3, 0): (1, 3.5)}
+    info = ingest_arrays(
+        range(3), [0] * 3, [1, 3, 600], tmp_path / "c", counts="paper", binarize=3,
+        test_fraction=0.0,
+    )  # fmt: skip
+    assert store_triples(info.path, "train") == {(1, 0): (1, 3.0), (2, 0): (1, 600.0)}
+
+
+def test_test_file_split(tmp_path):
+    (tmp_path / "train.tsv").write_text("u1\ti1\t3\nu1\ti2\t1\nu2\ti1\t2\nu2\ti3\t1\n")
+    (tmp_path / "test.tsv").write_text("u1\ti3\t4\nu2\ti2\t1\nu9\ti1\t1\nu1\ti9\t2\n")
+    with pytest.warns(UserWarning, match="2 test rows dropped"):
+        info = ingest(tmp_path / "train.tsv", tmp_path / "s", test=tmp_path / "test.tsv")
+    assert info.attrs["split"] == "file" and info.attrs["test_unknown_dropped"] == 2
+    assert info.attrs["test_source"] == [str(tmp_path / "test.tsv")]
+    assert info.n_classes == 4  # default integer scale spans train and test
+    assert store_triples(info.path, "test") == {("u1", "i3"): (4, 4.0), ("u2", "i2"): (1, 1.0)}
+    assert len(store_triples(info.path, "train")) == 4

@@ -1,0 +1,156 @@
+"""The store contract: layout, attributes, open_store, read_block, read_ids, overwrite."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import zarr
+
+from ordnmf_dask.io import (
+    Block,
+    InputError,
+    StoreError,
+    StoreInfo,
+    ingest_arrays,
+    open_store,
+    read_block,
+    read_ids,
+)
+
+REQUIRED_ATTRS = {
+    "format_version", "complete", "n_users", "n_items", "n_classes", "value_kind", "thresholds",
+    "binarize", "min_count", "filter_mode", "duplicates", "split", "test_fraction", "seed",
+    "nnz_train", "nnz_test", "hist_train", "hist_test", "grid", "source", "created",
+}  # fmt: skip
+
+
+def make_store(path, seed: int = 0, grid=(2, 3), **kw) -> StoreInfo:
+    rng = np.random.default_rng(seed)
+    u, i = np.nonzero(rng.random((50, 40)) < 0.3)
+    values = rng.integers(1, 4, len(u))
+    return ingest_arrays(u * 10, i, values, path, grid=grid, counts="paper", **kw)
+
+
+def test_layout_and_attrs(tmp_path):
+    info = make_store(tmp_path / "s.zarr")
+    assert info.path == os.path.abspath(tmp_path / "s.zarr")
+    assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.old-*"))
+    attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]
+    assert REQUIRED_ATTRS <= set(attrs)
+    assert attrs["format_version"] == 1 and attrs["complete"] is True
+    assert attrs["grid"] == [2, 3] and attrs["split"] == "random"
+    assert attrs["value_kind"] == "counts"
+    assert len(attrs["hist_train"]) == info.n_classes + 1 == 11 and attrs["hist_train"][0] == 0
+    group = zarr.open_group(info.path, mode="r")
+    expected = {
+        "row_bounds": ("int64", (3,)),
+        "col_bounds": ("int64", (4,)),
+        "train/offsets": ("int64", (7,)),
+        "test/offsets": ("int64", (7,)),
+        "train/rows": ("int32", (info.nnz_train,)),
+        "train/cols": ("int32", (info.nnz_train,)),
+        "train/y": ("uint8", (info.nnz_train,)),
+        "train/raw": ("float64", (info.nnz_train,)),
+        "test/y": ("uint8", (info.nnz_test,)),
+        "users/ids": ("int64", (info.n_users,)),
+    }
+    for name, (dtype, shape) in expected.items():
+        assert (str(group[name].dtype), group[name].shape) == (dtype, shape), name
+    offsets = group["train/offsets"][:]
+    assert offsets[0] == 0 and offsets[-1] == info.nnz_train and np.all(np.diff(offsets) >= 0)
+    assert info.grid == (2, 3)
+    assert sum(info.block_shape(r, 0)[0] for r in range(2)) == info.n_users
+    assert sum(info.block_shape(0, c)[1] for c in range(3)) == info.n_items
+    with pytest.raises(IndexError):
+        info.block_shape(2, 0)
+
+
+def test_read_block_and_ids(tmp_path):
+    info = make_store(tmp_path / "s")
+    block = read_block(info.path, "test", 1, 2)
+    assert isinstance(block, Block) and block.shape == info.block_shape(1, 2)
+    assert block.nnz == len(block.rows) == len(block.raw)
+    users = read_ids(tmp_path / "s", "users")
+    assert users.dtype == np.int64 and np.all(users % 10 == 0)
+    assert read_ids(info.path, "items").tolist() == list(range(40))
+    with pytest.raises(ValueError, match="split"):
+        read_block(info.path, "valid", 0, 0)
+    with pytest.raises(IndexError):
+        read_block(info.path, "train", 0, 3)
+    with pytest.raises(ValueError, match="axis"):
+        read_ids(info.path, "rows")
+
+
+def test_string_ids_round_trip(tmp_path):
+    users = np.array(["ü-1", "a", "bb" * 30, "a"])
+    info = ingest_arrays(users, ["x", "y", "x", "x"], [1, 1, 1, 1], tmp_path / "s",
+                         test_fraction=0.0)  # fmt: skip
+    ids = read_ids(info.path, "users")
+    assert ids.dtype.kind == "U" and ids.tolist() == sorted({"ü-1", "a", "bb" * 30})
+
+
+def _all_blocks(path: str) -> list[tuple]:
+    info = open_store(path)
+    out = []
+    for r in range(info.grid[0]):
+        for c in range(info.grid[1]):
+            b = read_block(path, "train", r, c)
+            out.append((r, c, b.rows.tolist(), b.cols.tolist(), b.y.tolist()))
+    return out
+
+
+def _one_block(args: tuple[str, int, int]) -> tuple:
+    path, r, c = args
+    b = read_block(path, "train", r, c)
+    return (r, c, b.rows.tolist(), b.cols.tolist(), b.y.tolist())
+
+
+def test_concurrent_reads(tmp_path):
+    info = make_store(tmp_path / "s", grid=(3, 3))
+    expected = _all_blocks(info.path)
+    jobs = [(info.path, r, c) for r in range(3) for c in range(3)] * 4
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(_one_block, jobs)) == expected * 4
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        assert list(pool.map(_one_block, jobs[:9])) == expected
+
+
+def test_overwrite(tmp_path):
+    out = tmp_path / "s"
+    first = make_store(out, seed=0)
+    before = _all_blocks(first.path)
+    with pytest.raises(InputError, match="already exists"):
+        make_store(out, seed=1)
+    assert _all_blocks(first.path) == before
+    second = make_store(out, seed=1, overwrite=True)
+    assert second.nnz_train != first.nnz_train or _all_blocks(second.path) != before
+    assert _all_blocks(second.path) != before  # the read cache sees the new store
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_refuses_to_overwrite_non_store(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.txt").write_text("precious")
+    with pytest.raises(InputError, match="not a zarr store"):
+        make_store(tmp_path / "data", overwrite=True)
+    assert (tmp_path / "data" / "keep.txt").read_text() == "precious"
+
+
+def test_open_store_errors(tmp_path):
+    with pytest.raises(StoreError, match="does not exist"):
+        open_store(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StoreError, match="not a zarr group"):
+        open_store(tmp_path / "empty")
+    zarr.open_group(tmp_path / "plain", mode="w")
+    with pytest.raises(StoreError, match="not an ordnmf_dask store"):
+        open_store(tmp_path / "plain")
+    with pytest.raises(StoreError):
+        read_block(tmp_path / "plain", "train", 0, 0)
+    assert issubclass(StoreError, InputError)
