@@ -246,7 +246,9 @@ def _log_iteration(n: int, elbo: float, rate: float, seconds: float, delta: np.n
 def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     if init is None:
         return None
+    source = "initialization arrays"
     if isinstance(init, str | os.PathLike):
+        source = os.fspath(init)
         path = Path(init)
         if not path.is_file():
             raise InputError(f"{path}: initialization file not found")
@@ -261,11 +263,11 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
     h0 = np.asarray(h0, dtype=np.float64)
     if w0.shape != (info.n_users, k) or h0.shape != (info.n_items, k):
         raise InputError(
-            f"initialization shapes W{w0.shape}, H{h0.shape} do not match "
+            f"{source}: shapes W{w0.shape}, H{h0.shape} do not match "
             f"(n_users, K) = ({info.n_users}, {k}) and (n_items, K) = ({info.n_items}, {k})"
         )
     if not (np.all(np.isfinite(w0)) and np.all(np.isfinite(h0)) and w0.min() > 0 and h0.min() > 0):
-        raise InputError("initialization W and H must be finite and strictly positive")
+        raise InputError(f"{source}: W and H must be finite and strictly positive")
     return w0, h0
 
 

@@ -1,0 +1,149 @@
+"""The ``ordnmf-dask`` command end to end: real processes, real stores, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA, dense_split, store_from_dense, synthetic_ordinal
+
+from ordnmf_dask import OrdNMF
+from ordnmf_dask.cli import main
+
+ML = SHARED_DATA / "ml-latest-small" / "ratings.csv"
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ordnmf-dask", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
+
+
+def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
+    store, model = tmp_path / "ml.zarr", tmp_path / "m.zarr"
+    r = run("ingest", str(ML), "--out", str(store), "--ratings", "halfstar", "--min-count", "20")
+    assert r.returncode == 0, r.stderr
+    assert "566 users x 1297 items" in r.stdout
+    r = run("info", str(store), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["nnz_train"] == 53780
+    r = run("fit", str(store), "--out", str(model), "-k", "5", "--max-iter", "8", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "iter    8" in r.stderr  # one log line per iteration
+    r = run("evaluate", str(store), str(model), "--json", str(tmp_path / "res.json"))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert set(res["ndcg"]) == {str(s) for s in range(1, 11)}
+    assert 0.05 < res["ndcg"]["1"] < 1.0  # 8 iterations at K = 5: well above random ranking
+    assert "NDCG@100" in r.stdout and "test log-likelihood" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ingest", "missing.csv", "--out", "s.zarr"], "missing.csv"),
+        (["info", "nothing.zarr"], "nothing.zarr"),
+        (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "K"),
+        (["fit", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"], "bad.npz"),
+        (["evaluate", "STORE", "OTHER_MODEL"], "does not match"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsys):
+    y = synthetic_ordinal(12, 10, 3, seed=1)
+    train, test = dense_split(y)
+    store_from_dense(tmp_path / "STORE", train, test, 3, (1, 1))
+    other = store_from_dense(tmp_path / "OTHER", train[:, :8], test[:, :8], 3, (1, 1))
+    if "OTHER_MODEL" in args:
+        OrdNMF(2, max_iter=2, n_workers=1).fit(other, out=tmp_path / "OTHER_MODEL")
+    np.savez(tmp_path / "bad.npz", W=np.ones((3, 2)), H=np.ones((10, 2)))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(args)
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "m.zarr").exists() and not (tmp_path / "s.zarr").exists()
+
+
+def test_incomplete_store_is_refused(tmp_path):
+    y = synthetic_ordinal(12, 10, 3, seed=1)
+    info = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1))
+    meta = Path(info.path) / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["complete"] = False
+    meta.write_text(json.dumps(doc))
+    r = run("info", info.path)
+    assert r.returncode == 2 and "incomplete" in r.stderr.lower()
+
+
+def test_warm_start_from_npz_matches_api(tmp_path, client):
+    y = synthetic_ordinal(20, 15, 3, seed=2)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
+    rng = np.random.default_rng(0)
+    w0, h0 = rng.gamma(1, 1, (20, 2)), rng.gamma(1, 1, (15, 2))
+    np.savez(tmp_path / "init.npz", W=w0, H=h0)
+    api = OrdNMF(2, max_iter=10).fit(store, client, init=(w0, h0))
+    address = client.scheduler.address
+    assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+                 "--max-iter", "10", "--init", str(tmp_path / "init.npz"),
+                 "--scheduler", address]) == 0
+    cli = OrdNMF.load(tmp_path / "m.zarr")
+    assert cli.elbo_ == api.elbo_
+
+
+def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
+    """`dask scheduler` + two `dask worker` processes on loopback, driven through the CLI."""
+    y = synthetic_ordinal(25, 20, 3, seed=3)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
+    sched_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+         "--port", "0", "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )]
+    try:
+        deadline = time.time() + 60
+        while not sched_file.exists() and time.time() < deadline:
+            time.sleep(0.2)
+        address = json.loads(sched_file.read_text())["address"]
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+                 "--nworkers", "1", "--host", "127.0.0.1"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            ))
+        r = run("fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "3",
+                "--max-iter", "12", "--seed", "5", "--scheduler", address)
+        assert r.returncode == 0, r.stderr
+    finally:
+        for p in reversed(procs):
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait(timeout=30)
+    local = OrdNMF(3, max_iter=12, random_state=5, n_workers=1).fit(store)
+    remote = OrdNMF.load(tmp_path / "m.zarr")
+    assert remote.elbo_ == local.elbo_
+    np.testing.assert_array_equal(remote.W_.compute(), local.W_.compute())
+
+
+def test_unreachable_scheduler_exits_3(tmp_path):
+    y = synthetic_ordinal(12, 10, 3, seed=1)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1))
+    r = subprocess.run(
+        ["ordnmf-dask", "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+         "--scheduler", "tcp://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"},
+    )
+    assert r.returncode == 3, r.stderr
+    assert "cluster failure" in r.stderr and "Traceback" not in r.stderr
