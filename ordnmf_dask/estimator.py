@@ -16,9 +16,10 @@ from distributed import Client
 
 from .engine.cavi import CaviConfig, CaviRunner, IterationCallback
 from .engine.cluster import resolve_client
+from .engine.families import DcPF as DcPFFamily
+from .engine.families import Family, Ordinal
 from .io.errors import InputError
 from .io.store import StoreInfo, open_store
-from .model.thresholds import theta_from_delta
 from .modelstore import ModelInfo, open_model, save_model
 
 log = logging.getLogger("ordnmf_dask")
@@ -26,38 +27,29 @@ log = logging.getLogger("ordnmf_dask")
 InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
 
 
-class OrdNMF:
-    """Ordinal NMF with inverse-gamma thresholds (IG-OrdNMF), fitted by exact CAVI on Dask.
-
-    Implements Gouvert, Oberlin & Fevotte, "Ordinal Non-negative Matrix Factorization for
-    Recommendation", ICML 2020, in the variant the published numbers were computed with
-    (DESIGN.md section 2): empirical-Bayes prior rates, closed-form Delta (VBEM), W then H
-    updated in turn so that the ELBO never decreases. ``approx=True`` fixes q(n) = delta_1
-    ("PF on binarized data" when V = 1); Delta is still learned and the reported bound is still
-    the local ELBO with E[n] = 1, as in the published code.
-
-    Parameters
-    ----------
+_SHARED_PARAMS_DOC = """
     n_components : K, number of latent factors (>= 1).
-    alpha_W, alpha_H : Gamma prior shapes of W and H.
+    alpha_W, alpha_H : Gamma prior shapes of W and H (prior rates: empirical Bayes per row).
     tol : stop when the relative ELBO gain falls below ``tol`` (after ``min_iter``).
     max_iter, min_iter : bounds on the number of iterations (ELBO evaluations).
     random_state : seed of the Gamma(1, 1) initialization of E[W], E[H].
-    approx : q(n) = delta_1 instead of the zero-truncated Poisson.
     cache_blocks : keep training blocks in worker memory (True), stream them from zarr in every
         pass (False), or decide from the workers' memory limits ("auto").
     lineage_every : iterations between lineage cuts (state written to ``work_dir`` and read back).
     work_dir : scratch directory visible to all workers (default: a temporary directory).
     n_workers : worker processes of the LocalCluster started when no client is available.
+"""
 
-    Attributes
-    ----------
+_SHARED_ATTRS_DOC = """
     W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block.
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
-    delta_ : (V + 1,) threshold decrements (delta_[0] = 0); theta_ : (V + 1,) thresholds theta_v.
     elbo_ : list of ELBO values, one per iteration; n_iter_ : len(elbo_); converged_ : bool.
     model_path_ : the zarr directory holding the fitted factors.
-    """
+"""
+
+
+class _CaviEstimator:
+    """Shared fit / save / load of the models that run on the CAVI engine."""
 
     def __init__(
         self,
@@ -69,7 +61,6 @@ class OrdNMF:
         max_iter: int = 1000,
         min_iter: int = 0,
         random_state: int = 0,
-        approx: bool = False,
         cache_blocks: bool | str = "auto",
         lineage_every: int = 10,
         work_dir: str | None = None,
@@ -82,22 +73,31 @@ class OrdNMF:
         self.max_iter = max_iter
         self.min_iter = min_iter
         self.random_state = random_state
-        self.approx = approx
         self.cache_blocks = cache_blocks
         self.lineage_every = lineage_every
         self.work_dir = work_dir
         self.n_workers = n_workers
 
+    def _family(self, store: StoreInfo) -> Family:
+        raise NotImplementedError
+
+    def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     # -- scikit-learn protocol -----------------------------------------------------------
     @classmethod
     def _param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p for p in sig.parameters if p != "self"]
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            if "__init__" in vars(klass) and issubclass(klass, _CaviEstimator):
+                sig = inspect.signature(klass.__init__)
+                names += [p for p in sig.parameters if p not in ("self", "kwargs")]
+        return list(dict.fromkeys(names))
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._param_names()}
 
-    def set_params(self, **params: Any) -> OrdNMF:
+    def set_params(self, **params: Any) -> _CaviEstimator:
         for name, value in params.items():
             if name not in self._param_names():
                 raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
@@ -129,7 +129,6 @@ class OrdNMF:
             tol=float(self.tol),
             max_iter=int(self.max_iter),
             min_iter=int(self.min_iter),
-            approx=bool(self.approx),
             random_state=int(self.random_state),
         )
 
@@ -143,7 +142,7 @@ class OrdNMF:
         out: str | os.PathLike | None = None,
         overwrite: bool = False,
         callback: IterationCallback | None = None,
-    ) -> OrdNMF:
+    ) -> _CaviEstimator:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`.
 
         Parameters
@@ -158,6 +157,7 @@ class OrdNMF:
         """
         cfg = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+        family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
         work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
         os.makedirs(work, exist_ok=True)
@@ -167,18 +167,17 @@ class OrdNMF:
         try:
             with resolve_client(client, self.n_workers) as cl:
                 cache = _decide_cache(self.cache_blocks, cl, info)
-                runner = CaviRunner(cl, info, cfg, work, cache, self.lineage_every)
+                runner = CaviRunner(cl, info, family, cfg, work, cache, self.lineage_every)
                 if init_arrays is None:
                     start = runner.random_init()
                 else:
                     start = runner.warm_init(*_write_init(init_arrays, work))
-                state = runner.run(start, callback or _log_iteration)
-                delta = state.delta
+                state = runner.run(start, callback or _iteration_logger(family))
                 attrs = {
                     "model": type(self).__name__,
+                    "family": family.name,
                     "params": self.get_params(),
-                    "delta": delta.tolist(),
-                    "theta": theta_from_delta(delta).tolist(),
+                    **family.describe(state.params),
                     "elbo": state.elbo,
                     "n_iter": state.n_iter,
                     "converged": state.converged,
@@ -204,8 +203,7 @@ class OrdNMF:
     def _set_fitted(self, model: ModelInfo) -> None:
         a = model.attrs
         self.model_path_ = model.path
-        self.delta_ = np.asarray(a["delta"])
-        self.theta_ = np.asarray(a["theta"])
+        self._set_family_attrs(a)
         self.elbo_ = list(a["elbo"])
         self.n_iter_ = int(a["n_iter"])
         self.converged_ = bool(a["converged"])
@@ -228,19 +226,156 @@ class OrdNMF:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> OrdNMF:
-        """An estimator with the parameters and fitted attributes of a saved model."""
+    def load(cls, path: str | os.PathLike) -> _CaviEstimator:
+        """The estimator (of the saved model's class) with its parameters and fitted state."""
         model = open_model(os.fspath(path))
-        est = cls(**model.attrs["params"])
+        klass = ESTIMATORS.get(model.attrs.get("model", ""))
+        if klass is None or not issubclass(klass, cls):
+            raise InputError(f"{model.path}: holds a {model.attrs.get('model')!r} model, "
+                             f"not a {cls.__name__}")
+        est = klass(**model.attrs["params"])
         est._set_fitted(model)
         return est
 
 
-def _log_iteration(n: int, elbo: float, rate: float, seconds: float, delta: np.ndarray) -> None:
-    log.info(
-        "iter %4d  elbo %.10e  rel %.3e  %.2fs  delta[1..V] min %.3g max %.3g",
-        n, elbo, rate, seconds, delta[1:].min(), delta[1:].max(),
+class OrdNMF(_CaviEstimator):
+    __doc__ = (
+        """Ordinal NMF with inverse-gamma thresholds (IG-OrdNMF), fitted by exact CAVI on Dask.
+
+    Implements Gouvert, Oberlin & Fevotte, "Ordinal Non-negative Matrix Factorization for
+    Recommendation", ICML 2020, in the variant the published numbers were computed with
+    (DESIGN.md section 2): empirical-Bayes prior rates, closed-form Delta (VBEM), W then H
+    updated in turn so that the ELBO never decreases. ``approx=True`` fixes q(n) = delta_1
+    ("PF on binarized data" when V = 1); Delta is still learned and the reported bound is still
+    the local ELBO with E[n] = 1, as in the published code.
+
+    Parameters
+    ----------"""
+        + _SHARED_PARAMS_DOC
+        + """    approx : q(n) = delta_1 instead of the zero-truncated Poisson.
+
+    Attributes
+    ----------"""
+        + _SHARED_ATTRS_DOC
+        + """    delta_ : (V + 1,) threshold decrements (delta_[0] = 0).
+    theta_ : (V + 1,) thresholds theta_v = sum_{l > v} Delta_l (theta_V = 0).
+    """
     )
+
+    def __init__(self, n_components: int = 50, *, approx: bool = False, **kwargs: Any) -> None:
+        super().__init__(n_components, **kwargs)
+        self.approx = approx
+
+    def _family(self, store: StoreInfo) -> Family:
+        return Ordinal(tuple(int(n) for n in store.hist_train), approx=bool(self.approx))
+
+    def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
+        self.delta_ = np.asarray(attrs["delta"])
+        self.theta_ = np.asarray(attrs["theta"])
+
+
+class BePoF(OrdNMF):
+    """Bernoulli-Poisson factorization: OrdNMF with V = 1 on data binarized at ``threshold``.
+
+    Blocks of the store are binarized when read (class >= ``threshold`` -> 1, others dropped),
+    so one ingested ordinal store serves every threshold. theta_0 = Delta_1 is learned.
+    ``approx=True`` is PF on the binarized data (see :class:`PF`). Other parameters and
+    attributes as :class:`OrdNMF`.
+    """
+
+    def __init__(
+        self, n_components: int = 50, *, threshold: int = 1, approx: bool = False, **kwargs: Any
+    ) -> None:
+        super().__init__(n_components, approx=approx, **kwargs)
+        self.threshold = threshold
+
+    def _family(self, store: StoreInfo) -> Family:
+        s = self.threshold
+        if not isinstance(s, int | np.integer) or not 1 <= s <= store.n_classes:
+            raise InputError(f"threshold must be an integer in 1..{store.n_classes}, got {s!r}")
+        kept = int(store.hist_train[s:].sum())
+        if kept == 0:
+            raise InputError(f"no training nonzero has class >= {s}")
+        return Ordinal((0, kept), approx=bool(self.approx), binarize_at=int(s))
+
+
+class PF(BePoF):
+    """Poisson factorization on data binarized at ``threshold``: BePoF with q(n) = delta_1.
+
+    As in the published code, Delta_1 is still learned and the reported bound keeps the
+    log(expm1(.)) local term. Parameters and attributes as :class:`BePoF` (``approx`` is True).
+    """
+
+    def __init__(self, n_components: int = 50, *, threshold: int = 1, **kwargs: Any) -> None:
+        kwargs.pop("approx", None)
+        super().__init__(n_components, threshold=threshold, approx=True, **kwargs)
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        return [n for n in super()._param_names() if n != "approx"]
+
+
+class DcPF(_CaviEstimator):
+    __doc__ = (
+        """dcPF with the logarithmic element distribution (Gouvert et al., UAI 2019), on raw counts.
+
+    The baseline of the paper for play counts (DESIGN.md section 5): counts are sums of
+    Log(p) elements whose number is Poisson(t Lambda). Iteration order: prior rates, p (10
+    Newton steps, kept only if they improve), W, H, local step. Counts are the store's raw
+    values when it holds counts (``value_kind == "counts"``), its classes otherwise.
+    ``p = 0`` (fixed) is PF on the raw counts, ``p = 1`` (fixed) PF on binary data.
+
+    Parameters
+    ----------"""
+        + _SHARED_PARAMS_DOC
+        + """    p : starting value of the element parameter (published runs: 0.5).
+    t : fixed scale of the Poisson rate (published runs: 1).
+    update_p : learn p (ignored at the limits 0 and 1).
+
+    Attributes
+    ----------"""
+        + _SHARED_ATTRS_DOC
+        + """    p_ : the learned element parameter.
+    """
+    )
+
+    def __init__(
+        self,
+        n_components: int = 50,
+        *,
+        p: float = 0.5,
+        t: float = 1.0,
+        update_p: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(n_components, **kwargs)
+        self.p = p
+        self.t = t
+        self.update_p = update_p
+
+    def _family(self, store: StoreInfo) -> Family:
+        if not 0.0 <= self.p <= 1.0:
+            raise InputError(f"p must be in [0, 1], got {self.p!r}")
+        if not self.t > 0:
+            raise InputError(f"t must be > 0, got {self.t!r}")
+        values = "raw" if store.attrs.get("value_kind") == "counts" else "class"
+        return DcPFFamily(values, float(self.p), float(self.t), bool(self.update_p))
+
+    def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
+        self.p_ = float(attrs["p"])
+
+
+ESTIMATORS: dict[str, type[_CaviEstimator]] = {
+    k.__name__: k for k in (OrdNMF, BePoF, PF, DcPF)
+}
+
+
+def _iteration_logger(family: Family) -> IterationCallback:
+    def log_iteration(n: int, elbo: float, rate: float, seconds: float, params: Any) -> None:
+        log.info("iter %4d  elbo %.10e  rel %.3e  %.2fs  %s",
+                 n, elbo, rate, seconds, family.summary(params))
+
+    return log_iteration
 
 
 def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:

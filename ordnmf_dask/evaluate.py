@@ -18,7 +18,8 @@ from .engine.reduce import tree_reduce, tree_sum
 from .engine.tasks import load_block
 from .io.errors import InputError
 from .io.store import StoreInfo, open_store, read_block
-from .model import metrics
+from .model import dcpf, metrics
+from .model.kernels import sddmm
 from .modelstore import ModelInfo, open_model
 
 
@@ -44,11 +45,34 @@ def _ndcg_task(
     return np.concatenate([sums, counts])
 
 
-def _loglik_task(model: str, store: str, r: int, c: int, delta: np.ndarray) -> np.ndarray:
+def _loglik_task(model: str, store: str, r: int, c: int, spec: tuple) -> np.ndarray:
     b = read_block(store, "test", r, c)
     ew = chunkstore.load_chunk(model, "W", r).mean
     eh = chunkstore.load_chunk(model, "H", c).mean
-    return np.array([metrics.test_loglik(b.rows, b.cols, b.y, ew, eh, delta), len(b.y)])
+    if spec[0] == "ordinal":
+        value = metrics.test_loglik(b.rows, b.cols, b.y, ew, eh, spec[1])
+    else:
+        _, p, t, edges = spec
+        lam = sddmm(b.rows, b.cols, ew, eh)
+        value = float(dcpf.count_loglik(b.y, lam, p, t, edges).sum())
+    return np.array([value, len(b.y)])
+
+
+def loglik_spec(store: StoreInfo, model: ModelInfo) -> tuple | None:
+    """How to score the test classes under ``model``, or None when it does not model them.
+
+    OrdNMF: the ordinal likelihood with its thresholds. dcPF: the probability of the test class
+    (the count range of the class, exactly) on count stores, of the count itself otherwise.
+    Binarized models (BePoF, PF) model {0, 1}, not the classes: None.
+    """
+    a = model.attrs
+    if a.get("family") == "dcpf":
+        counts = store.attrs.get("value_kind") == "counts"
+        edges = np.asarray(store.attrs["thresholds"]) if counts else None
+        return ("dcpf", float(a["p"]), float(a["t"]), edges)
+    if a.get("family") == "ordinal" and len(a["delta"]) == store.n_classes + 1:
+        return ("ordinal", model.delta)
+    return None
 
 
 def check_compatible(store: StoreInfo, model: ModelInfo) -> None:
@@ -106,12 +130,14 @@ def evaluate(
             cands = [cl.submit(_topk_task, m.path, info.path, r, c, cb[c], k) for c in range(n_c)]
             top = tree_reduce(cl, cands, metrics.merge_topk, k)
             per_row.append(cl.submit(_ndcg_task, top, info.path, r, cb, levels, k))
+        spec = loglik_spec(info, m)
         ll = [
-            cl.submit(_loglik_task, m.path, info.path, r, c, m.delta)
+            cl.submit(_loglik_task, m.path, info.path, r, c, spec)
             for r in range(n_r)
             for c in range(n_c)
-        ]
-        ndcg_v, ll_v = cl.gather([tree_sum(cl, per_row), tree_sum(cl, ll)])
+        ] if spec is not None else []
+        ndcg_v = cl.gather(tree_sum(cl, per_row))
+        ll_v = cl.gather(tree_sum(cl, ll)) if ll else np.array([np.nan, info.nnz_test])
     sums, counts = ndcg_v[: len(levels)], ndcg_v[len(levels) :]
     with np.errstate(invalid="ignore", divide="ignore"):
         means = sums / counts
@@ -119,7 +145,7 @@ def evaluate(
         "k": k,
         "ndcg": {int(s): float(v) for s, v in zip(levels, means, strict=True)},
         "n_users": {int(s): int(n) for s, n in zip(levels, counts, strict=True)},
-        "test_loglik": float(ll_v[0]),
-        "test_loglik_mean": float(ll_v[0] / ll_v[1]) if ll_v[1] else float("nan"),
+        "test_loglik": None if spec is None else float(ll_v[0]),
+        "test_loglik_mean": None if spec is None or not ll_v[1] else float(ll_v[0] / ll_v[1]),
         "nnz_test": int(ll_v[1]),
     }

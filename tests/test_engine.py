@@ -10,6 +10,7 @@ from distributed import Client, LocalCluster
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
+from ordnmf_dask.engine.families import Ordinal
 
 K = 3
 
@@ -101,8 +102,9 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
         if n in (10, 40):
             counts[n] = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
 
-    runner = CaviRunner(client, store, CaviConfig(K, max_iter=40, tol=1e-300), str(tmp_path),
-                        cache_blocks=True, lineage_every=5)
+    family = Ordinal(tuple(store.hist_train.tolist()))
+    runner = CaviRunner(client, store, family, CaviConfig(K, max_iter=40, tol=1e-300),
+                        str(tmp_path), cache_blocks=True, lineage_every=5)
     runner.run(runner.random_init(), count_tasks)
     assert counts[40] <= counts[10]
 

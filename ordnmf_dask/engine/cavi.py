@@ -1,11 +1,13 @@
-"""The exact CAVI loop of IG-OrdNMF on a Dask cluster (DESIGN.md sections 2 and 4).
+"""The exact CAVI loop on a Dask cluster (DESIGN.md sections 2, 4 and 5).
 
-Per iteration, three passes over the block grid, each a map over blocks followed by fixed-order
-tree reductions on the workers:
+One loop for every model family (:mod:`.families`). Per iteration, up to three passes over the
+block grid, each a map over blocks followed by fixed-order tree reductions on the workers:
 
-1. W-rate pass: ``sum_i G_y E[h_i]`` per user-block, with the new Delta and the current E[H];
-2. H-rate pass: ``sum_u G_y E[w_u]`` per item-block, with the NEW E[W] (exact coordinate ascent);
-3. local pass: E[n], SW, SH, per-class statistics for the next Delta and the local ELBO.
+1. W-rate pass (ordinal models): ``sum_i G_y E[h_i]`` per user-block, with the new Delta and
+   the current E[H];
+2. H-rate pass (ordinal models): ``sum_u G_y E[w_u]`` per item-block, with the NEW E[W]
+   (exact coordinate ascent);
+3. local pass: E[n], SW, SH and the family's O(V) statistics (next Delta or p, local ELBO).
 
 Factor chunks stay on the workers as futures; only O(K + V) numbers (column sums, per-class
 sums, ELBO parts) are gathered by the client, once per iteration. Every ``lineage_every``
@@ -21,13 +23,14 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from distributed import Client, Future, wait
 
 from ..io.store import StoreInfo
-from ..model.thresholds import gap_from_delta, init_delta, theta_from_delta, update_delta
 from . import tasks
+from .families import Family
 from .reduce import tree_sum
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,6 @@ class CaviConfig:
     tol: float = 1e-5
     max_iter: int = 1000
     min_iter: int = 0
-    approx: bool = False
     random_state: int = 0
 
 
@@ -65,7 +67,7 @@ class CaviState:
 
     w: list[Future]
     h: list[Future]
-    delta: np.ndarray
+    params: Any  # the family's global parameters: Delta (V + 1,) or p
     elbo: list[float] = field(default_factory=list)
     objective: float = -math.inf
     converged: bool = False
@@ -75,7 +77,7 @@ class CaviState:
         return len(self.elbo)
 
 
-IterationCallback = Callable[[int, float, float, float, np.ndarray], None]
+IterationCallback = Callable[[int, float, float, float, Any], None]
 
 
 class CaviRunner:
@@ -85,6 +87,7 @@ class CaviRunner:
         self,
         client: Client,
         store: StoreInfo,
+        family: Family,
         config: CaviConfig,
         work_dir: str,
         cache_blocks: bool,
@@ -94,19 +97,20 @@ class CaviRunner:
             raise ValueError(f"n_components must be >= 1, got {config.n_components}")
         self.client = client
         self.store = store
+        self.family = family
         self.cfg = config
         self.work_dir = work_dir
         self.lineage_every = lineage_every
         n_r, n_c = store.grid
+        refs = [
+            [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
+            for r in range(n_r)
+        ]
         if cache_blocks:
-            self.blocks = [
-                [client.submit(tasks.load_block, store.path, "train", r, c) for c in range(n_c)]
-                for r in range(n_r)
-            ]
+            load = tasks.materialize
+            self.blocks = [[client.submit(load, ref) for ref in row] for row in refs]
         else:
-            self.blocks = [
-                [tasks.BlockRef(store.path, "train", r, c) for c in range(n_c)] for r in range(n_r)
-            ]
+            self.blocks = refs
 
     # -- initial state -------------------------------------------------------------------
     def random_init(self) -> tuple[list[Future], list[Future]]:
@@ -137,13 +141,14 @@ class CaviRunner:
 
     # -- passes --------------------------------------------------------------------------
     def _local_pass(
-        self, w: list[Future], h: list[Future], delta: np.ndarray
+        self, w: list[Future], h: list[Future], params: Any
     ) -> tuple[list[Future], list[Future], Future]:
         n_r, n_c = self.store.grid
-        submit = self.client.submit
+        submit, kernel = self.client.submit, self.family.kernel
+        args = self.family.kernel_args(params)
         stats = [
             [
-                submit(tasks.local_block, self.blocks[r][c], w[r], h[c], delta, self.cfg.approx)
+                submit(tasks.local_block, self.blocks[r][c], w[r], h[c], kernel, *args)
                 for c in range(n_c)
             ]
             for r in range(n_r)
@@ -198,53 +203,51 @@ class CaviRunner:
         init: tuple[list[Future], list[Future]],
         callback: IterationCallback | None = None,
     ) -> CaviState:
-        """Iterate DESIGN.md section 2 steps 1-6 until the relative ELBO gain is below tol."""
-        cfg, client, submit = self.cfg, self.client, self.client.submit
-        k, n_classes = cfg.n_components, self.store.n_classes
+        """Iterate DESIGN.md section 2 steps 1-6 until the relative ELBO gain is below tol.
+
+        The first local step uses the initial E[W], E[H] directly as geometric means. Each
+        iteration: (1) empirical-Bayes prior rates (inside the chunk updates, from the current
+        E[.]); (2) the family's global parameters from the previous local step; (3) W; (4) H
+        with the new E[W]; (5) local step; (6) ELBO and the stopping rule.
+        """
+        cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
+        k = cfg.n_components
         w, h = init
-        delta = init_delta(self.store.hist_train)
-        sw, sh, small = self._local_pass(w, h, delta)
+        params = fam.init_params()
+        sw, sh, small = self._local_pass(w, h, params)
         w_sum = tree_sum(client, w, "summary")
         h_sum = tree_sum(client, h, "summary")
         small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
-        state = CaviState(w, h, delta)
+        state = CaviState(w, h, params)
         previous_cut: str | None = None
         for n in range(cfg.max_iter):
             start = time.perf_counter()
-            en = small_v[: n_classes + 1]
-            lam = small_v[n_classes + 1 : 2 * n_classes + 2]
-            delta = update_delta(en, lam, float(w_sum_v[:k] @ h_sum_v[:k]))
-            theta0 = float(theta_from_delta(delta)[0])
-            gap = gap_from_delta(delta)
+            params = fam.update_params(params, small_v, float(w_sum_v[:k] @ h_sum_v[:k]))
+            scale, gap = fam.rate_scale(params), fam.gap(params)
 
-            corr_w = self._row_corrections(gap, h)
+            corr_w = self._row_corrections(gap, h) if fam.uses_correction else [None] * len(w)
             w = [
-                submit(tasks.update_factor, w[r], cfg.alpha_W, sw[r], theta0, h_sum, corr_w[r])
+                submit(tasks.update_factor, w[r], cfg.alpha_W, sw[r], scale, h_sum, corr_w[r])
                 for r in range(len(w))
             ]
             w_sum = tree_sum(client, w, "summary")
-            corr_h = self._col_corrections(gap, w)
+            corr_h = self._col_corrections(gap, w) if fam.uses_correction else [None] * len(h)
             h = [
-                submit(tasks.update_factor, h[c], cfg.alpha_H, sh[c], theta0, w_sum, corr_h[c])
+                submit(tasks.update_factor, h[c], cfg.alpha_H, sh[c], scale, w_sum, corr_h[c])
                 for c in range(len(h))
             ]
             h_sum = tree_sum(client, h, "summary")
-            sw, sh, small = self._local_pass(w, h, delta)
+            sw, sh, small = self._local_pass(w, h, params)
             small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
 
-            lam_new = small_v[n_classes + 1 : 2 * n_classes + 2]
-            rest = (
-                -theta0 * float(w_sum_v[:k] @ h_sum_v[:k])
-                + float(gap @ lam_new)
-                + w_sum_v[k]
-                + h_sum_v[k]
-            )
-            elbo, objective = float(small_v[-2] + rest), float(small_v[-1] + rest)
-            state.w, state.h, state.delta = w, h, delta
+            gamma_terms = float(w_sum_v[k] + h_sum_v[k])
+            local, ascended = fam.elbo(params, small_v, float(w_sum_v[:k] @ h_sum_v[:k]))
+            elbo, objective = local + gamma_terms, ascended + gamma_terms
+            state.w, state.h, state.params = w, h, params
             rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
             state.elbo.append(elbo)
             if callback is not None:
-                callback(n + 1, elbo, rate, time.perf_counter() - start, delta)
+                callback(n + 1, elbo, rate, time.perf_counter() - start, params)
             if not np.isfinite(objective):
                 raise FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
             if n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):

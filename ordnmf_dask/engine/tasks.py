@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,18 +24,31 @@ class BlockRef:
     split: str
     r: int
     c: int
+    values: str = "class"
 
 
-def load_block(path: str, split: str, r: int, c: int) -> CsrBlock:
-    """Read block (r, c) of ``split`` from the zarr store."""
+def load_block(path: str, split: str, r: int, c: int, values: str = "class") -> CsrBlock:
+    """Read block (r, c) of ``split`` from the zarr store.
+
+    ``values``: "class" (uint8 classes), "raw" (float64 raw values, e.g. play counts) or
+    "ge:S" (classes binarized at S: nonzeros with class >= S become 1, the others are dropped).
+    """
     b = read_block(path, split, r, c)
-    return CsrBlock.from_coo(b.rows, b.cols, b.y, b.shape)
+    if values == "class":
+        return CsrBlock.from_coo(b.rows, b.cols, b.y, b.shape)
+    if values == "raw":
+        return CsrBlock.from_coo(b.rows, b.cols, b.raw, b.shape)
+    if values.startswith("ge:"):
+        keep = b.y >= int(values[3:])
+        ones = np.ones(int(keep.sum()), dtype=np.uint8)
+        return CsrBlock.from_coo(b.rows[keep], b.cols[keep], ones, b.shape)
+    raise ValueError(f"unknown block values {values!r}")
 
 
 def materialize(block: CsrBlock | BlockRef) -> CsrBlock:
     """A cached block as is, or a streamed block read now."""
     if isinstance(block, BlockRef):
-        return load_block(block.path, block.split, block.r, block.c)
+        return load_block(block.path, block.split, block.r, block.c, block.values)
     return block
 
 
@@ -61,12 +76,14 @@ def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
 
 
 def local_block(
-    block: CsrBlock | BlockRef, w: FactorChunk, h: FactorChunk, delta: np.ndarray, approx: bool
+    block: CsrBlock | BlockRef,
+    w: FactorChunk,
+    h: FactorChunk,
+    kernel: Callable[..., LocalStats],
+    *args: Any,
 ) -> LocalStats:
-    """Local step of block (r, c) with the current factor chunks."""
-    return kernels.local_step(
-        materialize(block), w.geo_mean, h.geo_mean, w.mean, h.mean, delta, approx
-    )
+    """Local step ``kernel(block, GW, GH, E[W], E[H], *args)`` of block (r, c)."""
+    return kernel(materialize(block), w.geo_mean, h.geo_mean, w.mean, h.mean, *args)
 
 
 def row_correction_block(block: CsrBlock | BlockRef, gap: np.ndarray, h: FactorChunk) -> np.ndarray:
@@ -85,7 +102,7 @@ def update_factor(
     shape_stat: np.ndarray,
     theta0: float,
     other_summary: np.ndarray,
-    correction: np.ndarray,
+    correction: np.ndarray | None,
 ) -> FactorChunk:
     """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum."""
     k = old.mean.shape[1]

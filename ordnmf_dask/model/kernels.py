@@ -22,7 +22,8 @@ class CsrBlock:
     """Nonzeros of one block, CSR-ordered.
 
     indptr : int64 (n_rows + 1,); cols : int32 (nnz,) local column; rows : int32 (nnz,) local row;
-    y : uint8 (nnz,) ordinal class 1..V; shape : (n_rows, n_cols).
+    y : (nnz,) values: uint8 ordinal classes 1..V, or float64 counts for dcPF;
+    shape : (n_rows, n_cols).
     """
 
     indptr: np.ndarray
@@ -52,26 +53,35 @@ class CsrBlock:
 
 @dataclass(frozen=True)
 class LocalStats:
-    """Partial sums of the local step over one block.
+    """Partial sums of a local step over one block.
 
     sw : (n_rows, K) sum_i E[c_uik]; sh : (n_cols, K) sum_u E[c_uik];
-    en_by_class, lam_by_class : (V + 1,) per-class sums of E[n] and of E[w].E[h];
-    elbo : sum over the block's nonzeros of log(expm1(Lambda Delta_y)) (the reported bound).
-    bound : the local term of the bound CAVI actually ascends: ``elbo`` in exact mode, and
-        sum log(Lambda Delta_y) with q(n) = delta_1 (approx mode), where ``elbo`` may decrease.
+    small : the model's O(V) statistics (summed over blocks, sent to the client); for the
+    ordinal model see :func:`ordinal_small`.
     """
 
     sw: np.ndarray
     sh: np.ndarray
-    en_by_class: np.ndarray
-    lam_by_class: np.ndarray
-    elbo: float
-    bound: float
+    small: np.ndarray
 
-    @property
-    def small(self) -> np.ndarray:
-        """(2 (V + 1) + 2,) vector [en_by_class, lam_by_class, elbo, bound] for the client."""
-        return np.concatenate([self.en_by_class, self.lam_by_class, [self.elbo, self.bound]])
+
+def ordinal_small(
+    en_by_class: np.ndarray, lam_by_class: np.ndarray, elbo: float, bound: float
+) -> np.ndarray:
+    """Pack the ordinal local statistics: ``[en_by_class, lam_by_class, elbo, bound]``.
+
+    en_by_class, lam_by_class : (V + 1,) per-class sums of E[n] and of lambda = E[w].E[h];
+    elbo : sum over nonzeros of log(expm1(Lambda Delta_y)) (the reported bound);
+    bound : the local term of the bound CAVI ascends: ``elbo`` in exact mode, and
+    sum log(Lambda Delta_y) with q(n) = delta_1 (approx mode), where ``elbo`` may decrease.
+    """
+    return np.concatenate([en_by_class, lam_by_class, [elbo, bound]])
+
+
+def split_ordinal_small(small: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """Inverse of :func:`ordinal_small`."""
+    v1 = (len(small) - 2) // 2
+    return small[:v1], small[v1 : 2 * v1], float(small[-2]), float(small[-1])
 
 
 def sddmm(rows: np.ndarray, cols: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -124,14 +134,13 @@ def local_step(
     sh = gh * (ratio.T @ gw)
     lam = sddmm(block.rows, block.cols, ew, eh)
     elbo = float(log_expm1(x).sum())
-    return LocalStats(
-        sw=sw,
-        sh=sh,
-        en_by_class=np.bincount(block.y, weights=en, minlength=n_classes + 1),
-        lam_by_class=np.bincount(block.y, weights=lam, minlength=n_classes + 1),
-        elbo=elbo,
-        bound=float(np.log(x).sum()) if approx else elbo,
+    small = ordinal_small(
+        np.bincount(block.y, weights=en, minlength=n_classes + 1),
+        np.bincount(block.y, weights=lam, minlength=n_classes + 1),
+        elbo,
+        float(np.log(x).sum()) if approx else elbo,
     )
+    return LocalStats(sw, sh, small)
 
 
 def row_correction(block: CsrBlock, gap: np.ndarray, eh: np.ndarray) -> np.ndarray:

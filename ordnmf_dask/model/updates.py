@@ -46,7 +46,7 @@ def update_chunk(
     alpha: float,
     shape_stat: np.ndarray,
     theta0_colsum: np.ndarray,
-    correction: np.ndarray,
+    correction: np.ndarray | None,
 ) -> FactorChunk:
     """Gamma update of one chunk (DESIGN.md section 2, steps 1 and 3/4).
 
@@ -55,11 +55,11 @@ def update_chunk(
     old : the chunk before the update (its mean gives the empirical-Bayes rate).
     shape_stat : (n, K) SW (or SH) from the previous local step.
     theta0_colsum : (K,) theta_0 times the column sums of the other factor's E[.].
-    correction : (n, K) sparse rate correction sum_nz G_y E[other].
+    correction : (n, K) sparse rate correction sum_nz G_y E[other], or None (none, dcPF).
     """
     beta = empirical_bayes_rate(alpha, old.mean)
     shape = alpha + shape_stat
-    rate = beta + (theta0_colsum - correction)
+    rate = beta + (theta0_colsum if correction is None else theta0_colsum - correction)
     mean, log_mean = gamma_moments(shape, rate)
     elbo = gamma_elbo_term(alpha, beta, shape, rate, mean, log_mean)
     return FactorChunk(mean, log_mean, shape, rate, beta, elbo)
