@@ -15,6 +15,7 @@ import zarr
 from distributed import Client
 
 from .engine.cavi import CaviConfig, CaviRunner, IterationCallback
+from .engine.checkpoint import fingerprint
 from .engine.cluster import resolve_client
 from .engine.families import DcPF as DcPFFamily
 from .engine.families import Family, Ordinal
@@ -35,7 +36,11 @@ _SHARED_PARAMS_DOC = """
     random_state : seed of the Gamma(1, 1) initialization of E[W], E[H].
     cache_blocks : keep training blocks in worker memory (True), stream them from zarr in every
         pass (False), or decide from the workers' memory limits ("auto").
-    lineage_every : iterations between lineage cuts (state written to ``work_dir`` and read back).
+    checkpoint_every, checkpoint_minutes : checkpoint after every this many iterations and/or
+        minutes (the state is written by the workers and read back, which also cuts the task
+        lineage). 0 / None disable each trigger.
+    checkpoint_dir : where checkpoints go, visible to all workers; keep it to ``fit(...,
+        resume=True)`` after an interruption (default: inside ``work_dir``, removed after fit).
     work_dir : scratch directory visible to all workers (default: a temporary directory).
     n_workers : worker processes of the LocalCluster started when no client is available.
 """
@@ -62,7 +67,9 @@ class _CaviEstimator:
         min_iter: int = 0,
         random_state: int = 0,
         cache_blocks: bool | str = "auto",
-        lineage_every: int = 10,
+        checkpoint_every: int = 10,
+        checkpoint_minutes: float | None = None,
+        checkpoint_dir: str | None = None,
         work_dir: str | None = None,
         n_workers: int = 2,
     ) -> None:
@@ -74,7 +81,9 @@ class _CaviEstimator:
         self.min_iter = min_iter
         self.random_state = random_state
         self.cache_blocks = cache_blocks
-        self.lineage_every = lineage_every
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_minutes = checkpoint_minutes
+        self.checkpoint_dir = checkpoint_dir
         self.work_dir = work_dir
         self.n_workers = n_workers
 
@@ -142,6 +151,7 @@ class _CaviEstimator:
         out: str | os.PathLike | None = None,
         overwrite: bool = False,
         callback: IterationCallback | None = None,
+        resume: bool = False,
     ) -> _CaviEstimator:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`.
 
@@ -153,26 +163,37 @@ class _CaviEstimator:
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
         out : directory of the saved model (default: a temporary directory).
-        callback : called after each iteration as ``callback(n, elbo, rel_change, seconds, delta)``.
+        callback : called after each iteration as ``callback(n, elbo, rel_change, seconds, params)``
+            (params: Delta, or p for dcPF).
+        resume : continue from the newest valid checkpoint in ``checkpoint_dir`` (written by an
+            interrupted fit of the same model on the same store); start afresh if there is none.
         """
         cfg = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
+        if resume and not self.checkpoint_dir:
+            raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
         work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
         os.makedirs(work, exist_ok=True)
+        ckpt_dir = os.path.abspath(self.checkpoint_dir or os.path.join(work, "checkpoints"))
+        os.makedirs(ckpt_dir, exist_ok=True)
+        print_ = fingerprint(info.attrs, info.path, self._fit_settings(init_arrays is not None))
         if out is None:
             out = tempfile.mkdtemp(prefix="ordnmf-model-")
             overwrite = True
         try:
             with resolve_client(client, self.n_workers) as cl:
                 cache = _decide_cache(self.cache_blocks, cl, info)
-                runner = CaviRunner(cl, info, family, cfg, work, cache, self.lineage_every)
+                runner = CaviRunner(
+                    cl, info, family, cfg, ckpt_dir, cache,
+                    self.checkpoint_every, self.checkpoint_minutes, print_,
+                )
                 if init_arrays is None:
                     start = runner.random_init()
                 else:
                     start = runner.warm_init(*_write_init(init_arrays, work))
-                state = runner.run(start, callback or _iteration_logger(family))
+                state = runner.run(start, callback or _iteration_logger(family), resume)
                 attrs = {
                     "model": type(self).__name__,
                     "family": family.name,
@@ -199,6 +220,13 @@ class _CaviEstimator:
                 shutil.rmtree(work, ignore_errors=True)
         self._set_fitted(open_model(os.fspath(out)))
         return self
+
+    def _fit_settings(self, warm: bool) -> dict[str, Any]:
+        """What the trajectory depends on (checked when resuming from a checkpoint)."""
+        runtime = {"cache_blocks", "checkpoint_every", "checkpoint_minutes", "checkpoint_dir",
+                   "work_dir", "n_workers", "max_iter"}
+        params = {k: v for k, v in self.get_params().items() if k not in runtime}
+        return {"model": type(self).__name__, "warm_start": warm, **params}
 
     def _set_fitted(self, model: ModelInfo) -> None:
         a = model.attrs

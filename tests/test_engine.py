@@ -39,7 +39,7 @@ def test_fit_matches_oracle_trajectory(tmp_path, client, problem, grid, approx):
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, grid)
     ref = oracle.fit(train, n_classes, w0, h0, tol=1e-5, approx=approx)
-    model = OrdNMF(K, approx=approx, lineage_every=7).fit(store, client, init=(w0, h0))
+    model = OrdNMF(K, approx=approx, checkpoint_every=7).fit(store, client, init=(w0, h0))
     _assert_same_fit(model, ref)
     assert model.converged_
     objective = np.asarray(ref["objective"])
@@ -55,11 +55,11 @@ def test_binary_data_is_bepof(tmp_path, client, problem):
     _assert_same_fit(model, ref)
 
 
-def test_streaming_cached_and_lineage_cuts_agree_bitwise(tmp_path, client, problem):
+def test_streaming_cached_and_checkpoints_agree_bitwise(tmp_path, client, problem):
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 2))
     fits = [
-        OrdNMF(K, max_iter=12, cache_blocks=cache, lineage_every=every).fit(
+        OrdNMF(K, max_iter=12, cache_blocks=cache, checkpoint_every=every).fit(
             store, client, init=(w0, h0)
         )
         for cache, every in [(True, 0), (False, 0), (True, 5)]
@@ -104,7 +104,7 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
 
     family = Ordinal(tuple(store.hist_train.tolist()))
     runner = CaviRunner(client, store, family, CaviConfig(K, max_iter=40, tol=1e-300),
-                        str(tmp_path), cache_blocks=True, lineage_every=5)
+                        str(tmp_path), cache_blocks=True, checkpoint_every=5)
     runner.run(runner.random_init(), count_tasks)
     assert counts[40] <= counts[10]
 
@@ -119,3 +119,41 @@ def test_save_and_load_round_trip(tmp_path, client, problem):
     assert loaded.elbo_ == model.elbo_
     np.testing.assert_array_equal(loaded.W_.compute(), model.W_.compute())
     assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, client, problem):
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 3))
+    ckpt = tmp_path / "ckpt"
+    whole = OrdNMF(K, max_iter=25, tol=1e-12).fit(store, client, init=(w0, h0))
+    # "interrupted" after 17 iterations: checkpoints at 8 and 16 remain
+    OrdNMF(K, max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)).fit(
+        store, client, init=(w0, h0)
+    )
+    assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000008", "ckpt-00000016"]
+    resumed = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
+    resumed.fit(store, client, init=(w0, h0), resume=True)
+    assert resumed.elbo_ == whole.elbo_
+    np.testing.assert_array_equal(resumed.W_.compute(), whole.W_.compute())
+    np.testing.assert_array_equal(resumed.H_.compute(), whole.H_.compute())
+
+    # truncate a chunk of the newest checkpoint: it must be skipped, the older one used
+    OrdNMF(K, max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)).fit(
+        store, client, init=(w0, h0)
+    )
+    newest = ckpt / "ckpt-00000016" / "W" / "1" / "mean" / "c" / "0" / "0"
+    newest.write_bytes(newest.read_bytes()[:10])
+    again = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
+    again.fit(store, client, init=(w0, h0), resume=True)
+    assert again.elbo_ == whole.elbo_
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, problem):
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (1, 2))
+    ckpt = str(tmp_path / "ckpt")
+    OrdNMF(K, max_iter=6, checkpoint_every=3, checkpoint_dir=ckpt).fit(store, client)
+    other = OrdNMF(K, max_iter=6, alpha_W=1.0, checkpoint_every=3, checkpoint_dir=ckpt)
+    fresh = OrdNMF(K, max_iter=6, alpha_W=1.0).fit(store, client)
+    other.fit(store, client, resume=True)  # the checkpoints do not match: starts afresh
+    assert other.elbo_ == fresh.elbo_

@@ -10,26 +10,26 @@ block grid, each a map over blocks followed by fixed-order tree reductions on th
 3. local pass: E[n], SW, SH and the family's O(V) statistics (next Delta or p, local ELBO).
 
 Factor chunks stay on the workers as futures; only O(K + V) numbers (column sums, per-class
-sums, ELBO parts) are gathered by the client, once per iteration. Every ``lineage_every``
-iterations the state is written to zarr by the workers and read back, which cuts the task
-lineage so the scheduler's graph stays bounded over long fits.
+sums, ELBO parts) are gathered by the client, once per iteration. Every ``checkpoint_every``
+iterations (or ``checkpoint_minutes``) the state is checkpointed to zarr by the workers and read
+back (:mod:`.checkpoint`), which cuts the task lineage so the scheduler's graph stays bounded
+over long fits, and lets an interrupted fit resume where it stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
 from ..io.store import StoreInfo
-from . import tasks
+from . import checkpoint, tasks
 from .families import Family
 from .reduce import tree_sum
 
@@ -89,9 +89,11 @@ class CaviRunner:
         store: StoreInfo,
         family: Family,
         config: CaviConfig,
-        work_dir: str,
+        checkpoint_dir: str,
         cache_blocks: bool,
-        lineage_every: int = 10,
+        checkpoint_every: int = 10,
+        checkpoint_minutes: float | None = None,
+        fingerprint: str = "",
     ) -> None:
         if config.n_components < 1:
             raise ValueError(f"n_components must be >= 1, got {config.n_components}")
@@ -99,8 +101,10 @@ class CaviRunner:
         self.store = store
         self.family = family
         self.cfg = config
-        self.work_dir = work_dir
-        self.lineage_every = lineage_every
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_minutes = checkpoint_minutes
+        self.fingerprint = fingerprint
         n_r, n_c = store.grid
         refs = [
             [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
@@ -178,49 +182,59 @@ class CaviRunner:
             for c in range(self.store.grid[1])
         ]
 
-    def _cut_lineage(self, tag: str, *groups: list[Future]) -> list[list[Future]]:
-        """Write every future of ``groups`` to zarr on the workers and read them back."""
-        root = f"{self.work_dir}/lineage-{tag}"
-        submit = self.client.submit
-        saved = [
-            submit(tasks.save_any, f, root, f"g{g}", j)
-            for g, futures in enumerate(groups)
-            for j, f in enumerate(futures)
-        ]
-        wait(saved)
-        for f in saved:
-            f.result()  # re-raise a worker's write error here
-        reloaded = [
-            [submit(tasks.load_any, root, f"g{g}", j, pure=False) for j in range(len(futures))]
-            for g, futures in enumerate(groups)
-        ]
-        wait([f for group in reloaded for f in group])
-        return reloaded
+    def _rows(self) -> dict[str, list[int]]:
+        rb, cb = np.diff(self.store.row_bounds).tolist(), np.diff(self.store.col_bounds).tolist()
+        return {"W": rb, "H": cb, "SW": rb, "SH": cb}
 
     # -- the loop ------------------------------------------------------------------------
     def run(
         self,
-        init: tuple[list[Future], list[Future]],
+        init: tuple[list[Future], list[Future]] | None,
         callback: IterationCallback | None = None,
+        resume: bool = False,
     ) -> CaviState:
         """Iterate DESIGN.md section 2 steps 1-6 until the relative ELBO gain is below tol.
 
         The first local step uses the initial E[W], E[H] directly as geometric means. Each
         iteration: (1) empirical-Bayes prior rates (inside the chunk updates, from the current
         E[.]); (2) the family's global parameters from the previous local step; (3) W; (4) H
-        with the new E[W]; (5) local step; (6) ELBO and the stopping rule.
+        with the new E[W]; (5) local step; (6) ELBO and the stopping rule. With ``resume``, the
+        state is read from the newest valid checkpoint instead (``init`` is then only used when
+        there is none), and the run continues exactly as the interrupted one would have.
         """
         cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
         k = cfg.n_components
-        w, h = init
-        params = fam.init_params()
-        sw, sh, small = self._local_pass(w, h, params)
-        w_sum = tree_sum(client, w, "summary")
-        h_sum = tree_sum(client, h, "summary")
-        small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
-        state = CaviState(w, h, params)
-        previous_cut: str | None = None
-        for n in range(cfg.max_iter):
+        snap = None
+        if resume:
+            try:
+                groups, snap, path = checkpoint.read_newest(
+                    client, self.checkpoint_dir, self._rows(), self.fingerprint
+                )
+                log.info("resuming from %s (iteration %d)", path, snap.iteration)
+            except checkpoint.CheckpointError as exc:
+                log.warning("starting from scratch: %s", exc)
+        if snap is not None:
+            w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
+            params = fam.from_json(snap.params)
+            small_v = np.asarray(snap.small)
+            w_sum_v, h_sum_v = np.asarray(snap.w_sum), np.asarray(snap.h_sum)
+            w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
+            state = CaviState(w, h, params, list(snap.elbo), snap.objective)
+            first = snap.iteration
+        else:
+            if init is None:
+                raise ValueError("no initial state and nothing to resume from")
+            checkpoint.clear(self.checkpoint_dir)
+            w, h = init
+            params = fam.init_params()
+            sw, sh, small = self._local_pass(w, h, params)
+            w_sum = tree_sum(client, w, "summary")
+            h_sum = tree_sum(client, h, "summary")
+            small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
+            state = CaviState(w, h, params)
+            first = 0
+        last_checkpoint = time.monotonic()
+        for n in range(first, cfg.max_iter):
             start = time.perf_counter()
             params = fam.update_params(params, small_v, float(w_sum_v[:k] @ h_sum_v[:k]))
             scale, gap = fam.rate_scale(params), fam.gap(params)
@@ -258,12 +272,23 @@ class CaviRunner:
             if rate < cfg.tol and n >= cfg.min_iter:
                 state.converged = True
                 break
-            if self.lineage_every and (n + 1) % self.lineage_every == 0:
-                w, h, sw, sh = self._cut_lineage(str(n + 1), w, h, sw, sh)
-                w_sum = tree_sum(client, w, "summary")
-                h_sum = tree_sum(client, h, "summary")
+            due = self.checkpoint_every and (n + 1) % self.checkpoint_every == 0
+            late = self.checkpoint_minutes is not None and (
+                time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
+            )
+            if due or late:
+                snap = checkpoint.Snapshot(
+                    n + 1, fam.to_json(params), list(state.elbo), state.objective,
+                    small_v.tolist(), w_sum_v.tolist(), h_sum_v.tolist(),
+                )
+                groups = {"W": w, "H": h, "SW": sw, "SH": sh}
+                path = checkpoint.write(
+                    client, self.checkpoint_dir, groups, snap, self.fingerprint
+                )
+                groups, _ = checkpoint.read(client, path, self._rows(), self.fingerprint)
+                w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
+                w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
                 state.w, state.h = w, h
-                if previous_cut is not None:
-                    shutil.rmtree(previous_cut, ignore_errors=True)
-                previous_cut = f"{self.work_dir}/lineage-{n + 1}"
+                last_checkpoint = time.monotonic()
+                log.debug("checkpoint %s", path)
         return state

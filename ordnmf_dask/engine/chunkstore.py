@@ -1,6 +1,6 @@
 """Factor chunks on disk: one zarr group per chunk, written and read by the workers.
 
-Used for lineage cuts during a fit, for warm starts and for saved models. Chunks are written
+Used for checkpoints during a fit and for saved models. Chunks are written
 where they live; nothing passes through the client.
 """
 

@@ -73,6 +73,12 @@ class Ordinal:
     def summary(self, delta: np.ndarray) -> str:
         return f"delta[1..V] min {delta[1:].min():.3g} max {delta[1:].max():.3g}"
 
+    def to_json(self, delta: np.ndarray) -> list[float]:
+        return delta.tolist()
+
+    def from_json(self, value: list[float]) -> np.ndarray:
+        return np.asarray(value, dtype=np.float64)
+
 
 @dataclass(frozen=True)
 class DcPF:
@@ -121,6 +127,12 @@ class DcPF:
 
     def summary(self, p: float) -> str:
         return f"p {p:.6g}"
+
+    def to_json(self, p: float) -> float:
+        return float(p)
+
+    def from_json(self, value: float) -> float:
+        return float(value)
 
 
 Family = Ordinal | DcPF

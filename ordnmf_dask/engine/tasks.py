@@ -107,24 +107,3 @@ def update_factor(
     """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum."""
     k = old.mean.shape[1]
     return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
-
-
-def save_any(value: FactorChunk | np.ndarray, root: str, name: str, index: int) -> str:
-    """Write a factor chunk or a plain array to ``root/name/index`` (lineage cut)."""
-    from . import chunkstore
-
-    if isinstance(value, FactorChunk):
-        return chunkstore.save_chunk(value, root, name, index)
-    return chunkstore.save_array(value, root, name, index)
-
-
-def load_any(root: str, name: str, index: int) -> FactorChunk | np.ndarray:
-    """Read back what :func:`save_any` wrote."""
-    import zarr
-
-    from . import chunkstore
-
-    node = zarr.open(chunkstore.chunk_path(root, name, index), mode="r")
-    if isinstance(node, zarr.Group):
-        return chunkstore.load_chunk(root, name, index)
-    return node[...]
