@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ _SHARED_PARAMS_DOC = """
         resume=True)`` after an interruption (default: inside ``work_dir``, removed after fit).
     work_dir : scratch directory visible to all workers (default: a temporary directory).
     n_workers : worker processes of the LocalCluster started when no client is available.
+    n_init : random restarts (seeds random_state, random_state + 1, ...); the run with the
+        highest final ELBO is kept, and every run's figures are in ``runs_``.
 """
 
 _SHARED_ATTRS_DOC = """
@@ -50,6 +53,7 @@ _SHARED_ATTRS_DOC = """
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
     elbo_ : list of ELBO values, one per iteration; n_iter_ : len(elbo_); converged_ : bool.
     model_path_ : the zarr directory holding the fitted factors.
+    runs_ : one dict per restart: seed, final ELBO, n_iter, converged, kept.
 """
 
 
@@ -72,6 +76,7 @@ class _CaviEstimator:
         checkpoint_dir: str | None = None,
         work_dir: str | None = None,
         n_workers: int = 2,
+        n_init: int = 1,
     ) -> None:
         self.n_components = n_components
         self.alpha_W = alpha_W
@@ -86,6 +91,7 @@ class _CaviEstimator:
         self.checkpoint_dir = checkpoint_dir
         self.work_dir = work_dir
         self.n_workers = n_workers
+        self.n_init = n_init
 
     def _family(self, store: StoreInfo) -> Family:
         raise NotImplementedError
@@ -125,6 +131,8 @@ class _CaviEstimator:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and np.isfinite(value)):
                 raise InputError(f"{name} must be a positive number, got {value!r}")
+        if not isinstance(self.n_init, int) or self.n_init < 1:
+            raise InputError(f"n_init must be an integer >= 1, got {self.n_init!r}")
         if self.max_iter < 1 or self.min_iter < 0:
             raise InputError("max_iter must be >= 1 and min_iter >= 0")
         if self.cache_blocks not in (True, False, "auto"):
@@ -174,6 +182,8 @@ class _CaviEstimator:
         init_arrays = _read_init(init, info, cfg.n_components)
         if resume and not self.checkpoint_dir:
             raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
+        if self.n_init > 1 and (init_arrays is not None or resume):
+            raise InputError("n_init > 1 restarts from random draws: no init= or resume= with it")
         work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
         os.makedirs(work, exist_ok=True)
         ckpt_dir = os.path.abspath(self.checkpoint_dir or os.path.join(work, "checkpoints"))
@@ -185,15 +195,28 @@ class _CaviEstimator:
         try:
             with resolve_client(client, self.n_workers) as cl:
                 cache = _decide_cache(self.cache_blocks, cl, info)
-                runner = CaviRunner(
-                    cl, info, family, cfg, ckpt_dir, cache,
-                    self.checkpoint_every, self.checkpoint_minutes, print_,
-                )
-                if init_arrays is None:
-                    start = runner.random_init()
-                else:
-                    start = runner.warm_init(*_write_init(init_arrays, work))
-                state = runner.run(start, callback or _iteration_logger(family), resume)
+                state, runs = None, []
+                for j in range(self.n_init):
+                    run_cfg = replace(cfg, random_state=cfg.random_state + j)
+                    runner = CaviRunner(
+                        cl, info, family, run_cfg, ckpt_dir, cache,
+                        self.checkpoint_every, self.checkpoint_minutes, print_,
+                    )
+                    if init_arrays is None:
+                        start = runner.random_init()
+                    else:
+                        start = runner.warm_init(*_write_init(init_arrays, work))
+                    run = runner.run(start, callback or _iteration_logger(family), resume)
+                    runs.append({"seed": run_cfg.random_state, "elbo": run.elbo[-1],
+                                 "n_iter": run.n_iter, "converged": run.converged})
+                    if self.n_init > 1:
+                        log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations",
+                                 j + 1, self.n_init, run_cfg.random_state, run.elbo[-1],
+                                 run.n_iter)
+                    if state is None or run.elbo[-1] > state.elbo[-1]:
+                        state = run
+                for r in runs:
+                    r["kept"] = r["elbo"] == state.elbo[-1]
                 attrs = {
                     "model": type(self).__name__,
                     "family": family.name,
@@ -213,6 +236,7 @@ class _CaviEstimator:
                     "row_bounds": info.row_bounds.tolist(),
                     "col_bounds": info.col_bounds.tolist(),
                     "cache_blocks": cache,
+                    "runs": runs,
                 }
                 save_model(cl, state.w, state.h, os.fspath(out), attrs, overwrite=overwrite)
         finally:
@@ -224,7 +248,7 @@ class _CaviEstimator:
     def _fit_settings(self, warm: bool) -> dict[str, Any]:
         """What the trajectory depends on (checked when resuming from a checkpoint)."""
         runtime = {"cache_blocks", "checkpoint_every", "checkpoint_minutes", "checkpoint_dir",
-                   "work_dir", "n_workers", "max_iter"}
+                   "work_dir", "n_workers", "max_iter", "n_init"}
         params = {k: v for k, v in self.get_params().items() if k not in runtime}
         return {"model": type(self).__name__, "warm_start": warm, **params}
 
@@ -234,6 +258,7 @@ class _CaviEstimator:
         self._set_family_attrs(a)
         self.elbo_ = list(a["elbo"])
         self.n_iter_ = int(a["n_iter"])
+        self.runs_ = list(a.get("runs", []))
         self.converged_ = bool(a["converged"])
         self.W_ = model.factor("W", "mean")
         self.H_ = model.factor("H", "mean")

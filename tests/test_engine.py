@@ -157,3 +157,14 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, 
     fresh = OrdNMF(K, max_iter=6, alpha_W=1.0).fit(store, client)
     other.fit(store, client, resume=True)  # the checkpoints do not match: starts afresh
     assert other.elbo_ == fresh.elbo_
+
+
+def test_restarts_keep_the_best_run(tmp_path, client, problem):
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
+    best = OrdNMF(K, max_iter=8, n_init=3, random_state=10).fit(store, client)
+    singles = [OrdNMF(K, max_iter=8, random_state=s).fit(store, client) for s in (10, 11, 12)]
+    finals = [m.elbo_[-1] for m in singles]
+    assert [r["elbo"] for r in best.runs_] == finals
+    assert best.elbo_ == singles[int(np.argmax(finals))].elbo_
+    assert [r["kept"] for r in best.runs_] == [f == max(finals) for f in finals]
