@@ -1,0 +1,79 @@
+"""Figures a person looks at: ELBO per iteration, PPC histogram, learned thresholds.
+
+Needs matplotlib (``pip install ordnmf-dask[plots]``); every function writes one PNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise ImportError("plots need matplotlib: pip install 'ordnmf-dask[plots]'") from exc
+    return plt
+
+
+def plot_elbo(traces: Mapping[str, Sequence[float]], path: str | os.PathLike) -> str:
+    """ELBO per iteration, one line per model (``{label: elbo trace}``)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, elbo in traces.items():
+        ax.plot(np.arange(1, len(elbo) + 1), elbo, label=label)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("ELBO")
+    ax.set_title("ELBO per iteration")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return os.fspath(path)
+
+
+def plot_ppc(
+    train: Sequence[float], simulated: Mapping[str, Sequence[float]], path: str | os.PathLike,
+    title: str = "Posterior predictive check",
+) -> str:
+    """Class histogram of the training data vs data simulated from each model (log scale),
+    classes 1..V (class 0, the zeros, dwarfs the others and is left out), as the paper's figure."""
+    plt = _pyplot()
+    classes = np.arange(1, len(train))
+    width = 0.8 / (1 + len(simulated))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(classes - 0.4 + width / 2, np.asarray(train)[1:], width, label="train data")
+    for j, (label, hist) in enumerate(simulated.items(), start=1):
+        ax.bar(classes - 0.4 + width * (j + 0.5), np.asarray(hist)[1:], width, label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(classes)
+    ax.set_xlabel("class")
+    ax.set_ylabel("count")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return os.fspath(path)
+
+
+def plot_thresholds(theta: Sequence[float], path: str | os.PathLike, title: str = "") -> str:
+    """Learned thresholds b_v = 1 / theta_v, v = 0..V-1, on a log scale."""
+    plt = _pyplot()
+    b = 1.0 / np.asarray(theta, dtype=np.float64)[:-1]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(np.arange(len(b)), b, "o-")
+    ax.set_yscale("log")
+    ax.set_xlabel("v")
+    ax.set_ylabel("b_v = 1 / theta_v")
+    ax.set_title(title or "Learned thresholds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return os.fspath(path)
