@@ -90,28 +90,56 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--columns", type=_int_list, default=[0, 1, 2],
                      help="0-based user,item,value columns (default 0,1,2)")
     ing.add_argument("--overwrite", action="store_true")
+    ing.add_argument("--distributed", action="store_true",
+                     help="out-of-core ingest on a cluster (bounded memory; random split only)")
+    ing.add_argument("--chunk-bytes", type=int, default=2**24,
+                     help="with --distributed: bytes of text per parsing task (default 16 MiB)")
+    _cluster_args(ing)
+
+    syn = add("synth", help="sample a synthetic IG-OrdNMF dataset into a store")
+    syn.add_argument("--out", required=True, help="store directory to create")
+    syn.add_argument("--users", type=int, required=True, help="U")
+    syn.add_argument("--items", type=int, required=True, help="I")
+    syn.add_argument("--nnz", type=float, required=True, help="expected nonzeros (e.g. 1e7)")
+    syn.add_argument("-k", "--n-components", type=int, required=True, help="true K")
+    syn.add_argument("--classes", type=int, default=10, help="V (default 10)")
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--shape", type=float, default=0.3, help="Gamma shape of W and H")
+    syn.add_argument("--test-fraction", type=float, default=0.2)
+    syn.add_argument("--nnz-per-block", type=int, default=2**21)
+    syn.add_argument("--overwrite", action="store_true")
+    _cluster_args(syn)
 
     inf = add("info", help="summary of a store (exit 2 if incomplete or unreadable)")
     inf.add_argument("store")
     inf.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    fit = add("fit", help="fit IG-OrdNMF on a store")
-    fit.add_argument("store")
-    fit.add_argument("--out", required=True, help="model directory to write")
-    fit.add_argument("-k", "--n-components", type=int, required=True, help="latent factors K")
-    fit.add_argument("--alpha-w", type=float, default=0.3)
-    fit.add_argument("--alpha-h", type=float, default=0.3)
-    fit.add_argument("--tol", type=float, default=1e-5)
-    fit.add_argument("--max-iter", type=int, default=1000)
-    fit.add_argument("--min-iter", type=int, default=0)
-    fit.add_argument("--seed", type=int, default=0, help="seed of the random initialization")
-    fit.add_argument("--approx", action="store_true", help="q(n) = delta_1 (PF on binary data)")
+    # Defaults of fit live in ordnmf_dask.config (None here = flag not given, so that a flag
+    # overrides the --config file only when the user gave it).
+    fit = add("fit", help="fit IG-OrdNMF on a store (flags override --config FILE)")
+    fit.add_argument("store", nargs="?", help="store directory (or [store] path in --config)")
+    fit.add_argument("--out", help="model directory to write (or [output] model)")
+    fit.add_argument("-k", "--n-components", type=int, help="latent factors K")
+    fit.add_argument("--alpha-w", type=float, help="default 0.3")
+    fit.add_argument("--alpha-h", type=float, help="default 0.3")
+    fit.add_argument("--tol", type=float, help="default 1e-5")
+    fit.add_argument("--max-iter", type=int, help="default 1000")
+    fit.add_argument("--min-iter", type=int, help="default 0")
+    fit.add_argument("--seed", type=int, help="seed of the random initialization (default 0)")
+    fit.add_argument("--approx", action="store_true", default=None,
+                     help="q(n) = delta_1 (PF on binary data)")
     fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
-    fit.add_argument("--cache", choices=["auto", "on", "off"], default="auto",
-                     help="keep training blocks in worker memory (auto: if they fit)")
-    fit.add_argument("--lineage-every", type=int, default=10)
+    fit.add_argument("--cache", choices=["auto", "on", "off"],
+                     help="keep training blocks in worker memory (default auto: if they fit)")
+    fit.add_argument("--checkpoint-dir", help="checkpoints here (shared by the workers); keep it "
+                     "to --resume an interrupted fit")
+    fit.add_argument("--checkpoint-every", type=int, help="iterations between checkpoints "
+                     "(default 10; each also cuts the task lineage)")
+    fit.add_argument("--checkpoint-minutes", type=float, help="also checkpoint after this long")
+    fit.add_argument("--resume", action="store_true",
+                     help="continue from the newest valid checkpoint in --checkpoint-dir")
     fit.add_argument("--work-dir", help="scratch directory visible to every worker")
-    fit.add_argument("--overwrite", action="store_true")
+    fit.add_argument("--overwrite", action="store_true", default=None)
     _cluster_args(fit)
 
     ev = add("evaluate", help="NDCG@k and test log-likelihood of a model")
@@ -121,28 +149,55 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--levels", type=_int_list, help="relevance thresholds s (default 1..V)")
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
     _cluster_args(ev)
+
+    rec = add("recommend", help="top-N items per user in raw ids, training items excluded")
+    rec.add_argument("store")
+    rec.add_argument("model")
+    who = rec.add_mutually_exclusive_group(required=True)
+    who.add_argument("--out", help="directory of part-<r>.tsv files for all users")
+    who.add_argument("--users", help="raw user ids joined by commas: print their lists")
+    rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
+    rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    _cluster_args(rec)
     return p
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="job file (TOML); flags given override it")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="tcp://host:port of a running scheduler (default: start a LocalCluster)")
-    p.add_argument("--workers", type=int, default=2,
-                   help="worker processes of the LocalCluster (default 2)")
+    p.add_argument("--scheduler-file", metavar="FILE",
+                   help="scheduler file written by `dask scheduler --scheduler-file`")
+    p.add_argument("--workers", type=int, help="worker processes of the LocalCluster (default 2)")
+    p.add_argument("--threads-per-worker", type=int, help="LocalCluster threads (default 1)")
+    p.add_argument("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)")
+    p.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate: TLS to the scheduler")
+    p.add_argument("--tls-cert", metavar="PEM", help="our certificate (signed by the CA)")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+
+
+def _job(args: argparse.Namespace) -> Any:
+    """The resolved job config: --config file, then the flags the user gave."""
+    from .config import flag_overrides, resolve
+
+    cfg = resolve(args.config, flag_overrides(vars(args)))
+    if args.config:
+        level, path = cfg.logging.level, cfg.logging.file
+        log.setLevel(level)
+        if path and not any(getattr(h, "baseFilename", None) == os.path.abspath(path)
+                            for h in log.handlers):
+            handler = logging.FileHandler(path)
+            handler.setFormatter(log.handlers[0].formatter)
+            log.addHandler(handler)
+    return cfg
 
 
 @contextlib.contextmanager
-def _client(args: argparse.Namespace) -> Iterator[Any]:
-    """A client on ``--scheduler``, or None (the API then starts and closes a LocalCluster)."""
-    if args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if not args.scheduler:
-        yield None
-        return
-    from distributed import Client
+def _client(cluster: Any) -> Iterator[Any]:
+    """A client for the [cluster] section, or None (the API then starts a LocalCluster)."""
+    from .connect import open_client
 
-    with Client(args.scheduler, timeout="30s") as client:
-        log.info("connected to %s, dashboard %s", args.scheduler, client.dashboard_link)
+    with open_client(cluster) as client:
         yield client
 
 
@@ -153,14 +208,61 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise UsageError(f"--grid takes R,C, got {args.grid}")
     if args.columns is not None and len(args.columns) != 3:
         raise UsageError(f"--columns takes user,item,value, got {args.columns}")
-    info = ingest(
-        args.inputs, args.out, ratings=args.ratings, counts=args.counts, binarize=args.binarize,
+    kwargs = dict(
+        ratings=args.ratings, counts=args.counts, binarize=args.binarize,
         scale_max=args.scale_max, min_count=args.min_count, filter_mode=args.filter_mode,
         duplicates=args.duplicates, test=args.test, test_fraction=args.test_fraction,
         seed=args.seed, nnz_per_block=args.nnz_per_block,
         grid=tuple(args.grid) if args.grid else None, overwrite=args.overwrite,
         delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
     )
+    if args.distributed:
+        from .io.ooc import ingest_distributed
+
+        with _cluster_client(args) as client:
+            info = ingest_distributed(args.inputs, args.out, client=client,
+                                      chunk_bytes=args.chunk_bytes, **kwargs)  # fmt: skip
+    else:
+        info = ingest(args.inputs, args.out, **kwargs)
+    print(_summary_text(info))
+    return EXIT_OK
+
+
+_CLUSTER_FLAGS = ("config", "scheduler", "scheduler_file", "workers", "threads_per_worker",
+                  "memory_limit", "tls_ca_file", "tls_cert", "tls_key")
+
+
+@contextlib.contextmanager
+def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
+    """A client from the cluster flags (or --config); always a client, never None.
+
+    Used by the I/O commands (``synth``, ``ingest --distributed``): when the cluster section
+    says "default local", a LocalCluster of ``--workers`` processes is started and closed here.
+    """
+    from .config import flag_overrides, resolve
+    from .engine.cluster import resolve_client
+
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    spec = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(spec) as client:
+        if client is not None:
+            yield client
+            return
+    local = spec.local_spec
+    with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
+                        memory_limit=local.memory_limit) as client:  # fmt: skip
+        yield client
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from .io.synth import synth
+
+    with _cluster_client(args) as client:
+        info = synth(
+            args.out, args.users, args.items, int(args.nnz), args.n_components, args.classes,
+            seed=args.seed, shape=args.shape, test_fraction=args.test_fraction,
+            nnz_per_block=args.nnz_per_block, client=client, overwrite=args.overwrite,
+        )  # fmt: skip
     print(_summary_text(info))
     return EXIT_OK
 
@@ -202,18 +304,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .estimator import OrdNMF
+    from .jobs import check_required, fit_job
 
-    if os.path.exists(args.out) and not args.overwrite:
-        raise UsageError(f"{args.out} exists; pass --overwrite to replace it")
-    model = OrdNMF(
-        args.n_components, alpha_W=args.alpha_w, alpha_H=args.alpha_h, tol=args.tol,
-        max_iter=args.max_iter, min_iter=args.min_iter, random_state=args.seed,
-        approx=args.approx, cache_blocks={"auto": "auto", "on": True, "off": False}[args.cache],
-        lineage_every=args.lineage_every, work_dir=args.work_dir, n_workers=args.workers,
-    )
-    with _client(args) as client:
-        model.fit(args.store, client, init=args.init, out=args.out, overwrite=args.overwrite)
+    cfg = _job(args)
+    check_required(cfg, f" (or set it in {args.config})" if args.config
+                   else " (or give --config FILE)")
+    if os.path.exists(cfg.output.model) and not cfg.output.overwrite:
+        raise UsageError(f"{cfg.output.model} exists; pass --overwrite to replace it")
+    with _client(cfg.cluster) as client:
+        model = fit_job(cfg, client, resume=args.resume)
     status = "converged" if model.converged_ else "stopped at max_iter"
     log.info("%s after %d iterations, ELBO %.10e; model in %s",
              status, model.n_iter_, model.elbo_[-1], model.model_path_)
@@ -225,9 +324,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import evaluate
 
-    with _client(args) as client:
+    cluster = _job(args).cluster
+    with _client(cluster) as client:
         res = evaluate(args.store, args.model, client, k=args.k, levels=args.levels,
-                       n_workers=args.workers)
+                       n_workers=cluster.local_spec.workers)
     print(format_results(res))
     if args.json_out:
         with open(args.json_out, "w") as fh:
@@ -240,14 +340,44 @@ def format_results(res: dict[str, Any]) -> str:
     lines = [f"NDCG@{res['k']} (relevance: y_test >= s)", "   s    NDCG    users"]
     for s, v in res["ndcg"].items():
         lines.append(f"{s:>4}  {v:.4f}  {res['n_users'][s]:>7}")
-    lines.append(
-        f"test log-likelihood: {res['test_loglik']:.6g} "
-        f"({res['test_loglik_mean']:.4f} per rating, {res['nnz_test']} ratings)"
-    )
+    if res["test_loglik"] is None:
+        lines.append("test log-likelihood: n/a (the model sees binarized data, not the classes)")
+    else:
+        lines.append(
+            f"test log-likelihood: {res['test_loglik']:.6g} "
+            f"({res['test_loglik_mean']:.4f} per rating, {res['nnz_test']} ratings)"
+        )
     return "\n".join(lines)
 
 
 COMMANDS = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "evaluate": cmd_evaluate}
+COMMANDS["synth"] = cmd_synth
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from .config import flag_overrides, resolve
+    from .recommend import recommend
+
+    # only the cluster flags: --out here is a directory of recommendations, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    users = None if args.users is None else [u.strip() for u in args.users.split(",") if u.strip()]
+    if users is not None and not users:
+        raise UsageError("--users needs at least one id")
+    with _client(cluster) as client:
+        res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
+                        overwrite=args.overwrite, n_workers=cluster.local_spec.workers)
+    if users is None:
+        print(f"recommendations written to {res}")
+        return EXIT_OK
+    print("user\trank\titem\tscore")
+    for user, recs in res.items():
+        for rank, (item, score) in enumerate(recs, start=1):
+            print(f"{user}\t{rank}\t{item}\t{score:.6g}")
+    return EXIT_OK
+
+
+COMMANDS["recommend"] = cmd_recommend
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -63,10 +63,12 @@ def loglik_spec(store: StoreInfo, model: ModelInfo) -> tuple | None:
 
     OrdNMF: the ordinal likelihood with its thresholds. dcPF: the probability of the test class
     (the count range of the class, exactly) on count stores, of the count itself otherwise.
-    Binarized models (BePoF, PF) model {0, 1}, not the classes: None.
+    Binarized models (BePoF, PF, dcPF at p = 1) model {0, 1}, not the classes: None.
     """
     a = model.attrs
     if a.get("family") == "dcpf":
+        if float(a["p"]) == 1.0:  # PF on binary data: it does not model the classes
+            return None
         counts = store.attrs.get("value_kind") == "counts"
         edges = np.asarray(store.attrs["thresholds"]) if counts else None
         return ("dcpf", float(a["p"]), float(a["t"]), edges)

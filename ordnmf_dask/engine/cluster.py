@@ -7,16 +7,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from distributed import Client, LocalCluster
+from distributed.security import Security
 
 log = logging.getLogger(__name__)
 
 
 @contextmanager
-def resolve_client(client: Client | None = None, n_workers: int = 2) -> Iterator[Client]:
+def resolve_client(
+    client: Client | None = None,
+    n_workers: int = 2,
+    *,
+    threads_per_worker: int = 1,
+    memory_limit: str | int | None = "auto",
+    security: Security | None = None,
+    host: str = "127.0.0.1",
+    dashboard_address: str = "127.0.0.1:0",
+) -> Iterator[Client]:
     """Yield ``client``; else the current client; else a LocalCluster of worker processes.
 
-    A LocalCluster started here (``n_workers`` single-threaded processes, bound to localhost)
-    is closed on exit; a given or current client is left running.
+    A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
+    scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
+    TLS when ``security`` requires encryption) is closed on exit; a given or current client is
+    left running.
     """
     if client is not None:
         yield client
@@ -28,10 +40,15 @@ def resolve_client(client: Client | None = None, n_workers: int = 2) -> Iterator
         pass
     with LocalCluster(
         n_workers=n_workers,
-        threads_per_worker=1,
+        threads_per_worker=threads_per_worker,
+        memory_limit="auto" if memory_limit is None else memory_limit,
         processes=True,
-        host="127.0.0.1",
-        dashboard_address="127.0.0.1:0",
-    ) as cluster, Client(cluster) as own:
-        log.info("started LocalCluster: %d workers, dashboard %s", n_workers, own.dashboard_link)
+        host=host,
+        dashboard_address=dashboard_address,
+        security=security,
+    ) as cluster, Client(cluster, security=security) as own:
+        log.info(
+            "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
+            n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
+        )
         yield own

@@ -84,13 +84,24 @@ def choose_bounds(
     grid: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row bounds (n_r + 1,) and col bounds (n_c + 1,), int64, from train nonzeros (u, i)."""
+    return bounds_from_degrees(
+        np.bincount(u, minlength=n_users), np.bincount(i, minlength=n_items), nnz_per_block, grid
+    )
+
+
+def bounds_from_degrees(
+    user_deg: np.ndarray,
+    item_deg: np.ndarray,
+    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
+    grid: tuple[int, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``choose_bounds`` from train degrees: user_deg (U,) and item_deg (I,), int64."""
     if grid is None:
-        n_r, n_c = auto_grid(len(u), n_users, n_items, nnz_per_block)
+        nnz = int(user_deg.sum())
+        n_r, n_c = auto_grid(nnz, len(user_deg), len(item_deg), nnz_per_block)
     else:
         n_r, n_c = _check_grid(grid)
-    rows = balanced_bounds(np.bincount(u, minlength=n_users), n_r)
-    cols = balanced_bounds(np.bincount(i, minlength=n_items), n_c)
-    return rows, cols
+    return balanced_bounds(user_deg, n_r), balanced_bounds(item_deg, n_c)
 
 
 def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:

@@ -109,7 +109,8 @@ def ingest(
     test_fraction : float
         Fraction of the nonzeros drawn at random for test (ignored if ``test`` is given).
     seed : int
-        Seed of ``np.random.Generator(np.random.PCG64(seed))`` for the random split.
+        Seed of the random split: the test set is the ``round(test_fraction * n)`` pairs with
+        the smallest seeded pair hash (``ordnmf_dask.io.split.random_test_mask``).
     nnz_per_block : int
         Target train nonzeros per block when ``grid`` is None.
     grid : (int, int), optional
@@ -279,7 +280,7 @@ def _build(
 
     extra: dict[str, object] = {}
     if test is None:
-        is_test = random_test_mask(len(data.u), test_fraction, seed)
+        is_test = random_test_mask(data.u, data.i, len(item_sel), test_fraction, seed)
         train_nz, test_nz = data.take(~is_test), data.take(is_test)
     else:
         train_nz = data

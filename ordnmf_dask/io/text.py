@@ -84,7 +84,7 @@ def read_triples(
     paths = list(paths)
     if not paths:
         raise InputError("no input files given")
-    columns = _check_columns(columns)
+    columns = check_columns(columns)
     if delimiter is not None and delimiter not in DELIMITERS:
         raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
     parts = [_read_one(os.fspath(p), delimiter, header, columns) for p in paths]
@@ -98,28 +98,41 @@ def read_triples(
     )
 
 
-def _check_columns(columns: Sequence[int]) -> tuple[int, int, int]:
+def check_columns(columns: Sequence[int]) -> tuple[int, int, int]:
     cols = tuple(int(c) for c in columns)
     if len(cols) != 3 or min(cols) < 0 or len(set(cols)) != 3:
         raise InputError(f"columns must be 3 distinct non-negative indices, got {columns!r}")
     return cols  # type: ignore[return-value]
 
 
-def _read_text(path: str) -> str:
+def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
+    """Bytes [start, stop) of a file (to the end if ``stop`` is None); errors name the file."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            fh.seek(start)
+            return fh.read() if stop is None else fh.read(max(stop - start, 0))
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, not a file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def decode(path: str, data: bytes, first_line: int = 1, bom: bool = True) -> str:
+    """UTF-8 text of ``data`` (``bom``: strip a leading byte-order mark); errors name the line.
+
+    ``first_line`` is the 1-based line number of the first byte of ``data`` in its file.
+    """
     try:
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8-sig" if bom else "utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
+        line = first_line + data.count(b"\n", 0, exc.start)
         raise InputError(f"{path}, line {line}: not valid UTF-8 text") from None
+
+
+def _read_text(path: str) -> str:
+    return decode(path, read_bytes(path))
 
 
 def _detect_delimiter(line: str) -> str | None:
@@ -147,20 +160,56 @@ def _read_one(
     keep = [k for k, ln in enumerate(lines) if ln.strip()]
     if not keep:
         raise InputError(f"{path}: no data rows (the file is empty)")
-    delim = DELIMITERS[delimiter] if delimiter is not None else _detect_delimiter(lines[keep[0]])
-    if delim is None:
-        fields = [lines[k].split() for k in keep]
-    else:
-        fields = [lines[k].split(delim) for k in keep]
+    delim, header = file_format(lines[keep[0]], delimiter, header, columns)
     line_no = np.asarray(keep, dtype=np.int64) + 1
-    cu, ci, cv = columns
-    if header is None:
-        first = fields[0]
-        header = len(first) > cv and not _is_number(first[cv])
+    data = [lines[k] for k in keep]
     if header:
-        fields, line_no = fields[1:], line_no[1:]
-        if not fields:
+        data, line_no = data[1:], line_no[1:]
+        if not data:
             raise InputError(f"{path}: no data rows (only a header line)")
+    return parse_lines(path, data, line_no, delim, columns)
+
+
+def file_format(
+    first_line: str, delimiter: str | None, header: bool | None, columns: tuple[int, int, int]
+) -> tuple[str | None, bool]:
+    """(delimiter, has_header) of a file from its first non-blank line.
+
+    ``delimiter`` (one of ``DELIMITERS``) and ``header`` override the detection; the resolved
+    delimiter is None for "any whitespace".
+    """
+    delim = DELIMITERS[delimiter] if delimiter is not None else _detect_delimiter(first_line)
+    if header is None:
+        first = first_line.split() if delim is None else first_line.split(delim)
+        header = len(first) > columns[2] and not _is_number(first[columns[2]])
+    return delim, bool(header)
+
+
+def parse_lines(
+    path: str,
+    lines: Sequence[str],
+    line_no: np.ndarray,
+    delim: str | None,
+    columns: tuple[int, int, int],
+) -> Triples:
+    """Parse non-blank data lines (no header) of ``path`` into triples.
+
+    Parameters
+    ----------
+    path : str
+        Named in error messages.
+    lines : sequence of str, length n >= 1
+    line_no : np.ndarray of int64, shape (n,)
+        1-based line number of each line in its file.
+    delim : str or None
+        Resolved delimiter (None: any whitespace).
+    columns : (int, int, int)
+    """
+    if delim is None:
+        fields = [ln.split() for ln in lines]
+    else:
+        fields = [ln.split(delim) for ln in lines]
+    cu, ci, cv = columns
     need = max(columns) + 1
     ncol = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))
     short = np.flatnonzero(ncol < need)

@@ -70,7 +70,10 @@ def update_p(p: float, s_en: float, s_y: float, steps: int = 10) -> float:
     for _ in range(steps):
         f = (1.0 - q) / q * -np.log1p(-q)
         grad = np.log1p(-q) / q**2 + 1.0 / q
-        step = (f - ratio) / grad
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = (f - ratio) / grad
+        if not np.isfinite(step):  # gradient cancelled to 0 near p = 0: stop here
+            break
         while q - step < 0 or q - step > 1:
             step /= 2
         q -= step
@@ -82,12 +85,18 @@ def count_loglik(
 ) -> np.ndarray:
     """log P(y | y > 0) under dcPF-Log with rate ``t lam`` (exact, no truncated support).
 
+    ``0 <= p < 1``; at p = 0 the law is Poisson(t lam). (p = 1 models binary data only.)
+
     With ``edges`` (the store's count thresholds, (V,)), ``y`` are classes 1..V and the class
     probability is the NB mass of counts in (edges[v-1], edges[v]] (edges[V] = +inf), as in the
     paper's Taste Profile evaluation; otherwise ``y`` are counts and the NB pmf is used.
     """
-    r = t * lam / -np.log1p(-p)
-    dist = nbinom(r, 1.0 - p)
+    if p == 0.0:  # the limit is PF on the counts: Poisson(t lam)
+        from scipy.stats import poisson
+
+        dist = poisson(t * lam)
+    else:
+        dist = nbinom(t * lam / -np.log1p(-p), 1.0 - p)
     log_pos = np.log(-np.expm1(-t * lam))  # P(y > 0) = 1 - (1 - p)^r = 1 - exp(-t lam)
     if edges is None:
         return dist.logpmf(y) - log_pos

@@ -1,0 +1,37 @@
+"""Run a fit described by a resolved job config on a client; the CLI and the launchers use it."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .config import JobConfig, estimator_kwargs
+from .estimator import OrdNMF
+from .io.errors import InputError
+from .provenance import record_config
+
+log = logging.getLogger("ordnmf_dask")
+
+
+def check_required(cfg: JobConfig, where: str = "") -> None:
+    """InputError unless the store, the output and K are set (``where``: how to set them)."""
+    for value, what in [(cfg.store.path, "STORE"), (cfg.output.model, "--out MODEL"),
+                        (cfg.model.n_components, "-k K")]:
+        if value is None:
+            raise InputError(f"missing {what}{where}")
+
+
+def fit_job(cfg: JobConfig, client: Any, resume: bool = False) -> OrdNMF:
+    """Fit ``cfg`` on ``client`` (None: a default LocalCluster), save the model with the
+    resolved config as its ``resolved_config`` attribute, and return the estimator.
+    ``resume``: continue from the newest valid checkpoint in ``[checkpoint] dir``."""
+    check_required(cfg)
+    kwargs, unused = estimator_kwargs(cfg, list(OrdNMF().get_params()))
+    if unused:
+        log.warning("not used by this version (kept in the resolved config): %s",
+                    ", ".join(unused))
+    model = OrdNMF(**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
+                                 out=cfg.output.model, overwrite=cfg.output.overwrite,
+                                 resume=resume)
+    record_config(model.model_path_, cfg.to_dict())
+    return model

@@ -1,0 +1,183 @@
+"""The recipes in cluster/: every YAML/TOML loads, the Dask config uses real keys, the job files
+parse, the SLURM/PBS job scripts are generated and checked, the DaskJob manifest is well formed
+(and validates against the operator's CRD schema when dask-kubernetes is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import dask
+import pytest
+import yaml
+
+from ordnmf_dask.config import resolve
+
+CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
+YAMLS = sorted(CLUSTER.rglob("*.yaml")) + sorted(CLUSTER.rglob("*.yml"))
+TOMLS = sorted(CLUSTER.rglob("*.toml"))
+MANIFEST = CLUSTER / "kubernetes" / "daskjob.yaml"
+
+
+def test_every_yaml_and_toml_loads():
+    assert len(YAMLS) >= 3 and len(TOMLS) >= 2
+    for path in YAMLS:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        assert docs and all(isinstance(d, dict) for d in docs), path
+    for path in TOMLS:
+        with open(path, "rb") as fh:
+            assert tomllib.load(fh), path
+
+
+@pytest.mark.parametrize("path", TOMLS, ids=lambda p: str(p.relative_to(CLUSTER)))
+def test_job_files_parse_with_ordnmf_config(path):
+    cfg = resolve(str(path))
+    assert cfg.model.n_components and cfg.store.path and cfg.output.model
+    assert cfg.checkpoint.every_iterations
+
+
+def _known_keys(node: dict[str, Any], ref: dict[str, Any], where: str) -> None:
+    for key, value in node.items():
+        assert key in ref, f"{where}.{key}: not a Dask config key"
+        if isinstance(value, dict) and isinstance(ref[key], dict) and ref[key]:
+            _known_keys(value, ref[key], f"{where}.{key}")
+
+
+@pytest.mark.parametrize("name", ["dask.yaml", "tls/dask-tls.yaml"])
+def test_dask_configs_use_real_keys(name):
+    doc = yaml.safe_load((CLUSTER / name).read_text())
+    _known_keys(doc, dask.config.config, name)  # distributed's defaults are loaded by now
+
+
+def test_memory_thresholds_are_ordered():
+    mem = yaml.safe_load((CLUSTER / "dask.yaml").read_text())["distributed"]["worker"]["memory"]
+    assert 0 < mem["target"] < mem["spill"] < mem["pause"] < mem["terminate"] < 1
+
+
+def _launcher(kind: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"launch_{kind}", CLUSTER / kind / "launch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kind", ["slurm", "pbs"])
+def test_jobqueue_job_scripts(kind):
+    jobqueue = pytest.importorskip("dask_jobqueue")
+    cls = {"slurm": jobqueue.SLURMCluster, "pbs": jobqueue.PBSCluster}[kind]
+    prefix = f"ORDNMF_{kind.upper()}_"
+    env = {prefix + "CORES": "4", prefix + "MEMORY": "16GB", prefix + "WALLTIME": "02:00:00",
+           prefix + "ACCOUNT": "proj42", prefix + "QUEUE": "batch",
+           prefix + "DASHBOARD": "127.0.0.1:0"}
+    settings = _launcher(kind).cluster_settings(env)
+    with cls(**settings) as cluster:
+        script = cluster.job_script()
+        address = cluster.scheduler_address
+    lines = script.splitlines()
+    worker = next(line for line in lines if "distributed.cli.dask_worker" in line)
+    assert address in worker
+    assert "--nthreads 1" in worker and "--nworkers 4" in worker and "--nanny" in worker
+    assert "--memory-limit 3.73GiB" in worker  # 16 GB split over 4 workers
+    assert "--death-timeout 120" in worker
+    assert any(line.startswith("export DASK_CONFIG=") and line.endswith("cluster/dask.yaml")
+               for line in lines)
+    if kind == "slurm":
+        for directive in ["#SBATCH --cpus-per-task=4", "#SBATCH --mem=15G",
+                          "#SBATCH -t 02:00:00", "#SBATCH -A proj42", "#SBATCH -p batch",
+                          "#SBATCH -J ordnmf-worker", "#SBATCH --signal=SIGTERM@60"]:
+            assert directive in lines, (directive, script)
+    else:
+        for directive in ["#PBS -l select=1:ncpus=4:mem=15GB", "#PBS -l walltime=02:00:00",
+                          "#PBS -A proj42", "#PBS -q batch", "#PBS -N ordnmf-worker"]:
+            assert directive in lines, (directive, script)
+
+
+@pytest.mark.parametrize(("script", "launcher"), [("slurm/train.sbatch", "slurm/launch.py"),
+                                                  ("pbs/train.pbs", "pbs/launch.py")])
+def test_batch_scripts_run_their_launcher(script, launcher):
+    text = (CLUSTER / script).read_text()
+    assert subprocess.run(["bash", "-n", str(CLUSTER / script)]).returncode == 0
+    assert f"python cluster/{launcher} --config" in text
+    directive = "#SBATCH" if script.startswith("slurm") else "#PBS"
+    assert sum(line.startswith(directive) for line in text.splitlines()) >= 3
+
+
+def test_daskjob_manifest_structure():
+    doc = yaml.safe_load(MANIFEST.read_text())
+    assert doc["apiVersion"] == "kubernetes.dask.org/v1" and doc["kind"] == "DaskJob"
+    assert doc["metadata"]["name"]
+    job = doc["spec"]["job"]["spec"]["containers"][0]
+    assert job["image"] and job["args"][:3] == ["ordnmf-dask", "fit", "--config"]
+    mounts = {m["name"]: m["mountPath"] for m in job["volumeMounts"]}
+    assert job["args"][3].startswith(mounts["job"])
+    cluster = doc["spec"]["cluster"]["spec"]
+    assert isinstance(cluster["worker"]["replicas"], int) and cluster["worker"]["replicas"] >= 1
+    worker = cluster["worker"]["spec"]["containers"][0]
+    assert worker["image"] == job["image"] and worker["args"][:2] == ["dask", "worker"]
+    scheduler = cluster["scheduler"]["spec"]["containers"][0]
+    assert scheduler["image"] == job["image"]
+    container_ports = {p["name"]: p["containerPort"] for p in scheduler["ports"]}
+    service = cluster["scheduler"]["service"]
+    assert service["type"] == "ClusterIP"
+    assert service["selector"]["dask.org/cluster-name"] == doc["metadata"]["name"]
+    for port in service["ports"]:
+        assert isinstance(port["port"], int) and port["targetPort"] in container_ports
+    assert {p["port"] for p in service["ports"]} == {8786, 8787}
+
+
+def _daskjob_crd() -> Path | None:
+    """The DaskJob CRD shipped inside the dask-kubernetes package (found without importing it),
+    or the file named by ORDNMF_DASKJOB_CRD."""
+    if os.environ.get("ORDNMF_DASKJOB_CRD"):
+        return Path(os.environ["ORDNMF_DASKJOB_CRD"])
+    spec = importlib.util.find_spec("dask_kubernetes")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(root.glob("operator/deployment/helm/*/crds/daskjob.yaml"))
+    return found[0] if found else None
+
+
+def _strict(schema: Any) -> Any:
+    """Reject unknown fields where the CRD lists the properties (the API server would prune
+    them silently, so a typo would be lost rather than reported)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+def test_daskjob_manifest_validates_against_operator_crd():
+    crd_path = _daskjob_crd()
+    if crd_path is None:
+        pytest.skip("DaskJob CRD not available offline: pip install dask-kubernetes "
+                    "(or set ORDNMF_DASKJOB_CRD to its crds/daskjob.yaml)")
+    jsonschema = pytest.importorskip("jsonschema")
+    crd = yaml.safe_load(crd_path.read_text())
+    assert crd["spec"]["names"]["kind"] == "DaskJob"
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    doc = yaml.safe_load(MANIFEST.read_text())
+    body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(body), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors[:10])
+    assert crd["spec"]["group"] == doc["apiVersion"].split("/")[0]
+
+
+def test_dockerfile_copies_existing_files():
+    text = (CLUSTER / "kubernetes" / "Dockerfile").read_text()
+    root = CLUSTER.parent
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for src in line.split()[1:-1]:
+                assert (root / src).exists(), src
+    assert "pip install ." in text and "USER 1000" in text

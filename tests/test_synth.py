@@ -1,0 +1,111 @@
+"""Synthetic IG-OrdNMF generator: exact law of the classes, calibration, determinism, layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from ordnmf_dask.cli import main
+from ordnmf_dask.io import InputError, open_store, read_block
+from ordnmf_dask.io import synth as synth_mod
+from ordnmf_dask.io.synth import (
+    SynthParams,
+    class_probabilities,
+    expected_density,
+    synth,
+    true_factors,
+)
+
+ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
+    f"{s}/{f}" for s in ("train", "test") for f in ("rows", "cols", "y", "raw", "offsets")
+]
+
+
+def dense_expectation(info) -> tuple[np.ndarray, np.ndarray]:
+    """E[#{y = v}] and Var[#{y = v}], v = 0..V, summed over all U x I pairs (dense oracle)."""
+    params = SynthParams.from_attrs(info.attrs)
+    w = true_factors(params, "users", 0, params.n_users)
+    h = true_factors(params, "items", 0, params.n_items)
+    p = class_probabilities(w @ h.T, params.theta)  # (U, I, V + 1)
+    return p.sum(axis=(0, 1)), (p * (1 - p)).sum(axis=(0, 1))
+
+
+@pytest.mark.parametrize(
+    "nnz, shape, blocks",
+    [(6000, 0.3, 1500), (36000, 1.0, 4000)],  # sparse (Poisson hits); dense (Bernoulli path too)
+)
+def test_classes_and_nnz_match_exact_expectation(tmp_path, nnz, shape, blocks):
+    info = synth(tmp_path / "s", 300, 200, nnz, 3, 4, seed=11, shape=shape,
+                 nnz_per_block=blocks)  # fmt: skip
+    assert info.grid[0] * info.grid[1] > 1
+    hist = info.hist_train + info.hist_test
+    mean, var = dense_expectation(info)
+    sd = np.sqrt(var)
+    z = (hist[1:] - mean[1:]) / sd[1:]
+    assert np.all(np.abs(z) < 4), z
+    nnz_sd = np.sqrt(var[0])  # #{y > 0} = U I - #{y = 0}
+    assert abs(hist.sum() - (300 * 200 - mean[0])) < 4 * nnz_sd
+    assert abs(info.attrs["synth"]["expected_nnz"] - nnz) < 1e-6 * nnz
+
+
+def test_expected_density_against_monte_carlo():
+    rng = np.random.default_rng(0)
+    for theta0, a, k in [(0.02, 0.3, 5), (0.5, 1.0, 3), (0.003, 2.0, 20)]:
+        w, h = rng.gamma(a, 1.0, (200_000, k)), rng.gamma(a, 1.0, (200_000, k))
+        mc = -np.expm1(-theta0 * (w * h).sum(1))
+        exact = expected_density(theta0, a, 1.0, 1.0, k)
+        assert abs(mc.mean() - exact) < 4 * mc.std() / np.sqrt(len(mc))
+
+
+def test_layout_attrs_and_calibrated_size(tmp_path):
+    info = synth(tmp_path / "s", 3000, 1000, 60_000, 8, 5, seed=2, nnz_per_block=12_000)
+    assert info.attrs["value_kind"] == "synthetic" and info.n_classes == 5
+    assert info.attrs["synth"]["seed"] == 2 and len(info.attrs["synth"]["theta"]) == 6
+    assert abs(info.nnz_train + info.nnz_test - 60_000) < 0.1 * 60_000
+    assert abs(info.nnz_test / (info.nnz_train + info.nnz_test) - 0.2) < 0.01
+    total = 0
+    for split in ("train", "test"):
+        for r in range(info.grid[0]):
+            for c in range(info.grid[1]):
+                b = read_block(info.path, split, r, c)
+                key = b.rows.astype(np.int64) * b.shape[1] + b.cols
+                assert np.all(np.diff(key) > 0)  # sorted, distinct
+                assert b.cols.max() < b.shape[1] and b.rows.max() < b.shape[0]
+                assert b.y.min() >= 1 and b.y.max() <= 5 and np.array_equal(b.raw, b.y)
+                total += b.nnz
+    assert total == info.nnz_train + info.nnz_test
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_same_store_on_cluster_and_in_process(tmp_path, client):
+    kw = dict(seed=5, nnz_per_block=3000)
+    synth(tmp_path / "a", 1500, 800, 20_000, 4, 3, **kw)
+    synth(tmp_path / "b", 1500, 800, 20_000, 4, 3, client=client, **kw)
+    ga, gb = zarr.open_group(tmp_path / "a", mode="r"), zarr.open_group(tmp_path / "b", mode="r")
+    for name in ARRAYS:
+        np.testing.assert_array_equal(ga[name][:], gb[name][:], err_msg=name)
+    synth(tmp_path / "c", 1500, 800, 20_000, 4, 3, seed=6, nnz_per_block=3000)
+    assert open_store(tmp_path / "c").nnz_train != open_store(tmp_path / "a").nnz_train
+
+
+def test_complete_or_absent(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(synth_mod, "_sample_block", boom)
+    with pytest.raises(RuntimeError):
+        synth(tmp_path / "s", 100, 100, 500, 2)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(InputError, match="nnz"):
+        synth(tmp_path / "s", 10, 10, 100, 2)
+
+
+def test_cli_synth(tmp_path, cluster, capsys):
+    out = tmp_path / "cli"
+    code = main(["synth", "--out", str(out), "--users", "500", "--items", "300", "--nnz", "5e3",
+                 "-k", "4", "--classes", "3", "--seed", "1", "--nnz-per-block", "1000",
+                 "--scheduler", cluster.scheduler_address, "-q"])  # fmt: skip
+    assert code == 0
+    assert "synthetic" in capsys.readouterr().out
+    assert open_store(out).attrs["synth"]["n_components"] == 4
