@@ -159,6 +159,18 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     _cluster_args(rec)
+
+    rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
+    rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
+    rep.add_argument("--data", help="directory holding the shared datasets "
+                     "(default ../shared/data from the working directory)")
+    rep.add_argument("--datasets", default="movielens,tasteprofile,lastfm",
+                     help="comma-separated subset of movielens,tasteprofile,lastfm")
+    rep.add_argument("--k-grid", type=_int_list, default=[25, 50], help="K values (default 25,50)")
+    rep.add_argument("--seeds", type=_int_list, default=[0, 1, 2, 3, 4])
+    rep.add_argument("--max-iter", type=int, default=1000)
+    rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
+    _cluster_args(rep)
     return p
 
 
@@ -356,7 +368,7 @@ COMMANDS["synth"] = cmd_synth
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from .config import flag_overrides, resolve
-    from .recommend import recommend
+    from .recommendations import recommend
 
     # only the cluster flags: --out here is a directory of recommendations, not a model
     flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
@@ -378,6 +390,35 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 COMMANDS["recommend"] = cmd_recommend
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from .config import flag_overrides, resolve
+    from .reproduce import Protocol, reproduce, shared_datasets
+
+    data = args.data or os.path.join(os.getcwd(), "..", "shared", "data")
+    known = shared_datasets(data)
+    names = [n.strip() for n in args.datasets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--datasets: unknown {unknown}; choose from {', '.join(known)}")
+    missing = [known[n].path for n in names if not os.path.isfile(known[n].path)]
+    if missing:
+        raise UsageError(f"dataset file not found: {missing[0]} (set --data)")
+    if args.jobs < 1 or not args.k_grid or not args.seeds:
+        raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    proto = Protocol(k_grid=tuple(args.k_grid), seeds=tuple(args.seeds),
+                     max_iter=args.max_iter, n_jobs=args.jobs)
+    with _client(cluster) as client:
+        text = reproduce([known[n] for n in names], args.out, client, proto,
+                         n_workers=cluster.local_spec.workers)
+    print(text)
+    return EXIT_OK
+
+
+COMMANDS["reproduce"] = cmd_reproduce
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -403,8 +444,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
     log.handlers[:] = handlers
     log.setLevel(level)
     log.propagate = False
-    if not args.debug:
-        logging.getLogger("distributed").setLevel(logging.ERROR)
+    if not args.debug:  # failures reach main() and become one line; --debug shows the rest
+        # Dask's logging config gives some loggers their own level (distributed.client: warning)
+        for name in ["distributed", *logging.root.manager.loggerDict]:
+            if name.split(".")[0] == "distributed":
+                logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _exit_code(exc: BaseException) -> tuple[int, str]:
@@ -433,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, SystemExit):
             raise
         code, message = _exit_code(exc)
+        message = " ".join(message.split())  # one line, even for multi-line exception texts
         if args.debug:
             log.exception("failed")
         print(f"ordnmf-dask {args.command}: error: {message}", file=sys.stderr)

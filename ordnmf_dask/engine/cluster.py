@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,25 +32,45 @@ def resolve_client(
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
     left running.
     """
+    if client is None:
+        try:
+            client = Client.current()
+        except ValueError:  # no current client
+            client = None
     if client is not None:
         yield client
         return
-    try:
-        yield Client.current()
-        return
-    except ValueError:
-        pass
-    with LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=threads_per_worker,
-        memory_limit="auto" if memory_limit is None else memory_limit,
-        processes=True,
-        host=host,
-        dashboard_address=dashboard_address,
-        security=security,
-    ) as cluster, Client(cluster, security=security) as own:
+    with _sigint_ignored():  # inherited by the worker processes started now
+        cluster = LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=threads_per_worker,
+            memory_limit="auto" if memory_limit is None else memory_limit,
+            processes=True,
+            host=host,
+            dashboard_address=dashboard_address,
+            security=security,
+        )
+    with cluster, Client(cluster, security=security) as own:
         log.info(
             "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
             n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
         )
         yield own
+
+
+@contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while worker processes are spawned, so that they inherit SIG_IGN.
+
+    Ctrl-C goes to the whole foreground process group: without this, every worker of our
+    LocalCluster also gets it and prints a KeyboardInterrupt traceback, while only this process
+    needs it (KeyboardInterrupt here closes the cluster, which stops the workers).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
