@@ -470,7 +470,12 @@ def _exit_code(exc: BaseException) -> tuple[int, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ordnmf-dask``; returns the exit code."""
     args = _parser().parse_args(argv)
-    _setup_logging(args)
+    try:
+        _setup_logging(args)
+    except OSError as exc:
+        print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}",
+              file=sys.stderr)
+        return EXIT_INPUT
     try:
         return COMMANDS[args.command](args)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code

@@ -52,6 +52,7 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
         (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "K"),
         (["fit", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"], "bad.npz"),
         (["evaluate", "STORE", "OTHER_MODEL"], "does not match"),
+        (["info", "STORE", "--log-file", "no-such-dir/x.log"], "log-file"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsys):
