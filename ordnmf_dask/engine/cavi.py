@@ -29,7 +29,7 @@ import numpy as np
 from distributed import Client, Future
 
 from ..io.store import StoreInfo
-from . import checkpoint, tasks
+from . import checkpoint, reduce, tasks
 from .families import Family
 from .reduce import tree_sum
 
@@ -157,8 +157,11 @@ class CaviRunner:
             ]
             for r in range(n_r)
         ]
-        sw = [tree_sum(self.client, stats[r], "sw") for r in range(n_r)]
-        sh = [tree_sum(self.client, [stats[r][c] for r in range(n_r)], "sh") for c in range(n_c)]
+        sw = [tree_sum(self.client, stats[r], "sw", lazy=True) for r in range(n_r)]
+        sh = [
+            tree_sum(self.client, [stats[r][c] for r in range(n_r)], "sh", lazy=True)
+            for c in range(n_c)
+        ]
         small = tree_sum(self.client, [s for row in stats for s in row], "small")
         return sw, sh, small
 
@@ -168,6 +171,7 @@ class CaviRunner:
             tree_sum(
                 self.client,
                 [submit(tasks.row_correction_block, b, gap, h[c]) for c, b in enumerate(row)],
+                lazy=True,
             )
             for row in self.blocks
         ]
@@ -178,6 +182,7 @@ class CaviRunner:
             tree_sum(
                 self.client,
                 [submit(fn, row[c], gap, w[r]) for r, row in enumerate(self.blocks)],
+                lazy=True,
             )
             for c in range(self.store.grid[1])
         ]
@@ -244,12 +249,13 @@ class CaviRunner:
                 submit(tasks.update_factor, w[r], cfg.alpha_W, sw[r], scale, h_sum, corr_w[r])
                 for r in range(len(w))
             ]
-            w_sum = tree_sum(client, w, "summary")
+            w_sum_lazy = tree_sum(client, w, "summary", lazy=True)
             corr_h = self._col_corrections(gap, w) if fam.uses_correction else [None] * len(h)
             h = [
-                submit(tasks.update_factor, h[c], cfg.alpha_H, sh[c], scale, w_sum, corr_h[c])
+                submit(tasks.update_factor, h[c], cfg.alpha_H, sh[c], scale, w_sum_lazy, corr_h[c])
                 for c in range(len(h))
             ]
+            w_sum = tree_sum(client, w, "summary")
             h_sum = tree_sum(client, h, "summary")
             sw, sh, small = self._local_pass(w, h, params)
             small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
@@ -281,7 +287,11 @@ class CaviRunner:
                     n + 1, fam.to_json(params), list(state.elbo), state.objective,
                     small_v.tolist(), w_sum_v.tolist(), h_sum_v.tolist(),
                 )
-                groups = {"W": w, "H": h, "SW": sw, "SH": sh}
+                groups = {
+                    "W": w, "H": h,
+                    "SW": [submit(reduce.resolve, x) for x in sw],
+                    "SH": [submit(reduce.resolve, x) for x in sh],
+                }
                 path = checkpoint.write(
                     client, self.checkpoint_dir, groups, snap, self.fingerprint
                 )

@@ -43,8 +43,26 @@ def _pick(a: object, field: str | None = None) -> np.ndarray:
     return _part(a, field)
 
 
-def tree_sum(client: Client, futures: Sequence[Future], field: str | None = None) -> Future:
-    """Sum ``getattr(f, field)`` (or ``f`` itself) over ``futures`` with a fixed binary tree."""
+Lazy = Future | tuple[Future, str]
+
+
+def resolve(x: object) -> np.ndarray:
+    """On a worker: the value of a :data:`Lazy` argument (``(obj, field)`` -> ``obj.field``)."""
+    return getattr(x[0], x[1]) if isinstance(x, tuple) else x
+
+
+def tree_sum(
+    client: Client, futures: Sequence[Future], field: str | None = None, lazy: bool = False
+) -> Lazy:
+    """Sum ``getattr(f, field)`` (or ``f`` itself) over ``futures`` with a fixed binary tree.
+
+    With ``lazy`` and a single input, no task is added: the result is ``(future, field)``, which
+    task arguments accept (Dask resolves the future inside the tuple) and :func:`resolve`
+    unwraps on the worker. One task hop less on the critical path of every small-grid pass.
+    Never gather a lazy result: it would bring the whole object to the client.
+    """
     if len(futures) == 1:
+        if lazy:
+            return futures[0] if field is None else (futures[0], field)
         return client.submit(_pick, futures[0], field)
     return tree_reduce(client, futures, _add, field)

@@ -12,6 +12,7 @@ from ..io.store import read_block
 from ..model import kernels
 from ..model.kernels import CsrBlock, LocalStats
 from ..model.updates import FactorChunk, update_chunk
+from .reduce import resolve
 
 INIT_ROWS = 4096  # rows per random-initialization seed: the init does not depend on the grid
 
@@ -104,6 +105,11 @@ def update_factor(
     other_summary: np.ndarray,
     correction: np.ndarray | None,
 ) -> FactorChunk:
-    """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum."""
+    """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum.
+
+    ``shape_stat``, ``other_summary`` and ``correction`` may be lazy (see ``reduce.tree_sum``).
+    """
+    shape_stat, other_summary = resolve(shape_stat), resolve(other_summary)
+    correction = None if correction is None else resolve(correction)
     k = old.mean.shape[1]
     return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
