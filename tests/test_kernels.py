@@ -37,14 +37,6 @@ def test_local_step_matches_oracle(approx, n_classes):
         assert lam_by_class[v] == pytest.approx(lam[y == v].sum(), rel=1e-12)
 
 
-def test_sddmm_spans_several_slabs(monkeypatch):
-    monkeypatch.setattr(kernels, "_CHUNK", 7)
-    rng = np.random.default_rng(3)
-    a, b = rng.random((20, 4)), rng.random((30, 4))
-    rows, cols = rng.integers(0, 20, 100), rng.integers(0, 30, 100)
-    np.testing.assert_allclose(kernels.sddmm(rows, cols, a, b), (a @ b.T)[rows, cols], rtol=1e-14)
-
-
 def test_rate_corrections_match_dense_rates():
     n_classes = 5
     y = synthetic_ordinal(12, 9, n_classes, seed=2)

@@ -13,7 +13,7 @@ import numpy as np
 from scipy.special import digamma, gammaln
 from scipy.stats import nbinom
 
-from .kernels import CsrBlock, LocalStats, sddmm
+from .kernels import _CHUNK, CsrBlock, LocalStats, sddmm, spmm_pair
 
 
 def local_step(
@@ -31,28 +31,34 @@ def local_step(
     ``-sum log y! + (sum y) log p + sum [lgamma(y + r) - lgamma(r)]`` for 0 < p < 1,
     ``-sum log y! + sum y log s`` for p = 0 and ``sum log s`` for p = 1 (s = t Lambda).
     ``ew``, ``eh`` are unused (the rates have no sparse correction) but keep one signature.
+
+    Lambda is a compiled SDDMM (nnz,), E[n] and the bound use scipy's digamma / gammaln on slabs
+    of ``_CHUNK`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
     """
-    y = block.y.astype(np.float64)
     lam_geo = sddmm(block.rows, block.cols, gw, gh)
-    s = t * lam_geo
+    ratio = np.empty_like(lam_geo)
+    sums = np.zeros(3)  # sum E[n], sum y, bound
+    for start in range(0, block.nnz, _CHUNK):
+        part = slice(start, start + _CHUNK)
+        en, elbo = _counts_terms(block.y[part].astype(np.float64), t * lam_geo[part], p)
+        ratio[part] = en / lam_geo[part]
+        sums += (en.sum(), block.y[part].sum(dtype=np.float64), elbo)
+    sw, sh = spmm_pair(block, ratio, gw, gh)
+    return LocalStats(sw, sh, sums)
+
+
+def _counts_terms(y: np.ndarray, s: np.ndarray, p: float) -> tuple[np.ndarray, float]:
+    """E[n] (n,) and the bound's sum over these nonzeros, for counts y and rates s = t Lambda."""
     if p == 0.0:
-        en = y
-        elbo = float(-gammaln(y + 1).sum() + (y * np.log(s)).sum())
-    elif p == 1.0:
-        en = np.ones_like(y)
-        elbo = float(np.log(s).sum())
-    else:
-        r = s / -np.log1p(-p)
-        en = np.ones_like(y)
-        many = y > 1
-        en[many] = r[many] * (digamma(y[many] + r[many]) - digamma(r[many]))
-        elbo = float(
-            -gammaln(y + 1).sum() + y.sum() * np.log(p) + (gammaln(y + r) - gammaln(r)).sum()
-        )
-    ratio = block.matrix(en / lam_geo)
-    sw = gw * (ratio @ gh)
-    sh = gh * (ratio.T @ gw)
-    return LocalStats(sw, sh, np.array([en.sum(), y.sum(), elbo]))
+        return y, float(-gammaln(y + 1).sum() + (y * np.log(s)).sum())
+    if p == 1.0:
+        return np.ones_like(y), float(np.log(s).sum())
+    r = s / -np.log1p(-p)
+    en = np.ones_like(y)
+    many = y > 1
+    en[many] = r[many] * (digamma(y[many] + r[many]) - digamma(r[many]))
+    elbo = -gammaln(y + 1).sum() + y.sum() * np.log(p) + (gammaln(y + r) - gammaln(r)).sum()
+    return en, float(elbo)
 
 
 def update_p(p: float, s_en: float, s_y: float, steps: int = 10) -> float:

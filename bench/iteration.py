@@ -1,0 +1,236 @@
+"""Seconds per exact iteration: distributed fit vs single-process fused kernels vs paper style.
+
+Usage: ``python bench/iteration.py [--users 20000 --items 12000 --nnz 2.5e6 --k 50 --classes 10
+--iters 6 --workers 2 --nnz-per-block 524288 --paper-iters 2]``.
+
+On one synthetic store (``ordnmf_dask.io.synth``; ``--nnz`` train nonzeros, kept in
+``--work``), in one run:
+
+1. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes, cached
+   blocks, no checkpoints, ``--iters`` iterations; s/iteration = median of the callback's
+   seconds over the iterations after the first (steady state);
+2. in a fresh process, the fused kernels over all blocks of the store, one thread: one local
+   pass, and the kernel work of one iteration (row + column rate corrections + local pass);
+3. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
+   median seconds of ``--paper-iters`` full exact iterations.
+
+Prints the ratios and the peak RSS of every process (psutil sampling every 20 ms, and the
+kernel's high-water mark VmHWM from ``getrusage``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RssSampler, fmt_table, self_peak_mb  # noqa: E402
+
+from ordnmf_dask.io.store import open_store  # noqa: E402
+
+
+def ensure_store(args: argparse.Namespace) -> str:
+    """The synthetic store for these sizes (made once, then reused from ``--work``)."""
+    from ordnmf_dask.io.synth import synth
+
+    name = (
+        f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
+        f"-b{args.nnz_per_block}"
+    )
+    path = os.path.join(args.work, name)
+    if not os.path.exists(path):
+        start = time.perf_counter()
+        synth(
+            path, args.users, args.items, int(args.nnz / 0.8), args.k, args.classes,
+            seed=0, test_fraction=0.2, nnz_per_block=args.nnz_per_block,
+        )  # fmt: skip
+        print(f"synth {path}: {time.perf_counter() - start:.1f} s")
+    return path
+
+
+def load_all(path: str) -> tuple[Any, list[list[Any]]]:
+    """The store's info and all its training blocks (CsrBlock), by grid position."""
+    from ordnmf_dask.engine.tasks import load_block
+
+    info = open_store(path)
+    n_r, n_c = info.grid
+    return info, [[load_block(path, "train", r, c) for c in range(n_c)] for r in range(n_r)]
+
+
+def fused_job(path: str, k: int) -> dict[str, float]:
+    """One thread, all blocks: seconds of one local pass and of one iteration's kernels."""
+    from ordnmf_dask.model import kernels
+    from ordnmf_dask.model.thresholds import gap_from_delta, init_delta
+
+    info, blocks = load_all(path)
+    rng = np.random.default_rng(0)
+    rb, cb = np.diff(info.row_bounds), np.diff(info.col_bounds)
+    gw = [rng.gamma(1.0, 0.3, (int(n), k)) for n in rb]
+    gh = [rng.gamma(1.0, 0.3, (int(n), k)) for n in cb]
+    delta = init_delta(np.asarray(info.hist_train))
+    gap = gap_from_delta(delta)
+
+    def local() -> None:
+        for r, row in enumerate(blocks):
+            for c, b in enumerate(row):
+                kernels.local_step(b, gw[r], gh[c], gw[r], gh[c], delta, False)
+
+    def corrections() -> None:
+        for r, row in enumerate(blocks):
+            for c, b in enumerate(row):
+                kernels.row_correction(b, gap, gh[c])
+                kernels.col_correction(b, gap, gw[r])
+
+    local(), corrections()  # warm-up (numba cache load)
+    t_local = min(_timed(local) for _ in range(2))
+    t_corr = min(_timed(corrections) for _ in range(2))
+    return {"local": t_local, "iteration": t_local + t_corr, "peak_mb": self_peak_mb()}
+
+
+def paper_job(path: str, k: int, iters: int) -> dict[str, float]:
+    """Median seconds of ``iters`` paper-style exact iterations on the store's train data."""
+    from paper_style import PaperStyle
+
+    info, blocks = load_all(path)
+    rows, cols, ys = [], [], []
+    for r, row in enumerate(blocks):
+        for c, b in enumerate(row):
+            rows.append(b.rows + info.row_bounds[r])
+            cols.append(b.cols + info.col_bounds[c])
+            ys.append(b.y)
+    del blocks
+    model = PaperStyle(
+        np.concatenate(rows), np.concatenate(cols), np.concatenate(ys),
+        (info.n_users, info.n_items), k, info.n_classes,
+    )  # fmt: skip
+    times, elbos = [], []
+    for _ in range(iters):
+        start = time.perf_counter()
+        elbos.append(model.iteration())
+        times.append(time.perf_counter() - start)
+    return {"s_per_iter": statistics.median(times), "peak_mb": self_peak_mb(), "elbo": elbos[-1]}
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def in_fresh_process(fn: Any, *args: Any) -> Any:
+    """Run ``fn(*args)`` in a new (spawned) process, so that its peak RSS is its own."""
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def distributed_fit(path: str, k: int, iters: int, workers: int, cache: bool) -> dict[str, Any]:
+    """s/iteration (median after the first) and peak RSS of client and workers."""
+    from distributed import Client, LocalCluster
+
+    from ordnmf_dask import OrdNMF
+
+    seconds: list[float] = []
+
+    def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+        seconds.append(sec)
+
+    with RssSampler([os.getpid()]) as sampler:
+        with (
+            LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                dashboard_address="127.0.0.1:0",
+            ) as lc,
+            Client(lc) as client,
+        ):  # fmt: skip
+            start = time.perf_counter()
+            model = OrdNMF(
+                k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=cache,
+                checkpoint_every=0,
+            )  # fmt: skip
+            model.fit(path, client, callback=record)
+            wall = time.perf_counter() - start
+            hwm = client.run(self_peak_mb)
+            pids = client.run(os.getpid)
+    worker_pids = set(pids.values())
+    return {
+        "s_per_iter": statistics.median(seconds[1:] or seconds),
+        "first_iter": seconds[0],
+        "fit_wall": wall,
+        "client_mb": sampler.peak.get(os.getpid(), 0.0),
+        "client_hwm_mb": self_peak_mb(),
+        "worker_mb": [sampler.peak.get(p, 0.0) for p in sorted(worker_pids)],
+        "worker_hwm_mb": [hwm[a] for a in sorted(hwm, key=lambda a: pids[a])],
+        "other_mb": {
+            sampler.names.get(p, "?"): mb
+            for p, mb in sampler.peak.items()
+            if p != os.getpid() and p not in worker_pids
+        },
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--items", type=int, default=12_000)
+    ap.add_argument("--nnz", type=float, default=2.5e6, help="train nonzeros (target)")
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=6)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--nnz-per-block", type=int, default=1 << 19)
+    ap.add_argument("--paper-iters", type=int, default=2)
+    ap.add_argument("--work", default="/tmp/ordnmf-bench")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    path = ensure_store(args)
+    info = open_store(path)
+    print(
+        f"store: {info.n_users} x {info.n_items}, train nnz {info.nnz_train}, V {info.n_classes},"
+        f" grid {info.grid}, K {args.k}, load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores"
+    )
+    dist = distributed_fit(path, args.k, args.iters, args.workers, cache=True)
+    fused = in_fresh_process(fused_job, path, args.k)
+    paper = in_fresh_process(paper_job, path, args.k, args.paper_iters)
+    t = dist["s_per_iter"]
+    rows = [
+        [f"distributed fit ({args.workers} workers x 1 thread)", t, 1.0, paper["s_per_iter"] / t],
+        ["fused local pass, 1 process 1 thread", fused["local"], t / fused["local"],
+         paper["s_per_iter"] / fused["local"]],
+        ["fused kernels of 1 iteration, 1 thread", fused["iteration"], t / fused["iteration"],
+         paper["s_per_iter"] / fused["iteration"]],
+        ["paper-style numpy/scipy, 1 process", paper["s_per_iter"], t / paper["s_per_iter"], 1.0],
+    ]  # fmt: skip
+    print(fmt_table(rows, ["implementation", "s/iter", "dist / this", "paper / this"]))
+    print(
+        f"distributed: first iteration {dist['first_iter']:.3f} s, whole fit (incl. init, "
+        f"save) {dist['fit_wall']:.1f} s; {args.workers} workers -> ideal kernel time per "
+        f"iteration {fused['iteration'] / args.workers:.3f} s, overhead ratio "
+        f"{t / (fused['iteration'] / args.workers):.2f}"
+    )
+    mem = [
+        ["client (fit driver)", dist["client_mb"], dist["client_hwm_mb"]],
+        *[
+            [f"worker {j}", s, h]
+            for j, (s, h) in enumerate(zip(dist["worker_mb"], dist["worker_hwm_mb"], strict=True))
+        ],
+        *[[f"other: {name}", mb, ""] for name, mb in dist["other_mb"].items()],
+        ["fused-kernel process", "", fused["peak_mb"]],
+        ["paper-style process", "", paper["peak_mb"]],
+    ]
+    print(fmt_table(mem, ["process", "peak RSS MB (psutil)", "VmHWM MB"]))
+    print(f"paper-style ELBO after {args.paper_iters} iterations: {paper['elbo']:.6e}")
+
+
+if __name__ == "__main__":
+    main()
