@@ -120,6 +120,10 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("store", nargs="?", help="store directory (or [store] path in --config)")
     fit.add_argument("--out", help="model directory to write (or [output] model)")
     fit.add_argument("-k", "--n-components", type=int, help="latent factors K")
+    fit.add_argument("--model", dest="model_kind", choices=["ordnmf", "bepof", "pf", "dcpf"],
+                     help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
+    fit.add_argument("--threshold", type=int, help="bepof / pf: binarize classes >= S (default 1)")
+    fit.add_argument("--p", type=float, help="dcpf: starting element parameter (default 0.5)")
     fit.add_argument("--alpha-w", type=float, help="default 0.3")
     fit.add_argument("--alpha-h", type=float, help="default 0.3")
     fit.add_argument("--tol", type=float, help="default 1e-5")
@@ -445,9 +449,10 @@ def _setup_logging(args: argparse.Namespace) -> None:
     log.setLevel(level)
     log.propagate = False
     if not args.debug:  # failures reach main() and become one line; --debug shows the rest
-        # Dask's logging config gives some loggers their own level (distributed.client: warning)
-        for name in ["distributed", *logging.root.manager.loggerDict]:
-            if name.split(".")[0] == "distributed":
+        # Dask's logging config gives some loggers their own level (distributed.client: warning);
+        # asyncio reports the client's tasks left behind by an interrupted gather
+        for name in ["distributed", "asyncio", *logging.root.manager.loggerDict]:
+            if name.split(".")[0] in ("distributed", "asyncio"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
 
 

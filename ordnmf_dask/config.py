@@ -36,6 +36,7 @@ class StoreSection:
 
 @dataclass
 class ModelSection:
+    kind: str = "ordnmf"  # ordnmf | bepof | pf | dcpf
     n_components: int | None = None
     alpha_W: float = 0.3
     alpha_H: float = 0.3
@@ -44,6 +45,8 @@ class ModelSection:
     min_iter: int = 0
     seed: int = 0
     approx: bool = False
+    threshold: int = 1  # bepof / pf: binarize classes >= threshold
+    p: float = 0.5  # dcpf: starting element parameter
     init: str | None = None
 
 
@@ -142,6 +145,9 @@ FLAG_KEYS: dict[str, str] = {
     "min_iter": "model.min_iter",
     "seed": "model.seed",
     "approx": "model.approx",
+    "model_kind": "model.kind",
+    "threshold": "model.threshold",
+    "p": "model.p",
     "init": "model.init",
     "cache": "engine.cache",
     "work_dir": "engine.work_dir",
@@ -171,6 +177,8 @@ ESTIMATOR_KEYS: dict[str, str] = {
     "model.min_iter": "min_iter",
     "model.seed": "random_state",
     "model.approx": "approx",
+    "model.threshold": "threshold",
+    "model.p": "p",
     "engine.work_dir": "work_dir",
     "checkpoint.dir": "checkpoint_dir",
     "checkpoint.every_iterations": "checkpoint_every",
@@ -322,12 +330,21 @@ def _get(cfg: JobConfig, key: str) -> Any:
     return obj
 
 
+MODEL_KINDS = ("ordnmf", "bepof", "pf", "dcpf")
+
+
 def _check_values(cfg: JobConfig, origin: Any) -> None:
     def fail(key: str, message: str) -> None:
         section, _, leaf = key.partition(".")
         raise ConfigError(f"{origin(key)}: key '{leaf}' in [{section}] {message}")
 
     m, c = cfg.model, cfg.cluster
+    if m.kind not in MODEL_KINDS:
+        fail("model.kind", f"must be one of {', '.join(MODEL_KINDS)}, got {m.kind!r}")
+    if m.threshold < 1:
+        fail("model.threshold", f"must be >= 1, got {m.threshold}")
+    if not 0.0 <= m.p <= 1.0:
+        fail("model.p", f"must be in [0, 1], got {m.p}")
     if m.n_components is not None and m.n_components < 1:
         fail("model.n_components", f"(K) must be >= 1, got {m.n_components}")
     for key in ("alpha_W", "alpha_H", "tol"):

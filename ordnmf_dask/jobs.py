@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from .config import JobConfig, estimator_kwargs
-from .estimator import OrdNMF
+from .estimator import PF, BePoF, DcPF, OrdNMF, _CaviEstimator
 from .io.errors import InputError
 from .provenance import record_config
 
@@ -21,16 +21,22 @@ def check_required(cfg: JobConfig, where: str = "") -> None:
             raise InputError(f"missing {what}{where}")
 
 
-def fit_job(cfg: JobConfig, client: Any, resume: bool = False) -> OrdNMF:
+ESTIMATOR_BY_KIND: dict[str, type[_CaviEstimator]] = {
+    "ordnmf": OrdNMF, "bepof": BePoF, "pf": PF, "dcpf": DcPF,
+}
+
+
+def fit_job(cfg: JobConfig, client: Any, resume: bool = False) -> _CaviEstimator:
     """Fit ``cfg`` on ``client`` (None: a default LocalCluster), save the model with the
     resolved config as its ``resolved_config`` attribute, and return the estimator.
     ``resume``: continue from the newest valid checkpoint in ``[checkpoint] dir``."""
     check_required(cfg)
-    kwargs, unused = estimator_kwargs(cfg, list(OrdNMF().get_params()))
+    klass = ESTIMATOR_BY_KIND[cfg.model.kind]
+    kwargs, unused = estimator_kwargs(cfg, list(klass().get_params()))
     if unused:
         log.warning("not used by this version (kept in the resolved config): %s",
                     ", ".join(unused))
-    model = OrdNMF(**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
+    model = klass(**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
                                  out=cfg.output.model, overwrite=cfg.output.overwrite,
                                  resume=resume)
     record_config(model.model_path_, cfg.to_dict())

@@ -148,3 +148,20 @@ def test_unreachable_scheduler_exits_3(tmp_path):
     )
     assert r.returncode == 3, r.stderr
     assert "cluster failure" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "klass", "params"),
+    [(["--model", "bepof", "--threshold", "2"], "BePoF", {"threshold": 2}),
+     (["--model", "dcpf", "--p", "0.3"], "DcPF", {"p": 0.3})],
+)
+def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
+    import ordnmf_dask
+
+    y = synthetic_ordinal(20, 15, 3, seed=4)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 2))
+    assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+                 "--max-iter", "6", "--scheduler", client.scheduler.address, *flags]) == 0
+    api = getattr(ordnmf_dask, klass)(2, max_iter=6, **params).fit(store, client)
+    cli = getattr(ordnmf_dask, klass).load(tmp_path / "m.zarr")
+    assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_
