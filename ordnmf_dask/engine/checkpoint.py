@@ -74,16 +74,31 @@ def _save(value: FactorChunk | np.ndarray, root: str, name: str, index: int) -> 
     return np.asarray(value).sum(axis=0).tolist()
 
 
+@dataclass(frozen=True)
+class _Unreadable:
+    """What :func:`_load` returns for a damaged chunk (a task that raised would be logged as an
+    error by the worker, while a damaged checkpoint is expected and only skipped)."""
+
+    problem: str
+
+
 def _load(root: str, name: str, index: int, rows: int, colsum: list[float]) -> Any:
-    """Read one chunk back; raise if it is not exactly what was written."""
-    if name in ("W", "H"):
-        value = chunkstore.load_chunk(root, name, index)
-        data = value.mean
-    else:
-        value = data = chunkstore.load_array(root, name, index)
+    """Read one chunk back, or an :class:`_Unreadable` if it is not exactly what was written."""
+    try:
+        if name in ("W", "H"):
+            value = chunkstore.load_chunk(root, name, index)
+            data = value.mean
+        else:
+            value = data = chunkstore.load_array(root, name, index)
+    except Exception as exc:  # noqa: BLE001 - truncated, missing or garbled: not usable
+        return _Unreadable(f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})")
     if data.shape[0] != rows or data.sum(axis=0).tolist() != colsum:
-        raise CheckpointError(f"{root}/{name}/{index}: content does not match its checksum")
+        return _Unreadable(f"{root}/{name}/{index}: content does not match its checksum")
     return value
+
+
+def _problem(value: Any) -> str | None:
+    return value.problem if isinstance(value, _Unreadable) else None
 
 
 def list_checkpoints(directory: str) -> list[str]:
@@ -162,6 +177,9 @@ def read(
     for f in flat:
         if f.status != "finished":
             raise CheckpointError(f"{path}: {f.exception()}")
+    problems = [p for p in client.gather([client.submit(_problem, f) for f in flat]) if p]
+    if problems:
+        raise CheckpointError(problems[0])
     return futures, Snapshot(**attrs["snapshot"])
 
 
