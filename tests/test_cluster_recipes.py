@@ -58,8 +58,8 @@ def test_memory_thresholds_are_ordered():
     assert 0 < mem["target"] < mem["spill"] < mem["pause"] < mem["terminate"] < 1
 
 
-def _launcher(kind: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"launch_{kind}", CLUSTER / kind / "launch.py")
+def _launcher() -> Any:
+    spec = importlib.util.spec_from_file_location("jobqueue_launch", CLUSTER / "jobqueue_launch.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -73,7 +73,7 @@ def test_jobqueue_job_scripts(kind):
     env = {prefix + "CORES": "4", prefix + "MEMORY": "16GB", prefix + "WALLTIME": "02:00:00",
            prefix + "ACCOUNT": "proj42", prefix + "QUEUE": "batch",
            prefix + "DASHBOARD": "127.0.0.1:0"}
-    settings = _launcher(kind).cluster_settings(env)
+    settings = _launcher().cluster_settings(kind, env)
     with cls(**settings) as cluster:
         script = cluster.job_script()
         address = cluster.scheduler_address
@@ -96,12 +96,12 @@ def test_jobqueue_job_scripts(kind):
             assert directive in lines, (directive, script)
 
 
-@pytest.mark.parametrize(("script", "launcher"), [("slurm/train.sbatch", "slurm/launch.py"),
-                                                  ("pbs/train.pbs", "pbs/launch.py")])
-def test_batch_scripts_run_their_launcher(script, launcher):
+@pytest.mark.parametrize(("script", "system"), [("slurm/train.sbatch", "slurm"),
+                                                ("pbs/train.pbs", "pbs")])
+def test_batch_scripts_run_their_launcher(script, system):
     text = (CLUSTER / script).read_text()
     assert subprocess.run(["bash", "-n", str(CLUSTER / script)]).returncode == 0
-    assert f"python cluster/{launcher} --config" in text
+    assert f"python cluster/jobqueue_launch.py --system {system} --config" in text
     directive = "#SBATCH" if script.startswith("slurm") else "#PBS"
     assert sum(line.startswith(directive) for line in text.splitlines()) >= 3
 
