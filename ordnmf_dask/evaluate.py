@@ -21,6 +21,7 @@ from .io.store import StoreInfo, open_store, read_block
 from .model import dcpf, metrics
 from .model.kernels import sddmm
 from .modelstore import ModelInfo, open_model
+from .progress import track
 
 
 def _topk_task(model: str, store: str, r: int, c: int, col_offset: int, k: int) -> tuple:
@@ -138,6 +139,7 @@ def evaluate(
             for r in range(n_r)
             for c in range(n_c)
         ] if spec is not None else []
+        track(per_row + ll, "evaluate: user-blocks and blocks")
         ndcg_v = cl.gather(tree_sum(cl, per_row))
         ll_v = cl.gather(tree_sum(cl, ll)) if ll else np.array([np.nan, info.nnz_test])
     sums, counts = ndcg_v[: len(levels)], ndcg_v[len(levels) :]

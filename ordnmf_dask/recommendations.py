@@ -30,6 +30,7 @@ from .io.store import StoreInfo, open_store
 from .model import metrics
 from .model.foldin import select_rows
 from .modelstore import ModelInfo, open_model
+from .progress import track
 
 HEADER = "user\trank\titem\tscore\n"
 _SLAB = 1 << 16  # users per slab when writing a part file
@@ -185,6 +186,7 @@ def _for_all(
                       os.path.join(tmp, f"part-{r:05d}.tsv"), pure=False)
             for r in range(info.grid[0])
         ]
+        track(parts, "recommend: user-blocks")
         wait(parts)
         cl.gather(parts)  # re-raise a worker's error here
         if os.path.lexists(path) and overwrite:

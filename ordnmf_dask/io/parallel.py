@@ -57,8 +57,9 @@ class Runner:
         None runs every task in the calling process, one after the other.
     """
 
-    def __init__(self, client: Any = None) -> None:
+    def __init__(self, client: Any = None, label: str = "ingest") -> None:
         self.client = client
+        self.label = label
 
     def share(self, obj: Any) -> Any:
         """Send a read-only argument used by many tasks once (broadcast to every worker)."""
@@ -74,6 +75,10 @@ class Runner:
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         """Results of ``handles`` in order; raises the first task's ``InputError``."""
+        if self.client is not None:
+            from ..progress import track
+
+            track(list(handles), f"{self.label}: tasks")
         results = list(handles) if self.client is None else self.client.gather(list(handles))
         _raise_first(results)
         return results

@@ -381,7 +381,7 @@ def synth(
         test_fraction, nnz_per_block,
     )  # fmt: skip
     rb, cb = regular_bounds(n_users, n_r), regular_bounds(n_items, n_c)
-    runner = Runner(client)
+    runner = Runner(client, "synth")
     with temporary_store(out, overwrite) as (path, tmp):
         staging_dir(tmp)
         jobs = [

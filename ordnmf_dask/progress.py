@@ -1,0 +1,37 @@
+"""Progress of a batch of futures: a bar on a terminal, a log line per tenth otherwise."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from distributed import Future, as_completed
+
+log = logging.getLogger("ordnmf_dask")
+
+
+def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> None:
+    """Wait for ``futures``, reporting progress under ``label`` (errors surface at gather time).
+
+    On a terminal (stderr is a TTY and logging is at INFO or below) a one-line bar is redrawn;
+    in batch jobs a log line is written at each tenth, at most every ``min_seconds``.
+    """
+    total = len(futures)
+    if total == 0 or not log.isEnabledFor(logging.INFO):
+        return
+    bar = sys.stderr.isatty()
+    start = last = time.monotonic()
+    reported = 0
+    for done, _ in enumerate(as_completed(futures), start=1):
+        now = time.monotonic()
+        if bar:
+            filled = 30 * done // total
+            sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
+            sys.stderr.flush()
+        elif done == total or (10 * done // total > reported and now - last >= min_seconds):
+            log.info("%s: %d/%d done (%.0f s)", label, done, total, now - start)
+            reported, last = 10 * done // total, now
+    if bar:
+        sys.stderr.write("\n")
