@@ -2,8 +2,8 @@
 
 Writes a synthetic store (``ordnmf_dask.io.synth``), fits it on a LocalCluster of 2
 single-threaded worker processes and samples every worker's RSS after each iteration (through the
-fit callback). Prints RSS at a few iterations and the ratio last / early, plus the scheduler's
-task count (bounded by the checkpoints' lineage cuts).
+fit callback). Prints RSS at a few iterations, the peak per window of iterations and the
+scheduler's task count (bounded by the checkpoints' lineage cuts).
 
     python bench/memory_iterations.py [--nnz 2000000] [--iters 80] [-k 50]
 """
@@ -66,12 +66,12 @@ def main() -> None:
     for n in marks:
         rss, tasks = samples[n]
         print(f"{n:5d}   " + "  ".join(f"{r / 2**20:7.1f}" for r in rss) + f"   {tasks:8d}")
-    early = max(max(samples[n][0]) for n in range(5, 11))
-    late = max(max(samples[n][0]) for n in range(args.iters - 5, args.iters + 1))
-    print(
-        f"max worker RSS, iterations {args.iters - 5}-{args.iters} / iterations 5-10: "
-        f"{late / early:.3f}"
-    )
+    step = max(1, args.iters // 6)
+    windows = [range(a, min(a + step, args.iters + 1)) for a in range(1, args.iters + 1, step)]
+    peaks = [max(max(samples[n][0]) for n in w) for w in windows]
+    print("max worker RSS per window of iterations (MB): " + ", ".join(
+        f"{w.start}-{w.stop - 1}: {p / 2**20:.0f}" for w, p in zip(windows, peaks, strict=True)))
+    print(f"last window / second window (after warm-up): {peaks[-1] / peaks[1]:.3f}")
 
 
 if __name__ == "__main__":
