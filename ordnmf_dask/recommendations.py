@@ -26,7 +26,7 @@ from .engine.reduce import tree_reduce
 from .engine.tasks import load_block
 from .evaluate import check_compatible
 from .io.errors import InputError
-from .io.store import StoreInfo, open_store
+from .io.store import StoreInfo, check_target, open_store
 from .model import metrics
 from .model.foldin import select_rows
 from .modelstore import ModelInfo, open_model
@@ -116,20 +116,13 @@ def check_n(n: int) -> int:
     return int(n)
 
 
+def _is_parts_dir(path: str) -> bool:
+    names = os.listdir(path) if os.path.isdir(path) else None
+    return names is not None and all(x.startswith("part-") and x.endswith(".tsv") for x in names)
+
+
 def _target(out: str | os.PathLike, overwrite: bool) -> str:
-    path = os.path.abspath(os.fspath(out))
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise InputError(f"{path}: parent directory {parent} does not exist")
-    if os.path.lexists(path):
-        if not overwrite:
-            raise InputError(
-                f"{path} already exists; pass overwrite=True (--overwrite) to replace it"
-            )
-        names = os.listdir(path) if os.path.isdir(path) else None
-        if names is None or not all(x.startswith("part-") and x.endswith(".tsv") for x in names):
-            raise InputError(f"refusing to overwrite {path}: not a recommendations directory")
-    return path
+    return check_target(out, overwrite, "recommendations directory", _is_parts_dir)
 
 
 def recommend(

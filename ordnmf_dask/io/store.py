@@ -25,6 +25,7 @@ import secrets
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,8 +118,21 @@ class Block:
 # --------------------------------------------------------------------------- writing
 
 
-def check_target(out: str | os.PathLike, overwrite: bool) -> str:
-    """Absolute output path, after checking it can be (over)written; raises InputError."""
+def _is_zarr_store(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "zarr.json"))
+
+
+def check_target(
+    out: str | os.PathLike,
+    overwrite: bool,
+    kind: str = "zarr store",
+    is_ours: Callable[[str], bool] = _is_zarr_store,
+) -> str:
+    """Absolute output path, after checking it can be (over)written; raises InputError.
+
+    An existing path is replaced only with ``overwrite`` and only if ``is_ours(path)`` (it looks
+    like a ``kind`` this package wrote), so an unrelated directory is never removed.
+    """
     path = os.path.abspath(os.fspath(out))
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
@@ -126,8 +140,8 @@ def check_target(out: str | os.PathLike, overwrite: bool) -> str:
     if os.path.lexists(path):
         if not overwrite:
             raise InputError(f"{path} already exists; pass overwrite=True to replace it")
-        if not os.path.isfile(os.path.join(path, "zarr.json")):
-            raise InputError(f"refusing to overwrite {path}: it is not a zarr store")
+        if not is_ours(path):
+            raise InputError(f"refusing to overwrite {path}: it is not a {kind}")
     return path
 
 
