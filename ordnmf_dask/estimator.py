@@ -331,16 +331,23 @@ class BePoF(OrdNMF):
     """Bernoulli-Poisson factorization: OrdNMF with V = 1 on data binarized at ``threshold``.
 
     Blocks of the store are binarized when read (class >= ``threshold`` -> 1, others dropped),
-    so one ingested ordinal store serves every threshold. theta_0 = Delta_1 is learned.
-    ``approx=True`` is PF on the binarized data (see :class:`PF`). Other parameters and
-    attributes as :class:`OrdNMF`.
+    so one ingested ordinal store serves every threshold. theta_0 = Delta_1 is learned, or fixed
+    at 1 with ``learn_threshold=False`` (the paper's BePoF). ``approx=True`` is PF on the
+    binarized data (see :class:`PF`). Other parameters and attributes as :class:`OrdNMF`.
     """
 
     def __init__(
-        self, n_components: int = 50, *, threshold: int = 1, approx: bool = False, **kwargs: Any
+        self,
+        n_components: int = 50,
+        *,
+        threshold: int = 1,
+        learn_threshold: bool = True,
+        approx: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(n_components, approx=approx, **kwargs)
         self.threshold = threshold
+        self.learn_threshold = learn_threshold
 
     def _family(self, store: StoreInfo) -> Family:
         s = self.threshold
@@ -349,7 +356,8 @@ class BePoF(OrdNMF):
         kept = int(store.hist_train[s:].sum())
         if kept == 0:
             raise InputError(f"no training nonzero has class >= {s}")
-        return Ordinal((0, kept), approx=bool(self.approx), binarize_at=int(s))
+        fixed = None if self.learn_threshold else (0.0, 1.0)
+        return Ordinal((0, kept), approx=bool(self.approx), binarize_at=int(s), fixed_delta=fixed)
 
 
 class PF(BePoF):
@@ -359,9 +367,19 @@ class PF(BePoF):
     log(expm1(.)) local term. Parameters and attributes as :class:`BePoF` (``approx`` is True).
     """
 
-    def __init__(self, n_components: int = 50, *, threshold: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        n_components: int = 50,
+        *,
+        threshold: int = 1,
+        learn_threshold: bool = True,
+        **kwargs: Any,
+    ) -> None:
         kwargs.pop("approx", None)
-        super().__init__(n_components, threshold=threshold, approx=True, **kwargs)
+        super().__init__(
+            n_components, threshold=threshold, learn_threshold=learn_threshold, approx=True,
+            **kwargs,
+        )
 
     @classmethod
     def _param_names(cls) -> list[str]:

@@ -275,8 +275,11 @@ def fit(
     max_iter=1000,
     min_iter=0,
     approx=False,
+    fixed_delta=None,
 ):
     """Exact CAVI for IG-OrdNMF (DESIGN section 2), dense.
+
+    ``fixed_delta`` (V + 1,): keep Delta at this value and skip step 2 (BePoF with theta_0 = 1).
 
     Initialization: E[W] = W0, E[H] = H0; the first local step uses them directly as GW, GH;
     Delta from the training histogram (``init_delta``).  No ELBO is evaluated at initialization.
@@ -307,7 +310,7 @@ def fit(
     if Y.shape != (U, I) or EH.shape[1] != K:
         raise ValueError("shape mismatch between Y, W0 and H0")
 
-    delta = init_delta(Y, V)
+    delta = init_delta(Y, V) if fixed_delta is None else np.asarray(fixed_delta, dtype=float)
     theta = thresholds(delta)
     loc = local_step(Y, EW, EH, delta, approx)  # first local step: GW = W0, GH = H0
 
@@ -320,7 +323,8 @@ def fit(
         betaH = alpha_H / EH.mean(axis=1)
         # 2. thresholds (VBEM)
         lam = EW @ EH.T
-        delta = update_delta(Y, loc["En"], lam, V)
+        if fixed_delta is None:
+            delta = update_delta(Y, loc["En"], lam, V)
         theta = thresholds(delta)
         # 3. W
         aW = alpha_W + loc["SW"]

@@ -325,6 +325,19 @@ def test_binarized_models_match_oracle(tmp_path, client, ordinal_problem, klass,
     assert len(model.delta_) == 2
 
 
+def test_bepof_with_theta0_fixed_at_one_matches_oracle(tmp_path, client, ordinal_problem):
+    n_classes, train, test, w0, h0 = ordinal_problem
+    store = store_from_dense(tmp_path / "o.zarr", train, test, n_classes, (2, 2))
+    binary = (train >= 2).astype(np.int64)
+    ref = oracle.fit(binary, 1, w0, h0, tol=TOL, max_iter=BIN_MAX_ITER, fixed_delta=[0.0, 1.0])
+    model = BePoF(K, threshold=2, learn_threshold=False, tol=TOL, max_iter=BIN_MAX_ITER)
+    model.fit(store, client, init=(w0, h0))
+    assert model.delta_.tolist() == [0.0, 1.0] and model.theta_.tolist() == [1.0, 0.0]
+    assert model.n_iter_ == ref["n_iter"]
+    np.testing.assert_allclose(model.elbo_, ref["elbo"], rtol=1e-9)
+    np.testing.assert_allclose(model.W_.compute(), ref["EW"], rtol=1e-6)
+
+
 # --------------------------------------------------------------------------------------------
 # persistence and evaluation
 # --------------------------------------------------------------------------------------------

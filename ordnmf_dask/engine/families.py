@@ -28,6 +28,7 @@ class Ordinal:
     hist: tuple[int, ...]  # training histogram of the classes the model sees, (V + 1,)
     approx: bool = False
     binarize_at: int | None = None
+    fixed_delta: tuple[float, ...] | None = None  # keep Delta here (BePoF with theta_0 = 1)
 
     name = "ordinal"
     uses_correction = True
@@ -45,6 +46,8 @@ class Ordinal:
         return kernels.local_step
 
     def init_params(self) -> np.ndarray:
+        if self.fixed_delta is not None:
+            return np.asarray(self.fixed_delta, dtype=np.float64)
         return init_delta(np.asarray(self.hist))
 
     def kernel_args(self, delta: np.ndarray) -> tuple[Any, ...]:
@@ -52,6 +55,8 @@ class Ordinal:
 
     def update_params(self, delta: np.ndarray, small: np.ndarray, total: float) -> np.ndarray:
         """Step 2: Delta from the last local step's per-class sums; ``total`` = sum_all lambda."""
+        if self.fixed_delta is not None:
+            return delta
         en, lam, _, _ = kernels.split_ordinal_small(small)
         return update_delta(en, lam, total)
 
