@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from . import __version__
+from . import __version__, interrupt
 from .engine.cavi import ELBODecreaseError
 from .io.errors import InputError
 
@@ -481,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}",
               file=sys.stderr)
         return EXIT_INPUT
+    interrupt.install()
     try:
         return COMMANDS[args.command](args)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code

@@ -15,6 +15,7 @@ import numpy as np
 import zarr
 from distributed import Client
 
+from . import interrupt
 from .engine.cavi import CaviConfig, CaviRunner, IterationCallback
 from .engine.checkpoint import fingerprint
 from .engine.cluster import resolve_client
@@ -443,6 +444,7 @@ ESTIMATORS: dict[str, type[_CaviEstimator]] = {
 
 def _iteration_logger(family: Family) -> IterationCallback:
     def log_iteration(n: int, elbo: float, rate: float, seconds: float, params: Any) -> None:
+        interrupt.check()
         log.info("iter %4d  elbo %.10e  rel %.3e  %.2fs  %s",
                  n, elbo, rate, seconds, family.summary(params))
 
