@@ -53,9 +53,11 @@ def dense_split(y: np.ndarray, test_fraction: float = 0.2, seed: int = 1):
 
 
 def store_from_dense(
-    path: Path, train: np.ndarray, test: np.ndarray, n_classes: int, grid: tuple[int, int]
+    path: Path, train: np.ndarray, test: np.ndarray, n_classes: int, grid: tuple[int, int],
+    user_ids: np.ndarray | None = None, item_ids: np.ndarray | None = None,
 ) -> StoreInfo:
-    """Write a store holding exactly these dense train / test matrices on a given grid."""
+    """Write a store holding exactly these dense train / test matrices on a given grid
+    (raw ids default to the indices)."""
     u, i = np.nonzero(train)
     rb = balanced_bounds(np.bincount(u, minlength=train.shape[0]), grid[0])
     cb = balanced_bounds(np.bincount(i, minlength=train.shape[1]), grid[1])
@@ -74,5 +76,6 @@ def store_from_dense(
     }
     return write_store(
         path, attrs, rb, cb, blocked(train), blocked(test),
-        np.arange(train.shape[0]), np.arange(train.shape[1]),
+        np.arange(train.shape[0]) if user_ids is None else np.asarray(user_ids),
+        np.arange(train.shape[1]) if item_ids is None else np.asarray(item_ids),
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dense_split, synthetic_ordinal
+from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client
 from scipy.special import digamma
 
@@ -21,37 +21,13 @@ from ordnmf_dask import OrdNMF
 from ordnmf_dask.cli import main
 from ordnmf_dask.estimator import BePoF, DcPF
 from ordnmf_dask.foldin import fold_in, recommend_for
-from ordnmf_dask.io.blocking import balanced_bounds, block_sort
 from ordnmf_dask.io.errors import InputError
-from ordnmf_dask.io.store import write_store
 from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import open_model
 from ordnmf_dask.recommendations import recommend
 
 V, K = 4, 3
-
-
-def store_with_ids(path, train, test, grid, user_ids, item_ids):
-    """Like conftest.store_from_dense, with the given raw ids."""
-    u, i = np.nonzero(train)
-    rb = balanced_bounds(np.bincount(u, minlength=train.shape[0]), grid[0])
-    cb = balanced_bounds(np.bincount(i, minlength=train.shape[1]), grid[1])
-
-    def blocked(m):
-        uu, ii = np.nonzero(m)
-        return block_sort(uu, ii, m[uu, ii], m[uu, ii].astype(float), rb, cb)
-
-    hist = lambda m: np.bincount(m[m > 0], minlength=V + 1).tolist()  # noqa: E731
-    attrs = {
-        "n_users": train.shape[0], "n_items": train.shape[1], "n_classes": V,
-        "value_kind": "ratings-integer", "thresholds": None, "binarize": None,
-        "nnz_train": int((train > 0).sum()), "nnz_test": int((test > 0).sum()),
-        "hist_train": hist(train), "hist_test": hist(test), "grid": list(grid),
-        "split": "file", "seed": None,
-    }
-    return write_store(path, attrs, rb, cb, blocked(train), blocked(test),
-                       np.asarray(user_ids), np.asarray(item_ids))
 
 
 class Fitted:
@@ -83,7 +59,7 @@ def grid23(tmp_path_factory, mclient):
     test[5:7] = 0
     users = np.array([f"u{3 * j + 1}" for j in range(37)])
     items = 100 + 5 * np.arange(29)
-    store = store_with_ids(d / "s.zarr", train, test, (2, 3), users, items)
+    store = store_from_dense(d / "s.zarr", train, test, V, (2, 3), users, items)
     model = OrdNMF(K, max_iter=5).fit(store, mclient, out=d / "m.zarr")
     return Fitted(store, model, train, users, items.tolist())
 
@@ -93,7 +69,7 @@ def grid11(tmp_path_factory, mclient):
     """(1, 1) grid, integer ids 0.., fitted for 80 iterations (for the fold-in property)."""
     d = tmp_path_factory.mktemp("g11")
     train, test = dense_split(synthetic_ordinal(30, 25, V, k=K, density=0.5, seed=0))
-    store = store_with_ids(d / "s.zarr", train, test, (1, 1), np.arange(30), np.arange(25))
+    store = store_from_dense(d / "s.zarr", train, test, V, (1, 1))
     model = OrdNMF(K, max_iter=80, tol=1e-14).fit(store, mclient, out=d / "m.zarr")
     return Fitted(store, model, train, range(30), range(25))
 
