@@ -37,6 +37,11 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected integers joined by commas: {text!r}") from None
 
 
+def _columns(text: str) -> list[int | str]:
+    """user,item,value columns: 0-based positions (digits) or names."""
+    return [int(t) if t.strip().isdigit() else t.strip() for t in text.split(",") if t.strip()]
+
+
 def _counts(text: str) -> str | list[float]:
     if text == "paper":
         return text
@@ -63,8 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
 
-    ing = add("ingest", help="text files of (user, item, value) -> zarr block store")
-    ing.add_argument("inputs", nargs="+", help="CSV / TSV / .dat files (concatenated)")
+    ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
+    ing.add_argument("inputs", nargs="+",
+                     help="CSV / TSV / .dat / .parquet files, or directories of Parquet files "
+                          "(concatenated)")
     ing.add_argument("--out", required=True, help="store directory to create")
     ing.add_argument("--ratings", choices=["halfstar", "integer"],
                      help="ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V")
@@ -87,8 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     hdr = ing.add_mutually_exclusive_group()
     hdr.add_argument("--header", dest="header", action="store_true", default=None)
     hdr.add_argument("--no-header", dest="header", action="store_false")
-    ing.add_argument("--columns", type=_int_list, default=[0, 1, 2],
-                     help="0-based user,item,value columns (default 0,1,2)")
+    ing.add_argument("--columns", type=_columns, default=[0, 1, 2],
+                     help="user,item,value columns: 0-based positions or names (default 0,1,2)")
     ing.add_argument("--overwrite", action="store_true")
     ing.add_argument("--distributed", action="store_true",
                      help="out-of-core ingest on a cluster (bounded memory; random split only)")

@@ -19,12 +19,13 @@ ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
 ]
 
 
-def assert_same_store(a, b) -> None:
-    """Same attributes (but ``created``), and the same arrays (dtype, shape, chunks, values)."""
+def assert_same_store(a, b, ignore=("created",)) -> None:
+    """Same attributes (but ``ignore``), and the same arrays (dtype, shape, chunks, values)."""
     ga, gb = zarr.open_group(a, mode="r"), zarr.open_group(b, mode="r")
     attrs_a, attrs_b = dict(ga.attrs), dict(gb.attrs)
-    attrs_a.pop("created")
-    attrs_b.pop("created")
+    for key in ignore:
+        attrs_a.pop(key)
+        attrs_b.pop(key)
     assert attrs_a == attrs_b
     for name in ARRAYS:
         x, y = ga[name], gb[name]

@@ -1,4 +1,4 @@
-"""I/O layer: ingest text or arrays into a zarr block store, and read it back block by block."""
+"""I/O layer: ingest text, Parquet or arrays into a zarr block store; read it back by block."""
 
 from .errors import InputError, StoreError
 from .ingest import ingest, ingest_arrays

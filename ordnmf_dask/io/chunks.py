@@ -1,10 +1,13 @@
-"""Split delimited text files into byte-range chunks at line boundaries and parse one chunk.
+"""Split input files into chunks that are parsed independently, and parse one chunk.
 
-A chunk is the set of lines whose first byte lies in ``[start, stop)`` of its file, so every
-line belongs to exactly one chunk, and a chunk can be read without reading the rest of the file.
-Line numbers (for error messages) are found by a cheap first pass that counts newlines per chunk.
-Delimiter and header are decided per file from its first non-blank line, exactly as in
-``ordnmf_dask.io.text.read_triples``; parsing reuses ``text.parse_lines``.
+Text: a chunk is the set of lines whose first byte lies in ``[start, stop)`` of its file, so
+every line belongs to exactly one chunk, and a chunk can be read without reading the rest of the
+file. Line numbers (for error messages) are found by a cheap first pass that counts newlines per
+chunk. Delimiter, header and named columns are decided per file from its first non-blank line,
+exactly as in ``ordnmf_dask.io.text.read_triples``; parsing reuses ``text.parse_lines``.
+
+Parquet: a chunk is one row group (``parquet.ParquetChunk``), read by ``parquet.read_row_group``
+as the in-memory reader does. ``parse_chunk`` and ``chunk_origin`` take either kind.
 """
 
 from __future__ import annotations
@@ -15,19 +18,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InputError
-from .text import DELIMITERS, Triples, decode, file_format, parse_lines, read_bytes
+from .origin import Origin
+from .parquet import (
+    ParquetChunk,
+    ParquetFormat,
+    is_parquet,
+    parquet_format_of,
+    read_row_group,
+)
+from .parquet import chunk_origin as parquet_origin
+from .text import DELIMITERS, Column, Triples, decode, file_format, parse_lines, read_bytes
 
 _SCAN = 2**20  # bytes read at a time while looking for a line boundary
 
 
 @dataclass(frozen=True)
 class FileFormat:
-    """How to parse one file: resolved delimiter, and the byte offset of its header line."""
+    """How to parse one text file: resolved delimiter, the byte offset of its header line, and
+    the 0-based (user, item, value) columns."""
 
     path: str
     size: int
     delim: str | None
     header_at: int | None
+    columns: tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -45,10 +59,20 @@ class Chunk:
     first_line: int
     delim: str | None
     header_at: int | None
+    columns: tuple[int, int, int]
+
+
+def input_format(
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+) -> FileFormat | ParquetFormat:
+    """Task: how to read one input file (Parquet by its suffix, else delimited text)."""
+    if is_parquet(path):
+        return parquet_format_of(path, columns)
+    return file_format_of(path, delimiter, header, columns)
 
 
 def file_format_of(
-    path: str, delimiter: str | None, header: bool | None, columns: tuple[int, int, int]
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
 ) -> FileFormat:
     """Read the start of ``path`` up to its first non-blank line and resolve its format."""
     if delimiter is not None and delimiter not in DELIMITERS:
@@ -63,11 +87,11 @@ def file_format_of(
         lines = decode(path, data[:end]).replace("\r\n", "\n").split("\n")
         for k, line in enumerate(lines):
             if line.strip():
-                delim, has_header = file_format(line, delimiter, header, columns)
+                delim, has_header, cols = file_format(path, line, delimiter, header, columns)
                 offset = 0
                 for _ in range(k):
                     offset = data.index(b"\n", offset) + 1
-                return FileFormat(path, size, delim, offset if has_header else None)
+                return FileFormat(path, size, delim, offset if has_header else None, cols)
         if complete:
             raise InputError(f"{path}: no data rows (the file is empty)")
         n *= 4
@@ -104,8 +128,17 @@ def scan_range(job: tuple[str, int, int, int]) -> tuple[int, int, int]:
     return start, stop, count_lines(path, start, stop) if stop > start else 0
 
 
-def parse_chunk(chunk: Chunk, columns: tuple[int, int, int]) -> Triples | None:
-    """Triples of one chunk (string ids; line numbers in the file), or None if it has none."""
+def chunk_origin(chunk: Chunk | ParquetChunk, line: np.ndarray) -> Origin:
+    """Origin of rows of one chunk (``line``: their line, or Parquet row, numbers)."""
+    if isinstance(chunk, ParquetChunk):
+        return parquet_origin(chunk, line)
+    return Origin((chunk.path,), np.zeros(len(line), np.int32), line)
+
+
+def parse_chunk(chunk: Chunk | ParquetChunk) -> Triples | None:
+    """Triples of one chunk (line or row numbers in the file), or None if it has none."""
+    if isinstance(chunk, ParquetChunk):
+        return read_row_group(chunk)
     data = read_bytes(chunk.path, chunk.start, chunk.stop)
     text = decode(chunk.path, data, chunk.first_line, bom=chunk.start == 0)
     if "\r" in text:
@@ -117,4 +150,4 @@ def parse_chunk(chunk: Chunk, columns: tuple[int, int, int]) -> Triples | None:
     if not keep:
         return None
     line_no = np.asarray(keep, dtype=np.int64) + chunk.first_line
-    return parse_lines(chunk.path, [lines[k] for k in keep], line_no, chunk.delim, columns)
+    return parse_lines(chunk.path, [lines[k] for k in keep], line_no, chunk.delim, chunk.columns)

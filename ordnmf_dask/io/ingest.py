@@ -1,4 +1,4 @@
-"""Build a block store from text files or in-memory arrays.
+"""Build a block store from text or Parquet files, or in-memory arrays.
 
 Pipeline: parse -> check every value (errors name file and line) -> merge duplicate pairs ->
 classes (dropping rows that are "not an interaction") -> min-count filtering -> contiguous id maps
@@ -78,14 +78,16 @@ def ingest(
     overwrite: bool = False,
     delimiter: str | None = None,
     header: bool | None = None,
-    columns: Sequence[int] = (0, 1, 2),
+    columns: Sequence[int | str] = (0, 1, 2),
 ) -> StoreInfo:
-    """Ingest delimited text files of (user, item, value) rows into a block store at ``out``.
+    """Ingest files of (user, item, value) rows into a block store at ``out``.
 
     Parameters
     ----------
     inputs : path or sequence of paths
-        Training data (all data if ``test`` is None); several files are concatenated.
+        Training data (all data if ``test`` is None); several files are concatenated. Delimited
+        text, or Parquet (files ending in ``.parquet`` / ``.parq``, or directories of them,
+        read row group by row group; needs the ``parquet`` extra).
     out : path
         Store directory to create (see ``ordnmf_dask.io.store``).
     ratings : {"halfstar", "integer"}, optional
@@ -118,7 +120,8 @@ def ingest(
     overwrite : bool
         Replace an existing store at ``out`` (only after the new one is complete).
     delimiter, header, columns
-        Text parsing options; see ``ordnmf_dask.io.text.read_triples``.
+        Parsing options; see ``ordnmf_dask.io.text.read_triples``. ``columns`` are 0-based
+        positions or column names (a text header's fields, Parquet column names).
 
     Returns
     -------

@@ -1,13 +1,16 @@
 """Out-of-core ingest: the in-memory ``ingest`` pipeline, chunked, in bounded memory per task.
 
 Produces a store identical to ``ordnmf_dask.io.ingest`` on the same input and options (arrays,
-ids and attributes; only ``created`` differs), for inputs larger than memory: many files, and big
-files cut into byte ranges at line boundaries. Steps (tasks in ``ooc_tasks``; everything big goes
+ids and attributes; only ``created`` differs), for inputs larger than memory: many files, big
+text files cut into byte ranges at line boundaries, Parquet files read row group by row group
+(``chunks``, ``parquet``). Steps (tasks in ``ooc_tasks``; everything big goes
 through ``TMP/_staging`` on disk, visible to every worker):
 
-1. plan: per file, delimiter and header from its first non-blank line; chunks of ``chunk_bytes``
-   and their first line numbers (a newline-counting pass);
-2. parse each chunk (``text.parse_lines``; errors name file and line); stage its columns; the
+1. plan: per text file, delimiter, header and columns from its first non-blank line; chunks of
+   ``chunk_bytes`` and their first line numbers (a newline-counting pass); per Parquet file,
+   its columns and row groups (one chunk each) from its footer;
+2. parse each chunk (``chunks.parse_chunk``; errors name file and line or row); stage its
+   columns; the
    distinct raw ids of all chunks are merged by a tree reduction on the workers (sorted, as
    ``np.unique`` in memory), value statistics give the value rule (``values.make_spec``);
 3. check every value, map ids to codes, count rows per user; route rows to user-range
@@ -41,7 +44,7 @@ import numpy as np
 
 from .assemble import assemble_store, finish_store, staging_dir, temporary_store
 from .blocking import DEFAULT_NNZ_PER_BLOCK, balanced_bounds, bounds_from_degrees
-from .chunks import Chunk, FileFormat, file_format_of, scan_range
+from .chunks import Chunk, FileFormat, input_format, scan_range
 from .errors import InputError
 from .ingest import _as_list, _check_options, _kind
 from .ooc_tasks import (
@@ -62,9 +65,10 @@ from .ooc_tasks import (
 )
 from .origin import Origin
 from .parallel import Runner
+from .parquet import ParquetChunk, ParquetFormat, expand_inputs, parquet_chunks
 from .split import HASH_BIN_BITS, n_test_rows
 from .store import StoreInfo, check_target
-from .text import check_columns
+from .text import DELIMITERS, check_columns
 from .values import ValueSpec, make_spec
 
 PathLike = str | os.PathLike
@@ -92,7 +96,7 @@ def ingest_distributed(
     overwrite: bool = False,
     delimiter: str | None = None,
     header: bool | None = None,
-    columns: Sequence[int] = (0, 1, 2),
+    columns: Sequence[int | str] = (0, 1, 2),
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
 ) -> StoreInfo:
@@ -105,6 +109,7 @@ def ingest_distributed(
         None runs the same tasks in this process.
     chunk_bytes : int
         Bytes of text per parsing task (default 16 MiB; about 20x that in memory while parsing).
+        Parquet files are parsed one row group per task, whatever their size.
     rows_per_partition : int
         Average input rows per merge/filter/route task.
     test : None
@@ -122,15 +127,16 @@ def ingest_distributed(
     if chunk_bytes < 1 or rows_per_partition < 1:
         raise InputError("chunk_bytes and rows_per_partition must be >= 1")
     columns = check_columns(columns)
-    paths = [os.fspath(p) for p in _as_list(inputs)]
-    if not paths:
-        raise InputError("no input files given")
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    sources = _as_list(inputs)
+    paths = expand_inputs(sources)
     runner = Runner(client)
-    formats = [file_format_of(p, delimiter, header, columns) for p in paths]
+    formats = runner.map(input_format, paths, delimiter, header, columns)
     chunks = _plan(runner, formats, chunk_bytes)
     with temporary_store(out, overwrite) as (path, tmp):
         staging_dir(tmp)
-        spec, user_ids, item_ids, rows = _parse(runner, chunks, formats, columns, tmp,
+        spec, user_ids, item_ids, rows = _parse(runner, chunks, formats, tmp,
                                                 ratings, counts, binarize, scale_max)  # fmt: skip
         _check_options(min_count, filter_mode, duplicates, test_fraction, seed)
         live = [c for c, n in zip(chunks, rows, strict=True) if n > 0]
@@ -146,7 +152,7 @@ def ingest_distributed(
         ]  # fmt: skip
         jobs = [j for j in jobs if j.pieces]
         merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
-                            tuple(paths))  # fmt: skip
+                            runner.share(_sources(formats)))  # fmt: skip
         parts = [j.part for j in jobs]
         n_not = sum(m[1] for m in merged)
         n_kept = sum(m[0] - m[1] for m in merged)
@@ -185,7 +191,7 @@ def ingest_distributed(
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
         attrs = _attrs(
-            spec, hists, row_bounds, col_bounds, paths, user_ids, item_ids,
+            spec, hists, row_bounds, col_bounds, sources, user_ids, item_ids,
             min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
             test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
             rows_read=sum(rows), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
@@ -195,32 +201,51 @@ def ingest_distributed(
         return finish_store(tmp, path, overwrite)
 
 
-def _plan(runner: Runner, formats: list[FileFormat], chunk_bytes: int) -> list[Chunk]:
-    """Chunks of every file at line boundaries, with their first line numbers."""
+def _plan(
+    runner: Runner, formats: list[FileFormat | ParquetFormat], chunk_bytes: int
+) -> list[Chunk | ParquetChunk]:
+    """Chunks of every file in input order: text at line boundaries, with their first line
+    numbers; Parquet by row group."""
     jobs, owners = [], []
     for f_idx, fmt in enumerate(formats):
+        if isinstance(fmt, ParquetFormat):
+            continue
         full = os.path.abspath(fmt.path)
         for x0 in range(0, fmt.size, chunk_bytes):
             jobs.append((full, x0, min(x0 + chunk_bytes, fmt.size), fmt.size))
             owners.append(f_idx)
-    scanned = runner.map(scan_range, jobs)
-    chunks: list[Chunk] = []
-    line = {f: 1 for f in range(len(formats))}
-    for f_idx, (start, stop, n_lines) in zip(owners, scanned, strict=True):
-        fmt = formats[f_idx]
-        if stop > start:
-            chunks.append(Chunk(len(chunks), f_idx, fmt.path, start, stop, line[f_idx],
-                                fmt.delim, fmt.header_at))  # fmt: skip
-        line[f_idx] += n_lines
+    scanned = runner.map(scan_range, jobs) if jobs else []
+    by_file: dict[int, list[tuple[int, int, int]]] = {}
+    for f_idx, res in zip(owners, scanned, strict=True):
+        by_file.setdefault(f_idx, []).append(res)
+    chunks: list[Chunk | ParquetChunk] = []
+    for f_idx, fmt in enumerate(formats):
+        if isinstance(fmt, ParquetFormat):
+            chunks += parquet_chunks(fmt, f_idx, len(chunks))
+            continue
+        line = 1
+        for start, stop, n_lines in by_file.get(f_idx, []):
+            if stop > start:
+                chunks.append(Chunk(len(chunks), f_idx, fmt.path, start, stop, line,
+                                    fmt.delim, fmt.header_at, fmt.columns))  # fmt: skip
+            line += n_lines
     return chunks
 
 
+def _sources(formats: list[FileFormat | ParquetFormat]) -> Origin:
+    """An Origin of no rows naming every input file (and the row groups of Parquet files)."""
+    groups = tuple(f.row_groups if isinstance(f, ParquetFormat) else None for f in formats)
+    empty = np.zeros(0, np.int64)
+    return Origin(tuple(f.path for f in formats), empty.astype(np.int32), empty, True,
+                  groups if any(g is not None for g in groups) else None)  # fmt: skip
+
+
 def _parse(
-    runner: Runner, chunks: list[Chunk], formats: list[FileFormat], columns: tuple[int, int, int],
+    runner: Runner, chunks: list[Chunk | ParquetChunk], formats: list[FileFormat | ParquetFormat],
     tmp: str, ratings: str | None, counts: Any, binarize: float | None, scale_max: int | None,
 ) -> tuple[ValueSpec, np.ndarray, np.ndarray, list[int]]:  # fmt: skip
     """Parse every chunk; return the value rule, sorted distinct ids and rows per chunk."""
-    handles = runner.submit(parse_task, chunks, columns, tmp)
+    handles = runner.submit(parse_task, chunks, tmp)
     smalls = runner.gather_all(runner.pick(handles, "small"))
     by_file: dict[int, int] = {}
     for chunk, res in zip(chunks, smalls, strict=True):
@@ -243,8 +268,7 @@ def _parse(
     values.append(top[0])
     f_index.append(top[1])
     lines.append(0)
-    origin = Origin(tuple(f.path for f in formats), np.asarray(f_index, np.int32),
-                    np.asarray(lines, np.int64))  # fmt: skip
+    origin = _sources(formats).rows(np.asarray(f_index, np.int32), np.asarray(lines, np.int64))
     spec = make_spec(np.asarray(values, np.float64), origin, ratings=ratings, counts=counts,
                      binarize=binarize, scale_max=scale_max)  # fmt: skip
     return spec, user_ids, item_ids, [s["rows"] for s in smalls]
@@ -297,7 +321,7 @@ def _with_threshold(runner: Runner, parts: list[int], tmp: str, fin: Final, n_te
 
 def _attrs(
     spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
-    paths: list[str], user_ids: np.ndarray, item_ids: np.ndarray, *, min_count: int,
+    sources: list[PathLike], user_ids: np.ndarray, item_ids: np.ndarray, *, min_count: int,
     filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
     rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
 ) -> dict[str, Any]:  # fmt: skip
@@ -324,7 +348,7 @@ def _attrs(
         "hist_test": hist["test"],
         "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
         "nnz_per_block": int(nnz_per_block),
-        "source": [os.path.abspath(p) for p in paths],
+        "source": [os.path.abspath(os.fspath(p)) for p in sources],
         "test_source": None,
         "rows_read": int(rows_read),
         "rows_not_interaction": int(not_interaction),

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .assemble import load_arrays, save_arrays, save_segment, staging_dir
-from .chunks import Chunk, parse_chunk
+from .chunks import Chunk, chunk_origin, parse_chunk
 from .origin import Origin
+from .parquet import ParquetChunk
 from .prep import dedupe, normalize_text_ids
 from .split import HASH_BIN_BITS, pair_hash
 from .values import ValueSpec, classify
@@ -55,8 +56,9 @@ def _part_prefix(tmp: str, part: int) -> str:
 # --------------------------------------------------------------------------- pass 1: parse
 
 
-def parse_task(chunk: Chunk, columns: tuple[int, int, int], tmp: str) -> dict:
-    """Parse a chunk, stage (users, items, values, line); return summaries and distinct ids.
+def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
+    """Parse a chunk (text byte range or Parquet row group), stage (users, items, values, line);
+    return summaries and distinct ids.
 
     Returns
     -------
@@ -64,7 +66,7 @@ def parse_task(chunk: Chunk, columns: tuple[int, int, int], tmp: str) -> dict:
         ``small``: rows, value max, first value that is not a positive integer (value, line)
         or None; ``users``, ``items``: sorted distinct ids (int64 or str).
     """
-    triples = parse_chunk(chunk, columns)
+    triples = parse_chunk(chunk)
     if triples is None:
         empty = np.zeros(0, dtype=np.int64)
         return {"small": {"rows": 0, "vmax": None, "bad": None}, "users": empty, "items": empty}
@@ -86,12 +88,13 @@ def parse_task(chunk: Chunk, columns: tuple[int, int, int], tmp: str) -> dict:
 
 
 def codes_task(
-    chunk: Chunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray, item_ids: np.ndarray
-) -> np.ndarray:
+    chunk: Chunk | ParquetChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
+    item_ids: np.ndarray,
+) -> np.ndarray:  # fmt: skip
     """Check every value of a chunk, stage its id codes; return its rows per user (U,) int64."""
     prefix = _chunk_prefix(tmp, chunk.index)
     data = load_arrays(prefix, ["users", "items", "values", "line"])
-    origin = Origin((chunk.path,), np.zeros(len(data["line"]), np.int32), data["line"])
+    origin = chunk_origin(chunk, data["line"])
     classify(spec, data["values"], origin)  # raises InputError naming the file and line
     u = np.searchsorted(user_ids, _as_kind(data["users"], user_ids))
     i = np.searchsorted(item_ids, _as_kind(data["items"], item_ids))
@@ -103,7 +106,7 @@ def _as_kind(ids: np.ndarray, like: np.ndarray) -> np.ndarray:
     return ids if ids.dtype.kind == like.dtype.kind else ids.astype(str)
 
 
-def partition_task(chunk: Chunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
+def partition_task(chunk: Chunk | ParquetChunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
     """Route a chunk's rows to user-range partitions; returns the partitions hit.
 
     The rows are staged once, stably sorted by partition, with ``part_offsets`` (P + 1,): the
@@ -134,9 +137,11 @@ class PartJob:
 
 def dedupe_task(
     job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: np.ndarray,
-    item_ids: np.ndarray, sources: tuple[str, ...],
+    item_ids: np.ndarray, sources: Origin,
 ) -> tuple[int, int]:  # fmt: skip
     """Merge duplicate pairs of a partition, classify, stage the interactions.
+
+    ``sources`` is an Origin (of no rows) of all input files, to name rows in messages.
 
     Returns
     -------
@@ -150,7 +155,7 @@ def dedupe_task(
         [np.full(len(p["u"]), f, dtype=np.int32) for p, (_, f) in zip(parts, job.pieces,
                                                                        strict=True)]
     )  # fmt: skip
-    origin = Origin(sources, fidx, cat["line"])
+    origin = sources.rows(fidx, cat["line"])
     rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
     y, keep = classify(spec, raw, origin.take(rows))
     save_arrays(_part_prefix(tmp, job.part), {

@@ -18,6 +18,7 @@ def normalize_text_ids(tokens: np.ndarray) -> np.ndarray:
     Parameters
     ----------
     tokens : np.ndarray of str, shape (n,)
+        (Integer arrays, e.g. from Parquet integer columns, are returned as int64.)
 
     Returns
     -------
@@ -25,6 +26,8 @@ def normalize_text_ids(tokens: np.ndarray) -> np.ndarray:
         Strings such as ``"007"`` or ``"1e3"`` keep every id a string, so distinct raw ids
         never merge.
     """
+    if tokens.dtype.kind in "iu":
+        return tokens.astype(np.int64, copy=False)
     if tokens.size == 0:
         return tokens.astype(str)
     try:

@@ -1,8 +1,10 @@
-"""Read (user, item, value) triples from delimited text files.
+"""Read (user, item, value) triples from delimited text files (and Parquet, see ``parquet``).
 
 Supported: CSV, TSV, MovieLens ``::`` ``.dat`` and whitespace-separated files, with LF or CRLF
 line endings, an optional header line and any number of extra columns (e.g. timestamps).
-Users and items are kept as raw strings; values are parsed as float64.
+Users and items are kept as raw strings; values are parsed as float64. Files ending in
+``.parquet`` / ``.parq``, and directories of them, are read by ``ordnmf_dask.io.parquet``; the
+checks of ids and values (``string_ids``, ``string_values``, ``finite_values``) are shared.
 """
 
 from __future__ import annotations
@@ -35,12 +37,13 @@ class Triples:
 
     Attributes
     ----------
-    users, items : np.ndarray of str, shape (n,)
-        Raw ids, whitespace-stripped.
+    users, items : np.ndarray of str or int64, shape (n,)
+        Raw ids: whitespace-stripped strings (text, Parquet string columns), or int64 (Parquet
+        integer columns).
     values : np.ndarray of float64, shape (n,)
         Finite values.
     origin : Origin
-        File and 1-based line number of every row.
+        File and 1-based line number of every row (Parquet: 0-based row in the file).
     """
 
     users: np.ndarray
@@ -52,26 +55,33 @@ class Triples:
         return len(self.values)
 
 
+#: A column given by 0-based position or by name (a header field, or a Parquet column).
+Column = int | str
+
+
 def read_triples(
     paths: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     delimiter: str | None = None,
     header: bool | None = None,
-    columns: Sequence[int] = (0, 1, 2),
+    columns: Sequence[Column] = (0, 1, 2),
 ) -> Triples:
     """Read and concatenate triples from one or more files (line numbers are per file).
 
     Parameters
     ----------
     paths : path or sequence of paths
+        Text files; Parquet files (``.parquet`` / ``.parq``) and directories of them are read
+        row group by row group (``ordnmf_dask.io.parquet``).
     delimiter : str, optional
         One of ``DELIMITERS``; auto-detected per file from the first data line if None
         (tab, then ``::``, then comma, else whitespace).
     header : bool, optional
         True: the first non-blank line is a header. False: there is none. None: the first
         non-blank line is a header iff its value column is not a number.
-    columns : (int, int, int)
-        0-based column indices of user, item and value.
+    columns : (int or str, int or str, int or str)
+        User, item and value columns: 0-based indices, or names (text: fields of the header
+        line, which must then be there; Parquet: column names).
 
     Raises
     ------
@@ -79,30 +89,55 @@ def read_triples(
         Missing or unreadable file, a line with too few columns, an empty id, a non-numeric or
         non-finite value, or a file without data rows.
     """
+    from .parquet import expand_inputs, is_parquet, read_parquet
+
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    paths = list(paths)
-    if not paths:
-        raise InputError("no input files given")
+    paths = expand_inputs(list(paths))
     columns = check_columns(columns)
     if delimiter is not None and delimiter not in DELIMITERS:
         raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
-    parts = [_read_one(os.fspath(p), delimiter, header, columns) for p in paths]
+    parts = [
+        read_parquet(p, columns) if is_parquet(p) else _read_one(p, delimiter, header, columns)
+        for p in paths
+    ]
     if len(parts) == 1:
         return parts[0]
     return Triples(
-        np.concatenate([t.users for t in parts]),
-        np.concatenate([t.items for t in parts]),
+        concat_ids([t.users for t in parts]),
+        concat_ids([t.items for t in parts]),
         np.concatenate([t.values for t in parts]),
         Origin.concat([t.origin for t in parts]),
     )
 
 
-def check_columns(columns: Sequence[int]) -> tuple[int, int, int]:
-    cols = tuple(int(c) for c in columns)
-    if len(cols) != 3 or min(cols) < 0 or len(set(cols)) != 3:
-        raise InputError(f"columns must be 3 distinct non-negative indices, got {columns!r}")
-    return cols  # type: ignore[return-value]
+def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenated raw ids: int64 if every part is, else strings (ints in decimal)."""
+    if all(p.dtype.kind in "iu" for p in parts):
+        return np.concatenate(parts).astype(np.int64, copy=False)
+    return np.concatenate([p.astype(str) for p in parts])
+
+
+def check_columns(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
+    """Validate (user, item, value) columns: 3 distinct non-negative indices or non-empty names."""
+    bad = InputError(
+        f"columns must be 3 distinct non-negative indices or column names, got {columns!r}"
+    )
+    if isinstance(columns, str):
+        raise bad
+    cols: list[Column] = []
+    for c in columns:
+        if isinstance(c, str):
+            if not c.strip():
+                raise bad
+            cols.append(c)
+        elif isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0:
+            cols.append(int(c))
+        else:
+            raise bad
+    if len(cols) != 3 or len(set(cols)) != 3:
+        raise bad
+    return tuple(cols)  # type: ignore[return-value]
 
 
 def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
@@ -151,7 +186,7 @@ def _is_number(token: str) -> bool:
 
 
 def _read_one(
-    path: str, delimiter: str | None, header: bool | None, columns: tuple[int, int, int]
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
 ) -> Triples:
     text = _read_text(path)
     if "\r" in text:
@@ -160,7 +195,7 @@ def _read_one(
     keep = [k for k, ln in enumerate(lines) if ln.strip()]
     if not keep:
         raise InputError(f"{path}: no data rows (the file is empty)")
-    delim, header = file_format(lines[keep[0]], delimiter, header, columns)
+    delim, header, columns = file_format(path, lines[keep[0]], delimiter, header, columns)
     line_no = np.asarray(keep, dtype=np.int64) + 1
     data = [lines[k] for k in keep]
     if header:
@@ -171,18 +206,37 @@ def _read_one(
 
 
 def file_format(
-    first_line: str, delimiter: str | None, header: bool | None, columns: tuple[int, int, int]
-) -> tuple[str | None, bool]:
-    """(delimiter, has_header) of a file from its first non-blank line.
+    path: str,
+    first_line: str,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column],
+) -> tuple[str | None, bool, tuple[int, int, int]]:
+    """(delimiter, has_header, column indices) of a file from its first non-blank line.
 
     ``delimiter`` (one of ``DELIMITERS``) and ``header`` override the detection; the resolved
-    delimiter is None for "any whitespace".
+    delimiter is None for "any whitespace". Columns given by name are looked up in the first
+    line, which is then the header (an error if ``header`` is False).
     """
     delim = DELIMITERS[delimiter] if delimiter is not None else _detect_delimiter(first_line)
+    first = first_line.split() if delim is None else first_line.split(delim)
+    if any(isinstance(c, str) for c in columns):
+        if header is False:
+            raise InputError(f"{path}: columns given by name need a header line")
+        names = [f.strip() for f in first]
+        missing = [c for c in columns if isinstance(c, str) and c not in names]
+        if missing:
+            raise InputError(
+                f"{path}: no column {missing[0]!r} in the header line (columns: "
+                f"{', '.join(names)})"
+            )
+        cols = tuple(names.index(c) if isinstance(c, str) else c for c in columns)
+        if len(set(cols)) != 3:
+            raise InputError(f"{path}: columns {columns!r} name the same column twice")
+        return delim, True, cols  # type: ignore[return-value]
     if header is None:
-        first = first_line.split() if delim is None else first_line.split(delim)
-        header = len(first) > columns[2] and not _is_number(first[columns[2]])
-    return delim, bool(header)
+        header = len(first) > columns[2] and not _is_number(first[columns[2]])  # type: ignore[index]
+    return delim, bool(header), columns  # type: ignore[return-value]
 
 
 def parse_lines(
@@ -220,33 +274,43 @@ def parse_lines(
             f"{path}, line {line_no[k]}: expected at least {need} columns separated by "
             f"{shown}, found {ncol[k]}"
         )
-    users = _ids(path, [f[cu].strip() for f in fields], line_no, "user")
-    items = _ids(path, [f[ci].strip() for f in fields], line_no, "item")
-    values = _values(path, [f[cv] for f in fields], line_no)
-    origin = Origin((path,), np.zeros(len(values), np.int32), line_no)
+    origin = Origin((path,), np.zeros(len(lines), np.int32), line_no)
+    users = string_ids([f[cu] for f in fields], origin, "user")
+    items = string_ids([f[ci] for f in fields], origin, "item")
+    values = string_values([f[cv] for f in fields], origin)
     return Triples(users, items, values, origin)
 
 
-def _ids(path: str, tokens: list[str], line_no: np.ndarray, what: str) -> np.ndarray:
-    ids = np.array(tokens, dtype=str)
+def string_ids(tokens: Sequence[str] | np.ndarray, origin: Origin, what: str) -> np.ndarray:
+    """Raw ids from text tokens (n,): whitespace-stripped, none empty (errors name the row)."""
+    ids = np.char.strip(np.asarray(tokens, dtype=str))
     empty = np.flatnonzero(np.char.str_len(ids) == 0)
     if empty.size:
-        raise InputError(f"{path}, line {line_no[empty[0]]}: empty {what} id")
+        raise InputError(f"{origin.where(int(empty[0]))}: empty {what} id")
     return ids
 
 
-def _values(path: str, tokens: list[str], line_no: np.ndarray) -> np.ndarray:
+def string_values(tokens: Sequence[str] | np.ndarray, origin: Origin) -> np.ndarray:
+    """Finite float64 values (n,) from text tokens (errors name the row and the token)."""
     try:
         values = np.array(tokens, dtype=np.float64)
     except ValueError:
         for k, tok in enumerate(tokens):
             if not _is_number(tok):
                 raise InputError(
-                    f"{path}, line {line_no[k]}: value {tok.strip()!r} is not a number"
+                    f"{origin.where(k)}: value {tok.strip()!r} is not a number"
                 ) from None
         raise  # pragma: no cover - numpy and float() disagree
+    return finite_values(values, origin, tokens)
+
+
+def finite_values(
+    values: np.ndarray, origin: Origin, tokens: Sequence[str] | np.ndarray | None = None
+) -> np.ndarray:
+    """``values`` if all are finite, else an error naming the first other row (and its token)."""
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         k = int(bad[0])
-        raise InputError(f"{path}, line {line_no[k]}: value {tokens[k].strip()!r} is not finite")
+        shown = repr(str(tokens[k]).strip()) if tokens is not None else f"{values[k]:g}"
+        raise InputError(f"{origin.where(k)}: value {shown} is not finite")
     return values
