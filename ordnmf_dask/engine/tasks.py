@@ -34,7 +34,7 @@ def load_block(path: str, split: str, r: int, c: int, values: str = "class") -> 
     ``values``: "class" (uint8 classes), "raw" (float64 raw values, e.g. play counts) or
     "ge:S" (classes binarized at S: nonzeros with class >= S become 1, the others are dropped).
     """
-    b = read_block(path, split, r, c)
+    b = read_block(path, split, r, c, values=("raw",) if values == "raw" else ("y",))
     if values == "class":
         return CsrBlock.from_coo(b.rows, b.cols, b.y, b.shape)
     if values == "raw":

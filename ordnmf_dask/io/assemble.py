@@ -32,7 +32,16 @@ import numpy as np
 import zarr
 
 from .parallel import Runner
-from .store import CHUNK, SPLITS, StoreInfo, _ids_for_zarr, _publish, check_target, open_store
+from .store import (
+    CHUNK,
+    COMPRESSORS,
+    SPLITS,
+    StoreInfo,
+    _ids_for_zarr,
+    _publish,
+    check_target,
+    open_store,
+)
 
 FIELDS: dict[str, np.dtype] = {
     "rows": np.dtype(np.int32),
@@ -136,7 +145,9 @@ def assemble_store(
         _write_array(sub, "offsets", offsets)
         chunks = (max(1, min(total, CHUNK)),)
         for field, dtype in FIELDS.items():
-            sub.create_array(field, shape=(total,), dtype=dtype, chunks=chunks)
+            sub.create_array(
+                field, shape=(total,), dtype=dtype, chunks=chunks, compressors=COMPRESSORS
+            )
         jobs.extend(_copy_jobs(os.path.join(tmp, split), segments, total, chunks[0]))
     runner.map(_copy_chunk, jobs)
     shutil.rmtree(os.path.join(tmp, STAGING), ignore_errors=True)

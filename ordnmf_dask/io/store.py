@@ -25,12 +25,13 @@ import secrets
 import shutil
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zarr
+import zarr.codecs
 
 from .blocking import BlockedNonzeros
 from .errors import InputError, StoreError
@@ -40,6 +41,11 @@ CHUNK = 2**20
 SPLITS = ("train", "test")
 AXES = ("users", "items")
 _FIELDS = ("rows", "cols", "y", "raw")
+# Codec of every array: blosc lz4 with byte shuffle decompresses 2.2x faster than zstd level 0
+# at about the same size on the per-nonzero arrays (5.7 vs 12.5 ns per nonzero for rows, cols and
+# classes of a 2.5M-nonzero block; 6.8 vs 6.2 MB), and streamed fits decompress every block
+# every pass. Readers need nothing: the codec is recorded in each array's metadata.
+COMPRESSORS = (zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,20 +105,21 @@ class Block:
         Classes 1..V.
     raw : np.ndarray of float64, shape (nnz,)
         Raw values before quantization.
+    (``y`` or ``raw`` is None when not read: see :func:`read_block`'s ``fields``.)
     shape : (int, int)
         (n_rows, n_cols) of the block.
     """
 
     rows: np.ndarray
     cols: np.ndarray
-    y: np.ndarray
-    raw: np.ndarray
+    y: np.ndarray | None
+    raw: np.ndarray | None
     shape: tuple[int, int]
 
     @property
     def nnz(self) -> int:
         """Number of nonzeros in the block."""
-        return len(self.y)
+        return len(self.cols)
 
 
 # --------------------------------------------------------------------------- writing
@@ -186,7 +193,9 @@ def write_store(
 
 def _write_array(group: zarr.Group, name: str, data: np.ndarray) -> None:
     chunks = (max(1, min(len(data), CHUNK)),)
-    arr = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks)
+    arr = group.create_array(
+        name, shape=data.shape, dtype=data.dtype, chunks=chunks, compressors=COMPRESSORS
+    )
     if data.size:
         arr[:] = data
 
@@ -226,8 +235,13 @@ def open_store(path: str | os.PathLike) -> StoreInfo:
     return _handle(path, fresh=True).info
 
 
-def read_block(path: str | os.PathLike, split: str, r: int, c: int) -> Block:
+def read_block(
+    path: str | os.PathLike, split: str, r: int, c: int, values: Sequence[str] = ("y", "raw")
+) -> Block:
     """Nonzeros of block (r, c) of ``split`` ("train" or "test").
+
+    ``values``: which of "y" (classes) and "raw" to read; the other is None in the result
+    (streamed fits read only what their model uses).
 
     Cheap and safe to call concurrently from many threads or processes: it reads only the
     block's slice; opened groups are kept in a small per-process cache keyed by the store's
@@ -240,7 +254,13 @@ def read_block(path: str | os.PathLike, split: str, r: int, c: int) -> Block:
     b = r * handle.info.grid[1] + c
     lo, hi = (int(x) for x in handle.offsets[split][b : b + 2])
     arrays = handle.arrays[split]
-    data = {name: np.asarray(arrays[name][lo:hi]) for name in _FIELDS}
+    unknown = set(values) - {"y", "raw"}
+    if unknown:
+        raise ValueError(f"values must be among ('y', 'raw'), got {sorted(unknown)}")
+    data = {
+        name: np.asarray(arrays[name][lo:hi]) if name in ("rows", "cols", *values) else None
+        for name in _FIELDS
+    }
     return Block(data["rows"], data["cols"], data["y"], data["raw"], shape)
 
 

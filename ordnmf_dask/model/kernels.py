@@ -67,7 +67,10 @@ class CsrBlock:
         counts = np.bincount(rows, minlength=shape[0])
         indptr = np.zeros(shape[0] + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        return cls(indptr, rows.astype(np.int32), cols.astype(np.int32), y, tuple(shape))
+        return cls(
+            indptr, rows.astype(np.int32, copy=False), cols.astype(np.int32, copy=False), y,
+            tuple(shape),
+        )  # fmt: skip
 
     @property
     def nnz(self) -> int:
