@@ -6,9 +6,11 @@ import numpy as np
 import oracle
 import pytest
 from conftest import synthetic_ordinal
+from scipy.special import digamma
 
 from ordnmf_dask.model import kernels, metrics, thresholds
-from ordnmf_dask.model.gamma import gamma_elbo_term, gamma_moments
+from ordnmf_dask.model.gamma import digamma_scalar
+from ordnmf_dask.model.updates import FactorChunk, update_chunk
 
 
 def _block(y: np.ndarray) -> kernels.CsrBlock:
@@ -74,12 +76,29 @@ def test_thresholds_and_delta_update_match_oracle():
     np.testing.assert_allclose(got, oracle.update_delta(y, en, lam, n_classes), rtol=1e-12)
 
 
-def test_gamma_term_matches_oracle():
+@pytest.mark.parametrize("with_correction", [False, True])
+def test_gamma_update_matches_oracle(with_correction):
+    """The fused update (empirical-Bayes rate, shape, rate, moments, ELBO term) vs numpy/scipy."""
     rng = np.random.default_rng(6)
-    a, b, beta = 0.3 + rng.random((5, 3)), rng.random((5, 3)) + 0.1, rng.random((5, 1)) + 0.1
-    mean, log_mean = gamma_moments(a, b)
-    got = gamma_elbo_term(0.3, beta, a, b, mean, log_mean)
-    assert got == pytest.approx(oracle.gamma_elbo_terms(0.3, beta, a, b), rel=1e-12)
+    alpha, n, k = 0.3, 7, 5
+    old = FactorChunk.initial(rng.gamma(1.0, 1.0, (n, k)))
+    sw, colsum = rng.gamma(0.5, 4.0, (n, k)), 50.0 + rng.random(k)
+    corr = rng.random((n, k)) if with_correction else None
+    got = update_chunk(old, alpha, sw, colsum, corr)
+    beta = alpha / old.mean.mean(axis=1, keepdims=True)
+    a, b = alpha + sw, beta + colsum - (0.0 if corr is None else corr)
+    np.testing.assert_allclose(got.prior_rate, beta, rtol=1e-15)
+    np.testing.assert_allclose(got.shape, a, rtol=1e-15)
+    np.testing.assert_allclose(got.mean, a / b, rtol=1e-15)
+    np.testing.assert_allclose(got.rate, b, rtol=1e-14)
+    np.testing.assert_allclose(got.log_mean, digamma(a) - np.log(b), rtol=1e-13, atol=1e-14)
+    assert got.elbo == pytest.approx(oracle.gamma_elbo_terms(alpha, beta, a, b), rel=1e-13)
+
+
+def test_digamma_matches_scipy():
+    x = np.concatenate([np.geomspace(1e-4, 1e8, 5000), np.linspace(0.2, 30.0, 5000)])
+    got = np.array([digamma_scalar(v) for v in x])
+    np.testing.assert_allclose(got, digamma(x), rtol=5e-15, atol=5e-15)
 
 
 @pytest.mark.parametrize("k", [1, 3, 100])

@@ -187,6 +187,11 @@ class CaviRunner:
             for c in range(self.store.grid[1])
         ]
 
+    def _views(self, chunks: list[Future]) -> list[Future]:
+        """(mean, geo) of each chunk, made on its worker: the passes fetch these, not the
+        whole chunk (no shape / prior rate over the network)."""
+        return [self.client.submit(tasks.view, x) for x in chunks]
+
     def _rows(self) -> dict[str, list[int]]:
         rb, cb = np.diff(self.store.row_bounds).tolist(), np.diff(self.store.col_bounds).tolist()
         return {"W": rb, "H": cb, "SW": rb, "SH": cb}
@@ -238,26 +243,29 @@ class CaviRunner:
             small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
             state = CaviState(w, h, params)
             first = 0
+        wv, hv = self._views(w), self._views(h)
         last_checkpoint = time.monotonic()
         for n in range(first, cfg.max_iter):
             start = time.perf_counter()
             params = fam.update_params(params, small_v, float(w_sum_v[:k] @ h_sum_v[:k]))
             scale, gap = fam.rate_scale(params), fam.gap(params)
 
-            corr_w = self._row_corrections(gap, h) if fam.uses_correction else [None] * len(w)
+            corr_w = self._row_corrections(gap, hv) if fam.uses_correction else [None] * len(w)
             w = [
                 submit(tasks.update_factor, w[r], cfg.alpha_W, sw[r], scale, h_sum, corr_w[r])
                 for r in range(len(w))
             ]
+            wv = self._views(w)
             w_sum_lazy = tree_sum(client, w, "summary", lazy=True)
-            corr_h = self._col_corrections(gap, w) if fam.uses_correction else [None] * len(h)
+            corr_h = self._col_corrections(gap, wv) if fam.uses_correction else [None] * len(h)
             h = [
                 submit(tasks.update_factor, h[c], cfg.alpha_H, sh[c], scale, w_sum_lazy, corr_h[c])
                 for c in range(len(h))
             ]
+            hv = self._views(h)
             w_sum = tree_sum(client, w, "summary")
             h_sum = tree_sum(client, h, "summary")
-            sw, sh, small = self._local_pass(w, h, params)
+            sw, sh, small = self._local_pass(wv, hv, params)
             small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
 
             gamma_terms = float(w_sum_v[k] + h_sum_v[k])
@@ -298,6 +306,7 @@ class CaviRunner:
                 groups, _ = checkpoint.read(client, path, self._rows(), self.fingerprint)
                 w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
                 w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
+                wv, hv = self._views(w), self._views(h)
                 state.w, state.h = w, h
                 last_checkpoint = time.monotonic()
                 log.debug("checkpoint %s", path)

@@ -11,7 +11,8 @@ import zarr
 
 from ..model.updates import FactorChunk
 
-_FIELDS = ("mean", "log_mean", "shape", "rate", "prior_rate")
+_FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
+_DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
 
 
 def chunk_path(root: str, name: str, index: int) -> str:
@@ -23,7 +24,7 @@ def save_chunk(chunk: FactorChunk, root: str, name: str, index: int) -> str:
     """Write ``chunk`` to ``root/name/index``; returns the group path."""
     path = chunk_path(root, name, index)
     group = zarr.open_group(path, mode="w")
-    for field in _FIELDS:
+    for field in (*_FIELDS, *_DERIVED):
         value = getattr(chunk, field)
         if value is not None:
             arr = np.ascontiguousarray(value, dtype=np.float64)

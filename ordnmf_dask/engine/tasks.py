@@ -66,14 +66,14 @@ def random_chunk(seed: int, which: int, start: int, stop: int, k: int) -> Factor
         parts.append(rng.gamma(1.0, 1.0, size=(INIT_ROWS, k)))
     rows = np.concatenate(parts)
     offset = first * INIT_ROWS
-    return FactorChunk(mean=rows[start - offset : stop - offset].copy(), log_mean=None)
+    return FactorChunk.initial(rows[start - offset : stop - offset].copy())
 
 
 def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
     """Warm-start rows [start, stop) of a zarr array at ``path``."""
     import zarr
 
-    return FactorChunk(mean=zarr.open_array(path, mode="r")[start:stop], log_mean=None)
+    return FactorChunk.initial(zarr.open_array(path, mode="r")[start:stop])
 
 
 def local_block(
@@ -84,7 +84,7 @@ def local_block(
     *args: Any,
 ) -> LocalStats:
     """Local step ``kernel(block, GW, GH, E[W], E[H], *args)`` of block (r, c)."""
-    return kernel(materialize(block), w.geo_mean, h.geo_mean, w.mean, h.mean, *args)
+    return kernel(materialize(block), w.geo, h.geo, w.mean, h.mean, *args)
 
 
 def row_correction_block(block: CsrBlock | BlockRef, gap: np.ndarray, h: FactorChunk) -> np.ndarray:
@@ -113,3 +113,8 @@ def update_factor(
     correction = None if correction is None else resolve(correction)
     k = old.mean.shape[1]
     return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
+
+
+def view(chunk: FactorChunk) -> FactorChunk:
+    """The (mean, geo) part of a chunk, made where the chunk lives: what the passes fetch."""
+    return chunk.view()

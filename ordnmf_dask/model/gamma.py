@@ -5,8 +5,13 @@ All distributions are parametrised by shape ``a`` and rate ``b`` (mean a / b).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from scipy.special import digamma, gammaln
+from numba import njit
+from scipy.special import digamma
+
+_jit = njit(cache=True, fastmath=False, error_model="numpy", nogil=True)
 
 
 def gamma_moments(shape: np.ndarray, rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -14,23 +19,68 @@ def gamma_moments(shape: np.ndarray, rate: np.ndarray) -> tuple[np.ndarray, np.n
     return shape / rate, digamma(shape) - np.log(rate)
 
 
-def gamma_elbo_term(
-    alpha: float,
-    beta: np.ndarray,
-    shape: np.ndarray,
-    rate: np.ndarray,
-    mean: np.ndarray,
-    log_mean: np.ndarray,
-) -> float:
-    """Sum over entries of ``E_q[log p(x)] - E_q[log q(x)]``.
+@_jit
+def digamma_scalar(x: float) -> float:
+    """digamma(x) for x > 0, to ~3e-15 relative of scipy's.
 
-    Parameters
-    ----------
-    alpha : prior shape (scalar).
-    beta : prior rate, shape (n, 1) (one rate per row, empirical Bayes).
-    shape, rate : posterior parameters, shape (n, K).
-    mean, log_mean : E[x] and E[log x] under the posterior, shape (n, K).
+    Shift to x >= 10 with psi(x) = psi(x + n) - sum_{i<n} 1 / (x + i) (the sum kept as one
+    fraction: a single division), then the asymptotic series up to x^-14 (truncation < 5e-17).
     """
-    prior = (alpha - 1.0) * log_mean - beta * mean + alpha * np.log(beta) - gammaln(alpha)
-    entropy = shape - np.log(rate) + gammaln(shape) + (1.0 - shape) * digamma(shape)
-    return float(prior.sum() + entropy.sum())
+    num, den = 0.0, 1.0
+    while x < 10.0:
+        num = num * x + den
+        den *= x
+        x += 1.0
+    f = 1.0 / (x * x)
+    # sum_k B_2k / (2k x^2k): 1/12, -1/120, 1/252, -1/240, 1/132, -691/32760, 1/12
+    series = 1.0 / 132 - f * (691.0 / 32760 - f / 12.0)
+    series = 1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f * series)))
+    series *= f
+    return math.log(x) - 0.5 / x - series - num / den
+
+
+@_jit
+def gamma_update(alpha, old_mean, shape_stat, rate_base, correction):  # noqa: ANN001, ANN201
+    """Fused Gamma update of n rows (DESIGN.md section 2 steps 1 and 3/4), one pass.
+
+    alpha : prior shape; old_mean : (n, K) E[x] before the update (empirical-Bayes rate
+    beta = alpha / mean_k E[x]); shape_stat : (n, K) SW or SH; rate_base : (K,) theta_0 times the
+    other factor's column sums; correction : (n, K) sparse rate term subtracted from the rate,
+    or (0, K) for none.
+
+    Returns mean (n, K), geo = exp(E[log x]) (n, K), shape (n, K), beta (n, 1) and the rows'
+    sum of E[log p(x)] - E[log q(x)] (float64; digamma and lgamma computed once per entry).
+    """
+    n, k = shape_stat.shape
+    has_corr = correction.shape[0] == n and n > 0
+    mean = np.empty((n, k))
+    geo = np.empty((n, k))
+    shape = np.empty((n, k))
+    beta = np.empty((n, 1))
+    const = -math.lgamma(alpha)
+    total = 0.0
+    for u in range(n):
+        m = 0.0
+        for q in range(k):
+            m += old_mean[u, q]
+        b0 = alpha / (m / k)
+        beta[u, 0] = b0
+        prior_const = alpha * math.log(b0) + const
+        row = 0.0
+        for q in range(k):
+            a = alpha + shape_stat[u, q]
+            b = b0 + rate_base[q]
+            if has_corr:
+                b -= correction[u, q]
+            mu = a / b
+            log_b = math.log(b)
+            dg = digamma_scalar(a)
+            log_mean = dg - log_b
+            mean[u, q] = mu
+            geo[u, q] = math.exp(log_mean)
+            shape[u, q] = a
+            prior = (alpha - 1.0) * log_mean - b0 * mu + prior_const
+            entropy = a - log_b + math.lgamma(a) + (1.0 - a) * dg
+            row += prior + entropy
+        total += row
+    return mean, geo, shape, beta, total

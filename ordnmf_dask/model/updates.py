@@ -6,34 +6,50 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gamma import gamma_elbo_term, gamma_moments
+from .gamma import gamma_update
 
 
 @dataclass(frozen=True)
 class FactorChunk:
     """Variational state of a contiguous range of rows of W (or H).
 
-    mean, log_mean : (n, K) E[x], E[log x]; shape, rate : (n, K) Gamma posterior parameters
-    (None right after a random or warm-start initialization); prior_rate : (n, 1) empirical-Bayes
-    rate used for this update (None at init); elbo : this chunk's prior/posterior ELBO term.
+    mean : (n, K) E[x]; geo : (n, K) exp(E[log x]) (at a random or warm-start initialization:
+    the draws themselves, DESIGN.md section 2); shape : (n, K) Gamma posterior shape and
+    prior_rate : (n, 1) the empirical-Bayes rate of this update (both None at init);
+    elbo : this chunk's prior/posterior ELBO term. The posterior rate and E[log x] are derived
+    (``rate``, ``log_mean``): the passes need only ``mean`` and ``geo``, and not keeping the other
+    two saves two (n, K) arrays per chunk on the workers.
     """
 
     mean: np.ndarray
-    log_mean: np.ndarray | None
+    geo: np.ndarray
     shape: np.ndarray | None = None
-    rate: np.ndarray | None = None
     prior_rate: np.ndarray | None = None
     elbo: float = 0.0
+
+    @classmethod
+    def initial(cls, mean: np.ndarray) -> FactorChunk:
+        """A chunk before any update: the draws serve as both E[x] and exp(E[log x])."""
+        return cls(mean=mean, geo=mean)
+
+    @property
+    def log_mean(self) -> np.ndarray:
+        """(n, K) E[log x] = log(geo)."""
+        return np.log(self.geo)
+
+    @property
+    def rate(self) -> np.ndarray | None:
+        """(n, K) Gamma posterior rate = shape / mean (None at init)."""
+        return None if self.shape is None else self.shape / self.mean
 
     @property
     def summary(self) -> np.ndarray:
         """(K + 1,) vector [column sums of E[x], elbo]: what travels to the client."""
         return np.append(self.mean.sum(axis=0), self.elbo)
 
-    @property
-    def geo_mean(self) -> np.ndarray:
-        """exp(E[log x]); at initialization the draws themselves (DESIGN.md section 2)."""
-        return self.mean if self.log_mean is None else np.exp(self.log_mean)
+    def view(self) -> FactorChunk:
+        """The part the passes read (mean, geo): what travels between workers."""
+        return FactorChunk(self.mean, self.geo)
 
 
 def empirical_bayes_rate(alpha: float, mean: np.ndarray) -> np.ndarray:
@@ -57,9 +73,11 @@ def update_chunk(
     theta0_colsum : (K,) theta_0 times the column sums of the other factor's E[.].
     correction : (n, K) sparse rate correction sum_nz G_y E[other], or None (none, dcPF).
     """
-    beta = empirical_bayes_rate(alpha, old.mean)
-    shape = alpha + shape_stat
-    rate = beta + (theta0_colsum if correction is None else theta0_colsum - correction)
-    mean, log_mean = gamma_moments(shape, rate)
-    elbo = gamma_elbo_term(alpha, beta, shape, rate, mean, log_mean)
-    return FactorChunk(mean, log_mean, shape, rate, beta, elbo)
+    k = old.mean.shape[1]
+    f64 = np.ascontiguousarray
+    corr = np.empty((0, k)) if correction is None else f64(correction, dtype=np.float64)
+    mean, geo, shape, beta, elbo = gamma_update(
+        float(alpha), f64(old.mean, dtype=np.float64), f64(shape_stat, dtype=np.float64),
+        f64(theta0_colsum, dtype=np.float64), corr,
+    )  # fmt: skip
+    return FactorChunk(mean, geo, shape, beta, float(elbo))
