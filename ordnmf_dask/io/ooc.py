@@ -3,16 +3,16 @@
 Produces a store identical to ``ordnmf_dask.io.ingest`` on the same input and options (arrays,
 ids and attributes; only ``created`` differs), for inputs larger than memory: many files, big
 text files cut into byte ranges at line boundaries, Parquet files read row group by row group
-(``chunks``, ``parquet``). Steps (tasks in ``ooc_tasks``; everything big goes
-through ``TMP/_staging`` on disk, visible to every worker):
+(``chunks``, ``parquet``). Steps (tasks in ``ooc_tasks``; everything big goes through
+``TMP/_staging`` on disk, visible to every worker):
 
 1. plan: per text file, delimiter, header and columns from its first non-blank line; chunks of
    ``chunk_bytes`` and their first line numbers (a newline-counting pass); per Parquet file,
    its columns and row groups (one chunk each) from its footer;
 2. parse each chunk (``chunks.parse_chunk``; errors name file and line or row); stage its
-   columns; the
-   distinct raw ids of all chunks are merged by a tree reduction on the workers (sorted, as
-   ``np.unique`` in memory), value statistics give the value rule (``values.make_spec``);
+   columns; the distinct raw ids of all chunks are merged by a tree reduction on the workers
+   (sorted, as ``np.unique`` in memory), value statistics give the value rule
+   (``values.make_spec``);
 3. check every value, map ids to codes, count rows per user; route rows to user-range
    partitions balanced by rows (``blocking.balanced_bounds``);
 4. per partition: merge duplicate pairs (``prep.dedupe``; all rows of a pair are in the same
