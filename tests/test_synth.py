@@ -10,9 +10,11 @@ from ordnmf_dask.cli import main
 from ordnmf_dask.io import InputError, open_store, read_block
 from ordnmf_dask.io import synth as synth_mod
 from ordnmf_dask.io.synth import (
+    FACTOR_ROWS,
     SynthParams,
     class_probabilities,
     expected_density,
+    sample_block,
     synth,
     true_factors,
 )
@@ -109,3 +111,65 @@ def test_cli_synth(tmp_path, cluster, capsys):
     assert code == 0
     assert "synthetic" in capsys.readouterr().out
     assert open_store(out).attrs["synth"]["n_components"] == 4
+
+
+@pytest.mark.parametrize(
+    "shape, scale",
+    [(0.3, 0.5), (0.5, 3.0)],  # sparse (Poisson hits, alias tables); ~30% dense (u, k): Bernoulli
+)
+def test_block_sampler_pair_law(shape, scale):
+    """Per pair and class, the frequency over replicates matches P(y_ui = v | lambda_ui)."""
+    gen = np.random.default_rng(123)
+    w, h = gen.gamma(shape, 1.0, (30, 3)), gen.gamma(shape, 1.0, (20, 3))
+    theta = scale * np.array([1.0, 0.6, 0.3, 0.1, 0.0])
+    reps = 1500
+    counts = np.zeros((30, 20, 5))
+    n_test = n_all = 0
+    for rep in range(reps):
+        train, test = sample_block(np.random.default_rng(rep), w, h, theta, 0.25)
+        for rows, cols, y in (train, test):
+            assert np.all(np.diff(rows.astype(np.int64) * 20 + cols) > 0)  # sorted, distinct
+            np.add.at(counts, (rows, cols, y), 1)
+        n_test, n_all = n_test + len(test[2]), n_all + len(train[2]) + len(test[2])
+    freq = counts / reps
+    freq[..., 0] = 1.0 - freq[..., 1:].sum(axis=-1)
+    p = class_probabilities(w @ h.T, theta)
+    ok = p * (1 - p) * reps > 5
+    z = (freq - p)[ok] / np.sqrt(p * (1 - p) / reps)[ok]
+    assert ok.sum() > 1000
+    assert 0.9 < np.mean(z**2) < 1.1 and np.abs(z).max() < 5.5, (np.mean(z**2), np.abs(z).max())
+    assert abs(n_test / n_all - 0.25) < 5 * np.sqrt(0.1875 / n_all)
+
+
+def test_block_sampler_buffers_do_not_change_the_sample():
+    gen = np.random.default_rng(0)
+    w, h = gen.gamma(0.5, 1.0, (200, 4)), gen.gamma(0.5, 1.0, (150, 4))
+    theta = np.array([0.8, 0.4, 0.2, 0.0])
+    default = sample_block(np.random.default_rng(9), w, h, theta, 0.2)
+    grown = sample_block(np.random.default_rng(9), w, h, theta, 0.2, capacity=1)
+    assert len(default[0][0]) > 1000
+    for a, b in zip(default, grown, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert [x.dtype for x in default[0]] == [np.int32, np.int32, np.uint8]
+
+
+def test_blocks_use_the_true_factor_rows(tmp_path, monkeypatch):
+    """Block rows not aligned to FACTOR_ROWS: the staged factors are exactly ``true_factors``."""
+    monkeypatch.setattr(synth_mod, "FACTOR_ROWS", 64)
+    n_u, n_i = 700, 300
+    info = synth(tmp_path / "s", n_u, n_i, 8000, 3, 3, seed=4, nnz_per_block=900)
+    assert info.grid[0] > 2 and info.row_bounds[1] % 64 != 0
+    params = SynthParams.from_attrs(info.attrs)
+    theta = np.asarray(params.theta)
+    for r, c in [(0, 0), (1, info.grid[1] - 1), (info.grid[0] - 1, 1)]:
+        (r0, r1), (c0, c1) = info.row_bounds[r : r + 2], info.col_bounds[c : c + 2]
+        w, h = true_factors(params, "users", r0, r1), true_factors(params, "items", c0, c1)
+        seq = np.random.SeedSequence(params.seed, spawn_key=(2, r, c))
+        train, test = sample_block(np.random.Generator(np.random.PCG64(seq)), w, h, theta, 0.2)
+        for split, (rows, cols, y) in (("train", train), ("test", test)):
+            b = read_block(info.path, split, r, c)
+            np.testing.assert_array_equal(b.rows, rows)
+            np.testing.assert_array_equal(b.cols, cols)
+            np.testing.assert_array_equal(b.y, y)
+    assert FACTOR_ROWS == 4096  # the module constant itself is untouched

@@ -10,19 +10,27 @@ have ``P(n_ui = 0) = exp(-lambda_ui theta_0) = P(y_ui = 0)``, so "y_ui > 0" is e
 By Poisson superposition ``n_ui = sum_k n_uik`` with independent
 ``n_uik ~ Poisson(theta_0 w_uk h_ik)``, and for a fixed (u, k) the hits over the items of a
 block are ``N_uk ~ Poisson(theta_0 w_uk s_k)``, ``s_k = sum_i h_ik``, placed on items
-independently with probabilities ``h_ik / s_k``. So per block:
+independently with probabilities ``h_ik / s_k``. So per block, user by user (one compiled pass,
+``sample_block``):
 
-1. draw ``N_uk`` for every (u, k) and place the hits (inverse CDF on ``cumsum_i h_ik``); when
-   ``E[N_uk] > n_items`` of the block (very active (u, k)) draw instead, for every item,
+1. hits: over the components with ``E[N_uk] <= n_items`` of the block, draw the user's total
+   ``N_u ~ Poisson(sum_k E[N_uk])``, give each hit a component k with probability proportional
+   to ``E[N_uk]`` (the same law as independent ``N_uk``) and an item with probability
+   ``h_ik / s_k`` (Walker alias tables, O(1) per hit); for very active (u, k)
+   (``E[N_uk] > n_items``) draw instead, for every item,
    ``1[n_uik > 0] ~ Bernoulli(1 - exp(-theta_0 w_uk h_ik))`` -- the same law, cheaper there;
-2. the nonzero pairs are the union (dedupe) of the hit pairs; the work is
-   ``sum_uk min(E[N_uk], n_items)``, about nnz when the data are sparse;
+2. the nonzero pairs of the user are its distinct hit items (a per-item marker, then a sort of
+   the user's few items); the work is ``sum_uk min(E[N_uk], n_items)``, about nnz when the data
+   are sparse;
 3. the class, given y > 0, by thinning with the exact conditional law, computing lambda only at
    the nonzero pairs: ``P(y <= v | y > 0) = (exp(-lambda theta_v) - exp(-lambda theta_0)) /
    (1 - exp(-lambda theta_0))``. Inverting with ``u ~ U(0, 1)``:
-   ``t = -log1p(-(1 - u) (1 - exp(-lambda theta_0))) / lambda``, ``y = min{v >= 1 : theta_v <= t}``.
+   ``t = -log1p(-(1 - u) (1 - exp(-lambda theta_0))) / lambda``, ``y = min{v >= 1 : theta_v <= t}``;
+   then the split (test with probability ``test_fraction``).
 
-Pairs are independent given the factors, so the whole matrix has the model's law.
+Pairs are independent given the factors, so the whole matrix has the model's law. Memory per
+block task is O((n_users + n_items) K) for the factor rows and tables plus 9 bytes per nonzero of
+output; no array scales with the hits times K or with the whole matrix.
 
 Target size: the expected number of nonzeros under the prior is exact and one-dimensional:
 ``E[nnz] = U I (1 - m^K)``, ``m = E_w[(1 + theta_0 w / b_h)^(-a)]`` (Laplace transform of the
@@ -30,12 +38,16 @@ Gamma law of h, then independence over k); ``theta_0`` is solved for so that ``E
 (relative thresholds ``theta_v / theta_0`` are fixed).
 
 Determinism and parallelism: the true factors are generated in fixed chunks of ``FACTOR_ROWS``
-rows from ``SeedSequence(seed, spawn_key=(axis, chunk))``, so any task regenerates just the rows it
-needs (``true_factors``); block (r, c) samples from ``SeedSequence(seed, spawn_key=(2, r, c))``.
-The grid is regular, with about ``nnz_per_block`` expected train nonzeros per block; block tasks
-stage their arrays and ``ordnmf_dask.io.assemble`` writes the store chunk by chunk. Each nonzero
-is a test pair with probability ``test_fraction`` (Bernoulli, from the block's stream). Results
-do not depend on the cluster (in-process or any number of workers).
+rows from ``SeedSequence(seed, spawn_key=(axis, chunk))``, so any rows can be regenerated alone
+(``true_factors``). A first round of tasks writes the rows of each block row / column once to
+``.npy`` files in the staging directory (so that the n_r x n_c block tasks do not each redraw
+their factors: Gamma draws with shape < 1 cost as much as the sampling at small grids); block
+(r, c) memory-maps them and samples from ``SeedSequence(seed, spawn_key=(2, r, c))``. The grid is
+regular, with about ``nnz_per_block`` expected train nonzeros per block; block tasks stage their
+arrays and ``ordnmf_dask.io.assemble`` writes the store chunk by chunk. Results do not depend on
+the cluster (in-process or any number of workers). ``GENERATOR`` names the sampling scheme: the
+same seed gives a different (equally distributed) sample under v1, which drew ``N_uk`` per
+(u, k) with numpy and placed hits by binary search.
 """
 
 from __future__ import annotations
@@ -49,9 +61,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 from scipy import integrate, optimize, special
 
 from .assemble import (
+    STAGING,
     Segment,
     assemble_store,
     finish_store,
@@ -67,11 +81,9 @@ from .store import StoreInfo
 from .values import MAX_CLASSES
 
 FACTOR_ROWS = 4096
-GENERATOR = "ordnmf-dask synth v1 (IG-OrdNMF, Poisson superposition + thinning)"
+GENERATOR = "ordnmf-dask synth v2 (IG-OrdNMF, Poisson superposition + thinning, alias tables)"
 _AXES = {"users": 0, "items": 1}
 _SAMPLE_TAG = 2
-_HIT_BATCH = 2**20  # work units (hits or Bernoulli draws) per batch of users
-_LAMBDA_BATCH = 2**12  # pairs per lambda batch
 
 
 @dataclass(frozen=True)
@@ -190,100 +202,220 @@ def class_probabilities(lam: np.ndarray, theta: Sequence[float]) -> np.ndarray:
     return np.concatenate([cdf[..., :1], np.diff(cdf, axis=-1)], axis=-1)
 
 
-def sample_classes(rng: np.random.Generator, lam: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """Classes y in 1..V given y > 0 and lambda (float64 (n,)) by exact inversion; uint8 (n,)."""
-    n_classes = len(theta) - 1
-    u = rng.random(len(lam))
-    lam = np.maximum(lam, np.finfo(np.float64).tiny)
-    t = -np.log1p((1.0 - u) * np.expm1(-lam * theta[0])) / lam
-    ascending = theta[:n_classes][::-1]  # theta_{V-1} < ... < theta_0
-    y = n_classes - np.searchsorted(ascending, t, side="right")
-    return np.clip(y, 1, n_classes).astype(np.uint8)
+_jit = njit(cache=True, error_model="numpy", nogil=True)
+# only the K-dot of lambda: lets LLVM vectorize it (order of the sum fixed by the compiled code)
+_dot_jit = njit(cache=True, error_model="numpy", nogil=True, fastmath={"reassoc", "contract"})
 
 
-def sample_block_pairs(
-    rng: np.random.Generator, w: np.ndarray, h: np.ndarray, theta0: float
-) -> np.ndarray:
-    """Sorted distinct keys ``u * n_i + i`` (int64) of the nonzero pairs of one block.
+def sample_block(
+    rng: np.random.Generator, w: np.ndarray, h: np.ndarray, theta: np.ndarray,
+    test_fraction: float, capacity: int | None = None,
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Sample the nonzeros of one block and split them (steps 1-3 of the module docstring).
+
+    One compiled pass over the users of the block, in bounded memory: O((n_u + n_i) K) for the
+    factors and tables plus the output (9 bytes per nonzero); no hits x K or sort-all arrays.
 
     Parameters
     ----------
     rng : np.random.Generator
+        The block's stream; the result depends on nothing else.
     w : np.ndarray of float64, shape (n_u, K)
-        True W rows of the block.
+        True W rows of the block (may be a read-only memory map).
     h : np.ndarray of float64, shape (n_i, K)
         True H rows of the block.
-    theta0 : float
+    theta : np.ndarray of float64, shape (V + 1,)
+    test_fraction : float
+    capacity : int, optional
+        Initial size of the output buffers (they grow as needed; the result does not depend on
+        it). Default: a little over the expected number of hits.
+
+    Returns
+    -------
+    (train, test), each ``(rows int32, cols int32, y uint8)`` of local indices, sorted by
+    (rows, cols) without duplicates.
     """
-    n_i = len(h)
-    cum = np.ascontiguousarray(np.cumsum(h, axis=0).T)  # (K, n_i): one row per component
-    mean = theta0 * w * cum[:, -1] if n_i else np.zeros_like(w)  # E[N_uk], (n_u, K)
-    dense = mean > n_i
-    cost = np.where(dense, float(n_i), mean).sum(axis=1)
-    cuts = _batch_cuts(cost, _HIT_BATCH)
-    keys: list[np.ndarray] = []
-    for u0, u1 in zip(cuts[:-1], cuts[1:], strict=True):
-        part = [_poisson_hits(rng, mean[u0:u1], dense[u0:u1], cum, u0, n_i)]
-        part.append(_bernoulli_hits(rng, w[u0:u1], h, dense[u0:u1], theta0, u0))
-        merged = np.sort(np.concatenate(part))
-        if merged.size:  # dedupe; batches hold disjoint, increasing users
-            keys.append(merged[np.concatenate([[True], merged[1:] != merged[:-1]])])
-    return np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64)
+    w = np.asarray(w, dtype=np.float64)
+    h = np.ascontiguousarray(h, dtype=np.float64)
+    theta = np.asarray(theta, dtype=np.float64)
+    h_t = np.ascontiguousarray(h.T)  # (K, n_i)
+    totals = h_t.sum(axis=1) if len(h) else np.zeros(w.shape[1])  # s_k
+    prob, alias = _alias_tables(h_t, totals)
+    out = _sample_block_kernel(rng, w, h, h_t, totals, prob, alias, theta, float(test_fraction),
+                               -1 if capacity is None else int(capacity))  # fmt: skip
+    n_train, n_test = int(out[6]), int(out[7])
+    train = (out[0][:n_train], out[1][:n_train], out[2][:n_train])
+    return train, (out[3][:n_test], out[4][:n_test], out[5][:n_test])
 
 
-def _batch_cuts(cost: np.ndarray, budget: float) -> list[int]:
-    """Cut users into consecutive non-empty batches of about ``budget`` total cost."""
-    before = np.cumsum(cost) - cost  # cost of the users before each user
-    batch = np.floor(before / budget).astype(np.int64)
-    starts = np.flatnonzero(np.diff(batch)) + 1
-    return [0, *(int(x) for x in starts), len(cost)]
+@_jit
+def _alias_tables(h_t: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Walker/Vose alias tables of the item laws ``h_ik / s_k``, one row per component k.
 
-
-def _poisson_hits(
-    rng: np.random.Generator, mean: np.ndarray, dense: np.ndarray, cum: np.ndarray, u0: int,
-    n_i: int,
-) -> np.ndarray:  # fmt: skip
-    counts = rng.poisson(np.where(dense, 0.0, mean))  # (n_b, K)
-    users = np.arange(u0, u0 + len(mean), dtype=np.int64)
-    out = []
-    for k in range(mean.shape[1]):
-        total = int(counts[:, k].sum())
-        if total == 0:
+    Item i is drawn in O(1) from one uniform ``x`` in [0, n_i): ``j = floor(x)``, kept if
+    ``x - j < prob[k, j]``, else ``alias[k, j]`` (the fraction has >= 53 - log2(n_i) bits).
+    """
+    n_k, n_i = h_t.shape
+    prob = np.ones((n_k, n_i), np.float64)
+    alias = np.empty((n_k, n_i), np.int32)
+    scaled = np.empty(n_i, np.float64)
+    small = np.empty(n_i, np.int64)
+    large = np.empty(n_i, np.int64)
+    for k in range(n_k):
+        for i in range(n_i):
+            alias[k, i] = i
+        if not totals[k] > 0.0:
             continue
-        uu = np.repeat(users, counts[:, k])
-        ii = np.searchsorted(cum[k], rng.random(total) * cum[k, -1], side="right")
-        out.append(uu * n_i + np.minimum(ii, n_i - 1))
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        ns = 0
+        nl = 0
+        for i in range(n_i):
+            scaled[i] = h_t[k, i] * n_i / totals[k]
+            if scaled[i] < 1.0:
+                small[ns] = i
+                ns += 1
+            else:
+                large[nl] = i
+                nl += 1
+        while ns > 0 and nl > 0:
+            ns -= 1
+            s = small[ns]
+            g = large[nl - 1]
+            prob[k, s] = scaled[s]
+            alias[k, s] = g
+            scaled[g] = (scaled[g] + scaled[s]) - 1.0
+            if scaled[g] < 1.0:
+                nl -= 1
+                small[ns] = g
+                ns += 1
+        # leftovers (round-off) keep prob 1 and alias to themselves
+    return prob, alias
 
 
-def _bernoulli_hits(
-    rng: np.random.Generator, w: np.ndarray, h: np.ndarray, dense: np.ndarray, theta0: float,
-    u0: int,
-) -> np.ndarray:  # fmt: skip
-    du, dk = np.nonzero(dense)
-    n_i = len(h)
-    if du.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    step = max(1, _HIT_BATCH // max(n_i, 1))
-    out = []
-    for s in range(0, len(du), step):
-        bu, bk = du[s : s + step], dk[s : s + step]
-        p = -np.expm1(-theta0 * w[bu, bk][:, None] * h[:, bk].T)  # (batch, n_i)
-        r, i = np.nonzero(rng.random(p.shape) < p)
-        out.append((bu[r].astype(np.int64) + u0) * n_i + i)
-    return np.concatenate(out)
+@_jit
+def _grow(a: np.ndarray, need: int) -> np.ndarray:
+    if need <= len(a):
+        return a
+    b = np.empty(max(need, len(a) + len(a) // 2 + 16), dtype=a.dtype)
+    b[: len(a)] = a
+    return b
 
 
-def pair_rates(w: np.ndarray, h: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """lambda = sum_k w[rows, k] h[cols, k] for each pair, float64 (n,).
+@_dot_jit
+def _kdot(w: np.ndarray, u: int, h: np.ndarray, i: int) -> float:
+    acc = 0.0
+    for k in range(w.shape[1]):
+        acc += w[u, k] * h[i, k]
+    return acc
 
-    Batches of ``_LAMBDA_BATCH`` pairs keep the (batch, K) gathers in cache; no (n, K) array.
+
+@_jit
+def _sample_block_kernel(
+    rng, w, h, h_t, totals, prob, alias, theta, test_fraction, capacity
+):  # fmt: skip
+    """One pass over the users of a block; see ``sample_block``.
+
+    For user u, the components with E[N_uk] = theta_0 w_uk s_k <= n_i contribute
+    N_u = sum_k N_uk ~ Poisson(sum_k E[N_uk]) hits, each given to component k with probability
+    proportional to E[N_uk] (Poisson superposition, then multinomial thinning) and placed on
+    item i with probability h_ik / s_k (alias table); the other components draw
+    1[n_uik > 0] ~ Bernoulli(1 - exp(-theta_0 w_uk h_ik)) item by item. Distinct items are kept
+    with a per-item marker, sorted, and each pair gets lambda (a K-dot), its class by inversion
+    and its split. Buffers are filled in (row, col) order.
     """
-    lam = np.empty(len(rows), dtype=np.float64)
-    for s in range(0, len(rows), _LAMBDA_BATCH):
-        sl = slice(s, s + _LAMBDA_BATCH)
-        lam[sl] = np.einsum("pk,pk->p", w.take(rows[sl], axis=0), h.take(cols[sl], axis=0))
-    return lam
+    n_u, n_k = w.shape
+    n_i = h.shape[0]
+    n_classes = len(theta) - 1
+    theta0 = theta[0]
+    tiny = 2.2250738585072014e-308
+    if capacity < 0:  # expected number of hits: sum_uk min(E[N_uk], n_i)
+        work = 0.0
+        for u in range(n_u):
+            for k in range(n_k):
+                work += min(theta0 * w[u, k] * totals[k], float(n_i))
+        capacity = int(work * 1.02) + 1024
+    cap_test = int(capacity * test_fraction) + 1024
+    cap_train = capacity - int(capacity * test_fraction) + 1024
+    tr_r = np.empty(cap_train, np.int32)
+    tr_c = np.empty(cap_train, np.int32)
+    tr_y = np.empty(cap_train, np.uint8)
+    te_r = np.empty(cap_test, np.int32)
+    te_c = np.empty(cap_test, np.int32)
+    te_y = np.empty(cap_test, np.uint8)
+    n_tr = 0
+    n_te = 0
+    mark = np.full(n_i, -1, np.int64)
+    items = np.empty(n_i, np.int64)
+    cmean = np.empty(n_k, np.float64)  # cumulative E[N_uk] over the sparse components
+    comp = np.empty(n_k, np.int64)
+    for u in range(n_u):
+        m = 0
+        n_sparse = 0
+        acc = 0.0
+        for k in range(n_k):
+            rate = theta0 * w[u, k]
+            mean = rate * totals[k]
+            if mean > n_i:  # very active (u, k): 1[n_uik > 0] ~ Bernoulli, item by item
+                for i in range(n_i):
+                    if rng.random() < -math.expm1(-rate * h_t[k, i]):
+                        if mark[i] != u:
+                            mark[i] = u
+                            items[m] = i
+                            m += 1
+            elif mean > 0.0:
+                acc += mean
+                cmean[n_sparse] = acc
+                comp[n_sparse] = k
+                n_sparse += 1
+        if n_sparse > 0:
+            for _ in range(rng.poisson(acc)):
+                x = rng.random() * acc
+                lo = 0
+                hi = n_sparse - 1
+                while lo < hi:  # first sparse component with cmean > x
+                    mid = (lo + hi) >> 1
+                    if cmean[mid] <= x:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                k = comp[lo]
+                x = rng.random() * n_i
+                i = min(int(x), n_i - 1)
+                if x - i >= prob[k, i]:
+                    i = alias[k, i]
+                if mark[i] != u:
+                    mark[i] = u
+                    items[m] = i
+                    m += 1
+        if m == 0:
+            continue
+        mine = items[:m]
+        mine.sort()
+        for j in range(m):
+            i = mine[j]
+            lam = max(_kdot(w, u, h, i), tiny)
+            t = -math.log1p((1.0 - rng.random()) * math.expm1(-lam * theta0)) / lam
+            v = 1
+            while v < n_classes and theta[v] > t:  # y = min{v >= 1 : theta_v <= t}
+                v += 1
+            if rng.random() < test_fraction:
+                if n_te == len(te_y):
+                    te_r = _grow(te_r, n_te + 1)
+                    te_c = _grow(te_c, n_te + 1)
+                    te_y = _grow(te_y, n_te + 1)
+                te_r[n_te] = u
+                te_c[n_te] = i
+                te_y[n_te] = v
+                n_te += 1
+            else:
+                if n_tr == len(tr_y):
+                    tr_r = _grow(tr_r, n_tr + 1)
+                    tr_c = _grow(tr_c, n_tr + 1)
+                    tr_y = _grow(tr_y, n_tr + 1)
+                tr_r[n_tr] = u
+                tr_c[n_tr] = i
+                tr_y[n_tr] = v
+                n_tr += 1
+    return tr_r, tr_c, tr_y, te_r, te_c, te_y, n_tr, n_te
 
 
 @dataclass(frozen=True)
@@ -294,24 +426,46 @@ class _BlockJob:
     cols: tuple[int, int]
 
 
+@dataclass(frozen=True)
+class _FactorJob:
+    axis: str
+    part: int
+    lo: int
+    hi: int
+
+
+def _factor_path(tmp: str, axis: str, part: int) -> str:
+    return os.path.join(tmp, STAGING, "factors", f"{axis}-{part:06d}.npy")
+
+
+def _write_factors(job: _FactorJob, params: SynthParams, tmp: str) -> int:
+    """Write true factor rows [lo, hi) of one block row / column as a .npy, chunk by chunk."""
+    shape = (job.hi - job.lo, params.n_components)
+    with open(_factor_path(tmp, job.axis, job.part), "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False,
+                                                 "shape": shape})  # fmt: skip
+        a = job.lo
+        while a < job.hi:  # one generator chunk at a time: memory O(FACTOR_ROWS K)
+            b = min(job.hi, (a // FACTOR_ROWS + 1) * FACTOR_ROWS)
+            f.write(true_factors(params, job.axis, a, b).tobytes())
+            a = b
+    return job.hi - job.lo
+
+
 def _sample_block(job: _BlockJob, params: SynthParams, tmp: str) -> dict[str, Any]:
-    """Sample block (r, c), stage its train/test arrays; returns counts and histograms."""
+    """Sample block (r, c), stage its train/test arrays; returns segments and histograms."""
     seq = np.random.SeedSequence(params.seed, spawn_key=(_SAMPLE_TAG, job.r, job.c))
     rng = np.random.Generator(np.random.PCG64(seq))
-    w = true_factors(params, "users", *job.rows)
-    h = true_factors(params, "items", *job.cols)
+    w = np.load(_factor_path(tmp, "users", job.r), mmap_mode="r", allow_pickle=False)
+    h = np.load(_factor_path(tmp, "items", job.c), mmap_mode="r", allow_pickle=False)
     theta = np.asarray(params.theta, dtype=np.float64)
-    n_i = len(h)
-    keys = sample_block_pairs(rng, w, h, theta[0])
-    rows, cols = keys // n_i, keys % n_i
-    y = sample_classes(rng, pair_rates(w, h, rows, cols), theta)
-    is_test = rng.random(len(y)) < params.test_fraction
+    splits = sample_block(rng, np.asarray(w), h, theta, params.test_fraction)
     out: dict[str, Any] = {}
-    for split, sel in (("train", ~is_test), ("test", is_test)):
+    for split, (rows, cols, y) in zip(("train", "test"), splits, strict=True):
         prefix = os.path.join(staging_dir(tmp, split), f"{job.r:06d}-{job.c:06d}")
-        arrays = {"rows": rows[sel], "cols": cols[sel], "y": y[sel], "raw": y[sel]}
-        seg = save_segment(prefix, arrays) if sel.any() else Segment(prefix, 0)
-        hist = np.bincount(y[sel], minlength=params.n_classes + 1)
+        arrays = {"rows": rows, "cols": cols, "y": y, "raw": y}
+        seg = save_segment(prefix, arrays) if len(y) else Segment(prefix, 0)
+        hist = np.bincount(y, minlength=params.n_classes + 1)
         out[split] = (seg, hist.astype(np.int64))
     return out
 
@@ -383,13 +537,18 @@ def synth(
     rb, cb = regular_bounds(n_users, n_r), regular_bounds(n_items, n_c)
     runner = Runner(client, "synth")
     with temporary_store(out, overwrite) as (path, tmp):
-        staging_dir(tmp)
+        staging_dir(tmp, "factors")
+        shared = runner.share(params)
+        runner.map(_write_factors, [
+            *(_FactorJob("users", r, int(rb[r]), int(rb[r + 1])) for r in range(n_r)),
+            *(_FactorJob("items", c, int(cb[c]), int(cb[c + 1])) for c in range(n_c)),
+        ], shared, tmp)  # fmt: skip
         jobs = [
             _BlockJob(r, c, (int(rb[r]), int(rb[r + 1])), (int(cb[c]), int(cb[c + 1])))
             for r in range(n_r)
             for c in range(n_c)
         ]
-        results = runner.map(_sample_block, jobs, runner.share(params), tmp)
+        results = runner.map(_sample_block, jobs, shared, tmp)
         blocks = {s: [[res[s][0]] for res in results] for s in ("train", "test")}
         hists = {s: np.sum([res[s][1] for res in results], axis=0) for s in ("train", "test")}
         attrs = _attrs(params, hists, (n_r, n_c), nnz_per_block)
