@@ -17,7 +17,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import __version__, interrupt
-from .engine.cavi import ELBODecreaseError
 from .io.errors import InputError
 
 log = logging.getLogger("ordnmf_dask")
@@ -470,6 +469,8 @@ def _exit_code(exc: BaseException) -> tuple[int, str]:
         return EXIT_INTERRUPTED, "interrupted"
     if isinstance(exc, InputError | FileExistsError | FileNotFoundError):
         return EXIT_INPUT, str(exc)
+    from .engine.cavi import ELBODecreaseError  # not at the top: keeps --help fast
+
     if isinstance(exc, ELBODecreaseError | FloatingPointError):
         return EXIT_NUMERIC, str(exc)
     if isinstance(exc, CommClosedError | TimeoutError | OSError):
