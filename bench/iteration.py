@@ -133,8 +133,13 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def distributed_fit(path: str, k: int, iters: int, workers: int, cache: bool) -> dict[str, Any]:
-    """s/iteration (median after the first) and peak RSS of client and workers."""
+def distributed_fit(
+    path: str, k: int, iters: int, workers: int, cache: bool, memory_limit: str | None = None
+) -> dict[str, Any]:
+    """s/iteration (median after the first) and peak RSS of client and workers.
+
+    ``memory_limit``: per-worker cap given to the LocalCluster (dask's default otherwise).
+    """
     from distributed import Client, LocalCluster
 
     from ordnmf_dask import OrdNMF
@@ -148,7 +153,7 @@ def distributed_fit(path: str, k: int, iters: int, workers: int, cache: bool) ->
         with (
             LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address="127.0.0.1:0",
+                dashboard_address="127.0.0.1:0", memory_limit=memory_limit or "auto",
             ) as lc,
             Client(lc) as client,
         ):  # fmt: skip

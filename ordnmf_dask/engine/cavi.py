@@ -9,8 +9,10 @@ block grid, each a map over blocks followed by fixed-order tree reductions on th
    (exact coordinate ascent);
 3. local pass: E[n], SW, SH and the family's O(V) statistics (next Delta or p, local ELBO).
 
-Factor chunks stay on the workers as futures; only O(K + V) numbers (column sums, per-class
-sums, ELBO parts) are gathered by the client, once per iteration. Every ``checkpoint_every``
+Factor chunks stay on the workers as futures; the global parameters (Delta or p) are computed
+on a worker too, so the client submits iteration n + 1 while iteration n runs and gathers only
+O(K + V) numbers (column sums, per-class sums, ELBO parts) per iteration: the workers never wait
+for the client's round trip. Every ``checkpoint_every``
 iterations (or ``checkpoint_minutes``) the state is checkpointed to zarr by the workers and read
 back (:mod:`.checkpoint`), which cuts the task lineage so the scheduler's graph stays bounded
 over long fits, and lets an interrupted fit resume where it stopped.
@@ -148,13 +150,10 @@ class CaviRunner:
         self, w: list[Future], h: list[Future], params: Any
     ) -> tuple[list[Future], list[Future], Future]:
         n_r, n_c = self.store.grid
-        submit, kernel = self.client.submit, self.family.kernel
-        args = self.family.kernel_args(params)
+        submit, fam = self.client.submit, self.family
+        fn = tasks.local_block
         stats = [
-            [
-                submit(tasks.local_block, self.blocks[r][c], w[r], h[c], kernel, *args)
-                for c in range(n_c)
-            ]
+            [submit(fn, self.blocks[r][c], w[r], h[c], fam, params) for c in range(n_c)]
             for r in range(n_r)
         ]
         sw = [tree_sum(self.client, stats[r], "sw", lazy=True) for r in range(n_r)]
@@ -165,23 +164,23 @@ class CaviRunner:
         small = tree_sum(self.client, [s for row in stats for s in row], "small")
         return sw, sh, small
 
-    def _row_corrections(self, gap: np.ndarray, h: list[Future]) -> list[Future]:
-        submit = self.client.submit
+    def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:
+        submit, fn, fam = self.client.submit, tasks.row_correction_block, self.family
         return [
             tree_sum(
                 self.client,
-                [submit(tasks.row_correction_block, b, gap, h[c]) for c, b in enumerate(row)],
+                [submit(fn, b, fam, params, h[c]) for c, b in enumerate(row)],
                 lazy=True,
             )
             for row in self.blocks
         ]
 
-    def _col_corrections(self, gap: np.ndarray, w: list[Future]) -> list[Future]:
-        submit, fn = self.client.submit, tasks.col_correction_block
+    def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
+        submit, fn, fam = self.client.submit, tasks.col_correction_block, self.family
         return [
             tree_sum(
                 self.client,
-                [submit(fn, row[c], gap, w[r]) for r, row in enumerate(self.blocks)],
+                [submit(fn, row[c], fam, params, w[r]) for r, row in enumerate(self.blocks)],
                 lazy=True,
             )
             for c in range(self.store.grid[1])
@@ -197,6 +196,63 @@ class CaviRunner:
         return {"W": rb, "H": cb, "SW": rb, "SH": cb}
 
     # -- the loop ------------------------------------------------------------------------
+    def _iteration(self, st: _Flight) -> _Flight:
+        """Submit one iteration (DESIGN.md section 2 steps 1-6) after ``st``; nothing waits.
+
+        Every input is a future, the global parameters included (step 2 runs on a worker), so
+        the client can submit iteration n + 1 before iteration n's bound has come back.
+        """
+        cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
+        params = submit(tasks.next_params, fam, st.params, st.small, st.w_sum, st.h_sum)
+        none = [None] * len(st.w)
+        corr_w = self._row_corrections(params, st.hv) if fam.uses_correction else none
+        w = [
+            submit(tasks.update_factor, st.w[r], cfg.alpha_W, st.sw[r], fam, params, st.h_sum,
+                   corr_w[r])
+            for r in range(len(st.w))
+        ]  # fmt: skip
+        wv = self._views(w)
+        w_sum_lazy = tree_sum(client, w, "summary", lazy=True)
+        corr_h = self._col_corrections(params, wv) if fam.uses_correction else [None] * len(st.h)
+        h = [
+            submit(tasks.update_factor, st.h[c], cfg.alpha_H, st.sh[c], fam, params, w_sum_lazy,
+                   corr_h[c])
+            for c in range(len(st.h))
+        ]  # fmt: skip
+        hv = self._views(h)
+        w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
+        sw, sh, small = self._local_pass(wv, hv, params)
+        result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
+        return _Flight(w, h, wv, hv, sw, sh, params, small, w_sum, h_sum, result)
+
+    def _checkpoint(self, st: _Flight, n_done: int, res: dict[str, Any], state: CaviState):
+        """Write iteration ``n_done``'s state, read it back (cutting the task lineage)."""
+        client, submit, fam = self.client, self.client.submit, self.family
+        snap = checkpoint.Snapshot(
+            n_done, fam.to_json(res["params"]), list(state.elbo), state.objective,
+            np.asarray(res["small"]).tolist(), np.asarray(res["w_sum"]).tolist(),
+            np.asarray(res["h_sum"]).tolist(),
+        )  # fmt: skip
+        groups = {
+            "W": st.w, "H": st.h,
+            "SW": [submit(reduce.resolve, x) for x in st.sw],
+            "SH": [submit(reduce.resolve, x) for x in st.sh],
+        }  # fmt: skip
+        path = checkpoint.write(client, self.checkpoint_dir, groups, snap, self.fingerprint)
+        log.debug("checkpoint %s", path)
+        groups, _ = checkpoint.read(client, path, self._rows(), self.fingerprint)
+        return self._restored(groups, res["params"], res["small"], res["w_sum"], res["h_sum"])
+
+    def _restored(
+        self, groups: dict[str, list[Future]], params: Any, small: Any, w_sum: Any, h_sum: Any
+    ) -> _Flight:
+        """A state built from chunks read from a checkpoint and the O(K + V) values saved."""
+        w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
+        return _Flight(
+            w, h, self._views(w), self._views(h), sw, sh, params, np.asarray(small),
+            np.asarray(w_sum), np.asarray(h_sum), None,
+        )  # fmt: skip
+
     def run(
         self,
         init: tuple[list[Future], list[Future]] | None,
@@ -208,12 +264,14 @@ class CaviRunner:
         The first local step uses the initial E[W], E[H] directly as geometric means. Each
         iteration: (1) empirical-Bayes prior rates (inside the chunk updates, from the current
         E[.]); (2) the family's global parameters from the previous local step; (3) W; (4) H
-        with the new E[W]; (5) local step; (6) ELBO and the stopping rule. With ``resume``, the
-        state is read from the newest valid checkpoint instead (``init`` is then only used when
-        there is none), and the run continues exactly as the interrupted one would have.
+        with the new E[W]; (5) local step; (6) ELBO and the stopping rule. Iteration n + 1 is
+        submitted before iteration n's bound is gathered (the workers never wait for the
+        client); when iteration n stops the fit, n + 1 is cancelled and n's state is the result,
+        exactly as in a one-at-a-time loop. With ``resume``, the state is read from the newest
+        valid checkpoint instead (``init`` is then only used when there is none), and the run
+        continues exactly as the interrupted one would have.
         """
-        cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
-        k = cfg.n_components
+        cfg, client, fam = self.cfg, self.client, self.family
         snap = None
         if resume:
             try:
@@ -224,12 +282,9 @@ class CaviRunner:
             except checkpoint.CheckpointError as exc:
                 log.warning("starting from scratch: %s", exc)
         if snap is not None:
-            w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
             params = fam.from_json(snap.params)
-            small_v = np.asarray(snap.small)
-            w_sum_v, h_sum_v = np.asarray(snap.w_sum), np.asarray(snap.h_sum)
-            w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
-            state = CaviState(w, h, params, list(snap.elbo), snap.objective)
+            cur = self._restored(groups, params, snap.small, snap.w_sum, snap.h_sum)
+            state = CaviState(cur.w, cur.h, params, list(snap.elbo), snap.objective)
             first = snap.iteration
         else:
             if init is None:
@@ -238,44 +293,33 @@ class CaviRunner:
             w, h = init
             params = fam.init_params()
             sw, sh, small = self._local_pass(w, h, params)
-            w_sum = tree_sum(client, w, "summary")
-            h_sum = tree_sum(client, h, "summary")
-            small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
+            cur = _Flight(
+                w, h, w, h, sw, sh, params, small,
+                tree_sum(client, w, "summary"), tree_sum(client, h, "summary"), None,
+            )  # fmt: skip
             state = CaviState(w, h, params)
             first = 0
-        wv, hv = self._views(w), self._views(h)
         last_checkpoint = time.monotonic()
-        for n in range(first, cfg.max_iter):
-            start = time.perf_counter()
-            params = fam.update_params(params, small_v, float(w_sum_v[:k] @ h_sum_v[:k]))
-            scale, gap = fam.rate_scale(params), fam.gap(params)
-
-            corr_w = self._row_corrections(gap, hv) if fam.uses_correction else [None] * len(w)
-            w = [
-                submit(tasks.update_factor, w[r], cfg.alpha_W, sw[r], scale, h_sum, corr_w[r])
-                for r in range(len(w))
-            ]
-            wv = self._views(w)
-            w_sum_lazy = tree_sum(client, w, "summary", lazy=True)
-            corr_h = self._col_corrections(gap, wv) if fam.uses_correction else [None] * len(h)
-            h = [
-                submit(tasks.update_factor, h[c], cfg.alpha_H, sh[c], scale, w_sum_lazy, corr_h[c])
-                for c in range(len(h))
-            ]
-            hv = self._views(h)
-            w_sum = tree_sum(client, w, "summary")
-            h_sum = tree_sum(client, h, "summary")
-            sw, sh, small = self._local_pass(wv, hv, params)
-            small_v, w_sum_v, h_sum_v = client.gather([small, w_sum, h_sum])
-
-            gamma_terms = float(w_sum_v[k] + h_sum_v[k])
-            local, ascended = fam.elbo(params, small_v, float(w_sum_v[:k] @ h_sum_v[:k]))
-            elbo, objective = local + gamma_terms, ascended + gamma_terms
-            state.w, state.h, state.params = w, h, params
+        ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered
+        clock = time.perf_counter()
+        n = first
+        while n < cfg.max_iter:
+            cur = ahead if ahead is not None else self._iteration(cur)
+            due = bool(self.checkpoint_every) and (n + 1) % self.checkpoint_every == 0
+            late = self.checkpoint_minutes is not None and (
+                time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
+            )
+            last = n + 1 >= cfg.max_iter
+            ahead = None if (due or late or last) else self._iteration(cur)
+            res = cur.result.result()
+            elbo, objective, params = res["elbo"], res["objective"], res["params"]
+            state.w, state.h, state.params = cur.w, cur.h, params
             rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
             state.elbo.append(elbo)
+            now = time.perf_counter()
+            seconds, clock = now - clock, now
             if callback is not None:
-                callback(n + 1, elbo, rate, time.perf_counter() - start, params)
+                callback(n + 1, elbo, rate, seconds, params)
             if not np.isfinite(objective):
                 raise FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
             if n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
@@ -283,31 +327,38 @@ class CaviRunner:
                     f"ELBO decreased at iteration {n + 1}: {state.objective!r} -> {objective!r}"
                 )
             state.objective = objective
-            if rate < cfg.tol and n >= cfg.min_iter:
+            n += 1
+            if rate < cfg.tol and n - 1 >= cfg.min_iter:
                 state.converged = True
                 break
-            due = self.checkpoint_every and (n + 1) % self.checkpoint_every == 0
-            late = self.checkpoint_minutes is not None and (
-                time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
-            )
             if due or late:
-                snap = checkpoint.Snapshot(
-                    n + 1, fam.to_json(params), list(state.elbo), state.objective,
-                    small_v.tolist(), w_sum_v.tolist(), h_sum_v.tolist(),
-                )
-                groups = {
-                    "W": w, "H": h,
-                    "SW": [submit(reduce.resolve, x) for x in sw],
-                    "SH": [submit(reduce.resolve, x) for x in sh],
-                }
-                path = checkpoint.write(
-                    client, self.checkpoint_dir, groups, snap, self.fingerprint
-                )
-                groups, _ = checkpoint.read(client, path, self._rows(), self.fingerprint)
-                w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
-                w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
-                wv, hv = self._views(w), self._views(h)
-                state.w, state.h = w, h
+                cur = self._checkpoint(cur, n, res, state)
+                state.w, state.h = cur.w, cur.h
                 last_checkpoint = time.monotonic()
-                log.debug("checkpoint %s", path)
+        # an iteration submitted ahead of a stop is dropped with ``ahead``: releasing its
+        # futures makes the scheduler forget its tasks (``Client.cancel`` on a graph whose
+        # dependencies the client also holds trips an assertion in the scheduler)
         return state
+
+
+@dataclass
+class _Flight:
+    """Futures of one iteration's state (or values, for what was restored from a checkpoint).
+
+    w, h : factor chunks; wv, hv : their (mean, geo) views; sw, sh : shape statistics of the
+    local step (lazy sums); params : global parameters used by this iteration's updates and local
+    step; small, w_sum, h_sum : summed O(K + V) statistics; result : ``tasks.iteration_result``
+    (None before the first iteration).
+    """
+
+    w: list[Any]
+    h: list[Any]
+    wv: list[Any]
+    hv: list[Any]
+    sw: list[Any]
+    sh: list[Any]
+    params: Any
+    small: Any
+    w_sum: Any
+    h_sum: Any
+    result: Future | None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ from ..io.store import read_block
 from ..model import kernels
 from ..model.kernels import CsrBlock, LocalStats
 from ..model.updates import FactorChunk, update_chunk
+from .families import Family
 from .reduce import resolve
 
 INIT_ROWS = 4096  # rows per random-initialization seed: the init does not depend on the grid
@@ -77,41 +77,72 @@ def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
 
 
 def local_block(
-    block: CsrBlock | BlockRef,
-    w: FactorChunk,
-    h: FactorChunk,
-    kernel: Callable[..., LocalStats],
-    *args: Any,
+    block: CsrBlock | BlockRef, w: FactorChunk, h: FactorChunk, family: Family, params: Any
 ) -> LocalStats:
-    """Local step ``kernel(block, GW, GH, E[W], E[H], *args)`` of block (r, c)."""
-    return kernel(materialize(block), w.geo, h.geo, w.mean, h.mean, *args)
+    """Local step of block (r, c): the family's kernel with (mean, geo) of W_r and H_c."""
+    return family.kernel(
+        materialize(block), w.geo, h.geo, w.mean, h.mean, *family.kernel_args(params)
+    )
 
 
-def row_correction_block(block: CsrBlock | BlockRef, gap: np.ndarray, h: FactorChunk) -> np.ndarray:
-    """Sparse W-rate term of block (r, c), shape (n_rows, K)."""
-    return kernels.row_correction(materialize(block), gap, h.mean)
+def row_correction_block(
+    block: CsrBlock | BlockRef, family: Family, params: Any, h: FactorChunk
+) -> np.ndarray:
+    """Sparse W-rate term of block (r, c), shape (n_rows, K), with the family's G from params."""
+    return kernels.row_correction(materialize(block), family.gap(params), h.mean)
 
 
-def col_correction_block(block: CsrBlock | BlockRef, gap: np.ndarray, w: FactorChunk) -> np.ndarray:
-    """Sparse H-rate term of block (r, c), shape (n_cols, K)."""
-    return kernels.col_correction(materialize(block), gap, w.mean)
+def col_correction_block(
+    block: CsrBlock | BlockRef, family: Family, params: Any, w: FactorChunk
+) -> np.ndarray:
+    """Sparse H-rate term of block (r, c), shape (n_cols, K), with the family's G from params."""
+    return kernels.col_correction(materialize(block), family.gap(params), w.mean)
+
+
+def next_params(
+    family: Family, params: Any, small: np.ndarray, w_sum: np.ndarray, h_sum: np.ndarray
+) -> Any:
+    """Step 2: the family's global parameters from the summed local statistics."""
+    k = len(w_sum) - 1
+    return family.update_params(params, small, float(w_sum[:k] @ h_sum[:k]))
+
+
+def iteration_result(
+    family: Family, params: Any, small: np.ndarray, w_sum: np.ndarray, h_sum: np.ndarray
+) -> dict[str, Any]:
+    """What the client gathers per iteration: the reported and the ascended bound, the global
+    parameters and the O(K + V) sums a checkpoint records."""
+    k = len(w_sum) - 1
+    local, ascended = family.elbo(params, small, float(w_sum[:k] @ h_sum[:k]))
+    gamma_terms = float(w_sum[k] + h_sum[k])
+    return {
+        "elbo": local + gamma_terms,
+        "objective": ascended + gamma_terms,
+        "params": params,
+        "small": small,
+        "w_sum": w_sum,
+        "h_sum": h_sum,
+    }
 
 
 def update_factor(
     old: FactorChunk,
     alpha: float,
     shape_stat: np.ndarray,
-    theta0: float,
+    family: Family,
+    params: Any,
     other_summary: np.ndarray,
     correction: np.ndarray | None,
 ) -> FactorChunk:
-    """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum.
+    """Gamma update of one chunk; ``other_summary[:K]`` is the other factor's column sum, scaled
+    by the family's theta_0 (or t) from ``params``.
 
     ``shape_stat``, ``other_summary`` and ``correction`` may be lazy (see ``reduce.tree_sum``).
     """
     shape_stat, other_summary = resolve(shape_stat), resolve(other_summary)
     correction = None if correction is None else resolve(correction)
     k = old.mean.shape[1]
+    theta0 = family.rate_scale(params)
     return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
 
 
