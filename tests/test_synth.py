@@ -141,22 +141,27 @@ def test_block_sampler_pair_law(shape, scale):
     assert abs(n_test / n_all - 0.25) < 5 * np.sqrt(0.1875 / n_all)
 
 
-def test_block_sampler_buffers_do_not_change_the_sample():
+def test_block_sampler_buffers_and_passes_do_not_change_the_sample(monkeypatch):
     gen = np.random.default_rng(0)
     w, h = gen.gamma(0.5, 1.0, (200, 4)), gen.gamma(0.5, 1.0, (150, 4))
     theta = np.array([0.8, 0.4, 0.2, 0.0])
     default = sample_block(np.random.default_rng(9), w, h, theta, 0.2)
     grown = sample_block(np.random.default_rng(9), w, h, theta, 0.2, capacity=1)
+    monkeypatch.setattr(synth_mod, "USERS_PER_PASS", 7)
+    passes = sample_block(np.random.default_rng(9), w, h, theta, 0.2)
     assert len(default[0][0]) > 1000
-    for a, b in zip(default, grown, strict=True):
-        for x, y in zip(a, b, strict=True):
-            np.testing.assert_array_equal(x, y)
+    for other in (grown, passes):
+        for a, b in zip(default, other, strict=True):
+            for x, y in zip(a, b, strict=True):
+                np.testing.assert_array_equal(x, y)
+                assert x.dtype == y.dtype
     assert [x.dtype for x in default[0]] == [np.int32, np.int32, np.uint8]
 
 
 def test_blocks_use_the_true_factor_rows(tmp_path, monkeypatch):
     """Block rows not aligned to FACTOR_ROWS: the staged factors are exactly ``true_factors``."""
     monkeypatch.setattr(synth_mod, "FACTOR_ROWS", 64)
+    monkeypatch.setattr(synth_mod, "USERS_PER_PASS", 50)  # several passes, from a file
     n_u, n_i = 700, 300
     info = synth(tmp_path / "s", n_u, n_i, 8000, 3, 3, seed=4, nnz_per_block=900)
     assert info.grid[0] > 2 and info.row_bounds[1] % 64 != 0

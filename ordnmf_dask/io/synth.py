@@ -81,6 +81,7 @@ from .store import StoreInfo
 from .values import MAX_CLASSES
 
 FACTOR_ROWS = 4096
+USERS_PER_PASS = 2**14  # users of a block per compiled pass (bounds the user-side memory)
 GENERATOR = "ordnmf-dask synth v2 (IG-OrdNMF, Poisson superposition + thinning, alias tables)"
 _AXES = {"users": 0, "items": 1}
 _SAMPLE_TAG = 2
@@ -208,44 +209,80 @@ _dot_jit = njit(cache=True, error_model="numpy", nogil=True, fastmath={"reassoc"
 
 
 def sample_block(
-    rng: np.random.Generator, w: np.ndarray, h: np.ndarray, theta: np.ndarray,
-    test_fraction: float, capacity: int | None = None,
+    rng: np.random.Generator, w: Any, h: np.ndarray, theta: np.ndarray, test_fraction: float,
+    capacity: int | None = None,
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Sample the nonzeros of one block and split them (steps 1-3 of the module docstring).
 
-    One compiled pass over the users of the block, in bounded memory: O((n_u + n_i) K) for the
-    factors and tables plus the output (9 bytes per nonzero); no hits x K or sort-all arrays.
+    Compiled passes over the users of the block, ``USERS_PER_PASS`` users at a time (the result
+    does not depend on it): memory O(n_i K) for the item side (factors, alias tables) plus
+    O(USERS_PER_PASS K) for the user side, plus the output (9 bytes per nonzero); no hits x K or
+    sort-all arrays.
 
     Parameters
     ----------
     rng : np.random.Generator
         The block's stream; the result depends on nothing else.
-    w : np.ndarray of float64, shape (n_u, K)
-        True W rows of the block (may be a read-only memory map).
+    w : array-like of float64, shape (n_u, K)
+        True W rows of the block: an array, or anything with ``shape`` whose row slices are
+        arrays (``_NpyRows`` reads them from a file).
     h : np.ndarray of float64, shape (n_i, K)
         True H rows of the block.
     theta : np.ndarray of float64, shape (V + 1,)
     test_fraction : float
     capacity : int, optional
-        Initial size of the output buffers (they grow as needed; the result does not depend on
-        it). Default: a little over the expected number of hits.
+        Initial size of the output buffers of a pass (they grow as needed; the result does not
+        depend on it). Default: a little over the expected number of hits.
 
     Returns
     -------
     (train, test), each ``(rows int32, cols int32, y uint8)`` of local indices, sorted by
     (rows, cols) without duplicates.
     """
-    w = np.asarray(w, dtype=np.float64)
+    n_u, n_k = w.shape
     h = np.ascontiguousarray(h, dtype=np.float64)
     theta = np.asarray(theta, dtype=np.float64)
     h_t = np.ascontiguousarray(h.T)  # (K, n_i)
-    totals = h_t.sum(axis=1) if len(h) else np.zeros(w.shape[1])  # s_k
+    totals = h_t.sum(axis=1) if len(h) else np.zeros(n_k)  # s_k
     prob, alias = _alias_tables(h_t, totals)
-    out = _sample_block_kernel(rng, w, h, h_t, totals, prob, alias, theta, float(test_fraction),
-                               -1 if capacity is None else int(capacity))  # fmt: skip
-    n_train, n_test = int(out[6]), int(out[7])
-    train = (out[0][:n_train], out[1][:n_train], out[2][:n_train])
-    return train, (out[3][:n_test], out[4][:n_test], out[5][:n_test])
+    cap = -1 if capacity is None else int(capacity)
+    parts: list[tuple[np.ndarray, ...]] = []
+    for u0 in range(0, n_u, USERS_PER_PASS):
+        w_part = np.ascontiguousarray(w[u0 : u0 + USERS_PER_PASS], dtype=np.float64)
+        out = _sample_block_kernel(
+            rng, w_part, h, h_t, totals, prob, alias, theta, float(test_fraction), cap
+        )
+        n_train, n_test = int(out[6]), int(out[7])
+        out[0][:n_train] += u0
+        out[3][:n_test] += u0
+        parts.append((out[0][:n_train], out[1][:n_train], out[2][:n_train],
+                      out[3][:n_test], out[4][:n_test], out[5][:n_test]))  # fmt: skip
+    if len(parts) != 1:  # several passes, or no user at all
+        empty = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint8)) * 2
+        parts = [tuple(np.concatenate([p[j] for p in [empty, *parts]]) for j in range(6))]
+    return parts[0][:3], parts[0][3:]
+
+
+class _NpyRows:
+    """Row slices of a 2-D C-order ``.npy`` file, read on demand (no memory map in the RSS)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            self.offset = f.tell()
+        if version != (1, 0) or fortran or len(shape) != 2 or dtype != np.dtype("<f8"):
+            raise ValueError(f"{path}: expected a C-order float64 matrix")
+        self.shape = shape
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        lo, hi, _ = rows.indices(self.shape[0])
+        n = max(hi - lo, 0)
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + lo * self.shape[1] * 8)
+            data = np.fromfile(f, dtype="<f8", count=n * self.shape[1])
+        return data.reshape(n, self.shape[1])
 
 
 @_jit
@@ -456,10 +493,10 @@ def _sample_block(job: _BlockJob, params: SynthParams, tmp: str) -> dict[str, An
     """Sample block (r, c), stage its train/test arrays; returns segments and histograms."""
     seq = np.random.SeedSequence(params.seed, spawn_key=(_SAMPLE_TAG, job.r, job.c))
     rng = np.random.Generator(np.random.PCG64(seq))
-    w = np.load(_factor_path(tmp, "users", job.r), mmap_mode="r", allow_pickle=False)
-    h = np.load(_factor_path(tmp, "items", job.c), mmap_mode="r", allow_pickle=False)
+    w = _NpyRows(_factor_path(tmp, "users", job.r))
+    h = np.load(_factor_path(tmp, "items", job.c), allow_pickle=False)
     theta = np.asarray(params.theta, dtype=np.float64)
-    splits = sample_block(rng, np.asarray(w), h, theta, params.test_fraction)
+    splits = sample_block(rng, w, h, theta, params.test_fraction)
     out: dict[str, Any] = {}
     for split, (rows, cols, y) in zip(("train", "test"), splits, strict=True):
         prefix = os.path.join(staging_dir(tmp, split), f"{job.r:06d}-{job.c:06d}")
