@@ -456,7 +456,11 @@ def _setup_logging(args: argparse.Namespace) -> None:
     log.propagate = False
     if not args.debug:  # failures reach main() and become one line; --debug shows the rest
         # Dask's logging config gives some loggers their own level (distributed.client: warning);
-        # asyncio reports the client's tasks left behind by an interrupted gather
+        # asyncio reports the client's tasks left behind by an interrupted gather. distributed
+        # applies that config when first imported, so import it before overriding it (the
+        # package itself imports it lazily; --help never gets here)
+        import distributed  # noqa: F401
+
         for name in ["distributed", "asyncio", *logging.root.manager.loggerDict]:
             if name.split(".")[0] in ("distributed", "asyncio"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
