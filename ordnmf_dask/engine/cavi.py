@@ -112,9 +112,13 @@ class CaviRunner:
             [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
             for r in range(n_r)
         ]
+        self._home = _homes(sorted(client.scheduler_info()["workers"]), n_r, n_c)
         if cache_blocks:
-            load = tasks.materialize
-            self.blocks = [[client.submit(load, ref) for ref in row] for row in refs]
+            load, home = tasks.materialize, self._home["block"]
+            self.blocks = [
+                [client.submit(load, refs[r][c], **home[r][c]) for c in range(n_c)]
+                for r in range(n_r)
+            ]
         else:
             self.blocks = refs
 
@@ -122,26 +126,28 @@ class CaviRunner:
     def random_init(self) -> tuple[list[Future], list[Future]]:
         """Gamma(1, 1) draws from ``random_state``, per block, independent of the grid."""
         k, seed, s = self.cfg.n_components, self.cfg.random_state, self.store
+        submit, fn, rows, cols = self.client.submit, tasks.random_chunk, s.row_bounds, s.col_bounds
         w = [
-            self.client.submit(tasks.random_chunk, seed, 0, int(a), int(b), k)
-            for a, b in zip(s.row_bounds[:-1], s.row_bounds[1:], strict=True)
+            submit(fn, seed, 0, int(rows[r]), int(rows[r + 1]), k, **self._home["row"][r])
+            for r in range(len(rows) - 1)
         ]
         h = [
-            self.client.submit(tasks.random_chunk, seed, 1, int(a), int(b), k)
-            for a, b in zip(s.col_bounds[:-1], s.col_bounds[1:], strict=True)
+            submit(fn, seed, 1, int(cols[c]), int(cols[c + 1]), k, **self._home["col"][c])
+            for c in range(len(cols) - 1)
         ]
         return w, h
 
     def warm_init(self, w_path: str, h_path: str) -> tuple[list[Future], list[Future]]:
         """Initial E[W], E[H] read by the workers from zarr arrays of shape (U, K), (I, K)."""
         s = self.store
+        submit, fn, rows, cols = self.client.submit, tasks.rows_chunk, s.row_bounds, s.col_bounds
         w = [
-            self.client.submit(tasks.rows_chunk, w_path, int(a), int(b))
-            for a, b in zip(s.row_bounds[:-1], s.row_bounds[1:], strict=True)
+            submit(fn, w_path, int(rows[r]), int(rows[r + 1]), **self._home["row"][r])
+            for r in range(len(rows) - 1)
         ]
         h = [
-            self.client.submit(tasks.rows_chunk, h_path, int(a), int(b))
-            for a, b in zip(s.col_bounds[:-1], s.col_bounds[1:], strict=True)
+            submit(fn, h_path, int(cols[c]), int(cols[c + 1]), **self._home["col"][c])
+            for c in range(len(cols) - 1)
         ]
         return w, h
 
@@ -151,9 +157,9 @@ class CaviRunner:
     ) -> tuple[list[Future], list[Future], Future]:
         n_r, n_c = self.store.grid
         submit, fam = self.client.submit, self.family
-        fn = tasks.local_block
+        fn, home, blocks = tasks.local_block, self._home["block"], self.blocks
         stats = [
-            [submit(fn, self.blocks[r][c], w[r], h[c], fam, params) for c in range(n_c)]
+            [submit(fn, blocks[r][c], w[r], h[c], fam, params, **home[r][c]) for c in range(n_c)]
             for r in range(n_r)
         ]
         sw = [tree_sum(self.client, stats[r], "sw", lazy=True) for r in range(n_r)]
@@ -166,21 +172,26 @@ class CaviRunner:
 
     def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:
         submit, fn, fam = self.client.submit, tasks.row_correction_block, self.family
+        home = self._home["block"]
         return [
             tree_sum(
                 self.client,
-                [submit(fn, b, fam, params, h[c]) for c, b in enumerate(row)],
+                [submit(fn, b, fam, params, h[c], **home[r][c]) for c, b in enumerate(row)],
                 lazy=True,
             )
-            for row in self.blocks
+            for r, row in enumerate(self.blocks)
         ]
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
         submit, fn, fam = self.client.submit, tasks.col_correction_block, self.family
+        home = self._home["block"]
         return [
             tree_sum(
                 self.client,
-                [submit(fn, row[c], fam, params, w[r]) for r, row in enumerate(self.blocks)],
+                [
+                    submit(fn, row[c], fam, params, w[r], **home[r][c])
+                    for r, row in enumerate(self.blocks)
+                ],
                 lazy=True,
             )
             for c in range(self.store.grid[1])
@@ -208,7 +219,7 @@ class CaviRunner:
         corr_w = self._row_corrections(params, st.hv) if fam.uses_correction else none
         w = [
             submit(tasks.update_factor, st.w[r], cfg.alpha_W, st.sw[r], fam, params, st.h_sum,
-                   corr_w[r])
+                   corr_w[r], **self._home["row"][r])
             for r in range(len(st.w))
         ]  # fmt: skip
         wv = self._views(w)
@@ -216,7 +227,7 @@ class CaviRunner:
         corr_h = self._col_corrections(params, wv) if fam.uses_correction else [None] * len(st.h)
         h = [
             submit(tasks.update_factor, st.h[c], cfg.alpha_H, st.sh[c], fam, params, w_sum_lazy,
-                   corr_h[c])
+                   corr_h[c], **self._home["col"][c])
             for c in range(len(st.h))
         ]  # fmt: skip
         hv = self._views(h)
@@ -339,6 +350,25 @@ class CaviRunner:
         # futures makes the scheduler forget its tasks (``Client.cancel`` on a graph whose
         # dependencies the client also holds trips an assertion in the scheduler)
         return state
+
+
+def _homes(workers: list[str], n_r: int, n_c: int) -> dict[str, list[Any]]:
+    """Preferred workers (``submit`` keywords) of each block, W chunk and H chunk.
+
+    When the user-blocks divide evenly among the workers, every block of user-block r, and W
+    chunk r, live on worker r mod n: the W chunks, the SW sums and the W-rate sums then never
+    cross the network (only H views and the H-side sums do). Otherwise blocks go round-robin in
+    grid order. H chunk c prefers worker c mod n. The restrictions are loose
+    (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker.
+    """
+    n = len(workers)
+
+    def at(j: int) -> dict[str, Any]:
+        return {"workers": [workers[j % n]], "allow_other_workers": True} if n > 1 else {}
+
+    by_row = n_r % n == 0
+    block = [[at(r if by_row else r * n_c + c) for c in range(n_c)] for r in range(n_r)]
+    return {"row": [at(r) for r in range(n_r)], "col": [at(c) for c in range(n_c)], "block": block}
 
 
 @dataclass
