@@ -269,3 +269,18 @@ def test_test_file_split(tmp_path):
     assert info.n_classes == 4  # default integer scale spans train and test
     assert store_triples(info.path, "test") == {("u1", "i3"): (4, 4.0), ("u2", "i2"): (1, 1.0)}
     assert len(store_triples(info.path, "train")) == 4
+
+
+def test_auto_grid_bounds_rows_per_block():
+    """Sparse data: blocks hold at most MAX_BLOCK_ROWS users / items whatever the nonzeros, also
+    where nnz quantiles would put a long tail of degree-1 users into one range."""
+    from ordnmf_dask.io.blocking import MAX_BLOCK_ROWS, bounds_from_degrees
+
+    n_heavy, n_tail = 1000, 3 * MAX_BLOCK_ROWS + 5
+    user_deg = np.concatenate([np.full(n_heavy, 5000), np.ones(n_tail, dtype=np.int64)])
+    item_deg = np.full(MAX_BLOCK_ROWS // 2, 3)
+    rb, cb = bounds_from_degrees(user_deg, item_deg, nnz_per_block=1 << 30)
+    assert rb[0] == 0 and rb[-1] == len(user_deg) and np.all(np.diff(rb) > 0)
+    assert np.diff(rb).max() <= MAX_BLOCK_ROWS
+    assert len(rb) - 1 >= -(-len(user_deg) // MAX_BLOCK_ROWS)
+    assert cb.tolist() == [0, len(item_deg)]  # small side: one block, as before

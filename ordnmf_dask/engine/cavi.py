@@ -359,14 +359,15 @@ def _homes(workers: list[str], n_r: int, n_c: int) -> dict[str, list[Any]]:
     chunk r, live on worker r mod n: the W chunks, the SW sums and the W-rate sums then never
     cross the network (only H views and the H-side sums do). Otherwise blocks go round-robin in
     grid order. H chunk c prefers worker c mod n. The restrictions are loose
-    (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker.
+    (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker, or
+    none connected yet (a cluster still starting).
     """
     n = len(workers)
 
     def at(j: int) -> dict[str, Any]:
         return {"workers": [workers[j % n]], "allow_other_workers": True} if n > 1 else {}
 
-    by_row = n_r % n == 0
+    by_row = n > 0 and n_r % n == 0
     block = [[at(r if by_row else r * n_c + c) for c in range(n_c)] for r in range(n_r)]
     return {"row": [at(r) for r in range(n_r)], "col": [at(c) for c in range(n_c)], "block": block}
 

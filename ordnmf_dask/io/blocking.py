@@ -10,6 +10,10 @@ import numpy as np
 from .errors import InputError
 
 DEFAULT_NNZ_PER_BLOCK = 2**21
+# Users (items) per block at most, whatever the nonzeros: the factor chunks follow the block
+# grid, and a (n, K) float64 array of 2^17 rows takes 52 MB at K = 50, so a worker's memory per
+# chunk stays bounded on sparse data too (1M users with 1e6 nonzeros is 8 user-blocks, not 1).
+MAX_BLOCK_ROWS = 2**17
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,11 +38,23 @@ class BlockedNonzeros:
 
 
 def auto_grid(nnz: int, n_users: int, n_items: int, nnz_per_block: int) -> tuple[int, int]:
-    """Grid of about ``sqrt(nnz / nnz_per_block)`` blocks per side, at most U x I."""
+    """Grid of about ``sqrt(nnz / nnz_per_block)`` blocks per side, at most U x I, and at least
+    ``ceil(U / MAX_BLOCK_ROWS)`` x ``ceil(I / MAX_BLOCK_ROWS)``."""
     if nnz_per_block < 1:
         raise InputError(f"nnz_per_block must be >= 1, got {nnz_per_block}")
     side = max(1, round(math.sqrt(nnz / nnz_per_block)))
-    return min(side, n_users), min(side, n_items)
+    n_r = max(side, math.ceil(n_users / MAX_BLOCK_ROWS))
+    n_c = max(side, math.ceil(n_items / MAX_BLOCK_ROWS))
+    return min(n_r, n_users), min(n_c, n_items)
+
+
+def split_long(bounds: np.ndarray, max_len: int = MAX_BLOCK_ROWS) -> np.ndarray:
+    """``bounds`` with every range longer than ``max_len`` cut into equal pieces of <= max_len."""
+    out = [np.int64(0)]
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        pieces = max(1, math.ceil((b - a) / max_len))
+        out.extend(np.linspace(a, b, pieces + 1).round().astype(np.int64)[1:])
+    return np.asarray(out, dtype=np.int64)
 
 
 def balanced_bounds(degrees: np.ndarray, n_parts: int) -> np.ndarray:
@@ -96,12 +112,13 @@ def bounds_from_degrees(
     grid: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``choose_bounds`` from train degrees: user_deg (U,) and item_deg (I,), int64."""
-    if grid is None:
-        nnz = int(user_deg.sum())
-        n_r, n_c = auto_grid(nnz, len(user_deg), len(item_deg), nnz_per_block)
-    else:
+    if grid is not None:
         n_r, n_c = _check_grid(grid)
-    return balanced_bounds(user_deg, n_r), balanced_bounds(item_deg, n_c)
+        return balanced_bounds(user_deg, n_r), balanced_bounds(item_deg, n_c)
+    nnz = int(user_deg.sum())
+    n_r, n_c = auto_grid(nnz, len(user_deg), len(item_deg), nnz_per_block)
+    # nnz quantiles can still put many low-degree indices in one range: cut those too
+    return split_long(balanced_bounds(user_deg, n_r)), split_long(balanced_bounds(item_deg, n_c))
 
 
 def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
