@@ -64,8 +64,21 @@ def test_local_step_matches_oracle(approx, n_classes, k):
 def test_local_step_over_many_column_tiles(monkeypatch, k):
     monkeypatch.setattr(kernels, "_TILE_BYTES", 8)  # tiles of 64 columns
     y = _classes((9, 200), 10, 0.2, seed=3)
-    assert kernels._tile_cols(k) == 64
+    rows, cols = np.nonzero(y)
+    block = kernels.CsrBlock.from_coo(rows, cols, y[rows, cols].astype(np.uint8), y.shape)
+    assert kernels._tile_cols(k, block) == 50  # 4 tiles of 50 columns
     _check_local(y, k, approx=False)
+
+
+def test_sparse_blocks_get_one_tile():
+    """Tiles visit every row: with ~1 nonzero per row a block is one tile."""
+    rows = np.arange(1000)
+    cols = (rows * 7919) % 100_000
+    order = np.lexsort((cols, rows))
+    block = kernels.CsrBlock.from_coo(
+        rows[order], cols[order], np.ones(1000, np.uint8), (1000, 100_000)
+    )
+    assert kernels._tile_cols(50, block) == 100_000
 
 
 def test_single_nonzero_and_empty_block():

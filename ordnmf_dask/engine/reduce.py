@@ -12,17 +12,24 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
+PRIORITY = 1  # of combining tasks; Dask's default is 0
+
 
 def tree_reduce(
     client: Client, futures: Sequence[Future], combine: Callable[..., Any], *args: Any
 ) -> Future:
-    """Reduce with ``combine(a, b, *args)`` along a fixed binary tree over ``futures``."""
+    """Reduce with ``combine(a, b, *args)`` along a fixed binary tree over ``futures``.
+
+    The combining tasks run before any task of normal priority that is ready at the same time,
+    so partial results are folded in as soon as two exist instead of piling up on the workers
+    while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak memory).
+    """
     level = list(futures)
     if not level:
         raise ValueError("tree_reduce of nothing")
     while len(level) > 1:
         nxt = [
-            client.submit(combine, level[j], level[j + 1], *args)
+            client.submit(combine, level[j], level[j + 1], *args, priority=PRIORITY)
             for j in range(0, len(level) - 1, 2)
         ]
         if len(level) % 2:
@@ -64,5 +71,5 @@ def tree_sum(
     if len(futures) == 1:
         if lazy:
             return futures[0] if field is None else (futures[0], field)
-        return client.submit(_pick, futures[0], field)
+        return client.submit(_pick, futures[0], field, priority=PRIORITY)
     return tree_reduce(client, futures, _add, field)

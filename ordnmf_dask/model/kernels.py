@@ -142,9 +142,14 @@ def _add(total: np.ndarray, comp: np.ndarray, j: int, value: float) -> None:
     total[j] = t
 
 
-def _tile_cols(k: int) -> int:
-    """Columns per tile: one factor table's tile takes about _TILE_BYTES."""
-    return max(64, _TILE_BYTES // (8 * max(k, 1)))
+def _tile_cols(k: int, block: CsrBlock) -> int:
+    """Columns per tile: one factor table's tile takes about _TILE_BYTES, and there are at most
+    (nnz / n_rows) / 4 tiles: every tile visits every row, which costs more than the cache
+    misses it saves when rows hold only a few nonzeros (sparse blocks: one tile)."""
+    n_rows, n_cols = block.shape
+    by_cache = -(-n_cols // max(64, _TILE_BYTES // (8 * max(k, 1))))
+    tiles = max(1, min(by_cache, block.nnz // (4 * max(n_rows, 1))))
+    return max(1, -(-n_cols // tiles))
 
 
 @_jit
@@ -311,7 +316,7 @@ def spmm_pair(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(gw * (R @ gh), gh * (R^T @ gw))`` with R the block holding ``ratio`` (nnz,) float64."""
     gw, gh = _f64(gw), _f64(gh)
-    return _spmm_pair(block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1]))
+    return _spmm_pair(block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1], block))
 
 
 def expected_n(x: np.ndarray) -> np.ndarray:
@@ -353,7 +358,7 @@ def local_step(
     gw = _f64(gw)
     sw, sh, small = _ordinal_pass(
         block.indptr, block.cols, block.y, gw, _f64(gh), _f64(ew), _f64(eh), delta,
-        bool(approx), _tile_cols(gw.shape[1]),
+        bool(approx), _tile_cols(gw.shape[1], block),
     )  # fmt: skip
     return LocalStats(sw, sh, small)
 
@@ -363,7 +368,7 @@ def row_correction(block: CsrBlock, gap: np.ndarray, eh: np.ndarray) -> np.ndarr
     gap = _f64(gap)
     _check_classes(block, gap.shape[0])
     eh = _f64(eh)
-    return _row_corr(block.indptr, block.cols, block.y, gap, eh, _tile_cols(eh.shape[1]))
+    return _row_corr(block.indptr, block.cols, block.y, gap, eh, _tile_cols(eh.shape[1], block))
 
 
 def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarray:
@@ -372,5 +377,5 @@ def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarr
     _check_classes(block, gap.shape[0])
     ew = _f64(ew)
     return _col_corr(
-        block.indptr, block.cols, block.y, gap, ew, block.shape[1], _tile_cols(ew.shape[1])
+        block.indptr, block.cols, block.y, gap, ew, block.shape[1], _tile_cols(ew.shape[1], block)
     )
