@@ -1,8 +1,9 @@
 """Ctrl-C that is never lost: a SIGINT handler that also leaves a flag checked between iterations.
 
-Python raises KeyboardInterrupt wherever the main thread is; when that is inside a ``__del__``
-(e.g. a Dask future being released) the exception is printed and ignored. The flag makes the
-next iteration boundary raise it again.
+Python raises KeyboardInterrupt wherever the main thread is; inside a ``__del__`` (e.g. a Dask
+future being released) the exception would be printed ("Exception ignored in ...") and lost.
+So the handler raises only outside finalizers; inside one it only sets the flag, and the next
+iteration boundary raises.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ _requested = threading.Event()
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     _requested.set()
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return
+        frame = frame.f_back
     raise KeyboardInterrupt
 
 

@@ -24,3 +24,24 @@ def test_a_swallowed_sigint_is_raised_again_at_the_next_check():
         interrupt.check()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_sigint_inside_a_finalizer_is_deferred_not_printed(capfd):
+    """In a __del__, the handler only sets the flag: nothing is printed as "Exception ignored",
+    and the next check raises."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    class Finalized:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)
+
+    try:
+        interrupt.install()
+        Finalized()  # collected at once: the signal arrives inside __del__
+        assert "Exception ignored" not in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()
+        with pytest.raises(KeyboardInterrupt):  # outside a finalizer it raises at once
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -355,10 +355,11 @@ class CaviRunner:
 def _homes(workers: list[str], n_r: int, n_c: int) -> dict[str, list[Any]]:
     """Preferred workers (``submit`` keywords) of each block, W chunk and H chunk.
 
-    When the user-blocks divide evenly among the workers, every block of user-block r, and W
-    chunk r, live on worker r mod n: the W chunks, the SW sums and the W-rate sums then never
-    cross the network (only H views and the H-side sums do). Otherwise blocks go round-robin in
-    grid order. H chunk c prefers worker c mod n. The restrictions are loose
+    When the user-blocks divide evenly among the n workers, the blocks of user-block r and W
+    chunk r live on worker ``r * n // n_r`` (contiguous runs of user-blocks): W chunks, SW and
+    W-rate sums then never cross the network, and the first levels of the column-wise tree sums
+    pair partials that sit on the same worker. Otherwise blocks go round-robin in grid order.
+    H chunk c prefers worker ``c * n // n_c``. The restrictions are loose
     (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker, or
     none connected yet (a cluster still starting).
     """
@@ -368,8 +369,9 @@ def _homes(workers: list[str], n_r: int, n_c: int) -> dict[str, list[Any]]:
         return {"workers": [workers[j % n]], "allow_other_workers": True} if n > 1 else {}
 
     by_row = n > 0 and n_r % n == 0
-    block = [[at(r if by_row else r * n_c + c) for c in range(n_c)] for r in range(n_r)]
-    return {"row": [at(r) for r in range(n_r)], "col": [at(c) for c in range(n_c)], "block": block}
+    row = [at(r * n // n_r) for r in range(n_r)]
+    block = [[row[r] if by_row else at(r * n_c + c) for c in range(n_c)] for r in range(n_r)]
+    return {"row": row, "col": [at(c * n // n_c) for c in range(n_c)], "block": block}
 
 
 @dataclass

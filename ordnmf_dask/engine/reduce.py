@@ -66,10 +66,14 @@ def tree_sum(
     With ``lazy`` and a single input, no task is added: the result is ``(future, field)``, which
     task arguments accept (Dask resolves the future inside the tuple) and :func:`resolve`
     unwraps on the worker. One task hop less on the critical path of every small-grid pass.
-    Never gather a lazy result: it would bring the whole object to the client.
+    Never gather a lazy result: it would bring the whole object to the client. Otherwise the
+    field is taken on the worker holding each input before anything moves, so e.g. the column
+    sums of factor chunks move (K + 1,) vectors, not the chunks.
     """
     if len(futures) == 1:
         if lazy:
             return futures[0] if field is None else (futures[0], field)
         return client.submit(_pick, futures[0], field, priority=PRIORITY)
-    return tree_reduce(client, futures, _add, field)
+    if field is not None:  # take the field where each object lives: only it travels
+        futures = [client.submit(_pick, f, field, priority=PRIORITY) for f in futures]
+    return tree_reduce(client, futures, _add)
