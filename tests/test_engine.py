@@ -174,3 +174,24 @@ def test_restarts_keep_the_best_run(tmp_path, client, problem):
     assert [r["elbo"] for r in best.runs_] == finals
     assert best.elbo_ == singles[int(np.argmax(finals))].elbo_
     assert [r["kept"] for r in best.runs_] == [f == max(finals) for f in finals]
+
+
+def test_block_and_chunk_homes():
+    """User-blocks that divide evenly among the workers go to them in contiguous runs (with their
+    W chunks); otherwise blocks go round-robin; restrictions are loose; none without workers."""
+    from ordnmf_dask.engine.cavi import _homes
+
+    home = _homes(["a", "b"], 4, 3)
+    assert [h["workers"] for h in home["row"]] == [["a"], ["a"], ["b"], ["b"]]
+    assert all(h["allow_other_workers"] for h in home["row"])
+    assert [[h["workers"][0] for h in row] for row in home["block"]] == [
+        ["a"] * 3, ["a"] * 3, ["b"] * 3, ["b"] * 3,
+    ]  # fmt: skip
+    assert [h["workers"] for h in home["col"]] == [["a"], ["a"], ["b"]]
+    odd = _homes(["a", "b"], 3, 2)  # 3 user-blocks on 2 workers: round-robin blocks
+    assert [[h["workers"][0] for h in row] for row in odd["block"]] == [
+        ["a", "b"], ["a", "b"], ["a", "b"],
+    ]  # fmt: skip
+    for workers in ([], ["a"]):
+        none = _homes(workers, 2, 2)
+        assert none["row"] == [{}, {}] and none["block"] == [[{}, {}], [{}, {}]]
