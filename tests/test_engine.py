@@ -108,8 +108,11 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
     runner = CaviRunner(client, store, family, CaviConfig(K, max_iter=40, tol=1e-300),
                         str(tmp_path), cache_blocks=True, checkpoint_every=5)
     runner.run(runner.random_init(), count_tasks)
-    # the scheduler's task count repeats with the checkpoint period instead of growing
-    assert [counts[n][0] for n in range(31, 41)] == [counts[n][0] for n in range(6, 16)]
+    # the scheduler's task count cycles with the checkpoint period instead of growing (without
+    # the cut it grows by ~50 tasks per iteration here); the iteration submitted ahead is
+    # released while the callback runs, so a count can differ by a few between periods
+    late, early_tasks = [counts[n][0] for n in range(31, 41)], [counts[n][0] for n in range(6, 16)]
+    assert max(late) <= max(early_tasks) + 5 and min(late) <= min(early_tasks) + 5
     # results held by the workers: bounded (they fluctuate by a few while releases propagate)
     early = max(counts[n][1] for n in range(1, 21))
     assert max(counts[n][1] for n in range(21, 41)) <= early + 5
