@@ -65,6 +65,7 @@ import numpy as np
 from numba import njit
 from scipy import integrate, optimize, special
 
+from ..model.kernels import row_dot
 from .assemble import (
     STAGING,
     Segment,
@@ -205,8 +206,6 @@ def class_probabilities(lam: np.ndarray, theta: Sequence[float]) -> np.ndarray:
 
 
 _jit = njit(cache=True, error_model="numpy", nogil=True)
-# only the K-dot of lambda: lets LLVM vectorize it (order of the sum fixed by the compiled code)
-_dot_jit = njit(cache=True, error_model="numpy", nogil=True, fastmath={"reassoc", "contract"})
 
 
 def sample_block(
@@ -338,13 +337,6 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
     return b
 
 
-@_dot_jit
-def _kdot(w: np.ndarray, u: int, h: np.ndarray, i: int) -> float:
-    acc = 0.0
-    for k in range(w.shape[1]):
-        acc += w[u, k] * h[i, k]
-    return acc
-
 
 @_jit
 def _sample_block_kernel(
@@ -430,7 +422,7 @@ def _sample_block_kernel(
         mine.sort()
         for j in range(m):
             i = mine[j]
-            lam = max(_kdot(w, u, h, i), tiny)
+            lam = max(row_dot(w, u, h, i), tiny)
             t = -math.log1p((1.0 - rng.random()) * math.expm1(-lam * theta0)) / lam
             v = 1
             while v < n_classes and theta[v] > t:  # y = min{v >= 1 : theta_v <= t}

@@ -123,8 +123,8 @@ def _f64(a: np.ndarray) -> np.ndarray:
 
 
 @_jit
-def _dot(a: np.ndarray, u: int, b: np.ndarray, i: int) -> float:
-    """``a[u] . b[i]`` (vectorized by LLVM: reassociation allowed)."""
+def row_dot(a: np.ndarray, u: int, b: np.ndarray, i: int) -> float:
+    """``a[u] . b[i]`` (vectorized by LLVM: reassociation allowed); callable from numba code."""
     s = 0.0
     for q in range(a.shape[1]):
         s += a[u, q] * b[i, q]
@@ -256,7 +256,7 @@ def _spmm_pair(indptr, cols, ratio, gw, gh, tile):  # noqa: ANN001, ANN202
 def _sddmm(rows, cols, a, b):  # noqa: ANN001, ANN202
     out = np.empty(rows.shape[0])
     for j in range(rows.shape[0]):
-        out[j] = _dot(a, rows[j], b, cols[j])
+        out[j] = row_dot(a, rows[j], b, cols[j])
     return out
 
 
