@@ -73,9 +73,12 @@ def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 3))
     two = OrdNMF(K, max_iter=15).fit(store, client)
-    with LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
-    ) as lc, Client(lc) as one_client:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
+        ) as lc,
+        Client(lc) as one_client,
+    ):
         one = OrdNMF(K, max_iter=15).fit(store, one_client)
     assert one.elbo_ == two.elbo_
     np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
@@ -105,8 +108,15 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
         counts[n] = (tasks, held)
 
     family = Ordinal(tuple(store.hist_train.tolist()))
-    runner = CaviRunner(client, store, family, CaviConfig(K, max_iter=40, tol=1e-300),
-                        str(tmp_path), cache_blocks=True, checkpoint_every=5)
+    runner = CaviRunner(
+        client,
+        store,
+        family,
+        CaviConfig(K, max_iter=40, tol=1e-300),
+        str(tmp_path),
+        cache_blocks=True,
+        checkpoint_every=5,
+    )
     runner.run(runner.random_init(), count_tasks)
     # the scheduler's task count cycles with the checkpoint period instead of growing (without
     # the cut it grows by ~50 tasks per iteration here); the iteration submitted ahead is
@@ -179,22 +189,37 @@ def test_restarts_keep_the_best_run(tmp_path, client, problem):
     assert [r["kept"] for r in best.runs_] == [f == max(finals) for f in finals]
 
 
-def test_block_and_chunk_homes():
-    """User-blocks that divide evenly among the workers go to them in contiguous runs (with their
-    W chunks); otherwise blocks go round-robin; restrictions are loose; none without workers."""
+def test_strip_block_and_chunk_homes():
+    """Row strips go to the workers in contiguous runs; a strip's blocks and its user-block's W
+    chunk go with it; restrictions are loose; none without workers."""
     from ordnmf_dask.engine.cavi import _homes
 
-    home = _homes(["a", "b"], 4, 3)
+    home = _homes(["a", "b"], 4, [[0, 1, 2]])
     assert [h["workers"] for h in home["row"]] == [["a"], ["a"], ["b"], ["b"]]
     assert all(h["allow_other_workers"] for h in home["row"])
     assert [[h["workers"][0] for h in row] for row in home["block"]] == [
         ["a"] * 3, ["a"] * 3, ["b"] * 3, ["b"] * 3,
     ]  # fmt: skip
     assert [h["workers"] for h in home["col"]] == [["a"], ["a"], ["b"]]
-    odd = _homes(["a", "b"], 3, 2)  # 3 user-blocks on 2 workers: round-robin blocks
-    assert [[h["workers"][0] for h in row] for row in odd["block"]] == [
-        ["a", "b"], ["a", "b"], ["a", "b"],
-    ]  # fmt: skip
+    one_row = _homes(["a", "b"], 1, [[0], [1, 2]])  # one user-block cut into two strips
+    assert [h["workers"][0] for h in one_row["strip"][0]] == ["a", "b"]
+    assert [h["workers"][0] for h in one_row["block"][0]] == ["a", "b", "b"]
+    assert one_row["row"][0]["workers"] == ["a"]
+    odd = _homes(["a", "b"], 3, [[0, 1]])  # 3 strips on 2 workers: runs of 2 and 1
+    assert [row[0]["workers"][0] for row in odd["strip"]] == ["a", "a", "b"]
     for workers in ([], ["a"]):
-        none = _homes(workers, 2, 2)
+        none = _homes(workers, 2, [[0, 1]])
         assert none["row"] == [{}, {}] and none["block"] == [[{}, {}], [{}, {}]]
+
+
+def test_column_groups():
+    """As few runs of item-blocks as keep every worker busy and each run's items bounded."""
+    from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, column_groups
+
+    w = np.array([1000] * 6)
+    assert column_groups(w, 4, 2) == [[0, 1, 2, 3, 4, 5]]  # enough user-blocks: one strip each
+    assert column_groups(w, 1, 2) == [[0, 1, 2], [3, 4, 5]]  # one user-block: two strips
+    assert column_groups(w, 1, 8) == [[j] for j in range(6)]  # never more runs than blocks
+    wide = np.array([MAX_STRIP_COLS // 2 + 1] * 4)
+    assert column_groups(wide, 4, 2) == [[0], [1], [2], [3]]  # runs stay <= MAX_STRIP_COLS
+    assert column_groups(np.array([3 * MAX_STRIP_COLS]), 1, 1) == [[0]]  # a wide block alone

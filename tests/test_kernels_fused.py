@@ -149,9 +149,11 @@ def test_sddmm_and_spmm_pair_against_dense():
     ratio = rng.random(block.nnz)
     r = np.zeros(y.shape)
     r[y > 0] = ratio
-    sw, sh = kernels.spmm_pair(block, ratio, gw, gh)
-    np.testing.assert_allclose(sw, gw * (r @ gh), rtol=1e-13)
-    np.testing.assert_allclose(sh, gh * (r.T @ gw), rtol=1e-13)
+    start = rng.random((15, 6))
+    sw = start.copy()
+    sh = kernels.spmm_pair(block, ratio, gw, gh, sw)  # adds into sw, unscaled
+    np.testing.assert_allclose(sw, start + r @ gh, rtol=1e-13)
+    np.testing.assert_allclose(sh, r.T @ gw, rtol=1e-13)
 
 
 def _dcpf_direct(y: np.ndarray, gw: np.ndarray, gh: np.ndarray, p: float, t: float):  # noqa: ANN202
@@ -187,4 +189,58 @@ def test_dcpf_local_step_matches_direct(monkeypatch, p, k):
     sw, sh, small = _dcpf_direct(y, gw, gh, p, 1.3)
     np.testing.assert_allclose(got.sw, sw, rtol=1e-12)
     np.testing.assert_allclose(got.sh, sh, rtol=1e-12)
+    np.testing.assert_allclose(got.small, small, rtol=1e-12)
+
+
+def _row_strip(y: np.ndarray, cuts: list[int], values: type = np.uint8) -> list[kernels.CsrBlock]:
+    """The blocks (one user-block, item-blocks cut at ``cuts``) of a dense class matrix."""
+    edges = [0, *cuts, y.shape[1]]
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        part = y[:, a:b]
+        rows, cols = np.nonzero(part)
+        vals = part[rows, cols].astype(values)
+        out.append(kernels.CsrBlock.from_coo(rows, cols, vals, part.shape))
+    return out
+
+
+@pytest.mark.parametrize("approx", [False, True])
+def test_local_step_row_sums_its_blocks(approx):
+    """One accumulator over several item-blocks (one with no nonzeros) equals the oracle on the
+    whole user-block; SH comes back per block."""
+    y = _classes((30, 40), 4, 0.3, seed=7)
+    y[:, 10:14] = 0  # an empty item-block
+    cuts = [10, 14, 31]
+    gw, gh, ew, eh = _factors(y.shape, 5, 8)
+    delta = oracle.init_delta(y, 4)
+    edges = [0, *cuts, 40]
+    parts = [slice(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    got = kernels.local_step_row(
+        _row_strip(y, cuts), gw, [gh[s] for s in parts], ew, [eh[s] for s in parts], delta, approx
+    )
+    want = oracle.local_step(y, gw, gh, delta, approx)
+    np.testing.assert_allclose(got.sw, want["SW"], rtol=1e-12, atol=0)
+    assert len(got.sh) == 4 and not got.sh[1].any()
+    np.testing.assert_allclose(np.concatenate(got.sh), want["SH"], rtol=1e-12, atol=0)
+    en_c, _, elbo, _ = kernels.split_ordinal_small(got.small)
+    assert elbo == pytest.approx(want["elbo_local"], rel=1e-12)
+    assert en_c.sum() == pytest.approx(want["En"][y > 0].sum(), rel=1e-12)
+    gap = thresholds.gap_from_delta(delta)
+    corr = kernels.row_correction_row(_row_strip(y, cuts), gap, [eh[s] for s in parts])
+    dense = np.where(y > 0, gap[y], 0.0)
+    np.testing.assert_allclose(corr, dense @ eh, rtol=1e-12)
+
+
+def test_dcpf_local_step_row_sums_its_blocks():
+    rng = np.random.default_rng(9)
+    y = np.where(rng.random((16, 21)) < 0.4, rng.geometric(0.3, (16, 21)), 0)
+    gw, gh, ew, eh = _factors(y.shape, 3, 2)
+    parts = [slice(0, 8), slice(8, 21)]
+    got = dcpf.local_step_row(
+        _row_strip(y, [8], np.float64), gw, [gh[s] for s in parts], ew, [eh[s] for s in parts],
+        0.4, 1.3,
+    )  # fmt: skip
+    sw, sh, small = _dcpf_direct(y, gw, gh, 0.4, 1.3)
+    np.testing.assert_allclose(got.sw, sw, rtol=1e-12)
+    np.testing.assert_allclose(np.concatenate(got.sh), sh, rtol=1e-12)
     np.testing.assert_allclose(got.small, small, rtol=1e-12)

@@ -112,7 +112,9 @@ class CaviRunner:
             [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
             for r in range(n_r)
         ]
-        self._home = _homes(sorted(client.scheduler_info()["workers"]), n_r, n_c)
+        workers = sorted(client.scheduler_info()["workers"])
+        self.groups = column_groups(np.diff(store.col_bounds), n_r, len(workers))
+        self._home = _homes(workers, n_r, self.groups)
         if cache_blocks:
             load, home = tasks.materialize, self._home["block"]
             self.blocks = [
@@ -152,37 +154,63 @@ class CaviRunner:
         return w, h
 
     # -- passes --------------------------------------------------------------------------
+    def _strip(self, g: int, items: list[Any]) -> list[Any]:
+        """``items`` (indexed by item-block) restricted to the item-blocks of group g."""
+        return [items[c] for c in self.groups[g]]
+
     def _local_pass(
         self, w: list[Future], h: list[Future], params: Any
     ) -> tuple[list[Future], list[Future], Future]:
-        n_r, n_c = self.store.grid
-        submit, fam = self.client.submit, self.family
-        fn, home, blocks = tasks.local_block, self._home["block"], self.blocks
+        """Local step by row strips; SW summed over a row's strips, SH over the user-blocks."""
+        client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
         stats = [
-            [submit(fn, blocks[r][c], w[r], h[c], fam, params, **home[r][c]) for c in range(n_c)]
-            for r in range(n_r)
+            [
+                client.submit(
+                    tasks.local_strip,
+                    self._strip(g, blocks[r]),
+                    w[r],
+                    self._strip(g, h),
+                    fam,
+                    params,
+                    **home[r][g],
+                )  # fmt: skip
+                for g in range(len(self.groups))
+            ]
+            for r in range(len(blocks))
         ]
-        sw = [tree_sum(self.client, stats[r], "sw", lazy=True) for r in range(n_r)]
+        sw = [tree_sum(client, row, "sw", lazy=True) for row in stats]
         sh = [
-            tree_sum(self.client, [stats[r][c] for r in range(n_r)], "sh", lazy=True)
-            for c in range(n_c)
+            tree_sum(client, [row[g] for row in stats], ("sh", j), lazy=True)
+            for g, group in enumerate(self.groups)
+            for j in range(len(group))
         ]
-        small = tree_sum(self.client, [s for row in stats for s in row], "small")
+        small = tree_sum(client, [s for row in stats for s in row], "small")
         return sw, sh, small
 
     def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:
-        submit, fn, fam = self.client.submit, tasks.row_correction_block, self.family
-        home = self._home["block"]
+        """W-rate terms by row strips, summed over a row's strips."""
+        client, fam, home = self.client, self.family, self._home["strip"]
         return [
             tree_sum(
-                self.client,
-                [submit(fn, b, fam, params, h[c], **home[r][c]) for c, b in enumerate(row)],
+                client,
+                [
+                    client.submit(
+                        tasks.row_correction_strip,
+                        self._strip(g, row),
+                        fam,
+                        params,
+                        self._strip(g, h),
+                        **home[r][g],
+                    )  # fmt: skip
+                    for g in range(len(self.groups))
+                ],
                 lazy=True,
             )
             for r, row in enumerate(self.blocks)
         ]
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
+        """H-rate terms block by block (each an (n_cols, K) partial), summed over user-blocks."""
         submit, fn, fam = self.client.submit, tasks.col_correction_block, self.family
         home = self._home["block"]
         return [
@@ -352,26 +380,55 @@ class CaviRunner:
         return state
 
 
-def _homes(workers: list[str], n_r: int, n_c: int) -> dict[str, list[Any]]:
-    """Preferred workers (``submit`` keywords) of each block, W chunk and H chunk.
+MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~100 MB at K = 50
 
-    When the user-blocks divide evenly among the n workers, the blocks of user-block r and W
-    chunk r live on worker ``r * n // n_r`` (contiguous runs of user-blocks): W chunks, SW and
-    W-rate sums then never cross the network, and the first levels of the column-wise tree sums
-    pair partials that sit on the same worker. Otherwise blocks go round-robin in grid order.
-    H chunk c prefers worker ``c * n // n_c``. The restrictions are loose
-    (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker, or
-    none connected yet (a cluster still starting).
+
+def column_groups(widths: np.ndarray, n_r: int, n_workers: int) -> list[list[int]]:
+    """Item-blocks cut into runs, one row strip per (user-block, run).
+
+    A strip's task reads its blocks one at a time into one SW (or W-rate) accumulator, so there
+    are no per-block (n_rows, K) partials to allocate and add. Runs are as few as possible: at
+    least ``ceil(n_workers / n_r)`` of them so that every worker gets a strip, and a run holds at
+    most MAX_STRIP_COLS items unless it is a single item-block. ``widths``: items per item-block.
     """
-    n = len(workers)
+    n_c = len(widths)
+    parts = min(n_c, max(1, -(-n_workers // max(n_r, 1))))
+    groups = [list(map(int, a)) for a in np.array_split(np.arange(n_c), parts)]
+    out: list[list[int]] = []
+    while groups:
+        g = groups.pop(0)
+        if len(g) > 1 and int(np.sum(widths[g])) > MAX_STRIP_COLS:
+            half = len(g) // 2
+            groups[:0] = [g[:half], g[half:]]
+        else:
+            out.append(g)
+    return out
+
+
+def _homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, list[Any]]:
+    """Preferred workers (``submit`` keywords) of each row strip, block, W chunk and H chunk.
+
+    Row strips go to the n workers in contiguous runs in grid order (strip s of S on worker
+    ``s * n // S``); the blocks of a strip live where it runs (cached blocks never move), and W
+    chunk r with the first strip of user-block r (with one strip per user-block, W chunks, SW and
+    the W-rate sums never cross the network). H chunk c prefers worker ``c * n // n_c``. The
+    restrictions are loose (``allow_other_workers``): a lost worker's tasks run elsewhere. None
+    with one worker, or none connected yet (a cluster still starting).
+    """
+    n, n_g = len(workers), len(groups)
+    n_c = sum(len(g) for g in groups)
 
     def at(j: int) -> dict[str, Any]:
-        return {"workers": [workers[j % n]], "allow_other_workers": True} if n > 1 else {}
+        return {"workers": [workers[j]], "allow_other_workers": True} if n > 1 else {}
 
-    by_row = n > 0 and n_r % n == 0
-    row = [at(r * n // n_r) for r in range(n_r)]
-    block = [[row[r] if by_row else at(r * n_c + c) for c in range(n_c)] for r in range(n_r)]
-    return {"row": row, "col": [at(c * n // n_c) for c in range(n_c)], "block": block}
+    strip = [[at((r * n_g + g) * n // (n_r * n_g)) for g in range(n_g)] for r in range(n_r)]
+    block = [[strip[r][g] for g, group in enumerate(groups) for _ in group] for r in range(n_r)]
+    return {
+        "strip": strip,
+        "block": block,
+        "row": [strip[r][0] for r in range(n_r)],
+        "col": [at(c * n // n_c) for c in range(n_c)],
+    }
 
 
 @dataclass

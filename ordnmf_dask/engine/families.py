@@ -42,8 +42,8 @@ class Ordinal:
         return len(self.hist) - 1
 
     @property
-    def kernel(self) -> Callable[..., kernels.LocalStats]:
-        return kernels.local_step
+    def kernel(self) -> Callable[..., kernels.RowStats]:
+        return kernels.local_step_row
 
     def init_params(self) -> np.ndarray:
         if self.fixed_delta is not None:
@@ -103,8 +103,8 @@ class DcPF:
     uses_correction = False
 
     @property
-    def kernel(self) -> Callable[..., kernels.LocalStats]:
-        return dcpf.local_step
+    def kernel(self) -> Callable[..., kernels.RowStats]:
+        return dcpf.local_step_row
 
     def init_params(self) -> float:
         return float(self.p)

@@ -38,30 +38,38 @@ def tree_reduce(
     return level[0]
 
 
-def _part(x: object, field: str | None) -> np.ndarray:
-    return x if field is None or isinstance(x, np.ndarray) else getattr(x, field)
+Field = str | tuple[str, int] | None  # an attribute, or item j of a tuple attribute
 
 
-def _add(a: object, b: object, field: str | None = None) -> np.ndarray:
+def _part(x: object, field: Field) -> np.ndarray:
+    if field is None or isinstance(x, np.ndarray):
+        return x
+    if isinstance(field, tuple):
+        return getattr(x, field[0])[field[1]]
+    return getattr(x, field)
+
+
+def _add(a: object, b: object, field: Field = None) -> np.ndarray:
     return _part(a, field) + _part(b, field)
 
 
-def _pick(a: object, field: str | None = None) -> np.ndarray:
+def _pick(a: object, field: Field = None) -> np.ndarray:
     return _part(a, field)
 
 
-Lazy = Future | tuple[Future, str]
+Lazy = Future | tuple[Future, Field]
 
 
 def resolve(x: object) -> np.ndarray:
-    """On a worker: the value of a :data:`Lazy` argument (``(obj, field)`` -> ``obj.field``)."""
-    return getattr(x[0], x[1]) if isinstance(x, tuple) else x
+    """On a worker: the value of a :data:`Lazy` argument (``(obj, field)`` -> its field)."""
+    return _part(x[0], x[1]) if isinstance(x, tuple) else x
 
 
 def tree_sum(
-    client: Client, futures: Sequence[Future], field: str | None = None, lazy: bool = False
+    client: Client, futures: Sequence[Future], field: Field = None, lazy: bool = False
 ) -> Lazy:
-    """Sum ``getattr(f, field)`` (or ``f`` itself) over ``futures`` with a fixed binary tree.
+    """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
+    is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``.
 
     With ``lazy`` and a single input, no task is added: the result is ``(future, field)``, which
     task arguments accept (Dask resolves the future inside the tuple) and :func:`resolve`

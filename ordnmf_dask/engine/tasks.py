@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from ..io.store import read_block
 from ..model import kernels
-from ..model.kernels import CsrBlock, LocalStats
+from ..model.kernels import CsrBlock, RowStats
 from ..model.updates import FactorChunk, update_chunk
 from .families import Family
 from .reduce import resolve
@@ -76,20 +77,31 @@ def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
     return FactorChunk.initial(zarr.open_array(path, mode="r")[start:stop])
 
 
-def local_block(
-    block: CsrBlock | BlockRef, w: FactorChunk, h: FactorChunk, family: Family, params: Any
-) -> LocalStats:
-    """Local step of block (r, c): the family's kernel with (mean, geo) of W_r and H_c."""
+def _read(blocks: Sequence[CsrBlock | BlockRef]) -> Iterator[CsrBlock]:
+    """The blocks one at a time (a streamed strip never holds more than one block)."""
+    return (materialize(b) for b in blocks)
+
+
+def local_strip(
+    blocks: Sequence[CsrBlock | BlockRef],
+    w: FactorChunk,
+    hs: Sequence[FactorChunk],
+    family: Family,
+    params: Any,
+) -> RowStats:
+    """Local step of a row strip (blocks (r, c) for a run of c): the family's kernel with
+    (mean, geo) of W_r and of each H_c; SW summed in one accumulator, SH per block."""
     return family.kernel(
-        materialize(block), w.geo, h.geo, w.mean, h.mean, *family.kernel_args(params)
-    )
+        _read(blocks), w.geo, [h.geo for h in hs], w.mean, [h.mean for h in hs],
+        *family.kernel_args(params),
+    )  # fmt: skip
 
 
-def row_correction_block(
-    block: CsrBlock | BlockRef, family: Family, params: Any, h: FactorChunk
+def row_correction_strip(
+    blocks: Sequence[CsrBlock | BlockRef], family: Family, params: Any, hs: Sequence[FactorChunk]
 ) -> np.ndarray:
-    """Sparse W-rate term of block (r, c), shape (n_rows, K), with the family's G from params."""
-    return kernels.row_correction(materialize(block), family.gap(params), h.mean)
+    """Sparse W-rate term of a row strip, shape (n_rows, K), with the family's G from params."""
+    return kernels.row_correction_row(_read(blocks), family.gap(params), [h.mean for h in hs])
 
 
 def col_correction_block(

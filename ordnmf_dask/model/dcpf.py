@@ -9,11 +9,54 @@ data (E[n] = 1).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 from scipy.special import digamma, gammaln
 from scipy.stats import nbinom
 
-from .kernels import _CHUNK, CsrBlock, LocalStats, sddmm, spmm_pair
+from .kernels import _CHUNK, CsrBlock, LocalStats, RowStats, _f64, sddmm, spmm_pair
+
+
+def local_step_row(
+    blocks: Iterable[CsrBlock],
+    gw: np.ndarray,
+    ghs: Sequence[np.ndarray],
+    ew: np.ndarray,
+    ehs: Sequence[np.ndarray],
+    p: float,
+    t: float,
+) -> RowStats:
+    """Local step of dcPF-Log over blocks (r, c) of one user-block r for a run of item-blocks c;
+    ``block.y`` holds the counts (float64).
+
+    Returns SW (n_rows, K) summed over the blocks, SH per block (n_cols_c, K) and
+    ``small = [sum E[n], sum y, local bound]`` where the bound is
+    ``-sum log y! + (sum y) log p + sum [lgamma(y + r) - lgamma(r)]`` for 0 < p < 1,
+    ``-sum log y! + sum y log s`` for p = 0 and ``sum log s`` for p = 1 (s = t Lambda).
+    ``ew``, ``ehs`` are unused (the rates have no sparse correction) but keep one signature.
+
+    Lambda is a compiled SDDMM (nnz,), E[n] and the bound use scipy's digamma / gammaln on slabs
+    of ``_CHUNK`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
+    """
+    gw = _f64(gw)
+    sw = np.zeros(gw.shape)
+    sums = np.zeros(3)  # sum E[n], sum y, bound
+    sh = []
+    for block, gh in zip(blocks, ghs, strict=True):
+        gh = _f64(gh)
+        lam_geo = sddmm(block.rows, block.cols, gw, gh)
+        ratio = np.empty_like(lam_geo)
+        for start in range(0, block.nnz, _CHUNK):
+            part = slice(start, start + _CHUNK)
+            en, elbo = _counts_terms(block.y[part].astype(np.float64), t * lam_geo[part], p)
+            ratio[part] = en / lam_geo[part]
+            sums += (en.sum(), block.y[part].sum(dtype=np.float64), elbo)
+        part_sh = spmm_pair(block, ratio, gw, gh, sw)
+        part_sh *= gh
+        sh.append(part_sh)
+    sw *= gw
+    return RowStats(sw, tuple(sh), sums)
 
 
 def local_step(
@@ -25,26 +68,9 @@ def local_step(
     p: float,
     t: float,
 ) -> LocalStats:
-    """Local step of dcPF-Log on one block; ``block.y`` holds the counts (float64).
-
-    Returns SW, SH and ``small = [sum E[n], sum y, local bound]`` where the bound is
-    ``-sum log y! + (sum y) log p + sum [lgamma(y + r) - lgamma(r)]`` for 0 < p < 1,
-    ``-sum log y! + sum y log s`` for p = 0 and ``sum log s`` for p = 1 (s = t Lambda).
-    ``ew``, ``eh`` are unused (the rates have no sparse correction) but keep one signature.
-
-    Lambda is a compiled SDDMM (nnz,), E[n] and the bound use scipy's digamma / gammaln on slabs
-    of ``_CHUNK`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
-    """
-    lam_geo = sddmm(block.rows, block.cols, gw, gh)
-    ratio = np.empty_like(lam_geo)
-    sums = np.zeros(3)  # sum E[n], sum y, bound
-    for start in range(0, block.nnz, _CHUNK):
-        part = slice(start, start + _CHUNK)
-        en, elbo = _counts_terms(block.y[part].astype(np.float64), t * lam_geo[part], p)
-        ratio[part] = en / lam_geo[part]
-        sums += (en.sum(), block.y[part].sum(dtype=np.float64), elbo)
-    sw, sh = spmm_pair(block, ratio, gw, gh)
-    return LocalStats(sw, sh, sums)
+    """:func:`local_step_row` of a single block: SW (n_rows, K), SH (n_cols, K), small."""
+    row = local_step_row([block], gw, [gh], ew, [eh], p, t)
+    return LocalStats(row.sw, row.sh[0], row.small)
 
 
 def _counts_terms(y: np.ndarray, s: np.ndarray, p: float) -> tuple[np.ndarray, float]:

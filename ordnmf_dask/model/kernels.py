@@ -30,6 +30,7 @@ Dtype policy:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +96,19 @@ class LocalStats:
     small: np.ndarray
 
 
+@dataclass(frozen=True)
+class RowStats:
+    """Partial sums of a local step over the blocks of one user-block (a run of item-blocks).
+
+    sw : (n_rows, K) summed over the blocks; sh : per block, (n_cols_c, K); small : as in
+    :class:`LocalStats`.
+    """
+
+    sw: np.ndarray
+    sh: tuple[np.ndarray, ...]
+    small: np.ndarray
+
+
 def ordinal_small(
     en_by_class: np.ndarray, lam_by_class: np.ndarray, elbo: float, bound: float
 ) -> np.ndarray:
@@ -153,8 +167,12 @@ def _tile_cols(k: int, block: CsrBlock) -> int:
 
 
 @_jit
-def _ordinal_pass(indptr, cols, y, gw, gh, ew, eh, delta, approx, tile):  # noqa: ANN001, ANN202
-    """Fused ordinal local step; returns sw (n_rows, K), sh (n_cols, K), small (2 V + 4,).
+def _ordinal_pass(  # noqa: ANN202
+    indptr, cols, y, gw, gh, ew, eh, delta, approx, tile, sw, total, comp  # noqa: ANN001
+):
+    """Fused ordinal local step of one block: adds ``R @ GH`` into ``sw`` (n_rows, K) and the
+    O(V) sums into ``total`` / ``comp`` (Neumaier pairs, 2 V + 4); returns ``R^T @ GW``
+    (n_cols, K). R holds E[n] / Lambda; the caller scales by GW, GH once per strip.
 
     The nonzeros are visited by column tiles of ``tile`` columns, rows in order within a tile
     (each row's nonzeros in a tile are a contiguous run of its CSR range, found with a cursor
@@ -164,10 +182,7 @@ def _ordinal_pass(indptr, cols, y, gw, gh, ew, eh, delta, approx, tile):  # noqa
     n_rows, k = gw.shape
     n_cols = gh.shape[0]
     v1 = delta.shape[0]
-    sw = np.zeros((n_rows, k))
     sh = np.zeros((n_cols, k))
-    total = np.zeros(2 * v1 + 2)  # [E[n] by class, lambda by class, elbo, bound]
-    comp = np.zeros(2 * v1 + 2)
     cursor = indptr[:-1].copy()
     for c_end in range(tile, n_cols + tile, tile):
         for u in range(n_rows):
@@ -217,20 +232,16 @@ def _ordinal_pass(indptr, cols, y, gw, gh, ew, eh, delta, approx, tile):  # noqa
             _add(total, comp, 2 * v1, elbo_run)
             _add(total, comp, 2 * v1 + 1, bound_run if approx else elbo_run)
             cursor[u] = j
-    sw *= gw
-    sh *= gh
-    return sw, sh, total + comp
+    return sh
 
 
 @_jit
-def _spmm_pair(indptr, cols, ratio, gw, gh, tile):  # noqa: ANN001, ANN202
-    """``gw * (R @ gh)`` and ``gh * (R^T @ gw)`` for R the block with values ``ratio``.
-
-    Same column-tiled visiting order as :func:`_ordinal_pass`.
+def _spmm_pair(indptr, cols, ratio, gw, gh, tile, sw):  # noqa: ANN001, ANN202
+    """Adds ``R @ gh`` into ``sw`` and returns ``R^T @ gw`` for R the block with values
+    ``ratio`` (unscaled, as :func:`_ordinal_pass`). Same column-tiled visiting order.
     """
     n_rows, k = gw.shape
     n_cols = gh.shape[0]
-    sw = np.zeros((n_rows, k))
     sh = np.zeros((n_cols, k))
     cursor = indptr[:-1].copy()
     for c_end in range(tile, n_cols + tile, tile):
@@ -247,9 +258,7 @@ def _spmm_pair(indptr, cols, ratio, gw, gh, tile):  # noqa: ANN001, ANN202
                     sh_i[q] += r * gw_u[q]
                 j += 1
             cursor[u] = j
-    sw *= gw
-    sh *= gh
-    return sw, sh
+    return sh
 
 
 @_jit
@@ -261,10 +270,9 @@ def _sddmm(rows, cols, a, b):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _row_corr(indptr, cols, y, gap, eh, tile):  # noqa: ANN001, ANN202
-    """``out[u] = sum_j gap[y_j] eh[cols_j]`` over row u's nonzeros, by column tiles."""
+def _row_corr(indptr, cols, y, gap, eh, tile, out):  # noqa: ANN001, ANN202
+    """``out[u] += sum_j gap[y_j] eh[cols_j]`` over row u's nonzeros, by column tiles."""
     n_rows, k = indptr.shape[0] - 1, eh.shape[1]
-    out = np.zeros((n_rows, k))
     cursor = indptr[:-1].copy()
     for c_end in range(tile, eh.shape[0] + tile, tile):
         for u in range(n_rows):
@@ -276,7 +284,6 @@ def _row_corr(indptr, cols, y, gap, eh, tile):  # noqa: ANN001, ANN202
                     out_u[q] += g * eh_i[q]
                 j += 1
             cursor[u] = j
-    return out
 
 
 @_jit
@@ -312,11 +319,14 @@ def sddmm(rows: np.ndarray, cols: np.ndarray, a: np.ndarray, b: np.ndarray) -> n
 
 
 def spmm_pair(
-    block: CsrBlock, ratio: np.ndarray, gw: np.ndarray, gh: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(gw * (R @ gh), gh * (R^T @ gw))`` with R the block holding ``ratio`` (nnz,) float64."""
+    block: CsrBlock, ratio: np.ndarray, gw: np.ndarray, gh: np.ndarray, sw: np.ndarray
+) -> np.ndarray:
+    """Add ``R @ gh`` into ``sw`` (n_rows, K, float64) and return ``R^T @ gw`` (n_cols, K), with
+    R the block holding ``ratio`` (nnz,) float64 (neither is scaled by gw / gh)."""
     gw, gh = _f64(gw), _f64(gh)
-    return _spmm_pair(block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1], block))
+    return _spmm_pair(
+        block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1], block), sw
+    )
 
 
 def expected_n(x: np.ndarray) -> np.ndarray:
@@ -332,6 +342,48 @@ def log_expm1(x: np.ndarray) -> np.ndarray:
     return x + np.log(-np.expm1(-x))
 
 
+def local_step_row(
+    blocks: Iterable[CsrBlock],
+    gw: np.ndarray,
+    ghs: Sequence[np.ndarray],
+    ew: np.ndarray,
+    ehs: Sequence[np.ndarray],
+    delta: np.ndarray,
+    approx: bool,
+) -> RowStats:
+    """Local CAVI step (DESIGN.md section 2) over blocks (r, c) of one user-block r for a run of
+    item-blocks c, one fused pass over each block's nonzeros.
+
+    Parameters
+    ----------
+    blocks : the blocks, in item-block order (may be an iterator: blocks read one at a time).
+    gw, ew : (n_rows, K) exp(E[log W]) and E[W] of user-block r.
+    ghs, ehs : per block, (n_cols_c, K) exp(E[log H]) and E[H] of its item-block.
+    delta : (V + 1,) threshold decrements.
+    approx : q(n) = delta_1 (E[n] = 1, "PF on binarized data"); the returned bound is still
+        the local ELBO sum log(expm1(Lambda Delta_y)), as in the published code.
+
+    Returns SW (n_rows, K) summed over the blocks (one accumulator: no per-block partials), SH
+    per block and ``small`` (:func:`ordinal_small`), float64.
+    """
+    delta, gw, ew = _f64(delta), _f64(gw), _f64(ew)
+    v1 = delta.shape[0]
+    sw = np.zeros(gw.shape)
+    total, comp = np.zeros(2 * v1 + 2), np.zeros(2 * v1 + 2)  # Neumaier pairs
+    sh = []
+    for block, gh, eh in zip(blocks, ghs, ehs, strict=True):
+        _check_classes(block, v1)
+        gh = _f64(gh)
+        part = _ordinal_pass(
+            block.indptr, block.cols, block.y, gw, gh, ew, _f64(eh), delta, bool(approx),
+            _tile_cols(gw.shape[1], block), sw, total, comp,
+        )  # fmt: skip
+        part *= gh
+        sh.append(part)
+    sw *= gw
+    return RowStats(sw, tuple(sh), total + comp)
+
+
 def local_step(
     block: CsrBlock,
     gw: np.ndarray,
@@ -341,34 +393,33 @@ def local_step(
     delta: np.ndarray,
     approx: bool,
 ) -> LocalStats:
-    """Local CAVI step on one block (DESIGN.md section 2), one fused pass over the nonzeros.
+    """:func:`local_step_row` of a single block: SW (n_rows, K), SH (n_cols, K), small."""
+    row = local_step_row([block], gw, [gh], ew, [eh], delta, approx)
+    return LocalStats(row.sw, row.sh[0], row.small)
 
-    Parameters
-    ----------
-    gw, gh : (n_rows, K), (n_cols, K) geometric means exp(E[log W]), exp(E[log H]).
-    ew, eh : (n_rows, K), (n_cols, K) arithmetic means E[W], E[H] (for the Delta statistics).
-    delta : (V + 1,) threshold decrements.
-    approx : q(n) = delta_1 (E[n] = 1, "PF on binarized data"); the returned bound is still
-        the local ELBO sum log(expm1(Lambda Delta_y)), as in the published code.
 
-    Returns SW (n_rows, K), SH (n_cols, K) and ``small`` (:func:`ordinal_small`), float64.
-    """
-    delta = _f64(delta)
-    _check_classes(block, delta.shape[0])
-    gw = _f64(gw)
-    sw, sh, small = _ordinal_pass(
-        block.indptr, block.cols, block.y, gw, _f64(gh), _f64(ew), _f64(eh), delta,
-        bool(approx), _tile_cols(gw.shape[1], block),
-    )  # fmt: skip
-    return LocalStats(sw, sh, small)
+def row_correction_row(
+    blocks: Iterable[CsrBlock], gap: np.ndarray, ehs: Sequence[np.ndarray]
+) -> np.ndarray:
+    """``out[u] = sum_{i: y_ui > 0} G_{y_ui} E[h_i]`` over the blocks of one user-block (one
+    accumulator), shape (n_rows, K): the sparse W-rate term. ``ehs``: per block (n_cols_c, K).
+    ``blocks`` may be an iterator (blocks read one at a time)."""
+    gap = _f64(gap)
+    out = None
+    for block, eh in zip(blocks, ehs, strict=True):
+        _check_classes(block, gap.shape[0])
+        eh = _f64(eh)
+        if out is None:
+            out = np.zeros((block.shape[0], eh.shape[1]))
+        _row_corr(block.indptr, block.cols, block.y, gap, eh, _tile_cols(eh.shape[1], block), out)
+    if out is None:
+        raise ValueError("row_correction_row of no blocks")
+    return out
 
 
 def row_correction(block: CsrBlock, gap: np.ndarray, eh: np.ndarray) -> np.ndarray:
-    """``out[u] = sum_{i: y_ui > 0} G_{y_ui} E[h_i]``, shape (n_rows, K): the sparse W-rate term."""
-    gap = _f64(gap)
-    _check_classes(block, gap.shape[0])
-    eh = _f64(eh)
-    return _row_corr(block.indptr, block.cols, block.y, gap, eh, _tile_cols(eh.shape[1], block))
+    """:func:`row_correction_row` of a single block, shape (n_rows, K)."""
+    return row_correction_row([block], gap, [eh])
 
 
 def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarray:
