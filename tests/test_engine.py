@@ -212,14 +212,20 @@ def test_strip_block_and_chunk_homes():
         assert none["row"] == [{}, {}] and none["block"] == [[{}, {}], [{}, {}]]
 
 
-def test_column_groups():
-    """As few runs of item-blocks as keep every worker busy and each run's items bounded."""
-    from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, column_groups
+def test_strip_runs():
+    """Runs of blocks per strip: few enough blocks and factor rows per strip, enough strips on
+    small grids, never depending on the cluster."""
+    from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, runs
 
     w = np.array([1000] * 6)
-    assert column_groups(w, 4, 2) == [[0, 1, 2, 3, 4, 5]]  # enough user-blocks: one strip each
-    assert column_groups(w, 1, 2) == [[0, 1, 2], [3, 4, 5]]  # one user-block: two strips
-    assert column_groups(w, 1, 8) == [[j] for j in range(6)]  # never more runs than blocks
+    assert runs(w, 8, MAX_STRIP_COLS) == [[0, 1, 2, 3, 4, 5]]  # 8 strips already: one run
+    assert runs(w, 4, MAX_STRIP_COLS) == [[0, 1, 2], [3, 4, 5]]  # 2 x 4 = 8 strips
+    assert runs(w, 1, MAX_STRIP_COLS) == [[j] for j in range(6)]  # never more runs than blocks
+    assert runs(np.array([10] * 20), 8, MAX_STRIP_COLS) == [
+        list(range(0, 7)), list(range(7, 14)), list(range(14, 20)),
+    ]  # fmt: skip  # at most MAX_STRIP_BLOCKS = 8 blocks per strip
     wide = np.array([MAX_STRIP_COLS // 2 + 1] * 4)
-    assert column_groups(wide, 4, 2) == [[0], [1], [2], [3]]  # runs stay <= MAX_STRIP_COLS
-    assert column_groups(np.array([3 * MAX_STRIP_COLS]), 1, 1) == [[0]]  # a wide block alone
+    assert runs(wide, 8, MAX_STRIP_COLS) == [[0], [1], [2], [3]]  # <= MAX_STRIP_COLS rows
+    uneven = np.array([10, 10, 10, MAX_STRIP_COLS])  # 2 equal-count runs; the 2nd is too wide
+    assert runs(uneven, 8, MAX_STRIP_COLS) == [[0, 1], [2], [3]]
+    assert runs(np.array([3 * MAX_STRIP_COLS]), 8, MAX_STRIP_COLS) == [[0]]  # a wide block alone

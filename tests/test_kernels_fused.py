@@ -229,6 +229,15 @@ def test_local_step_row_sums_its_blocks(approx):
     corr = kernels.row_correction_row(_row_strip(y, cuts), gap, [eh[s] for s in parts])
     dense = np.where(y > 0, gap[y], 0.0)
     np.testing.assert_allclose(corr, dense @ eh, rtol=1e-12)
+    # the transposed strip: one item-block, user-blocks cut at rows 7 and 19
+    row_parts = [slice(0, 7), slice(7, 19), slice(19, 30)]
+    col_blocks = [
+        kernels.CsrBlock.from_coo(*np.nonzero(y[s]), y[s][np.nonzero(y[s])].astype(np.uint8),
+                                  y[s].shape)
+        for s in row_parts
+    ]  # fmt: skip
+    corr_h = kernels.col_correction_col(col_blocks, gap, [ew[s] for s in row_parts])
+    np.testing.assert_allclose(corr_h, dense.T @ ew, rtol=1e-12)
 
 
 def test_dcpf_local_step_row_sums_its_blocks():

@@ -1,21 +1,27 @@
 """The exact CAVI loop on a Dask cluster (DESIGN.md sections 2, 4 and 5).
 
 One loop for every model family (:mod:`.families`). Per iteration, up to three passes over the
-block grid, each a map over blocks followed by fixed-order tree reductions on the workers:
+block grid, each a map over strips of blocks followed by fixed-order tree reductions on the
+workers:
 
 1. W-rate pass (ordinal models): ``sum_i G_y E[h_i]`` per user-block, with the new Delta and
-   the current E[H];
+   the current E[H], by row strips (a user-block and a run of item-blocks);
 2. H-rate pass (ordinal models): ``sum_u G_y E[w_u]`` per item-block, with the NEW E[W]
-   (exact coordinate ascent);
-3. local pass: E[n], SW, SH and the family's O(V) statistics (next Delta or p, local ELBO).
+   (exact coordinate ascent), by column strips (an item-block and a run of user-blocks);
+3. local pass by row strips: E[n], SW, SH and the family's O(V) statistics (next Delta or p,
+   local ELBO).
+
+A strip task reads its blocks one at a time (streamed) and folds them into one (n, K)
+accumulator: memory per task is bounded by MAX_STRIP_COLS / MAX_STRIP_ROWS factor rows and one
+block, and there is one partial per strip, not per block, to move and add.
 
 Factor chunks stay on the workers as futures; the global parameters (Delta or p) are computed
 on a worker too, so the client submits iteration n + 1 while iteration n runs and gathers only
 O(K + V) numbers (column sums, per-class sums, ELBO parts) per iteration: the workers never wait
-for the client's round trip. Every ``checkpoint_every``
-iterations (or ``checkpoint_minutes``) the state is checkpointed to zarr by the workers and read
-back (:mod:`.checkpoint`), which cuts the task lineage so the scheduler's graph stays bounded
-over long fits, and lets an interrupted fit resume where it stopped.
+for the client's round trip. Every ``checkpoint_every`` iterations (or ``checkpoint_minutes``)
+the state is checkpointed to zarr by the workers and read back (:mod:`.checkpoint`), which cuts
+the task lineage so the scheduler's graph stays bounded over long fits, and lets an interrupted
+fit resume where it stopped.
 """
 
 from __future__ import annotations
@@ -112,9 +118,10 @@ class CaviRunner:
             [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
             for r in range(n_r)
         ]
-        workers = sorted(client.scheduler_info()["workers"])
-        self.groups = column_groups(np.diff(store.col_bounds), n_r, len(workers))
-        self._home = _homes(workers, n_r, self.groups)
+        # row strips: user-block r x a run of item-blocks; column strips: the transpose
+        self.groups = runs(np.diff(store.col_bounds), n_r, MAX_STRIP_COLS)
+        self.row_runs = runs(np.diff(store.row_bounds), n_c, MAX_STRIP_ROWS)
+        self._home = _homes(sorted(client.scheduler_info()["workers"]), n_r, self.groups)
         if cache_blocks:
             load, home = tasks.materialize, self._home["block"]
             self.blocks = [
@@ -178,7 +185,9 @@ class CaviRunner:
             ]
             for r in range(len(blocks))
         ]
-        sw = [tree_sum(client, row, "sw", lazy=True) for row in stats]
+        # not lazy: a strip's result also holds its SH parts (n_items x K over the strip), which
+        # must not stay in memory until the next W update consumes SW
+        sw = [tree_sum(client, row, "sw") for row in stats]
         sh = [
             tree_sum(client, [row[g] for row in stats], ("sh", j), lazy=True)
             for g, group in enumerate(self.groups)
@@ -210,15 +219,18 @@ class CaviRunner:
         ]
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
-        """H-rate terms block by block (each an (n_cols, K) partial), summed over user-blocks."""
-        submit, fn, fam = self.client.submit, tasks.col_correction_block, self.family
-        home = self._home["block"]
+        """H-rate terms by column strips (item-block c, a run of user-blocks), summed over the
+        runs."""
+        client, fam, home, blocks = self.client, self.family, self._home["block"], self.blocks
         return [
             tree_sum(
-                self.client,
+                client,
                 [
-                    submit(fn, row[c], fam, params, w[r], **home[r][c])
-                    for r, row in enumerate(self.blocks)
+                    client.submit(
+                        tasks.col_correction_strip, [blocks[r][c] for r in run], fam, params,
+                        [w[r] for r in run], **home[run[0]][c],
+                    )  # fmt: skip
+                    for run in self.row_runs
                 ],
                 lazy=True,
             )
@@ -381,27 +393,35 @@ class CaviRunner:
 
 
 MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~100 MB at K = 50
+MAX_STRIP_ROWS = 2**18  # users per column strip: its E[W] tables stay ~100 MB at K = 50
+MAX_STRIP_BLOCKS = 8  # blocks per strip: a pass has at least n_r n_c / 8 tasks to spread
+MIN_STRIPS = 8  # strips per pass wanted on small grids (when there are enough blocks)
 
 
-def column_groups(widths: np.ndarray, n_r: int, n_workers: int) -> list[list[int]]:
-    """Item-blocks cut into runs, one row strip per (user-block, run).
+def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:
+    """Indices 0..n-1 (block positions along one axis of the grid) cut into contiguous runs of
+    about equal count: one strip per (run, block on the other axis).
 
-    A strip's task reads its blocks one at a time into one SW (or W-rate) accumulator, so there
-    are no per-block (n_rows, K) partials to allocate and add. Runs are as few as possible: at
-    least ``ceil(n_workers / n_r)`` of them so that every worker gets a strip, and a run holds at
-    most MAX_STRIP_COLS items unless it is a single item-block. ``widths``: items per item-block.
+    As few runs as keep every strip within MAX_STRIP_BLOCKS blocks and ``limit`` factor rows
+    (``widths``: rows per block; a single wider block is its own run), and give at least
+    MIN_STRIPS strips when there are that many blocks (``across``: blocks on the other axis).
+    The cut depends on the grid only, never on the cluster: sums are bit-identical whatever the
+    number of workers.
     """
-    n_c = len(widths)
-    parts = min(n_c, max(1, -(-n_workers // max(n_r, 1))))
-    groups = [list(map(int, a)) for a in np.array_split(np.arange(n_c), parts)]
+    n = len(widths)
+    count = max(
+        -(-n // MAX_STRIP_BLOCKS),
+        -(-MIN_STRIPS // max(across, 1)),
+        -(-int(np.sum(widths)) // limit),
+    )
     out: list[list[int]] = []
-    while groups:
-        g = groups.pop(0)
-        if len(g) > 1 and int(np.sum(widths[g])) > MAX_STRIP_COLS:
-            half = len(g) // 2
-            groups[:0] = [g[:half], g[half:]]
+    todo = [list(map(int, a)) for a in np.array_split(np.arange(n), min(n, count))]
+    while todo:  # halve a run of several blocks that is still too wide (uneven block sizes)
+        run = todo.pop(0)
+        if len(run) > 1 and int(np.sum(widths[run])) > limit:
+            todo[:0] = [run[: len(run) // 2], run[len(run) // 2 :]]
         else:
-            out.append(g)
+            out.append(run)
     return out
 
 

@@ -104,11 +104,12 @@ def row_correction_strip(
     return kernels.row_correction_row(_read(blocks), family.gap(params), [h.mean for h in hs])
 
 
-def col_correction_block(
-    block: CsrBlock | BlockRef, family: Family, params: Any, w: FactorChunk
+def col_correction_strip(
+    blocks: Sequence[CsrBlock | BlockRef], family: Family, params: Any, ws: Sequence[FactorChunk]
 ) -> np.ndarray:
-    """Sparse H-rate term of block (r, c), shape (n_cols, K), with the family's G from params."""
-    return kernels.col_correction(materialize(block), family.gap(params), w.mean)
+    """Sparse H-rate term of a column strip (blocks (r, c) for a run of r), shape (n_cols, K),
+    with the family's G from params."""
+    return kernels.col_correction_col(_read(blocks), family.gap(params), [w.mean for w in ws])
 
 
 def next_params(

@@ -287,12 +287,11 @@ def _row_corr(indptr, cols, y, gap, eh, tile, out):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _col_corr(indptr, cols, y, gap, ew, n_cols, tile):  # noqa: ANN001, ANN202
-    """``out[i] = sum_j gap[y_j] ew[row_j]`` over column i's nonzeros, by column tiles."""
+def _col_corr(indptr, cols, y, gap, ew, tile, out):  # noqa: ANN001, ANN202
+    """``out[i] += sum_j gap[y_j] ew[row_j]`` over column i's nonzeros, by column tiles."""
     n_rows, k = indptr.shape[0] - 1, ew.shape[1]
-    out = np.zeros((n_cols, k))
     cursor = indptr[:-1].copy()
-    for c_end in range(tile, n_cols + tile, tile):
+    for c_end in range(tile, out.shape[0] + tile, tile):
         for u in range(n_rows):
             j, end = cursor[u], indptr[u + 1]
             ew_u = ew[u]
@@ -302,7 +301,6 @@ def _col_corr(indptr, cols, y, gap, ew, n_cols, tile):  # noqa: ANN001, ANN202
                     out_i[q] += g * ew_u[q]
                 j += 1
             cursor[u] = j
-    return out
 
 
 # --- public kernels -----------------------------------------------------------------------------
@@ -422,11 +420,25 @@ def row_correction(block: CsrBlock, gap: np.ndarray, eh: np.ndarray) -> np.ndarr
     return row_correction_row([block], gap, [eh])
 
 
-def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarray:
-    """``out[i] = sum_{u: y_ui > 0} G_{y_ui} E[w_u]``, shape (n_cols, K): the sparse H-rate term."""
+def col_correction_col(
+    blocks: Iterable[CsrBlock], gap: np.ndarray, ews: Sequence[np.ndarray]
+) -> np.ndarray:
+    """``out[i] = sum_{u: y_ui > 0} G_{y_ui} E[w_u]`` over the blocks of one item-block for a run
+    of user-blocks (one accumulator), shape (n_cols, K): the sparse H-rate term. ``ews``: per
+    block (n_rows_r, K). ``blocks`` may be an iterator (blocks read one at a time)."""
     gap = _f64(gap)
-    _check_classes(block, gap.shape[0])
-    ew = _f64(ew)
-    return _col_corr(
-        block.indptr, block.cols, block.y, gap, ew, block.shape[1], _tile_cols(ew.shape[1], block)
-    )
+    out = None
+    for block, ew in zip(blocks, ews, strict=True):
+        _check_classes(block, gap.shape[0])
+        ew = _f64(ew)
+        if out is None:
+            out = np.zeros((block.shape[1], ew.shape[1]))
+        _col_corr(block.indptr, block.cols, block.y, gap, ew, _tile_cols(ew.shape[1], block), out)
+    if out is None:
+        raise ValueError("col_correction_col of no blocks")
+    return out
+
+
+def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarray:
+    """:func:`col_correction_col` of a single block, shape (n_cols, K)."""
+    return col_correction_col([block], gap, [ew])
