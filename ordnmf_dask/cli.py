@@ -157,6 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("model")
     ev.add_argument("--k", type=int, default=100)
     ev.add_argument("--levels", type=_int_list, help="relevance thresholds s (default 1..V)")
+    ev.add_argument("--user-fraction", type=float, default=1.0,
+                    help="NDCG over this random fraction of the users (default 1: all)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
     _cluster_args(ev)
 
@@ -349,7 +352,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cluster = _job(args).cluster
     with _client(cluster) as client:
         res = evaluate(args.store, args.model, client, k=args.k, levels=args.levels,
-                       n_workers=cluster.local_spec.workers)
+                       n_workers=cluster.local_spec.workers, user_fraction=args.user_fraction,
+                       seed=args.seed)
     print(format_results(res))
     if args.json_out:
         with open(args.json_out, "w") as fh:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,22 @@ from ordnmf_dask.io.blocking import balanced_bounds, block_sort
 from ordnmf_dask.io.store import StoreInfo, write_store
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytest(tmp_path_factory):
+    """Directories the code under test makes with ``tempfile`` (a fit's default model and work
+    directories, Dask's scratch space, subprocesses via TMPDIR) go under pytest's own temporary
+    tree, which pytest prunes, instead of piling up in /tmp run after run."""
+    root = str(tmp_path_factory.mktemp("tmp"))
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = root, root
+    yield
+    if saved[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
 
 
 @pytest.fixture(scope="session")

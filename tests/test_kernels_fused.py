@@ -253,3 +253,14 @@ def test_dcpf_local_step_row_sums_its_blocks():
     np.testing.assert_allclose(got.sw, sw, rtol=1e-12)
     np.testing.assert_allclose(np.concatenate(got.sh), sh, rtol=1e-12)
     np.testing.assert_allclose(got.small, small, rtol=1e-12)
+
+
+def test_take_rows_keeps_those_rows_renumbered():
+    y = _classes((12, 9), 3, 0.4, seed=11)
+    keep = np.array([0, 2, 3, 7, 11])
+    got = _block(y).take_rows(keep)
+    want = _block(y[keep])
+    assert got.shape == (5, 9)
+    for name in ("indptr", "rows", "cols", "y"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    assert _block(y).take_rows(np.array([], dtype=np.int64)).nnz == 0

@@ -327,3 +327,33 @@ def test_cli_recommend(grid23, mclient, tmp_path, capsys):
     assert [int(ln.split("\t")[2]) for ln in lines[1:3]] == [f.items[i] for i, _ in ref]
     assert main(["recommend", f.store.path, f.model.model_path_, "--users", "u1,nope"]) == 2
     assert "unknown user id 'nope'" in capsys.readouterr().err
+
+
+def test_evaluate_on_a_user_sample_matches_the_oracle_on_those_users(tmp_path, mclient):
+    """NDCG over a seeded sample of users is the oracle's NDCG over exactly those users; the
+    test log-likelihood still covers every test nonzero."""
+    import oracle
+
+    from ordnmf_dask.evaluate import evaluate, sampled_users
+
+    train, test = dense_split(synthetic_ordinal(41, 23, V, k=K, density=0.35, seed=5))
+    store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 2))
+    model = OrdNMF(K, max_iter=4).fit(store, mclient, out=tmp_path / "m.zarr")
+    m = open_model(model.model_path_)
+    w, h = m.factor("W").compute(), m.factor("H").compute()
+    full = evaluate(store, model, mclient, k=5)
+    part = evaluate(store, model, mclient, k=5, user_fraction=0.5, seed=7)
+    rb = store.row_bounds
+    kept = np.concatenate(
+        [rb[r] + sampled_users(r, int(rb[r + 1] - rb[r]), 0.5, 7) for r in range(2)]
+    )
+    assert 5 < len(kept) < 36
+    for s in range(1, V + 1):
+        want = oracle.ndcg_at_k(w, h, train, test, s, k=5)
+        assert full["ndcg"][s] == pytest.approx(want, rel=1e-12, nan_ok=True)
+        want = oracle.ndcg_at_k(w[kept], h, train[kept], test[kept], s, k=5)
+        assert part["ndcg"][s] == pytest.approx(want, rel=1e-12, nan_ok=True)
+    assert part["n_users"][1] < full["n_users"][1]
+    assert part["test_loglik"] == full["test_loglik"] and part["user_fraction"] == 0.5
+    with pytest.raises(InputError, match="user_fraction"):
+        evaluate(store, model, mclient, user_fraction=0.0)

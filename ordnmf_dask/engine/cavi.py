@@ -173,13 +173,8 @@ class CaviRunner:
         stats = [
             [
                 client.submit(
-                    tasks.local_strip,
-                    self._strip(g, blocks[r]),
-                    w[r],
-                    self._strip(g, h),
-                    fam,
-                    params,
-                    **home[r][g],
+                    tasks.local_strip, self._strip(g, blocks[r]), w[r], self._strip(g, h),
+                    fam, params, **home[r][g],
                 )  # fmt: skip
                 for g in range(len(self.groups))
             ]
@@ -204,12 +199,8 @@ class CaviRunner:
                 client,
                 [
                     client.submit(
-                        tasks.row_correction_strip,
-                        self._strip(g, row),
-                        fam,
-                        params,
-                        self._strip(g, h),
-                        **home[r][g],
+                        tasks.row_correction_strip, self._strip(g, row), fam, params,
+                        self._strip(g, h), **home[r][g],
                     )  # fmt: skip
                     for g in range(len(self.groups))
                 ],

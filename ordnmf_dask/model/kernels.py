@@ -77,6 +77,15 @@ class CsrBlock:
     def nnz(self) -> int:
         return int(self.cols.shape[0])
 
+    def take_rows(self, keep: np.ndarray) -> CsrBlock:
+        """The block restricted to local rows ``keep`` (increasing), renumbered 0..len(keep)-1."""
+        counts = np.diff(self.indptr)[keep]
+        indptr = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        idx = np.arange(indptr[-1]) + np.repeat(self.indptr[keep] - indptr[:-1], counts)
+        rows = np.repeat(np.arange(len(keep), dtype=np.int32), counts)
+        return CsrBlock(indptr, rows, self.cols[idx], self.y[idx], (len(keep), self.shape[1]))
+
     def matrix(self, data: np.ndarray) -> sp.csr_matrix:
         """The block as a CSR matrix with the given values at its nonzeros."""
         return sp.csr_matrix((data, self.cols, self.indptr), shape=self.shape)

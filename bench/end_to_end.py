@@ -1,0 +1,129 @@
+"""One documented end-to-end run: synth -> fit -> evaluate, with per-worker peak memory.
+
+Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --k 50
+--iters 20 --workers 2 --memory-limit 2GB --work /tmp/ordnmf-bench --eval-k 100]``.
+
+1. ``ordnmf_dask.io.synth`` writes the store (``--nnz`` train nonzeros; reused from ``--work``
+   when it is already there, and then its creation time is not part of this run);
+2. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes capped at
+   ``--memory-limit`` each, block caching decided by the estimator (``auto``: streamed from
+   zarr when the blocks do not fit), checkpoints every 10 iterations, exactly ``--iters``
+   iterations; every iteration's seconds and ELBO are printed as they come;
+3. ``ordnmf_dask.evaluate`` on the same cluster: NDCG@``--eval-k`` per threshold over all items
+   (training items excluded) and the test log-likelihood.
+
+Peak RSS of every process is sampled (psutil, every 200 ms) over the fit and the evaluation,
+and the workers' kernel high-water marks (VmHWM) are printed at the end of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RssSampler, self_peak_mb  # noqa: E402
+from iteration import ensure_store  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=1_000_000)
+    ap.add_argument("--items", type=int, default=200_000)
+    ap.add_argument("--nnz", type=float, default=1e9)
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--nnz-per-block", type=int, default=1 << 21)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--memory-limit", default="2GB")
+    ap.add_argument("--work", default="/tmp/ordnmf-bench")
+    ap.add_argument("--eval-k", type=int, default=100)
+    ap.add_argument("--no-evaluate", action="store_true")
+    args = ap.parse_args()
+
+    from distributed import Client, LocalCluster
+
+    from ordnmf_dask import OrdNMF
+    from ordnmf_dask.estimator import _decide_cache
+    from ordnmf_dask.evaluate import evaluate
+    from ordnmf_dask.io.store import open_store
+
+    os.makedirs(args.work, exist_ok=True)
+    start = time.perf_counter()
+    existed = os.path.exists(
+        os.path.join(
+            args.work,
+            f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
+            f"-b{args.nnz_per_block}",
+        )
+    )
+    path = ensure_store(args)
+    print(
+        f"store {path}: "
+        + ("reused" if existed else f"synth {time.perf_counter() - start:.0f} s"),
+        flush=True,
+    )
+    seconds: list[float] = []
+
+    def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+        seconds.append(sec)
+        print(f"iteration {n:3d}  {sec:7.1f} s  ELBO {elbo:.8e}", flush=True)
+
+    with RssSampler([os.getpid()], interval=0.2) as sampler:
+        with (
+            LocalCluster(
+                n_workers=args.workers, threads_per_worker=1, processes=True,
+                host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                memory_limit=args.memory_limit,
+            ) as lc,
+            Client(lc) as client,
+        ):  # fmt: skip
+            pids = client.run(os.getpid)
+            mode = "cached" if _decide_cache("auto", client, open_store(path)) else "streamed"
+            model = OrdNMF(
+                args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters, checkpoint_every=10,
+                work_dir=os.path.join(args.work, "e2e-work"),
+            )  # fmt: skip
+            t0 = time.perf_counter()
+            model.fit(path, client, callback=record, out=os.path.join(args.work, "e2e-model"))
+            fit_s = time.perf_counter() - t0
+            fit_peaks = {p: sampler.peak.get(p, 0.0) for p in pids.values()}
+            fit_hwm = client.run(self_peak_mb)
+            print(
+                f"fit: {fit_s:.0f} s wall for {len(seconds)} iterations "
+                f"({fit_s / 60:.1f} min), median {statistics.median(seconds[1:]):.1f} s/iteration "
+                f"after the first ({seconds[0]:.1f} s); blocks {mode}",
+                flush=True,
+            )
+            print(
+                "fit peak RSS per worker (MB, sampled): "
+                + ", ".join(f"{fit_peaks[p]:.0f}" for p in sorted(fit_peaks))
+                + "; VmHWM: "
+                + ", ".join(f"{fit_hwm[a]:.0f}" for a in sorted(fit_hwm, key=lambda a: pids[a])),
+                flush=True,
+            )
+            if not args.no_evaluate:
+                t0 = time.perf_counter()
+                res = evaluate(path, model, client, k=args.eval_k)
+                ev_s = time.perf_counter() - t0
+                ndcg = " ".join(f"s={s}:{v:.4f}" for s, v in sorted(res["ndcg"].items()))
+                print(f"evaluate: {ev_s:.0f} s; NDCG@{args.eval_k} {ndcg}", flush=True)
+                print(f"test log-likelihood per nonzero {res['test_loglik_mean']:.6f}", flush=True)
+    peaks = {p: sampler.peak.get(p, 0.0) for p in pids.values()}
+    print(
+        "peak RSS per worker over the whole run (MB, sampled): "
+        + ", ".join(f"{peaks[p]:.0f}" for p in sorted(peaks))
+        + f"; client {sampler.peak.get(os.getpid(), 0.0):.0f}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
