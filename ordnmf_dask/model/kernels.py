@@ -405,23 +405,28 @@ def local_step(
     return LocalStats(row.sw, row.sh[0], row.small)
 
 
+def _corrections(kernel, axis: int, blocks, gap, factors) -> np.ndarray:  # noqa: ANN001
+    """Run a rate-correction ``kernel`` over ``blocks`` into one (block.shape[axis], K) array."""
+    gap = _f64(gap)
+    out = None
+    for block, f in zip(blocks, factors, strict=True):
+        _check_classes(block, gap.shape[0])
+        f = _f64(f)
+        if out is None:
+            out = np.zeros((block.shape[axis], f.shape[1]))
+        kernel(block.indptr, block.cols, block.y, gap, f, _tile_cols(f.shape[1], block), out)
+    if out is None:
+        raise ValueError("a rate correction of no blocks")
+    return out
+
+
 def row_correction_row(
     blocks: Iterable[CsrBlock], gap: np.ndarray, ehs: Sequence[np.ndarray]
 ) -> np.ndarray:
     """``out[u] = sum_{i: y_ui > 0} G_{y_ui} E[h_i]`` over the blocks of one user-block (one
     accumulator), shape (n_rows, K): the sparse W-rate term. ``ehs``: per block (n_cols_c, K).
     ``blocks`` may be an iterator (blocks read one at a time)."""
-    gap = _f64(gap)
-    out = None
-    for block, eh in zip(blocks, ehs, strict=True):
-        _check_classes(block, gap.shape[0])
-        eh = _f64(eh)
-        if out is None:
-            out = np.zeros((block.shape[0], eh.shape[1]))
-        _row_corr(block.indptr, block.cols, block.y, gap, eh, _tile_cols(eh.shape[1], block), out)
-    if out is None:
-        raise ValueError("row_correction_row of no blocks")
-    return out
+    return _corrections(_row_corr, 0, blocks, gap, ehs)
 
 
 def row_correction(block: CsrBlock, gap: np.ndarray, eh: np.ndarray) -> np.ndarray:
@@ -435,17 +440,7 @@ def col_correction_col(
     """``out[i] = sum_{u: y_ui > 0} G_{y_ui} E[w_u]`` over the blocks of one item-block for a run
     of user-blocks (one accumulator), shape (n_cols, K): the sparse H-rate term. ``ews``: per
     block (n_rows_r, K). ``blocks`` may be an iterator (blocks read one at a time)."""
-    gap = _f64(gap)
-    out = None
-    for block, ew in zip(blocks, ews, strict=True):
-        _check_classes(block, gap.shape[0])
-        ew = _f64(ew)
-        if out is None:
-            out = np.zeros((block.shape[1], ew.shape[1]))
-        _col_corr(block.indptr, block.cols, block.y, gap, ew, _tile_cols(ew.shape[1], block), out)
-    if out is None:
-        raise ValueError("col_correction_col of no blocks")
-    return out
+    return _corrections(_col_corr, 1, blocks, gap, ews)
 
 
 def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarray:
