@@ -1,7 +1,8 @@
 """One documented end-to-end run: synth -> fit -> evaluate, with per-worker peak memory.
 
 Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --k 50
---iters 20 --workers 2 --memory-limit 2GB --work /tmp/ordnmf-bench --eval-k 100]``.
+--iters 20 --workers 2 --memory-limit 2GB --work /tmp/ordnmf-bench --eval-k 100
+--eval-user-fraction 0.02] [--no-evaluate]``.
 
 1. ``ordnmf_dask.io.synth`` writes the store (``--nnz`` train nonzeros; reused from ``--work``
    when it is already there, and then its creation time is not part of this run);
@@ -10,7 +11,8 @@ Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --
    zarr when the blocks do not fit), checkpoints every 10 iterations, exactly ``--iters``
    iterations; every iteration's seconds and ELBO are printed as they come;
 3. ``ordnmf_dask.evaluate`` on the same cluster: NDCG@``--eval-k`` per threshold over all items
-   (training items excluded) and the test log-likelihood.
+   (training items excluded) for a ``--eval-user-fraction`` sample of the users, and the test
+   log-likelihood of every test nonzero.
 
 Peak RSS of every process is sampled (psutil, every 200 ms) over the fit and the evaluation,
 and the workers' kernel high-water marks (VmHWM) are printed at the end of each step.
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--memory-limit", default="2GB")
     ap.add_argument("--work", default="/tmp/ordnmf-bench")
     ap.add_argument("--eval-k", type=int, default=100)
+    ap.add_argument("--eval-user-fraction", type=float, default=0.02)
     ap.add_argument("--no-evaluate", action="store_true")
     args = ap.parse_args()
 
@@ -57,13 +60,11 @@ def main() -> None:
 
     os.makedirs(args.work, exist_ok=True)
     start = time.perf_counter()
-    existed = os.path.exists(
-        os.path.join(
-            args.work,
-            f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
-            f"-b{args.nnz_per_block}",
-        )
+    name = (
+        f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
+        f"-b{args.nnz_per_block}"
     )
+    existed = os.path.exists(os.path.join(args.work, name))
     path = ensure_store(args)
     print(
         f"store {path}: "
@@ -89,10 +90,13 @@ def main() -> None:
             mode = "cached" if _decide_cache("auto", client, open_store(path)) else "streamed"
             model = OrdNMF(
                 args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters, checkpoint_every=10,
-                work_dir=os.path.join(args.work, "e2e-work"),
+                work_dir=os.path.join(args.work, f"work-{name}"),
             )  # fmt: skip
             t0 = time.perf_counter()
-            model.fit(path, client, callback=record, out=os.path.join(args.work, "e2e-model"))
+            model.fit(
+                path, client, callback=record, out=os.path.join(args.work, f"model-{name}"),
+                overwrite=True,
+            )
             fit_s = time.perf_counter() - t0
             fit_peaks = {p: sampler.peak.get(p, 0.0) for p in pids.values()}
             fit_hwm = client.run(self_peak_mb)
@@ -111,10 +115,16 @@ def main() -> None:
             )
             if not args.no_evaluate:
                 t0 = time.perf_counter()
-                res = evaluate(path, model, client, k=args.eval_k)
+                res = evaluate(
+                    path, model, client, k=args.eval_k, user_fraction=args.eval_user_fraction
+                )
                 ev_s = time.perf_counter() - t0
                 ndcg = " ".join(f"s={s}:{v:.4f}" for s, v in sorted(res["ndcg"].items()))
-                print(f"evaluate: {ev_s:.0f} s; NDCG@{args.eval_k} {ndcg}", flush=True)
+                print(
+                    f"evaluate: {ev_s:.0f} s; NDCG@{args.eval_k} over {res['n_users'][1]} "
+                    f"sampled users: {ndcg}",
+                    flush=True,
+                )
                 print(f"test log-likelihood per nonzero {res['test_loglik_mean']:.6f}", flush=True)
     peaks = {p: sampler.peak.get(p, 0.0) for p in pids.values()}
     print(
