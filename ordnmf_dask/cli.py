@@ -468,10 +468,6 @@ def _setup_logging(args: argparse.Namespace) -> None:
         for name in ["distributed", "asyncio", *logging.root.manager.loggerDict]:
             if name.split(".")[0] in ("distributed", "asyncio"):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-        # ... and in the worker processes of a LocalCluster started from here, which read it
-        # from the environment when they import distributed: their errors while the cluster
-        # closes under them (a heartbeat to a scheduler already gone) are not the job's failures
-        os.environ["DASK_LOGGING__DISTRIBUTED"] = "critical"
 
 
 def _exit_code(exc: BaseException) -> tuple[int, str]:

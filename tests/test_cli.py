@@ -165,24 +165,3 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
     api = getattr(ordnmf_dask, klass)(2, max_iter=6, **params).fit(store, client)
     cli = getattr(ordnmf_dask, klass).load(tmp_path / "m.zarr")
     assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_
-
-
-def test_quiet_cli_silences_the_workers_it_starts(monkeypatch):
-    """Without --debug the CLI prints one line per failure: the worker processes of a
-    LocalCluster it starts log nothing below CRITICAL on the shared stderr (e.g. heartbeat
-    errors while the cluster closes after Ctrl-C); with --debug they keep Dask's levels."""
-    import argparse
-    import logging
-
-    from ordnmf_dask.cli import _setup_logging
-    from ordnmf_dask.engine.cluster import resolve_client
-
-    def level() -> int:
-        return logging.getLogger("distributed.worker").getEffectiveLevel()
-
-    for debug, want in ((False, logging.CRITICAL), (True, logging.INFO)):
-        monkeypatch.delenv("DASK_LOGGING__DISTRIBUTED", raising=False)
-        _setup_logging(argparse.Namespace(debug=debug, quiet=False, log_file=None))
-        with resolve_client(None, 1) as own:
-            assert len(own.scheduler_info()["workers"]) == 1  # our own LocalCluster
-            assert list(own.run(level).values()) == [want]
