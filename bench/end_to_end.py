@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RssSampler, self_peak_mb  # noqa: E402
-from iteration import ensure_store  # noqa: E402
+from iteration import ensure_store, store_name  # noqa: E402
 
 
 def main() -> None:
@@ -60,10 +60,7 @@ def main() -> None:
 
     os.makedirs(args.work, exist_ok=True)
     start = time.perf_counter()
-    name = (
-        f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
-        f"-b{args.nnz_per_block}"
-    )
+    name = store_name(args)
     existed = os.path.exists(os.path.join(args.work, name))
     path = ensure_store(args)
     print(

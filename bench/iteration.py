@@ -39,15 +39,19 @@ from common import RssSampler, fmt_table, self_peak_mb  # noqa: E402
 from ordnmf_dask.io.store import open_store  # noqa: E402
 
 
+def store_name(args: argparse.Namespace) -> str:
+    """Directory name (under ``--work``) of the synthetic store for these sizes."""
+    return (
+        f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
+        f"-b{args.nnz_per_block}"
+    )
+
+
 def ensure_store(args: argparse.Namespace) -> str:
     """The synthetic store for these sizes (made once, then reused from ``--work``)."""
     from ordnmf_dask.io.synth import synth
 
-    name = (
-        f"synth-{args.users}x{args.items}-nnz{int(args.nnz)}-k{args.k}-v{args.classes}"
-        f"-b{args.nnz_per_block}"
-    )
-    path = os.path.join(args.work, name)
+    path = os.path.join(args.work, store_name(args))
     if not os.path.exists(path):
         start = time.perf_counter()
         synth(
