@@ -51,9 +51,8 @@ def main() -> None:
     ap.add_argument("--no-evaluate", action="store_true")
     args = ap.parse_args()
 
-    from distributed import Client, LocalCluster
-
     from ordnmf_dask import OrdNMF
+    from ordnmf_dask.engine.cluster import resolve_client
     from ordnmf_dask.estimator import _decide_cache
     from ordnmf_dask.evaluate import evaluate
     from ordnmf_dask.io.store import open_store
@@ -75,14 +74,7 @@ def main() -> None:
         print(f"iteration {n:3d}  {sec:7.1f} s  ELBO {elbo:.8e}", flush=True)
 
     with RssSampler([os.getpid()], interval=0.2) as sampler:
-        with (
-            LocalCluster(
-                n_workers=args.workers, threads_per_worker=1, processes=True,
-                host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                memory_limit=args.memory_limit,
-            ) as lc,
-            Client(lc) as client,
-        ):  # fmt: skip
+        with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
             pids = client.run(os.getpid)
             mode = "cached" if _decide_cache("auto", client, open_store(path)) else "streamed"
             model = OrdNMF(

@@ -144,9 +144,8 @@ def distributed_fit(
 
     ``memory_limit``: per-worker cap given to the LocalCluster (dask's default otherwise).
     """
-    from distributed import Client, LocalCluster
-
     from ordnmf_dask import OrdNMF
+    from ordnmf_dask.engine.cluster import resolve_client
 
     seconds: list[float] = []
 
@@ -154,13 +153,7 @@ def distributed_fit(
         seconds.append(sec)
 
     with RssSampler([os.getpid()]) as sampler:
-        with (
-            LocalCluster(
-                n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address="127.0.0.1:0", memory_limit=memory_limit or "auto",
-            ) as lc,
-            Client(lc) as client,
-        ):  # fmt: skip
+        with resolve_client(None, workers, memory_limit=memory_limit) as client:
             start = time.perf_counter()
             model = OrdNMF(
                 k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=cache,

@@ -15,9 +15,9 @@ import os
 import tempfile
 
 import psutil
-from distributed import Client, LocalCluster
 
 from ordnmf_dask import OrdNMF
+from ordnmf_dask.engine.cluster import resolve_client
 from ordnmf_dask.io.synth import synth
 
 
@@ -34,10 +34,7 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=50)
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ordnmf-bench-")
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address="127.0.0.1:0") as lc,
-        Client(lc) as client,
-    ):
+    with resolve_client(None, 2) as client:
         store = synth(
             f"{tmp}/s.zarr",
             n_users=args.users,
