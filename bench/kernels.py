@@ -70,9 +70,7 @@ def main() -> None:
     kernels.local_step(tiny, *g, *g, delta, False)
     kernels.row_correction(tiny, gap, g[1])
     kernels.col_correction(tiny, gap, g[0])
-    tiny_counts = kernels.CsrBlock(
-        tiny.indptr, tiny.rows, tiny.cols, tiny.y.astype(np.float64), tiny.shape
-    )
+    tiny_counts = kernels.CsrBlock(tiny.indptr, tiny.cols, tiny.y.astype(np.float64), tiny.shape)
     dcpf.local_step(tiny_counts, *g, *g, 0.5, 1.0)
     print(
         f"first calls of the numba kernels (compile or cache load): "
@@ -82,9 +80,7 @@ def main() -> None:
     rows = []
     for n_rows, n_cols, nnz in SIZES:
         block = random_block(n_rows, n_cols, nnz, v, seed=2)
-        counts = kernels.CsrBlock(
-            block.indptr, block.rows, block.cols, block.y.astype(np.float64), block.shape
-        )
+        counts = kernels.CsrBlock(block.indptr, block.cols, block.y.astype(np.float64), block.shape)
         gw, gh = rng.gamma(1.0, 0.3, (n_rows, k)), rng.gamma(1.0, 0.3, (n_cols, k))
         ew, eh = rng.gamma(1.0, 0.3, (n_rows, k)), rng.gamma(1.0, 0.3, (n_cols, k))
         cases = _cases(block, counts, gw, gh, ew, eh, delta, gap)

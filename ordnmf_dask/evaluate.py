@@ -50,8 +50,9 @@ def _ndcg_task(
     rows, items, ys = [], [], []
     for c in range(len(col_bounds) - 1):
         b = read_block(store, "test", r, c)
-        mine = np.isin(b.rows, keep)
-        rows.append(np.searchsorted(keep, b.rows[mine]))
+        local = b.rows
+        mine = np.isin(local, keep)
+        rows.append(np.searchsorted(keep, local[mine]))
         items.append(b.cols[mine].astype(np.int64) + col_bounds[c])
         ys.append(b.y[mine])
     sums, counts = metrics.ndcg_sums(
@@ -62,13 +63,14 @@ def _ndcg_task(
 
 def _loglik_task(model: str, store: str, r: int, c: int, spec: tuple) -> np.ndarray:
     b = read_block(store, "test", r, c)
+    rows = b.rows
     ew = chunkstore.load_chunk(model, "W", r).mean
     eh = chunkstore.load_chunk(model, "H", c).mean
     if spec[0] == "ordinal":
-        value = metrics.test_loglik(b.rows, b.cols, b.y, ew, eh, spec[1])
+        value = metrics.test_loglik(rows, b.cols, b.y, ew, eh, spec[1])
     else:
         _, p, t, edges = spec
-        lam = sddmm(b.rows, b.cols, ew, eh)
+        lam = sddmm(rows, b.cols, ew, eh)
         value = float(dcpf.count_loglik(b.y, lam, p, t, edges).sum())
     return np.array([value, len(b.y)])
 

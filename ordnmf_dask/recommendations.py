@@ -28,7 +28,6 @@ from .evaluate import check_compatible
 from .io.errors import InputError
 from .io.store import StoreInfo, check_target, open_store
 from .model import metrics
-from .model.foldin import select_rows
 from .modelstore import ModelInfo, open_model
 from .progress import track
 
@@ -59,7 +58,7 @@ def _candidates(
     ew = factor_mean(model, "W", r)
     train = load_block(store, "train", r, c)
     if rows is not None:
-        ew, train = ew[rows], select_rows(train, rows)
+        ew, train = ew[rows], train.take_rows(rows)
     return metrics.topk_block(ew, factor_mean(model, "H", c), train, col_offset, n)
 
 

@@ -209,11 +209,19 @@ def _store(tmp_path):
 
 def test_newer_format_version(tmp_path):
     path = _store(tmp_path)
-    zarr.open_group(path, mode="r+").attrs["format_version"] = 2
-    with pytest.raises(StoreError, match="newer ordnmf_dask format 2; this version reads <= 1"):
+    zarr.open_group(path, mode="r+").attrs["format_version"] = 3
+    with pytest.raises(StoreError, match="newer ordnmf_dask format 3; this version reads 2"):
         open_store(path)
     with pytest.raises(StoreError, match="newer"):
         read_block(path, "train", 0, 0)
+
+
+def test_older_format_version(tmp_path):
+    """A format-1 store (a row index per nonzero) is refused, saying how to make it again."""
+    path = _store(tmp_path)
+    zarr.open_group(path, mode="r+").attrs["format_version"] = 1
+    with pytest.raises(StoreError, match="format 1 .*reads format 2.*ordnmf-dask ingest"):
+        open_store(path)
 
 
 def test_incomplete_store(tmp_path):

@@ -15,7 +15,7 @@ ML = DATA / "ml-latest-small" / "ratings.csv"
 LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
 TPS = DATA / "tasteprofile-gouvert-subset" / "derived" / "tps_98765_U1502_I786_triplets.txt"
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
-    f"{s}/{f}" for s in ("train", "test") for f in ("rows", "cols", "y", "raw", "offsets")
+    f"{s}/{f}" for s in ("train", "test") for f in ("indptr", "cols", "y", "raw", "offsets")
 ]
 
 

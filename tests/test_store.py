@@ -42,7 +42,7 @@ def test_layout_and_attrs(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.old-*"))
     attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]
     assert REQUIRED_ATTRS <= set(attrs)
-    assert attrs["format_version"] == 1 and attrs["complete"] is True
+    assert attrs["format_version"] == 2 and attrs["complete"] is True
     assert attrs["grid"] == [2, 3] and attrs["split"] == "random"
     assert attrs["value_kind"] == "counts"
     assert len(attrs["hist_train"]) == info.n_classes + 1 == 11 and attrs["hist_train"][0] == 0
@@ -52,7 +52,7 @@ def test_layout_and_attrs(tmp_path):
         "col_bounds": ("int64", (4,)),
         "train/offsets": ("int64", (7,)),
         "test/offsets": ("int64", (7,)),
-        "train/rows": ("int32", (info.nnz_train,)),
+        "train/indptr": ("int64", (3 * (info.n_users + 2),)),  # n_c blocks x (rows_r + 1)
         "train/cols": ("int32", (info.nnz_train,)),
         "train/y": ("uint8", (info.nnz_train,)),
         "train/raw": ("float64", (info.nnz_train,)),
@@ -154,3 +154,23 @@ def test_open_store_errors(tmp_path):
     with pytest.raises(StoreError):
         read_block(tmp_path / "plain", "train", 0, 0)
     assert issubclass(StoreError, InputError)
+
+
+def test_blocks_are_csr_with_row_pointers(tmp_path):
+    """Every block's row pointer counts exactly its nonzeros per local row, and the nonzeros are
+    CSR-ordered: re-expanding (row, col) gives back the input coordinates."""
+    info = make_store(tmp_path / "s", test_fraction=0.0)
+    rng = np.random.default_rng(0)
+    u, i = np.nonzero(rng.random((50, 40)) < 0.3)
+    seen = []
+    for r in range(2):
+        for c in range(3):
+            b = read_block(info.path, "train", r, c)
+            assert b.indptr.dtype == np.int64 and b.indptr.shape == (b.shape[0] + 1,)
+            assert b.indptr[0] == 0 and b.indptr[-1] == b.nnz and np.all(np.diff(b.indptr) >= 0)
+            key = b.rows.astype(np.int64) * b.shape[1] + b.cols
+            assert np.all(np.diff(key) > 0)  # sorted by (row, col), no duplicates
+            seen += zip(b.rows + info.row_bounds[r], b.cols + info.col_bounds[c], strict=True)
+    users = read_ids(info.path, "users")
+    assert sorted((int(users[a]) // 10, int(b)) for a, b in seen) == sorted(zip(u, i, strict=True))
+

@@ -20,7 +20,7 @@ from ordnmf_dask.io.synth import (
 )
 
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
-    f"{s}/{f}" for s in ("train", "test") for f in ("rows", "cols", "y", "raw", "offsets")
+    f"{s}/{f}" for s in ("train", "test") for f in ("indptr", "cols", "y", "raw", "offsets")
 ]
 
 

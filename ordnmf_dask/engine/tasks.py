@@ -37,9 +37,9 @@ def load_block(path: str, split: str, r: int, c: int, values: str = "class") -> 
     """
     b = read_block(path, split, r, c, values=("raw",) if values == "raw" else ("y",))
     if values == "class":
-        return CsrBlock.from_coo(b.rows, b.cols, b.y, b.shape)
+        return CsrBlock(b.indptr, b.cols, b.y, b.shape)
     if values == "raw":
-        return CsrBlock.from_coo(b.rows, b.cols, b.raw, b.shape)
+        return CsrBlock(b.indptr, b.cols, b.raw, b.shape)
     if values.startswith("ge:"):
         keep = b.y >= int(values[3:])
         ones = np.ones(int(keep.sum()), dtype=np.uint8)

@@ -6,12 +6,13 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
 ``assemble_store`` then
 
 1. computes the offsets from the segment lengths (block b = the concatenation of its segments,
-   in the order given),
-2. creates the 1-D arrays ``train/``, ``test/`` ``{rows, cols, y, raw}`` with the same chunking
+   in the order given), and stages each block's CSR row pointer from its segments' rows (one
+   task per block),
+2. creates the 1-D arrays ``train/``, ``test/`` ``{cols, y, raw, indptr}`` with the same chunking
    as ``write_store`` (``CHUNK`` entries), and
-3. fills them with one task per output chunk: a task reads only the slices of the segments that
-   overlap its chunk (memory-mapped) and writes exactly one zarr chunk, so tasks never write the
-   same chunk and each holds at most ``CHUNK`` entries (~17 MB) at a time.
+3. fills them with one task per output chunk: a task reads only the slices of the staged pieces
+   that overlap its chunk (memory-mapped) and writes exactly one zarr chunk, so tasks never write
+   the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a time.
 
 The staging directory is removed, ``complete`` is set last and ``TMP`` is renamed to the final
 path, as in ``write_store``: a store is complete or absent. Staged data take as much disk as the
@@ -31,8 +32,10 @@ from typing import Any
 import numpy as np
 import zarr
 
+from .blocking import indptr_starts, row_pointer
 from .parallel import Runner
 from .store import (
+    _FIELDS,
     CHUNK,
     COMPRESSORS,
     SPLITS,
@@ -43,7 +46,7 @@ from .store import (
     open_store,
 )
 
-FIELDS: dict[str, np.dtype] = {
+FIELDS: dict[str, np.dtype] = {  # the staged arrays of a segment
     "rows": np.dtype(np.int32),
     "cols": np.dtype(np.int32),
     "y": np.dtype(np.uint8),
@@ -134,21 +137,36 @@ def assemble_store(
     _write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
     for name, ids in (("users", user_ids), ("items", item_ids)):
         _write_array(group.create_group(name), "ids", _ids_for_zarr(ids))
+    n_c = len(col_bounds) - 1
+    n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
+    pointers = {}  # per split: (staged prefix, segments, n_rows) of each block's row pointer
+    for split in SPLITS:
+        where = staging_dir(tmp, f"{split}-indptr")
+        pointers[split] = [
+            (os.path.join(where, f"{b:08d}"), segs, int(n_rows[b // n_c]))
+            for b, segs in enumerate(blocks[split])
+        ]
+    runner.map(_stage_indptr, [job for split in SPLITS for job in pointers[split]])
     jobs = []
     for split in SPLITS:
         segments = [s for block in blocks[split] for s in block]
         sizes = np.asarray([len_block(b) for b in blocks[split]], dtype=np.int64)
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        total = int(offsets[-1])
         sub = group.create_group(split)
         _write_array(sub, "offsets", offsets)
-        chunks = (max(1, min(total, CHUNK)),)
-        for field, dtype in FIELDS.items():
-            sub.create_array(
-                field, shape=(total,), dtype=dtype, chunks=chunks, compressors=COMPRESSORS
-            )
-        jobs.extend(_copy_jobs(os.path.join(tmp, split), segments, total, chunks[0]))
+        ptr_segments = [Segment(prefix, n + 1) for prefix, _, n in pointers[split]]
+        for fields, parts, total in (
+            (_FIELDS, segments, int(offsets[-1])),
+            (("indptr",), ptr_segments, int(indptr_starts(row_bounds, n_c)[-1])),
+        ):
+            chunks = (max(1, min(total, CHUNK)),)
+            for field in fields:
+                sub.create_array(
+                    field, shape=(total,), dtype=_DTYPES[field], chunks=chunks,
+                    compressors=COMPRESSORS,
+                )  # fmt: skip
+            jobs.extend(_copy_jobs(os.path.join(tmp, split), fields, parts, total, chunks[0]))
     runner.map(_copy_chunk, jobs)
     shutil.rmtree(os.path.join(tmp, STAGING), ignore_errors=True)
 
@@ -166,17 +184,36 @@ def len_block(segments: Sequence[Segment]) -> int:
     return sum(s.length for s in segments)
 
 
+_DTYPES = {**FIELDS, "indptr": np.dtype(np.int64)}
+
+
+def _stage_indptr(job: tuple[str, Sequence[Segment], int]) -> int:
+    """Stage one block's CSR row pointer (n_rows + 1,) as ``prefix.indptr.npy``, counted from
+    the rows of its segments (memory-mapped)."""
+    prefix, segments, n_rows = job
+    ptr = np.zeros(n_rows + 1, dtype=np.int64)
+    for seg in segments:
+        if seg.length:
+            ptr += row_pointer(load_arrays(seg.prefix, ["rows"], mmap=True)["rows"], n_rows)
+    save_arrays(prefix, {"indptr": ptr})
+    return n_rows
+
+
 @dataclass(frozen=True)
 class _CopyJob:
-    """Write entries [start, stop) of the arrays in ``group``: pieces (segment, lo, hi) in order."""
+    """Write entries [start, stop) of the arrays ``fields`` in ``group``: pieces (staged prefix,
+    lo, hi) in order."""
 
     group: str
+    fields: tuple[str, ...]
     start: int
     stop: int
     pieces: tuple[tuple[str, int, int], ...]
 
 
-def _copy_jobs(group: str, segments: list[Segment], total: int, chunk: int) -> list[_CopyJob]:
+def _copy_jobs(
+    group: str, fields: tuple[str, ...], segments: list[Segment], total: int, chunk: int
+) -> list[_CopyJob]:
     ends = np.cumsum([s.length for s in segments], dtype=np.int64)
     starts = ends - np.asarray([s.length for s in segments], dtype=np.int64)
     jobs = []
@@ -190,12 +227,12 @@ def _copy_jobs(group: str, segments: list[Segment], total: int, chunk: int) -> l
             if hi > lo:
                 pieces.append((segments[k].prefix, lo - int(starts[k]), hi - int(starts[k])))
             k += 1
-        jobs.append(_CopyJob(group, start, stop, tuple(pieces)))
+        jobs.append(_CopyJob(group, fields, start, stop, tuple(pieces)))
     return jobs
 
 
 def _copy_chunk(job: _CopyJob) -> int:
-    for field in FIELDS:
+    for field in job.fields:
         parts = [
             load_arrays(prefix, [field], mmap=True)[field][lo:hi]
             for prefix, lo, hi in job.pieces

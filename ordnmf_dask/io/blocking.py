@@ -20,6 +20,9 @@ MAX_BLOCK_ROWS = 2**17
 class BlockedNonzeros:
     """Nonzeros sorted by (block row r, block col c, local row, local col).
 
+    In-memory form of a split (the store keeps CSR row pointers instead of ``rows``: see
+    :func:`block_indptr`).
+
     Attributes
     ----------
     rows, cols : np.ndarray of int32, shape (nnz,)
@@ -153,3 +156,29 @@ def block_sort(
     return BlockedNonzeros(
         rows[order], cols[order], y[order].astype(np.uint8), raw[order].astype(np.float64), offsets
     )
+
+
+def row_pointer(rows: np.ndarray, n_rows: int) -> np.ndarray:
+    """CSR row pointer, int64 (n_rows + 1,), of the local rows (n,) of one block's nonzeros."""
+    out = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=out[1:])
+    return out
+
+
+def indptr_starts(row_bounds: np.ndarray, n_c: int) -> np.ndarray:
+    """Where each block's row pointer starts in a split's ``indptr`` array, int64
+    (n_r n_c + 1,): block b = r n_c + c takes n_rows_r + 1 entries, blocks in order."""
+    sizes = np.repeat(np.diff(np.asarray(row_bounds, dtype=np.int64)) + 1, n_c)
+    out = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    return out
+
+
+def block_indptr(part: BlockedNonzeros, row_bounds: np.ndarray, n_c: int) -> np.ndarray:
+    """The row pointers of every block of ``part``, one after another (see indptr_starts)."""
+    n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
+    pieces = [
+        row_pointer(part.rows[part.offsets[b] : part.offsets[b + 1]], int(n_rows[b // n_c]))
+        for b in range(len(part.offsets) - 1)
+    ]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)

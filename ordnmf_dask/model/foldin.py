@@ -82,18 +82,6 @@ class FoldIn:
     converged: np.ndarray
 
 
-def select_rows(block: CsrBlock, rows: np.ndarray) -> CsrBlock:
-    """The sub-block of the given local rows (sorted, distinct), renumbered 0..len(rows)-1."""
-    rows = np.asarray(rows, dtype=np.int64)
-    starts = block.indptr[rows]
-    counts = block.indptr[rows + 1] - starts
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    take = np.arange(indptr[-1], dtype=np.int64) + np.repeat(starts - indptr[:-1], counts)
-    new_rows = np.repeat(np.arange(len(rows), dtype=np.int32), counts)
-    return CsrBlock(indptr, new_rows, block.cols[take], block.y[take], (len(rows), block.shape[1]))
-
-
 def initial_mean(n_new: int, k: int, random_state: int | None) -> np.ndarray:
     """E[w] at the start: ones, or Gamma(1, 1) draws from ``SeedSequence([seed, j])`` for user j."""
     if random_state is None:
@@ -152,7 +140,7 @@ def fold_in_rows(
     for _ in range(max_iter):
         if active.size == 0:
             break
-        sub = select_rows(block, active) if active.size < n_new else block
+        sub = block.take_rows(active) if active.size < n_new else block
         old = mean[active]
         b = empirical_bayes_rate(alpha, old)
         a_new = alpha + sw
@@ -165,7 +153,7 @@ def fold_in_rows(
         keep = change >= tol
         active, sub_keep = active[keep], np.flatnonzero(keep)
         if active.size:
-            sub = select_rows(sub, sub_keep) if sub_keep.size < sub.shape[0] else sub
+            sub = sub.take_rows(sub_keep) if sub_keep.size < sub.shape[0] else sub
             sw = likelihood.shape_stat(sub, np.exp(lm_new[sub_keep]), gh)
     converged = np.ones(n_new, dtype=bool)
     converged[active] = False

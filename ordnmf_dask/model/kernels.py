@@ -49,13 +49,12 @@ _strict_jit = njit(cache=True, fastmath=False, error_model="numpy", nogil=True)
 class CsrBlock:
     """Nonzeros of one block, CSR-ordered.
 
-    indptr : int64 (n_rows + 1,); cols : int32 (nnz,) local column; rows : int32 (nnz,) local row;
-    y : (nnz,) values: uint8 ordinal classes 1..V, or float64 counts for dcPF;
-    shape : (n_rows, n_cols).
+    indptr : int64 (n_rows + 1,) row pointer; cols : int32 (nnz,) local column (sorted within a
+    row); y : (nnz,) values: uint8 ordinal classes 1..V, or float64 counts for dcPF;
+    shape : (n_rows, n_cols). ``rows`` (int32 (nnz,) local row of each nonzero) is derived.
     """
 
     indptr: np.ndarray
-    rows: np.ndarray
     cols: np.ndarray
     y: np.ndarray
     shape: tuple[int, int]
@@ -68,14 +67,16 @@ class CsrBlock:
         counts = np.bincount(rows, minlength=shape[0])
         indptr = np.zeros(shape[0] + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        return cls(
-            indptr, rows.astype(np.int32, copy=False), cols.astype(np.int32, copy=False), y,
-            tuple(shape),
-        )  # fmt: skip
+        return cls(indptr, cols.astype(np.int32, copy=False), y, tuple(shape))
 
     @property
     def nnz(self) -> int:
         return int(self.cols.shape[0])
+
+    @property
+    def rows(self) -> np.ndarray:
+        """int32 (nnz,) local row of each nonzero (expanded from ``indptr``)."""
+        return np.repeat(np.arange(self.shape[0], dtype=np.int32), np.diff(self.indptr))
 
     def take_rows(self, keep: np.ndarray) -> CsrBlock:
         """The block restricted to local rows ``keep`` (increasing), renumbered 0..len(keep)-1."""
@@ -83,8 +84,7 @@ class CsrBlock:
         indptr = np.zeros(len(keep) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         idx = np.arange(indptr[-1]) + np.repeat(self.indptr[keep] - indptr[:-1], counts)
-        rows = np.repeat(np.arange(len(keep), dtype=np.int32), counts)
-        return CsrBlock(indptr, rows, self.cols[idx], self.y[idx], (len(keep), self.shape[1]))
+        return CsrBlock(indptr, self.cols[idx], self.y[idx], (len(keep), self.shape[1]))
 
     def matrix(self, data: np.ndarray) -> sp.csr_matrix:
         """The block as a CSR matrix with the given values at its nonzeros."""

@@ -34,11 +34,12 @@ def topk_block(
     scores = np.empty((n_rows, kk))
     items = np.empty((n_rows, kk), dtype=np.int64)
     step = max(1, _SCORE_BUDGET // max(n_cols, 1))
+    train_rows = train.rows
     for start in range(0, n_rows, step):
         stop = min(n_rows, start + step)
         s = ew[start:stop] @ eh.T
         lo, hi = train.indptr[start], train.indptr[stop]
-        s[train.rows[lo:hi] - start, train.cols[lo:hi]] = -np.inf
+        s[train_rows[lo:hi] - start, train.cols[lo:hi]] = -np.inf
         if kk < n_cols:
             part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
         else:
