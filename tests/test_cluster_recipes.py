@@ -16,7 +16,6 @@ import pytest
 import yaml
 
 from ordnmf_dask.config import resolve
-from ordnmf_dask.engine.cluster import WORKER_MALLOC_ENV
 
 CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
 YAMLS = sorted(CLUSTER.rglob("*.yaml")) + sorted(CLUSTER.rglob("*.yml"))
@@ -44,8 +43,6 @@ def test_job_files_parse_with_ordnmf_config(path):
 def _known_keys(node: dict[str, Any], ref: dict[str, Any], where: str) -> None:
     for key, value in node.items():
         assert key in ref, f"{where}.{key}: not a Dask config key"
-        if key.endswith("environ"):  # environment variables: any name
-            continue
         if isinstance(value, dict) and isinstance(ref[key], dict) and ref[key]:
             _known_keys(value, ref[key], f"{where}.{key}")
 
@@ -59,13 +56,6 @@ def test_dask_configs_use_real_keys(name):
 def test_memory_thresholds_are_ordered():
     mem = yaml.safe_load((CLUSTER / "dask.yaml").read_text())["distributed"]["worker"]["memory"]
     assert 0 < mem["target"] < mem["spill"] < mem["pause"] < mem["terminate"] < 1
-
-
-def test_dask_yaml_gives_workers_the_engines_malloc_settings():
-    env = yaml.safe_load((CLUSTER / "dask.yaml").read_text())["distributed"]["nanny"][
-        "pre-spawn-environ"
-    ]
-    assert {k: env.get(k) for k in WORKER_MALLOC_ENV} == WORKER_MALLOC_ENV
 
 
 def _launcher() -> Any:

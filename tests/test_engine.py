@@ -229,20 +229,3 @@ def test_strip_runs():
     uneven = np.array([10, 10, 10, MAX_STRIP_COLS])  # 2 equal-count runs; the 2nd is too wide
     assert runs(uneven, 8, MAX_STRIP_COLS) == [[0, 1], [2], [3]]
     assert runs(np.array([3 * MAX_STRIP_COLS]), 8, MAX_STRIP_COLS) == [[0]]  # a wide block alone
-
-
-def test_own_local_cluster_gives_workers_the_malloc_settings():
-    """A LocalCluster started by resolve_client spawns its workers with WORKER_MALLOC_ENV (read
-    by glibc malloc at process start); the Dask config change is scoped to that start."""
-    import os
-
-    import dask
-
-    from ordnmf_dask.engine.cluster import WORKER_MALLOC_ENV, resolve_client
-
-    key = "distributed.nanny.pre-spawn-environ"
-    before = dask.config.get(key)
-    with resolve_client(n_workers=1) as c:
-        seen = c.run(lambda: {k: os.environ.get(k) for k in WORKER_MALLOC_ENV})
-    assert list(seen.values()) == [{k: str(v) for k, v in WORKER_MALLOC_ENV.items()}]
-    assert dask.config.get(key) == before

@@ -8,29 +8,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
 log = logging.getLogger(__name__)
-
-# glibc malloc settings of the worker processes, read by malloc when a process starts (so they
-# must be in the environment before it is spawned). distributed's own default,
-# MALLOC_TRIM_THRESHOLD_=65536, also switches off glibc's dynamic mmap threshold: every array
-# above 128 KiB (each block read, each (n, K) partial) is then a fresh mmap whose pages are
-# faulted in and zeroed on first touch, and unmapped when freed. Serving arrays up to 32 MiB from
-# the heap and keeping up to 64 MiB of freed heap top cut a streamed 1e9-nonzero iteration from
-# 126.8 to 112.5 s on 2 workers (bench/end_to_end.py).
-WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": 1 << 25, "MALLOC_TRIM_THRESHOLD_": 1 << 26}
-
-
-@contextmanager
-def worker_malloc_env() -> Iterator[None]:
-    """Dask config under which Nannies started now give their workers WORKER_MALLOC_ENV
-    (``distributed.nanny.pre-spawn-environ``; the Nanny reads it when it is created)."""
-    key = "distributed.nanny.pre-spawn-environ"
-    with dask.config.set({key: {**dask.config.get(key, {}), **WORKER_MALLOC_ENV}}):
-        yield
 
 
 @contextmanager
@@ -48,8 +29,8 @@ def resolve_client(
 
     A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
-    TLS when ``security`` requires encryption, glibc malloc tuned by WORKER_MALLOC_ENV) is closed
-    on exit; a given or current client is left running.
+    TLS when ``security`` requires encryption) is closed on exit; a given or current client is
+    left running.
     """
     if client is None:
         try:
@@ -59,7 +40,7 @@ def resolve_client(
     if client is not None:
         yield client
         return
-    with _sigint_ignored(), worker_malloc_env():  # inherited by the workers started now
+    with _sigint_ignored():  # inherited by the worker processes started now
         cluster = LocalCluster(
             n_workers=n_workers,
             threads_per_worker=threads_per_worker,
