@@ -174,3 +174,14 @@ def test_blocks_are_csr_with_row_pointers(tmp_path):
     users = read_ids(info.path, "users")
     assert sorted((int(users[a]) // 10, int(b)) for a, b in seen) == sorted(zip(u, i, strict=True))
 
+
+
+def test_row_pointer_and_expand_rows_round_trip():
+    """Rows with no nonzeros (first, middle, last) keep empty ranges; order of rows is free."""
+    from ordnmf_dask.model.csr import expand_rows, row_pointer
+
+    rows = np.array([3, 1, 1, 3, 3, 4], dtype=np.int32)
+    ptr = row_pointer(rows, 6)
+    assert ptr.tolist() == [0, 0, 2, 2, 5, 6, 6] and ptr.dtype == np.int64
+    assert expand_rows(ptr).tolist() == sorted(rows.tolist())
+    assert expand_rows(row_pointer(np.zeros(0, np.int32), 3)).tolist() == []

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from .blocking import indptr_starts, row_pointer
+from ..model.csr import row_pointer
+from .blocking import indptr_starts
 from .parallel import Runner
 from .store import (
     _FIELDS,

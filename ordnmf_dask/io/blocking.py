@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.csr import row_pointer
 from .errors import InputError
 
 DEFAULT_NNZ_PER_BLOCK = 2**21
@@ -156,13 +157,6 @@ def block_sort(
     return BlockedNonzeros(
         rows[order], cols[order], y[order].astype(np.uint8), raw[order].astype(np.float64), offsets
     )
-
-
-def row_pointer(rows: np.ndarray, n_rows: int) -> np.ndarray:
-    """CSR row pointer, int64 (n_rows + 1,), of the local rows (n,) of one block's nonzeros."""
-    out = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n_rows), out=out[1:])
-    return out
 
 
 def indptr_starts(row_bounds: np.ndarray, n_c: int) -> np.ndarray:

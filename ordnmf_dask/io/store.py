@@ -38,6 +38,7 @@ import numpy as np
 import zarr
 import zarr.codecs
 
+from ..model.csr import expand_rows
 from .blocking import BlockedNonzeros, block_indptr, indptr_starts
 from .errors import InputError, StoreError
 
@@ -131,7 +132,7 @@ class Block:
     @property
     def rows(self) -> np.ndarray:
         """np.ndarray of int32, shape (nnz,): local row of each nonzero (from ``indptr``)."""
-        return np.repeat(np.arange(self.shape[0], dtype=np.int32), np.diff(self.indptr))
+        return expand_rows(self.indptr)
 
 
 # --------------------------------------------------------------------------- writing

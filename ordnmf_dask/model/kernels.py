@@ -37,6 +37,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from .csr import expand_rows, row_pointer
+
 _CHUNK = 1 << 16  # nonzeros per slab where nnz-length temporaries are slabbed (dcPF special funcs)
 
 _TILE_BYTES = 3 << 18  # 768 KiB of one item-side factor table per column tile (fits in L2)
@@ -64,10 +66,7 @@ class CsrBlock:
         cls, rows: np.ndarray, cols: np.ndarray, y: np.ndarray, shape: tuple[int, int]
     ) -> CsrBlock:
         """Build from (row, col)-sorted coordinates."""
-        counts = np.bincount(rows, minlength=shape[0])
-        indptr = np.zeros(shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        return cls(indptr, cols.astype(np.int32, copy=False), y, tuple(shape))
+        return cls(row_pointer(rows, shape[0]), cols.astype(np.int32, copy=False), y, tuple(shape))
 
     @property
     def nnz(self) -> int:
@@ -76,7 +75,7 @@ class CsrBlock:
     @property
     def rows(self) -> np.ndarray:
         """int32 (nnz,) local row of each nonzero (expanded from ``indptr``)."""
-        return np.repeat(np.arange(self.shape[0], dtype=np.int32), np.diff(self.indptr))
+        return expand_rows(self.indptr)
 
     def take_rows(self, keep: np.ndarray) -> CsrBlock:
         """The block restricted to local rows ``keep`` (increasing), renumbered 0..len(keep)-1."""
