@@ -29,13 +29,18 @@ class BlockRef:
     values: str = "class"
 
 
-def load_block(path: str, split: str, r: int, c: int, values: str = "class") -> CsrBlock:
+def load_block(
+    path: str, split: str, r: int, c: int, values: str = "class", reuse: bool = False
+) -> CsrBlock:
     """Read block (r, c) of ``split`` from the zarr store.
 
     ``values``: "class" (uint8 classes), "raw" (float64 raw values, e.g. play counts) or
     "ge:S" (classes binarized at S: nonzeros with class >= S become 1, the others are dropped).
+    ``reuse``: see :func:`~ordnmf_dask.io.store.read_block` (valid until the thread's next
+    reusing read).
     """
-    b = read_block(path, split, r, c, values=("raw",) if values == "raw" else ("y",))
+    kind = ("raw",) if values == "raw" else ("y",)
+    b = read_block(path, split, r, c, values=kind, reuse=reuse)
     if values == "class":
         return CsrBlock(b.indptr, b.cols, b.y, b.shape)
     if values == "raw":
@@ -47,10 +52,11 @@ def load_block(path: str, split: str, r: int, c: int, values: str = "class") -> 
     raise ValueError(f"unknown block values {values!r}")
 
 
-def materialize(block: CsrBlock | BlockRef) -> CsrBlock:
-    """A cached block as is, or a streamed block read now."""
+def materialize(block: CsrBlock | BlockRef, reuse: bool = False) -> CsrBlock:
+    """A cached block as is, or a streamed block read now (into the thread's reused buffers
+    with ``reuse``: then valid until its next reusing read)."""
     if isinstance(block, BlockRef):
-        return load_block(block.path, block.split, block.r, block.c, block.values)
+        return load_block(block.path, block.split, block.r, block.c, block.values, reuse)
     return block
 
 
@@ -78,8 +84,9 @@ def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
 
 
 def _read(blocks: Sequence[CsrBlock | BlockRef]) -> Iterator[CsrBlock]:
-    """The blocks one at a time (a streamed strip never holds more than one block)."""
-    return (materialize(b) for b in blocks)
+    """The blocks one at a time: a streamed strip holds one block, decoded into the worker
+    thread's reused buffers (each block is done with before the next is read)."""
+    return (materialize(b, reuse=True) for b in blocks)
 
 
 def local_strip(

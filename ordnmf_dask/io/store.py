@@ -40,6 +40,7 @@ import zarr.codecs
 
 from ..model.csr import expand_rows
 from .blocking import BlockedNonzeros, block_indptr, indptr_starts
+from .chunkread import ArrayFiles, thread_buffer
 from .errors import InputError, StoreError
 
 FORMAT_VERSION = 2
@@ -47,6 +48,7 @@ CHUNK = 2**20
 SPLITS = ("train", "test")
 AXES = ("users", "items")
 _FIELDS = ("cols", "y", "raw")  # per-nonzero arrays of a split
+_ARRAYS = (*_FIELDS, "indptr")  # every array of a split read by blocks
 # Codec of every array: blosc lz4 with byte shuffle decompresses 2.2x faster than zstd level 0
 # at about the same size on the per-nonzero arrays (5.7 vs 12.5 ns per nonzero for rows, cols and
 # classes of a 2.5M-nonzero block; 6.8 vs 6.2 MB), and streamed fits decompress every block
@@ -250,33 +252,46 @@ def open_store(path: str | os.PathLike) -> StoreInfo:
 
 
 def read_block(
-    path: str | os.PathLike, split: str, r: int, c: int, values: Sequence[str] = ("y", "raw")
+    path: str | os.PathLike,
+    split: str,
+    r: int,
+    c: int,
+    values: Sequence[str] = ("y", "raw"),
+    reuse: bool = False,
 ) -> Block:
     """Nonzeros of block (r, c) of ``split`` ("train" or "test").
 
     ``values``: which of "y" (classes) and "raw" to read; the other is None in the result
     (streamed fits read only what their model uses).
 
+    ``reuse``: decode into buffers that the calling thread keeps and reuses
+    (:func:`~ordnmf_dask.io.chunkread.thread_buffer`) instead of new arrays. The block is then
+    valid only until the same thread's next ``reuse`` read: for passes that are done with a
+    block before they read the next (the streamed passes), never for a block that is kept.
+
     Cheap and safe to call concurrently from many threads or processes: it reads only the
-    block's slice; opened groups are kept in a small per-process cache keyed by the store's
+    block's slice; opened stores are kept in a small per-process cache keyed by the store's
     identity on disk.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    handle = _handle(path)
-    shape = handle.info.block_shape(r, c)
-    b = r * handle.info.grid[1] + c
-    lo, hi = (int(x) for x in handle.offsets[split][b : b + 2])
-    arrays = handle.arrays[split]
     unknown = set(values) - {"y", "raw"}
     if unknown:
         raise ValueError(f"values must be among ('y', 'raw'), got {sorted(unknown)}")
-    data = {
-        name: np.asarray(arrays[name][lo:hi]) if name in ("cols", *values) else None
-        for name in _FIELDS
-    }
+    handle = _handle(path)
+    shape = handle.info.block_shape(r, c)
+    b = r * handle.info.grid[1] + c
+    files = handle.files[split]
+
+    def read(name: str, lo: int, hi: int) -> np.ndarray:
+        f = files[name]
+        out = thread_buffer(name, hi - lo, f.dtype) if reuse else np.empty(hi - lo, f.dtype)
+        return f.read(lo, hi, out)
+
+    lo, hi = (int(x) for x in handle.offsets[split][b : b + 2])
+    data = {name: read(name, lo, hi) if name in ("cols", *values) else None for name in _FIELDS}
     start = int(handle.indptr_starts[b])
-    indptr = np.asarray(arrays["indptr"][start : start + shape[0] + 1])
+    indptr = read("indptr", start, start + shape[0] + 1)
     return Block(indptr, data["cols"], data["y"], data["raw"], shape)
 
 
@@ -295,7 +310,7 @@ def read_ids(path: str | os.PathLike, axis: str) -> np.ndarray:
 class _Handle:
     info: StoreInfo
     group: zarr.Group
-    arrays: dict[str, dict[str, zarr.Array]]
+    files: dict[str, dict[str, ArrayFiles]]  # split -> field -> its chunk files
     offsets: dict[str, np.ndarray]
     indptr_starts: np.ndarray  # (n_r n_c + 1,) where each block's row pointer starts
 
@@ -349,7 +364,10 @@ def _open(path: str) -> _Handle:
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
     try:
-        arrays = {s: {f: group[f"{s}/{f}"] for f in (*_FIELDS, "indptr")} for s in SPLITS}
+        files = {
+            s: {f: ArrayFiles.of(group[f"{s}/{f}"], os.path.join(path, s, f)) for f in _ARRAYS}
+            for s in SPLITS
+        }
         offsets = {s: np.asarray(group[f"{s}/offsets"][:], dtype=np.int64) for s in SPLITS}
         info = StoreInfo(
             path=path,
@@ -366,4 +384,4 @@ def _open(path: str) -> _Handle:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"{path}: unreadable store ({type(exc).__name__}: {exc})") from None
-    return _Handle(info, group, arrays, offsets, indptr_starts(info.row_bounds, info.grid[1]))
+    return _Handle(info, group, files, offsets, indptr_starts(info.row_bounds, info.grid[1]))
