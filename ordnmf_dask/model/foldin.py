@@ -27,6 +27,7 @@ import numpy as np
 from . import dcpf, kernels
 from .gamma import gamma_moments
 from .kernels import CsrBlock
+from .sizes import held_bytes
 from .thresholds import gap_from_delta, theta_from_delta
 from .updates import empirical_bayes_rate
 
@@ -72,6 +73,8 @@ class FoldIn:
     mean, log_mean, shape, rate : (n_new, K); prior_rate : (n_new, 1);
     n_iter : (n_new,) W updates done per user; converged : (n_new,) bool.
     """
+
+    __sizeof__ = held_bytes  # what Dask counts for memory and transfers
 
     mean: np.ndarray
     log_mean: np.ndarray

@@ -38,6 +38,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from .csr import expand_rows, row_pointer
+from .sizes import held_bytes
 
 _CHUNK = 1 << 16  # nonzeros per slab where nnz-length temporaries are slabbed (dcPF special funcs)
 
@@ -55,6 +56,8 @@ class CsrBlock:
     row); y : (nnz,) values: uint8 ordinal classes 1..V, or float64 counts for dcPF;
     shape : (n_rows, n_cols). ``rows`` (int32 (nnz,) local row of each nonzero) is derived.
     """
+
+    __sizeof__ = held_bytes  # what Dask counts for memory and transfers
 
     indptr: np.ndarray
     cols: np.ndarray
@@ -99,6 +102,8 @@ class LocalStats:
     ordinal model see :func:`ordinal_small`.
     """
 
+    __sizeof__ = held_bytes  # what Dask counts for memory and transfers
+
     sw: np.ndarray
     sh: np.ndarray
     small: np.ndarray
@@ -111,6 +116,8 @@ class RowStats:
     sw : (n_rows, K) summed over the blocks; sh : per block, (n_cols_c, K); small : as in
     :class:`LocalStats`.
     """
+
+    __sizeof__ = held_bytes  # what Dask counts for memory and transfers
 
     sw: np.ndarray
     sh: tuple[np.ndarray, ...]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .gamma import gamma_update
+from .sizes import held_bytes
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class FactorChunk:
     (``rate``, ``log_mean``): the passes need only ``mean`` and ``geo``, and not keeping the other
     two saves two (n, K) arrays per chunk on the workers.
     """
+
+    __sizeof__ = held_bytes  # what Dask counts for memory and transfers
 
     mean: np.ndarray
     geo: np.ndarray
