@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +205,9 @@ class _CaviEstimator:
                         self.checkpoint_every, self.checkpoint_minutes, print_,
                     )
                     if init_arrays is None:
-                        start = runner.random_init()
+                        start = runner.random_init
                     else:
-                        start = runner.warm_init(*_write_init(init_arrays, work))
+                        start = partial(runner.warm_init, *_write_init(init_arrays, work))
                     run = runner.run(start, callback or _iteration_logger(family), resume)
                     runs.append({"seed": run_cfg.random_state, "elbo": run.elbo[-1],
                                  "n_iter": run.n_iter, "converged": run.converged})

@@ -117,7 +117,7 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
         cache_blocks=True,
         checkpoint_every=5,
     )
-    runner.run(runner.random_init(), count_tasks)
+    runner.run(runner.random_init, count_tasks)
     # the scheduler's task count cycles with the checkpoint period instead of growing: without
     # the cut, iterations 31-40 would hold ~25 iterations' worth of tasks more than 6-15. The
     # iteration submitted ahead is released while the callback runs, so a count can differ
@@ -127,9 +127,11 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
     late, early_tasks = [counts[n][0] for n in range(31, 41)], [counts[n][0] for n in range(6, 16)]
     slack = per_iteration // 2
     assert max(late) <= max(early_tasks) + slack and min(late) <= min(early_tasks) + slack
-    # results held by the workers: bounded (they fluctuate by a few while releases propagate)
-    early = max(counts[n][1] for n in range(1, 21))
-    assert max(counts[n][1] for n in range(21, 41)) <= early + 5
+    # results held by the workers: bounded. Around a checkpoint the count jumps for an
+    # iteration while the state read back replaces the old one (87 against 30-43 seen), so
+    # compare medians: one more result kept per iteration would add ~20 between the halves
+    early = float(np.median([counts[n][1] for n in range(1, 21)]))
+    assert np.median([counts[n][1] for n in range(21, 41)]) <= early + 5
 
 
 def test_save_and_load_round_trip(tmp_path, client, problem):
@@ -233,3 +235,23 @@ def test_strip_runs():
     uneven = np.array([10, 10, 10, MAX_STRIP_COLS])  # 2 equal-count runs; the 2nd is too wide
     assert runs(uneven, 8, MAX_STRIP_COLS) == [[0, 1], [2], [3]]
     assert runs(np.array([3 * MAX_STRIP_COLS]), 8, MAX_STRIP_COLS) == [[0]]  # a wide block alone
+
+
+def test_own_local_cluster_spills_on_process_memory_only():
+    """The LocalCluster a fit starts has Dask's managed-memory target off (spill, pause and
+    restart thresholds unchanged); the caller's Dask config is left as it was."""
+    import dask
+
+    from ordnmf_dask.engine.cluster import resolve_client
+
+    before = dask.config.get("distributed.worker.memory.target")
+    with resolve_client(None, 1, memory_limit="1GB") as c:
+        fractions = c.run(
+            lambda dask_worker: (
+                dask_worker.memory_manager.memory_target_fraction,
+                dask_worker.memory_manager.memory_spill_fraction,
+                dask_worker.memory_manager.memory_pause_fraction,
+            )
+        )
+    assert list(fractions.values()) == [(False, 0.7, 0.8)]
+    assert dask.config.get("distributed.worker.memory.target") == before

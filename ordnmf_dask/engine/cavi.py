@@ -297,7 +297,7 @@ class CaviRunner:
 
     def run(
         self,
-        init: tuple[list[Future], list[Future]] | None,
+        init: Callable[[], tuple[list[Future], list[Future]]] | None,
         callback: IterationCallback | None = None,
         resume: bool = False,
     ) -> CaviState:
@@ -309,9 +309,11 @@ class CaviRunner:
         with the new E[W]; (5) local step; (6) ELBO and the stopping rule. Iteration n + 1 is
         submitted before iteration n's bound is gathered (the workers never wait for the
         client); when iteration n stops the fit, n + 1 is cancelled and n's state is the result,
-        exactly as in a one-at-a-time loop. With ``resume``, the state is read from the newest
-        valid checkpoint instead (``init`` is then only used when there is none), and the run
-        continues exactly as the interrupted one would have.
+        exactly as in a one-at-a-time loop. ``init`` submits the initial E[W], E[H] chunks
+        (e.g. ``self.random_init``); it is called only when the run starts from scratch, and
+        nothing keeps its chunks once the first iteration has replaced them. With ``resume``,
+        the state is read from the newest valid checkpoint instead (``init`` is then only used
+        when there is none), and the run continues exactly as the interrupted one would have.
         """
         cfg, client, fam = self.cfg, self.client, self.family
         snap = None
@@ -332,7 +334,7 @@ class CaviRunner:
             if init is None:
                 raise ValueError("no initial state and nothing to resume from")
             checkpoint.clear(self.checkpoint_dir)
-            w, h = init
+            w, h = init()
             params = fam.init_params()
             sw, sh, small = self._local_pass(w, h, params)
             cur = _Flight(
@@ -340,6 +342,7 @@ class CaviRunner:
                 tree_sum(client, w, "summary"), tree_sum(client, h, "summary"), None,
             )  # fmt: skip
             state = CaviState(w, h, params)
+            del w, h  # the initial chunks live in ``cur`` and ``state`` until replaced
             first = 0
         last_checkpoint = time.monotonic()
         ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered

@@ -8,10 +8,18 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
 log = logging.getLogger(__name__)
+
+# Dask's workers spill results to disk from 60% of their memory limit by their own count of
+# managed memory. A fit's results are factor chunks that every iteration reads again, and a
+# chunk and its (mean, geo) view share their arrays, so that count overstates what spilling
+# would free: the workers of a LocalCluster started for a fit spill only when the process
+# memory passes 70% (Dask's spill threshold, unchanged), and pause and restart as usual.
+WORKER_MEMORY = {"distributed.worker.memory.target": False}
 
 
 @contextmanager
@@ -30,7 +38,7 @@ def resolve_client(
     A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
-    left running.
+    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`).
     """
     if client is None:
         try:
@@ -40,7 +48,7 @@ def resolve_client(
     if client is not None:
         yield client
         return
-    with _sigint_ignored():  # inherited by the worker processes started now
+    with _sigint_ignored(), dask.config.set(WORKER_MEMORY):  # both reach the worker processes
         cluster = LocalCluster(
             n_workers=n_workers,
             threads_per_worker=threads_per_worker,
