@@ -80,6 +80,7 @@ def test_unsupported_encoding_and_damaged_chunk(tmp_path):
     with pytest.raises(StoreError, match=r"a/c/1: unreadable chunk"):
         files.read(0, 10, np.empty(10, np.int32))
     np.testing.assert_array_equal(files.read(0, 4, np.empty(4, np.int32)), np.arange(1, 5))
+    assert files.read(5, 5, np.empty(0, np.int32)).shape == (0,)  # empty: chunk 1 is not read
 
 
 def test_read_block_matches_zarr_with_many_chunks(tmp_path, monkeypatch):

@@ -78,6 +78,8 @@ class ArrayFiles:
         if out.dtype != self.dtype or out.shape[0] < hi - lo or not out.flags.c_contiguous:
             raise ValueError(f"{self.directory}: out must hold {hi - lo} {self.dtype}")
         res = out[: hi - lo]
+        if hi == lo:  # an empty block: no chunk to decode
+            return res
         for i in range(lo // self.chunk, -(-hi // self.chunk)):
             start = i * self.chunk
             a, b = max(lo, start), min(hi, start + self.chunk)
