@@ -12,7 +12,11 @@ Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --
    iterations; every iteration's seconds and ELBO are printed as they come;
 3. ``ordnmf_dask.evaluate`` on the same cluster: NDCG@``--eval-k`` per threshold over all items
    (training items excluded) for a ``--eval-user-fraction`` sample of the users, and the test
-   log-likelihood of every test nonzero.
+   log-likelihood of every test nonzero;
+4. after the cluster is closed, the host's speed in the same run: one thread reads the blocks
+   of one strip as a streamed pass does and runs the local step and both rate corrections on
+   them; scaled to the store's nonzeros over the workers, that is what one iteration's reads
+   and kernels cost with no Dask at all, and the fit's median iteration is printed over it.
 
 Peak RSS of every process is sampled (psutil, every 200 ms) over the fit and the evaluation,
 and the workers' kernel high-water marks (VmHWM) are printed at the end of each step.
@@ -31,7 +35,47 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RssSampler, self_peak_mb  # noqa: E402
-from iteration import ensure_store, store_name  # noqa: E402
+from iteration import ensure_store, in_fresh_process, store_name  # noqa: E402
+
+
+def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
+    """One thread, blocks (r, 0..n_blocks-1) of the store: ns per nonzero of reading a block
+    as a streamed pass does, and of the local step and the two rate corrections on it (random
+    factors, the store's initial Delta): the host's speed for the kernels, in the same run."""
+    import numpy as np
+
+    from ordnmf_dask.engine.tasks import load_block
+    from ordnmf_dask.io.store import open_store
+    from ordnmf_dask.model import kernels
+    from ordnmf_dask.model.thresholds import gap_from_delta, init_delta
+
+    info = open_store(path)
+    rb, cb = info.row_bounds, info.col_bounds
+    cs = range(min(n_blocks, info.grid[1]))
+    rng = np.random.default_rng(0)
+    gw = rng.gamma(1.0, 0.3, (int(rb[r + 1] - rb[r]), k))
+    ghs = [rng.gamma(1.0, 0.3, (int(cb[c + 1] - cb[c]), k)) for c in cs]
+    delta = init_delta(np.asarray(info.hist_train))
+    gap = gap_from_delta(delta)
+    blocks = [load_block(path, "train", r, c) for c in cs]
+    nnz = sum(b.nnz for b in blocks)
+    best: dict[str, float] = {}
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for c in cs:  # as a streamed pass reads (into the thread's reused buffers)
+            load_block(path, "train", r, c, reuse=True)
+        t1 = time.perf_counter()
+        kernels.local_step_row(blocks, gw, ghs, gw, ghs, delta, False)
+        t2 = time.perf_counter()
+        kernels.row_correction_row(blocks, gap, ghs)
+        t3 = time.perf_counter()
+        for b in blocks:
+            kernels.col_correction(b, gap, gw)
+        t4 = time.perf_counter()
+        for name, sec in (("read", t1 - t0), ("local", t2 - t1), ("row", t3 - t2),
+                          ("col", t4 - t3)):  # fmt: skip
+            best[name] = min(best.get(name, np.inf), sec / nnz * 1e9)
+    return best
 
 
 def main() -> None:
@@ -115,6 +159,18 @@ def main() -> None:
                     flush=True,
                 )
                 print(f"test log-likelihood per nonzero {res['test_loglik_mean']:.6f}", flush=True)
+    info = open_store(path)
+    r = info.grid[0] // 2
+    ref = in_fresh_process(strip_job, path, args.k, r)
+    per_nnz = 3 * ref["read"] + ref["local"] + ref["row"] + ref["col"]  # 3 passes read blocks
+    ideal = per_nnz * 1e-9 * info.nnz_train / args.workers
+    print(
+        f"host speed now, one thread on blocks ({r}, 0-7): read {ref['read']:.1f}, local step "
+        f"{ref['local']:.1f}, W-rate {ref['row']:.1f}, H-rate {ref['col']:.1f} ns per nonzero; "
+        f"3 reads + kernels of one iteration on {args.workers} workers: {ideal:.1f} s; median "
+        f"iteration / that: {statistics.median(seconds[1:]) / ideal:.2f}",
+        flush=True,
+    )
     peaks = {p: sampler.peak.get(p, 0.0) for p in pids.values()}
     print(
         "peak RSS per worker over the whole run (MB, sampled): "
