@@ -8,7 +8,6 @@ import os
 import shutil
 import tempfile
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +206,8 @@ class _CaviEstimator:
                     if init_arrays is None:
                         start = runner.random_init
                     else:
-                        start = partial(runner.warm_init, *_write_init(init_arrays, work))
+                        def start(runner=runner):  # writes the arrays only when called
+                            return runner.warm_init(*_write_init(init_arrays, work))
                     run = runner.run(start, callback or _iteration_logger(family), resume)
                     runs.append({"seed": run_cfg.random_state, "elbo": run.elbo[-1],
                                  "n_iter": run.n_iter, "converged": run.converged})
