@@ -144,6 +144,8 @@ def test_save_and_load_round_trip(tmp_path, client, problem):
     assert loaded.elbo_ == model.elbo_
     np.testing.assert_array_equal(loaded.W_.compute(), model.W_.compute())
     assert not list(tmp_path.glob("*.tmp-*"))
+    saved = {p.name for p in (tmp_path / "copy.zarr" / "W" / "0").iterdir() if p.is_dir()}
+    assert saved == {"mean", "geo", "shape", "prior_rate", "log_mean", "rate"}
 
 
 def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, client, problem):
@@ -156,6 +158,10 @@ def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, cli
         store, client, init=(w0, h0)
     )
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000008", "ckpt-00000016"]
+    # a checkpoint holds the state only; a saved model also its derived log_mean and rate
+    state = {"mean", "geo", "shape", "prior_rate"}
+    chunk = ckpt / "ckpt-00000016" / "W" / "1"
+    assert {p.name for p in chunk.iterdir() if p.is_dir()} == state
     resumed = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
     resumed.fit(store, client, init=(w0, h0), resume=True)
     assert resumed.elbo_ == whole.elbo_

@@ -68,7 +68,7 @@ def fingerprint(store_attrs: dict[str, Any], store_path: str, settings: dict[str
 def _save(value: FactorChunk | np.ndarray, root: str, name: str, index: int) -> list[float]:
     """Write one chunk or statistic; return its column sums (checked when read back)."""
     if isinstance(value, FactorChunk):
-        chunkstore.save_chunk(value, root, name, index)
+        chunkstore.save_chunk(value, root, name, index, derived=False)
         return value.mean.sum(axis=0).tolist()
     chunkstore.save_array(value, root, name, index)
     return np.asarray(value).sum(axis=0).tolist()

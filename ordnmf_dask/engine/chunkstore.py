@@ -1,7 +1,9 @@
 """Factor chunks on disk: one zarr group per chunk, written and read by the workers.
 
 Used for checkpoints during a fit and for saved models. Chunks are written
-where they live; nothing passes through the client.
+where they live; nothing passes through the client. Arrays are stored uncompressed: posterior
+parameters are dense float64 that zstd shrinks by a few percent, at ~8x the time of a plain
+write (0.107 against 0.013 s per 18 MB array) and ~10x of a read.
 """
 
 from __future__ import annotations
@@ -20,15 +22,20 @@ def chunk_path(root: str, name: str, index: int) -> str:
     return f"{root}/{name}/{index}"
 
 
-def save_chunk(chunk: FactorChunk, root: str, name: str, index: int) -> str:
-    """Write ``chunk`` to ``root/name/index``; returns the group path."""
+def save_chunk(
+    chunk: FactorChunk, root: str, name: str, index: int, derived: bool = True
+) -> str:
+    """Write ``chunk`` to ``root/name/index`` (with ``derived``, also ``log_mean`` and ``rate``,
+    which a checkpoint does not need); returns the group path."""
     path = chunk_path(root, name, index)
     group = zarr.open_group(path, mode="w")
-    for field in (*_FIELDS, *_DERIVED):
+    for field in (*_FIELDS, *_DERIVED) if derived else _FIELDS:
         value = getattr(chunk, field)
         if value is not None:
             arr = np.ascontiguousarray(value, dtype=np.float64)
-            group.create_array(field, data=arr, chunks=arr.shape or None, overwrite=True)
+            group.create_array(
+                field, data=arr, chunks=arr.shape or None, compressors=None, overwrite=True
+            )
     group.attrs["elbo"] = chunk.elbo
     return path
 
@@ -44,7 +51,7 @@ def save_array(value: np.ndarray, root: str, name: str, index: int) -> str:
     """Write a plain (n, K) array (e.g. a shape statistic) as ``root/name/index``."""
     path = chunk_path(root, name, index)
     arr = np.ascontiguousarray(value, dtype=np.float64)
-    zarr.create_array(path, data=arr, chunks=arr.shape, overwrite=True)
+    zarr.create_array(path, data=arr, chunks=arr.shape, compressors=None, overwrite=True)
     return path
 
 
