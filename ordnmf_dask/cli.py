@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--checkpoint-dir", help="checkpoints here (shared by the workers); keep it "
                      "to --resume an interrupted fit")
     fit.add_argument("--checkpoint-every", type=int, help="iterations between checkpoints "
-                     "(default 10; each also cuts the task lineage)")
+                     "(default 10; each also cuts the task lineage; none after the last iteration)")
     fit.add_argument("--checkpoint-minutes", type=float, help="also checkpoint after this long")
     fit.add_argument("--resume", action="store_true",
                      help="continue from the newest valid checkpoint in --checkpoint-dir")

@@ -40,7 +40,8 @@ _SHARED_PARAMS_DOC = """
         pass (False), or decide from the workers' memory limits ("auto").
     checkpoint_every, checkpoint_minutes : checkpoint after every this many iterations and/or
         minutes (the state is written by the workers and read back, which also cuts the task
-        lineage). 0 / None disable each trigger.
+        lineage), except after the last iteration, whose state is the saved model. 0 / None
+        disable each trigger.
     checkpoint_dir : where checkpoints go, visible to all workers; keep it to ``fit(...,
         resume=True)`` after an interruption (default: inside ``work_dir``, removed after fit).
     work_dir : scratch directory visible to all workers (default: a temporary directory).

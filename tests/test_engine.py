@@ -184,6 +184,8 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, 
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (1, 2))
     ckpt = str(tmp_path / "ckpt")
     OrdNMF(K, max_iter=6, checkpoint_every=3, checkpoint_dir=ckpt).fit(store, client)
+    # none after the last iteration: its state is the saved model
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-00000003"]
     other = OrdNMF(K, max_iter=6, alpha_W=1.0, checkpoint_every=3, checkpoint_dir=ckpt)
     fresh = OrdNMF(K, max_iter=6, alpha_W=1.0).fit(store, client)
     other.fit(store, client, resume=True)  # the checkpoints do not match: starts afresh

@@ -18,10 +18,10 @@ block, and there is one partial per strip, not per block, to move and add.
 Factor chunks stay on the workers as futures; the global parameters (Delta or p) are computed
 on a worker too, so the client submits iteration n + 1 while iteration n runs and gathers only
 O(K + V) numbers (column sums, per-class sums, ELBO parts) per iteration: the workers never wait
-for the client's round trip. Every ``checkpoint_every`` iterations (or ``checkpoint_minutes``)
-the state is checkpointed to zarr by the workers and read back (:mod:`.checkpoint`), which cuts
-the task lineage so the scheduler's graph stays bounded over long fits, and lets an interrupted
-fit resume where it stopped.
+for the client's round trip. Every ``checkpoint_every`` iterations (or ``checkpoint_minutes``),
+except after the last, the state is checkpointed to zarr by the workers and read back
+(:mod:`.checkpoint`), which cuts the task lineage so the scheduler's graph stays bounded over
+long fits, and lets an interrupted fit resume where it stopped.
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ class CaviRunner:
             if rate < cfg.tol and n - 1 >= cfg.min_iter:
                 state.converged = True
                 break
-            if due or late:
+            if (due or late) and not last:  # after the last one, the fit's result is saved
                 cur = self._checkpoint(cur, n, res, state)
                 state.w, state.h = cur.w, cur.h
                 last_checkpoint = time.monotonic()
