@@ -322,25 +322,33 @@ def _prefetch_row(typingctx, table, i):  # noqa: ANN001, ANN202
 
 
 @_jit
-def _rate_corr(indptr, cols, y, gap, factor, out, axis):  # noqa: ANN001, ANN202
-    """Sparse rate term of one block, in CSR order: with ``axis`` 0, ``out[u] += sum_j gap[y_j]
-    factor[cols_j]`` over row u's nonzeros (W-rate, factor = E[H]); with 1, ``out[i] += sum_j
-    gap[y_j] factor[row_j]`` over column i's nonzeros (H-rate, factor = E[W]). The randomly
-    accessed rows (of ``factor``, or of ``out``) are prefetched ``_AHEAD`` nonzeros ahead."""
-    n_rows, k = indptr.shape[0] - 1, factor.shape[1]
+def _row_corr(indptr, cols, y, gap, eh, out):  # noqa: ANN001, ANN202
+    """``out[u] += sum_j gap[y_j] eh[cols_j]`` over row u's nonzeros, in CSR order."""
+    n_rows, k = indptr.shape[0] - 1, eh.shape[1]
     nnz = cols.shape[0]
-    table = factor if axis == 0 else out
     for u in range(n_rows):
+        out_u = out[u]
         for j in range(indptr[u], indptr[u + 1]):
             if j + _AHEAD < nnz:
-                _prefetch_row(table, cols[j + _AHEAD])
-            g, i = gap[y[j]], cols[j]
-            if axis == 0:
-                dst, src = out[u], factor[i]
-            else:
-                dst, src = out[i], factor[u]
+                _prefetch_row(eh, cols[j + _AHEAD])
+            g, eh_i = gap[y[j]], eh[cols[j]]
             for q in range(k):
-                dst[q] += g * src[q]
+                out_u[q] += g * eh_i[q]
+
+
+@_jit
+def _col_corr(indptr, cols, y, gap, ew, out):  # noqa: ANN001, ANN202
+    """``out[i] += sum_j gap[y_j] ew[row_j]`` over column i's nonzeros, in CSR order."""
+    n_rows, k = indptr.shape[0] - 1, ew.shape[1]
+    nnz = cols.shape[0]
+    for u in range(n_rows):
+        ew_u = ew[u]
+        for j in range(indptr[u], indptr[u + 1]):
+            if j + _AHEAD < nnz:
+                _prefetch_row(out, cols[j + _AHEAD])
+            g, out_i = gap[y[j]], out[cols[j]]
+            for q in range(k):
+                out_i[q] += g * ew_u[q]
 
 
 # --- public kernels -----------------------------------------------------------------------------
@@ -436,9 +444,8 @@ def local_step(
     return LocalStats(row.sw, row.sh[0], row.small)
 
 
-def _corrections(axis: int, blocks, gap, factors) -> np.ndarray:  # noqa: ANN001
-    """Sum the sparse rate terms (:func:`_rate_corr` along ``axis``) of ``blocks`` into one
-    (block.shape[axis], K) array."""
+def _corrections(kernel, axis: int, blocks, gap, factors) -> np.ndarray:  # noqa: ANN001
+    """Run a rate-correction ``kernel`` over ``blocks`` into one (block.shape[axis], K) array."""
     gap = _f64(gap)
     out = None
     for block, f in zip(blocks, factors, strict=True):
@@ -446,7 +453,7 @@ def _corrections(axis: int, blocks, gap, factors) -> np.ndarray:  # noqa: ANN001
         f = _f64(f)
         if out is None:
             out = np.zeros((block.shape[axis], f.shape[1]))
-        _rate_corr(block.indptr, block.cols, block.y, gap, f, out, axis)
+        kernel(block.indptr, block.cols, block.y, gap, f, out)
     if out is None:
         raise ValueError("a rate correction of no blocks")
     return out
@@ -458,7 +465,7 @@ def row_correction_row(
     """``out[u] = sum_{i: y_ui > 0} G_{y_ui} E[h_i]`` over the blocks of one user-block (one
     accumulator), shape (n_rows, K): the sparse W-rate term. ``ehs``: per block (n_cols_c, K).
     ``blocks`` may be an iterator (blocks read one at a time)."""
-    return _corrections(0, blocks, gap, ehs)
+    return _corrections(_row_corr, 0, blocks, gap, ehs)
 
 
 def row_correction(block: CsrBlock, gap: np.ndarray, eh: np.ndarray) -> np.ndarray:
@@ -472,7 +479,7 @@ def col_correction_col(
     """``out[i] = sum_{u: y_ui > 0} G_{y_ui} E[w_u]`` over the blocks of one item-block for a run
     of user-blocks (one accumulator), shape (n_cols, K): the sparse H-rate term. ``ews``: per
     block (n_rows_r, K). ``blocks`` may be an iterator (blocks read one at a time)."""
-    return _corrections(1, blocks, gap, ews)
+    return _corrections(_col_corr, 1, blocks, gap, ews)
 
 
 def col_correction(block: CsrBlock, gap: np.ndarray, ew: np.ndarray) -> np.ndarray:
