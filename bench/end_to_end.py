@@ -13,10 +13,11 @@ Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --
 3. ``ordnmf_dask.evaluate`` on the same cluster: NDCG@``--eval-k`` per threshold over all items
    (training items excluded) for a ``--eval-user-fraction`` sample of the users, and the test
    log-likelihood of every test nonzero;
-4. after the cluster is closed, the host's speed in the same run: one thread reads the blocks
-   of one strip as a streamed pass does and runs the local step and both rate corrections on
-   them; scaled to the store's nonzeros over the workers, that is what one iteration's reads
-   and kernels cost with no Dask at all, and the fit's median iteration is printed over it.
+4. the host's speed in the same run, before the cluster starts and after it is closed (this
+   shared host's speed drifts by 25% within an hour): one thread reads the blocks of one
+   strip as a streamed pass does and runs the local step and both rate corrections on them;
+   scaled to the store's nonzeros over the workers, that is what one iteration's reads and
+   kernels cost with no Dask at all, and the fit's median iteration is printed over each.
 
 Peak RSS of every process is sampled (psutil, every 200 ms) over the fit and the evaluation,
 and the workers' kernel high-water marks (VmHWM) are printed at the end of each step.
@@ -78,6 +79,17 @@ def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
     return best
 
 
+def host_speed(path: str, k: int, workers: int) -> tuple[dict[str, float], float]:
+    """:func:`strip_job` on the middle user-block, in a fresh process, and the seconds of one
+    iteration's 3 reads and 3 kernels over the store's nonzeros on ``workers`` threads."""
+    from ordnmf_dask.io.store import open_store
+
+    info = open_store(path)
+    ref = in_fresh_process(strip_job, path, k, info.grid[0] // 2)
+    per_nnz = 3 * ref["read"] + ref["local"] + ref["row"] + ref["col"]  # 3 passes read blocks
+    return ref, per_nnz * 1e-9 * info.nnz_train / workers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=1_000_000)
@@ -111,6 +123,7 @@ def main() -> None:
         + ("reused" if existed else f"synth {time.perf_counter() - start:.0f} s"),
         flush=True,
     )
+    before = host_speed(path, args.k, args.workers)
     seconds: list[float] = []
 
     def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
@@ -159,18 +172,16 @@ def main() -> None:
                     flush=True,
                 )
                 print(f"test log-likelihood per nonzero {res['test_loglik_mean']:.6f}", flush=True)
-    info = open_store(path)
-    r = info.grid[0] // 2
-    ref = in_fresh_process(strip_job, path, args.k, r)
-    per_nnz = 3 * ref["read"] + ref["local"] + ref["row"] + ref["col"]  # 3 passes read blocks
-    ideal = per_nnz * 1e-9 * info.nnz_train / args.workers
-    print(
-        f"host speed now, one thread on blocks ({r}, 0-7): read {ref['read']:.1f}, local step "
-        f"{ref['local']:.1f}, W-rate {ref['row']:.1f}, H-rate {ref['col']:.1f} ns per nonzero; "
-        f"3 reads + kernels of one iteration on {args.workers} workers: {ideal:.1f} s; median "
-        f"iteration / that: {statistics.median(seconds[1:]) / ideal:.2f}",
-        flush=True,
-    )
+    after = host_speed(path, args.k, args.workers)
+    median = statistics.median(seconds[1:])
+    for when, (ref, ideal) in (("before the fit", before), ("after the run", after)):
+        print(
+            f"host speed {when}, one thread: read {ref['read']:.1f}, local step "
+            f"{ref['local']:.1f}, W-rate {ref['row']:.1f}, H-rate {ref['col']:.1f} ns per "
+            f"nonzero; 3 reads + kernels of one iteration on {args.workers} workers: "
+            f"{ideal:.1f} s; median iteration / that: {median / ideal:.2f}",
+            flush=True,
+        )
     peaks = {p: sampler.peak.get(p, 0.0) for p in pids.values()}
     print(
         "peak RSS per worker over the whole run (MB, sampled): "
