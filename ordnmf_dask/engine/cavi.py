@@ -19,9 +19,10 @@ Factor chunks stay on the workers as futures; the global parameters (Delta or p)
 on a worker too, so the client submits iteration n + 1 while iteration n runs and gathers only
 O(K + V) numbers (column sums, per-class sums, ELBO parts) per iteration: the workers never wait
 for the client's round trip. Every ``checkpoint_every`` iterations (or ``checkpoint_minutes``),
-except after the last, the state is checkpointed to zarr by the workers and read back
-(:mod:`.checkpoint`), which cuts the task lineage so the scheduler's graph stays bounded over
-long fits, and lets an interrupted fit resume where it stopped.
+except after the last, the state is checkpointed to zarr by the workers (each chunk written as
+soon as the iteration has computed it) and read back (:mod:`.checkpoint`), which cuts the task
+lineage so the scheduler's graph stays bounded over long fits, and lets an interrupted fit
+resume where it stopped.
 """
 
 from __future__ import annotations
@@ -267,22 +268,29 @@ class CaviRunner:
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
         return _Flight(w, h, wv, hv, sw, sh, params, small, w_sum, h_sum, result)
 
-    def _checkpoint(self, st: _Flight, n_done: int, res: dict[str, Any], state: CaviState):
-        """Write iteration ``n_done``'s state, read it back (cutting the task lineage)."""
-        client, submit, fam = self.client, self.client.submit, self.family
-        snap = checkpoint.Snapshot(
-            n_done, fam.to_json(res["params"]), list(state.elbo), state.objective,
-            np.asarray(res["small"]).tolist(), np.asarray(res["w_sum"]).tolist(),
-            np.asarray(res["h_sum"]).tolist(),
-        )  # fmt: skip
+    def _start_checkpoint(self, st: _Flight, n_done: int) -> checkpoint.Pending:
+        """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
+        submit = self.client.submit
         groups = {
             "W": st.w, "H": st.h,
             "SW": [submit(reduce.resolve, x) for x in st.sw],
             "SH": [submit(reduce.resolve, x) for x in st.sh],
         }  # fmt: skip
-        path = checkpoint.write(client, self.checkpoint_dir, groups, snap, self.fingerprint)
+        return checkpoint.start(self.client, self.checkpoint_dir, n_done, groups)
+
+    def _finish_checkpoint(
+        self, pending: checkpoint.Pending, res: dict[str, Any], state: CaviState
+    ) -> _Flight:
+        """Complete ``pending`` with the client's state and read it back (cutting the task
+        lineage); the read-back futures are submitted, not waited for."""
+        snap = checkpoint.Snapshot(
+            pending.iteration, self.family.to_json(res["params"]), list(state.elbo),
+            state.objective, np.asarray(res["small"]).tolist(), np.asarray(res["w_sum"]).tolist(),
+            np.asarray(res["h_sum"]).tolist(),
+        )  # fmt: skip
+        path, colsums = checkpoint.finish(pending, snap, self.fingerprint)
         log.debug("checkpoint %s", path)
-        groups, _ = checkpoint.read(client, path, self._rows(), self.fingerprint)
+        groups = checkpoint.reload(self.client, path, self._rows(), colsums)
         return self._restored(groups, res["params"], res["small"], res["w_sum"], res["h_sum"])
 
     def _restored(
@@ -348,38 +356,51 @@ class CaviRunner:
         ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered
         clock = time.perf_counter()
         n = first
-        while n < cfg.max_iter:
-            cur = ahead if ahead is not None else self._iteration(cur)
-            due = bool(self.checkpoint_every) and (n + 1) % self.checkpoint_every == 0
-            late = self.checkpoint_minutes is not None and (
-                time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
-            )
-            last = n + 1 >= cfg.max_iter
-            ahead = None if (due or late or last) else self._iteration(cur)
-            res = cur.result.result()
-            elbo, objective, params = res["elbo"], res["objective"], res["params"]
-            state.w, state.h, state.params = cur.w, cur.h, params
-            rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
-            state.elbo.append(elbo)
-            now = time.perf_counter()
-            seconds, clock = now - clock, now
-            if callback is not None:
-                callback(n + 1, elbo, rate, seconds, params)
-            if not np.isfinite(objective):
-                raise FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
-            if n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
-                raise ELBODecreaseError(
-                    f"ELBO decreased at iteration {n + 1}: {state.objective!r} -> {objective!r}"
+        pending: checkpoint.Pending | None = None  # a checkpoint being written
+        try:
+            while n < cfg.max_iter:
+                cur = ahead if ahead is not None else self._iteration(cur)
+                due = bool(self.checkpoint_every) and (n + 1) % self.checkpoint_every == 0
+                late = self.checkpoint_minutes is not None and (
+                    time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
                 )
-            state.objective = objective
-            n += 1
-            if rate < cfg.tol and n - 1 >= cfg.min_iter:
-                state.converged = True
-                break
-            if (due or late) and not last:  # after the last one, the fit's result is saved
-                cur = self._checkpoint(cur, n, res, state)
-                state.w, state.h = cur.w, cur.h
-                last_checkpoint = time.monotonic()
+                last = n + 1 >= cfg.max_iter
+                take = (due or late) and not last  # after the last one, the result is saved
+                if take:
+                    pending = self._start_checkpoint(cur, n + 1)
+                ahead = None if (take or last) else self._iteration(cur)
+                res = cur.result.result()
+                elbo, objective, params = res["elbo"], res["objective"], res["params"]
+                state.w, state.h, state.params = cur.w, cur.h, params
+                rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
+                state.elbo.append(elbo)
+                now = time.perf_counter()
+                seconds, clock = now - clock, now
+                if callback is not None:
+                    callback(n + 1, elbo, rate, seconds, params)
+                if not np.isfinite(objective):
+                    raise FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
+                if n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
+                    raise ELBODecreaseError(
+                        f"ELBO decreased at iteration {n + 1}: {state.objective!r} -> {objective!r}"
+                    )
+                state.objective = objective
+                n += 1
+                if rate < cfg.tol and n - 1 >= cfg.min_iter:
+                    state.converged = True
+                    if pending is not None:  # written for an iteration that ends the fit
+                        checkpoint.abandon(pending, finish_writes=True)
+                        pending = None
+                    break
+                if pending is not None:
+                    cur = self._finish_checkpoint(pending, res, state)
+                    pending = None
+                    state.w, state.h = cur.w, cur.h
+                    last_checkpoint = time.monotonic()
+        except BaseException:
+            if pending is not None:
+                checkpoint.abandon(pending, finish_writes=False)
+            raise
         # an iteration submitted ahead of a stop is dropped with ``ahead``: releasing its
         # futures makes the scheduler forget its tasks (``Client.cancel`` on a graph whose
         # dependencies the client also holds trips an assertion in the scheduler)

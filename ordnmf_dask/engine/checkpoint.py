@@ -7,8 +7,11 @@ local statistics, column sums) and a fingerprint of the store and configuration 
 attributes. It is written to ``ckpt-<n>.tmp``, marked complete, then renamed; chunks carry their
 column sums, checked when read back. The newest two are kept.
 
-Taking a checkpoint also cuts the task lineage: the state is read back from disk into fresh
-futures with no dependencies, so the scheduler forgets everything before it.
+A running fit submits the writes as soon as the iteration's tasks are (:func:`start`): the
+workers write each chunk when it is computed, while the iteration runs. Once the iteration's
+bound is in, :func:`finish` completes the checkpoint and :func:`reload` reads it back into fresh
+futures with no dependencies, which cuts the task lineage: the scheduler forgets everything
+before it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d{8})$")
+_TMP = re.compile(r"^ckpt-(\d{8})\.tmp$")
 GROUPS = ("W", "H", "SW", "SH")
 
 
@@ -82,8 +86,9 @@ class _Unreadable:
     problem: str
 
 
-def _load(root: str, name: str, index: int, rows: int, colsum: list[float]) -> Any:
-    """Read one chunk back, or an :class:`_Unreadable` if it is not exactly what was written."""
+def _load(root: str, name: str, index: int, rows: int, colsum: list[float], strict: bool) -> Any:
+    """Read one chunk back. If it is not exactly what was written: raise CheckpointError
+    (``strict``), else return an :class:`_Unreadable`."""
     try:
         if name in ("W", "H"):
             value = chunkstore.load_chunk(root, name, index)
@@ -91,33 +96,58 @@ def _load(root: str, name: str, index: int, rows: int, colsum: list[float]) -> A
         else:
             value = data = chunkstore.load_array(root, name, index)
     except Exception as exc:  # noqa: BLE001 - truncated, missing or garbled: not usable
-        return _Unreadable(f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})")
-    if data.shape[0] != rows or data.sum(axis=0).tolist() != colsum:
-        return _Unreadable(f"{root}/{name}/{index}: content does not match its checksum")
-    return value
+        problem = f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})"
+    else:
+        if data.shape[0] == rows and data.sum(axis=0).tolist() == colsum:
+            return value
+        problem = f"{root}/{name}/{index}: content does not match its checksum"
+    if strict:
+        raise CheckpointError(problem)
+    return _Unreadable(problem)
+
+
+def _submit_loads(
+    client: Client, path: str, rows: dict[str, list[int]], colsums: dict[str, list], strict: bool
+) -> dict[str, list[Future]]:
+    return {
+        name: [
+            client.submit(_load, path, name, j, n, colsums[name][j], strict, pure=False)
+            for j, n in enumerate(rows[name])
+        ]
+        for name in GROUPS
+    }
 
 
 def _problem(value: Any) -> str | None:
     return value.problem if isinstance(value, _Unreadable) else None
 
 
-def list_checkpoints(directory: str) -> list[str]:
-    """Complete-looking checkpoints in ``directory``, newest first."""
+def list_checkpoints(directory: str, unfinished: bool = False) -> list[str]:
+    """Complete-looking checkpoints in ``directory``, newest first (``unfinished``: the
+    ``.tmp`` directories of checkpoints still or never written instead)."""
     if not os.path.isdir(directory):
         return []
-    names = sorted((n for n in os.listdir(directory) if _NAME.match(n)), reverse=True)
+    pattern = _TMP if unfinished else _NAME
+    names = sorted((n for n in os.listdir(directory) if pattern.match(n)), reverse=True)
     return [os.path.join(directory, n) for n in names]
 
 
-def write(
-    client: Client,
-    directory: str,
-    groups: dict[str, list[Future]],
-    snap: Snapshot,
-    print_: str,
-) -> str:
-    """Write a checkpoint of ``groups`` (W, H, SW, SH futures) and ``snap``; return its path."""
-    final = os.path.join(directory, f"ckpt-{snap.iteration:08d}")
+@dataclass
+class Pending:
+    """A checkpoint whose chunks are being written by the workers (see :func:`start`)."""
+
+    iteration: int
+    tmp: str
+    final: str
+    sums: dict[str, list[Future]]  # column sums of each chunk, as each write returns them
+
+
+def start(
+    client: Client, directory: str, iteration: int, groups: dict[str, list[Future]]
+) -> Pending:
+    """Submit the writes of ``groups`` (W, H, SW, SH futures) for the checkpoint of iteration
+    ``iteration``; nothing waits: each chunk is written as soon as it is computed."""
+    final = os.path.join(directory, f"ckpt-{iteration:08d}")
     tmp = final + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     root = zarr.open_group(tmp, mode="w")
@@ -127,28 +157,52 @@ def write(
         name: [client.submit(_save, f, tmp, name, j) for j, f in enumerate(groups[name])]
         for name in GROUPS
     }
-    wait([f for fs in sums.values() for f in fs])
-    root.attrs.update(
+    return Pending(iteration, tmp, final, sums)
+
+
+def finish(pending: Pending, snap: Snapshot, print_: str) -> tuple[str, dict[str, list]]:
+    """Wait for ``pending``'s chunks, add ``snap`` and the fingerprint, mark it complete and
+    rename it into place; keep the newest :data:`KEEP`. Returns its path and column sums."""
+    if snap.iteration != pending.iteration:
+        raise ValueError(f"snapshot of iteration {snap.iteration} for {pending.final}")
+    wait([f for fs in pending.sums.values() for f in fs])
+    colsums = {name: [f.result() for f in fs] for name, fs in pending.sums.items()}
+    zarr.open_group(pending.tmp, mode="r+").attrs.update(
         {
             "format": FORMAT,
             "fingerprint": print_,
             "snapshot": snap.__dict__,
-            "colsums": {name: [f.result() for f in fs] for name, fs in sums.items()},
+            "colsums": colsums,
             "complete": True,
         }
     )
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    older = [p for p in list_checkpoints(directory) if p < final]  # names sort by iteration
+    if os.path.exists(pending.final):
+        shutil.rmtree(pending.final)
+    os.replace(pending.tmp, pending.final)
+    directory = os.path.dirname(pending.final)
+    older = [p for p in list_checkpoints(directory) if p < pending.final]  # sorted by iteration
     for old in older[KEEP - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
+    return pending.final, colsums
+
+
+def abandon(pending: Pending, finish_writes: bool) -> None:
+    """Drop a checkpoint that will not be completed (the fit stopped at its iteration) and
+    remove its temporary directory, after waiting for its writes when ``finish_writes`` (a
+    fit that stopped normally; a failed one does not wait on its cluster: a write still
+    running may leave a ``.tmp`` behind, which is never read as a checkpoint and is removed
+    by the next fresh start)."""
+    if finish_writes:
+        wait([f for fs in pending.sums.values() for f in fs])
+    shutil.rmtree(pending.tmp, ignore_errors=True)
 
 
 def clear(directory: str) -> None:
-    """Remove every checkpoint in ``directory`` (a fresh fit does not mix with an old run's)."""
+    """Remove every checkpoint in ``directory``, finished or not (a fresh fit does not mix
+    with an old run's)."""
     for path in list_checkpoints(directory):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in list_checkpoints(directory, unfinished=True):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -164,14 +218,7 @@ def read(
         raise CheckpointError(f"{path}: incomplete or unknown format")
     if attrs.get("fingerprint") != print_:
         raise CheckpointError(f"{path}: written for another store or configuration")
-    colsums = attrs["colsums"]
-    futures = {
-        name: [
-            client.submit(_load, path, name, j, n, colsums[name][j], pure=False)
-            for j, n in enumerate(rows[name])
-        ]
-        for name in GROUPS
-    }
+    futures = _submit_loads(client, path, rows, attrs["colsums"], strict=False)
     flat = [f for fs in futures.values() for f in fs]
     wait(flat)
     for f in flat:
@@ -181,6 +228,15 @@ def read(
     if problems:
         raise CheckpointError(problems[0])
     return futures, Snapshot(**attrs["snapshot"])
+
+
+def reload(
+    client: Client, path: str, rows: dict[str, list[int]], colsums: dict[str, list]
+) -> dict[str, list[Future]]:
+    """Futures reading back the checkpoint just written at ``path`` (nothing waits): they
+    depend on no task, which cuts the lineage. A chunk that does not read back exactly makes
+    its future raise CheckpointError."""
+    return _submit_loads(client, path, rows, colsums, strict=True)
 
 
 def read_newest(
