@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import inspect
 import logging
 import os
@@ -172,7 +173,8 @@ class _CaviEstimator:
             ``n_workers`` worker processes, closed after the fit.
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
-        out : directory of the saved model (default: a temporary directory).
+        out : directory of the saved model (default: a temporary directory, removed when the
+            Python process exits; :meth:`save` copies the model to keep it).
         callback : called after each iteration as ``callback(n, elbo, rel_change, seconds, params)``
             (params: Delta, or p for dcPF).
         resume : continue from the newest valid checkpoint in ``checkpoint_dir`` (written by an
@@ -192,7 +194,7 @@ class _CaviEstimator:
         os.makedirs(ckpt_dir, exist_ok=True)
         print_ = fingerprint(info.attrs, info.path, self._fit_settings(init_arrays is not None))
         if out is None:
-            out = tempfile.mkdtemp(prefix="ordnmf-model-")
+            out = _temporary_model_dir()
             overwrite = True
         try:
             with resolve_client(client, self.n_workers) as cl:
@@ -292,6 +294,14 @@ class _CaviEstimator:
         est = klass(**model.attrs["params"])
         est._set_fitted(model)
         return est
+
+
+def _temporary_model_dir() -> str:
+    """A new directory for a model fitted without ``out``, removed when the process exits (the
+    fitted attributes read from it lazily, so it must outlive the fit)."""
+    path = tempfile.mkdtemp(prefix="ordnmf-model-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 class OrdNMF(_CaviEstimator):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import oracle
 import pytest
@@ -134,6 +138,26 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
     assert np.median([counts[n][1] for n in range(21, 41)]) <= early + 5
 
 
+def test_a_model_fitted_without_out_lives_until_the_process_exits(tmp_path, problem):
+    """Without ``out``, the model goes to a temporary directory that the fitted attributes
+    read from while the process runs, and that is removed when it exits (none left behind)."""
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
+    script = (
+        "from ordnmf_dask import OrdNMF\n"
+        f"m = OrdNMF({K}, max_iter=2, n_workers=1).fit({store.path!r})\n"
+        "print(m.model_path_, m.W_.compute().shape)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    path, shape = done.stdout.split(maxsplit=1)
+    assert os.path.basename(path).startswith("ordnmf-model-")
+    assert shape.strip() == f"({train.shape[0]}, {K})"
+    assert not os.path.exists(path)
+
+
 def test_save_and_load_round_trip(tmp_path, client, problem):
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
@@ -177,6 +201,24 @@ def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, cli
     again = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
     again.fit(store, client, init=(w0, h0), resume=True)
     assert again.elbo_ == whole.elbo_
+
+
+def test_a_fit_stopping_at_a_checkpoint_iteration_leaves_no_checkpoint_for_it(
+    tmp_path, client, problem
+):
+    """A checkpoint's chunks are written while its iteration runs; when that iteration ends
+    the fit (converged), the writes are dropped: neither it nor a ``.tmp`` is left, and the
+    ``.tmp`` a killed run left behind is cleared by the fresh start."""
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "ckpt-00000007.tmp").mkdir(parents=True)
+    model = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10, checkpoint_every=1,
+                   checkpoint_dir=str(ckpt)).fit(store, client, init=(w0, h0))  # fmt: skip
+    assert model.converged_ and model.n_iter_ == 3
+    assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000001", "ckpt-00000002"]
+    plain = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10).fit(store, client, init=(w0, h0))
+    assert model.elbo_ == plain.elbo_
 
 
 def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, problem):
