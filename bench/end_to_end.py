@@ -54,8 +54,10 @@ def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
     rb, cb = info.row_bounds, info.col_bounds
     cs = range(min(n_blocks, info.grid[1]))
     rng = np.random.default_rng(0)
-    gw = rng.gamma(1.0, 0.3, (int(rb[r + 1] - rb[r]), k))
+    # distinct geometric and arithmetic means, as in a fit (two item rows read per nonzero)
+    gw, ew = (rng.gamma(1.0, 0.3, (int(rb[r + 1] - rb[r]), k)) for _ in range(2))
     ghs = [rng.gamma(1.0, 0.3, (int(cb[c + 1] - cb[c]), k)) for c in cs]
+    ehs = [rng.gamma(1.0, 0.3, g.shape) for g in ghs]
     delta = init_delta(np.asarray(info.hist_train))
     gap = gap_from_delta(delta)
     blocks = [load_block(path, "train", r, c) for c in cs]
@@ -66,12 +68,12 @@ def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
         for c in cs:  # as a streamed pass reads (into the thread's reused buffers)
             load_block(path, "train", r, c, reuse=True)
         t1 = time.perf_counter()
-        kernels.local_step_row(blocks, gw, ghs, gw, ghs, delta, False)
+        kernels.local_step_row(blocks, gw, ghs, ew, ehs, delta, False)
         t2 = time.perf_counter()
-        kernels.row_correction_row(blocks, gap, ghs)
+        kernels.row_correction_row(blocks, gap, ehs)
         t3 = time.perf_counter()
         for b in blocks:
-            kernels.col_correction(b, gap, gw)
+            kernels.col_correction(b, gap, ew)
         t4 = time.perf_counter()
         for name, sec in (("read", t1 - t0), ("local", t2 - t1), ("row", t3 - t2),
                           ("col", t4 - t3)):  # fmt: skip
