@@ -188,15 +188,15 @@ class _CaviEstimator:
             raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
         if self.n_init > 1 and (init_arrays is not None or resume):
             raise InputError("n_init > 1 restarts from random draws: no init= or resume= with it")
-        work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
-        os.makedirs(work, exist_ok=True)
-        ckpt_dir = os.path.abspath(self.checkpoint_dir or os.path.join(work, "checkpoints"))
-        os.makedirs(ckpt_dir, exist_ok=True)
         print_ = fingerprint(info.attrs, info.path, self._fit_settings(init_arrays is not None))
-        if out is None:
-            out = _temporary_model_dir()
-            overwrite = True
+        work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
+            os.makedirs(work, exist_ok=True)
+            ckpt_dir = os.path.abspath(self.checkpoint_dir or os.path.join(work, "checkpoints"))
+            os.makedirs(ckpt_dir, exist_ok=True)
+            if out is None:
+                out = _temporary_model_dir()
+                overwrite = True
             with resolve_client(client, self.n_workers) as cl:
                 cache = _decide_cache(self.cache_blocks, cl, info)
                 state, runs = None, []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import oracle
@@ -156,6 +157,19 @@ def test_a_model_fitted_without_out_lives_until_the_process_exits(tmp_path, prob
     assert os.path.basename(path).startswith("ordnmf-model-")
     assert shape.strip() == f"({train.shape[0]}, {K})"
     assert not os.path.exists(path)
+
+
+def test_a_fit_that_cannot_start_leaves_no_scratch_directory(tmp_path, monkeypatch, problem):
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (1, 1))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(NotADirectoryError, match="a-file"):
+        OrdNMF(K, max_iter=1, checkpoint_dir=str(blocker / "ckpt")).fit(store)
+    assert list(scratch.iterdir()) == []
 
 
 def test_save_and_load_round_trip(tmp_path, client, problem):
