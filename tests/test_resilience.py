@@ -85,13 +85,16 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
 
 
 class Fit:
-    """``ordnmf-dask fit ARGS`` in a session of its own, its log (stderr) in a file."""
+    """``ordnmf-dask fit ARGS`` in a session of its own, its log (stderr) in a file; its
+    temporary files (scratch, worker spill) go beside the log: a job these tests kill cannot
+    remove them itself."""
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
+        env = {**(env or ENV), "TMPDIR": str(log.parent)}
         with open(log, "w") as err, open(log.with_suffix(".out"), "w") as out:
             self.proc = subprocess.Popen(
-                ["ordnmf-dask", "fit", *args], stdout=out, stderr=err, env=env or ENV,
+                ["ordnmf-dask", "fit", *args], stdout=out, stderr=err, env=env,
                 start_new_session=True,
             )
 
