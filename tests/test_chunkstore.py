@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import zarr
 
-from ordnmf_dask.engine import chunkstore
+from ordnmf_dask.engine import checkpoint, chunkstore
 from ordnmf_dask.model.updates import FactorChunk
 
 
@@ -45,3 +46,26 @@ def test_compressed_chunks_of_earlier_versions_still_load(tmp_path):
     back = chunkstore.load_chunk(root, "H", 2)
     for field in ("mean", "geo", "shape", "prior_rate"):
         np.testing.assert_array_equal(getattr(back, field), getattr(chunk, field))
+
+
+def test_a_checkpoint_written_then_reloaded_in_a_fit_and_a_damaged_chunk(tmp_path, client):
+    """start / finish / reload as a fit uses them: the chunks read back exactly, and a chunk
+    damaged after the checkpoint was completed makes its future raise CheckpointError naming
+    it (the fit stops there) instead of handing a wrong chunk to the next iteration."""
+    chunks = {"W": [_chunk(0), _chunk(1)], "H": [_chunk(2)]}
+    stats = {"SW": [np.full((7, 3), 2.0), np.ones((7, 3))], "SH": [np.arange(21.0).reshape(7, 3)]}
+    groups = {name: client.scatter(values) for name, values in {**chunks, **stats}.items()}
+    pending = checkpoint.start(client, str(tmp_path), 4, groups)
+    snap = checkpoint.Snapshot(4, [0.1], [-2.0], -2.0, [1.0], [1.0], [1.0])
+    path, colsums = checkpoint.finish(pending, snap, "print")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004"]
+    rows = {"W": [7, 7], "H": [7], "SW": [7, 7], "SH": [7]}
+    back = checkpoint.reload(client, path, rows, colsums)
+    np.testing.assert_array_equal(back["W"][1].result().mean, chunks["W"][1].mean)
+    np.testing.assert_array_equal(back["SH"][0].result(), stats["SH"][0])
+    damaged = tmp_path / "ckpt-00000004" / "W" / "1" / "mean" / "c" / "0" / "0"
+    damaged.write_bytes(damaged.read_bytes()[:10])
+    again = checkpoint.reload(client, path, rows, colsums)
+    with pytest.raises(checkpoint.CheckpointError, match="W/1"):
+        again["W"][1].result()
+    np.testing.assert_array_equal(again["W"][0].result().geo, chunks["W"][0].geo)

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d{8})$")
-_TMP = re.compile(r"^ckpt-(\d{8})\.tmp$")
+_ANY = re.compile(r"^ckpt-(\d{8})(\.tmp)?$")  # finished or not
 GROUPS = ("W", "H", "SW", "SH")
 
 
@@ -122,12 +122,11 @@ def _problem(value: Any) -> str | None:
     return value.problem if isinstance(value, _Unreadable) else None
 
 
-def list_checkpoints(directory: str, unfinished: bool = False) -> list[str]:
-    """Complete-looking checkpoints in ``directory``, newest first (``unfinished``: the
-    ``.tmp`` directories of checkpoints still or never written instead)."""
+def list_checkpoints(directory: str, pattern: re.Pattern = _NAME) -> list[str]:
+    """Complete-looking checkpoints in ``directory`` (names matching ``pattern``), newest
+    first."""
     if not os.path.isdir(directory):
         return []
-    pattern = _TMP if unfinished else _NAME
     names = sorted((n for n in os.listdir(directory) if pattern.match(n)), reverse=True)
     return [os.path.join(directory, n) for n in names]
 
@@ -137,9 +136,13 @@ class Pending:
     """A checkpoint whose chunks are being written by the workers (see :func:`start`)."""
 
     iteration: int
-    tmp: str
     final: str
     sums: dict[str, list[Future]]  # column sums of each chunk, as each write returns them
+
+    @property
+    def tmp(self) -> str:
+        """Where the chunks are written until the checkpoint is complete."""
+        return self.final + ".tmp"
 
 
 def start(
@@ -147,24 +150,22 @@ def start(
 ) -> Pending:
     """Submit the writes of ``groups`` (W, H, SW, SH futures) for the checkpoint of iteration
     ``iteration``; nothing waits: each chunk is written as soon as it is computed."""
-    final = os.path.join(directory, f"ckpt-{iteration:08d}")
-    tmp = final + ".tmp"
+    pending = Pending(iteration, os.path.join(directory, f"ckpt-{iteration:08d}"), {})
+    tmp = pending.tmp
     shutil.rmtree(tmp, ignore_errors=True)
     root = zarr.open_group(tmp, mode="w")
     for name in GROUPS:
         root.create_group(name)
-    sums = {
-        name: [client.submit(_save, f, tmp, name, j) for j, f in enumerate(groups[name])]
-        for name in GROUPS
-    }
-    return Pending(iteration, tmp, final, sums)
+    for name in GROUPS:
+        pending.sums[name] = [
+            client.submit(_save, f, tmp, name, j) for j, f in enumerate(groups[name])
+        ]
+    return pending
 
 
 def finish(pending: Pending, snap: Snapshot, print_: str) -> tuple[str, dict[str, list]]:
     """Wait for ``pending``'s chunks, add ``snap`` and the fingerprint, mark it complete and
     rename it into place; keep the newest :data:`KEEP`. Returns its path and column sums."""
-    if snap.iteration != pending.iteration:
-        raise ValueError(f"snapshot of iteration {snap.iteration} for {pending.final}")
     wait([f for fs in pending.sums.values() for f in fs])
     colsums = {name: [f.result() for f in fs] for name, fs in pending.sums.items()}
     zarr.open_group(pending.tmp, mode="r+").attrs.update(
@@ -200,9 +201,7 @@ def abandon(pending: Pending, finish_writes: bool) -> None:
 def clear(directory: str) -> None:
     """Remove every checkpoint in ``directory``, finished or not (a fresh fit does not mix
     with an old run's)."""
-    for path in list_checkpoints(directory):
-        shutil.rmtree(path, ignore_errors=True)
-    for path in list_checkpoints(directory, unfinished=True):
+    for path in list_checkpoints(directory, _ANY):
         shutil.rmtree(path, ignore_errors=True)
 
 
