@@ -89,6 +89,35 @@ def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
     np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
 
 
+def _pool_everything(on: bool) -> None:
+    """On a worker: serve every array from reused memory (or restore the defaults)."""
+    from ordnmf_dask.model import arena
+
+    arena.MIN_BYTES, arena.KEEP_BYTES = (0, 1 << 20) if on else (1 << 20, 256 << 20)
+
+
+def test_reused_worker_memory_gives_the_same_fit(tmp_path, client, problem):
+    """With every array of the workers served from reused (dirty) memory, a streamed fit with
+    checkpoints is bitwise the one on fresh memory."""
+    n_classes, train, test, w0, h0 = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 2))
+
+    def fit() -> OrdNMF:
+        return OrdNMF(K, max_iter=12, cache_blocks=False, checkpoint_every=5).fit(
+            store, client, init=(w0, h0)
+        )
+
+    fresh = fit()
+    client.run(_pool_everything, True)
+    try:
+        reused = fit()
+    finally:
+        client.run(_pool_everything, False)
+    assert reused.elbo_ == fresh.elbo_
+    np.testing.assert_array_equal(reused.W_.compute(), fresh.W_.compute())
+    np.testing.assert_array_equal(reused.H_.compute(), fresh.H_.compute())
+
+
 def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):
     n_classes, train, test, _, _ = problem
     fits = []

@@ -101,6 +101,13 @@ def test_digamma_matches_scipy():
     np.testing.assert_allclose(got, digamma(x), rtol=5e-15, atol=5e-15)
 
 
+def test_digamma_outside_its_domain_is_nan():
+    """x <= 0 or NaN (e.g. a shape from corrupt statistics) gives NaN, which stops the fit as a
+    non-finite ELBO, instead of looping for ever (-inf) or for ~1e300 steps (-1e300)."""
+    for x in (0.0, -1.0, -1e300, -np.inf, np.nan):
+        assert np.isnan(digamma_scalar(x))
+
+
 @pytest.mark.parametrize("k", [1, 3, 100])
 def test_topk_ndcg_and_loglik_match_oracle(k):
     n_classes = 4

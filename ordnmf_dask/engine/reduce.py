@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
+from ..model import arena
+
 PRIORITY = 1  # of combining tasks; Dask's default is 0
 
 
@@ -50,7 +52,9 @@ def _part(x: object, field: Field) -> np.ndarray:
 
 
 def _add(a: object, b: object, field: Field = None) -> np.ndarray:
-    return _part(a, field) + _part(b, field)
+    x, y = _part(a, field), _part(b, field)
+    out = arena.empty(np.broadcast_shapes(x.shape, y.shape), np.result_type(x, y))
+    return np.add(x, y, out=out)
 
 
 def _pick(a: object, field: Field = None) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 from scipy.special import digamma, gammaln
 from scipy.stats import nbinom
 
+from . import arena
 from .kernels import _CHUNK, CsrBlock, LocalStats, RowStats, _f64, sddmm, spmm_pair
 
 
@@ -40,7 +41,7 @@ def local_step_row(
     of ``_CHUNK`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
     """
     gw = _f64(gw)
-    sw = np.zeros(gw.shape)
+    sw = arena.zeros(gw.shape)
     sums = np.zeros(3)  # sum E[n], sum y, bound
     sh = []
     for block, gh in zip(blocks, ghs, strict=True):

@@ -25,7 +25,10 @@ def digamma_scalar(x: float) -> float:
 
     Shift to x >= 10 with psi(x) = psi(x + n) - sum_{i<n} 1 / (x + i) (the sum kept as one
     fraction: a single division), then the asymptotic series up to x^-14 (truncation < 5e-17).
+    NaN for x <= 0 or NaN (never an endless shift loop).
     """
+    if not x > 0.0:
+        return math.nan
     num, den = 0.0, 1.0
     while x < 10.0:
         num = num * x + den
@@ -40,7 +43,9 @@ def digamma_scalar(x: float) -> float:
 
 
 @_jit
-def gamma_update(alpha, old_mean, shape_stat, rate_base, correction):  # noqa: ANN001, ANN201
+def gamma_update(  # noqa: ANN201
+    alpha, old_mean, shape_stat, rate_base, correction, mean, geo, shape  # noqa: ANN001
+):
     """Fused Gamma update of n rows (DESIGN.md section 2 steps 1 and 3/4), one pass.
 
     alpha : prior shape; old_mean : (n, K) E[x] before the update (empirical-Bayes rate
@@ -48,14 +53,12 @@ def gamma_update(alpha, old_mean, shape_stat, rate_base, correction):  # noqa: A
     other factor's column sums; correction : (n, K) sparse rate term subtracted from the rate,
     or (0, K) for none.
 
-    Returns mean (n, K), geo = exp(E[log x]) (n, K), shape (n, K), beta (n, 1) and the rows'
-    sum of E[log p(x)] - E[log q(x)] (float64; digamma and lgamma computed once per entry).
+    Writes mean (n, K), geo = exp(E[log x]) (n, K) and shape (n, K) into the arrays given;
+    returns beta (n, 1) and the rows' sum of E[log p(x)] - E[log q(x)] (float64; digamma and
+    lgamma computed once per entry).
     """
     n, k = shape_stat.shape
     has_corr = correction.shape[0] == n and n > 0
-    mean = np.empty((n, k))
-    geo = np.empty((n, k))
-    shape = np.empty((n, k))
     beta = np.empty((n, 1))
     const = -math.lgamma(alpha)
     total = 0.0
@@ -83,4 +86,4 @@ def gamma_update(alpha, old_mean, shape_stat, rate_base, correction):  # noqa: A
             entropy = a - log_b + math.lgamma(a) + (1.0 - a) * dg
             row += prior + entropy
         total += row
-    return mean, geo, shape, beta, total
+    return beta, total

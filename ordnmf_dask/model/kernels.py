@@ -43,6 +43,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import arena
 from .csr import expand_rows, row_pointer
 from .sizes import held_bytes
 
@@ -191,11 +192,11 @@ def _tile_cols(k: int, block: CsrBlock) -> int:
 
 @_jit
 def _ordinal_pass(  # noqa: ANN202
-    indptr, cols, y, gw, gh, ew, eh, delta, approx, tile, sw, total, comp  # noqa: ANN001
+    indptr, cols, y, gw, gh, ew, eh, delta, approx, tile, sw, sh, total, comp  # noqa: ANN001
 ):
-    """Fused ordinal local step of one block: adds ``R @ GH`` into ``sw`` (n_rows, K) and the
-    O(V) sums into ``total`` / ``comp`` (Neumaier pairs, 2 V + 4); returns ``R^T @ GW``
-    (n_cols, K). R holds E[n] / Lambda; the caller scales by GW, GH once per strip.
+    """Fused ordinal local step of one block: adds ``R @ GH`` into ``sw`` (n_rows, K),
+    ``R^T @ GW`` into ``sh`` (n_cols, K) and the O(V) sums into ``total`` / ``comp`` (Neumaier
+    pairs, 2 V + 4). R holds E[n] / Lambda; the caller scales by GW, GH once per strip.
 
     The nonzeros are visited by column tiles of ``tile`` columns, rows in order within a tile
     (each row's nonzeros in a tile are a contiguous run of its CSR range, found with a cursor
@@ -205,7 +206,6 @@ def _ordinal_pass(  # noqa: ANN202
     n_rows, k = gw.shape
     n_cols = gh.shape[0]
     v1 = delta.shape[0]
-    sh = np.zeros((n_cols, k))
     cursor = indptr[:-1].copy()
     for c_end in range(tile, n_cols + tile, tile):
         for u in range(n_rows):
@@ -255,17 +255,15 @@ def _ordinal_pass(  # noqa: ANN202
             _add(total, comp, 2 * v1, elbo_run)
             _add(total, comp, 2 * v1 + 1, bound_run if approx else elbo_run)
             cursor[u] = j
-    return sh
 
 
 @_jit
-def _spmm_pair(indptr, cols, ratio, gw, gh, tile, sw):  # noqa: ANN001, ANN202
-    """Adds ``R @ gh`` into ``sw`` and returns ``R^T @ gw`` for R the block with values
+def _spmm_pair(indptr, cols, ratio, gw, gh, tile, sw, sh):  # noqa: ANN001, ANN202
+    """Adds ``R @ gh`` into ``sw`` and ``R^T @ gw`` into ``sh`` for R the block with values
     ``ratio`` (unscaled, as :func:`_ordinal_pass`). Same column-tiled visiting order.
     """
     n_rows, k = gw.shape
     n_cols = gh.shape[0]
-    sh = np.zeros((n_cols, k))
     cursor = indptr[:-1].copy()
     for c_end in range(tile, n_cols + tile, tile):
         for u in range(n_rows):
@@ -281,7 +279,6 @@ def _spmm_pair(indptr, cols, ratio, gw, gh, tile, sw):  # noqa: ANN001, ANN202
                     sh_i[q] += r * gw_u[q]
                 j += 1
             cursor[u] = j
-    return sh
 
 
 @_jit
@@ -370,9 +367,11 @@ def spmm_pair(
     """Add ``R @ gh`` into ``sw`` (n_rows, K, float64) and return ``R^T @ gw`` (n_cols, K), with
     R the block holding ``ratio`` (nnz,) float64 (neither is scaled by gw / gh)."""
     gw, gh = _f64(gw), _f64(gh)
-    return _spmm_pair(
-        block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1], block), sw
+    sh = arena.zeros((gh.shape[0], gh.shape[1]))
+    _spmm_pair(
+        block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1], block), sw, sh
     )
+    return sh
 
 
 def expected_n(x: np.ndarray) -> np.ndarray:
@@ -414,15 +413,16 @@ def local_step_row(
     """
     delta, gw, ew = _f64(delta), _f64(gw), _f64(ew)
     v1 = delta.shape[0]
-    sw = np.zeros(gw.shape)
+    sw = arena.zeros(gw.shape)
     total, comp = np.zeros(2 * v1 + 2), np.zeros(2 * v1 + 2)  # Neumaier pairs
     sh = []
     for block, gh, eh in zip(blocks, ghs, ehs, strict=True):
         _check_classes(block, v1)
         gh = _f64(gh)
-        part = _ordinal_pass(
+        part = arena.zeros(gh.shape)
+        _ordinal_pass(
             block.indptr, block.cols, block.y, gw, gh, ew, _f64(eh), delta, bool(approx),
-            _tile_cols(gw.shape[1], block), sw, total, comp,
+            _tile_cols(gw.shape[1], block), sw, part, total, comp,
         )  # fmt: skip
         part *= gh
         sh.append(part)
@@ -452,7 +452,7 @@ def _corrections(kernel, axis: int, blocks, gap, factors) -> np.ndarray:  # noqa
         _check_classes(block, gap.shape[0])
         f = _f64(f)
         if out is None:
-            out = np.zeros((block.shape[axis], f.shape[1]))
+            out = arena.zeros((block.shape[axis], f.shape[1]))
         kernel(block.indptr, block.cols, block.y, gap, f, out)
     if out is None:
         raise ValueError("a rate correction of no blocks")

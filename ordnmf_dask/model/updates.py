@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import arena
 from .gamma import gamma_update
 from .sizes import held_bytes
 
@@ -79,8 +80,10 @@ def update_chunk(
     k = old.mean.shape[1]
     f64 = np.ascontiguousarray
     corr = np.empty((0, k)) if correction is None else f64(correction, dtype=np.float64)
-    mean, geo, shape, beta, elbo = gamma_update(
+    n = old.mean.shape[0]
+    mean, geo, shape = (arena.empty((n, k)) for _ in range(3))
+    beta, elbo = gamma_update(
         float(alpha), f64(old.mean, dtype=np.float64), f64(shape_stat, dtype=np.float64),
-        f64(theta0_colsum, dtype=np.float64), corr,
+        f64(theta0_colsum, dtype=np.float64), corr, mean, geo, shape,
     )  # fmt: skip
     return FactorChunk(mean, geo, shape, beta, float(elbo))
