@@ -62,12 +62,21 @@ def test_local_step_matches_oracle(approx, n_classes, k):
 
 @pytest.mark.parametrize("k", [1, 7])
 def test_local_step_over_many_column_tiles(monkeypatch, k):
+    monkeypatch.setattr(kernels, "_L3_BYTES", 0)  # tables never "fit": tiled
     monkeypatch.setattr(kernels, "_TILE_BYTES", 8)  # tiles of 64 columns
     y = _classes((9, 200), 10, 0.2, seed=3)
     rows, cols = np.nonzero(y)
     block = kernels.CsrBlock.from_coo(rows, cols, y[rows, cols].astype(np.uint8), y.shape)
     assert kernels._tile_cols(k, block) == 50  # 4 tiles of 50 columns
     _check_local(y, k, approx=False)
+
+
+def test_blocks_whose_item_tables_fit_the_cache_are_not_tiled():
+    block = kernels.CsrBlock.from_coo(
+        np.repeat(np.arange(100), 50), np.tile(np.arange(0, 5000, 100), 100),
+        np.ones(5000, np.uint8), (100, 5000),
+    )  # fmt: skip
+    assert kernels._tile_cols(50, block) == 5000  # 3 x 2 MB tables, 50 nonzeros per row
 
 
 def test_sparse_blocks_get_one_tile():

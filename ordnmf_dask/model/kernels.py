@@ -5,12 +5,16 @@ by local row, then local column). Every kernel makes one pass over the nonzeros 
 an ``nnz x K`` temporary: the ordinal local step computes Lambda (SDDMM with GW, GH), E[n], the
 ratio, the SW and SH accumulations (two SpMMs) and the arithmetic-mean lambda of the Delta
 statistics in a single fused loop; the rate corrections are one scatter / gather SpMM each.
-The fused local-step loops visit the nonzeros by column tiles (rows in order inside a tile) so
-that the randomly accessed item-side factor rows stay in cache: ~1.7x over a plain row-wise loop
-at K = 50 on 2^21-nonzero blocks. The rate corrections, one axpy per nonzero and so bound by
-the latency of those rows, go in CSR order and prefetch the row of the nonzero ``_AHEAD``
-places ahead: 1.2-1.5x over column tiles at K = 50 on the 1e9 store's blocks and on 2^21 and
-2.5M-nonzero random blocks (``bench/kernels.py`` measures the whole kernels).
+When the block's three item-side tables (GH, E[H], SH) fit in :data:`_L3_BYTES`, the fused
+local-step loops go in CSR order and prefetch the item rows of the nonzero ``_AHEAD_LOCAL``
+places ahead (6-7% over column tiles on the 1e9 store's 9k-column blocks and on the 2.5M
+store's 6k-column ones); larger tables are visited by column tiles (rows in order inside a tile)
+so that the randomly accessed item rows stay in cache: ~1.7x over a plain row-wise loop, and
+1.3x over CSR order with prefetching, at K = 50 on 2^21-nonzero 20k-column random blocks. The
+rate corrections, one axpy per nonzero and so bound by the latency of those rows, go in CSR
+order and prefetch the row of the nonzero ``_AHEAD`` places ahead: 1.2-1.5x over column tiles
+at K = 50 on the 1e9 store's blocks and on 2^21 and 2.5M-nonzero random blocks
+(``bench/kernels.py`` measures the whole kernels).
 
 Dtype policy:
 
@@ -51,7 +55,11 @@ _CHUNK = 1 << 16  # nonzeros per slab where nnz-length temporaries are slabbed (
 
 _TILE_BYTES = 3 << 18  # 768 KiB of one item-side factor table per column tile (fits in L2)
 
+_L3_BYTES = 16 << 20  # item-side tables up to this size: CSR order and prefetching, no tiles
+
 _AHEAD = 8  # the rate corrections prefetch the factor row of the nonzero this far ahead
+
+_AHEAD_LOCAL = 2  # the local step (untiled) prefetches the item rows of the nonzero this far ahead
 
 _jit = njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
 _strict_jit = njit(cache=True, fastmath=False, error_model="numpy", nogil=True)
@@ -181,10 +189,13 @@ def _add(total: np.ndarray, comp: np.ndarray, j: int, value: float) -> None:
 
 
 def _tile_cols(k: int, block: CsrBlock) -> int:
-    """Columns per tile: one factor table's tile takes about _TILE_BYTES, and there are at most
+    """Columns per tile: all of them when the three item-side tables fit in _L3_BYTES;
+    otherwise one factor table's tile takes about _TILE_BYTES, and there are at most
     (nnz / n_rows) / 4 tiles: every tile visits every row, which costs more than the cache
     misses it saves when rows hold only a few nonzeros (sparse blocks: one tile)."""
     n_rows, n_cols = block.shape
+    if 3 * 8 * k * n_cols <= _L3_BYTES:
+        return max(1, n_cols)
     by_cache = -(-n_cols // max(64, _TILE_BYTES // (8 * max(k, 1))))
     tiles = max(1, min(by_cache, block.nnz // (4 * max(n_rows, 1))))
     return max(1, -(-n_cols // tiles))
@@ -201,11 +212,15 @@ def _ordinal_pass(  # noqa: ANN202
     The nonzeros are visited by column tiles of ``tile`` columns, rows in order within a tile
     (each row's nonzeros in a tile are a contiguous run of its CSR range, found with a cursor
     per row), so that the item-side rows (GH, E[H], SH) of a tile stay in cache. Per row the
-    summation order of SW is the CSR order, as in a plain row-wise SpMM.
+    summation order of SW is the CSR order, as in a plain row-wise SpMM. With one tile the
+    order is the CSR order, and the item rows of the nonzero _AHEAD_LOCAL places ahead are
+    prefetched.
     """
     n_rows, k = gw.shape
     n_cols = gh.shape[0]
     v1 = delta.shape[0]
+    nnz = cols.shape[0]
+    ahead = _AHEAD_LOCAL if tile >= n_cols else nnz  # no prefetching across tiles
     cursor = indptr[:-1].copy()
     for c_end in range(tile, n_cols + tile, tile):
         for u in range(n_rows):
@@ -217,6 +232,11 @@ def _ordinal_pass(  # noqa: ANN202
             # whenever the product falls below 1e-150, far from underflow), not per nonzero
             x_run, prod, log_run, bound_run = 0.0, 1.0, 0.0, 0.0
             while j < end and cols[j] < c_end:
+                if j + ahead < nnz:
+                    nxt = cols[j + ahead]
+                    _prefetch_row(gh, nxt)
+                    _prefetch_row(eh, nxt)
+                    _prefetch_row(sh, nxt)
                 i = cols[j]
                 c = y[j]
                 gh_i, eh_i, sh_i = gh[i], eh[i], sh[i]
