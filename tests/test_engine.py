@@ -93,7 +93,7 @@ def _pool_everything(on: bool) -> None:
     """On a worker: serve every array from reused memory (or restore the defaults)."""
     from ordnmf_dask.model import arena
 
-    arena.MIN_BYTES, arena.KEEP_BYTES = (0, 1 << 20) if on else (1 << 20, 256 << 20)
+    arena.MIN_BYTES, arena.KEEP_BYTES = (0, 1 << 20) if on else (1 << 20, 64 << 20)
 
 
 def test_reused_worker_memory_gives_the_same_fit(tmp_path, client, problem):

@@ -28,7 +28,7 @@ from math import prod
 import numpy as np
 
 MIN_BYTES = 1 << 20  # arrays from this size up are served from reused mappings
-KEEP_BYTES = 256 << 20  # at most this much of unused mappings kept per process
+KEEP_BYTES = 64 << 20  # at most this much of unused mappings kept per process
 _PAGE = mmap.PAGESIZE
 _HUGE = 2 << 20
 
