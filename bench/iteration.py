@@ -14,8 +14,9 @@ On one synthetic store (``ordnmf_dask.io.synth``; ``--nnz`` train nonzeros, kept
 3. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
    median seconds of ``--paper-iters`` full exact iterations.
 
-Prints the ratios and the peak RSS of every process (psutil sampling every 20 ms, and the
-kernel's high-water mark VmHWM from ``getrusage``).
+Prints the ratios, the CPU time the fit's own process (client and scheduler) takes per
+iteration, and the peak RSS of every process (psutil sampling every 20 ms, and the kernel's
+high-water mark VmHWM from ``getrusage``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import time
@@ -149,8 +151,12 @@ def distributed_fit(
 
     seconds: list[float] = []
 
+    cpu: list[float] = []  # this process's CPU seconds (client + scheduler) after iterations 1, n
+
     def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
         seconds.append(sec)
+        if n in (1, iters):
+            cpu.append(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]))
 
     with RssSampler([os.getpid()]) as sampler:
         with resolve_client(None, workers, memory_limit=memory_limit) as client:
@@ -168,6 +174,7 @@ def distributed_fit(
         "s_per_iter": statistics.median(seconds[1:] or seconds),
         "first_iter": seconds[0],
         "fit_wall": wall,
+        "client_cpu": (cpu[-1] - cpu[0]) / max(iters - 1, 1),
         "client_mb": sampler.peak.get(os.getpid(), 0.0),
         "client_hwm_mb": self_peak_mb(),
         "worker_mb": [sampler.peak.get(p, 0.0) for p in sorted(worker_pids)],
@@ -218,7 +225,9 @@ def main() -> None:
         f"distributed: first iteration {dist['first_iter']:.3f} s, whole fit (incl. init, "
         f"save) {dist['fit_wall']:.1f} s; {args.workers} workers -> ideal kernel time per "
         f"iteration {fused['iteration'] / args.workers:.3f} s, overhead ratio "
-        f"{t / (fused['iteration'] / args.workers):.2f}"
+        f"{t / (fused['iteration'] / args.workers):.2f}; the fit's process (client, scheduler "
+        f"and this script's memory sampler, on the same cores) used "
+        f"{dist['client_cpu'] * 1e3:.0f} ms of CPU per iteration after the first"
     )
     mem = [
         ["client (fit driver)", dist["client_mb"], dist["client_hwm_mb"]],
