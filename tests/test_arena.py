@@ -121,3 +121,19 @@ def test_kernels_on_dirty_reused_memory_give_the_same_results(monkeypatch):
     got = run()
     for a, b in zip(got, plain, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_array_freed_while_the_pool_is_locked_does_not_deadlock():
+    """A garbage collection inside the pool's locked section may free an array: its finalizer
+    takes the lock again in the same thread (a plain lock would hang here for ever)."""
+
+    def free_under_lock(a: list[np.ndarray]) -> None:
+        with arena._POOL.lock:
+            a.clear()  # the array's last reference: the finalizer runs here
+
+    held = [arena.empty(BIG)]
+    t = threading.Thread(target=free_under_lock, args=(held,), daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive()
+    assert arena.kept_bytes() > 0

@@ -42,7 +42,8 @@ class _Owner:
 
 class _Pool:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # re-entrant: a garbage collection inside a locked section may run a finalizer (give)
+        self.lock = threading.RLock()
         self.free: list[tuple[int, mmap.mmap, int]] = []  # (size, mapping, address), oldest first
         self.free_bytes = 0
 
@@ -65,8 +66,9 @@ class _Pool:
 
     def give(self, size: int, m: mmap.mmap, addr: int) -> None:
         """Return a mapping whose array is gone; unmap the oldest beyond KEEP_BYTES."""
+        entry = (size, m, addr)
         with self.lock:
-            self.free.append((size, m, addr))
+            self.free.append(entry)
             self.free_bytes += size
             while self.free_bytes > KEEP_BYTES:
                 self.free_bytes -= self.free.pop(0)[0]
