@@ -229,11 +229,6 @@ class CaviRunner:
             for c in range(self.store.grid[1])
         ]
 
-    def _views(self, chunks: list[Future]) -> list[Future]:
-        """(mean, geo) of each chunk, made on its worker: the passes fetch these, not the
-        whole chunk (no shape / prior rate over the network)."""
-        return [self.client.submit(tasks.view, x) for x in chunks]
-
     def _rows(self) -> dict[str, list[int]]:
         rb, cb = np.diff(self.store.row_bounds).tolist(), np.diff(self.store.col_bounds).tolist()
         return {"W": rb, "H": cb, "SW": rb, "SH": cb}
@@ -248,25 +243,23 @@ class CaviRunner:
         cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
         params = submit(tasks.next_params, fam, st.params, st.small, st.w_sum, st.h_sum)
         none = [None] * len(st.w)
-        corr_w = self._row_corrections(params, st.hv) if fam.uses_correction else none
+        corr_w = self._row_corrections(params, st.h) if fam.uses_correction else none
         w = [
             submit(tasks.update_factor, st.w[r], cfg.alpha_W, st.sw[r], fam, params, st.h_sum,
                    corr_w[r], **self._home["row"][r])
             for r in range(len(st.w))
         ]  # fmt: skip
-        wv = self._views(w)
-        w_sum_lazy = tree_sum(client, w, "summary", lazy=True)
-        corr_h = self._col_corrections(params, wv) if fam.uses_correction else [None] * len(st.h)
+        w_sum = tree_sum(client, w, "summary")
+        corr_h = self._col_corrections(params, w) if fam.uses_correction else [None] * len(st.h)
         h = [
-            submit(tasks.update_factor, st.h[c], cfg.alpha_H, st.sh[c], fam, params, w_sum_lazy,
+            submit(tasks.update_factor, st.h[c], cfg.alpha_H, st.sh[c], fam, params, w_sum,
                    corr_h[c], **self._home["col"][c])
             for c in range(len(st.h))
         ]  # fmt: skip
-        hv = self._views(h)
-        w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
-        sw, sh, small = self._local_pass(wv, hv, params)
+        h_sum = tree_sum(client, h, "summary")
+        sw, sh, small = self._local_pass(w, h, params)
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
-        return _Flight(w, h, wv, hv, sw, sh, params, small, w_sum, h_sum, result)
+        return _Flight(w, h, sw, sh, params, small, w_sum, h_sum, result)
 
     def _start_checkpoint(self, st: _Flight, n_done: int) -> checkpoint.Pending:
         """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
@@ -299,7 +292,7 @@ class CaviRunner:
         """A state built from chunks read from a checkpoint and the O(K + V) values saved."""
         w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
         return _Flight(
-            w, h, self._views(w), self._views(h), sw, sh, params, np.asarray(small),
+            w, h, sw, sh, params, np.asarray(small),
             np.asarray(w_sum), np.asarray(h_sum), None,
         )  # fmt: skip
 
@@ -346,7 +339,7 @@ class CaviRunner:
             params = fam.init_params()
             sw, sh, small = self._local_pass(w, h, params)
             cur = _Flight(
-                w, h, w, h, sw, sh, params, small,
+                w, h, sw, sh, params, small,
                 tree_sum(client, w, "summary"), tree_sum(client, h, "summary"), None,
             )  # fmt: skip
             state = CaviState(w, h, params)
@@ -470,7 +463,7 @@ def _homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, l
 class _Flight:
     """Futures of one iteration's state (or values, for what was restored from a checkpoint).
 
-    w, h : factor chunks; wv, hv : their (mean, geo) views; sw, sh : shape statistics of the
+    w, h : factor chunks; sw, sh : shape statistics of the
     local step (lazy sums); params : global parameters used by this iteration's updates and local
     step; small, w_sum, h_sum : summed O(K + V) statistics; result : ``tasks.iteration_result``
     (None before the first iteration).
@@ -478,8 +471,6 @@ class _Flight:
 
     w: list[Any]
     h: list[Any]
-    wv: list[Any]
-    hv: list[Any]
     sw: list[Any]
     sh: list[Any]
     params: Any

@@ -164,8 +164,3 @@ def update_factor(
     k = old.mean.shape[1]
     theta0 = family.rate_scale(params)
     return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
-
-
-def view(chunk: FactorChunk) -> FactorChunk:
-    """The (mean, geo) part of a chunk, made where the chunk lives: what the passes fetch."""
-    return chunk.view()

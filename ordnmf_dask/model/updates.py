@@ -51,10 +51,6 @@ class FactorChunk:
         """(K + 1,) vector [column sums of E[x], elbo]: what travels to the client."""
         return np.append(self.mean.sum(axis=0), self.elbo)
 
-    def view(self) -> FactorChunk:
-        """The part the passes read (mean, geo): what travels between workers."""
-        return FactorChunk(self.mean, self.geo)
-
 
 def empirical_bayes_rate(alpha: float, mean: np.ndarray) -> np.ndarray:
     """Exact M-step of the per-row prior rate: ``alpha / mean_k E[x_k]``, shape (n, 1)."""
