@@ -168,8 +168,9 @@ class CaviRunner:
 
     def _local_pass(
         self, w: list[Future], h: list[Future], params: Any
-    ) -> tuple[list[Future], list[Future], Future]:
-        """Local step by row strips; SW summed over a row's strips, SH over the user-blocks."""
+    ) -> tuple[list[reduce.Lazy], list[reduce.Lazy], Future]:
+        """Local step by row strips; SW summed over a row's strips, SH over the user-blocks
+        (lazy parts of the sums), and the family's O(V) statistics summed over all strips."""
         client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
         stats = [
             [
@@ -181,15 +182,18 @@ class CaviRunner:
             ]
             for r in range(len(blocks))
         ]
-        # not lazy: a strip's result also holds its SH parts (n_items x K over the strip), which
-        # must not stay in memory until the next W update consumes SW
-        sw = [tree_sum(client, row, "sw") for row in stats]
-        sh = [
-            tree_sum(client, [row[g] for row in stats], ("sh", j), lazy=True)
-            for g, group in enumerate(self.groups)
-            for j in range(len(group))
-        ]
-        small = tree_sum(client, [s for row in stats for s in row], "small")
+        # (SW, small) of each user-block, one tree per user-block; not lazy: a strip's result
+        # also holds its SH parts (n_items x K over the strip), which must not stay in memory
+        # until the next W update consumes SW
+        rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
+        sw = [reduce.item(x, 0) for x in rows]
+        # one tree per run of item-blocks, adding the tuples of their SH parts (a tree per
+        # item-block would be n_c / n_groups times as many tasks)
+        sh = []
+        for g, group in enumerate(self.groups):
+            total = tree_sum(client, [row[g] for row in stats], "sh", lazy=True)
+            sh += [reduce.item(total, j) for j in range(len(group))]
+        small = tree_sum(client, rows, 1)
         return sw, sh, small
 
     def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:

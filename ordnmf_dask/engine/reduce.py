@@ -40,40 +40,57 @@ def tree_reduce(
     return level[0]
 
 
-Field = str | tuple[str, int] | None  # an attribute, or item j of a tuple attribute
+Field = str | int | tuple[str | int, ...] | list[Any] | None
+"""Where a part sits in an object: an attribute name, an item index, or a path of them
+(``("sh", j)`` is ``x.sh[j]``); a list of fields is the tuple of those parts
+(``["sw", "small"]``); None is the object itself."""
 
 
-def _part(x: object, field: Field) -> np.ndarray:
+def _part(x: object, field: Field) -> Any:
     if field is None or isinstance(x, np.ndarray):
         return x
-    if isinstance(field, tuple):
-        return getattr(x, field[0])[field[1]]
-    return getattr(x, field)
+    if isinstance(field, list):
+        return tuple(_part(x, f) for f in field)
+    for step in field if isinstance(field, tuple) else (field,):
+        x = x[step] if isinstance(step, int) else getattr(x, step)
+    return x
 
 
-def _add(a: object, b: object, field: Field = None) -> np.ndarray:
-    x, y = _part(a, field), _part(b, field)
-    out = arena.empty(np.broadcast_shapes(x.shape, y.shape), np.result_type(x, y))
-    return np.add(x, y, out=out)
+def _add(a: Any, b: Any) -> Any:
+    """``a + b`` into a new array (a tuple of arrays is added item by item)."""
+    if isinstance(a, tuple):
+        return tuple(_add(x, y) for x, y in zip(a, b, strict=True))
+    out = arena.empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
+    return np.add(a, b, out=out)
 
 
-def _pick(a: object, field: Field = None) -> np.ndarray:
+def _pick(a: object, field: Field = None) -> Any:
     return _part(a, field)
 
 
 Lazy = Future | tuple[Future, Field]
 
 
-def resolve(x: object) -> np.ndarray:
+def resolve(x: object) -> Any:
     """On a worker: the value of a :data:`Lazy` argument (``(obj, field)`` -> its field)."""
     return _part(x[0], x[1]) if isinstance(x, tuple) else x
+
+
+def item(x: Lazy, j: int) -> Lazy:
+    """Item j of the tuple that the :data:`Lazy` ``x`` stands for, still lazy (no task)."""
+    if isinstance(x, tuple):
+        obj, field = x
+        path = () if field is None else field if isinstance(field, tuple) else (field,)
+        return (obj, (*path, j))
+    return (x, j)
 
 
 def tree_sum(
     client: Client, futures: Sequence[Future], field: Field = None, lazy: bool = False
 ) -> Lazy:
     """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
-    is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``.
+    is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``; a field holding a tuple of arrays (``"sh"``) is
+    summed item by item (one tree for all of them; :func:`item` refers to one).
 
     With ``lazy`` and a single input, no task is added: the result is ``(future, field)``, which
     task arguments accept (Dask resolves the future inside the tuple) and :func:`resolve`

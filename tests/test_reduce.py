@@ -1,0 +1,47 @@
+"""Tree sums on the workers (engine/reduce.py): fields, tuples of arrays, lazy parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from ordnmf_dask.engine import reduce
+
+
+@dataclass(frozen=True)
+class Parts:
+    sw: np.ndarray
+    sh: tuple[np.ndarray, ...]
+    small: np.ndarray
+
+
+def make(seed: int) -> Parts:
+    rng = np.random.default_rng(seed)
+    return Parts(rng.random((4, 3)), (rng.random((2, 3)), rng.random((5, 3))), rng.random(6))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_tree_sums_of_fields_tuples_and_items(client, n):
+    objs = [make(s) for s in range(n)]
+    futs = [client.submit(make, s) for s in range(n)]
+    pairs = client.gather(reduce.tree_sum(client, futs, ["sw", "small"]))
+    np.testing.assert_allclose(pairs[0], sum(o.sw for o in objs), rtol=1e-15)
+    np.testing.assert_allclose(pairs[1], sum(o.small for o in objs), rtol=1e-15)
+    total = reduce.tree_sum(client, futs, "sh", lazy=True)
+    for j in range(2):  # an item of the lazily summed tuple, resolved on a worker
+        got = client.submit(reduce.resolve, reduce.item(total, j)).result()
+        np.testing.assert_allclose(got, sum(o.sh[j] for o in objs), rtol=1e-15)
+    rows = reduce.tree_sum(client, futs, ["sw", "small"])
+    small = client.gather(reduce.tree_sum(client, [rows], 1))
+    np.testing.assert_allclose(small, sum(o.small for o in objs), rtol=1e-15)
+
+
+def test_tree_sum_order_is_fixed(client):
+    """The pairing depends on the input order only: ((x0 + x1) + (x2 + x3)) + x4."""
+    xs = [np.array([v]) for v in (1e16, 1.0, -1e16, 1.0, 3.0)]
+    futs = [client.submit(np.copy, x) for x in xs]
+    got = client.gather(reduce.tree_sum(client, futs))
+    assert got[0] == ((xs[0] + xs[1]) + (xs[2] + xs[3]) + xs[4])[0]
+    assert got[0] != sum(x[0] for x in xs)  # left to right gives another value here
