@@ -467,10 +467,10 @@ def _homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, l
 class _Flight:
     """Futures of one iteration's state (or values, for what was restored from a checkpoint).
 
-    w, h : factor chunks; sw, sh : shape statistics of the
-    local step (lazy sums); params : global parameters used by this iteration's updates and local
-    step; small, w_sum, h_sum : summed O(K + V) statistics; result : ``tasks.iteration_result``
-    (None before the first iteration).
+    w, h : factor chunks; sw, sh : shape statistics of the local step (lazy sums); params :
+    global parameters used by this iteration's updates and local step; small, w_sum, h_sum :
+    summed O(K + V) statistics; result : ``tasks.iteration_result`` (None before the first
+    iteration).
     """
 
     w: list[Any]

@@ -10,8 +10,8 @@ local-step loops go in CSR order and prefetch the item rows of the nonzero ``_AH
 places ahead (10-17% over column tiles on the 1e9 store's 9k-column blocks and on the 2.5M
 store's 6k-column ones, interleaved in one process); larger tables are visited by column tiles
 (rows in order inside a tile) so that the randomly accessed item rows stay in cache: ~1.7x over
-a plain row-wise loop, and
-1.3x over CSR order with prefetching, at K = 50 on 2^21-nonzero 20k-column random blocks. The
+a plain row-wise loop, and 1.3x over CSR order with prefetching, at K = 50 on 2^21-nonzero
+20k-column random blocks. The
 rate corrections, one axpy per nonzero and so bound by the latency of those rows, go in CSR
 order and prefetch the row of the nonzero ``_AHEAD`` places ahead: 1.2-1.5x over column tiles
 at K = 50 on the 1e9 store's blocks and on 2^21 and 2.5M-nonzero random blocks
