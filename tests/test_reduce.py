@@ -33,6 +33,10 @@ def test_tree_sums_of_fields_tuples_and_items(client, n):
     for j in range(2):  # an item of the lazily summed tuple, resolved on a worker
         got = client.submit(reduce.resolve, reduce.item(total, j)).result()
         np.testing.assert_allclose(got, sum(o.sh[j] for o in objs), rtol=1e-15)
+    pair = reduce.tree_sum(client, futs, ["sw", "small"], lazy=True)  # n = 1: no task at all
+    for j, name in enumerate(["sw", "small"]):
+        got = client.submit(reduce.resolve, reduce.item(pair, j)).result()
+        np.testing.assert_allclose(got, sum(getattr(o, name) for o in objs), rtol=1e-15)
     rows = reduce.tree_sum(client, futs, ["sw", "small"])
     small = client.gather(reduce.tree_sum(client, [rows], 1))
     np.testing.assert_allclose(small, sum(o.small for o in objs), rtol=1e-15)

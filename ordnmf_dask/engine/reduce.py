@@ -80,6 +80,8 @@ def item(x: Lazy, j: int) -> Lazy:
     """Item j of the tuple that the :data:`Lazy` ``x`` stands for, still lazy (no task)."""
     if isinstance(x, tuple):
         obj, field = x
+        if isinstance(field, list):  # a tuple of fields: item j is field j
+            return (obj, field[j])
         path = () if field is None else field if isinstance(field, tuple) else (field,)
         return (obj, (*path, j))
     return (x, j)
