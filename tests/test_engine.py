@@ -89,11 +89,11 @@ def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
     np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
 
 
-def _pool_everything(on: bool) -> None:
-    """On a worker: serve every array from reused memory (or restore the defaults)."""
+def _set_arena(min_bytes: int, keep_bytes: int) -> None:
+    """On a worker: the size from which arrays come from reused memory, and how much is kept."""
     from ordnmf_dask.model import arena
 
-    arena.MIN_BYTES, arena.KEEP_BYTES = (0, 1 << 20) if on else (1 << 20, 64 << 20)
+    arena.MIN_BYTES, arena.KEEP_BYTES = min_bytes, keep_bytes
 
 
 def test_reused_worker_memory_gives_the_same_fit(tmp_path, client, problem):
@@ -108,11 +108,13 @@ def test_reused_worker_memory_gives_the_same_fit(tmp_path, client, problem):
         )
 
     fresh = fit()
-    client.run(_pool_everything, True)
+    from ordnmf_dask.model import arena  # the package's settings, restored on the workers
+
+    client.run(_set_arena, 0, 1 << 20)  # every array pooled
     try:
         reused = fit()
     finally:
-        client.run(_pool_everything, False)
+        client.run(_set_arena, arena.MIN_BYTES, arena.KEEP_BYTES)
     assert reused.elbo_ == fresh.elbo_
     np.testing.assert_array_equal(reused.W_.compute(), fresh.W_.compute())
     np.testing.assert_array_equal(reused.H_.compute(), fresh.H_.compute())
