@@ -15,10 +15,11 @@ from distributed.security import Security
 log = logging.getLogger(__name__)
 
 # Dask's workers spill results to disk from 60% of their memory limit by their own count of
-# managed memory. A fit's results are factor chunks that every iteration reads again, and a
-# chunk and its (mean, geo) view share their arrays, so that count overstates what spilling
-# would free: the workers of a LocalCluster started for a fit spill only when the process
-# memory passes 70% (Dask's spill threshold, unchanged), and pause and restart as usual.
+# managed memory. A fit's results are factor chunks that every iteration reads again, and
+# results share arrays (a picked field with the strip result it came from, an initial chunk's
+# mean and geo), so that count overstates what spilling would free: the workers of a
+# LocalCluster started for a fit spill only when the process memory passes 70% (Dask's spill
+# threshold, unchanged), and pause and restart as usual.
 WORKER_MEMORY = {"distributed.worker.memory.target": False}
 
 
