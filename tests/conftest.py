@@ -13,7 +13,10 @@ from distributed import Client, LocalCluster
 from ordnmf_dask.io.blocking import balanced_bounds, block_sort
 from ordnmf_dask.io.store import StoreInfo, write_store
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# the real datasets: ../shared/data beside the checkout, or $DATA (as examples/*.sh read it)
+SHARED_DATA = Path(
+    os.environ.get("DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data"
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
