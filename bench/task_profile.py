@@ -1,0 +1,105 @@
+"""Where a distributed fit's time goes: Dask's task stream, per task kind, per iteration.
+
+Usage: ``python bench/task_profile.py [--users 20000 --items 12000 --nnz 2.5e6 --k 50
+--classes 10 --nnz-per-block 524288 --iters 14 --skip 3 --workers 2] [--memory-limit 2GB]
+[--stream]``.
+
+Runs ``OrdNMF(K).fit`` on the synthetic store of these sizes (the same store as
+``bench/iteration.py``, made once in ``--work``) on a LocalCluster of ``--workers``
+single-thread worker processes (``resolve_client``, as a fit without a client starts), with
+no checkpoints, and records the task stream. Over the iterations after the first ``--skip``
+(steady state), it prints per task kind (the key's prefix) and action (compute, transfer,
+disk-read, disk-write) the milliseconds per iteration summed over the workers, with the
+number of tasks per iteration, and the share of the wall time each worker spends computing
+(transfers run beside computations, on the worker's event loop). Sums over workers: on 2
+workers, 2 x wall is available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import fmt_table  # noqa: E402
+from iteration import ensure_store  # noqa: E402
+
+
+def profile(path: str, args: argparse.Namespace) -> None:
+    from distributed import get_task_stream
+
+    from ordnmf_dask import OrdNMF
+    from ordnmf_dask.engine.cluster import resolve_client
+
+    ends: list[float] = []  # wall clock when the client saw each iteration's result
+    seconds: list[float] = []
+
+    def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+        ends.append(time.time())
+        seconds.append(sec)
+
+    with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
+        model = OrdNMF(
+            args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters,
+            cache_blocks=not args.stream, checkpoint_every=0,
+        )  # fmt: skip
+        with get_task_stream(client) as stream:
+            model.fit(path, client, callback=record)
+    if len(ends) <= args.skip + 1:
+        raise SystemExit(f"--iters {args.iters} leaves nothing after --skip {args.skip}")
+    t0, t1 = ends[args.skip - 1] if args.skip else ends[0], ends[-1]
+    n_iter = len(ends) - max(args.skip, 1)
+    span = t1 - t0
+    ms: dict[tuple[str, str], float] = collections.defaultdict(float)
+    count: collections.Counter[str] = collections.Counter()
+    busy: dict[str, float] = collections.defaultdict(float)
+    for task in stream.data:
+        key = task["key"] if isinstance(task["key"], str) else task["key"][0]
+        prefix = key.rsplit("-", 1)[0]
+        for part in task["startstops"]:
+            start, stop = max(part["start"], t0), min(part["stop"], t1)
+            if stop <= start:
+                continue
+            ms[(prefix, part["action"])] += 1000 * (stop - start) / n_iter
+            if part["action"] == "compute":
+                busy[task["worker"]] += stop - start
+                count[prefix] += part["start"] >= t0
+    rows = [
+        [prefix, action, value, count[prefix] / n_iter if action == "compute" else ""]
+        for (prefix, action), value in sorted(ms.items(), key=lambda kv: -kv[1])
+    ]
+    print(
+        f"{n_iter} iterations after the first {max(args.skip, 1)}: mean {span / n_iter:.4f} s, "
+        f"median {statistics.median(seconds[max(args.skip, 1):]):.4f} s"
+    )
+    print(fmt_table(rows, ["task kind", "action", "ms/iteration", "tasks/iteration"]))
+    for worker in sorted(busy):
+        print(f"worker {worker}: computing {busy[worker] / span:.0%} of the wall time")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--items", type=int, default=12_000)
+    ap.add_argument("--nnz", type=float, default=2.5e6, help="train nonzeros (target)")
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--nnz-per-block", type=int, default=1 << 19)
+    ap.add_argument("--iters", type=int, default=14)
+    ap.add_argument("--skip", type=int, default=3, help="iterations left out (warm-up)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--memory-limit", default=None, help="per worker, e.g. 2GB")
+    ap.add_argument("--stream", action="store_true", help="stream blocks instead of caching")
+    ap.add_argument("--work", default="/tmp/ordnmf-bench")
+    args = ap.parse_args()
+    profile(ensure_store(args), args)
+
+
+if __name__ == "__main__":
+    main()
