@@ -17,12 +17,17 @@ Local step (nonzeros only), with the geometric means GW = exp(E[log W]), GH = ex
     Lambda = GW GH^T,  s = t Lambda
     p == 0:      E[n] = y,  local = -sum log(y!) + sum y log s          (PF on the raw counts)
     p == 1:      E[n] = 1,  local = sum log s                          (PF on binarized data)
-    0 < p < 1:   r = s / -log(1 - p);  E[n] = 1 where y == 1, r (digamma(y + r) - digamma(r))
-                 where y > 1;  local = -sum log(y!) + (sum y) log p + sum [lgamma(y+r) - lgamma(r)]
+    0 < p < 1:   r = s / -log(1 - p);  E[n] = r (digamma(y + r) - digamma(r)),
+                 local = -sum log(y!) + (sum y) log p + sum [lgamma(y+r) - lgamma(r)];
+                 for integer y both differences are finite sums, used here as they stand:
+                 digamma(y + r) - digamma(r) = sum_{j<y} 1 / (r + j) and
+                 lgamma(y + r) - lgamma(r) = sum_{j<y} log(r + j) (exact at any r, where
+                 subtracting lgamma values loses every digit once r ~ 1 / p is large)
     SW_uk = sum_i E[n_ui] / Lambda_ui GW_uk GH_ik,   SH_ik = sum_u (same)
 
 One iteration: (1) beta_u = alpha_W / mean_k E[w_uk], beta_i = alpha_H / mean_k E[h_ik];
-(2) p: 10 Newton steps on ``s_y log p - s_en log(-log(1 - p))`` (``update_p``);
+(2) p: 10 Newton steps on ``s_y log p - s_en log(-log(1 - p))`` (``update_p``; p = 0 when
+s_en >= s_y, where that objective rises all the way to p -> 0);
 (3) W: a = alpha_W + SW, b = beta_u + t sum_i E[h_ik] (dense sum over ALL items, no sparse
 correction); (4) H likewise with the NEW E[W]; (5) local step; (6) ELBO =
 local - t sum_all E[W] E[H]^T + Gamma prior/posterior terms.  Stopping as ``oracle.fit``.
@@ -70,8 +75,12 @@ def local_step(Y, GW, GH, p, t=1.0):
         local = np.log(s).sum()
     else:
         r = s / -np.log1p(-p)  # -log(1 - p), computed stably
-        en = np.where(y == 1, 1.0, r * (digamma(y + r) - digamma(r)))
-        local = -gammaln(y + 1).sum() + y.sum() * np.log(p) + (gammaln(y + r) - gammaln(r)).sum()
+        en, rising = np.zeros_like(y), np.zeros_like(y)
+        for j in range(int(y.max())):
+            part = y > j
+            en[part] += r[part] / (r[part] + j)
+            rising[part] += np.log(r[part] + j)
+        local = -gammaln(y + 1).sum() + y.sum() * np.log(p) + rising.sum()
 
     En = np.zeros_like(Y)
     En[mask] = en
@@ -99,16 +108,20 @@ def p_objective(p, s_en, s_y):
 def update_p(p, s_en, s_y, steps=10):
     """``steps`` Newton steps on f(p) = (1 - p)/p * (-log(1 - p)) = s_en / s_y.
 
-    f(p) = s_en / s_y is the stationarity condition of ``p_objective``.  Each step is halved while
-    it would leave [0, 1]; the final value is kept only if it is strictly inside (0, 1) and
-    increases ``p_objective``, otherwise ``p`` is returned unchanged.
+    f(p) = s_en / s_y is the stationarity condition of ``p_objective``; f falls from 1 (p -> 0)
+    to 0 (p -> 1), so when s_en >= s_y the objective rises all the way to p -> 0 and the result
+    is p = 0 (the Poisson limit).  Otherwise each step is halved while it would leave [0, 1];
+    the final value is kept only if it is strictly inside (0, 1) and increases
+    ``p_objective``, otherwise ``p`` is returned unchanged.
     """
+    if s_en >= s_y:
+        return 0.0
     ratio = s_en / s_y
     q = float(p)
     with np.errstate(divide="ignore", invalid="ignore"):
         for _ in range(steps):
             f = (1.0 - q) / q * -np.log1p(-q)
-            grad = np.log1p(-q) / q**2 + 1.0 / q
+            grad = (q + np.log1p(-q)) / q**2
             step = (f - ratio) / grad
             if not np.isfinite(step):
                 # Newton has run into the boundary (f(q) - ratio and/or grad are 0 or NaN in

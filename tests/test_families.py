@@ -21,6 +21,7 @@ from ordnmf_dask.estimator import PF, BePoF, DcPF
 from ordnmf_dask.io.blocking import balanced_bounds, block_sort
 from ordnmf_dask.io.errors import InputError
 from ordnmf_dask.io.store import write_store
+from ordnmf_dask.model.kernels import CsrBlock
 
 K = 3
 TOL = 1e-4  # stopping tolerance of the engine-vs-oracle comparisons (keeps the file fast)
@@ -137,9 +138,10 @@ def test_oracle_p_update_is_newton_on_the_stationarity_condition():
     assert (1 - p) / p * -np.log1p(-p) == pytest.approx(s_en / s_y, rel=1e-12)
     grid = np.linspace(0.01, 0.99, 981)
     assert oracle_dcpf.p_objective(p, s_en, s_y) >= oracle_dcpf.p_objective(grid, s_en, s_y).max()
-    # ratio 1 (every nonzero explained by exactly one element): Newton runs into p = 0, the
-    # floating-point iterate becomes NaN and the step is rejected: p stays where it was.
-    assert oracle_dcpf.update_p(0.5, 50.0, 50.0) == 0.5
+    # ratio 1 (every nonzero explained by exactly one element, E[n] = y): the objective rises
+    # all the way to p -> 0, so the update goes to the Poisson limit p = 0 (where E[n] = y again)
+    assert oracle_dcpf.update_p(0.5, 50.0, 50.0) == 0.0
+    assert oracle_dcpf.p_objective(1e-9, 50.0, 50.0) > oracle_dcpf.p_objective(0.5, 50.0, 50.0)
 
 
 def test_learned_p_direction_in_the_oracle():
@@ -392,3 +394,43 @@ def test_dcpf_count_loglik_at_p0_is_poisson_and_p_update_terminates():
     np.testing.assert_allclose(dcpf.count_loglik(y, lam, 0.0, 2.0), want, rtol=1e-12)
     p = dcpf.update_p(0.5, 0.9999999999999998, 1.0)  # gradient cancels near p = 0
     assert 0.0 < p < 1.0
+    assert dcpf.update_p(0.5, 50.0, 50.0) == oracle_dcpf.update_p(0.5, 50.0, 50.0) == 0.0
+    assert dcpf.update_p(0.3, 50.0 + 1e-12, 50.0) == 0.0  # E[n] above y by round-off
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.7, 9.99, 10.0, 40.0, 1e4, 1e9, 1e13, 1e17])
+def test_dcpf_rising_terms_are_the_finite_sums_at_any_r(scale):
+    """lgamma(r + y) - lgamma(r) = sum_{j<y} log(r + j) and digamma(r + y) - digamma(r) =
+    sum_{j<y} 1 / (r + j) for integer y, to round-off, also where r ~ 1 / p is huge."""
+    from ordnmf_dask.model import dcpf
+
+    rng = np.random.default_rng(int(np.log10(scale) * 10) + 40)
+    y = rng.integers(1, 40, 500).astype(np.float64)
+    r = scale * rng.uniform(0.5, 1.5, 500)
+    d_lgamma, d_digamma = dcpf.rising_log_terms(y, r)
+    j = np.arange(40.0)
+    terms = j[None, :] < y[:, None]
+    want_lgamma = np.where(terms, np.log(r[:, None] + j), 0.0).sum(axis=1)
+    want_digamma = np.where(terms, 1.0 / (r[:, None] + j), 0.0).sum(axis=1)
+    np.testing.assert_allclose(d_lgamma, want_lgamma, rtol=1e-13)
+    np.testing.assert_allclose(d_digamma, want_digamma, rtol=1e-13)
+
+
+@pytest.mark.parametrize("p", [1e-6, 1e-12])
+def test_dcpf_local_step_near_the_poisson_limit_matches_the_oracle(p):
+    """At small p (r = t Lambda / -log(1 - p) ~ 1e6 .. 1e12) E[n] and the bound still match the
+    oracle's finite sums to round-off, and E[n] <= y."""
+    from ordnmf_dask.model import dcpf
+
+    y = dcpf_counts(12, 9, 0.0, scale=3.0, seed=3)
+    w0, h0 = warm_start(12, 9)
+    rows, cols = np.nonzero(y)
+    block = CsrBlock.from_coo(rows, cols, y[rows, cols].astype(np.float64), y.shape)
+    got = dcpf.local_step(block, w0, h0, w0, h0, p, 1.0)
+    ref = oracle_dcpf.local_step(y, w0, h0, p)
+    s_en, s_y, bound = got.small
+    assert s_en == pytest.approx(ref["s_en"], rel=1e-13)
+    assert s_y == ref["s_y"]
+    assert bound == pytest.approx(ref["local"], rel=1e-12)
+    assert s_en <= s_y * (1 + 1e-15)
+    np.testing.assert_allclose(got.sw, ref["SW"], rtol=1e-12)

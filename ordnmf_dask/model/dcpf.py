@@ -81,36 +81,94 @@ def _counts_terms(y: np.ndarray, s: np.ndarray, p: float) -> tuple[np.ndarray, f
     if p == 1.0:
         return np.ones_like(y), float(np.log(s).sum())
     r = s / -np.log1p(-p)
-    en = np.ones_like(y)
-    many = y > 1
-    en[many] = r[many] * (digamma(y[many] + r[many]) - digamma(r[many]))
-    elbo = -gammaln(y + 1).sum() + y.sum() * np.log(p) + (gammaln(y + r) - gammaln(r)).sum()
+    d_lgamma, d_digamma = rising_log_terms(y, r)
+    en = np.where(y > 1, r * d_digamma, 1.0)
+    elbo = -gammaln(y + 1).sum() + y.sum() * np.log(p) + d_lgamma.sum()
     return en, float(elbo)
+
+
+# Asymptotic series at x >= _ASYMPTOTIC (truncation below 5e-17, as in ..model.gamma):
+# psi(x) = log x - 1/(2x) - sum_k B_2k / (2k x^2k),
+# lgamma(x) = (x - 1/2) log x - x + log(2 pi) / 2 + sum_k B_2k / (2k (2k - 1) x^(2k-1)).
+_ASYMPTOTIC = 10.0
+_PSI_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
+_LGAMMA_SERIES = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156)
+
+
+def _series(coefs: tuple[float, ...], f: np.ndarray) -> np.ndarray:
+    """sum_k coefs[k] f^k (Horner), for f = 1 / x^2."""
+    out = np.full_like(f, coefs[-1])
+    for c in coefs[-2::-1]:
+        out = c + f * out
+    return out
+
+
+def rising_log_terms(y: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lgamma(r + y) - lgamma(r), digamma(r + y) - digamma(r))`` elementwise, y >= 0, r > 0.
+
+    Accurate to the round-off of the differences themselves at any r: where r >= 10 both are
+    the differences of the asymptotic series, term by term, with log(r + y) - log(r) as
+    log1p(y / r). Subtracting scipy's values instead loses everything at large r (r = t Lambda /
+    -log(1 - p) grows as 1 / p: at p = 1e-12, lgamma(r) ~ 1e13 leaves no digit of a difference
+    ~ y log r, and E[n] = r (digamma(r + y) - digamma(r)) may exceed y).
+    """
+    y, r = np.broadcast_arrays(np.asarray(y, dtype=np.float64), np.asarray(r, dtype=np.float64))
+    d_lgamma, d_digamma = np.empty(y.shape), np.empty(y.shape)
+    small = r < _ASYMPTOTIC
+    ys, rs = y[small], r[small]
+    d_lgamma[small] = gammaln(rs + ys) - gammaln(rs)
+    d_digamma[small] = digamma(rs + ys) - digamma(rs)
+    big = ~small
+    yb, rb = y[big], r[big]
+    x = rb + yb
+    log_ratio = np.log1p(yb / rb)  # log(x) - log(r)
+    fx, fr = 1.0 / (x * x), 1.0 / (rb * rb)
+    d_lgamma[big] = (
+        (rb - 0.5) * log_ratio + yb * np.log(x) - yb
+        + _series(_LGAMMA_SERIES, fx) / x - _series(_LGAMMA_SERIES, fr) / rb
+    )  # fmt: skip
+    d_digamma[big] = (
+        log_ratio + yb / (2.0 * rb * x)
+        + fr * _series(_PSI_SERIES, fr) - fx * _series(_PSI_SERIES, fx)
+    )  # fmt: skip
+    return d_lgamma, d_digamma
 
 
 def update_p(p: float, s_en: float, s_y: float, steps: int = 10) -> float:
     """Newton steps on ``s_y log p - s_en log(-log(1 - p))``, as in the published code.
 
-    Each step is halved until p stays in [0, 1]; the result is kept only if it improves the
-    objective, otherwise ``p`` is returned unchanged.
+    Its stationarity condition f(p) = (1 - p)/p (-log(1 - p)) = s_en / s_y has a left side that
+    falls from 1 (p -> 0) to 0 (p -> 1). When s_en >= s_y (every E[n] = y, as at p = 0), the
+    objective rises all the way to p -> 0: the result is the Poisson limit p = 0 (a fixed point:
+    E[n] = y there). Otherwise each Newton step is halved until p stays in [0, 1]; the result is
+    kept only if it improves the objective, otherwise ``p`` is returned unchanged.
     """
 
     def cost(q: float) -> float:
         return s_y * np.log(q) - s_en * np.log(-np.log1p(-q))
 
+    if s_en >= s_y:
+        return 0.0
     ratio = s_en / s_y
     q = p
     for _ in range(steps):
         f = (1.0 - q) / q * -np.log1p(-q)
-        grad = np.log1p(-q) / q**2 + 1.0 / q
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = (f - ratio) / grad
-        if not np.isfinite(step):  # gradient cancelled to 0 near p = 0: stop here
+            step = (f - ratio) / _f_prime(q)
+        if not np.isfinite(step):  # q reached 0 exactly
             break
         while q - step < 0 or q - step > 1:
             step /= 2
         q -= step
     return q if 0.0 < q < 1.0 and cost(q) > cost(p) else p
+
+
+def _f_prime(q: float) -> float:
+    """d/dq of (1 - q)/q (-log(1 - q)), i.e. (q + log(1 - q)) / q^2; by its series below 1e-4,
+    where the two terms of the numerator cancel (-1/2 - q/3 - q^2/4 - ..., to 1e-24)."""
+    if q < 1e-4:
+        return -(0.5 + q * (1 / 3 + q * (1 / 4 + q * (1 / 5 + q * (1 / 6 + q / 7)))))
+    return (q + np.log1p(-q)) / q**2
 
 
 def count_loglik(
