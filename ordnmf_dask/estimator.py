@@ -414,7 +414,9 @@ class DcPF(_CaviEstimator):
         + _SHARED_PARAMS_DOC
         + """    p : starting value of the element parameter (published runs: 0.5).
     t : fixed scale of the Poisson rate (published runs: 1).
-    update_p : learn p (ignored at the limits 0 and 1).
+    update_p : learn p (ignored at the limits 0 and 1). A learned p becomes 0, and stays
+        there, once sum E[n] reaches sum y (no overdispersion left: the bound rises all
+        the way to the Poisson limit).
 
     Attributes
     ----------"""
