@@ -12,7 +12,9 @@ no checkpoints, and records the task stream. Over the iterations after the first
 disk-read, disk-write) the milliseconds per iteration summed over the workers, with the
 number of tasks per iteration, and the share of the wall time each worker spends computing
 (transfers run beside computations, on the worker's event loop). Sums over workers: on 2
-workers, 2 x wall is available.
+workers, 2 x wall is available. Then each worker process's CPU time over the whole fit (from
+``getrusage``: user, system, minor page faults), per iteration: system time is mostly the
+kernel faulting in and zeroing fresh memory.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def profile(path: str, args: argparse.Namespace) -> None:
         seconds.append(sec)
 
     with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
+        before = client.run(_usage)
         model = OrdNMF(
             args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters,
             cache_blocks=not args.stream, checkpoint_every=0,
         )  # fmt: skip
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)
+        after = client.run(_usage)
     if len(ends) <= args.skip + 1:
         raise SystemExit(f"--iters {args.iters} leaves nothing after --skip {args.skip}")
     t0, t1 = ends[args.skip - 1] if args.skip else ends[0], ends[-1]
@@ -81,6 +85,21 @@ def profile(path: str, args: argparse.Namespace) -> None:
     print(fmt_table(rows, ["task kind", "action", "ms/iteration", "tasks/iteration"]))
     for worker in sorted(busy):
         print(f"worker {worker}: computing {busy[worker] / span:.0%} of the wall time")
+    for worker in sorted(after):
+        user, system, faults = (b - a for a, b in zip(before[worker], after[worker], strict=True))
+        print(
+            f"worker {worker}, whole fit ({len(ends)} iterations and the initial step), per "
+            f"iteration: CPU user {user / len(ends):.3f} s, system {system / len(ends):.3f} s, "
+            f"{faults / len(ends):.0f} minor page faults"
+        )
+
+
+def _usage() -> tuple[float, float, int]:
+    """This process's CPU seconds (user, system) and minor page faults so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
 
 
 def main() -> None:
