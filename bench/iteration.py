@@ -187,18 +187,24 @@ def distributed_fit(
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_store_args(ap: argparse.ArgumentParser) -> None:
+    """The options that name the synthetic store of :func:`ensure_store` (defaults: the 2.5M
+    benchmark's), and ``--work`` where it is kept."""
     ap.add_argument("--users", type=int, default=20_000)
     ap.add_argument("--items", type=int, default=12_000)
     ap.add_argument("--nnz", type=float, default=2.5e6, help="train nonzeros (target)")
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--nnz-per-block", type=int, default=1 << 19)
+    ap.add_argument("--work", default="/tmp/ordnmf-bench")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_store_args(ap)
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--nnz-per-block", type=int, default=1 << 19)
     ap.add_argument("--paper-iters", type=int, default=2)
-    ap.add_argument("--work", default="/tmp/ordnmf-bench")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     path = ensure_store(args)

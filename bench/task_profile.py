@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import statistics
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import fmt_table  # noqa: E402
-from iteration import ensure_store  # noqa: E402
+from iteration import add_store_args, ensure_store  # noqa: E402
 
 
 def profile(path: str, args: argparse.Namespace) -> None:
@@ -104,19 +105,14 @@ def _usage() -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--users", type=int, default=20_000)
-    ap.add_argument("--items", type=int, default=12_000)
-    ap.add_argument("--nnz", type=float, default=2.5e6, help="train nonzeros (target)")
-    ap.add_argument("--k", type=int, default=50)
-    ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--nnz-per-block", type=int, default=1 << 19)
+    add_store_args(ap)
     ap.add_argument("--iters", type=int, default=14)
     ap.add_argument("--skip", type=int, default=3, help="iterations left out (warm-up)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--memory-limit", default=None, help="per worker, e.g. 2GB")
     ap.add_argument("--stream", action="store_true", help="stream blocks instead of caching")
-    ap.add_argument("--work", default="/tmp/ordnmf-bench")
     args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
     profile(ensure_store(args), args)
 
 
