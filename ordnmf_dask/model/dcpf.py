@@ -152,8 +152,8 @@ def update_p(p: float, s_en: float, s_y: float, steps: int = 10) -> float:
     ratio = s_en / s_y
     q = p
     for _ in range(steps):
-        f = (1.0 - q) / q * -np.log1p(-q)
         with np.errstate(divide="ignore", invalid="ignore"):
+            f = (1.0 - np.float64(q)) / q * -np.log1p(-q)
             step = (f - ratio) / _f_prime(q)
         if not np.isfinite(step):  # q reached 0 exactly
             break
