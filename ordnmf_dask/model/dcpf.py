@@ -16,6 +16,7 @@ from scipy.special import digamma, gammaln
 from scipy.stats import nbinom
 
 from . import arena
+from .gamma import ASYMPTOTIC, LGAMMA_SERIES, PSI_SERIES
 from .kernels import _CHUNK, CsrBlock, LocalStats, RowStats, _f64, sddmm, spmm_pair
 
 
@@ -87,16 +88,8 @@ def _counts_terms(y: np.ndarray, s: np.ndarray, p: float) -> tuple[np.ndarray, f
     return en, float(elbo)
 
 
-# Asymptotic series at x >= _ASYMPTOTIC (truncation below 5e-17, as in ..model.gamma):
-# psi(x) = log x - 1/(2x) - sum_k B_2k / (2k x^2k),
-# lgamma(x) = (x - 1/2) log x - x + log(2 pi) / 2 + sum_k B_2k / (2k (2k - 1) x^(2k-1)).
-_ASYMPTOTIC = 10.0
-_PSI_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
-_LGAMMA_SERIES = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156)
-
-
 def _series(coefs: tuple[float, ...], f: np.ndarray) -> np.ndarray:
-    """sum_k coefs[k] f^k (Horner), for f = 1 / x^2."""
+    """sum_k coefs[k] f^k (Horner), elementwise."""
     out = np.full_like(f, coefs[-1])
     for c in coefs[-2::-1]:
         out = c + f * out
@@ -107,14 +100,14 @@ def rising_log_terms(y: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """``(lgamma(r + y) - lgamma(r), digamma(r + y) - digamma(r))`` elementwise, y >= 0, r > 0.
 
     Accurate to the round-off of the differences themselves at any r: where r >= 10 both are
-    the differences of the asymptotic series, term by term, with log(r + y) - log(r) as
-    log1p(y / r). Subtracting scipy's values instead loses everything at large r (r = t Lambda /
-    -log(1 - p) grows as 1 / p: at p = 1e-12, lgamma(r) ~ 1e13 leaves no digit of a difference
-    ~ y log r, and E[n] = r (digamma(r + y) - digamma(r)) may exceed y).
+    the differences of the asymptotic series of :mod:`.gamma`, term by term, with
+    log(r + y) - log(r) as log1p(y / r). Subtracting scipy's values instead loses everything at
+    large r (r = t Lambda / -log(1 - p) grows as 1 / p: at p = 1e-12, lgamma(r) ~ 1e13 leaves no
+    digit of a difference ~ y log r, and E[n] = r (digamma(r + y) - digamma(r)) may exceed y).
     """
     y, r = np.broadcast_arrays(np.asarray(y, dtype=np.float64), np.asarray(r, dtype=np.float64))
     d_lgamma, d_digamma = np.empty(y.shape), np.empty(y.shape)
-    small = r < _ASYMPTOTIC
+    small = r < ASYMPTOTIC
     ys, rs = y[small], r[small]
     d_lgamma[small] = gammaln(rs + ys) - gammaln(rs)
     d_digamma[small] = digamma(rs + ys) - digamma(rs)
@@ -125,11 +118,11 @@ def rising_log_terms(y: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarr
     fx, fr = 1.0 / (x * x), 1.0 / (rb * rb)
     d_lgamma[big] = (
         (rb - 0.5) * log_ratio + yb * np.log(x) - yb
-        + _series(_LGAMMA_SERIES, fx) / x - _series(_LGAMMA_SERIES, fr) / rb
+        + _series(LGAMMA_SERIES, fx) / x - _series(LGAMMA_SERIES, fr) / rb
     )  # fmt: skip
     d_digamma[big] = (
         log_ratio + yb / (2.0 * rb * x)
-        + fr * _series(_PSI_SERIES, fr) - fx * _series(_PSI_SERIES, fx)
+        + fr * _series(PSI_SERIES, fr) - fx * _series(PSI_SERIES, fx)
     )  # fmt: skip
     return d_lgamma, d_digamma
 

@@ -21,6 +21,24 @@ def gamma_moments(shape: np.ndarray, rate: np.ndarray) -> tuple[np.ndarray, np.n
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
+# The asymptotic series at x >= ASYMPTOTIC (truncation < 5e-17), as coefficients of f^k,
+# f = 1 / x^2, k = 0, 1, ...:
+#   psi(x) = log x - 1/(2x) - f * sum_k PSI_SERIES[k] f^k        (B_2k / (2k)),
+#   lgamma(x) = (x - 1/2) log x - x + log(2 pi) / 2 + (1/x) sum_k LGAMMA_SERIES[k] f^k
+#                                                                  (B_2k / (2k (2k - 1))).
+ASYMPTOTIC = 10.0
+PSI_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
+LGAMMA_SERIES = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156)
+
+
+@_jit
+def _horner(coefs: tuple, f: float) -> float:  # type: ignore[type-arg]
+    """sum_k coefs[k] f^k."""
+    out = coefs[-1]
+    for j in range(len(coefs) - 2, -1, -1):
+        out = coefs[j] + f * out
+    return out
+
 
 @_jit
 def digamma_lgamma(x: float) -> tuple[float, float]:
@@ -35,19 +53,14 @@ def digamma_lgamma(x: float) -> tuple[float, float]:
     if not x > 0.0:
         return math.nan, math.nan
     num, den = 0.0, 1.0
-    while x < 10.0:
+    while x < ASYMPTOTIC:
         num = num * x + den
         den *= x
         x += 1.0
     f = 1.0 / (x * x)
     log_x = math.log(x)
-    # sum_k B_2k / (2k x^2k): 1/12, -1/120, 1/252, -1/240, 1/132, -691/32760, 1/12
-    series = 1.0 / 132 - f * (691.0 / 32760 - f / 12.0)
-    series = 1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f * series)))
-    psi = log_x - 0.5 / x - series * f - num / den
-    # sum_k B_2k / (2k (2k - 1) x^(2k-1)): 1/12, -1/360, 1/1260, -1/1680, 1/1188, -691/360360, 1/156
-    stirling = 1.0 / 1188 - f * (691.0 / 360360 - f / 156.0)
-    stirling = 1.0 / 12 - f * (1.0 / 360 - f * (1.0 / 1260 - f * (1.0 / 1680 - f * stirling)))
+    psi = log_x - 0.5 / x - _horner(PSI_SERIES, f) * f - num / den
+    stirling = _horner(LGAMMA_SERIES, f)
     lgam = (x - 0.5) * log_x - x + _HALF_LOG_2PI + stirling / x - math.log(den)
     return psi, lgam
 
