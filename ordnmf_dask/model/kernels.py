@@ -11,11 +11,10 @@ places ahead (10-17% over column tiles on the 1e9 store's 9k-column blocks and o
 store's 6k-column ones, interleaved in one process); larger tables are visited by column tiles
 (rows in order inside a tile) so that the randomly accessed item rows stay in cache: ~1.7x over
 a plain row-wise loop, and 1.3x over CSR order with prefetching, at K = 50 on 2^21-nonzero
-20k-column random blocks. The
-rate corrections, one axpy per nonzero and so bound by the latency of those rows, go in CSR
-order and prefetch the row of the nonzero ``_AHEAD`` places ahead: 1.2-1.5x over column tiles
-at K = 50 on the 1e9 store's blocks and on 2^21 and 2.5M-nonzero random blocks
-(``bench/kernels.py`` measures the whole kernels).
+20k-column random blocks. The rate corrections, one axpy per nonzero and so bound by the
+latency of those rows, go in CSR order and prefetch the row of the nonzero ``_AHEAD`` places
+ahead: 1.2-1.5x over column tiles at K = 50 on the 1e9 store's blocks and on 2^21 and
+2.5M-nonzero random blocks (``bench/kernels.py`` measures the whole kernels).
 
 Dtype policy:
 
