@@ -32,7 +32,7 @@ LGAMMA_SERIES = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360,
 
 
 @_jit
-def _horner(coefs: tuple, f: float) -> float:  # type: ignore[type-arg]
+def _horner(coefs: tuple[float, ...], f: float) -> float:
     """sum_k coefs[k] f^k."""
     out = coefs[-1]
     for j in range(len(coefs) - 2, -1, -1):
