@@ -87,7 +87,8 @@ def file_format_of(
         lines = decode(path, data[:end]).replace("\r\n", "\n").split("\n")
         for k, line in enumerate(lines):
             if line.strip():
-                delim, has_header, cols = file_format(path, line, delimiter, header, columns)
+                delim, has_header, cols = file_format(path, line, delimiter, header, columns,
+                                                      line=k + 1)  # fmt: skip
                 offset = 0
                 for _ in range(k):
                     offset = data.index(b"\n", offset) + 1

@@ -28,7 +28,7 @@ from .prep import (
     min_count_mask,
     normalize_text_ids,
 )
-from .split import check_test_fraction, lookup, random_test_mask
+from .split import check_test_fraction, lookup, n_test_rows, random_test_mask
 from .store import StoreInfo, check_target, write_store
 from .text import read_triples
 from .values import ValueSpec, classify, make_spec
@@ -147,7 +147,8 @@ def ingest(
     sources = [os.path.abspath(os.fspath(p)) for p in _as_list(inputs)]
     test_sources = None if test is None else [os.path.abspath(os.fspath(p)) for p in _as_list(test)]
     return _build(
-        train, test_rows, out, sources=sources, test_sources=test_sources, ratings=ratings,
+        train, test_rows, out, label=inputs_label(_as_list(inputs)), sources=sources,
+        test_sources=test_sources, ratings=ratings,
         counts=counts, binarize=binarize, scale_max=scale_max, min_count=min_count,
         filter_mode=filter_mode, duplicates=duplicates, test_fraction=test_fraction, seed=seed,
         nnz_per_block=nnz_per_block, grid=grid, overwrite=overwrite,
@@ -184,7 +185,8 @@ def ingest_arrays(
     train = _arrays_to_rows(users, items, values, "input arrays")
     test_rows = None if test is None else _arrays_to_rows(*test, "test arrays")
     return _build(
-        train, test_rows, out, sources=[], test_sources=None if test is None else [],
+        train, test_rows, out, label="input arrays", sources=[],
+        test_sources=None if test is None else [],
         ratings=ratings, counts=counts, binarize=binarize, scale_max=scale_max,
         min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
         test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block, grid=grid,
@@ -194,6 +196,23 @@ def ingest_arrays(
 
 def _as_list(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
     return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+
+
+def inputs_label(paths: Sequence[PathLike]) -> str:
+    """The input files as messages name them: the first three as given, then how many more."""
+    names = [os.fspath(p) for p in paths]
+    more = f" and {len(names) - 3} more files" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
+def check_train_left(label: str, n: int, test_fraction: float) -> None:
+    """Raise InputError if the random split of ``n`` nonzeros leaves none for training."""
+    if n_test_rows(n, test_fraction) == n:
+        raise InputError(
+            f"{label}: the random split leaves no training data: all {n} nonzeros go to the "
+            f"test set (test_fraction={test_fraction:g}); give more data or a smaller "
+            "test_fraction"
+        )
 
 
 def _arrays_to_rows(users: object, items: object, values: object, label: str) -> _Rows:
@@ -233,6 +252,7 @@ def _build(
     test: _Rows | None,
     out: PathLike,
     *,
+    label: str,
     sources: list[str],
     test_sources: list[str] | None,
     ratings: str | None,
@@ -266,13 +286,16 @@ def _build(
     y, keep = classify(spec, raw, origin)
     n_not_interaction = int((~keep).sum())
     if not keep.any():
-        raise InputError("no interactions left: every row is below the binarize/count threshold")
+        raise InputError(
+            f"{label}: no interactions left: every row is below the binarize/count threshold"
+        )
     u, i, y, raw = u[keep], i[keep], y[keep], raw[keep]
 
     keep = min_count_mask(u, i, len(user_ids), len(item_ids), min_count, filter_mode)
     if not keep.any():
         raise InputError(
-            f"everything was filtered away by min_count={min_count} (filter_mode={filter_mode!r})"
+            f"{label}: everything was filtered away by min_count={min_count} "
+            f"(filter_mode={filter_mode!r})"
         )
     n_filtered = int((~keep).sum())
     user_sel, u = factorize(u[keep])
@@ -283,6 +306,7 @@ def _build(
 
     extra: dict[str, object] = {}
     if test is None:
+        check_train_left(label, n_before_split, test_fraction)
         is_test = random_test_mask(data.u, data.i, len(item_sel), test_fraction, seed)
         train_nz, test_nz = data.take(~is_test), data.take(is_test)
     else:

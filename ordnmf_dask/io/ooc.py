@@ -46,7 +46,7 @@ from .assemble import assemble_store, finish_store, staging_dir, temporary_store
 from .blocking import DEFAULT_NNZ_PER_BLOCK, balanced_bounds, bounds_from_degrees
 from .chunks import Chunk, FileFormat, input_format, scan_range
 from .errors import InputError
-from .ingest import _as_list, _check_options, _kind
+from .ingest import _as_list, _check_options, _kind, check_train_left, inputs_label
 from .ooc_tasks import (
     Final,
     PartJob,
@@ -65,7 +65,13 @@ from .ooc_tasks import (
 )
 from .origin import Origin
 from .parallel import Runner
-from .parquet import ParquetChunk, ParquetFormat, expand_inputs, parquet_chunks
+from .parquet import (
+    ParquetChunk,
+    ParquetFormat,
+    check_same_columns,
+    expand_inputs,
+    parquet_chunks,
+)
 from .split import HASH_BIN_BITS, n_test_rows
 from .store import StoreInfo, check_target
 from .text import DELIMITERS, check_columns
@@ -133,6 +139,8 @@ def ingest_distributed(
     paths = expand_inputs(sources)
     runner = Runner(client)
     formats = runner.map(input_format, paths, delimiter, header, columns)
+    check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
+    label = inputs_label(sources)
     chunks = _plan(runner, formats, chunk_bytes)
     with temporary_store(out, overwrite) as (path, tmp):
         staging_dir(tmp)
@@ -158,7 +166,7 @@ def ingest_distributed(
         n_kept = sum(m[0] - m[1] for m in merged)
         if n_kept == 0:
             raise InputError(
-                "no interactions left: every row is below the binarize/count threshold"
+                f"{label}: no interactions left: every row is below the binarize/count threshold"
             )
         fin = _filter(runner, parts, tmp, len(user_ids), len(item_ids), min_count, filter_mode,
                       seed)  # fmt: skip
@@ -168,12 +176,13 @@ def ingest_distributed(
         n = int(user_deg.sum())
         if n == 0:
             raise InputError(
-                f"everything was filtered away by min_count={min_count} "
+                f"{label}: everything was filtered away by min_count={min_count} "
                 f"(filter_mode={filter_mode!r})"
             )
         user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
         fin = Final(fin.user_alive, fin.item_alive, _index_map(user_deg > 0),
                     _index_map(item_deg > 0), len(item_sel), seed)  # fmt: skip
+        check_train_left(label, n, test_fraction)
         fin = _with_threshold(runner, parts, tmp, fin, n_test_rows(n, test_fraction))
         shared = runner.share(fin)
         deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, add, tmp, shared,

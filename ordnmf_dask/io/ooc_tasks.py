@@ -275,7 +275,7 @@ def block_task(
         order = np.lexsort((cols, rows, b))
         b = b[order]
         starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]])) if b.size else b
-        ends = np.append(starts[1:], len(b))
+        ends = np.append(starts[1:], len(b)) if b.size else b  # no nonzeros of this split
         ids, segs = [], []
         for s, e in zip(starts, ends, strict=True):
             sl = order[s:e]

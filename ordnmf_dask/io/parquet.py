@@ -8,6 +8,8 @@ group with ``read_row_group``, never a whole file in one piece. Columns are chos
 integral floats; values may be numeric or string columns (parsed like text). The checks of ids
 and values are the text reader's (``text.string_ids``, ``string_values``, ``finite_values``).
 Rows are numbered from 0 in their file; messages name the file, the row and its row group.
+All Parquet files of one input must have the same user, item and value column names
+(``check_same_columns``), so that files with different schemas are never merged by position.
 
 Needs pyarrow (the ``parquet`` extra); without it a Parquet input is an ``InputError`` saying so.
 """
@@ -84,10 +86,11 @@ def _open(path: str) -> Any:
 
 @dataclass(frozen=True)
 class ParquetFormat:
-    """A Parquet file's resolved (user, item, value) column names and row groups."""
+    """A Parquet file's resolved (user, item, value) column names, their types and row groups."""
 
     path: str
     columns: tuple[str, str, str]
+    types: tuple[str, str, str]  # pyarrow type names ("int64", "string", ...), not dictionary
     starts: tuple[int, ...]  # first row (0-based, in the file) of each row group
     counts: tuple[int, ...]  # rows of each row group
 
@@ -131,12 +134,41 @@ def parquet_format_of(path: str, columns: tuple[Column, Column, Column]) -> Parq
             resolved.append(names[c])
     if len(set(resolved)) != 3:
         raise InputError(f"{path}: columns {columns!r} name the same column twice")
+    pa, _ = _pyarrow(path)
+    plain = [pf.schema_arrow.field(name).type for name in resolved]
+    types = tuple(str(t.value_type if pa.types.is_dictionary(t) else t) for t in plain)
     meta = pf.metadata
     counts = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
     if sum(counts) == 0:
         raise InputError(f"{path}: no data rows (the file is empty)")
     starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]]))
-    return ParquetFormat(path, tuple(resolved), starts, counts)  # type: ignore[arg-type]
+    return ParquetFormat(path, tuple(resolved), types, starts, counts)  # type: ignore[arg-type]
+
+
+def check_same_columns(formats: Sequence[ParquetFormat]) -> None:
+    """Raise InputError unless every file has the first one's user, item and value column names.
+
+    The message names both files and each differing column with its type. Types may differ
+    where the readers treat them alike (integer, integral float and string ids are all raw ids;
+    numeric and string values are parsed as numbers); other types are refused per file.
+    """
+    if not formats:
+        return
+    first = formats[0]
+    for fmt in formats[1:]:
+        diff = [
+            f"{role} {a!r} ({ta}) vs {b!r} ({tb})"
+            for role, a, ta, b, tb in zip(
+                ("user", "item", "value"), fmt.columns, fmt.types, first.columns, first.types,
+                strict=True,
+            )
+            if a != b
+        ]  # fmt: skip
+        if diff:
+            raise InputError(
+                f"{fmt.path}: columns differ from {first.path}: {'; '.join(diff)}; all Parquet "
+                "files of one input need the same column names"
+            )
 
 
 def parquet_chunks(fmt: ParquetFormat, file_index: int, first_index: int) -> list[ParquetChunk]:
@@ -174,9 +206,9 @@ def read_row_group(chunk: ParquetChunk) -> Triples | None:
     return Triples(users, items, values, origin)
 
 
-def read_parquet(path: str, columns: tuple[Column, Column, Column]) -> Triples:
-    """Every row of a Parquet file, read row group by row group."""
-    fmt = parquet_format_of(path, columns)
+def read_parquet(fmt: ParquetFormat) -> Triples:
+    """Every row of a Parquet file (its format from ``parquet_format_of``), group by group."""
+    path = fmt.path
     parts = [t for c in parquet_chunks(fmt, 0, 0) if (t := read_row_group(c)) is not None]
     line = np.concatenate([t.origin.line for t in parts])
     origin = Origin((path,), np.zeros(len(line), np.int32), line, True, (fmt.row_groups,))

@@ -2,14 +2,21 @@
 
 Supported: CSV, TSV, MovieLens ``::`` ``.dat`` and whitespace-separated files, with LF or CRLF
 line endings, an optional header line and any number of extra columns (e.g. timestamps).
-Users and items are kept as raw strings; values are parsed as float64. Files ending in
-``.parquet`` / ``.parq``, and directories of them, are read by ``ordnmf_dask.io.parquet``; the
-checks of ids and values (``string_ids``, ``string_values``, ``finite_values``) are shared.
+Comma, tab and semicolon files follow RFC 4180 quoting (``"Smith, 7"``, ``"say ""hi"" 2"``),
+except that a quoted field may not span lines, so that every record is one line (and byte ranges
+cut at newlines are whole records); lines without a quote character take a plain ``str.split``.
+Users and items are kept as raw strings (without their quotes, whitespace-stripped; ids with
+control characters are refused, as they could not be written back as text); values are parsed
+as float64. Files ending in ``.parquet`` / ``.parq``, and directories of them, are read by
+``ordnmf_dask.io.parquet``; the checks of ids and values (``string_ids``, ``string_values``,
+``finite_values``) are shared.
 """
 
 from __future__ import annotations
 
+import csv
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +36,11 @@ DELIMITERS: dict[str, str | None] = {
     " ": None,
     "whitespace": None,
 }
+#: Resolved delimiters whose files follow RFC 4180 quoting (``::`` and whitespace do not).
+QUOTING = (",", "\t", ";")
+#: Characters refused in ids: C0 and C1 controls (NUL, tab, CR, ...) and the Unicode line and
+#: paragraph separators, which would not survive a line-based text file.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,10 +98,17 @@ def read_triples(
     Raises
     ------
     InputError
-        Missing or unreadable file, a line with too few columns, an empty id, a non-numeric or
-        non-finite value, or a file without data rows.
+        Missing or unreadable file, bad quoting, a line with too few columns, an empty id or one
+        with a control character, a non-numeric or non-finite value, a file without data rows,
+        or Parquet files whose user, item and value columns have different names.
     """
-    from .parquet import expand_inputs, is_parquet, read_parquet
+    from .parquet import (
+        check_same_columns,
+        expand_inputs,
+        is_parquet,
+        parquet_format_of,
+        read_parquet,
+    )
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -97,8 +116,10 @@ def read_triples(
     columns = check_columns(columns)
     if delimiter is not None and delimiter not in DELIMITERS:
         raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    formats = {p: parquet_format_of(p, columns) for p in paths if is_parquet(p)}
+    check_same_columns(list(formats.values()))
     parts = [
-        read_parquet(p, columns) if is_parquet(p) else _read_one(p, delimiter, header, columns)
+        read_parquet(formats[p]) if p in formats else _read_one(p, delimiter, header, columns)
         for p in paths
     ]
     if len(parts) == 1:
@@ -171,6 +192,7 @@ def _read_text(path: str) -> str:
 
 
 def _detect_delimiter(line: str) -> str | None:
+    line = re.sub(r'"[^"]*"', "", line)  # a quoted id may hold any delimiter
     for delim in ("\t", "::", ","):
         if delim in line:
             return delim
@@ -195,7 +217,9 @@ def _read_one(
     keep = [k for k, ln in enumerate(lines) if ln.strip()]
     if not keep:
         raise InputError(f"{path}: no data rows (the file is empty)")
-    delim, header, columns = file_format(path, lines[keep[0]], delimiter, header, columns)
+    delim, header, columns = file_format(
+        path, lines[keep[0]], delimiter, header, columns, line=keep[0] + 1
+    )
     line_no = np.asarray(keep, dtype=np.int64) + 1
     data = [lines[k] for k in keep]
     if header:
@@ -211,15 +235,17 @@ def file_format(
     delimiter: str | None,
     header: bool | None,
     columns: tuple[Column, Column, Column],
+    line: int = 1,
 ) -> tuple[str | None, bool, tuple[int, int, int]]:
     """(delimiter, has_header, column indices) of a file from its first non-blank line.
 
     ``delimiter`` (one of ``DELIMITERS``) and ``header`` override the detection; the resolved
     delimiter is None for "any whitespace". Columns given by name are looked up in the first
-    line, which is then the header (an error if ``header`` is False).
+    line, which is then the header (an error if ``header`` is False). ``line`` is the 1-based
+    number of ``first_line``, for messages.
     """
     delim = DELIMITERS[delimiter] if delimiter is not None else _detect_delimiter(first_line)
-    first = first_line.split() if delim is None else first_line.split(delim)
+    first = split_fields(path, first_line, line, delim)
     if any(isinstance(c, str) for c in columns):
         if header is False:
             raise InputError(f"{path}: columns given by name need a header line")
@@ -261,6 +287,9 @@ def parse_lines(
     """
     if delim is None:
         fields = [ln.split() for ln in lines]
+    elif delim in QUOTING and any('"' in ln for ln in lines):
+        numbered = zip(lines, line_no.tolist(), strict=True)
+        fields = [split_fields(path, ln, n, delim) for ln, n in numbered]
     else:
         fields = [ln.split(delim) for ln in lines]
     cu, ci, cv = columns
@@ -281,8 +310,35 @@ def parse_lines(
     return Triples(users, items, values, origin)
 
 
+def split_fields(path: str, line: str, line_no: int, delim: str | None) -> list[str]:
+    """Fields of one line: RFC 4180 quoting for ``QUOTING`` delimiters, else a plain split.
+
+    Spaces after a delimiter are skipped before an opening quote; a quoted field must be closed
+    on its line and followed by a delimiter or the end of the line (errors name the line).
+    """
+    if delim is None:
+        return line.split()
+    if delim not in QUOTING or '"' not in line:
+        return line.split(delim)
+    try:
+        return next(csv.reader((line,), delimiter=delim, strict=True, skipinitialspace=True))
+    except csv.Error as exc:
+        reason = str(exc)
+        if reason == "unexpected end of data":
+            reason = "a quoted field is not closed on its line (fields may not span lines)"
+        raise InputError(f"{path}, line {line_no}: bad CSV quoting: {reason}") from None
+
+
 def string_ids(tokens: Sequence[str] | np.ndarray, origin: Origin, what: str) -> np.ndarray:
-    """Raw ids from text tokens (n,): whitespace-stripped, none empty (errors name the row)."""
+    """Raw ids from text tokens (n,): whitespace-stripped, none empty and none holding a
+    control character (errors name the row)."""
+    if _CONTROL.search("".join(tokens)) is not None:  # one scan; the loop only on a hit
+        for k, tok in enumerate(tokens):
+            if (hit := _CONTROL.search(str(tok).strip())) is not None:
+                raise InputError(
+                    f"{origin.where(k)}: {what} id {str(tok).strip()!r} contains the control "
+                    f"character U+{ord(hit.group()):04X}; ids must be printable text"
+                )
     ids = np.char.strip(np.asarray(tokens, dtype=str))
     empty = np.flatnonzero(np.char.str_len(ids) == 0)
     if empty.size:

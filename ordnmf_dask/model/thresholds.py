@@ -58,5 +58,7 @@ def update_delta(
     for level in range(n_classes, 0, -1):
         if level < n_classes:
             denom = denom - lam_by_class[level + 1]
-        delta[level] = en_by_class[level] / denom
+        # an empty class with no pair at or below it (no zeros: every pair observed) leaves
+        # Delta_l free; 0, as for any other empty class, instead of 0 / 0
+        delta[level] = en_by_class[level] / denom if en_by_class[level] > 0 else 0.0
     return delta
