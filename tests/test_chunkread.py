@@ -8,7 +8,7 @@ import zarr
 
 from ordnmf_dask.io import StoreError, ingest_arrays, read_block
 from ordnmf_dask.io import store as store_module
-from ordnmf_dask.io.chunkread import ArrayFiles, thread_buffer
+from ordnmf_dask.io.chunkread import WRITE_ALL, ArrayFiles, record_inventory, thread_buffer
 from ordnmf_dask.io.store import COMPRESSORS, SPLITS
 
 
@@ -18,20 +18,22 @@ def _array(path, data, chunk, **kw) -> zarr.Array:
         shape=data.shape,
         dtype=data.dtype,
         chunks=(chunk,),
-        **{"compressors": COMPRESSORS, **kw},
+        **{"compressors": COMPRESSORS, "config": WRITE_ALL, **kw},
     )
     arr[:] = data
+    record_inventory(arr)
     return arr
 
 
 @pytest.mark.parametrize("dtype", ["int32", "uint8", "float64", "int64"])
 def test_every_slice_matches_zarr(tmp_path, dtype):
     """Slices starting and ending inside, at the edges of, and across chunks, including a
-    chunk that has no file (all fill value) and the padded last chunk."""
+    chunk that holds only the fill value (its file is written all the same) and the padded
+    last chunk."""
     data = np.arange(1, 24).astype(dtype)
-    data[5:10] = 0  # chunk 1 of 5 elements: zarr writes no file for it
+    data[5:10] = 0  # chunk 1 of 5 elements: all fill value
     arr = _array(tmp_path / "a", data, chunk=5)
-    assert not (tmp_path / "a" / "c" / "1").exists() and (tmp_path / "a" / "c" / "4").exists()
+    assert (tmp_path / "a" / "c" / "1").exists() and (tmp_path / "a" / "c" / "4").exists()
     files = ArrayFiles.of(zarr.open_array(tmp_path / "a", mode="r"), str(tmp_path / "a"))
     assert (files.size, files.chunk, files.dtype) == (23, 5, np.dtype(dtype))
     out = np.full(30, 99, dtype=dtype)
@@ -77,7 +79,7 @@ def test_unsupported_encoding_and_damaged_chunk(tmp_path):
     files = ArrayFiles.of(arr, str(tmp_path / "a"))
     chunk = tmp_path / "a" / "c" / "1"
     chunk.write_bytes(chunk.read_bytes()[:-3])
-    with pytest.raises(StoreError, match=r"a/c/1: unreadable chunk"):
+    with pytest.raises(StoreError, match=r"a/c/1: chunk file has \d+ bytes, the store recorded"):
         files.read(0, 10, np.empty(10, np.int32))
     np.testing.assert_array_equal(files.read(0, 4, np.empty(4, np.int32)), np.arange(1, 5))
     assert files.read(5, 5, np.empty(0, np.int32)).shape == (0,)  # empty: chunk 1 is not read

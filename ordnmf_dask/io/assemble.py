@@ -12,7 +12,10 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
    as ``write_store`` (``CHUNK`` entries), and
 3. fills them with one task per output chunk: a task reads only the slices of the staged pieces
    that overlap its chunk (memory-mapped) and writes exactly one zarr chunk, so tasks never write
-   the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a time.
+   the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a time. Every chunk file is
+   written, even one of zeros, and the task returns its size and CRC-32, which the client records
+   as the array's chunk inventory (see ``ordnmf_dask.io.store``): the files are checksummed
+   where they are written, not read again by the client.
 
 The staging directory is removed, ``complete`` is set last and ``TMP`` is renamed to the final
 path, as in ``write_store``: a store is complete or absent. Staged data take as much disk as the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +38,7 @@ import zarr
 
 from ..model.csr import row_pointer
 from .blocking import indptr_starts
+from .chunkread import WRITE_ALL, chunk_path, chunk_record, set_inventory
 from .parallel import Runner
 from .store import (
     _FIELDS,
@@ -149,6 +154,7 @@ def assemble_store(
         ]
     runner.map(_stage_indptr, [job for split in SPLITS for job in pointers[split]])
     jobs = []
+    arrays = {}  # (split directory, field) -> the array
     for split in SPLITS:
         segments = [s for block in blocks[split] for s in block]
         sizes = np.asarray([len_block(b) for b in blocks[split]], dtype=np.int64)
@@ -163,12 +169,17 @@ def assemble_store(
         ):
             chunks = (max(1, min(total, CHUNK)),)
             for field in fields:
-                sub.create_array(
+                arrays[os.path.join(tmp, split), field] = sub.create_array(
                     field, shape=(total,), dtype=_DTYPES[field], chunks=chunks,
-                    compressors=COMPRESSORS,
+                    compressors=COMPRESSORS, config=WRITE_ALL,
                 )  # fmt: skip
             jobs.extend(_copy_jobs(os.path.join(tmp, split), fields, parts, total, chunks[0]))
-    runner.map(_copy_chunk, jobs)
+    records: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for job, written in zip(jobs, runner.map(_copy_chunk, jobs), strict=True):
+        for field, record in zip(job.fields, written, strict=True):
+            records[job.group, field].append(record)  # jobs come in chunk order
+    for key, array in arrays.items():
+        set_inventory(array, records[key])
     shutil.rmtree(os.path.join(tmp, STAGING), ignore_errors=True)
 
 
@@ -232,16 +243,20 @@ def _copy_jobs(
     return jobs
 
 
-def _copy_chunk(job: _CopyJob) -> int:
+def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
+    """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
+    records = []
     for field in job.fields:
         parts = [
             load_arrays(prefix, [field], mmap=True)[field][lo:hi]
             for prefix, lo, hi in job.pieces
         ]
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
-        arr = zarr.open_array(os.path.join(job.group, field), mode="r+")
+        directory = os.path.join(job.group, field)
+        arr = zarr.open_array(directory, mode="r+").with_config(WRITE_ALL)
         arr[job.start : job.stop] = data
-    return job.stop - job.start
+        records.append(chunk_record(chunk_path(directory, job.start // arr.chunks[0])))
+    return records
 
 
 __all__: list[str] = [

@@ -19,6 +19,14 @@ Layout of one zarr v3 group directory (format_version 2)::
 A store is complete or absent: it is written to ``OUT.tmp-<random>``, ``complete`` is set last, and
 the directory is then renamed to OUT.
 
+Every array is written with all its chunk files and records their sizes and CRC-32s in its
+attribute ``chunk_files`` (:mod:`ordnmf_dask.io.chunkread`), because zarr reads a missing chunk
+file as zeros: ``open_store`` checks that every listed file exists with its size, and every read
+checks the files it decodes, so a damaged store is an error naming the file, never zeros. The
+inventory is an addition to format 2 (older readers ignore it); a format-2 store written without
+it is refused with a message to make it again, since its absent chunk files may be empty chunks
+or lost ones.
+
 Format 1 stored each nonzero's local row (int32) instead of the row pointers; streamed fits read
 every block every pass, and decoding and counting those rows cost ~8 ns per nonzero per pass.
 """
@@ -40,7 +48,7 @@ import zarr.codecs
 
 from ..model.csr import expand_rows
 from .blocking import BlockedNonzeros, block_indptr, indptr_starts
-from .chunkread import ArrayFiles, thread_buffer
+from .chunkread import WRITE_ALL, ArrayFiles, ChunkFiles, record_inventory, thread_buffer
 from .errors import InputError, StoreError
 
 FORMAT_VERSION = 2
@@ -210,10 +218,12 @@ def write_store(
 def _write_array(group: zarr.Group, name: str, data: np.ndarray) -> None:
     chunks = (max(1, min(len(data), CHUNK)),)
     arr = group.create_array(
-        name, shape=data.shape, dtype=data.dtype, chunks=chunks, compressors=COMPRESSORS
+        name, shape=data.shape, dtype=data.dtype, chunks=chunks, compressors=COMPRESSORS,
+        config=WRITE_ALL,
     )
     if data.size:
         arr[:] = data
+    record_inventory(arr)
 
 
 def _ids_for_zarr(ids: np.ndarray) -> np.ndarray:
@@ -243,10 +253,14 @@ def _publish(tmp: str, path: str, overwrite: bool) -> None:
 def open_store(path: str | os.PathLike) -> StoreInfo:
     """Open a complete store and return its metadata.
 
+    Every chunk file the arrays' inventories list must exist with its recorded size (a stat
+    each); the small arrays read here are also checked against their CRC-32s.
+
     Raises
     ------
     StoreError
-        Missing path, not a zarr group, written by a newer format, or not complete.
+        Missing path, not a zarr group, a model, written by a newer format, not complete, or
+        a chunk file missing or of the wrong size (named).
     """
     return _handle(path, fresh=True).info
 
@@ -299,7 +313,10 @@ def read_ids(path: str | os.PathLike, axis: str) -> np.ndarray:
     """Raw ids of ``axis`` ("users" or "items") in index order: int64, or str (``<U``)."""
     if axis not in AXES:
         raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
-    ids = np.asarray(_handle(path).group[f"{axis}/ids"][:])
+    handle = _handle(path)
+    array = handle.group[f"{axis}/ids"]
+    ChunkFiles.of(array, os.path.join(handle.info.path, axis, "ids")).verify()
+    ids = np.asarray(array[:])
     if ids.dtype.kind in "iu":
         return ids
     width = int(np.strings.str_len(ids).max()) if ids.size else 1
@@ -347,6 +364,8 @@ def _open(path: str) -> _Handle:
     except Exception as exc:
         raise StoreError(f"{path}: not a readable zarr group ({exc})") from None
     attrs = dict(group.attrs.asdict())
+    if {"params", "elbo"} <= attrs.keys():
+        raise StoreError(f"{path}: is an ordnmf_dask model, not a store")
     version = attrs.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise StoreError(f"{path}: not an ordnmf_dask store (no integer format_version)")
@@ -364,24 +383,42 @@ def _open(path: str) -> _Handle:
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
     try:
-        files = {
-            s: {f: ArrayFiles.of(group[f"{s}/{f}"], os.path.join(path, s, f)) for f in _ARRAYS}
-            for s in SPLITS
+        files = {s: {f: _array_files(group, path, f"{s}/{f}") for f in _ARRAYS} for s in SPLITS}
+        small = {
+            name: _array_files(group, path, name)
+            for name in ("row_bounds", "col_bounds", *(f"{s}/offsets" for s in SPLITS))
         }
-        offsets = {s: np.asarray(group[f"{s}/offsets"][:], dtype=np.int64) for s in SPLITS}
+        ids = [ChunkFiles.of(group[f"{a}/ids"], os.path.join(path, a, "ids")) for a in AXES]
+        for chunks in (
+            *ids,
+            *(f.files for f in small.values()),
+            *(f.files for split in files.values() for f in split.values()),
+        ):
+            chunks.check_present()
+        offsets = {s: _read_all(small[f"{s}/offsets"]) for s in SPLITS}
         info = StoreInfo(
             path=path,
             n_users=int(attrs["n_users"]),
             n_items=int(attrs["n_items"]),
             n_classes=int(attrs["n_classes"]),
-            row_bounds=np.asarray(group["row_bounds"][:], dtype=np.int64),
-            col_bounds=np.asarray(group["col_bounds"][:], dtype=np.int64),
+            row_bounds=_read_all(small["row_bounds"]),
+            col_bounds=_read_all(small["col_bounds"]),
             nnz_train=int(attrs["nnz_train"]),
             nnz_test=int(attrs["nnz_test"]),
             hist_train=np.asarray(attrs["hist_train"], dtype=np.int64),
             hist_test=np.asarray(attrs["hist_test"], dtype=np.int64),
             attrs=attrs,
         )
+    except StoreError:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"{path}: unreadable store ({type(exc).__name__}: {exc})") from None
     return _Handle(info, group, files, offsets, indptr_starts(info.row_bounds, info.grid[1]))
+
+
+def _array_files(group: zarr.Group, path: str, name: str) -> ArrayFiles:
+    return ArrayFiles.of(group[name], os.path.join(path, name))
+
+
+def _read_all(files: ArrayFiles) -> np.ndarray:
+    return files.read(0, files.size, np.empty(files.size, files.dtype))
