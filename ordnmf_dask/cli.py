@@ -141,15 +141,22 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
     fit.add_argument("--cache", choices=["auto", "on", "off"],
                      help="keep training blocks in worker memory (default auto: if they fit)")
-    fit.add_argument("--checkpoint-dir", help="checkpoints here (shared by the workers); keep it "
-                     "to --resume an interrupted fit")
+    fit.add_argument("--checkpoint-dir", help="checkpoints here (shared by the workers); the "
+                     "same fit run again resumes from them, another fit's are never removed "
+                     "(the fit refuses to start: see --restart)")
     fit.add_argument("--checkpoint-every", type=int, help="iterations between checkpoints "
                      "(default 10; each also cuts the task lineage; none after the last iteration)")
     fit.add_argument("--checkpoint-minutes", type=float, help="also checkpoint after this long")
     fit.add_argument("--resume", action="store_true",
-                     help="continue from the newest valid checkpoint in --checkpoint-dir")
+                     help="require resuming: fail unless --checkpoint-dir holds a usable "
+                          "checkpoint of this fit (without it, a fit resumes when it finds one "
+                          "and starts afresh otherwise)")
+    fit.add_argument("--restart", action="store_true",
+                     help="remove the checkpoints ordnmf-dask wrote in --checkpoint-dir "
+                          "(of any fit; they are logged) and start afresh")
     fit.add_argument("--work-dir", help="scratch directory visible to every worker")
-    fit.add_argument("--overwrite", action="store_true", default=None)
+    fit.add_argument("--overwrite", action="store_true", default=None,
+                     help="replace --out if it is a model (nothing else is ever replaced)")
     _cluster_args(fit)
 
     ev = add("evaluate", help="NDCG@k and test log-likelihood of a model")
@@ -330,14 +337,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from .jobs import check_required, fit_job
+    from .modelstore import model_target
 
     cfg = _job(args)
     check_required(cfg, f" (or set it in {args.config})" if args.config
                    else " (or give --config FILE)")
-    if os.path.exists(cfg.output.model) and not cfg.output.overwrite:
-        raise UsageError(f"{cfg.output.model} exists; pass --overwrite to replace it")
+    model_target(cfg.output.model, cfg.output.overwrite, cfg.store.path)  # before the cluster
     with _client(cfg.cluster) as client:
-        model = fit_job(cfg, client, resume=args.resume)
+        model = fit_job(cfg, client, resume=args.resume, restart=args.restart)
     status = "converged" if model.converged_ else "stopped at max_iter"
     log.info("%s after %d iterations, ELBO %.10e; model in %s",
              status, model.n_iter_, model.elbo_[-1], model.model_path_)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import inspect
 import logging
 import os
@@ -17,14 +18,14 @@ import zarr
 from distributed import Client
 
 from . import interrupt
+from .engine import checkpoint
 from .engine.cavi import CaviConfig, CaviRunner, IterationCallback
-from .engine.checkpoint import fingerprint
 from .engine.cluster import resolve_client
 from .engine.families import DcPF as DcPFFamily
 from .engine.families import Family, Ordinal
 from .io.errors import InputError
 from .io.store import StoreInfo, open_store
-from .modelstore import ModelInfo, open_model, save_model
+from .modelstore import ModelInfo, model_target, open_model, save_model
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -43,8 +44,10 @@ _SHARED_PARAMS_DOC = """
         minutes (the state is written by the workers and read back, which also cuts the task
         lineage), except after the last iteration, whose state is the saved model. 0 / None
         disable each trigger.
-    checkpoint_dir : where checkpoints go, visible to all workers; keep it to ``fit(...,
-        resume=True)`` after an interruption (default: inside ``work_dir``, removed after fit).
+    checkpoint_dir : where checkpoints go, visible to all workers (default: inside
+        ``work_dir``, removed after the fit when ``work_dir`` is not given). A fit that finds
+        checkpoints of the same store and settings there resumes from them; one that finds
+        another fit's refuses to start (see :meth:`fit`'s ``restart``).
     work_dir : scratch directory visible to all workers (default: a temporary directory).
     n_workers : worker processes of the LocalCluster started when no client is available.
     n_init : random restarts (seeds random_state, random_state + 1, ...); the run with the
@@ -163,6 +166,7 @@ class _CaviEstimator:
         overwrite: bool = False,
         callback: IterationCallback | None = None,
         resume: bool = False,
+        restart: bool = False,
     ) -> _CaviEstimator:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`.
 
@@ -174,29 +178,49 @@ class _CaviEstimator:
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
         out : directory of the saved model (default: a temporary directory, removed when the
-            Python process exits; :meth:`save` copies the model to keep it).
+            Python process exits; :meth:`save` copies the model to keep it). An existing ``out``
+            is replaced only with ``overwrite`` and only if it is a model; never the store.
         callback : called after each iteration as ``callback(n, elbo, rel_change, seconds, params)``
             (params: Delta, or p for dcPF).
-        resume : continue from the newest valid checkpoint in ``checkpoint_dir`` (written by an
-            interrupted fit of the same model on the same store); start afresh if there is none.
+        resume : require resuming: InputError unless ``checkpoint_dir`` holds a usable checkpoint
+            of this fit. Without it, a fit resumes from the newest valid checkpoint of the same
+            model, settings and store when there is one (an interrupted or resubmitted job
+            continues), and starts afresh when there is none.
+        restart : first remove every checkpoint ordnmf_dask wrote in the checkpoint directory
+            (they are logged), whatever fit wrote it, and start afresh. Without it, a directory
+            holding another fit's checkpoints is refused (InputError), and nothing is removed.
+
+        Every conflict (output path, checkpoints) is checked before the cluster is used.
         """
         cfg = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
+        if resume and restart:
+            raise InputError("resume and restart contradict each other: give one of them")
         if resume and not self.checkpoint_dir:
             raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
         if self.n_init > 1 and (init_arrays is not None or resume):
             raise InputError("n_init > 1 restarts from random draws: no init= or resume= with it")
-        print_ = fingerprint(info.attrs, info.path, self._fit_settings(init_arrays is not None))
+        if out is not None:
+            out = model_target(out, overwrite, info.path)
+        prints = [  # one per restart: its trajectory depends on its seed
+            checkpoint.fingerprint(info.attrs, info.path, self._fit_settings(init_arrays, seed))
+            for seed in range(cfg.random_state, cfg.random_state + self.n_init)
+        ]
         work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
             os.makedirs(work, exist_ok=True)
             ckpt_dir = os.path.abspath(self.checkpoint_dir or os.path.join(work, "checkpoints"))
             os.makedirs(ckpt_dir, exist_ok=True)
+            ours = checkpoint.claim(ckpt_dir, prints, restart)
+            if ours and self.n_init > 1:
+                raise InputError(
+                    f"{ckpt_dir} holds checkpoints of this fit, but a fit with n_init > 1 does not "
+                    "resume: pass restart=True to discard them"
+                )
             if out is None:
                 out = _temporary_model_dir()
-                overwrite = True
             with resolve_client(client, self.n_workers) as cl:
                 cache = _decide_cache(self.cache_blocks, cl, info)
                 state, runs = None, []
@@ -204,17 +228,19 @@ class _CaviEstimator:
                     run_cfg = replace(cfg, random_state=cfg.random_state + j)
                     runner = CaviRunner(
                         cl, info, family, run_cfg, ckpt_dir, cache,
-                        self.checkpoint_every, self.checkpoint_minutes, print_,
+                        self.checkpoint_every, self.checkpoint_minutes, prints[j],
                     )
                     if init_arrays is None:
                         start = runner.random_init
                     else:
                         def start(runner=runner):  # writes the arrays only when called
                             return runner.warm_init(*_write_init(init_arrays, work))
-                    run = runner.run(start, callback or _iteration_logger(family), resume)
+                    run = runner.run(start, callback or _iteration_logger(family),
+                                     resume=bool(ours), required=resume)
                     runs.append({"seed": run_cfg.random_state, "elbo": run.elbo[-1],
                                  "n_iter": run.n_iter, "converged": run.converged})
-                    if self.n_init > 1:
+                    if self.n_init > 1:  # its checkpoints would collide with the next run's
+                        checkpoint.discard(ckpt_dir, prints[j])
                         log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations",
                                  j + 1, self.n_init, run_cfg.random_state, run.elbo[-1],
                                  run.n_iter)
@@ -250,12 +276,21 @@ class _CaviEstimator:
         self._set_fitted(open_model(os.fspath(out)))
         return self
 
-    def _fit_settings(self, warm: bool) -> dict[str, Any]:
-        """What the trajectory depends on (checked when resuming from a checkpoint)."""
+    def _fit_settings(
+        self, init: tuple[np.ndarray, np.ndarray] | None, seed: int
+    ) -> dict[str, Any]:
+        """What the trajectory of the run from ``seed`` (or warm-started from ``init``) depends
+        on (checked when resuming from a checkpoint)."""
         runtime = {"cache_blocks", "checkpoint_every", "checkpoint_minutes", "checkpoint_dir",
                    "work_dir", "n_workers", "max_iter", "n_init"}
         params = {k: v for k, v in self.get_params().items() if k not in runtime}
-        return {"model": type(self).__name__, "warm_start": warm, **params}
+        warm: str | bool = False
+        if init is not None:
+            digest = hashlib.sha256()
+            for a in init:
+                digest.update(np.ascontiguousarray(a).data)
+            warm = digest.hexdigest()
+        return {"model": type(self).__name__, **params, "random_state": seed, "warm_start": warm}
 
     def _set_fitted(self, model: ModelInfo) -> None:
         a = model.attrs
@@ -272,15 +307,19 @@ class _CaviEstimator:
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
-        """Copy the fitted model directory to ``path`` (zarr arrays and JSON attributes)."""
-        target = os.path.abspath(os.fspath(path))
-        if os.path.exists(target):
-            if not overwrite:
-                raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
-            shutil.rmtree(target)
-        tmp = f"{target}.tmp-copy"
-        shutil.copytree(self.model_path_, tmp)
-        os.replace(tmp, target)
+        """Copy the fitted model directory to ``path`` (zarr arrays and JSON attributes); an
+        existing ``path`` is replaced only with ``overwrite`` and only if it is a model."""
+        model = open_model(self.model_path_)
+        target = model_target(path, overwrite, model.attrs["store"]["path"])
+        tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(target)}.tmp-",
+                               dir=os.path.dirname(target))
+        try:
+            shutil.copytree(model.path, tmp, dirs_exist_ok=True)
+            if os.path.lexists(target):
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         return target
 
     @classmethod
@@ -297,11 +336,12 @@ class _CaviEstimator:
 
 
 def _temporary_model_dir() -> str:
-    """A new directory for a model fitted without ``out``, removed when the process exits (the
-    fitted attributes read from it lazily, so it must outlive the fit)."""
-    path = tempfile.mkdtemp(prefix="ordnmf-model-")
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
-    return path
+    """Where to write a model fitted without ``out``: a path in a new directory that is removed
+    when the process exits (the fitted attributes read from it lazily, so it must outlive the
+    fit)."""
+    parent = tempfile.mkdtemp(prefix="ordnmf-model-")
+    atexit.register(shutil.rmtree, parent, ignore_errors=True)
+    return os.path.join(parent, "model.zarr")
 
 
 class OrdNMF(_CaviEstimator):

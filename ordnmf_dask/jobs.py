@@ -26,10 +26,14 @@ ESTIMATOR_BY_KIND: dict[str, type[_CaviEstimator]] = {
 }
 
 
-def fit_job(cfg: JobConfig, client: Any, resume: bool = False) -> _CaviEstimator:
+def fit_job(
+    cfg: JobConfig, client: Any, resume: bool = False, restart: bool = False
+) -> _CaviEstimator:
     """Fit ``cfg`` on ``client`` (None: a default LocalCluster), save the model with the
     resolved config as its ``resolved_config`` attribute, and return the estimator.
-    ``resume``: continue from the newest valid checkpoint in ``[checkpoint] dir``."""
+    A fit resumes from checkpoints of the same job in ``[checkpoint] dir`` by default;
+    ``resume`` requires it, ``restart`` discards the checkpoints there first (see
+    :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`)."""
     check_required(cfg)
     klass = ESTIMATOR_BY_KIND[cfg.model.kind]
     kwargs, unused = estimator_kwargs(cfg, list(klass().get_params()))
@@ -38,6 +42,6 @@ def fit_job(cfg: JobConfig, client: Any, resume: bool = False) -> _CaviEstimator
                     ", ".join(unused))
     model = klass(**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
                                  out=cfg.output.model, overwrite=cfg.output.overwrite,
-                                 resume=resume)
+                                 resume=resume, restart=restart)
     record_config(model.model_path_, cfg.to_dict())
     return model

@@ -2,13 +2,15 @@
 
 Layout::
 
-    MODEL/            attrs: format_version, complete, params, delta, theta, elbo, n_iter,
-                      converged, store (path, n_users, n_items, n_classes), row_bounds, col_bounds
+    MODEL/            attrs: kind ("ordnmf_dask.model"), format_version, complete, params, delta,
+                      theta, elbo, n_iter, converged, store (path, n_users, n_items, n_classes),
+                      row_bounds, col_bounds
       W/<r>/          mean, log_mean, shape, rate, prior_rate   (rows of user-block r, (n_r, K))
       H/<c>/          same for item-block c
 
 Written to ``MODEL.tmp-<id>`` by the workers (each chunk where it lives), then renamed: a model
-directory is complete or absent.
+directory is complete or absent. An existing path is replaced only if it is a model (see
+:func:`model_target`).
 """
 
 from __future__ import annotations
@@ -25,19 +27,49 @@ import zarr
 from distributed import Client, Future, wait
 
 from .engine import chunkstore
-from .io.errors import StoreError
+from .io.errors import InputError, StoreError
+from .io.store import check_target, group_attrs
 
 MODEL_FORMAT = 1
+MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
+
+
+def is_model(path: str) -> bool:
+    """Whether ``path`` holds a model written by :func:`save_model` (complete or not): its
+    ``kind`` says so, or it has the attributes every model of format 1 has."""
+    attrs = group_attrs(path)
+    if attrs is None:
+        return False
+    version = attrs.get("format_version")
+    return attrs.get("kind") == MODEL_KIND or (
+        isinstance(version, int) and "params" in attrs and "elbo" in attrs
+    )
+
+
+def model_target(
+    out: str | os.PathLike, overwrite: bool, store: str | os.PathLike | None = None
+) -> str:
+    """Absolute path to write a model to, after checking it may be (over)written; InputError if
+    not. Never the training ``store``, a path inside it or one that contains it; an existing path
+    only with ``overwrite`` and only if it is a model."""
+    path = os.path.abspath(os.fspath(out))
+    if store is not None:
+        real, data = os.path.realpath(path), os.path.realpath(os.fspath(store))
+        where = ("is" if real == data else "is inside" if real.startswith(data + os.sep)
+                 else "contains" if data.startswith(real + os.sep) else None)
+        if where is not None:
+            raise InputError(f"refusing to write the model to {path}: it {where} the training "
+                             f"store {data}")
+    return check_target(path, overwrite, "model written by ordnmf_dask", is_model)
 
 
 def save_model(
     client: Client, w: list[Future], h: list[Future], path: str, attrs: dict[str, Any],
     overwrite: bool = False,
 ) -> str:
-    """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically."""
-    path = os.path.abspath(path)
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
+    """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
+    existing ``path`` is replaced only as :func:`model_target` allows."""
+    path = model_target(path, overwrite)
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         root = zarr.open_group(tmp, mode="w")
@@ -48,8 +80,11 @@ def save_model(
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
-        root.attrs.update({**attrs, "format_version": MODEL_FORMAT, "complete": True})
-        if os.path.exists(path):
+        root.attrs.update(
+            {**attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "complete": True}
+        )
+        if os.path.lexists(path):
+            model_target(path, overwrite)  # checked again: the path may have appeared meanwhile
             shutil.rmtree(path)
         os.replace(tmp, path)
     finally:

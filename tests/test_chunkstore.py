@@ -55,9 +55,9 @@ def test_a_checkpoint_written_then_reloaded_in_a_fit_and_a_damaged_chunk(tmp_pat
     chunks = {"W": [_chunk(0), _chunk(1)], "H": [_chunk(2)]}
     stats = {"SW": [np.full((7, 3), 2.0), np.ones((7, 3))], "SH": [np.arange(21.0).reshape(7, 3)]}
     groups = {name: client.scatter(values) for name, values in {**chunks, **stats}.items()}
-    pending = checkpoint.start(client, str(tmp_path), 4, groups)
+    pending = checkpoint.start(client, str(tmp_path), 4, groups, "print")
     snap = checkpoint.Snapshot(4, [0.1], [-2.0], -2.0, [1.0], [1.0], [1.0])
-    path, colsums = checkpoint.finish(pending, snap, "print")
+    path, colsums = checkpoint.finish(pending, snap)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004"]
     rows = {"W": [7, 7], "H": [7], "SW": [7, 7], "SH": [7]}
     back = checkpoint.reload(client, path, rows, colsums)

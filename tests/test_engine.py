@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from distributed import Client, LocalCluster
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
 from ordnmf_dask.engine.families import Ordinal
+from ordnmf_dask.io.errors import InputError
 
 K = 3
 
@@ -185,9 +187,9 @@ def test_a_model_fitted_without_out_lives_until_the_process_exits(tmp_path, prob
     )
     assert done.returncode == 0, done.stderr
     path, shape = done.stdout.split(maxsplit=1)
-    assert os.path.basename(path).startswith("ordnmf-model-")
+    assert os.path.basename(os.path.dirname(path)).startswith("ordnmf-model-")
     assert shape.strip() == f"({train.shape[0]}, {K})"
-    assert not os.path.exists(path)
+    assert not os.path.exists(os.path.dirname(path))
 
 
 def test_a_fit_that_cannot_start_leaves_no_scratch_directory(tmp_path, monkeypatch, problem):
@@ -239,8 +241,9 @@ def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, cli
 
     # truncate a chunk of the newest checkpoint: it must be skipped, the older one used
     OrdNMF(K, max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)).fit(
-        store, client, init=(w0, h0)
+        store, client, init=(w0, h0), restart=True
     )
+    assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000008", "ckpt-00000016"]
     newest = ckpt / "ckpt-00000016" / "W" / "1" / "mean" / "c" / "0" / "0"
     newest.write_bytes(newest.read_bytes()[:10])
     again = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
@@ -252,12 +255,10 @@ def test_a_fit_stopping_at_a_checkpoint_iteration_leaves_no_checkpoint_for_it(
     tmp_path, client, problem
 ):
     """A checkpoint's chunks are written while its iteration runs; when that iteration ends
-    the fit (converged), the writes are dropped: neither it nor a ``.tmp`` is left, and the
-    ``.tmp`` a killed run left behind is cleared by the fresh start."""
+    the fit (converged), the writes are dropped: neither it nor a ``.tmp`` is left."""
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     ckpt = tmp_path / "ckpt"
-    (ckpt / "ckpt-00000007.tmp").mkdir(parents=True)
     model = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10, checkpoint_every=1,
                    checkpoint_dir=str(ckpt)).fit(store, client, init=(w0, h0))  # fmt: skip
     assert model.converged_ and model.n_iter_ == 3
@@ -275,7 +276,12 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, 
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-00000003"]
     other = OrdNMF(K, max_iter=6, alpha_W=1.0, checkpoint_every=3, checkpoint_dir=ckpt)
     fresh = OrdNMF(K, max_iter=6, alpha_W=1.0).fit(store, client)
-    other.fit(store, client, resume=True)  # the checkpoints do not match: starts afresh
+    refused = re.escape(ckpt) + " holds checkpoints of another .* restart=True"
+    for resume in (True, False):  # the checkpoints do not match: refused, and kept
+        with pytest.raises(InputError, match=refused):
+            other.fit(store, client, resume=resume)
+        assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-00000003"]
+    other.fit(store, client, restart=True)  # discards them and starts afresh
     assert other.elbo_ == fresh.elbo_
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
+from ..io.errors import InputError
 from ..io.store import StoreInfo
 from . import checkpoint, reduce, tasks
 from .families import Family
@@ -273,7 +274,9 @@ class CaviRunner:
             "SW": [submit(reduce.resolve, x) for x in st.sw],
             "SH": [submit(reduce.resolve, x) for x in st.sh],
         }  # fmt: skip
-        return checkpoint.start(self.client, self.checkpoint_dir, n_done, groups)
+        return checkpoint.start(
+            self.client, self.checkpoint_dir, n_done, groups, self.fingerprint
+        )
 
     def _finish_checkpoint(
         self, pending: checkpoint.Pending, res: dict[str, Any], state: CaviState
@@ -285,7 +288,7 @@ class CaviRunner:
             state.objective, np.asarray(res["small"]).tolist(), np.asarray(res["w_sum"]).tolist(),
             np.asarray(res["h_sum"]).tolist(),
         )  # fmt: skip
-        path, colsums = checkpoint.finish(pending, snap, self.fingerprint)
+        path, colsums = checkpoint.finish(pending, snap)
         log.debug("checkpoint %s", path)
         groups = checkpoint.reload(self.client, path, self._rows(), colsums)
         return self._restored(groups, res["params"], res["small"], res["w_sum"], res["h_sum"])
@@ -305,6 +308,7 @@ class CaviRunner:
         init: Callable[[], tuple[list[Future], list[Future]]] | None,
         callback: IterationCallback | None = None,
         resume: bool = False,
+        required: bool = False,
     ) -> CaviState:
         """Iterate DESIGN.md section 2 steps 1-6 until the relative ELBO gain is below tol.
 
@@ -317,18 +321,22 @@ class CaviRunner:
         exactly as in a one-at-a-time loop. ``init`` submits the initial E[W], E[H] chunks
         (e.g. ``self.random_init``); it is called only when the run starts from scratch, and
         nothing keeps its chunks once the first iteration has replaced them. With ``resume``,
-        the state is read from the newest valid checkpoint instead (``init`` is then only used
-        when there is none), and the run continues exactly as the interrupted one would have.
+        the state is read from the newest valid checkpoint of this run's fingerprint taken before
+        max_iter instead (``init`` is then only used when there is none, or InputError if
+        ``required``), and the run continues exactly as the interrupted one would have. Other
+        checkpoints in the directory are never touched.
         """
         cfg, client, fam = self.cfg, self.client, self.family
         snap = None
-        if resume:
+        if resume or required:
             try:
                 groups, snap, path = checkpoint.read_newest(
-                    client, self.checkpoint_dir, self._rows(), self.fingerprint
+                    client, self.checkpoint_dir, self._rows(), self.fingerprint, cfg.max_iter
                 )
                 log.info("resuming from %s (iteration %d)", path, snap.iteration)
             except checkpoint.CheckpointError as exc:
+                if required:
+                    raise InputError(f"cannot resume: {exc}") from None
                 log.warning("starting from scratch: %s", exc)
         if snap is not None:
             params = fam.from_json(snap.params)
@@ -338,7 +346,6 @@ class CaviRunner:
         else:
             if init is None:
                 raise ValueError("no initial state and nothing to resume from")
-            checkpoint.clear(self.checkpoint_dir)
             w, h = init()
             params = fam.init_params()
             sw, sh, small = self._local_pass(w, h, params)

@@ -4,8 +4,14 @@ A checkpoint taken after iteration ``n`` is a zarr group ``<dir>/ckpt-<n>`` hold
 chunk (``W/<r>``, ``H/<c>``) and the last local step's shape statistics (``SW/<r>``, ``SH/<c>``),
 written where they live, plus the client's O(K + V) state (family parameters, ELBO trace, summed
 local statistics, column sums) and a fingerprint of the store and configuration in its
-attributes. It is written to ``ckpt-<n>.tmp``, marked complete, then renamed; chunks carry their
-column sums, checked when read back. The newest two are kept.
+attributes. It is written to ``ckpt-<n>.tmp`` (which records the format and fingerprint from the
+start, so that even an unfinished one says whose it is), marked complete, then renamed; chunks
+carry their column sums, checked when read back. The newest two of a fingerprint are kept.
+
+A fit touches only checkpoints of its own fingerprint; :func:`claim` checks a directory before a
+fit starts and refuses one holding another fit's checkpoints (or anything named like a checkpoint
+that is not readable as one), unless told to restart, which removes the checkpoints this package
+wrote there, and nothing else.
 
 A running fit submits the writes as soon as the iteration's tasks are (:func:`start`): the
 workers write each chunk when it is computed, while the iteration runs. Once the iteration's
@@ -29,6 +35,8 @@ import numpy as np
 import zarr
 from distributed import Client, Future, wait
 
+from ..io.errors import InputError
+from ..io.store import group_attrs
 from ..model.updates import FactorChunk
 from . import chunkstore
 
@@ -131,12 +139,72 @@ def list_checkpoints(directory: str, pattern: re.Pattern = _NAME) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
+def fingerprint_of(path: str) -> str | None:
+    """The fingerprint recorded by the checkpoint (finished or not) at ``path``, or None when
+    it holds no readable checkpoint attributes of this format."""
+    attrs = group_attrs(path)
+    if attrs is None or attrs.get("format") != FORMAT:
+        return None
+    found = attrs.get("fingerprint")
+    return found if isinstance(found, str) else None
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        shutil.rmtree(path)
+
+
+def claim(directory: str, prints: list[str], restart: bool) -> list[str]:
+    """Check ``directory`` before a fit whose runs have the fingerprints ``prints``; return its
+    checkpoints of those fingerprints (finished or not), newest first.
+
+    InputError, before anything is removed, if an entry named like a checkpoint is not readable
+    as one (it may not be this package's), or, unless ``restart``, if a checkpoint has another
+    fingerprint (another fit's: never removed without being asked). ``restart`` removes every
+    checkpoint this package wrote in ``directory``, whatever its fingerprint, and logs them.
+    """
+    found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, _ANY)]
+    unknown = [path for path, print_ in found if print_ is None]
+    if unknown:
+        raise InputError(f"{unknown[0]}: named like a checkpoint but not readable as an "
+                         "ordnmf_dask checkpoint; move or remove it")
+    if restart:
+        _remove([path for path, _ in found])
+        if found:
+            log.info("restart: removed %d checkpoint(s) from %s: %s", len(found), directory,
+                     " ".join(os.path.basename(path) for path, _ in found))
+        return []
+    other = [path for path, print_ in found if print_ not in prints]
+    if other:
+        raise InputError(
+            f"{directory} holds checkpoints of another store or configuration "
+            f"(such as {os.path.basename(other[0])}); they are kept: pass restart=True to "
+            "discard them and start afresh, or use another checkpoint directory"
+        )
+    return [path for path, _ in found]
+
+
+def discard(directory: str, print_: str) -> None:
+    """Remove the checkpoints of fingerprint ``print_`` in ``directory`` (finished or not)."""
+    _remove([p for p in list_checkpoints(directory, _ANY) if fingerprint_of(p) == print_])
+
+
+def _make_room(path: str, print_: str) -> None:
+    """Remove ``path`` if it is a checkpoint of fingerprint ``print_``; CheckpointError if
+    something else is there."""
+    if os.path.lexists(path):
+        if fingerprint_of(path) != print_:
+            raise CheckpointError(f"{path}: exists and is not a checkpoint of this fit")
+        shutil.rmtree(path)
+
+
 @dataclass
 class Pending:
     """A checkpoint whose chunks are being written by the workers (see :func:`start`)."""
 
     iteration: int
     final: str
+    fingerprint: str
     sums: dict[str, list[Future]]  # column sums of each chunk, as each write returns them
 
     @property
@@ -146,14 +214,15 @@ class Pending:
 
 
 def start(
-    client: Client, directory: str, iteration: int, groups: dict[str, list[Future]]
+    client: Client, directory: str, iteration: int, groups: dict[str, list[Future]], print_: str
 ) -> Pending:
     """Submit the writes of ``groups`` (W, H, SW, SH futures) for the checkpoint of iteration
-    ``iteration``; nothing waits: each chunk is written as soon as it is computed."""
-    pending = Pending(iteration, os.path.join(directory, f"ckpt-{iteration:08d}"), {})
+    ``iteration`` of the fit with fingerprint ``print_``; nothing waits: each chunk is written
+    as soon as it is computed."""
+    pending = Pending(iteration, os.path.join(directory, f"ckpt-{iteration:08d}"), print_, {})
     tmp = pending.tmp
-    shutil.rmtree(tmp, ignore_errors=True)
-    root = zarr.open_group(tmp, mode="w")
+    _make_room(tmp, print_)
+    root = zarr.open_group(tmp, mode="w", attributes={"format": FORMAT, "fingerprint": print_})
     for name in GROUPS:
         root.create_group(name)
     for name in GROUPS:
@@ -163,27 +232,25 @@ def start(
     return pending
 
 
-def finish(pending: Pending, snap: Snapshot, print_: str) -> tuple[str, dict[str, list]]:
-    """Wait for ``pending``'s chunks, add ``snap`` and the fingerprint, mark it complete and
-    rename it into place; keep the newest :data:`KEEP`. Returns its path and column sums."""
+def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
+    """Wait for ``pending``'s chunks, add ``snap``, mark it complete and rename it into place;
+    of the older checkpoints of its fingerprint, keep the newest :data:`KEEP` - 1 finished ones
+    and no unfinished one. Returns its path and column sums."""
     wait([f for fs in pending.sums.values() for f in fs])
     colsums = {name: [f.result() for f in fs] for name, fs in pending.sums.items()}
     zarr.open_group(pending.tmp, mode="r+").attrs.update(
-        {
-            "format": FORMAT,
-            "fingerprint": print_,
-            "snapshot": snap.__dict__,
-            "colsums": colsums,
-            "complete": True,
-        }
+        {"snapshot": snap.__dict__, "colsums": colsums, "complete": True}
     )
-    if os.path.exists(pending.final):
-        shutil.rmtree(pending.final)
+    _make_room(pending.final, pending.fingerprint)
     os.replace(pending.tmp, pending.final)
     directory = os.path.dirname(pending.final)
-    older = [p for p in list_checkpoints(directory) if p < pending.final]  # sorted by iteration
-    for old in older[KEEP - 1 :]:
-        shutil.rmtree(old, ignore_errors=True)
+    older = [  # newest first; names sort by iteration, and "ckpt-n" < "ckpt-n.tmp"
+        p for p in list_checkpoints(directory, _ANY)
+        if p < pending.final and fingerprint_of(p) == pending.fingerprint
+    ]
+    finished = [p for p in older if _NAME.match(os.path.basename(p))]
+    for old in finished[KEEP - 1 :] + [p for p in older if p not in finished]:
+        shutil.rmtree(old, ignore_errors=True)  # a failed clean-up does not stop the fit
     return pending.final, colsums
 
 
@@ -192,17 +259,10 @@ def abandon(pending: Pending, finish_writes: bool) -> None:
     remove its temporary directory, after waiting for its writes when ``finish_writes`` (a
     fit that stopped normally; a failed one does not wait on its cluster: a write still
     running may leave a ``.tmp`` behind, which is never read as a checkpoint and is removed
-    by the next fresh start)."""
+    by the rotation of :func:`finish` or a restart)."""
     if finish_writes:
         wait([f for fs in pending.sums.values() for f in fs])
     shutil.rmtree(pending.tmp, ignore_errors=True)
-
-
-def clear(directory: str) -> None:
-    """Remove every checkpoint in ``directory``, finished or not (a fresh fit does not mix
-    with an old run's)."""
-    for path in list_checkpoints(directory, _ANY):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def read(
@@ -239,11 +299,14 @@ def reload(
 
 
 def read_newest(
-    client: Client, directory: str, rows: dict[str, list[int]], print_: str
+    client: Client, directory: str, rows: dict[str, list[int]], print_: str, below: int
 ) -> tuple[dict[str, list[Future]], Snapshot, str]:
-    """The newest checkpoint in ``directory`` that reads back whole; others are skipped."""
+    """The newest checkpoint in ``directory`` taken before iteration ``below`` (a fit stopping
+    at max_iter = ``below`` continues from it) that reads back whole; others are skipped."""
     problems = []
     for path in list_checkpoints(directory):
+        if int(os.path.basename(path)[5:]) >= below:
+            continue
         try:
             futures, snap = read(client, path, rows, print_)
         except CheckpointError as exc:

@@ -148,20 +148,40 @@ class Block:
 # --------------------------------------------------------------------------- writing
 
 
-def _is_zarr_store(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "zarr.json"))
+def group_attrs(path: str) -> dict[str, Any] | None:
+    """The attributes of the zarr group at ``path``, or None if there is no readable one."""
+    if not os.path.isdir(path):
+        return None
+    try:
+        return dict(zarr.open_group(path, mode="r").attrs)
+    except Exception:  # noqa: BLE001 - whatever makes it unreadable, it is not a group of ours
+        return None
+
+
+_STORE_FIELDS = ("n_users", "n_items", "n_classes", "nnz_train", "hist_train", "grid")
+
+
+def is_store(path: str) -> bool:
+    """Whether ``path`` holds a store written by this package (complete or not): a zarr group
+    with an integer ``format_version``, a ``complete`` mark and the store's fields."""
+    attrs = group_attrs(path)
+    if attrs is None:
+        return False
+    version = attrs.get("format_version")
+    return (isinstance(version, int) and not isinstance(version, bool) and "complete" in attrs
+            and all(k in attrs for k in _STORE_FIELDS))
 
 
 def check_target(
     out: str | os.PathLike,
     overwrite: bool,
-    kind: str = "zarr store",
-    is_ours: Callable[[str], bool] = _is_zarr_store,
+    kind: str = "zarr store written by ordnmf_dask",
+    is_ours: Callable[[str], bool] = is_store,
 ) -> str:
     """Absolute output path, after checking it can be (over)written; raises InputError.
 
-    An existing path is replaced only with ``overwrite`` and only if ``is_ours(path)`` (it looks
-    like a ``kind`` this package wrote), so an unrelated directory is never removed.
+    An existing path is replaced only with ``overwrite`` and only if ``is_ours(path)`` (it is
+    a ``kind`` this package wrote), so data the package did not write is never removed.
     """
     path = os.path.abspath(os.fspath(out))
     parent = os.path.dirname(path)

@@ -1,0 +1,199 @@
+"""A fit replaces only what it can prove it wrote: a model at ``--out`` (never a store or any
+other directory), checkpoints of its own fingerprint (others are kept and the fit refuses), and,
+with ``--restart``, only the checkpoints this package wrote."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import dense_split, store_from_dense, synthetic_ordinal
+
+from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.io.errors import InputError
+from ordnmf_dask.io.store import open_store
+from ordnmf_dask.modelstore import is_model
+
+K = 2
+
+
+@pytest.fixture
+def store(tmp_path):
+    y = synthetic_ordinal(30, 20, 3, seed=4)
+    return store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
+
+
+def fit_cli(client, *args: str) -> subprocess.CompletedProcess:
+    """``ordnmf-dask fit ARGS`` in its own process, on the test cluster."""
+    return subprocess.run(
+        ["ordnmf-dask", "fit", *args, "-k", str(K), "--scheduler", client.scheduler.address],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " INFO " not in line]
+
+
+def names(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("keep", "it is not a model written by ordnmf_dask"),
+        ("s.zarr", "it is the training store"),
+        ("s.zarr/m.zarr", "it is inside the training store"),
+        (".", "it contains the training store"),
+    ],
+)
+def test_fit_overwrite_replaces_nothing_but_a_model(tmp_path, store, client, target, reason):
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "notes.txt").write_text("x")
+    before = open_store(store.path).attrs
+    out = tmp_path / target
+    r = fit_cli(client, store.path, "--out", str(out), "--max-iter", "2", "--overwrite")
+    assert r.returncode == 2, r.stderr
+    [line] = error_lines(r.stderr)
+    assert line.startswith("ordnmf-dask fit: error: ") and str(out.resolve()) in line
+    assert reason in line
+    assert (tmp_path / "keep" / "notes.txt").read_text() == "x"
+    assert open_store(store.path).attrs == before
+    assert not (tmp_path / "s.zarr" / "m.zarr").exists()
+    # the API refuses the same, and so does save()
+    with pytest.raises(InputError, match=re.escape(reason)):
+        OrdNMF(K, max_iter=1).fit(store, client, out=out, overwrite=True)
+
+
+def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store, client):
+    model = tmp_path / "m.zarr"
+    first = OrdNMF(K, max_iter=2).fit(store, client, out=model)
+    assert json.loads((model / "zarr.json").read_text())["attributes"]["kind"] == \
+        "ordnmf_dask.model"
+    copy = OrdNMF.load(first.save(tmp_path / "copy.zarr"))
+    r = fit_cli(client, store.path, "--out", str(model), "--max-iter", "3", "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert OrdNMF.load(model).n_iter_ == 3
+    # save() replaces a model only with overwrite, and never a non-model directory
+    with pytest.raises(InputError, match="pass overwrite=True"):
+        copy.save(model)
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(InputError, match="not a model"):
+        copy.save(tmp_path / "keep", overwrite=True)
+    assert names(tmp_path / "keep") == []
+    assert OrdNMF.load(copy.save(model, overwrite=True)).n_iter_ == 2
+    # a model is not a store: ingest --overwrite refuses to replace it
+    csv = tmp_path / "r.csv"
+    csv.write_text("1,1,4\n1,2,3\n2,1,5\n")
+    with pytest.raises(InputError, match="not a zarr store written by ordnmf_dask"):
+        ingest(csv, model, overwrite=True)
+    assert OrdNMF.load(model).n_iter_ == 2
+
+
+def test_a_model_of_the_format_without_the_marker_is_recognised(tmp_path, store, client):
+    model = tmp_path / "m.zarr"
+    OrdNMF(K, max_iter=1).fit(store, client, out=model)
+    meta = model / "zarr.json"
+    doc = json.loads(meta.read_text())
+    del doc["attributes"]["kind"]
+    meta.write_text(json.dumps(doc))
+    assert is_model(str(model))
+    assert not is_model(store.path)
+    assert OrdNMF(K, max_iter=1).fit(store, client, out=model, overwrite=True).n_iter_ == 1
+
+
+def test_api_fit_refuses_an_existing_out_before_any_iteration(tmp_path, store, client):
+    model = tmp_path / "m.zarr"
+    OrdNMF(K, max_iter=1).fit(store, client, out=model)
+    seen: list[int] = []
+    with pytest.raises(InputError, match="already exists; pass overwrite=True"):
+        OrdNMF(K, max_iter=3).fit(store, client, out=model, callback=lambda n, *a: seen.append(n))
+    assert seen == []
+    assert OrdNMF.load(model).n_iter_ == 1
+
+
+def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoints(
+    tmp_path, store, client
+):
+    ckpt = tmp_path / "ckpt"
+    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=str(ckpt)).fit(store, client)
+    ckpt.joinpath("notes.txt").write_text("not a checkpoint")
+    ckpt.joinpath("ckpt-notes").mkdir()
+    theirs = names(ckpt)
+    assert theirs == ["ckpt-00000002", "ckpt-00000004", "ckpt-notes", "notes.txt"]
+
+    other = [store.path, "--out", str(tmp_path / "b.zarr"), "--checkpoint-dir", str(ckpt),
+             "--checkpoint-every", "2", "--max-iter", "5", "--seed", "1"]
+    r = fit_cli(client, *other)
+    assert r.returncode == 2, r.stderr
+    [line] = error_lines(r.stderr)
+    assert f"{ckpt} holds checkpoints of another store or configuration" in line
+    assert re.search(r"pass (--restart|restart=True) to discard them", line)  # (CLI spelling)
+    with pytest.raises(InputError, match="holds checkpoints of another .* restart=True"):
+        OrdNMF(K, max_iter=5, random_state=1, checkpoint_dir=str(ckpt)).fit(
+            store, client, resume=True
+        )
+    assert names(ckpt) == theirs
+    assert not (tmp_path / "b.zarr").exists()
+
+    r = fit_cli(client, *other, "--restart")
+    assert r.returncode == 0, r.stderr
+    assert (f"restart: removed 2 checkpoint(s) from {ckpt}: ckpt-00000004 ckpt-00000002"
+            in r.stderr)
+    assert names(ckpt) == theirs  # the new fit's own, at the same iterations
+    assert ckpt.joinpath("notes.txt").read_text() == "not a checkpoint"
+    fresh = OrdNMF(K, max_iter=5, random_state=1).fit(store, client)
+    assert OrdNMF.load(tmp_path / "b.zarr").elbo_ == fresh.elbo_
+
+
+def test_an_unreadable_look_alike_is_refused_even_with_restart(tmp_path, store, client):
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "ckpt-00000003").mkdir(parents=True)
+    for restart in (False, True):
+        with pytest.raises(InputError, match="ckpt-00000003: named like a checkpoint"):
+            OrdNMF(K, max_iter=2, checkpoint_dir=str(ckpt)).fit(store, client, restart=restart)
+    assert names(ckpt) == ["ckpt-00000003"]
+
+
+def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
+    tmp_path, store, client, caplog
+):
+    whole = OrdNMF(K, max_iter=9, tol=1e-12).fit(store, client)
+    ckpt = tmp_path / "ckpt"
+    settings = dict(max_iter=9, tol=1e-12, checkpoint_every=4, checkpoint_dir=str(ckpt))
+    OrdNMF(K, **settings).fit(store, client, out=tmp_path / "first.zarr")
+    assert names(ckpt) == ["ckpt-00000004", "ckpt-00000008"]
+    seen: list[int] = []
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        again = OrdNMF(K, **settings).fit(
+            store, client, out=tmp_path / "again.zarr", callback=lambda n, *a: seen.append(n)
+        )
+    assert f"resuming from {ckpt / 'ckpt-00000008'} (iteration 8)" in caplog.text
+    assert seen == [9]
+    assert again.elbo_ == whole.elbo_
+    np.testing.assert_array_equal(again.W_.compute(), whole.W_.compute())
+    np.testing.assert_array_equal(again.H_.compute(), whole.H_.compute())
+    # resume=True requires a checkpoint of this fit
+    empty = tmp_path / "empty"
+    with pytest.raises(InputError, match="cannot resume: no usable checkpoint"):
+        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty)).fit(store, client, resume=True)
+
+
+def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(tmp_path, store, client):
+    """With n_init > 1, each run's checkpoints (named like the next run's) are removed when it
+    ends; the directory's other files stay, and the result is the best single run's."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ckpt.joinpath("notes.txt").write_text("x")
+    best = OrdNMF(K, max_iter=5, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt)).fit(
+        store, client
+    )
+    assert names(ckpt) == ["notes.txt"]
+    singles = [OrdNMF(K, max_iter=5, random_state=s).fit(store, client).elbo_ for s in (0, 1)]
+    assert best.elbo_ == max(singles, key=lambda e: e[-1])
