@@ -1,20 +1,25 @@
 """The ``ordnmf-dask`` command: ingest, info, fit, evaluate.
 
 Exit codes: 0 success; 1 internal error (a bug: please report it with ``--debug`` output);
-2 bad input or configuration; 3 cluster failure (scheduler unreachable, workers lost);
-4 numerical failure (ELBO decreased or became non-finite); 130 interrupted (Ctrl-C / SIGINT).
+2 bad input, configuration or local I/O (a path that cannot be written); 3 cluster failure
+(scheduler unreachable, workers lost); 4 numerical failure (ELBO decreased or became
+non-finite); 130 interrupted (Ctrl-C / SIGINT).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import logging
 import os
+import re
+import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 from . import __version__, interrupt
 from .io.errors import InputError
@@ -56,14 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ordnmf-dask",
         description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
-        epilog="Exit codes: 0 ok, 1 internal error, 2 bad input/config, 3 cluster failure, "
-        "4 numerical failure, 130 interrupted.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 bad input/config/local I/O, "
+        "3 cluster failure, 4 numerical failure, 130 interrupted.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _logging_args(p)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    common.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-    common.add_argument("--log-file", help="also write logs to this file")
+    _logging_args(common, default=argparse.SUPPRESS)  # given after the command, or before it
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
 
@@ -192,6 +196,17 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
     _cluster_args(rep)
     return p
+
+
+def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
+    """--debug, -q and --log-file; on the subcommands with a SUPPRESS default, so that a flag
+    given before the command is not reset by the subcommand's own default."""
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs",
+                   **default)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="only warnings and errors on stderr (--log-file still gets INFO)",
+                   **default)
+    p.add_argument("--log-file", help="also write logs to this file", **default)
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
@@ -454,50 +469,147 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+def _dask_loggers() -> list[logging.Logger]:
+    """The ``distributed`` and ``asyncio`` loggers and their children that exist now."""
+    names = dict.fromkeys(["distributed", "asyncio", *logging.root.manager.loggerDict])
+    return [logging.getLogger(n) for n in names if n.split(".")[0] in ("distributed", "asyncio")]
+
+
+@contextlib.contextmanager
+def _logging_kept() -> Iterator[None]:
+    """Restore on exit what a command changes in logging: the ``ordnmf_dask`` logger's handlers,
+    level and propagation and the levels of the Dask loggers (main() also runs in-process, in
+    tests and notebooks); handlers added meanwhile are closed."""
+    # distributed configures its loggers when first imported: import it first, so that its own
+    # configuration is what is restored (the package imports it lazily; --help never gets here)
+    import distributed  # noqa: F401
+
+    handlers, level, propagate = list(log.handlers), log.level, log.propagate
+    levels = [(logger, logger.level) for logger in _dask_loggers()]
+    try:
+        yield
+    finally:
+        for h in log.handlers:
+            if h not in handlers:
+                h.close()
+        log.handlers[:] = handlers
+        log.setLevel(level)
+        log.propagate = propagate
+        for logger, old in levels:
+            logger.setLevel(old)
+
+
 def _setup_logging(args: argparse.Namespace) -> None:
-    level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
+    """INFO (DEBUG with --debug) to stderr and --log-file; -q raises only stderr to WARNING."""
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    handlers: list[logging.Handler] = [_StderrHandler()]
+    stderr = _StderrHandler()
+    if args.quiet and not args.debug:
+        stderr.setLevel(logging.WARNING)
+    handlers: list[logging.Handler] = [stderr]
     if args.log_file:
         handlers.append(logging.FileHandler(args.log_file))
     for h in handlers:
         h.setFormatter(fmt)
     log.handlers[:] = handlers
-    log.setLevel(level)
+    log.setLevel(logging.DEBUG if args.debug else logging.INFO)
     log.propagate = False
     if not args.debug:  # failures reach main() and become one line; --debug shows the rest
         # Dask's logging config gives some loggers their own level (distributed.client: warning);
-        # asyncio reports the client's tasks left behind by an interrupted gather. distributed
-        # applies that config when first imported, so import it before overriding it (the
-        # package itself imports it lazily; --help never gets here)
-        import distributed  # noqa: F401
-
-        for name in ["distributed", "asyncio", *logging.root.manager.loggerDict]:
-            if name.split(".")[0] in ("distributed", "asyncio"):
-                logging.getLogger(name).setLevel(logging.CRITICAL)
+        # asyncio reports the client's tasks left behind by an interrupted gather. The worker
+        # processes of a LocalCluster we start take this level too (engine.cluster)
+        for logger in _dask_loggers():
+            logger.setLevel(logging.CRITICAL)
 
 
-def _exit_code(exc: BaseException) -> tuple[int, str]:
-    from distributed.comm.core import CommClosedError
+# OSErrors of the local file system rather than of the network: a path that cannot be written
+# (read-only, full, over quota) or is of the wrong kind
+_LOCAL_IO_ERRORS = (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
+                    FileNotFoundError)
+_LOCAL_IO_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO,
+                              errno.ENAMETOOLONG, errno.ELOOP})
+_OUTPUTS = {"out": "--out", "json_out": "--json", "checkpoint_dir": "--checkpoint-dir",
+            "work_dir": "--work-dir"}  # argparse destination -> flag of the paths a command writes
 
+
+def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:
+    if not isinstance(exc, OSError) or isinstance(exc, ConnectionError | TimeoutError):
+        return False
+    return (isinstance(exc, _LOCAL_IO_ERRORS) or exc.errno in _LOCAL_IO_ERRNOS
+            or exc.filename is not None)
+
+
+def _io_message(exc: OSError, args: argparse.Namespace) -> str:
+    """The path and the reason; a failed write names no file (ENOSPC): then the outputs."""
+    if exc.filename is not None:
+        path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        return f"{path}: {exc.strerror or exc}"
+    outputs = [f"{flag} {getattr(args, dest)}" for dest, flag in _OUTPUTS.items()
+               if getattr(args, dest, None)]
+    if exc.errno is None or not outputs:
+        return str(exc)
+    return f"{exc.strerror} (writing {', '.join(outputs)})"
+
+
+def _exit_code(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"
-    if isinstance(exc, InputError | FileExistsError | FileNotFoundError):
+    if isinstance(exc, InputError):
         return EXIT_INPUT, str(exc)
+    if _local_io_error(exc):
+        return EXIT_INPUT, _io_message(exc, args)
     from .engine.cavi import ELBODecreaseError  # not at the top: keeps --help fast
 
     if isinstance(exc, ELBODecreaseError | FloatingPointError):
         return EXIT_NUMERIC, str(exc)
-    if isinstance(exc, CommClosedError | TimeoutError | OSError):
+    if isinstance(exc, OSError):  # distributed's CommClosedError, timeouts, refused connections
         return EXIT_CLUSTER, f"cluster failure: {exc}"
     if type(exc).__module__.startswith("distributed"):
         return EXIT_CLUSTER, f"cluster failure: {type(exc).__name__}: {exc}"
     return EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
+def _flag_spelling(message: str, parser: argparse.ArgumentParser) -> str:
+    """``message`` with the API's keyword words spelled as the command's flags:
+    ``overwrite=True`` -> ``--overwrite``, ``min_count=20`` -> ``--min-count 20``,
+    ``test_fraction`` -> ``--test-fraction``, ``k must`` -> ``--k must``."""
+    edge = r"(?<![\w/.-])"  # not inside a path or a flag
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag, dest = max(action.option_strings, key=len), re.escape(action.dest)
+
+        def spell(m: re.Match[str], flag: str = flag) -> str:
+            value = m.group(2)
+            return flag if value in (None, "", "True") else f"{flag} {value}"
+
+        message = re.sub(rf"{edge}{dest}=(['\"]?)([^\s,;()'\"]*)\1", spell, message)
+        word = rf"{edge}{dest}(?![\w/.-])" if "_" in action.dest else rf"{edge}{dest}(?= must\b)"
+        message = re.sub(word, flag, message)
+    return message
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices[name]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``ordnmf-dask``; returns the exit code."""
-    args = _parser().parse_args(argv)
+    """Entry point of ``ordnmf-dask``; returns the exit code.
+
+    Logging and the SIGINT handler are left as they were found, so that calling it in-process
+    changes no global state."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with _logging_kept():
+            return _run(args, parser)
+    finally:
+        if sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         _setup_logging(args)
     except OSError as exc:
@@ -510,7 +622,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code
         if isinstance(exc, SystemExit):
             raise
-        code, message = _exit_code(exc)
+        code, message = _exit_code(exc, args)
+        from .config import ConfigError
+
+        if code == EXIT_INPUT and not isinstance(exc, ConfigError):  # those name config keys
+            message = _flag_spelling(message, _subcommand(parser, args.command))
         message = " ".join(message.split())  # one line, even for multi-line exception texts
         if args.debug:
             log.exception("failed")

@@ -193,15 +193,20 @@ def read_toml(path: str) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a valid TOML file (not UTF-8: byte {exc.start} is "
+                          f"0x{exc.object[exc.start]:02x})") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: not a valid TOML file ({exc})") from None
 
 
 def flag_overrides(flags: dict[str, Any]) -> dict[str, Any]:
-    """Dotted config keys for the flags that were given (argparse default None = not given)."""
+    """Dotted config keys for the flags that were given (argparse default None = not given).
+
+    ``--debug`` sets the level; ``-q`` does not: it quiets stderr only, the log file keeps it."""
     out = {key: flags[dest] for dest, key in FLAG_KEYS.items() if flags.get(dest) is not None}
-    if flags.get("debug") or flags.get("quiet"):
-        out["logging.level"] = "DEBUG" if flags.get("debug") else "WARNING"
+    if flags.get("debug"):
+        out["logging.level"] = "DEBUG"
     return out
 
 

@@ -149,6 +149,10 @@ def evaluate(
     if not 0.0 < user_fraction <= 1.0:
         raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
     levels = list(range(1, info.n_classes + 1)) if levels is None else [int(s) for s in levels]
+    outside = [s for s in levels if not 1 <= s <= info.n_classes]
+    if outside or not levels:
+        raise InputError(f"levels must be thresholds in 1..{info.n_classes} (the classes of "
+                         f"{info.path}), got {outside or 'none'}")
     n_r, n_c = info.grid
     cb, rb = [int(x) for x in info.col_bounds], [int(x) for x in info.row_bounds]
     with resolve_client(client, n_workers) as cl:

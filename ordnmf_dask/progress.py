@@ -15,13 +15,14 @@ log = logging.getLogger("ordnmf_dask")
 def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> None:
     """Wait for ``futures``, reporting progress under ``label`` (errors surface at gather time).
 
-    On a terminal (stderr is a TTY and logging is at INFO or below) a one-line bar is redrawn;
-    in batch jobs a log line is written at each tenth, at most every ``min_seconds``.
+    Where INFO records reach a terminal (stderr is a TTY and a handler writes INFO to it) a
+    one-line bar is redrawn; otherwise a log line is written at each tenth, at most every
+    ``min_seconds`` (so ``-q`` keeps them in the log file only).
     """
     total = len(futures)
     if total == 0 or not log.isEnabledFor(logging.INFO):
         return
-    bar = sys.stderr.isatty()
+    bar = sys.stderr.isatty() and _info_on_stderr()
     start = last = time.monotonic()
     reported = 0
     for done, _ in enumerate(as_completed(futures), start=1):
@@ -35,3 +36,14 @@ def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> No
             reported, last = 10 * done // total, now
     if bar:
         sys.stderr.write("\n")
+
+
+def _info_on_stderr() -> bool:
+    """Whether a handler of ``log`` (or of the loggers it propagates to) writes INFO to stderr."""
+    logger: logging.Logger | None = log
+    while logger is not None:
+        for h in logger.handlers:
+            if getattr(h, "stream", None) is sys.stderr and h.level <= logging.INFO:
+                return True
+        logger = logger.parent if logger.propagate else None
+    return False

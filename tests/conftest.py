@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -33,6 +34,59 @@ def _temporary_files_under_pytest(tmp_path_factory):
     else:
         os.environ["TMPDIR"] = saved[0]
     tempfile.tempdir = saved[1]
+
+
+# loggers whose configuration a test must leave as it found it ("" is the root logger)
+KEPT_LOGGERS = ("", "ordnmf_dask", "distributed", "asyncio")
+
+
+def _own(handlers: list[logging.Handler]) -> list[logging.Handler]:
+    """The handlers that are not pytest's (its capture handlers come and go with each phase)."""
+    return [h for h in handlers if not type(h).__module__.startswith("_pytest")]
+
+
+def _logging_state() -> dict[str, tuple]:
+    return {
+        name: (_own(logger.handlers), logger.level, logger.propagate, logger.disabled)
+        for name in KEPT_LOGGERS
+        for logger in [logging.getLogger(name)]
+    }
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own
+
+
+@pytest.fixture(autouse=True)
+def _global_state_kept():
+    """Fail a test that leaves the logging configuration, ``os.environ`` or the working
+    directory changed, after restoring them, so that the leak cannot change the tests after it
+    (a logger left without propagation made another test see every record twice)."""
+    logs, env, cwd = _logging_state(), _environment(), os.getcwd()
+    yield
+    leaks = []
+    for name, (handlers, level, propagate, disabled) in logs.items():
+        logger = logging.getLogger(name)
+        if (_own(logger.handlers), logger.level, logger.propagate, logger.disabled) != (
+            handlers, level, propagate, disabled
+        ):
+            leaks.append(f"logger {name or 'root'!r}")
+            pytests = [h for h in logger.handlers if h not in _own(logger.handlers)]
+            logger.handlers[:] = [*handlers, *pytests]
+            logger.setLevel(level)
+            logger.propagate, logger.disabled = propagate, disabled
+    now = _environment()
+    if now != env:
+        changed = sorted(k for k in env.keys() | now.keys() if env.get(k) != now.get(k))
+        leaks.append(f"environment variables {changed}")
+        for name in now.keys() - env.keys():
+            del os.environ[name]
+        os.environ.update(env)
+    if os.getcwd() != cwd:
+        leaks.append(f"working directory {os.getcwd()}")
+        os.chdir(cwd)
+    if leaks:
+        pytest.fail("the test changed global state: " + "; ".join(leaks), pytrace=False)
 
 
 @pytest.fixture(scope="session")

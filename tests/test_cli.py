@@ -55,7 +55,7 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
         (["info", "STORE", "--log-file", "no-such-dir/x.log"], "log-file"),
     ],
 )
-def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsys):
+def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsys, monkeypatch):
     y = synthetic_ordinal(12, 10, 3, seed=1)
     train, test = dense_split(y)
     store_from_dense(tmp_path / "STORE", train, test, 3, (1, 1))
@@ -63,12 +63,8 @@ def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsy
     if "OTHER_MODEL" in args:
         OrdNMF(2, max_iter=2, n_workers=1).fit(other, out=tmp_path / "OTHER_MODEL")
     np.savez(tmp_path / "bad.npz", W=np.ones((3, 2)), H=np.ones((10, 2)))
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        code = main(args)
-    finally:
-        os.chdir(cwd)
+    monkeypatch.chdir(tmp_path)
+    code = main(args)
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and "Traceback" not in err

@@ -3,7 +3,6 @@ and `--scheduler-file` against real `dask scheduler` / `dask worker` processes."
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import dask
@@ -113,7 +112,6 @@ file = "{tmp_path / 'fit.log'}"
     assert (tmp_path / "fit.log").exists()
     # the output exists now: refused unless overwrite is given (flag or file)
     assert main(["fit", "--config", job, "--max-iter", "4"]) == 2
-    logging.getLogger("ordnmf_dask").handlers.clear()
 
 
 def test_scheduler_file(tmp_path, store, client):

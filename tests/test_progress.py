@@ -11,9 +11,7 @@ def _slow(x):
     return x
 
 
-def test_track_logs_each_tenth_and_the_end(client, caplog, monkeypatch):
-    # the CLI's main() stops propagation to the root logger, where caplog listens
-    monkeypatch.setattr(logging.getLogger("ordnmf_dask"), "propagate", True)
+def test_track_logs_each_tenth_and_the_end(client, caplog):
     futures = [client.submit(_slow, i, pure=False) for i in range(20)]
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
         track(futures, "demo", min_seconds=0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -39,7 +40,8 @@ def resolve_client(
     A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
-    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`).
+    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`) and
+    log at this process's ``distributed`` level; ``os.environ`` is left as it was found.
     """
     if client is None:
         try:
@@ -49,22 +51,51 @@ def resolve_client(
     if client is not None:
         yield client
         return
-    with _sigint_ignored(), dask.config.set(WORKER_MEMORY):  # both reach the worker processes
-        cluster = LocalCluster(
-            n_workers=n_workers,
-            threads_per_worker=threads_per_worker,
-            memory_limit="auto" if memory_limit is None else memory_limit,
-            processes=True,
-            host=host,
-            dashboard_address=dashboard_address,
-            security=security,
-        )
-    with cluster, Client(cluster, security=security) as own:
-        log.info(
-            "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
-            n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
-        )
-        yield own
+    with _environ_kept():
+        # all three reach the worker processes
+        with _sigint_ignored(), dask.config.set(WORKER_MEMORY), dask.config.set(_worker_logging()):
+            cluster = LocalCluster(
+                n_workers=n_workers,
+                threads_per_worker=threads_per_worker,
+                memory_limit="auto" if memory_limit is None else memory_limit,
+                processes=True,
+                host=host,
+                dashboard_address=dashboard_address,
+                security=security,
+            )
+        with cluster, Client(cluster, security=security) as own:
+            log.info(
+                "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
+                n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
+            )
+            yield own
+
+
+def _worker_logging() -> dict[str, dict[str, str]]:
+    """Dask config that starts the worker processes with their ``distributed`` loggers at this
+    process's level: the CLI sets it to CRITICAL unless --debug, so that a failing task's worker
+    traceback stays off stderr (the exception reaches the client, which reports it in one line).
+
+    Workers configure logging when they import distributed, before any config we pass them
+    applies, so the level travels as an environment variable set for the spawn.
+    """
+    level = logging.getLevelName(logging.getLogger("distributed").getEffectiveLevel())
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = str(level).lower()
+    return {"distributed.nanny.pre-spawn-environ": env}
+
+
+@contextmanager
+def _environ_kept() -> Iterator[None]:
+    """Restore ``os.environ`` on exit: the nannies export their spawn environment (thread
+    counts, PYTHONHASHSEED, the workers' log level) into this process."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 @contextmanager

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class InputError(ValueError):
-    """Bad user input: the message names the file and 1-based line number, or the id."""
+    """Bad user input: the message names the file and 1-based line number, or the id.
+
+    Pickled without calling ``__init__`` again, so that an InputError raised in a task on a
+    worker reaches the client as itself (an exit code 2), whatever the signature of a subclass:
+    Dask replaces an exception that does not survive pickling by a plain ``Exception``.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[InputError], args: tuple[Any, ...], state: dict[str, Any]) -> InputError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class StoreError(InputError):

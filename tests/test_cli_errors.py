@@ -1,0 +1,175 @@
+"""The CLI's error promise: one line on stderr and the exit code of its table (2 for input and
+local I/O, 3 for the cluster), whatever fails and wherever (here or in a worker process); and
+main() leaves logging as it found it."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import dense_split, store_from_dense, synthetic_ordinal
+from distributed import Client
+
+from ordnmf_dask import OrdNMF
+from ordnmf_dask.cli import main
+from ordnmf_dask.io.errors import InputError
+
+CSV = "".join(f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(10) if (u + i) % 3)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, cluster) -> tuple[str, str, str]:
+    """A store, a model fitted on it, and the address of the session's cluster."""
+    d = tmp_path_factory.mktemp("fitted")
+    store = store_from_dense(d / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3, seed=2)), 3,
+                             (1, 1))
+    with Client(cluster) as client:
+        OrdNMF(2, max_iter=2).fit(store, client, out=d / "m.zarr")
+    return store.path, str(d / "m.zarr"), cluster.scheduler_address
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, str]:
+    """Run main(args) with -q: its exit code and its stderr, which must be one line."""
+    code = main([*args, "-q"])
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"ordnmf-dask {args[0]}: error: ")
+    return code, lines[0]
+
+
+def test_main_leaves_logging_and_sigint_as_it_found_them(fitted, tmp_path, capsys):
+    store, _, _ = fitted
+    loggers = [logging.getLogger(n) for n in ("ordnmf_dask", "distributed", "asyncio",
+                                                  "distributed.client")]
+    before = [(list(g.handlers), g.level, g.propagate) for g in loggers]
+    sigint = signal.getsignal(signal.SIGINT)
+    assert main(["info", store, "--log-file", str(tmp_path / "x.log")]) == 0
+    assert [(list(g.handlers), g.level, g.propagate) for g in loggers] == before
+    assert signal.getsignal(signal.SIGINT) is sigint
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [("adir", "Is a directory"), ("afile/r.json", "Not a directory"),
+     ("/dev/full", "No space left on device")],
+)
+def test_unwritable_local_output_exits_2_naming_it(fitted, tmp_path, capsys, target, reason):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    target = target if target.startswith("/") else str(tmp_path / target)
+    store, model, address = fitted
+    code, line = one_error_line(
+        capsys, ["evaluate", store, model, "--json", target, "--scheduler", address]
+    )
+    assert code == 2 and target in line and reason in line and "cluster" not in line
+
+
+def test_ingest_into_a_directory_we_may_not_write_exits_2(tmp_path, capsys):
+    (tmp_path / "r.csv").write_text(CSV)
+    out = "/sys/ordnmf-dask-test.zarr"  # sysfs: nobody, root included, may create files there
+    code, line = one_error_line(capsys, ["ingest", str(tmp_path / "r.csv"), "--out", out])
+    assert code == 2 and out in line
+    assert "Operation not permitted" in line or "Permission denied" in line
+    assert not Path(out).exists()
+
+
+def test_non_utf8_config_exits_2_naming_the_file(fitted, tmp_path, capsys):
+    store, _, _ = fitted
+    job = tmp_path / "job.toml"
+    job.write_bytes(b"[model]\nn_components = 2  # caf\xe9\n")
+    code, line = one_error_line(capsys, ["fit", store, "--out", str(tmp_path / "m.zarr"),
+                                         "--config", str(job)])
+    assert code == 2 and str(job) in line and "UTF-8" in line
+    assert not (tmp_path / "m.zarr").exists()
+
+
+def test_levels_outside_the_classes_exit_2_naming_the_flag(fitted, capsys):
+    store, model, address = fitted
+    code, line = one_error_line(
+        capsys, ["evaluate", store, model, "--levels", "0,11", "--scheduler", address]
+    )
+    assert code == 2 and "--levels" in line and "1..3" in line and "[0, 11]" in line
+
+
+@pytest.mark.parametrize(
+    ("flags", "spelled", "api"),
+    [([], "--overwrite", "overwrite="),
+     (["--ratings", "integer", "--counts", "paper"], "--ratings", "ratings="),
+     (["--ratings", "halfstar", "--scale-max", "5"], "--scale-max applies to --ratings integer",
+      "scale_max")],
+)
+def test_messages_spell_flags_not_api_keywords(tmp_path, capsys, flags, spelled, api):
+    (tmp_path / "r.csv").write_text(CSV)
+    if not flags:  # an existing store, without --overwrite
+        store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(12, 10, 3)), 3,
+                         (1, 1))
+    code, line = one_error_line(
+        capsys, ["ingest", str(tmp_path / "r.csv"), "--out", str(tmp_path / "s.zarr"), *flags]
+    )
+    assert code == 2 and spelled in line and api not in line
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_quiet_keeps_info_in_the_log_file_and_global_flags_go_anywhere(
+    fitted, tmp_path, capsys, before
+):
+    store, _, address = fitted
+    log_file = tmp_path / "fit.log"
+    quiet = ["-q", "--log-file", str(log_file)]
+    fit = ["fit", store, "--out", str(tmp_path / "m.zarr"), "-k", "2", "--max-iter", "3",
+           "--scheduler", address]
+    assert main(quiet + fit if before else fit + quiet) == 0
+    assert capsys.readouterr().err == ""
+    assert "iter    3" in log_file.read_text()
+
+
+def test_debug_before_the_command_shows_the_traceback(tmp_path, capsys):
+    assert main(["--debug", "info", str(tmp_path / "none.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1].startswith("ordnmf-dask info: error: ")
+
+
+def test_a_task_failing_on_the_cli_local_cluster_is_one_line(tmp_path):
+    """A damaged chunk of the same size is found by the task that reads it, in a worker process
+    of the LocalCluster the command starts: no worker log or traceback reaches stderr."""
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3)), 3,
+                             (1, 1))
+    chunk = Path(store.path) / "train" / "y" / "c" / "0"
+    chunk.write_bytes(bytes(chunk.stat().st_size))
+    r = subprocess.run(
+        ["ordnmf-dask", "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+         "--max-iter", "2", "--workers", "1", "-q"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ordnmf-dask fit: error: "), lines
+    assert store.path in lines[0]
+
+
+class LineError(InputError):
+    """An input error whose constructor takes other arguments than its message."""
+
+    def __init__(self, path: str, line: int) -> None:
+        super().__init__(f"{path}, line {line}: not a number")
+        self.line = line
+
+
+def _fail_on_line_3(path: str) -> None:
+    raise LineError(path, 3)
+
+
+def test_an_input_error_raised_in_a_worker_keeps_its_class(client):
+    """A worker sends a task's exception pickled, through tblib, whose older versions (distributed
+    accepts tblib >= 1.6) rebuild it as its class called with its args: that fails for a class
+    with its own __init__, and Dask then sends a plain Exception instead (exit 1, not 2)."""
+    again = pickle.loads(pickle.dumps(LineError("r.csv", 3)))
+    assert type(again) is LineError and str(again) == "r.csv, line 3: not a number"
+    assert again.line == 3
+    with pytest.raises(LineError, match=r"^r\.csv, line 3: not a number$") as info:
+        client.submit(_fail_on_line_3, "r.csv").result()
+    assert info.value.line == 3
