@@ -118,6 +118,7 @@ def _one_run(
     est = klass(k, alpha_W=proto.alpha, alpha_H=proto.alpha, tol=proto.tol,
                 max_iter=proto.max_iter, random_state=seed, **extra)
     model_dir = out / "models" / f"{label.replace(' ', '').replace('>=', 'ge')}-K{k}-s{seed}"
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
     est.fit(store, client, out=model_dir, overwrite=True, callback=lambda *a: None)
     res = evaluate(store, est, client)
     row = {

@@ -187,6 +187,8 @@ def check_target(
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise InputError(f"{path}: parent directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{path}: parent directory {parent} is not writable")
     if os.path.lexists(path):
         if not overwrite:
             raise InputError(f"{path} already exists; pass overwrite=True to replace it")
