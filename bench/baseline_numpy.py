@@ -45,7 +45,7 @@ def local_step(
     delta: np.ndarray,
     approx: bool,
 ) -> LocalStats:
-    """Local CAVI step on one block (DESIGN.md section 2).
+    """Local CAVI step on one block (docs/design.md §2).
 
     Parameters
     ----------

@@ -4,14 +4,14 @@ Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --
 --iters 20 --workers 2 --memory-limit 2GB --work /tmp/ordnmf-bench --eval-k 100
 --eval-user-fraction 0.02] [--no-evaluate]``.
 
-1. ``ordnmf_dask.io.synth`` writes the store (``--nnz`` train nonzeros; reused from ``--work``
+1. ``ordnmf_dask.sources.synth`` writes the store (``--nnz`` train nonzeros; reused from ``--work``
    when it is already there, and then its creation time is not part of this run);
 2. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes capped at
    ``--memory-limit`` each, block caching decided by the estimator (``auto``: streamed from
    zarr when the blocks do not fit), checkpoints every 10 iterations, exactly ``--iters``
    iterations; every iteration's seconds and ELBO are printed as they come;
-3. ``ordnmf_dask.evaluate`` on the same cluster: NDCG@``--eval-k`` per threshold over all items
-   (training items excluded) for a ``--eval-user-fraction`` sample of the users, and the test
+3. ``ordnmf_dask.evaluate`` on the same cluster: NDCG@``--eval-k`` per threshold over all
+   items (training items excluded) for a ``--eval-user-fraction`` sample of the users, and the test
    log-likelihood of every test nonzero;
 4. the host's speed in the same run, before the cluster starts and after it is closed (this
    shared host's speed drifts by 25% within an hour): one thread reads the blocks of one
@@ -46,9 +46,9 @@ def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
     import numpy as np
 
     from ordnmf_dask.engine.tasks import load_block
-    from ordnmf_dask.io.store import open_store
     from ordnmf_dask.model import kernels
     from ordnmf_dask.model.thresholds import gap_from_delta, init_delta
+    from ordnmf_dask.store.blocks import open_store
 
     info = open_store(path)
     rb, cb = info.row_bounds, info.col_bounds
@@ -84,7 +84,7 @@ def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
 def host_speed(path: str, k: int, workers: int) -> tuple[dict[str, float], float]:
     """:func:`strip_job` on the middle user-block, in a fresh process, and the seconds of one
     iteration's 3 reads and 3 kernels over the store's nonzeros on ``workers`` threads."""
-    from ordnmf_dask.io.store import open_store
+    from ordnmf_dask.store.blocks import open_store
 
     info = open_store(path)
     ref = in_fresh_process(strip_job, path, k, info.grid[0] // 2)
@@ -110,10 +110,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.engine.cluster import resolve_client
-    from ordnmf_dask.estimator import _decide_cache
-    from ordnmf_dask.evaluate import evaluate
-    from ordnmf_dask.io.store import open_store
+    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.estimator import decide_cache
+    from ordnmf_dask.postfit.evaluate import evaluate
+    from ordnmf_dask.store.blocks import open_store
 
     os.makedirs(args.work, exist_ok=True)
     start = time.perf_counter()
@@ -135,7 +135,7 @@ def main() -> None:
     with RssSampler([os.getpid()], interval=0.2) as sampler:
         with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
             pids = client.run(os.getpid)
-            mode = "cached" if _decide_cache("auto", client, open_store(path)) else "streamed"
+            mode = "cached" if decide_cache("auto", client, open_store(path)) else "streamed"
             model = OrdNMF(
                 args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters, checkpoint_every=10,
                 work_dir=os.path.join(args.work, f"work-{name}"),

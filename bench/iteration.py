@@ -3,7 +3,7 @@
 Usage: ``python bench/iteration.py [--users 20000 --items 12000 --nnz 2.5e6 --k 50 --classes 10
 --iters 6 --workers 2 --nnz-per-block 524288 --paper-iters 2]``.
 
-On one synthetic store (``ordnmf_dask.io.synth``; ``--nnz`` train nonzeros, kept in
+On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros, kept in
 ``--work``), in one run:
 
 1. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes, cached
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RssSampler, fmt_table, self_peak_mb  # noqa: E402
 
-from ordnmf_dask.io.store import open_store  # noqa: E402
+from ordnmf_dask.store.blocks import open_store  # noqa: E402
 
 
 def store_name(args: argparse.Namespace) -> str:
@@ -51,7 +51,7 @@ def store_name(args: argparse.Namespace) -> str:
 
 def ensure_store(args: argparse.Namespace) -> str:
     """The synthetic store for these sizes (made once, then reused from ``--work``)."""
-    from ordnmf_dask.io.synth import synth
+    from ordnmf_dask.sources.synth import synth
 
     path = os.path.join(args.work, store_name(args))
     if not os.path.exists(path):
@@ -149,7 +149,7 @@ def distributed_fit(
     ``memory_limit``: per-worker cap given to the LocalCluster (dask's default otherwise).
     """
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.engine.cluster import resolve_client
+    from ordnmf_dask.dist.cluster import resolve_client
 
     seconds: list[float] = []
 

@@ -4,8 +4,8 @@ Everything lives in one process: the training nonzeros as global coordinate arra
 variational parameters as dense (U, K) / (I, K) arrays, and every local quantity computed by
 gathering factor rows at the nonzeros (``W[u, :] * H[i, :]``, an nnz x K array), with scipy sparse
 matrices for the sums over items / users. One call of :meth:`PaperStyle.iteration` is one full
-exact iteration of DESIGN.md section 2 (beta, Delta, W, H, local step, ELBO). Written from
-DESIGN.md for the benchmarks only; its peak memory grows as ~2 x nnz x K x 8 bytes.
+exact iteration of docs/design.md §2 (beta, Delta, W, H, local step, ELBO). Written from
+docs/design.md for the benchmarks only; its peak memory grows as ~2 x nnz x K x 8 bytes.
 """
 
 from __future__ import annotations

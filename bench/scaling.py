@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import fmt_table  # noqa: E402
 from iteration import distributed_fit, ensure_store, fused_job, in_fresh_process  # noqa: E402
 
-from ordnmf_dask.io.store import open_store  # noqa: E402
+from ordnmf_dask.store.blocks import open_store  # noqa: E402
 
 
 def main() -> None:

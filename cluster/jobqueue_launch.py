@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     import dask_jobqueue
     from distributed import Client
 
-    from ordnmf_dask.config import resolve
-    from ordnmf_dask.connect import security_from
-    from ordnmf_dask.jobs import check_required, fit_job
+    from ordnmf_dask.app.config import resolve
+    from ordnmf_dask.app.connect import security_from
+    from ordnmf_dask.app.jobs import check_required, fit_job
 
     cluster_class = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster}
     cfg = resolve(args.config)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 from distributed import Client, LocalCluster
 
-from ordnmf_dask import OrdNMF, evaluate
-from ordnmf_dask.io import ingest
+from ordnmf_dask import OrdNMF, evaluate, ingest
 
 if __name__ == "__main__":
     data = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small"

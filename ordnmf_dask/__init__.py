@@ -1,5 +1,10 @@
 """Ordinal NMF (Gouvert, Oberlin & Fevotte, ICML 2020) with exact CAVI on Dask and zarr.
 
+The package follows the data flow: ``sources`` (text, Parquet, arrays, synthetic data) ->
+``store`` (the zarr block store) -> ``engine`` (the CAVI fit; numerics in ``model``, Dask
+helpers in ``dist``) -> ``modelstore`` (the saved model) -> ``postfit`` (evaluate, recommend,
+fold-in, posterior predictive checks); ``app`` holds the command line and job files.
+
 The public names are imported on first use (``ordnmf_dask._lazy``), so that importing the
 package, and ``ordnmf-dask --help``, does not load dask, distributed, scipy, numba or zarr.
 """
@@ -7,6 +12,7 @@ package, and ``ordnmf-dask --help``, does not load dask, distributed, scipy, num
 from typing import TYPE_CHECKING
 
 from ._lazy import install
+from .errors import InputError, StoreError
 
 __version__ = "0.1.0"
 
@@ -15,22 +21,25 @@ _EXPORTS = {
     "BePoF": ".estimator",
     "DcPF": ".estimator",
     "OrdNMF": ".estimator",
-    "StoreInfo": ".io.store",
-    "evaluate": ".evaluate",
-    "fold_in": ".foldin",
-    "recommend_for": ".foldin",
-    "ingest": ".io",
-    "ingest_arrays": ".io",
-    "open_store": ".io",
-    "posterior_predictive": ".ppc",
-    "recommend": ".recommendations",
+    "StoreInfo": ".store.blocks",
+    "open_store": ".store.blocks",
+    "read_block": ".store.blocks",
+    "evaluate": ".postfit.evaluate",
+    "fold_in": ".postfit.foldin",
+    "recommend_for": ".postfit.foldin",
+    "ingest": ".sources.inmemory",
+    "ingest_arrays": ".sources.inmemory",
+    "posterior_predictive": ".postfit.ppc",
+    "recommend": ".postfit.recommend",
 }
 
 __all__ = [
     "PF",
     "BePoF",
     "DcPF",
+    "InputError",
     "OrdNMF",
+    "StoreError",
     "StoreInfo",
     "evaluate",
     "fold_in",
@@ -38,17 +47,18 @@ __all__ = [
     "ingest_arrays",
     "open_store",
     "posterior_predictive",
+    "read_block",
     "recommend",
     "recommend_for",
 ]
 
 if TYPE_CHECKING:  # static analysis and IDEs see the real names
     from .estimator import PF, BePoF, DcPF, OrdNMF
-    from .evaluate import evaluate
-    from .foldin import fold_in, recommend_for
-    from .io import ingest, ingest_arrays, open_store
-    from .io.store import StoreInfo
-    from .ppc import posterior_predictive
-    from .recommendations import recommend
+    from .postfit.evaluate import evaluate
+    from .postfit.foldin import fold_in, recommend_for
+    from .postfit.ppc import posterior_predictive
+    from .postfit.recommend import recommend
+    from .sources.inmemory import ingest, ingest_arrays
+    from .store.blocks import StoreInfo, open_store, read_block
 else:
     install(__name__, _EXPORTS)

@@ -17,15 +17,14 @@ import numpy as np
 import zarr
 from distributed import Client
 
-from . import interrupt
-from .engine import checkpoint
-from .engine.cavi import CaviConfig, CaviRunner, IterationCallback
-from .engine.cluster import resolve_client
-from .engine.families import DcPF as DcPFFamily
-from .engine.families import Family, Ordinal
-from .io.errors import InputError
-from .io.store import StoreInfo, open_store
-from .modelstore import ModelInfo, model_target, open_model, save_model
+from ordnmf_dask.dist import interrupt
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.engine import checkpoint
+from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, IterationCallback
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
+from ordnmf_dask.modelstore.model import ModelInfo, model_target, open_model, save_model
+from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -63,7 +62,7 @@ _SHARED_ATTRS_DOC = """
 """
 
 
-class _CaviEstimator:
+class CaviEstimator:
     """Shared fit / save / load of the models that run on the CAVI engine."""
 
     def __init__(
@@ -110,7 +109,7 @@ class _CaviEstimator:
     def _param_names(cls) -> list[str]:
         names: list[str] = []
         for klass in reversed(cls.__mro__):
-            if "__init__" in vars(klass) and issubclass(klass, _CaviEstimator):
+            if "__init__" in vars(klass) and issubclass(klass, CaviEstimator):
                 sig = inspect.signature(klass.__init__)
                 names += [p for p in sig.parameters if p not in ("self", "kwargs")]
         return list(dict.fromkeys(names))
@@ -118,7 +117,7 @@ class _CaviEstimator:
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._param_names()}
 
-    def set_params(self, **params: Any) -> _CaviEstimator:
+    def set_params(self, **params: Any) -> CaviEstimator:
         for name, value in params.items():
             if name not in self._param_names():
                 raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
@@ -167,7 +166,7 @@ class _CaviEstimator:
         callback: IterationCallback | None = None,
         resume: bool = False,
         restart: bool = False,
-    ) -> _CaviEstimator:
+    ) -> CaviEstimator:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`.
 
         Parameters
@@ -222,7 +221,7 @@ class _CaviEstimator:
             if out is None:
                 out = _temporary_model_dir()
             with resolve_client(client, self.n_workers) as cl:
-                cache = _decide_cache(self.cache_blocks, cl, info)
+                cache = decide_cache(self.cache_blocks, cl, info)
                 state, runs = None, []
                 for j in range(self.n_init):
                     run_cfg = replace(cfg, random_state=cfg.random_state + j)
@@ -323,7 +322,7 @@ class _CaviEstimator:
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> _CaviEstimator:
+    def load(cls, path: str | os.PathLike) -> CaviEstimator:
         """The estimator (of the saved model's class) with its parameters and fitted state."""
         model = open_model(os.fspath(path))
         klass = ESTIMATORS.get(model.attrs.get("model", ""))
@@ -344,13 +343,13 @@ def _temporary_model_dir() -> str:
     return os.path.join(parent, "model.zarr")
 
 
-class OrdNMF(_CaviEstimator):
+class OrdNMF(CaviEstimator):
     __doc__ = (
         """Ordinal NMF with inverse-gamma thresholds (IG-OrdNMF), fitted by exact CAVI on Dask.
 
     Implements Gouvert, Oberlin & Fevotte, "Ordinal Non-negative Matrix Factorization for
     Recommendation", ICML 2020, in the variant the published numbers were computed with
-    (DESIGN.md section 2): empirical-Bayes prior rates, closed-form Delta (VBEM), W then H
+    (docs/design.md §2): empirical-Bayes prior rates, closed-form Delta (VBEM), W then H
     updated in turn so that the ELBO never decreases. ``approx=True`` fixes q(n) = delta_1
     ("PF on binarized data" when V = 1); Delta is still learned and the reported bound is still
     the local ELBO with E[n] = 1, as in the published code.
@@ -373,7 +372,7 @@ class OrdNMF(_CaviEstimator):
         self.approx = approx
 
     def _family(self, store: StoreInfo) -> Family:
-        return Ordinal(tuple(int(n) for n in store.hist_train), approx=bool(self.approx))
+        return OrdinalFamily(tuple(int(n) for n in store.hist_train), approx=bool(self.approx))
 
     def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
         self.delta_ = np.asarray(attrs["delta"])
@@ -410,7 +409,9 @@ class BePoF(OrdNMF):
         if kept == 0:
             raise InputError(f"no training nonzero has class >= {s}")
         fixed = None if self.learn_threshold else (0.0, 1.0)
-        return Ordinal((0, kept), approx=bool(self.approx), binarize_at=int(s), fixed_delta=fixed)
+        return OrdinalFamily(
+            (0, kept), approx=bool(self.approx), binarize_at=int(s), fixed_delta=fixed
+        )
 
 
 class PF(BePoF):
@@ -439,11 +440,11 @@ class PF(BePoF):
         return [n for n in super()._param_names() if n != "approx"]
 
 
-class DcPF(_CaviEstimator):
+class DcPF(CaviEstimator):
     __doc__ = (
         """dcPF with the logarithmic element distribution (Gouvert et al., UAI 2019), on raw counts.
 
-    The baseline of the paper for play counts (DESIGN.md section 5): counts are sums of
+    The baseline of the paper for play counts (docs/design.md §5): counts are sums of
     Log(p) elements whose number is Poisson(t Lambda). Iteration order: prior rates, p (10
     Newton steps, kept only if they improve), W, H, local step. Counts are the store's raw
     values when it holds counts (``value_kind == "counts"``), its classes otherwise.
@@ -491,7 +492,7 @@ class DcPF(_CaviEstimator):
         self.p_ = float(attrs["p"])
 
 
-ESTIMATORS: dict[str, type[_CaviEstimator]] = {
+ESTIMATORS: dict[str, type[CaviEstimator]] = {
     k.__name__: k for k in (OrdNMF, BePoF, PF, DcPF)
 }
 
@@ -544,7 +545,7 @@ def _write_init(arrays: tuple[np.ndarray, np.ndarray], work: str) -> tuple[str, 
     return paths[0], paths[1]
 
 
-def _decide_cache(setting: bool | str, client: Client, info: StoreInfo) -> bool:
+def decide_cache(setting: bool | str, client: Client, info: StoreInfo) -> bool:
     """Cache training blocks on the workers when they take under a quarter of worker memory."""
     if setting != "auto":
         return bool(setting)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from ordnmf_dask.io.blocking import balanced_bounds, block_sort
-from ordnmf_dask.io.store import StoreInfo, write_store
+from ordnmf_dask.store.blocks import StoreInfo, write_store
+from ordnmf_dask.store.grid import balanced_bounds, block_sort
 
 # the real datasets: ../shared/data beside the checkout, or $DATA (as examples/*.sh read it)
 SHARED_DATA = Path(

@@ -1,6 +1,6 @@
 """Dense numpy reference ("oracle") of IG-OrdNMF exact CAVI and of its evaluation metrics.
 
-Written independently of ``ordnmf_dask`` from ``DESIGN.md`` sections 1-3 and the paper
+Written independently of ``ordnmf_dask`` from docs/design.md §1-§3 and the paper
 (Gouvert, Oberlin & Fevotte, ICML 2020).  Everything is dense and deliberately naive:
 
 * ``Y`` is a full ``(U, I)`` integer array of classes ``0..V`` (0 = no interaction);
@@ -10,14 +10,14 @@ Written independently of ``ordnmf_dask`` from ``DESIGN.md`` sections 1-3 and the
 
 It is meant for U, I <= ~60 and K <= ~5 and favours clarity over speed.  All arithmetic is float64.
 
-Notation (DESIGN section 1)::
+Notation (docs/design.md §1)::
 
     delta[l] = Delta_l = theta_{l-1} - theta_l   (l = 1..V),  delta[0] = 0 (unused placeholder)
     theta[v] = sum_{l > v} Delta_l               (v = 0..V),  theta[V] = 0
     T[v]     = theta_0 if v == 0 else theta_{v-1}
     G[v]     = theta_0 - T[v]                    (G[0] = G[1] = 0)
 
-Variants kept on purpose because the published numbers were computed with them (DESIGN section 2):
+Variants kept on purpose because the published numbers were computed with them (docs/design.md §2):
 
 * In ``approx`` mode (q(n) = delta_1, "PF on binarized data") E[n] = 1 on every nonzero, Delta is
   still learned, and the reported bound still uses the local ELBO ``sum_nz log(expm1(x))``.
@@ -73,7 +73,7 @@ def _check_Y(Y, V=None):
 
 
 def init_delta(Y, V):
-    """Initial decrements from the training histogram (DESIGN section 2, "Initialization").
+    """Initial decrements from the training histogram (docs/design.md §2, "Initialization").
 
     With n_l = #{y == l} and nnz = #{y > 0}:  Delta_l = n_l / (nnz + n_1 + ... + n_l), l = 1..V.
     Returns an array of length V + 1 with delta[0] = 0.
@@ -136,7 +136,7 @@ def log_expm1(x):
 
 
 def local_step(Y, GW, GH, delta, approx=False):
-    """Local step of DESIGN section 2, dense.
+    """Local step of docs/design.md §2, dense.
 
     Lambda = GW @ GH.T (dense, all entries); on the nonzeros x = Lambda * Delta_y,
     E[n] = x / (1 - exp(-x)) (approx: E[n] = 1), and the expected allocations summed over the
@@ -201,7 +201,7 @@ def delta_objective(delta, Y, En, lam, V):
 
 
 def update_delta(Y, En, lam, V):
-    """VBEM closed form (paper eq. "update delta"; DESIGN step 2), dense:
+    """VBEM closed form (paper eq. "update delta"; docs/design.md §2 step 2), dense:
 
         Delta_l = sum_{y_ui == l} E[n_ui] / sum_{all (u, i) with y_ui <= l} lambda_ui
 
@@ -242,7 +242,7 @@ def gamma_elbo_terms(alpha, beta, a, b):
 
 
 def elbo_value(Y, elbo_local, theta, EW, EH, aW, bW, aH, bH, betaW, betaH, alpha_W, alpha_H):
-    """DESIGN step 6, dense:
+    """docs/design.md §2 step 6, dense:
 
         ELBO = elbo_local - theta_0 sum_{all (u,i)} lambda_ui + sum_nz G_y lambda_ui
                + gamma prior/posterior terms of W and H,
@@ -277,7 +277,7 @@ def fit(
     approx=False,
     fixed_delta=None,
 ):
-    """Exact CAVI for IG-OrdNMF (DESIGN section 2), dense.
+    """Exact CAVI for IG-OrdNMF (docs/design.md §2), dense.
 
     ``fixed_delta`` (V + 1,): keep Delta at this value and skip step 2 (BePoF with theta_0 = 1).
 
@@ -314,7 +314,7 @@ def fit(
     theta = thresholds(delta)
     loc = local_step(Y, EW, EH, delta, approx)  # first local step: GW = W0, GH = H0
 
-    elbo = []  # reported bound (DESIGN step 6); drives the stopping rule
+    elbo = []  # reported bound (docs/design.md §2 step 6); drives the stopping rule
     objective = []  # bound of the q actually ascended; == elbo unless approx
     ElogW = ElogH = aW = bW = aH = bH = betaW = betaH = None
     for n in range(max_iter):
@@ -376,7 +376,7 @@ def fit(
 
 
 # --------------------------------------------------------------------------------------------
-# Evaluation (DESIGN section 3)
+# Evaluation (docs/design.md §3)
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Dense numpy reference ("oracle") of dcPF with the logarithmic element distribution.
 
-Written from DESIGN.md section 5 and the published variant of the algorithm (Gouvert, Oberlin &
+Written from docs/design.md §5 and the published variant of the algorithm (Gouvert, Oberlin &
 Fevotte, UAI 2019; Basbug & Engelhardt 2016), independently of ``ordnmf_dask``.  Everything is
 dense and deliberately naive, like ``tests/oracle.py`` (whose Gamma prior/posterior ELBO term it
 reuses):

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import zarr
 
-from ordnmf_dask.io import InputError, StoreError, ingest, ingest_arrays, open_store, read_block
-from ordnmf_dask.io import store as store_module
+from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.store import blocks as store_module
+from ordnmf_dask.store.blocks import open_store, read_block
 
 
 def assert_nothing_left(out) -> None:
@@ -209,18 +211,18 @@ def _store(tmp_path):
 
 def test_newer_format_version(tmp_path):
     path = _store(tmp_path)
-    zarr.open_group(path, mode="r+").attrs["format_version"] = 3
-    with pytest.raises(StoreError, match="newer ordnmf_dask format 3; this version reads 2"):
+    zarr.open_group(path, mode="r+").attrs["format_version"] = 4
+    with pytest.raises(StoreError, match="newer ordnmf_dask format 4; this version reads 3"):
         open_store(path)
     with pytest.raises(StoreError, match="newer"):
         read_block(path, "train", 0, 0)
 
 
 def test_older_format_version(tmp_path):
-    """A format-1 store (a row index per nonzero) is refused, saying how to make it again."""
+    """An older store is refused, saying how to make it again."""
     path = _store(tmp_path)
     zarr.open_group(path, mode="r+").attrs["format_version"] = 1
-    with pytest.raises(StoreError, match="format 1 .*reads format 2.*ordnmf-dask ingest"):
+    with pytest.raises(StoreError, match="format 1; .*reads format 3.*ordnmf-dask ingest"):
         open_store(path)
 
 

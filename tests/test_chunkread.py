@@ -1,4 +1,4 @@
-"""Block reads decoded from the chunk files (io/chunkread.py) against zarr's own slicing."""
+"""Block reads decoded from the chunk files (store/decode.py) against zarr's own slicing."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import zarr
 
-from ordnmf_dask.io import StoreError, ingest_arrays, read_block
-from ordnmf_dask.io import store as store_module
-from ordnmf_dask.io.chunkread import WRITE_ALL, ArrayFiles, record_inventory, thread_buffer
-from ordnmf_dask.io.store import COMPRESSORS, SPLITS
+from ordnmf_dask.errors import StoreError
+from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.store import blocks as store_module
+from ordnmf_dask.store.blocks import COMPRESSORS, SPLITS, read_block
+from ordnmf_dask.store.decode import WRITE_ALL, ArrayFiles, record_inventory, thread_buffer
 
 
 def _array(path, data, chunk, **kw) -> zarr.Array:

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import zarr
 
-from ordnmf_dask.engine import checkpoint, chunkstore
+from ordnmf_dask.engine import checkpoint
+from ordnmf_dask.errors import CheckpointError
 from ordnmf_dask.model.updates import FactorChunk
+from ordnmf_dask.modelstore import chunks as chunkstore
 
 
 def _chunk(seed: int = 0) -> FactorChunk:
@@ -66,6 +68,6 @@ def test_a_checkpoint_written_then_reloaded_in_a_fit_and_a_damaged_chunk(tmp_pat
     damaged = tmp_path / "ckpt-00000004" / "W" / "1" / "mean" / "c" / "0" / "0"
     damaged.write_bytes(damaged.read_bytes()[:10])
     again = checkpoint.reload(client, path, rows, colsums)
-    with pytest.raises(checkpoint.CheckpointError, match="W/1"):
+    with pytest.raises(CheckpointError, match="W/1"):
         again["W"][1].result()
     np.testing.assert_array_equal(again["W"][0].result().geo, chunks["W"][0].geo)

@@ -15,7 +15,7 @@ import pytest
 from conftest import SHARED_DATA, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.cli import main
+from ordnmf_dask.app.cli import main
 
 ML = SHARED_DATA / "ml-latest-small" / "ratings.csv"
 

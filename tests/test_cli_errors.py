@@ -15,8 +15,8 @@ from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.cli import main
-from ordnmf_dask.io.errors import InputError
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.errors import InputError
 
 CSV = "".join(f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(10) if (u + i) % 3)
 

@@ -15,7 +15,7 @@ import dask
 import pytest
 import yaml
 
-from ordnmf_dask.config import resolve
+from ordnmf_dask.app.config import resolve
 
 CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
 YAMLS = sorted(CLUSTER.rglob("*.yaml")) + sorted(CLUSTER.rglob("*.yml"))

@@ -11,9 +11,10 @@ from conftest import dense_split, store_from_dense, synthetic_ordinal
 from daskprocs import dask_processes
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.cli import main
-from ordnmf_dask.config import ConfigError, build, estimator_kwargs, flag_overrides
-from ordnmf_dask.provenance import read_config
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.app.config import build, estimator_kwargs, flag_overrides
+from ordnmf_dask.app.provenance import read_config
+from ordnmf_dask.errors import ConfigError
 
 
 @pytest.fixture

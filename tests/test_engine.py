@@ -16,8 +16,8 @@ from distributed import Client, LocalCluster
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
-from ordnmf_dask.engine.families import Ordinal
-from ordnmf_dask.io.errors import InputError
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.model.families import OrdinalFamily
 
 K = 3
 
@@ -145,7 +145,7 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
         held = sum(client.run(lambda dask_worker: len(dask_worker.data)).values())
         counts[n] = (tasks, held)
 
-    family = Ordinal(tuple(store.hist_train.tolist()))
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
     runner = CaviRunner(
         client,
         store,
@@ -299,23 +299,23 @@ def test_restarts_keep_the_best_run(tmp_path, client, problem):
 def test_strip_block_and_chunk_homes():
     """Row strips go to the workers in contiguous runs; a strip's blocks and its user-block's W
     chunk go with it; restrictions are loose; none without workers."""
-    from ordnmf_dask.engine.cavi import _homes
+    from ordnmf_dask.engine.cavi import homes
 
-    home = _homes(["a", "b"], 4, [[0, 1, 2]])
+    home = homes(["a", "b"], 4, [[0, 1, 2]])
     assert [h["workers"] for h in home["row"]] == [["a"], ["a"], ["b"], ["b"]]
     assert all(h["allow_other_workers"] for h in home["row"])
     assert [[h["workers"][0] for h in row] for row in home["block"]] == [
         ["a"] * 3, ["a"] * 3, ["b"] * 3, ["b"] * 3,
     ]  # fmt: skip
     assert [h["workers"] for h in home["col"]] == [["a"], ["a"], ["b"]]
-    one_row = _homes(["a", "b"], 1, [[0], [1, 2]])  # one user-block cut into two strips
+    one_row = homes(["a", "b"], 1, [[0], [1, 2]])  # one user-block cut into two strips
     assert [h["workers"][0] for h in one_row["strip"][0]] == ["a", "b"]
     assert [h["workers"][0] for h in one_row["block"][0]] == ["a", "b", "b"]
     assert one_row["row"][0]["workers"] == ["a"]
-    odd = _homes(["a", "b"], 3, [[0, 1]])  # 3 strips on 2 workers: runs of 2 and 1
+    odd = homes(["a", "b"], 3, [[0, 1]])  # 3 strips on 2 workers: runs of 2 and 1
     assert [row[0]["workers"][0] for row in odd["strip"]] == ["a", "a", "b"]
     for workers in ([], ["a"]):
-        none = _homes(workers, 2, [[0, 1]])
+        none = homes(workers, 2, [[0, 1]])
         assert none["row"] == [{}, {}] and none["block"] == [[{}, {}], [{}, {}]]
 
 
@@ -343,7 +343,7 @@ def test_own_local_cluster_spills_on_process_memory_only():
     restart thresholds unchanged); the caller's Dask config is left as it was."""
     import dask
 
-    from ordnmf_dask.engine.cluster import resolve_client
+    from ordnmf_dask.dist.cluster import resolve_client
 
     before = dask.config.get("distributed.worker.memory.target")
     with resolve_client(None, 1, memory_limit="1GB") as c:

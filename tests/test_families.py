@@ -17,11 +17,11 @@ from scipy import stats
 from scipy.special import digamma, gammaln
 
 from ordnmf_dask import OrdNMF, evaluate
+from ordnmf_dask.errors import InputError
 from ordnmf_dask.estimator import PF, BePoF, DcPF
-from ordnmf_dask.io.blocking import balanced_bounds, block_sort
-from ordnmf_dask.io.errors import InputError
-from ordnmf_dask.io.store import write_store
 from ordnmf_dask.model.kernels import CsrBlock
+from ordnmf_dask.store.blocks import write_store
+from ordnmf_dask.store.grid import balanced_bounds, block_sort
 
 K = 3
 TOL = 1e-4  # stopping tolerance of the engine-vs-oracle comparisons (keeps the file fast)

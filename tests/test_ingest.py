@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from conftest import SHARED_DATA as DATA
 
-from ordnmf_dask.io import ingest, ingest_arrays, open_store, read_block, read_ids
-from ordnmf_dask.io.text import read_triples
+from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.sources.text import read_triples
+from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 
 ML = DATA / "ml-latest-small" / "ratings.csv"
 LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
@@ -274,7 +275,7 @@ def test_test_file_split(tmp_path):
 def test_auto_grid_bounds_rows_per_block():
     """Sparse data: blocks hold at most MAX_BLOCK_ROWS users / items whatever the nonzeros, also
     where nnz quantiles would put a long tail of degree-1 users into one range."""
-    from ordnmf_dask.io.blocking import MAX_BLOCK_ROWS, bounds_from_degrees
+    from ordnmf_dask.store.grid import MAX_BLOCK_ROWS, bounds_from_degrees
 
     n_heavy, n_tail = 1000, 3 * MAX_BLOCK_ROWS + 5
     user_deg = np.concatenate([np.full(n_heavy, 5000), np.ones(n_tail, dtype=np.int64)])

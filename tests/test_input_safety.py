@@ -12,10 +12,11 @@ import zarr
 from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.cli import main
-from ordnmf_dask.io import InputError, ingest
-from ordnmf_dask.io.ooc import ingest_distributed
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.thresholds import update_delta
+from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.inmemory import ingest
 
 
 def write(tmp_path, name: str, text: str):

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from ordnmf_dask import interrupt
+from ordnmf_dask.dist import interrupt
 
 
 def test_a_swallowed_sigint_is_raised_again_at_the_next_check():

@@ -166,7 +166,7 @@ def test_sddmm_and_spmm_pair_against_dense():
 
 
 def _dcpf_direct(y: np.ndarray, gw: np.ndarray, gh: np.ndarray, p: float, t: float):  # noqa: ANN202
-    """dcPF-Log local step written directly from DESIGN.md section 5 on dense arrays."""
+    """dcPF-Log local step written directly from docs/design.md §5 on dense arrays."""
     mask = y > 0
     lam = gw @ gh.T
     s = t * lam[mask]

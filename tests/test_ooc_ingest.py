@@ -7,9 +7,10 @@ import pytest
 import zarr
 from conftest import SHARED_DATA as DATA
 
-from ordnmf_dask.io import InputError, ingest
-from ordnmf_dask.io.ooc import ingest_distributed
-from ordnmf_dask.io.split import pair_hash, random_test_mask
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.split import pair_hash, random_test_mask
 
 ML = DATA / "ml-latest-small" / "ratings.csv"
 LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"

@@ -15,9 +15,9 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF, ingest
-from ordnmf_dask.io.errors import InputError
-from ordnmf_dask.io.store import open_store
-from ordnmf_dask.modelstore import is_model
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.modelstore.model import is_model
+from ordnmf_dask.store.blocks import open_store
 
 K = 2
 

@@ -10,11 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 from test_ooc_ingest import assert_same_store
 
-from ordnmf_dask.cli import main
-from ordnmf_dask.io import InputError, ingest
-from ordnmf_dask.io.chunks import input_format
-from ordnmf_dask.io.ooc import _plan, ingest_distributed
-from ordnmf_dask.io.parallel import Runner
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.dist.runner import Runner
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.distributed import ingest_distributed, plan
+from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.textsplit import input_format
 
 NOT_SOURCE = ("created", "source")
 
@@ -70,7 +71,7 @@ def test_one_task_per_row_group_never_a_whole_file(tmp_path, monkeypatch):
     u, i, v = random_parts(2, n_files=1)[0]
     path = write_parquet(tmp_path / "a.parquet", {"user": u, "item": i, "rating": v}, 40)
     formats = [input_format(str(path), None, None, (0, 1, 2))]
-    chunks = _plan(Runner(), formats, chunk_bytes=2**30)
+    chunks = plan(Runner(), formats, chunk_bytes=2**30)
     assert [(c.group, c.first_row, c.n_rows) for c in chunks] == [
         (g, 40 * g, min(40, 300 - 40 * g)) for g in range(8)
     ]

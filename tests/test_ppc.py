@@ -9,7 +9,7 @@ from scipy.stats import nbinom
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.model import simulate
-from ordnmf_dask.ppc import posterior_predictive
+from ordnmf_dask.postfit.ppc import posterior_predictive
 
 
 def test_sample_ordinal_follows_the_model_cdf():
@@ -62,7 +62,7 @@ def test_ppc_histogram_covers_all_pairs_and_tracks_the_data(tmp_path, client):
 
 
 def test_figures_are_written(tmp_path):
-    from ordnmf_dask import plots
+    from ordnmf_dask.app import plots
 
     files = [
         plots.plot_elbo({"a": [-3.0, -2.0, -1.5]}, tmp_path / "elbo.png"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ordnmf_dask.progress import track
+from ordnmf_dask.dist.progress import track
 
 
 def _slow(x):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 from conftest import SHARED_DATA
 
-from ordnmf_dask import OrdNMF, evaluate
-from ordnmf_dask.io import ingest
+from ordnmf_dask import OrdNMF, evaluate, ingest
 
 
 def test_movielens_small_reaches_the_published_ndcg(tmp_path, client):

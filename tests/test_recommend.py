@@ -1,6 +1,6 @@
 """Recommendations (all users to part files, given users) and fold-in of new users.
 
-Every result is compared with a dense numpy oracle written here from DESIGN.md: scores
+Every result is compared with a dense numpy oracle written here from docs/design.md: scores
 E[W] E[H]^T with the training nonzeros excluded (ties to the lower item index), and the W half of
 CAVI iterated with H and the thresholds fixed.
 """
@@ -18,14 +18,14 @@ from distributed import Client
 from scipy.special import digamma
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.cli import main
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.errors import InputError
 from ordnmf_dask.estimator import BePoF, DcPF
-from ordnmf_dask.foldin import fold_in, recommend_for
-from ordnmf_dask.io.errors import InputError
 from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
-from ordnmf_dask.modelstore import open_model
-from ordnmf_dask.recommendations import recommend
+from ordnmf_dask.modelstore.model import open_model
+from ordnmf_dask.postfit.foldin import fold_in, recommend_for
+from ordnmf_dask.postfit.recommend import recommend
 
 V, K = 4, 3
 
@@ -176,7 +176,7 @@ def test_edge_users_in_part_files(grid23, mclient, tmp_path):
 
 
 def test_part_file_written_in_slabs(grid23, mclient, tmp_path, monkeypatch):
-    import ordnmf_dask.recommendations as rec
+    import ordnmf_dask.postfit.recommend as rec
 
     out = rec.recommend(grid23.store, grid23.model, mclient, n=3, out=tmp_path / "r")
     rb = grid23.store.row_bounds
@@ -334,7 +334,7 @@ def test_evaluate_on_a_user_sample_matches_the_oracle_on_those_users(tmp_path, m
     test log-likelihood still covers every test nonzero."""
     import oracle
 
-    from ordnmf_dask.evaluate import evaluate, sampled_users
+    from ordnmf_dask.postfit.evaluate import evaluate, sampled_users
 
     train, test = dense_split(synthetic_ordinal(41, 23, V, k=K, density=0.35, seed=5))
     store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 2))

@@ -7,7 +7,7 @@ import csv
 
 from conftest import SHARED_DATA
 
-from ordnmf_dask.cli import main
+from ordnmf_dask.app.cli import main
 
 
 def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):

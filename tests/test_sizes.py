@@ -8,7 +8,7 @@ from dask.sizeof import sizeof
 from distributed import wait
 
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
-from ordnmf_dask.engine.families import Ordinal
+from ordnmf_dask.model.families import OrdinalFamily
 from ordnmf_dask.model.foldin import FoldIn
 from ordnmf_dask.model.kernels import CsrBlock, LocalStats, RowStats
 from ordnmf_dask.model.updates import FactorChunk
@@ -37,7 +37,7 @@ def test_scheduler_knows_the_size_of_factor_chunks(tmp_path, client):
     workers' managed memory) covers its (n, K) arrays."""
     y = synthetic_ordinal(30, 20, 3, seed=1)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 1))
-    family = Ordinal(tuple(store.hist_train.tolist()))
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
     runner = CaviRunner(client, store, family, CaviConfig(4, max_iter=1), str(tmp_path),
                         cache_blocks=True)  # fmt: skip
     w, _ = runner.random_init()

@@ -11,16 +11,9 @@ import numpy as np
 import pytest
 import zarr
 
-from ordnmf_dask.io import (
-    Block,
-    InputError,
-    StoreError,
-    StoreInfo,
-    ingest_arrays,
-    open_store,
-    read_block,
-    read_ids,
-)
+from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.store.blocks import Block, StoreInfo, open_store, read_block, read_ids
 
 REQUIRED_ATTRS = {
     "format_version", "complete", "n_users", "n_items", "n_classes", "value_kind", "thresholds",
@@ -42,7 +35,7 @@ def test_layout_and_attrs(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*")) and not list(tmp_path.glob("*.old-*"))
     attrs = json.loads((tmp_path / "s.zarr" / "zarr.json").read_text())["attributes"]
     assert REQUIRED_ATTRS <= set(attrs)
-    assert attrs["format_version"] == 2 and attrs["complete"] is True
+    assert attrs["format_version"] == 3 and attrs["complete"] is True
     assert attrs["grid"] == [2, 3] and attrs["split"] == "random"
     assert attrs["value_kind"] == "counts"
     assert len(attrs["hist_train"]) == info.n_classes + 1 == 11 and attrs["hist_train"][0] == 0

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import zarr
 
-from ordnmf_dask.io import StoreError, ingest_arrays, open_store, read_block, read_ids
-from ordnmf_dask.io.chunkread import ChunkFiles, chunk_path
-from ordnmf_dask.io.ooc import ingest_distributed
-from ordnmf_dask.io.store import AXES, SPLITS
-from ordnmf_dask.io.synth import synth
+from ordnmf_dask.errors import StoreError
+from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.sources.synth import synth
+from ordnmf_dask.store.blocks import AXES, SPLITS, open_store, read_block, read_ids
+from ordnmf_dask.store.decode import ChunkFiles, chunk_path
 
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
     f"{s}/{f}" for s in SPLITS for f in ("indptr", "cols", "y", "raw", "offsets")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import zarr
 
-from ordnmf_dask.cli import main
-from ordnmf_dask.io import InputError, open_store, read_block
-from ordnmf_dask.io import synth as synth_mod
-from ordnmf_dask.io.synth import (
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources import synth as synth_mod
+from ordnmf_dask.sources.synth import (
     FACTOR_ROWS,
     SynthParams,
     class_probabilities,
@@ -18,6 +18,7 @@ from ordnmf_dask.io.synth import (
     synth,
     true_factors,
 )
+from ordnmf_dask.store.blocks import open_store, read_block
 
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
     f"{s}/{f}" for s in ("train", "test") for f in ("indptr", "cols", "y", "raw", "offsets")

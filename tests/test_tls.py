@@ -16,8 +16,8 @@ from distributed import Client
 from distributed.security import Security
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.cli import main
-from ordnmf_dask.provenance import read_config
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.app.provenance import read_config
 
 MAKE_CERTS = Path(__file__).resolve().parents[1] / "cluster" / "tls" / "make-certs.sh"
 

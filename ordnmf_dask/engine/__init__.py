@@ -1,0 +1,1 @@
+"""The exact CAVI fit on a Dask cluster: the iteration loop, its worker tasks and checkpoints."""

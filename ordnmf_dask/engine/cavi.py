@@ -1,4 +1,4 @@
-"""The exact CAVI loop on a Dask cluster (DESIGN.md sections 2, 4 and 5).
+"""The exact CAVI loop on a Dask cluster (docs/design.md §2, §4 and §5).
 
 One loop for every model family (:mod:`.families`). Per iteration, up to three passes over the
 block grid, each a map over strips of blocks followed by fixed-order tree reductions on the
@@ -37,19 +37,17 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
-from ..io.errors import InputError
-from ..io.store import StoreInfo
-from . import checkpoint, reduce, tasks
-from .families import Family
-from .reduce import tree_sum
+from ordnmf_dask.dist import reduce
+from ordnmf_dask.dist.reduce import tree_sum
+from ordnmf_dask.engine import checkpoint, tasks
+from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError
+from ordnmf_dask.model.families import Family
+from ordnmf_dask.store.blocks import StoreInfo
 
 log = logging.getLogger(__name__)
 
 ROUNDOFF = 1e-10  # relative ELBO decrease tolerated as floating-point round-off
 
-
-class ELBODecreaseError(RuntimeError):
-    """The ELBO decreased by more than round-off: a bug, never silenced."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,7 @@ class CaviRunner:
         # row strips: user-block r x a run of item-blocks; column strips: the transpose
         self.groups = runs(np.diff(store.col_bounds), n_r, MAX_STRIP_COLS)
         self.row_runs = runs(np.diff(store.row_bounds), n_c, MAX_STRIP_ROWS)
-        self._home = _homes(sorted(client.scheduler_info()["workers"]), n_r, self.groups)
+        self._home = homes(sorted(client.scheduler_info()["workers"]), n_r, self.groups)
         if cache_blocks:
             load, home = tasks.materialize, self._home["block"]
             self.blocks = [
@@ -240,7 +238,7 @@ class CaviRunner:
 
     # -- the loop ------------------------------------------------------------------------
     def _iteration(self, st: _Flight) -> _Flight:
-        """Submit one iteration (DESIGN.md section 2 steps 1-6) after ``st``; nothing waits.
+        """Submit one iteration (docs/design.md §2 steps 1-6) after ``st``; nothing waits.
 
         Every input is a future, the global parameters included (step 2 runs on a worker), so
         the client can submit iteration n + 1 before iteration n's bound has come back.
@@ -310,7 +308,7 @@ class CaviRunner:
         resume: bool = False,
         required: bool = False,
     ) -> CaviState:
-        """Iterate DESIGN.md section 2 steps 1-6 until the relative ELBO gain is below tol.
+        """Iterate docs/design.md §2 steps 1-6 until the relative ELBO gain is below tol.
 
         The first local step uses the initial E[W], E[H] directly as geometric means. Each
         iteration: (1) empirical-Bayes prior rates (inside the chunk updates, from the current
@@ -334,7 +332,7 @@ class CaviRunner:
                     client, self.checkpoint_dir, self._rows(), self.fingerprint, cfg.max_iter
                 )
                 log.info("resuming from %s (iteration %d)", path, snap.iteration)
-            except checkpoint.CheckpointError as exc:
+            except CheckpointError as exc:
                 if required:
                     raise InputError(f"cannot resume: {exc}") from None
                 log.warning("starting from scratch: %s", exc)
@@ -444,7 +442,7 @@ def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:
     return out
 
 
-def _homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, list[Any]]:
+def homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, list[Any]]:
     """Preferred workers (``submit`` keywords) of each row strip, block, W chunk and H chunk.
 
     Row strips go to the n workers in contiguous runs in grid order (strip s of S on worker

@@ -35,10 +35,10 @@ import numpy as np
 import zarr
 from distributed import Client, Future, wait
 
-from ..io.errors import InputError
-from ..io.store import group_attrs
-from ..model.updates import FactorChunk
-from . import chunkstore
+from ordnmf_dask.errors import CheckpointError, InputError
+from ordnmf_dask.model.updates import FactorChunk
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.store.blocks import group_attrs
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,6 @@ _NAME = re.compile(r"^ckpt-(\d{8})$")
 _ANY = re.compile(r"^ckpt-(\d{8})(\.tmp)?$")  # finished or not
 GROUPS = ("W", "H", "SW", "SH")
 
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint, or one written for another store or configuration."""
 
 
 @dataclass

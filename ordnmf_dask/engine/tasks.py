@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from ..io.store import read_block
-from ..model import kernels
-from ..model.kernels import CsrBlock, RowStats
-from ..model.updates import FactorChunk, update_chunk
-from .families import Family
-from .reduce import resolve
+from ordnmf_dask.dist.reduce import resolve
+from ordnmf_dask.model import kernels
+from ordnmf_dask.model.families import Family
+from ordnmf_dask.model.kernels import CsrBlock, RowStats
+from ordnmf_dask.model.updates import FactorChunk, update_chunk
+from ordnmf_dask.store.csr import load_block
 
 INIT_ROWS = 4096  # rows per random-initialization seed: the init does not depend on the grid
 
@@ -27,29 +27,6 @@ class BlockRef:
     r: int
     c: int
     values: str = "class"
-
-
-def load_block(
-    path: str, split: str, r: int, c: int, values: str = "class", reuse: bool = False
-) -> CsrBlock:
-    """Read block (r, c) of ``split`` from the zarr store.
-
-    ``values``: "class" (uint8 classes), "raw" (float64 raw values, e.g. play counts) or
-    "ge:S" (classes binarized at S: nonzeros with class >= S become 1, the others are dropped).
-    ``reuse``: see :func:`~ordnmf_dask.io.store.read_block` (valid until the thread's next
-    reusing read).
-    """
-    kind = ("raw",) if values == "raw" else ("y",)
-    b = read_block(path, split, r, c, values=kind, reuse=reuse)
-    if values == "class":
-        return CsrBlock(b.indptr, b.cols, b.y, b.shape)
-    if values == "raw":
-        return CsrBlock(b.indptr, b.cols, b.raw, b.shape)
-    if values.startswith("ge:"):
-        keep = b.y >= int(values[3:])
-        ones = np.ones(int(keep.sum()), dtype=np.uint8)
-        return CsrBlock.from_coo(b.rows[keep], b.cols[keep], ones, b.shape)
-    raise ValueError(f"unknown block values {values!r}")
 
 
 def materialize(block: CsrBlock | BlockRef, reuse: bool = False) -> CsrBlock:

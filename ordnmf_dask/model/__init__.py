@@ -1,1 +1,1 @@
-"""Pure numpy / scipy numerics of IG-OrdNMF: block kernels, gamma updates, thresholds."""
+"""Pure numerics of IG-OrdNMF and dcPF on numpy arrays: block kernels, updates, metrics."""

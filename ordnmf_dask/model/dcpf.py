@@ -2,7 +2,7 @@
 
 Counts y_ui = sum of n_ui i.i.d. Log(p) elements, n_ui ~ Poisson(t Lambda_ui): y is negative
 binomial NB(r = t lambda / -log(1 - p), 1 - p). The variational factors are those of PF plus
-q(n_ui); the published local step and bound (DESIGN.md section 5) are implemented here as pure
+q(n_ui); the published local step and bound (docs/design.md §5) are implemented here as pure
 functions of one block. Limits: p = 0 is PF on the raw counts (E[n] = y), p = 1 is PF on binary
 data (E[n] = 1).
 """
@@ -15,9 +15,17 @@ import numpy as np
 from scipy.special import digamma, gammaln
 from scipy.stats import nbinom
 
-from . import arena
-from .gamma import ASYMPTOTIC, LGAMMA_SERIES, PSI_SERIES
-from .kernels import _CHUNK, CsrBlock, LocalStats, RowStats, _f64, sddmm, spmm_pair
+from ordnmf_dask.model import arena
+from ordnmf_dask.model.gamma import ASYMPTOTIC, LGAMMA_SERIES, PSI_SERIES
+from ordnmf_dask.model.kernels import (
+    SLAB,
+    CsrBlock,
+    LocalStats,
+    RowStats,
+    as_f64,
+    sddmm,
+    spmm_pair,
+)
 
 
 def local_step_row(
@@ -39,18 +47,18 @@ def local_step_row(
     ``ew``, ``ehs`` are unused (the rates have no sparse correction) but keep one signature.
 
     Lambda is a compiled SDDMM (nnz,), E[n] and the bound use scipy's digamma / gammaln on slabs
-    of ``_CHUNK`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
+    of ``SLAB`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
     """
-    gw = _f64(gw)
+    gw = as_f64(gw)
     sw = arena.zeros(gw.shape)
     sums = np.zeros(3)  # sum E[n], sum y, bound
     sh = []
     for block, gh in zip(blocks, ghs, strict=True):
-        gh = _f64(gh)
+        gh = as_f64(gh)
         lam_geo = sddmm(block.rows, block.cols, gw, gh)
         ratio = np.empty_like(lam_geo)
-        for start in range(0, block.nnz, _CHUNK):
-            part = slice(start, start + _CHUNK)
+        for start in range(0, block.nnz, SLAB):
+            part = slice(start, start + SLAB)
             en, elbo = _counts_terms(block.y[part].astype(np.float64), t * lam_geo[part], p)
             ratio[part] = en / lam_geo[part]
             sums += (en.sum(), block.y[part].sum(dtype=np.float64), elbo)

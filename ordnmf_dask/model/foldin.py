@@ -1,6 +1,6 @@
 """Fold-in: the factors of NEW users from their interactions, with H and the thresholds fixed.
 
-Coordinate ascent on q(w_u) alone, i.e. the W half of one CAVI iteration (DESIGN.md section 2)
+Coordinate ascent on q(w_u) alone, i.e. the W half of one CAVI iteration (docs/design.md §2)
 repeated with q(H), Delta (or dcPF's p, t) frozen at their fitted values:
 
 1. ``beta_u = alpha_W / mean_k E[w_uk]``                      (empirical-Bayes prior rate)
@@ -15,7 +15,8 @@ exactly as the fit uses its initial draws. Each user stops on its own when the r
 frozen), so a user's result does not depend on the other users folded in with it.
 
 Only K column sums of E[H] and the rows of E[H], E[log H] of the touched items are needed.
-Pure numpy / scipy; the orchestration (which rows to read, where) is in :mod:`ordnmf_dask.foldin`.
+Pure numpy / scipy; the orchestration (which rows to read, where) is in
+:mod:`ordnmf_dask.postfit.foldin`.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dcpf, kernels
-from .gamma import gamma_moments
-from .kernels import CsrBlock
-from .sizes import held_bytes
-from .thresholds import gap_from_delta, theta_from_delta
-from .updates import empirical_bayes_rate
+from ordnmf_dask.model import dcpf, kernels
+from ordnmf_dask.model.gamma import gamma_moments
+from ordnmf_dask.model.kernels import CsrBlock
+from ordnmf_dask.model.sizes import held_bytes
+from ordnmf_dask.model.thresholds import gap_from_delta, theta_from_delta
+from ordnmf_dask.model.updates import empirical_bayes_rate
 
 
 @dataclass(frozen=True)

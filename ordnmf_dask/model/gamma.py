@@ -69,7 +69,7 @@ def digamma_lgamma(x: float) -> tuple[float, float]:
 def gamma_update(  # noqa: ANN201
     alpha, old_mean, shape_stat, rate_base, correction, mean, geo, shape  # noqa: ANN001
 ):
-    """Fused Gamma update of n rows (DESIGN.md section 2 steps 1 and 3/4), one pass.
+    """Fused Gamma update of n rows (docs/design.md §2 steps 1 and 3/4), one pass.
 
     alpha : prior shape; old_mean : (n, K) E[x] before the update (empirical-Bayes rate
     beta = alpha / mean_k E[x]); shape_stat : (n, K) SW or SH; rate_base : (K,) theta_0 times the

@@ -47,11 +47,11 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import arena
-from .csr import expand_rows, row_pointer
-from .sizes import held_bytes
+from ordnmf_dask.model import arena
+from ordnmf_dask.model.csr import expand_rows, row_pointer
+from ordnmf_dask.model.sizes import held_bytes
 
-_CHUNK = 1 << 16  # nonzeros per slab where nnz-length temporaries are slabbed (dcPF special funcs)
+SLAB = 1 << 16  # nonzeros per slab where nnz-length temporaries are slabbed (dcPF special funcs)
 
 _TILE_BYTES = 3 << 18  # 768 KiB of one item-side factor table per column tile (fits in L2)
 
@@ -160,7 +160,7 @@ def split_ordinal_small(small: np.ndarray) -> tuple[np.ndarray, np.ndarray, floa
     return small[:v1], small[v1 : 2 * v1], float(small[-2]), float(small[-1])
 
 
-def _f64(a: np.ndarray) -> np.ndarray:
+def as_f64(a: np.ndarray) -> np.ndarray:
     """C-contiguous float64 view (no copy when it already is one)."""
     return np.ascontiguousarray(a, dtype=np.float64)
 
@@ -378,7 +378,7 @@ def _check_classes(block: CsrBlock, n_values: int) -> None:
 
 def sddmm(rows: np.ndarray, cols: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``out[j] = a[rows[j]] . b[cols[j]]``: (nnz,) float64; a (n, K), b (m, K)."""
-    return _sddmm(np.asarray(rows), np.asarray(cols), _f64(a), _f64(b))
+    return _sddmm(np.asarray(rows), np.asarray(cols), as_f64(a), as_f64(b))
 
 
 def spmm_pair(
@@ -386,10 +386,10 @@ def spmm_pair(
 ) -> np.ndarray:
     """Add ``R @ gh`` into ``sw`` (n_rows, K, float64) and return ``R^T @ gw`` (n_cols, K), with
     R the block holding ``ratio`` (nnz,) float64 (neither is scaled by gw / gh)."""
-    gw, gh = _f64(gw), _f64(gh)
+    gw, gh = as_f64(gw), as_f64(gh)
     sh = arena.zeros((gh.shape[0], gh.shape[1]))
     _spmm_pair(
-        block.indptr, block.cols, _f64(ratio), gw, gh, _tile_cols(gw.shape[1], block), sw, sh
+        block.indptr, block.cols, as_f64(ratio), gw, gh, _tile_cols(gw.shape[1], block), sw, sh
     )
     return sh
 
@@ -416,7 +416,7 @@ def local_step_row(
     delta: np.ndarray,
     approx: bool,
 ) -> RowStats:
-    """Local CAVI step (DESIGN.md section 2) over blocks (r, c) of one user-block r for a run of
+    """Local CAVI step (docs/design.md §2) over blocks (r, c) of one user-block r for a run of
     item-blocks c, one fused pass over each block's nonzeros.
 
     Parameters
@@ -431,17 +431,17 @@ def local_step_row(
     Returns SW (n_rows, K) summed over the blocks (one accumulator: no per-block partials), SH
     per block and ``small`` (:func:`ordinal_small`), float64.
     """
-    delta, gw, ew = _f64(delta), _f64(gw), _f64(ew)
+    delta, gw, ew = as_f64(delta), as_f64(gw), as_f64(ew)
     v1 = delta.shape[0]
     sw = arena.zeros(gw.shape)
     total, comp = np.zeros(2 * v1 + 2), np.zeros(2 * v1 + 2)  # Neumaier pairs
     sh = []
     for block, gh, eh in zip(blocks, ghs, ehs, strict=True):
         _check_classes(block, v1)
-        gh = _f64(gh)
+        gh = as_f64(gh)
         part = arena.zeros(gh.shape)
         _ordinal_pass(
-            block.indptr, block.cols, block.y, gw, gh, ew, _f64(eh), delta, bool(approx),
+            block.indptr, block.cols, block.y, gw, gh, ew, as_f64(eh), delta, bool(approx),
             _tile_cols(gw.shape[1], block), sw, part, total, comp,
         )  # fmt: skip
         part *= gh
@@ -466,11 +466,11 @@ def local_step(
 
 def _corrections(kernel, axis: int, blocks, gap, factors) -> np.ndarray:  # noqa: ANN001
     """Run a rate-correction ``kernel`` over ``blocks`` into one (block.shape[axis], K) array."""
-    gap = _f64(gap)
+    gap = as_f64(gap)
     out = None
     for block, f in zip(blocks, factors, strict=True):
         _check_classes(block, gap.shape[0])
-        f = _f64(f)
+        f = as_f64(f)
         if out is None:
             out = arena.zeros((block.shape[axis], f.shape[1]))
         kernel(block.indptr, block.cols, block.y, gap, f, out)

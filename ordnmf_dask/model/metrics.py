@@ -1,15 +1,15 @@
-"""Evaluation numerics (DESIGN.md section 3): top-k candidates, NDCG@k, test log-likelihood.
+"""Evaluation numerics (docs/design.md §3): top-k candidates, NDCG@k, test log-likelihood.
 
 Pure numpy functions over one block or one user-block; the orchestration is in
-:mod:`ordnmf_dask.evaluate`. Ties in scores are broken by the lower item index.
+:mod:`ordnmf_dask.postfit.evaluate`. Ties in scores are broken by the lower item index.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .kernels import CsrBlock, sddmm
-from .thresholds import theta_from_delta
+from ordnmf_dask.model.kernels import CsrBlock, sddmm
+from ordnmf_dask.model.thresholds import theta_from_delta
 
 _SCORE_BUDGET = 1 << 22  # floats in one dense (users x items) score slab
 

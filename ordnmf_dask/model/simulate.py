@@ -1,4 +1,4 @@
-"""Posterior predictive simulation (DESIGN.md section 2, "PPC"): pure numpy, one block at a time."""
+"""Posterior predictive simulation (docs/design.md §2, "PPC"): pure numpy, one block at a time."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import numpy as np
 
 
 def init_delta(hist: np.ndarray) -> np.ndarray:
-    """Delta from the training histogram (DESIGN.md section 2).
+    """Delta from the training histogram (docs/design.md §2).
 
     ``hist`` has shape (V + 1,), ``hist[v]`` = number of training nonzeros of class v (``hist[0]``
     is ignored). Returns ``Delta_l = n_l / (nnz + n_1 + ... + n_l)`` with ``Delta_0 = 0``.
@@ -40,7 +40,7 @@ def gap_from_delta(delta: np.ndarray) -> np.ndarray:
 def update_delta(
     en_by_class: np.ndarray, lam_by_class: np.ndarray, total_lambda: float
 ) -> np.ndarray:
-    """Closed-form VBEM update of Delta (DESIGN.md section 2, step 2).
+    """Closed-form VBEM update of Delta (docs/design.md §2 step 2).
 
     Parameters
     ----------

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import arena
-from .gamma import gamma_update
-from .sizes import held_bytes
+from ordnmf_dask.model import arena
+from ordnmf_dask.model.gamma import gamma_update
+from ordnmf_dask.model.sizes import held_bytes
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class FactorChunk:
     """Variational state of a contiguous range of rows of W (or H).
 
     mean : (n, K) E[x]; geo : (n, K) exp(E[log x]) (at a random or warm-start initialization:
-    the draws themselves, DESIGN.md section 2); shape : (n, K) Gamma posterior shape and
+    the draws themselves, docs/design.md §2); shape : (n, K) Gamma posterior shape and
     prior_rate : (n, 1) the empirical-Bayes rate of this update (both None at init);
     elbo : this chunk's prior/posterior ELBO term. The posterior rate and E[log x] are derived
     (``rate``, ``log_mean``): the passes need only ``mean`` and ``geo``, and not keeping the other
@@ -64,7 +64,7 @@ def update_chunk(
     theta0_colsum: np.ndarray,
     correction: np.ndarray | None,
 ) -> FactorChunk:
-    """Gamma update of one chunk (DESIGN.md section 2, steps 1 and 3/4).
+    """Gamma update of one chunk (docs/design.md §2 steps 1 and 3/4).
 
     Parameters
     ----------

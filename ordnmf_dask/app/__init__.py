@@ -1,0 +1,1 @@
+"""The command line (``ordnmf-dask``), job files, the paper's reproduction and its figures."""

@@ -1,0 +1,636 @@
+"""The ``ordnmf-dask`` command: ingest, info, fit, evaluate.
+
+Exit codes: 0 success; 1 internal error (a bug: please report it with ``--debug`` output);
+2 bad input, configuration or local I/O (a path that cannot be written); 3 cluster failure
+(scheduler unreachable, workers lost); 4 numerical failure (ELBO decreased or became
+non-finite); 130 interrupted (Ctrl-C / SIGINT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeGuard
+
+from ordnmf_dask import __version__
+from ordnmf_dask.dist import interrupt
+from ordnmf_dask.errors import InputError, UsageError
+
+log = logging.getLogger("ordnmf_dask")
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_CLUSTER, EXIT_NUMERIC = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers joined by commas: {text!r}") from None
+
+
+def _columns(text: str) -> list[int | str]:
+    """user,item,value columns: 0-based positions (digits) or names."""
+    return [int(t) if t.strip().isdigit() else t.strip() for t in text.split(",") if t.strip()]
+
+
+def _counts(text: str) -> str | list[float]:
+    if text == "paper":
+        return text
+    try:
+        return [float(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--counts takes 'paper' or increasing numbers T1,T2,...: {text!r}"
+        ) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ordnmf-dask",
+        description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 bad input/config/local I/O, "
+        "3 cluster failure, 4 numerical failure, 130 interrupted.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    _logging_args(p)
+    common = argparse.ArgumentParser(add_help=False)
+    _logging_args(common, default=argparse.SUPPRESS)  # given after the command, or before it
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
+
+    ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
+    ing.add_argument("inputs", nargs="+",
+                     help="CSV / TSV / .dat / .parquet files, or directories of Parquet files "
+                          "(concatenated)")
+    ing.add_argument("--out", required=True, help="store directory to create")
+    ing.add_argument("--ratings", choices=["halfstar", "integer"],
+                     help="ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V")
+    ing.add_argument("--scale-max", type=int, help="V for --ratings integer (default: max seen)")
+    ing.add_argument("--counts", type=_counts,
+                     help="quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or T1,T2,...")
+    ing.add_argument("--binarize", type=float, metavar="S", help="class 1 where value >= S")
+    ing.add_argument("--min-count", type=int, default=0,
+                     help="drop items, then users, with fewer interactions")
+    ing.add_argument("--filter", dest="filter_mode", choices=["paper", "stable"], default="paper",
+                     help="paper: one pass (items then users); stable: iterate until stable")
+    ing.add_argument("--duplicates", choices=["error", "sum", "max", "last"], default="error")
+    split = ing.add_mutually_exclusive_group()
+    split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
+    split.add_argument("--test-fraction", type=float, default=0.2)
+    ing.add_argument("--seed", type=int, default=0, help="seed of the random split")
+    ing.add_argument("--nnz-per-block", type=int, default=2**21)
+    ing.add_argument("--grid", type=_int_list, help="explicit block grid R,C")
+    ing.add_argument("--delimiter", help="field delimiter (default: detected)")
+    hdr = ing.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="header", action="store_true", default=None)
+    hdr.add_argument("--no-header", dest="header", action="store_false")
+    ing.add_argument("--columns", type=_columns, default=[0, 1, 2],
+                     help="user,item,value columns: 0-based positions or names (default 0,1,2)")
+    ing.add_argument("--overwrite", action="store_true")
+    ing.add_argument("--distributed", action="store_true",
+                     help="out-of-core ingest on a cluster (bounded memory; random split only)")
+    ing.add_argument("--chunk-bytes", type=int, default=2**24,
+                     help="with --distributed: bytes of text per parsing task (default 16 MiB)")
+    _cluster_args(ing)
+
+    syn = add("synth", help="sample a synthetic IG-OrdNMF dataset into a store")
+    syn.add_argument("--out", required=True, help="store directory to create")
+    syn.add_argument("--users", type=int, required=True, help="U")
+    syn.add_argument("--items", type=int, required=True, help="I")
+    syn.add_argument("--nnz", type=float, required=True, help="expected nonzeros (e.g. 1e7)")
+    syn.add_argument("-k", "--n-components", type=int, required=True, help="true K")
+    syn.add_argument("--classes", type=int, default=10, help="V (default 10)")
+    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--shape", type=float, default=0.3, help="Gamma shape of W and H")
+    syn.add_argument("--test-fraction", type=float, default=0.2)
+    syn.add_argument("--nnz-per-block", type=int, default=2**21)
+    syn.add_argument("--overwrite", action="store_true")
+    _cluster_args(syn)
+
+    inf = add("info", help="summary of a store (exit 2 if incomplete or unreadable)")
+    inf.add_argument("store")
+    inf.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    # Defaults of fit live in ordnmf_dask.app.config (None here = flag not given, so that a flag
+    # overrides the --config file only when the user gave it).
+    fit = add("fit", help="fit IG-OrdNMF on a store (flags override --config FILE)")
+    fit.add_argument("store", nargs="?", help="store directory (or [store] path in --config)")
+    fit.add_argument("--out", help="model directory to write (or [output] model)")
+    fit.add_argument("-k", "--n-components", type=int, help="latent factors K")
+    fit.add_argument("--model", dest="model_kind", choices=["ordnmf", "bepof", "pf", "dcpf"],
+                     help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
+    fit.add_argument("--threshold", type=int, help="bepof / pf: binarize classes >= S (default 1)")
+    fit.add_argument("--p", type=float, help="dcpf: starting element parameter (default 0.5)")
+    fit.add_argument("--alpha-w", type=float, help="default 0.3")
+    fit.add_argument("--alpha-h", type=float, help="default 0.3")
+    fit.add_argument("--tol", type=float, help="default 1e-5")
+    fit.add_argument("--max-iter", type=int, help="default 1000")
+    fit.add_argument("--min-iter", type=int, help="default 0")
+    fit.add_argument("--seed", type=int, help="seed of the random initialization (default 0)")
+    fit.add_argument("--approx", action="store_true", default=None,
+                     help="q(n) = delta_1 (PF on binary data)")
+    fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
+    fit.add_argument("--cache", choices=["auto", "on", "off"],
+                     help="keep training blocks in worker memory (default auto: if they fit)")
+    fit.add_argument("--checkpoint-dir", help="checkpoints here (shared by the workers); the "
+                     "same fit run again resumes from them, another fit's are never removed "
+                     "(the fit refuses to start: see --restart)")
+    fit.add_argument("--checkpoint-every", type=int, help="iterations between checkpoints "
+                     "(default 10; each also cuts the task lineage; none after the last iteration)")
+    fit.add_argument("--checkpoint-minutes", type=float, help="also checkpoint after this long")
+    fit.add_argument("--resume", action="store_true",
+                     help="require resuming: fail unless --checkpoint-dir holds a usable "
+                          "checkpoint of this fit (without it, a fit resumes when it finds one "
+                          "and starts afresh otherwise)")
+    fit.add_argument("--restart", action="store_true",
+                     help="remove the checkpoints ordnmf-dask wrote in --checkpoint-dir "
+                          "(of any fit; they are logged) and start afresh")
+    fit.add_argument("--work-dir", help="scratch directory visible to every worker")
+    fit.add_argument("--overwrite", action="store_true", default=None,
+                     help="replace --out if it is a model (nothing else is ever replaced)")
+    _cluster_args(fit)
+
+    ev = add("evaluate", help="NDCG@k and test log-likelihood of a model")
+    ev.add_argument("store")
+    ev.add_argument("model")
+    ev.add_argument("--k", type=int, default=100)
+    ev.add_argument("--levels", type=_int_list, help="relevance thresholds s (default 1..V)")
+    ev.add_argument("--user-fraction", type=float, default=1.0,
+                    help="NDCG over this random fraction of the users (default 1: all)")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
+    ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
+    _cluster_args(ev)
+
+    rec = add("recommend", help="top-N items per user in raw ids, training items excluded")
+    rec.add_argument("store")
+    rec.add_argument("model")
+    who = rec.add_mutually_exclusive_group(required=True)
+    who.add_argument("--out", help="directory of part-<r>.tsv files for all users")
+    who.add_argument("--users", help="raw user ids joined by commas: print their lists")
+    rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
+    rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    _cluster_args(rec)
+
+    rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
+    rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
+    rep.add_argument("--data", help="directory holding the shared datasets "
+                     "(default ../shared/data from the working directory)")
+    rep.add_argument("--datasets", default="movielens,tasteprofile,lastfm",
+                     help="comma-separated subset of movielens,tasteprofile,lastfm")
+    rep.add_argument("--k-grid", type=_int_list, default=[25, 50], help="K values (default 25,50)")
+    rep.add_argument("--seeds", type=_int_list, default=[0, 1, 2, 3, 4])
+    rep.add_argument("--max-iter", type=int, default=1000)
+    rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
+    _cluster_args(rep)
+    return p
+
+
+def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
+    """--debug, -q and --log-file; on the subcommands with a SUPPRESS default, so that a flag
+    given before the command is not reset by the subcommand's own default."""
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs",
+                   **default)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="only warnings and errors on stderr (--log-file still gets INFO)",
+                   **default)
+    p.add_argument("--log-file", help="also write logs to this file", **default)
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="job file (TOML); flags given override it")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="tcp://host:port of a running scheduler (default: start a LocalCluster)")
+    p.add_argument("--scheduler-file", metavar="FILE",
+                   help="scheduler file written by `dask scheduler --scheduler-file`")
+    p.add_argument("--workers", type=int, help="worker processes of the LocalCluster (default 2)")
+    p.add_argument("--threads-per-worker", type=int, help="LocalCluster threads (default 1)")
+    p.add_argument("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)")
+    p.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate: TLS to the scheduler")
+    p.add_argument("--tls-cert", metavar="PEM", help="our certificate (signed by the CA)")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+
+
+def _job(args: argparse.Namespace) -> Any:
+    """The resolved job config: --config file, then the flags the user gave."""
+    from ordnmf_dask.app.config import flag_overrides, resolve
+
+    cfg = resolve(args.config, flag_overrides(vars(args)))
+    if args.config:
+        level, path = cfg.logging.level, cfg.logging.file
+        log.setLevel(level)
+        if path and not any(getattr(h, "baseFilename", None) == os.path.abspath(path)
+                            for h in log.handlers):
+            handler = logging.FileHandler(path)
+            handler.setFormatter(log.handlers[0].formatter)
+            log.addHandler(handler)
+    return cfg
+
+
+@contextlib.contextmanager
+def _client(cluster: Any) -> Iterator[Any]:
+    """A client for the [cluster] section, or None (the API then starts a LocalCluster)."""
+    from ordnmf_dask.app.connect import open_client
+
+    with open_client(cluster) as client:
+        yield client
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ordnmf_dask.sources.inmemory import ingest
+
+    if args.grid is not None and len(args.grid) != 2:
+        raise UsageError(f"--grid takes R,C, got {args.grid}")
+    if args.columns is not None and len(args.columns) != 3:
+        raise UsageError(f"--columns takes user,item,value, got {args.columns}")
+    kwargs = dict(
+        ratings=args.ratings, counts=args.counts, binarize=args.binarize,
+        scale_max=args.scale_max, min_count=args.min_count, filter_mode=args.filter_mode,
+        duplicates=args.duplicates, test=args.test, test_fraction=args.test_fraction,
+        seed=args.seed, nnz_per_block=args.nnz_per_block,
+        grid=tuple(args.grid) if args.grid else None, overwrite=args.overwrite,
+        delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
+    )
+    if args.distributed:
+        from ordnmf_dask.sources.distributed import ingest_distributed
+
+        with _cluster_client(args) as client:
+            info = ingest_distributed(args.inputs, args.out, client=client,
+                                      chunk_bytes=args.chunk_bytes, **kwargs)  # fmt: skip
+    else:
+        info = ingest(args.inputs, args.out, **kwargs)
+    print(_summary_text(info))
+    return EXIT_OK
+
+
+_CLUSTER_FLAGS = ("config", "scheduler", "scheduler_file", "workers", "threads_per_worker",
+                  "memory_limit", "tls_ca_file", "tls_cert", "tls_key")
+
+
+@contextlib.contextmanager
+def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
+    """A client from the cluster flags (or --config); always a client, never None.
+
+    Used by the I/O commands (``synth``, ``ingest --distributed``): when the cluster section
+    says "default local", a LocalCluster of ``--workers`` processes is started and closed here.
+    """
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.dist.cluster import resolve_client
+
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    spec = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(spec) as client:
+        if client is not None:
+            yield client
+            return
+    local = spec.local_spec
+    with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
+                        memory_limit=local.memory_limit) as client:  # fmt: skip
+        yield client
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from ordnmf_dask.sources.synth import synth
+
+    with _cluster_client(args) as client:
+        info = synth(
+            args.out, args.users, args.items, int(args.nnz), args.n_components, args.classes,
+            seed=args.seed, shape=args.shape, test_fraction=args.test_fraction,
+            nnz_per_block=args.nnz_per_block, client=client, overwrite=args.overwrite,
+        )  # fmt: skip
+    print(_summary_text(info))
+    return EXIT_OK
+
+
+def _summary(info: Any) -> dict[str, Any]:
+    a = info.attrs
+    return {
+        "path": info.path, "n_users": info.n_users, "n_items": info.n_items,
+        "n_classes": info.n_classes, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test,
+        "grid": list(info.grid), "value_kind": a.get("value_kind"),
+        "thresholds": a.get("thresholds"), "binarize": a.get("binarize"),
+        "min_count": a.get("min_count"), "split": a.get("split"), "seed": a.get("seed"),
+        "hist_train": info.hist_train.tolist(), "hist_test": info.hist_test.tolist(),
+        "format_version": a.get("format_version"),
+    }
+
+
+def _summary_text(info: Any) -> str:
+    s = _summary(info)
+    density = s["nnz_train"] / max(1, s["n_users"] * s["n_items"])
+    lines = [
+        f"store      {s['path']}",
+        f"shape      {s['n_users']} users x {s['n_items']} items, V = {s['n_classes']} classes "
+        f"({s['value_kind']})",
+        f"nonzeros   train {s['nnz_train']}  test {s['nnz_test']}  (train density {density:.2e})",
+        f"grid       {s['grid'][0]} x {s['grid'][1]} blocks",
+        f"split      {s['split']} (seed {s['seed']})",
+        "classes    " + "  ".join(f"{v}:{n}" for v, n in enumerate(s["hist_train"]) if v > 0),
+    ]
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ordnmf_dask.store.blocks import open_store
+
+    info = open_store(args.store)
+    print(json.dumps(_summary(info), indent=2) if args.json else _summary_text(info))
+    return EXIT_OK
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.jobs import check_required, fit_job
+    from ordnmf_dask.modelstore.model import model_target
+
+    cfg = _job(args)
+    check_required(cfg, f" (or set it in {args.config})" if args.config
+                   else " (or give --config FILE)")
+    model_target(cfg.output.model, cfg.output.overwrite, cfg.store.path)  # before the cluster
+    with _client(cfg.cluster) as client:
+        model = fit_job(cfg, client, resume=args.resume, restart=args.restart)
+    status = "converged" if model.converged_ else "stopped at max_iter"
+    log.info("%s after %d iterations, ELBO %.10e; model in %s",
+             status, model.n_iter_, model.elbo_[-1], model.model_path_)
+    print(f"{status}: {model.n_iter_} iterations, ELBO {model.elbo_[-1]:.10e}, "
+          f"model {model.model_path_}")
+    return EXIT_OK
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ordnmf_dask.postfit.evaluate import evaluate
+
+    cluster = _job(args).cluster
+    with _client(cluster) as client:
+        res = evaluate(args.store, args.model, client, k=args.k, levels=args.levels,
+                       n_workers=cluster.local_spec.workers, user_fraction=args.user_fraction,
+                       seed=args.seed)
+    print(format_results(res))
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(res, fh, indent=2)
+    return EXIT_OK
+
+
+def format_results(res: dict[str, Any]) -> str:
+    """The evaluation results as a plain-text table."""
+    lines = [f"NDCG@{res['k']} (relevance: y_test >= s)", "   s    NDCG    users"]
+    for s, v in res["ndcg"].items():
+        lines.append(f"{s:>4}  {v:.4f}  {res['n_users'][s]:>7}")
+    if res["test_loglik"] is None:
+        lines.append("test log-likelihood: n/a (the model sees binarized data, not the classes)")
+    else:
+        lines.append(
+            f"test log-likelihood: {res['test_loglik']:.6g} "
+            f"({res['test_loglik_mean']:.4f} per rating, {res['nnz_test']} ratings)"
+        )
+    return "\n".join(lines)
+
+
+COMMANDS = {"ingest": cmd_ingest, "info": cmd_info, "fit": cmd_fit, "evaluate": cmd_evaluate}
+COMMANDS["synth"] = cmd_synth
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit.recommend import recommend
+
+    # only the cluster flags: --out here is a directory of recommendations, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    users = None if args.users is None else [u.strip() for u in args.users.split(",") if u.strip()]
+    if users is not None and not users:
+        raise UsageError("--users needs at least one id")
+    with _client(cluster) as client:
+        res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
+                        overwrite=args.overwrite, n_workers=cluster.local_spec.workers)
+    if users is None:
+        print(f"recommendations written to {res}")
+        return EXIT_OK
+    print("user\trank\titem\tscore")
+    for user, recs in res.items():
+        for rank, (item, score) in enumerate(recs, start=1):
+            print(f"{user}\t{rank}\t{item}\t{score:.6g}")
+    return EXIT_OK
+
+
+COMMANDS["recommend"] = cmd_recommend
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.app.reproduce import Protocol, reproduce, shared_datasets
+
+    data = args.data or os.path.join(os.getcwd(), "..", "shared", "data")
+    known = shared_datasets(data)
+    names = [n.strip() for n in args.datasets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--datasets: unknown {unknown}; choose from {', '.join(known)}")
+    missing = [known[n].path for n in names if not os.path.isfile(known[n].path)]
+    if missing:
+        raise UsageError(f"dataset file not found: {missing[0]} (set --data)")
+    if args.jobs < 1 or not args.k_grid or not args.seeds:
+        raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    proto = Protocol(k_grid=tuple(args.k_grid), seeds=tuple(args.seeds),
+                     max_iter=args.max_iter, n_jobs=args.jobs)
+    with _client(cluster) as client:
+        text = reproduce([known[n] for n in names], args.out, client, proto,
+                         n_workers=cluster.local_spec.workers)
+    print(text)
+    return EXIT_OK
+
+
+COMMANDS["reproduce"] = cmd_reproduce
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def _dask_loggers() -> list[logging.Logger]:
+    """The ``distributed`` and ``asyncio`` loggers and their children that exist now."""
+    names = dict.fromkeys(["distributed", "asyncio", *logging.root.manager.loggerDict])
+    return [logging.getLogger(n) for n in names if n.split(".")[0] in ("distributed", "asyncio")]
+
+
+@contextlib.contextmanager
+def _logging_kept() -> Iterator[None]:
+    """Restore on exit what a command changes in logging: the ``ordnmf_dask`` logger's handlers,
+    level and propagation and the levels of the Dask loggers (main() also runs in-process, in
+    tests and notebooks); handlers added meanwhile are closed."""
+    # distributed configures its loggers when first imported: import it first, so that its own
+    # configuration is what is restored (the package imports it lazily; --help never gets here)
+    import distributed  # noqa: F401
+
+    handlers, level, propagate = list(log.handlers), log.level, log.propagate
+    levels = [(logger, logger.level) for logger in _dask_loggers()]
+    try:
+        yield
+    finally:
+        for h in log.handlers:
+            if h not in handlers:
+                h.close()
+        log.handlers[:] = handlers
+        log.setLevel(level)
+        log.propagate = propagate
+        for logger, old in levels:
+            logger.setLevel(old)
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """INFO (DEBUG with --debug) to stderr and --log-file; -q raises only stderr to WARNING."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    stderr = _StderrHandler()
+    if args.quiet and not args.debug:
+        stderr.setLevel(logging.WARNING)
+    handlers: list[logging.Handler] = [stderr]
+    if args.log_file:
+        handlers.append(logging.FileHandler(args.log_file))
+    for h in handlers:
+        h.setFormatter(fmt)
+    log.handlers[:] = handlers
+    log.setLevel(logging.DEBUG if args.debug else logging.INFO)
+    log.propagate = False
+    if not args.debug:  # failures reach main() and become one line; --debug shows the rest
+        # Dask's logging config gives some loggers their own level (distributed.client: warning);
+        # asyncio reports the client's tasks left behind by an interrupted gather. The worker
+        # processes of a LocalCluster we start take this level too (engine.cluster)
+        for logger in _dask_loggers():
+            logger.setLevel(logging.CRITICAL)
+
+
+# OSErrors of the local file system rather than of the network: a path that cannot be written
+# (read-only, full, over quota) or is of the wrong kind
+_LOCAL_IO_ERRORS = (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
+                    FileNotFoundError)
+_LOCAL_IO_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO,
+                              errno.ENAMETOOLONG, errno.ELOOP})
+_OUTPUTS = {"out": "--out", "json_out": "--json", "checkpoint_dir": "--checkpoint-dir",
+            "work_dir": "--work-dir"}  # argparse destination -> flag of the paths a command writes
+
+
+def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:
+    if not isinstance(exc, OSError) or isinstance(exc, ConnectionError | TimeoutError):
+        return False
+    return (isinstance(exc, _LOCAL_IO_ERRORS) or exc.errno in _LOCAL_IO_ERRNOS
+            or exc.filename is not None)
+
+
+def _io_message(exc: OSError, args: argparse.Namespace) -> str:
+    """The path and the reason; a failed write names no file (ENOSPC): then the outputs."""
+    if exc.filename is not None:
+        path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
+        return f"{path}: {exc.strerror or exc}"
+    outputs = [f"{flag} {getattr(args, dest)}" for dest, flag in _OUTPUTS.items()
+               if getattr(args, dest, None)]
+    if exc.errno is None or not outputs:
+        return str(exc)
+    return f"{exc.strerror} (writing {', '.join(outputs)})"
+
+
+def _exit_code(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    if isinstance(exc, InputError):
+        return EXIT_INPUT, str(exc)
+    if _local_io_error(exc):
+        return EXIT_INPUT, _io_message(exc, args)
+    from ordnmf_dask.errors import ELBODecreaseError
+
+    if isinstance(exc, ELBODecreaseError | FloatingPointError):
+        return EXIT_NUMERIC, str(exc)
+    if isinstance(exc, OSError):  # distributed's CommClosedError, timeouts, refused connections
+        return EXIT_CLUSTER, f"cluster failure: {exc}"
+    if type(exc).__module__.startswith("distributed"):
+        return EXIT_CLUSTER, f"cluster failure: {type(exc).__name__}: {exc}"
+    return EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _flag_spelling(message: str, parser: argparse.ArgumentParser) -> str:
+    """``message`` with the API's keyword words spelled as the command's flags:
+    ``overwrite=True`` -> ``--overwrite``, ``min_count=20`` -> ``--min-count 20``,
+    ``test_fraction`` -> ``--test-fraction``, ``k must`` -> ``--k must``."""
+    edge = r"(?<![\w/.-])"  # not inside a path or a flag
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag, dest = max(action.option_strings, key=len), re.escape(action.dest)
+
+        def spell(m: re.Match[str], flag: str = flag) -> str:
+            value = m.group(2)
+            return flag if value in (None, "", "True") else f"{flag} {value}"
+
+        message = re.sub(rf"{edge}{dest}=(['\"]?)([^\s,;()'\"]*)\1", spell, message)
+        word = rf"{edge}{dest}(?![\w/.-])" if "_" in action.dest else rf"{edge}{dest}(?= must\b)"
+        message = re.sub(word, flag, message)
+    return message
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices[name]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ordnmf-dask``; returns the exit code.
+
+    Logging and the SIGINT handler are left as they were found, so that calling it in-process
+    changes no global state."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with _logging_kept():
+            return _run(args, parser)
+    finally:
+        if sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        _setup_logging(args)
+    except OSError as exc:
+        print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}",
+              file=sys.stderr)
+        return EXIT_INPUT
+    interrupt.install()
+    try:
+        return COMMANDS[args.command](args)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code
+        if isinstance(exc, SystemExit):
+            raise
+        code, message = _exit_code(exc, args)
+        from ordnmf_dask.errors import ConfigError
+
+        if code == EXIT_INPUT and not isinstance(exc, ConfigError):  # those name config keys
+            message = _flag_spelling(message, _subcommand(parser, args.command))
+        message = " ".join(message.split())  # one line, even for multi-line exception texts
+        if args.debug:
+            log.exception("failed")
+        print(f"ordnmf-dask {args.command}: error: {message}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

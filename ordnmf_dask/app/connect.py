@@ -1,0 +1,94 @@
+"""The client a command runs on, from the ``[cluster]`` section of a job: TLS, address or file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import dask
+from dask.utils import parse_timedelta
+from distributed import Client
+from distributed.security import Security
+
+from ordnmf_dask.app.config import ClusterSection
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.errors import ClusterConnectError, ConfigError
+
+log = logging.getLogger("ordnmf_dask")
+
+
+
+def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
+    """A ``Security`` from the TLS files of ``spec`` (None without TLS settings).
+
+    The same certificate serves the client and, for a LocalCluster we start (``local``), the
+    scheduler and workers too.
+    """
+    if not spec.uses_tls:
+        return None
+    for name in ("ca_file", "cert", "key"):
+        path = getattr(spec, name)
+        if path and not os.path.isfile(path):
+            raise ConfigError(f"{path}: TLS {name} not found")
+    files = {"tls_ca_file": spec.ca_file, "tls_client_cert": spec.cert,
+             "tls_client_key": spec.key}
+    if local:
+        files |= {"tls_scheduler_cert": spec.cert, "tls_scheduler_key": spec.key,
+                  "tls_worker_cert": spec.cert, "tls_worker_key": spec.key}
+    require = True if spec.require_encryption is None else spec.require_encryption
+    return Security(require_encryption=require, **{k: v for k, v in files.items() if v})
+
+
+def scheduler_address(path: str, timeout: float | None = None) -> str:
+    """The address in a scheduler file, waiting up to ``timeout`` s for it to appear
+    (default: Dask's ``distributed.comm.timeouts.connect``)."""
+    if timeout is None:
+        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise ClusterConnectError(f"scheduler file {path} did not appear within {timeout:g}s")
+        time.sleep(0.2)
+    try:
+        with open(path) as fh:
+            return str(json.load(fh)["address"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a Dask scheduler file ({exc})") from None
+
+
+@contextmanager
+def open_client(spec: ClusterSection, timeout: str | None = None) -> Iterator[Client | None]:
+    """A client on the scheduler of ``spec``; for the local mode a LocalCluster we own, or None.
+
+    ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s unless set).
+    None means the default LocalCluster (2 single-threaded workers, no TLS, memory "auto"): the
+    API starts the same cluster after validating its inputs, so bad input fails before any
+    process starts.
+    """
+    if spec.mode == "local":
+        local = spec.local_spec
+        security = security_from(spec, local=True)
+        if security is None and local.threads_per_worker == 1 and local.memory_limit is None:
+            yield None
+            return
+        with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
+                            memory_limit=local.memory_limit, security=security) as client:
+            yield client
+        return
+    security = security_from(spec)
+    timeout = timeout or dask.config.get("distributed.comm.timeouts.connect")
+    address = spec.scheduler or scheduler_address(str(spec.scheduler_file))
+    try:
+        client = Client(address, timeout=timeout, security=security)
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is a cluster failure
+        hint = ""
+        if address.startswith("tls://") and security is None:
+            hint = " (a tls:// scheduler needs --tls-ca-file, --tls-cert and --tls-key)"
+        raise ClusterConnectError(f"cannot connect to {address}{hint}: {exc}") from exc
+    with client:
+        log.info("connected to %s, dashboard %s", address, client.dashboard_link)
+        yield client

@@ -1,0 +1,1 @@
+"""Generic Dask helpers: which client to run on, fixed-order reductions, task runners, progress."""

@@ -1,0 +1,110 @@
+"""Deterministic tree reductions of futures, performed on the workers.
+
+The pairing order depends only on the order of the inputs, never on which worker finished
+first, so results are bit-identical across worker counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from distributed import Client, Future
+
+from ordnmf_dask.model import arena
+
+PRIORITY = 1  # of combining tasks; Dask's default is 0
+
+
+def tree_reduce(
+    client: Client, futures: Sequence[Future], combine: Callable[..., Any], *args: Any
+) -> Future:
+    """Reduce with ``combine(a, b, *args)`` along a fixed binary tree over ``futures``.
+
+    The combining tasks run before any task of normal priority that is ready at the same time,
+    so partial results are folded in as soon as two exist instead of piling up on the workers
+    while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak memory).
+    """
+    level = list(futures)
+    if not level:
+        raise ValueError("tree_reduce of nothing")
+    while len(level) > 1:
+        nxt = [
+            client.submit(combine, level[j], level[j + 1], *args, priority=PRIORITY)
+            for j in range(0, len(level) - 1, 2)
+        ]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+Field = str | int | tuple[str | int, ...] | list[Any] | None
+"""Where a part sits in an object: an attribute name, an item index, or a path of them
+(``("sh", j)`` is ``x.sh[j]``); a list of fields is the tuple of those parts
+(``["sw", "small"]``); None is the object itself."""
+
+
+def _part(x: object, field: Field) -> Any:
+    if field is None or isinstance(x, np.ndarray):
+        return x
+    if isinstance(field, list):
+        return tuple(_part(x, f) for f in field)
+    for step in field if isinstance(field, tuple) else (field,):
+        x = x[step] if isinstance(step, int) else getattr(x, step)
+    return x
+
+
+def _add(a: Any, b: Any) -> Any:
+    """``a + b`` into a new array (a tuple of arrays is added item by item)."""
+    if isinstance(a, tuple):
+        return tuple(_add(x, y) for x, y in zip(a, b, strict=True))
+    out = arena.empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
+    return np.add(a, b, out=out)
+
+
+def _pick(a: object, field: Field = None) -> Any:
+    return _part(a, field)
+
+
+Lazy = Future | tuple[Future, Field]
+
+
+def resolve(x: object) -> Any:
+    """On a worker: the value of a :data:`Lazy` argument (``(obj, field)`` -> its field)."""
+    return _part(x[0], x[1]) if isinstance(x, tuple) else x
+
+
+def item(x: Lazy, j: int) -> Lazy:
+    """Item j of the tuple that the :data:`Lazy` ``x`` stands for, still lazy (no task)."""
+    if isinstance(x, tuple):
+        obj, field = x
+        if isinstance(field, list):  # a tuple of fields: item j is field j
+            return (obj, field[j])
+        path = () if field is None else field if isinstance(field, tuple) else (field,)
+        return (obj, (*path, j))
+    return (x, j)
+
+
+def tree_sum(
+    client: Client, futures: Sequence[Future], field: Field = None, lazy: bool = False
+) -> Lazy:
+    """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
+    is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``; a field holding a tuple of arrays (``"sh"``) is
+    summed item by item (one tree for all of them; :func:`item` refers to one).
+
+    With ``lazy`` and a single input, no task is added: the result is ``(future, field)``, which
+    task arguments accept (Dask resolves the future inside the tuple) and :func:`resolve`
+    unwraps on the worker. One task hop less on the critical path of every small-grid pass.
+    Never gather a lazy result: it would bring the whole object to the client. Otherwise the
+    field is taken on the worker holding each input before anything moves, so e.g. the column
+    sums of factor chunks move (K + 1,) vectors, not the chunks.
+    """
+    if len(futures) == 1:
+        if lazy:
+            return futures[0] if field is None else (futures[0], field)
+        return client.submit(_pick, futures[0], field, priority=PRIORITY)
+    if field is not None:  # take the field where each object lives: only it travels
+        futures = [client.submit(_pick, f, field, priority=PRIORITY) for f in futures]
+    return tree_reduce(client, futures, _add)

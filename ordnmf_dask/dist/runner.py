@@ -1,0 +1,131 @@
+"""Run I/O tasks in-process or on a ``distributed`` cluster with one small interface.
+
+Tasks are module-level functions of small arguments (paths, index ranges, O(U + I) arrays at
+most); big data moves through files in a scratch directory, never through the client. An
+``InputError`` raised by a task is returned as a value and re-raised on the client for the
+*first* failing task in submission order, so that error messages name the same file and line
+whatever the scheduling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ordnmf_dask.errors import InputError
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """An ``InputError`` raised inside a task (its message)."""
+
+    message: str
+
+
+def _guard(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except InputError as exc:
+        return _Failed(str(exc))
+
+
+def _combine(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    if isinstance(a, _Failed):
+        return a
+    if isinstance(b, _Failed):
+        return b
+    return fn(a, b)
+
+
+def _pick(result: Any, key: Any) -> Any:
+    return result if isinstance(result, _Failed) else result[key]
+
+
+def _raise_first(results: Sequence[Any]) -> None:
+    for res in results:
+        if isinstance(res, _Failed):
+            raise InputError(res.message)
+
+
+class Runner:
+    """Map tasks over items in-process (``client=None``) or on a ``distributed.Client``.
+
+    Parameters
+    ----------
+    client : distributed.Client or None
+        None runs every task in the calling process, one after the other.
+    """
+
+    def __init__(self, client: Any = None, label: str = "ingest") -> None:
+        self.client = client
+        self.label = label
+
+    def share(self, obj: Any) -> Any:
+        """Send a read-only argument used by many tasks once (broadcast to every worker)."""
+        if self.client is None:
+            return obj
+        return self.client.scatter(obj, broadcast=True, hash=False)
+
+    def submit(self, fn: Callable[..., Any], items: Sequence[Any], *args: Any) -> list[Any]:
+        """Start ``fn(item, *args)`` for every item; returns handles (futures or values)."""
+        if self.client is None:
+            return [_guard(fn, item, *args) for item in items]
+        return [self.client.submit(_guard, fn, item, *args, pure=False) for item in items]
+
+    def gather(self, handles: Sequence[Any]) -> list[Any]:
+        """Results of ``handles`` in order; raises the first task's ``InputError``."""
+        if self.client is not None:
+            from ordnmf_dask.dist.progress import track
+
+            track(list(handles), f"{self.label}: tasks")
+        results = list(handles) if self.client is None else self.client.gather(list(handles))
+        _raise_first(results)
+        return results
+
+    def gather_all(self, handles: Sequence[Any]) -> list[Any]:
+        """Results of ``handles`` in order, failures included (see ``failure``)."""
+        return list(handles) if self.client is None else self.client.gather(list(handles))
+
+    @staticmethod
+    def failure(result: Any) -> str | None:
+        """The ``InputError`` message of a failed task's result, else None."""
+        return result.message if isinstance(result, _Failed) else None
+
+    def pick(self, handles: Sequence[Any], key: Any) -> list[Any]:
+        """Handles of ``result[key]`` for each handle (failures pass through), on the workers."""
+        return self.submit(_pick, handles, key)
+
+    def map(self, fn: Callable[..., Any], items: Sequence[Any], *args: Any) -> list[Any]:
+        """``[fn(item, *args) for item in items]``, run as tasks; results must be small."""
+        return self.gather(self.submit(fn, items, *args))
+
+    def reduce(self, handles: Sequence[Any], fn: Callable[[Any, Any], Any]) -> Any:
+        """Fold the results of ``handles`` with ``fn`` by a pairwise tree, on the workers.
+
+        ``fn`` must be associative; the tree shape depends only on ``len(handles)`` and the
+        order of handles, so results are reproducible. An ``InputError`` of the earliest failed
+        handle wins.
+        """
+        level = list(handles)
+        if not level:
+            raise ValueError("nothing to reduce")
+        while len(level) > 1:
+            nxt = []
+            for k in range(0, len(level) - 1, 2):
+                a, b = level[k], level[k + 1]
+                if self.client is None:
+                    nxt.append(_combine(fn, a, b))
+                else:
+                    nxt.append(self.client.submit(_combine, fn, a, b, pure=False))
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        return self.gather(level)[0]
+
+    def map_reduce(
+        self, fn: Callable[..., Any], items: Sequence[Any], combine: Callable[[Any, Any], Any],
+        *args: Any,
+    ) -> Any:  # fmt: skip
+        """``reduce(submit(fn, items, *args), combine)``."""
+        return self.reduce(self.submit(fn, items, *args), combine)

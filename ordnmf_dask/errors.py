@@ -1,0 +1,53 @@
+"""Every exception the package raises on purpose, and what the command line makes of it.
+
+Input problems (exit code 2) derive from :class:`InputError`; cluster problems (exit 3) from
+:class:`ClusterConnectError` or distributed's own errors; numerical failures (exit 4) are
+:class:`ELBODecreaseError` and ``FloatingPointError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad user input: the message names the file and 1-based line number, or the id.
+
+    Pickled without calling ``__init__`` again, so that an InputError raised in a task on a
+    worker reaches the client as itself (an exit code 2), whatever the signature of a subclass:
+    Dask replaces an exception that does not survive pickling by a plain ``Exception``.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[InputError], args: tuple[Any, ...], state: dict[str, Any]) -> InputError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class StoreError(InputError):
+    """A store that is absent, incomplete, unreadable or written by a newer format."""
+
+
+class ConfigError(InputError):
+    """A config file (or flag) with an unknown key, a wrong type or an invalid value."""
+
+
+class UsageError(InputError):
+    """A command-line value that parses but makes no sense."""
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one written for another store or configuration."""
+
+
+class ELBODecreaseError(RuntimeError):
+    """The ELBO decreased by more than round-off: a bug, never silenced."""
+
+
+class ClusterConnectError(OSError):
+    """The scheduler could not be reached or refused us (exit code 3)."""

@@ -1,0 +1,78 @@
+"""Factor chunks on disk: one zarr group per chunk, written and read by the workers.
+
+Used for checkpoints during a fit and for saved models. Chunks are written
+where they live; nothing passes through the client. Arrays are stored uncompressed: posterior
+parameters are dense float64 that zstd shrinks by a few percent, at ~8x the time of a plain
+write (0.107 against 0.013 s per 18 MB array) and ~10x of a read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import zarr
+
+from ordnmf_dask.model.updates import FactorChunk
+
+_FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
+_DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
+
+
+def chunk_path(root: str, name: str, index: int) -> str:
+    """Group path of chunk ``index`` of factor ``name`` ("W" or "H") under ``root``."""
+    return f"{root}/{name}/{index}"
+
+
+def field_path(root: str, name: str, index: int, field: str) -> str:
+    """Array path of ``field`` (e.g. "mean") of chunk ``index`` of factor ``name``."""
+    return f"{chunk_path(root, name, index)}/{field}"
+
+
+def has_field(root: str, name: str, index: int, field: str) -> bool:
+    """Whether chunk ``index`` of factor ``name`` holds ``field``."""
+    return field in zarr.open_group(chunk_path(root, name, index), mode="r")
+
+
+def read_field(
+    root: str, name: str, index: int, field: str, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """``field`` of chunk ``index`` of factor ``name`` (only the local ``rows`` if given)."""
+    array = zarr.open_array(field_path(root, name, index, field), mode="r")
+    return array[...] if rows is None else array.get_orthogonal_selection((rows, slice(None)))
+
+
+def save_chunk(
+    chunk: FactorChunk, root: str, name: str, index: int, derived: bool = True
+) -> str:
+    """Write ``chunk`` to ``root/name/index`` (with ``derived``, also ``log_mean`` and ``rate``,
+    which a checkpoint does not need); returns the group path."""
+    path = chunk_path(root, name, index)
+    group = zarr.open_group(path, mode="w")
+    for field in (*_FIELDS, *_DERIVED) if derived else _FIELDS:
+        value = getattr(chunk, field)
+        if value is not None:
+            arr = np.ascontiguousarray(value, dtype=np.float64)
+            group.create_array(
+                field, data=arr, chunks=arr.shape or None, compressors=None, overwrite=True
+            )
+    group.attrs["elbo"] = chunk.elbo
+    return path
+
+
+def load_chunk(root: str, name: str, index: int) -> FactorChunk:
+    """Read a chunk written by :func:`save_chunk`."""
+    group = zarr.open_group(chunk_path(root, name, index), mode="r")
+    fields = {f: (group[f][...] if f in group else None) for f in _FIELDS}
+    return FactorChunk(elbo=float(group.attrs["elbo"]), **fields)
+
+
+def save_array(value: np.ndarray, root: str, name: str, index: int) -> str:
+    """Write a plain (n, K) array (e.g. a shape statistic) as ``root/name/index``."""
+    path = chunk_path(root, name, index)
+    arr = np.ascontiguousarray(value, dtype=np.float64)
+    zarr.create_array(path, data=arr, chunks=arr.shape, compressors=None, overwrite=True)
+    return path
+
+
+def load_array(root: str, name: str, index: int) -> np.ndarray:
+    """Read an array written by :func:`save_array`."""
+    return zarr.open_array(chunk_path(root, name, index), mode="r")[...]

@@ -1,0 +1,126 @@
+"""A fitted model on disk: one zarr group, factors chunked by block, arrays and JSON only.
+
+The layout and attributes are specified in docs/model-format.md. Written to ``MODEL.tmp-<id>``
+by the workers (each chunk where it lives), then renamed: a model directory is complete or
+absent. An existing path is replaced only if it is a model (see :func:`model_target`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import zarr
+from distributed import Client, Future, wait
+
+from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.store.blocks import check_target, group_attrs
+
+MODEL_FORMAT = 1
+MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
+
+
+def is_model(path: str) -> bool:
+    """Whether ``path`` holds a model written by :func:`save_model` (complete or not): its
+    ``kind`` says so, or it has the attributes every model of format 1 has."""
+    attrs = group_attrs(path)
+    if attrs is None:
+        return False
+    version = attrs.get("format_version")
+    return attrs.get("kind") == MODEL_KIND or (
+        isinstance(version, int) and "params" in attrs and "elbo" in attrs
+    )
+
+
+def model_target(
+    out: str | os.PathLike, overwrite: bool, store: str | os.PathLike | None = None
+) -> str:
+    """Absolute path to write a model to, after checking it may be (over)written; InputError if
+    not. Never the training ``store``, a path inside it or one that contains it; an existing path
+    only with ``overwrite`` and only if it is a model."""
+    path = os.path.abspath(os.fspath(out))
+    if store is not None:
+        real, data = os.path.realpath(path), os.path.realpath(os.fspath(store))
+        where = ("is" if real == data else "is inside" if real.startswith(data + os.sep)
+                 else "contains" if data.startswith(real + os.sep) else None)
+        if where is not None:
+            raise InputError(f"refusing to write the model to {path}: it {where} the training "
+                             f"store {data}")
+    return check_target(path, overwrite, "model written by ordnmf_dask", is_model)
+
+
+def save_model(
+    client: Client, w: list[Future], h: list[Future], path: str, attrs: dict[str, Any],
+    overwrite: bool = False,
+) -> str:
+    """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
+    existing ``path`` is replaced only as :func:`model_target` allows."""
+    path = model_target(path, overwrite)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        root = zarr.open_group(tmp, mode="w")
+        root.create_group("W")
+        root.create_group("H")
+        written = [client.submit(chunkstore.save_chunk, f, tmp, "W", r) for r, f in enumerate(w)]
+        written += [client.submit(chunkstore.save_chunk, f, tmp, "H", c) for c, f in enumerate(h)]
+        wait(written)
+        for f in written:
+            f.result()  # re-raise a worker's write error here
+        root.attrs.update(
+            {**attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "complete": True}
+        )
+        if os.path.lexists(path):
+            model_target(path, overwrite)  # checked again: the path may have appeared meanwhile
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A complete model directory: its attributes and lazy access to its factors."""
+
+    path: str
+    attrs: dict[str, Any]
+
+    @property
+    def n_blocks(self) -> tuple[int, int]:
+        return len(self.attrs["row_bounds"]) - 1, len(self.attrs["col_bounds"]) - 1
+
+    def factor(self, name: str, field: str = "mean") -> da.Array:
+        """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily."""
+        n = self.n_blocks[0 if name == "W" else 1]
+        parts = [
+            da.from_zarr(chunkstore.field_path(self.path, name, j, field)) for j in range(n)
+        ]
+        return da.concatenate(parts, axis=0)
+
+    @property
+    def delta(self) -> np.ndarray:
+        return np.asarray(self.attrs["delta"], dtype=np.float64)
+
+
+def open_model(path: str) -> ModelInfo:
+    """Open a model written by :func:`save_model`; StoreError if absent, incomplete or newer."""
+    path = os.path.abspath(path)
+    try:
+        attrs = dict(zarr.open_group(path, mode="r").attrs)
+    except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
+        raise StoreError(f"{path}: not a readable ordnmf_dask model ({exc})") from exc
+    if attrs.get("complete") is not True:
+        raise StoreError(f"{path}: model is incomplete (no completion mark)")
+    version = attrs.get("format_version")
+    if not isinstance(version, int) or version > MODEL_FORMAT:
+        raise StoreError(
+            f"{path}: written by a newer ordnmf_dask model format {version}; "
+            f"this version reads <= {MODEL_FORMAT}"
+        )
+    return ModelInfo(path, attrs)

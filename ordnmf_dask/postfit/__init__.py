@@ -1,0 +1,1 @@
+"""What runs on a fitted model: evaluation, recommendations, fold-in, predictive checks."""

@@ -1,0 +1,254 @@
+"""Fold-in of new users (H and the thresholds fixed, no refit) and recommendations for them.
+
+The numerics are :func:`ordnmf_dask.model.foldin.fold_in_rows`. Here: which rows of the model to
+read and where. The workers compute the K column sums of E[H] per item-block (summed along a
+fixed tree) and read, per item-block, only the rows of E[H], E[log H] of the items the new users
+touched; the fold-in itself runs in one worker task. The client sends the interactions and
+receives E[w] of the new users, (n_new, K).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from distributed import Client
+
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.model import metrics
+from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
+from ordnmf_dask.model.kernels import CsrBlock
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.postfit.recommend import check_n, factor_mean, named_top, open_pair
+from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store.blocks import StoreInfo
+
+log = logging.getLogger("ordnmf_dask")
+
+
+def likelihood_of(m: ModelInfo) -> tuple[Likelihood, int | None]:
+    """The frozen observation model of ``m`` and its binarization threshold (BePoF / PF)."""
+    a = m.attrs
+    if a.get("family", "ordinal") == "dcpf":
+        return Likelihood("dcpf", p=float(a["p"]), t=float(a["t"])), None
+    params = a.get("params", {})
+    threshold = params.get("threshold")
+    return (
+        Likelihood("ordinal", delta=m.delta, approx=bool(params.get("approx", False))),
+        None if threshold is None else int(threshold),
+    )
+
+
+def _colsum(model: str, c: int) -> np.ndarray:
+    return factor_mean(model, "H", c).sum(axis=0)
+
+
+def _rows(model: str, c: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """E[h], E[log h] of the given local rows of item-block c (E[log h] = log E[h] if absent)."""
+    mean = chunkstore.read_field(model, "H", c, "mean", local)
+    if chunkstore.has_field(model, "H", c, "log_mean"):
+        return mean, chunkstore.read_field(model, "H", c, "log_mean", local)
+    return mean, np.log(mean)
+
+
+def _run(
+    parts: list[tuple[np.ndarray, np.ndarray]], colsum: np.ndarray, block: CsrBlock,
+    alpha: float, likelihood: Likelihood, max_iter: int, tol: float, random_state: int | None,
+) -> FoldIn:
+    eh = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, colsum.shape[0]))
+    log_eh = np.concatenate([p[1] for p in parts]) if parts else eh.copy()
+    return fold_in_rows(block, eh, log_eh, colsum, alpha, likelihood,
+                        max_iter=max_iter, tol=tol, random_state=random_state)
+
+
+def _item_index(
+    cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any]
+) -> np.ndarray:
+    """Global item indices of ``flat``: raw ids via the store, else indices checked in range."""
+    if info is not None:
+        return idmap.lookup(cl, info.path, "items", info.col_bounds.tolist(), flat)
+    n_items = int(m.attrs["store"]["n_items"])
+    out = np.empty(len(flat), dtype=np.int64)
+    for j, value in enumerate(flat):
+        ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
+        if not ok or not 0 <= int(value) < n_items:
+            raise InputError(
+                f"unknown item index {value!r}: expected an integer in 0..{n_items - 1} "
+                "(pass store= to give raw item ids)"
+            )
+        out[j] = int(value)
+    return out
+
+
+def _check_values(
+    values: np.ndarray, likelihood: Likelihood, n_classes: int, threshold: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(values the model sees, mask of the interactions kept)."""
+    if not np.all(np.isfinite(values)):
+        raise InputError("interaction values must be finite numbers")
+    if likelihood.family == "dcpf":
+        if np.any(values <= 0):
+            raise InputError("dcPF fold-in needs positive counts (0 means no interaction)")
+        return values.astype(np.float64), np.ones(len(values), dtype=bool)
+    bad = (values != np.round(values)) | (values < 1) | (values > n_classes)
+    if np.any(bad):
+        raise InputError(
+            f"interaction value {values[bad][0]!r}: expected a class in 1..{n_classes}"
+        )
+    y = values.astype(np.int64)
+    if threshold is None:
+        return y.astype(np.uint8), np.ones(len(y), dtype=bool)
+    keep = y >= threshold
+    return np.ones(int(keep.sum()), dtype=np.uint8), keep
+
+
+def fold_in(
+    model: Any,
+    items: Sequence[Sequence[Any]],
+    values: Sequence[Sequence[float]],
+    *,
+    store: str | os.PathLike | StoreInfo | None = None,
+    client: Client | None = None,
+    max_iter: int = 500,
+    tol: float = 1e-6,
+    random_state: int | None = None,
+    n_workers: int = 2,
+) -> np.ndarray:
+    """E[w] of NEW users from their interactions, with q(H) and the thresholds fixed.
+
+    Coordinate ascent on q(w_u) only (see :mod:`ordnmf_dask.model.foldin`): the model's Delta
+    (OrdNMF, BePoF, PF; approx mode kept) or p and t (dcPF) and its q(H) are not changed.
+
+    Parameters
+    ----------
+    model : a model directory or a fitted estimator.
+    items : per new user, the items it interacted with: raw item ids when ``store`` is given
+        (unknown ids raise InputError naming them), else item indices 0..I-1.
+    values : per new user, the same length as its items: classes 1..V of the store's scale
+        (BePoF / PF models binarize them at their threshold, as the fit did: classes below it
+        are dropped); for dcPF, what its fit saw (raw counts on a count store, else classes).
+    store : the store the model was fitted on, to map raw item ids.
+    max_iter, tol : per user, stop when sum_k |dE[w_uk]| / sum_k E[w_uk] < tol.
+    random_state : None starts from E[w_uk] = 1; an integer from Gamma(1, 1) draws (seeded by
+        ``(random_state, j)`` for the j-th new user), as the fit's initialization.
+
+    Returns
+    -------
+    (n_new, K) float64 E[w] of the new users, in the order given.
+    """
+    m = open_model(os.fspath(getattr(model, "model_path_", model)))
+    info = None if store is None else open_pair(store, m.path)[0]
+    likelihood, threshold = likelihood_of(m)
+    if len(items) != len(values):
+        raise InputError(f"items has {len(items)} users but values has {len(values)}")
+    lengths = [len(a) for a in items]
+    for j, (a, v) in enumerate(zip(items, values, strict=True)):
+        if len(a) != len(v):
+            raise InputError(f"new user {j}: {len(a)} items but {len(v)} values")
+        seen: set[Any] = set()
+        for x in a:
+            if x in seen:
+                raise InputError(f"new user {j}: item {x!r} given twice")
+            seen.add(x)
+    flat_items = [x for a in items for x in a]
+    flat_values = np.array([x for v in values for x in v], dtype=np.float64)
+    user = np.repeat(np.arange(len(items)), lengths)
+    y, keep = _check_values(flat_values, likelihood, int(m.attrs["store"]["n_classes"]), threshold)
+    alpha = float(m.attrs["params"]["alpha_W"])
+    col_bounds = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
+    with resolve_client(client, n_workers) as cl:
+        index = _item_index(cl, m, info, flat_items)
+        block = _interactions(user[keep], index[keep], y, len(items))
+        touched = np.unique(index[keep])
+        n_c = len(col_bounds) - 1
+        sums = tree_sum(cl, [cl.submit(_colsum, m.path, c, pure=False) for c in range(n_c)])
+        which = np.searchsorted(col_bounds, touched, side="right") - 1
+        parts = [
+            cl.submit(_rows, m.path, c, touched[which == c] - col_bounds[c], pure=False)
+            for c in np.unique(which).tolist()
+        ]
+        result = cl.submit(_run, parts, sums, block, alpha, likelihood, max_iter, tol,
+                           random_state, pure=False).result()
+    if not result.converged.all():
+        log.warning("fold-in: %d of %d new users did not converge in %d iterations (tol %g)",
+                    int((~result.converged).sum()), len(items), max_iter, tol)
+    return result.mean
+
+
+def _interactions(user: np.ndarray, item: np.ndarray, y: np.ndarray, n_new: int) -> CsrBlock:
+    """(n_new, m) CSR over the distinct touched items, columns in increasing item order."""
+    touched, col = np.unique(item, return_inverse=True)
+    order = np.lexsort((col, user))
+    u, c = user[order], col[order]
+    dup = (np.diff(u) == 0) & (np.diff(c) == 0)
+    if np.any(dup):
+        j = int(np.flatnonzero(dup)[0])
+        raise InputError(f"new user {int(u[j])}: item index {int(touched[c[j]])} given twice")
+    return CsrBlock.from_coo(u, c, y[order], (n_new, len(touched)))
+
+
+def _score(
+    model: str, c: int, w: np.ndarray, exclude: CsrBlock, col_offset: int, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    return metrics.topk_block(w, factor_mean(model, "H", c), exclude, col_offset, n)
+
+
+def recommend_for(
+    model: Any,
+    w: np.ndarray,
+    exclude_items: Sequence[Sequence[Any]] | None = None,
+    n: int = 10,
+    *,
+    store: str | os.PathLike | StoreInfo | None = None,
+    client: Client | None = None,
+    n_workers: int = 2,
+) -> list[list[tuple[Any, float]]]:
+    """Top-``n`` items for users given by their factors (e.g. from :func:`fold_in`).
+
+    Parameters
+    ----------
+    w : (n_new, K) E[w] of the users.
+    exclude_items : per user, items never recommended (typically the ones folded in): raw item
+        ids when ``store`` is given, else item indices.
+    store : maps raw ids both ways; without it, items are returned as indices.
+
+    Returns
+    -------
+    per user, ``[(item, score), ...]`` best first (score = w . E[h_i], ties to the lower index).
+    """
+    n = check_n(n)
+    m = open_model(os.fspath(getattr(model, "model_path_", model)))
+    info = None if store is None else open_pair(store, m.path)[0]
+    w = np.asarray(w, dtype=np.float64)
+    cb = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
+    exclude_items = exclude_items if exclude_items is not None else [[] for _ in range(len(w))]
+    if w.ndim != 2 or len(exclude_items) != w.shape[0]:
+        raise InputError(f"w must be (n_users, K) with one exclusion list per row, got {w.shape}")
+    with resolve_client(client, n_workers) as cl:
+        flat = [x for a in exclude_items for x in a]
+        index = _item_index(cl, m, info, flat)
+        user = np.repeat(np.arange(len(w)), [len(a) for a in exclude_items])
+        w_f = cl.scatter(w, hash=False)
+        cands = []
+        for c in range(len(cb) - 1):
+            mine = (index >= cb[c]) & (index < cb[c + 1])
+            order = np.lexsort((index[mine], user[mine]))
+            u, i = user[mine][order], index[mine][order] - cb[c]
+            shape = (len(w), int(cb[c + 1] - cb[c]))
+            excl = CsrBlock.from_coo(u, i, np.ones(len(u), np.uint8), shape)
+            cands.append(cl.submit(_score, m.path, c, w_f, excl, int(cb[c]), n, pure=False))
+        top = tree_reduce(cl, cands, metrics.merge_topk, n)
+        if info is not None:
+            return cl.submit(named_top, top, info.path, pure=False).result()
+        scores, items = top.result()
+    keep = np.isfinite(scores)
+    return [
+        list(zip(items[j][keep[j]].tolist(), scores[j][keep[j]].tolist(), strict=True))
+        for j in range(len(w))
+    ]

@@ -1,0 +1,108 @@
+"""Posterior predictive check of the class histogram, on the workers, one block at a time.
+
+Data are simulated from p(Y* | W, H) q(W) q(H): per block, W and H rows are drawn from their
+Gamma posteriors and classes are sampled at pairs (u, i) of the block: all of them for small
+blocks, else a uniform sample scaled to the block's area, so U x I is never materialized.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+from distributed import Client
+
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.reduce import tree_sum
+from ordnmf_dask.model import simulate
+from ordnmf_dask.model.kernels import sddmm
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.postfit.evaluate import check_compatible
+from ordnmf_dask.store.blocks import StoreInfo, open_store
+
+
+def _draw(model: str, name: str, index: int, rng: np.random.Generator) -> np.ndarray:
+    chunk = chunkstore.load_chunk(model, name, index)
+    return rng.gamma(chunk.shape, 1.0 / chunk.rate)
+
+
+def _ppc_task(
+    model: str, r: int, c: int, shape: tuple[int, int], budget: int, seed: int, spec: tuple,
+    n_bins: int,
+) -> np.ndarray:
+    rng = np.random.default_rng(np.random.SeedSequence([seed, r, c]))
+    w, h = _draw(model, "W", r, rng), _draw(model, "H", c, rng)
+    rows, cols, weight = simulate.sample_pairs(shape[0], shape[1], budget, rng)
+    lam = sddmm(rows, cols, w, h)
+    if spec[0] == "ordinal":
+        y = simulate.sample_ordinal(lam, spec[1], rng)
+    else:
+        y = simulate.sample_dcpf(lam, spec[1], spec[2], rng, spec[3])
+    return weight * np.bincount(np.minimum(y, n_bins - 1), minlength=n_bins)
+
+
+def _spec(store: StoreInfo, model: ModelInfo) -> tuple[tuple, np.ndarray]:
+    """The sampler of ``model`` and the training histogram it is compared with (with zeros)."""
+    a = model.attrs
+    total = store.n_users * store.n_items
+    if a["family"] == "dcpf":
+        counts = store.attrs.get("value_kind") == "counts"
+        edges = np.asarray(store.attrs["thresholds"]) if counts else None
+        truth = store.hist_train.astype(np.float64)
+        spec: tuple = ("dcpf", float(a["p"]), float(a["t"]), edges)
+    else:
+        theta = np.asarray(a["theta"], dtype=np.float64)
+        spec = ("ordinal", theta)
+        if len(theta) == store.n_classes + 1:
+            truth = store.hist_train.astype(np.float64)
+        else:  # a binarized model (BePoF, PF): compare with the binarized training data
+            threshold = int(a["params"]["threshold"])
+            truth = np.array([0.0, float(store.hist_train[threshold:].sum())])
+    truth[0] = total - truth[1:].sum()
+    return spec, truth
+
+
+def posterior_predictive(
+    store: str | os.PathLike | StoreInfo,
+    model: Any,
+    client: Client | None = None,
+    *,
+    n_pairs: int = 4_000_000,
+    seed: int = 0,
+    n_workers: int = 2,
+) -> dict[str, Any]:
+    """Simulated vs training class histogram over all U x I pairs (class 0 = no interaction).
+
+    Parameters
+    ----------
+    n_pairs : about how many (u, i) pairs are simulated in all (spread over blocks by area);
+        blocks with fewer pairs than their share are simulated exactly.
+
+    Returns
+    -------
+    dict with ``classes`` (0..V), ``train`` (training counts, zeros included) and ``model``
+    (expected counts of the simulated data, same scale), as lists of floats.
+    """
+    info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+    m = open_model(os.fspath(getattr(model, "model_path_", model)))
+    check_compatible(info, m)
+    spec, truth = _spec(info, m)
+    n_r, n_c = info.grid
+    total = info.n_users * info.n_items
+    with resolve_client(client, n_workers) as cl:
+        parts = []
+        for r in range(n_r):
+            for c in range(n_c):
+                shape = info.block_shape(r, c)
+                budget = max(1, math.ceil(n_pairs * shape[0] * shape[1] / total))
+                parts.append(cl.submit(_ppc_task, m.path, r, c, shape, budget, seed, spec,
+                                       len(truth)))
+        hist = cl.gather(tree_sum(cl, parts))
+    return {
+        "classes": list(range(len(truth))),
+        "train": truth.tolist(),
+        "model": np.asarray(hist, dtype=np.float64).tolist(),
+    }

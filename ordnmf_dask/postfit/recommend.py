@@ -1,0 +1,211 @@
+"""Top-N recommendations in raw ids, per user-block on the workers.
+
+Score ``s_ui = (E[W] E[H]^T)_ui`` (docs/design.md §2), every training nonzero of the user
+excluded (all of them, whatever the model: also the classes a BePoF model binarized away), ties
+broken by the lower item index. For each user-block r, every item-block c gives its candidate
+top-n (:func:`ordnmf_dask.model.metrics.topk_block`); the candidates are merged along a fixed
+binary tree on the workers, as in :mod:`.evaluate`. Only file names, row counts and (for
+given users) their n recommendations reach the client: never a U x K or I x K matrix.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from distributed import Client, Future, wait
+
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.progress import track
+from ordnmf_dask.dist.reduce import tree_reduce
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.model import metrics
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.postfit.evaluate import check_compatible
+from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store.blocks import StoreInfo, check_target, open_store
+from ordnmf_dask.store.csr import load_block
+
+HEADER = "user\trank\titem\tscore\n"
+_SLAB = 1 << 16  # users per slab when writing a part file
+
+
+def factor_mean(model: str, name: str, index: int) -> np.ndarray:
+    """E[.] of chunk ``index`` of factor ``name`` ("W" or "H"), shape (n_rows, K); on a worker."""
+    return chunkstore.read_field(model, name, index, "mean")
+
+
+def open_pair(
+    store: str | os.PathLike | StoreInfo, model: Any
+) -> tuple[StoreInfo, ModelInfo]:
+    """The store and the model (a path or a fitted estimator), checked to match."""
+    info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+    m = open_model(os.fspath(getattr(model, "model_path_", model)))
+    check_compatible(info, m)
+    return info, m
+
+
+def _candidates(
+    model: str, store: str, r: int, c: int, col_offset: int, n: int,
+    rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-n of item-block c for the users of user-block r (or its local ``rows``)."""
+    ew = factor_mean(model, "W", r)
+    train = load_block(store, "train", r, c)
+    if rows is not None:
+        ew, train = ew[rows], train.take_rows(rows)
+    return metrics.topk_block(ew, factor_mean(model, "H", c), train, col_offset, n)
+
+
+def named_top(top: tuple[np.ndarray, np.ndarray], store: str) -> list[list[tuple[Any, float]]]:
+    """Per user: [(raw item id, score), ...] best first; excluded (-inf) slots dropped."""
+    scores, items = top
+    keep = np.isfinite(scores)
+    names = idmap.ids_at(store, "items", items[keep])
+    out, j = [], 0
+    for row in range(scores.shape[0]):
+        m = int(keep[row].sum())
+        out.append(list(zip(names[j : j + m], scores[row, :m].tolist(), strict=True)))
+        j += m
+    return out
+
+
+def _write_part(
+    top: tuple[np.ndarray, np.ndarray], store: str, start: int, stop: int, path: str
+) -> int:
+    """Write user rows ``start .. stop - 1`` as a TSV part file; returns the number of lines.
+
+    Written in slabs of ``_SLAB`` users (ids read per slab), so memory stays bounded. Scores are
+    written with ``repr`` (shortest round-trip form of the float64).
+    """
+    scores, items = top
+    count = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(HEADER)
+        for lo in range(0, stop - start, _SLAB):
+            hi = min(stop - start, lo + _SLAB)
+            users = idmap.ids_slice(store, "users", start + lo, start + hi)
+            recs = named_top((scores[lo:hi], items[lo:hi]), store)
+            for user, row in zip(users, recs, strict=True):
+                fh.writelines(f"{user}\t{rank}\t{item}\t{score!r}\n"
+                              for rank, (item, score) in enumerate(row, start=1))
+                count += len(row)
+    return count
+
+
+def _block_top(
+    cl: Client, m: ModelInfo, info: StoreInfo, r: int, n: int, rows: np.ndarray | None = None
+) -> Future:
+    cb = [int(x) for x in info.col_bounds]
+    cands = [
+        cl.submit(_candidates, m.path, info.path, r, c, cb[c], n, rows, pure=False)
+        for c in range(info.grid[1])
+    ]
+    return tree_reduce(cl, cands, metrics.merge_topk, n)
+
+
+def check_n(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise InputError(f"n must be an integer >= 1, got {n!r}")
+    return int(n)
+
+
+def _is_parts_dir(path: str) -> bool:
+    names = os.listdir(path) if os.path.isdir(path) else None
+    return names is not None and all(x.startswith("part-") and x.endswith(".tsv") for x in names)
+
+
+def _target(out: str | os.PathLike, overwrite: bool) -> str:
+    return check_target(out, overwrite, "recommendations directory", _is_parts_dir)
+
+
+def recommend(
+    store: str | os.PathLike | StoreInfo,
+    model: Any,
+    client: Client | None = None,
+    *,
+    n: int = 10,
+    users: Sequence[Any] | None = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    n_workers: int = 2,
+) -> str | dict[Any, list[tuple[Any, float]]]:
+    """Top-``n`` items per user in raw ids, training items excluded, ranked by E[W] E[H]^T.
+
+    Parameters
+    ----------
+    store : the store the model was fitted on (its id maps and training nonzeros).
+    model : a model directory or a fitted estimator (its ``model_path_``).
+    client : a ``distributed.Client``; default the current one, else a LocalCluster of
+        ``n_workers`` processes, closed on return.
+    n : list length (fewer for a user with fewer than n items outside its training set).
+    users : raw user ids (ints or strings; coerced to the store's id type): recommend for
+        these only. Unknown ids raise InputError naming them.
+    out : with ``users=None``: directory of ``part-<r:05d>.tsv`` files, one per user-block
+        (header ``user rank item score``, rank 1..n, tab-separated), written by the workers
+        to ``OUT.tmp-*`` and renamed when all parts are written (complete or absent).
+    overwrite : replace an existing ``out``.
+
+    Returns
+    -------
+    ``out`` (absolute path) for all users; for given users a dict
+    ``{user id as given: [(raw item id, score), ...] best first}`` in the order given.
+    """
+    n = check_n(n)
+    if (users is None) == (out is None):
+        raise InputError("give either users (raw ids) or out (a directory for all users)")
+    info, m = open_pair(store, model)
+    with resolve_client(client, n_workers) as cl:
+        if users is not None:
+            return _for_users(cl, m, info, list(users), n)
+        return _for_all(cl, m, info, n, _target(out, overwrite), overwrite)
+
+
+def _for_all(
+    cl: Client, m: ModelInfo, info: StoreInfo, n: int, path: str, overwrite: bool
+) -> str:
+    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    os.makedirs(tmp)
+    try:
+        rb = [int(x) for x in info.row_bounds]
+        parts = [
+            cl.submit(_write_part, _block_top(cl, m, info, r, n), info.path, rb[r], rb[r + 1],
+                      os.path.join(tmp, f"part-{r:05d}.tsv"), pure=False)
+            for r in range(info.grid[0])
+        ]
+        track(parts, "recommend: user-blocks")
+        wait(parts)
+        cl.gather(parts)  # re-raise a worker's error here
+        if os.path.lexists(path) and overwrite:
+            aside = f"{path}.old-{secrets.token_hex(6)}"
+            os.rename(path, aside)
+            os.rename(tmp, path)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _for_users(
+    cl: Client, m: ModelInfo, info: StoreInfo, users: list[Any], n: int
+) -> dict[Any, list[tuple[Any, float]]]:
+    index = idmap.lookup(cl, info.path, "users", info.row_bounds.tolist(), users)
+    rb = info.row_bounds
+    wanted = np.unique(index)
+    block_of = np.searchsorted(rb, wanted, side="right") - 1
+    found: dict[int, list[tuple[Any, float]]] = {}
+    jobs = []
+    for r in np.unique(block_of).tolist():
+        rows = wanted[block_of == r] - rb[r]
+        top = _block_top(cl, m, info, r, n, rows)
+        jobs.append((wanted[block_of == r], cl.submit(named_top, top, info.path, pure=False)))
+    for global_rows, fut in jobs:
+        found.update(zip(global_rows.tolist(), fut.result(), strict=True))
+    return {user: found[int(i)] for user, i in zip(users, index.tolist(), strict=True)}

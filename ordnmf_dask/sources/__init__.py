@@ -1,0 +1,1 @@
+"""Sources -> store: read interactions (text, Parquet, arrays, synthetic), clean, split, block."""

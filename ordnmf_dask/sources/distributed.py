@@ -1,0 +1,379 @@
+"""Out-of-core ingest: the in-memory ``ingest`` pipeline, chunked, in bounded memory per task.
+
+Produces a store identical to :mod:`.inmemory` on the same input and options (arrays, ids and
+attributes; only ``created`` differs), for inputs larger than memory: many files, big text files
+cut into byte ranges at line boundaries, Parquet files read row group by row group
+(:mod:`.textsplit`, :mod:`.parquet`). Steps (tasks in :mod:`.distributed_tasks`; everything big
+goes through ``TMP/_staging`` on disk, visible to every worker):
+
+1. plan: per text file, delimiter, header and columns from its first non-blank line; chunks of
+   ``chunk_bytes`` and their first line numbers (a newline-counting pass); per Parquet file,
+   its columns and row groups (one chunk each) from its footer;
+2. parse each chunk (``textsplit.parse_chunk``; errors name file and line or row); stage its
+   columns; the distinct raw ids of all chunks are merged by a tree reduction on the workers
+   (sorted, as ``np.unique`` in memory), value statistics give the value rule
+   (``values.make_spec``);
+3. check every value, map ids to codes, count rows per user; route rows to user-range
+   partitions balanced by rows (``blocking.balanced_bounds``);
+4. per partition: merge duplicate pairs (``prep.dedupe``; all rows of a pair are in the same
+   partition, in input order) and classify;
+5. min-count filtering by degree reductions: the in-memory filter keeps exactly the rows whose
+   user and item are still "alive", so only O(U + I) vectors travel;
+6. split: the test set is the ``round(f n)`` pairs with the smallest seeded pair hash
+   (``split.random_test_mask``); its threshold is found from a histogram of hash bins, then the
+   sorted hashes of one bin;
+7. block bounds from the train degrees (``blocking.bounds_from_degrees``); each partition stages
+   its nonzeros block by block, sorted; as partitions are increasing user ranges, a block is the
+   concatenation of its pieces in partition order, which ``assemble.assemble_store`` writes
+   chunk by chunk.
+
+Memory per task: one chunk, one partition (``rows_per_partition`` rows on average) or one output
+chunk, plus O(U + I) id maps and degree vectors. Only the random split is supported (not a test
+file).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ordnmf_dask.dist.runner import Runner
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.distributed_tasks import (
+    Final,
+    PartJob,
+    add,
+    block_task,
+    codes_task,
+    dedupe_task,
+    degree_task,
+    final_degrees_task,
+    hash_bin_task,
+    hash_hist_task,
+    parse_task,
+    partition_task,
+    train_degrees_task,
+    union_ids,
+)
+from ordnmf_dask.sources.inmemory import (
+    as_list,
+    check_options,
+    check_train_left,
+    id_kind,
+    inputs_label,
+)
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.parquet import (
+    ParquetChunk,
+    ParquetFormat,
+    check_same_columns,
+    expand_inputs,
+    parquet_chunks,
+)
+from ordnmf_dask.sources.split import HASH_BIN_BITS, n_test_rows
+from ordnmf_dask.sources.text import DELIMITERS, check_columns
+from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
+from ordnmf_dask.sources.values import ValueSpec, make_spec
+from ordnmf_dask.store.blocks import StoreInfo, check_target
+from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, balanced_bounds, bounds_from_degrees
+from ordnmf_dask.store.staged import assemble_store, finish_store, staging_dir, temporary_store
+
+PathLike = str | os.PathLike
+DEFAULT_CHUNK_BYTES = 2**24
+DEFAULT_ROWS_PER_PARTITION = 2**22
+
+
+def ingest_distributed(
+    inputs: PathLike | Sequence[PathLike],
+    out: PathLike,
+    *,
+    client: Any = None,
+    ratings: str | None = None,
+    counts: str | Sequence[float] | None = None,
+    binarize: float | None = None,
+    scale_max: int | None = None,
+    min_count: int = 0,
+    filter_mode: str = "paper",
+    duplicates: str = "error",
+    test: PathLike | Sequence[PathLike] | None = None,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
+    grid: tuple[int, int] | None = None,
+    overwrite: bool = False,
+    delimiter: str | None = None,
+    header: bool | None = None,
+    columns: Sequence[int | str] = (0, 1, 2),
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+) -> StoreInfo:
+    """``ingest`` for inputs larger than memory, in parallel on a cluster (see module docstring).
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Cluster to run on; every worker must see the input files and ``out``'s directory.
+        None runs the same tasks in this process.
+    chunk_bytes : int
+        Bytes of text per parsing task (default 16 MiB; about 20x that in memory while parsing).
+        Parquet files are parsed one row group per task, whatever their size.
+    rows_per_partition : int
+        Average input rows per merge/filter/route task.
+    test : None
+        Only the random split is supported; a test file raises ``InputError``.
+    Other parameters as in ``ordnmf_dask.sources.inmemory``.
+
+    Returns
+    -------
+    StoreInfo
+        The same store ``ingest`` writes for these inputs and options.
+    """
+    check_target(out, overwrite)
+    if test is not None:
+        raise InputError("distributed ingest supports the random split only, not a test file")
+    if chunk_bytes < 1 or rows_per_partition < 1:
+        raise InputError("chunk_bytes and rows_per_partition must be >= 1")
+    columns = check_columns(columns)
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    sources = as_list(inputs)
+    paths = expand_inputs(sources)
+    runner = Runner(client)
+    formats = runner.map(input_format, paths, delimiter, header, columns)
+    check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
+    label = inputs_label(sources)
+    chunks = plan(runner, formats, chunk_bytes)
+    with temporary_store(out, overwrite) as (path, tmp):
+        staging_dir(tmp)
+        spec, user_ids, item_ids, rows = _parse(runner, chunks, formats, tmp,
+                                                ratings, counts, binarize, scale_max)  # fmt: skip
+        check_options(min_count, filter_mode, duplicates, test_fraction, seed)
+        live = [c for c, n in zip(chunks, rows, strict=True) if n > 0]
+        sh_users, sh_items = runner.share(user_ids), runner.share(item_ids)
+        user_rows = runner.map_reduce(codes_task, live, add, tmp, spec, sh_users, sh_items)
+        n_parts = max(1, min(len(user_ids), math.ceil(sum(rows) / rows_per_partition)))
+        bounds = balanced_bounds(user_rows, n_parts)
+        hits = runner.map(partition_task, live, tmp, bounds)
+        jobs = [
+            PartJob(p, tuple((c.index, c.file_index) for c, h in zip(live, hits, strict=True)
+                             if p in h))
+            for p in range(n_parts)
+        ]  # fmt: skip
+        jobs = [j for j in jobs if j.pieces]
+        merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
+                            runner.share(_sources(formats)))  # fmt: skip
+        parts = [j.part for j in jobs]
+        n_not = sum(m[1] for m in merged)
+        n_kept = sum(m[0] - m[1] for m in merged)
+        if n_kept == 0:
+            raise InputError(
+                f"{label}: no interactions left: every row is below the binarize/count threshold"
+            )
+        fin = _filter(runner, parts, tmp, len(user_ids), len(item_ids), min_count, filter_mode,
+                      seed)  # fmt: skip
+        user_deg, item_deg = runner.map_reduce(
+            final_degrees_task, parts, add, tmp, runner.share(fin), len(user_ids), len(item_ids)
+        )
+        n = int(user_deg.sum())
+        if n == 0:
+            raise InputError(
+                f"{label}: everything was filtered away by min_count={min_count} "
+                f"(filter_mode={filter_mode!r})"
+            )
+        user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
+        fin = Final(fin.user_alive, fin.item_alive, _index_map(user_deg > 0),
+                    _index_map(item_deg > 0), len(item_sel), seed)  # fmt: skip
+        check_train_left(label, n, test_fraction)
+        fin = _with_threshold(runner, parts, tmp, fin, n_test_rows(n, test_fraction))
+        shared = runner.share(fin)
+        deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, add, tmp, shared,
+                                         len(user_sel))  # fmt: skip
+        row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
+        placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
+                            spec.n_classes)  # fmt: skip
+        n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
+        blocks: dict[str, list[list]] = {"train": [], "test": []}
+        hists = {}
+        for split in blocks:
+            blocks[split] = [[] for _ in range(n_blocks)]
+            for res in placed:  # partition order
+                for b, seg in zip(*res[split], strict=True):
+                    blocks[split][b].append(seg)
+            hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
+        attrs = _attrs(
+            spec, hists, row_bounds, col_bounds, sources, user_ids, item_ids,
+            min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
+            test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
+            rows_read=sum(rows), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
+        )  # fmt: skip
+        assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
+                       user_ids[user_sel], item_ids[item_sel])  # fmt: skip
+        return finish_store(tmp, path, overwrite)
+
+
+def plan(
+    runner: Runner, formats: list[FileFormat | ParquetFormat], chunk_bytes: int
+) -> list[Chunk | ParquetChunk]:
+    """Chunks of every file in input order: text at line boundaries, with their first line
+    numbers; Parquet by row group."""
+    jobs, owners = [], []
+    for f_idx, fmt in enumerate(formats):
+        if isinstance(fmt, ParquetFormat):
+            continue
+        full = os.path.abspath(fmt.path)
+        for x0 in range(0, fmt.size, chunk_bytes):
+            jobs.append((full, x0, min(x0 + chunk_bytes, fmt.size), fmt.size))
+            owners.append(f_idx)
+    scanned = runner.map(scan_range, jobs) if jobs else []
+    by_file: dict[int, list[tuple[int, int, int]]] = {}
+    for f_idx, res in zip(owners, scanned, strict=True):
+        by_file.setdefault(f_idx, []).append(res)
+    chunks: list[Chunk | ParquetChunk] = []
+    for f_idx, fmt in enumerate(formats):
+        if isinstance(fmt, ParquetFormat):
+            chunks += parquet_chunks(fmt, f_idx, len(chunks))
+            continue
+        line = 1
+        for start, stop, n_lines in by_file.get(f_idx, []):
+            if stop > start:
+                chunks.append(Chunk(len(chunks), f_idx, fmt.path, start, stop, line,
+                                    fmt.delim, fmt.header_at, fmt.columns))  # fmt: skip
+            line += n_lines
+    return chunks
+
+
+def _sources(formats: list[FileFormat | ParquetFormat]) -> Origin:
+    """An Origin of no rows naming every input file (and the row groups of Parquet files)."""
+    groups = tuple(f.row_groups if isinstance(f, ParquetFormat) else None for f in formats)
+    empty = np.zeros(0, np.int64)
+    return Origin(tuple(f.path for f in formats), empty.astype(np.int32), empty, True,
+                  groups if any(g is not None for g in groups) else None)  # fmt: skip
+
+
+def _parse(
+    runner: Runner, chunks: list[Chunk | ParquetChunk], formats: list[FileFormat | ParquetFormat],
+    tmp: str, ratings: str | None, counts: Any, binarize: float | None, scale_max: int | None,
+) -> tuple[ValueSpec, np.ndarray, np.ndarray, list[int]]:  # fmt: skip
+    """Parse every chunk; return the value rule, sorted distinct ids and rows per chunk."""
+    handles = runner.submit(parse_task, chunks, tmp)
+    smalls = runner.gather_all(runner.pick(handles, "small"))
+    by_file: dict[int, int] = {}
+    for chunk, res in zip(chunks, smalls, strict=True):
+        if (msg := runner.failure(res)) is not None:
+            raise InputError(msg)
+        by_file[chunk.file_index] = by_file.get(chunk.file_index, 0) + res["rows"]
+    for f_idx, fmt in enumerate(formats):  # in file order, like the in-memory reader
+        if by_file.get(f_idx, 0) == 0:
+            raise InputError(f"{fmt.path}: no data rows (only a header line)")
+    user_ids = runner.reduce(runner.pick(handles, "users"), union_ids)
+    item_ids = runner.reduce(runner.pick(handles, "items"), union_ids)
+    values, f_index, lines = [], [], []
+    bad = next(((c, s["bad"]) for c, s in zip(chunks, smalls, strict=True) if s["bad"]), None)
+    if bad is not None:
+        values.append(bad[1][0])
+        f_index.append(bad[0].file_index)
+        lines.append(bad[1][1])
+    top = max((s["vmax"], c.file_index) for c, s in zip(chunks, smalls, strict=True)
+              if s["vmax"] is not None)  # fmt: skip
+    values.append(top[0])
+    f_index.append(top[1])
+    lines.append(0)
+    origin = _sources(formats).rows(np.asarray(f_index, np.int32), np.asarray(lines, np.int64))
+    spec = make_spec(np.asarray(values, np.float64), origin, ratings=ratings, counts=counts,
+                     binarize=binarize, scale_max=scale_max)  # fmt: skip
+    return spec, user_ids, item_ids, [s["rows"] for s in smalls]
+
+
+def _filter(
+    runner: Runner, parts: list[int], tmp: str, n_users: int, n_items: int, min_count: int,
+    mode: str, seed: int,
+) -> Final:  # fmt: skip
+    """Alive users and items after ``prep.min_count_mask``'s filter, by degree reductions."""
+    if min_count <= 1:
+        return Final(None, None, None, None, n_items, seed)
+    user_alive = np.ones(n_users, dtype=bool)
+    item_alive = np.ones(n_items, dtype=bool)
+    while True:
+        ua, ia = runner.share(user_alive), runner.share(item_alive)
+        item_deg = runner.map_reduce(degree_task, parts, add, tmp, ua, ia, "i")
+        before = int(item_deg.sum())
+        item_alive = item_alive & (item_deg >= min_count)
+        ua, ia = runner.share(user_alive), runner.share(item_alive)
+        user_deg = runner.map_reduce(degree_task, parts, add, tmp, ua, ia, "u")
+        user_alive = user_alive & (user_deg >= min_count)
+        after = int(user_deg[user_alive].sum())
+        if mode == "paper" or after == before:
+            return Final(user_alive, item_alive, None, None, n_items, seed)
+
+
+def _index_map(kept: np.ndarray) -> np.ndarray:
+    """Old code -> new contiguous index (int64), -1 where not kept."""
+    out = np.full(len(kept), -1, dtype=np.int64)
+    out[kept] = np.arange(int(kept.sum()), dtype=np.int64)
+    return out
+
+
+def _with_threshold(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int) -> Final:
+    """``fin`` with the hash threshold of the ``n_test`` smallest pair hashes."""
+    if n_test == 0:
+        return fin
+    shared = runner.share(fin)
+    hist = runner.map_reduce(hash_hist_task, parts, add, tmp, shared)
+    cum = np.cumsum(hist)
+    bin_ = int(np.searchsorted(cum, n_test, side="left"))
+    below = int(cum[bin_ - 1]) if bin_ > 0 else 0
+    in_bin = np.sort(np.concatenate(runner.map(hash_bin_task, parts, tmp, shared, bin_)))
+    threshold = int(in_bin[n_test - below - 1])
+    assert threshold >> (64 - HASH_BIN_BITS) == bin_
+    return Final(fin.user_alive, fin.item_alive, fin.user_map, fin.item_map, fin.n_items,
+                 fin.seed, threshold)  # fmt: skip
+
+
+def _attrs(
+    spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
+    sources: list[PathLike], user_ids: np.ndarray, item_ids: np.ndarray, *, min_count: int,
+    filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
+    rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The attributes ``ingest`` writes (random split, no test file)."""
+    hist = {s: _hist_list(h) for s, h in hists.items()}
+    return {
+        "complete": False,
+        "n_users": int(row_bounds[-1]),
+        "n_items": int(col_bounds[-1]),
+        "n_classes": spec.n_classes,
+        "value_kind": spec.value_kind,
+        "thresholds": None if spec.thresholds is None else list(spec.thresholds),
+        "binarize": spec.binarize,
+        "binarize_on": None if spec.binarize is None else spec.base,
+        "min_count": int(min_count),
+        "filter_mode": filter_mode,
+        "duplicates": duplicates,
+        "split": "random",
+        "test_fraction": float(test_fraction),
+        "seed": int(seed),
+        "nnz_train": sum(hist["train"]),
+        "nnz_test": sum(hist["test"]),
+        "hist_train": hist["train"],
+        "hist_test": hist["test"],
+        "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
+        "nnz_per_block": int(nnz_per_block),
+        "source": [os.path.abspath(os.fspath(p)) for p in sources],
+        "test_source": None,
+        "rows_read": int(rows_read),
+        "rows_not_interaction": int(not_interaction),
+        "rows_filtered": int(filtered),
+        "nnz_before_split": int(n_before_split),
+        "id_kind": {"users": id_kind(user_ids), "items": id_kind(item_ids)},
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _hist_list(hist: np.ndarray) -> list[int]:
+    """Class counts as ``ingest`` stores them (class 0 cleared)."""
+    return [0, *(int(x) for x in hist[1:])]

@@ -1,0 +1,289 @@
+"""The per-piece and per-partition tasks of the distributed ingest (:mod:`.distributed`).
+
+Every task reads its inputs from the staging directory, writes its outputs there, and returns
+only small values or O(U + I) vectors that are tree-reduced on the workers. Staged files are
+plain ``.npy`` arrays (no pickle).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ordnmf_dask.sources.filtering import dedupe, normalize_text_ids
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.parquet import ParquetChunk
+from ordnmf_dask.sources.split import HASH_BIN_BITS, pair_hash
+from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
+from ordnmf_dask.sources.values import ValueSpec, classify
+from ordnmf_dask.store.staged import load_arrays, save_arrays, save_segment, staging_dir
+
+_SHIFT = np.uint64(64 - HASH_BIN_BITS)
+
+
+def union_ids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sorted distinct ids of two sorted id arrays: int64 if both are, else str."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.union1d(a, b)
+    return np.union1d(a.astype(str), b.astype(str))
+
+
+def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
+    """Element-wise sum of two arrays, or of two tuples of arrays."""
+    if isinstance(a, tuple):
+        return tuple(x + y for x, y in zip(a, b, strict=True))
+    return a + b
+
+
+def _chunk_prefix(tmp: str, index: int) -> str:
+    return os.path.join(staging_dir(tmp, "chunks"), f"{index:06d}")
+
+
+def _piece(tmp: str, index: int, part: int, names: list[str]) -> dict[str, np.ndarray]:
+    """The rows of chunk ``index`` routed to partition ``part`` (see ``partition_task``)."""
+    prefix = _chunk_prefix(tmp, index)
+    lo, hi = load_arrays(prefix, ["part_offsets"])["part_offsets"][part : part + 2]
+    data = load_arrays(prefix, [f"p_{n}" for n in names], mmap=True)
+    return {n: np.array(data[f"p_{n}"][lo:hi]) for n in names}
+
+
+def _part_prefix(tmp: str, part: int) -> str:
+    return os.path.join(staging_dir(tmp, "nonzeros"), f"{part:06d}")
+
+
+# --------------------------------------------------------------------------- pass 1: parse
+
+
+def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
+    """Parse a chunk (text byte range or Parquet row group), stage (users, items, values, line);
+    return summaries and distinct ids.
+
+    Returns
+    -------
+    dict
+        ``small``: rows, value max, first value that is not a positive integer (value, line)
+        or None; ``users``, ``items``: sorted distinct ids (int64 or str).
+    """
+    triples = parse_chunk(chunk)
+    if triples is None:
+        empty = np.zeros(0, dtype=np.int64)
+        return {"small": {"rows": 0, "vmax": None, "bad": None}, "users": empty, "items": empty}
+    users = normalize_text_ids(triples.users)
+    items = normalize_text_ids(triples.items)
+    values, line = triples.values, triples.origin.line
+    save_arrays(_chunk_prefix(tmp, chunk.index),
+                {"users": users, "items": items, "values": values, "line": line})  # fmt: skip
+    bad = np.flatnonzero((values < 1) | (values != np.round(values)))
+    small = {
+        "rows": len(values),
+        "vmax": float(values.max()),
+        "bad": None if not bad.size else (float(values[bad[0]]), int(line[bad[0]])),
+    }
+    return {"small": small, "users": np.unique(users), "items": np.unique(items)}
+
+
+# --------------------------------------------------------------------------- pass 2: codes
+
+
+def codes_task(
+    chunk: Chunk | ParquetChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
+    item_ids: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Check every value of a chunk, stage its id codes; return its rows per user (U,) int64."""
+    prefix = _chunk_prefix(tmp, chunk.index)
+    data = load_arrays(prefix, ["users", "items", "values", "line"])
+    origin = chunk_origin(chunk, data["line"])
+    classify(spec, data["values"], origin)  # raises InputError naming the file and line
+    u = np.searchsorted(user_ids, _as_kind(data["users"], user_ids))
+    i = np.searchsorted(item_ids, _as_kind(data["items"], item_ids))
+    save_arrays(prefix, {"u": u.astype(np.int64), "i": i.astype(np.int64)})
+    return np.bincount(u, minlength=len(user_ids)).astype(np.int64)
+
+
+def _as_kind(ids: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return ids if ids.dtype.kind == like.dtype.kind else ids.astype(str)
+
+
+def partition_task(chunk: Chunk | ParquetChunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
+    """Route a chunk's rows to user-range partitions; returns the partitions hit.
+
+    The rows are staged once, stably sorted by partition, with ``part_offsets`` (P + 1,): the
+    rows of partition p are ``[part_offsets[p], part_offsets[p + 1])`` (one file per column and
+    chunk, not per chunk and partition).
+    """
+    prefix = _chunk_prefix(tmp, chunk.index)
+    data = load_arrays(prefix, ["u", "i", "values", "line"])
+    part = np.searchsorted(part_bounds, data["u"], side="right") - 1
+    order = np.argsort(part, kind="stable")
+    counts = np.bincount(part, minlength=len(part_bounds) - 1)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    routed = {f"p_{name}": arr[order] for name, arr in data.items()}
+    save_arrays(prefix, {**routed, "part_offsets": offsets})
+    return [int(p) for p in np.flatnonzero(counts)]
+
+
+# --------------------------------------------------------------------------- pass 3: merge
+
+
+@dataclass(frozen=True)
+class PartJob:
+    """Partition ``part`` and the (chunk index, file index) of its pieces, in input order."""
+
+    part: int
+    pieces: tuple[tuple[int, int], ...]
+
+
+def dedupe_task(
+    job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: np.ndarray,
+    item_ids: np.ndarray, sources: Origin,
+) -> tuple[int, int]:  # fmt: skip
+    """Merge duplicate pairs of a partition, classify, stage the interactions.
+
+    ``sources`` is an Origin (of no rows) of all input files, to name rows in messages.
+
+    Returns
+    -------
+    (int, int)
+        Distinct pairs, pairs that are "not an interaction".
+    """
+    names = ["u", "i", "values", "line"]
+    parts = [_piece(tmp, c, job.part, names) for c, _ in job.pieces]
+    cat = {n: np.concatenate([p[n] for p in parts]) for n in names}
+    fidx = np.concatenate(
+        [np.full(len(p["u"]), f, dtype=np.int32) for p, (_, f) in zip(parts, job.pieces,
+                                                                       strict=True)]
+    )  # fmt: skip
+    origin = sources.rows(fidx, cat["line"])
+    rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
+    y, keep = classify(spec, raw, origin.take(rows))
+    save_arrays(_part_prefix(tmp, job.part), {
+        "u": cat["u"][rows][keep], "i": cat["i"][rows][keep], "y": y[keep], "raw": raw[keep],
+    })  # fmt: skip
+    return len(rows), int((~keep).sum())
+
+
+# --------------------------------------------------------------------------- filtering
+
+
+def degree_task(
+    part: int, tmp: str, user_alive: np.ndarray | None, item_alive: np.ndarray | None, axis: str
+) -> np.ndarray:
+    """Interactions per user (``axis="u"``) or item (``"i"``) among rows of alive users/items."""
+    data = load_arrays(_part_prefix(tmp, part), ["u", "i"], mmap=True)
+    u, i = np.asarray(data["u"]), np.asarray(data["i"])
+    keep = _alive(u, i, user_alive, item_alive)
+    n = len(user_alive) if axis == "u" else len(item_alive)  # type: ignore[arg-type]
+    return np.bincount((u if axis == "u" else i)[keep], minlength=n).astype(np.int64)
+
+
+def _alive(
+    u: np.ndarray, i: np.ndarray, user_alive: np.ndarray | None, item_alive: np.ndarray | None
+) -> np.ndarray:
+    keep = np.ones(len(u), dtype=bool)
+    if user_alive is not None:
+        keep &= user_alive[u]
+    if item_alive is not None:
+        keep &= item_alive[i]
+    return keep
+
+
+# --------------------------------------------------------------------------- after filtering
+
+
+@dataclass(frozen=True, eq=False)
+class Final:
+    """Filter result and final index maps (old code -> new index, -1 if removed), O(U + I)."""
+
+    user_alive: np.ndarray | None
+    item_alive: np.ndarray | None
+    user_map: np.ndarray | None
+    item_map: np.ndarray | None
+    n_items: int
+    seed: int
+    threshold: int | None = None  # test pairs: hash <= threshold (None: no test pairs)
+
+
+def final_degrees_task(
+    part: int, tmp: str, fin: Final, n_users: int, n_items: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(interactions per user (U,), per item (I,)) after filtering, in codes before filtering."""
+    data = load_arrays(_part_prefix(tmp, part), ["u", "i"])
+    keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
+    return (np.bincount(data["u"][keep], minlength=n_users).astype(np.int64),
+            np.bincount(data["i"][keep], minlength=n_items).astype(np.int64))  # fmt: skip
+
+
+def _kept(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
+    data = load_arrays(_part_prefix(tmp, part), ["u", "i", "y", "raw"])
+    keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
+    assert fin.user_map is not None and fin.item_map is not None
+    return {"u": fin.user_map[data["u"][keep]], "i": fin.item_map[data["i"][keep]],
+            "y": data["y"][keep], "raw": data["raw"][keep]}  # fmt: skip
+
+
+def hash_hist_task(part: int, tmp: str, fin: Final) -> np.ndarray:
+    """Counts of the pair hashes of a partition per hash bin (top ``HASH_BIN_BITS`` bits)."""
+    d = _kept(part, tmp, fin)
+    h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
+    return np.bincount((h >> _SHIFT).astype(np.int64), minlength=2**HASH_BIN_BITS)
+
+
+def hash_bin_task(part: int, tmp: str, fin: Final, bin_: int) -> np.ndarray:
+    """Sorted pair hashes of a partition that fall in hash bin ``bin_`` (uint64)."""
+    d = _kept(part, tmp, fin)
+    h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
+    return np.sort(h[(h >> _SHIFT) == np.uint64(bin_)])
+
+
+def _is_test(d: dict[str, np.ndarray], fin: Final) -> np.ndarray:
+    if fin.threshold is None:
+        return np.zeros(len(d["u"]), dtype=bool)
+    return pair_hash(d["u"], d["i"], fin.n_items, fin.seed) <= np.uint64(fin.threshold)
+
+
+def train_degrees_task(part: int, tmp: str, fin: Final, n_users: int) -> tuple:
+    """(train nonzeros per user (U',), per item (I',)) in final indices."""
+    d = _kept(part, tmp, fin)
+    train = ~_is_test(d, fin)
+    return (np.bincount(d["u"][train], minlength=n_users).astype(np.int64),
+            np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64))  # fmt: skip
+
+
+def block_task(
+    part: int, tmp: str, fin: Final, row_bounds: np.ndarray, col_bounds: np.ndarray,
+    n_classes: int,
+) -> dict:  # fmt: skip
+    """Stage a partition's nonzeros block by block, sorted by (row, col) within each block.
+
+    Returns
+    -------
+    dict
+        ``{"train" | "test": ([block ids], [Segment]), "hist_train" | "hist_test": (V + 1,)}``.
+    """
+    d = _kept(part, tmp, fin)
+    is_test = _is_test(d, fin)
+    n_c = len(col_bounds) - 1
+    out: dict = {}
+    for split, sel in (("train", ~is_test), ("test", is_test)):
+        u, i, y, raw = d["u"][sel], d["i"][sel], d["y"][sel], d["raw"][sel]
+        r = np.searchsorted(row_bounds, u, side="right") - 1
+        c = np.searchsorted(col_bounds, i, side="right") - 1
+        rows, cols = u - row_bounds[r], i - col_bounds[c]
+        b = r * n_c + c
+        order = np.lexsort((cols, rows, b))
+        b = b[order]
+        starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]])) if b.size else b
+        ends = np.append(starts[1:], len(b)) if b.size else b  # no nonzeros of this split
+        ids, segs = [], []
+        for s, e in zip(starts, ends, strict=True):
+            sl = order[s:e]
+            prefix = os.path.join(staging_dir(tmp, split), f"{int(b[s]):08d}-{part:06d}")
+            segs.append(save_segment(prefix, {"rows": rows[sl], "cols": cols[sl], "y": y[sl],
+                                              "raw": raw[sl]}))  # fmt: skip
+            ids.append(int(b[s]))
+        out[split] = (ids, segs)
+        out[f"hist_{split}"] = np.bincount(y, minlength=n_classes + 1).astype(np.int64)
+    return out
+

@@ -1,0 +1,280 @@
+"""Read (user, item, value) rows from Parquet files, one row group at a time.
+
+A row group is the chunk unit of Parquet input (what a byte range is for text): the in-memory
+reader (``text.read_triples``) and the distributed ingest (:mod:`.distributed`) both read a file
+group by group with ``read_row_group``, never a whole file in one piece. Columns are chosen by
+name or by 0-based position in the file's schema (``columns``, as for text). Ids may be integer
+columns (kept as int64), string columns (whitespace-stripped, then treated exactly like text
+ids) or integral floats; values may be numeric or string columns (parsed like text). The checks
+of ids and values are the text reader's (``text.string_ids``, ``string_values``,
+``finite_values``). Rows are numbered from 0 in their file; messages name the file, the row and
+its row group. All Parquet files of one input must have the same user, item and value column
+names (``check_same_columns``), so that files with different schemas are never merged by
+position.
+
+Needs pyarrow (the ``parquet`` extra); without it a Parquet input is an ``InputError`` saying
+so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.origin import Origin, RowGroups
+from ordnmf_dask.sources.text import (
+    Column,
+    Triples,
+    concat_ids,
+    finite_values,
+    string_ids,
+    string_values,
+)
+
+SUFFIXES = (".parquet", ".parq")
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def is_parquet(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a Parquet file (by its suffix)."""
+    return os.fspath(path).lower().endswith(SUFFIXES)
+
+
+def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """Input files in order; a directory stands for the Parquet files under it.
+
+    A directory's files are found recursively and sorted by path; names starting with ``.`` or
+    ``_`` (``_SUCCESS``, ``_metadata``, ``.crc`` files, hidden directories) are skipped.
+    """
+    out: list[str] = []
+    for p in paths:
+        path = os.fspath(p)
+        if not os.path.isdir(path):
+            out.append(path)
+            continue
+        found = []
+        for root, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+            found += [os.path.join(root, f) for f in files
+                      if is_parquet(f) and not f.startswith((".", "_"))]  # fmt: skip
+        if not found:
+            raise InputError(f"{path}: is a directory without .parquet / .parq files")
+        out += sorted(found)
+    if not out:
+        raise InputError("no input files given")
+    return out
+
+
+def _pyarrow(path: str) -> tuple[Any, Any]:
+    """(pyarrow, pyarrow.parquet), or an InputError naming the extra to install."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise InputError(
+            f"{path}: reading Parquet needs pyarrow; install it with the 'parquet' extra "
+            "(pip install 'ordnmf-dask[parquet]')"
+        ) from None
+    return pyarrow, pyarrow.parquet
+
+
+def _open(path: str) -> Any:
+    _, pq = _pyarrow(path)
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:  # pyarrow.ArrowException subclasses these
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+@dataclass(frozen=True)
+class ParquetFormat:
+    """A Parquet file's resolved (user, item, value) column names, their types and row groups."""
+
+    path: str
+    columns: tuple[str, str, str]
+    types: tuple[str, str, str]  # pyarrow type names ("int64", "string", ...), not dictionary
+    starts: tuple[int, ...]  # first row (0-based, in the file) of each row group
+    counts: tuple[int, ...]  # rows of each row group
+
+    @property
+    def row_groups(self) -> RowGroups:
+        return RowGroups(0, self.starts)
+
+
+@dataclass(frozen=True)
+class ParquetChunk:
+    """Row group ``group`` of ``path`` (rows ``first_row .. first_row + n_rows - 1``).
+
+    ``index`` is the chunk's position in the input order; ``file_index`` the file's.
+    """
+
+    index: int
+    file_index: int
+    path: str
+    group: int
+    first_row: int
+    n_rows: int
+    columns: tuple[str, str, str]
+
+
+def parquet_format_of(path: str, columns: tuple[Column, Column, Column]) -> ParquetFormat:
+    """Read the footer of ``path``: resolve the columns and list the row groups."""
+    pf = _open(path)
+    names = list(pf.schema_arrow.names)
+    resolved = []
+    for c in columns:
+        if isinstance(c, str):
+            if c not in names:
+                raise InputError(f"{path}: no column {c!r} (columns: {', '.join(names)})")
+            resolved.append(c)
+        elif c >= len(names):
+            raise InputError(
+                f"{path}: no column {c} (0-based); the file has {len(names)} columns: "
+                f"{', '.join(names)}"
+            )
+        else:
+            resolved.append(names[c])
+    if len(set(resolved)) != 3:
+        raise InputError(f"{path}: columns {columns!r} name the same column twice")
+    pa, _ = _pyarrow(path)
+    plain = [pf.schema_arrow.field(name).type for name in resolved]
+    types = tuple(str(t.value_type if pa.types.is_dictionary(t) else t) for t in plain)
+    meta = pf.metadata
+    counts = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
+    if sum(counts) == 0:
+        raise InputError(f"{path}: no data rows (the file is empty)")
+    starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]]))
+    return ParquetFormat(path, tuple(resolved), types, starts, counts)  # type: ignore[arg-type]
+
+
+def check_same_columns(formats: Sequence[ParquetFormat]) -> None:
+    """Raise InputError unless every file has the first one's user, item and value column names.
+
+    The message names both files and each differing column with its type. Types may differ
+    where the readers treat them alike (integer, integral float and string ids are all raw ids;
+    numeric and string values are parsed as numbers); other types are refused per file.
+    """
+    if not formats:
+        return
+    first = formats[0]
+    for fmt in formats[1:]:
+        diff = [
+            f"{role} {a!r} ({ta}) vs {b!r} ({tb})"
+            for role, a, ta, b, tb in zip(
+                ("user", "item", "value"), fmt.columns, fmt.types, first.columns, first.types,
+                strict=True,
+            )
+            if a != b
+        ]  # fmt: skip
+        if diff:
+            raise InputError(
+                f"{fmt.path}: columns differ from {first.path}: {'; '.join(diff)}; all Parquet "
+                "files of one input need the same column names"
+            )
+
+
+def parquet_chunks(fmt: ParquetFormat, file_index: int, first_index: int) -> list[ParquetChunk]:
+    """One chunk per non-empty row group of a file, numbered from ``first_index``."""
+    out: list[ParquetChunk] = []
+    for g, (start, n) in enumerate(zip(fmt.starts, fmt.counts, strict=True)):
+        if n:
+            out.append(ParquetChunk(first_index + len(out), file_index, fmt.path, g, start, n,
+                                    fmt.columns))  # fmt: skip
+    return out
+
+
+def chunk_origin(chunk: ParquetChunk, rows: np.ndarray) -> Origin:
+    """Origin of rows (0-based, in the file) of one row group."""
+    groups = (RowGroups(chunk.group, (chunk.first_row,)),)
+    return Origin((chunk.path,), np.zeros(len(rows), np.int32), rows, True, groups)
+
+
+def read_row_group(chunk: ParquetChunk) -> Triples | None:
+    """Triples of one row group (None if it has no rows); errors name the file and row."""
+    pa, _ = _pyarrow(chunk.path)
+    pf = _open(chunk.path)
+    try:
+        table = pf.read_row_group(chunk.group, columns=list(chunk.columns))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{chunk.path}, row group {chunk.group}: cannot read ({exc})") from None
+    if table.num_rows == 0:
+        return None
+    rows = chunk.first_row + np.arange(table.num_rows, dtype=np.int64)
+    origin = chunk_origin(chunk, rows)
+    cu, ci, cv = (table.column(name) for name in chunk.columns)
+    users = _ids(pa, cu, origin, "user", chunk.columns[0])
+    items = _ids(pa, ci, origin, "item", chunk.columns[1])
+    values = _values(pa, cv, origin, chunk.columns[2])
+    return Triples(users, items, values, origin)
+
+
+def read_parquet(fmt: ParquetFormat) -> Triples:
+    """Every row of a Parquet file (its format from ``parquet_format_of``), group by group."""
+    path = fmt.path
+    parts = [t for c in parquet_chunks(fmt, 0, 0) if (t := read_row_group(c)) is not None]
+    line = np.concatenate([t.origin.line for t in parts])
+    origin = Origin((path,), np.zeros(len(line), np.int32), line, True, (fmt.row_groups,))
+    return Triples(
+        concat_ids([t.users for t in parts]),
+        concat_ids([t.items for t in parts]),
+        np.concatenate([t.values for t in parts]),
+        origin,
+    )
+
+
+def _plain(pa: Any, col: Any, origin: Origin, what: str) -> Any:
+    """``col`` without dictionary encoding; an error names the first null row."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    if col.null_count:
+        k = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"{origin.where(k)}: null {what}")
+    return col
+
+
+def _is_string(pa: Any, t: Any) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view"
+
+
+def _ids(pa: Any, col: Any, origin: Origin, what: str, name: str) -> np.ndarray:
+    col = _plain(pa, col, origin, f"{what} id")
+    t = col.type
+    if pa.types.is_integer(t):
+        ids = col.to_numpy()
+        if pa.types.is_unsigned_integer(t) and ids.size and ids.max() > _INT64_MAX:
+            k = int(np.argmax(ids > _INT64_MAX))
+            raise InputError(f"{origin.where(k)}: {what} id {ids[k]} does not fit in int64")
+        return ids.astype(np.int64)
+    if pa.types.is_floating(t):
+        ids = col.to_numpy()
+        bad = np.flatnonzero(~np.isfinite(ids) | (ids != np.round(ids)))
+        if bad.size:
+            k = int(bad[0])
+            raise InputError(f"{origin.where(k)}: {what} id {ids[k]!r} is not an integer")
+        return ids.astype(np.int64)
+    if _is_string(pa, t):
+        return string_ids(col.to_numpy(zero_copy_only=False), origin, what)
+    raise InputError(
+        f"{origin.sources[0]}: column {name!r} ({what} ids) has type {t}; "
+        "ids must be integers or strings"
+    )
+
+
+def _values(pa: Any, col: Any, origin: Origin, name: str) -> np.ndarray:
+    col = _plain(pa, col, origin, "value")
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        values = col.cast(pa.float64()).to_numpy()
+        return finite_values(np.asarray(values, dtype=np.float64), origin)
+    if _is_string(pa, t):
+        return string_values(col.to_numpy(zero_copy_only=False), origin)
+    raise InputError(
+        f"{origin.sources[0]}: column {name!r} (values) has type {t}; values must be numbers"
+    )

@@ -1,0 +1,162 @@
+"""Split input files into chunks that are parsed independently, and parse one chunk.
+
+Text: a chunk is the set of lines whose first byte lies in ``[start, stop)`` of its file, so
+every line belongs to exactly one chunk, and a chunk can be read without reading the rest of the
+file. Line numbers (for error messages) are found by a cheap first pass that counts newlines per
+chunk. Delimiter, header and named columns are decided per file from its first non-blank line,
+exactly as in ``ordnmf_dask.sources.text.read_triples``; parsing reuses ``text.parse_lines``.
+
+Parquet: a chunk is one row group (``parquet.ParquetChunk``), read by ``parquet.read_row_group``
+as the in-memory reader does. ``parse_chunk`` and ``chunk_origin`` take either kind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.parquet import (
+    ParquetChunk,
+    ParquetFormat,
+    is_parquet,
+    parquet_format_of,
+    read_row_group,
+)
+from ordnmf_dask.sources.parquet import chunk_origin as parquet_origin
+from ordnmf_dask.sources.text import (
+    DELIMITERS,
+    Column,
+    Triples,
+    decode,
+    file_format,
+    parse_lines,
+    read_bytes,
+)
+
+_SCAN = 2**20  # bytes read at a time while looking for a line boundary
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How to parse one text file: resolved delimiter, the byte offset of its header line, and
+    the 0-based (user, item, value) columns."""
+
+    path: str
+    size: int
+    delim: str | None
+    header_at: int | None
+    columns: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Lines of ``path`` starting in bytes [start, stop); ``first_line``: 1-based, of ``start``.
+
+    ``index`` is the chunk's position in the input order; ``file_index`` the file's.
+    """
+
+    index: int
+    file_index: int
+    path: str
+    start: int
+    stop: int
+    first_line: int
+    delim: str | None
+    header_at: int | None
+    columns: tuple[int, int, int]
+
+
+def input_format(
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+) -> FileFormat | ParquetFormat:
+    """Task: how to read one input file (Parquet by its suffix, else delimited text)."""
+    if is_parquet(path):
+        return parquet_format_of(path, columns)
+    return file_format_of(path, delimiter, header, columns)
+
+
+def file_format_of(
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+) -> FileFormat:
+    """Read the start of ``path`` up to its first non-blank line and resolve its format."""
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    read_bytes(path, 0, 0)  # error messages for missing files / directories
+    size = os.path.getsize(path)
+    n = _SCAN
+    while True:
+        data = read_bytes(path, 0, min(n, size))
+        complete = len(data) >= size
+        end = len(data) if complete else data.rfind(b"\n") + 1
+        lines = decode(path, data[:end]).replace("\r\n", "\n").split("\n")
+        for k, line in enumerate(lines):
+            if line.strip():
+                delim, has_header, cols = file_format(path, line, delimiter, header, columns,
+                                                      line=k + 1)  # fmt: skip
+                offset = 0
+                for _ in range(k):
+                    offset = data.index(b"\n", offset) + 1
+                return FileFormat(path, size, delim, offset if has_header else None, cols)
+        if complete:
+            raise InputError(f"{path}: no data rows (the file is empty)")
+        n *= 4
+
+
+def line_start(path: str, x: int, size: int) -> int:
+    """Offset of the first line starting at or after byte ``x`` (``size`` if none)."""
+    if x <= 0:
+        return 0
+    pos = x - 1
+    while pos < size:
+        data = read_bytes(path, pos, min(pos + _SCAN, size))
+        k = data.find(b"\n")
+        if k >= 0:
+            return pos + k + 1
+        pos += len(data)
+    return size
+
+
+def count_lines(path: str, start: int, stop: int) -> int:
+    """Number of newlines in bytes [start, stop) of ``path``, read piece by piece."""
+    n, pos = 0, start
+    while pos < stop:
+        data = read_bytes(path, pos, min(pos + 16 * _SCAN, stop))
+        n += data.count(b"\n")
+        pos += len(data)
+    return n
+
+
+def scan_range(job: tuple[str, int, int, int]) -> tuple[int, int, int]:
+    """Task: (path, x0, x1, size) -> (start, stop, newlines) of the chunk of bytes [x0, x1)."""
+    path, x0, x1, size = job
+    start, stop = line_start(path, x0, size), line_start(path, x1, size)
+    return start, stop, count_lines(path, start, stop) if stop > start else 0
+
+
+def chunk_origin(chunk: Chunk | ParquetChunk, line: np.ndarray) -> Origin:
+    """Origin of rows of one chunk (``line``: their line, or Parquet row, numbers)."""
+    if isinstance(chunk, ParquetChunk):
+        return parquet_origin(chunk, line)
+    return Origin((chunk.path,), np.zeros(len(line), np.int32), line)
+
+
+def parse_chunk(chunk: Chunk | ParquetChunk) -> Triples | None:
+    """Triples of one chunk (line or row numbers in the file), or None if it has none."""
+    if isinstance(chunk, ParquetChunk):
+        return read_row_group(chunk)
+    data = read_bytes(chunk.path, chunk.start, chunk.stop)
+    text = decode(chunk.path, data, chunk.first_line, bom=chunk.start == 0)
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    lines = text.split("\n")
+    keep = [k for k, ln in enumerate(lines) if ln.strip()]
+    if chunk.header_at is not None and chunk.start <= chunk.header_at < chunk.stop and keep:
+        keep = keep[1:]  # the header is the file's first non-blank line, so this chunk's first
+    if not keep:
+        return None
+    line_no = np.asarray(keep, dtype=np.int64) + chunk.first_line
+    return parse_lines(chunk.path, [lines[k] for k in keep], line_no, chunk.delim, chunk.columns)

@@ -1,0 +1,177 @@
+"""Turn raw values into ordinal classes 1..V (uint8; class 0 means "no interaction").
+
+Three ways to define classes, plus optional binarization:
+
+- ratings ``"halfstar"``: class = 2 * rating, which must be an integer in 1..10 (MovieLens), V = 10.
+- ratings ``"integer"``: the rating itself, an integer in 1..V; V = ``scale_max`` (default: the
+  largest value observed).
+- counts: class = number of thresholds strictly below the count, V = number of thresholds;
+  ``"paper"`` uses (0, 1, 2, 5, 10, 20, 50, 100, 200, 500), so 1 -> 1, 2 -> 2, 3..5 -> 3, ...,
+  > 500 -> 10. Counts must be > 0. With user thresholds whose first element is > 0, counts at or
+  below it get class 0 and the row is dropped as "not an interaction".
+- binarize at S: class 1 if value >= S, else the row is dropped as "not an interaction"; V = 1.
+  Alone it applies to the raw value; combined with ratings or counts it applies to the class
+  (e.g. for halfstar ratings S is in class units 1..10, so S = 8 keeps ratings >= 4.0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.origin import Origin
+
+PAPER_THRESHOLDS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500)
+RATING_KINDS = ("halfstar", "integer")
+MAX_CLASSES = 255
+
+
+@dataclass(frozen=True)
+class ValueSpec:
+    """A resolved value -> class rule.
+
+    Attributes
+    ----------
+    base : str
+        ``"ratings-halfstar"``, ``"ratings-integer"``, ``"counts"`` or ``"raw"`` (binarize alone).
+    base_classes : int
+        Number of classes before binarization (1 for ``"raw"``).
+    thresholds : tuple of float or None
+        Count thresholds (counts only).
+    binarize : float or None
+        Binarization threshold S (class units, or raw units when ``base == "raw"``).
+    """
+
+    base: str
+    base_classes: int
+    thresholds: tuple[float, ...] | None = None
+    binarize: float | None = None
+
+    @property
+    def n_classes(self) -> int:
+        """V, the largest class."""
+        return 1 if self.binarize is not None else self.base_classes
+
+    @property
+    def value_kind(self) -> str:
+        """The store's ``value_kind`` attribute."""
+        return "binary" if self.binarize is not None else self.base
+
+
+def check_thresholds(thresholds: Sequence[float]) -> tuple[float, ...]:
+    """Validate count thresholds: finite, first >= 0, strictly increasing, 1..255 of them."""
+    t = np.asarray(thresholds, dtype=np.float64).ravel()
+    if t.size == 0 or t.size > MAX_CLASSES:
+        raise InputError(f"count thresholds: need 1..{MAX_CLASSES} values, got {t.size}")
+    if not np.all(np.isfinite(t)):
+        raise InputError(f"count thresholds must be finite, got {list(thresholds)}")
+    if t[0] < 0:
+        raise InputError(f"count thresholds must start at a value >= 0, got {t[0]:g}")
+    if np.any(np.diff(t) <= 0):
+        raise InputError(f"count thresholds must be strictly increasing, got {list(thresholds)}")
+    return tuple(float(x) for x in t)
+
+
+def make_spec(
+    values: np.ndarray,
+    origin: Origin,
+    *,
+    ratings: str | None = None,
+    counts: str | Sequence[float] | None = None,
+    binarize: float | None = None,
+    scale_max: int | None = None,
+) -> ValueSpec:
+    """Resolve the options into a ``ValueSpec`` (``values``: float64 (n,), used for defaults).
+
+    If none of ratings/counts/binarize is given and every value is a positive integer, the
+    data are treated as ``ratings="integer"``.
+    """
+    if ratings is not None and counts is not None:
+        raise InputError("give either ratings= or counts=, not both")
+    if binarize is not None:
+        if isinstance(binarize, bool) or not np.isfinite(float(binarize)):
+            raise InputError(f"binarize must be a finite number, got {binarize!r}")
+        binarize = float(binarize)
+    if scale_max is not None and ratings not in (None, "integer"):
+        raise InputError("scale_max applies to ratings='integer' only")
+    if counts is not None:
+        thresholds = check_thresholds(PAPER_THRESHOLDS if _is_paper(counts) else counts)
+        return ValueSpec("counts", len(thresholds), thresholds, binarize)
+    if ratings is None and binarize is not None:
+        return ValueSpec("raw", 1, None, binarize)
+    if ratings is None:
+        bad = np.flatnonzero((values < 1) | (values != np.round(values)))
+        if bad.size:
+            raise InputError(
+                f"{origin.where(int(bad[0]))}: value {values[bad[0]]:g} is not a positive "
+                "integer; pass ratings=, counts= or binarize= to say how to make classes"
+            )
+        ratings = "integer"
+    if ratings == "halfstar":
+        return ValueSpec("ratings-halfstar", 10, None, binarize)
+    if ratings == "integer":
+        top = scale_max if scale_max is not None else (int(values.max()) if values.size else 1)
+        if isinstance(top, bool) or int(top) != top or not 1 <= top <= MAX_CLASSES:
+            raise InputError(f"integer rating scale must be 1..V with 1 <= V <= 255, got {top}")
+        return ValueSpec("ratings-integer", int(top), None, binarize)
+    raise InputError(f"ratings must be one of {RATING_KINDS}, got {ratings!r}")
+
+
+def _is_paper(counts: object) -> bool:
+    if isinstance(counts, str):
+        if counts != "paper":
+            raise InputError(f"counts must be 'paper' or a sequence of thresholds, got {counts!r}")
+        return True
+    return False
+
+
+def classify(spec: ValueSpec, values: np.ndarray, origin: Origin) -> tuple[np.ndarray, np.ndarray]:
+    """Classes of raw values.
+
+    Parameters
+    ----------
+    spec : ValueSpec
+    values : np.ndarray of float64, shape (n,)
+    origin : Origin
+        Used to name the file and line of an invalid value.
+
+    Returns
+    -------
+    y : np.ndarray of uint8, shape (n,)
+        Class 1..V of kept rows (0 for dropped rows).
+    keep : np.ndarray of bool, shape (n,)
+        False for rows that are "not an interaction" (below the binarization or first count
+        threshold).
+    """
+    if spec.base == "raw":
+        keep = values >= spec.binarize
+        return keep.astype(np.uint8), keep
+    if spec.base == "counts":
+        _fail(values <= 0, values, origin, "count {v:g} must be > 0")
+        cls = np.searchsorted(np.asarray(spec.thresholds), values, side="left")
+    elif spec.base == "ratings-halfstar":
+        twice = values * 2
+        bad = (twice != np.round(twice)) | (twice < 1) | (twice > 10)
+        _fail(bad, values, origin, "rating {v:g} is off the halfstar scale 0.5, 1.0, ..., 5.0")
+        cls = twice.astype(np.int64)
+    else:
+        top = spec.base_classes
+        bad = (values != np.round(values)) | (values < 1) | (values > top)
+        _fail(bad, values, origin, f"rating {{v:g}} is off the integer scale 1..{top}")
+        cls = values.astype(np.int64)
+    keep = cls >= 1
+    if spec.binarize is not None:
+        keep &= cls >= spec.binarize
+        cls = keep.astype(np.int64)
+    y = np.where(keep, cls, 0).astype(np.uint8)
+    return y, keep
+
+
+def _fail(bad: np.ndarray, values: np.ndarray, origin: Origin, message: str) -> None:
+    idx = np.flatnonzero(bad)
+    if idx.size:
+        k = int(idx[0])
+        raise InputError(f"{origin.where(k)}: " + message.format(v=values[k]))

@@ -1,0 +1,1 @@
+"""The zarr block store: its layout, atomic writes, block reads, id maps and chunk files."""

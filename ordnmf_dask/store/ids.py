@@ -1,0 +1,133 @@
+"""Raw ids <-> contiguous indices, read piecewise from a store's id maps (on the workers).
+
+The store keeps ``users/ids`` and ``items/ids`` in index order (int64, or strings). These helpers
+read only a slice, or only the rows asked for, so that no process needs a whole id map; a lookup
+of raw ids runs per block and returns only the matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+from distributed import Client
+
+from ordnmf_dask.errors import InputError
+
+
+def _array(store: str, axis: str) -> zarr.Array:
+    return zarr.open_array(f"{store}/{axis}/ids", mode="r")
+
+
+def _as_plain(ids: np.ndarray) -> np.ndarray:
+    """int64 ids as they are; string ids as a fixed-width ``<U`` array (sortable, searchable)."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        return ids.astype(np.int64)
+    width = int(np.strings.str_len(ids).max()) if ids.size else 1
+    return ids.astype(f"<U{max(width, 1)}")
+
+
+def ids_at(store: str, axis: str, index: np.ndarray) -> list[Any]:
+    """Raw ids (Python int or str) of the given indices of ``axis`` ("users" or "items").
+
+    Parameters
+    ----------
+    index : (m,) int, any order, repeats allowed; only the distinct rows are read.
+
+    Returns
+    -------
+    list of m raw ids, in the order of ``index``.
+    """
+    index = np.asarray(index, dtype=np.int64)
+    if index.size == 0:
+        return []
+    uniq, inverse = np.unique(index, return_inverse=True)
+    values = _as_plain(_array(store, axis).get_orthogonal_selection(uniq))
+    return values[inverse].tolist()
+
+
+def ids_slice(store: str, axis: str, start: int, stop: int) -> list[Any]:
+    """Raw ids of the indices ``start .. stop - 1`` of ``axis`` (Python int or str)."""
+    return _as_plain(_array(store, axis)[start:stop]).tolist()
+
+
+def coerce_ids(store: str, axis: str, raw: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
+    """Raw ids as given (e.g. strings from a command line) in the dtype of the store's ids.
+
+    Returns
+    -------
+    wanted : (m',) the ids that can be of the store's type (int64 or ``<U``).
+    bad : positions in ``raw`` of ids that cannot (e.g. "x" for integer ids): unknown ids.
+    """
+    integer = _array(store, axis).dtype.kind in "iu"
+    bad, values = [], []
+    for j, value in enumerate(raw):
+        if integer:
+            try:
+                if isinstance(value, float | np.floating) and not float(value).is_integer():
+                    raise ValueError
+                values.append(int(value))
+            except (TypeError, ValueError):
+                bad.append(j)
+                continue
+        else:
+            values.append(str(value))
+    arr = np.array(values, dtype=np.int64) if integer else _as_plain(np.array(values, dtype=str))
+    return arr, bad
+
+
+def find_in_slice(
+    store: str, axis: str, start: int, stop: int, wanted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``wanted`` (raw ids) are among the indices ``start .. stop - 1``.
+
+    Returns
+    -------
+    positions : (m,) int64 positions in ``wanted`` that were found here.
+    local : (m,) int64 their indices relative to ``start``.
+    """
+    ids = _as_plain(_array(store, axis)[start:stop])
+    if ids.size == 0 or wanted.size == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    pos = np.minimum(np.searchsorted(sorted_ids, wanted), len(ids) - 1)
+    hit = sorted_ids[pos] == wanted
+    return np.flatnonzero(hit).astype(np.int64), order[pos[hit]].astype(np.int64)
+
+
+def lookup(
+    client: Client, store: str, axis: str, bounds: Sequence[int], raw: Sequence[Any]
+) -> np.ndarray:
+    """Global indices of the raw ids ``raw`` of ``axis``, looked up per block on the workers.
+
+    Parameters
+    ----------
+    bounds : (n_blocks + 1,) index boundaries of the blocks of ``axis``.
+    raw : m raw ids (int or str; coerced to the store's id type).
+
+    Returns
+    -------
+    (m,) int64 indices. Raises InputError naming the first unknown id.
+    """
+    wanted, bad = coerce_ids(store, axis, raw)
+    skip = set(bad)
+    good = [j for j in range(len(raw)) if j not in skip]
+    index = np.full(len(raw), -1, dtype=np.int64)
+    if good:
+        futures = [
+            client.submit(find_in_slice, store, axis, int(lo), int(hi), wanted, pure=False)
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        for lo, (pos, local) in zip(bounds[:-1], client.gather(futures), strict=True):
+            index[np.asarray(good, dtype=np.int64)[pos]] = int(lo) + local
+    missing = np.flatnonzero(index < 0)
+    if missing.size:
+        names = ", ".join(repr(raw[j]) for j in missing[:5])
+        more = f" (and {missing.size - 5} more)" if missing.size > 5 else ""
+        noun = "user" if axis == "users" else "item"
+        raise InputError(f"unknown {noun} id {names}{more}: not in store {store}")
+    return index

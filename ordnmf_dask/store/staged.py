@@ -1,0 +1,272 @@
+"""Write a block store from per-block pieces staged on disk, in bounded memory per task.
+
+Writers that learn each block's nonzero count only after producing it (the synthetic generator,
+the out-of-core ingest) save every piece ("segment") of every block as ``.npy`` files (plain
+arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporary directory.
+``assemble_store`` then
+
+1. computes the offsets from the segment lengths (block b = the concatenation of its segments,
+   in the order given), and stages each block's CSR row pointer from its segments' rows (one
+   task per block),
+2. creates the 1-D arrays ``train/``, ``test/`` ``{cols, y, raw, indptr}`` with the same chunking
+   as ``write_store`` (``CHUNK`` entries), and
+3. fills them with one task per output chunk: a task reads only the slices of the staged pieces
+   that overlap its chunk (memory-mapped) and writes exactly one zarr chunk, so tasks never write
+   the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a time. Every chunk file is
+   written, even one of zeros, and the task returns its size and CRC-32, which the client records
+   as the array's chunk inventory (see ``ordnmf_dask.store.blocks``): the files are checksummed
+   where they are written, not read again by the client.
+
+The staging directory is removed, ``complete`` is set last and ``TMP`` is renamed to the final
+path, as in ``write_store``: a store is complete or absent. Staged data take as much disk as the
+store itself (uncompressed); at 1e9 nonzeros that is ~17 GB, freed before the rename.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+
+from ordnmf_dask.dist.runner import Runner
+from ordnmf_dask.model.csr import row_pointer
+from ordnmf_dask.store.blocks import (
+    CHUNK,
+    COMPRESSORS,
+    NONZERO_FIELDS,
+    SPLITS,
+    StoreInfo,
+    check_target,
+    ids_for_zarr,
+    open_store,
+    publish,
+)
+from ordnmf_dask.store.decode import WRITE_ALL, chunk_path, chunk_record, set_inventory
+from ordnmf_dask.store.grid import indptr_starts
+
+FIELDS: dict[str, np.dtype] = {  # the staged arrays of a segment
+    "rows": np.dtype(np.int32),
+    "cols": np.dtype(np.int32),
+    "y": np.dtype(np.uint8),
+    "raw": np.dtype(np.float64),
+}
+STAGING = "_staging"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A staged piece of one block: ``prefix + "." + field + ".npy"`` files of ``length``."""
+
+    prefix: str
+    length: int
+
+
+def staging_dir(tmp: str, *parts: str) -> str:
+    """``TMP/_staging/<parts...>``, created if needed."""
+    path = os.path.join(tmp, STAGING, *parts)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def save_segment(prefix: str, arrays: dict[str, np.ndarray]) -> Segment:
+    """Save one block piece (``FIELDS`` arrays of equal length) as ``.npy`` files."""
+    length = len(arrays["y"])
+    for field, dtype in FIELDS.items():
+        np.save(f"{prefix}.{field}.npy", np.asarray(arrays[field], dtype=dtype), allow_pickle=False)
+    return Segment(prefix, length)
+
+
+def save_arrays(prefix: str, arrays: dict[str, np.ndarray]) -> None:
+    """Save named plain arrays as ``prefix.<name>.npy`` (no pickle)."""
+    for name, arr in arrays.items():
+        np.save(f"{prefix}.{name}.npy", arr, allow_pickle=False)
+
+
+def load_arrays(prefix: str, names: Sequence[str], mmap: bool = False) -> dict[str, np.ndarray]:
+    """Inverse of ``save_arrays`` (``mmap``: memory-mapped, read-only)."""
+    mode = "r" if mmap else None
+    return {n: np.load(f"{prefix}.{n}.npy", mmap_mode=mode, allow_pickle=False) for n in names}
+
+
+@contextmanager
+def temporary_store(out: str | os.PathLike, overwrite: bool) -> Iterator[tuple[str, str]]:
+    """Yield ``(final_path, tmp_path)``; on any error the temporary directory is removed.
+
+    The caller must call ``finish_store(tmp, path, overwrite)`` inside the block.
+    """
+    path = check_target(out, overwrite)
+    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    try:
+        yield path, tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def assemble_store(
+    tmp: str,
+    runner: Runner,
+    attrs: dict[str, Any],
+    row_bounds: np.ndarray,
+    col_bounds: np.ndarray,
+    blocks: dict[str, Sequence[Sequence[Segment]]],
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+) -> None:
+    """Write the store group at ``tmp`` from staged segments (``complete`` still false).
+
+    Parameters
+    ----------
+    tmp : str
+        Temporary store directory (holds ``_staging``).
+    runner : Runner
+    attrs : dict
+        Store attributes (``format_version`` and ``complete`` are set here).
+    row_bounds, col_bounds : np.ndarray of int64, shape (n_r + 1,), (n_c + 1,)
+    blocks : {"train": [...], "test": [...]}
+        For each split, ``n_r * n_c`` lists of segments, block ``b = r * n_c + c`` at index b.
+    user_ids, item_ids : np.ndarray, shape (U,), (I,)
+    """
+    from ordnmf_dask.store.blocks import FORMAT_VERSION, write_array
+
+    group = zarr.open_group(tmp, mode="a", zarr_format=3)
+    group.attrs.update({**attrs, "format_version": FORMAT_VERSION, "complete": False})
+    write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
+    write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
+    for name, ids in (("users", user_ids), ("items", item_ids)):
+        write_array(group.create_group(name), "ids", ids_for_zarr(ids))
+    n_c = len(col_bounds) - 1
+    n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
+    pointers = {}  # per split: (staged prefix, segments, n_rows) of each block's row pointer
+    for split in SPLITS:
+        where = staging_dir(tmp, f"{split}-indptr")
+        pointers[split] = [
+            (os.path.join(where, f"{b:08d}"), segs, int(n_rows[b // n_c]))
+            for b, segs in enumerate(blocks[split])
+        ]
+    runner.map(_stage_indptr, [job for split in SPLITS for job in pointers[split]])
+    jobs = []
+    arrays = {}  # (split directory, field) -> the array
+    for split in SPLITS:
+        segments = [s for block in blocks[split] for s in block]
+        sizes = np.asarray([len_block(b) for b in blocks[split]], dtype=np.int64)
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        sub = group.create_group(split)
+        write_array(sub, "offsets", offsets)
+        ptr_segments = [Segment(prefix, n + 1) for prefix, _, n in pointers[split]]
+        for fields, parts, total in (
+            (NONZERO_FIELDS, segments, int(offsets[-1])),
+            (("indptr",), ptr_segments, int(indptr_starts(row_bounds, n_c)[-1])),
+        ):
+            chunks = (max(1, min(total, CHUNK)),)
+            for field in fields:
+                arrays[os.path.join(tmp, split), field] = sub.create_array(
+                    field, shape=(total,), dtype=_DTYPES[field], chunks=chunks,
+                    compressors=COMPRESSORS, config=WRITE_ALL,
+                )  # fmt: skip
+            jobs.extend(_copy_jobs(os.path.join(tmp, split), fields, parts, total, chunks[0]))
+    records: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    for job, written in zip(jobs, runner.map(_copy_chunk, jobs), strict=True):
+        for field, record in zip(job.fields, written, strict=True):
+            records[job.group, field].append(record)  # jobs come in chunk order
+    for key, array in arrays.items():
+        set_inventory(array, records[key])
+    shutil.rmtree(os.path.join(tmp, STAGING), ignore_errors=True)
+
+
+def finish_store(tmp: str, path: str, overwrite: bool) -> StoreInfo:
+    """Mark the store at ``tmp`` complete, rename it to ``path`` and open it."""
+    group = zarr.open_group(tmp, mode="a", zarr_format=3)
+    group.attrs["complete"] = True
+    publish(tmp, path, overwrite)
+    return open_store(path)
+
+
+def len_block(segments: Sequence[Segment]) -> int:
+    """Number of nonzeros of a block given as segments."""
+    return sum(s.length for s in segments)
+
+
+_DTYPES = {**FIELDS, "indptr": np.dtype(np.int64)}
+
+
+def _stage_indptr(job: tuple[str, Sequence[Segment], int]) -> int:
+    """Stage one block's CSR row pointer (n_rows + 1,) as ``prefix.indptr.npy``, counted from
+    the rows of its segments (memory-mapped)."""
+    prefix, segments, n_rows = job
+    ptr = np.zeros(n_rows + 1, dtype=np.int64)
+    for seg in segments:
+        if seg.length:
+            ptr += row_pointer(load_arrays(seg.prefix, ["rows"], mmap=True)["rows"], n_rows)
+    save_arrays(prefix, {"indptr": ptr})
+    return n_rows
+
+
+@dataclass(frozen=True)
+class _CopyJob:
+    """Write entries [start, stop) of the arrays ``fields`` in ``group``: pieces (staged prefix,
+    lo, hi) in order."""
+
+    group: str
+    fields: tuple[str, ...]
+    start: int
+    stop: int
+    pieces: tuple[tuple[str, int, int], ...]
+
+
+def _copy_jobs(
+    group: str, fields: tuple[str, ...], segments: list[Segment], total: int, chunk: int
+) -> list[_CopyJob]:
+    ends = np.cumsum([s.length for s in segments], dtype=np.int64)
+    starts = ends - np.asarray([s.length for s in segments], dtype=np.int64)
+    jobs = []
+    for start in range(0, total, chunk):
+        stop = min(start + chunk, total)
+        first = int(np.searchsorted(ends, start, side="right"))
+        pieces = []
+        k = first
+        while k < len(segments) and starts[k] < stop:
+            lo, hi = max(start, int(starts[k])), min(stop, int(ends[k]))
+            if hi > lo:
+                pieces.append((segments[k].prefix, lo - int(starts[k]), hi - int(starts[k])))
+            k += 1
+        jobs.append(_CopyJob(group, fields, start, stop, tuple(pieces)))
+    return jobs
+
+
+def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
+    """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
+    records = []
+    for field in job.fields:
+        parts = [
+            load_arrays(prefix, [field], mmap=True)[field][lo:hi]
+            for prefix, lo, hi in job.pieces
+        ]
+        data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
+        directory = os.path.join(job.group, field)
+        arr = zarr.open_array(directory, mode="r+").with_config(WRITE_ALL)
+        arr[job.start : job.stop] = data
+        records.append(chunk_record(chunk_path(directory, job.start // arr.chunks[0])))
+    return records
+
+
+__all__: list[str] = [
+    "FIELDS",
+    "Segment",
+    "assemble_store",
+    "finish_store",
+    "load_arrays",
+    "save_arrays",
+    "save_segment",
+    "staging_dir",
+    "temporary_store",
+]

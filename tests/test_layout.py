@@ -1,0 +1,60 @@
+"""The package's layout follows the data flow (docs/design.md §7): imports only point down."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import ordnmf_dask
+
+# higher imports lower, never the other way round
+LAYERS = ["errors", "model", "dist", "store", "sources", "modelstore", "engine", "postfit",
+          "estimator", "app"]  # fmt: skip
+ROOT = Path(ordnmf_dask.__file__).parent
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+    return [m for m in out if m.startswith("ordnmf_dask.")]
+
+
+def test_every_module_belongs_to_a_layer():
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[0] not in ("__init__", "_lazy"):
+            assert parts[0] in LAYERS, path
+
+
+def test_no_import_points_up_and_no_private_name_crosses_modules():
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[0] in ("__init__", "_lazy"):
+            continue
+        mine = LAYERS.index(parts[0])
+        for module in _imports(path):
+            assert LAYERS.index(_layer(module)) <= mine, f"{path} imports {module}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ordnmf_dask"):
+                names = [a.name for a in node.names]
+                private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+                assert not private, f"{path} imports {private} from {node.module}"
+
+
+def test_relative_imports_are_not_used():
+    """Absolute imports keep every module's dependencies readable from its header."""
+    for path in ROOT.rglob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}: relative import"
