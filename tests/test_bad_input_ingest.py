@@ -181,7 +181,7 @@ def test_output_exists(tmp_path):
 def test_failure_while_writing_cleans_up(tmp_path, monkeypatch):
     path = write(tmp_path, "r.csv", "1,1,4\n1,2,3\n")
     calls = []
-    real = store_module._write_array
+    real = store_module.write_array
 
     def flaky(group, name, data):
         calls.append(name)
@@ -189,15 +189,15 @@ def test_failure_while_writing_cleans_up(tmp_path, monkeypatch):
             raise OSError("disk full")
         real(group, name, data)
 
-    monkeypatch.setattr(store_module, "_write_array", flaky)
+    monkeypatch.setattr(store_module, "write_array", flaky)
     with pytest.raises(OSError, match="disk full"):
         ingest(path, tmp_path / "s")
     assert_nothing_left(tmp_path / "s")
     # An existing store survives a failed overwrite.
-    monkeypatch.setattr(store_module, "_write_array", real)
+    monkeypatch.setattr(store_module, "write_array", real)
     ingest(path, tmp_path / "s")
     calls.clear()
-    monkeypatch.setattr(store_module, "_write_array", flaky)
+    monkeypatch.setattr(store_module, "write_array", flaky)
     with pytest.raises(OSError, match="disk full"):
         ingest(path, tmp_path / "s", overwrite=True, seed=5)
     assert open_store(tmp_path / "s").attrs["seed"] == 0

@@ -187,7 +187,7 @@ def _dcpf_direct(y: np.ndarray, gw: np.ndarray, gh: np.ndarray, p: float, t: flo
 @pytest.mark.parametrize("p", [0.0, 0.4, 0.9, 1.0])
 @pytest.mark.parametrize("k", [1, 3])
 def test_dcpf_local_step_matches_direct(monkeypatch, p, k):
-    monkeypatch.setattr(dcpf, "_CHUNK", 17)  # several slabs of nonzeros
+    monkeypatch.setattr(dcpf, "SLAB", 17)  # several slabs of nonzeros
     rng = np.random.default_rng(int(p * 10) + k)
     y = np.where(rng.random((16, 13)) < 0.4, rng.geometric(0.3, (16, 13)), 0)
     y[0, :] = 0

@@ -190,3 +190,14 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
         assert r.returncode == 2, r.stderr
         assert _error_line(r).startswith(f"ordnmf-dask fit: error: {path}: chunk file")
         assert not os.path.exists(out)
+
+
+@pytest.mark.parametrize("damage", ["remove", "truncate"])
+def test_piecewise_id_reads_name_a_missing_or_cut_id_chunk(healthy, tmp_path, damage):
+    """The post-fit commands read raw ids piecewise on the workers (store/ids.py), not through
+    open_store: a lost id chunk is an error there too, never empty ids."""
+    from ordnmf_dask.store.ids import ids_slice
+
+    store, chunk = _damaged(healthy, tmp_path, "items/ids", damage)
+    with pytest.raises(StoreError, match=chunk):
+        ids_slice(store, "items", 0, 3)

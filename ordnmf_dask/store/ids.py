@@ -15,10 +15,16 @@ import zarr
 from distributed import Client
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.store.decode import ChunkFiles
 
 
 def _array(store: str, axis: str) -> zarr.Array:
-    return zarr.open_array(f"{store}/{axis}/ids", mode="r")
+    """The id array of ``axis``, after checking that its chunk files are all there with their
+    recorded sizes (zarr would read a missing one as empty ids)."""
+    path = f"{store}/{axis}/ids"
+    array = zarr.open_array(path, mode="r")
+    ChunkFiles.of(array, path).check_present()
+    return array
 
 
 def _as_plain(ids: np.ndarray) -> np.ndarray:
