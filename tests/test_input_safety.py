@@ -155,3 +155,13 @@ def test_one_row_csv_fits_to_a_finite_elbo(tmp_path, client):
     model = OrdNMF(2, max_iter=6, min_iter=6).fit(info, client)
     assert len(model.elbo_) == 6 and np.all(np.isfinite(model.elbo_))
     assert np.all(np.isfinite(model.delta_)) and np.all(np.isfinite(model.W_))
+
+
+@pytest.mark.parametrize("value", ["-3", "0", "2.5"])
+def test_an_integer_rating_that_is_no_class_is_named_by_file_and_line(tmp_path, value):
+    """With --ratings integer and no --scale-max the scale is the largest rating; a rating that
+    is not a class 1, 2, ... is named where it is (it used to give a scale message naming
+    nothing)."""
+    path = write(tmp_path, "r.csv", f"u,i,r\n1,2,3\n1,3,{value}\n")
+    message = same_error_both_ways(tmp_path, path, ratings="integer")
+    assert message == f"{path}, line 3: rating {float(value):g} is not an integer class 1, 2, ..."

@@ -113,6 +113,9 @@ def make_spec(
     if ratings == "halfstar":
         return ValueSpec("ratings-halfstar", 10, None, binarize)
     if ratings == "integer":
+        if scale_max is None:  # the scale is the largest rating: every rating must be a class
+            _fail((values < 1) | (values != np.round(values)), values, origin,
+                  "rating {v:g} is not an integer class 1, 2, ...")
         top = scale_max if scale_max is not None else (int(values.max()) if values.size else 1)
         if isinstance(top, bool) or int(top) != top or not 1 <= top <= MAX_CLASSES:
             raise InputError(f"integer rating scale must be 1..V with 1 <= V <= 255, got {top}")
