@@ -184,7 +184,10 @@ def test_errors_name_file_row_group_and_row(tmp_path):
     dup = write_parquet(tmp_path / "dup.parquet", table(n=220), 100)
     msg = both_fail(tmp_path, [good, dup], r"duplicate \(user u0, item 0\)")
     assert "good.parquet, row 0 (row group 0) and /" in msg
-    assert msg.endswith("dup.parquet, row 0 (row group 0); pass duplicates='sum', duplicates='max' or duplicates='last'")
+    assert msg.endswith(
+        "dup.parquet, row 0 (row group 0); "
+        "pass duplicates='sum', duplicates='max' or duplicates='last'"
+    )
     bad = tmp_path / "junk.parquet"
     bad.write_bytes(b"not parquet at all")
     both_fail(tmp_path, [good, bad], r"junk\.parquet: not a readable Parquet file")

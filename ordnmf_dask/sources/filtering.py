@@ -108,7 +108,8 @@ def dedupe(
         a, b = int(order[dup - 1]), int(order[dup])
         raise InputError(
             f"duplicate (user {user_ids[u[a]]!s}, item {item_ids[i[a]]!s}) at "
-            f"{origin.where(a)} and {origin.where(b)}; pass duplicates='sum', duplicates='max' or duplicates='last'"
+            f"{origin.where(a)} and {origin.where(b)}; "
+            "pass duplicates='sum', duplicates='max' or duplicates='last'"
         )
     ends = np.append(starts[1:], len(sk))
     rows = order[ends - 1]
