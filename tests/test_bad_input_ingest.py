@@ -93,7 +93,8 @@ def test_rating_off_integer_scale(tmp_path):
     fails(tmp_path / "s", r"r\.csv, line 2: rating 6 is off the integer scale 1\.\.5", ingest,
           path, ratings="integer", scale_max=5)  # fmt: skip
     path = write(tmp_path, "f.csv", "1,1,4\n1,2,2.5\n")
-    fails(tmp_path / "s", r"f\.csv, line 2: rating 2\.5 is off", ingest, path, ratings="integer")
+    fails(tmp_path / "s", r"f\.csv, line 2: rating 2\.5 is not an integer class", ingest, path,
+          ratings="integer")
     fails(tmp_path / "s", r"f\.csv, line 2: value 2\.5 is not a positive integer", ingest, path)
 
 

@@ -197,3 +197,12 @@ def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(tmp_path,
     assert names(ckpt) == ["notes.txt"]
     singles = [OrdNMF(K, max_iter=5, random_state=s).fit(store, client).elbo_ for s in (0, 1)]
     assert best.elbo_ == max(singles, key=lambda e: e[-1])
+
+
+def test_a_store_given_as_a_model_is_named_as_a_store(store):
+    """Not a message about model format versions: the reader says what the path holds."""
+    from ordnmf_dask.errors import StoreError
+    from ordnmf_dask.modelstore.model import open_model
+
+    with pytest.raises(StoreError, match=r"s\.zarr: is an ordnmf_dask store, not a model$"):
+        open_model(store.path)

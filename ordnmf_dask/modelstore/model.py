@@ -20,7 +20,7 @@ from distributed import Client, Future, wait
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.store.blocks import check_target, group_attrs
+from ordnmf_dask.store.blocks import check_target, group_attrs, is_store
 
 MODEL_FORMAT = 1
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
@@ -115,6 +115,8 @@ def open_model(path: str) -> ModelInfo:
         attrs = dict(zarr.open_group(path, mode="r").attrs)
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
         raise StoreError(f"{path}: not a readable ordnmf_dask model ({exc})") from exc
+    if not is_model(path) and is_store(path):
+        raise StoreError(f"{path}: is an ordnmf_dask store, not a model")
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: model is incomplete (no completion mark)")
     version = attrs.get("format_version")
