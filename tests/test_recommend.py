@@ -169,6 +169,21 @@ def test_all_users_match_dense_oracle(request, mclient, tmp_path, which):
         recommend(f.store, f.model, mclient, out=tmp_path, overwrite=True)
 
 
+def test_an_output_it_may_not_replace_is_refused_before_any_cluster_starts(
+    grid23, tmp_path, monkeypatch
+):
+    """No work before every conflict is known: --out naming the training store is refused
+    before a LocalCluster is started (or a given cluster used)."""
+    from ordnmf_dask.postfit import recommend as module
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was asked for before the output was checked")
+
+    monkeypatch.setattr(module, "resolve_client", no_cluster)
+    with pytest.raises(InputError, match="not a recommendations directory"):
+        recommend(grid23.store, grid23.model, None, out=grid23.store.path, overwrite=True)
+
+
 def test_edge_users_in_part_files(grid23, mclient, tmp_path):
     got = read_parts(recommend(grid23.store, grid23.model, mclient, n=6, out=tmp_path / "r"))
     assert "u16" not in got  # user 5 has every item in train

@@ -160,10 +160,11 @@ def recommend(
     if (users is None) == (out is None):
         raise InputError("give either users (raw ids) or out (a directory for all users)")
     info, m = open_pair(store, model)
+    target = None if out is None else _target(out, overwrite)  # before any cluster starts
     with resolve_client(client, n_workers) as cl:
-        if users is not None:
-            return _for_users(cl, m, info, list(users), n)
-        return _for_all(cl, m, info, n, _target(out, overwrite), overwrite)
+        if target is None:
+            return _for_users(cl, m, info, list(users or ()), n)
+        return _for_all(cl, m, info, n, target, overwrite)
 
 
 def _for_all(
