@@ -206,3 +206,38 @@ def test_a_store_given_as_a_model_is_named_as_a_store(store):
 
     with pytest.raises(StoreError, match=r"s\.zarr: is an ordnmf_dask store, not a model$"):
         open_model(store.path)
+
+
+def test_a_symbolic_link_is_never_replaced(tmp_path, store):
+    """--overwrite replaces only a directory the package wrote, never a link to one (removing a
+    link's target, or failing half way through, are both wrong)."""
+    from ordnmf_dask.store.blocks import check_target
+
+    link = tmp_path / "link.zarr"
+    link.symlink_to(store.path)
+    with pytest.raises(InputError, match="is a symbolic link"):
+        check_target(link, overwrite=True)
+    assert open_store(store.path).nnz_train == store.nnz_train
+
+
+def test_a_failed_replacement_leaves_the_old_directory(tmp_path, store, monkeypatch):
+    """The old store goes aside and is removed only once the new one is in place."""
+    import os
+
+    from ordnmf_dask.store import blocks
+
+    fresh = tmp_path / "fresh.zarr"
+    fresh.mkdir()
+    real_rename = os.rename
+
+    def failing(src, dst):
+        if os.fspath(src) == str(fresh):
+            raise OSError("disk gone")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", failing)
+    with pytest.raises(OSError, match="disk gone"):
+        blocks.publish(str(fresh), store.path, lambda p: blocks.check_target(p, True))
+    monkeypatch.undo()
+    assert open_store(store.path).nnz_train == store.nnz_train
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.zarr", "s.zarr"]

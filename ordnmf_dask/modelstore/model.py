@@ -20,7 +20,7 @@ from distributed import Client, Future, wait
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.store.blocks import check_target, group_attrs, is_store
+from ordnmf_dask.store.blocks import check_target, group_attrs, is_store, publish
 
 MODEL_FORMAT = 1
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
@@ -75,10 +75,7 @@ def save_model(
         root.attrs.update(
             {**attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "complete": True}
         )
-        if os.path.lexists(path):
-            model_target(path, overwrite)  # checked again: the path may have appeared meanwhile
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        publish(tmp, path, lambda p: model_target(p, overwrite))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

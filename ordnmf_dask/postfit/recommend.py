@@ -28,7 +28,7 @@ from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.store import ids as idmap
-from ordnmf_dask.store.blocks import StoreInfo, check_target, open_store
+from ordnmf_dask.store.blocks import StoreInfo, check_target, open_store, publish
 from ordnmf_dask.store.csr import load_block
 
 HEADER = "user\trank\titem\tscore\n"
@@ -182,13 +182,7 @@ def _for_all(
         track(parts, "recommend: user-blocks")
         wait(parts)
         cl.gather(parts)  # re-raise a worker's error here
-        if os.path.lexists(path) and overwrite:
-            aside = f"{path}.old-{secrets.token_hex(6)}"
-            os.rename(path, aside)
-            os.rename(tmp, path)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        publish(tmp, path, lambda p: _target(p, overwrite))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return path

@@ -175,6 +175,8 @@ def check_target(
     if os.path.lexists(path):
         if not overwrite:
             raise InputError(f"{path} already exists; pass overwrite=True to replace it")
+        if os.path.islink(path):
+            raise InputError(f"refusing to overwrite {path}: it is a symbolic link")
         if not is_ours(path):
             raise InputError(f"refusing to overwrite {path}: it is not a {kind}")
     return path
@@ -213,7 +215,7 @@ def write_store(
         for name, ids in (("users", user_ids), ("items", item_ids)):
             write_array(group.create_group(name), "ids", ids_for_zarr(ids))
         group.attrs["complete"] = True
-        publish(tmp, path, overwrite)
+        publish(tmp, path, lambda p: check_target(p, overwrite))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -237,11 +239,14 @@ def ids_for_zarr(ids: np.ndarray) -> np.ndarray:
     return ids.astype(np.dtypes.StringDType())
 
 
-def publish(tmp: str, path: str, overwrite: bool) -> None:
+def publish(tmp: str, path: str, recheck: Callable[[str], object]) -> None:
+    """Rename the finished directory ``tmp`` to ``path``. An existing ``path`` is checked again
+    with ``recheck`` (it may have appeared since the first check), moved aside, and removed only
+    once ``tmp`` is in place, so a failure at any point leaves the old one."""
     if not os.path.lexists(path):
         os.rename(tmp, path)
         return
-    check_target(path, overwrite)
+    recheck(path)
     aside = f"{path}.old-{secrets.token_hex(6)}"
     os.rename(path, aside)
     try:

@@ -187,7 +187,7 @@ def finish_store(tmp: str, path: str, overwrite: bool) -> StoreInfo:
     """Mark the store at ``tmp`` complete, rename it to ``path`` and open it."""
     group = zarr.open_group(tmp, mode="a", zarr_format=3)
     group.attrs["complete"] = True
-    publish(tmp, path, overwrite)
+    publish(tmp, path, lambda p: check_target(p, overwrite))
     return open_store(path)
 
 
