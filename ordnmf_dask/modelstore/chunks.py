@@ -1,9 +1,9 @@
 """Factor chunks on disk: one zarr group per chunk, written and read by the workers.
 
-Used for checkpoints during a fit and for saved models. Chunks are written
-where they live; nothing passes through the client. Arrays are stored uncompressed: posterior
-parameters are dense float64 that zstd shrinks by a few percent, at ~8x the time of a plain
-write (0.107 against 0.013 s per 18 MB array) and ~10x of a read.
+Used for checkpoints during a fit and for saved models. Chunks are written where they live;
+nothing passes through the client. Arrays are stored uncompressed: posterior parameters are
+dense float64 that compression barely shrinks, at several times the cost of a plain write and
+read (docs/performance.md, "Storage choices").
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ Determinism and parallelism: the true factors are generated in fixed chunks of `
 rows from ``SeedSequence(seed, spawn_key=(axis, chunk))``, so any rows can be regenerated alone
 (``true_factors``). A first round of tasks writes the rows of each block row / column once to
 ``.npy`` files in the staging directory (so that the n_r x n_c block tasks do not each redraw
-their factors: ~60 ns per Gamma draw with shape < 1, a third of the time at a 2 x 2 grid); block
+their factors: Gamma draws with shape < 1 are slow enough to dominate small grids); block
 (r, c) reads its user rows ``USERS_PER_PASS`` at a time and its item rows whole, and samples
 from ``SeedSequence(seed, spawn_key=(2, r, c))``. The grid is
 regular, with about ``nnz_per_block`` expected train nonzeros per block; block tasks stage their

@@ -40,10 +40,9 @@ SPLITS = ("train", "test")
 AXES = ("users", "items")
 NONZERO_FIELDS = ("cols", "y", "raw")  # per-nonzero arrays of a split
 BLOCK_ARRAYS = (*NONZERO_FIELDS, "indptr")  # every array of a split read by blocks
-# Codec of every array: blosc lz4 with byte shuffle decompresses 2.2x faster than zstd level 0
-# at about the same size on the per-nonzero arrays (5.7 vs 12.5 ns per nonzero for rows, cols and
-# classes of a 2.5M-nonzero block; 6.8 vs 6.2 MB), and streamed fits decompress every block
-# every pass. Readers need nothing: the codec is recorded in each array's metadata.
+# Codec of every array: blosc lz4 with byte shuffle, which decompresses about twice as fast as
+# zstd at about the same size (docs/performance.md, "Storage choices"); streamed fits decompress
+# every block every pass. Readers need nothing: the codec is in each array's metadata.
 COMPRESSORS = (zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
 
 

@@ -6,9 +6,9 @@ this package writes with one encoding: regular chunks, the ``bytes`` codec (litt
 ``blosc``, default chunk keys (chunk i is the file ``<array>/c/<i>``). A streamed fit reads every
 block in every pass. Through zarr, each read allocates every decoded chunk and the result afresh;
 a Dask worker's glibc malloc (Dask sets MALLOC_TRIM_THRESHOLD_) hands each such allocation back to
-the OS when it is freed, so every page is faulted in and zeroed again on the next read. On a block
-of the 1e9 store with Dask's malloc setting that made cols + y cost ~11 ns per nonzero, against
-~3 ns decoded here into buffers the reading thread keeps (:func:`thread_buffer`).
+the OS when it is freed, so every page is faulted in and zeroed again on the next read; decoding
+into buffers the reading thread keeps (:func:`thread_buffer`) avoids that (docs/performance.md,
+"Hand-written memory code").
 
 Chunk inventory: zarr reads an absent chunk file as the fill value (zeros), and by default does
 not write a chunk that holds only the fill value, so a deleted chunk file cannot be told from an
