@@ -1,0 +1,122 @@
+"""A fit preempted the way batch schedulers do it (SIGTERM to the job, a grace period, then
+SIGKILL) and resubmitted with the identical command ends with the model of an uninterrupted run.
+
+Each job is its own process group with its own LocalCluster, as a batch job is: the signals go
+to the whole group, workers included.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from conftest import dense_split, store_from_dense, synthetic_ordinal
+
+pytestmark = pytest.mark.cluster
+
+GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+
+
+def command(store: str, out: Path, ckpt: Path) -> list[str]:
+    return [
+        "ordnmf-dask", "fit", store, "--out", str(out), "-k", "4", "--max-iter", "16",
+        "--tol", "1e-12", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+        "--overwrite", "--workers", "2",
+    ]  # fmt: skip
+
+
+def checkpoints(ckpt: Path) -> list[str]:
+    return sorted(p.name for p in ckpt.glob("ckpt-*") if not p.name.endswith(".tmp"))
+
+
+def preempt(cmd: list[str], ckpt: Path, after: list[str]) -> list[str]:
+    """Start ``cmd``; once a checkpoint newer than ``after`` exists, SIGTERM the job's process
+    group, wait GRACE seconds, SIGKILL whatever is left; return the checkpoints then."""
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and job.poll() is None:
+            done = checkpoints(ckpt)
+            if done and (not after or done[-1] > after[-1]):
+                break
+            time.sleep(0.05)
+        assert job.poll() is None, f"the job ended before it could be preempted: {job.stderr}"
+        os.killpg(job.pid, signal.SIGTERM)
+        try:
+            job.wait(GRACE)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+    return checkpoints(ckpt)
+
+
+def factors(model: Path) -> dict[str, np.ndarray]:
+    group = zarr.open_group(str(model), mode="r")
+    return {
+        f"{name}/{j}/{field}": group[f"{name}/{j}/{field}"][...]
+        for name in ("W", "H") for j in group[name].group_keys()
+        for field in ("mean", "geo", "shape", "prior_rate")
+    }  # fmt: skip
+
+
+def test_preempted_three_times_then_resubmitted_ends_with_the_uninterrupted_model(tmp_path):
+    y = synthetic_ordinal(600, 300, 5, density=0.2, seed=3)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 5, (2, 2)).path
+
+    reference = subprocess.run(command(store, tmp_path / "ref.zarr", tmp_path / "ck-ref"),
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert reference.returncode == 0, reference.stderr
+
+    out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
+    seen: list[str] = []
+    for _ in range(3):
+        seen = preempt(command(store, out, ckpt), ckpt, seen)
+        assert seen, "no checkpoint survived the preemption"
+    assert not out.exists()
+
+    final = subprocess.run(command(store, out, ckpt), capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert final.returncode == 0, final.stderr
+    assert "resuming from" in final.stderr
+    ref_attrs = dict(zarr.open_group(str(tmp_path / "ref.zarr"), mode="r").attrs)
+    attrs = dict(zarr.open_group(str(out), mode="r").attrs)
+    assert attrs["elbo"] == ref_attrs["elbo"] and attrs["n_iter"] == 16
+    expected, got = factors(tmp_path / "ref.zarr"), factors(out)
+    assert expected.keys() == got.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)
+
+
+def test_a_scheduled_job_run_twice_keeps_its_model_and_its_checkpoints(tmp_path):
+    """The same command on the same store again: it continues from its own checkpoints (no
+    deletion, no cold start) and replaces only its own model, with the same result."""
+    y = synthetic_ordinal(200, 120, 4, density=0.25, seed=5)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 4, (1, 2)).path
+    out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
+    (tmp_path / "notes.txt").write_text("kept")
+    first = subprocess.run(command(store, out, ckpt), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    before = factors(out)
+    kept = checkpoints(ckpt)
+    assert kept
+    second = subprocess.run(command(store, out, ckpt), capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "resuming from" in second.stderr
+    after = factors(out)
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+    assert set(kept) <= set(checkpoints(ckpt))
+    assert (tmp_path / "notes.txt").read_text() == "kept"
