@@ -71,3 +71,17 @@ def test_a_checkpoint_written_then_reloaded_in_a_fit_and_a_damaged_chunk(tmp_pat
     with pytest.raises(CheckpointError, match="W/1"):
         again["W"][1].result()
     np.testing.assert_array_equal(again["W"][0].result().geo, chunks["W"][0].geo)
+
+
+def test_a_saved_model_records_the_versions_that_wrote_it(tmp_path, client):
+    """Provenance: the package and the numerical libraries, as installed where it was saved."""
+    import importlib.metadata
+
+    from ordnmf_dask.modelstore.model import PROVENANCE, open_model, save_model
+
+    chunk = FactorChunk(mean=np.ones((3, 2)), geo=np.ones((3, 2)), elbo=0.0)
+    w, h = client.scatter([chunk]), client.scatter([chunk])
+    path = save_model(client, w, h, str(tmp_path / "m.zarr"), {"params": {}, "elbo": [0.0]})
+    recorded = open_model(path).attrs["versions"]
+    assert set(recorded) == set(PROVENANCE) >= {"ordnmf-dask", "numpy", "dask", "zarr", "numba"}
+    assert all(recorded[name] == importlib.metadata.version(name) for name in PROVENANCE)

@@ -7,6 +7,7 @@ absent. An existing path is replaced only if it is a model (see :func:`model_tar
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import uuid
@@ -55,6 +56,14 @@ def model_target(
     return check_target(path, overwrite, "model written by ordnmf_dask", is_model)
 
 
+PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "numba")
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of this package and of the libraries a fit's numbers depend on."""
+    return {name: importlib.metadata.version(name) for name in PROVENANCE}
+
+
 def save_model(
     client: Client, w: list[Future], h: list[Future], path: str, attrs: dict[str, Any],
     overwrite: bool = False,
@@ -72,9 +81,10 @@ def save_model(
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
-        root.attrs.update(
-            {**attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "complete": True}
-        )
+        root.attrs.update({
+            **attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "versions": versions(),
+            "complete": True,
+        })  # fmt: skip
         publish(tmp, path, lambda p: model_target(p, overwrite))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
