@@ -304,6 +304,20 @@ class CaviEstimator:
         self.log_W_ = model.factor("W", "log_mean")
         self.log_H_ = model.factor("H", "log_mean")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the parameters and, once fitted, the model directory's path instead of the
+        factors: unpickling reopens that model, so it must still exist (:meth:`save` keeps one)."""
+        state = {k: v for k, v in vars(self).items() if not k.endswith("_")}
+        if hasattr(self, "model_path_"):
+            state["model_path_"] = self.model_path_
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        path = state.pop("model_path_", None)
+        vars(self).update(state)
+        if path is not None:
+            self._set_fitted(open_model(path))
+
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
         """Copy the fitted model directory to ``path`` (zarr arrays and JSON attributes); an

@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -87,6 +88,39 @@ def _global_state_kept():
         os.chdir(cwd)
     if leaks:
         pytest.fail("the test changed global state: " + "; ".join(leaks), pytrace=False)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``cluster`` every test that uses the session's cluster, directly or through a fixture
+    built on it (the other tests that start one carry the marker themselves)."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+# run by a Dask scheduler as a preload: a scheduler started by a test not marked `cluster` fails
+NO_SCHEDULER = 'raise RuntimeError("a Dask scheduler started in a test not marked cluster")'
+
+
+@pytest.fixture(autouse=True)
+def _clusters_only_where_marked(request: pytest.FixtureRequest):
+    """Make every Dask scheduler a test not marked ``cluster`` starts fail, in this process and
+    in the commands it runs, so that ``-m "not cluster"`` never needs one. (Not monkeypatch:
+    instantiated here, it would undo the test's own patches after ``_global_state_kept`` looked.)"""
+    if request.node.get_closest_marker("cluster"):
+        yield
+        return
+    name = "DASK_DISTRIBUTED__SCHEDULER__PRELOAD"
+    saved = os.environ.get(name)
+    os.environ[name] = NO_SCHEDULER
+    try:
+        with dask.config.set({"distributed.scheduler.preload": [NO_SCHEDULER]}):
+            yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
 
 
 @pytest.fixture(scope="session")

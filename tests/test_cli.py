@@ -26,6 +26,8 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.cluster
+@pytest.mark.data
 def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     store, model = tmp_path / "ml.zarr", tmp_path / "m.zarr"
     r = run("ingest", str(ML), "--out", str(store), "--ratings", "halfstar", "--min-count", "20")
@@ -51,7 +53,8 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
         (["info", "nothing.zarr"], "nothing.zarr"),
         (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "K"),
         (["fit", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"], "bad.npz"),
-        (["evaluate", "STORE", "OTHER_MODEL"], "does not match"),
+        pytest.param(["evaluate", "STORE", "OTHER_MODEL"], "does not match",
+                     marks=pytest.mark.cluster),  # fits OTHER_MODEL on its own LocalCluster
         (["info", "STORE", "--log-file", "no-such-dir/x.log"], "log-file"),
     ],
 )
@@ -97,6 +100,7 @@ def test_warm_start_from_npz_matches_api(tmp_path, client):
     assert cli.elbo_ == api.elbo_
 
 
+@pytest.mark.cluster
 def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
     """`dask scheduler` + two `dask worker` processes on loopback, driven through the CLI."""
     y = synthetic_ordinal(25, 20, 3, seed=3)

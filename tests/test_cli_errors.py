@@ -133,6 +133,7 @@ def test_debug_before_the_command_shows_the_traceback(tmp_path, capsys):
     assert "Traceback" in err and err.splitlines()[-1].startswith("ordnmf-dask info: error: ")
 
 
+@pytest.mark.cluster
 def test_a_task_failing_on_the_cli_local_cluster_is_one_line(tmp_path):
     """A damaged chunk of the same size is found by the task that reads it, in a worker process
     of the LocalCluster the command starts: no worker log or traceback reaches stderr."""

@@ -65,6 +65,7 @@ def _launcher() -> Any:
     return module
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("kind", ["slurm", "pbs"])
 def test_jobqueue_job_scripts(kind):
     jobqueue = pytest.importorskip("dask_jobqueue")

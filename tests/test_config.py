@@ -79,6 +79,7 @@ def test_missing_required_values_exit_2(tmp_path, store, capsys):
     assert "missing --out MODEL" in capsys.readouterr().err
 
 
+@pytest.mark.cluster
 def test_fit_from_file_with_flags_and_resolved_config_in_model(tmp_path, store):
     model = tmp_path / "m.zarr"
     job = write(tmp_path / "job.toml", f"""

@@ -172,6 +172,7 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
     assert np.median([counts[n][1] for n in range(21, 41)]) <= early + 5
 
 
+@pytest.mark.cluster
 def test_a_model_fitted_without_out_lives_until_the_process_exits(tmp_path, problem):
     """Without ``out``, the model goes to a temporary directory that the fitted attributes
     read from while the process runs, and that is removed when it exits (none left behind)."""
@@ -338,6 +339,7 @@ def test_strip_runs():
     assert runs(np.array([3 * MAX_STRIP_COLS]), 8, MAX_STRIP_COLS) == [[0]]  # a wide block alone
 
 
+@pytest.mark.cluster
 def test_own_local_cluster_spills_on_process_memory_only():
     """The LocalCluster a fit starts has Dask's managed-memory target off (spill, pause and
     restart thresholds unchanged); the caller's Dask config is left as it was."""

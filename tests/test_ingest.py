@@ -144,6 +144,7 @@ def test_filter_paper_vs_stable(tmp_path):
     assert paper.attrs["filter_mode"] == "paper" and stable.attrs["rows_filtered"] == 5
 
 
+@pytest.mark.data
 def test_movielens_halfstar(tmp_path):
     info = ingest(ML, tmp_path / "ml", ratings="halfstar")
     assert (info.n_users, info.n_items, info.n_classes) == (610, 9724, 10)
@@ -155,6 +156,7 @@ def test_movielens_halfstar(tmp_path):
     np.testing.assert_array_equal(raw.y, (raw.raw * 2).astype(np.uint8))
 
 
+@pytest.mark.data
 def test_movielens_min_count(tmp_path):
     info = ingest(ML, tmp_path / "ml", ratings="halfstar", min_count=20)
     full = np.array(ML_HIST)
@@ -167,6 +169,7 @@ def test_movielens_min_count(tmp_path):
     assert deg_u.min() >= 20  # paper mode: users are filtered last
 
 
+@pytest.mark.data
 def test_movielens_binarize(tmp_path):
     info = ingest(ML, tmp_path / "ml", ratings="halfstar", binarize=8)
     assert info.n_classes == 1 and info.attrs["value_kind"] == "binary"
@@ -176,6 +179,7 @@ def test_movielens_binarize(tmp_path):
     assert set(np.unique(block.y)) == {1} and block.raw.min() >= 4.0
 
 
+@pytest.mark.data
 def test_lastfm_counts_paper(tmp_path):
     info = ingest(LASTFM, tmp_path / "lfm", counts="paper")
     assert (info.n_users, info.n_items) == (1892, 17632)
@@ -183,6 +187,7 @@ def test_lastfm_counts_paper(tmp_path):
     assert info.attrs["thresholds"] == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500]
 
 
+@pytest.mark.data
 def test_tasteprofile_counts_paper(tmp_path):
     info = ingest(TPS, tmp_path / "tps", counts="paper", nnz_per_block=6000)
     assert (info.n_users, info.n_items) == (1502, 786)
@@ -192,6 +197,7 @@ def test_tasteprofile_counts_paper(tmp_path):
     assert users.dtype.kind == "U" and len(users[0]) == 40 and np.all(users[:-1] < users[1:])
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("path", [ML, LASTFM, TPS])
 def test_parse_is_fast(path):
     start = time.perf_counter()

@@ -41,14 +41,17 @@ def both(tmp_path, inputs, client=None, chunk_bytes=200_000, rows_per_partition=
     assert_same_store(tmp_path / "mem", tmp_path / "ooc")
 
 
+@pytest.mark.data
 def test_movielens_on_cluster(tmp_path, client):
     both(tmp_path, ML, client, ratings="halfstar", min_count=20, nnz_per_block=10_000, seed=3)
 
 
+@pytest.mark.data
 def test_lastfm_stable_filter(tmp_path):
     both(tmp_path, LASTFM, counts="paper", min_count=5, filter_mode="stable")
 
 
+@pytest.mark.data
 def test_tasteprofile_counts(tmp_path):
     both(tmp_path, TPS, counts="paper", nnz_per_block=6000, chunk_bytes=65_536)
 

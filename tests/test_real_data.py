@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import SHARED_DATA
 
 from ordnmf_dask import OrdNMF, evaluate, ingest
 
 
+@pytest.mark.data
 def test_movielens_small_reaches_the_published_ndcg(tmp_path, client):
     """Filter >= 20, 80/20 split, K = 50, alpha = 0.3, tol = 1e-5: NDCG@100 ~0.40 (s=1), ~0.32
     (s=10) for a correct implementation; a broken update lands far below these floors."""

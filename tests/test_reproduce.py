@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 
+import pytest
 from conftest import SHARED_DATA
 
 from ordnmf_dask.app.cli import main
 
 
+@pytest.mark.data
 def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
     code = main([
         "reproduce", "--out", str(tmp_path), "--data", str(SHARED_DATA),

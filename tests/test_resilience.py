@@ -31,6 +31,8 @@ from distributed import Client, LocalCluster
 
 from ordnmf_dask import OrdNMF
 
+pytestmark = pytest.mark.cluster
+
 K, MAX_ITER, SEED = 3, 40, 3
 FIT = ["-k", str(K), "--max-iter", str(MAX_ITER), "--tol", "1e-12", "--seed", str(SEED)]
 ENV = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}

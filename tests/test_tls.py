@@ -87,6 +87,7 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
     assert read_config(tmp_path / "m.zarr")["cluster"]["ca_file"] == c["ca"]
 
 
+@pytest.mark.cluster
 def test_local_cluster_with_tls_flags(tmp_path, capsys):
     certs = make_certs(tmp_path / "certs", "node")
     y = synthetic_ordinal(12, 10, 3, seed=1)
