@@ -16,7 +16,7 @@ if __name__ == "__main__":
     store = ingest(data / "ratings.csv", out / "store.zarr", ratings="halfstar", min_count=20,
                    overwrite=True)
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
-        model = OrdNMF(n_components=50, random_state=0).fit(store, client)
+        model = OrdNMF(n_components=50, seed=0).fit(store, client)
         print(model.n_iter_, model.elbo_[-1], model.theta_)
         print(evaluate(store, model, client)["ndcg"])
         model.save(out / "model.zarr", overwrite=True)

@@ -9,7 +9,8 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import replace
+import textwrap
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, IterationCallback
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
 from ordnmf_dask.modelstore.model import ModelInfo, model_target, open_model, save_model
+from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 log = logging.getLogger("ordnmf_dask")
@@ -31,27 +33,21 @@ log = logging.getLogger("ordnmf_dask")
 InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
 
 
-_SHARED_PARAMS_DOC = """
-    n_components : K, number of latent factors (>= 1).
-    alpha_W, alpha_H : Gamma prior shapes of W and H (prior rates: empirical Bayes per row).
-    tol : stop when the relative ELBO gain falls below ``tol`` (after ``min_iter``).
-    max_iter, min_iter : bounds on the number of iterations (ELBO evaluations).
-    random_state : seed of the Gamma(1, 1) initialization of E[W], E[H].
-    cache_blocks : keep training blocks in worker memory (True), stream them from zarr in every
-        pass (False), or decide from the workers' memory limits ("auto").
-    checkpoint_every, checkpoint_minutes : checkpoint after every this many iterations and/or
-        minutes (the state is written by the workers and read back, which also cuts the task
-        lineage), except after the last iteration, whose state is the saved model. 0 / None
-        disable each trigger.
-    checkpoint_dir : where checkpoints go, visible to all workers (default: inside
-        ``work_dir``, removed after the fit when ``work_dir`` is not given). A fit that finds
-        checkpoints of the same store and settings there resumes from them; one that finds
-        another fit's refuses to start (see :meth:`fit`'s ``restart``).
-    work_dir : scratch directory visible to all workers (default: a temporary directory).
-    n_workers : worker processes of the LocalCluster started when no client is available.
-    n_init : random restarts (seeds random_state, random_state + 1, ...); the run with the
-        highest final ELBO is kept, and every run's figures are in ``runs_``.
+def _params_doc(estimator: str) -> str:
+    """The Parameters section of an estimator's docstring, from the table."""
+    lines = []
+    for name in accepted(estimator):
+        default = "" if DEFAULTS[name] is None else f" (default {DEFAULTS[name]!r})"
+        text = f"{name} : {PARAMS[name].doc}{default}."
+        lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
+    return "\n".join(lines) + """\n
+    Checkpoints are written by the workers and read back, which also cuts the task lineage;
+    none after the last iteration, whose state is the saved model. A fit that finds checkpoints
+    of the same store and model parameters in ``checkpoint_dir`` resumes from them; one that
+    finds another fit's refuses to start (see :meth:`fit`'s ``restart``). ``checkpoint_dir``
+    inside the default ``work_dir`` is removed after the fit.
 """
+
 
 _SHARED_ATTRS_DOC = """
     W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block.
@@ -67,21 +63,20 @@ class CaviEstimator:
 
     def __init__(
         self,
-        n_components: int = 50,
+        n_components: int = DEFAULTS["n_components"],
         *,
-        alpha_W: float = 0.3,
-        alpha_H: float = 0.3,
-        tol: float = 1e-5,
-        max_iter: int = 1000,
-        min_iter: int = 0,
-        random_state: int = 0,
-        cache_blocks: bool | str = "auto",
-        checkpoint_every: int = 10,
-        checkpoint_minutes: float | None = None,
-        checkpoint_dir: str | None = None,
-        work_dir: str | None = None,
-        n_workers: int = 2,
-        n_init: int = 1,
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        n_init: int = DEFAULTS["n_init"],
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        work_dir: str | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
     ) -> None:
         self.n_components = n_components
         self.alpha_W = alpha_W
@@ -89,14 +84,13 @@ class CaviEstimator:
         self.tol = tol
         self.max_iter = max_iter
         self.min_iter = min_iter
-        self.random_state = random_state
+        self.seed = seed
+        self.n_init = n_init
         self.cache_blocks = cache_blocks
+        self.work_dir = work_dir
+        self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.checkpoint_minutes = checkpoint_minutes
-        self.checkpoint_dir = checkpoint_dir
-        self.work_dir = work_dir
-        self.n_workers = n_workers
-        self.n_init = n_init
 
     def _family(self, store: StoreInfo) -> Family:
         raise NotImplementedError
@@ -128,31 +122,11 @@ class CaviEstimator:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
 
-    def _validate(self) -> CaviConfig:
-        k = self.n_components
-        if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
-            raise InputError(f"n_components (K) must be an integer >= 1, got {k!r}")
-        for name in ("alpha_W", "alpha_H", "tol"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0 and np.isfinite(value)):
-                raise InputError(f"{name} must be a positive number, got {value!r}")
-        if not isinstance(self.n_init, int) or self.n_init < 1:
-            raise InputError(f"n_init must be an integer >= 1, got {self.n_init!r}")
-        if self.max_iter < 1 or self.min_iter < 0:
-            raise InputError("max_iter must be >= 1 and min_iter >= 0")
-        if self.cache_blocks not in (True, False, "auto"):
-            raise InputError(
-                f"cache_blocks must be True, False or 'auto', got {self.cache_blocks!r}"
-            )
-        return CaviConfig(
-            n_components=int(k),
-            alpha_W=float(self.alpha_W),
-            alpha_H=float(self.alpha_H),
-            tol=float(self.tol),
-            max_iter=int(self.max_iter),
-            min_iter=int(self.min_iter),
-            random_state=int(self.random_state),
-        )
+    def _validate(self) -> tuple[CaviConfig, dict[str, Any]]:
+        """The engine's settings and every parameter, checked against the table's rules."""
+        values = validate(self.get_params())
+        cfg = CaviConfig(**{f.name: values[f.name] for f in fields(CaviConfig)})
+        return cfg, values
 
     # -- fitting -------------------------------------------------------------------------
     def fit(
@@ -172,8 +146,9 @@ class CaviEstimator:
         Parameters
         ----------
         store : path of the zarr store (or an opened :class:`StoreInfo`).
-        client : a ``distributed.Client``; default the current one, else a LocalCluster with
-            ``n_workers`` worker processes, closed after the fit.
+        client : a ``distributed.Client``; default the current one, else a LocalCluster of 2
+            worker processes x 1 thread started for the fit and closed after it (for another
+            cluster, start it and pass its client).
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
         out : directory of the saved model (default: a temporary directory, removed when the
@@ -191,43 +166,46 @@ class CaviEstimator:
 
         Every conflict (output path, checkpoints) is checked before the cluster is used.
         """
-        cfg = self._validate()
+        cfg, values = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
         if resume and restart:
             raise InputError("resume and restart contradict each other: give one of them")
-        if resume and not self.checkpoint_dir:
+        if resume and not values["checkpoint_dir"]:
             raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
-        if self.n_init > 1 and (init_arrays is not None or resume):
+        n_init = values["n_init"]
+        if n_init > 1 and (init_arrays is not None or resume):
             raise InputError("n_init > 1 restarts from random draws: no init= or resume= with it")
         if out is not None:
             out = model_target(out, overwrite, info.path)
         prints = [  # one per restart: its trajectory depends on its seed
-            checkpoint.fingerprint(info.attrs, info.path, self._fit_settings(init_arrays, seed))
-            for seed in range(cfg.random_state, cfg.random_state + self.n_init)
+            checkpoint.fingerprint(info.attrs, info.path,
+                                   self._fit_settings(values, init_arrays, s))
+            for s in range(cfg.seed, cfg.seed + n_init)
         ]
-        work = self.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
+        work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
             os.makedirs(work, exist_ok=True)
-            ckpt_dir = os.path.abspath(self.checkpoint_dir or os.path.join(work, "checkpoints"))
+            ckpt_dir = values["checkpoint_dir"] or os.path.join(work, "checkpoints")
+            ckpt_dir = os.path.abspath(ckpt_dir)
             os.makedirs(ckpt_dir, exist_ok=True)
             ours = checkpoint.claim(ckpt_dir, prints, restart)
-            if ours and self.n_init > 1:
+            if ours and n_init > 1:
                 raise InputError(
                     f"{ckpt_dir} holds checkpoints of this fit, but a fit with n_init > 1 does not "
                     "resume: pass restart=True to discard them"
                 )
             if out is None:
                 out = _temporary_model_dir()
-            with resolve_client(client, self.n_workers) as cl:
-                cache = decide_cache(self.cache_blocks, cl, info)
+            with resolve_client(client) as cl:
+                cache = decide_cache(values["cache_blocks"], cl, info)
                 state, runs = None, []
-                for j in range(self.n_init):
-                    run_cfg = replace(cfg, random_state=cfg.random_state + j)
+                for j in range(n_init):
+                    run_cfg = replace(cfg, seed=cfg.seed + j)
                     runner = CaviRunner(
                         cl, info, family, run_cfg, ckpt_dir, cache,
-                        self.checkpoint_every, self.checkpoint_minutes, prints[j],
+                        values["checkpoint_every"], values["checkpoint_minutes"], prints[j],
                     )
                     if init_arrays is None:
                         start = runner.random_init
@@ -236,12 +214,12 @@ class CaviEstimator:
                             return runner.warm_init(*_write_init(init_arrays, work))
                     run = runner.run(start, callback or _iteration_logger(family),
                                      resume=bool(ours), required=resume)
-                    runs.append({"seed": run_cfg.random_state, "elbo": run.elbo[-1],
+                    runs.append({"seed": run_cfg.seed, "elbo": run.elbo[-1],
                                  "n_iter": run.n_iter, "converged": run.converged})
-                    if self.n_init > 1:  # its checkpoints would collide with the next run's
+                    if n_init > 1:  # its checkpoints would collide with the next run's
                         checkpoint.discard(ckpt_dir, prints[j])
                         log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations",
-                                 j + 1, self.n_init, run_cfg.random_state, run.elbo[-1],
+                                 j + 1, n_init, run_cfg.seed, run.elbo[-1],
                                  run.n_iter)
                     if state is None or run.elbo[-1] > state.elbo[-1]:
                         state = run
@@ -250,7 +228,7 @@ class CaviEstimator:
                 attrs = {
                     "model": type(self).__name__,
                     "family": family.name,
-                    "params": self.get_params(),
+                    "params": values,
                     **family.describe(state.params),
                     "elbo": state.elbo,
                     "n_iter": state.n_iter,
@@ -270,26 +248,24 @@ class CaviEstimator:
                 }
                 save_model(cl, state.w, state.h, os.fspath(out), attrs, overwrite=overwrite)
         finally:
-            if self.work_dir is None:
+            if values["work_dir"] is None:
                 shutil.rmtree(work, ignore_errors=True)
         self._set_fitted(open_model(os.fspath(out)))
         return self
 
     def _fit_settings(
-        self, init: tuple[np.ndarray, np.ndarray] | None, seed: int
+        self, values: dict[str, Any], init: tuple[np.ndarray, np.ndarray] | None, seed: int
     ) -> dict[str, Any]:
         """What the trajectory of the run from ``seed`` (or warm-started from ``init``) depends
-        on (checked when resuming from a checkpoint)."""
-        runtime = {"cache_blocks", "checkpoint_every", "checkpoint_minutes", "checkpoint_dir",
-                   "work_dir", "n_workers", "max_iter", "n_init"}
-        params = {k: v for k, v in self.get_params().items() if k not in runtime}
+        on (checked when resuming from a checkpoint): the model parameters of the table."""
+        params = {k: v for k, v in values.items() if PARAMS[k].model}
         warm: str | bool = False
         if init is not None:
             digest = hashlib.sha256()
             for a in init:
                 digest.update(np.ascontiguousarray(a).data)
             warm = digest.hexdigest()
-        return {"model": type(self).__name__, **params, "random_state": seed, "warm_start": warm}
+        return {"model": type(self).__name__, **params, "seed": seed, "warm_start": warm}
 
     def _set_fitted(self, model: ModelInfo) -> None:
         a = model.attrs
@@ -343,7 +319,8 @@ class CaviEstimator:
         if klass is None or not issubclass(klass, cls):
             raise InputError(f"{model.path}: holds a {model.attrs.get('model')!r} model, "
                              f"not a {cls.__name__}")
-        est = klass(**model.attrs["params"])
+        params = {RENAMED.get(k, k): v for k, v in model.attrs["params"].items()}
+        est = klass(**{k: v for k, v in params.items() if k is not None})
         est._set_fitted(model)
         return est
 
@@ -369,10 +346,10 @@ class OrdNMF(CaviEstimator):
     the local ELBO with E[n] = 1, as in the published code.
 
     Parameters
-    ----------"""
-        + _SHARED_PARAMS_DOC
-        + """    approx : q(n) = delta_1 instead of the zero-truncated Poisson.
-
+    ----------
+"""
+        + _params_doc("OrdNMF")
+        + """
     Attributes
     ----------"""
         + _SHARED_ATTRS_DOC
@@ -381,7 +358,10 @@ class OrdNMF(CaviEstimator):
     """
     )
 
-    def __init__(self, n_components: int = 50, *, approx: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, n_components: int = DEFAULTS["n_components"], *,
+        approx: bool = DEFAULTS["approx"], **kwargs: Any,
+    ) -> None:
         super().__init__(n_components, **kwargs)
         self.approx = approx
 
@@ -404,11 +384,11 @@ class BePoF(OrdNMF):
 
     def __init__(
         self,
-        n_components: int = 50,
+        n_components: int = DEFAULTS["n_components"],
         *,
-        threshold: int = 1,
-        learn_threshold: bool = True,
-        approx: bool = False,
+        threshold: int = DEFAULTS["threshold"],
+        learn_threshold: bool = DEFAULTS["learn_threshold"],
+        approx: bool = DEFAULTS["approx"],
         **kwargs: Any,
     ) -> None:
         super().__init__(n_components, approx=approx, **kwargs)
@@ -416,8 +396,8 @@ class BePoF(OrdNMF):
         self.learn_threshold = learn_threshold
 
     def _family(self, store: StoreInfo) -> Family:
-        s = self.threshold
-        if not isinstance(s, int | np.integer) or not 1 <= s <= store.n_classes:
+        s = int(self.threshold)  # an integer >= 1 (validated); the store bounds it above
+        if s > store.n_classes:
             raise InputError(f"threshold must be an integer in 1..{store.n_classes}, got {s!r}")
         kept = int(store.hist_train[s:].sum())
         if kept == 0:
@@ -437,10 +417,10 @@ class PF(BePoF):
 
     def __init__(
         self,
-        n_components: int = 50,
+        n_components: int = DEFAULTS["n_components"],
         *,
-        threshold: int = 1,
-        learn_threshold: bool = True,
+        threshold: int = DEFAULTS["threshold"],
+        learn_threshold: bool = DEFAULTS["learn_threshold"],
         **kwargs: Any,
     ) -> None:
         kwargs.pop("approx", None)
@@ -464,15 +444,14 @@ class DcPF(CaviEstimator):
     values when it holds counts (``value_kind == "counts"``), its classes otherwise.
     ``p = 0`` (fixed) is PF on the raw counts, ``p = 1`` (fixed) PF on binary data.
 
-    Parameters
-    ----------"""
-        + _SHARED_PARAMS_DOC
-        + """    p : starting value of the element parameter (published runs: 0.5).
-    t : fixed scale of the Poisson rate (published runs: 1).
-    update_p : learn p (ignored at the limits 0 and 1). A learned p becomes 0, and stays
-        there, once sum E[n] reaches sum y (no overdispersion left: the bound rises all
-        the way to the Poisson limit).
+    A learned p becomes 0, and stays there, once sum E[n] reaches sum y (no overdispersion
+    left: the bound rises all the way to the Poisson limit).
 
+    Parameters
+    ----------
+"""
+        + _params_doc("DcPF")
+        + """
     Attributes
     ----------"""
         + _SHARED_ATTRS_DOC
@@ -482,11 +461,11 @@ class DcPF(CaviEstimator):
 
     def __init__(
         self,
-        n_components: int = 50,
+        n_components: int = DEFAULTS["n_components"],
         *,
-        p: float = 0.5,
-        t: float = 1.0,
-        update_p: bool = True,
+        p: float = DEFAULTS["p"],
+        t: float = DEFAULTS["t"],
+        update_p: bool = DEFAULTS["update_p"],
         **kwargs: Any,
     ) -> None:
         super().__init__(n_components, **kwargs)
@@ -495,10 +474,6 @@ class DcPF(CaviEstimator):
         self.update_p = update_p
 
     def _family(self, store: StoreInfo) -> Family:
-        if not 0.0 <= self.p <= 1.0:
-            raise InputError(f"p must be in [0, 1], got {self.p!r}")
-        if not self.t > 0:
-            raise InputError(f"t must be > 0, got {self.t!r}")
         values = "raw" if store.attrs.get("value_kind") == "counts" else "class"
         return DcPFFamily(values, float(self.p), float(self.t), bool(self.update_p))
 

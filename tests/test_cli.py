@@ -51,7 +51,7 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     [
         (["ingest", "missing.csv", "--out", "s.zarr"], "missing.csv"),
         (["info", "nothing.zarr"], "nothing.zarr"),
-        (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "K"),
+        (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "--n-components must be an integer >= 1"),
         (["fit", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"], "bad.npz"),
         pytest.param(["evaluate", "STORE", "OTHER_MODEL"], "does not match",
                      marks=pytest.mark.cluster),  # fits OTHER_MODEL on its own LocalCluster
@@ -64,7 +64,7 @@ def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsy
     store_from_dense(tmp_path / "STORE", train, test, 3, (1, 1))
     other = store_from_dense(tmp_path / "OTHER", train[:, :8], test[:, :8], 3, (1, 1))
     if "OTHER_MODEL" in args:
-        OrdNMF(2, max_iter=2, n_workers=1).fit(other, out=tmp_path / "OTHER_MODEL")
+        OrdNMF(2, max_iter=2).fit(other, out=tmp_path / "OTHER_MODEL")
     np.savez(tmp_path / "bad.npz", W=np.ones((3, 2)), H=np.ones((10, 2)))
     monkeypatch.chdir(tmp_path)
     code = main(args)
@@ -131,7 +131,7 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
             p.send_signal(signal.SIGINT)
         for p in procs:
             p.wait(timeout=30)
-    local = OrdNMF(3, max_iter=12, random_state=5, n_workers=1).fit(store)
+    local = OrdNMF(3, max_iter=12, seed=5).fit(store)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     np.testing.assert_array_equal(remote.W_.compute(), local.W_.compute())

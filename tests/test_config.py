@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dask
 import pytest
+import zarr
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 from daskprocs import dask_processes
 
@@ -31,18 +32,21 @@ def write(path: Path, text: str) -> str:
 def test_flags_override_only_what_was_given():
     raw = {"model": {"n_components": 4, "max_iter": 50, "seed": 1, "tol": 1},
            "cluster": {"scheduler": "tcp://10.0.0.1:8786"},
-           "checkpoint": {"dir": "/scratch/ck", "every_iterations": 5, "every_minutes": 10}}
+           "checkpoint": {"dir": "/scratch/ck", "every": 5, "minutes": 10}}
     flags = {"max_iter": 3, "seed": None, "approx": None, "workers": 1, "debug": True}
     cfg = build(raw, flag_overrides(flags), "job.toml")
     assert (cfg.model.max_iter, cfg.model.seed, cfg.model.n_components) == (3, 1, 4)
     assert cfg.model.tol == 1.0 and isinstance(cfg.model.tol, float)
     assert cfg.cluster.mode == "local" and cfg.cluster.local_spec.workers == 1  # flag wins
     assert cfg.logging.level == "DEBUG"
-    kwargs, unused = estimator_kwargs(cfg, ["n_components", "max_iter", "random_state"])
-    assert kwargs == {"n_components": 4, "max_iter": 3, "random_state": 1}
-    assert {"checkpoint.dir", "checkpoint.every_iterations"} <= set(unused)
-    assert cfg.to_dict()["checkpoint"] == {"dir": "/scratch/ck", "every_iterations": 5,
-                                           "every_minutes": 10.0}
+    kwargs, unused = estimator_kwargs(cfg, "DcPF")
+    assert (kwargs["n_components"], kwargs["max_iter"], kwargs["seed"]) == (4, 3, 1)
+    assert (kwargs["checkpoint_dir"], kwargs["checkpoint_every"]) == ("/scratch/ck", 5)
+    assert "approx" not in kwargs and unused == []
+    assert estimator_kwargs(build({"model": {"approx": True}}, {}, "job.toml"), "DcPF")[1] == [
+        "model.approx"
+    ]
+    assert cfg.to_dict()["checkpoint"] == {"dir": "/scratch/ck", "every": 5, "minutes": 10.0}
     with pytest.raises(ConfigError, match="only one of"):
         build({}, flag_overrides({"scheduler": "tcp://a:1", "workers": 2}), "job.toml")
 
@@ -57,7 +61,7 @@ def test_flags_override_only_what_was_given():
         ("[cluster]\nlocal = {workers = 2, memory = '4GB'}\n", "'local.memory' in [cluster]"),
         ("[cluster]\nlocal = {workers = 'two'}\n", "'local.workers' in [cluster] must be an"),
         ("[cluster]\nscheduler = 'tcp://a:1'\nscheduler_file = 's.json'\n", "only one of"),
-        ("[checkpoint]\nevery_minutes = 'often'\n", "'every_minutes' in [checkpoint]"),
+        ("[checkpoint]\nminutes = 'often'\n", "'minutes' in [checkpoint] must be a finite"),
         ("[logging]\nlevel = 'LOUD'\n", "'level' in [logging] must be one of"),
         ("[model\n", "not a valid TOML file"),
     ],
@@ -72,9 +76,9 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path, store, capsys, text, m
 
 
 def test_missing_required_values_exit_2(tmp_path, store, capsys):
-    job = write(tmp_path / "job.toml", f"[store]\npath = '{store.path}'\n")
+    job = write(tmp_path / "job.toml", "[model]\nn_components = 2\n")
     assert main(["fit", "--config", job, "--out", str(tmp_path / "m.zarr")]) == 2
-    assert "missing -k K" in capsys.readouterr().err
+    assert f"missing STORE (or set it in {job})" in capsys.readouterr().err
     assert main(["fit", store.path, "-k", "2"]) == 2
     assert "missing --out MODEL" in capsys.readouterr().err
 
@@ -94,7 +98,7 @@ tol = 1e-12
 local = {{workers = 1, threads_per_worker = 1, memory_limit = "1GB"}}
 [checkpoint]
 dir = "{tmp_path / 'ck'}"
-every_iterations = 5
+every = 5
 [output]
 model = "{model}"
 [logging]
@@ -103,13 +107,18 @@ file = "{tmp_path / 'fit.log'}"
 """)
     assert main(["fit", "--config", job, "--max-iter", "4", "--seed", "3"]) == 0
     fitted = OrdNMF.load(model)
-    assert fitted.n_iter_ == 4 and fitted.random_state == 3
+    assert fitted.n_iter_ == 4 and fitted.seed == 3
+    # a model saved before the seed was renamed (and n_workers dropped) still loads
+    attrs = zarr.open_group(model, mode="r+").attrs
+    saved = {("random_state" if k == "seed" else k): v for k, v in attrs["params"].items()}
+    attrs["params"] = {**saved, "n_workers": 1}
+    assert OrdNMF.load(model).get_params() == fitted.get_params()
     resolved = read_config(model)
     assert resolved["source"] == job
     assert resolved["model"]["max_iter"] == 4 and resolved["model"]["seed"] == 3
     assert resolved["model"]["n_components"] == 2 and resolved["model"]["tol"] == 1e-12
     assert resolved["cluster"]["local"]["memory_limit"] == "1GB"
-    assert resolved["checkpoint"]["every_iterations"] == 5
+    assert resolved["checkpoint"]["every"] == 5
     assert resolved["logging"] == {"level": "WARNING", "file": str(tmp_path / "fit.log")}
     assert (tmp_path / "fit.log").exists()
     # the output exists now: refused unless overwrite is given (flag or file)
@@ -121,7 +130,7 @@ def test_scheduler_file(tmp_path, store, client):
     with dask_processes(sched_file, 1):
         assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
                      "--max-iter", "6", "--seed", "1", "--scheduler-file", str(sched_file)]) == 0
-    local = OrdNMF(2, max_iter=6, random_state=1).fit(store, client)
+    local = OrdNMF(2, max_iter=6, seed=1).fit(store, client)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     assert read_config(tmp_path / "m.zarr")["cluster"]["scheduler_file"] == str(sched_file)

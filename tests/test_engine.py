@@ -127,9 +127,9 @@ def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):
     fits = []
     for grid in [(1, 1), (3, 2)]:
         store = store_from_dense(tmp_path / f"s{grid[0]}.zarr", train, test, n_classes, grid)
-        fits.append(OrdNMF(K, max_iter=6, random_state=3).fit(store, client))
+        fits.append(OrdNMF(K, max_iter=6, seed=3).fit(store, client))
     np.testing.assert_allclose(fits[0].elbo_, fits[1].elbo_, rtol=1e-12)
-    other_seed = OrdNMF(K, max_iter=6, random_state=4).fit(store, client)
+    other_seed = OrdNMF(K, max_iter=6, seed=4).fit(store, client)
     assert other_seed.elbo_[-1] != fits[1].elbo_[-1]
 
 
@@ -180,7 +180,7 @@ def test_a_model_fitted_without_out_lives_until_the_process_exits(tmp_path, prob
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     script = (
         "from ordnmf_dask import OrdNMF\n"
-        f"m = OrdNMF({K}, max_iter=2, n_workers=1).fit({store.path!r})\n"
+        f"m = OrdNMF({K}, max_iter=2).fit({store.path!r})\n"
         "print(m.model_path_, m.W_.compute().shape)\n"
     )
     done = subprocess.run(
@@ -289,8 +289,8 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, 
 def test_restarts_keep_the_best_run(tmp_path, client, problem):
     n_classes, train, test, _, _ = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
-    best = OrdNMF(K, max_iter=8, n_init=3, random_state=10).fit(store, client)
-    singles = [OrdNMF(K, max_iter=8, random_state=s).fit(store, client) for s in (10, 11, 12)]
+    best = OrdNMF(K, max_iter=8, n_init=3, seed=10).fit(store, client)
+    singles = [OrdNMF(K, max_iter=8, seed=s).fit(store, client) for s in (10, 11, 12)]
     finals = [m.elbo_[-1] for m in singles]
     assert [r["elbo"] for r in best.runs_] == finals
     assert best.elbo_ == singles[int(np.argmax(finals))].elbo_

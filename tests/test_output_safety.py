@@ -136,7 +136,7 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"{ckpt} holds checkpoints of another store or configuration" in line
     assert re.search(r"pass (--restart|restart=True) to discard them", line)  # (CLI spelling)
     with pytest.raises(InputError, match="holds checkpoints of another .* restart=True"):
-        OrdNMF(K, max_iter=5, random_state=1, checkpoint_dir=str(ckpt)).fit(
+        OrdNMF(K, max_iter=5, seed=1, checkpoint_dir=str(ckpt)).fit(
             store, client, resume=True
         )
     assert names(ckpt) == theirs
@@ -148,7 +148,7 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
             in r.stderr)
     assert names(ckpt) == theirs  # the new fit's own, at the same iterations
     assert ckpt.joinpath("notes.txt").read_text() == "not a checkpoint"
-    fresh = OrdNMF(K, max_iter=5, random_state=1).fit(store, client)
+    fresh = OrdNMF(K, max_iter=5, seed=1).fit(store, client)
     assert OrdNMF.load(tmp_path / "b.zarr").elbo_ == fresh.elbo_
 
 
@@ -195,7 +195,7 @@ def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(tmp_path,
         store, client
     )
     assert names(ckpt) == ["notes.txt"]
-    singles = [OrdNMF(K, max_iter=5, random_state=s).fit(store, client).elbo_ for s in (0, 1)]
+    singles = [OrdNMF(K, max_iter=5, seed=s).fit(store, client).elbo_ for s in (0, 1)]
     assert best.elbo_ == max(singles, key=lambda e: e[-1])
 
 

@@ -15,7 +15,7 @@ def test_movielens_small_reaches_the_published_ndcg(tmp_path, client):
     (s=10) for a correct implementation; a broken update lands far below these floors."""
     store = ingest(SHARED_DATA / "ml-latest-small" / "ratings.csv", tmp_path / "ml.zarr",
                    ratings="halfstar", min_count=20, seed=0)
-    model = OrdNMF(50, random_state=0).fit(store, client)
+    model = OrdNMF(50, seed=0).fit(store, client)
     assert model.converged_
     elbo = np.asarray(model.elbo_)
     assert np.all(np.diff(elbo) > 0)

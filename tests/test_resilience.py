@@ -49,7 +49,7 @@ def problem(tmp_path_factory):
     store = store_from_dense(d / "s.zarr", *dense_split(y), 4, (2, 2))
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as lc, Client(lc) as c:
-        ref = OrdNMF(K, max_iter=MAX_ITER, tol=1e-12, random_state=SEED).fit(store, c)
+        ref = OrdNMF(K, max_iter=MAX_ITER, tol=1e-12, seed=SEED).fit(store, c)
         assert ref.n_iter_ == MAX_ITER  # the fit runs to max_iter: long enough to disturb
         return store.path, ref.elbo_, ref.W_.compute(), ref.H_.compute()
 

@@ -24,6 +24,7 @@ from typing import Any, TypeGuard
 from ordnmf_dask import __version__
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.errors import InputError, UsageError
+from ordnmf_dask.params import MODELS, PARAMS
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -122,33 +123,15 @@ def _parser() -> argparse.ArgumentParser:
     inf.add_argument("store")
     inf.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    # Defaults of fit live in ordnmf_dask.app.config (None here = flag not given, so that a flag
-    # overrides the --config file only when the user gave it).
+    # One flag per parameter of ordnmf_dask.params (default None = not given, so that a flag
+    # overrides the --config file only when the user gave it); the job-only flags after them.
     fit = add("fit", help="fit IG-OrdNMF on a store (flags override --config FILE)")
     fit.add_argument("store", nargs="?", help="store directory (or [store] path in --config)")
     fit.add_argument("--out", help="model directory to write (or [output] model)")
-    fit.add_argument("-k", "--n-components", type=int, help="latent factors K")
-    fit.add_argument("--model", dest="model_kind", choices=["ordnmf", "bepof", "pf", "dcpf"],
+    fit.add_argument("--model", dest="model_kind", choices=list(MODELS),
                      help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
-    fit.add_argument("--threshold", type=int, help="bepof / pf: binarize classes >= S (default 1)")
-    fit.add_argument("--p", type=float, help="dcpf: starting element parameter (default 0.5)")
-    fit.add_argument("--alpha-w", type=float, help="default 0.3")
-    fit.add_argument("--alpha-h", type=float, help="default 0.3")
-    fit.add_argument("--tol", type=float, help="default 1e-5")
-    fit.add_argument("--max-iter", type=int, help="default 1000")
-    fit.add_argument("--min-iter", type=int, help="default 0")
-    fit.add_argument("--seed", type=int, help="seed of the random initialization (default 0)")
-    fit.add_argument("--approx", action="store_true", default=None,
-                     help="q(n) = delta_1 (PF on binary data)")
+    _param_args(fit)
     fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
-    fit.add_argument("--cache", choices=["auto", "on", "off"],
-                     help="keep training blocks in worker memory (default auto: if they fit)")
-    fit.add_argument("--checkpoint-dir", help="checkpoints here (shared by the workers); the "
-                     "same fit run again resumes from them, another fit's are never removed "
-                     "(the fit refuses to start: see --restart)")
-    fit.add_argument("--checkpoint-every", type=int, help="iterations between checkpoints "
-                     "(default 10; each also cuts the task lineage; none after the last iteration)")
-    fit.add_argument("--checkpoint-minutes", type=float, help="also checkpoint after this long")
     fit.add_argument("--resume", action="store_true",
                      help="require resuming: fail unless --checkpoint-dir holds a usable "
                           "checkpoint of this fit (without it, a fit resumes when it finds one "
@@ -156,7 +139,6 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--restart", action="store_true",
                      help="remove the checkpoints ordnmf-dask wrote in --checkpoint-dir "
                           "(of any fit; they are logged) and start afresh")
-    fit.add_argument("--work-dir", help="scratch directory visible to every worker")
     fit.add_argument("--overwrite", action="store_true", default=None,
                      help="replace --out if it is a model (nothing else is ever replaced)")
     _cluster_args(fit)
@@ -194,6 +176,35 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
     _cluster_args(rep)
     return p
+
+
+SHORT_FLAGS = {"n_components": "-k"}
+CACHE_BLOCKS = {"auto": "auto", "on": True, "off": False}  # --cache-blocks spelling -> value
+
+
+def _auto_bool(text: str) -> bool | str:
+    if text not in CACHE_BLOCKS:
+        raise argparse.ArgumentTypeError(f"expected one of auto, on, off, got {text!r}")
+    return CACHE_BLOCKS[text]
+
+
+def _param_args(p: argparse.ArgumentParser) -> None:
+    """One flag per estimator parameter: ``--`` + its name in lower case with ``-`` for ``_``,
+    its name as destination, default None (not given); booleans also take ``--no-...``."""
+    for param in PARAMS.values():
+        names = [*([SHORT_FLAGS[param.name]] if param.name in SHORT_FLAGS else []), param.flag]
+        default = param.default
+        if param.kind in ("bool", "auto"):
+            default = next(k for k, v in CACHE_BLOCKS.items() if v is default)
+        help = param.doc if default is None else f"{param.doc} (default {default})"
+        kw: dict[str, Any] = {"dest": param.name, "default": None, "help": help}
+        if param.kind == "bool":
+            kw["action"] = argparse.BooleanOptionalAction
+        elif param.kind == "auto":
+            kw.update(type=_auto_bool, metavar="auto|on|off")
+        else:
+            kw["type"] = {"int": int, "float": float, "path": str}[param.kind]
+        p.add_argument(*names, **kw)
 
 
 def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:

@@ -1,9 +1,11 @@
 """Job configuration: a TOML file and command-line flags, validated into dataclasses (pure).
 
 A job file has the sections ``[store]``, ``[model]``, ``[engine]``, ``[cluster]``,
-``[checkpoint]``, ``[output]`` and ``[logging]`` (see ``cluster/job.toml``). Flags the user
-actually gave override the file; every value is checked for its key and type, and an error names
-the file (or "command line") and the key.
+``[checkpoint]``, ``[output]`` and ``[logging]`` (see ``cluster/job.toml``). The keys of
+``[model]``, ``[engine]`` and ``[checkpoint]`` are the estimator parameters of
+:mod:`ordnmf_dask.params` (keys, types, defaults and rules from its table), plus the job-only
+``[model] kind`` and ``init``. Flags the user actually gave override the file; every value is
+checked for its key and type, and an error names the file (or "command line") and the key.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from typing import Any
 
 from dask.utils import parse_bytes
 
+from ordnmf_dask import params
 from ordnmf_dask.errors import ConfigError
 
-CACHE_CHOICES = ("auto", "on", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 CLUSTER_MODES = ("local", "scheduler", "scheduler_file")
 COMMAND_LINE = "command line"
@@ -31,26 +33,27 @@ class StoreSection:
     path: str | None = None
 
 
-@dataclass
-class ModelSection:
-    kind: str = "ordnmf"  # ordnmf | bepof | pf | dcpf
-    n_components: int | None = None
-    alpha_W: float = 0.3
-    alpha_H: float = 0.3
-    tol: float = 1e-5
-    max_iter: int = 1000
-    min_iter: int = 0
-    seed: int = 0
-    approx: bool = False
-    threshold: int = 1  # bepof / pf: binarize classes >= threshold
-    p: float = 0.5  # dcpf: starting element parameter
-    init: str | None = None
+# the job settings in the table's sections that are not estimator parameters: key, type, default
+JOB_ONLY: dict[str, list[tuple[str, Any, Any]]] = {
+    "model": [("kind", str, "ordnmf"), ("init", str | None, None)],  # --model, --init FILE
+}
+_HINTS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "path": str,
+                          "auto": bool | str}  # fmt: skip
 
 
-@dataclass
-class EngineSection:
-    cache: str = "auto"
-    work_dir: str | None = None
+def section_class(name: str) -> type:
+    """The dataclass of the table section ``name`` ([model], [engine], [checkpoint]): its
+    job-only keys, then one field per parameter of the table, built at each call."""
+    rows = [(key, hint, field(default=default)) for key, hint, default in JOB_ONLY.get(name, [])]
+    for p in params.PARAMS.values():
+        if p.section == name:
+            hint = _HINTS[p.kind] | None if p.optional else _HINTS[p.kind]
+            rows.append((p.key, hint, field(default=p.default)))
+    return dataclasses.make_dataclass(f"{name.capitalize()}Section", rows)
+
+
+def _table_section(name: str) -> Any:
+    return field(default_factory=lambda: section_class(name)())
 
 
 @dataclass
@@ -90,13 +93,6 @@ class ClusterSection:
 
 
 @dataclass
-class CheckpointSection:
-    dir: str | None = None
-    every_iterations: int | None = None
-    every_minutes: float | None = None
-
-
-@dataclass
 class OutputSection:
     model: str | None = None
     overwrite: bool = False
@@ -113,10 +109,10 @@ class JobConfig:
     """A resolved job: file values, then flags, then defaults."""
 
     store: StoreSection = field(default_factory=StoreSection)
-    model: ModelSection = field(default_factory=ModelSection)
-    engine: EngineSection = field(default_factory=EngineSection)
+    model: Any = _table_section("model")
+    engine: Any = _table_section("engine")
     cluster: ClusterSection = field(default_factory=ClusterSection)
-    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    checkpoint: Any = _table_section("checkpoint")
     output: OutputSection = field(default_factory=OutputSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     source: str | None = None
@@ -126,31 +122,20 @@ class JobConfig:
         return dataclasses.asdict(self)
 
 
-SECTIONS: dict[str, type] = {
-    f.name: typing.get_type_hints(JobConfig)[f.name]
-    for f in dataclasses.fields(JobConfig) if f.name != "source"
-}
+def _section_classes() -> dict[str, type]:
+    hints = typing.get_type_hints(JobConfig)
+    return {
+        f.name: section_class(f.name) if f.name in params.SECTIONS else hints[f.name]
+        for f in dataclasses.fields(JobConfig) if f.name != "source"
+    }
 
-# argparse destination -> dotted config key (only flags the user gave are applied).
-FLAG_KEYS: dict[str, str] = {
+
+# argparse destination -> dotted key of the job settings that are not estimator parameters
+# (store, model kind, warm start, cluster, output, log file); only flags the user gave apply
+JOB_FLAGS: dict[str, str] = {
     "store": "store.path",
-    "n_components": "model.n_components",
-    "alpha_w": "model.alpha_W",
-    "alpha_h": "model.alpha_H",
-    "tol": "model.tol",
-    "max_iter": "model.max_iter",
-    "min_iter": "model.min_iter",
-    "seed": "model.seed",
-    "approx": "model.approx",
     "model_kind": "model.kind",
-    "threshold": "model.threshold",
-    "p": "model.p",
     "init": "model.init",
-    "cache": "engine.cache",
-    "work_dir": "engine.work_dir",
-    "checkpoint_dir": "checkpoint.dir",
-    "checkpoint_every": "checkpoint.every_iterations",
-    "checkpoint_minutes": "checkpoint.every_minutes",
     "scheduler": "cluster.scheduler",
     "scheduler_file": "cluster.scheduler_file",
     "workers": "cluster.local.workers",
@@ -164,23 +149,16 @@ FLAG_KEYS: dict[str, str] = {
     "log_file": "logging.file",
 }
 
-# config key -> OrdNMF keyword argument (passed only if the estimator accepts it).
-ESTIMATOR_KEYS: dict[str, str] = {
-    "model.n_components": "n_components",
-    "model.alpha_W": "alpha_W",
-    "model.alpha_H": "alpha_H",
-    "model.tol": "tol",
-    "model.max_iter": "max_iter",
-    "model.min_iter": "min_iter",
-    "model.seed": "random_state",
-    "model.approx": "approx",
-    "model.threshold": "threshold",
-    "model.p": "p",
-    "engine.work_dir": "work_dir",
-    "checkpoint.dir": "checkpoint_dir",
-    "checkpoint.every_iterations": "checkpoint_every",
-    "checkpoint.every_minutes": "checkpoint_minutes",
-}
+
+def param_keys() -> dict[str, str]:
+    """Estimator parameter -> its dotted job-file key (``checkpoint_every`` ->
+    ``checkpoint.every``); the flag of a parameter has the parameter's name as destination."""
+    return {p.name: f"{p.section}.{p.key}" for p in params.PARAMS.values()}
+
+
+def flag_keys() -> dict[str, str]:
+    """argparse destination -> dotted config key, for every flag that sets a job value."""
+    return {**JOB_FLAGS, **param_keys()}
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -201,7 +179,7 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, Any]:
     """Dotted config keys for the flags that were given (argparse default None = not given).
 
     ``--debug`` sets the level; ``-q`` does not: it quiets stderr only, the log file keeps it."""
-    out = {key: flags[dest] for dest, key in FLAG_KEYS.items() if flags.get(dest) is not None}
+    out = {key: flags[dest] for dest, key in flag_keys().items() if flags.get(dest) is not None}
     if flags.get("debug"):
         out["logging.level"] = "DEBUG"
     return out
@@ -218,32 +196,28 @@ def build(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> JobCon
     raw = _merge(raw, overrides)
     origin = lambda key: COMMAND_LINE if key in overrides else source  # noqa: E731
     sections: dict[str, Any] = {}
+    known = _section_classes()
     for name, value in raw.items():
-        if name not in SECTIONS:
-            raise ConfigError(f"{source}: unknown section [{name}] (known: {', '.join(SECTIONS)})")
+        if name not in known:
+            raise ConfigError(f"{source}: unknown section [{name}] (known: {', '.join(known)})")
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: [{name}] must be a table, got {type(value).__name__}")
-        sections[name] = _section(SECTIONS[name], value, name, origin)
+        sections[name] = _section(known[name], value, name, origin)
     cfg = JobConfig(**sections, source=None if source == COMMAND_LINE else source)
     _check_values(cfg, origin)
     return cfg
 
 
-def estimator_kwargs(cfg: JobConfig, accepted: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """OrdNMF keyword arguments from ``cfg`` (None values left to the estimator's defaults);
-    also the keys set to a non-default value that the estimator does not accept."""
-    kwargs, unused, default = {}, [], JobConfig()
-    for key, arg in ESTIMATOR_KEYS.items():
+def estimator_kwargs(cfg: JobConfig, estimator: str) -> tuple[dict[str, Any], list[str]]:
+    """The keyword arguments of the estimator class named ``estimator`` from ``cfg``; also the
+    keys set to a non-default value that this estimator does not take."""
+    kwargs, unused = {}, []
+    for name, key in param_keys().items():
         value = _get(cfg, key)
-        if arg in accepted:
-            if value is not None:
-                kwargs[arg] = value
-        elif value != _get(default, key):
+        if estimator in params.PARAMS[name].estimators:
+            kwargs[name] = value
+        elif value != params.DEFAULTS[name]:
             unused.append(key)
-    if "cache_blocks" in accepted:
-        kwargs["cache_blocks"] = {"auto": "auto", "on": True, "off": False}[cfg.engine.cache]
-    if "n_workers" in accepted:
-        kwargs["n_workers"] = cfg.cluster.local_spec.workers
     return kwargs, unused
 
 
@@ -276,6 +250,7 @@ def _section(cls: type, table: dict[str, Any], name: str, origin: Any) -> Any:
     known = [f.name for f in dataclasses.fields(cls)]
     values = {}
     section, _, prefix = name.partition(".")
+    table_params = {p.key: p.name for p in params.PARAMS.values() if p.section == name}
     for key, value in table.items():
         dotted, shown = f"{name}.{key}", f"{prefix}.{key}" if prefix else key
         if key not in known:
@@ -283,6 +258,15 @@ def _section(cls: type, table: dict[str, Any], name: str, origin: Any) -> Any:
                 f"{origin(dotted)}: unknown key '{shown}' in [{section}] "
                 f"(known: {', '.join(known)})"
             )
+        if key in table_params:  # the table's rule, as the estimator checks it
+            param = table_params[key]
+            wrong = params.problem(param, value)
+            if wrong is not None and origin(dotted) == COMMAND_LINE:  # a flag: named as typed
+                raise ConfigError(f"{COMMAND_LINE}: {params.PARAMS[param].flag} {wrong}")
+            if wrong is not None:
+                raise ConfigError(f"{origin(dotted)}: key '{shown}' in [{section}] {wrong}")
+            values[key] = params.convert(param, value)
+            continue
         hint = hints[key]
         sub = _dataclass_in(hint)
         if sub is not None and isinstance(value, dict):
@@ -332,30 +316,14 @@ def _get(cfg: JobConfig, key: str) -> Any:
     return obj
 
 
-MODEL_KINDS = ("ordnmf", "bepof", "pf", "dcpf")
-
-
 def _check_values(cfg: JobConfig, origin: Any) -> None:
     def fail(key: str, message: str) -> None:
         section, _, leaf = key.partition(".")
         raise ConfigError(f"{origin(key)}: key '{leaf}' in [{section}] {message}")
 
     m, c = cfg.model, cfg.cluster
-    if m.kind not in MODEL_KINDS:
-        fail("model.kind", f"must be one of {', '.join(MODEL_KINDS)}, got {m.kind!r}")
-    if m.threshold < 1:
-        fail("model.threshold", f"must be >= 1, got {m.threshold}")
-    if not 0.0 <= m.p <= 1.0:
-        fail("model.p", f"must be in [0, 1], got {m.p}")
-    if m.n_components is not None and m.n_components < 1:
-        fail("model.n_components", f"(K) must be >= 1, got {m.n_components}")
-    for key in ("alpha_W", "alpha_H", "tol"):
-        if not getattr(m, key) > 0:
-            fail(f"model.{key}", f"must be > 0, got {getattr(m, key)}")
-    if m.max_iter < 1 or m.min_iter < 0:
-        fail("model.max_iter", "must be >= 1 (and min_iter >= 0)")
-    if cfg.engine.cache not in CACHE_CHOICES:
-        fail("engine.cache", f"must be one of {', '.join(CACHE_CHOICES)}, got {cfg.engine.cache!r}")
+    if m.kind not in params.MODELS:
+        fail("model.kind", f"must be one of {', '.join(params.MODELS)}, got {m.kind!r}")
     given = [mode for mode in CLUSTER_MODES if getattr(c, mode) is not None]
     if len(given) > 1:
         fail(f"cluster.{given[1]}", f"conflicts with '{given[0]}': give only one of "
@@ -377,11 +345,6 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
         fail("cluster.cert", "and 'key' must be given together")
     if c.cert and not c.ca_file:
         fail("cluster.ca_file", "is required with 'cert' and 'key'")
-    ck = cfg.checkpoint
-    if ck.every_iterations is not None and ck.every_iterations < 1:
-        fail("checkpoint.every_iterations", f"must be >= 1, got {ck.every_iterations}")
-    if ck.every_minutes is not None and not ck.every_minutes > 0:
-        fail("checkpoint.every_minutes", f"must be > 0, got {ck.every_minutes}")
     level = cfg.logging.level.upper()
     if level not in LOG_LEVELS:
         fail("logging.level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.logging.level!r}")

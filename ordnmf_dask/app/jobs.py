@@ -8,22 +8,17 @@ from typing import Any
 from ordnmf_dask.app.config import JobConfig, estimator_kwargs
 from ordnmf_dask.app.provenance import record_config
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.estimator import PF, BePoF, CaviEstimator, DcPF, OrdNMF
+from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.params import MODELS
 
 log = logging.getLogger("ordnmf_dask")
 
 
 def check_required(cfg: JobConfig, where: str = "") -> None:
-    """InputError unless the store, the output and K are set (``where``: how to set them)."""
-    for value, what in [(cfg.store.path, "STORE"), (cfg.output.model, "--out MODEL"),
-                        (cfg.model.n_components, "-k K")]:
+    """InputError unless the store and the output are set (``where``: how to set them)."""
+    for value, what in [(cfg.store.path, "STORE"), (cfg.output.model, "--out MODEL")]:
         if value is None:
             raise InputError(f"missing {what}{where}")
-
-
-ESTIMATOR_BY_KIND: dict[str, type[CaviEstimator]] = {
-    "ordnmf": OrdNMF, "bepof": BePoF, "pf": PF, "dcpf": DcPF,
-}
 
 
 def fit_job(
@@ -35,12 +30,11 @@ def fit_job(
     ``resume`` requires it, ``restart`` discards the checkpoints there first (see
     :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`)."""
     check_required(cfg)
-    klass = ESTIMATOR_BY_KIND[cfg.model.kind]
-    kwargs, unused = estimator_kwargs(cfg, list(klass().get_params()))
+    name = MODELS[cfg.model.kind]
+    kwargs, unused = estimator_kwargs(cfg, name)
     if unused:
-        log.warning("not used by this version (kept in the resolved config): %s",
-                    ", ".join(unused))
-    model = klass(**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
+        log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
+    model = ESTIMATORS[name](**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
                                  out=cfg.output.model, overwrite=cfg.output.overwrite,
                                  resume=resume, restart=restart)
     record_config(model.model_path_, cfg.to_dict())

@@ -116,7 +116,7 @@ def _one_run(
 ) -> dict[str, Any]:
     start = time.perf_counter()
     est = klass(k, alpha_W=proto.alpha, alpha_H=proto.alpha, tol=proto.tol,
-                max_iter=proto.max_iter, random_state=seed, **extra)
+                max_iter=proto.max_iter, seed=seed, **extra)
     model_dir = out / "models" / f"{label.replace(' ', '').replace('>=', 'ge')}-K{k}-s{seed}"
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     est.fit(store, client, out=model_dir, overwrite=True, callback=lambda *a: None)

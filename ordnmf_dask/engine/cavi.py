@@ -42,6 +42,7 @@ from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.engine import checkpoint, tasks
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError
 from ordnmf_dask.model.families import Family
+from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.store.blocks import StoreInfo
 
 log = logging.getLogger(__name__)
@@ -52,15 +53,16 @@ ROUNDOFF = 1e-10  # relative ELBO decrease tolerated as floating-point round-off
 
 @dataclass(frozen=True)
 class CaviConfig:
-    """Hyper-parameters of one fit (see :class:`ordnmf_dask.OrdNMF`)."""
+    """Hyper-parameters of one run, validated by :func:`ordnmf_dask.params.validate` (their
+    defaults and rules are the table's)."""
 
     n_components: int
-    alpha_W: float = 0.3
-    alpha_H: float = 0.3
-    tol: float = 1e-5
-    max_iter: int = 1000
-    min_iter: int = 0
-    random_state: int = 0
+    alpha_W: float = DEFAULTS["alpha_W"]
+    alpha_H: float = DEFAULTS["alpha_H"]
+    tol: float = DEFAULTS["tol"]
+    max_iter: int = DEFAULTS["max_iter"]
+    min_iter: int = DEFAULTS["min_iter"]
+    seed: int = DEFAULTS["seed"]
 
 
 @dataclass
@@ -99,12 +101,10 @@ class CaviRunner:
         config: CaviConfig,
         checkpoint_dir: str,
         cache_blocks: bool,
-        checkpoint_every: int = 10,
-        checkpoint_minutes: float | None = None,
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
         fingerprint: str = "",
     ) -> None:
-        if config.n_components < 1:
-            raise ValueError(f"n_components must be >= 1, got {config.n_components}")
         self.client = client
         self.store = store
         self.family = family
@@ -133,8 +133,8 @@ class CaviRunner:
 
     # -- initial state -------------------------------------------------------------------
     def random_init(self) -> tuple[list[Future], list[Future]]:
-        """Gamma(1, 1) draws from ``random_state``, per block, independent of the grid."""
-        k, seed, s = self.cfg.n_components, self.cfg.random_state, self.store
+        """Gamma(1, 1) draws from ``seed``, per block, independent of the grid."""
+        k, seed, s = self.cfg.n_components, self.cfg.seed, self.store
         submit, fn, rows, cols = self.client.submit, tasks.random_chunk, s.row_bounds, s.col_bounds
         w = [
             submit(fn, seed, 0, int(rows[r]), int(rows[r + 1]), k, **self._home["row"][r])

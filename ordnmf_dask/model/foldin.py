@@ -86,12 +86,12 @@ class FoldIn:
     converged: np.ndarray
 
 
-def initial_mean(n_new: int, k: int, random_state: int | None) -> np.ndarray:
+def initial_mean(n_new: int, k: int, seed: int | None) -> np.ndarray:
     """E[w] at the start: ones, or Gamma(1, 1) draws from ``SeedSequence([seed, j])`` for user j."""
-    if random_state is None:
+    if seed is None:
         return np.ones((n_new, k))
     rows = [
-        np.random.Generator(np.random.PCG64(np.random.SeedSequence([random_state, j]))).gamma(
+        np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, j]))).gamma(
             1.0, 1.0, k
         )
         for j in range(n_new)
@@ -109,7 +109,7 @@ def fold_in_rows(
     *,
     max_iter: int = 500,
     tol: float = 1e-6,
-    random_state: int | None = None,
+    seed: int | None = None,
     init: np.ndarray | None = None,
 ) -> FoldIn:
     """CAVI on q(w) of new users with q(H) and the thresholds fixed (see the module docstring).
@@ -121,7 +121,7 @@ def fold_in_rows(
     eh, log_eh : (m, K) E[h_i], E[log h_i] of the touched items.
     colsum_h : (K,) sum over ALL items of E[h_i].
     alpha : alpha_W.
-    random_state : see :func:`initial_mean`; init : (n_new, K) starting E[w] instead (if given).
+    seed : see :func:`initial_mean`; init : (n_new, K) starting E[w] instead (if given).
 
     Returns
     -------
@@ -133,7 +133,7 @@ def fold_in_rows(
     corr = likelihood.correction(block, eh)
     rate_nz = base if corr is None else base - corr  # (n_new, K) or (K,)
     rate_nz = np.broadcast_to(rate_nz, (n_new, k))
-    mean = initial_mean(n_new, k, random_state) if init is None else np.array(init, float)
+    mean = initial_mean(n_new, k, seed) if init is None else np.array(init, float)
     log_mean = np.log(mean)
     shape = np.full((n_new, k), alpha)
     rate = np.full((n_new, k), np.nan)

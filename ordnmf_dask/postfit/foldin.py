@@ -59,12 +59,12 @@ def _rows(model: str, c: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 def _run(
     parts: list[tuple[np.ndarray, np.ndarray]], colsum: np.ndarray, block: CsrBlock,
-    alpha: float, likelihood: Likelihood, max_iter: int, tol: float, random_state: int | None,
+    alpha: float, likelihood: Likelihood, max_iter: int, tol: float, seed: int | None,
 ) -> FoldIn:
     eh = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, colsum.shape[0]))
     log_eh = np.concatenate([p[1] for p in parts]) if parts else eh.copy()
     return fold_in_rows(block, eh, log_eh, colsum, alpha, likelihood,
-                        max_iter=max_iter, tol=tol, random_state=random_state)
+                        max_iter=max_iter, tol=tol, seed=seed)
 
 
 def _item_index(
@@ -117,7 +117,7 @@ def fold_in(
     client: Client | None = None,
     max_iter: int = 500,
     tol: float = 1e-6,
-    random_state: int | None = None,
+    seed: int | None = None,
     n_workers: int = 2,
 ) -> np.ndarray:
     """E[w] of NEW users from their interactions, with q(H) and the thresholds fixed.
@@ -135,8 +135,8 @@ def fold_in(
         are dropped); for dcPF, what its fit saw (raw counts on a count store, else classes).
     store : the store the model was fitted on, to map raw item ids.
     max_iter, tol : per user, stop when sum_k |dE[w_uk]| / sum_k E[w_uk] < tol.
-    random_state : None starts from E[w_uk] = 1; an integer from Gamma(1, 1) draws (seeded by
-        ``(random_state, j)`` for the j-th new user), as the fit's initialization.
+    seed : None starts from E[w_uk] = 1; an integer from Gamma(1, 1) draws (seeded by
+        ``(seed, j)`` for the j-th new user), as the fit's initialization.
 
     Returns
     -------
@@ -174,7 +174,7 @@ def fold_in(
             for c in np.unique(which).tolist()
         ]
         result = cl.submit(_run, parts, sums, block, alpha, likelihood, max_iter, tol,
-                           random_state, pure=False).result()
+                           seed, pure=False).result()
     if not result.converged.all():
         log.warning("fold-in: %d of %d new users did not converge in %d iterations (tol %g)",
                     int((~result.converged).sum()), len(items), max_iter, tol)

@@ -1,0 +1,178 @@
+"""Every estimator parameter, declared once: name, type, default, rule, doc and where it lives.
+
+The API, the job file and the command line all read this table (:data:`PARAMS`):
+
+- API: the keyword of the estimators (``OrdNMF(alpha_W=0.5)``), whose defaults are
+  ``DEFAULTS[name]``; :func:`validate` checks the values of a fit.
+- TOML: the key is the API name without its section prefix, in the row's section
+  (``checkpoint_every`` -> ``[checkpoint] every``, ``alpha_W`` -> ``[model] alpha_W``); a bad
+  value is refused with the same rule (:func:`problem`), naming the file and the key.
+- CLI: ``--`` + the API name, ``_`` -> ``-``, lower case (``alpha_W`` -> ``--alpha-w``).
+
+A *model* parameter changes the fitted result and enters the checkpoint fingerprint; the others
+are runtime settings (where and how the fit runs, when it checkpoints, how long it may run), with
+which a fit resumes from its own checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ordnmf_dask.errors import InputError
+
+#: the model registry: job-file / CLI kind -> estimator class name
+MODELS = {"ordnmf": "OrdNMF", "bepof": "BePoF", "pf": "PF", "dcpf": "DcPF"}
+ALL = frozenset(MODELS.values())
+ORDINAL = frozenset({"OrdNMF", "BePoF"})  # the models with a choice of q(n)
+BINARY = frozenset({"BePoF", "PF"})
+COUNTS = frozenset({"DcPF"})
+
+#: sections of the job file that hold parameters of the table
+SECTIONS = ("model", "engine", "checkpoint")
+#: parameters of earlier versions, as saved with their models: new name, or None if dropped
+RENAMED: dict[str, str | None] = {"random_state": "seed", "n_workers": None}
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Param:
+    """One row of the table. ``kind`` is the value's type: int, float, bool, path (a string or
+    os.PathLike, or None), or auto (True, False or "auto"); ``ok`` the rule, ``rule`` its text
+    (after "must be"); ``optional``: None is also accepted (and disables the setting)."""
+
+    name: str
+    kind: str
+    default: Any
+    ok: Callable[[Any], bool]
+    rule: str
+    doc: str
+    section: str
+    model: bool
+    estimators: frozenset[str] = ALL
+    optional: bool = False
+
+    @property
+    def key(self) -> str:
+        """The job-file key: the name without its section prefix."""
+        return self.name.removeprefix(f"{self.section}_")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.lower().replace("_", "-")
+
+
+def _rows() -> Iterator[Param]:
+    int_ge = lambda low: lambda v: _integer(v) and v >= low  # noqa: E731
+    positive = lambda v: _number(v) and v > 0  # noqa: E731
+    is_bool = lambda v: isinstance(v, bool)  # noqa: E731
+    path = lambda v: isinstance(v, str | os.PathLike)  # noqa: E731
+    model, engine, checkpoint = SECTIONS
+    yield Param("n_components", "int", 50, int_ge(1), "an integer >= 1",
+                "K, the number of latent factors", model, True)
+    yield Param("alpha_W", "float", 0.3, positive, "a finite number > 0",
+                "Gamma prior shape of W (prior rates: empirical Bayes per row)", model, True)
+    yield Param("alpha_H", "float", 0.3, positive, "a finite number > 0",
+                "Gamma prior shape of H (prior rates: empirical Bayes per row)", model, True)
+    yield Param("tol", "float", 1e-5, positive, "a finite number > 0",
+                "stop when the relative ELBO gain falls below tol (after min_iter)", model, True)
+    yield Param("max_iter", "int", 1000, int_ge(1), "an integer >= 1",
+                "at most this many iterations (ELBO evaluations)", model, False)
+    yield Param("min_iter", "int", 0, int_ge(0), "an integer >= 0",
+                "at least this many iterations before the tol rule may stop the fit", model, True)
+    yield Param("seed", "int", 0, int_ge(0), "an integer >= 0",
+                "seed of the Gamma(1, 1) initialization of E[W], E[H]", model, True)
+    yield Param("n_init", "int", 1, int_ge(1), "an integer >= 1",
+                "random restarts (seeds seed, seed + 1, ...): the run with the highest final "
+                "ELBO is kept", model, False)
+    yield Param("approx", "bool", False, is_bool, "a boolean",
+                "q(n) = delta_1 instead of the zero-truncated Poisson", model, True, ORDINAL)
+    yield Param("threshold", "int", 1, int_ge(1), "an integer >= 1",
+                "binarize: classes >= threshold become 1", model, True, BINARY)
+    yield Param("learn_threshold", "bool", True, is_bool, "a boolean",
+                "learn theta_0 = Delta_1 (false: fixed at 1, the paper's BePoF)", model, True,
+                BINARY)
+    yield Param("p", "float", 0.5, lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]",
+                "starting value of the element parameter", model, True, COUNTS)
+    yield Param("t", "float", 1.0, positive, "a finite number > 0",
+                "fixed scale of the Poisson rate", model, True, COUNTS)
+    yield Param("update_p", "bool", True, is_bool, "a boolean",
+                "learn p (ignored at the limits 0 and 1)", model, True, COUNTS)
+    yield Param("cache_blocks", "auto", "auto", lambda v: v in ("auto", True, False) and (
+                    type(v) in (bool, str)), "True, False or 'auto'",
+                "keep training blocks in worker memory (True), stream them from zarr in every "
+                "pass (False), or decide from the workers' memory limits ('auto')", engine, False)
+    yield Param("work_dir", "path", None, path, "a path",
+                "scratch directory visible to all workers (default: a temporary directory)",
+                engine, False, optional=True)
+    yield Param("checkpoint_dir", "path", None, path, "a path",
+                "where checkpoints go, visible to all workers (default: inside work_dir)",
+                checkpoint, False, optional=True)
+    yield Param("checkpoint_every", "int", 10, int_ge(0), "an integer >= 0",
+                "checkpoint after every this many iterations (0: never)", checkpoint, False)
+    yield Param("checkpoint_minutes", "float", None, positive, "a finite number > 0",
+                "also checkpoint when this many minutes have passed since the last one",
+                checkpoint, False, optional=True)
+
+
+PARAMS: dict[str, Param] = {p.name: p for p in _rows()}
+
+
+class _Defaults(Mapping[str, Any]):
+    """name -> default, read from :data:`PARAMS` at each lookup."""
+
+    def __getitem__(self, name: str) -> Any:
+        return PARAMS[name].default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PARAMS)
+
+    def __len__(self) -> int:
+        return len(PARAMS)
+
+
+DEFAULTS: Mapping[str, Any] = _Defaults()
+
+
+def accepted(estimator: str) -> list[str]:
+    """The parameters the estimator class named ``estimator`` takes, in table order."""
+    return [p.name for p in PARAMS.values() if estimator in p.estimators]
+
+
+def problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for parameter ``name`` ("must be ..., got ..."), or None."""
+    p = PARAMS[name]
+    if (value is None and p.optional) or p.ok(value):
+        return None
+    rule = f"{p.rule} (or None)" if p.optional else p.rule
+    return f"must be {rule}, got {value!r}"
+
+
+def convert(name: str, value: Any) -> Any:
+    """A valid ``value`` as the engine takes it: a plain int, float or str."""
+    kind = PARAMS[name].kind
+    if value is None or kind in ("bool", "auto"):
+        return value
+    return {"int": int, "float": float, "path": os.fspath}[kind](value)
+
+
+def validate(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` (parameter name -> value) checked and converted; InputError naming the first
+    parameter that breaks its rule."""
+    for name, value in values.items():
+        wrong = problem(name, value)
+        if wrong is not None:
+            raise InputError(f"{name} {wrong}")
+    return {name: convert(name, value) for name, value in values.items()}

@@ -1,0 +1,170 @@
+"""One parameter vocabulary: the API, the job file and the command line take their names,
+defaults and rules from ordnmf_dask.params, and the checkpoint fingerprint its model parameters."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ordnmf_dask import params
+from ordnmf_dask.app import config
+from ordnmf_dask.app.cli import _parser, _subcommand
+from ordnmf_dask.errors import ConfigError, InputError
+from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+
+# flags of `fit` that set no job value: the job file itself, resume / restart, logging
+CLI_ONLY = {"help", "config", "resume", "restart", "debug", "quiet"}
+
+
+def api_defaults(klass: type[CaviEstimator]) -> dict[str, Any]:
+    """The defaults of the keyword arguments of ``klass`` and of the classes it passes them to."""
+    out: dict[str, Any] = {}
+    for k in reversed(klass.__mro__):
+        if "__init__" in vars(k) and issubclass(k, CaviEstimator):
+            for p in inspect.signature(k.__init__).parameters.values():
+                if p.default is not p.empty:
+                    out[p.name] = p.default
+    return {name: out[name] for name in klass().get_params()}
+
+
+def toml_defaults(name: str) -> dict[str, Any]:
+    return config.estimator_kwargs(config.resolve(None), name)[0]
+
+
+def cli_defaults(name: str, *flags: str) -> dict[str, Any]:
+    args = _parser().parse_args(["fit", *flags])
+    return config.estimator_kwargs(config.resolve(None, config.flag_overrides(vars(args))), name)[0]
+
+
+def test_the_registry_names_every_estimator():
+    assert set(params.MODELS.values()) == set(ESTIMATORS)
+    assert config.resolve(None).model.kind in params.MODELS
+    fit = _subcommand(_parser(), "fit")
+    (kind,) = [a for a in fit._actions if a.dest == "model_kind"]
+    assert list(kind.choices) == list(params.MODELS)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_api_toml_and_cli_defaults_are_the_tables(name):
+    table = {p: params.DEFAULTS[p] for p in params.accepted(name)}
+    assert api_defaults(ESTIMATORS[name]) == table
+    assert ESTIMATORS[name]().get_params() == table
+    assert toml_defaults(name) == table
+    assert cli_defaults(name) == table
+
+
+def test_a_changed_default_reaches_every_surface(monkeypatch):
+    changed = {"alpha_W": 0.7, "checkpoint_every": 3, "cache_blocks": False, "update_p": False}
+    # the estimators' signatures read the table when their module is imported: a fresh process
+    code = (
+        "import json\nfrom dataclasses import replace\nfrom ordnmf_dask import params\n"
+        f"for name, value in {changed!r}.items():\n"
+        "    params.PARAMS[name] = replace(params.PARAMS[name], default=value)\n"
+        "from ordnmf_dask.estimator import DcPF\n"
+        "print(json.dumps(DcPF().get_params()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    api = json.loads(done.stdout)
+    for name, value in changed.items():
+        monkeypatch.setitem(params.PARAMS, name, replace(params.PARAMS[name], default=value))
+    for surface in (api, toml_defaults("DcPF"), cli_defaults("DcPF")):
+        assert {name: surface[name] for name in changed} == changed
+    helps = {a.dest: a.help for a in _subcommand(_parser(), "fit")._actions}
+    assert "(default 0.7)" in helps["alpha_W"] and "(default off)" in helps["cache_blocks"]
+
+
+def test_every_fit_flag_and_job_key_is_a_parameter_or_a_job_setting():
+    keys = config.param_keys()
+    fit = _subcommand(_parser(), "fit")
+    for action in fit._actions:
+        if action.dest in params.PARAMS:
+            p = params.PARAMS[action.dest]
+            assert p.flag in action.option_strings and action.default is None
+            assert p.flag == "--" + p.name.lower().replace("_", "-")
+        else:
+            assert action.dest in config.JOB_FLAGS or action.dest in CLI_ONLY, action.dest
+    assert set(params.PARAMS) <= {a.dest for a in fit._actions}
+    assert "-k" in next(a for a in fit._actions if a.dest == "n_components").option_strings
+    job_only = {f"{s}.{key}" for s, rows in config.JOB_ONLY.items() for key, _, _ in rows}
+    resolved = config.resolve(None).to_dict()
+    for section in params.SECTIONS:
+        for key in resolved[section]:
+            assert f"{section}.{key}" in set(keys.values()) | job_only, (section, key)
+    for name, key in keys.items():
+        section, leaf = key.split(".")
+        assert params.PARAMS[name].section == section and name.removeprefix(f"{section}_") == leaf
+    assert (keys["checkpoint_every"], keys["cache_blocks"]) == ("checkpoint.every",
+                                                               "engine.cache_blocks")
+
+
+def test_flags_set_the_parameters_under_their_own_names():
+    got = cli_defaults("DcPF", "-k", "7", "--alpha-w", "0.5", "--cache-blocks", "off",
+                       "--no-update-p", "--checkpoint-every", "0", "--checkpoint-minutes", "2")
+    assert (got["n_components"], got["alpha_W"], got["cache_blocks"]) == (7, 0.5, False)
+    assert (got["update_p"], got["checkpoint_every"], got["checkpoint_minutes"]) == (False, 0, 2)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["fit", "--cache-blocks", "yes"])
+
+
+BAD = [
+    ("OrdNMF", "n_components", 0), ("OrdNMF", "n_components", 2.5), ("OrdNMF", "alpha_W", -1.0),
+    ("OrdNMF", "alpha_H", float("inf")), ("OrdNMF", "tol", 0), ("OrdNMF", "max_iter", 0),
+    ("OrdNMF", "min_iter", -1), ("OrdNMF", "seed", -1), ("OrdNMF", "n_init", 0),
+    ("OrdNMF", "approx", 1), ("BePoF", "threshold", 0), ("BePoF", "learn_threshold", "no"),
+    ("DcPF", "p", 1.5), ("DcPF", "t", 0.0), ("DcPF", "update_p", 0),
+    ("OrdNMF", "cache_blocks", "on"), ("OrdNMF", "work_dir", 3), ("OrdNMF", "checkpoint_dir", 3),
+    ("OrdNMF", "checkpoint_every", -1), ("OrdNMF", "checkpoint_minutes", 0.0),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("estimator", "name", "value"), BAD)
+def test_a_bad_value_breaks_the_same_rule_in_the_api_and_the_job_file(
+    tmp_path, estimator, name, value
+):
+    est = ESTIMATORS[estimator](**{name: value})
+    with pytest.raises(InputError) as api:
+        est.fit(tmp_path / "no-store.zarr")  # refused before the store is opened
+    assert str(api.value).startswith(f"{name} must be ")
+    section, key = config.param_keys()[name].split(".")
+    with pytest.raises(ConfigError) as toml:
+        config.build({section: {key: value}}, {}, "job.toml")
+    assert str(toml.value) == f"job.toml: key '{key}' in [{section}] " + str(
+        api.value
+    ).removeprefix(f"{name} ")
+
+
+def _other(p: params.Param) -> Any:
+    """A valid value of ``p`` other than its default."""
+    return {"int": lambda d: d + 2, "float": lambda d: 0.25 if d is None else d / 2,
+            "bool": lambda d: not d, "auto": lambda d: False,
+            "path": lambda d: "/elsewhere"}[p.kind](p.default)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_the_fingerprint_covers_exactly_the_model_parameters(name):
+    klass = ESTIMATORS[name]
+
+    def settings(**kw: Any) -> dict[str, Any]:
+        est = klass(**kw)
+        values = params.validate(est.get_params())
+        return est._fit_settings(values, None, values["seed"])
+
+    base = settings()
+    model = {n for n in params.accepted(name) if params.PARAMS[n].model}
+    assert set(base) == model | {"model", "warm_start"}
+    for n in params.accepted(name):
+        p = params.PARAMS[n]
+        changed = settings(**{n: _other(p)})
+        assert (changed != base) == p.model, n
+    assert {p.name for p in params.PARAMS.values() if not p.model} == {
+        "max_iter", "n_init", "cache_blocks", "work_dir", "checkpoint_dir", "checkpoint_every",
+        "checkpoint_minutes",
+    }  # fmt: skip
+
