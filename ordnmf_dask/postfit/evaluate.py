@@ -1,7 +1,9 @@
 """Evaluation on the held-out nonzeros, per user-block on the workers (docs/design.md §3).
 
-NDCG@k for each relevance threshold s (relevance ``y_test >= s``, training items excluded) and the
-test log-likelihood of the nonzeros. Only per-block sums travel to the client.
+NDCG@k, precision@k, recall@k, MAP@k and AUC for each relevance threshold s (relevance
+``y_test >= s``, training items excluded) and the test log-likelihood of the nonzeros. Each task
+scores one user-block against one item-block, a slab of rows at a time; only per-block sums
+travel to the client.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ordnmf_dask.store.csr import load_block
 
 
 def sampled_users(r: int, n_rows: int, fraction: float, seed: int) -> np.ndarray:
-    """Local rows of user-block r whose NDCG is evaluated: all of them, or each independently
+    """Local rows of user-block r whose ranking is evaluated: all of them, or each independently
     with probability ``fraction`` from the stream ``SeedSequence([seed, r])`` (the same sample
     whatever the cluster)."""
     if fraction >= 1.0:
@@ -34,31 +36,43 @@ def sampled_users(r: int, n_rows: int, fraction: float, seed: int) -> np.ndarray
     return np.flatnonzero(rng.random(n_rows) < fraction)
 
 
-def _topk_task(
-    model: str, store: str, r: int, c: int, col_offset: int, k: int, keep: np.ndarray
-) -> tuple:
-    ew = chunkstore.load_chunk(model, "W", r).mean[keep]
-    eh = chunkstore.load_chunk(model, "H", c).mean
-    train = load_block(store, "train", r, c).take_rows(keep)
-    return metrics.topk_block(ew, eh, train, col_offset, k)
-
-
-def _ndcg_task(
-    top: tuple[np.ndarray, np.ndarray], store: str, r: int, col_bounds: list[int],
-    levels: list[int], k: int, keep: np.ndarray,
-) -> np.ndarray:
-    rows, items, ys = [], [], []
+def _held_out_task(
+    model: str, store: str, r: int, col_bounds: list[int], keep: np.ndarray
+) -> metrics.HeldOut:
+    ew = chunkstore.read_field(model, "W", r, "mean")[keep]
+    rows, items, ys, xs = [], [], [], []
     for c in range(len(col_bounds) - 1):
-        b = read_block(store, "test", r, c)
+        b = load_block(store, "test", r, c).take_rows(keep)
         local = b.rows
-        mine = np.isin(local, keep)
-        rows.append(np.searchsorted(keep, local[mine]))
-        items.append(b.cols[mine].astype(np.int64) + col_bounds[c])
-        ys.append(b.y[mine])
-    sums, counts = metrics.ndcg_sums(
-        top[1], np.concatenate(rows), np.concatenate(items), np.concatenate(ys), levels, k
-    )
-    return np.concatenate([sums, counts])
+        rows.append(local)
+        items.append(b.cols.astype(np.int64) + col_bounds[c])
+        ys.append(b.y)
+        xs.append(sddmm(local, b.cols, ew, chunkstore.read_field(model, "H", c, "mean")))
+    return metrics.HeldOut.by_row(*(np.concatenate(a) for a in (rows, items, ys, xs)))
+
+
+def _candidates_task(
+    model: str, store: str, r: int, c: int, col_offset: int, k: int, keep: np.ndarray,
+    held: metrics.HeldOut,
+) -> metrics.Candidates:
+    ew = chunkstore.read_field(model, "W", r, "mean")[keep]
+    eh = chunkstore.read_field(model, "H", c, "mean")
+    train = load_block(store, "train", r, c).take_rows(keep)
+    return metrics.candidates_block(ew, eh, train, col_offset, k, held)
+
+
+_RANKING = ("ndcg", "n_users", "precision", "recall", "map", "auc", "n_users_auc")  # sums' rows
+
+
+def _ranking_task(
+    cands: metrics.Candidates, held: metrics.HeldOut, levels: list[int], k: int
+) -> np.ndarray:
+    """One user-block's sums, a row per entry of :data:`_RANKING`, flattened."""
+    top = cands.top[1]
+    ndcg, counts = metrics.ndcg_sums(top, held.rows, held.items, held.y, levels, k)
+    topk = metrics.topk_sums(top, held.rows, held.items, held.y, levels, k)
+    auc, auc_counts = metrics.auc_sums(held, cands.below, cands.equal, cands.free, levels)
+    return np.concatenate([ndcg, counts, topk.ravel(), auc, auc_counts])
 
 
 def _loglik_task(model: str, store: str, r: int, c: int, spec: tuple) -> np.ndarray:
@@ -73,6 +87,10 @@ def _loglik_task(model: str, store: str, r: int, c: int, spec: tuple) -> np.ndar
         lam = sddmm(rows, b.cols, ew, eh)
         value = float(dcpf.count_loglik(b.y, lam, p, t, edges).sum())
     return np.array([value, len(b.y)])
+
+
+def _by_level(levels: list[int], values: np.ndarray, kind: type) -> dict[int, Any]:
+    return {int(s): kind(v) for s, v in zip(levels, values, strict=True)}
 
 
 def loglik_spec(store: StoreInfo, model: ModelInfo) -> tuple | None:
@@ -123,22 +141,25 @@ def evaluate(
     user_fraction: float = 1.0,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """NDCG@k per threshold and the test log-likelihood of a fitted model.
+    """NDCG@k, precision@k, recall@k, MAP@k and AUC per threshold, and the test
+    log-likelihood of a fitted model (definitions: docs/design.md §3).
 
     Parameters
     ----------
     store : the store the model was fitted on (its ``test`` split is evaluated).
     model : a model directory path or a fitted estimator (uses its ``model_path_``).
     levels : relevance thresholds s (default 1..V).
-    user_fraction, seed : NDCG over a random sample of the users (each kept with probability
-        ``user_fraction``, see :func:`sampled_users`): ranking all items costs U x I x K, about
-        an hour for 1M users x 200k items on two cores, where a 2% sample takes a minute. The
-        test log-likelihood always covers every test nonzero.
+    user_fraction, seed : the ranking metrics over a random sample of the users (each kept with
+        probability ``user_fraction``, see :func:`sampled_users`): ranking all items costs
+        U x I x K, about an hour for 1M users x 200k items on two cores, where a 2% sample
+        takes a minute. The test log-likelihood always covers every test nonzero.
 
     Returns
     -------
-    dict with ``ndcg`` ({s: mean NDCG@k over the (sampled) users with a relevant item}),
-    ``n_users`` ({s: count}), ``test_loglik`` (sum over test nonzeros), ``test_loglik_mean`` (per
+    dict with ``ndcg``, ``precision``, ``recall``, ``map`` ({s: mean over the (sampled) users
+    with a relevant item}), ``n_users`` ({s: their number}), ``auc`` ({s: mean over the (sampled)
+    users with a relevant item and a non-relevant candidate}), ``n_users_auc`` ({s: their
+    number}), ``test_loglik`` (sum over test nonzeros), ``test_loglik_mean`` (per
     nonzero), ``k``, ``nnz_test`` and ``user_fraction``.
     """
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
@@ -159,11 +180,13 @@ def evaluate(
         per_row = []
         for r in range(n_r):
             keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)
+            held = cl.submit(_held_out_task, m.path, info.path, r, cb, keep)
             cands = [
-                cl.submit(_topk_task, m.path, info.path, r, c, cb[c], k, keep) for c in range(n_c)
+                cl.submit(_candidates_task, m.path, info.path, r, c, cb[c], k, keep, held)
+                for c in range(n_c)
             ]
-            top = tree_reduce(cl, cands, metrics.merge_topk, k)
-            per_row.append(cl.submit(_ndcg_task, top, info.path, r, cb, levels, k, keep))
+            merged = tree_reduce(cl, cands, metrics.merge_candidates, k)
+            per_row.append(cl.submit(_ranking_task, merged, held, levels, k))
         spec = loglik_spec(info, m)
         ll = [
             cl.submit(_loglik_task, m.path, info.path, r, c, spec)
@@ -171,17 +194,23 @@ def evaluate(
             for c in range(n_c)
         ] if spec is not None else []
         track(per_row + ll, "evaluate: user-blocks and blocks")
-        ndcg_v = cl.gather(tree_sum(cl, per_row))
+        ranking = cl.gather(tree_sum(cl, per_row)).reshape(len(_RANKING), len(levels))
         ll_v = cl.gather(tree_sum(cl, ll)) if ll else np.array([np.nan, info.nnz_test])
-    sums, counts = ndcg_v[: len(levels)], ndcg_v[len(levels) :]
+    sums = dict(zip(_RANKING, ranking, strict=True))
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = sums / counts
+        means = {
+            name: sums[name] / sums["n_users_auc" if name == "auc" else "n_users"]
+            for name in ("ndcg", "precision", "recall", "map", "auc")
+        }
     return {
         "k": k,
-        "ndcg": {int(s): float(v) for s, v in zip(levels, means, strict=True)},
-        "n_users": {int(s): int(n) for s, n in zip(levels, counts, strict=True)},
+        "ndcg": _by_level(levels, means["ndcg"], float),
+        "n_users": _by_level(levels, sums["n_users"], int),
         "test_loglik": None if spec is None else float(ll_v[0]),
         "test_loglik_mean": None if spec is None or not ll_v[1] else float(ll_v[0] / ll_v[1]),
         "nnz_test": int(ll_v[1]),
         "user_fraction": float(user_fraction),
+        **{name: _by_level(levels, means[name], float) for name in ("precision", "recall", "map")},
+        "auc": _by_level(levels, means["auc"], float),
+        "n_users_auc": _by_level(levels, sums["n_users_auc"], int),
     }
