@@ -52,8 +52,9 @@ def save_chunk(
         if value is not None:
             arr = np.ascontiguousarray(value, dtype=np.float64)
             group.create_array(
-                field, data=arr, chunks=arr.shape or None, compressors=None, overwrite=True
-            )
+                field, shape=arr.shape, dtype=arr.dtype, chunks=arr.shape or None,
+                compressors=None, overwrite=True,
+            )[...] = arr
     group.attrs["elbo"] = chunk.elbo
     return path
 

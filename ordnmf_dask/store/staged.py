@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import threading
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -243,6 +244,21 @@ def _copy_jobs(
     return jobs
 
 
+_OPEN_LOCK = threading.Lock()
+
+
+def _open_writing_every_chunk(directory: str) -> zarr.Array:
+    """An existing store array opened to write every chunk, zeros included (:data:`WRITE_ALL`).
+
+    zarr takes an array's write config from its global config when the array is opened
+    (``Array.with_config`` only exists from zarr 3.1.6); the lock keeps threads of one worker
+    from opening arrays under each other's temporary setting.
+    """
+    setting = {f"array.{key}": value for key, value in WRITE_ALL.items()}
+    with _OPEN_LOCK, zarr.config.set(setting):
+        return zarr.open_array(directory, mode="r+")
+
+
 def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
     """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
     records = []
@@ -253,7 +269,7 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
         ]
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         directory = os.path.join(job.group, field)
-        arr = zarr.open_array(directory, mode="r+").with_config(WRITE_ALL)
+        arr = _open_writing_every_chunk(directory)
         arr[job.start : job.stop] = data
         records.append(chunk_record(chunk_path(directory, job.start // arr.chunks[0])))
     return records
