@@ -26,7 +26,7 @@ from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
 from ordnmf_dask.modelstore.model import ModelInfo, model_target, open_model, save_model
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
-from ordnmf_dask.store.blocks import StoreInfo, open_store
+from ordnmf_dask.store.blocks import StoreInfo, open_store, publish
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -299,14 +299,13 @@ class CaviEstimator:
         """Copy the fitted model directory to ``path`` (zarr arrays and JSON attributes); an
         existing ``path`` is replaced only with ``overwrite`` and only if it is a model."""
         model = open_model(self.model_path_)
-        target = model_target(path, overwrite, model.attrs["store"]["path"])
+        store = model.attrs["store"]["path"]
+        target = model_target(path, overwrite, store)
         tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(target)}.tmp-",
                                dir=os.path.dirname(target))
         try:
             shutil.copytree(model.path, tmp, dirs_exist_ok=True)
-            if os.path.lexists(target):
-                shutil.rmtree(target)
-            os.replace(tmp, target)
+            publish(tmp, target, lambda p: model_target(p, overwrite, store))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
