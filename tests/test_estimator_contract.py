@@ -33,10 +33,6 @@ FAMILIES: dict[str, tuple[type[CaviEstimator], dict[str, Any], dict[str, tuple[i
 EXACT_BOUND = {"OrdNMF", "BePoF", "DcPF"}
 
 
-def seed_name(est: CaviEstimator) -> str:
-    return "seed" if "seed" in est.get_params() else "random_state"
-
-
 def fitted_state(est: CaviEstimator) -> dict[str, Any]:
     """Every fitted attribute (public, ending in ``_``) but the model's path, dask arrays
     computed."""
@@ -142,7 +138,7 @@ def test_a_stopped_fit_resumes_to_the_uninterrupted_one(family, fitted, store, m
 
 def test_restarts_keep_the_best_run(family, store, mclient):
     est = make(family, max_iter=3, n_init=2).fit(store, mclient)
-    seed = est.get_params()[seed_name(est)]
+    seed = est.get_params()["seed"]
     assert [r["seed"] for r in est.runs_] == [seed, seed + 1]
     kept = [r for r in est.runs_ if r["kept"]]
     assert len(kept) == 1 and kept[0]["elbo"] == max(r["elbo"] for r in est.runs_)
@@ -172,7 +168,7 @@ def test_params_are_the_constructor_keywords_with_their_defaults(family):
 def test_set_params_round_trip_and_unknown_names(family):
     est = make(family)
     before = est.get_params()
-    changed = {"n_components": 5, "tol": 0.25, "max_iter": 17, seed_name(est): 9}
+    changed = {"n_components": 5, "tol": 0.25, "max_iter": 17, "seed": 9}
     assert est.set_params(**changed) is est
     assert est.get_params() == {**before, **changed}
     for name, value in changed.items():  # each keyword is also the constructor's
