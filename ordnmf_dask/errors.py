@@ -51,3 +51,7 @@ class ELBODecreaseError(RuntimeError):
 
 class ClusterConnectError(OSError):
     """The scheduler could not be reached or refused us (exit code 3)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: a batch scheduler preempting the job, or a plain ``kill`` (exit 143)."""

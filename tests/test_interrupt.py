@@ -7,6 +7,16 @@ import signal
 import pytest
 
 from ordnmf_dask.dist import interrupt
+from ordnmf_dask.errors import Terminated
+
+
+@pytest.fixture(autouse=True)
+def _handlers_kept():
+    """install() replaces the SIGINT and SIGTERM handlers: put pytest's back."""
+    saved = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
 
 
 def test_a_swallowed_sigint_is_raised_again_at_the_next_check():
@@ -45,3 +55,14 @@ def test_a_sigint_inside_a_finalizer_is_deferred_not_printed(capfd):
             signal.raise_signal(signal.SIGINT)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_sigterm_raises_terminated_and_is_kept_for_the_next_check():
+    """A batch scheduler's SIGTERM ends the command the same way (exit 143, not 130)."""
+    interrupt.install()
+    with pytest.raises(Terminated):
+        signal.raise_signal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        interrupt.check()
+    interrupt.install()
+    interrupt.check()

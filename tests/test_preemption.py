@@ -62,6 +62,19 @@ def preempt(cmd: list[str], ckpt: Path, after: list[str]) -> list[str]:
     return checkpoints(ckpt)
 
 
+def _alive(group: int, within: float) -> bool:
+    """Whether a process of ``group`` still exists after waiting up to ``within`` seconds (a
+    zombie helper is reaped by init shortly after its parent exits)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def factors(model: Path) -> dict[str, np.ndarray]:
     group = zarr.open_group(str(model), mode="r")
     return {
@@ -120,3 +133,33 @@ def test_a_scheduled_job_run_twice_keeps_its_model_and_its_checkpoints(tmp_path)
         np.testing.assert_array_equal(after[key], value, err_msg=key)
     assert set(kept) <= set(checkpoints(ckpt))
     assert (tmp_path / "notes.txt").read_text() == "kept"
+
+
+def test_sigterm_ends_the_job_cleanly_within_the_grace_period(tmp_path):
+    """SIGTERM to the command alone (not its group): it stops its own LocalCluster, says so in
+    one line, exits 143 before a scheduler's SIGKILL would come, and leaves no model behind."""
+    y = synthetic_ordinal(600, 300, 5, density=0.2, seed=3)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 5, (2, 2)).path
+    out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
+    cmd = command(store, out, ckpt)
+    cmd[cmd.index("16")] = "200"  # long enough to be running when the signal comes
+    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoints(ckpt) and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.05)
+        assert job.poll() is None, job.stderr.read() if job.stderr else ""
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=GRACE + 10)
+        assert job.returncode == 143, err
+        errors = [line for line in err.splitlines() if " INFO " not in line]
+        assert errors == ["ordnmf-dask fit: error: terminated (SIGTERM)"], err
+        assert not _alive(job.pid, within=10.0), "workers of its cluster are still running"
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+    assert not out.exists() and not list(tmp_path.glob("m.zarr*"))

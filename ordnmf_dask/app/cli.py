@@ -3,7 +3,7 @@
 Exit codes: 0 success; 1 internal error (a bug: please report it with ``--debug`` output);
 2 bad input, configuration or local I/O (a path that cannot be written); 3 cluster failure
 (scheduler unreachable, workers lost); 4 numerical failure (ELBO decreased or became
-non-finite); 130 interrupted (Ctrl-C / SIGINT).
+non-finite); 130 interrupted (Ctrl-C / SIGINT); 143 terminated (SIGTERM, e.g. a preempted job).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from typing import Any, TypeGuard
 
 from ordnmf_dask import __version__
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.errors import InputError, UsageError
+from ordnmf_dask.errors import InputError, Terminated, UsageError
 from ordnmf_dask.params import MODELS, PARAMS
 
 log = logging.getLogger("ordnmf_dask")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_CLUSTER, EXIT_NUMERIC = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a job killed by it
 
 
 
@@ -61,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="ordnmf-dask",
         description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input/config/local I/O, "
-        "3 cluster failure, 4 numerical failure, 130 interrupted.",
+        "3 cluster failure, 4 numerical failure, 130 interrupted, 143 terminated.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _logging_args(p)
@@ -526,8 +527,8 @@ def _setup_logging(args: argparse.Namespace) -> None:
         # Dask's logging config gives some loggers their own level (distributed.client: warning);
         # asyncio reports the client's tasks left behind by an interrupted gather. The worker
         # processes of a LocalCluster we start take this level too (engine.cluster)
-        for logger in _dask_loggers():
-            logger.setLevel(logging.CRITICAL)
+        for logger in _dask_loggers():  # silent: the scheduler logs even a closed client at
+            logger.setLevel(logging.CRITICAL + 1)  # CRITICAL, with a traceback
 
 
 # OSErrors of the local file system rather than of the network: a path that cannot be written
@@ -560,6 +561,8 @@ def _io_message(exc: OSError, args: argparse.Namespace) -> str:
 
 
 def _exit_code(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
+    if isinstance(exc, Terminated):
+        return EXIT_TERMINATED, "terminated (SIGTERM)"
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"
     if isinstance(exc, InputError):
@@ -605,17 +608,19 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ordnmf-dask``; returns the exit code.
 
-    Logging and the SIGINT handler are left as they were found, so that calling it in-process
-    changes no global state."""
+    Logging and the SIGINT / SIGTERM handlers are left as they were found, so that calling it
+    in-process changes no global state."""
     parser = _parser()
     args = parser.parse_args(argv)
-    sigint = signal.getsignal(signal.SIGINT)
+    handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
     try:
         with _logging_kept():
             return _run(args, parser)
     finally:
-        if sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, sigint)
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -73,13 +73,14 @@ def resolve_client(
 
 def _worker_logging() -> dict[str, dict[str, str]]:
     """Dask config that starts the worker processes with their ``distributed`` loggers at this
-    process's level: the CLI sets it to CRITICAL unless --debug, so that a failing task's worker
+    process's level: the CLI silences them unless --debug, so that a failing task's worker
     traceback stays off stderr (the exception reaches the client, which reports it in one line).
 
     Workers configure logging when they import distributed, before any config we pass them
     applies, so the level travels as an environment variable set for the spawn.
     """
-    level = logging.getLevelName(logging.getLogger("distributed").getEffectiveLevel())
+    effective = logging.getLogger("distributed").getEffectiveLevel()
+    level = logging.getLevelName(min(effective, logging.CRITICAL))  # a name Dask's config reads
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = str(level).lower()
     return {"distributed.nanny.pre-spawn-environ": env}

@@ -1,9 +1,12 @@
-"""Ctrl-C that is never lost: a SIGINT handler that also leaves a flag checked between iterations.
+"""Ctrl-C and SIGTERM that are never lost: a handler that also leaves a flag checked between
+iterations.
 
 Python raises KeyboardInterrupt wherever the main thread is; inside a ``__del__`` (e.g. a Dask
 future being released) the exception would be printed ("Exception ignored in ...") and lost.
 So the handler raises only outside finalizers; inside one it only sets the flag, and the next
-iteration boundary raises.
+iteration boundary raises. SIGTERM (how batch schedulers preempt a job, before SIGKILL) raises
+:class:`~ordnmf_dask.errors.Terminated`, so that the command shuts its cluster down and exits
+while the scheduler's grace period runs.
 """
 
 from __future__ import annotations
@@ -12,26 +15,35 @@ import signal
 import threading
 from types import FrameType
 
-_requested = threading.Event()
+from ordnmf_dask.errors import Terminated
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_requested: dict[str, int] = {}  # "signal": the number of the last one that arrived
 
 
-def _on_sigint(signum: int, frame: FrameType | None) -> None:
-    _requested.set()
+def _interruption(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _requested["signal"] = signum
     while frame is not None:
         if frame.f_code.co_name == "__del__":
             return
         frame = frame.f_back
-    raise KeyboardInterrupt
+    raise _interruption(signum)
 
 
 def install() -> None:
-    """Route SIGINT through the handler (main thread only; the CLI calls it)."""
+    """Route SIGINT and SIGTERM through the handler (main thread only; the CLI calls it)."""
     _requested.clear()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_sigint)
+        for signum in SIGNALS:
+            signal.signal(signum, _on_signal)
 
 
 def check() -> None:
-    """Raise KeyboardInterrupt if a SIGINT arrived and may have been swallowed."""
-    if _requested.is_set():
-        raise KeyboardInterrupt
+    """Raise KeyboardInterrupt (or Terminated) if a signal arrived and may have been
+    swallowed."""
+    if "signal" in _requested:
+        raise _interruption(_requested["signal"])
