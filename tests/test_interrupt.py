@@ -66,3 +66,19 @@ def test_sigterm_raises_terminated_and_is_kept_for_the_next_check():
         interrupt.check()
     interrupt.install()
     interrupt.check()
+
+
+def test_a_command_that_ended_leaves_no_signal_for_the_next_fit():
+    """A signal that interrupted one command (in-process: a notebook, the tests) must not
+    interrupt the next fit through the API, which checks the flag between iterations."""
+    interrupt.install()
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    interrupt.clear()  # what cli.main does when it returns
+    interrupt.check()
+    interrupt.install()
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        interrupt.check()  # consumed once raised again
+    interrupt.check()

@@ -617,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _logging_kept():
             return _run(args, parser)
     finally:
+        interrupt.clear()
         if threading.current_thread() is threading.main_thread():
             for signum, handler in handlers.items():
                 if handler is not None:

@@ -36,7 +36,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 def install() -> None:
     """Route SIGINT and SIGTERM through the handler (main thread only; the CLI calls it)."""
-    _requested.clear()
+    clear()
     if threading.current_thread() is threading.main_thread():
         for signum in SIGNALS:
             signal.signal(signum, _on_signal)
@@ -44,6 +44,12 @@ def install() -> None:
 
 def check() -> None:
     """Raise KeyboardInterrupt (or Terminated) if a signal arrived and may have been
-    swallowed."""
-    if "signal" in _requested:
-        raise _interruption(_requested["signal"])
+    swallowed; the signal is then consumed."""
+    signum = _requested.pop("signal", None)
+    if signum is not None:
+        raise _interruption(signum)
+
+
+def clear() -> None:
+    """Forget a signal that arrived (a command that ends leaves nothing for the next one)."""
+    _requested.clear()
