@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import zarr
@@ -85,3 +87,29 @@ def test_a_saved_model_records_the_versions_that_wrote_it(tmp_path, client):
     recorded = open_model(path).attrs["versions"]
     assert set(recorded) == set(PROVENANCE) >= {"ordnmf-dask", "numpy", "dask", "zarr", "numba"}
     assert all(recorded[name] == importlib.metadata.version(name) for name in PROVENANCE)
+
+
+@pytest.mark.parametrize("lost", ["array", "chunk file"])
+def test_a_lost_model_file_is_an_error_naming_it_never_zeros(tmp_path, lost):
+    """Every reader of factor chunks (fit state, evaluate, recommend, W_ / H_) names what is
+    missing; zarr alone would read a missing chunk file as zeros."""
+    import shutil
+
+    from ordnmf_dask.errors import StoreError
+    from ordnmf_dask.modelstore.model import ModelInfo
+
+    chunk, root = _chunk(), str(tmp_path)
+    chunkstore.save_chunk(chunk, root, "W", 0)
+    info = ModelInfo(root, {"row_bounds": [0, chunk.mean.shape[0]], "col_bounds": [0, 1]})
+    lazy = info.factor("W", "mean")  # opened while whole
+    mean = chunkstore.field_path(root, "W", 0, "mean")
+    if lost == "array":
+        shutil.rmtree(mean)
+    else:
+        for directory, _, names in os.walk(os.path.join(mean, "c")):
+            for name in names:
+                os.remove(os.path.join(directory, name))
+    for read in (lambda: chunkstore.load_chunk(root, "W", 0),
+                 lambda: chunkstore.read_field(root, "W", 0, "mean"), lazy.compute):
+        with pytest.raises(StoreError, match="W/0/mean"):
+            read()

@@ -3,18 +3,37 @@
 Used for checkpoints during a fit and for saved models. Chunks are written where they live;
 nothing passes through the client. Arrays are stored uncompressed: posterior parameters are
 dense float64 that compression barely shrinks, at several times the cost of a plain write and
-read (docs/performance.md, "Storage choices").
+read (docs/performance.md, "Storage choices"). Every chunk file is written, zeros included, and
+every read checks that the files are there: zarr would read a lost one as zeros.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import zarr
 
+from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.updates import FactorChunk
 
 _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
+_REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state
 _DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
+_WRITE_ALL = {"write_empty_chunks": True}
+
+
+def open_checked(path: str) -> zarr.Array:
+    """The zarr array at ``path``, after checking that all its chunk files exist; StoreError
+    naming the array otherwise (zarr reads a missing chunk file as zeros)."""
+    try:
+        array = zarr.open_array(path, mode="r")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: array missing (the checkpoint or model is damaged)") from None
+    files = sum(len(names) for _, _, names in os.walk(os.path.join(path, "c")))
+    if files < array.nchunks:
+        raise StoreError(f"{path}: chunk file missing (the checkpoint or model is damaged)")
+    return array
 
 
 def chunk_path(root: str, name: str, index: int) -> str:
@@ -36,7 +55,7 @@ def read_field(
     root: str, name: str, index: int, field: str, rows: np.ndarray | None = None
 ) -> np.ndarray:
     """``field`` of chunk ``index`` of factor ``name`` (only the local ``rows`` if given)."""
-    array = zarr.open_array(field_path(root, name, index, field), mode="r")
+    array = open_checked(field_path(root, name, index, field))
     return array[...] if rows is None else array.get_orthogonal_selection((rows, slice(None)))
 
 
@@ -53,7 +72,7 @@ def save_chunk(
             arr = np.ascontiguousarray(value, dtype=np.float64)
             group.create_array(
                 field, shape=arr.shape, dtype=arr.dtype, chunks=arr.shape or None,
-                compressors=None, overwrite=True,
+                compressors=None, overwrite=True, config=_WRITE_ALL,
             )[...] = arr
     group.attrs["elbo"] = chunk.elbo
     return path
@@ -61,8 +80,12 @@ def save_chunk(
 
 def load_chunk(root: str, name: str, index: int) -> FactorChunk:
     """Read a chunk written by :func:`save_chunk`."""
-    group = zarr.open_group(chunk_path(root, name, index), mode="r")
-    fields = {f: (group[f][...] if f in group else None) for f in _FIELDS}
+    path = chunk_path(root, name, index)
+    group = zarr.open_group(path, mode="r")
+    fields = {
+        f: open_checked(f"{path}/{f}")[...] if f in _REQUIRED or f in group else None
+        for f in _FIELDS
+    }
     return FactorChunk(elbo=float(group.attrs["elbo"]), **fields)
 
 
@@ -70,10 +93,11 @@ def save_array(value: np.ndarray, root: str, name: str, index: int) -> str:
     """Write a plain (n, K) array (e.g. a shape statistic) as ``root/name/index``."""
     path = chunk_path(root, name, index)
     arr = np.ascontiguousarray(value, dtype=np.float64)
-    zarr.create_array(path, data=arr, chunks=arr.shape, compressors=None, overwrite=True)
+    zarr.create_array(path, data=arr, chunks=arr.shape, compressors=None, overwrite=True,
+                      config=_WRITE_ALL)
     return path
 
 
 def load_array(root: str, name: str, index: int) -> np.ndarray:
     """Read an array written by :func:`save_array`."""
-    return zarr.open_array(chunk_path(root, name, index), mode="r")[...]
+    return open_checked(chunk_path(root, name, index))[...]

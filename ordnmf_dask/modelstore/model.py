@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 import dask.array as da
 import numpy as np
 import zarr
@@ -103,11 +104,14 @@ class ModelInfo:
         return len(self.attrs["row_bounds"]) - 1, len(self.attrs["col_bounds"]) - 1
 
     def factor(self, name: str, field: str = "mean") -> da.Array:
-        """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily."""
+        """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily (each read
+        checks the chunk files, so a model removed or damaged since is an error, not zeros)."""
         n = self.n_blocks[0 if name == "W" else 1]
-        parts = [
-            da.from_zarr(chunkstore.field_path(self.path, name, j, field)) for j in range(n)
-        ]
+        parts = []
+        for j in range(n):
+            meta = chunkstore.open_checked(chunkstore.field_path(self.path, name, j, field))
+            read = dask.delayed(chunkstore.read_field, pure=True)(self.path, name, j, field)
+            parts.append(da.from_delayed(read, shape=meta.shape, dtype=meta.dtype))
         return da.concatenate(parts, axis=0)
 
     @property
