@@ -395,9 +395,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def format_results(res: dict[str, Any]) -> str:
     """The evaluation results as a plain-text table."""
-    lines = [f"NDCG@{res['k']} (relevance: y_test >= s)", "   s    NDCG    users"]
-    for s, v in res["ndcg"].items():
-        lines.append(f"{s:>4}  {v:.4f}  {res['n_users'][s]:>7}")
+    k = res["k"]
+    columns = {"ndcg": f"NDCG@{k}", "precision": f"P@{k}", "recall": f"R@{k}",
+               "map": f"MAP@{k}", "auc": "AUC"}  # fmt: skip
+    lines = [
+        f"ranking metrics at k = {k} (relevance: y_test >= s)",
+        "   s" + "".join(f"{name:>10}" for name in columns.values()) + "    users",
+    ]
+    for s in res["ndcg"]:
+        values = "".join(f"{res[key][s]:>10.4f}" for key in columns)
+        lines.append(f"{s:>4}{values}  {res['n_users'][s]:>7}")
     if res["test_loglik"] is None:
         lines.append("test log-likelihood: n/a (the model sees binarized data, not the classes)")
     else:
