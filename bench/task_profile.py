@@ -48,14 +48,14 @@ def profile(path: str, args: argparse.Namespace) -> None:
         seconds.append(sec)
 
     with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
-        before = client.run(_usage)
+        before = client.run(worker_usage)
         model = OrdNMF(
             args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters,
             cache_blocks=not args.stream, checkpoint_every=0,
         )  # fmt: skip
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)
-        after = client.run(_usage)
+        after = client.run(worker_usage)
     if len(ends) <= args.skip + 1:
         raise SystemExit(f"--iters {args.iters} leaves nothing after --skip {args.skip}")
     t0, t1 = ends[args.skip - 1] if args.skip else ends[0], ends[-1]
@@ -95,7 +95,7 @@ def profile(path: str, args: argparse.Namespace) -> None:
         )
 
 
-def _usage() -> tuple[float, float, int]:
+def worker_usage() -> tuple[float, float, int]:
     """This process's CPU seconds (user, system) and minor page faults so far."""
     import resource
 

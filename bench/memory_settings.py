@@ -1,0 +1,185 @@
+"""Reused memory (``model/arena.py``, decode buffers) against Dask's worker malloc settings.
+
+Usage: ``python bench/memory_settings.py [--shapes small fixed] [--repeats 2] [--configs a b c
+d e f]``.
+
+Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536``
+(``distributed.nanny.pre-spawn-environ``), so glibc hands freed memory back to the OS and the
+next large array is faulted in again page by page. This script fits the same synthetic store
+under these configurations, interleaved (each repeat runs every configuration once, in a rotated
+order, on a fresh LocalCluster of 2 single-thread worker processes, as ``resolve_client``
+starts):
+
+- a: arena on, decode buffers kept, Dask's default worker environment (the package as it is);
+- b: arena off (``arena.MIN_BYTES`` set beyond any array on the workers), default environment;
+- c: arena off, workers started without trimming (``MALLOC_TRIM_THRESHOLD_`` at 2^62 and
+  ``MALLOC_MMAP_THRESHOLD_`` at glibc's maximum, 32 MiB: larger arrays are fresh mappings
+  whatever the environment);
+- d: arena on, no-trim environment;
+- e, f: as b and c with the streamed blocks decoded into fresh arrays instead of the buffers
+  each worker thread keeps (``store.decode.thread_buffer``); streamed shapes only.
+
+Shapes: ``small`` is the 2.5M-nonzero benchmark of ``bench/iteration.py`` (20k x 12k, 2 x 2
+blocks, cached); ``fixed`` is 1e7 nonzeros at 1M users x 200k items (8 x 2 blocks, streamed,
+workers capped at 2 GB, as ``bench/scaling.py``'s fixed-shape row). K = 50, V = 10.
+
+Per run it prints the median seconds per iteration over the iterations after ``--skip``, the
+workers' minor page faults per steady iteration (``getrusage`` on each worker, summed over the
+workers), the largest worker's peak RSS (VmHWM) over the whole fit, and the final ELBO (which
+must be bitwise the same under every configuration: they change only where memory comes from).
+Then a summary per shape and configuration: the range over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import MB, fmt_table, worker_peaks  # noqa: E402
+from iteration import ensure_store  # noqa: E402
+from task_profile import worker_usage  # noqa: E402
+
+NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": 1 << 62, "MALLOC_MMAP_THRESHOLD_": 32 * MB}
+
+CONFIGS = {  # name: (arena on, decode buffers kept, worker env overrides, description)
+    "a": (True, True, {}, "arena on, Dask env"),
+    "b": (False, True, {}, "arena off, Dask env"),
+    "c": (False, True, NO_TRIM, "arena off, no-trim env"),
+    "d": (True, True, NO_TRIM, "arena on, no-trim env"),
+    "e": (False, False, {}, "arena + buffers off, Dask env"),
+    "f": (False, False, NO_TRIM, "arena + buffers off, no-trim env"),
+}
+
+SHAPES = {  # name: (store options, stream, memory limit, iterations)
+    "small": (dict(users=20_000, items=12_000, nnz=2.5e6, nnz_per_block=1 << 19), False, None, 10),
+    "fixed": (dict(users=1_000_000, items=200_000, nnz=1e7, nnz_per_block=1 << 21), True, "2GB", 5),
+}
+
+
+def _set_memory(arena_on: bool, buffers_on: bool) -> dict[str, str]:
+    """On a worker: serve large arrays from the arena or not, decode streamed blocks into kept
+    or fresh buffers; returns the worker's malloc environment (to show what it runs with)."""
+    from ordnmf_dask.model import arena
+    from ordnmf_dask.store import blocks, decode
+
+    arena.MIN_BYTES = 1 << 20 if arena_on else 1 << 62
+    blocks.thread_buffer = decode.thread_buffer if buffers_on else _fresh_buffer
+    return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+
+
+def _fresh_buffer(name: str, n: int, dtype: np.dtype) -> np.ndarray:
+    """A new array each time, in place of a kept per-thread buffer."""
+    return np.empty(n, dtype)
+
+
+def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[str, Any]:
+    """One fit of the store at ``path`` under ``config`` on a fresh LocalCluster."""
+    import dask
+
+    from ordnmf_dask import OrdNMF
+    from ordnmf_dask.dist.cluster import resolve_client
+
+    _, stream, memory_limit, iters = SHAPES[shape]
+    iters = args.iters or iters
+    arena_on, buffers_on, env, _ = CONFIGS[config]
+    spawn_env = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **env}
+    seconds: list[float] = []
+    elbos: list[float] = []
+    usage: list[dict[str, tuple[float, float, int]]] = []
+
+    with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_env}),
+        resolve_client(None, 2, memory_limit=memory_limit) as client,
+    ):
+
+        def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+            seconds.append(sec)
+            elbos.append(elbo)
+            if n in (args.skip, iters):
+                usage.append(client.run(worker_usage))
+
+        malloc_env = client.run(_set_memory, arena_on, buffers_on)
+        model = OrdNMF(
+            args.k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=not stream,
+            checkpoint_every=0,
+        )  # fmt: skip
+        model.fit(path, client, callback=record)
+        peaks = worker_peaks(client)
+    steady = iters - args.skip
+    faults = sum(usage[1][w][2] - usage[0][w][2] for w in usage[1]) / steady
+    system = sum(usage[1][w][1] - usage[0][w][1] for w in usage[1]) / steady
+    user = sum(usage[1][w][0] - usage[0][w][0] for w in usage[1]) / steady
+    return {
+        "s_per_iter": statistics.median(seconds[args.skip :]),
+        "faults": faults,
+        "system": system,
+        "cpu": user + system,
+        "peak_mb": max(peaks.values()),
+        "elbo": elbos[-1],
+        "env": sorted({str(sorted(e.items())) for e in malloc_env.values()}),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--iters", type=int, help="iterations per fit (default: 10 small, 5 fixed)")
+    ap.add_argument("--skip", type=int, default=2, help="warm-up iterations left out")
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--work", default="/tmp/ordnmf-bench")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    header = [
+        "shape", "config", "s/iter", "worker CPU s/iter", "sys s/iter", "faults/iter",
+        "peak RSS MB",
+    ]  # fmt: skip
+    summary = []
+    for shape in args.shapes:
+        store, stream, _, _ = SHAPES[shape]
+        path = ensure_store(argparse.Namespace(k=args.k, classes=10, work=args.work, **store))
+        configs = [c for c in args.configs if stream or CONFIGS[c][1]]
+        results: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+        for rep in range(args.repeats):
+            order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+            for config in order:
+                r = run(path, args, shape, config)
+                results[config].append(r)
+                print(
+                    f"{shape} repeat {rep} {config} ({CONFIGS[config][3]}): "
+                    f"{r['s_per_iter']:.3f} s/iter, worker CPU {r['cpu']:.3f} s/iter (system "
+                    f"{r['system']:.3f}), {r['faults']:.0f} faults/iter, peak "
+                    f"{r['peak_mb']:.0f} MB, ELBO "
+                    f"{r['elbo']!r}, load {os.getloadavg()[0]:.1f}, worker env {r['env']}",
+                    flush=True,
+                )
+        elbos = {r["elbo"] for rs in results.values() for r in rs}
+        if len(elbos) != 1:
+            raise SystemExit(f"{shape}: final ELBO differs between configurations: {elbos}")
+        for config, rs in results.items():
+            summary.append([
+                shape, f"{config}: {CONFIGS[config][3]}",
+                *(_span([r[key] for r in rs], fmt) for key, fmt in
+                  (("s_per_iter", "{:.3f}"), ("cpu", "{:.3f}"), ("system", "{:.3f}"),
+                   ("faults", "{:.0f}"), ("peak_mb", "{:.0f}"))),
+            ])  # fmt: skip
+    print(fmt_table(summary, header))
+
+
+def _span(values: list[float], fmt: str) -> str:
+    """``min-max`` of ``values`` (one value when they agree to the format)."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+if __name__ == "__main__":
+    main()
