@@ -1,22 +1,20 @@
-"""Reused memory (``model/arena.py``, decode buffers) against Dask's worker malloc settings.
+"""Worker malloc settings: the package's (no trimming) against Dask's, and kept decode buffers.
 
 Usage: ``python bench/memory_settings.py [--shapes small fixed] [--repeats 2] [--configs a b c
-d e f]``.
+d]``.
 
 Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536``
 (``distributed.nanny.pre-spawn-environ``), so glibc hands freed memory back to the OS and the
-next large array is faulted in again page by page. This script fits the same synthetic store
+next large array is faulted in again page by page; the LocalCluster a fit starts sets
+``ordnmf_dask.dist.cluster.WORKER_MALLOC`` instead. This script fits the same synthetic store
 under these configurations, interleaved (each repeat runs every configuration once, in a rotated
 order, on a fresh LocalCluster of 2 single-thread worker processes, as ``resolve_client``
 starts):
 
-- a: arena on, decode buffers kept, Dask's default worker environment (the package as it is);
-- b: arena off (``arena.MIN_BYTES`` set beyond any array on the workers), default environment;
-- c: arena off, workers started without trimming (``MALLOC_TRIM_THRESHOLD_`` at 2^62 and
-  ``MALLOC_MMAP_THRESHOLD_`` at glibc's maximum, 32 MiB: larger arrays are fresh mappings
-  whatever the environment);
-- d: arena on, no-trim environment;
-- e, f: as b and c with the streamed blocks decoded into fresh arrays instead of the buffers
+- a: the package as it is (``WORKER_MALLOC``, decode buffers kept per thread);
+- b: Dask's worker environment (``MALLOC_TRIM_THRESHOLD_=65536``; glibc's mmap threshold then
+  stays at its default, 128 KiB), given as ``WORKER_MALLOC`` for the run;
+- c, d: as b and a with the streamed blocks decoded into fresh arrays instead of the buffers
   each worker thread keeps (``store.decode.thread_buffer``); streamed shapes only.
 
 Shapes: ``small`` is the 2.5M-nonzero benchmark of ``bench/iteration.py`` (20k x 12k, 2 x 2
@@ -24,10 +22,10 @@ blocks, cached); ``fixed`` is 1e7 nonzeros at 1M users x 200k items (8 x 2 block
 workers capped at 2 GB, as ``bench/scaling.py``'s fixed-shape row). K = 50, V = 10.
 
 Per run it prints the median seconds per iteration over the iterations after ``--skip``, the
-workers' minor page faults per steady iteration (``getrusage`` on each worker, summed over the
-workers), the largest worker's peak RSS (VmHWM) over the whole fit, and the final ELBO (which
-must be bitwise the same under every configuration: they change only where memory comes from).
-Then a summary per shape and configuration: the range over repeats.
+workers' CPU time, system time and minor page faults per steady iteration (``getrusage`` on each
+worker, summed over the workers), the largest worker's peak RSS (VmHWM) over the whole fit, and
+the final ELBO (which must be bitwise the same under every configuration: they change only where
+memory comes from). Then a summary per shape and configuration: the range over repeats.
 """
 
 from __future__ import annotations
@@ -38,24 +36,23 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import MB, fmt_table, worker_peaks  # noqa: E402
+from common import fmt_table, worker_peaks  # noqa: E402
 from iteration import ensure_store  # noqa: E402
 from task_profile import worker_usage  # noqa: E402
 
-NO_TRIM = {"MALLOC_TRIM_THRESHOLD_": 1 << 62, "MALLOC_MMAP_THRESHOLD_": 32 * MB}
+DASK_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 65536, "MALLOC_MMAP_THRESHOLD_": 128 << 10}
 
-CONFIGS = {  # name: (arena on, decode buffers kept, worker env overrides, description)
-    "a": (True, True, {}, "arena on, Dask env"),
-    "b": (False, True, {}, "arena off, Dask env"),
-    "c": (False, True, NO_TRIM, "arena off, no-trim env"),
-    "d": (True, True, NO_TRIM, "arena on, no-trim env"),
-    "e": (False, False, {}, "arena + buffers off, Dask env"),
-    "f": (False, False, NO_TRIM, "arena + buffers off, no-trim env"),
+CONFIGS = {  # name: (decode buffers kept, Dask's malloc env, description)
+    "a": (True, False, "package env"),
+    "b": (True, True, "Dask env"),
+    "c": (False, True, "Dask env, fresh decode arrays"),
+    "d": (False, False, "package env, fresh decode arrays"),
 }
 
 SHAPES = {  # name: (store options, stream, memory limit, iterations)
@@ -64,13 +61,11 @@ SHAPES = {  # name: (store options, stream, memory limit, iterations)
 }
 
 
-def _set_memory(arena_on: bool, buffers_on: bool) -> dict[str, str]:
-    """On a worker: serve large arrays from the arena or not, decode streamed blocks into kept
-    or fresh buffers; returns the worker's malloc environment (to show what it runs with)."""
-    from ordnmf_dask.model import arena
+def _set_memory(buffers_on: bool) -> dict[str, str]:
+    """On a worker: decode streamed blocks into kept or fresh buffers; returns the worker's
+    malloc environment (to show what it runs with)."""
     from ordnmf_dask.store import blocks, decode
 
-    arena.MIN_BYTES = 1 << 20 if arena_on else 1 << 62
     blocks.thread_buffer = decode.thread_buffer if buffers_on else _fresh_buffer
     return {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
 
@@ -82,21 +77,18 @@ def _fresh_buffer(name: str, n: int, dtype: np.dtype) -> np.ndarray:
 
 def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[str, Any]:
     """One fit of the store at ``path`` under ``config`` on a fresh LocalCluster."""
-    import dask
-
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.dist.cluster import WORKER_MALLOC, resolve_client
 
     _, stream, memory_limit, iters = SHAPES[shape]
     iters = args.iters or iters
-    arena_on, buffers_on, env, _ = CONFIGS[config]
-    spawn_env = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **env}
+    buffers_on, dask_env, _ = CONFIGS[config]
     seconds: list[float] = []
     elbos: list[float] = []
     usage: list[dict[str, tuple[float, float, int]]] = []
 
     with (
-        dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_env}),
+        mock.patch.dict(WORKER_MALLOC, DASK_MALLOC if dask_env else {}),
         resolve_client(None, 2, memory_limit=memory_limit) as client,
     ):
 
@@ -106,7 +98,7 @@ def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[st
             if n in (args.skip, iters):
                 usage.append(client.run(worker_usage))
 
-        malloc_env = client.run(_set_memory, arena_on, buffers_on)
+        malloc_env = client.run(_set_memory, buffers_on)
         model = OrdNMF(
             args.k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=not stream,
             checkpoint_every=0,
@@ -147,7 +139,7 @@ def main() -> None:
     for shape in args.shapes:
         store, stream, _, _ = SHAPES[shape]
         path = ensure_store(argparse.Namespace(k=args.k, classes=10, work=args.work, **store))
-        configs = [c for c in args.configs if stream or CONFIGS[c][1]]
+        configs = [c for c in args.configs if stream or CONFIGS[c][0]]
         results: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
         for rep in range(args.repeats):
             order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
@@ -155,7 +147,7 @@ def main() -> None:
                 r = run(path, args, shape, config)
                 results[config].append(r)
                 print(
-                    f"{shape} repeat {rep} {config} ({CONFIGS[config][3]}): "
+                    f"{shape} repeat {rep} {config} ({CONFIGS[config][2]}): "
                     f"{r['s_per_iter']:.3f} s/iter, worker CPU {r['cpu']:.3f} s/iter (system "
                     f"{r['system']:.3f}), {r['faults']:.0f} faults/iter, peak "
                     f"{r['peak_mb']:.0f} MB, ELBO "
@@ -167,7 +159,7 @@ def main() -> None:
             raise SystemExit(f"{shape}: final ELBO differs between configurations: {elbos}")
         for config, rs in results.items():
             summary.append([
-                shape, f"{config}: {CONFIGS[config][3]}",
+                shape, f"{config}: {CONFIGS[config][2]}",
                 *(_span([r[key] for r in rs], fmt) for key, fmt in
                   (("s_per_iter", "{:.3f}"), ("cpu", "{:.3f}"), ("system", "{:.3f}"),
                    ("faults", "{:.0f}"), ("peak_mb", "{:.0f}"))),

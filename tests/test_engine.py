@@ -91,37 +91,6 @@ def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
     np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
 
 
-def _set_arena(min_bytes: int, keep_bytes: int) -> None:
-    """On a worker: the size from which arrays come from reused memory, and how much is kept."""
-    from ordnmf_dask.model import arena
-
-    arena.MIN_BYTES, arena.KEEP_BYTES = min_bytes, keep_bytes
-
-
-def test_reused_worker_memory_gives_the_same_fit(tmp_path, client, problem):
-    """With every array of the workers served from reused (dirty) memory, a streamed fit with
-    checkpoints is bitwise the one on fresh memory."""
-    n_classes, train, test, w0, h0 = problem
-    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 2))
-
-    def fit() -> OrdNMF:
-        return OrdNMF(K, max_iter=12, cache_blocks=False, checkpoint_every=5).fit(
-            store, client, init=(w0, h0)
-        )
-
-    fresh = fit()
-    from ordnmf_dask.model import arena  # the package's settings, restored on the workers
-
-    client.run(_set_arena, 0, 1 << 20)  # every array pooled
-    try:
-        reused = fit()
-    finally:
-        client.run(_set_arena, arena.MIN_BYTES, arena.KEEP_BYTES)
-    assert reused.elbo_ == fresh.elbo_
-    np.testing.assert_array_equal(reused.W_.compute(), fresh.W_.compute())
-    np.testing.assert_array_equal(reused.H_.compute(), fresh.H_.compute())
-
-
 def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):
     n_classes, train, test, _, _ = problem
     fits = []
@@ -358,3 +327,20 @@ def test_own_local_cluster_spills_on_process_memory_only():
         )
     assert list(fractions.values()) == [(False, 0.7, 0.8)]
     assert dask.config.get("distributed.worker.memory.target") == before
+
+
+@pytest.mark.cluster
+def test_own_local_cluster_workers_keep_freed_memory():
+    """The workers of the LocalCluster a fit starts run with the package's malloc settings
+    instead of Dask's trimming, and the caller's Dask config is left as it was."""
+    import os
+
+    import dask
+
+    from ordnmf_dask.dist.cluster import WORKER_MALLOC, resolve_client
+
+    before = dask.config.get("distributed.nanny.pre-spawn-environ")
+    with resolve_client(None, 1, memory_limit="1GB") as c:
+        env = c.run(lambda: {name: os.environ.get(name) for name in WORKER_MALLOC})
+    assert list(env.values()) == [{name: str(v) for name, v in WORKER_MALLOC.items()}]
+    assert dask.config.get("distributed.nanny.pre-spawn-environ") == before

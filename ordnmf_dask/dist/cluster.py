@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 # threshold, unchanged), and pause and restart as usual.
 WORKER_MEMORY = {"distributed.worker.memory.target": False}
 
+# glibc malloc settings of the workers of a LocalCluster started for a fit. Dask's nanny sets
+# MALLOC_TRIM_THRESHOLD_=65536, so a worker returns freed memory to the OS at once and faults
+# every page of its next large array in again; a fit makes its (n, K) arrays anew each
+# iteration. Freed memory is kept for reuse instead: no trimming, and allocations up to glibc's
+# largest mmap threshold (32 MiB) come from the heap (docs/performance.md, "Worker memory").
+WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 1 << 62, "MALLOC_MMAP_THRESHOLD_": 32 << 20}
+
 
 @contextmanager
 def resolve_client(
@@ -40,8 +47,9 @@ def resolve_client(
     A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
-    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`) and
-    log at this process's ``distributed`` level; ``os.environ`` is left as it was found.
+    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`),
+    keep freed memory (:data:`WORKER_MALLOC`) and log at this process's ``distributed`` level;
+    ``os.environ`` is left as it was found.
     """
     if client is None:
         try:
@@ -52,6 +60,9 @@ def resolve_client(
         yield client
         return
     with _environ_kept():
+        # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
+        # process may have left Dask's MALLOC_TRIM_THRESHOLD_ there
+        os.environ.update({name: str(value) for name, value in WORKER_MALLOC.items()})
         # all three reach the worker processes
         with _sigint_ignored(), dask.config.set(WORKER_MEMORY), dask.config.set(_worker_logging()):
             cluster = LocalCluster(

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
-from ordnmf_dask.model import arena
 
 PRIORITY = 1  # of combining tasks; Dask's default is 0
 
@@ -60,7 +59,7 @@ def _add(a: Any, b: Any) -> Any:
     """``a + b`` into a new array (a tuple of arrays is added item by item)."""
     if isinstance(a, tuple):
         return tuple(_add(x, y) for x, y in zip(a, b, strict=True))
-    out = arena.empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
+    out = np.empty(np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b))
     return np.add(a, b, out=out)
 
 

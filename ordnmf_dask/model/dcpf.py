@@ -15,7 +15,6 @@ import numpy as np
 from scipy.special import digamma, gammaln
 from scipy.stats import nbinom
 
-from ordnmf_dask.model import arena
 from ordnmf_dask.model.gamma import ASYMPTOTIC, LGAMMA_SERIES, PSI_SERIES
 from ordnmf_dask.model.kernels import (
     SLAB,
@@ -50,7 +49,7 @@ def local_step_row(
     of ``SLAB`` nonzeros (float64 sums), SW / SH one compiled SpMM pass (no nnz x K array).
     """
     gw = as_f64(gw)
-    sw = arena.zeros(gw.shape)
+    sw = np.zeros(gw.shape)
     sums = np.zeros(3)  # sum E[n], sum y, bound
     sh = []
     for block, gh in zip(blocks, ghs, strict=True):

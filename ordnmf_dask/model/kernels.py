@@ -47,7 +47,6 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ordnmf_dask.model import arena
 from ordnmf_dask.model.csr import expand_rows, row_pointer
 from ordnmf_dask.model.sizes import held_bytes
 
@@ -387,7 +386,7 @@ def spmm_pair(
     """Add ``R @ gh`` into ``sw`` (n_rows, K, float64) and return ``R^T @ gw`` (n_cols, K), with
     R the block holding ``ratio`` (nnz,) float64 (neither is scaled by gw / gh)."""
     gw, gh = as_f64(gw), as_f64(gh)
-    sh = arena.zeros((gh.shape[0], gh.shape[1]))
+    sh = np.zeros((gh.shape[0], gh.shape[1]))
     _spmm_pair(
         block.indptr, block.cols, as_f64(ratio), gw, gh, _tile_cols(gw.shape[1], block), sw, sh
     )
@@ -433,13 +432,13 @@ def local_step_row(
     """
     delta, gw, ew = as_f64(delta), as_f64(gw), as_f64(ew)
     v1 = delta.shape[0]
-    sw = arena.zeros(gw.shape)
+    sw = np.zeros(gw.shape)
     total, comp = np.zeros(2 * v1 + 2), np.zeros(2 * v1 + 2)  # Neumaier pairs
     sh = []
     for block, gh, eh in zip(blocks, ghs, ehs, strict=True):
         _check_classes(block, v1)
         gh = as_f64(gh)
-        part = arena.zeros(gh.shape)
+        part = np.zeros(gh.shape)
         _ordinal_pass(
             block.indptr, block.cols, block.y, gw, gh, ew, as_f64(eh), delta, bool(approx),
             _tile_cols(gw.shape[1], block), sw, part, total, comp,
@@ -472,7 +471,7 @@ def _corrections(kernel, axis: int, blocks, gap, factors) -> np.ndarray:  # noqa
         _check_classes(block, gap.shape[0])
         f = as_f64(f)
         if out is None:
-            out = arena.zeros((block.shape[axis], f.shape[1]))
+            out = np.zeros((block.shape[axis], f.shape[1]))
         kernel(block.indptr, block.cols, block.y, gap, f, out)
     if out is None:
         raise ValueError("a rate correction of no blocks")

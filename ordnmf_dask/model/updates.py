@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.model import arena
 from ordnmf_dask.model.gamma import gamma_update
 from ordnmf_dask.model.sizes import held_bytes
 
@@ -77,7 +76,7 @@ def update_chunk(
     f64 = np.ascontiguousarray
     corr = np.empty((0, k)) if correction is None else f64(correction, dtype=np.float64)
     n = old.mean.shape[0]
-    mean, geo, shape = (arena.empty((n, k)) for _ in range(3))
+    mean, geo, shape = (np.empty((n, k)) for _ in range(3))
     beta, elbo = gamma_update(
         float(alpha), f64(old.mean, dtype=np.float64), f64(shape_stat, dtype=np.float64),
         f64(theta0_colsum, dtype=np.float64), corr, mean, geo, shape,

@@ -8,7 +8,7 @@ block in every pass. Through zarr, each read allocates every decoded chunk and t
 a Dask worker's glibc malloc (Dask sets MALLOC_TRIM_THRESHOLD_) hands each such allocation back to
 the OS when it is freed, so every page is faulted in and zeroed again on the next read; decoding
 into buffers the reading thread keeps (:func:`thread_buffer`) avoids that (docs/performance.md,
-"Hand-written memory code").
+"Worker memory").
 
 Chunk inventory: zarr reads an absent chunk file as the fill value (zeros), and by default does
 not write a chunk that holds only the fill value, so a deleted chunk file cannot be told from an
