@@ -1,4 +1,4 @@
-"""The package's layout follows the data flow (docs/design.md §7): imports only point down."""
+"""The package's layout follows the data flow (docs/design.md §8): imports only point down."""
 
 from __future__ import annotations
 
