@@ -113,3 +113,39 @@ def test_a_lost_model_file_is_an_error_naming_it_never_zeros(tmp_path, lost):
                  lambda: chunkstore.read_field(root, "W", 0, "mean"), lazy.compute):
         with pytest.raises(StoreError, match="W/0/mean"):
             read()
+
+
+def _fake_checkpoint(directory, iteration: int, print_: str) -> str:
+    """A checkpoint directory as start() makes it: root attributes first, then chunks."""
+    path = os.path.join(directory, f"ckpt-{iteration:08d}")
+    root = zarr.open_group(path, mode="w",
+                           attributes={"format": checkpoint.FORMAT, "fingerprint": print_})
+    for name in checkpoint.GROUPS:
+        root.create_group(name)
+    chunkstore.save_chunk(_chunk(), path, "W", 0, derived=False)
+    return path
+
+
+def test_a_checkpoint_removal_cut_short_never_blocks_the_next_fit(tmp_path, monkeypatch):
+    """The job can be killed while the rotation removes an old checkpoint: what is left is still
+    recognisably this fit's (the root attributes go last) or an empty directory, and the
+    resubmitted fit goes on (it used to refuse a half-removed look-alike)."""
+    directory = str(tmp_path)
+    kept = _fake_checkpoint(directory, 4, "abc")
+    cut = _fake_checkpoint(directory, 2, "abc")
+    real_remove = os.remove
+
+    def killed_at_the_marker(path):
+        if os.path.basename(path) == "zarr.json" and os.path.dirname(path) == cut:
+            raise OSError("killed")
+        real_remove(path)
+
+    monkeypatch.setattr(os, "remove", killed_at_the_marker)
+    with pytest.raises(OSError, match="killed"):
+        checkpoint.remove(cut)
+    monkeypatch.undo()
+    assert os.listdir(cut) == ["zarr.json"] and checkpoint.fingerprint_of(cut) == "abc"
+    assert checkpoint.claim(directory, ["abc"], restart=False) == [kept, cut]
+    os.remove(os.path.join(cut, "zarr.json"))  # killed just before the final rmdir
+    assert checkpoint.claim(directory, ["abc"], restart=False) == [kept]
+    assert not os.path.exists(cut)

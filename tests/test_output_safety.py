@@ -153,12 +153,17 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
 
 
 def test_an_unreadable_look_alike_is_refused_even_with_restart(tmp_path, store, client):
+    """A directory named like a checkpoint that holds something else (here a user's file) is
+    never removed; an empty one holds nothing to lose (a removal cut short) and goes."""
     ckpt = tmp_path / "ckpt"
     (ckpt / "ckpt-00000003").mkdir(parents=True)
+    (ckpt / "ckpt-00000003" / "notes.txt").write_text("mine")
+    (ckpt / "ckpt-00000001").mkdir()
     for restart in (False, True):
         with pytest.raises(InputError, match="ckpt-00000003: named like a checkpoint"):
             OrdNMF(K, max_iter=2, checkpoint_dir=str(ckpt)).fit(store, client, restart=restart)
     assert names(ckpt) == ["ckpt-00000003"]
+    assert (ckpt / "ckpt-00000003" / "notes.txt").read_text() == "mine"
 
 
 def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(

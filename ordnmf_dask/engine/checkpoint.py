@@ -22,6 +22,7 @@ before it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -146,9 +147,30 @@ def fingerprint_of(path: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def remove(path: str) -> None:
+    """Remove the checkpoint directory ``path``, its root attributes last: a removal cut short
+    (the job killed) leaves a checkpoint still recognisable as this package's, or an empty
+    directory, never an unreadable look-alike that would stop the resubmitted job."""
+    marker = os.path.join(path, "zarr.json")
+    for entry in os.scandir(path):
+        if entry.path == marker:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.remove(entry.path)
+    if os.path.lexists(marker):
+        os.remove(marker)
+    os.rmdir(path)
+
+
 def _remove(paths: list[str]) -> None:
     for path in paths:
-        shutil.rmtree(path)
+        remove(path)
+
+
+def _is_empty_dir(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
 
 
 def claim(directory: str, prints: list[str], restart: bool) -> list[str]:
@@ -160,6 +182,9 @@ def claim(directory: str, prints: list[str], restart: bool) -> list[str]:
     fingerprint (another fit's: never removed without being asked). ``restart`` removes every
     checkpoint this package wrote in ``directory``, whatever its fingerprint, and logs them.
     """
+    for path in list_checkpoints(directory, _ANY):
+        if _is_empty_dir(path):  # the last step of a removal cut short: nothing to keep
+            os.rmdir(path)
     found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, _ANY)]
     unknown = [path for path, print_ in found if print_ is None]
     if unknown:
@@ -190,9 +215,12 @@ def _make_room(path: str, print_: str) -> None:
     """Remove ``path`` if it is a checkpoint of fingerprint ``print_``; CheckpointError if
     something else is there."""
     if os.path.lexists(path):
+        if _is_empty_dir(path):
+            os.rmdir(path)
+            return
         if fingerprint_of(path) != print_:
             raise CheckpointError(f"{path}: exists and is not a checkpoint of this fit")
-        shutil.rmtree(path)
+        remove(path)
 
 
 @dataclass
@@ -247,7 +275,8 @@ def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
     ]
     finished = [p for p in older if _NAME.match(os.path.basename(p))]
     for old in finished[KEEP - 1 :] + [p for p in older if p not in finished]:
-        shutil.rmtree(old, ignore_errors=True)  # a failed clean-up does not stop the fit
+        with contextlib.suppress(OSError):  # a failed clean-up does not stop the fit
+            remove(old)
     return pending.final, colsums
 
 
@@ -259,7 +288,8 @@ def abandon(pending: Pending, finish_writes: bool) -> None:
     by the rotation of :func:`finish` or a restart)."""
     if finish_writes:
         wait([f for fs in pending.sums.values() for f in fs])
-    shutil.rmtree(pending.tmp, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        remove(pending.tmp)
 
 
 def read(
