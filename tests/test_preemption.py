@@ -54,12 +54,17 @@ def preempt(cmd: list[str], ckpt: Path, after: list[str]) -> list[str]:
         except subprocess.TimeoutExpired:
             pass
     finally:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        job.wait()
+        _kill_group(job)
     return checkpoints(ckpt)
+
+
+def _kill_group(job: subprocess.Popen) -> None:
+    """SIGKILL whatever is left of ``job``'s process group (the scheduler's last word)."""
+    try:
+        os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job.wait()
 
 
 def _alive(group: int, within: float) -> bool:
@@ -157,9 +162,5 @@ def test_sigterm_ends_the_job_cleanly_within_the_grace_period(tmp_path):
         assert errors == ["ordnmf-dask fit: error: terminated (SIGTERM)"], err
         assert not _alive(job.pid, within=10.0), "workers of its cluster are still running"
     finally:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        job.wait()
+        _kill_group(job)
     assert not out.exists() and not list(tmp_path.glob("m.zarr*"))
