@@ -174,3 +174,17 @@ def test_an_input_error_raised_in_a_worker_keeps_its_class(client):
     with pytest.raises(LineError, match=r"^r\.csv, line 3: not a number$") as info:
         client.submit(_fail_on_line_3, "r.csv").result()
     assert info.value.line == 3
+
+
+def test_a_reader_that_goes_away_is_no_cluster_failure(tmp_path):
+    """``ordnmf-dask info STORE | head -0``: the closed pipe ends the command quietly with 141
+    (128 + SIGPIPE, as other tools report it), not exit 3 "cluster failure: Broken pipe"."""
+    y = synthetic_ordinal(20, 15, 3, seed=2)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1)).path
+    job = subprocess.Popen(["ordnmf-dask", "info", "--json", store], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)  # fmt: skip
+    assert job.stdout is not None
+    job.stdout.close()  # the reader is gone before the command writes
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 141, err
+    assert err == b""

@@ -31,6 +31,7 @@ log = logging.getLogger("ordnmf_dask")
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_CLUSTER, EXIT_NUMERIC = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a job killed by it
+EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of standard output went away (`| head`)
 
 
 
@@ -640,10 +641,15 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return EXIT_INPUT
     interrupt.install()
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
+        return code
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code
         if isinstance(exc, SystemExit):
             raise
+        if isinstance(exc, BrokenPipeError):  # not an error of ours: stop writing, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_PIPE
         code, message = _exit_code(exc, args)
         from ordnmf_dask.errors import ConfigError
 
