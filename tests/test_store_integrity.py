@@ -171,6 +171,18 @@ def test_info_exits_2_naming_the_file(healthy, tmp_path, array, damage):
     assert _error_line(r).startswith(f"ordnmf-dask info: error: {path}: chunk file")
 
 
+@pytest.mark.parametrize("array", ["train/cols", "train/y", "test/raw", "items/ids"])
+def test_info_verify_checks_every_checksum(healthy, tmp_path, array):
+    """A changed byte of a large array passes the cheap checks of ``info`` (sizes) and is found
+    by ``info --verify`` (every file's CRC-32), exit 2 naming it; a healthy store verifies."""
+    assert run("info", "--verify", healthy).returncode == 0
+    store, path = _damaged(healthy, tmp_path, array, "flip")
+    assert run("info", store).returncode == 0
+    r = run("info", "--verify", store)
+    assert r.returncode == 2 and r.stdout == ""
+    assert _error_line(r).startswith(f"ordnmf-dask info: error: {path}: chunk file")
+
+
 def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, cluster):
     """On a cluster of worker processes: a lost row-pointer chunk is found before the fit (it
     was read as zeros: a model of nothing), a changed class chunk by the worker that reads it

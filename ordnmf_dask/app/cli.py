@@ -124,6 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     inf = add("info", help="summary of a store (exit 2 if incomplete or unreadable)")
     inf.add_argument("store")
     inf.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inf.add_argument("--verify", action="store_true",
+                     help="also check every chunk file's checksum (reads the whole store)")
 
     # One flag per parameter of ordnmf_dask.params (default None = not given, so that a flag
     # overrides the --config file only when the user gave it); the job-only flags after them.
@@ -354,9 +356,9 @@ def _summary_text(info: Any) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ordnmf_dask.store.blocks import open_store
+    from ordnmf_dask.store.blocks import open_store, verify_store
 
-    info = open_store(args.store)
+    info = verify_store(args.store) if args.verify else open_store(args.store)
     print(json.dumps(_summary(info), indent=2) if args.json else _summary_text(info))
     return EXIT_OK
 

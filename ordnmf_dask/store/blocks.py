@@ -274,6 +274,18 @@ def open_store(path: str | os.PathLike) -> StoreInfo:
     return _handle(path, fresh=True).info
 
 
+def verify_store(path: str | os.PathLike) -> StoreInfo:
+    """Open a store and check every chunk file of every array against its recorded size and
+    CRC-32 (reads the whole store once); StoreError naming the first damaged file."""
+    info = open_store(path)
+    group = zarr.open_group(info.path, mode="r")
+    names = ["row_bounds", "col_bounds", *(f"{a}/ids" for a in AXES)]
+    names += [f"{s}/{f}" for s in SPLITS for f in ("offsets", *BLOCK_ARRAYS)]
+    for name in names:
+        ChunkFiles.of(group[name], os.path.join(info.path, name)).verify()
+    return info
+
+
 def read_block(
     path: str | os.PathLike,
     split: str,
