@@ -10,7 +10,7 @@ import tomllib
 
 with open(sys.argv[1] if len(sys.argv) > 1 else "pyproject.toml", "rb") as fh:
     project = tomllib.load(fh)["project"]
-for spec in project["dependencies"] + project["optional-dependencies"]["parquet"]:
+for spec in project["dependencies"]:
     match = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", spec.replace(" ", ""))
     if match is None:
         sys.exit(f"floors.py: cannot read a floor from {spec!r}")
