@@ -2,7 +2,8 @@
 
 The layout and attributes are specified in docs/model-format.md. Written to ``MODEL.tmp-<id>``
 by the workers (each chunk where it lives), then renamed: a model directory is complete or
-absent. An existing path is replaced only if it is a model (see :func:`model_target`).
+absent. An existing path is replaced only if it is a model (see :func:`model_target`). A model
+carries a copy of its training store's raw id maps, so that it alone can name users and items.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from distributed import Client, Future, wait
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.store.blocks import check_target, group_attrs, is_store, publish
+from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store.blocks import AXES, check_target, group_attrs, is_store, open_store, publish
+from ordnmf_dask.store.decode import ChunkFiles, chunk_path
 
 MODEL_FORMAT = 1
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
@@ -65,13 +68,51 @@ def versions() -> dict[str, str]:
     return {name: importlib.metadata.version(name) for name in PROVENANCE}
 
 
+def copy_id_chunks(files: ChunkFiles, target: str, indices: list[int]) -> None:
+    """Copy chunk files ``indices`` of a store's id array (checked against its inventory) into
+    the array directory ``target``, byte for byte; on a worker."""
+    for i in indices:
+        data = files.load(i)
+        dest = chunk_path(target, i)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(dest, "wb") as fh:
+            fh.write(data)
+
+
+_ID_CHUNKS_PER_TASK = 16  # chunk files of 2^20 ids each
+
+
+def _copy_ids(client: Client, store: str, root: zarr.Group, tmp: str) -> list[Future]:
+    """Start copying the id maps of ``store`` into the model being written at ``tmp``: the
+    arrays' metadata (with their chunk inventories) here, the chunk files on the workers, so no
+    process holds a whole map."""
+    copies = []
+    for axis in AXES:
+        source = os.path.join(store, axis, "ids")
+        files = ChunkFiles.of(zarr.open_array(source, mode="r"), source)
+        root.create_group(axis)
+        target = os.path.join(tmp, axis, "ids")
+        os.makedirs(target)
+        shutil.copyfile(os.path.join(source, "zarr.json"), os.path.join(target, "zarr.json"))
+        shared = client.scatter(files, broadcast=True)
+        n = len(files.nbytes)
+        copies += [
+            client.submit(copy_id_chunks, shared, target,
+                          list(range(lo, min(n, lo + _ID_CHUNKS_PER_TASK))), pure=False)
+            for lo in range(0, n, _ID_CHUNKS_PER_TASK)
+        ]
+    return copies
+
+
 def save_model(
     client: Client, w: list[Future], h: list[Future], path: str, attrs: dict[str, Any],
     overwrite: bool = False,
 ) -> str:
     """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
-    existing ``path`` is replaced only as :func:`model_target` allows."""
+    existing ``path`` is replaced only as :func:`model_target` allows. With a training store
+    recorded in ``attrs["store"]["path"]``, its raw id maps are copied into the model."""
     path = model_target(path, overwrite)
+    store = attrs.get("store", {}).get("path")
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         root = zarr.open_group(tmp, mode="w")
@@ -79,12 +120,14 @@ def save_model(
         root.create_group("H")
         written = [client.submit(chunkstore.save_chunk, f, tmp, "W", r) for r, f in enumerate(w)]
         written += [client.submit(chunkstore.save_chunk, f, tmp, "H", c) for c, f in enumerate(h)]
+        if store is not None:
+            written += _copy_ids(client, store, root, tmp)
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
         root.attrs.update({
             **attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "versions": versions(),
-            "complete": True,
+            "ids": store is not None, "complete": True,
         })  # fmt: skip
         publish(tmp, path, lambda p: model_target(p, overwrite))
     finally:
@@ -117,6 +160,37 @@ class ModelInfo:
     @property
     def delta(self) -> np.ndarray:
         return np.asarray(self.attrs["delta"], dtype=np.float64)
+
+    @property
+    def ids_path(self) -> str:
+        """The directory whose ``users/ids`` and ``items/ids`` hold this model's raw ids, for
+        the functions of :mod:`ordnmf_dask.store.ids`: the model itself, or, for a model saved
+        without them, its training store (StoreError if that is gone or no longer matches)."""
+        if self.attrs.get("ids") is True:
+            return self.path
+        recorded = self.attrs.get("store") or {}
+        if recorded.get("path") is None:
+            raise StoreError(f"{self.path}: the model has no id maps and records no store")
+        try:
+            info = open_store(recorded["path"])
+        except StoreError as exc:
+            raise StoreError(f"{self.path}: the model has no id maps of its own, and its "
+                             f"training store cannot be read: {exc}") from None
+        if (info.n_users, info.n_items) != (recorded.get("n_users"), recorded.get("n_items")):
+            raise StoreError(
+                f"{self.path}: the model has no id maps of its own, and its training store "
+                f"{info.path} no longer matches it ({info.n_users} x {info.n_items}, the model "
+                f"{recorded.get('n_users')} x {recorded.get('n_items')})"
+            )
+        return info.path
+
+    def ids_at(self, axis: str, index: np.ndarray) -> list[Any]:
+        """Raw ids (int or str) of the given indices of ``axis`` ("users" or "items")."""
+        return idmap.ids_at(self.ids_path, axis, index)
+
+    def ids_slice(self, axis: str, start: int, stop: int) -> list[Any]:
+        """Raw ids of the indices ``start .. stop - 1`` of ``axis`` ("users" or "items")."""
+        return idmap.ids_slice(self.ids_path, axis, start, stop)
 
 
 def open_model(path: str) -> ModelInfo:
