@@ -20,11 +20,17 @@ from distributed import Client
 
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
-from ordnmf_dask.engine import checkpoint
+from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, IterationCallback
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
-from ordnmf_dask.modelstore.model import ModelInfo, model_target, open_model, save_model
+from ordnmf_dask.modelstore.model import (
+    ModelInfo,
+    model_target,
+    open_model,
+    save_model,
+    store_fingerprint,
+)
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.store.blocks import StoreInfo, open_store, publish
 
@@ -135,6 +141,7 @@ class CaviEstimator:
         client: Client | None = None,
         *,
         init: InitArg = None,
+        init_model: str | os.PathLike | CaviEstimator | None = None,
         out: str | os.PathLike | None = None,
         overwrite: bool = False,
         callback: IterationCallback | None = None,
@@ -151,6 +158,11 @@ class CaviEstimator:
             cluster, start it and pass its client).
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
+        init_model : warm start from a saved model (its directory, or a fitted estimator) of the
+            same class, K and number of classes, on this store or one that grew: users and items
+            are matched by raw id; known ones start from their old posterior, new ones from a
+            fold-in against the old factors (or as a cold fit, without interactions with known
+            ones); Delta (or p) starts at the old value (docs/design.md, "Warm start").
         out : directory of the saved model (default: a temporary directory, removed when the
             Python process exits; :meth:`save` copies the model to keep it). An existing ``out``
             is replaced only with ``overwrite`` and only if it is a model; never the store.
@@ -170,18 +182,26 @@ class CaviEstimator:
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
+        source = None
+        if init_model is not None:
+            if init is not None:
+                raise InputError("init and init_model are two warm starts: give one of them")
+            source = warmstart.open_source(init_model, type(self).__name__, family,
+                                           cfg.n_components, info)
         if resume and restart:
             raise InputError("resume and restart contradict each other: give one of them")
         if resume and not values["checkpoint_dir"]:
             raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
         n_init = values["n_init"]
-        if n_init > 1 and (init_arrays is not None or resume):
-            raise InputError("n_init > 1 restarts from random draws: no init= or resume= with it")
+        if n_init > 1 and (init_arrays is not None or source is not None or resume):
+            raise InputError(
+                "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
+            )
         if out is not None:
             out = model_target(out, overwrite, info.path)
         prints = [  # one per restart: its trajectory depends on its seed
             checkpoint.fingerprint(info.attrs, info.path,
-                                   self._fit_settings(values, init_arrays, s))
+                                   self._fit_settings(values, source or init_arrays, s))
             for s in range(cfg.seed, cfg.seed + n_init)
         ]
         work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
@@ -207,13 +227,20 @@ class CaviEstimator:
                         cl, info, family, run_cfg, ckpt_dir, cache,
                         values["checkpoint_every"], values["checkpoint_minutes"], prints[j],
                     )
-                    if init_arrays is None:
+                    params0 = None
+                    if source is not None:
+                        params0 = warmstart.start_params(family, source)
+                        alpha = {"W": run_cfg.alpha_W, "H": run_cfg.alpha_H}
+
+                        def start(runner=runner, params0=params0, alpha=alpha):
+                            return warmstart.initial_chunks(runner, source, params0, alpha)
+                    elif init_arrays is None:
                         start = runner.random_init
                     else:
                         def start(runner=runner):  # writes the arrays only when called
                             return runner.warm_init(*_write_init(init_arrays, work))
                     run = runner.run(start, callback or _iteration_logger(family),
-                                     resume=bool(ours), required=resume)
+                                     resume=bool(ours), required=resume, init_params=params0)
                     runs.append({"seed": run_cfg.seed, "elbo": run.elbo[-1],
                                  "n_iter": run.n_iter, "converged": run.converged})
                     if n_init > 1:  # its checkpoints would collide with the next run's
@@ -233,9 +260,11 @@ class CaviEstimator:
                     "elbo": state.elbo,
                     "n_iter": state.n_iter,
                     "converged": state.converged,
-                    "warm_start": init_arrays is not None,
+                    "warm_start": init_arrays is not None or source is not None,
+                    "init_model": None if source is None else source.describe(),
                     "store": {
                         "path": info.path,
+                        "fingerprint": store_fingerprint(info.path),
                         "n_users": info.n_users,
                         "n_items": info.n_items,
                         "n_classes": info.n_classes,
@@ -254,13 +283,17 @@ class CaviEstimator:
         return self
 
     def _fit_settings(
-        self, values: dict[str, Any], init: tuple[np.ndarray, np.ndarray] | None, seed: int
+        self, values: dict[str, Any],
+        init: tuple[np.ndarray, np.ndarray] | warmstart.Source | None, seed: int,
     ) -> dict[str, Any]:
-        """What the trajectory of the run from ``seed`` (or warm-started from ``init``) depends
-        on (checked when resuming from a checkpoint): the model parameters of the table."""
+        """What the trajectory of the run from ``seed`` (or warm-started from ``init``: arrays
+        or a saved model) depends on (checked when resuming from a checkpoint): the model
+        parameters of the table and the warm start."""
         params = {k: v for k, v in values.items() if PARAMS[k].model}
-        warm: str | bool = False
-        if init is not None:
+        warm: str | bool | dict[str, str] = False
+        if isinstance(init, warmstart.Source):
+            warm = init.describe()
+        elif init is not None:
             digest = hashlib.sha256()
             for a in init:
                 digest.update(np.ascontiguousarray(a).data)

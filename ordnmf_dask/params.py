@@ -50,7 +50,8 @@ def _number(value: Any) -> bool:
 @dataclass(frozen=True)
 class Param:
     """One row of the table. ``kind`` is the value's type: int, float, bool, path (a string or
-    os.PathLike, or None), or auto (True, False or "auto"); ``ok`` the rule, ``rule`` its text
+    os.PathLike, or None), str (one of the words ``rule`` names), or auto (True, False or
+    "auto"); ``ok`` the rule, ``rule`` its text
     (after "must be"); ``optional``: None is also accepted (and disables the setting)."""
 
     name: str
@@ -114,6 +115,11 @@ def _rows() -> Iterator[Param]:
                     type(v) in (bool, str)), "True, False or 'auto'",
                 "keep training blocks in worker memory (True), stream them from zarr in every "
                 "pass (False), or decide from the workers' memory limits ('auto')", engine, False)
+    yield Param("executor", "str", "auto", lambda v: v in ("auto", "inprocess", "cluster"),
+                "'auto', 'inprocess' or 'cluster'",
+                "run without a client in this process ('inprocess', threads), on the current "
+                "client or a LocalCluster ('cluster'), or in-process when there is no current "
+                "client and the data are small ('auto')", engine, False)
     yield Param("work_dir", "path", None, path, "a path",
                 "scratch directory visible to all workers (default: a temporary directory)",
                 engine, False, optional=True)
@@ -163,7 +169,7 @@ def problem(name: str, value: Any) -> str | None:
 def convert(name: str, value: Any) -> Any:
     """A valid ``value`` as the engine takes it: a plain int, float or str."""
     kind = PARAMS[name].kind
-    if value is None or kind in ("bool", "auto"):
+    if value is None or kind in ("bool", "auto", "str"):
         return value
     return {"int": int, "float": float, "path": os.fspath}[kind](value)
 

@@ -136,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
     _param_args(fit)
     fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
+    fit.add_argument("--init-model", metavar="MODEL",
+                     help="warm start from a saved model of the same kind and K, on this store "
+                          "or one that grew (users and items matched by raw id)")
     fit.add_argument("--resume", action="store_true",
                      help="require resuming: fail unless --checkpoint-dir holds a usable "
                           "checkpoint of this fit (without it, a fit resumes when it finds one "

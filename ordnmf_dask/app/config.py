@@ -4,8 +4,9 @@ A job file has the sections ``[store]``, ``[model]``, ``[engine]``, ``[cluster]`
 ``[checkpoint]``, ``[output]`` and ``[logging]`` (see ``cluster/job.toml``). The keys of
 ``[model]``, ``[engine]`` and ``[checkpoint]`` are the estimator parameters of
 :mod:`ordnmf_dask.params` (keys, types, defaults and rules from its table), plus the job-only
-``[model] kind`` and ``init``. Flags the user actually gave override the file; every value is
-checked for its key and type, and an error names the file (or "command line") and the key.
+``[model] kind``, ``init`` and ``init_model``. Flags the user actually gave override the
+file; every value is checked for its key and type, and an error names the file (or "command
+line") and the key.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class StoreSection:
 
 # the job settings in the table's sections that are not estimator parameters: key, type, default
 JOB_ONLY: dict[str, list[tuple[str, Any, Any]]] = {
-    "model": [("kind", str, "ordnmf"), ("init", str | None, None)],  # --model, --init FILE
+    "model": [("kind", str, "ordnmf"), ("init", str | None, None),  # --model, --init FILE
+              ("init_model", str | None, None)],  # --init-model MODEL
 }
 _HINTS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "path": str,
                           "auto": bool | str}  # fmt: skip
@@ -136,6 +138,7 @@ JOB_FLAGS: dict[str, str] = {
     "store": "store.path",
     "model_kind": "model.kind",
     "init": "model.init",
+    "init_model": "model.init_model",
     "scheduler": "cluster.scheduler",
     "scheduler_file": "cluster.scheduler_file",
     "workers": "cluster.local.workers",

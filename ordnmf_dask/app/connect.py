@@ -65,14 +65,14 @@ def open_client(spec: ClusterSection, timeout: str | None = None) -> Iterator[Cl
     """A client on the scheduler of ``spec``; for the local mode a LocalCluster we own, or None.
 
     ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s unless set).
-    None means the default LocalCluster (2 single-threaded workers, no TLS, memory "auto"): the
-    API starts the same cluster after validating its inputs, so bad input fails before any
-    process starts.
+    None when no local cluster setting and no TLS is given: the API then chooses (in-process
+    for small data, else the default LocalCluster of 2 single-threaded workers) after
+    validating its inputs, so bad input fails before any process starts.
     """
     if spec.mode == "local":
         local = spec.local_spec
         security = security_from(spec, local=True)
-        if security is None and local.threads_per_worker == 1 and local.memory_limit is None:
+        if security is None and spec.local is None:
             yield None
             return
         with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,

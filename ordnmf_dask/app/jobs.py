@@ -35,6 +35,7 @@ def fit_job(
     if unused:
         log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
     model = ESTIMATORS[name](**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
+                                 init_model=cfg.model.init_model,
                                  out=cfg.output.model, overwrite=cfg.output.overwrite,
                                  resume=resume, restart=restart)
     record_config(model.model_path_, cfg.to_dict())

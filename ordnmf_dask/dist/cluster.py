@@ -1,4 +1,5 @@
-"""Which Dask client a fit runs on: the given one, the current one, or a LocalCluster we own."""
+"""Which client a fit runs on: the given one, the current one, a LocalCluster we own, or the
+in-process executor (:mod:`.inprocess`) for data that fit in memory."""
 
 from __future__ import annotations
 
@@ -8,12 +9,30 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import dask
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
+from ordnmf_dask.dist.inprocess import InProcessClient, physical_memory
+from ordnmf_dask.errors import InputError
+
+if TYPE_CHECKING:
+    from ordnmf_dask.store.blocks import StoreInfo
+
 log = logging.getLogger(__name__)
+
+EXECUTORS = ("auto", "inprocess", "cluster")
+# "auto" runs in-process up to this many training nonzeros (measured faster than a LocalCluster
+# of two workers up to here, docs/design.md §4) when the estimate of :func:`inprocess_bytes`
+# is within INPROCESS_MEMORY of the machine's memory
+INPROCESS_MAX_NNZ = 1 << 24
+INPROCESS_MEMORY = 0.25
+# (n, K) float64 tables an in-process fit holds per row of W and of H at its peak: the chunk
+# being replaced and its update (mean, geo, shape), the local step's SW / SH and the strip
+# partials, the rate corrections, and the next iteration's, submitted while this one runs
+FACTOR_TABLES = 16
 
 # Dask's workers spill results to disk from 60% of their memory limit by their own count of
 # managed memory. A fit's results are factor chunks that every iteration reads again, and
@@ -52,10 +71,7 @@ def resolve_client(
     ``os.environ`` is left as it was found.
     """
     if client is None:
-        try:
-            client = Client.current()
-        except ValueError:  # no current client
-            client = None
+        client = _current_client()
     if client is not None:
         yield client
         return
@@ -80,6 +96,59 @@ def resolve_client(
                 n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
             )
             yield own
+
+
+def inprocess_bytes(info: StoreInfo, k: int) -> int:
+    """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
+    training blocks (as :func:`ordnmf_dask.estimator.decide_cache` counts them) and
+    FACTOR_TABLES (n, K) tables per row of W and H."""
+    blocks = info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
+    return blocks + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
+
+
+def runs_inprocess(info: StoreInfo, k: int, memory: int | None = None) -> bool:
+    """Whether "auto" runs a fit of ``info`` at K = ``k`` in-process: at most
+    INPROCESS_MAX_NNZ training nonzeros and :func:`inprocess_bytes` within INPROCESS_MEMORY of
+    ``memory`` (default: the machine's)."""
+    memory = physical_memory() if memory is None else memory
+    return (info.nnz_train <= INPROCESS_MAX_NNZ
+            and inprocess_bytes(info, k) <= INPROCESS_MEMORY * memory)  # fmt: skip
+
+
+def _current_client() -> Client | None:
+    """The current ``distributed`` client, or None."""
+    try:
+        return Client.current()
+    except ValueError:
+        return None
+
+
+@contextmanager
+def choose_client(
+    client: Any, info: StoreInfo, k: int, executor: str = "auto", n_workers: int = 2
+) -> Iterator[Any]:
+    """The client a fit (or evaluation) of ``info`` at K = ``k`` runs on.
+
+    ``client`` (a ``distributed.Client``) if given; else with ``executor`` "inprocess" an
+    :class:`~.inprocess.InProcessClient` (one thread per core), with "cluster" the current
+    client or a LocalCluster of ``n_workers`` (:func:`resolve_client`), and with "auto" the
+    current client if there is one, else in-process when :func:`runs_inprocess`, else a
+    LocalCluster. Both executors give bitwise the same results.
+    """
+    if executor not in EXECUTORS:
+        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if client is not None and executor == "inprocess":
+        raise InputError("executor='inprocess' runs without a cluster: pass no client")
+    if client is None and executor == "inprocess" or (
+        executor == "auto" and client is None and _current_client() is None
+        and runs_inprocess(info, k)
+    ):  # fmt: skip
+        log.info("running in-process (%d nonzeros, K = %d)", info.nnz_train, k)
+        with InProcessClient() as own:
+            yield own
+        return
+    with resolve_client(client, n_workers) as cl:
+        yield cl
 
 
 def _worker_logging() -> dict[str, dict[str, str]]:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 from distributed import Future, as_completed
 
+from ordnmf_dask.dist.inprocess import InProcessFuture
+
 log = logging.getLogger("ordnmf_dask")
 
 
@@ -20,8 +22,8 @@ def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> No
     ``min_seconds`` (so ``-q`` keeps them in the log file only).
     """
     total = len(futures)
-    if total == 0 or not log.isEnabledFor(logging.INFO):
-        return
+    if total == 0 or not log.isEnabledFor(logging.INFO) or isinstance(futures[0], InProcessFuture):
+        return  # in-process tasks (.inprocess) finish while the caller gathers
     bar = sys.stderr.isatty() and _info_on_stderr()
     start = last = time.monotonic()
     reported = 0

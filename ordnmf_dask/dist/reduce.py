@@ -7,10 +7,12 @@ first, so results are bit-identical across worker counts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
-from distributed import Client, Future
+
+if TYPE_CHECKING:  # a client is a distributed.Client or an in-process one (.inprocess)
+    from distributed import Client, Future
 
 
 PRIORITY = 1  # of combining tasks; Dask's default is 0
@@ -67,7 +69,7 @@ def _pick(a: object, field: Field = None) -> Any:
     return _part(a, field)
 
 
-Lazy = Future | tuple[Future, Field]
+Lazy: TypeAlias = "Future | tuple[Future, Field]"
 
 
 def resolve(x: object) -> Any:

@@ -148,16 +148,22 @@ class CaviRunner:
 
     def warm_init(self, w_path: str, h_path: str) -> tuple[list[Future], list[Future]]:
         """Initial E[W], E[H] read by the workers from zarr arrays of shape (U, K), (I, K)."""
-        s = self.store
-        submit, fn, rows, cols = self.client.submit, tasks.rows_chunk, s.row_bounds, s.col_bounds
-        w = [
-            submit(fn, w_path, int(rows[r]), int(rows[r + 1]), **self._home["row"][r])
-            for r in range(len(rows) - 1)
-        ]
-        h = [
-            submit(fn, h_path, int(cols[c]), int(cols[c + 1]), **self._home["col"][c])
-            for c in range(len(cols) - 1)
-        ]
+        rows, cols = self.store.row_bounds.tolist(), self.store.col_bounds.tolist()
+        return self.submit_initial(
+            tasks.rows_chunk,
+            [(w_path, lo, hi) for lo, hi in zip(rows[:-1], rows[1:], strict=True)],
+            [(h_path, lo, hi) for lo, hi in zip(cols[:-1], cols[1:], strict=True)],
+        )
+
+    def submit_initial(
+        self, fn: Callable[..., Any], w_args: list[tuple[Any, ...]],
+        h_args: list[tuple[Any, ...]],
+    ) -> tuple[list[Future], list[Future]]:
+        """Initial chunks ``fn(*args)``, one per user-block and per item-block, each submitted
+        to the worker its chunk will live on."""
+        submit = self.client.submit
+        w = [submit(fn, *a, pure=False, **self._home["row"][r]) for r, a in enumerate(w_args)]
+        h = [submit(fn, *a, pure=False, **self._home["col"][c]) for c, a in enumerate(h_args)]
         return w, h
 
     # -- passes --------------------------------------------------------------------------
@@ -307,6 +313,7 @@ class CaviRunner:
         callback: IterationCallback | None = None,
         resume: bool = False,
         required: bool = False,
+        init_params: Any = None,
     ) -> CaviState:
         """Iterate docs/design.md §2 steps 1-6 until the relative ELBO gain is below tol.
 
@@ -322,7 +329,8 @@ class CaviRunner:
         the state is read from the newest valid checkpoint of this run's fingerprint taken before
         max_iter instead (``init`` is then only used when there is none, or InputError if
         ``required``), and the run continues exactly as the interrupted one would have. Other
-        checkpoints in the directory are never touched.
+        checkpoints in the directory are never touched. ``init_params``: the global parameters
+        to start from with ``init`` (default the family's), e.g. a warm start's old Delta.
         """
         cfg, client, fam = self.cfg, self.client, self.family
         snap = None
@@ -345,7 +353,7 @@ class CaviRunner:
             if init is None:
                 raise ValueError("no initial state and nothing to resume from")
             w, h = init()
-            params = fam.init_params()
+            params = fam.init_params() if init_params is None else init_params
             sw, sh, small = self._local_pass(w, h, params)
             cur = _Flight(
                 w, h, sw, sh, params, small,

@@ -30,16 +30,19 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from distributed import Client, Future, wait
 
+from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.store.blocks import group_attrs
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,9 @@ carries a copy of its training store's raw id maps, so that it alone can name us
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import uuid
@@ -25,7 +27,7 @@ from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import AXES, check_target, group_attrs, is_store, open_store, publish
-from ordnmf_dask.store.decode import ChunkFiles, chunk_path
+from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_path
 
 MODEL_FORMAT = 1
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
@@ -66,6 +68,42 @@ PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "n
 def versions() -> dict[str, str]:
     """Installed versions of this package and of the libraries a fit's numbers depend on."""
     return {name: importlib.metadata.version(name) for name in PROVENANCE}
+
+
+def store_fingerprint(path: str) -> str:
+    """Content fingerprint of a store: a hash of its shape attributes and of the size and
+    CRC-32 of every chunk file of every array (their inventories), read from metadata only."""
+    group = zarr.open_group(path, mode="r")
+    attrs = group.attrs.asdict()
+    doc = {k: attrs.get(k) for k in ("n_users", "n_items", "n_classes", "value_kind")}
+    doc["arrays"] = {
+        name: array.attrs.get(INVENTORY) for name, array in sorted(group.arrays(), key=_first)
+    }
+    for name, sub in sorted(group.groups(), key=_first):
+        doc["arrays"].update({
+            f"{name}/{inner}": array.attrs.get(INVENTORY)
+            for inner, array in sorted(sub.arrays(), key=_first)
+        })  # fmt: skip
+    return _digest(doc)
+
+
+FITTED = ("model", "family", "params", "elbo", "delta", "p", "t", "store", "row_bounds",
+          "col_bounds", "init_model")  # fmt: skip
+
+
+def model_fingerprint(attrs: dict[str, Any]) -> str:
+    """Fingerprint of a saved model: a hash of the attributes that describe its fit (class,
+    parameters, bound after each iteration, thresholds, store with its fingerprint, and the
+    model it was warm-started from)."""
+    return _digest({k: attrs.get(k) for k in FITTED})
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
+def _digest(doc: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def copy_id_chunks(files: ChunkFiles, target: str, indices: list[int]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.dist.progress import track
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
@@ -176,7 +176,8 @@ def evaluate(
                          f"{info.path}), got {outside or 'none'}")
     n_r, n_c = info.grid
     cb, rb = [int(x) for x in info.col_bounds], [int(x) for x in info.row_bounds]
-    with resolve_client(client, n_workers) as cl:
+    k_model = int(m.attrs["params"]["n_components"])
+    with choose_client(client, info, k_model, n_workers=n_workers) as cl:
         per_row = []
         for r in range(n_r):
             keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)

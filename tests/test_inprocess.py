@@ -1,0 +1,159 @@
+"""The in-process executor (dist/inprocess.py): bitwise the fits of a LocalCluster, chosen
+automatically for small stores, and the Client behaviour the engine relies on."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import dense_split, store_from_dense, synthetic_ordinal
+
+from ordnmf_dask import DcPF, OrdNMF, evaluate
+from ordnmf_dask.dist import cluster as clustermod
+from ordnmf_dask.dist.inprocess import InProcessClient, wait
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.modelstore.model import open_model
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A 2 x 3 grid: several strips, trees of partial sums and chunks per factor."""
+    train, test = dense_split(synthetic_ordinal(40, 30, 4, seed=3))
+    return store_from_dense(tmp_path_factory.mktemp("s") / "s.zarr", train, test, 4, (2, 3))
+
+
+def _result(model) -> dict[str, object]:
+    m = open_model(model.model_path_)
+    out = {name: np.asarray(m.factor(f[0], f[1]).compute())
+           for name, f in {"W": ("W", "mean"), "H": ("H", "mean"), "logW": ("W", "log_mean"),
+                           "logH": ("H", "log_mean")}.items()}  # fmt: skip
+    out["elbo"] = list(model.elbo_)
+    out["params"] = (model.delta_.tolist() if hasattr(model, "delta_") else model.p_)
+    return out
+
+
+def _assert_bitwise(a: dict[str, object], b: dict[str, object]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        if isinstance(a[name], np.ndarray):
+            assert np.array_equal(a[name], b[name]), name
+        else:
+            assert a[name] == b[name], name  # floats compared exactly
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("every", [0, 3])
+@pytest.mark.parametrize("klass", [OrdNMF, DcPF])
+def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store, client, klass, every):
+    def fit(where, **kw):
+        est = klass(K, max_iter=8, tol=1e-12, checkpoint_every=every, **kw)
+        return _result(est.fit(store, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
+
+    on_cluster = fit(client)
+    in_process = fit(None, executor="inprocess")
+    assert len(on_cluster["elbo"]) == 8
+    _assert_bitwise(on_cluster, in_process)
+
+
+@pytest.mark.cluster
+def test_a_fit_resumes_across_executors_bitwise(tmp_path, store, client):
+    """Checkpoints written in-process, resumed on a cluster: the same model as one
+    uninterrupted run."""
+    ckpt = str(tmp_path / "ckpt")
+
+    def est(n: int, **kw) -> OrdNMF:
+        return OrdNMF(K, max_iter=n, tol=1e-12, checkpoint_every=3, checkpoint_dir=ckpt, **kw)
+
+    est(7, executor="inprocess").fit(store, out=tmp_path / "a")  # leaves ckpt-6 behind
+    resumed = est(12).fit(store, client, out=tmp_path / "b", resume=True)
+    whole = OrdNMF(K, max_iter=12, tol=1e-12, checkpoint_every=3, executor="inprocess").fit(
+        store, out=tmp_path / "c"
+    )
+    _assert_bitwise(_result(whole), _result(resumed))
+
+
+@pytest.mark.cluster
+def test_evaluate_inprocess_is_the_cluster_evaluation(tmp_path, store, client):
+    model = OrdNMF(K, max_iter=5, executor="inprocess").fit(store, out=tmp_path / "m")
+    with InProcessClient() as threads:
+        assert evaluate(store, model, client, k=5) == evaluate(store, model, threads, k=5)
+
+
+def test_a_small_fit_without_a_client_starts_no_cluster(tmp_path, store):
+    """Not marked ``cluster``: a scheduler started here would fail the fit (conftest)."""
+    model = OrdNMF(K, max_iter=4, checkpoint_every=2).fit(store, out=tmp_path / "m")
+    assert model.n_iter_ == 4 and np.isfinite(model.elbo_[-1])
+    res = evaluate(store, model, k=5)
+    assert res["nnz_test"] == store.nnz_test
+
+
+def test_auto_runs_inprocess_within_the_memory_budget_only(store):
+    need = clustermod.inprocess_bytes(store, K)
+    assert need > store.nnz_train * 9
+    assert clustermod.runs_inprocess(store, K, memory=int(need / clustermod.INPROCESS_MEMORY))
+    assert not clustermod.runs_inprocess(store, K, memory=need)
+    big = replace(store, nnz_train=clustermod.INPROCESS_MAX_NNZ + 1)
+    assert clustermod.runs_inprocess(store, 1, memory=1 << 50)
+    assert not clustermod.runs_inprocess(big, 1, memory=1 << 50)
+
+
+def test_executor_values_are_checked(tmp_path, store):
+    with pytest.raises(InputError, match="^executor must be 'auto', 'inprocess' or 'cluster'"):
+        OrdNMF(K, executor="threads").fit(store)
+    with pytest.raises(InputError, match="executor='inprocess' runs without a cluster"):
+        OrdNMF(K, executor="inprocess").fit(store, client=object())
+
+
+def _add(a, b):
+    return a + b
+
+
+def _boom(x):
+    raise ValueError(f"bad {x}")
+
+
+def _total(parts, named):
+    return sum(parts) + named["x"][0] + named["x"][1]
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_futures_in_arguments_are_resolved_and_errors_reach_the_dependents(threads):
+    with InProcessClient(threads) as c:
+        a = c.submit(_add, 1, 2, workers=["w"], allow_other_workers=True, priority=1, pure=False)
+        b = c.submit(_add, a, 10)
+        total = c.submit(_total, [a, b], {"x": (a, c.scatter(100))})
+        assert c.gather([a, (b, {"t": total})]) == [3, (13, {"t": 3 + 13 + 3 + 100})]
+        bad = c.submit(_boom, a)
+        after = c.submit(_add, bad, 1)
+        wait([bad, after, total])
+        assert (bad.status, after.status, total.status) == ("error", "error", "finished")
+        with pytest.raises(ValueError, match="bad 3"):
+            after.result()
+        with pytest.raises(ValueError, match="bad 3"):
+            c.gather([total, after])
+        assert isinstance(bad.exception(), ValueError)
+        assert list(c.scheduler_info()["workers"].values())[0]["memory_limit"] > 0
+
+
+def _cli_fit(store, out, *flags: str) -> str:
+    done = subprocess.run(
+        ["ordnmf-dask", "fit", store.path, "--out", str(out), "-k", "2", "--max-iter", "2",
+         *flags], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_the_cli_fit_without_cluster_flags_runs_inprocess(tmp_path, store):
+    """Not marked ``cluster``: the command would fail if it started a scheduler (conftest)."""
+    assert "running in-process" in _cli_fit(store, tmp_path / "m.zarr")
+
+
+@pytest.mark.cluster
+def test_a_cluster_flag_gets_the_cluster_it_asks_for(tmp_path, store):
+    err = _cli_fit(store, tmp_path / "m.zarr", "--workers", "1")
+    assert "started LocalCluster: 1 workers" in err and "running in-process" not in err
