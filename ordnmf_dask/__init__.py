@@ -25,6 +25,7 @@ _EXPORTS = {
     "open_store": ".store.blocks",
     "read_block": ".store.blocks",
     "evaluate": ".postfit.evaluate",
+    "export": ".postfit.export",
     "fold_in": ".postfit.foldin",
     "recommend_for": ".postfit.foldin",
     "ingest": ".sources.inmemory",
@@ -42,6 +43,7 @@ __all__ = [
     "StoreError",
     "StoreInfo",
     "evaluate",
+    "export",
     "fold_in",
     "ingest",
     "ingest_arrays",
@@ -55,6 +57,7 @@ __all__ = [
 if TYPE_CHECKING:  # static analysis and IDEs see the real names
     from .estimator import PF, BePoF, DcPF, OrdNMF
     from .postfit.evaluate import evaluate
+    from .postfit.export import export
     from .postfit.foldin import fold_in, recommend_for
     from .postfit.ppc import posterior_predictive
     from .postfit.recommend import recommend

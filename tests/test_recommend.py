@@ -12,9 +12,11 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client
+from fsspec.implementations.local import LocalFileSystem
 from scipy.special import digamma
 
 from ordnmf_dask import OrdNMF
@@ -127,13 +129,14 @@ def oracle_fold_in(y, eh, log_eh, alpha, family, params, tol=1e-6, max_iter=500)
 
 
 def read_parts(out):
+    """{str(user): [(rank, str(item), score), ...]} from the Parquet parts of ``out``."""
     rows = {}
-    for path in sorted(glob.glob(os.path.join(out, "part-*.tsv"))):
-        with open(path) as fh:
-            assert fh.readline() == "user\trank\titem\tscore\n"
-            for line in fh:
-                user, rank, item, score = line.rstrip("\n").split("\t")
-                rows.setdefault(user, []).append((int(rank), item, float(score)))
+    for path in sorted(glob.glob(os.path.join(out, "recommendations", "part-*.parquet"))):
+        table = pq.read_table(path)
+        assert table.column_names == ["user", "rank", "item", "score"]
+        for rec in table.to_pylist():
+            rows.setdefault(str(rec["user"]), []).append(
+                (rec["rank"], str(rec["item"]), rec["score"]))
     return rows
 
 
@@ -148,7 +151,9 @@ def test_all_users_match_dense_oracle(request, mclient, tmp_path, which):
     assert out == str(tmp_path / "rec")
     assert sorted(os.listdir(tmp_path)) == ["rec"]  # no temporary directory left
     n_r = f.store.grid[0]
-    assert sorted(os.listdir(out)) == [f"part-{r:05d}.tsv" for r in range(n_r)]
+    assert sorted(os.listdir(out)) == ["_SUCCESS", "recommendations"]
+    assert sorted(os.listdir(os.path.join(out, "recommendations"))) == [
+        f"part-{r:05d}.parquet" for r in range(n_r)]
     got = read_parts(out)
     ref = oracle_top(f.W, f.H, f.train > 0, n)
     for u, recs in enumerate(ref):
@@ -165,7 +170,7 @@ def test_all_users_match_dense_oracle(request, mclient, tmp_path, which):
     recommend(f.store, f.model.model_path_, mclient, n=2, out=out, overwrite=True)
     assert max(len(v) for v in read_parts(out).values()) == 2
     assert sorted(os.listdir(tmp_path)) == ["rec"]
-    with pytest.raises(InputError, match="not a recommendations directory"):
+    with pytest.raises(InputError, match="not a Parquet export written by ordnmf_dask"):
         recommend(f.store, f.model, mclient, out=tmp_path, overwrite=True)
 
 
@@ -180,7 +185,7 @@ def test_an_output_it_may_not_replace_is_refused_before_any_cluster_starts(
         raise AssertionError("a cluster was asked for before the output was checked")
 
     monkeypatch.setattr(module, "resolve_client", no_cluster)
-    with pytest.raises(InputError, match="not a recommendations directory"):
+    with pytest.raises(InputError, match=f"it is or is inside {grid23.store.path}"):
         recommend(grid23.store, grid23.model, None, out=grid23.store.path, overwrite=True)
 
 
@@ -191,6 +196,7 @@ def test_edge_users_in_part_files(grid23, mclient, tmp_path):
 
 
 def test_part_file_written_in_slabs(grid23, mclient, tmp_path, monkeypatch):
+    import ordnmf_dask.postfit.export as exp
     import ordnmf_dask.postfit.recommend as rec
 
     out = rec.recommend(grid23.store, grid23.model, mclient, n=3, out=tmp_path / "r")
@@ -199,10 +205,14 @@ def test_part_file_written_in_slabs(grid23, mclient, tmp_path, monkeypatch):
     tops = [rec._candidates(grid23.model.model_path_, grid23.store.path, 1, c, int(cb[c]), 3)
             for c in range(3)]
     top = rec.metrics.merge_topk(rec.metrics.merge_topk(tops[0], tops[1], 3), tops[2], 3)
-    monkeypatch.setattr(rec, "_SLAB", 4)  # in this process only
-    path = tmp_path / "slabbed.tsv"
-    rec._write_part(top, grid23.store.path, int(rb[1]), int(rb[2]), str(path))
-    assert path.read_text() == (Path(out) / "part-00001.tsv").read_text()
+    monkeypatch.setattr(exp, "SLAB", 4)  # in this process only
+    path = tmp_path / "slabbed.parquet"
+    schema = pq.read_schema(Path(out) / "recommendations" / "part-00001.parquet")
+    exp.recommendation_part(top, grid23.store.path, int(rb[1]), schema, LocalFileSystem(),
+                            str(path))
+    assert pq.ParquetFile(path).num_row_groups == -(-(int(rb[2]) - int(rb[1])) // 4)
+    assert pq.read_table(path).equals(
+        pq.read_table(Path(out) / "recommendations" / "part-00001.parquet"))
 
 
 def test_given_users_match_oracle(grid23, mclient):

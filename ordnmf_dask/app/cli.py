@@ -42,6 +42,11 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected integers joined by commas: {text!r}") from None
 
 
+def _name_list(text: str) -> list[str]:
+    """Names joined by commas."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
 def _columns(text: str) -> list[int | str]:
     """user,item,value columns: 0-based positions (digits) or names."""
     return [int(t) if t.strip().isdigit() else t.strip() for t in text.split(",") if t.strip()]
@@ -165,11 +170,25 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("store")
     rec.add_argument("model")
     who = rec.add_mutually_exclusive_group(required=True)
-    who.add_argument("--out", help="directory of part-<r>.tsv files for all users")
+    who.add_argument("--out", help="directory or URL for all users: an export of "
+                     "recommendations (OUT/recommendations/part-<r>.parquet)")
     who.add_argument("--users", help="raw user ids joined by commas: print their lists")
     rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     _cluster_args(rec)
+
+    exp = add("export", help="factors with raw ids and top-N lists as partitioned Parquet")
+    exp.add_argument("model")
+    exp.add_argument("--out", required=True,
+                     help="directory or URL (s3://bucket/prefix, ...) of the export")
+    exp.add_argument("--what", type=_name_list, default=["factors", "recommendations"],
+                     help="comma-separated subset of factors,recommendations (default both)")
+    exp.add_argument("-n", type=int, default=10, help="recommendations per user (default 10)")
+    exp.add_argument("--store", help="training store for the recommendations (default: the "
+                     "store the model records)")
+    exp.add_argument("--overwrite", action="store_true",
+                     help="replace --out if it is an export (nothing else is ever replaced)")
+    _cluster_args(exp)
 
     rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
     rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
@@ -449,6 +468,24 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 COMMANDS["recommend"] = cmd_recommend
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit.export import export
+
+    # only the cluster flags: --out here is the export, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(cluster) as client:
+        out = export(args.model, args.out, what=args.what, n=args.n, store=args.store,
+                     client=client, overwrite=args.overwrite,
+                     n_workers=cluster.local_spec.workers)
+    print(f"export written to {out}")
+    return EXIT_OK
+
+
+COMMANDS["export"] = cmd_export
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

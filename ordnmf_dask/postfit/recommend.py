@@ -5,22 +5,20 @@ excluded (all of them, whatever the model: also the classes a BePoF model binari
 broken by the lower item index. For each user-block r, every item-block c gives its candidate
 top-n (:func:`ordnmf_dask.model.metrics.topk_block`); the candidates are merged along a fixed
 binary tree on the workers, as in :mod:`.evaluate`. Only file names, row counts and (for
-given users) their n recommendations reach the client: never a U x K or I x K matrix.
+given users) their n recommendations reach the client: never a U x K or I x K matrix. All
+users' lists are written as Parquet by :mod:`.export`.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
 from ordnmf_dask.dist.cluster import resolve_client
-from ordnmf_dask.dist.progress import track
 from ordnmf_dask.dist.reduce import tree_reduce
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import metrics
@@ -28,11 +26,8 @@ from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.store import ids as idmap
-from ordnmf_dask.store.blocks import StoreInfo, check_target, open_store, publish
+from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.csr import load_block
-
-HEADER = "user\trank\titem\tscore\n"
-_SLAB = 1 << 16  # users per slab when writing a part file
 
 
 def factor_mean(model: str, name: str, index: int) -> np.ndarray:
@@ -75,32 +70,11 @@ def named_top(top: tuple[np.ndarray, np.ndarray], store: str) -> list[list[tuple
     return out
 
 
-def _write_part(
-    top: tuple[np.ndarray, np.ndarray], store: str, start: int, stop: int, path: str
-) -> int:
-    """Write user rows ``start .. stop - 1`` as a TSV part file; returns the number of lines.
-
-    Written in slabs of ``_SLAB`` users (ids read per slab), so memory stays bounded. Scores are
-    written with ``repr`` (shortest round-trip form of the float64).
-    """
-    scores, items = top
-    count = 0
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(HEADER)
-        for lo in range(0, stop - start, _SLAB):
-            hi = min(stop - start, lo + _SLAB)
-            users = idmap.ids_slice(store, "users", start + lo, start + hi)
-            recs = named_top((scores[lo:hi], items[lo:hi]), store)
-            for user, row in zip(users, recs, strict=True):
-                fh.writelines(f"{user}\t{rank}\t{item}\t{score!r}\n"
-                              for rank, (item, score) in enumerate(row, start=1))
-                count += len(row)
-    return count
-
-
-def _block_top(
+def block_top(
     cl: Client, m: ModelInfo, info: StoreInfo, r: int, n: int, rows: np.ndarray | None = None
 ) -> Future:
+    """Future of the top-n (scores, item indices) of the users of user-block r (or its local
+    ``rows``), merged over the item-blocks on the workers."""
     cb = [int(x) for x in info.col_bounds]
     cands = [
         cl.submit(_candidates, m.path, info.path, r, c, cb[c], n, rows, pure=False)
@@ -113,15 +87,6 @@ def check_n(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
         raise InputError(f"n must be an integer >= 1, got {n!r}")
     return int(n)
-
-
-def _is_parts_dir(path: str) -> bool:
-    names = os.listdir(path) if os.path.isdir(path) else None
-    return names is not None and all(x.startswith("part-") and x.endswith(".tsv") for x in names)
-
-
-def _target(out: str | os.PathLike, overwrite: bool) -> str:
-    return check_target(out, overwrite, "recommendations directory", _is_parts_dir)
 
 
 def recommend(
@@ -146,10 +111,11 @@ def recommend(
     n : list length (fewer for a user with fewer than n items outside its training set).
     users : raw user ids (ints or strings; coerced to the store's id type): recommend for
         these only. Unknown ids raise InputError naming them.
-    out : with ``users=None``: directory of ``part-<r:05d>.tsv`` files, one per user-block
-        (header ``user rank item score``, rank 1..n, tab-separated), written by the workers
-        to ``OUT.tmp-*`` and renamed when all parts are written (complete or absent).
-    overwrite : replace an existing ``out``.
+    out : with ``users=None``: where to write every user's list, as the ``recommendations``
+        dataset of an export (:func:`ordnmf_dask.postfit.export.export`: Parquet parts
+        ``OUT/recommendations/part-<r:05d>.parquet``, columns user, rank, item, score;
+        complete or absent); a directory or an fsspec URL.
+    overwrite : replace an existing ``out`` if it is an export.
 
     Returns
     -------
@@ -160,32 +126,17 @@ def recommend(
     if (users is None) == (out is None):
         raise InputError("give either users (raw ids) or out (a directory for all users)")
     info, m = open_pair(store, model)
-    target = None if out is None else _target(out, overwrite)  # before any cluster starts
+    plan = None
+    if out is not None:  # every check before any cluster starts
+        from ordnmf_dask.postfit.export import plan_export  # export builds on this module
+
+        plan = plan_export(m, info, out, ["recommendations"], n, overwrite)
     with resolve_client(client, n_workers) as cl:
-        if target is None:
+        if plan is None:
             return _for_users(cl, m, info, list(users or ()), n)
-        return _for_all(cl, m, info, n, target, overwrite)
+        from ordnmf_dask.postfit.export import write_export
 
-
-def _for_all(
-    cl: Client, m: ModelInfo, info: StoreInfo, n: int, path: str, overwrite: bool
-) -> str:
-    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
-    os.makedirs(tmp)
-    try:
-        rb = [int(x) for x in info.row_bounds]
-        parts = [
-            cl.submit(_write_part, _block_top(cl, m, info, r, n), info.path, rb[r], rb[r + 1],
-                      os.path.join(tmp, f"part-{r:05d}.tsv"), pure=False)
-            for r in range(info.grid[0])
-        ]
-        track(parts, "recommend: user-blocks")
-        wait(parts)
-        cl.gather(parts)  # re-raise a worker's error here
-        publish(tmp, path, lambda p: _target(p, overwrite))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+        return write_export(cl, plan)
 
 
 def _for_users(
@@ -199,7 +150,7 @@ def _for_users(
     jobs = []
     for r in np.unique(block_of).tolist():
         rows = wanted[block_of == r] - rb[r]
-        top = _block_top(cl, m, info, r, n, rows)
+        top = block_top(cl, m, info, r, n, rows)
         jobs.append((wanted[block_of == r], cl.submit(named_top, top, info.path, pure=False)))
     for global_rows, fut in jobs:
         found.update(zip(global_rows.tolist(), fut.result(), strict=True))

@@ -1,0 +1,339 @@
+"""Export of a fitted model to partitioned Parquet, locally or at any fsspec URL (``s3://``, ...).
+
+Three datasets, each a directory of ``part-<b:05d>.parquet`` files, one per block, written by the
+workers: ``user_factors`` and ``item_factors`` (raw ``id``, then E[w] or E[h] as ``f0 ..
+f{K-1}``) and ``recommendations`` (``user``, ``rank``, ``item``, ``score``: the top-N of
+:mod:`.recommend`). The layout is in docs/model-format.md ("Export").
+
+An export is complete or absent: ``_SUCCESS`` (a JSON manifest of every part and its rows) is
+written last. A local export is written to ``OUT.tmp-<random>`` and renamed into place; object
+stores cannot rename, so there the parts go to their final names between a ``_PENDING`` marker
+written first (listing every part it will write) and the manifest. Only an export (complete, or
+marked pending) is ever replaced, and only the files its manifest or marker lists are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zarr
+from distributed import Client, Future, wait
+from fsspec.implementations.local import LocalFileSystem
+
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.progress import track
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
+from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store.blocks import AXES, StoreInfo, check_target, publish
+
+EXPORT_KIND = "ordnmf_dask.export"
+EXPORT_FORMAT = 1
+MANIFEST = "_SUCCESS"  # written last: the export is complete
+PENDING = "_PENDING"  # at a URL: written first, removed last (the parts being written are ours)
+WHAT = ("factors", "recommendations")
+FACTORS = {"user_factors": ("W", "users"), "item_factors": ("H", "items")}  # dataset -> source
+RECOMMENDATIONS = "recommendations"
+SLAB = 1 << 16  # rows per Parquet row group (ids are read per slab, so memory stays bounded)
+
+
+def part_name(dataset: str, block: int) -> str:
+    """Path of a part file relative to the export's root."""
+    return f"{dataset}/part-{block:05d}.parquet"
+
+
+def id_type(ids_root: str, axis: str) -> pa.DataType:
+    """Arrow type of the raw ids of ``axis``: int64, or string."""
+    kind = zarr.open_array(f"{ids_root}/{axis}/ids", mode="r").dtype.kind
+    return pa.int64() if kind in "iu" else pa.string()
+
+
+def factor_schema(ids: pa.DataType, k: int) -> pa.Schema:
+    """``id`` then one float64 column ``f<j>`` per component."""
+    return pa.schema([pa.field("id", ids, nullable=False)]
+                     + [pa.field(f"f{j}", pa.float64(), nullable=False) for j in range(k)])
+
+
+def recommendation_schema(users: pa.DataType, items: pa.DataType) -> pa.Schema:
+    return pa.schema([
+        pa.field("user", users, nullable=False), pa.field("rank", pa.int32(), nullable=False),
+        pa.field("item", items, nullable=False), pa.field("score", pa.float64(), nullable=False),
+    ])  # fmt: skip
+
+
+def factor_part(
+    model: str, ids_root: str, name: str, index: int, start: int, schema: pa.Schema,
+    fs: fsspec.AbstractFileSystem, path: str,
+) -> int:
+    """Write E[.] of chunk ``index`` of factor ``name`` ("W" or "H"), whose first row is index
+    ``start``, with its raw ids, as the Parquet file ``path``; on a worker. Returns its rows."""
+    mean = chunkstore.read_field(model, name, index, "mean")
+    axis = FACTORS["user_factors" if name == "W" else "item_factors"][1]
+    with fs.open(path, "wb") as fh, pq.ParquetWriter(fh, schema) as writer:
+        for lo in range(0, max(len(mean), 1), SLAB):
+            hi = min(len(mean), lo + SLAB)
+            ids = pa.array(idmap.ids_slice(ids_root, axis, start + lo, start + hi), schema[0].type)
+            writer.write_table(pa.Table.from_arrays(
+                [ids, *(pa.array(mean[lo:hi, j]) for j in range(mean.shape[1]))], schema=schema
+            ))  # fmt: skip
+    return len(mean)
+
+
+def recommendation_part(
+    top: tuple[np.ndarray, np.ndarray], ids_root: str, start: int, schema: pa.Schema,
+    fs: fsspec.AbstractFileSystem, path: str,
+) -> int:
+    """Write the top-n ``(scores, items)`` of the users ``start ..`` (one row each, best first,
+    excluded slots -inf at the end) as rows (user, rank, item, score) of the Parquet file
+    ``path``; on a worker. A user with no item left has no row. Returns the rows written."""
+    scores, items = top
+    count = 0
+    with fs.open(path, "wb") as fh, pq.ParquetWriter(fh, schema) as writer:
+        for lo in range(0, max(len(scores), 1), SLAB):
+            hi = min(len(scores), lo + SLAB)
+            keep = np.isfinite(scores[lo:hi])
+            users = idmap.ids_slice(ids_root, "users", start + lo, start + hi)
+            per_user = keep.sum(axis=1)
+            writer.write_table(pa.Table.from_arrays([
+                pa.array(users, schema[0].type).take(np.repeat(np.arange(hi - lo), per_user)),
+                pa.array(np.nonzero(keep)[1].astype(np.int32) + 1),
+                pa.array(idmap.ids_at(ids_root, "items", items[lo:hi][keep]), schema[2].type),
+                pa.array(scores[lo:hi][keep]),
+            ], schema=schema))  # fmt: skip
+            count += int(per_user.sum())
+    return count
+
+
+# ------------------------------------------------------------------------------ the target
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an export goes: a filesystem, the root path on it, the name to report, and whether
+    an existing export there may be replaced."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    url: str
+    overwrite: bool
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.fs, LocalFileSystem)
+
+    def marker(self, root: str, name: str) -> dict[str, Any] | None:
+        """The JSON marker ``name`` under ``root`` if it is one of ours, else None."""
+        try:
+            mark = json.loads(self.fs.cat_file(f"{root}/{name}"))
+        except (OSError, ValueError):
+            return None
+        return mark if isinstance(mark, dict) and mark.get("kind") == EXPORT_KIND else None
+
+    def is_export(self, root: str) -> bool:
+        """Whether ``root`` holds an export (complete, or pending at a URL)."""
+        return any(self.marker(root, m) is not None for m in (MANIFEST, PENDING))
+
+    def check_local(self, path: str) -> str:
+        """``path`` (local) after checking it may be written: new, or an export we may replace."""
+        return check_target(path, self.overwrite, "Parquet export written by ordnmf_dask",
+                            self.is_export)
+
+
+def open_target(
+    out: str | os.PathLike, overwrite: bool, storage_options: dict[str, Any] | None,
+    keep_out: Sequence[str] = (),
+) -> Target:
+    """The export's target, after checking it may be (over)written (InputError if not): a new
+    path, or with ``overwrite`` an export. Never one of ``keep_out`` or a path inside one."""
+    text = os.fspath(out)
+    fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
+    target = Target(fs, root.rstrip("/"), text, overwrite)
+    if target.local:
+        path = os.path.realpath(root)
+        for kept in keep_out:
+            data = os.path.realpath(kept)
+            if path == data or path.startswith(data + os.sep):
+                raise InputError(f"refusing to export to {path}: it is or is inside {data}")
+        path = target.check_local(os.path.abspath(root))
+        return Target(fs, path, path, overwrite)
+    fs.invalidate_cache()
+    if fs.exists(target.root):
+        if not overwrite:
+            raise InputError(f"{text} already exists; pass overwrite=True to replace it")
+        if not target.is_export(target.root):
+            raise InputError(f"refusing to overwrite {text}: it is not a Parquet export "
+                             "written by ordnmf_dask")
+    return target
+
+
+def _remove_export(target: Target) -> None:
+    """Remove the export at a URL target: the files its manifest or pending marker lists, then
+    the markers (the manifest first: from then on it is not a complete export)."""
+    listed: set[str] = set()
+    for name in (MANIFEST, PENDING):
+        mark = target.marker(target.root, name) or {}
+        listed.update(p for d in (mark.get("datasets") or {}).values() for p in d["parts"])
+        listed.update(mark.get("planned") or [])
+    target.fs.invalidate_cache()
+    for name in [MANIFEST, *sorted(listed), PENDING]:
+        path = f"{target.root}/{name}"
+        if target.fs.exists(path):
+            target.fs.rm_file(path)
+
+
+# ------------------------------------------------------------------------------ the export
+
+
+def export(
+    model: Any,
+    out: str | os.PathLike,
+    *,
+    what: Sequence[str] = WHAT,
+    n: int = 10,
+    store: str | os.PathLike | StoreInfo | None = None,
+    client: Client | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    n_workers: int = 2,
+) -> str:
+    """Export a model as partitioned Parquet to a local directory or a URL.
+
+    Parameters
+    ----------
+    model : a model directory or a fitted estimator (its ``model_path_``).
+    out : a directory or an fsspec URL (``s3://bucket/prefix``, ...); credentials and options
+        as fsspec finds them, or ``storage_options``.
+    what : any of "factors" (``user_factors``, ``item_factors``) and "recommendations".
+    n : recommendations per user (fewer for a user with fewer items outside its training set).
+    store : recommendations only: the training store (its training nonzeros are excluded);
+        default the store the model records.
+    client : a ``distributed.Client``; default the current one, else a LocalCluster of
+        ``n_workers`` processes, closed on return.
+    overwrite : replace ``out`` if it is an export (nothing else is ever replaced).
+
+    Returns
+    -------
+    ``out`` (an absolute path when local).
+    """
+    if isinstance(what, str) or not what or any(w not in WHAT for w in what):
+        raise InputError(f"what must be a list of some of {', '.join(WHAT)}, got {what!r}")
+    m = open_model(os.fspath(getattr(model, "model_path_", model)))
+    info = None
+    if RECOMMENDATIONS in what:
+        info, m = open_pair(store if store is not None else m.attrs["store"]["path"], m.path)
+    plan = plan_export(m, info, out, what, n, overwrite, storage_options)
+    with resolve_client(client, n_workers) as cl:
+        return write_export(cl, plan)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An export checked and ready to write: where, from what, which datasets and parts."""
+
+    target: Target
+    model: ModelInfo
+    store: StoreInfo | None  # the training store (recommendations only)
+    n: int
+    ids_root: str
+    parts: list[tuple[str, int]]  # (dataset, block) of every part file
+    schemas: dict[str, pa.Schema]
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(dict.fromkeys(d for d, _ in self.parts))
+
+
+def plan_export(
+    m: ModelInfo, info: StoreInfo | None, out: str | os.PathLike, what: Sequence[str], n: int,
+    overwrite: bool, storage_options: dict[str, Any] | None = None,
+) -> Plan:
+    """Check everything an export needs (before any cluster is used): the model's id maps, the
+    store for recommendations (``info``, checked to match the model), ``n`` and the target."""
+    datasets = [d for w in dict.fromkeys(what)
+                for d in (FACTORS if w == "factors" else [RECOMMENDATIONS])]
+    if RECOMMENDATIONS in datasets:
+        n = check_n(n)
+        assert info is not None, "recommendations need the training store"
+    ids_root = m.ids_path
+    ids = {axis: id_type(ids_root, axis) for axis in AXES}
+    k = chunkstore.open_checked(chunkstore.field_path(m.path, "W", 0, "mean")).shape[1]
+    schemas = {
+        **{d: factor_schema(ids[axis], k) for d, (_, axis) in FACTORS.items()},
+        RECOMMENDATIONS: recommendation_schema(ids["users"], ids["items"]),
+    }
+    n_r, n_c = m.n_blocks
+    parts = [(d, b) for d in datasets for b in range(n_c if d == "item_factors" else n_r)]
+    kept = [m.path] + ([info.path] if info is not None else [])
+    target = open_target(out, overwrite, storage_options, kept)
+    return Plan(target, m, info if RECOMMENDATIONS in datasets else None, n, ids_root, parts,
+                schemas)
+
+
+def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
+    """Start writing one part file under ``root``; its future gives the rows written."""
+    dataset, b = part
+    m, fs, schema = plan.model, plan.target.fs, plan.schemas[dataset]
+    path = f"{root}/{part_name(*part)}"
+    rb, cb = m.attrs["row_bounds"], m.attrs["col_bounds"]
+    if dataset == RECOMMENDATIONS:
+        assert plan.store is not None, "recommendations need the training store"
+        top = block_top(cl, m, plan.store, b, plan.n)
+        return cl.submit(recommendation_part, top, plan.ids_root, int(rb[b]), schema, fs, path,
+                         pure=False)
+    name = FACTORS[dataset][0]
+    start = int((rb if name == "W" else cb)[b])
+    return cl.submit(factor_part, m.path, plan.ids_root, name, b, start, schema, fs, path,
+                     pure=False)
+
+
+def write_export(cl: Client, plan: Plan) -> str:
+    """Write a planned export on ``cl``'s workers, complete or not at all; returns its name."""
+    target, fs = plan.target, plan.target.fs
+    manifest: dict[str, Any] = {
+        "kind": EXPORT_KIND, "format_version": EXPORT_FORMAT, "model": plan.model.path,
+        "n": plan.n if plan.store is not None else None,
+    }
+    if target.local:
+        root = f"{target.root}.tmp-{secrets.token_hex(6)}"
+        for d in plan.datasets:
+            fs.makedirs(f"{root}/{d}")
+    else:
+        root = target.root
+        _remove_export(target)  # an export open_target allowed us to replace
+        planned = [part_name(*p) for p in plan.parts]
+        fs.pipe_file(f"{root}/{PENDING}", json.dumps({**manifest, "planned": planned}).encode())
+    try:
+        futures = [_submit(cl, plan, root, p) for p in plan.parts]
+        track(futures, "export: parts")
+        wait(futures)
+        rows = dict(zip(plan.parts, cl.gather(futures), strict=True))  # re-raises an error
+        manifest["datasets"] = {
+            d: {"parts": [part_name(*p) for p in plan.parts if p[0] == d],
+                "rows": [rows[p] for p in plan.parts if p[0] == d]}
+            for d in plan.datasets
+        }
+        fs.pipe_file(f"{root}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+        if target.local:
+            publish(root, target.root, target.check_local)
+        else:
+            fs.rm_file(f"{root}/{PENDING}")
+    except BaseException:
+        if not target.local:
+            _remove_export(target)
+        raise
+    finally:
+        if target.local:
+            shutil.rmtree(root, ignore_errors=True)
+    return target.url
