@@ -19,7 +19,7 @@ import zarr
 from distributed import Client
 
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, IterationCallback
 from ordnmf_dask.errors import InputError
@@ -79,6 +79,7 @@ class CaviEstimator:
         seed: int = DEFAULTS["seed"],
         n_init: int = DEFAULTS["n_init"],
         cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
         work_dir: str | None = DEFAULTS["work_dir"],
         checkpoint_dir: str | None = DEFAULTS["checkpoint_dir"],
         checkpoint_every: int = DEFAULTS["checkpoint_every"],
@@ -93,6 +94,7 @@ class CaviEstimator:
         self.seed = seed
         self.n_init = n_init
         self.cache_blocks = cache_blocks
+        self.executor = executor
         self.work_dir = work_dir
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
@@ -153,9 +155,10 @@ class CaviEstimator:
         Parameters
         ----------
         store : path of the zarr store (or an opened :class:`StoreInfo`).
-        client : a ``distributed.Client``; default the current one, else a LocalCluster of 2
-            worker processes x 1 thread started for the fit and closed after it (for another
-            cluster, start it and pass its client).
+        client : a ``distributed.Client``; default the current one, else (``executor``) this
+            process's threads for a store that fits in memory, or a LocalCluster of 2 worker
+            processes x 1 thread started for the fit and closed after it (for another cluster,
+            start it and pass its client).
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
         init_model : warm start from a saved model (its directory, or a fitted estimator) of the
@@ -218,7 +221,7 @@ class CaviEstimator:
                 )
             if out is None:
                 out = _temporary_model_dir()
-            with resolve_client(client) as cl:
+            with choose_client(client, info, cfg.n_components, values["executor"]) as cl:
                 cache = decide_cache(values["cache_blocks"], cl, info)
                 state, runs = None, []
                 for j in range(n_init):
