@@ -229,7 +229,7 @@ def _param_args(p: argparse.ArgumentParser) -> None:
         elif param.kind == "auto":
             kw.update(type=_auto_bool, metavar="auto|on|off")
         else:
-            kw["type"] = {"int": int, "float": float, "path": str}[param.kind]
+            kw["type"] = {"int": int, "float": float, "path": str, "str": str}[param.kind]
         p.add_argument(*names, **kw)
 
 

@@ -40,7 +40,7 @@ JOB_ONLY: dict[str, list[tuple[str, Any, Any]]] = {
               ("init_model", str | None, None)],  # --init-model MODEL
 }
 _HINTS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "path": str,
-                          "auto": bool | str}  # fmt: skip
+                          "str": str, "auto": bool | str}  # fmt: skip
 
 
 def section_class(name: str) -> type:

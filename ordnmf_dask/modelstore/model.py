@@ -21,8 +21,9 @@ import dask
 import dask.array as da
 import numpy as np
 import zarr
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
+from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.store import ids as idmap
