@@ -182,3 +182,19 @@ def test_export_to_s3(fitted, mclient, s3):
         export(fitted.path, s3.url("theirs"), storage_options=s3.storage_options,
                overwrite=True)
     assert s3.fs.cat(s3.url("theirs/data.csv")) == b"1,2\n"
+
+
+def test_a_failed_export_leaves_nothing(fitted, mclient, tmp_path, s3):
+    """A part that cannot be written (a chunk file of the model lost) fails the export with the
+    file named; locally no temporary directory is left, at a URL no key at all."""
+    damaged = tmp_path / "m.zarr"
+    shutil.copytree(fitted.path, damaged)
+    lost = next(p for p in (damaged / "H" / "2" / "mean" / "c").rglob("*") if p.is_file())
+    lost.unlink()
+    with pytest.raises(StoreError, match="chunk file missing"):
+        export(str(damaged), tmp_path / "exp", what=["factors"])
+    assert sorted(os.listdir(tmp_path)) == ["m.zarr"]
+    with pytest.raises(StoreError, match="chunk file missing"):
+        export(str(damaged), s3.url("exp"), what=["factors"], storage_options=s3.storage_options)
+    s3.fs.invalidate_cache()
+    assert s3.fs.ls(s3.url()) == []

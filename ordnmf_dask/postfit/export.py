@@ -8,8 +8,10 @@ f{K-1}``) and ``recommendations`` (``user``, ``rank``, ``item``, ``score``: the 
 An export is complete or absent: ``_SUCCESS`` (a JSON manifest of every part and its rows) is
 written last. A local export is written to ``OUT.tmp-<random>`` and renamed into place; object
 stores cannot rename, so there the parts go to their final names between a ``_PENDING`` marker
-written first (listing every part it will write) and the manifest. Only an export (complete, or
-marked pending) is ever replaced, and only the files its manifest or marker lists are removed.
+written first (listing every part it will write) and the manifest; a failed export removes them
+(an interrupted one keeps the marker while a part may still be written, so that the prefix stays
+recognisably ours). Only an export (complete, or marked pending) is ever replaced, and only the
+files its manifest or marker lists are removed.
 """
 
 from __future__ import annotations
@@ -178,16 +180,17 @@ def open_target(
     return target
 
 
-def _remove_export(target: Target) -> None:
+def _remove_export(target: Target, keep_pending: bool = False) -> None:
     """Remove the export at a URL target: the files its manifest or pending marker lists, then
-    the markers (the manifest first: from then on it is not a complete export)."""
+    the markers (the manifest first: from then on it is not a complete export). With
+    ``keep_pending``, the pending marker stays, naming the parts as ours (see below)."""
     listed: set[str] = set()
     for name in (MANIFEST, PENDING):
         mark = target.marker(target.root, name) or {}
         listed.update(p for d in (mark.get("datasets") or {}).values() for p in d["parts"])
         listed.update(mark.get("planned") or [])
     target.fs.invalidate_cache()
-    for name in [MANIFEST, *sorted(listed), PENDING]:
+    for name in [MANIFEST, *sorted(listed), *([] if keep_pending else [PENDING])]:
         path = f"{target.root}/{name}"
         if target.fs.exists(path):
             target.fs.rm_file(path)
@@ -314,6 +317,7 @@ def write_export(cl: Client, plan: Plan) -> str:
         _remove_export(target)  # an export open_target allowed us to replace
         planned = [part_name(*p) for p in plan.parts]
         fs.pipe_file(f"{root}/{PENDING}", json.dumps({**manifest, "planned": planned}).encode())
+    futures: list[Future] = []
     try:
         futures = [_submit(cl, plan, root, p) for p in plan.parts]
         track(futures, "export: parts")
@@ -330,8 +334,10 @@ def write_export(cl: Client, plan: Plan) -> str:
         else:
             fs.rm_file(f"{root}/{PENDING}")
     except BaseException:
-        if not target.local:
-            _remove_export(target)
+        if not target.local:  # a task still running (interrupted) may yet write its part:
+            settled = all(f.done() for f in futures)  # then the pending marker stays
+            cl.cancel(futures)
+            _remove_export(target, keep_pending=not settled)
         raise
     finally:
         if target.local:
