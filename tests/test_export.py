@@ -198,3 +198,21 @@ def test_a_failed_export_leaves_nothing(fitted, mclient, tmp_path, s3):
         export(str(damaged), s3.url("exp"), what=["factors"], storage_options=s3.storage_options)
     s3.fs.invalidate_cache()
     assert s3.fs.ls(s3.url()) == []
+
+
+@pytest.mark.cluster  # the command starts its own LocalCluster
+def test_export_command_to_s3_with_credentials_from_the_environment(fitted, s3, tmp_path):
+    """As a user runs it: the endpoint and keys come from the environment (fsspec's and
+    botocore's variables), for the command and the workers of the cluster it starts."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "ordnmf_dask.app.cli", "export", fitted.path, "--out",
+         s3.url("cli/exp"), "--what", "factors", "--workers", "1"],
+        env={**os.environ, **s3.env}, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    s3.fs.invalidate_cache()
+    table = pq.read_table(f"{s3.bucket}/cli/exp/item_factors", filesystem=s3.fs)
+    assert table.column("id").to_pylist() == fitted.items
