@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 import textwrap
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,70 @@ class CaviEstimator:
         est = klass(**{k: v for k, v in params.items() if k is not None})
         est._set_fitted(model)
         return est
+
+    # -- serving in memory, no cluster (ordnmf_dask.postfit.serving) ---------------------
+    def _server(self) -> Any:
+        from ordnmf_dask.postfit.serving import server
+
+        return server(self.model_path_)
+
+    def recommend(
+        self, user_ids: Any, n: int = 10, *, filter_already_seen: bool = True,
+        items: Sequence[Any] | None = None, exclude: Sequence[Any] | None = None,
+    ) -> dict[Any, list[tuple[Any, float]]]:
+        """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
+        ``{user id as given: [(raw item id, score), ...]}``, best first, ties to the lower item
+        index. ``filter_already_seen`` leaves out the user's training items (read from the
+        store); ``items`` restricts the candidates to these raw ids; ``exclude`` removes these."""
+        return self._server().recommend(user_ids, n, filter_already_seen, items, exclude)
+
+    def recommend_for(
+        self, w: np.ndarray, n: int = 10, *, exclude: Sequence[Sequence[Any]] | None = None,
+        items: Sequence[Any] | None = None,
+    ) -> list[list[tuple[Any, float]]]:
+        """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
+        row j without the raw items ``exclude[j]``."""
+        return self._server().recommend_for(w, n, exclude, items)
+
+    def similar_items(self, item_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:
+        """The ``n`` items most similar to each given one (cosine of E[h]), itself excluded."""
+        return self._server().similar("items", item_ids, n)
+
+    def similar_users(self, user_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:
+        """The ``n`` users most similar to each given one (cosine of E[w]), itself excluded."""
+        return self._server().similar("users", user_ids, n)
+
+    def score(self, user_ids: Sequence[Any], item_ids: Sequence[Any]) -> np.ndarray:
+        """E[w_u] . E[h_i] for the pairs (user_ids[j], item_ids[j]): the ranking score."""
+        return self._server().score(user_ids, item_ids)
+
+    def fold_in_users(
+        self, items: Sequence[Sequence[Any]], values: Sequence[Sequence[float]], *,
+        max_iter: int = 500, tol: float = 1e-6, seed: int | None = None,
+    ) -> np.ndarray:
+        """E[w] (n_new, K) of NEW users from their (raw item id, value) interactions, with
+        q(H) and the thresholds fixed (see :func:`ordnmf_dask.fold_in`), in memory."""
+        return self._server().fold_in("users", items, values, max_iter, tol, seed)
+
+    def fold_in_items(
+        self, users: Sequence[Sequence[Any]], values: Sequence[Sequence[float]], *,
+        max_iter: int = 500, tol: float = 1e-6, seed: int | None = None,
+    ) -> np.ndarray:
+        """E[h] (n_new, K) of NEW items from their (raw user id, value) interactions, with
+        q(W) and the thresholds fixed, in memory."""
+        return self._server().fold_in("items", users, values, max_iter, tol, seed)
+
+
+def _claim(ckpt_dir: str, prints: list[str], restart: bool, n_init: int) -> list[str]:
+    """:func:`checkpoint.claim`, and InputError if a fit of several restarts finds its own
+    checkpoints (it does not resume)."""
+    ours = checkpoint.claim(ckpt_dir, prints, restart)
+    if ours and n_init > 1:
+        raise InputError(
+            f"{ckpt_dir} holds checkpoints of this fit, but a fit with n_init > 1 does not "
+            "resume: pass restart=True to discard them"
+        )
+    return ours
 
 
 def _temporary_model_dir() -> str:

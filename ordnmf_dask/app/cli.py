@@ -446,6 +446,7 @@ COMMANDS["synth"] = cmd_synth
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit import serving
     from ordnmf_dask.postfit.recommend import recommend
 
     # only the cluster flags: --out here is a directory of recommendations, not a model
@@ -454,9 +455,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     users = None if args.users is None else [u.strip() for u in args.users.split(",") if u.strip()]
     if users is not None and not users:
         raise UsageError("--users needs at least one id")
-    with _client(cluster) as client:
-        res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
-                        overwrite=args.overwrite, n_workers=cluster.local_spec.workers)
+    if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
+        res = serving.server(args.model, args.store).recommend(users, args.n)
+    else:
+        with _client(cluster) as client:
+            res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
+                            overwrite=args.overwrite, n_workers=cluster.local_spec.workers)
     if users is None:
         print(f"recommendations written to {res}")
         return EXIT_OK

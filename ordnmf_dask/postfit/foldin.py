@@ -49,11 +49,14 @@ def _colsum(model: str, c: int) -> np.ndarray:
     return factor_mean(model, "H", c).sum(axis=0)
 
 
-def _rows(model: str, c: int, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """E[h], E[log h] of the given local rows of item-block c (E[log h] = log E[h] if absent)."""
-    mean = chunkstore.read_field(model, "H", c, "mean", local)
-    if chunkstore.has_field(model, "H", c, "log_mean"):
-        return mean, chunkstore.read_field(model, "H", c, "log_mean", local)
+def factor_rows(
+    model: str, name: str, index: int, local: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """E[x], E[log x] of chunk ``index`` of factor ``name`` ("W" or "H"), only the ``local`` rows
+    if given (E[log x] = log E[x] when the model does not hold it)."""
+    mean = chunkstore.read_field(model, name, index, "mean", local)
+    if chunkstore.has_field(model, name, index, "log_mean"):
+        return mean, chunkstore.read_field(model, name, index, "log_mean", local)
     return mean, np.log(mean)
 
 
@@ -86,7 +89,7 @@ def _item_index(
     return out
 
 
-def _check_values(
+def check_values(
     values: np.ndarray, likelihood: Likelihood, n_classes: int, threshold: int | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(values the model sees, mask of the interactions kept)."""
@@ -145,51 +148,67 @@ def fold_in(
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None if store is None else open_pair(store, m.path)[0]
     likelihood, threshold = likelihood_of(m)
-    if len(items) != len(values):
-        raise InputError(f"items has {len(items)} users but values has {len(values)}")
-    lengths = [len(a) for a in items]
-    for j, (a, v) in enumerate(zip(items, values, strict=True)):
-        if len(a) != len(v):
-            raise InputError(f"new user {j}: {len(a)} items but {len(v)} values")
-        seen: set[Any] = set()
-        for x in a:
-            if x in seen:
-                raise InputError(f"new user {j}: item {x!r} given twice")
-            seen.add(x)
-    flat_items = [x for a in items for x in a]
-    flat_values = np.array([x for v in values for x in v], dtype=np.float64)
-    user = np.repeat(np.arange(len(items)), lengths)
-    y, keep = _check_values(flat_values, likelihood, int(m.attrs["store"]["n_classes"]), threshold)
+    flat_items, flat_values, user = flatten(items, values)
+    y, keep = check_values(flat_values, likelihood, int(m.attrs["store"]["n_classes"]), threshold)
     alpha = float(m.attrs["params"]["alpha_W"])
     col_bounds = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
     with resolve_client(client, n_workers) as cl:
         index = _item_index(cl, m, info, flat_items)
-        block = _interactions(user[keep], index[keep], y, len(items))
+        block = interactions(user[keep], index[keep], y, len(items))
         touched = np.unique(index[keep])
         n_c = len(col_bounds) - 1
         sums = tree_sum(cl, [cl.submit(_colsum, m.path, c, pure=False) for c in range(n_c)])
         which = np.searchsorted(col_bounds, touched, side="right") - 1
         parts = [
-            cl.submit(_rows, m.path, c, touched[which == c] - col_bounds[c], pure=False)
+            cl.submit(factor_rows, m.path, "H", c, touched[which == c] - col_bounds[c],
+                      pure=False)
             for c in np.unique(which).tolist()
         ]
         result = cl.submit(_run, parts, sums, block, alpha, likelihood, max_iter, tol,
                            seed, pure=False).result()
-    if not result.converged.all():
-        log.warning("fold-in: %d of %d new users did not converge in %d iterations (tol %g)",
-                    int((~result.converged).sum()), len(items), max_iter, tol)
+    warn_unconverged(result, "users", max_iter, tol)
     return result.mean
 
 
-def _interactions(user: np.ndarray, item: np.ndarray, y: np.ndarray, n_new: int) -> CsrBlock:
-    """(n_new, m) CSR over the distinct touched items, columns in increasing item order."""
-    touched, col = np.unique(item, return_inverse=True)
-    order = np.lexsort((col, user))
-    u, c = user[order], col[order]
+def flatten(
+    ids: Sequence[Sequence[Any]], values: Sequence[Sequence[float]],
+    new: str = "user", other: str = "item",
+) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """The interactions of new rows (``new``: "user" or "item") as flat lists, checked: one value
+    per id and no id given twice for a row. Returns (ids, float64 values, row of each)."""
+    if len(ids) != len(values):
+        raise InputError(f"{other}s has {len(ids)} {new}s but values has {len(values)}")
+    for j, (a, v) in enumerate(zip(ids, values, strict=True)):
+        if len(a) != len(v):
+            raise InputError(f"new {new} {j}: {len(a)} {other}s but {len(v)} values")
+        seen: set[Any] = set()
+        for x in a:
+            if x in seen:
+                raise InputError(f"new {new} {j}: {other} {x!r} given twice")
+            seen.add(x)
+    flat_ids = [x for a in ids for x in a]
+    flat_values = np.array([x for v in values for x in v], dtype=np.float64)
+    return flat_ids, flat_values, np.repeat(np.arange(len(ids)), [len(a) for a in ids])
+
+
+def warn_unconverged(result: FoldIn, noun: str, max_iter: int, tol: float) -> None:
+    if not result.converged.all():
+        log.warning("fold-in: %d of %d new %s did not converge in %d iterations (tol %g)",
+                    int((~result.converged).sum()), len(result.converged), noun, max_iter, tol)
+
+
+def interactions(
+    row: np.ndarray, other: np.ndarray, y: np.ndarray, n_new: int,
+    new: str = "user", noun: str = "item",
+) -> CsrBlock:
+    """(n_new, m) CSR over the m distinct touched ``other`` indices, in increasing order."""
+    touched, col = np.unique(other, return_inverse=True)
+    order = np.lexsort((col, row))
+    u, c = row[order], col[order]
     dup = (np.diff(u) == 0) & (np.diff(c) == 0)
     if np.any(dup):
         j = int(np.flatnonzero(dup)[0])
-        raise InputError(f"new user {int(u[j])}: item index {int(touched[c[j]])} given twice")
+        raise InputError(f"new {new} {int(u[j])}: {noun} index {int(touched[c[j]])} given twice")
     return CsrBlock.from_coo(u, c, y[order], (n_new, len(touched)))
 
 
