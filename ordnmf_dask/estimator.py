@@ -20,7 +20,7 @@ import zarr
 from distributed import Client
 
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import choose_client
+from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, IterationCallback
 from ordnmf_dask.errors import InputError
@@ -229,7 +229,7 @@ class CaviEstimator:
                     run_cfg = replace(cfg, seed=cfg.seed + j)
                     runner = CaviRunner(
                         cl, info, family, run_cfg, ckpt_dir, cache,
-                        values["checkpoint_every"], values["checkpoint_minutes"], prints[j],
+                        *checkpoint_schedule(cl, values), prints[j],
                     )
                     params0 = None
                     if source is not None:

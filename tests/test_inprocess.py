@@ -49,8 +49,9 @@ def _assert_bitwise(a: dict[str, object], b: dict[str, object]) -> None:
 @pytest.mark.parametrize("every", [0, 3])
 @pytest.mark.parametrize("klass", [OrdNMF, DcPF])
 def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store, client, klass, every):
-    def fit(where, **kw):
-        est = klass(K, max_iter=8, tol=1e-12, checkpoint_every=every, **kw)
+    def fit(where, **kw):  # a work_dir of its own: the in-process fit checkpoints too
+        est = klass(K, max_iter=8, tol=1e-12, checkpoint_every=every,
+                    work_dir=str(tmp_path / f"work{len(kw)}"), **kw)
         return _result(est.fit(store, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
 
     on_cluster = fit(client)
@@ -99,6 +100,17 @@ def test_auto_runs_inprocess_within_the_memory_budget_only(store):
     big = replace(store, nnz_train=clustermod.INPROCESS_MAX_NNZ + 1)
     assert clustermod.runs_inprocess(store, 1, memory=1 << 50)
     assert not clustermod.runs_inprocess(big, 1, memory=1 << 50)
+
+
+def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
+    values = {"checkpoint_dir": None, "work_dir": None, "checkpoint_every": 4,
+              "checkpoint_minutes": 2.0}  # fmt: skip
+    with InProcessClient(0) as threads:
+        assert clustermod.checkpoint_schedule(threads, values) == (0, None)
+        for where in ("checkpoint_dir", "work_dir"):
+            given = {**values, where: str(tmp_path)}
+            assert clustermod.checkpoint_schedule(threads, given) == (4, 2.0)
+    assert clustermod.checkpoint_schedule(object(), values) == (4, 2.0)  # a cluster's client
 
 
 def test_executor_values_are_checked(tmp_path, store):

@@ -151,6 +151,17 @@ def choose_client(
         yield cl
 
 
+def checkpoint_schedule(client: Any, values: dict[str, Any]) -> tuple[int, float | None]:
+    """``(checkpoint_every, checkpoint_minutes)`` of a fit on ``client`` with the validated
+    parameters ``values``: none for an in-process fit whose checkpoints would go to its own
+    temporary directory (no later fit can find them, and there is no task graph to cut), else
+    the settings."""
+    temporary = values["checkpoint_dir"] is None and values["work_dir"] is None
+    if temporary and isinstance(client, InProcessClient):
+        return 0, None
+    return values["checkpoint_every"], values["checkpoint_minutes"]
+
+
 def _worker_logging() -> dict[str, dict[str, str]]:
     """Dask config that starts the worker processes with their ``distributed`` loggers at this
     process's level: the CLI silences them unless --debug, so that a failing task's worker

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 from scipy.special import digamma, gammaln
-from scipy.stats import nbinom
 
 from ordnmf_dask.model.gamma import ASYMPTOTIC, LGAMMA_SERIES, PSI_SERIES
 from ordnmf_dask.model.kernels import (
@@ -187,6 +186,8 @@ def count_loglik(
 
         dist = poisson(t * lam)
     else:
+        from scipy.stats import nbinom  # here: scipy.stats is slow to import
+
         dist = nbinom(t * lam / -np.log1p(-p), 1.0 - p)
     log_pos = np.log(-np.expm1(-t * lam))  # P(y > 0) = 1 - (1 - p)^r = 1 - exp(-t lam)
     if edges is None:
