@@ -182,6 +182,9 @@ def test_export_to_s3(fitted, mclient, s3):
         export(fitted.path, s3.url("theirs"), storage_options=s3.storage_options,
                overwrite=True)
     assert s3.fs.cat(s3.url("theirs/data.csv")) == b"1,2\n"
+    with pytest.raises(InputError, match="s3://no-such-bucket/exp: cannot write there"):
+        export(fitted.path, "s3://no-such-bucket/exp", what=["factors"],
+               storage_options=s3.storage_options)
 
 
 def test_a_failed_export_leaves_nothing(fitted, mclient, tmp_path, s3):

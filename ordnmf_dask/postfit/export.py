@@ -316,7 +316,11 @@ def write_export(cl: Client, plan: Plan) -> str:
         root = target.root
         _remove_export(target)  # an export open_target allowed us to replace
         planned = [part_name(*p) for p in plan.parts]
-        fs.pipe_file(f"{root}/{PENDING}", json.dumps({**manifest, "planned": planned}).encode())
+        try:
+            fs.pipe_file(f"{root}/{PENDING}",
+                         json.dumps({**manifest, "planned": planned}).encode())
+        except OSError as exc:  # the first write: no bucket, no permission, ...
+            raise InputError(f"{target.url}: cannot write there ({exc})") from None
     futures: list[Future] = []
     try:
         futures = [_submit(cl, plan, root, p) for p in plan.parts]
