@@ -31,7 +31,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -111,6 +110,7 @@ def main() -> None:
 
     from ordnmf_dask import OrdNMF
     from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.engine.cavi import IterationInfo
     from ordnmf_dask.estimator import decide_cache
     from ordnmf_dask.postfit.evaluate import evaluate
     from ordnmf_dask.store.blocks import open_store
@@ -128,7 +128,8 @@ def main() -> None:
     before = host_speed(path, args.k, args.workers)
     seconds: list[float] = []
 
-    def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+    def record(info: IterationInfo) -> None:
+        n, sec, elbo = info.iteration, info.seconds, info.elbo
         seconds.append(sec)
         print(f"iteration {n:3d}  {sec:7.1f} s  ELBO {elbo:.8e}", flush=True)
 

@@ -150,12 +150,14 @@ def distributed_fit(
     """
     from ordnmf_dask import OrdNMF
     from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.engine.cavi import IterationInfo
 
     seconds: list[float] = []
 
     cpu: list[float] = []  # this process's CPU seconds (client + scheduler) after iterations 1, n
 
-    def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+    def record(info: IterationInfo) -> None:
+        n, sec = info.iteration, info.seconds
         seconds.append(sec)
         if n in (1, iters):
             cpu.append(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]))

@@ -46,7 +46,8 @@ def main() -> None:
         )
         samples: dict[int, tuple[list[int], int]] = {}
 
-        def record(n, *_):
+        def record(info):
+            n = info.iteration
             rss = list(client.run(_rss).values())
             tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
             samples[n] = (rss, tasks)

@@ -79,6 +79,7 @@ def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[st
     """One fit of the store at ``path`` under ``config`` on a fresh LocalCluster."""
     from ordnmf_dask import OrdNMF
     from ordnmf_dask.dist.cluster import WORKER_MALLOC, resolve_client
+    from ordnmf_dask.engine.cavi import IterationInfo
 
     _, stream, memory_limit, iters = SHAPES[shape]
     iters = args.iters or iters
@@ -92,9 +93,10 @@ def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[st
         resolve_client(None, 2, memory_limit=memory_limit) as client,
     ):
 
-        def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
-            seconds.append(sec)
-            elbos.append(elbo)
+        def record(info: IterationInfo) -> None:
+            n = info.iteration
+            seconds.append(info.seconds)
+            elbos.append(info.elbo)
             if n in (args.skip, iters):
                 usage.append(client.run(worker_usage))
 

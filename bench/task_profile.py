@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,13 +38,14 @@ def profile(path: str, args: argparse.Namespace) -> None:
 
     from ordnmf_dask import OrdNMF
     from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.engine.cavi import IterationInfo
 
     ends: list[float] = []  # wall clock when the client saw each iteration's result
     seconds: list[float] = []
 
-    def record(n: int, elbo: float, rate: float, sec: float, params: Any) -> None:
+    def record(info: IterationInfo) -> None:
         ends.append(time.time())
-        seconds.append(sec)
+        seconds.append(info.seconds)
 
     with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
         before = client.run(worker_usage)

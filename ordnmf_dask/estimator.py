@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,16 @@ from distributed import Client
 
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.dist.progress import IterationProgress
 from ordnmf_dask.engine import checkpoint, warmstart
-from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, IterationCallback
+from ordnmf_dask.engine.cavi import (
+    CaviConfig,
+    CaviRunner,
+    CaviState,
+    IterationCallback,
+    IterationInfo,
+    Validation,
+)
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
 from ordnmf_dask.modelstore.model import (
@@ -33,6 +41,7 @@ from ordnmf_dask.modelstore.model import (
     store_fingerprint,
 )
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
+from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.store.blocks import StoreInfo, open_store, publish
 
 log = logging.getLogger("ordnmf_dask")
@@ -61,7 +70,15 @@ _SHARED_ATTRS_DOC = """
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
     elbo_ : list of ELBO values, one per iteration; n_iter_ : len(elbo_); converged_ : bool.
     model_path_ : the zarr directory holding the fitted factors.
-    runs_ : one dict per restart: seed, final ELBO, n_iter, converged, kept.
+    runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
+        converged, stop_reason, validation (the kept state's validation metric, or None), kept
+        (restarts are chosen by the validation metric when the store has a validation subset,
+        else by the ELBO).
+
+    With a validation subset in the store (``ingest --validation-fraction``), the fit scores
+    it every ``validation_every`` iterations, stops after ``validation_patience`` scores
+    without improvement, and saves the best scored state (attributes ``best_iteration``,
+    ``stop_reason`` and ``validation`` of the model: docs/model-format.md).
 """
 
 
@@ -85,6 +102,11 @@ class CaviEstimator:
         checkpoint_dir: str | None = DEFAULTS["checkpoint_dir"],
         checkpoint_every: int = DEFAULTS["checkpoint_every"],
         checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
         self.n_components = n_components
         self.alpha_W = alpha_W
@@ -100,6 +122,11 @@ class CaviEstimator:
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.checkpoint_minutes = checkpoint_minutes
+        self.validation_every = validation_every
+        self.validation_patience = validation_patience
+        self.validation_metric = validation_metric
+        self.validation_k = validation_k
+        self.validation_s = validation_s
 
     def _family(self, store: StoreInfo) -> Family:
         raise NotImplementedError
@@ -170,8 +197,12 @@ class CaviEstimator:
         out : directory of the saved model (default: a temporary directory, removed when the
             Python process exits; :meth:`save` copies the model to keep it). An existing ``out``
             is replaced only with ``overwrite`` and only if it is a model; never the store.
-        callback : called after each iteration as ``callback(n, elbo, rel_change, seconds, params)``
-            (params: Delta, or p for dcPF).
+        callback : called after each iteration (after the default log line) with an
+            :class:`~ordnmf_dask.engine.cavi.IterationInfo`: iteration, max_iter, ELBO, relative
+            change, seconds, elapsed, params (Delta, or p for dcPF), the validation scores when
+            the iteration was scored, best_iteration. Returning True (or calling
+            ``info.stop()``) stops the fit after this iteration; with validation, the best
+            scored state is still the one saved.
         resume : require resuming: InputError unless ``checkpoint_dir`` holds a usable checkpoint
             of this fit. Without it, a fit resumes from the newest valid checkpoint of the same
             model, settings and store when there is one (an interrupted or resubmitted job
@@ -201,6 +232,7 @@ class CaviEstimator:
             raise InputError(
                 "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
             )
+        validation = _validation(info, family, values)
         if out is not None:
             out = model_target(out, overwrite, info.path)
         prints = [  # one per restart: its trajectory depends on its seed
@@ -224,7 +256,10 @@ class CaviEstimator:
                 out = _temporary_model_dir()
             with choose_client(client, info, cfg.n_components, values["executor"]) as cl:
                 cache = decide_cache(values["cache_blocks"], cl, info)
-                state, runs = None, []
+                scorer = None if validation is None else validation(cl)
+                state: CaviState | None = None
+                runs: list[dict[str, Any]] = []
+                kept = 0
                 for j in range(n_init):
                     run_cfg = replace(cfg, seed=cfg.seed + j)
                     runner = CaviRunner(
@@ -243,19 +278,23 @@ class CaviEstimator:
                     else:
                         def start(runner=runner):  # writes the arrays only when called
                             return runner.warm_init(*_write_init(init_arrays, work))
-                    run = runner.run(start, callback or _iteration_logger(family),
-                                     resume=bool(ours), required=resume, init_params=params0)
-                    runs.append({"seed": run_cfg.seed, "elbo": run.elbo[-1],
-                                 "n_iter": run.n_iter, "converged": run.converged})
+                    fit_log = _FitLog(family, callback, values["max_iter"])
+                    try:
+                        run = runner.run(start, fit_log, resume=bool(ours), required=resume,
+                                         init_params=params0, validation=scorer)  # fmt: skip
+                    finally:
+                        fit_log.close()
+                    runs.append(_run_record(run, run_cfg.seed))
                     if n_init > 1:  # its checkpoints would collide with the next run's
                         checkpoint.discard(ckpt_dir, prints[j])
-                        log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations",
-                                 j + 1, n_init, run_cfg.seed, run.elbo[-1],
-                                 run.n_iter)
-                    if state is None or run.elbo[-1] > state.elbo[-1]:
-                        state = run
-                for r in runs:
-                    r["kept"] = r["elbo"] == state.elbo[-1]
+                        log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations%s",
+                                 j + 1, n_init, run_cfg.seed, runs[-1]["elbo"], run.n_iter,
+                                 _validation_text(runs[-1]))  # fmt: skip
+                    if state is None or _better(runs[-1], runs[kept]):
+                        state, kept = run, j
+                assert state is not None
+                for j, r in enumerate(runs):
+                    r["kept"] = j == kept
                 attrs = {
                     "model": type(self).__name__,
                     "family": family.name,
@@ -264,6 +303,13 @@ class CaviEstimator:
                     "elbo": state.elbo,
                     "n_iter": state.n_iter,
                     "converged": state.converged,
+                    "stop_reason": state.stop_reason,
+                    "best_iteration": state.best_iteration,
+                    "validation": None if scorer is None else {
+                        **{k.removeprefix("validation_"): values[k]
+                           for k in values if PARAMS[k].section == "validation"},
+                        "history": state.validation,
+                    },
                     "warm_start": init_arrays is not None or source is not None,
                     "init_model": None if source is None else source.describe(),
                     "store": {
@@ -586,13 +632,87 @@ ESTIMATORS: dict[str, type[CaviEstimator]] = {
 }
 
 
-def _iteration_logger(family: Family) -> IterationCallback:
-    def log_iteration(n: int, elbo: float, rate: float, seconds: float, params: Any) -> None:
-        interrupt.check()
-        log.info("iter %4d  elbo %.10e  rel %.3e  %.2fs  %s",
-                 n, elbo, rate, seconds, family.summary(params))
+class _FitLog:
+    """The default iteration log (with progress and the validation scores), then the user's
+    ``callback``, whose True stops the fit; :meth:`close` removes a progress bar."""
 
-    return log_iteration
+    def __init__(self, family: Family, callback: IterationCallback | None, max_iter: int):
+        self.family, self.callback = family, callback
+        self.progress = IterationProgress(max_iter)
+
+    def __call__(self, info: IterationInfo) -> bool:
+        interrupt.check()
+        progress = self.progress
+        progress.clear()
+        log.info("iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
+                 info.iteration, info.max_iter, info.elbo, info.rel_change, info.seconds,
+                 self.family.summary(info.params), progress.clock(info.elapsed),
+                 progress.eta(info.iteration, info.elapsed))  # fmt: skip
+        if info.validation is not None:
+            v = info.validation
+            ndcg = "  ".join(f"ndcg@{v['k']}(s={s}) {x:.4f}" for s, x in v["ndcg"].items())
+            loglik = "" if v["loglik_mean"] is None else f"  loglik/nz {v['loglik_mean']:.5f}"
+            log.info("validation at iter %d: %s%s  (best: iter %d; %.2fs)", info.iteration,
+                     ndcg, loglik, info.best_iteration, v["seconds"])  # fmt: skip
+        progress.draw(info.iteration, info.elapsed)
+        return bool(self.callback(info)) if self.callback is not None else False
+
+    def close(self) -> None:
+        self.progress.clear()
+
+
+def _validation(
+    info: StoreInfo, family: Family, values: dict[str, Any]
+) -> Callable[[Client], Validation] | None:
+    """How a fit on a client scores its states on the store's validation subset (None when the
+    store has none or ``validation_every`` is 0); InputError for a metric the data cannot
+    give, before any cluster starts."""
+    if not values["validation_every"] or "validation" not in info.splits:
+        return None
+    k, s, metric = values["validation_k"], values["validation_s"], values["validation_metric"]
+    hist = np.asarray(info.attrs["hist_validation"])
+    if not 1 <= s <= info.n_classes or hist[s:].sum() == 0:
+        raise InputError(f"validation_s = {s}: the validation subset of {info.path} has no "
+                         f"nonzero of class >= {s} (classes 1..{info.n_classes})")
+    describe = lambda params: {"family": family.name, **family.describe(params)}  # noqa: E731
+    if metric == "loglik" and loglik_spec(info, describe(family.init_params())) is None:
+        raise InputError("validation_metric = 'loglik': this model does not give the "
+                         "likelihood of the store's classes (binarized); use 'ndcg'")
+    levels = sorted({1, s})
+
+    def scorer(cl: Client) -> Validation:
+        def score(w: list[Any], h: list[Any], params: Any) -> dict[str, Any]:
+            out = score_split(cl, info, "validation", w, h, levels, k,
+                              loglik_spec(info, describe(params)))  # fmt: skip
+            ndcg = {str(t): out["ndcg"][t] for t in levels}
+            return {"k": k, "ndcg": ndcg, "loglik_mean": out["loglik_mean"],
+                    "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"]}
+
+        return Validation(score, values["validation_every"], values["validation_patience"])
+
+    return scorer
+
+
+def _run_record(run: CaviState, seed: int) -> dict[str, Any]:
+    """What ``attrs["runs"]`` keeps of one restart: the kept state's ELBO and, with validation,
+    its score."""
+    best = next((v for v in run.validation if v["iteration"] == run.best_iteration), None)
+    return {"seed": seed, "elbo": run.elbo[run.best_iteration - 1], "n_iter": run.n_iter,
+            "best_iteration": run.best_iteration, "converged": run.converged,
+            "stop_reason": run.stop_reason,
+            "validation": None if best is None else best["metric"]}  # fmt: skip
+
+
+def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Restarts are chosen by the validation metric when there is one, else by the ELBO."""
+    if run["validation"] is not None and than["validation"] is not None:
+        return run["validation"] > than["validation"]
+    return run["elbo"] > than["elbo"]
+
+
+def _validation_text(run: dict[str, Any]) -> str:
+    return "" if run["validation"] is None else (
+        f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
 
 
 def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -33,7 +33,7 @@ BINARY = frozenset({"BePoF", "PF"})
 COUNTS = frozenset({"DcPF"})
 
 #: sections of the job file that hold parameters of the table
-SECTIONS = ("model", "engine", "checkpoint")
+SECTIONS = ("model", "engine", "checkpoint", "validation")
 #: parameters of earlier versions, as saved with their models: new name, or None if dropped
 RENAMED: dict[str, str | None] = {"random_state": "seed", "n_workers": None}
 
@@ -80,7 +80,7 @@ def _rows() -> Iterator[Param]:
     positive = lambda v: _number(v) and v > 0  # noqa: E731
     is_bool = lambda v: isinstance(v, bool)  # noqa: E731
     path = lambda v: isinstance(v, str | os.PathLike)  # noqa: E731
-    model, engine, checkpoint = SECTIONS
+    model, engine, checkpoint, validation = SECTIONS
     yield Param("n_components", "int", 50, int_ge(1), "an integer >= 1",
                 "K, the number of latent factors", model, True)
     yield Param("alpha_W", "float", 0.3, positive, "a finite number > 0",
@@ -131,6 +131,22 @@ def _rows() -> Iterator[Param]:
     yield Param("checkpoint_minutes", "float", None, positive, "a finite number > 0",
                 "also checkpoint when this many minutes have passed since the last one",
                 checkpoint, False, optional=True)
+    yield Param("validation_every", "int", 5, int_ge(0), "an integer >= 0",
+                "score the store's validation subset every this many iterations and at the "
+                "last; the saved state is the best scored one (0: no validation; none without "
+                "a validation subset)", validation, False)
+    yield Param("validation_patience", "int", 5, int_ge(0), "an integer >= 0",
+                "stop after this many validation scores in a row without improvement "
+                "(0: never early)", validation, False)
+    yield Param("validation_metric", "str", "ndcg", lambda v: v in ("ndcg", "loglik"),
+                "'ndcg' or 'loglik'",
+                "what validation maximizes: NDCG@validation_k at relevance validation_s, or "
+                "the mean log-likelihood of the validation nonzeros", validation, False)
+    yield Param("validation_k", "int", 100, int_ge(1), "an integer >= 1",
+                "cut-off k of the validation NDCG@k", validation, False)
+    yield Param("validation_s", "int", 1, int_ge(1), "an integer >= 1",
+                "relevance threshold s of the validation NDCG (class >= s is relevant)",
+                validation, False)
 
 
 PARAMS: dict[str, Param] = {p.name: p for p in _rows()}

@@ -109,7 +109,8 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     counts = {}
 
-    def count_tasks(n, *_):
+    def count_tasks(info):
+        n = info.iteration
         tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
         held = sum(client.run(lambda dask_worker: len(dask_worker.data)).values())
         counts[n] = (tasks, held)

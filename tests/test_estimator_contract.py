@@ -131,7 +131,7 @@ def test_a_stopped_fit_resumes_to_the_uninterrupted_one(family, fitted, store, m
     seen: list[int] = []
     resumed = make(family, max_iter=ITERS, tol=1e-14, checkpoint_every=EVERY,
                    checkpoint_dir=ckpt)
-    resumed.fit(store, mclient, resume=True, callback=lambda n, *a: seen.append(n))
+    resumed.fit(store, mclient, resume=True, callback=lambda info: seen.append(info.iteration))
     assert seen == list(range(EVERY + 1, ITERS + 1))  # it went on from the checkpoint
     assert_same_fit(resumed, fitted)
 

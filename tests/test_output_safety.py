@@ -113,7 +113,8 @@ def test_api_fit_refuses_an_existing_out_before_any_iteration(tmp_path, store, c
     OrdNMF(K, max_iter=1).fit(store, client, out=model)
     seen: list[int] = []
     with pytest.raises(InputError, match="already exists; pass overwrite=True"):
-        OrdNMF(K, max_iter=3).fit(store, client, out=model, callback=lambda n, *a: seen.append(n))
+        OrdNMF(K, max_iter=3).fit(store, client, out=model,
+                                  callback=lambda info: seen.append(info.iteration))
     assert seen == []
     assert OrdNMF.load(model).n_iter_ == 1
 
@@ -177,7 +178,8 @@ def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     seen: list[int] = []
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
         again = OrdNMF(K, **settings).fit(
-            store, client, out=tmp_path / "again.zarr", callback=lambda n, *a: seen.append(n)
+            store, client, out=tmp_path / "again.zarr",
+            callback=lambda info: seen.append(info.iteration)
         )
     assert f"resuming from {ckpt / 'ckpt-00000008'} (iteration 8)" in caplog.text
     assert seen == [9]

@@ -143,7 +143,8 @@ def test_a_bad_value_breaks_the_same_rule_in_the_api_and_the_job_file(
 def _other(p: params.Param) -> Any:
     """A valid value of ``p`` other than its default."""
     return {"int": lambda d: d + 2, "float": lambda d: 0.25 if d is None else d / 2,
-            "bool": lambda d: not d, "auto": lambda d: False, "str": lambda d: "inprocess",
+            "bool": lambda d: not d, "auto": lambda d: False,
+            "str": lambda d: next(w for w in ("inprocess", "loglik") if p.ok(w)),
             "path": lambda d: "/elsewhere"}[p.kind](p.default)  # fmt: skip
 
 
@@ -165,6 +166,7 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
         assert (changed != base) == p.model, n
     assert {p.name for p in params.PARAMS.values() if not p.model} == {
         "max_iter", "n_init", "cache_blocks", "executor", "work_dir", "checkpoint_dir",
-        "checkpoint_every", "checkpoint_minutes",
+        "checkpoint_every", "checkpoint_minutes", "validation_every", "validation_patience",
+        "validation_metric", "validation_k", "validation_s",
     }  # fmt: skip
 

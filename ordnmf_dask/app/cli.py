@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     split = ing.add_mutually_exclusive_group()
     split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
     split.add_argument("--test-fraction", type=float, default=0.2)
+    ing.add_argument("--validation-fraction", type=float, default=0.0, metavar="F",
+                     help="keep this fraction of the training nonzeros apart for validation "
+                          "during fits (same hashed split; default 0: none)")
     ing.add_argument("--seed", type=int, default=0, help="seed of the random split")
     ing.add_argument("--nnz-per-block", type=int, default=2**21)
     ing.add_argument("--grid", type=_int_list, help="explicit block grid R,C")
@@ -294,7 +297,8 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         ratings=args.ratings, counts=args.counts, binarize=args.binarize,
         scale_max=args.scale_max, min_count=args.min_count, filter_mode=args.filter_mode,
         duplicates=args.duplicates, test=args.test, test_fraction=args.test_fraction,
-        seed=args.seed, nnz_per_block=args.nnz_per_block,
+        validation_fraction=args.validation_fraction, seed=args.seed,
+        nnz_per_block=args.nnz_per_block,
         grid=tuple(args.grid) if args.grid else None, overwrite=args.overwrite,
         delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
     )
@@ -354,7 +358,8 @@ def _summary(info: Any) -> dict[str, Any]:
     return {
         "path": info.path, "n_users": info.n_users, "n_items": info.n_items,
         "n_classes": info.n_classes, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test,
-        "grid": list(info.grid), "value_kind": a.get("value_kind"),
+        "nnz_validation": info.nnz_validation, "grid": list(info.grid),
+        "value_kind": a.get("value_kind"),
         "thresholds": a.get("thresholds"), "binarize": a.get("binarize"),
         "min_count": a.get("min_count"), "split": a.get("split"), "seed": a.get("seed"),
         "hist_train": info.hist_train.tolist(), "hist_test": info.hist_test.tolist(),
@@ -369,7 +374,9 @@ def _summary_text(info: Any) -> str:
         f"store      {s['path']}",
         f"shape      {s['n_users']} users x {s['n_items']} items, V = {s['n_classes']} classes "
         f"({s['value_kind']})",
-        f"nonzeros   train {s['nnz_train']}  test {s['nnz_test']}  (train density {density:.2e})",
+        f"nonzeros   train {s['nnz_train']}  test {s['nnz_test']}"
+        + (f"  validation {s['nnz_validation']}" if "validation" in info.splits else "")
+        + f"  (train density {density:.2e})",
         f"grid       {s['grid'][0]} x {s['grid'][1]} blocks",
         f"split      {s['split']} (seed {s['seed']})",
         "classes    " + "  ".join(f"{v}:{n}" for v, n in enumerate(s["hist_train"]) if v > 0),

@@ -115,6 +115,7 @@ class JobConfig:
     engine: Any = _table_section("engine")
     cluster: ClusterSection = field(default_factory=ClusterSection)
     checkpoint: Any = _table_section("checkpoint")
+    validation: Any = _table_section("validation")
     output: OutputSection = field(default_factory=OutputSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     source: str | None = None

@@ -119,7 +119,7 @@ def _one_run(
                 max_iter=proto.max_iter, seed=seed, **extra)
     model_dir = out / "models" / f"{label.replace(' ', '').replace('>=', 'ge')}-K{k}-s{seed}"
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    est.fit(store, client, out=model_dir, overwrite=True, callback=lambda *a: None)
+    est.fit(store, client, out=model_dir, overwrite=True)
     res = evaluate(store, est, client)
     row = {
         "model": label, "data": kind, "K": k, "seed": seed, "n_iter": est.n_iter_,

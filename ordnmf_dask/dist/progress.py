@@ -1,4 +1,5 @@
-"""Progress of a batch of futures: a bar on a terminal, a log line per tenth otherwise."""
+"""Progress: of a batch of futures (a bar on a terminal, a log line per tenth otherwise), and of
+a fit's iterations (:class:`IterationProgress`)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,69 @@ def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> No
     for done, _ in enumerate(as_completed(futures), start=1):
         now = time.monotonic()
         if bar:
-            filled = 30 * done // total
-            sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
+            sys.stderr.write(f"\r{label} {_bar(done, total)} {done}/{total}")
             sys.stderr.flush()
         elif done == total or (10 * done // total > reported and now - last >= min_seconds):
             log.info("%s: %d/%d done (%.0f s)", label, done, total, now - start)
             reported, last = 10 * done // total, now
     if bar:
         sys.stderr.write("\n")
+
+
+class IterationProgress:
+    """Where a fit is: iteration n of ``total`` (max_iter), the elapsed time and an estimate of
+    the rest, from the mean time of the iterations after the first one seen (the first reads
+    blocks and compiles kernels). The estimate is an upper bound: the tol rule usually stops
+    the fit before max_iter. Where INFO records reach a terminal, :meth:`draw` keeps a bar under
+    the log lines (:meth:`clear` removes it before the next line is logged and at the end);
+    elsewhere the iteration log lines carry the same figures."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar = _terminal() and log.isEnabledFor(logging.INFO)
+        self.drawn = False
+        self.first: tuple[int, float] | None = None  # (iteration, elapsed) first seen
+
+    @staticmethod
+    def clock(seconds: float) -> str:
+        """``seconds`` as h:mm:ss."""
+        s = int(round(seconds))
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+    def eta(self, n: int, elapsed: float) -> str:
+        """An estimate of the time left to max_iter after iteration ``n`` at ``elapsed``."""
+        if self.first is None:
+            self.first = (n, elapsed)
+        if n >= self.total:
+            return "at max_iter"
+        n0, t0 = self.first
+        if n == n0:
+            return "ETA after the next iteration"
+        rest = (self.total - n) * (elapsed - t0) / (n - n0)
+        return f"ETA <= {self.clock(rest)} to max_iter"
+
+    def draw(self, n: int, elapsed: float) -> None:
+        if self.bar:
+            sys.stderr.write(f"\rfit {_bar(n, self.total)} {n}/{self.total}  "
+                             f"{self.clock(elapsed)}  {self.eta(n, elapsed)}")  # fmt: skip
+            sys.stderr.flush()
+            self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self.drawn = False
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}]"
+
+
+def _terminal() -> bool:
+    """Whether INFO records are shown on a terminal (stderr is a TTY with an INFO handler)."""
+    return sys.stderr.isatty() and _info_on_stderr()
 
 
 def _info_on_stderr() -> bool:

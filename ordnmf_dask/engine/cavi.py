@@ -48,6 +48,7 @@ from ordnmf_dask.store.blocks import StoreInfo
 log = logging.getLogger(__name__)
 
 ROUNDOFF = 1e-10  # relative ELBO decrease tolerated as floating-point round-off
+FIRST_NOTICE_SECONDS = 10.0  # a first iteration running longer is explained in the log
 
 
 
@@ -81,13 +82,56 @@ class CaviState:
     elbo: list[float] = field(default_factory=list)
     objective: float = -math.inf
     converged: bool = False
+    stop_reason: str = "max_iter"  # "tol", "max_iter", "patience" or "callback"
+    best_iteration: int = 0  # the iteration whose state w, h, params hold
+    validation: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluation
 
     @property
     def n_iter(self) -> int:
         return len(self.elbo)
 
 
-IterationCallback = Callable[[int, float, float, float, Any], None]
+@dataclass
+class IterationInfo:
+    """What a fit's callback receives after each iteration.
+
+    ``rel_change``: the relative ELBO gain (inf at the first iteration); ``seconds``: this
+    iteration's wall time, ``elapsed``: since the loop started; ``params``: Delta, or p for
+    dcPF; ``validation``: this iteration's validation figures (None when it was not evaluated);
+    ``best_iteration``: the best validated iteration so far (None without validation). A
+    callback stops the fit by returning True or calling :meth:`stop`.
+    """
+
+    iteration: int
+    max_iter: int
+    elbo: float
+    rel_change: float
+    seconds: float
+    elapsed: float
+    params: Any
+    validation: dict[str, Any] | None = None
+    best_iteration: int | None = None
+    stop_requested: bool = False
+
+    def stop(self) -> None:
+        """Stop the fit after this iteration."""
+        self.stop_requested = True
+
+
+IterationCallback = Callable[[IterationInfo], bool | None]
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Validation during a fit: ``score(w, h, params)`` gives the figures of a state (its
+    factor-chunk futures and global parameters) as a dict whose float ``metric`` is higher when
+    better. Evaluated every ``every`` iterations and at the last one; the fit stops once
+    ``patience`` evaluations in a row have not improved on the best (0: never early), and its
+    result is the best evaluated state, whatever stopped it."""
+
+    score: Callable[[list[Future], list[Future], Any], dict[str, Any]]
+    every: int
+    patience: int
 
 
 class CaviRunner:
@@ -130,6 +174,7 @@ class CaviRunner:
             ]
         else:
             self.blocks = refs
+        self.cached = cache_blocks
 
     # -- initial state -------------------------------------------------------------------
     def random_init(self) -> tuple[list[Future], list[Future]]:
@@ -314,6 +359,7 @@ class CaviRunner:
         resume: bool = False,
         required: bool = False,
         init_params: Any = None,
+        validation: Validation | None = None,
     ) -> CaviState:
         """Iterate docs/design.md §2 steps 1-6 until the relative ELBO gain is below tol.
 
@@ -331,6 +377,13 @@ class CaviRunner:
         ``required``), and the run continues exactly as the interrupted one would have. Other
         checkpoints in the directory are never touched. ``init_params``: the global parameters
         to start from with ``init`` (default the family's), e.g. a warm start's old Delta.
+
+        ``callback`` receives an :class:`IterationInfo` after each iteration and may stop the
+        fit. With ``validation``, the state is scored every ``validation.every`` iterations
+        (the figures go to the callback and to ``CaviState.validation``), the fit stops early
+        after ``validation.patience`` evaluations without improvement, and the result is the
+        best evaluated state (``best_iteration``); a resumed run's history starts at the
+        resume.
         """
         cfg, client, fam = self.cfg, self.client, self.family
         snap = None
@@ -364,9 +417,11 @@ class CaviRunner:
             first = 0
         last_checkpoint = time.monotonic()
         ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered
-        clock = time.perf_counter()
+        clock = start = time.perf_counter()
         n = first
         pending: checkpoint.Pending | None = None  # a checkpoint being written
+        best: tuple[float, int, list[Future], list[Future], Any] | None = None
+        since_best = 0  # evaluations without improvement
         try:
             while n < cfg.max_iter:
                 cur = ahead if ahead is not None else self._iteration(cur)
@@ -379,25 +434,50 @@ class CaviRunner:
                 if take:
                     pending = self._start_checkpoint(cur, n + 1)
                 ahead = None if (take or last) else self._iteration(cur)
-                res = cur.result.result()
+                res = (self._first_result(cur.result) if n == first else cur.result.result())
                 elbo, objective, params = res["elbo"], res["objective"], res["params"]
                 state.w, state.h, state.params = cur.w, cur.h, params
                 rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
                 state.elbo.append(elbo)
-                now = time.perf_counter()
-                seconds, clock = now - clock, now
-                if callback is not None:
-                    callback(n + 1, elbo, rate, seconds, params)
+                failure: Exception | None = None
                 if not np.isfinite(objective):
-                    raise FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
-                if n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
-                    raise ELBODecreaseError(
+                    failure = FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
+                elif n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
+                    failure = ELBODecreaseError(
                         f"ELBO decreased at iteration {n + 1}: {state.objective!r} -> {objective!r}"
                     )
                 state.objective = objective
                 n += 1
-                if rate < cfg.tol and n - 1 >= cfg.min_iter:
-                    state.converged = True
+                state.converged = rate < cfg.tol and n - 1 >= cfg.min_iter
+                stop = "tol" if state.converged else ("max_iter" if last else None)
+                figures = None
+                now = time.perf_counter()
+                seconds = now - clock
+                if validation is not None and failure is None and (
+                    n % validation.every == 0 or stop is not None
+                ):
+                    figures = {"iteration": n, **validation.score(cur.w, cur.h, params)}
+                    figures["seconds"] = time.perf_counter() - now
+                    state.validation.append(figures)
+                    if best is None or figures["metric"] > best[0]:
+                        best, since_best = (figures["metric"], n, cur.w, cur.h, params), 0
+                    else:
+                        since_best += 1
+                        if validation.patience and since_best >= validation.patience:
+                            stop = stop or "patience"
+                clock = time.perf_counter()
+                info = IterationInfo(
+                    n, cfg.max_iter, elbo, rate, seconds, clock - start, params, figures,
+                    None if best is None else best[1],
+                )  # fmt: skip
+                if callback is not None and callback(info):
+                    info.stop()
+                if failure is not None:
+                    raise failure
+                if info.stop_requested:
+                    stop = stop or "callback"
+                if stop is not None:
+                    state.stop_reason = stop
                     if pending is not None:  # written for an iteration that ends the fit
                         checkpoint.abandon(pending, finish_writes=True)
                         pending = None
@@ -414,7 +494,23 @@ class CaviRunner:
         # an iteration submitted ahead of a stop is dropped with ``ahead``: releasing its
         # futures makes the scheduler forget its tasks (``Client.cancel`` on a graph whose
         # dependencies the client also holds trips an assertion in the scheduler)
+        state.best_iteration = state.n_iter
+        if best is not None:
+            _, state.best_iteration, state.w, state.h, state.params = best
         return state
+
+    def _first_result(self, result: Future) -> dict[str, Any]:
+        """The first iteration's result; says what the workers are doing if it is slow."""
+        try:
+            return result.result(timeout=FIRST_NOTICE_SECONDS)
+        except TimeoutError:
+            blocks = "to keep in worker memory" if self.cached else "streamed"
+            log.info(
+                "iteration 1 of %d still running after %.0f s: the workers read the training "
+                "blocks from the store (%s) and compile the numba kernels (once per worker); "
+                "later iterations are faster", self.cfg.max_iter, FIRST_NOTICE_SECONDS, blocks,
+            )  # fmt: skip
+            return result.result()
 
 
 MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~100 MB at K = 50

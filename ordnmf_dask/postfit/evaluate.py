@@ -3,12 +3,14 @@
 NDCG@k, precision@k, recall@k, MAP@k and AUC for each relevance threshold s (relevance
 ``y_test >= s``, training items excluded) and the test log-likelihood of the nonzeros. Each task
 scores one user-block against one item-block, a slab of rows at a time; only per-block sums
-travel to the client.
+travel to the client. :func:`score_split` does the work for a saved model (:func:`evaluate`)
+and for the factor chunks of a running fit (validation, on its ``validation`` subset).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import dcpf, metrics
-from ordnmf_dask.model.kernels import sddmm
+from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
@@ -36,29 +38,47 @@ def sampled_users(r: int, n_rows: int, fraction: float, seed: int) -> np.ndarray
     return np.flatnonzero(rng.random(n_rows) < fraction)
 
 
-def _held_out_task(
-    model: str, store: str, r: int, col_bounds: list[int], keep: np.ndarray
-) -> metrics.HeldOut:
-    ew = chunkstore.read_field(model, "W", r, "mean")[keep]
-    rows, items, ys, xs = [], [], [], []
-    for c in range(len(col_bounds) - 1):
-        b = load_block(store, "test", r, c).take_rows(keep)
-        local = b.rows
-        rows.append(local)
-        items.append(b.cols.astype(np.int64) + col_bounds[c])
-        ys.append(b.y)
-        xs.append(sddmm(local, b.cols, ew, chunkstore.read_field(model, "H", c, "mean")))
-    return metrics.HeldOut.by_row(*(np.concatenate(a) for a in (rows, items, ys, xs)))
+@dataclass(frozen=True)
+class SavedChunk:
+    """A factor chunk of a saved model, read where it is used; ``mean`` as a fit's chunk has."""
+
+    model: str
+    name: str
+    index: int
+
+    @property
+    def mean(self) -> np.ndarray:
+        return chunkstore.read_field(self.model, self.name, self.index, "mean")
+
+
+def _held_out_block(
+    w: Any, h: Any, store: str, split: str, r: int, c: int, col_offset: int, keep: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """The held-out nonzeros of block (r, c) of ``split`` (local row, global item, class) and
+    their scores; ``w``, ``h``: chunks with a ``mean`` (a fit's, or :class:`SavedChunk`)."""
+    b = load_block(store, split, r, c).take_rows(keep)
+    local = b.rows
+    x = sddmm(local, b.cols, w.mean[keep], h.mean)
+    return local, b.cols.astype(np.int64) + col_offset, b.y, x
+
+
+def _held_out_task(*parts: tuple[np.ndarray, ...]) -> metrics.HeldOut:
+    return metrics.HeldOut.by_row(*(np.concatenate(a) for a in zip(*parts, strict=True)))
 
 
 def _candidates_task(
-    model: str, store: str, r: int, c: int, col_offset: int, k: int, keep: np.ndarray,
-    held: metrics.HeldOut,
+    w: Any, h: Any, store: str, seen: tuple[str, ...], r: int, c: int, col_offset: int, k: int,
+    keep: np.ndarray, held: metrics.HeldOut,
 ) -> metrics.Candidates:
-    ew = chunkstore.read_field(model, "W", r, "mean")[keep]
-    eh = chunkstore.read_field(model, "H", c, "mean")
-    train = load_block(store, "train", r, c).take_rows(keep)
-    return metrics.candidates_block(ew, eh, train, col_offset, k, held)
+    """Top-k and rank counts of block (r, c), the items of the ``seen`` subsets excluded."""
+    blocks = [load_block(store, s, r, c).take_rows(keep) for s in seen]
+    known = blocks[0]
+    if len(blocks) > 1:
+        rows, cols = (np.concatenate([getattr(b, a) for b in blocks]) for a in ("rows", "cols"))
+        order = np.lexsort((cols, rows))
+        known = CsrBlock.from_coo(rows[order], cols[order], np.ones(len(order), np.uint8),
+                                  known.shape)  # fmt: skip
+    return metrics.candidates_block(w.mean[keep], h.mean, known, col_offset, k, held)
 
 
 _RANKING = ("ndcg", "n_users", "precision", "recall", "map", "auc", "n_users_auc")  # sums' rows
@@ -75,11 +95,11 @@ def _ranking_task(
     return np.concatenate([ndcg, counts, topk.ravel(), auc, auc_counts])
 
 
-def _loglik_task(model: str, store: str, r: int, c: int, spec: tuple) -> np.ndarray:
-    b = read_block(store, "test", r, c)
+def _loglik_task(w: Any, h: Any, store: str, split: str, r: int, c: int, spec: tuple
+                 ) -> np.ndarray:  # fmt: skip
+    b = read_block(store, split, r, c)
     rows = b.rows
-    ew = chunkstore.load_chunk(model, "W", r).mean
-    eh = chunkstore.load_chunk(model, "H", c).mean
+    ew, eh = w.mean, h.mean
     if spec[0] == "ordinal":
         value = metrics.test_loglik(rows, b.cols, b.y, ew, eh, spec[1])
     else:
@@ -93,14 +113,15 @@ def _by_level(levels: list[int], values: np.ndarray, kind: type) -> dict[int, An
     return {int(s): kind(v) for s, v in zip(levels, values, strict=True)}
 
 
-def loglik_spec(store: StoreInfo, model: ModelInfo) -> tuple | None:
-    """How to score the test classes under ``model``, or None when it does not model them.
+def loglik_spec(store: StoreInfo, attrs: dict[str, Any]) -> tuple | None:
+    """How to score the test classes under a model with attributes ``attrs`` (a saved model's,
+    or a running fit's family and global parameters), or None when it does not model them.
 
     OrdNMF: the ordinal likelihood with its thresholds. dcPF: the probability of the test class
     (the count range of the class, exactly) on count stores, of the count itself otherwise.
     Binarized models (BePoF, PF, dcPF at p = 1) model {0, 1}, not the classes: None.
     """
-    a = model.attrs
+    a = attrs
     if a.get("family") == "dcpf":
         if float(a["p"]) == 1.0:  # PF on binary data: it does not model the classes
             return None
@@ -108,7 +129,7 @@ def loglik_spec(store: StoreInfo, model: ModelInfo) -> tuple | None:
         edges = np.asarray(store.attrs["thresholds"]) if counts else None
         return ("dcpf", float(a["p"]), float(a["t"]), edges)
     if a.get("family") == "ordinal" and len(a["delta"]) == store.n_classes + 1:
-        return ("ordinal", model.delta)
+        return ("ordinal", np.asarray(a["delta"], dtype=np.float64))
     return None
 
 
@@ -175,28 +196,62 @@ def evaluate(
         raise InputError(f"levels must be thresholds in 1..{info.n_classes} (the classes of "
                          f"{info.path}), got {outside or 'none'}")
     n_r, n_c = info.grid
-    cb, rb = [int(x) for x in info.col_bounds], [int(x) for x in info.row_bounds]
+    w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
+    h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
     k_model = int(m.attrs["params"]["n_components"])
     with choose_client(client, info, k_model, n_workers=n_workers) as cl:
-        per_row = []
-        for r in range(n_r):
-            keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)
-            held = cl.submit(_held_out_task, m.path, info.path, r, cb, keep)
-            cands = [
-                cl.submit(_candidates_task, m.path, info.path, r, c, cb[c], k, keep, held)
-                for c in range(n_c)
-            ]
-            merged = tree_reduce(cl, cands, metrics.merge_candidates, k)
-            per_row.append(cl.submit(_ranking_task, merged, held, levels, k))
-        spec = loglik_spec(info, m)
-        ll = [
-            cl.submit(_loglik_task, m.path, info.path, r, c, spec)
-            for r in range(n_r)
+        out = score_split(cl, info, "test", w, h, levels, k, loglik_spec(info, m.attrs),
+                          user_fraction, seed, progress="evaluate: user-blocks and blocks")
+    return {
+        "k": k, "ndcg": out["ndcg"], "n_users": out["n_users"],
+        "test_loglik": out["loglik"], "test_loglik_mean": out["loglik_mean"],
+        "nnz_test": out["nnz"], "user_fraction": float(user_fraction),
+        **{name: out[name] for name in ("precision", "recall", "map", "auc", "n_users_auc")},
+    }  # fmt: skip
+
+
+def score_split(
+    cl: Client, info: StoreInfo, split: str, w: list[Any], h: list[Any], levels: list[int],
+    k: int, spec: tuple | None, user_fraction: float = 1.0, seed: int = 0,
+    progress: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The ranking metrics and log-likelihood of the held-out ``split`` ("test" or
+    "validation") of ``info`` under factor chunks ``w``, ``h`` (futures or values of chunks
+    with a ``mean``: a running fit's, or :class:`SavedChunk`), on the workers of ``cl``.
+
+    Ranked candidates exclude the training items and, for the test split, the validation
+    items (both known to the model's user); ``spec``: :func:`loglik_spec` (None: no
+    log-likelihood). ``progress``: label of a progress report while waiting.
+
+    Returns ``ndcg``, ``precision``, ``recall``, ``map``, ``auc`` ({s: mean}), ``n_users``,
+    ``n_users_auc`` ({s: count}), ``loglik`` (sum, None without ``spec``), ``loglik_mean`` and
+    ``nnz``.
+    """
+    n_r, n_c = info.grid
+    cb, rb = [int(x) for x in info.col_bounds], [int(x) for x in info.row_bounds]
+    seen = tuple(s for s in info.splits if s not in ("test", split))
+    per_row = []
+    for r in range(n_r):
+        keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)
+        parts = [cl.submit(_held_out_block, w[r], h[c], info.path, split, r, c, cb[c], keep)
+                 for c in range(n_c)]  # fmt: skip
+        held = cl.submit(_held_out_task, *parts)
+        cands = [
+            cl.submit(_candidates_task, w[r], h[c], info.path, seen, r, c, cb[c], k, keep, held)
             for c in range(n_c)
-        ] if spec is not None else []
-        track(per_row + ll, "evaluate: user-blocks and blocks")
-        ranking = cl.gather(tree_sum(cl, per_row)).reshape(len(_RANKING), len(levels))
-        ll_v = cl.gather(tree_sum(cl, ll)) if ll else np.array([np.nan, info.nnz_test])
+        ]
+        merged = tree_reduce(cl, cands, metrics.merge_candidates, k)
+        per_row.append(cl.submit(_ranking_task, merged, held, levels, k))
+    ll = [
+        cl.submit(_loglik_task, w[r], h[c], info.path, split, r, c, spec)
+        for r in range(n_r)
+        for c in range(n_c)
+    ] if spec is not None else []
+    if progress is not None:
+        track(per_row + ll, progress)
+    ranking = cl.gather(tree_sum(cl, per_row)).reshape(len(_RANKING), len(levels))
+    nnz = info.nnz_test if split == "test" else info.nnz_validation
+    ll_v = cl.gather(tree_sum(cl, ll)) if ll else np.array([np.nan, nnz])
     sums = dict(zip(_RANKING, ranking, strict=True))
     with np.errstate(invalid="ignore", divide="ignore"):
         means = {
@@ -204,14 +259,10 @@ def evaluate(
             for name in ("ndcg", "precision", "recall", "map", "auc")
         }
     return {
-        "k": k,
-        "ndcg": _by_level(levels, means["ndcg"], float),
+        **{name: _by_level(levels, means[name], float) for name in means},
         "n_users": _by_level(levels, sums["n_users"], int),
-        "test_loglik": None if spec is None else float(ll_v[0]),
-        "test_loglik_mean": None if spec is None or not ll_v[1] else float(ll_v[0] / ll_v[1]),
-        "nnz_test": int(ll_v[1]),
-        "user_fraction": float(user_fraction),
-        **{name: _by_level(levels, means[name], float) for name in ("precision", "recall", "map")},
-        "auc": _by_level(levels, means["auc"], float),
         "n_users_auc": _by_level(levels, sums["n_users_auc"], int),
+        "loglik": None if spec is None else float(ll_v[0]),
+        "loglik_mean": None if spec is None or not ll_v[1] else float(ll_v[0] / ll_v[1]),
+        "nnz": int(ll_v[1]),
     }

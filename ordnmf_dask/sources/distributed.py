@@ -21,7 +21,8 @@ goes through ``TMP/_staging`` on disk, visible to every worker):
    user and item are still "alive", so only O(U + I) vectors travel;
 6. split: the test set is the ``round(f n)`` pairs with the smallest seeded pair hash
    (``split.random_test_mask``); its threshold is found from a histogram of hash bins, then the
-   sorted hashes of one bin;
+   sorted hashes of one bin; the validation set (``split.validation_mask``) is the next
+   ``n_validation`` pairs, whose upper threshold is found the same way;
 7. block bounds from the train degrees (``blocking.bounds_from_degrees``); each partition stages
    its nonzeros block by block, sorted; as partitions are increasing user ranges, a block is the
    concatenation of its pieces in partition order, which ``assemble.assemble_store`` writes
@@ -66,6 +67,7 @@ from ordnmf_dask.sources.inmemory import (
     check_train_left,
     id_kind,
     inputs_label,
+    validation_attrs,
 )
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
@@ -75,7 +77,12 @@ from ordnmf_dask.sources.parquet import (
     expand_inputs,
     parquet_chunks,
 )
-from ordnmf_dask.sources.split import HASH_BIN_BITS, n_test_rows
+from ordnmf_dask.sources.split import (
+    HASH_BIN_BITS,
+    check_validation_fraction,
+    n_test_rows,
+    n_validation_rows,
+)
 from ordnmf_dask.sources.text import DELIMITERS, check_columns
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
@@ -102,6 +109,7 @@ def ingest_distributed(
     duplicates: str = "error",
     test: PathLike | Sequence[PathLike] | None = None,
     test_fraction: float = 0.2,
+    validation_fraction: float = 0.0,
     seed: int = 0,
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     grid: tuple[int, int] | None = None,
@@ -153,6 +161,7 @@ def ingest_distributed(
         spec, user_ids, item_ids, rows = _parse(runner, chunks, formats, tmp,
                                                 ratings, counts, binarize, scale_max)  # fmt: skip
         check_options(min_count, filter_mode, duplicates, test_fraction, seed)
+        check_validation_fraction(validation_fraction)
         live = [c for c, n in zip(chunks, rows, strict=True) if n > 0]
         sh_users, sh_items = runner.share(user_ids), runner.share(item_ids)
         user_rows = runner.map_reduce(codes_task, live, add, tmp, spec, sh_users, sh_items)
@@ -189,7 +198,12 @@ def ingest_distributed(
         fin = Final(fin.user_alive, fin.item_alive, _index_map(user_deg > 0),
                     _index_map(item_deg > 0), len(item_sel), seed)  # fmt: skip
         check_train_left(label, n, test_fraction)
-        fin = _with_threshold(runner, parts, tmp, fin, n_test_rows(n, test_fraction))
+        n_test = n_test_rows(n, test_fraction)
+        n_val = n_validation_rows(n - n_test, validation_fraction)
+        if validation_fraction > 0 and n_val == n - n_test:
+            raise InputError(f"{label}: the validation split leaves no training data "
+                             f"(validation_fraction={validation_fraction:g})")
+        fin = _with_threshold(runner, parts, tmp, fin, n_test, n_val)
         shared = runner.share(fin)
         deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, add, tmp, shared,
                                          len(user_sel))  # fmt: skip
@@ -198,6 +212,8 @@ def ingest_distributed(
                             spec.n_classes)  # fmt: skip
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
         blocks: dict[str, list[list]] = {"train": [], "test": []}
+        if validation_fraction > 0:
+            blocks["validation"] = []
         hists = {}
         for split in blocks:
             blocks[split] = [[] for _ in range(n_blocks)]
@@ -211,6 +227,8 @@ def ingest_distributed(
             test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
             rows_read=sum(rows), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
         )  # fmt: skip
+        if validation_fraction > 0:
+            attrs.update(validation_attrs(validation_fraction, _hist_list(hists["validation"])))
         assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
                        user_ids[user_sel], item_ids[item_sel])  # fmt: skip
         return finish_store(tmp, path, overwrite)
@@ -318,10 +336,20 @@ def _index_map(kept: np.ndarray) -> np.ndarray:
     return out
 
 
-def _with_threshold(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int) -> Final:
-    """``fin`` with the hash threshold of the ``n_test`` smallest pair hashes."""
-    if n_test == 0:
-        return fin
+def _with_threshold(
+    runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int, n_val: int
+) -> Final:
+    """``fin`` with the hash thresholds of the ``n_test`` smallest pair hashes (test) and of
+    the ``n_test + n_val`` smallest (validation: above the first)."""
+    test = _rank_hash(runner, parts, tmp, fin, n_test) if n_test else None
+    val = _rank_hash(runner, parts, tmp, fin, n_test + n_val) if n_val else None
+    return Final(fin.user_alive, fin.item_alive, fin.user_map, fin.item_map, fin.n_items,
+                 fin.seed, test, val)  # fmt: skip
+
+
+def _rank_hash(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int) -> int:
+    """The ``n_test``-th smallest pair hash (n_test >= 1), from a histogram of hash bins and the
+    sorted hashes of one bin."""
     shared = runner.share(fin)
     hist = runner.map_reduce(hash_hist_task, parts, add, tmp, shared)
     cum = np.cumsum(hist)
@@ -330,8 +358,7 @@ def _with_threshold(runner: Runner, parts: list[int], tmp: str, fin: Final, n_te
     in_bin = np.sort(np.concatenate(runner.map(hash_bin_task, parts, tmp, shared, bin_)))
     threshold = int(in_bin[n_test - below - 1])
     assert threshold >> (64 - HASH_BIN_BITS) == bin_
-    return Final(fin.user_alive, fin.item_alive, fin.user_map, fin.item_map, fin.n_items,
-                 fin.seed, threshold)  # fmt: skip
+    return threshold
 
 
 def _attrs(

@@ -203,6 +203,8 @@ class Final:
     n_items: int
     seed: int
     threshold: int | None = None  # test pairs: hash <= threshold (None: no test pairs)
+    #: validation pairs: threshold < hash <= val_threshold (None: no validation pairs)
+    val_threshold: int | None = None
 
 
 def final_degrees_task(
@@ -243,10 +245,18 @@ def _is_test(d: dict[str, np.ndarray], fin: Final) -> np.ndarray:
     return pair_hash(d["u"], d["i"], fin.n_items, fin.seed) <= np.uint64(fin.threshold)
 
 
+def _is_validation(d: dict[str, np.ndarray], fin: Final) -> np.ndarray:
+    if fin.val_threshold is None:
+        return np.zeros(len(d["u"]), dtype=bool)
+    h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
+    above_test = h > np.uint64(fin.threshold) if fin.threshold is not None else True
+    return above_test & (h <= np.uint64(fin.val_threshold))
+
+
 def train_degrees_task(part: int, tmp: str, fin: Final, n_users: int) -> tuple:
     """(train nonzeros per user (U',), per item (I',)) in final indices."""
     d = _kept(part, tmp, fin)
-    train = ~_is_test(d, fin)
+    train = ~_is_test(d, fin) & ~_is_validation(d, fin)
     return (np.bincount(d["u"][train], minlength=n_users).astype(np.int64),
             np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64))  # fmt: skip
 
@@ -260,13 +270,14 @@ def block_task(
     Returns
     -------
     dict
-        ``{"train" | "test": ([block ids], [Segment]), "hist_train" | "hist_test": (V + 1,)}``.
+        ``{"train" | "test" | "validation": ([block ids], [Segment]), "hist_" + the same:
+        (V + 1,)}`` (validation empty when ``fin`` has no validation threshold).
     """
     d = _kept(part, tmp, fin)
-    is_test = _is_test(d, fin)
+    is_test, is_val = _is_test(d, fin), _is_validation(d, fin)
     n_c = len(col_bounds) - 1
     out: dict = {}
-    for split, sel in (("train", ~is_test), ("test", is_test)):
+    for split, sel in (("train", ~is_test & ~is_val), ("test", is_test), ("validation", is_val)):
         u, i, y, raw = d["u"][sel], d["i"][sel], d["y"][sel], d["raw"][sel]
         r = np.searchsorted(row_bounds, u, side="right") - 1
         c = np.searchsorted(col_bounds, i, side="right") - 1

@@ -27,7 +27,14 @@ from ordnmf_dask.sources.filtering import (
     normalize_text_ids,
 )
 from ordnmf_dask.sources.origin import Origin
-from ordnmf_dask.sources.split import check_test_fraction, lookup, n_test_rows, random_test_mask
+from ordnmf_dask.sources.split import (
+    check_test_fraction,
+    check_validation_fraction,
+    lookup,
+    n_test_rows,
+    random_test_mask,
+    validation_mask,
+)
 from ordnmf_dask.sources.text import read_triples
 from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target, write_store
@@ -72,6 +79,7 @@ def ingest(
     duplicates: str = "error",
     test: PathLike | Sequence[PathLike] | None = None,
     test_fraction: float = 0.2,
+    validation_fraction: float = 0.0,
     seed: int = 0,
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     grid: tuple[int, int] | None = None,
@@ -110,6 +118,10 @@ def ingest(
         ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error.
     test_fraction : float
         Fraction of the nonzeros drawn at random for test (ignored if ``test`` is given).
+    validation_fraction : float
+        Fraction of the training nonzeros (those left by the test split) kept apart as the
+        validation subset, for validation during the fit: the pairs with the smallest pair hash
+        of the same seed (``ordnmf_dask.sources.split.validation_mask``). 0: no validation subset.
     seed : int
         Seed of the random split: the test set is the ``round(test_fraction * n)`` pairs with
         the smallest seeded pair hash (``ordnmf_dask.sources.split.random_test_mask``).
@@ -152,6 +164,7 @@ def ingest(
         counts=counts, binarize=binarize, scale_max=scale_max, min_count=min_count,
         filter_mode=filter_mode, duplicates=duplicates, test_fraction=test_fraction, seed=seed,
         nnz_per_block=nnz_per_block, grid=grid, overwrite=overwrite,
+        validation_fraction=validation_fraction,
     )  # fmt: skip
 
 
@@ -170,6 +183,7 @@ def ingest_arrays(
     duplicates: str = "error",
     test: tuple[Sequence, Sequence, Sequence] | None = None,
     test_fraction: float = 0.2,
+    validation_fraction: float = 0.0,
     seed: int = 0,
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     grid: tuple[int, int] | None = None,
@@ -190,7 +204,7 @@ def ingest_arrays(
         ratings=ratings, counts=counts, binarize=binarize, scale_max=scale_max,
         min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
         test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block, grid=grid,
-        overwrite=overwrite,
+        overwrite=overwrite, validation_fraction=validation_fraction,
     )  # fmt: skip
 
 
@@ -267,8 +281,10 @@ def _build(
     nnz_per_block: int,
     grid: tuple[int, int] | None,
     overwrite: bool,
+    validation_fraction: float = 0.0,
 ) -> StoreInfo:
     check_options(min_count, filter_mode, duplicates, test_fraction, seed)
+    check_validation_fraction(validation_fraction)
     values, origin = train.values, train.origin
     if test is not None:  # the value rules (and a default integer scale) cover both sets
         values = np.concatenate([train.values, test.values])
@@ -316,12 +332,22 @@ def _build(
             user_ids[user_sel], item_ids[item_sel],
         )  # fmt: skip
 
+    val_nz = None
+    if validation_fraction > 0:
+        is_val = validation_mask(train_nz.u, train_nz.i, len(item_sel), validation_fraction, seed)
+        train_nz, val_nz = train_nz.take(~is_val), train_nz.take(is_val)
+        if len(train_nz.u) == 0:
+            raise InputError(f"{label}: the validation split leaves no training data "
+                             f"(validation_fraction={validation_fraction:g})")
+        extra.update(validation_attrs(validation_fraction, _hist(val_nz.y, spec)))
+
     n_users, n_items = len(user_sel), len(item_sel)
     row_bounds, col_bounds = choose_bounds(
         train_nz.u, train_nz.i, n_users, n_items, nnz_per_block, grid
     )
     blocked = [
-        block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds, col_bounds) for nz in (train_nz, test_nz)
+        None if nz is None else block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds, col_bounds)
+        for nz in (train_nz, test_nz, val_nz)
     ]
     attrs = {
         "complete": False,
@@ -356,8 +382,15 @@ def _build(
     }
     return write_store(
         out, attrs, row_bounds, col_bounds, blocked[0], blocked[1],
-        user_ids[user_sel], item_ids[item_sel], overwrite=overwrite,
+        user_ids[user_sel], item_ids[item_sel], overwrite=overwrite, validation=blocked[2],
     )  # fmt: skip
+
+
+def validation_attrs(fraction: float, hist: list[int]) -> dict[str, object]:
+    """The attributes that record a validation subset with class counts ``hist``
+    (docs/store-format.md)."""
+    return {"validation_fraction": float(fraction), "nnz_validation": sum(hist),
+            "hist_validation": hist}  # fmt: skip
 
 
 def _file_test(

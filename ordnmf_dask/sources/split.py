@@ -1,4 +1,5 @@
-"""Train/test split: random over nonzeros, or a user-supplied test set."""
+"""Train/test/validation split: random over nonzeros by a seeded pair hash, or a user-supplied
+test set; the validation set is always carved from the training pairs by the same hash."""
 
 from __future__ import annotations
 
@@ -74,18 +75,48 @@ def random_test_mask(
     -------
     np.ndarray of bool, shape (n,)
     """
-    n_test = n_test_rows(len(u), test_fraction)
-    if n_test == 0:
+    return smallest_hashes(u, i, n_items, n_test_rows(len(u), test_fraction), seed)
+
+
+def smallest_hashes(u: np.ndarray, i: np.ndarray, n_items: int, n: int, seed: int) -> np.ndarray:
+    """Mask of the ``n`` pairs with the smallest ``pair_hash(u, i, n_items, seed)``."""
+    if n == 0:
         return np.zeros(len(u), dtype=bool)
     h = pair_hash(u, i, n_items, seed)
-    threshold = np.partition(h, n_test - 1)[n_test - 1]
+    threshold = np.partition(h, n - 1)[n - 1]
     return h <= threshold
+
+
+def n_validation_rows(n_train: int, validation_fraction: float) -> int:
+    """``round(validation_fraction * n_train)``: the validation set's size, carved from the
+    ``n_train`` training nonzeros left by the test split."""
+    check_validation_fraction(validation_fraction)
+    return int(round(validation_fraction * n_train))
+
+
+def validation_mask(
+    u: np.ndarray, i: np.ndarray, n_items: int, validation_fraction: float, seed: int
+) -> np.ndarray:
+    """Mark ``round(validation_fraction * n)`` of the ``n`` training pairs as validation: those
+    with the smallest pair hash (the test split's hash and seed). After a random test split,
+    these are the pairs ranked just after the test pairs, so a chunked computation finds them
+    as it finds the test set (a threshold at rank n_test + n_validation of all pairs)."""
+    n_val = n_validation_rows(len(u), validation_fraction)
+    return smallest_hashes(u, i, n_items, n_val, seed)
 
 
 def check_test_fraction(test_fraction: float) -> None:
     """Raise InputError unless 0 <= test_fraction < 1."""
     if not 0.0 <= float(test_fraction) < 1.0:
         raise InputError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
+
+
+def check_validation_fraction(validation_fraction: float) -> None:
+    """Raise InputError unless 0 <= validation_fraction < 1."""
+    if isinstance(validation_fraction, bool) or not 0.0 <= float(validation_fraction) < 1.0:
+        raise InputError(
+            f"validation_fraction must be in [0, 1), got {validation_fraction!r}"
+        )
 
 
 def lookup(known: np.ndarray, query: np.ndarray) -> np.ndarray:

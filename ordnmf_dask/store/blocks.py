@@ -36,7 +36,8 @@ from ordnmf_dask.store.grid import BlockedNonzeros, block_indptr, indptr_starts
 
 FORMAT_VERSION = 3  # docs/store-format.md
 CHUNK = 2**20
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # the subsets every store has
+VALIDATION = "validation"  # the optional third subset (docs/store-format.md)
 AXES = ("users", "items")
 NONZERO_FIELDS = ("cols", "y", "raw")  # per-nonzero arrays of a split
 BLOCK_ARRAYS = (*NONZERO_FIELDS, "indptr")  # every array of a split read by blocks
@@ -76,6 +77,16 @@ class StoreInfo:
     hist_train: np.ndarray
     hist_test: np.ndarray
     attrs: dict
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The block subsets of the store: train, test, and validation when it has one."""
+        return store_splits(self.attrs)
+
+    @property
+    def nnz_validation(self) -> int:
+        """Nonzeros of the validation subset (0 when there is none)."""
+        return int(self.attrs.get("nnz_validation") or 0)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -128,6 +139,12 @@ class Block:
 
 
 # --------------------------------------------------------------------------- writing
+
+
+def store_splits(attrs: dict[str, Any]) -> tuple[str, ...]:
+    """The subsets a store with these attributes holds: a validation subset is recorded by its
+    ``nnz_validation`` attribute (stores without one have none)."""
+    return (*SPLITS, VALIDATION) if attrs.get("nnz_validation") is not None else SPLITS
 
 
 def group_attrs(path: str) -> dict[str, Any] | None:
@@ -192,8 +209,12 @@ def write_store(
     item_ids: np.ndarray,
     *,
     overwrite: bool = False,
+    validation: BlockedNonzeros | None = None,
 ) -> StoreInfo:
     """Write a complete store atomically and return its ``StoreInfo``.
+
+    ``validation``: the optional validation subset, written as a third group when given (then
+    ``attrs`` must record ``nnz_validation``).
 
     Everything goes to a sibling ``OUT.tmp-<random>`` directory; ``complete = true`` is set last
     and the directory renamed to OUT (an existing OUT is replaced only if ``overwrite``, and only
@@ -206,7 +227,10 @@ def write_store(
         group.attrs.update({**attrs, "format_version": FORMAT_VERSION, "complete": False})
         write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
         write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
-        for name, part in (("train", train), ("test", test)):
+        parts = {"train": train, "test": test, VALIDATION: validation}
+        for name in store_splits(attrs):
+            part = parts[name]
+            assert part is not None, f"attrs record a {name} subset but none was given"
             sub = group.create_group(name)
             for field in (*NONZERO_FIELDS, "offsets"):
                 write_array(sub, field, getattr(part, field))
@@ -280,7 +304,7 @@ def verify_store(path: str | os.PathLike) -> StoreInfo:
     info = open_store(path)
     group = zarr.open_group(info.path, mode="r")
     names = ["row_bounds", "col_bounds", *(f"{a}/ids" for a in AXES)]
-    names += [f"{s}/{f}" for s in SPLITS for f in ("offsets", *BLOCK_ARRAYS)]
+    names += [f"{s}/{f}" for s in info.splits for f in ("offsets", *BLOCK_ARRAYS)]
     for name in names:
         ChunkFiles.of(group[name], os.path.join(info.path, name)).verify()
     return info
@@ -294,7 +318,8 @@ def read_block(
     values: Sequence[str] = ("y", "raw"),
     reuse: bool = False,
 ) -> Block:
-    """Nonzeros of block (r, c) of ``split`` ("train" or "test").
+    """Nonzeros of block (r, c) of ``split`` ("train", "test", or "validation" when the store
+    has that subset).
 
     ``values``: which of "y" (classes) and "raw" to read; the other is None in the result
     (streamed fits read only what their model uses).
@@ -308,12 +333,12 @@ def read_block(
     block's slice; opened stores are kept in a small per-process cache keyed by the store's
     identity on disk.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    handle = _handle(path)
+    if split not in handle.files:
+        raise ValueError(f"split must be one of {tuple(handle.files)}, got {split!r}")
     unknown = set(values) - {"y", "raw"}
     if unknown:
         raise ValueError(f"values must be among ('y', 'raw'), got {sorted(unknown)}")
-    handle = _handle(path)
     shape = handle.info.block_shape(r, c)
     b = r * handle.info.grid[1] + c
     files = handle.files[split]
@@ -405,12 +430,13 @@ def _open(path: str) -> _Handle:
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
     try:
+        splits = store_splits(attrs)
         files = {
-            s: {f: _array_files(group, path, f"{s}/{f}") for f in BLOCK_ARRAYS} for s in SPLITS
+            s: {f: _array_files(group, path, f"{s}/{f}") for f in BLOCK_ARRAYS} for s in splits
         }
         small = {
             name: _array_files(group, path, name)
-            for name in ("row_bounds", "col_bounds", *(f"{s}/offsets" for s in SPLITS))
+            for name in ("row_bounds", "col_bounds", *(f"{s}/offsets" for s in splits))
         }
         ids = [ChunkFiles.of(group[f"{a}/ids"], os.path.join(path, a, "ids")) for a in AXES]
         for chunks in (
@@ -419,7 +445,7 @@ def _open(path: str) -> _Handle:
             *(f.files for split in files.values() for f in split.values()),
         ):
             chunks.check_present()
-        offsets = {s: _read_all(small[f"{s}/offsets"]) for s in SPLITS}
+        offsets = {s: _read_all(small[f"{s}/offsets"]) for s in splits}
         info = StoreInfo(
             path=path,
             n_users=int(attrs["n_users"]),

@@ -43,7 +43,6 @@ from ordnmf_dask.store.blocks import (
     CHUNK,
     COMPRESSORS,
     NONZERO_FIELDS,
-    SPLITS,
     StoreInfo,
     check_target,
     ids_for_zarr,
@@ -132,7 +131,7 @@ def assemble_store(
     attrs : dict
         Store attributes (``format_version`` and ``complete`` are set here).
     row_bounds, col_bounds : np.ndarray of int64, shape (n_r + 1,), (n_c + 1,)
-    blocks : {"train": [...], "test": [...]}
+    blocks : {"train": [...], "test": [...]} (and "validation" when the store has one)
         For each split, ``n_r * n_c`` lists of segments, block ``b = r * n_c + c`` at index b.
     user_ids, item_ids : np.ndarray, shape (U,), (I,)
     """
@@ -147,16 +146,16 @@ def assemble_store(
     n_c = len(col_bounds) - 1
     n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
     pointers = {}  # per split: (staged prefix, segments, n_rows) of each block's row pointer
-    for split in SPLITS:
+    for split in blocks:
         where = staging_dir(tmp, f"{split}-indptr")
         pointers[split] = [
             (os.path.join(where, f"{b:08d}"), segs, int(n_rows[b // n_c]))
             for b, segs in enumerate(blocks[split])
         ]
-    runner.map(_stage_indptr, [job for split in SPLITS for job in pointers[split]])
+    runner.map(_stage_indptr, [job for split in blocks for job in pointers[split]])
     jobs = []
     arrays = {}  # (split directory, field) -> the array
-    for split in SPLITS:
+    for split in blocks:
         segments = [s for block in blocks[split] for s in block]
         sizes = np.asarray([len_block(b) for b in blocks[split]], dtype=np.int64)
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)

@@ -1,0 +1,85 @@
+"""Fit callbacks (IterationInfo, stopping a fit, the default log kept), progress and the
+first-iteration notice, and the LocalCluster's dashboard."""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+
+import numpy as np
+import pytest
+from conftest import dense_split, store_from_dense, synthetic_ordinal
+
+from ordnmf_dask import OrdNMF
+from ordnmf_dask.dist.progress import IterationProgress
+from ordnmf_dask.engine import cavi
+from ordnmf_dask.engine.cavi import IterationInfo
+from ordnmf_dask.modelstore.model import open_model
+
+K = 3
+
+
+@pytest.fixture
+def store(tmp_path):
+    train, test = dense_split(synthetic_ordinal(40, 30, 4, seed=2))
+    return store_from_dense(tmp_path / "s.zarr", train, test, 4, (2, 2))
+
+
+def test_a_callback_sees_every_iteration_and_can_stop_the_fit(store, client, caplog):
+    seen: list[IterationInfo] = []
+
+    def stop_at_4(info: IterationInfo) -> bool:
+        seen.append(info)
+        return info.iteration == 4
+
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        est = OrdNMF(K, max_iter=50, tol=1e-12).fit(store, client, callback=stop_at_4)
+    assert [i.iteration for i in seen] == [1, 2, 3, 4] and est.n_iter_ == 4
+    assert all(i.max_iter == 50 for i in seen)
+    assert [i.elbo for i in seen] == est.elbo_
+    assert seen[0].rel_change == np.inf and seen[1].rel_change > 0
+    elapsed = [i.elapsed for i in seen]
+    assert elapsed == sorted(elapsed) and all(i.seconds >= 0 for i in seen)
+    assert all(i.validation is None and i.best_iteration is None for i in seen)
+    np.testing.assert_array_equal(seen[-1].params, est.delta_)
+    model = open_model(est.model_path_)
+    assert model.attrs["stop_reason"] == "callback" and not est.converged_
+    # the default iteration log stays on with a callback: n of max_iter, elapsed, ETA
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("iter ")]
+    assert len(lines) == 4 and lines[0].startswith("iter    1/50")
+    assert "elapsed 0:00:" in lines[3] and "ETA <= " in lines[3]
+
+
+def test_info_stop_stops_the_fit(store, client):
+    def stop_at_2(info: IterationInfo) -> None:
+        if info.iteration == 2:
+            info.stop()
+
+    assert OrdNMF(K, max_iter=50, tol=1e-12).fit(store, client, callback=stop_at_2).n_iter_ == 2
+
+
+def test_a_slow_first_iteration_is_explained(store, client, caplog, monkeypatch):
+    monkeypatch.setattr(cavi, "FIRST_NOTICE_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        OrdNMF(K, max_iter=2).fit(store, client)
+    assert "iteration 1 of 2 still running after 0 s: the workers read the training blocks" \
+        in caplog.text
+
+
+def test_progress_estimates_the_rest_from_iterations_after_the_first():
+    p = IterationProgress(100)
+    assert p.eta(1, 30.0) == "ETA after the next iteration"  # the first: reads and compiles
+    assert p.eta(3, 34.0) == f"ETA <= {p.clock(97 * 2.0)} to max_iter"
+    assert p.clock(3725) == "1:02:05"
+    assert p.eta(100, 300.0) == "at max_iter"
+    resumed = IterationProgress(100)
+    resumed.eta(40, 5.0)
+    assert resumed.eta(50, 15.0) == f"ETA <= {p.clock(50.0)} to max_iter"
+
+
+def test_the_dashboard_link_works(client):
+    """The dashboard the LocalCluster serves is bokeh's, not the page saying bokeh is missing."""
+    with urllib.request.urlopen(client.dashboard_link, timeout=30) as page:
+        text = page.read().decode(errors="replace")
+    assert page.status == 200 and "bokeh" in text.lower()
+    assert "Dask needs bokeh" not in text

@@ -1,0 +1,145 @@
+"""The validation subset of a store and validation during a fit: scores on the workers from the
+running factors, early stopping that keeps the best state, restarts chosen by validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+from ordnmf_dask import BePoF, OrdNMF
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.modelstore.model import open_model
+from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
+from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.sources.split import pair_hash
+from ordnmf_dask.store.blocks import read_block
+
+K = 3
+
+
+def triples(seed: int = 0, n: int = 6000, n_users: int = 150, n_items: int = 90):
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, n_users, n) * 1000 + rng.integers(0, n_items, n))
+    u, i = np.divmod(keys, 1000)
+    lam = rng.gamma(1.0, 1.0, (n_users, K)) @ rng.gamma(1.0, 1.0, (K, n_items))
+    v = 1 + np.minimum(4, (lam[u, i] * rng.gamma(2.0, 0.5, len(u))).astype(int))
+    return u, i, v
+
+
+def pairs(store, split: str) -> set[tuple[int, int]]:
+    """(global user, global item) of every nonzero of ``split``."""
+    rb, cb = store.row_bounds, store.col_bounds
+    out = set()
+    for r in range(store.grid[0]):
+        for c in range(store.grid[1]):
+            b = read_block(store.path, split, r, c)
+            out |= set(zip((b.rows + rb[r]).tolist(), (b.cols + cb[c]).tolist(), strict=True))
+    return out
+
+
+@pytest.fixture
+def vstore(tmp_path):
+    u, i, v = triples()
+    return ingest_arrays(u, i, v, tmp_path / "v.zarr", ratings="integer", scale_max=5,
+                         validation_fraction=0.15, seed=3, grid=(2, 2))  # fmt: skip
+
+
+def test_validation_is_carved_from_train_by_the_same_hash(tmp_path, vstore):
+    u, i, v = triples()
+    plain = ingest_arrays(u, i, v, tmp_path / "p.zarr", ratings="integer", scale_max=5, seed=3,
+                          grid=(2, 2))  # fmt: skip
+    assert plain.splits == ("train", "test") and plain.nnz_validation == 0
+    with pytest.raises(ValueError, match="split must be one of"):
+        read_block(plain.path, "validation", 0, 0)
+    assert vstore.splits == ("train", "test", "validation")
+    train, val, test = (pairs(vstore, s) for s in ("train", "validation", "test"))
+    # the same test set; train of the plain store = train + validation
+    assert test == pairs(plain, "test") and not (train & val) and not (val & test)
+    assert train | val == pairs(plain, "train")
+    n = plain.nnz_train
+    assert len(val) == vstore.nnz_validation == round(0.15 * n)
+    assert vstore.attrs["validation_fraction"] == 0.15
+    assert sum(vstore.attrs["hist_validation"]) == len(val)
+    # the validation pairs are the training pairs with the smallest hashes of the split's seed
+    h = lambda s: pair_hash(*np.array(sorted(s)).T, vstore.n_items, 3)  # noqa: E731
+    assert h(val).max() < h(train).min()
+    assert h(test).max() < h(val).min()  # ranked just after the test pairs
+
+
+def test_distributed_ingest_writes_the_same_validation_subset(tmp_path):
+    u, i, v = triples(1)
+    path = tmp_path / "in.csv"
+    path.write_text("".join(f"{a},{b},{c}\n" for a, b, c in zip(u, i, v, strict=True)))
+    kw = dict(ratings="integer", validation_fraction=0.2, seed=5, nnz_per_block=900)
+    mem = ingest(path, tmp_path / "mem.zarr", **kw)
+    ooc = ingest_distributed(path, tmp_path / "ooc.zarr", chunk_bytes=5000,
+                             rows_per_partition=700, **kw)  # fmt: skip
+    ga, gb = zarr.open_group(mem.path, mode="r"), zarr.open_group(ooc.path, mode="r")
+    attrs = [dict(g.attrs) for g in (ga, gb)]
+    for a in attrs:
+        a.pop("created")
+    assert attrs[0] == attrs[1] and attrs[0]["nnz_validation"] > 0
+    for split in ("train", "test", "validation"):
+        for field in ("indptr", "cols", "y", "raw", "offsets"):
+            np.testing.assert_array_equal(ga[f"{split}/{field}"][:], gb[f"{split}/{field}"][:])
+
+
+def test_bad_validation_fraction_is_refused(tmp_path):
+    u, i, v = triples()
+    for bad in (-0.1, 1.0, True):
+        with pytest.raises(InputError, match="validation_fraction must be in"):
+            ingest_arrays(u, i, v, tmp_path / "x.zarr", validation_fraction=bad)
+    assert not list(tmp_path.iterdir())
+
+
+def test_early_stopping_keeps_the_best_state(vstore, client):
+    est = OrdNMF(K, tol=1e-12, max_iter=60, validation_every=2, validation_patience=2,
+                 validation_s=3, checkpoint_every=3).fit(vstore, client)
+    attrs = open_model(est.model_path_).attrs
+    history = attrs["validation"]["history"]
+    assert [v["iteration"] for v in history] == list(range(2, est.n_iter_ + 1, 2))
+    metric = [v["metric"] for v in history]
+    best = attrs["best_iteration"]
+    assert metric[best // 2 - 1] == max(metric)
+    if attrs["stop_reason"] == "patience":
+        assert est.n_iter_ == best + 4 and max(metric[-2:]) <= metric[best // 2 - 1]
+    assert best < est.n_iter_  # the data overfit within 60 iterations at K = 3
+    assert est.runs_[0]["best_iteration"] == best
+    # the saved state is iteration ``best`` of the same trajectory
+    plain = OrdNMF(K, tol=1e-12, max_iter=best, validation_every=0).fit(vstore, client)
+    assert plain.n_iter_ == best and open_model(plain.model_path_).attrs["validation"] is None
+    np.testing.assert_array_equal(est.W_.compute(), plain.W_.compute())
+    np.testing.assert_array_equal(est.H_.compute(), plain.H_.compute())
+    np.testing.assert_array_equal(est.theta_, plain.theta_)
+    assert est.elbo_[best - 1] == plain.elbo_[-1]
+    # the scores of the running fit's futures are those of the saved model
+    model = open_model(est.model_path_)
+    w = [SavedChunk(model.path, "W", r) for r in range(vstore.grid[0])]
+    h = [SavedChunk(model.path, "H", c) for c in range(vstore.grid[1])]
+    again = score_split(client, vstore, "validation", w, h, [1, 3], 100, None)
+    assert {str(s): x for s, x in again["ndcg"].items()} == history[best // 2 - 1]["ndcg"]
+    # test evaluation excludes the validation items (known to the user) from the candidates
+    res = evaluate(vstore, est, client, levels=[1])
+    assert res["nnz_test"] == vstore.nnz_test and 0 < res["ndcg"][1] <= 1
+
+
+def test_restarts_are_chosen_by_validation(vstore, client):
+    est = OrdNMF(K, tol=1e-4, max_iter=15, n_init=3, validation_every=5,
+                 validation_patience=0).fit(vstore, client)
+    runs = est.runs_
+    assert all(r["validation"] is not None for r in runs)
+    kept = [r for r in runs if r["kept"]]
+    assert len(kept) == 1 and kept[0]["validation"] == max(r["validation"] for r in runs)
+    history = open_model(est.model_path_).attrs["validation"]["history"]
+    assert max(v["metric"] for v in history) == kept[0]["validation"]
+
+
+def test_validation_settings_are_checked_before_a_cluster_starts(vstore):
+    with pytest.raises(InputError, match="validation_s = 9"):
+        OrdNMF(K, validation_s=9, max_iter=2).fit(vstore)
+    with pytest.raises(InputError, match="validation_metric must be"):
+        OrdNMF(K, validation_metric="auc", max_iter=2).fit(vstore)
+    with pytest.raises(InputError, match="validation_metric = 'loglik'"):
+        BePoF(K, validation_metric="loglik", max_iter=2).fit(vstore)
