@@ -113,11 +113,15 @@ def test_topk_ties_at_the_kth_place_go_to_the_lower_items():
 @pytest.mark.parametrize("bounds", [([0, 23], [0, 17]), ([0, 9, 23], [0, 5, 6, 17])])
 def test_block_numerics_match_the_reference(monkeypatch, budget, bounds):
     """The per-block functions, merged along the item-blocks as evaluate does, for score slabs
-    of one row (budget 1), a few rows, and all rows."""
+    of one row (budget 1), a few rows, and all rows; factors with ties and without, k below,
+    near and above the number of items, every threshold s."""
     monkeypatch.setattr(metrics, "_SCORE_BUDGET", budget)
     rb, cb = bounds
-    for seed in range(3):
-        w, h, train, test = tied_data(seed)
+    rng = np.random.default_rng(5)
+    for seed in range(6):
+        w, h, train, test = tied_data(seed // 2)
+        if seed % 2:  # the same data without ties
+            w, h = rng.gamma(1, 1, w.shape), rng.gamma(1, 1, h.shape)
         for k in (1, 4, 40):
             sums = {name: np.zeros(V) for name in NAMES}
             n_users, n_users_auc = np.zeros(V), np.zeros(V)
@@ -182,7 +186,7 @@ def write_model(client: Client, path, store, w: np.ndarray, h: np.ndarray) -> st
                                for j in range(len(b) - 1)])
 
     attrs = {
-        "params": {}, "elbo": [0.0], "family": "ordinal",
+        "params": {"n_components": w.shape[1]}, "elbo": [0.0], "family": "ordinal",
         "delta": [0.0] + [0.5] * store.n_classes, "row_bounds": rb, "col_bounds": cb,
         "store": {"path": store.path, "n_users": store.n_users, "n_items": store.n_items,
                   "n_classes": store.n_classes},
@@ -214,3 +218,22 @@ def test_evaluate_matches_the_reference(tmp_path, mclient, grid):
                 for metric in NAMES:
                     assert res[metric][s] == pytest.approx(
                         want[metric], rel=1e-12, abs=1e-12, nan_ok=True), (name, metric, s)
+
+
+@pytest.mark.parametrize(("k", "levels"), [(1, [1, 3]), (40, None)])
+def test_evaluate_matches_the_reference_at_other_k(tmp_path, mclient, k, levels):
+    """evaluate at k = 1 (chosen thresholds) and k above the number of items (every threshold),
+    continuous factors, on a (2, 3) grid."""
+    w, h, train, test = tied_data(3)
+    store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 3))
+    rng = np.random.default_rng(2)
+    ww, hh = rng.gamma(1, 1, w.shape), rng.gamma(1, 1, h.shape)
+    res = evaluate(store, write_model(mclient, tmp_path / "m.zarr", store, ww, hh), mclient,
+                   k=k, levels=levels)
+    assert sorted(res["ndcg"]) == (levels or list(range(1, V + 1)))
+    for s in res["ndcg"]:
+        want, n, n_auc = reference(ww, hh, train, test, s, k)
+        assert (res["n_users"][s], res["n_users_auc"][s]) == (n, n_auc)
+        for metric in NAMES:
+            assert res[metric][s] == pytest.approx(
+                want[metric], rel=1e-12, abs=1e-12, nan_ok=True), (metric, s, k)
