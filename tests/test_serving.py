@@ -207,6 +207,24 @@ def test_the_store_is_read_only_when_asked_and_only_the_users_blocks(tmp_path, m
         fresh.recommend(["u100"], n=3)
 
 
+def test_a_model_without_a_store_or_with_another_store(tmp_path):
+    """A model recording no store serves from its own id maps, but cannot filter seen items; a
+    store given that does not match the model is refused."""
+    case = Case(tmp_path, own_ids=True)
+    recorded = {"path": None, "n_users": N_USERS, "n_items": N_ITEMS, "n_classes": V}
+    path = write_model(tmp_path / "alone.zarr", case.store, case.W, case.H, OrdNMF(K),
+                       {"store": recorded}, own_ids=True)
+    model = OrdNMF.load(path)
+    every = oracle_top(case.W, case.H, np.zeros((N_USERS, N_ITEMS), bool), 2)
+    check_recs(model.recommend("u1", 2, filter_already_seen=False)["u1"], case.named(every[0]))
+    with pytest.raises(StoreError, match="records no training store"):
+        model.recommend("u1", 2)
+    train, test = dense_split(synthetic_ordinal(N_USERS + 1, N_ITEMS, V, k=K, seed=3))
+    other = store_from_dense(tmp_path / "other.zarr", train, test, V, (2, 3))
+    with pytest.raises(InputError, match="does not match store"):
+        serving.server(case.path, other.path).recommend([1], 2)
+
+
 def test_a_replaced_model_is_served_afresh(case):
     first = serving.server(case.path)
     assert serving.server(case.path) is first

@@ -14,6 +14,10 @@ exactly as the fit uses its initial draws. Each user stops on its own when the r
 ``sum_k |E[w_uk]^new - E[w_uk]^old| / sum_k E[w_uk]^old`` falls below ``tol`` (its rows are then
 frozen), so a user's result does not depend on the other users folded in with it.
 
+New items are folded in by the same function on the transposed interactions (rows: the new
+items; columns: the users they touched; fixed side: E[W], E[log W]; prior alpha_H): the H update
+is the W update with the roles of the two sides swapped.
+
 Only K column sums of E[H] and the rows of E[H], E[log H] of the touched items are needed.
 Pure numpy / scipy; the orchestration (which rows to read, where) is in
 :mod:`ordnmf_dask.postfit.foldin`.

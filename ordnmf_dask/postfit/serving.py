@@ -285,7 +285,8 @@ class Server:
 
     def __init__(self, model: ModelInfo, store: str | None = None) -> None:
         self.model = model
-        self.store_path = os.path.abspath(store or model.attrs["store"]["path"])
+        recorded = store or model.attrs["store"].get("path")
+        self.store_path = None if recorded is None else os.path.abspath(recorded)
         self._store_given = store is not None
         self._fields: dict[tuple[str, str], np.ndarray] = {}
 
@@ -329,6 +330,9 @@ class Server:
 
     @cached_property
     def store(self) -> StoreInfo:
+        if self.store_path is None:
+            raise StoreError(f"{self.model.path}: the model records no training store, whose "
+                             "training items filter_already_seen needs")
         info = open_store(self.store_path)
         check_compatible(info, self.model)
         return info
