@@ -32,6 +32,8 @@ _EXPORTS = {
     "ingest_arrays": ".sources.inmemory",
     "posterior_predictive": ".postfit.ppc",
     "recommend": ".postfit.recommend",
+    "tune": ".app.tune",
+    "LogUniform": ".app.tuning",
 }
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "BePoF",
     "DcPF",
     "InputError",
+    "LogUniform",
     "OrdNMF",
     "StoreError",
     "StoreInfo",
@@ -52,9 +55,12 @@ __all__ = [
     "read_block",
     "recommend",
     "recommend_for",
+    "tune",
 ]
 
 if TYPE_CHECKING:  # static analysis and IDEs see the real names
+    from .app.tune import tune
+    from .app.tuning import LogUniform
     from .estimator import PF, BePoF, DcPF, OrdNMF
     from .postfit.evaluate import evaluate
     from .postfit.export import export

@@ -204,10 +204,50 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--max-iter", type=int, default=1000)
     rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
     _cluster_args(rep)
+
+    tun = add("tune", help="search K, alpha_W, alpha_H by successive halving on validation "
+              "(flags and [model] of --config fix the other parameters)")
+    tun.add_argument("store", help="store directory (with a validation subset)")
+    tun.add_argument("--out", required=True,
+                     help="directory of the results table, trials and best model (DIR/best)")
+    tun.add_argument("--model", dest="model_kind", choices=list(MODELS),
+                     help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
+    for name, flags in SEARCH_FLAGS.items():
+        tun.add_argument(*flags, dest=f"space_{name}", metavar="V1,V2,...|LOW:HIGH",
+                         help=f"{PARAMS[name].doc}: values to search, or a range sampled "
+                              "log-uniformly (needs --n-trials)")
+    tun.add_argument("--n-trials", dest="n_trials", type=int,
+                     help="sample this many trials at random (default: the grid of the values)")
+    tun.add_argument("--sample-seed", dest="sample_seed", type=int, default=0,
+                     help="seed of the random trials (default 0)")
+    tun.add_argument("--min-budget", dest="min_budget", type=int,
+                     help="iterations of the first rung (default max_iter // eta^2)")
+    tun.add_argument("--eta", type=int, default=3,
+                     help="keep the best 1/eta of the trials at each rung (default 3)")
+    tun.add_argument("--metric", choices=["ndcg", "loglik"], default="ndcg",
+                     help="ndcg: NDCG@--cutoff at relevance >= --level; loglik: mean held-out "
+                          "log-likelihood (default ndcg)")
+    tun.add_argument("--cutoff", dest="k", type=int, default=100, help="k of NDCG@k (default 100)")
+    tun.add_argument("--level", type=int,
+                     help="relevance threshold s (default: --threshold for bepof / pf, else 1)")
+    tun.add_argument("--allow-test", dest="allow_test", action="store_true",
+                     help="score on the test subset when the store has no validation subset "
+                          "(its test figures are then optimistic)")
+    tun.add_argument("--user-fraction", dest="user_fraction", type=float, default=1.0,
+                     help="rank this random fraction of the users when scoring (default 1)")
+    tun.add_argument("--jobs", dest="n_jobs", type=int, default=4,
+                     help="fits run concurrently (default 4)")
+    tun.add_argument("--overwrite", action="store_true", default=None,
+                     help="replace the results of an earlier tune in --out")
+    _param_args(tun, skip=(*SEARCH_FLAGS, "n_init", "work_dir", "checkpoint_dir", "executor",
+                           "validation_metric", "validation_k", "validation_s"))  # tune's own
+    _cluster_args(tun)
     return p
 
 
 SHORT_FLAGS = {"n_components": "-k"}
+SEARCH_FLAGS = {"n_components": ("-k", "--n-components"), "alpha_W": ("--alpha-w",),
+                "alpha_H": ("--alpha-h",)}  # the parameters `tune` searches, and their flags
 CACHE_BLOCKS = {"auto": "auto", "on": True, "off": False}  # --cache-blocks spelling -> value
 
 
@@ -217,10 +257,13 @@ def _auto_bool(text: str) -> bool | str:
     return CACHE_BLOCKS[text]
 
 
-def _param_args(p: argparse.ArgumentParser) -> None:
-    """One flag per estimator parameter: ``--`` + its name in lower case with ``-`` for ``_``,
-    its name as destination, default None (not given); booleans also take ``--no-...``."""
+def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+    """One flag per estimator parameter (but those in ``skip``): ``--`` + its name in lower case
+    with ``-`` for ``_``, its name as destination, default None (not given); booleans also take
+    ``--no-...``."""
     for param in PARAMS.values():
+        if param.name in skip:
+            continue
         names = [*([SHORT_FLAGS[param.name]] if param.name in SHORT_FLAGS else []), param.flag]
         default = param.default
         if param.kind in ("bool", "auto"):
@@ -526,6 +569,42 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 COMMANDS["reproduce"] = cmd_reproduce
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import estimator_kwargs
+    from ordnmf_dask.app.tune import tune
+    from ordnmf_dask.app.tuning import parse_values
+
+    cfg = _job(args)
+    name = MODELS[cfg.model.kind]
+    fixed, unused = estimator_kwargs(cfg, name)
+    if unused:
+        log.warning("not used by %s: %s", name, ", ".join(unused))
+    space = {}
+    for param, flags in SEARCH_FLAGS.items():
+        text = getattr(args, f"space_{param}")
+        if text is not None:
+            space[param] = parse_values(param, text, flags[-1])
+            fixed.pop(param)
+    max_iter = fixed.pop("max_iter")
+    with _client(cfg.cluster) as client:
+        res = tune(args.store, space, client, out=args.out, model=name, params=fixed,
+                   n_trials=args.n_trials, sample_seed=args.sample_seed, max_iter=max_iter,
+                   min_budget=args.min_budget, eta=args.eta, metric=args.metric, k=args.k,
+                   level=args.level, allow_test=args.allow_test, user_fraction=args.user_fraction,
+                   n_jobs=args.n_jobs, n_workers=cfg.cluster.local_spec.workers,
+                   overwrite=bool(args.overwrite))
+    best = res.best
+    searched = " ".join(f"{p}={best[p]:.4g}" for p in SEARCH_FLAGS)
+    print(f"best: trial {best['trial']} ({searched}): {res.metric} {best['value']:.6g} after "
+          f"{best['n_iter']} iterations")
+    print(f"model {res.best_model}")
+    print(f"table {res.csv} ({len(res.rows)} rows), {res.parquet}")
+    return EXIT_OK
+
+
+COMMANDS["tune"] = cmd_tune
 
 
 class _StderrHandler(logging.StreamHandler):

@@ -1,0 +1,496 @@
+"""Hyper-parameter search with successive halving, many fits at once on one Dask cluster.
+
+:func:`tune` draws trials (K, alpha_W, alpha_H) from a space (:mod:`ordnmf_dask.app.tuning`),
+fits each for the first rung's number of iterations, scores it on the store's validation subset,
+keeps the best ``1 / eta`` and continues those to the next rung's budget, up to ``max_iter``.
+The fits of a rung run concurrently from client-side threads on the same ``distributed.Client``
+(a fit only submits futures and waits for its own). A survivor continues from its own
+checkpoints: ``max_iter`` is a runtime setting, not part of the checkpoint fingerprint, so the
+same fit with a larger ``max_iter`` resumes where it was and follows exactly the trajectory of
+one uninterrupted fit. Layout of the output directory (docs/design.md, "Tuning"):
+``tune.json`` (the settings; marks the directory as a tune's), ``trials/<n>/model`` and
+``trials/<n>/checkpoints``, ``results.csv`` and ``results.parquet`` (a row per trial and rung),
+and ``best`` (the best trial's model).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from distributed import Client
+
+from ordnmf_dask.app import tuning
+from ordnmf_dask.dist import interrupt
+from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.engine import checkpoint
+from ordnmf_dask.errors import ELBODecreaseError, InputError
+from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.modelstore.model import is_model, model_target, open_model
+from ordnmf_dask.params import DEFAULTS, MODELS, accepted, validate
+from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
+from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
+
+log = logging.getLogger("ordnmf_dask")
+
+TUNE_KIND = "ordnmf_dask.tune"  # the ``kind`` of DIR/tune.json, which marks DIR as a tune's
+METRICS = ("ndcg", "loglik")
+#: parameters tune sets for every trial itself (validation_*: from its metric, k and level)
+MANAGED = ("checkpoint_dir", "work_dir", "n_init", "max_iter", "executor", "validation_metric",
+           "validation_k", "validation_s")
+#: how a fit ended for good: a larger budget would change nothing
+FINAL_STOPS = ("tol", "patience")
+
+
+class _Stopped(Exception):
+    """Raised in a trial's fit when another trial failed or the search was interrupted."""
+
+
+class _TrialLabels(logging.Filter):
+    """Prefixes what a trial's thread logs on the package's logger with the trial's number:
+    the fits of a rung log at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        trial = getattr(self.local, "trial", None)
+        if trial is not None:
+            record.msg = f"[trial {trial}] {record.msg}"
+        return True
+
+
+@dataclass
+class Trial:
+    """One point of the space and where its fit lives."""
+
+    number: int
+    params: dict[str, Any]  # the searched values
+    directory: str
+    done: bool = False  # its fit ended for good (FINAL_STOPS)
+    value: float = math.nan  # the score of its last fit
+
+    @property
+    def model(self) -> str:
+        return os.path.join(self.directory, "model")
+
+    @property
+    def checkpoints(self) -> str:
+        return os.path.join(self.directory, "checkpoints")
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The table (a dict per trial and rung), the best row, and where things were written."""
+
+    rows: list[dict[str, Any]]
+    best: dict[str, Any]
+    best_model: str
+    split: str
+    metric: str
+    csv: str
+    parquet: str
+
+
+def tune(
+    store: str | os.PathLike | StoreInfo,
+    space: tuning.Space,
+    client: Client | None = None,
+    *,
+    out: str | os.PathLike,
+    model: str = "ordnmf",
+    params: Mapping[str, Any] | None = None,
+    n_trials: int | None = None,
+    sample_seed: int = 0,
+    max_iter: int = DEFAULTS["max_iter"],
+    min_budget: int | None = None,
+    eta: int = 3,
+    metric: str = "ndcg",
+    k: int = 100,
+    level: int | None = None,
+    allow_test: bool = False,
+    user_fraction: float = 1.0,
+    n_jobs: int = 4,
+    n_workers: int = 2,
+    overwrite: bool = False,
+) -> TuneResult:
+    """Search ``space`` by successive halving on a validation metric; save the best model.
+
+    Parameters
+    ----------
+    store : the store (path or :class:`StoreInfo`); its validation subset scores the trials.
+    space : parameter -> list of values or :class:`~ordnmf_dask.LogUniform` range, for
+        ``n_components``, ``alpha_W``, ``alpha_H``.
+    client : a ``distributed.Client``; default the current one, else a LocalCluster of
+        ``n_workers`` processes started for the search.
+    out : directory of the results, the trials' models and checkpoints and the best model
+        (``out/best``); visible to the workers. It must be new or empty, or, with
+        ``overwrite``, a directory an earlier tune wrote.
+    model : ``ordnmf``, ``bepof``, ``pf`` or ``dcpf`` (or the class name).
+    params : the other estimator parameters, fixed for every trial (tol, seed, threshold, ...);
+        tune sets max_iter, checkpoint_dir, n_init (1), executor and the validation metric
+        itself.
+    n_trials : draw this many trials at random (seeded by ``sample_seed``); None: every
+        combination of the listed values.
+    max_iter, min_budget, eta : the rungs' iteration budgets (``min_budget`` default
+        ``max_iter // eta**2``: three rungs; :func:`ordnmf_dask.app.tuning.rungs`) and the
+        halving factor.
+    metric, k, level : ``ndcg`` (NDCG@k with relevance ``y >= level``; ``level`` default the
+        model's ``threshold`` for BePoF and PF, else 1) or ``loglik`` (the mean held-out
+        log-likelihood per nonzero); higher is better.
+    allow_test : without a validation subset, score the trials on the test subset (the test
+        figures of the chosen model are then optimistic); otherwise that is an InputError.
+    user_fraction : rank a random fraction of the users only (see :func:`ordnmf_dask.evaluate`).
+    n_jobs : fits running at once (each caches its training blocks on the workers unless
+        ``cache_blocks`` is False).
+    overwrite : replace the results and the ``best`` model of an earlier tune in ``out``.
+
+    Returns
+    -------
+    :class:`TuneResult`.
+    """
+    info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+    name = MODELS.get(model, model)
+    if name not in ESTIMATORS:
+        raise InputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+    klass = ESTIMATORS[name]
+    fixed = _fixed_params(name, dict(params or {}), space)
+    drawn = (tuning.grid(space) if n_trials is None
+             else tuning.sample(space, n_trials, sample_seed))  # fmt: skip
+    trials_params = [validate(p) for p in drawn]
+    budgets = tuning.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
+                           max_iter, eta)
+    split = _split(info, allow_test)
+    level = _level(info, split, name, fixed, metric, level, k, user_fraction)
+    # the fits keep their state best by this same metric (validation during the fit)
+    fixed.update(validation_metric=metric, validation_k=k, validation_s=level)
+    label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+        raise InputError(f"n_jobs must be an integer >= 1, got {n_jobs!r}")
+    out = os.path.abspath(os.fspath(out))
+    _check_out(out, overwrite)
+    # out and out/best: never the training store, nor inside it (checked before any write)
+    best_path = (model_target(os.path.join(out, "best"), overwrite, info.path) if
+                 os.path.isdir(out) else os.path.join(model_target(out, False, info.path), "best"))
+    _prepare(out)
+    every = _continuation_every(fixed["checkpoint_every"], budgets[0])
+    settings = {
+        "kind": TUNE_KIND, "store": info.path, "model": name, "fixed": fixed,
+        "space": {n: v if isinstance(v, list | tuple) else vars(v) for n, v in space.items()},
+        "n_trials": n_trials, "sample_seed": sample_seed, "rungs": budgets, "eta": eta,
+        "metric": label, "split": split, "checkpoint_every": every,
+    }  # fmt: skip
+    _write_json(os.path.join(out, "tune.json"), settings)
+    trials = [Trial(j, p, os.path.join(out, "trials", f"{j:04d}"))
+              for j, p in enumerate(trials_params)]
+    for t in trials:
+        os.mkdir(t.directory)
+    log.info("tune: %d trials of %s, rungs of %s iterations (eta %d), scored by %s",
+             len(trials), name, budgets, eta, label)
+    search = _Search(info, klass, fixed, split, metric, k, level, user_fraction, every, label)
+    rows: list[dict[str, Any]] = []
+    csv_path, parquet_path = os.path.join(out, "results.csv"), os.path.join(out, "results.parquet")
+    log.addFilter(search.labels)
+    try:
+        with resolve_client(client, n_workers) as cl:
+            alive = trials
+            for rung, budget in enumerate(budgets):
+                last = rung == len(budgets) - 1
+                log.info("tune: rung %d/%d, max_iter %d: %d trial(s)",
+                         rung + 1, len(budgets), budget, len(alive))
+                found = search.rung(cl, alive, rung, budget, n_jobs)
+                keep = _survivors(alive, found, eta, last)
+                for row in found:
+                    row["kept"] = row["trial"] in keep
+                rows += found
+                _write_table(rows, csv_path, parquet_path)
+                for t in alive:
+                    if t.number not in keep:
+                        _drop_checkpoints(t)
+                alive = [t for t in alive if t.number in keep]
+    finally:
+        log.removeFilter(search.labels)
+        for t in trials:
+            _drop_checkpoints(t)
+    best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
+    CaviEstimator.load(best["model"]).save(best_path, overwrite=overwrite)
+    _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
+    log.info("tune: best trial %d (%s): %s %.6g; model in %s", best["trial"],
+             _describe(trials[best["trial"]].params), label, best["value"], best_path)
+    return TuneResult(rows, best, best_path, split, label, csv_path, parquet_path)
+
+
+def _survivors(alive: list[Trial], rows: list[dict[str, Any]], eta: int, last: bool) -> set[int]:
+    """The trial numbers that go on: the best ``n // eta`` (the best one after the last rung);
+    a failed trial never."""
+    scores = {r["trial"]: r["value"] for r in rows if r["status"] != "failed"}
+    if not scores:
+        raise FloatingPointError(f"every one of the {len(alive)} trials failed numerically")
+    order = [t for t in tuning.ranked(scores) if not math.isnan(scores[t])]
+    if not order:
+        raise FloatingPointError("no trial has a finite score")
+    return set(order[: 1 if last else tuning.n_kept(len(alive), eta)])
+
+
+def _fixed_params(name: str, fixed: dict[str, Any], space: tuning.Space) -> dict[str, Any]:
+    """Every parameter of estimator ``name`` but the searched ones, from ``fixed`` or the
+    defaults; InputError for one it does not take or one tune sets itself."""
+    taken = accepted(name)
+    for key, value in fixed.items():
+        if key not in taken:
+            raise InputError(f"{name} has no parameter {key!r}")
+        if key == "max_iter":
+            raise InputError("give max_iter to tune itself: it is the last rung's budget")
+        if key in MANAGED and value != DEFAULTS[key]:
+            raise InputError(f"{key} is set by tune for each trial (got {value!r})")
+    both = sorted(set(space) & set(fixed))
+    if both:
+        raise InputError(f"{both[0]} is both searched and fixed: give it in one place")
+    return validate({k: fixed.get(k, DEFAULTS[k]) for k in taken
+                     if k not in space and k not in MANAGED})
+
+
+def _split(info: StoreInfo, allow_test: bool) -> str:
+    """The subset that scores the trials: validation, or test when allowed (with a warning)."""
+    if VALIDATION in info.splits:
+        return VALIDATION
+    if not allow_test:
+        raise InputError(
+            f"{info.path} has no validation subset: ingest it with --validation-fraction (or "
+            "pass allow_test=True to tune on the test subset, whose figures are then no "
+            "longer a fair estimate)"
+        )
+    log.warning("TUNING ON THE TEST SUBSET of %s (it has no validation subset): the test "
+                "figures of the chosen model are optimistic; ingest with --validation-fraction "
+                "for a fair estimate", info.path)
+    return "test"
+
+
+def _level(info: StoreInfo, split: str, name: str, fixed: dict[str, Any], metric: str,
+           level: int | None, k: int, user_fraction: float) -> int:  # fmt: skip
+    """The relevance threshold s of the metric, checked with the other metric settings."""
+    if metric not in METRICS:
+        raise InputError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InputError(f"k must be an integer >= 1, got {k!r}")
+    if not 0.0 < user_fraction <= 1.0:
+        raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
+    s = int(fixed.get("threshold", 1)) if level is None else level
+    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= info.n_classes:
+        raise InputError(f"level must be a class in 1..{info.n_classes}, got {s!r}")
+    if not sum(info.attrs[f"hist_{split}"][s:]):
+        raise InputError(f"level = {s}: the {split} subset of {info.path} has no nonzero of "
+                         f"class >= {s}")
+    binarized = name in ("BePoF", "PF") or (name == "DcPF" and fixed.get("p") == 1.0)
+    if metric == "loglik" and binarized:
+        raise InputError(f"metric loglik: {name} models binarized data, not the classes")
+    return s
+
+
+def _continuation_every(every: int, first: int) -> int:
+    """Trials checkpoint often enough that a survivor resumes at most a quarter of the first
+    rung before where it stopped (the last iteration of a fit is never checkpointed)."""
+    return min(every, max(1, first // 4)) if every else 0
+
+
+def _check_out(out: str, overwrite: bool) -> None:
+    """InputError unless ``out`` is new or empty, or an earlier tune's and ``overwrite``."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise InputError(f"{out}: exists and is not a directory")
+    if os.path.isdir(out) and os.listdir(out):
+        try:
+            with open(os.path.join(out, "tune.json")) as fh:
+                ours = json.load(fh).get("kind") == TUNE_KIND
+        except (OSError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise InputError(f"{out}: exists and is not a directory written by ordnmf-dask "
+                             "tune; choose another directory")
+        if not overwrite:
+            raise InputError(f"{out}: holds an earlier tune's results; pass overwrite=True to "
+                             "replace them")
+
+
+def _prepare(out: str) -> None:
+    """Create ``out/trials``, after removing the trials of an earlier tune there (their models
+    and checkpoints; anything else found in a trial's directory is an error naming it)."""
+    trials = os.path.join(out, "trials")
+    for entry in sorted(os.listdir(trials)) if os.path.isdir(trials) else []:
+        directory = os.path.join(trials, entry)
+        t = Trial(-1, {}, directory)
+        if is_model(t.model):
+            shutil.rmtree(t.model)
+        _drop_checkpoints(t)
+        os.rmdir(directory)  # anything left is not ours: OSError naming it
+    os.makedirs(trials, exist_ok=True)
+
+
+def _drop_checkpoints(trial: Trial) -> None:
+    """Remove the trial's checkpoints (finished ones are ordnmf_dask's by their name and
+    attributes), then its checkpoint directory if nothing else is in it."""
+    for path in checkpoint.list_checkpoints(trial.checkpoints):
+        if checkpoint.fingerprint_of(path) is not None:
+            checkpoint.remove(path)
+    if os.path.isdir(trial.checkpoints) and not os.listdir(trial.checkpoints):
+        os.rmdir(trial.checkpoints)
+
+
+class _Search:
+    """Runs the trials of a rung concurrently and scores them."""
+
+    def __init__(self, info: StoreInfo, klass: type[CaviEstimator], fixed: dict[str, Any],
+                 split: str, metric: str, k: int, level: int, user_fraction: float,
+                 every: int, label: str) -> None:  # fmt: skip
+        self.info, self.klass, self.fixed, self.split = info, klass, fixed, split
+        self.metric, self.k, self.level, self.user_fraction = metric, k, level, user_fraction
+        self.every, self.label = every, label
+        self.clock = time.perf_counter()
+        self.stop = threading.Event()
+        self.labels = _TrialLabels()
+
+    def rung(self, cl: Client, alive: list[Trial], rung: int, budget: int,
+             n_jobs: int) -> list[dict[str, Any]]:  # fmt: skip
+        """A row per trial of ``alive`` fitted to ``budget`` iterations (a trial whose fit ended
+        for good earlier is carried over as it was), in trial order."""
+        self.stop.clear()
+        pool = ThreadPoolExecutor(n_jobs, thread_name_prefix="tune")
+        futures = [pool.submit(self._run, cl, t, rung, budget) for t in alive]
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            if any(f.exception() is not None for f in done):  # stop the others, then report
+                self.stop.set()  # the error that stopped them
+                wait(futures)
+                errors = [f.exception() for f in futures]
+                raise next(e for e in errors if e is not None and not isinstance(e, _Stopped))
+            return [f.result() for f in futures]
+        except BaseException:
+            self.stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, cl: Client, t: Trial, rung: int, budget: int) -> dict[str, Any]:
+        self.labels.local.trial = t.number
+        try:
+            return self._fit(cl, t, rung, budget)
+        finally:
+            self.labels.local.trial = None
+
+    def _fit(self, cl: Client, t: Trial, rung: int, budget: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"trial": t.number, "rung": rung, "max_iter": budget,
+                               **{n: self.fixed.get(n) for n in tuning.SEARCHED}, **t.params,
+                               "metric": self.label}
+        if t.done:
+            previous = open_model(t.model).attrs
+            return {**row, **self._figures(previous), "status": "carried", "value": t.value,
+                    "seconds": 0.0, "eval_seconds": 0.0, "start": None, "end": None,
+                    "model": t.model, "error": None}  # fmt: skip
+        if self.stop.is_set():
+            raise _Stopped()
+        est = self.klass(**{**self.fixed, **t.params, "max_iter": budget,
+                            "checkpoint_dir": t.checkpoints, "checkpoint_every": self.every})
+        start = time.perf_counter() - self.clock
+        try:  # a survivor resumes from its checkpoints (same fingerprint: max_iter is not in it)
+            est.fit(self.info, cl, out=t.model, overwrite=True, callback=self._callback)
+        except (ELBODecreaseError, FloatingPointError) as exc:
+            end = time.perf_counter() - self.clock
+            log.warning("tune: %s failed: %s", _describe(t.params), exc)
+            return {**row, "n_iter": None, "stop_reason": None, "best_iteration": None,
+                    "elbo": None, "status": "failed",
+                    "value": math.nan, "seconds": round(end - start, 3), "eval_seconds": 0.0,
+                    "start": round(start, 3), "end": round(end, 3), "model": None,
+                    "error": str(exc)}  # fmt: skip
+        end = time.perf_counter() - self.clock
+        attrs = open_model(t.model).attrs
+        t.done = attrs["stop_reason"] in FINAL_STOPS
+        t.value = self._score(cl, t.model)
+        scored = time.perf_counter() - self.clock
+        log.info("tune: %s, max_iter %d: %s %.6g at iteration %d of %d (%.1f s)",
+                 _describe(t.params), budget, self.label, t.value,
+                 attrs["best_iteration"], attrs["n_iter"], end - start)
+        return {**row, **self._figures(attrs), "status": "fit",
+                "value": t.value, "seconds": round(end - start, 3),
+                "eval_seconds": round(scored - end, 3), "start": round(start, 3),
+                "end": round(end, 3), "model": t.model, "error": None}  # fmt: skip
+
+    @staticmethod
+    def _figures(attrs: dict[str, Any]) -> dict[str, Any]:
+        """Iterations run, why the fit stopped, the kept state's iteration and ELBO."""
+        best = int(attrs["best_iteration"])
+        return {"n_iter": int(attrs["n_iter"]), "stop_reason": attrs["stop_reason"],
+                "best_iteration": best, "elbo": float(attrs["elbo"][best - 1])}
+
+    def _callback(self, *args: Any, **kwargs: Any) -> None:
+        """Per iteration of every trial: stop when told to (no iteration log: the fits run at
+        once, their lines would interleave)."""
+        interrupt.check()
+        if self.stop.is_set():
+            raise _Stopped()
+
+    def _score(self, cl: Client, path: str) -> float:
+        """The trial's metric on the scoring subset: the figure its fit recorded for the kept
+        state when it validated by this metric, else computed by the evaluation code of
+        :mod:`ordnmf_dask.postfit.evaluate` (the test subset, or validation_every = 0)."""
+        m = open_model(path)
+        validated = m.attrs.get("validation")
+        if validated is not None:
+            return next(float(v["metric"]) for v in validated["history"]
+                        if v["iteration"] == m.attrs["best_iteration"])
+        n_r, n_c = self.info.grid
+        w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
+        h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
+        spec = loglik_spec(self.info, m.attrs) if self.metric == "loglik" else None
+        res = score_split(cl, self.info, self.split, w, h, [self.level], self.k, spec,
+                          self.user_fraction)
+        value = res["loglik_mean"] if self.metric == "loglik" else res["ndcg"][self.level]
+        return math.nan if value is None else float(value)
+
+
+def _describe(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{n}={v:.4g}" if isinstance(v, float) else f"{n}={v}"
+                    for n, v in params.items())
+
+
+def _write_json(path: str, value: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(value, fh, indent=2, default=_plain)
+    os.replace(tmp, path)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+COLUMNS = ("trial", "rung", "max_iter", *tuning.SEARCHED, "status", "n_iter", "stop_reason",
+           "best_iteration", "metric", "value", "elbo", "seconds", "eval_seconds", "start", "end",
+           "kept", "model", "error")
+
+
+def _write_table(rows: list[dict[str, Any]], csv_path: str, parquet_path: str) -> None:
+    """The rows as CSV and Parquet, each written whole then renamed into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = [{c: r.get(c) for c in COLUMNS} for r in rows]
+    with open(f"{csv_path}.tmp", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(table)
+    os.replace(f"{csv_path}.tmp", csv_path)
+    pq.write_table(pa.Table.from_pylist(table), f"{parquet_path}.tmp")
+    os.replace(f"{parquet_path}.tmp", parquet_path)
