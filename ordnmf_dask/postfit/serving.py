@@ -188,9 +188,10 @@ def top_n(
     shrink = (1 - g_screen) * (1 - g_exact) / ((1 + g_screen) * (1 + g_exact))
     b_rows, b_cols = banned if banned is not None else (np.empty(0, np.int64),) * 2
     step = max(1, _BUDGET // width)
+    slab = np.empty((min(step, m), width), dtype=t.dtype)  # reused: no fresh pages per slab
     for start in range(0, m, step):
         stop = min(m, start + step)
-        s = q[start:stop] @ t.T
+        s = np.matmul(q[start:stop], t.T, out=slab[: stop - start])
         lo, hi = np.searchsorted(b_rows, [start, stop])
         s[b_rows[lo:hi] - start, b_cols[lo:hi]] = -np.inf
         ptr, idx = _screen(s, nn, shrink)
