@@ -177,6 +177,7 @@ class CaviEstimator:
         callback: IterationCallback | None = None,
         resume: bool = False,
         restart: bool = False,
+        check: bool = False,
     ) -> CaviEstimator:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`.
 
@@ -211,7 +212,12 @@ class CaviEstimator:
             (they are logged), whatever fit wrote it, and start afresh. Without it, a directory
             holding another fit's checkpoints is refused (InputError), and nothing is removed.
 
-        Every conflict (output path, checkpoints) is checked before the cluster is used.
+        check : only check, and return: the store, the warm start, the output path and the
+            checkpoint directory as the fit would find them; no cluster is used, nothing is
+            written or removed (a launcher runs it before it starts its cluster).
+
+        Every conflict (store, warm-start model, output path, checkpoints) is checked before
+        the cluster is used.
         """
         cfg, values = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
@@ -240,18 +246,18 @@ class CaviEstimator:
                                    self._fit_settings(values, source or init_arrays, s))
             for s in range(cfg.seed, cfg.seed + n_init)
         ]
+        if check:
+            ckpt = values["checkpoint_dir"]
+            if ckpt and os.path.isdir(ckpt) and not restart:
+                _claim(os.path.abspath(ckpt), prints, False, n_init)
+            return self
         work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
             os.makedirs(work, exist_ok=True)
             ckpt_dir = values["checkpoint_dir"] or os.path.join(work, "checkpoints")
             ckpt_dir = os.path.abspath(ckpt_dir)
             os.makedirs(ckpt_dir, exist_ok=True)
-            ours = checkpoint.claim(ckpt_dir, prints, restart)
-            if ours and n_init > 1:
-                raise InputError(
-                    f"{ckpt_dir} holds checkpoints of this fit, but a fit with n_init > 1 does not "
-                    "resume: pass restart=True to discard them"
-                )
+            ours = _claim(ckpt_dir, prints, restart, n_init)
             if out is None:
                 out = _temporary_model_dir()
             with choose_client(client, info, cfg.n_components, values["executor"]) as cl:

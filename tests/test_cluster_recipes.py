@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -182,3 +183,60 @@ def test_dockerfile_copies_existing_files():
             for src in line.split()[1:-1]:
                 assert (root / src).exists(), src
     assert "pip install ." in text and "USER 1000" in text
+
+
+def _job_file(path: Path, store: str, seed: int, overwrite: bool) -> str:
+    path.write_text(f"""
+[store]
+path = "{store}"
+[model]
+n_components = 3
+max_iter = 4
+tol = 1e-12
+seed = {seed}
+[checkpoint]
+dir = "{path.parent / 'ck'}"
+every = 2
+[output]
+model = "{path.parent / 'm.zarr'}"
+overwrite = {str(overwrite).lower()}
+[logging]
+level = "WARNING"
+""")
+    return str(path)
+
+
+@pytest.mark.cluster
+def test_the_launcher_checks_every_conflict_before_submitting_a_worker_job(
+    tmp_path, client, monkeypatch, capsys
+):
+    """The same job again passes every check (it will resume) and gets as far as submitting;
+    an existing model without overwrite, or checkpoints of a changed job, stop it first with
+    exit 2 naming the setting or --restart, and nothing is removed."""
+    from conftest import dense_split, store_from_dense, synthetic_ordinal
+
+    from ordnmf_dask.app.config import resolve
+    from ordnmf_dask.app.jobs import fit_job
+
+    y = synthetic_ordinal(60, 40, 3, density=0.3, seed=1)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1)).path
+    job = _job_file(tmp_path / "job.toml", store, 0, False)
+    fit_job(resolve(job), client)  # last run: its model and its checkpoints
+    kept = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert kept
+    monkeypatch.setenv("PATH", str(tmp_path / "no-batch-system"))
+    launch = _launcher().main
+
+    def refused(*extra: str) -> str:
+        assert launch(["--system", "slurm", "--config", job, *extra]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == kept
+        return line
+
+    assert "m.zarr already exists; pass [output] overwrite = true in the job file" in refused()
+    job = _job_file(tmp_path / "job.toml", store, 0, True)
+    assert "sbatch not found on the PATH" in refused()  # the same job: every check passed
+    job = _job_file(tmp_path / "job.toml", store, 1, True)
+    assert re.search(r"holds checkpoints of another store or configuration .* pass --restart",
+                     refused())
+    assert "sbatch not found on the PATH" in refused("--restart")  # removed only once running

@@ -164,3 +164,63 @@ def test_sigterm_ends_the_job_cleanly_within_the_grace_period(tmp_path):
     finally:
         _kill_group(job)
     assert not out.exists() and not list(tmp_path.glob("m.zarr*"))
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " INFO " not in line and line.strip()]
+
+
+def test_a_job_resubmitted_after_its_config_changed_is_refused_and_loses_nothing(tmp_path):
+    """The job file changed between two submissions (here the seed): the resubmitted job stops
+    before any iteration with exit 2 and one line naming --restart, keeping the checkpoints and
+    the model of the last run; with --restart it discards only its checkpoints and runs."""
+    y = synthetic_ordinal(200, 120, 4, density=0.25, seed=5)
+    store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 4, (1, 2)).path
+    out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
+    first = subprocess.run(command(store, out, ckpt), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    before, kept = factors(out), checkpoints(ckpt)
+    changed = [*command(store, out, ckpt), "--seed", "1"]
+    refused = subprocess.run(changed, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr
+    [line] = _error_lines(refused.stderr)
+    assert "holds checkpoints of another store or configuration" in line and "--restart" in line
+    assert " iter " not in refused.stderr  # refused before the first iteration
+    assert checkpoints(ckpt) == kept
+    for key, value in before.items():
+        np.testing.assert_array_equal(factors(out)[key], value, err_msg=key)
+    again = subprocess.run([*changed, "--restart"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "resuming from" not in again.stderr
+    assert any(not np.array_equal(factors(out)[k], v) for k, v in before.items())
+
+
+def test_a_warm_started_job_preempted_and_resubmitted_ends_with_the_uninterrupted_model(
+    tmp_path,
+):
+    """Scheduled retraining: last period's model warm-starts this period's job on a store with
+    new users and items; preempted and resubmitted, it resumes (the warm start is in the
+    checkpoints' fingerprint) and ends with the uninterrupted warm run's model, bitwise."""
+    y = synthetic_ordinal(600, 300, 5, density=0.2, seed=3)
+    train, test = dense_split(y)
+    old = store_from_dense(tmp_path / "old.zarr", train[:540, :270], test[:540, :270], 5,
+                           (1, 2)).path  # fmt: skip
+    new = store_from_dense(tmp_path / "new.zarr", train, test, 5, (2, 2)).path
+    last = tmp_path / "last.zarr"
+    r = subprocess.run(command(old, last, tmp_path / "ck-last"), capture_output=True, text=True,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    warm = ["--init-model", str(last)]
+    reference = subprocess.run([*command(new, tmp_path / "ref.zarr", tmp_path / "ck-ref"), *warm],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert reference.returncode == 0, reference.stderr
+    out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
+    assert preempt([*command(new, out, ckpt), *warm], ckpt, []), "no checkpoint survived"
+    final = subprocess.run([*command(new, out, ckpt), *warm], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert final.returncode == 0, final.stderr
+    assert "resuming from" in final.stderr
+    expected, got = factors(tmp_path / "ref.zarr"), factors(out)
+    assert expected.keys() == got.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value, err_msg=key)

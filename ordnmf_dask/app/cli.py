@@ -437,12 +437,11 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.jobs import check_required, fit_job
-    from ordnmf_dask.modelstore.model import model_target
 
     cfg = _job(args)
     check_required(cfg, f" (or set it in {args.config})" if args.config
                    else " (or give --config FILE)")
-    model_target(cfg.output.model, cfg.output.overwrite, cfg.store.path)  # before the cluster
+    fit_job(cfg, None, resume=args.resume, restart=args.restart, check=True)  # no cluster yet
     with _client(cfg.cluster) as client:
         model = fit_job(cfg, client, resume=args.resume, restart=args.restart)
     status = "converged" if model.converged_ else "stopped at max_iter"

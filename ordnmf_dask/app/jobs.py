@@ -22,13 +22,15 @@ def check_required(cfg: JobConfig, where: str = "") -> None:
 
 
 def fit_job(
-    cfg: JobConfig, client: Any, resume: bool = False, restart: bool = False
+    cfg: JobConfig, client: Any, resume: bool = False, restart: bool = False,
+    check: bool = False,
 ) -> CaviEstimator:
     """Fit ``cfg`` on ``client`` (None: a default LocalCluster), save the model with the
     resolved config as its ``resolved_config`` attribute, and return the estimator.
     A fit resumes from checkpoints of the same job in ``[checkpoint] dir`` by default;
     ``resume`` requires it, ``restart`` discards the checkpoints there first (see
-    :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`)."""
+    :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`). ``check``: only check every conflict (store,
+    warm-start model, output, checkpoints) without a cluster, and return the unfitted estimator."""
     check_required(cfg)
     name = MODELS[cfg.model.kind]
     kwargs, unused = estimator_kwargs(cfg, name)
@@ -37,6 +39,8 @@ def fit_job(
     model = ESTIMATORS[name](**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
                                  init_model=cfg.model.init_model,
                                  out=cfg.output.model, overwrite=cfg.output.overwrite,
-                                 resume=resume, restart=restart)
+                                 resume=resume, restart=restart, check=check)
+    if check:
+        return model
     record_config(model.model_path_, cfg.to_dict())
     return model
