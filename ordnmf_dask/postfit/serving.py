@@ -290,6 +290,7 @@ class Server:
         self.store_path = None if recorded is None else os.path.abspath(recorded)
         self._store_given = store is not None
         self._fields: dict[tuple[str, str], np.ndarray] = {}
+        self._units: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def _field(self, name: str, field: str) -> np.ndarray:
         """``field`` ("mean" or "log_mean") of factor ``name``, all blocks, read once."""
@@ -321,13 +322,12 @@ class Server:
         """float32 E[H] for screening, None when float32 products could leave the normal range."""
         return self.H.astype(np.float32) if _in_range32(self.H) else None
 
-    @cached_property
-    def _cosine(self) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
-        out = {}
-        for name, x in (("W", self.W), ("H", self.H)):
-            unit = _normalized(x)
-            out[name] = (unit, unit.astype(np.float32) if _in_range32(unit) else None)
-        return out
+    def _unit(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows of E[W] or E[H] scaled to unit norm, and their float32 copy (as :attr:`H32`)."""
+        if name not in self._units:
+            unit = _normalized(self._field(name, "mean"))
+            self._units[name] = (unit, unit.astype(np.float32) if _in_range32(unit) else None)
+        return self._units[name]
 
     @cached_property
     def store(self) -> StoreInfo:
@@ -452,7 +452,7 @@ class Server:
         n = check_n(n)
         ids = _listed(ids)
         names = self.items if axis == "items" else self.users
-        unit, unit32 = self._cosine["H" if axis == "items" else "W"]
+        unit, unit32 = self._unit("H" if axis == "items" else "W")
         index = names.index(ids)
         uniq, inverse = np.unique(index, return_inverse=True)
         rows = np.arange(len(uniq))
