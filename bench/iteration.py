@@ -1,4 +1,4 @@
-"""Seconds per exact iteration: distributed fit vs single-process fused kernels vs paper style.
+"""Seconds per exact iteration: distributed and in-process fits vs fused kernels vs paper style.
 
 Usage: ``python bench/iteration.py [--users 20000 --items 12000 --nnz 2.5e6 --k 50 --classes 10
 --iters 6 --workers 2 --nnz-per-block 524288 --paper-iters 2]``.
@@ -7,11 +7,13 @@ On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros,
 ``--work``), in one run:
 
 1. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes, cached
-   blocks, no checkpoints, ``--iters`` iterations; s/iteration = median of the callback's
-   seconds over the iterations after the first (steady state);
-2. in a fresh process, the fused kernels over all blocks of the store, one thread: one local
+   blocks, no checkpoints, ``--iters`` iterations; s/iteration = the mean over the iterations
+   after the first (steady state; the median of the callback's seconds is printed too);
+2. in a fresh process, the same fit with the in-process executor (``dist/inprocess.py``: one
+   thread per core, no scheduler);
+3. in a fresh process, the fused kernels over all blocks of the store, one thread: one local
    pass, and the kernel work of one iteration (row + column rate corrections + local pass);
-3. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
+4. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
    median seconds of ``--paper-iters`` full exact iterations.
 
 Prints the ratios, the CPU time the fit's own process (client and scheduler) takes per
@@ -141,44 +143,58 @@ def in_fresh_process(fn: Any, *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-def distributed_fit(
-    path: str, k: int, iters: int, workers: int, cache: bool, memory_limit: str | None = None
-) -> dict[str, Any]:
-    """s/iteration (median after the first) and peak RSS of client and workers.
-
-    ``memory_limit``: per-worker cap given to the LocalCluster (dask's default otherwise).
-    """
+def timed_fit(path: str, k: int, iters: int, cache: bool, client: Any) -> dict[str, Any]:
+    """``OrdNMF(k)`` for exactly ``iters`` iterations on ``client``, no checkpoints: seconds of
+    each iteration (from the callback), this process's CPU seconds between the first and the
+    last iteration, and the whole fit's wall time."""
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.dist.cluster import resolve_client
     from ordnmf_dask.engine.cavi import IterationInfo
 
     seconds: list[float] = []
-
-    cpu: list[float] = []  # this process's CPU seconds (client + scheduler) after iterations 1, n
+    cpu: list[float] = []  # this process's CPU seconds after iterations 1 and n
+    ends: list[float] = []  # wall clock after iterations 1 and n
 
     def record(info: IterationInfo) -> None:
-        n, sec = info.iteration, info.seconds
-        seconds.append(sec)
-        if n in (1, iters):
+        seconds.append(info.seconds)
+        if info.iteration in (1, iters):
             cpu.append(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]))
+            ends.append(time.perf_counter())
+
+    start = time.perf_counter()
+    model = OrdNMF(
+        k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=cache, checkpoint_every=0,
+    )  # fmt: skip
+    model.fit(path, client, callback=record)
+    steps = max(iters - 1, 1)
+    return {
+        "s_per_iter": statistics.median(seconds[1:] or seconds),
+        "mean_after_first": (ends[-1] - ends[0]) / steps,
+        "first_iter": seconds[0],
+        "fit_wall": time.perf_counter() - start,
+        "cpu_per_iter": (cpu[-1] - cpu[0]) / steps,
+    }
+
+
+def distributed_fit(
+    path: str, k: int, iters: int, workers: int, cache: bool, memory_limit: str | None = None
+) -> dict[str, Any]:
+    """:func:`timed_fit` on a LocalCluster of ``workers`` single-thread worker processes, and
+    the peak RSS of client and workers (``client_cpu``: the CPU the fit's own process, client
+    and scheduler, takes per iteration after the first).
+
+    ``memory_limit``: per-worker cap given to the LocalCluster (dask's default otherwise).
+    """
+    from ordnmf_dask.dist.cluster import resolve_client
 
     with RssSampler([os.getpid()]) as sampler:
         with resolve_client(None, workers, memory_limit=memory_limit) as client:
-            start = time.perf_counter()
-            model = OrdNMF(
-                k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=cache,
-                checkpoint_every=0,
-            )  # fmt: skip
-            model.fit(path, client, callback=record)
-            wall = time.perf_counter() - start
+            res = timed_fit(path, k, iters, cache, client)
             hwm = client.run(self_peak_mb)
             pids = client.run(os.getpid)
     worker_pids = set(pids.values())
     return {
-        "s_per_iter": statistics.median(seconds[1:] or seconds),
-        "first_iter": seconds[0],
-        "fit_wall": wall,
-        "client_cpu": (cpu[-1] - cpu[0]) / max(iters - 1, 1),
+        **res,
+        "client_cpu": res["cpu_per_iter"],
         "client_mb": sampler.peak.get(os.getpid(), 0.0),
         "client_hwm_mb": self_peak_mb(),
         "worker_mb": [sampler.peak.get(p, 0.0) for p in sorted(worker_pids)],
@@ -189,6 +205,16 @@ def distributed_fit(
             if p != os.getpid() and p not in worker_pids
         },
     }
+
+
+def inprocess_job(path: str, k: int, iters: int) -> dict[str, Any]:
+    """:func:`timed_fit` with the in-process executor (one thread per core), cached blocks,
+    and this process's peak RSS; run it in a fresh process (:func:`in_fresh_process`)."""
+    from ordnmf_dask.dist.inprocess import InProcessClient
+
+    with InProcessClient() as client:
+        res = timed_fit(path, k, iters, True, client)
+    return {**res, "peak_mb": self_peak_mb()}
 
 
 def add_store_args(ap: argparse.ArgumentParser) -> None:
@@ -219,18 +245,26 @@ def main() -> None:
         f"{os.cpu_count()} cores"
     )
     dist = distributed_fit(path, args.k, args.iters, args.workers, cache=True)
+    inproc = in_fresh_process(inprocess_job, path, args.k, args.iters)
     fused = in_fresh_process(fused_job, path, args.k)
     paper = in_fresh_process(paper_job, path, args.k, args.paper_iters)
-    t = dist["s_per_iter"]
+    t, p = dist["mean_after_first"], paper["s_per_iter"]
     rows = [
-        [f"distributed fit ({args.workers} workers x 1 thread)", t, 1.0, paper["s_per_iter"] / t],
+        [f"distributed fit ({args.workers} workers x 1 thread)", t, 1.0, p / t],
+        [f"in-process fit ({os.cpu_count()} threads)", inproc["mean_after_first"],
+         t / inproc["mean_after_first"], p / inproc["mean_after_first"]],
         ["fused local pass, 1 process 1 thread", fused["local"], t / fused["local"],
-         paper["s_per_iter"] / fused["local"]],
+         p / fused["local"]],
         ["fused kernels of 1 iteration, 1 thread", fused["iteration"], t / fused["iteration"],
-         paper["s_per_iter"] / fused["iteration"]],
-        ["paper-style numpy/scipy, 1 process", paper["s_per_iter"], t / paper["s_per_iter"], 1.0],
+         p / fused["iteration"]],
+        ["paper-style numpy/scipy, 1 process", p, t / p, 1.0],
     ]  # fmt: skip
     print(fmt_table(rows, ["implementation", "s/iter", "dist / this", "paper / this"]))
+    print(
+        "fits: s/iter is the mean over the iterations after the first (the next iteration is "
+        f"submitted while one runs); medians of the callback's seconds: distributed "
+        f"{dist['s_per_iter']:.3f}, in-process {inproc['s_per_iter']:.3f}"
+    )
     print(
         f"distributed: first iteration {dist['first_iter']:.3f} s, whole fit (incl. init, "
         f"save) {dist['fit_wall']:.1f} s; {args.workers} workers -> ideal kernel time per "
@@ -239,6 +273,11 @@ def main() -> None:
         f"and this script's memory sampler, on the same cores) used "
         f"{dist['client_cpu'] * 1e3:.0f} ms of CPU per iteration after the first"
     )
+    print(
+        f"in-process: first iteration {inproc['first_iter']:.3f} s, whole fit "
+        f"{inproc['fit_wall']:.1f} s, CPU {inproc['cpu_per_iter']:.3f} s per iteration after "
+        f"the first (both cores: ideal {fused['iteration'] / 2:.3f} s per iteration)"
+    )
     mem = [
         ["client (fit driver)", dist["client_mb"], dist["client_hwm_mb"]],
         *[
@@ -246,6 +285,7 @@ def main() -> None:
             for j, (s, h) in enumerate(zip(dist["worker_mb"], dist["worker_hwm_mb"], strict=True))
         ],
         *[[f"other: {name}", mb, ""] for name, mb in dist["other_mb"].items()],
+        ["in-process fit", "", inproc["peak_mb"]],
         ["fused-kernel process", "", fused["peak_mb"]],
         ["paper-style process", "", paper["peak_mb"]],
     ]

@@ -3,7 +3,9 @@ automatically for small stores, and the Client behaviour the engine relies on.""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -169,3 +171,16 @@ def test_the_cli_fit_without_cluster_flags_runs_inprocess(tmp_path, store):
 def test_a_cluster_flag_gets_the_cluster_it_asks_for(tmp_path, store):
     err = _cli_fit(store, tmp_path / "m.zarr", "--workers", "1")
     assert "started LocalCluster: 1 workers" in err and "running in-process" not in err
+
+
+def test_the_kernels_import_and_run_where_numba_can_cache_nowhere():
+    """Numba refuses ``cache=True`` when it finds no writable cache directory (simulated by
+    allowing only its IPython locator): the kernels are then compiled in the process."""
+    code = ("from ordnmf_dask.model.gamma import digamma_lgamma\n"
+            "from ordnmf_dask.model import kernels\n"
+            "print(digamma_lgamma(1.0)[0])\n")  # fmt: skip
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) == pytest.approx(-0.5772156649015329, rel=1e-14)  # -Euler's gamma

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EXECUTORS = ("auto", "inprocess", "cluster")
 # "auto" runs in-process up to this many training nonzeros (measured faster than a LocalCluster
 # of two workers up to here, docs/design.md §4) when the estimate of :func:`inprocess_bytes`
 # is within INPROCESS_MEMORY of the machine's memory
@@ -130,21 +129,22 @@ def choose_client(
     """The client a fit (or evaluation) of ``info`` at K = ``k`` runs on.
 
     ``client`` (a ``distributed.Client``) if given; else with ``executor`` "inprocess" an
-    :class:`~.inprocess.InProcessClient` (one thread per core), with "cluster" the current
+    :class:`~.inprocess.InProcessClient` (one thread per core; on a one-block grid the tasks
+    run in the calling thread as they are submitted), with "cluster" the current
     client or a LocalCluster of ``n_workers`` (:func:`resolve_client`), and with "auto" the
     current client if there is one, else in-process when :func:`runs_inprocess`, else a
     LocalCluster. Both executors give bitwise the same results.
     """
-    if executor not in EXECUTORS:
-        raise InputError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if client is not None and executor == "inprocess":
         raise InputError("executor='inprocess' runs without a cluster: pass no client")
     if client is None and executor == "inprocess" or (
         executor == "auto" and client is None and _current_client() is None
         and runs_inprocess(info, k)
     ):  # fmt: skip
+        # one block: each task needs the one before it, so threads would only add hand-overs
+        threads = 0 if info.grid == (1, 1) else None
         log.info("running in-process (%d nonzeros, K = %d)", info.nnz_train, k)
-        with InProcessClient() as own:
+        with InProcessClient(threads) as own:
             yield own
         return
     with resolve_client(client, n_workers) as cl:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 from scipy.special import digamma
 
-_jit = njit(cache=True, fastmath=False, error_model="numpy", nogil=True)
+from ordnmf_dask.model.kernels import jit
+
+_jit = jit(fastmath=False, error_model="numpy")
 
 
 def gamma_moments(shape: np.ndarray, rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

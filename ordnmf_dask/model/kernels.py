@@ -30,15 +30,17 @@ Dtype policy:
   a given machine and differ from strict left-to-right order by round-off only); no ``nnan`` /
   ``ninf`` / approximate functions, and the compensated sum is compiled strictly;
   ``error_model="numpy"`` (x / 0 gives inf / nan as in numpy, no exception), single threaded
-  (one Dask worker = one thread), ``cache=True``: compiled once per machine into the package's
-  ``__pycache__`` and loaded from there by every later process.
+  (one Dask worker = one thread), ``nogil=True`` (threads of one process run kernels at once:
+  the in-process executor), ``cache=True``: compiled once per machine into the package's
+  ``__pycache__`` and loaded from there by every later process (:func:`jit`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -60,8 +62,25 @@ _AHEAD = 8  # the rate corrections prefetch the factor row of the nonzero this f
 
 _AHEAD_LOCAL = 2  # the local step (untiled) prefetches the item rows of the nonzero this far ahead
 
-_jit = njit(cache=True, fastmath={"reassoc", "contract"}, error_model="numpy", nogil=True)
-_strict_jit = njit(cache=True, fastmath=False, error_model="numpy", nogil=True)
+
+
+def jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``numba.njit(cache=True, nogil=True, **options)``: compiled once per machine and loaded by
+    every later process (from the package's ``__pycache__``, or numba's user-wide cache where
+    that is not writable), the GIL released while it runs. Where numba finds no writable cache
+    directory at all, compiled in each process instead of failing the import."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        try:
+            return njit(cache=True, nogil=True, **options)(fn)
+        except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+            return njit(nogil=True, **options)(fn)
+
+    return decorate
+
+
+_jit = jit(fastmath={"reassoc", "contract"}, error_model="numpy")
+_strict_jit = jit(fastmath=False, error_model="numpy")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,142 @@
+"""A whole fit as a user runs it, start-up included: ``ordnmf-dask fit`` against the paper-style
+numpy code, on ml-latest-small, in one run.
+
+Usage: ``python bench/small_fit.py [--ratings ../shared/data/ml-latest-small/ratings.csv --k 50
+--rounds 2 --work /tmp/ordnmf-bench/small]``.
+
+Once (not timed): ``ordnmf-dask ingest`` of the ratings (half stars -> classes 1..10, items then
+users with fewer than 20 ratings dropped, 20% test), and the store's training nonzeros written
+to ``train.npz`` for the reference. Then ``--rounds`` rounds, each running in turn, as new
+processes:
+
+1. ``ordnmf-dask fit STORE -k K`` (no cluster flags: the executor chosen automatically, so
+   in-process for this store), to convergence with the default tol;
+2. ``ordnmf-dask fit STORE -k K --executor cluster`` (a LocalCluster of 2 single-thread worker
+   processes: what ``fit`` ran before the in-process executor);
+3. the reference: a Python process that reads ``train.npz`` and runs as many exact iterations
+   of ``bench/paper_style.py`` as fit 1 took (it has no stopping rule of its own).
+
+Each is timed from the process start to its exit (wall time and CPU time of the process and its
+children), with the peak RSS of its process tree (psutil, every 20 ms). Ratios are reference /
+this within a round (the reference's own speed drifts between runs on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import RssSampler, fmt_table  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RATINGS = HERE.parent.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
+
+
+def prepare(ratings: str, work: str) -> tuple[str, str]:
+    """The store and ``train.npz`` (global rows, cols, classes, shape), made once in ``work``."""
+    store, train = os.path.join(work, "ml.zarr"), os.path.join(work, "train.npz")
+    if not os.path.exists(store):
+        subprocess.run(["ordnmf-dask", "ingest", ratings, "--out", store, "--ratings", "halfstar",
+                        "--min-count", "20", "-q"], check=True)  # fmt: skip
+    if not os.path.exists(train):
+        from ordnmf_dask.store.blocks import open_store
+        from ordnmf_dask.store.csr import load_block
+
+        info = open_store(store)
+        parts = [
+            (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
+            for r in range(info.grid[0]) for c in range(info.grid[1])
+            for b in [load_block(store, "train", r, c)]
+        ]  # fmt: skip
+        rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
+        np.savez(train, rows=rows, cols=cols, y=y,
+                 shape=np.array([info.n_users, info.n_items, info.n_classes]))  # fmt: skip
+    return store, train
+
+
+# the reference process: only numpy, scipy and bench/paper_style.py are imported
+REFERENCE = """
+import sys
+import numpy as np
+sys.path.insert(0, {here!r})
+from paper_style import PaperStyle
+with np.load({train!r}) as z:
+    rows, cols, y, shape = z["rows"], z["cols"], z["y"], z["shape"]
+model = PaperStyle(rows, cols, y, (int(shape[0]), int(shape[1])), {k}, int(shape[2]))
+for _ in range({iters}):
+    elbo = model.iteration()
+print(f"{iters} iterations, ELBO {{elbo:.10e}}")
+"""
+
+
+def timed(cmd: list[str]) -> dict[str, Any]:
+    """Run ``cmd``; wall and CPU seconds (process and children), peak RSS of its tree, output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with RssSampler([proc.pid]) as sampler:
+        out, err = proc.communicate()
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": wall, "cpu": cpu, "peak_mb": max(sampler.peak.values(), default=0.0),
+            "tree_mb": sum(sampler.peak.values()), "out": out.strip()}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ratings", default=str(RATINGS))
+    ap.add_argument("--k", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--work", default="/tmp/ordnmf-bench/small")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    store, train = prepare(args.ratings, args.work)
+    model = os.path.join(args.work, "model.zarr")
+    fit = ["ordnmf-dask", "fit", store, "-k", str(args.k), "--out", model, "--overwrite", "-q"]
+    print(f"ml-latest-small store {store}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {"auto": [], "cluster": [], "reference": []}
+    for j in range(args.rounds):
+        auto = timed(fit)
+        iters = int(re.search(r"(\d+) iterations", auto["out"]).group(1))
+        cluster = timed([*fit, "--executor", "cluster"])
+        code = REFERENCE.format(here=str(HERE), train=train, k=args.k, iters=iters)
+        ref = timed([sys.executable, "-c", code])
+        for name, res in (("auto", auto), ("cluster", cluster), ("reference", ref)):
+            res["ratio"] = ref["wall"] / res["wall"]
+            res["cpu_ratio"] = ref["cpu"] / res["cpu"]
+            runs[name].append(res)
+        print(f"round {j + 1}: fit {auto['out']!r}; cluster {cluster['out']!r}; reference "
+              f"{ref['out']!r}")  # fmt: skip
+    labels = {"auto": "ordnmf-dask fit (auto: in-process)",
+              "cluster": "ordnmf-dask fit --executor cluster",
+              "reference": "paper-style numpy, same iterations"}  # fmt: skip
+    rows = []
+    for name, res in runs.items():
+        med = {key: statistics.median(r[key] for r in res)
+               for key in ("wall", "cpu", "ratio", "cpu_ratio", "peak_mb", "tree_mb")}  # fmt: skip
+        rows.append([labels[name], med["wall"], med["ratio"], med["cpu"], med["cpu_ratio"],
+                     med["peak_mb"], med["tree_mb"]])  # fmt: skip
+    print(fmt_table(rows, ["whole run, process start-up included", "wall s", "ref / this",
+                           "CPU s", "ref / this (CPU)", "peak RSS MB (largest process)",
+                           "sum of peaks MB"]))  # fmt: skip
+    print("(medians over rounds; ratios taken within each round)")
+
+
+if __name__ == "__main__":
+    main()
