@@ -234,7 +234,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="score on the test subset when the store has no validation subset "
                           "(its test figures are then optimistic)")
     tun.add_argument("--user-fraction", dest="user_fraction", type=float, default=1.0,
-                     help="rank this random fraction of the users when scoring (default 1)")
+                     help="when tune scores the models itself (test subset, or "
+                          "--validation-every 0): rank this random fraction of the users "
+                          "(default 1)")
     tun.add_argument("--jobs", dest="n_jobs", type=int, default=4,
                      help="fits run concurrently (default 4)")
     tun.add_argument("--overwrite", action="store_true", default=None,

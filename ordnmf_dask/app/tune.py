@@ -152,7 +152,9 @@ def tune(
         log-likelihood per nonzero); higher is better.
     allow_test : without a validation subset, score the trials on the test subset (the test
         figures of the chosen model are then optimistic); otherwise that is an InputError.
-    user_fraction : rank a random fraction of the users only (see :func:`ordnmf_dask.evaluate`).
+    user_fraction : when tune scores the saved models itself (on the test subset, or with
+        ``validation_every = 0``), rank this random fraction of the users only (see
+        :func:`ordnmf_dask.evaluate`).
     n_jobs : fits running at once (each caches its training blocks on the workers unless
         ``cache_blocks`` is False).
     overwrite : replace the results and the ``best`` model of an earlier tune in ``out``.
