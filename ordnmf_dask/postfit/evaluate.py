@@ -21,7 +21,7 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import dcpf, metrics
-from ordnmf_dask.model.kernels import CsrBlock, sddmm
+from ordnmf_dask.model.kernels import sddmm
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
@@ -67,18 +67,12 @@ def _held_out_task(*parts: tuple[np.ndarray, ...]) -> metrics.HeldOut:
 
 
 def _candidates_task(
-    w: Any, h: Any, store: str, seen: tuple[str, ...], r: int, c: int, col_offset: int, k: int,
-    keep: np.ndarray, held: metrics.HeldOut,
+    w: Any, h: Any, store: str, r: int, c: int, col_offset: int, k: int, keep: np.ndarray,
+    held: metrics.HeldOut,
 ) -> metrics.Candidates:
-    """Top-k and rank counts of block (r, c), the items of the ``seen`` subsets excluded."""
-    blocks = [load_block(store, s, r, c).take_rows(keep) for s in seen]
-    known = blocks[0]
-    if len(blocks) > 1:
-        rows, cols = (np.concatenate([getattr(b, a) for b in blocks]) for a in ("rows", "cols"))
-        order = np.lexsort((cols, rows))
-        known = CsrBlock.from_coo(rows[order], cols[order], np.ones(len(order), np.uint8),
-                                  known.shape)  # fmt: skip
-    return metrics.candidates_block(w.mean[keep], h.mean, known, col_offset, k, held)
+    """Top-k and rank counts of block (r, c), the training items excluded."""
+    train = load_block(store, "train", r, c).take_rows(keep)
+    return metrics.candidates_block(w.mean[keep], h.mean, train, col_offset, k, held)
 
 
 _RANKING = ("ndcg", "n_users", "precision", "recall", "map", "auc", "n_users_auc")  # sums' rows
@@ -219,8 +213,9 @@ def score_split(
     "validation") of ``info`` under factor chunks ``w``, ``h`` (futures or values of chunks
     with a ``mean``: a running fit's, or :class:`SavedChunk`), on the workers of ``cl``.
 
-    Ranked candidates exclude the training items and, for the test split, the validation
-    items (both known to the model's user); ``spec``: :func:`loglik_spec` (None: no
+    Ranked candidates exclude the training items only: the other held-out subset's items rank
+    as candidates, for the test split as for the validation one, so that the validation scores
+    are measured as the test scores are. ``spec``: :func:`loglik_spec` (None: no
     log-likelihood). ``progress``: label of a progress report while waiting.
 
     Returns ``ndcg``, ``precision``, ``recall``, ``map``, ``auc`` ({s: mean}), ``n_users``,
@@ -229,7 +224,6 @@ def score_split(
     """
     n_r, n_c = info.grid
     cb, rb = [int(x) for x in info.col_bounds], [int(x) for x in info.row_bounds]
-    seen = tuple(s for s in info.splits if s not in ("test", split))
     per_row = []
     for r in range(n_r):
         keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)
@@ -237,7 +231,7 @@ def score_split(
                  for c in range(n_c)]  # fmt: skip
         held = cl.submit(_held_out_task, *parts)
         cands = [
-            cl.submit(_candidates_task, w[r], h[c], info.path, seen, r, c, cb[c], k, keep, held)
+            cl.submit(_candidates_task, w[r], h[c], info.path, r, c, cb[c], k, keep, held)
             for c in range(n_c)
         ]
         merged = tree_reduce(cl, cands, metrics.merge_candidates, k)
