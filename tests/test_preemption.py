@@ -1,5 +1,7 @@
 """A fit preempted the way batch schedulers do it (SIGTERM to the job, a grace period, then
-SIGKILL) and resubmitted with the identical command ends with the model of an uninterrupted run.
+SIGKILL) and resubmitted with the identical command ends with the model of an uninterrupted run
+(also when warm-started from last period's model); a scheduled job run twice resumes; a job
+resubmitted after its configuration changed is refused before any work, losing nothing.
 
 Each job is its own process group with its own LocalCluster, as a batch job is: the signals go
 to the whole group, workers included.
