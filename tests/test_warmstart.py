@@ -258,3 +258,14 @@ def test_cli_init_model(client, stores):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("ordnmf-dask fit: error: --init-model")
     assert not (tmp / "cli-bad.zarr").exists()
+
+
+def test_ids_of_another_type_are_refused(client, tmp_path, data):
+    train, test = data
+    named = store_from_dense(tmp_path / "named.zarr", train, test, V, (1, 1),
+                             np.array([f"u{j}" for j in range(N_USERS)]),
+                             np.array([f"i{j}" for j in range(N_ITEMS)]))  # fmt: skip
+    numbered = store_from_dense(tmp_path / "numbered.zarr", train, test, V, (2, 1))
+    OrdNMF(K, max_iter=2).fit(named.path, client, out=tmp_path / "named-model.zarr")
+    with pytest.raises(InputError, match="its users ids are strings, those of store .* integers"):
+        OrdNMF(K).fit(numbered.path, client, init_model=tmp_path / "named-model.zarr")
