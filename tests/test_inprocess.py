@@ -63,6 +63,19 @@ def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store, client, kl
 
 
 @pytest.mark.cluster
+def test_a_one_block_fit_in_the_calling_thread_is_bitwise_the_cluster_fit(tmp_path, client):
+    train, test = dense_split(synthetic_ordinal(30, 20, 3, seed=5))
+    one = store_from_dense(tmp_path / "one.zarr", train, test, 3, (1, 1))
+
+    def fit(where, **kw):
+        est = OrdNMF(K, max_iter=6, tol=1e-12, checkpoint_every=2,
+                     work_dir=str(tmp_path / f"work{len(kw)}"), **kw)
+        return _result(est.fit(one, where, out=tmp_path / f"m{len(kw)}"))
+
+    _assert_bitwise(fit(client), fit(None, executor="inprocess"))
+
+
+@pytest.mark.cluster
 def test_a_fit_resumes_across_executors_bitwise(tmp_path, store, client):
     """Checkpoints written in-process, resumed on a cluster: the same model as one
     uninterrupted run."""
