@@ -8,13 +8,14 @@ import pytest
 import zarr
 
 from ordnmf_dask import BePoF, OrdNMF
+from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
 from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
 from ordnmf_dask.sources.split import pair_hash
-from ordnmf_dask.store.blocks import read_block
+from ordnmf_dask.store.blocks import open_store, read_block
 
 K = 3
 
@@ -84,6 +85,21 @@ def test_distributed_ingest_writes_the_same_validation_subset(tmp_path):
     for split in ("train", "test", "validation"):
         for field in ("indptr", "cols", "y", "raw", "offsets"):
             np.testing.assert_array_equal(ga[f"{split}/{field}"][:], gb[f"{split}/{field}"][:])
+
+
+def test_the_command_line_makes_and_shows_the_validation_subset(tmp_path, capsys):
+    u, i, v = triples(2)
+    path = tmp_path / "in.csv"
+    path.write_text("".join(f"{a},{b},{c}\n" for a, b, c in zip(u, i, v, strict=True)))
+    out = tmp_path / "s.zarr"
+    assert main(["ingest", str(path), "--out", str(out), "--ratings", "integer",
+                 "--validation-fraction", "0.25"]) == 0  # fmt: skip
+    store = open_store(out)
+    assert store.nnz_validation == round(0.25 * (store.nnz_train + store.nnz_validation))
+    assert f"validation {store.nnz_validation}" in capsys.readouterr().out
+    assert main(["ingest", str(path), "--out", str(tmp_path / "x.zarr"),
+                 "--validation-fraction", "1.5"]) == 2  # fmt: skip
+    assert "--validation-fraction must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_bad_validation_fraction_is_refused(tmp_path):
