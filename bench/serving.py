@@ -36,6 +36,14 @@ def clock(fn) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
+def cpu_clock(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``fn()``: on a shared machine the ratio
+    shows how much of the two cores the call got."""
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
 def saved_model(path: str, n_single: int) -> None:
     load, est = clock(lambda: OrdNMF.load(path))
     server = est._server()
@@ -81,18 +89,22 @@ def big_model(n_users: int, n_items: int, k: int, n_batch: int, repeat: int) -> 
         est = OrdNMF.load(path)
         first, _ = clock(lambda: est.recommend([0], n=10, filter_already_seen=False))
         rng = np.random.default_rng(2)
-        batch, single = [], []
+        batch, cpu, single = [], [], []
         for _ in range(repeat):
             users = rng.choice(n_users, n_batch, replace=False).tolist()
-            batch.append(clock(lambda u=users: est.recommend(u, n=10,
-                                                             filter_already_seen=False))[0])
+            wall, used = cpu_clock(lambda u=users: est.recommend(u, n=10,
+                                                                 filter_already_seen=False))
+            batch.append(wall)
+            cpu.append(used)
             user = int(rng.integers(n_users))
             single.append(clock(lambda u=user: est.recommend([u], n=10,
                                                              filter_already_seen=False))[0])
         print(f"random model {n_users} users x {n_items} items, K = {k} (written in "
               f"{written:.1f} s; first recommend, reading it: {first:.2f} s)")
         print(f"  recommend {n_batch} users, n = 10: median {statistics.median(batch):.3f} s, "
-              f"min {min(batch):.3f} s, max {max(batch):.3f} s over {repeat} batches")
+              f"min {min(batch):.3f} s, max {max(batch):.3f} s over {repeat} batches "
+              f"(process CPU: median {statistics.median(cpu):.3f} s); load average "
+              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         print(f"  recommend 1 user, n = 10: median {statistics.median(single) * 1e3:.2f} ms")
 
 
