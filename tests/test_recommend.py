@@ -335,7 +335,11 @@ def test_fold_in_of_existing_users_recovers_their_factors(grid11, mclient):
 # ---------------------------------------------------------------------------------------- CLI
 
 
-def test_cli_recommend(grid23, mclient, tmp_path, capsys):
+def test_cli_recommend(grid23, mclient, tmp_path, capsys, monkeypatch):
+    """--out on the cluster; --users in memory, and on the cluster when the factors would not
+    fit in memory (the same lines)."""
+    from ordnmf_dask.postfit import serving
+
     f = grid23
     out = tmp_path / "cli"
     assert main(["recommend", f.store.path, f.model.model_path_, "--out", str(out), "-n", "3"]) == 0
@@ -343,15 +347,23 @@ def test_cli_recommend(grid23, mclient, tmp_path, capsys):
     assert main(["recommend", f.store.path, f.model.model_path_, "--out", str(out)]) == 2
     capsys.readouterr()
     cmd = ["recommend", f.store.path, f.model.model_path_]
-    assert main([*cmd, "--users", "u1,u4", "-n", "2"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == "user\trank\titem\tscore"
-    assert [ln.split("\t")[:2] for ln in lines[1:]] == [["u1", "1"], ["u1", "2"],
-                                                         ["u4", "1"], ["u4", "2"]]
-    ref = oracle_top(f.W, f.H, f.train > 0, 2)[0]
-    assert [int(ln.split("\t")[2]) for ln in lines[1:3]] == [f.items[i] for i, _ in ref]
-    assert main(["recommend", f.store.path, f.model.model_path_, "--users", "u1,nope"]) == 2
-    assert "unknown user id 'nope'" in capsys.readouterr().err
+    printed = []
+    for memory in (True, False):
+        if not memory:
+            monkeypatch.setattr(serving, "fits_in_memory", lambda model: False)
+            monkeypatch.setattr(serving, "server", None)  # any use of it fails
+            cmd += ["--scheduler", mclient.scheduler.address]
+        assert main([*cmd, "--users", "u1,u4", "-n", "2"]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines[0] == "user\trank\titem\tscore"
+        assert [ln.split("\t")[:2] for ln in lines[1:]] == [["u1", "1"], ["u1", "2"],
+                                                             ["u4", "1"], ["u4", "2"]]
+        ref = oracle_top(f.W, f.H, f.train > 0, 2)[0]
+        assert [int(ln.split("\t")[2]) for ln in lines[1:3]] == [f.items[i] for i, _ in ref]
+        printed.append(lines)
+        assert main([*cmd, "--users", "u1,nope"]) == 2
+        assert "unknown user id 'nope'" in capsys.readouterr().err
+    assert printed[0] == printed[1]
 
 
 def test_evaluate_on_a_user_sample_matches_the_oracle_on_those_users(tmp_path, mclient):
