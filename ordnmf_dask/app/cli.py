@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
 
     ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
     ing.add_argument("inputs", nargs="+",
-                     help="CSV / TSV / .dat / .parquet files, or directories of Parquet files "
+                     help="CSV / TSV / .dat / .parquet files (.gz, .bz2, .zst by suffix), "
+                          "directories of Parquet files, globs, or s3:// gs:// http(s):// URLs "
                           "(concatenated)")
     ing.add_argument("--out", required=True, help="store directory to create")
     ing.add_argument("--ratings", choices=["halfstar", "integer"],

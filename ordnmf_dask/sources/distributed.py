@@ -38,8 +38,10 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
+import secrets
+import shutil
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -62,12 +64,16 @@ from ordnmf_dask.sources.distributed_tasks import (
     union_ids,
 )
 from ordnmf_dask.sources.inmemory import (
+    IngestOptions,
     as_list,
     check_options,
     check_train_left,
     id_kind,
     inputs_label,
+    is_dask_dataframe,
+    source_name,
     validation_attrs,
+    with_defaults,
 )
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
@@ -87,7 +93,7 @@ from ordnmf_dask.sources.text import DELIMITERS, check_columns
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target
-from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, balanced_bounds, bounds_from_degrees
+from ordnmf_dask.store.grid import balanced_bounds, bounds_from_degrees
 from ordnmf_dask.store.staged import assemble_store, finish_store, staging_dir, temporary_store
 
 PathLike = str | os.PathLike
@@ -96,34 +102,25 @@ DEFAULT_ROWS_PER_PARTITION = 2**22
 
 
 def ingest_distributed(
-    inputs: PathLike | Sequence[PathLike],
+    inputs: Any,
     out: PathLike,
     *,
     client: Any = None,
-    ratings: str | None = None,
-    counts: str | Sequence[float] | None = None,
-    binarize: float | None = None,
-    scale_max: int | None = None,
-    min_count: int = 0,
-    filter_mode: str = "paper",
-    duplicates: str = "error",
     test: PathLike | Sequence[PathLike] | None = None,
-    test_fraction: float = 0.2,
-    validation_fraction: float = 0.0,
-    seed: int = 0,
-    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
-    grid: tuple[int, int] | None = None,
-    overwrite: bool = False,
     delimiter: str | None = None,
     header: bool | None = None,
     columns: Sequence[int | str] = (0, 1, 2),
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    **options: Unpack[IngestOptions],
 ) -> StoreInfo:
     """``ingest`` for inputs larger than memory, in parallel on a cluster (see module docstring).
 
     Parameters
     ----------
+    inputs : files as for ``ingest``, or a dask DataFrame
+        A dask DataFrame's partitions are first written as Parquet files beside ``out`` (by
+        its own workers), ingested as files and removed.
     client : distributed.Client, optional
         Cluster to run on; every worker must see the input files and ``out``'s directory.
         None runs the same tasks in this process.
@@ -141,7 +138,22 @@ def ingest_distributed(
     StoreInfo
         The same store ``ingest`` writes for these inputs and options.
     """
+    o = with_defaults(options, "ingest_distributed")
+    ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
+    min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
+    test_fraction, seed = o["test_fraction"], o["seed"]
+    validation_fraction = o["validation_fraction"]
+    nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
     check_target(out, overwrite)
+    if is_dask_dataframe(inputs):  # its partitions become Parquet files beside ``out``
+        staged = f"{os.path.abspath(os.fspath(out))}.input-{secrets.token_hex(6)}"
+        try:
+            inputs.to_parquet(staged, write_index=False)
+            return ingest_distributed(staged, out, client=client, test=test, columns=columns,
+                                      chunk_bytes=chunk_bytes,
+                                      rows_per_partition=rows_per_partition, **options)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
     if test is not None:
         raise InputError("distributed ingest supports the random split only, not a test file")
     if chunk_bytes < 1 or rows_per_partition < 1:
@@ -243,7 +255,7 @@ def plan(
     for f_idx, fmt in enumerate(formats):
         if isinstance(fmt, ParquetFormat):
             continue
-        full = os.path.abspath(fmt.path)
+        full = source_name(fmt.path)
         for x0 in range(0, fmt.size, chunk_bytes):
             jobs.append((full, x0, min(x0 + chunk_bytes, fmt.size), fmt.size))
             owners.append(f_idx)
@@ -260,7 +272,8 @@ def plan(
         for start, stop, n_lines in by_file.get(f_idx, []):
             if stop > start:
                 chunks.append(Chunk(len(chunks), f_idx, fmt.path, start, stop, line,
-                                    fmt.delim, fmt.header_at, fmt.columns))  # fmt: skip
+                                    fmt.delim, fmt.header_at, fmt.columns,
+                                    fmt.n_fields))  # fmt: skip
             line += n_lines
     return chunks
 
@@ -390,7 +403,7 @@ def _attrs(
         "hist_test": hist["test"],
         "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
         "nnz_per_block": int(nnz_per_block),
-        "source": [os.path.abspath(os.fspath(p)) for p in sources],
+        "source": [source_name(p) for p in sources],
         "test_source": None,
         "rows_read": int(rows_read),
         "rows_not_interaction": int(not_interaction),

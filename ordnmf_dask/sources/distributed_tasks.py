@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.sources.filtering import dedupe, normalize_text_ids
+from ordnmf_dask.sources.filtering import dedupe, raw_ids
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import ParquetChunk
 from ordnmf_dask.sources.split import HASH_BIN_BITS, pair_hash
@@ -70,8 +70,8 @@ def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
     if triples is None:
         empty = np.zeros(0, dtype=np.int64)
         return {"small": {"rows": 0, "vmax": None, "bad": None}, "users": empty, "items": empty}
-    users = normalize_text_ids(triples.users)
-    items = normalize_text_ids(triples.items)
+    users = raw_ids(triples.users, triples.origin, "user")
+    items = raw_ids(triples.items, triples.origin, "item")
     values, line = triples.values, triples.origin.line
     save_arrays(_chunk_prefix(tmp, chunk.index),
                 {"users": users, "items": items, "values": values, "line": line})  # fmt: skip

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
@@ -12,31 +18,106 @@ FILTER_MODES = ("paper", "stable")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def normalize_text_ids(tokens: np.ndarray) -> np.ndarray:
-    """Ids read from text: int64 if every token is the canonical decimal form of an int64.
+#: Ids that are the canonical decimal form of an int64 (no sign on 0, no leading zeros).
+_CANONICAL = r"^(?:0|-?[1-9][0-9]{0,18})$"
+#: Characters refused in ids: C0 and C1 controls (NUL, tab, CR, ...) and the Unicode line and
+#: paragraph separators, which would not survive a line-based text file.
+_CONTROL = r"[\x00-\x1f\x7f-\x{9f}\x{2028}\x{2029}]"
+
+
+def encode_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct raw ids and the code (index into them) of every row.
+
+    The work per row is pyarrow's dictionary encoding and one gather; stripping, the checks and
+    the sort run on the distinct ids only.
 
     Parameters
     ----------
-    tokens : np.ndarray of str, shape (n,)
-        (Integer arrays, e.g. from Parquet integer columns, are returned as int64.)
+    ids : pyarrow string array (chunked or not), or np.ndarray of int or str, shape (n,)
+        Raw ids as read. Strings are whitespace-stripped; an empty one or one with a control
+        character is an error naming its row (via ``origin``). If every distinct string is the
+        canonical decimal form of an int64, the ids are int64 (``"007"`` or ``"1e3"`` keep all
+        of them strings, so distinct raw ids never merge).
+    origin : Origin
+    what : str
+        "user" or "item", for messages.
 
     Returns
     -------
-    np.ndarray of int64 or str, shape (n,)
-        Strings such as ``"007"`` or ``"1e3"`` keep every id a string, so distinct raw ids
-        never merge.
+    uniques : np.ndarray of int64 or str (``<U``), shape (m,), sorted
+    codes : np.ndarray of int32, shape (n,)
     """
-    if tokens.dtype.kind in "iu":
-        return tokens.astype(np.int64, copy=False)
-    if tokens.size == 0:
-        return tokens.astype(str)
-    try:
-        ints = tokens.astype(np.int64)
-    except (ValueError, OverflowError):
-        return tokens
-    if np.array_equal(ints.astype(str), np.char.strip(tokens)):
-        return ints
-    return tokens
+    if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
+        col = pa.chunked_array([pa.array(ids.astype(np.int64, copy=False))])
+    elif isinstance(ids, pa.ChunkedArray):
+        col = ids
+    else:
+        col = pa.chunked_array([pa.array(ids)])
+    encoded = col.dictionary_encode()
+    codes = np.concatenate([c.indices.to_numpy() for c in encoded.chunks]) if \
+        encoded.num_chunks else np.zeros(0, np.int32)  # fmt: skip
+    dictionary = encoded.chunk(0).dictionary if encoded.num_chunks else pa.array([], col.type)
+    del encoded
+    if pa.types.is_integer(dictionary.type):
+        uniques = dictionary.to_numpy().astype(np.int64)
+    else:
+        dictionary, codes = _clean_strings(dictionary, codes, origin, what)
+        uniques = dictionary
+        if len(dictionary) and pc.all(pc.match_substring_regex(dictionary, _CANONICAL)).as_py():
+            try:
+                uniques = pc.cast(dictionary, pa.int64())
+            except pa.ArrowInvalid:  # beyond int64
+                uniques = dictionary
+        uniques = uniques.to_numpy(zero_copy_only=False)
+        if uniques.dtype == object:
+            uniques = uniques.astype(str) if uniques.size else np.zeros(0, "<U1")
+    order = np.argsort(uniques, kind="stable")
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    codes = codes.astype(np.int32, copy=False)
+    np.take(rank, codes, out=codes, mode="clip")  # in place: every code is in range
+    return uniques[order], codes
+
+
+def encode_pair(
+    users: Any, items: Any, origin: Origin
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``encode_ids`` of the user and of the item ids, on two threads (pyarrow releases the
+    GIL); an error in the user ids is raised first, as if encoded one after the other."""
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(encode_ids, ids, origin, what)
+                for ids, what in ((users, "user"), (items, "item"))]  # fmt: skip
+    return jobs[0].result(), jobs[1].result()
+
+
+def raw_ids(ids: Any, origin: Origin, what: str) -> np.ndarray:
+    """The raw id of every row (int64 or str), stripped and checked (``encode_ids``)."""
+    uniques, codes = encode_ids(ids, origin, what)
+    return uniques[codes]
+
+
+def _clean_strings(
+    dictionary: pa.Array, codes: np.ndarray, origin: Origin, what: str
+) -> tuple[pa.Array, np.ndarray]:
+    """Distinct stripped ids and the codes into them; errors name the first row of a bad id."""
+    stripped = pc.utf8_trim_whitespace(dictionary)
+    control = pc.match_substring_regex(stripped, _CONTROL).to_numpy(zero_copy_only=False)
+    empty = (pc.utf8_length(stripped).to_numpy() == 0) & ~control
+    for bad, kind in ((control, "control"), (empty, "empty")):
+        if bad.any():
+            k = int(np.flatnonzero(bad[codes])[0])
+            tok = stripped[int(codes[k])].as_py()
+            if kind == "empty":
+                raise InputError(f"{origin.where(k)}: empty {what} id")
+            hit = next(ch for ch in tok if re.match(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", ch))
+            raise InputError(
+                f"{origin.where(k)}: {what} id {tok!r} contains the control character "
+                f"U+{ord(hit):04X}; ids must be printable text"
+            )
+    if pc.all(pc.equal(pc.binary_length(stripped), pc.binary_length(dictionary))).as_py():
+        return dictionary, codes
+    merged = stripped.dictionary_encode()
+    return merged.dictionary, merged.indices.to_numpy()[codes]
 
 
 def ids_from_array(ids: object, what: str) -> np.ndarray:
@@ -56,12 +137,6 @@ def ids_from_array(ids: object, what: str) -> np.ndarray:
             raise InputError(f"{what} id {arr[bad[0]]!r} at row {bad[0]} is not an integer")
         return arr.astype(np.int64)
     return arr.astype(str)
-
-
-def factorize(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct ids (n_distinct,) and the int64 code of every entry (n,)."""
-    uniques, codes = np.unique(ids, return_inverse=True)
-    return uniques, codes.astype(np.int64).ravel()
 
 
 def dedupe(
@@ -89,19 +164,24 @@ def dedupe(
     Returns
     -------
     rows : np.ndarray of int64, shape (m,)
-        One representative row (the last occurrence) per distinct pair.
+        One representative row (the last occurrence) per distinct pair, in (user, item) order.
     merged : np.ndarray of float64, shape (m,)
         The merged value of each pair.
     """
     if policy not in DUPLICATE_POLICIES:
         raise InputError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {policy!r}")
-    key = u * np.int64(max(len(item_ids), 1)) + i
-    order = np.argsort(key, kind="stable")
+    key = u.astype(np.int64) * np.int64(max(len(item_ids), 1))
+    key += i
+    order = np.argsort(key)
     sk = key[order]
     new = np.ones(len(sk), dtype=bool)
-    new[1:] = sk[1:] != sk[:-1]
+    np.not_equal(sk[1:], sk[:-1], out=new[1:])
     if new.all():
-        return np.arange(len(u), dtype=np.int64), values
+        return order, values[order]
+    order = np.argsort(key, kind="stable")  # input order within a pair: "last", messages
+    sk = key[order]
+    del key
+    np.not_equal(sk[1:], sk[:-1], out=new[1:])
     starts = np.flatnonzero(new)
     if policy == "error":
         dup = int(np.flatnonzero(~new)[0])

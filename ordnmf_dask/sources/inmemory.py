@@ -1,9 +1,12 @@
-"""Build a block store from text or Parquet files, or in-memory arrays.
+"""Build a block store from text or Parquet files (local or at URLs), or data in memory
+(pandas DataFrame, pyarrow Table, scipy.sparse matrix, arrays).
 
 Pipeline: parse -> check every value (errors name file and line) -> merge duplicate pairs ->
 classes (dropping rows that are "not an interaction") -> min-count filtering -> contiguous id maps
 (sorted by raw id) -> train/test split -> block grid -> sorted blocks -> atomic store write.
-The whole input is held in memory while ingesting.
+The whole input is held in memory while ingesting, as numpy/pyarrow columns: ids are
+dictionary-encoded by pyarrow (the strings are dropped once encoded), one sort of the
+(user, item) codes orders the rows for the duplicate check and for the blocks.
 """
 
 from __future__ import annotations
@@ -11,22 +14,27 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
+import pyarrow as pa
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import (
     DUPLICATE_POLICIES,
     FILTER_MODES,
     dedupe,
-    factorize,
+    encode_ids,
+    encode_pair,
     ids_from_array,
     min_count_mask,
-    normalize_text_ids,
+    raw_ids,
 )
 from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.parquet import column_ids, column_values
 from ordnmf_dask.sources.split import (
     check_test_fraction,
     check_validation_fraction,
@@ -35,7 +43,7 @@ from ordnmf_dask.sources.split import (
     random_test_mask,
     validation_mask,
 )
-from ordnmf_dask.sources.text import read_triples
+from ordnmf_dask.sources.text import check_columns, read_triples
 from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target, write_store
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, block_sort, choose_bounds
@@ -43,12 +51,13 @@ from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, block_sort, choose_bou
 PathLike = str | os.PathLike
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class _Rows:
-    """Raw input rows: ids (int64 or str, (n,)), values float64 (n,), and their origin."""
+    """Raw input rows: ids (pyarrow strings, or np.ndarray of int64 or str, (n,)), values
+    float64 (n,), and their origin. ``_build`` drops the ids once they are encoded."""
 
-    users: np.ndarray
-    items: np.ndarray
+    users: Any
+    items: Any
     values: np.ndarray
     origin: Origin
 
@@ -66,38 +75,74 @@ class _Nonzeros:
         return _Nonzeros(self.u[idx], self.i[idx], self.y[idx], self.raw[idx])
 
 
+class IngestOptions(TypedDict, total=False):
+    """The options of every ingest (``ingest``, ``ingest_arrays``; ``ingest_distributed`` takes
+    the same), described in ``ingest``; ``INGEST_DEFAULTS`` holds their defaults."""
+
+    ratings: str | None
+    counts: str | Sequence[float] | None
+    binarize: float | None
+    scale_max: int | None
+    min_count: int
+    filter_mode: str
+    duplicates: str
+    test_fraction: float
+    validation_fraction: float
+    seed: int
+    nnz_per_block: int
+    grid: tuple[int, int] | None
+    overwrite: bool
+
+
+INGEST_DEFAULTS: IngestOptions = {
+    "ratings": None, "counts": None, "binarize": None, "scale_max": None, "min_count": 0,
+    "filter_mode": "paper", "duplicates": "error", "test_fraction": 0.2,
+    "validation_fraction": 0.0, "seed": 0, "nnz_per_block": DEFAULT_NNZ_PER_BLOCK, "grid": None,
+    "overwrite": False,
+}  # fmt: skip
+
+
+def with_defaults(options: IngestOptions, caller: str) -> dict[str, Any]:
+    """``options`` completed with ``INGEST_DEFAULTS``; an unknown name is a TypeError."""
+    unknown = sorted(set(options) - set(INGEST_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    return {**INGEST_DEFAULTS, **options}
+
+
 def ingest(
-    inputs: PathLike | Sequence[PathLike],
+    inputs: Any,
     out: PathLike,
     *,
-    ratings: str | None = None,
-    counts: str | Sequence[float] | None = None,
-    binarize: float | None = None,
-    scale_max: int | None = None,
-    min_count: int = 0,
-    filter_mode: str = "paper",
-    duplicates: str = "error",
-    test: PathLike | Sequence[PathLike] | None = None,
-    test_fraction: float = 0.2,
-    validation_fraction: float = 0.0,
-    seed: int = 0,
-    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
-    grid: tuple[int, int] | None = None,
-    overwrite: bool = False,
+    test: Any = None,
     delimiter: str | None = None,
     header: bool | None = None,
     columns: Sequence[int | str] = (0, 1, 2),
+    **options: Unpack[IngestOptions],
 ) -> StoreInfo:
-    """Ingest files of (user, item, value) rows into a block store at ``out``.
+    """Ingest (user, item, value) rows into a block store at ``out``.
 
     Parameters
     ----------
-    inputs : path or sequence of paths
-        Training data (all data if ``test`` is None); several files are concatenated. Delimited
-        text, or Parquet (files ending in ``.parquet`` / ``.parq``, or directories of them,
-        read row group by row group; needs the ``parquet`` extra).
+    inputs : path, URL or glob, a sequence of them, or data in memory
+        Training data (all data if ``test`` is None). Files: several are concatenated;
+        delimited text (compressed by suffix: ``.gz``, ``.bz2``, ``.zst``, ...) or Parquet
+        (files ending in ``.parquet`` / ``.parq``, or directories of them, read row group by row
+        group), local or at any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ...). In
+        memory: a pandas DataFrame or a pyarrow Table (``columns`` pick the user, item and
+        value columns), a scipy.sparse matrix (users are rows, items columns, values its
+        stored entries) or a ``(users, items, values)`` tuple of arrays; each gives the same
+        store as a CSV file of the same rows. A dask DataFrame goes to ``ingest_distributed``.
     out : path
         Store directory to create (see ``ordnmf_dask.store.blocks``).
+    test : same kinds as ``inputs``, optional
+        A held-out test set (same format and value rules) instead of a random split. Rows whose
+        user or item is not in the filtered training data are dropped, counted in the attribute
+        ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error.
+    delimiter, header, columns
+        Parsing options; see ``ordnmf_dask.sources.text.read_triples``. ``columns`` are 0-based
+        positions or column names (a text header's fields, Parquet, DataFrame or Table column
+        names).
     ratings : {"halfstar", "integer"}, optional
     counts : "paper" or sequence of float, optional
         Count thresholds; see ``ordnmf_dask.sources.values``.
@@ -112,10 +157,6 @@ def ingest(
         "paper": items then users, once; "stable": repeat until nothing changes.
     duplicates : {"error", "sum", "max", "last"}
         What to do with repeated (user, item) pairs (values are merged before classes).
-    test : path or sequence of paths, optional
-        A held-out test set (same format and value rules) instead of a random split. Rows whose
-        user or item is not in the filtered training data are dropped, counted in the attribute
-        ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error.
     test_fraction : float
         Fraction of the nonzeros drawn at random for test (ignored if ``test`` is given).
     validation_fraction : float
@@ -131,9 +172,6 @@ def ingest(
         Explicit (n_r, n_c).
     overwrite : bool
         Replace an existing store at ``out`` (only after the new one is complete).
-    delimiter, header, columns
-        Parsing options; see ``ordnmf_dask.sources.text.read_triples``. ``columns`` are 0-based
-        positions or column names (a text header's fields, Parquet column names).
 
     Returns
     -------
@@ -144,28 +182,19 @@ def ingest(
     InputError
         Any invalid input; nothing is left at ``out`` nor in a temporary sibling.
     """
-    check_target(out, overwrite)
-    parsed = read_triples(inputs, delimiter=delimiter, header=header, columns=columns)
-    train = _Rows(
-        normalize_text_ids(parsed.users),
-        normalize_text_ids(parsed.items),
-        parsed.values,
-        parsed.origin,
-    )
-    test_rows = None
-    if test is not None:
-        tp = read_triples(test, delimiter=delimiter, header=header, columns=columns)
-        test_rows = _Rows(tp.users, tp.items, tp.values, tp.origin)
-    sources = [os.path.abspath(os.fspath(p)) for p in as_list(inputs)]
-    test_sources = None if test is None else [os.path.abspath(os.fspath(p)) for p in as_list(test)]
-    return _build(
-        train, test_rows, out, label=inputs_label(as_list(inputs)), sources=sources,
-        test_sources=test_sources, ratings=ratings,
-        counts=counts, binarize=binarize, scale_max=scale_max, min_count=min_count,
-        filter_mode=filter_mode, duplicates=duplicates, test_fraction=test_fraction, seed=seed,
-        nnz_per_block=nnz_per_block, grid=grid, overwrite=overwrite,
-        validation_fraction=validation_fraction,
-    )  # fmt: skip
+    opts = with_defaults(options, "ingest")
+    if is_dask_dataframe(inputs):
+        from ordnmf_dask.sources.distributed import ingest_distributed
+
+        return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
+                                  columns=columns, **options)  # fmt: skip
+    check_target(out, opts["overwrite"])
+    with system_memory():
+        train, label, sources = _rows_of(inputs, delimiter, header, columns, "input")
+        test_rows, _, test_sources = (None, None, None) if test is None else \
+            _rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
+        return _build(train, test_rows, out, label=label, sources=sources,
+                      test_sources=test_sources, **opts)  # fmt: skip
 
 
 def ingest_arrays(
@@ -174,38 +203,100 @@ def ingest_arrays(
     values: Sequence | np.ndarray,
     out: PathLike,
     *,
-    ratings: str | None = None,
-    counts: str | Sequence[float] | None = None,
-    binarize: float | None = None,
-    scale_max: int | None = None,
-    min_count: int = 0,
-    filter_mode: str = "paper",
-    duplicates: str = "error",
     test: tuple[Sequence, Sequence, Sequence] | None = None,
-    test_fraction: float = 0.2,
-    validation_fraction: float = 0.0,
-    seed: int = 0,
-    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
-    grid: tuple[int, int] | None = None,
-    overwrite: bool = False,
+    **options: Unpack[IngestOptions],
 ) -> StoreInfo:
-    """Ingest in-memory (users, items, values) arrays of shape (n,) into a store at ``out``.
+    """``ingest((users, items, values), out, ...)``: in-memory arrays of shape (n,); raw ids may
+    be integers (stored as int64) or strings; errors name the 0-based row."""
+    return ingest((users, items, values), out, test=test, **options)
 
-    Raw ids may be integers (stored as int64) or strings. ``test`` is an optional
-    ``(users, items, values)`` tuple used instead of a random split. Errors name the 0-based
-    row. Other options as in ``ingest``.
-    """
-    check_target(out, overwrite)
-    train = _arrays_to_rows(users, items, values, "input arrays")
-    test_rows = None if test is None else _arrays_to_rows(*test, "test arrays")
-    return _build(
-        train, test_rows, out, label="input arrays", sources=[],
-        test_sources=None if test is None else [],
-        ratings=ratings, counts=counts, binarize=binarize, scale_max=scale_max,
-        min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
-        test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block, grid=grid,
-        overwrite=overwrite, validation_fraction=validation_fraction,
-    )  # fmt: skip
+
+@contextmanager
+def system_memory() -> Iterator[None]:
+    """pyarrow allocates from malloc meanwhile: whole columns are returned to the system as
+    soon as they are freed (the default pool kept freed text columns resident). Buffers
+    remember their pool, so other threads' pyarrow work is unaffected but for the allocator."""
+    before = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(before)
+
+
+def is_dask_dataframe(data: object) -> bool:
+    """Whether ``data`` is a dask DataFrame (without importing dask for other inputs)."""
+    return type(data).__module__.startswith("dask") and hasattr(data, "npartitions")
+
+
+def _rows_of(
+    data: Any, delimiter: str | None, header: bool | None, columns: Sequence[int | str],
+    role: str, ids: bool = False,
+) -> tuple[_Rows, str, list[str]]:  # fmt: skip
+    """Rows of files or of data in memory, the label that names them in messages and the
+    sources recorded in the store. ``ids``: raw ids as arrays (for a test set)."""
+    if isinstance(data, tuple) and len(data) == 3:
+        return _arrays_to_rows(*data, f"{role} arrays"), f"{role} arrays", []
+    if _is_sparse(data):
+        coo = data.tocoo()
+        label = f"{role} matrix"
+        return _arrays_to_rows(coo.row, coo.col, coo.data, label), label, []
+    table = _as_table(data)
+    if table is not None:
+        label = f"{role} {'DataFrame' if table is not data else 'Table'}"
+        rows = _table_rows(table, check_columns(columns), label)
+    else:
+        paths = as_list(data)
+        parsed = read_triples(paths, delimiter=delimiter, header=header, columns=columns)
+        rows = _Rows(parsed.users, parsed.items, parsed.values, parsed.origin)
+        del parsed  # ``_build`` frees the ids once encoded
+        label = inputs_label(paths)
+    if ids:
+        rows.users = raw_ids(rows.users, rows.origin, "user")
+        rows.items = raw_ids(rows.items, rows.origin, "item")
+    sources = [] if table is not None else [source_name(p) for p in as_list(data)]
+    return rows, label, sources
+
+
+def source_name(path: PathLike) -> str:
+    """How the store records an input: a URL as given, a local path made absolute."""
+    name = os.fspath(path)
+    return name if "://" in name else os.path.abspath(name)
+
+
+def _is_sparse(data: object) -> bool:
+    return type(data).__module__.startswith("scipy.sparse") and hasattr(data, "tocoo")
+
+
+def _as_table(data: object) -> pa.Table | None:
+    """A pyarrow Table of a pandas DataFrame or a pyarrow Table / RecordBatch, else None."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__module__.startswith("pandas") and hasattr(data, "columns"):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    return None
+
+
+def _table_rows(table: pa.Table, columns: tuple, label: str) -> _Rows:
+    """The user, item and value columns of a table (by name or position), checked as Parquet
+    columns are."""
+    names = table.column_names
+    picked = []
+    for c in columns:
+        if isinstance(c, str) and c not in names:
+            raise InputError(f"{label}: no column {c!r} (columns: {', '.join(map(str, names))})")
+        if not isinstance(c, str) and c >= len(names):
+            raise InputError(f"{label}: no column {c} (0-based); it has {len(names)} columns")
+        picked.append(c if isinstance(c, str) else names[c])
+    if table.num_rows == 0:
+        raise InputError(f"{label}: no data rows (it is empty)")
+    origin = Origin.arrays(table.num_rows, label)
+    cu, ci, cv = (table.column(name) for name in picked)
+    return _Rows(column_ids(cu, origin, "user", picked[0]),
+                 column_ids(ci, origin, "item", picked[1]),
+                 column_values(cv, origin, picked[2]), origin)  # fmt: skip
 
 
 def as_list(paths: PathLike | Sequence[PathLike]) -> list[PathLike]:
@@ -292,32 +383,44 @@ def _build(
     spec = make_spec(
         values, origin, ratings=ratings, counts=counts, binarize=binarize, scale_max=scale_max
     )
-    classify(spec, values, origin)  # every row checked, errors name its line
+    classes, interaction = classify(spec, values, origin)  # every row checked (errors name it)
+    del values, origin
+    n_rows = len(train.values)
 
-    user_ids, u = factorize(train.users)
-    item_ids, i = factorize(train.items)
+    (user_ids, u), (item_ids, i) = encode_pair(train.users, train.items, train.origin)
+    train.users = train.items = None  # the raw strings are no longer needed
     rows, raw = dedupe(u, i, train.values, train.origin, duplicates, user_ids, item_ids)
-    u, i, origin = u[rows], i[rows], train.origin.take(rows)
-    pair_keys = (u, i)  # all training pairs, for the test-overlap check
-    y, keep = classify(spec, raw, origin)
+    train.values = np.zeros(0)  # merged into ``raw``
+    u, i, origin = u[rows], i[rows], train.origin.take(rows)  # in (user, item) order
+    pair_keys = (u, i) if test is not None else None  # training pairs, for the overlap check
+    if len(rows) == n_rows:  # no duplicates: the classes of the check above
+        y, keep = classes[rows], interaction[rows]
+    else:
+        y, keep = classify(spec, raw, origin)
+    train_origin = origin if test is not None else None  # for the overlap check's messages
+    del rows, classes, interaction, origin
     n_not_interaction = int((~keep).sum())
-    if not keep.any():
+    if n_not_interaction == len(keep):
         raise InputError(
             f"{label}: no interactions left: every row is below the binarize/count threshold"
         )
-    u, i, y, raw = u[keep], i[keep], y[keep], raw[keep]
+    if n_not_interaction:
+        u, i, y, raw = u[keep], i[keep], y[keep], raw[keep]
 
     keep = min_count_mask(u, i, len(user_ids), len(item_ids), min_count, filter_mode)
-    if not keep.any():
+    n_filtered = len(keep) - int(np.count_nonzero(keep))
+    if n_filtered == len(keep):
         raise InputError(
             f"{label}: everything was filtered away by min_count={min_count} "
             f"(filter_mode={filter_mode!r})"
         )
-    n_filtered = int((~keep).sum())
-    user_sel, u = factorize(u[keep])
-    item_sel, i = factorize(i[keep])
-    data = _Nonzeros(u, i, y[keep], raw[keep])
-    data = data.take(np.lexsort((data.i, data.u)))
+    if n_filtered:
+        u, i, y, raw = u[keep], i[keep], y[keep], raw[keep]
+    del keep
+    user_sel, u = _compact(u, len(user_ids))
+    item_sel, i = _compact(i, len(item_ids))
+    data = _Nonzeros(u, i, y, raw)  # still in (user, item) order: compacting keeps it
+    del u, i, y, raw
     n_before_split = len(data.u)
 
     extra: dict[str, object] = {}
@@ -325,12 +428,14 @@ def _build(
         check_train_left(label, n_before_split, test_fraction)
         is_test = random_test_mask(data.u, data.i, len(item_sel), test_fraction, seed)
         train_nz, test_nz = data.take(~is_test), data.take(is_test)
+        del is_test
     else:
         train_nz = data
         test_nz, extra = _file_test(
-            test, spec, duplicates, user_ids, item_ids, pair_keys, origin,
+            test, spec, duplicates, user_ids, item_ids, pair_keys, train_origin,
             user_ids[user_sel], item_ids[item_sel],
         )  # fmt: skip
+    del data
 
     val_nz = None
     if validation_fraction > 0:
@@ -345,10 +450,14 @@ def _build(
     row_bounds, col_bounds = choose_bounds(
         train_nz.u, train_nz.i, n_users, n_items, nnz_per_block, grid
     )
-    blocked = [
-        None if nz is None else block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds, col_bounds)
-        for nz in (train_nz, test_nz, val_nz)
-    ]
+    splits = [train_nz, test_nz, val_nz]
+    del train_nz, test_nz, val_nz
+    blocked = []
+    while splits:  # each split's unsorted arrays are freed once it is sorted into blocks
+        nz = splits.pop(0)
+        blocked.append(None if nz is None else block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds,
+                                                          col_bounds, presorted=True))  # fmt: skip
+        del nz
     attrs = {
         "complete": False,
         "n_users": n_users,
@@ -364,15 +473,15 @@ def _build(
         "split": "random" if test is None else "file",
         "test_fraction": float(test_fraction) if test is None else None,
         "seed": int(seed),
-        "nnz_train": len(train_nz.y),
-        "nnz_test": len(test_nz.y),
-        "hist_train": _hist(train_nz.y, spec),
-        "hist_test": _hist(test_nz.y, spec),
+        "nnz_train": len(blocked[0].y),
+        "nnz_test": len(blocked[1].y),
+        "hist_train": _hist(blocked[0].y, spec),
+        "hist_test": _hist(blocked[1].y, spec),
         "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
         "nnz_per_block": int(nnz_per_block),
         "source": sources,
         "test_source": test_sources,
-        "rows_read": len(train.values),
+        "rows_read": n_rows,
         "rows_not_interaction": n_not_interaction,
         "rows_filtered": n_filtered,
         "nnz_before_split": n_before_split,
@@ -406,8 +515,8 @@ def _file_test(
 ) -> tuple[_Nonzeros, dict[str, object]]:
     """Test nonzeros in the final index space, and attrs describing dropped rows."""
     _check_overlap(test, all_users, all_items, pair_keys, train_origin)
-    t_users, tu = factorize(test.users)
-    t_items, ti = factorize(test.items)
+    t_users, tu = encode_ids(test.users, test.origin, "user")
+    t_items, ti = encode_ids(test.items, test.origin, "item")
     rows, raw = dedupe(tu, ti, test.values, test.origin, duplicates, t_users, t_items)
     y, keep = classify(spec, raw, test.origin.take(rows))
     u = lookup(final_users, test.users[rows])
@@ -455,6 +564,15 @@ def _check_overlap(
             f"{test.origin.where(k)}: test pair (user {test.users[k]!s}, item {test.items[k]!s}) "
             f"is also in the training data at {train_origin.where(j)}"
         )
+
+
+def _compact(codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The codes (of ``n``) in use, sorted (m,), and every code's index among them (n,)."""
+    used = np.bincount(codes, minlength=n) > 0
+    if used.all():
+        return np.arange(n), codes
+    index = np.cumsum(used, dtype=np.int32) - 1
+    return np.flatnonzero(used), index[codes]
 
 
 def _hist(y: np.ndarray, spec: ValueSpec) -> list[int]:

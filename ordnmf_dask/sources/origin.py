@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,59 +31,79 @@ class Origin:
     ----------
     sources : tuple of str
         File paths, or a single label such as ``"input arrays"``.
-    file_index : np.ndarray of int32, shape (n,)
-        Index into ``sources`` of each row.
-    line : np.ndarray of int64, shape (n,)
-        1-based line number within its file (``is_file``), else 0-based row index.
+    file_index : np.ndarray of int, shape (n,), or None
+        Index into ``sources`` of each row (None: every row is from the first source).
+    line : np.ndarray of int64, shape (n,), or int
+        1-based line number within its file (``is_file``), else 0-based row index; an int n
+        stands for the rows 0 .. n - 1 in order (no array is held for them).
     is_file : bool
         Whether the rows came from files.
     row_groups : tuple of (RowGroups or None), optional
         Per source: its row groups if it is a Parquet file, whose rows are then counted from 0
         in the file (``line`` is that row number), else None (text: 1-based lines).
+    lines : tuple of (callable or None), optional
+        Per source: None if ``line`` is the line (or row) itself, else a function of a 0-based
+        data record index that returns its 1-based line; the line numbers of a text file read
+        as a whole are found only when a message needs one (``text.LineFinder``).
     """
 
     sources: tuple[str, ...]
-    file_index: np.ndarray
-    line: np.ndarray
+    file_index: np.ndarray | None
+    line: np.ndarray | int
     is_file: bool = True
     row_groups: tuple[RowGroups | None, ...] | None = None
+    lines: tuple[Callable[[int], int] | None, ...] | None = None
 
     @classmethod
     def arrays(cls, n: int, label: str = "input arrays") -> Origin:
         """Origin of ``n`` rows of in-memory arrays (rows are 0-based indices)."""
-        return cls((label,), np.zeros(n, np.int32), np.arange(n, dtype=np.int64), False)
+        return cls((label,), None, n, False)
 
     @classmethod
     def concat(cls, parts: list[Origin]) -> Origin:
         """Concatenate origins of files read one after the other (one source per part)."""
         sources: list[str] = []
         groups: list[RowGroups | None] = []
+        finders: list[Callable[[int], int] | None] = []
         index, lines = [], []
         for part in parts:
-            index.append(part.file_index + len(sources))
-            lines.append(part.line)
+            n = len(part)
+            own = np.zeros(n, np.int32) if part.file_index is None else part.file_index
+            index.append(own.astype(np.int32) + len(sources))
+            lines.append(np.arange(n, dtype=np.int64) if isinstance(part.line, int) else part.line)
             sources.extend(part.sources)
             groups.extend(part.row_groups or (None,) * len(part.sources))
+            finders.extend(part.lines or (None,) * len(part.sources))
         is_file = all(p.is_file for p in parts)
         row_groups = tuple(groups) if any(g is not None for g in groups) else None
+        found = tuple(finders) if any(f is not None for f in finders) else None
         return cls(tuple(sources), np.concatenate(index), np.concatenate(lines), is_file,
-                   row_groups)  # fmt: skip
+                   row_groups, found)  # fmt: skip
 
-    def rows(self, file_index: np.ndarray, line: np.ndarray) -> Origin:
+    def rows(self, file_index: np.ndarray | None, line: np.ndarray | int) -> Origin:
         """Origin of rows of these sources (``self`` is used as a template; its rows ignored)."""
-        return Origin(self.sources, file_index, line, self.is_file, self.row_groups)
+        return Origin(self.sources, file_index, line, self.is_file, self.row_groups, self.lines)
 
     def __len__(self) -> int:
-        return len(self.line)
+        return self.line if isinstance(self.line, int) else len(self.line)
 
     def take(self, idx: np.ndarray) -> Origin:
         """Origin of the rows selected by ``idx`` (integer or boolean index)."""
-        return self.rows(self.file_index[idx], self.line[idx])
+        idx = np.asarray(idx)
+        if isinstance(self.line, int):
+            line = np.flatnonzero(idx) if idx.dtype == bool else idx.astype(np.int64, copy=False)
+        else:
+            line = self.line[idx]
+        return self.rows(None if self.file_index is None else self.file_index[idx], line)
 
     def where(self, k: int) -> str:
         """Human-readable location of row ``k``: ``"FILE, line N"``, ``"LABEL, row N"`` or, in
         a Parquet file, ``"FILE, row N (row group G)"`` (both 0-based, as pyarrow counts)."""
-        f, line = int(self.file_index[k]), int(self.line[k])
+        f = 0 if self.file_index is None else int(self.file_index[k])
+        line = k if isinstance(self.line, int) else int(self.line[k])
+        finder = self.lines[f] if self.lines is not None else None
+        if finder is not None:
+            line = finder(line)
         groups = self.row_groups[f] if self.row_groups is not None else None
         if groups is not None:
             return f"{self.sources[f]}, row {line} (row group {groups.group_of(line)})"

@@ -6,8 +6,8 @@ group by group with ``read_row_group``, never a whole file in one piece. Columns
 name or by 0-based position in the file's schema (``columns``, as for text). Ids may be integer
 columns (kept as int64), string columns (whitespace-stripped, then treated exactly like text
 ids) or integral floats; values may be numeric or string columns (parsed like text). The checks
-of ids and values are the text reader's (``text.string_ids``, ``string_values``,
-``finite_values``). Rows are numbered from 0 in their file; messages name the file, the row and
+of ids and values are the text reader's (``filtering.encode_ids``, ``text.text_values``).
+Rows are numbered from 0 in their file; messages name the file, the row and
 its row group. All Parquet files of one input must have the same user, item and value column
 names (``check_same_columns``), so that files with different schemas are never merged by
 position.
@@ -27,14 +27,7 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin, RowGroups
-from ordnmf_dask.sources.text import (
-    Column,
-    Triples,
-    concat_ids,
-    finite_values,
-    string_ids,
-    string_values,
-)
+from ordnmf_dask.sources.text import Column, Triples, concat_ids, open_input, text_values
 
 SUFFIXES = (".parquet", ".parq")
 _INT64_MAX = np.iinfo(np.int64).max
@@ -46,25 +39,42 @@ def is_parquet(path: str | os.PathLike) -> bool:
 
 
 def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[str]:
-    """Input files in order; a directory stands for the Parquet files under it.
+    """Input files in order: paths and URLs as given, globs by their sorted matches, and a
+    directory for the Parquet files under it.
 
-    A directory's files are found recursively and sorted by path; names starting with ``.`` or
-    ``_`` (``_SUCCESS``, ``_metadata``, ``.crc`` files, hidden directories) are skipped.
+    A directory's files are found recursively (through fsspec, so also under a URL) and sorted
+    by path; names starting with ``.`` or ``_`` (``_SUCCESS``, ``_metadata``, ``.crc`` files,
+    hidden directories) are skipped.
     """
+    import fsspec
+
     out: list[str] = []
     for p in paths:
         path = os.fspath(p)
-        if not os.path.isdir(path):
+        try:
+            fs, root = fsspec.core.url_to_fs(path)
+        except (ImportError, ValueError) as exc:
+            raise InputError(f"{path}: cannot open ({exc})") from None
+        local = "://" not in path
+
+        def name(found: str, fs: Any = fs, local: bool = local) -> str:
+            return found if local else fs.unstrip_protocol(found)
+
+        if any(ch in path for ch in "*?["):
+            matches = sorted(fs.glob(root))
+            if not matches:
+                raise InputError(f"{path}: no files match")
+            out += [name(m) for m in matches]
+            continue
+        if not fs.isdir(root):
             out.append(path)
             continue
-        found = []
-        for root, dirs, files in os.walk(path):
-            dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-            found += [os.path.join(root, f) for f in files
-                      if is_parquet(f) and not f.startswith((".", "_"))]  # fmt: skip
+        found = [f for f in fs.find(root) if is_parquet(f)
+                 and not any(part.startswith((".", "_"))
+                             for part in f[len(root.rstrip("/")) + 1 :].split("/"))]  # fmt: skip
         if not found:
             raise InputError(f"{path}: is a directory without .parquet / .parq files")
-        out += sorted(found)
+        out += [name(f) for f in sorted(found)]
     if not out:
         raise InputError("no input files given")
     return out
@@ -85,10 +95,9 @@ def _pyarrow(path: str) -> tuple[Any, Any]:
 
 def _open(path: str) -> Any:
     _, pq = _pyarrow(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: no such file")
+    handle = open_input(path, compression=None)
     try:
-        return pq.ParquetFile(path)
+        return pq.ParquetFile(handle)
     except (OSError, ValueError) as exc:  # pyarrow.ArrowException subclasses these
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
 
@@ -209,9 +218,9 @@ def read_row_group(chunk: ParquetChunk) -> Triples | None:
     rows = chunk.first_row + np.arange(table.num_rows, dtype=np.int64)
     origin = chunk_origin(chunk, rows)
     cu, ci, cv = (table.column(name) for name in chunk.columns)
-    users = _ids(pa, cu, origin, "user", chunk.columns[0])
-    items = _ids(pa, ci, origin, "item", chunk.columns[1])
-    values = _values(pa, cv, origin, chunk.columns[2])
+    users = column_ids(cu, origin, "user", chunk.columns[0])
+    items = column_ids(ci, origin, "item", chunk.columns[1])
+    values = column_values(cv, origin, chunk.columns[2])
     return Triples(users, items, values, origin)
 
 
@@ -243,7 +252,11 @@ def _is_string(pa: Any, t: Any) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or str(t) == "string_view"
 
 
-def _ids(pa: Any, col: Any, origin: Origin, what: str, name: str) -> np.ndarray:
+def column_ids(col: Any, origin: Origin, what: str, name: str) -> Any:
+    """int64 ids of an integer or integral float column, or the strings of a string column
+    (Parquet, or a table in memory); errors name the row."""
+    import pyarrow as pa
+
     col = _plain(pa, col, origin, f"{what} id")
     t = col.type
     if pa.types.is_integer(t):
@@ -260,21 +273,24 @@ def _ids(pa: Any, col: Any, origin: Origin, what: str, name: str) -> np.ndarray:
             raise InputError(f"{origin.where(k)}: {what} id {ids[k]!r} is not an integer")
         return ids.astype(np.int64)
     if _is_string(pa, t):
-        return string_ids(col.to_numpy(zero_copy_only=False), origin, what)
+        return col
     raise InputError(
         f"{origin.sources[0]}: column {name!r} ({what} ids) has type {t}; "
         "ids must be integers or strings"
     )
 
 
-def _values(pa: Any, col: Any, origin: Origin, name: str) -> np.ndarray:
+def column_values(col: Any, origin: Origin, name: str) -> np.ndarray:
+    """Finite float64 values of a numeric or string column; errors name the row."""
+    import pyarrow as pa
+
     col = _plain(pa, col, origin, "value")
     t = col.type
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
-        values = col.cast(pa.float64()).to_numpy()
-        return finite_values(np.asarray(values, dtype=np.float64), origin)
-    if _is_string(pa, t):
-        return string_values(col.to_numpy(zero_copy_only=False), origin)
+    if pa.types.is_decimal(t):
+        col = col.cast(pa.float64())
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or _is_string(pa, t) or \
+            pa.types.is_decimal(t):  # fmt: skip
+        return text_values(col, origin)
     raise InputError(
         f"{origin.sources[0]}: column {name!r} (values) has type {t}; values must be numbers"
     )

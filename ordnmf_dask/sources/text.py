@@ -1,26 +1,37 @@
-"""Read (user, item, value) triples from delimited text files (and Parquet, see ``parquet``).
+"""Read (user, item, value) rows from delimited text files (and Parquet, see ``parquet``).
 
-Supported: CSV, TSV, MovieLens ``::`` ``.dat`` and whitespace-separated files, with LF or CRLF
-line endings, an optional header line and any number of extra columns (e.g. timestamps).
-Comma, tab and semicolon files follow RFC 4180 quoting (``"Smith, 7"``, ``"say ""hi"" 2"``),
-except that a quoted field may not span lines, so that every record is one line (and byte ranges
-cut at newlines are whole records); lines without a quote character take a plain ``str.split``.
-Users and items are kept as raw strings (without their quotes, whitespace-stripped; ids with
-control characters are refused, as they could not be written back as text); values are parsed
-as float64. Files ending in ``.parquet`` / ``.parq``, and directories of them, are read by
-``ordnmf_dask.sources.parquet``; the checks of ids and values (``string_ids``, ``string_values``,
-``finite_values``) are shared.
+Files are opened through fsspec, so local paths, ``s3://``, ``gs://``, ``abfs://``, ``hdfs://``
+and ``http(s)://`` URLs (and globs of them) are read the same way; ``.gz``, ``.bz2``, ``.zst``
+and the other compressions fsspec knows are decompressed by their suffix. Parsing is
+``pyarrow.csv`` (multithreaded). Supported: CSV, TSV, semicolon, MovieLens ``::`` ``.dat`` and
+whitespace-separated files, with LF or CRLF line endings, an optional header line and extra
+columns (every data line has the first line's number of fields). Comma, tab and semicolon files
+follow RFC 4180 quoting (``"Smith, 7"``, ``"say ""hi"" 2"``); spaces after a delimiter are
+skipped before an opening quote; a quoted field may not span lines, so every record is one line
+and byte ranges cut at newlines are whole records. ``::`` and whitespace, which pyarrow cannot
+take as delimiters, are rewritten to one control character (``\\x1f``) before parsing; an input
+holding that character is refused like any id with a control character.
+
+Users and items are raw strings (whitespace-stripped; empty ids and ids with control characters
+are refused, see ``ids.encode_ids``); values are float64 and must be finite. Blank lines are
+skipped. The line numbers of a file read in memory are found only when a message needs one
+(``LineFinder``); errors name the file and line.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
@@ -38,9 +49,11 @@ DELIMITERS: dict[str, str | None] = {
 }
 #: Resolved delimiters whose files follow RFC 4180 quoting (``::`` and whitespace do not).
 QUOTING = (",", "\t", ";")
-#: Characters refused in ids: C0 and C1 controls (NUL, tab, CR, ...) and the Unicode line and
-#: paragraph separators, which would not survive a line-based text file.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: What ``::`` and runs of whitespace are rewritten to before pyarrow parses the text.
+_UNIT = b"\x1f"
+_WHITESPACE = b" \t\r\x0b\x0c"
+_BOM = b"\xef\xbb\xbf"
+_HEAD = 2**20  # bytes read at a time while looking for the first lines
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,17 +62,17 @@ class Triples:
 
     Attributes
     ----------
-    users, items : np.ndarray of str or int64, shape (n,)
-        Raw ids: whitespace-stripped strings (text, Parquet string columns), or int64 (Parquet
-        integer columns).
+    users, items : pyarrow.ChunkedArray of string, or np.ndarray of int64, shape (n,)
+        Raw ids as read (strings not yet stripped nor checked: ``ids.encode_ids`` does both),
+        or int64 (Parquet integer columns).
     values : np.ndarray of float64, shape (n,)
         Finite values.
     origin : Origin
         File and 1-based line number of every row (Parquet: 0-based row in the file).
     """
 
-    users: np.ndarray
-    items: np.ndarray
+    users: Any
+    items: Any
     values: np.ndarray
     origin: Origin
 
@@ -69,6 +82,19 @@ class Triples:
 
 #: A column given by 0-based position or by name (a header field, or a Parquet column).
 Column = int | str
+
+
+@dataclass(frozen=True)
+class TextFormat:
+    """How to parse one text file: resolved delimiter (None: whitespace), whether its first
+    non-blank line is a header, the 0-based (user, item, value) columns and the number of fields
+    of that first line."""
+
+    path: str
+    delim: str | None
+    header: bool
+    columns: tuple[int, int, int]
+    n_fields: int
 
 
 def read_triples(
@@ -82,12 +108,12 @@ def read_triples(
 
     Parameters
     ----------
-    paths : path or sequence of paths
-        Text files; Parquet files (``.parquet`` / ``.parq``) and directories of them are read
-        row group by row group (``ordnmf_dask.sources.parquet``).
+    paths : path, URL or glob, or a sequence of them
+        Text files (compressed by suffix); Parquet files (``.parquet`` / ``.parq``) and
+        directories of them are read row group by row group (``ordnmf_dask.sources.parquet``).
     delimiter : str, optional
-        One of ``DELIMITERS``; auto-detected per file from the first data line if None
-        (tab, then ``::``, then comma, else whitespace).
+        One of ``DELIMITERS``; if None, found per file from its first non-blank line by
+        ``csv.Sniffer`` (tab, comma, semicolon, ``::`` or whitespace).
     header : bool, optional
         True: the first non-blank line is a header. False: there is none. None: the first
         non-blank line is a header iff its value column is not a number.
@@ -98,9 +124,9 @@ def read_triples(
     Raises
     ------
     InputError
-        Missing or unreadable file, bad quoting, a line with too few columns, an empty id or one
-        with a control character, a non-numeric or non-finite value, a file without data rows,
-        or Parquet files whose user, item and value columns have different names.
+        Missing or unreadable file, bad quoting, a line with too few or too many columns, a
+        non-numeric or non-finite value, a file without data rows, or Parquet files whose user,
+        item and value columns have different names.
     """
     from ordnmf_dask.sources.parquet import (
         check_same_columns,
@@ -114,12 +140,11 @@ def read_triples(
         paths = [paths]
     paths = expand_inputs(list(paths))
     columns = check_columns(columns)
-    if delimiter is not None and delimiter not in DELIMITERS:
-        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    check_delimiter(delimiter)
     formats = {p: parquet_format_of(p, columns) for p in paths if is_parquet(p)}
     check_same_columns(list(formats.values()))
     parts = [
-        read_parquet(formats[p]) if p in formats else _read_one(p, delimiter, header, columns)
+        read_parquet(formats[p]) if p in formats else read_text(p, delimiter, header, columns)
         for p in paths
     ]
     if len(parts) == 1:
@@ -132,11 +157,20 @@ def read_triples(
     )
 
 
-def concat_ids(parts: Sequence[np.ndarray]) -> np.ndarray:
+def concat_ids(parts: Sequence[Any]) -> Any:
     """Concatenated raw ids: int64 if every part is, else strings (ints in decimal)."""
-    if all(p.dtype.kind in "iu" for p in parts):
+    if all(isinstance(p, np.ndarray) for p in parts):
         return np.concatenate(parts).astype(np.int64, copy=False)
-    return np.concatenate([p.astype(str) for p in parts])
+    chunks = []
+    for p in parts:
+        col = pa.chunked_array([pa.array(p)]) if isinstance(p, np.ndarray) else p
+        chunks += col.cast(pa.large_string()).chunks
+    return pa.chunked_array(chunks, pa.large_string())
+
+
+def check_delimiter(delimiter: str | None) -> None:
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
 
 
 def check_columns(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
@@ -161,42 +195,218 @@ def check_columns(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
     return tuple(cols)  # type: ignore[return-value]
 
 
-def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
-    """Bytes [start, stop) of a file (to the end if ``stop`` is None); errors name the file."""
+# --------------------------------------------------------------------------- bytes
+
+
+def open_input(path: str, compression: str | None = "infer") -> Any:
+    """An fsspec file object for reading ``path`` (decompressed by suffix); errors name it."""
+    import fsspec
+
     try:
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            return fh.read() if stop is None else fh.read(max(stop - start, 0))
+        return fsspec.open(path, "rb", compression=compression).open()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, not a file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
 
 
-def decode(path: str, data: bytes, first_line: int = 1, bom: bool = True) -> str:
-    """UTF-8 text of ``data`` (``bom``: strip a leading byte-order mark); errors name the line.
+def is_compressed(path: str) -> bool:
+    """Whether fsspec decompresses ``path`` by its suffix (such a file is read in one piece)."""
+    from fsspec.utils import infer_compression
 
-    ``first_line`` is the 1-based line number of the first byte of ``data`` in its file.
-    """
+    return infer_compression(path) is not None
+
+
+def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
+    """Bytes [start, stop) of a file, decompressed (to the end if ``stop`` is None); errors
+    name the file."""
+    with open_input(path) as fh:
+        try:
+            if fh.seekable() and start:
+                fh.seek(start)
+            elif start:
+                fh.read(start)
+            return fh.read() if stop is None else fh.read(max(stop - start, 0))
+        except (OSError, EOFError, ValueError) as exc:
+            raise InputError(f"{path}: cannot read ({exc})") from None
+
+
+def input_size(path: str) -> int:
+    """Size in bytes of ``path`` as stored (compressed files are not split, see ``textsplit``)."""
+    import fsspec
+
+    with open_input(path, compression=None):
+        pass  # the errors for missing files and directories
+    fs, p = fsspec.core.url_to_fs(path)
+    return int(fs.size(p))
+
+
+def check_utf8(path: str, data: bytes, first_line: int = 1) -> None:
+    """Raise InputError naming the line of the first byte of ``data`` that is not UTF-8."""
+    buf = pa.py_buffer(data)
+    offsets = pa.array([0, len(buf)], pa.int64()).buffers()[1]
     try:
-        return data.decode("utf-8-sig" if bom else "utf-8")
-    except UnicodeDecodeError as exc:
-        line = first_line + data.count(b"\n", 0, exc.start)
-        raise InputError(f"{path}, line {line}: not valid UTF-8 text") from None
+        pa.LargeStringArray.from_buffers(1, offsets, buf).validate(full=True)
+    except pa.ArrowInvalid:
+        try:
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = first_line + bytes(data).count(b"\n", 0, exc.start)
+            raise InputError(f"{path}, line {line}: not valid UTF-8 text") from None
 
 
-def _read_text(path: str) -> str:
-    return decode(path, read_bytes(path))
+def line_numbers(data: bytes, first_line: int = 1) -> np.ndarray:
+    """1-based line numbers (int64) of the non-blank lines of ``data``, the data records.
+
+    A line is blank if it holds only spaces, tabs and carriage returns (pyarrow skips empty
+    lines; the reader skips blank ones). ``first_line`` is the number of the first line.
+    """
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if buf.size == 0:
+        return np.zeros(0, np.int64)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.concatenate([[0], ends + 1])
+    if starts[-1] == buf.size:
+        starts = starts[:-1]
+    solid = ~np.isin(buf, np.frombuffer(_WHITESPACE + b"\n", np.uint8))
+    counts = np.add.reduceat(solid, starts, dtype=np.int64)
+    return np.flatnonzero(counts > 0).astype(np.int64) + first_line
 
 
-def _detect_delimiter(line: str) -> str | None:
-    line = re.sub(r'"[^"]*"', "", line)  # a quoted id may hold any delimiter
-    for delim in ("\t", "::", ","):
-        if delim in line:
-            return delim
+@dataclass(eq=False)
+class LineFinder:
+    """The 1-based line of a text file's k-th data record, found by reading the file again
+    (only when a message needs one)."""
+
+    path: str
+    skip_header: bool
+    _lines: np.ndarray | None = field(default=None, repr=False)
+
+    def __call__(self, record: int) -> int:
+        if self._lines is None:
+            lines = line_numbers(read_bytes(self.path))
+            self._lines = lines[1:] if self.skip_header else lines
+        return int(self._lines[record])
+
+
+# --------------------------------------------------------------------------- format
+
+
+def first_line(path: str, data: bytes, start: int = 0) -> tuple[str, int, int, int] | None:
+    """(text, 1-based number, byte offsets of its start and after its end) of the first
+    non-blank line of ``data``,
+    or None if every line is blank (the line must end within ``data`` unless it is the last).
+    The search starts at byte ``start`` (line numbers count from there); a byte-order mark at
+    the start of ``data`` is skipped."""
+    if start == 0 and data.startswith(_BOM):
+        start = len(_BOM)
+    number = 1
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end + 1
+        if data[start:end].strip(_WHITESPACE + b"\n"):
+            check_utf8(path, data[start:end], number)
+            return data[start:end].decode("utf-8").rstrip("\r\n"), number, start, end
+        start, number = end, number + 1
     return None
+
+def sniff_delimiter(line: str) -> str | None:
+    """The delimiter of a first line by ``csv.Sniffer``: tab, comma, semicolon, ``::``, or None
+    for whitespace (also when the sniffer finds none)."""
+    try:
+        found = csv.Sniffer().sniff(line, delimiters="\t,;: ").delimiter
+    except csv.Error:
+        return None
+    if found == ":":
+        return "::" if "::" in line else None
+    return None if found == " " else found
+
+
+def file_format(
+    path: str,
+    line: str,
+    line_no: int,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column],
+) -> TextFormat:
+    """The format of a file from its first non-blank line (number ``line_no``).
+
+    ``delimiter`` (one of ``DELIMITERS``) and ``header`` override the detection. Columns given
+    by name are looked up in the first line, which is then the header (an error if ``header``
+    is False).
+    """
+    check_delimiter(delimiter)
+    delim = DELIMITERS[delimiter] if delimiter is not None else sniff_delimiter(line)
+    first = [f.strip() for f in _fields(path, line.encode("utf-8"), line_no, delim)]
+    if any(isinstance(c, str) for c in columns):
+        if header is False:
+            raise InputError(f"{path}: columns given by name need a header line")
+        missing = [c for c in columns if isinstance(c, str) and c not in first]
+        if missing:
+            raise InputError(
+                f"{path}: no column {missing[0]!r} in the header line (columns: "
+                f"{', '.join(first)})"
+            )
+        cols = tuple(first.index(c) if isinstance(c, str) else c for c in columns)
+        if len(set(cols)) != 3:
+            raise InputError(f"{path}: columns {columns!r} name the same column twice")
+        return TextFormat(path, delim, True, cols, len(first))  # type: ignore[arg-type]
+    need = max(columns) + 1  # type: ignore[type-var]
+    if len(first) < need:
+        shown = "whitespace" if delim is None else repr(delim)
+        raise InputError(f"{path}, line {line_no}: expected at least {need} columns separated "
+                         f"by {shown}, found {len(first)}")  # fmt: skip
+    if header is None:
+        header = not _is_number(first[columns[2]])  # type: ignore[index]
+    return TextFormat(path, delim, bool(header), columns, len(first))  # type: ignore[arg-type]
+
+
+def with_data_fields(fmt: TextFormat, data: bytes, after: int) -> TextFormat:
+    """``fmt`` with the number of fields of the first data line, if a header line ends at byte
+    ``after`` of ``data`` (data lines may have more fields than the header)."""
+    if not fmt.header:
+        return fmt
+    found = first_line(fmt.path, data, after)
+    if found is None:
+        return fmt
+    n = len(_fields(fmt.path, found[0].encode("utf-8"), found[1], fmt.delim))
+    return TextFormat(fmt.path, fmt.delim, True, fmt.columns, n)
+
+
+@dataclass(frozen=True)
+class Head:
+    """Where a text file's data starts: its format, the byte offset and 1-based number of its
+    header line (None and 0 without one), and the offset of the first data byte."""
+
+    fmt: TextFormat
+    header_at: int | None
+    header_line: int
+    data_at: int
+
+
+def text_format_of(
+    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+) -> Head:
+    """Read the start of ``path`` up to its first non-blank line(s) and resolve its format."""
+    check_delimiter(delimiter)
+    n = _HEAD
+    while True:
+        data = read_bytes(path, 0, n)
+        complete = len(data) < n
+        found = first_line(path, data if complete else data[: data.rfind(b"\n") + 1])
+        if found is not None:
+            line, number, start, after = found
+            fmt = with_data_fields(file_format(path, line, number, delimiter, header, columns),
+                                   data, after)  # fmt: skip
+            if fmt.header:
+                return Head(fmt, start, number, after)
+            return Head(fmt, None, 0, len(_BOM) if data.startswith(_BOM) else 0)
+        if complete:
+            raise InputError(f"{path}: no data rows (the file is empty)")
+        n *= 4
 
 
 def _is_number(token: str) -> bool:
@@ -207,166 +417,268 @@ def _is_number(token: str) -> bool:
     return True
 
 
-def _read_one(
+def _fields(path: str, line: bytes, line_no: int, delim: str | None) -> list[str]:
+    """The fields of one line, parsed by pyarrow as the whole file will be."""
+    fmt = TextFormat(path, delim, False, (0, 1, 2), 0)
+    table = _parse(fmt, _prepare(fmt, line + b"\n", 0, line_no), None, line_no)
+    return [str(x) for x in table.to_pylist()[0].values()]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def read_text(
     path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
 ) -> Triples:
-    text = _read_text(path)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n")
-    lines = text.split("\n")
-    keep = [k for k, ln in enumerate(lines) if ln.strip()]
-    if not keep:
-        raise InputError(f"{path}: no data rows (the file is empty)")
-    delim, header, columns = file_format(
-        path, lines[keep[0]], delimiter, header, columns, line=keep[0] + 1
-    )
-    line_no = np.asarray(keep, dtype=np.int64) + 1
-    data = [lines[k] for k in keep]
-    if header:
-        data, line_no = data[1:], line_no[1:]
-        if not data:
-            raise InputError(f"{path}: no data rows (only a header line)")
-    return parse_lines(path, data, line_no, delim, columns)
+    """Every data row of one text file.
 
-
-def file_format(
-    path: str,
-    first_line: str,
-    delimiter: str | None,
-    header: bool | None,
-    columns: tuple[Column, Column, Column],
-    line: int = 1,
-) -> tuple[str | None, bool, tuple[int, int, int]]:
-    """(delimiter, has_header, column indices) of a file from its first non-blank line.
-
-    ``delimiter`` (one of ``DELIMITERS``) and ``header`` override the detection; the resolved
-    delimiter is None for "any whitespace". Columns given by name are looked up in the first
-    line, which is then the header (an error if ``header`` is False). ``line`` is the 1-based
-    number of ``first_line``, for messages.
+    Comma, tab and semicolon files without a quote character are streamed into pyarrow from the
+    file (no copy of the whole text is held); any other file, and any file pyarrow refuses
+    that way, is read whole and parsed by ``parse_text``, whose errors name the line.
     """
-    delim = DELIMITERS[delimiter] if delimiter is not None else _detect_delimiter(first_line)
-    first = split_fields(path, first_line, line, delim)
-    if any(isinstance(c, str) for c in columns):
-        if header is False:
-            raise InputError(f"{path}: columns given by name need a header line")
-        names = [f.strip() for f in first]
-        missing = [c for c in columns if isinstance(c, str) and c not in names]
-        if missing:
-            raise InputError(
-                f"{path}: no column {missing[0]!r} in the header line (columns: "
-                f"{', '.join(names)})"
-            )
-        cols = tuple(names.index(c) if isinstance(c, str) else c for c in columns)
-        if len(set(cols)) != 3:
-            raise InputError(f"{path}: columns {columns!r} name the same column twice")
-        return delim, True, cols  # type: ignore[return-value]
-    if header is None:
-        header = len(first) > columns[2] and not _is_number(first[columns[2]])  # type: ignore[index]
-    return delim, bool(header), columns  # type: ignore[return-value]
+    head = text_format_of(path, delimiter, header, columns)
+    if head.fmt.delim in QUOTING:
+        fast = _read_streamed(head)
+        if fast is not None:
+            return fast
+    data = read_bytes(path)
+    triples = parse_text(head.fmt, data, head.data_at, 1, None)
+    if triples is None:
+        raise InputError(f"{path}: no data rows (only a header line)")
+    return triples
 
 
-def parse_lines(
-    path: str,
-    lines: Sequence[str],
-    line_no: np.ndarray,
-    delim: str | None,
-    columns: tuple[int, int, int],
-) -> Triples:
-    """Parse non-blank data lines (no header) of ``path`` into triples.
+class _Watch(io.RawIOBase):
+    """A file passed on to pyarrow that notes whether a quote character went through."""
 
-    Parameters
-    ----------
-    path : str
-        Named in error messages.
-    lines : sequence of str, length n >= 1
-    line_no : np.ndarray of int64, shape (n,)
-        1-based line number of each line in its file.
-    delim : str or None
-        Resolved delimiter (None: any whitespace).
-    columns : (int, int, int)
-    """
-    if delim is None:
-        fields = [ln.split() for ln in lines]
-    elif delim in QUOTING and any('"' in ln for ln in lines):
-        numbered = zip(lines, line_no.tolist(), strict=True)
-        fields = [split_fields(path, ln, n, delim) for ln, n in numbered]
-    else:
-        fields = [ln.split(delim) for ln in lines]
-    cu, ci, cv = columns
-    need = max(columns) + 1
-    ncol = np.fromiter(map(len, fields), dtype=np.int64, count=len(fields))
-    short = np.flatnonzero(ncol < need)
-    if short.size:
-        k = int(short[0])
-        shown = "whitespace" if delim is None else repr(delim)
-        raise InputError(
-            f"{path}, line {line_no[k]}: expected at least {need} columns separated by "
-            f"{shown}, found {ncol[k]}"
-        )
-    origin = Origin((path,), np.zeros(len(lines), np.int32), line_no)
-    users = string_ids([f[cu] for f in fields], origin, "user")
-    items = string_ids([f[ci] for f in fields], origin, "item")
-    values = string_values([f[cv] for f in fields], origin)
+    def __init__(self, fh: Any) -> None:
+        super().__init__()
+        self.fh, self.quoted = fh, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.fh.read(len(buffer))
+        self.quoted = self.quoted or data.find(b'"') >= 0
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _read_streamed(head: Head) -> Triples | None:
+    """Triples of a file without quotes, read by pyarrow from the file in blocks; None if the
+    file holds a quote character or anything pyarrow refuses (``parse_text`` then reads it)."""
+    fmt = head.fmt
+    names = [f"f{k}" for k in range(fmt.n_fields)]
+    keep = [names[c] for c in fmt.columns]
+    read = pacsv.ReadOptions(column_names=names, use_threads=True, block_size=1 << 24)
+    parse = pacsv.ParseOptions(delimiter=fmt.delim, quote_char=False, newlines_in_values=False,
+                               ignore_empty_lines=True,
+                               invalid_row_handler=lambda row: "skip" if not row.text.strip()
+                               else "error")  # fmt: skip
+    convert = pacsv.ConvertOptions(
+        include_columns=keep, null_values=[], strings_can_be_null=False,
+        column_types={keep[0]: pa.string(), keep[1]: pa.string(), keep[2]: pa.float64()},
+    )  # fmt: skip
+    with open_input(fmt.path) as fh:
+        fh.read(head.data_at)
+        watch = _Watch(fh)
+        try:
+            table = pacsv.read_csv(watch, read_options=read, parse_options=parse,
+                                   convert_options=convert)  # fmt: skip
+        except (pa.ArrowInvalid, ValueError, OSError):
+            return None
+    if watch.quoted or table.num_rows == 0:
+        return None
+    n = table.num_rows
+    origin = Origin((fmt.path,), None, n, lines=(LineFinder(fmt.path, fmt.header),))
+    values = finite_values(table.column(keep[2]).to_numpy(), origin)
+    users, items = table.column(keep[0]), table.column(keep[1])
+    del table
     return Triples(users, items, values, origin)
 
 
-def split_fields(path: str, line: str, line_no: int, delim: str | None) -> list[str]:
-    """Fields of one line: RFC 4180 quoting for ``QUOTING`` delimiters, else a plain split.
+def parse_text(
+    fmt: TextFormat, data: bytes, start: int, first_line: int, lines: np.ndarray | None
+) -> Triples | None:
+    """Triples of the data records of ``data[start:]`` (no header), None if there are none.
 
-    Spaces after a delimiter are skipped before an opening quote; a quoted field must be closed
-    on its line and followed by a delimiter or the end of the line (errors name the line).
+    ``first_line`` is the 1-based line of ``data``'s first byte. ``lines``: the line numbers of
+    the records if known (``line_numbers``); if None (``data`` is the whole file), the origin
+    finds them when a message needs one.
     """
-    if delim is None:
-        return line.split()
-    if delim not in QUOTING or '"' not in line:
-        return line.split(delim)
+    if _SOLID.search(data, start) is None:
+        return None
+    check_utf8(fmt.path, data, first_line)
+    body_line = first_line + data.count(b"\n", 0, start)
+    prepared = _prepare(fmt, data, start, body_line)
+    table = _parse(fmt, prepared, fmt.columns, body_line)
+    del prepared
+    n = table.num_rows
+    if n == 0:
+        return None
+    if lines is None:
+        origin = Origin((fmt.path,), None, n, lines=(LineFinder(fmt.path, fmt.header),))
+    else:
+        origin = Origin((fmt.path,), np.zeros(n, np.int32), lines)
+    names = table.column_names
+    values = text_values(table.column(names[2]), origin)
+    return Triples(table.column(names[0]), table.column(names[1]), values, origin)
+
+
+_BLANK = rb"[ \t\x0b\x0c]+"
+_SOLID = re.compile(rb"[^ \t\r\n\x0b\x0c]")
+
+
+def _prepare(fmt: TextFormat, data: bytes, start: int, first_line: int) -> Any:
+    """``data[start:]`` as pyarrow will parse it: ``::`` and whitespace runs rewritten to
+    ``\\x1f``; spaces between a delimiter and an opening quote dropped (after checking the
+    quoting). Without quotes, comma, tab and semicolon text is passed on without a copy."""
+    if fmt.delim in QUOTING:
+        if data.find(b'"', start) < 0:
+            return pa.py_buffer(data).slice(start)
+        body = data[start:]
+        _check_quoting(fmt, body, first_line)
+        delim = re.escape(fmt.delim.encode())
+        return re.sub(rb"(?m)(?<=" + delim + rb')[ ]+(?="(?!"))|^[ ]+(?="(?!"))', b"", body)
+    body = data[start:]
+    if (k := body.find(_UNIT)) >= 0:
+        line = first_line + body.count(b"\n", 0, k)
+        raise InputError(f"{fmt.path}, line {line}: the control character U+001F is not "
+                         "allowed in text input")  # fmt: skip
+    if fmt.delim == "::":
+        return body.replace(b"::", _UNIT)
+    body = re.sub(rb"(?m)^" + _BLANK + rb"|" + _BLANK + rb"(?=\r?$)", b"", body)
+    return re.sub(_BLANK, _UNIT, body)
+
+
+def _check_quoting(fmt: TextFormat, body: bytes, first_line: int) -> None:
+    """RFC 4180 quoting of the lines holding a quote (``csv``, strict): each quoted field is
+    closed on its line and followed by a delimiter or the end of the line."""
+    for match in re.finditer(rb'(?m)^[^\n]*"[^\n]*$', body):
+        text = match.group().decode("utf-8").rstrip("\r")
+        try:
+            next(csv.reader((text,), delimiter=fmt.delim, strict=True, skipinitialspace=True))
+        except csv.Error as exc:
+            reason = str(exc)
+            if reason == "unexpected end of data":
+                reason = "a quoted field is not closed on its line (fields may not span lines)"
+            line = first_line + body.count(b"\n", 0, match.start())
+            raise InputError(f"{fmt.path}, line {line}: bad CSV quoting: {reason}") from None
+
+
+def _parse(
+    fmt: TextFormat,
+    prepared: Any,
+    columns: tuple[int, int, int] | None,
+    first_line: int,
+) -> pa.Table:
+    """pyarrow.csv over prepared bytes; ``columns``: the (user, item, value) columns to keep
+    (ids as strings), or None for all, as strings. Rows with another number of fields than
+    ``fmt.n_fields`` are errors naming their line."""
+    delim = fmt.delim if fmt.delim in QUOTING else _UNIT.decode()
+    bad: list[int] = []
+
+    def invalid(row: Any) -> str:
+        if not row.text.strip():
+            return "skip"
+        bad.append(row.actual_columns)
+        return "error"
+
+    n_fields = fmt.n_fields if columns is not None else None
+    names = [f"f{k}" for k in range(n_fields)] if n_fields else None
+    read = pacsv.ReadOptions(column_names=names, autogenerate_column_names=names is None,
+                             use_threads=True, block_size=1 << 24)  # fmt: skip
+    parse = pacsv.ParseOptions(delimiter=delim, quote_char='"' if fmt.delim in QUOTING else False,
+                               double_quote=True, newlines_in_values=False,
+                               ignore_empty_lines=True, invalid_row_handler=invalid)  # fmt: skip
+    if columns is None:
+        convert = pacsv.ConvertOptions(null_values=[], strings_can_be_null=False,
+                                       column_types={f"f{k}": pa.string() for k in range(256)})
+    else:
+        keep = [f"f{c}" for c in columns]
+        types = {keep[0]: pa.large_string(), keep[1]: pa.large_string()}
+        convert = pacsv.ConvertOptions(include_columns=keep, column_types=types, null_values=[],
+                                       strings_can_be_null=False,
+                                       quoted_strings_can_be_null=False)  # fmt: skip
     try:
-        return next(csv.reader((line,), delimiter=delim, strict=True, skipinitialspace=True))
-    except csv.Error as exc:
-        reason = str(exc)
-        if reason == "unexpected end of data":
-            reason = "a quoted field is not closed on its line (fields may not span lines)"
-        raise InputError(f"{path}, line {line_no}: bad CSV quoting: {reason}") from None
+        return pacsv.read_csv(pa.BufferReader(prepared), read_options=read,
+                              parse_options=parse, convert_options=convert)  # fmt: skip
+    except (pa.ArrowInvalid, ValueError) as exc:
+        if not bad:
+            raise InputError(f"{fmt.path}: cannot parse ({exc})") from None
+    _column_error(fmt, prepared, columns, first_line)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def string_ids(tokens: Sequence[str] | np.ndarray, origin: Origin, what: str) -> np.ndarray:
-    """Raw ids from text tokens (n,): whitespace-stripped, none empty and none holding a
-    control character (errors name the row)."""
-    if _CONTROL.search("".join(tokens)) is not None:  # one scan; the loop only on a hit
-        for k, tok in enumerate(tokens):
-            if (hit := _CONTROL.search(str(tok).strip())) is not None:
-                raise InputError(
-                    f"{origin.where(k)}: {what} id {str(tok).strip()!r} contains the control "
-                    f"character U+{ord(hit.group()):04X}; ids must be printable text"
-                )
-    ids = np.char.strip(np.asarray(tokens, dtype=str))
-    empty = np.flatnonzero(np.char.str_len(ids) == 0)
-    if empty.size:
-        raise InputError(f"{origin.where(int(empty[0]))}: empty {what} id")
-    return ids
+def _column_error(
+    fmt: TextFormat, prepared: Any, columns: tuple[int, int, int] | None, first_line: int
+) -> None:
+    """Raise the error naming the first line whose number of fields is wrong (read again
+    serially, which numbers the rows)."""
+    delim = fmt.delim if fmt.delim in QUOTING else _UNIT.decode()
+    found: list[tuple[int, int]] = []
 
+    def invalid(row: Any) -> str:
+        if not row.text.strip():
+            return "skip"
+        found.append((row.number, row.actual_columns))
+        return "error"
 
-def string_values(tokens: Sequence[str] | np.ndarray, origin: Origin) -> np.ndarray:
-    """Finite float64 values (n,) from text tokens (errors name the row and the token)."""
+    read = pacsv.ReadOptions(autogenerate_column_names=True, use_threads=False)
+    parse = pacsv.ParseOptions(delimiter=delim, quote_char='"' if fmt.delim in QUOTING else False,
+                               newlines_in_values=False, invalid_row_handler=invalid)  # fmt: skip
     try:
-        values = np.array(tokens, dtype=np.float64)
-    except ValueError:
-        for k, tok in enumerate(tokens):
-            if not _is_number(tok):
-                raise InputError(
-                    f"{origin.where(k)}: value {tok.strip()!r} is not a number"
-                ) from None
-        raise  # pragma: no cover - numpy and float() disagree
-    return finite_values(values, origin, tokens)
+        pacsv.read_csv(pa.BufferReader(prepared), read_options=read, parse_options=parse,
+                       convert_options=pacsv.ConvertOptions(column_types={}))  # fmt: skip
+    except (pa.ArrowInvalid, ValueError):
+        pass
+    number, actual = found[0] if found else (1, 0)
+    # pyarrow numbers the non-empty lines from 1: map that to the line in the file
+    buf = np.frombuffer(prepared, dtype=np.uint8)
+    ends = np.flatnonzero(buf == 10)
+    starts = np.concatenate([[0], ends + 1])
+    lengths = np.append(ends, buf.size) - starts
+    cr = (lengths == 1) & (buf[np.minimum(starts, max(buf.size - 1, 0))] == 13)
+    nonempty = np.flatnonzero((lengths > 0) & ~cr)
+    line = first_line + int(nonempty[number - 1]) if number - 1 < nonempty.size else first_line
+    need = max(columns) + 1 if columns is not None else fmt.n_fields
+    shown = "whitespace" if fmt.delim is None else repr(fmt.delim)
+    if columns is not None and actual < need:
+        raise InputError(f"{fmt.path}, line {line}: expected at least {need} columns separated "
+                         f"by {shown}, found {actual}")  # fmt: skip
+    raise InputError(f"{fmt.path}, line {line}: found {actual} columns separated by {shown}, "
+                     f"where the first line has {fmt.n_fields}")  # fmt: skip
 
 
-def finite_values(
-    values: np.ndarray, origin: Origin, tokens: Sequence[str] | np.ndarray | None = None
-) -> np.ndarray:
-    """``values`` if all are finite, else an error naming the first other row (and its token)."""
+def text_values(col: Any, origin: Origin) -> np.ndarray:
+    """Finite float64 values (n,) of a numeric or string column (errors name the row)."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        stripped = pc.utf8_trim_whitespace(col)
+        try:
+            col = pc.cast(stripped, pa.float64())
+        except pa.ArrowInvalid:
+            start = 0
+            for chunk in stripped.chunks:
+                try:
+                    pc.cast(chunk, pa.float64())
+                except pa.ArrowInvalid:
+                    for k, tok in enumerate(chunk.to_pylist()):
+                        if not _is_number(tok):
+                            raise InputError(
+                                f"{origin.where(start + k)}: value {tok!r} is not a number"
+                            ) from None
+                start += len(chunk)
+            raise
+    elif not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        raise InputError(f"{origin.where(0)}: value {str(col[0])!r} is not a number")
+    return finite_values(np.asarray(col.to_numpy(), dtype=np.float64), origin)
+
+
+def finite_values(values: np.ndarray, origin: Origin) -> np.ndarray:
+    """``values`` if all are finite, else an error naming the first other row."""
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         k = int(bad[0])
-        shown = repr(str(tokens[k]).strip()) if tokens is not None else f"{values[k]:g}"
-        raise InputError(f"{origin.where(k)}: value {shown} is not finite")
+        raise InputError(f"{origin.where(k)}: value {values[k]:g} is not finite")
     return values

@@ -4,7 +4,8 @@ Text: a chunk is the set of lines whose first byte lies in ``[start, stop)`` of 
 every line belongs to exactly one chunk, and a chunk can be read without reading the rest of the
 file. Line numbers (for error messages) are found by a cheap first pass that counts newlines per
 chunk. Delimiter, header and named columns are decided per file from its first non-blank line,
-exactly as in ``ordnmf_dask.sources.text.read_triples``; parsing reuses ``text.parse_lines``.
+exactly as in ``ordnmf_dask.sources.text.read_triples``; parsing is ``text.parse_text``. A
+compressed file cannot be cut at byte offsets: it is one chunk.
 
 Parquet: a chunk is one row group (``parquet.ParquetChunk``), read by ``parquet.read_row_group``
 as the in-memory reader does. ``parse_chunk`` and ``chunk_origin`` take either kind.
@@ -12,12 +13,10 @@ as the in-memory reader does. ``parse_chunk`` and ``chunk_origin`` take either k
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
@@ -28,13 +27,15 @@ from ordnmf_dask.sources.parquet import (
 )
 from ordnmf_dask.sources.parquet import chunk_origin as parquet_origin
 from ordnmf_dask.sources.text import (
-    DELIMITERS,
     Column,
+    TextFormat,
     Triples,
-    decode,
-    file_format,
-    parse_lines,
+    input_size,
+    is_compressed,
+    line_numbers,
+    parse_text,
     read_bytes,
+    text_format_of,
 )
 
 _SCAN = 2**20  # bytes read at a time while looking for a line boundary
@@ -50,6 +51,7 @@ class FileFormat:
     delim: str | None
     header_at: int | None
     columns: tuple[int, int, int]
+    n_fields: int
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Chunk:
     delim: str | None
     header_at: int | None
     columns: tuple[int, int, int]
+    n_fields: int
 
 
 def input_format(
@@ -83,27 +86,10 @@ def file_format_of(
     path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
 ) -> FileFormat:
     """Read the start of ``path`` up to its first non-blank line and resolve its format."""
-    if delimiter is not None and delimiter not in DELIMITERS:
-        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
-    read_bytes(path, 0, 0)  # error messages for missing files / directories
-    size = os.path.getsize(path)
-    n = _SCAN
-    while True:
-        data = read_bytes(path, 0, min(n, size))
-        complete = len(data) >= size
-        end = len(data) if complete else data.rfind(b"\n") + 1
-        lines = decode(path, data[:end]).replace("\r\n", "\n").split("\n")
-        for k, line in enumerate(lines):
-            if line.strip():
-                delim, has_header, cols = file_format(path, line, delimiter, header, columns,
-                                                      line=k + 1)  # fmt: skip
-                offset = 0
-                for _ in range(k):
-                    offset = data.index(b"\n", offset) + 1
-                return FileFormat(path, size, delim, offset if has_header else None, cols)
-        if complete:
-            raise InputError(f"{path}: no data rows (the file is empty)")
-        n *= 4
+    head = text_format_of(path, delimiter, header, columns)
+    fmt = head.fmt
+    return FileFormat(path, input_size(path), fmt.delim, head.header_at, fmt.columns,
+                      fmt.n_fields)  # fmt: skip
 
 
 def line_start(path: str, x: int, size: int) -> int:
@@ -131,8 +117,12 @@ def count_lines(path: str, start: int, stop: int) -> int:
 
 
 def scan_range(job: tuple[str, int, int, int]) -> tuple[int, int, int]:
-    """Task: (path, x0, x1, size) -> (start, stop, newlines) of the chunk of bytes [x0, x1)."""
+    """Task: (path, x0, x1, size) -> (start, stop, newlines) of the chunk of bytes [x0, x1).
+
+    A compressed file is one chunk, that of ``x0 == 0`` (its newlines are not needed)."""
     path, x0, x1, size = job
+    if is_compressed(path):
+        return (0, size, 0) if x0 == 0 else (size, size, 0)
     start, stop = line_start(path, x0, size), line_start(path, x1, size)
     return start, stop, count_lines(path, start, stop) if stop > start else 0
 
@@ -148,15 +138,19 @@ def parse_chunk(chunk: Chunk | ParquetChunk) -> Triples | None:
     """Triples of one chunk (line or row numbers in the file), or None if it has none."""
     if isinstance(chunk, ParquetChunk):
         return read_row_group(chunk)
-    data = read_bytes(chunk.path, chunk.start, chunk.stop)
-    text = decode(chunk.path, data, chunk.first_line, bom=chunk.start == 0)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n")
-    lines = text.split("\n")
-    keep = [k for k, ln in enumerate(lines) if ln.strip()]
-    if chunk.header_at is not None and chunk.start <= chunk.header_at < chunk.stop and keep:
-        keep = keep[1:]  # the header is the file's first non-blank line, so this chunk's first
-    if not keep:
+    whole = is_compressed(chunk.path)
+    data = read_bytes(chunk.path, chunk.start, None if whole else chunk.stop)
+    start = 0
+    if chunk.start == 0 and data.startswith(b"\xef\xbb\xbf"):
+        start = 3
+    header_in = chunk.header_at is not None and (whole or chunk.start <= chunk.header_at
+                                                 < chunk.stop)  # fmt: skip
+    if header_in:
+        at = chunk.header_at - chunk.start  # type: ignore[operator]
+        end = data.find(b"\n", at)
+        start = len(data) if end < 0 else end + 1
+    fmt = TextFormat(chunk.path, chunk.delim, header_in, chunk.columns, chunk.n_fields)
+    lines = line_numbers(data[start:], chunk.first_line + data.count(b"\n", 0, start))
+    if lines.size == 0:
         return None
-    line_no = np.asarray(keep, dtype=np.int64) + chunk.first_line
-    return parse_lines(chunk.path, [lines[k] for k in keep], line_no, chunk.delim, chunk.columns)
+    return parse_text(fmt, data, start, chunk.first_line, lines)

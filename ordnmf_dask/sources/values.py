@@ -157,14 +157,19 @@ def classify(spec: ValueSpec, values: np.ndarray, origin: Origin) -> tuple[np.nd
         cls = np.searchsorted(np.asarray(spec.thresholds), values, side="left")
     elif spec.base == "ratings-halfstar":
         twice = values * 2
-        bad = (twice != np.round(twice)) | (twice < 1) | (twice > 10)
+        bad = (twice < 1) | (twice > 10)  # the cast below is exact for the others
+        with np.errstate(invalid="ignore"):
+            bad |= twice.astype(np.int64) != twice
         _fail(bad, values, origin, "rating {v:g} is off the halfstar scale 0.5, 1.0, ..., 5.0")
-        cls = twice.astype(np.int64)
+        cls = twice.astype(np.uint8)
+        del twice
     else:
         top = spec.base_classes
-        bad = (values != np.round(values)) | (values < 1) | (values > top)
+        bad = (values < 1) | (values > top)
+        with np.errstate(invalid="ignore"):
+            bad |= values.astype(np.int64) != values
         _fail(bad, values, origin, f"rating {{v:g}} is off the integer scale 1..{top}")
-        cls = values.astype(np.int64)
+        cls = values.astype(np.uint8)
     keep = cls >= 1
     if spec.binarize is not None:
         keep &= cls >= spec.binarize

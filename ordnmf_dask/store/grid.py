@@ -142,10 +142,18 @@ def block_sort(
     raw: np.ndarray,
     row_bounds: np.ndarray,
     col_bounds: np.ndarray,
+    presorted: bool = False,
 ) -> BlockedNonzeros:
-    """Sort global nonzeros (u, i int64 (nnz,)) into blocks with local int32 indices."""
+    """Sort global nonzeros (u, i int (nnz,)) into blocks with local int32 indices.
+
+    ``presorted``: the nonzeros are sorted by (u, i) already. Each block row is then a
+    contiguous slice, and a stable sort of its block columns (a radix sort of small numbers)
+    keeps the (row, col) order within each block, one block row at a time.
+    """
     n_c = len(col_bounds) - 1
     n_blocks = (len(row_bounds) - 1) * n_c
+    if presorted:
+        return _block_sort_sorted(u, i, y, raw, row_bounds, col_bounds)
     r = np.searchsorted(row_bounds, u, side="right") - 1
     c = np.searchsorted(col_bounds, i, side="right") - 1
     rows = (u - row_bounds[r]).astype(np.int32)
@@ -157,6 +165,36 @@ def block_sort(
     return BlockedNonzeros(
         rows[order], cols[order], y[order].astype(np.uint8), raw[order].astype(np.float64), offsets
     )
+
+
+def _block_sort_sorted(
+    u: np.ndarray,
+    i: np.ndarray,
+    y: np.ndarray,
+    raw: np.ndarray,
+    row_bounds: np.ndarray,
+    col_bounds: np.ndarray,
+) -> BlockedNonzeros:
+    """``block_sort`` of nonzeros sorted by (u, i), block row by block row."""
+    n_r, n_c = len(row_bounds) - 1, len(col_bounds) - 1
+    nnz = len(u)
+    rows, cols = np.empty(nnz, np.int32), np.empty(nnz, np.int32)
+    y_out, raw_out = np.empty(nnz, np.uint8), np.empty(nnz, np.float64)
+    counts = np.zeros((n_r, n_c), dtype=np.int64)
+    cuts = np.searchsorted(u, row_bounds)
+    for r in range(n_r):
+        lo, hi = int(cuts[r]), int(cuts[r + 1])
+        c = np.searchsorted(col_bounds, i[lo:hi], side="right") - 1
+        order = np.argsort(c.astype(np.uint16) if n_c <= 2**16 else c, kind="stable") + lo
+        counts[r] = np.bincount(c, minlength=n_c)
+        np.subtract(u[order], row_bounds[r], out=rows[lo:hi], casting="unsafe")
+        ii = i[order]
+        np.subtract(ii, col_bounds[c[order - lo]], out=cols[lo:hi], casting="unsafe")
+        y_out[lo:hi] = y[order]
+        raw_out[lo:hi] = raw[order]
+    offsets = np.zeros(n_r * n_c + 1, dtype=np.int64)
+    np.cumsum(counts.ravel(), out=offsets[1:])
+    return BlockedNonzeros(rows, cols, y_out, raw_out, offsets)
 
 
 def indptr_starts(row_bounds: np.ndarray, n_c: int) -> np.ndarray:
