@@ -160,15 +160,15 @@ def _in_range32(x: np.ndarray) -> bool:
 
 
 def top_n(
-    query: np.ndarray, target: np.ndarray, target32: np.ndarray | None, n: int,
+    query: np.ndarray, target: np.ndarray, target32t: np.ndarray | None, n: int,
     banned: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Best ``n`` rows of ``target`` for each row of ``query`` by dot product, in float64.
 
     Parameters
     ----------
-    query : (m, K), target : (N, K) nonnegative float64; target32 : float32 copy of ``target``
-        (None: screen in float64).
+    query : (m, K), target : (N, K) nonnegative float64; target32t : (K, N) float32 copy of
+        ``target.T`` (see :func:`screen_copy`; None: screen in float64).
     banned : (query row, target row) pairs never returned, rows sorted increasingly.
 
     Returns
@@ -182,8 +182,8 @@ def top_n(
     cols = np.full((m, nn), -1, dtype=np.int64)
     if nn == 0 or m == 0:
         return scores, cols
-    low = target32 is not None and _in_range32(query)
-    q, t = (query.astype(np.float32), target32) if low else (query, target)
+    low = target32t is not None and _in_range32(query)
+    q, t = (query.astype(np.float32), target32t) if low else (query, target.T)
     g_screen, g_exact = _gamma(k + 4, 2.0**-24 if low else 2.0**-53), _gamma(k + 4, 2.0**-53)
     shrink = (1 - g_screen) * (1 - g_exact) / ((1 + g_screen) * (1 + g_exact))
     b_rows, b_cols = banned if banned is not None else (np.empty(0, np.int64),) * 2
@@ -191,7 +191,7 @@ def top_n(
     slab = np.empty((min(step, m), width), dtype=t.dtype)  # reused: no fresh pages per slab
     for start in range(0, m, step):
         stop = min(m, start + step)
-        s = np.matmul(q[start:stop], t.T, out=slab[: stop - start])
+        s = np.matmul(q[start:stop], t, out=slab[: stop - start])
         lo, hi = np.searchsorted(b_rows, [start, stop])
         s[b_rows[lo:hi] - start, b_cols[lo:hi]] = -np.inf
         ptr, idx = _screen(s, nn, shrink)
@@ -204,6 +204,13 @@ def top_n(
         scores[row[keep], rank[keep]] = exact[keep]
         cols[row[keep], rank[keep]] = idx[keep]
     return scores, cols
+
+
+def screen_copy(x: np.ndarray) -> np.ndarray | None:
+    """The (K, N) float32 copy of ``x.T`` that :func:`top_n` screens with (the product with
+    this layout costs less than with ``x`` itself), or None when float32 products of ``x``
+    could leave the normal range."""
+    return np.ascontiguousarray(x.T, dtype=np.float32) if _in_range32(x) else None
 
 
 def _normalized(x: np.ndarray) -> np.ndarray:
@@ -318,15 +325,15 @@ class Server:
         return self._field("H", "mean")
 
     @cached_property
-    def H32(self) -> np.ndarray | None:  # noqa: N802
-        """float32 E[H] for screening, None when float32 products could leave the normal range."""
-        return self.H.astype(np.float32) if _in_range32(self.H) else None
+    def H32t(self) -> np.ndarray | None:  # noqa: N802
+        """:func:`screen_copy` of E[H]."""
+        return screen_copy(self.H)
 
     def _unit(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """Rows of E[W] or E[H] scaled to unit norm, and their float32 copy (as :attr:`H32`)."""
+        """Rows of E[W] or E[H] scaled to unit norm, and their :func:`screen_copy`."""
         if name not in self._units:
             unit = _normalized(self._field(name, "mean"))
-            self._units[name] = (unit, unit.astype(np.float32) if _in_range32(unit) else None)
+            self._units[name] = (unit, screen_copy(unit))
         return self._units[name]
 
     @cached_property
@@ -394,11 +401,11 @@ class Server:
             gone = np.unique(self.items.index(_listed(exclude)))
             pairs.append((np.repeat(np.arange(len(w)), len(gone)), np.tile(gone, len(w))))
         if items is None:
-            cand, target, target32 = None, self.H, self.H32
+            cand, target, target32t = None, self.H, self.H32t
         else:
             cand = np.unique(self.items.index(_listed(items)))
             target = self.H[cand]
-            target32 = None if self.H32 is None else self.H32[cand]
+            target32t = None if self.H32t is None else self.H32t[:, cand]
         rows = np.concatenate([p[0] for p in pairs]) if pairs else np.empty(0, np.int64)
         cols = np.concatenate([p[1] for p in pairs]) if pairs else np.empty(0, np.int64)
         if cand is not None:  # item index -> column of the restricted target
@@ -406,7 +413,7 @@ class Server:
             inside = cand[pos] == cols if len(cand) else np.zeros(len(cols), bool)
             rows, cols = rows[inside], pos[inside]
         order = np.argsort(rows, kind="stable")
-        scores, top = top_n(w, target, target32, n, (rows[order], cols[order]))
+        scores, top = top_n(w, target, target32t, n, (rows[order], cols[order]))
         if cand is not None:
             top = np.where(top >= 0, cand[np.maximum(top, 0)], -1)
         return self._named(scores, top, self.items)
