@@ -35,6 +35,7 @@ from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
 from ordnmf_dask.modelstore.model import (
     ModelInfo,
+    copy_model,
     model_target,
     open_model,
     save_model,
@@ -42,7 +43,7 @@ from ordnmf_dask.modelstore.model import (
 )
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
-from ordnmf_dask.store.blocks import StoreInfo, open_store, publish
+from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -385,19 +386,10 @@ class CaviEstimator:
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
-        """Copy the fitted model directory to ``path`` (zarr arrays and JSON attributes); an
-        existing ``path`` is replaced only with ``overwrite`` and only if it is a model."""
-        model = open_model(self.model_path_)
-        store = model.attrs["store"]["path"]
-        target = model_target(path, overwrite, store)
-        tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(target)}.tmp-",
-                               dir=os.path.dirname(target))
-        try:
-            shutil.copytree(model.path, tmp, dirs_exist_ok=True)
-            publish(tmp, target, lambda p: model_target(p, overwrite, store))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return target
+        """Copy the fitted model directory to ``path`` (a directory or a URL: zarr arrays and
+        JSON attributes); an existing ``path`` is replaced only with ``overwrite`` and only if
+        it is a model."""
+        return copy_model(open_model(self.model_path_), path, overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CaviEstimator:

@@ -39,6 +39,7 @@ from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import group_attrs
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def fingerprint(store_attrs: dict[str, Any], store_path: str, settings: dict[str
     """Hash of what a fit depends on: the store's identity and the fit's settings."""
     keys = ("created", "n_users", "n_items", "n_classes", "nnz_train", "hist_train", "grid", "seed")
     doc = {
-        "store": os.path.abspath(store_path),
+        "store": locations.location(store_path),
         "attrs": {k: store_attrs.get(k) for k in keys},
         "settings": settings,
     }

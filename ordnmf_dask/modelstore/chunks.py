@@ -9,13 +9,12 @@ every read checks that the files are there: zarr would read a lost one as zeros.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import zarr
 
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.updates import FactorChunk
+from ordnmf_dask.store import files as locations
 
 _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
 _REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state
@@ -30,8 +29,7 @@ def open_checked(path: str) -> zarr.Array:
         array = zarr.open_array(path, mode="r")
     except FileNotFoundError:
         raise StoreError(f"{path}: array missing (the checkpoint or model is damaged)") from None
-    files = sum(len(names) for _, _, names in os.walk(os.path.join(path, "c")))
-    if files < array.nchunks:
+    if locations.count_files(locations.join(path, "c")) < array.nchunks:
         raise StoreError(f"{path}: chunk file missing (the checkpoint or model is damaged)")
     return array
 

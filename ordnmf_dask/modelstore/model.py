@@ -2,8 +2,10 @@
 
 The layout and attributes are specified in docs/model-format.md. Written to ``MODEL.tmp-<id>``
 by the workers (each chunk where it lives), then renamed: a model directory is complete or
-absent. An existing path is replaced only if it is a model (see :func:`model_target`). A model
-carries a copy of its training store's raw id maps, so that it alone can name users and items.
+absent. At a URL (object stores cannot rename) the workers write it in place between the marks
+of :mod:`ordnmf_dask.store.files`, the root's ``complete`` attribute last. An existing path is
+replaced only if it is a model (see :func:`model_target`). A model carries a copy of its
+training store's raw id maps, so that it alone can name users and items.
 """
 
 from __future__ import annotations
@@ -26,8 +28,17 @@ from distributed import Client, Future
 from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store import ids as idmap
-from ordnmf_dask.store.blocks import AXES, check_target, group_attrs, is_store, open_store, publish
+from ordnmf_dask.store.blocks import (
+    AXES,
+    check_target,
+    group_attrs,
+    is_store,
+    open_store,
+    publish,
+    temporary_path,
+)
 from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_path
 
 MODEL_FORMAT = 1
@@ -49,18 +60,19 @@ def is_model(path: str) -> bool:
 def model_target(
     out: str | os.PathLike, overwrite: bool, store: str | os.PathLike | None = None
 ) -> str:
-    """Absolute path to write a model to, after checking it may be (over)written; InputError if
-    not. Never the training ``store``, a path inside it or one that contains it; an existing path
-    only with ``overwrite`` and only if it is a model."""
-    path = os.path.abspath(os.fspath(out))
+    """Absolute path (or URL) to write a model to, after checking it may be (over)written;
+    InputError if not. Never the training ``store``, a path inside it or one that contains it;
+    an existing path only with ``overwrite`` and only if it is a model."""
+    path = locations.location(out)
     if store is not None:
-        real, data = os.path.realpath(path), os.path.realpath(os.fspath(store))
-        where = ("is" if real == data else "is inside" if real.startswith(data + os.sep)
-                 else "contains" if data.startswith(real + os.sep) else None)
+        data = locations.location(store)
+        where = ("is" if locations.contains(data, path) and locations.contains(path, data)
+                 else "is inside" if locations.contains(data, path)
+                 else "contains" if locations.contains(path, data) else None)
         if where is not None:
             raise InputError(f"refusing to write the model to {path}: it {where} the training "
                              f"store {data}")
-    return check_target(path, overwrite, "model written by ordnmf_dask", is_model)
+    return check_target(path, overwrite, "model written by ordnmf_dask", is_model, MODEL_KIND)
 
 
 PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "numba")
@@ -111,11 +123,7 @@ def copy_id_chunks(files: ChunkFiles, target: str, indices: list[int]) -> None:
     """Copy chunk files ``indices`` of a store's id array (checked against its inventory) into
     the array directory ``target``, byte for byte; on a worker."""
     for i in indices:
-        data = files.load(i)
-        dest = chunk_path(target, i)
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with open(dest, "wb") as fh:
-            fh.write(data)
+        locations.write_bytes(chunk_path(target, i), files.load(i))
 
 
 _ID_CHUNKS_PER_TASK = 16  # chunk files of 2^20 ids each
@@ -127,12 +135,12 @@ def _copy_ids(client: Client, store: str, root: zarr.Group, tmp: str) -> list[Fu
     process holds a whole map."""
     copies = []
     for axis in AXES:
-        source = os.path.join(store, axis, "ids")
+        source = locations.join(store, axis, "ids")
         files = ChunkFiles.of(zarr.open_array(source, mode="r"), source)
         root.create_group(axis)
-        target = os.path.join(tmp, axis, "ids")
-        os.makedirs(target)
-        shutil.copyfile(os.path.join(source, "zarr.json"), os.path.join(target, "zarr.json"))
+        target = locations.join(tmp, axis, "ids")
+        locations.write_bytes(locations.join(target, "zarr.json"),
+                              locations.read_bytes(locations.join(source, "zarr.json")))
         shared = client.scatter(files, broadcast=True)
         n = len(files.nbytes)
         copies += [
@@ -149,12 +157,22 @@ def save_model(
 ) -> str:
     """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
     existing ``path`` is replaced only as :func:`model_target` allows. With a training store
-    recorded in ``attrs["store"]["path"]``, its raw id maps are copied into the model."""
+    recorded in ``attrs["store"]["path"]``, its raw id maps are copied into the model.
+
+    At a URL the model is written in place between the marks of
+    :mod:`ordnmf_dask.store.files` (an existing model there is removed first); a failed write
+    removes what it wrote, but keeps the pending marker while a worker may still be writing."""
     path = model_target(path, overwrite)
     store = attrs.get("store", {}).get("path")
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    url = locations.is_url(path)
+    if url:
+        locations.begin(path, MODEL_KIND)
+        tmp = path
+    else:
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    written: list[Future] = []
     try:
-        root = zarr.open_group(tmp, mode="w")
+        root = zarr.open_group(tmp, mode="a" if url else "w", zarr_format=3)
         root.create_group("W")
         root.create_group("H")
         written = [client.submit(chunkstore.save_chunk, f, tmp, "W", r) for r, f in enumerate(w)]
@@ -168,10 +186,41 @@ def save_model(
             **attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "versions": versions(),
             "ids": store is not None, "complete": True,
         })  # fmt: skip
-        publish(tmp, path, lambda p: model_target(p, overwrite))
+        if url:
+            locations.finish(path)
+        else:
+            publish(tmp, path, lambda p: model_target(p, overwrite))
+    except BaseException:
+        if url:
+            settled = all(f.done() for f in written)
+            client.cancel(written)
+            locations.remove(path, keep_pending=not settled)
+        raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not url:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def copy_model(model: ModelInfo, out: str | os.PathLike, overwrite: bool) -> str:
+    """Copy the complete model ``model`` to ``out`` (a directory or a URL) as :func:`save_model`
+    would write it; returns where. Only the keys of its zarr hierarchy are copied."""
+    store = model.attrs["store"]["path"]
+    target = model_target(out, overwrite, store)
+    tmp, scratch = temporary_path(target)
+    try:
+        if locations.is_url(model.path):
+            fs, key = locations.filesystem(model.path)
+            for name in locations.zarr_keys(model.path):
+                local = os.path.join(tmp, *name.split("/"))
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                fs.get_file(f"{key}/{name}", local)
+        else:
+            shutil.copytree(model.path, tmp)
+        publish(tmp, target, lambda p: model_target(p, overwrite, store), MODEL_KIND)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 @dataclass(frozen=True)
@@ -234,7 +283,7 @@ class ModelInfo:
 
 def open_model(path: str) -> ModelInfo:
     """Open a model written by :func:`save_model`; StoreError if absent, incomplete or newer."""
-    path = os.path.abspath(path)
+    path = locations.location(path)
     try:
         attrs = dict(zarr.open_group(path, mode="r").attrs)
     except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
@@ -243,6 +292,7 @@ def open_model(path: str) -> ModelInfo:
         raise StoreError(f"{path}: is an ordnmf_dask store, not a model")
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: model is incomplete (no completion mark)")
+    locations.check_not_pending(path, "model")
     version = attrs.get("format_version")
     if not isinstance(version, int) or version > MODEL_FORMAT:
         raise StoreError(

@@ -35,6 +35,7 @@ from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.recommend import check_n, factor_mean
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 
@@ -294,7 +295,7 @@ class Server:
     def __init__(self, model: ModelInfo, store: str | None = None) -> None:
         self.model = model
         recorded = store or model.attrs["store"].get("path")
-        self.store_path = None if recorded is None else os.path.abspath(recorded)
+        self.store_path = None if recorded is None else locations.location(recorded)
         self._store_given = store is not None
         self._fields: dict[tuple[str, str], np.ndarray] = {}
         self._units: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
@@ -510,14 +511,14 @@ _CACHE_LOCK = threading.Lock()
 def server(model: Any, store: str | os.PathLike | None = None) -> Server:
     """The :class:`Server` of ``model`` (a model directory or a fitted estimator), from the
     process's cache while the directory on disk is the same one."""
-    path = os.path.abspath(os.fspath(getattr(model, "model_path_", model)))
+    path = locations.location(getattr(model, "model_path_", model))
     try:
-        st = os.stat(os.path.join(path, "zarr.json"))
+        identity = locations.identity(locations.join(path, "zarr.json"))
     except OSError:
         open_model(path)  # raises the StoreError that names what is wrong
         raise
-    where = None if store is None else os.path.abspath(os.fspath(store))
-    key = (path, st.st_ino, st.st_mtime_ns, st.st_size, where)
+    where = None if store is None else locations.location(store)
+    key = (path, *identity, where)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)

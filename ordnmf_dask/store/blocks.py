@@ -2,10 +2,12 @@
 
 The layout, attributes and chunk inventory are specified in docs/store-format.md. A store is
 complete or absent: it is written to ``OUT.tmp-<random>``, ``complete`` is set last, and the
-directory is then renamed to OUT. Every array records the size and CRC-32 of each of its chunk
-files (:mod:`ordnmf_dask.store.decode`), because zarr reads a missing chunk file as zeros:
-``open_store`` checks that every listed file exists with its size, and every read checks the
-files it decodes, so a damaged store is an error naming the file, never zeros.
+directory is then renamed to OUT; a store at a URL is written to a local temporary directory,
+then uploaded between the marks of :mod:`.files` (object stores cannot rename). Every array
+records the size and CRC-32 of each of its chunk files (:mod:`ordnmf_dask.store.decode`),
+because zarr reads a missing chunk file as zeros: ``open_store`` checks that every listed file
+exists with its size, and every read checks the files it decodes, so a damaged store is an error
+naming the file, never zeros.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -25,6 +28,7 @@ import zarr.codecs
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.decode import (
     WRITE_ALL,
     ArrayFiles,
@@ -35,6 +39,7 @@ from ordnmf_dask.store.decode import (
 from ordnmf_dask.store.grid import BlockedNonzeros, block_indptr, indptr_starts
 
 FORMAT_VERSION = 3  # docs/store-format.md
+STORE_MARK = "ordnmf_dask.store"  # the kind its pending marker records at a URL
 CHUNK = 2**20
 SPLITS = ("train", "test")  # the subsets every store has
 VALIDATION = "validation"  # the optional third subset (docs/store-format.md)
@@ -54,7 +59,7 @@ class StoreInfo:
     Attributes
     ----------
     path : str
-        Absolute path of the store directory.
+        Absolute path of the store directory, or its URL.
     n_users, n_items, n_classes : int
         U, I and V.
     row_bounds : np.ndarray of int64, shape (n_r + 1,)
@@ -148,8 +153,9 @@ def store_splits(attrs: dict[str, Any]) -> tuple[str, ...]:
 
 
 def group_attrs(path: str) -> dict[str, Any] | None:
-    """The attributes of the zarr group at ``path``, or None if there is no readable one."""
-    if not os.path.isdir(path):
+    """The attributes of the zarr group at ``path`` (a directory or a URL), or None if there is
+    no readable one."""
+    if not (locations.is_url(path) or os.path.isdir(path)):
         return None
     try:
         return dict(zarr.open_group(path, mode="r").attrs)
@@ -176,12 +182,18 @@ def check_target(
     overwrite: bool,
     kind: str = "zarr store written by ordnmf_dask",
     is_ours: Callable[[str], bool] = is_store,
+    mark: str = STORE_MARK,
 ) -> str:
-    """Absolute output path, after checking it can be (over)written; raises InputError.
+    """Absolute output path (or URL), after checking it can be (over)written; raises InputError.
 
     An existing path is replaced only with ``overwrite`` and only if ``is_ours(path)`` (it is
-    a ``kind`` this package wrote), so data the package did not write is never removed.
+    a ``kind`` this package wrote), so data the package did not write is never removed. At a
+    URL, an unfinished write of a ``kind`` (its pending marker records ``mark``) may be replaced
+    too.
     """
+    if locations.is_url(out):
+        return locations.check_url_target(locations.location(out), overwrite, kind, is_ours,
+                                          mark)
     path = os.path.abspath(os.fspath(out))
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
@@ -216,12 +228,13 @@ def write_store(
     ``validation``: the optional validation subset, written as a third group when given (then
     ``attrs`` must record ``nnz_validation``).
 
-    Everything goes to a sibling ``OUT.tmp-<random>`` directory; ``complete = true`` is set last
-    and the directory renamed to OUT (an existing OUT is replaced only if ``overwrite``, and only
-    once the new store is complete). On any error the temporary directory is removed.
+    Everything goes to a temporary directory (:func:`temporary_path`); ``complete = true`` is
+    set last and the directory published to OUT (an existing OUT is replaced only if
+    ``overwrite``, and only once the new store is complete). On any error the temporary
+    directory is removed.
     """
     path = check_target(out, overwrite)
-    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    tmp, scratch = temporary_path(path)
     try:
         group = zarr.open_group(tmp, mode="w-", zarr_format=3)
         group.attrs.update({**attrs, "format_version": FORMAT_VERSION, "complete": False})
@@ -239,9 +252,8 @@ def write_store(
             write_array(group.create_group(name), "ids", ids_for_zarr(ids))
         group.attrs["complete"] = True
         publish(tmp, path, lambda p: check_target(p, overwrite))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return open_store(path)
 
 
@@ -262,10 +274,38 @@ def ids_for_zarr(ids: np.ndarray) -> np.ndarray:
     return ids.astype(np.dtypes.StringDType())
 
 
-def publish(tmp: str, path: str, recheck: Callable[[str], object]) -> None:
+def temporary_path(path: str) -> tuple[str, str]:
+    """Where to write what will be published to ``path``, and the directory to remove
+    afterwards: the sibling ``OUT.tmp-<random>``, or for a URL a new local temporary
+    directory."""
+    if locations.is_url(path):
+        scratch = tempfile.mkdtemp(prefix="ordnmf-upload-")
+        return os.path.join(scratch, "out.zarr"), scratch
+    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    return tmp, tmp
+
+
+def publish(
+    tmp: str, path: str, recheck: Callable[[str], object], mark: str = STORE_MARK
+) -> None:
     """Rename the finished directory ``tmp`` to ``path``. An existing ``path`` is checked again
     with ``recheck`` (it may have appeared since the first check), moved aside, and removed only
-    once ``tmp`` is in place, so a failure at any point leaves the old one."""
+    once ``tmp`` is in place, so a failure at any point leaves the old one.
+
+    At a URL (object stores cannot rename), ``tmp`` is uploaded between the marks of
+    :mod:`.files` (pending marker ``mark``): the previous one of ours there is removed first, and
+    a failed upload removes what it wrote.
+    """
+    if locations.is_url(path):
+        recheck(path)
+        locations.begin(path, mark)
+        try:
+            locations.upload(tmp, path)
+            locations.finish(path)
+        except BaseException:
+            locations.remove(path)
+            raise
+        return
     if not os.path.lexists(path):
         os.rename(tmp, path)
         return
@@ -306,7 +346,7 @@ def verify_store(path: str | os.PathLike) -> StoreInfo:
     names = ["row_bounds", "col_bounds", *(f"{a}/ids" for a in AXES)]
     names += [f"{s}/{f}" for s in info.splits for f in ("offsets", *BLOCK_ARRAYS)]
     for name in names:
-        ChunkFiles.of(group[name], os.path.join(info.path, name)).verify()
+        ChunkFiles.of(group[name], locations.join(info.path, name)).verify()
     return info
 
 
@@ -362,7 +402,7 @@ def read_ids(path: str | os.PathLike, axis: str) -> np.ndarray:
         raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
     handle = _handle(path)
     array = handle.group[f"{axis}/ids"]
-    ChunkFiles.of(array, os.path.join(handle.info.path, axis, "ids")).verify()
+    ChunkFiles.of(array, locations.join(handle.info.path, axis, "ids")).verify()
     ids = np.asarray(array[:])
     if ids.dtype.kind in "iu":
         return ids
@@ -385,14 +425,18 @@ _LOCK = threading.Lock()
 
 
 def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
-    full = os.path.abspath(os.fspath(path))
+    full = locations.location(path)
     try:
-        st = os.stat(os.path.join(full, "zarr.json"))
-    except OSError:
-        if not os.path.exists(full):
+        identity = locations.identity(locations.join(full, "zarr.json"))
+    except OSError as exc:
+        url = locations.is_url(full)
+        if url and not isinstance(exc, FileNotFoundError):
+            raise StoreError(f"{full}: cannot be read ({exc})") from None
+        if not (locations.exists(full) if url else os.path.exists(full)):
             raise StoreError(f"{full}: no store here (path does not exist)") from None
+        locations.check_not_pending(full, "store")
         raise StoreError(f"{full}: not a zarr group (no zarr.json)") from None
-    key = (os.getpid(), full, st.st_ino, st.st_mtime_ns, st.st_size)
+    key = (os.getpid(), full, *identity)
     with _LOCK:
         if key in _CACHE and not fresh:
             _CACHE.move_to_end(key)
@@ -429,6 +473,7 @@ def _open(path: str) -> _Handle:
         )
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
+    locations.check_not_pending(path, "store")
     try:
         splits = store_splits(attrs)
         files = {
@@ -438,7 +483,7 @@ def _open(path: str) -> _Handle:
             name: _array_files(group, path, name)
             for name in ("row_bounds", "col_bounds", *(f"{s}/offsets" for s in splits))
         }
-        ids = [ChunkFiles.of(group[f"{a}/ids"], os.path.join(path, a, "ids")) for a in AXES]
+        ids = [ChunkFiles.of(group[f"{a}/ids"], locations.join(path, a, "ids")) for a in AXES]
         for chunks in (
             *ids,
             *(f.files for f in small.values()),
@@ -467,7 +512,7 @@ def _open(path: str) -> _Handle:
 
 
 def _array_files(group: zarr.Group, path: str, name: str) -> ArrayFiles:
-    return ArrayFiles.of(group[name], os.path.join(path, name))
+    return ArrayFiles.of(group[name], locations.join(path, name))
 
 
 def _read_all(files: ArrayFiles) -> np.ndarray:

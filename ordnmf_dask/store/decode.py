@@ -17,7 +17,9 @@ empty one. Every array of a store is therefore written with all its chunk files
 and zlib CRC-32. Readers check a file's size on every read and its CRC-32 the first time a process
 reads that version of the file (same inode, size, mtime and ctime), so the checksum costs nothing
 on the later passes of a streamed fit; a missing, resized or changed file is a ``StoreError``
-naming it.
+naming it. A store at a URL (:mod:`.files`) is read the same way through fsspec, one request per
+chunk file, and every read is checked against the CRC-32 (an object's identity would cost a
+request of its own).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from numcodecs import blosc
 
 from ordnmf_dask.errors import StoreError
+from ordnmf_dask.store import files as locations
 
 CODECS = ("bytes", "blosc")
 INVENTORY = "chunk_files"  # array attribute: {"bytes": [...], "crc32": [...]}, one per chunk file
@@ -106,12 +109,13 @@ class ChunkFiles:
 
     def check_present(self) -> None:
         """Raise StoreError unless every chunk file exists with its recorded size."""
+        listed = (locations.sizes(locations.join(self.directory, "c"))
+                  if locations.is_url(self.directory) else None)
         for i, n in enumerate(self.nbytes):
             path = chunk_path(self.directory, i)
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                raise StoreError(f"{path}: chunk file missing (the store is damaged)") from None
+            size = _local_size(path) if listed is None else listed.get(str(i))
+            if size is None:
+                raise StoreError(f"{path}: chunk file missing (the store is damaged)")
             _check_size(path, size, n)
 
     def verify(self) -> None:
@@ -123,6 +127,8 @@ class ChunkFiles:
         """The bytes of chunk file ``i`` in the thread's reusable buffer, after checking them
         against the inventory."""
         path = chunk_path(self.directory, i)
+        if locations.is_url(path):
+            return self._load_url(path, i)
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below, after readinto)
         except FileNotFoundError:
@@ -154,9 +160,28 @@ class ChunkFiles:
             _VERIFIED.add(key)
         return view
 
+    def _load_url(self, path: str, i: int) -> memoryview:
+        """:meth:`load` of a chunk file at a URL: one request, the CRC-32 checked every time."""
+        try:
+            data = locations.read_bytes(path)
+        except FileNotFoundError:
+            raise StoreError(f"{path}: chunk file missing (the store is damaged)") from None
+        _check_size(path, len(data), self.nbytes[i])
+        if zlib.crc32(data) != self.crc32[i]:
+            raise StoreError(f"{path}: chunk file does not match the CRC-32 the store recorded "
+                             "for it (the store is damaged)")
+        return memoryview(data)
+
 
 _VERIFIED: set[tuple[str, int, int, int, int, int]] = set()  # file versions whose CRC matched
 _VERIFIED_MAX = 1 << 16
+
+
+def _local_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
 
 
 def _check_size(path: str, size: int, recorded: int) -> None:

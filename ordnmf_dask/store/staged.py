@@ -17,15 +17,16 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
    as the array's chunk inventory (see ``ordnmf_dask.store.blocks``): the files are checksummed
    where they are written, not read again by the client.
 
-The staging directory is removed, ``complete`` is set last and ``TMP`` is renamed to the final
-path, as in ``write_store``: a store is complete or absent. Staged data take as much disk as the
+The staging directory is removed, ``complete`` is set last and ``TMP`` is published to the final
+path, as in ``write_store``: a store is complete or absent. For a store at a URL, ``TMP`` is a
+local temporary directory (the workers must see it: a cluster on one machine or a shared
+filesystem), uploaded at the end. Staged data take as much disk as the
 store itself (uncompressed); at 1e9 nonzeros that is ~17 GB, freed before the rename.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import threading
 from collections import defaultdict
@@ -48,6 +49,7 @@ from ordnmf_dask.store.blocks import (
     ids_for_zarr,
     open_store,
     publish,
+    temporary_path,
 )
 from ordnmf_dask.store.decode import WRITE_ALL, chunk_path, chunk_record, set_inventory
 from ordnmf_dask.store.grid import indptr_starts
@@ -98,17 +100,16 @@ def load_arrays(prefix: str, names: Sequence[str], mmap: bool = False) -> dict[s
 
 @contextmanager
 def temporary_store(out: str | os.PathLike, overwrite: bool) -> Iterator[tuple[str, str]]:
-    """Yield ``(final_path, tmp_path)``; on any error the temporary directory is removed.
+    """Yield ``(final_path, tmp_path)``; the temporary directory is removed on leaving.
 
     The caller must call ``finish_store(tmp, path, overwrite)`` inside the block.
     """
     path = check_target(out, overwrite)
-    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
+    tmp, scratch = temporary_path(path)
     try:
         yield path, tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:  # published by then (renamed away, or uploaded), or failed
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def assemble_store(
@@ -184,7 +185,7 @@ def assemble_store(
 
 
 def finish_store(tmp: str, path: str, overwrite: bool) -> StoreInfo:
-    """Mark the store at ``tmp`` complete, rename it to ``path`` and open it."""
+    """Mark the store at ``tmp`` complete, publish it to ``path`` and open it."""
     group = zarr.open_group(tmp, mode="a", zarr_format=3)
     group.attrs["complete"] = True
     publish(tmp, path, lambda p: check_target(p, overwrite))

@@ -1,0 +1,216 @@
+"""Stores and models at URLs, on an S3 server on loopback with the real s3fs client.
+
+Object stores cannot rename: a store or model is written between a pending marker and its
+complete root, and readers refuse one without both. Fitting from a store at a URL to a model at
+a URL gives the same model, bit for bit, as the same fit on a local copy of the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import fsspec
+import numpy as np
+import pytest
+import zarr
+
+from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.dist.inprocess import InProcessClient
+from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore.model import open_model, save_model
+from ordnmf_dask.store import files as locations
+from ordnmf_dask.store.blocks import open_store, read_block, read_ids, verify_store
+
+pytest_plugins = ["tests.s3server"]
+
+
+@pytest.fixture
+def s3conf(s3, monkeypatch):
+    """``s3``, with fsspec's configuration pointing s3:// at it in this process (restored after
+    the test), as a user's environment or fsspec configuration would."""
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3.storage_options))
+    return s3
+
+
+def ratings_csv(path) -> str:
+    """A small ratings file: 40 users x 30 items, string ids, values 1..5."""
+    rng = np.random.default_rng(3)
+    lines = ["user,item,rating"] + [
+        f"u{u},i{i},{rng.integers(1, 6)}"
+        for u in range(40) for i in range(30) if rng.random() < 0.3
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def keys(s3, prefix: str) -> list[str]:
+    s3.fs.invalidate_cache()
+    root = f"{s3.bucket}/{prefix}"
+    return sorted(k[len(root) + 1 :] for k in s3.fs.find(root))
+
+
+def fit(store, out, **kw):
+    return OrdNMF(3, max_iter=4, executor="inprocess").fit(store, out=out, **kw)
+
+
+def test_ingest_fit_load_recommend_at_urls_equal_the_local_ones(s3conf, tmp_path):
+    """ingest to s3, fit from it to an s3 model, load and recommend: the same store (blocks,
+    ids) and the same model (factors, bound) bit for bit as the local ones."""
+    s3 = s3conf
+    csv = ratings_csv(tmp_path / "r.csv")
+    url = s3.url("data/s.zarr")
+    info = ingest(csv, url, nnz_per_block=100, seed=1)
+    local = ingest(csv, tmp_path / "s.zarr", nnz_per_block=100, seed=1)
+    assert info.path == url and info.grid == local.grid and info.grid != (1, 1)
+    assert not any(k.startswith(locations.PENDING) for k in keys(s3, "data/s.zarr"))
+    assert verify_store(url).nnz_train == local.nnz_train
+    for r in range(info.grid[0]):
+        for c in range(info.grid[1]):
+            a, b = read_block(url, "train", r, c), read_block(local.path, "train", r, c)
+            assert all(np.array_equal(getattr(a, f), getattr(b, f))
+                       for f in ("indptr", "cols", "y", "raw"))
+    assert np.array_equal(read_ids(url, "users"), read_ids(local.path, "users"))
+
+    remote = fit(url, s3.url("data/m.zarr"))
+    mine = fit(local.path, tmp_path / "m.zarr")
+    assert remote.model_path_ == s3.url("data/m.zarr")
+    loaded = OrdNMF.load(s3.url("data/m.zarr"))
+    for est in (remote, loaded):
+        assert np.array_equal(est.W_.compute(), mine.W_.compute())
+        assert np.array_equal(est.H_.compute(), mine.H_.compute())
+        assert est.elbo_ == mine.elbo_
+    assert open_model(s3.url("data/m.zarr")).attrs["store"]["path"] == url
+    users = ["u1", "u7", "u30"]
+    assert loaded.recommend(users, n=4) == mine.recommend(users, n=4)
+
+    # save: local -> URL -> local, the same model each time
+    saved = mine.save(s3.url("copy/m.zarr"))
+    back = OrdNMF.load(saved).save(tmp_path / "back.zarr")
+    assert np.array_equal(OrdNMF.load(back).H_.compute(), mine.H_.compute())
+    assert keys(s3, "copy/m.zarr")[0] == "H/0/geo/c/0/0" and locations.PENDING not in keys(
+        s3, "copy/m.zarr")
+
+
+def test_an_incomplete_store_or_model_at_a_url_is_refused_naming_it(s3conf, tmp_path):
+    s3 = s3conf
+    url = s3.url("s.zarr")
+    ingest(ratings_csv(tmp_path / "r.csv"), url, nnz_per_block=200)
+    s3.fs.pipe(f"{s3.bucket}/s.zarr/{locations.PENDING}", b'{"kind": "ordnmf_dask.store"}')
+    with pytest.raises(StoreError, match=f"{url}: incomplete store .*{locations.PENDING}"):
+        open_store(url)
+    s3.fs.rm(f"{s3.bucket}/s.zarr/zarr.json")  # an upload cut before its last key
+    with pytest.raises(StoreError, match=f"{url}: incomplete store .*{locations.PENDING}"):
+        open_store(url)
+    with pytest.raises(StoreError, match=f"{s3.url('nothing')}: no store here"):
+        open_store(s3.url("nothing"))
+
+    m = s3.url("m.zarr")
+    fit(ingest(tmp_path / "r.csv", tmp_path / "s.zarr", nnz_per_block=200).path, m)
+    root = zarr.open_group(m, mode="r+")
+    root.attrs["complete"] = False
+    with pytest.raises(StoreError, match=f"{m}: model is incomplete"):
+        OrdNMF.load(m)
+    root.attrs["complete"] = True
+    OrdNMF.load(m)
+    s3.fs.pipe(f"{s3.bucket}/m.zarr/{locations.PENDING}", b'{"kind": "ordnmf_dask.model"}')
+    with pytest.raises(StoreError, match=f"{m}: incomplete model .*{locations.PENDING}"):
+        OrdNMF.load(m)
+    s3.fs.rm(f"{s3.bucket}/m.zarr/{locations.PENDING}")
+    s3.fs.rm(f"{s3.bucket}/m.zarr/W/0/mean/c/0/0")
+    with pytest.raises(StoreError, match="W/0/mean: chunk file missing"):
+        OrdNMF.load(m)
+
+
+def test_overwrite_at_a_url_removes_only_our_own_keys(s3conf, tmp_path):
+    """A URL holding anything else is never written; replacing a model there removes the keys
+    of its zarr hierarchy and nothing else; a store is not replaced by a model nor the reverse."""
+    s3 = s3conf
+    store = ingest(ratings_csv(tmp_path / "r.csv"), tmp_path / "s.zarr", nnz_per_block=200)
+    s3.fs.pipe(f"{s3.bucket}/theirs/data.csv", b"1,2\n")
+    for overwrite in (False, True):
+        with pytest.raises(InputError, match="theirs"):
+            fit(store.path, s3.url("theirs"), overwrite=overwrite)
+        with pytest.raises(InputError, match="theirs"):
+            ingest(tmp_path / "r.csv", s3.url("theirs"), overwrite=overwrite)
+    assert keys(s3, "theirs") == ["data.csv"]
+
+    m = s3.url("m.zarr")
+    first = fit(store.path, m)
+    s3.fs.pipe(f"{s3.bucket}/m.zarr/notes.txt", b"mine")  # someone's file inside the model
+    s3.fs.pipe(f"{s3.bucket}/m.zarr/W/0/mean/c/0/stale", b"x")  # inside an array: ours
+    with pytest.raises(InputError, match="already exists"):
+        fit(store.path, m)
+    with pytest.raises(InputError, match="not a zarr store written by ordnmf_dask"):
+        ingest(tmp_path / "r.csv", m, overwrite=True)
+    second = OrdNMF(2, max_iter=2, executor="inprocess").fit(store.path, out=m, overwrite=True)
+    assert second.W_.shape[1] == 2 != first.n_components
+    listed = keys(s3, "m.zarr")
+    assert "notes.txt" in listed and "W/0/mean/c/0/stale" not in listed
+    assert s3.fs.cat(f"{s3.bucket}/m.zarr/notes.txt") == b"mine"
+
+
+def test_a_failed_write_at_a_url_leaves_nothing_of_ours(s3conf, tmp_path):
+    """An upload that fails part way (a chunk file that cannot be read) and a model whose
+    worker fails (replacing one: at a URL the old one is removed first): the keys already
+    written and the pending marker are removed, and a file of someone else's there stays."""
+    s3 = s3conf
+    csv = ratings_csv(tmp_path / "r.csv")
+    store = ingest(csv, tmp_path / "s.zarr", nnz_per_block=200)
+    from ordnmf_dask.store.blocks import publish, temporary_path
+
+    url = s3.url("s.zarr")
+    tmp, scratch = temporary_path(url)
+    os.rename(store.path, tmp)
+    os.symlink(tmp_path / "gone", os.path.join(tmp, "train", "y", "c", "zz"))  # read fails
+    with pytest.raises(FileNotFoundError):
+        publish(tmp, url, lambda p: None)
+    assert keys(s3, "s.zarr") == []
+    os.rename(tmp, store.path)
+    os.rmdir(scratch)
+
+    m = s3.url("m.zarr")
+    model = fit(store.path, m)  # replaced below: at a URL the old one goes first
+    s3.fs.pipe(f"{s3.bucket}/m.zarr/notes.txt", b"mine")
+    chunk = chunkstore.load_chunk(model.model_path_, "W", 0)
+    attrs = dict(open_model(model.model_path_).attrs)
+
+    def broken():
+        raise OSError("the disk went away")
+
+    with InProcessClient() as client:
+        w = [client.submit(lambda: chunk)]
+        h = [client.submit(broken)]
+        with pytest.raises(OSError, match="went away"):
+            save_model(client, w, h, m, attrs, overwrite=True)
+    assert keys(s3, "m.zarr") == ["notes.txt"]
+
+
+@pytest.mark.cluster  # the fit starts its own LocalCluster
+def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(s3, tmp_path):
+    """As a user runs them: ingest to s3, fit on a LocalCluster whose worker processes read
+    the blocks from s3, info, evaluate and recommend from s3; endpoint and keys from the
+    environment."""
+    csv = ratings_csv(tmp_path / "r.csv")
+    env = {**os.environ, **s3.env}
+    store, model = s3.url("cli/s.zarr"), s3.url("cli/m.zarr")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(["ordnmf-dask", "-q", *args], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    run("ingest", csv, "--out", store, "--nnz-per-block", "200")
+    assert json.loads(s3.fs.cat(f"{s3.bucket}/cli/s.zarr/zarr.json"))["attributes"]["complete"]
+    run("fit", store, "--out", model, "-k", "2", "--max-iter", "3", "--executor", "cluster",
+        "--workers", "1")
+    assert "incomplete" not in run("info", store).stdout
+    run("evaluate", store, model, "--k", "5")
+    shown = run("recommend", store, model, "--users", "u1", "-n", "3").stdout
+    assert "u1" in shown
+    bad = subprocess.run(["ordnmf-dask", "info", s3.url("cli/none.zarr")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and s3.url("cli/none.zarr") in bad.stderr
