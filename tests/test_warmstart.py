@@ -140,7 +140,7 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
     klass = ESTIMATORS[name]
     kw = {"threshold": 3} if name in ("BePoF", "PF") else {}
     old_model = tmp / f"{name}-old.zarr"
-    klass(K, max_iter=40, tol=1e-12, **kw).fit(old.path, client, out=old_model)
+    klass(K, max_iter=15, tol=1e-12, **kw).fit(old.path, client, out=old_model)
     before = dict(zarr.open_group(str(old_model), mode="r").attrs)
     warm = klass(K, max_iter=3, tol=1e-12, **kw).fit(new.path, client, init_model=old_model,
                                                      out=tmp / f"{name}-warm.zarr")
@@ -156,7 +156,7 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
 def test_dcpf_starts_from_the_old_p(client, stores):
     tmp, old, new, _, _ = stores
     old_model = tmp / "dcpf-p.zarr"
-    DcPF(K, max_iter=20, tol=1e-12, p=0.3).fit(old.path, client, out=old_model)
+    DcPF(K, max_iter=8, tol=1e-12, p=0.3).fit(old.path, client, out=old_model)
     source = warmstart.open_source(str(old_model), "DcPF", DcPF(K)._family(new), K, new)
     p_old = float(open_model(str(old_model)).attrs["p"])
     assert p_old != 0.5
