@@ -191,8 +191,8 @@ def test_a_failed_write_at_a_url_leaves_nothing_of_ours(s3conf, tmp_path):
 @pytest.mark.cluster  # the fit starts its own LocalCluster
 def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(s3, tmp_path):
     """As a user runs them: ingest to s3, fit on a LocalCluster whose worker processes read
-    the blocks from s3, info, evaluate and recommend from s3; endpoint and keys from the
-    environment."""
+    the blocks from s3, info, evaluate, recommend and export from s3; endpoint and keys from
+    the environment."""
     csv = ratings_csv(tmp_path / "r.csv")
     env = {**os.environ, **s3.env}
     store, model = s3.url("cli/s.zarr"), s3.url("cli/m.zarr")
@@ -211,6 +211,9 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     run("evaluate", store, model, "--k", "5")
     shown = run("recommend", store, model, "--users", "u1", "-n", "3").stdout
     assert "u1" in shown
+    run("export", model, "--out", s3.url("cli/exp"), "--what", "factors", "--workers", "1")
+    s3.fs.invalidate_cache()
+    assert s3.fs.exists(f"{s3.bucket}/cli/exp/_SUCCESS")
     bad = subprocess.run(["ordnmf-dask", "info", s3.url("cli/none.zarr")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and s3.url("cli/none.zarr") in bad.stderr
