@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.text import POOL
 
 DUPLICATE_POLICIES = ("error", "sum", "max", "last")
 FILTER_MODES = ("paper", "stable")
@@ -53,7 +54,7 @@ def encode_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndar
         col = ids
     else:
         col = pa.chunked_array([pa.array(ids)])
-    encoded = col.dictionary_encode()
+    encoded = pc.dictionary_encode(col, memory_pool=POOL)
     codes = np.concatenate([c.indices.to_numpy() for c in encoded.chunks]) if \
         encoded.num_chunks else np.zeros(0, np.int32)  # fmt: skip
     dictionary = encoded.chunk(0).dictionary if encoded.num_chunks else pa.array([], col.type)

@@ -14,8 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict, Unpack
 
@@ -43,7 +42,7 @@ from ordnmf_dask.sources.split import (
     random_test_mask,
     validation_mask,
 )
-from ordnmf_dask.sources.text import check_columns, read_triples
+from ordnmf_dask.sources.text import check_columns, read_triples, release_memory
 from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target, write_store
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, block_sort, choose_bounds
@@ -189,12 +188,11 @@ def ingest(
         return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
                                   columns=columns, **options)  # fmt: skip
     check_target(out, opts["overwrite"])
-    with system_memory():
-        train, label, sources = _rows_of(inputs, delimiter, header, columns, "input")
-        test_rows, _, test_sources = (None, None, None) if test is None else \
-            _rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
-        return _build(train, test_rows, out, label=label, sources=sources,
-                      test_sources=test_sources, **opts)  # fmt: skip
+    train, label, sources = _rows_of(inputs, delimiter, header, columns, "input")
+    test_rows, _, test_sources = (None, None, None) if test is None else \
+        _rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
+    return _build(train, test_rows, out, label=label, sources=sources,
+                  test_sources=test_sources, **opts)  # fmt: skip
 
 
 def ingest_arrays(
@@ -209,19 +207,6 @@ def ingest_arrays(
     """``ingest((users, items, values), out, ...)``: in-memory arrays of shape (n,); raw ids may
     be integers (stored as int64) or strings; errors name the 0-based row."""
     return ingest((users, items, values), out, test=test, **options)
-
-
-@contextmanager
-def system_memory() -> Iterator[None]:
-    """pyarrow allocates from malloc meanwhile: whole columns are returned to the system as
-    soon as they are freed (the default pool kept freed text columns resident). Buffers
-    remember their pool, so other threads' pyarrow work is unaffected but for the allocator."""
-    before = pa.default_memory_pool()
-    pa.set_memory_pool(pa.system_memory_pool())
-    try:
-        yield
-    finally:
-        pa.set_memory_pool(before)
 
 
 def is_dask_dataframe(data: object) -> bool:
@@ -389,6 +374,7 @@ def _build(
 
     (user_ids, u), (item_ids, i) = encode_pair(train.users, train.items, train.origin)
     train.users = train.items = None  # the raw strings are no longer needed
+    release_memory()
     rows, raw = dedupe(u, i, train.values, train.origin, duplicates, user_ids, item_ids)
     train.values = np.zeros(0)  # merged into ``raw``
     u, i, origin = u[rows], i[rows], train.origin.take(rows)  # in (user, item) order
@@ -429,6 +415,7 @@ def _build(
         is_test = random_test_mask(data.u, data.i, len(item_sel), test_fraction, seed)
         train_nz, test_nz = data.take(~is_test), data.take(is_test)
         del is_test
+        release_memory()
     else:
         train_nz = data
         test_nz, extra = _file_test(

@@ -21,6 +21,7 @@ skipped. The line numbers of a file read in memory are found only when a message
 from __future__ import annotations
 
 import csv
+import ctypes
 import io
 import os
 import re
@@ -54,6 +55,18 @@ _UNIT = b"\x1f"
 _WHITESPACE = b" \t\r\x0b\x0c"
 _BOM = b"\xef\xbb\xbf"
 _HEAD = 2**20  # bytes read at a time while looking for the first lines
+#: Where pyarrow allocates whole columns of the input: malloc, whose freed memory
+#: ``release_memory`` hands back to the system (pyarrow's default pool kept the freed text
+#: columns of an in-memory ingest resident).
+POOL = pa.system_memory_pool()
+
+
+def release_memory() -> None:
+    """Hand freed heap memory back to the system: glibc keeps what the reader's threads freed
+    (``malloc_trim``; nothing to do without glibc)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -485,16 +498,20 @@ def _read_streamed(head: Head) -> Triples | None:
         watch = _Watch(fh)
         try:
             table = pacsv.read_csv(watch, read_options=read, parse_options=parse,
-                                   convert_options=convert)  # fmt: skip
+                                   convert_options=convert, memory_pool=POOL)  # fmt: skip
         except (pa.ArrowInvalid, ValueError, OSError):
             return None
     if watch.quoted or table.num_rows == 0:
         return None
     n = table.num_rows
     origin = Origin((fmt.path,), None, n, lines=(LineFinder(fmt.path, fmt.header),))
-    values = finite_values(table.column(keep[2]).to_numpy(), origin)
+    # numpy's own copy: no pyarrow buffer outlives the text columns, so freeing them frees
+    # whole pages of pyarrow's allocator
+    values = finite_values(np.concatenate([c.to_numpy() for c in table.column(keep[2]).chunks]),
+                           origin)  # fmt: skip
     users, items = table.column(keep[0]), table.column(keep[1])
     del table
+    release_memory()  # the blocks of text pyarrow read
     return Triples(users, items, values, origin)
 
 
@@ -603,7 +620,8 @@ def _parse(
                                        quoted_strings_can_be_null=False)  # fmt: skip
     try:
         return pacsv.read_csv(pa.BufferReader(prepared), read_options=read,
-                              parse_options=parse, convert_options=convert)  # fmt: skip
+                              parse_options=parse, convert_options=convert,
+                              memory_pool=POOL)  # fmt: skip
     except (pa.ArrowInvalid, ValueError) as exc:
         if not bad:
             raise InputError(f"{fmt.path}: cannot parse ({exc})") from None
