@@ -1,7 +1,8 @@
 """Early stopping on a validation metric against the ELBO rule, and the synthetic-data figure.
 
-Usage: ``python bench/early_stopping.py [--work DIR] [-k 50] [--every 5] [--patience 4]
-[--s 8] [--validation-fraction 0.1] [--tol 1e-5] [--synthetic] [--synth-shape U,I,NNZ,K]``.
+Usage: ``python bench/early_stopping.py [--work DIR] [-k 50] [--every 5] [--patience 8]
+[--s 8] [--validation-fraction 0.1] [--split-seed 0] [--tol 1e-5] [--history FILE] [--synthetic]
+[--synth-shape U,I,NNZ,K]``.
 
 1. ml-latest-small (halfstar ratings, classes 1..10) is ingested with a 20% random test split
    and ``--validation-fraction`` of the training nonzeros kept apart for validation;
@@ -49,9 +50,11 @@ def movielens(args: argparse.Namespace, client: Any) -> None:
     from ordnmf_dask.sources.inmemory import ingest
 
     store = ingest(ML, os.path.join(args.work, "ml.zarr"), ratings="halfstar", test_fraction=0.2,
-                   validation_fraction=args.validation_fraction, seed=0, overwrite=True)
+                   validation_fraction=args.validation_fraction, seed=args.split_seed,
+                   overwrite=True)
     print(f"ml-latest-small: {store.nnz_train} train, {store.nnz_validation} validation, "
-          f"{store.nnz_test} test nonzeros; K = {args.k}, tol = {args.tol:g}", flush=True)
+          f"{store.nnz_test} test nonzeros (split seed {args.split_seed}); K = {args.k}, "
+          f"tol = {args.tol:g}", flush=True)
     levels = sorted({1, args.s})
 
     # the trajectory: the ELBO rule only, every scored state's validation and test figures
@@ -160,9 +163,10 @@ def main() -> int:
     p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("-k", type=int, default=50)
     p.add_argument("--every", type=int, default=5)
-    p.add_argument("--patience", type=int, default=4)
+    p.add_argument("--patience", type=int, default=8)
     p.add_argument("--s", type=int, default=8)
     p.add_argument("--validation-fraction", type=float, default=0.1)
+    p.add_argument("--split-seed", type=int, default=0, help="seed of the test/validation split")
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--max-iter", type=int, default=1000)
     p.add_argument("--history", help="write the trajectory's scores to this JSON file")
