@@ -5,7 +5,7 @@ and ``http(s)://`` URLs (and globs of them) are read the same way; ``.gz``, ``.b
 and the other compressions fsspec knows are decompressed by their suffix. Parsing is
 ``pyarrow.csv`` (multithreaded). Supported: CSV, TSV, semicolon, MovieLens ``::`` ``.dat`` and
 whitespace-separated files, with LF or CRLF line endings, an optional header line and extra
-columns (every data line has the first line's number of fields). Comma, tab and semicolon files
+columns (every data line has the first data line's number of fields). Comma, tab and semicolon files
 follow RFC 4180 quoting (``"Smith, 7"``, ``"say ""hi"" 2"``); spaces after a delimiter are
 skipped before an opening quote; a quoted field may not span lines, so every record is one line
 and byte ranges cut at newlines are whole records. ``::`` and whitespace, which pyarrow cannot
@@ -13,9 +13,10 @@ take as delimiters, are rewritten to one control character (``\\x1f``) before pa
 holding that character is refused like any id with a control character.
 
 Users and items are raw strings (whitespace-stripped; empty ids and ids with control characters
-are refused, see ``ids.encode_ids``); values are float64 and must be finite. Blank lines are
-skipped. The line numbers of a file read in memory are found only when a message needs one
-(``LineFinder``); errors name the file and line.
+are refused, see ``filtering.encode_ids``); values are float64 and must be finite. Blank lines
+are skipped. A comma, tab or semicolon file without quotes is streamed into pyarrow block by
+block (``read_text``); the line numbers of a file read in memory are found only when a message
+needs one (``LineFinder``); errors name the file and line.
 """
 
 from __future__ import annotations
