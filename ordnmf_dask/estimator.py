@@ -43,6 +43,7 @@ from ordnmf_dask.modelstore.model import (
 )
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 log = logging.getLogger("ordnmf_dask")
@@ -249,15 +250,16 @@ class CaviEstimator:
         ]
         if check:
             ckpt = values["checkpoint_dir"]
-            if ckpt and os.path.isdir(ckpt) and not restart:
-                _claim(os.path.abspath(ckpt), prints, False, n_init)
+            if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
+                _claim(locations.location(ckpt), prints, False, n_init)
             return self
         work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
             os.makedirs(work, exist_ok=True)
             ckpt_dir = values["checkpoint_dir"] or os.path.join(work, "checkpoints")
-            ckpt_dir = os.path.abspath(ckpt_dir)
-            os.makedirs(ckpt_dir, exist_ok=True)
+            ckpt_dir = locations.location(ckpt_dir)
+            if not locations.is_url(ckpt_dir):  # object stores have no directories
+                os.makedirs(ckpt_dir, exist_ok=True)
             ours = _claim(ckpt_dir, prints, restart, n_init)
             if out is None:
                 out = _temporary_model_dir()

@@ -217,3 +217,29 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     bad = subprocess.run(["ordnmf-dask", "info", s3.url("cli/none.zarr")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and s3.url("cli/none.zarr") in bad.stderr
+
+
+def test_checkpoints_at_a_url_are_kept_rotated_and_resumed_from(s3conf, tmp_path):
+    """A fit checkpointing to a URL: the newest two complete checkpoints stay there, a fit
+    resuming from them gives the model of one uninterrupted run, bit for bit, and restart
+    removes only the checkpoints."""
+    s3 = s3conf
+    store = ingest(ratings_csv(tmp_path / "r.csv"), tmp_path / "s.zarr", nnz_per_block=200)
+    ckpt = s3.url("ckpt")
+    s3.fs.pipe(f"{s3.bucket}/ckpt/README", b"mine")
+
+    def est(n: int, **kw) -> OrdNMF:
+        return OrdNMF(3, max_iter=n, tol=1e-12, checkpoint_every=2, executor="inprocess", **kw)
+
+    est(5, checkpoint_dir=ckpt).fit(store.path, out=tmp_path / "a")
+    names = sorted({k.split("/")[0] for k in keys(s3, "ckpt")})
+    assert names == ["README", "ckpt-00000002", "ckpt-00000004"]
+    for name in names[1:]:
+        assert zarr.open_group(f"{ckpt}/{name}", mode="r").attrs["complete"] is True
+    resumed = est(8, checkpoint_dir=ckpt).fit(store.path, out=tmp_path / "b", resume=True)
+    whole = est(8).fit(store.path, out=tmp_path / "c")
+    assert np.array_equal(resumed.W_.compute(), whole.W_.compute())
+    assert np.array_equal(resumed.H_.compute(), whole.H_.compute())
+    assert resumed.elbo_ == whole.elbo_
+    est(1, checkpoint_dir=ckpt).fit(store.path, out=tmp_path / "d", restart=True)
+    assert keys(s3, "ckpt") == ["README"]

@@ -6,7 +6,9 @@ written where they live, plus the client's O(K + V) state (family parameters, EL
 local statistics, column sums) and a fingerprint of the store and configuration in its
 attributes. It is written to ``ckpt-<n>.tmp`` (which records the format and fingerprint from the
 start, so that even an unfinished one says whose it is), marked complete, then renamed; chunks
-carry their column sums, checked when read back. The newest two of a fingerprint are kept.
+carry their column sums, checked when read back. The newest two of a fingerprint are kept. In a
+directory at a URL (object stores cannot rename) it is written as ``ckpt-<n>`` directly, and
+is not read back until its ``complete`` attribute is set.
 
 A fit touches only checkpoints of its own fingerprint; :func:`claim` checks a directory before a
 fit starts and refuses one holding another fit's checkpoints (or anything named like a checkpoint
@@ -135,6 +137,10 @@ def _problem(value: Any) -> str | None:
 def list_checkpoints(directory: str, pattern: re.Pattern = _NAME) -> list[str]:
     """Complete-looking checkpoints in ``directory`` (names matching ``pattern``), newest
     first."""
+    if locations.is_url(directory):
+        names = sorted((n for n in locations.list_names(directory) if pattern.match(n)),
+                       reverse=True)
+        return [locations.join(directory, n) for n in names]
     if not os.path.isdir(directory):
         return []
     names = sorted((n for n in os.listdir(directory) if pattern.match(n)), reverse=True)
@@ -155,6 +161,9 @@ def remove(path: str) -> None:
     """Remove the checkpoint directory ``path``, its root attributes last: a removal cut short
     (the job killed) leaves a checkpoint still recognisable as this package's, or an empty
     directory, never an unreadable look-alike that would stop the resubmitted job."""
+    if locations.is_url(path):
+        locations.remove(path, root_last=True)
+        return
     marker = os.path.join(path, "zarr.json")
     for entry in os.scandir(path):
         if entry.path == marker:
@@ -218,7 +227,7 @@ def discard(directory: str, print_: str) -> None:
 def _make_room(path: str, print_: str) -> None:
     """Remove ``path`` if it is a checkpoint of fingerprint ``print_``; CheckpointError if
     something else is there."""
-    if os.path.lexists(path):
+    if locations.exists(path) if locations.is_url(path) else os.path.lexists(path):
         if _is_empty_dir(path):
             os.rmdir(path)
             return
@@ -238,8 +247,9 @@ class Pending:
 
     @property
     def tmp(self) -> str:
-        """Where the chunks are written until the checkpoint is complete."""
-        return self.final + ".tmp"
+        """Where the chunks are written until the checkpoint is complete (at a URL, where
+        nothing can be renamed: the final name)."""
+        return self.final if locations.is_url(self.final) else self.final + ".tmp"
 
 
 def start(
@@ -248,7 +258,7 @@ def start(
     """Submit the writes of ``groups`` (W, H, SW, SH futures) for the checkpoint of iteration
     ``iteration`` of the fit with fingerprint ``print_``; nothing waits: each chunk is written
     as soon as it is computed."""
-    pending = Pending(iteration, os.path.join(directory, f"ckpt-{iteration:08d}"), print_, {})
+    pending = Pending(iteration, locations.join(directory, f"ckpt-{iteration:08d}"), print_, {})
     tmp = pending.tmp
     _make_room(tmp, print_)
     root = zarr.open_group(tmp, mode="w", attributes={"format": FORMAT, "fingerprint": print_})
@@ -270,8 +280,9 @@ def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
     zarr.open_group(pending.tmp, mode="r+").attrs.update(
         {"snapshot": snap.__dict__, "colsums": colsums, "complete": True}
     )
-    _make_room(pending.final, pending.fingerprint)
-    os.replace(pending.tmp, pending.final)
+    if pending.tmp != pending.final:
+        _make_room(pending.final, pending.fingerprint)
+        os.replace(pending.tmp, pending.final)
     directory = os.path.dirname(pending.final)
     older = [  # newest first; names sort by iteration, and "ckpt-n" < "ckpt-n.tmp"
         p for p in list_checkpoints(directory, _ANY)

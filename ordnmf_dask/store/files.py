@@ -197,11 +197,15 @@ def zarr_keys(url: str) -> list[str]:
     return sorted(keys, key=lambda k: k != META)
 
 
-def remove(url: str, keep_pending: bool = False) -> None:
-    """Remove the zarr hierarchy of ours at ``url`` (:func:`zarr_keys`, the root's metadata
-    first) and, unless ``keep_pending``, its pending marker; nothing else there is touched."""
+def remove(url: str, keep_pending: bool = False, root_last: bool = False) -> None:
+    """Remove the zarr hierarchy of ours at ``url`` (:func:`zarr_keys`) and, unless
+    ``keep_pending``, its pending marker; nothing else there is touched. The root's metadata
+    goes first (from then on it is not complete), or with ``root_last`` last (until then it
+    still says whose it is)."""
     fs, key = filesystem(url)
     keys = zarr_keys(url) if fs.exists(key) else []
+    if root_last and keys[:1] == [META]:
+        keys = [*keys[1:], META]
     for k in [*keys, *([] if keep_pending else [PENDING])]:
         path = f"{key}/{k}"
         if fs.exists(path):
@@ -224,6 +228,16 @@ def upload(local: str, url: str) -> None:
     for name in order:
         fs.put_file(os.path.join(local, name), f"{key}/{name}")
     fs.invalidate_cache(key)
+
+
+def list_names(url: str) -> list[str]:
+    """Names of the entries (files and prefixes) directly under ``url``."""
+    fs, key = filesystem(url)
+    fs.invalidate_cache(key)
+    try:
+        return [name.rstrip("/").rpartition("/")[2] for name in fs.ls(key, detail=False)]
+    except FileNotFoundError:
+        return []
 
 
 def check_not_pending(url: str, what: str) -> None:
