@@ -14,11 +14,12 @@ On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros,
 3. in a fresh process, the fused kernels over all blocks of the store, one thread: one local
    pass, and the kernel work of one iteration (row + column rate corrections + local pass);
 4. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
-   median seconds of ``--paper-iters`` full exact iterations.
+   median seconds (wall and CPU) of ``--paper-iters`` full exact iterations.
 
 Prints the ratios, the CPU time the fit's own process (client and scheduler) takes per
-iteration, and the peak RSS of every process (psutil sampling every 20 ms, and the kernel's
-high-water mark VmHWM from ``getrusage``).
+iteration, the CPU time per iteration of the in-process fit against the paper-style code's (a
+steadier figure than wall time on a shared machine), and the peak RSS of every process (psutil
+sampling every 20 ms, and the kernel's high-water mark VmHWM from ``getrusage``).
 """
 
 from __future__ import annotations
@@ -123,12 +124,14 @@ def paper_job(path: str, k: int, iters: int) -> dict[str, float]:
         np.concatenate(rows), np.concatenate(cols), np.concatenate(ys),
         (info.n_users, info.n_items), k, info.n_classes,
     )  # fmt: skip
-    times, elbos = [], []
+    times, cpus, elbos = [], [], []
     for _ in range(iters):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         elbos.append(model.iteration())
         times.append(time.perf_counter() - start)
-    return {"s_per_iter": statistics.median(times), "peak_mb": self_peak_mb(), "elbo": elbos[-1]}
+        cpus.append(time.process_time() - cpu)
+    return {"s_per_iter": statistics.median(times), "cpu_per_iter": statistics.median(cpus),
+            "peak_mb": self_peak_mb(), "elbo": elbos[-1]}  # fmt: skip
 
 
 def _timed(fn: Any) -> float:
@@ -276,7 +279,9 @@ def main() -> None:
     print(
         f"in-process: first iteration {inproc['first_iter']:.3f} s, whole fit "
         f"{inproc['fit_wall']:.1f} s, CPU {inproc['cpu_per_iter']:.3f} s per iteration after "
-        f"the first (both cores: ideal {fused['iteration'] / 2:.3f} s per iteration)"
+        f"the first (both cores: ideal {fused['iteration'] / 2:.3f} s per iteration); "
+        f"paper-style CPU {paper['cpu_per_iter']:.3f} s per iteration: "
+        f"{paper['cpu_per_iter'] / inproc['cpu_per_iter']:.1f}x the in-process fit's CPU"
     )
     mem = [
         ["client (fit driver)", dist["client_mb"], dist["client_hwm_mb"]],

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# "auto" runs in-process up to this many training nonzeros (measured faster than a LocalCluster
-# of two workers up to here, docs/design.md §4) when the estimate of :func:`inprocess_bytes`
-# is within INPROCESS_MEMORY of the machine's memory
+# "auto" runs in-process up to this many training nonzeros (about where a LocalCluster of two
+# workers has caught up per iteration: bench/iteration.py) when the estimate of
+# :func:`inprocess_bytes` is within INPROCESS_MEMORY of the machine's memory
 INPROCESS_MAX_NNZ = 1 << 24
 INPROCESS_MEMORY = 0.25
 # (n, K) float64 tables an in-process fit holds per row of W and of H at its peak: the chunk
