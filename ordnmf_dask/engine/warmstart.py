@@ -40,8 +40,8 @@ from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo
 from ordnmf_dask.store.csr import load_block
 
-FOLDIN_MAX_ITER = 200  # per new row: a start, refined by the fit itself
-FOLDIN_TOL = 1e-5
+FOLDIN_MAX_ITER = 100  # per new row: a start, refined by the fit itself
+FOLDIN_TOL = 1e-4
 SIDES = {"W": ("users", "row_bounds", 0), "H": ("items", "col_bounds", 1)}
 
 
