@@ -11,7 +11,8 @@ stores cannot rename, so there the parts go to their final names between a ``_PE
 written first (listing every part it will write) and the manifest; a failed export removes them
 (an interrupted one keeps the marker while a part may still be written, so that the prefix stays
 recognisably ours). Only an export (complete, or marked pending) is ever replaced, and only the
-files its manifest or marker lists are removed.
+files its manifest or marker lists are removed. The marks are those of stores and models at URLs
+(:class:`ordnmf_dask.store.files.Place`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo, check_target, publish
+from ordnmf_dask.store.files import PENDING, Place
 
 EXPORT_KIND = "ordnmf_dask.export"
 EXPORT_FORMAT = 1
 MANIFEST = "_SUCCESS"  # written last: the export is complete
-PENDING = "_PENDING"  # at a URL: written first, removed last (the parts being written are ours)
 WHAT = ("factors", "recommendations")
 FACTORS = {"user_factors": ("W", "users"), "item_factors": ("H", "items")}  # dataset -> source
 RECOMMENDATIONS = "recommendations"
@@ -137,11 +138,7 @@ class Target:
 
     def marker(self, root: str, name: str) -> dict[str, Any] | None:
         """The JSON marker ``name`` under ``root`` if it is one of ours, else None."""
-        try:
-            mark = json.loads(self.fs.cat_file(f"{root}/{name}"))
-        except (OSError, ValueError):
-            return None
-        return mark if isinstance(mark, dict) and mark.get("kind") == EXPORT_KIND else None
+        return Place(self.fs, root, self.url).marker(name, EXPORT_KIND)
 
     def is_export(self, root: str) -> bool:
         """Whether ``root`` holds an export (complete, or pending at a URL)."""
@@ -180,20 +177,16 @@ def open_target(
     return target
 
 
-def _remove_export(target: Target, keep_pending: bool = False) -> None:
-    """Remove the export at a URL target: the files its manifest or pending marker lists, then
-    the markers (the manifest first: from then on it is not a complete export). With
-    ``keep_pending``, the pending marker stays, naming the parts as ours (see below)."""
+def _listed(target: Target) -> list[str]:
+    """The keys of the export at a URL target, in the order they are removed: the manifest
+    first (from then on it is not a complete export), then the files it or the pending marker
+    lists."""
     listed: set[str] = set()
     for name in (MANIFEST, PENDING):
         mark = target.marker(target.root, name) or {}
         listed.update(p for d in (mark.get("datasets") or {}).values() for p in d["parts"])
         listed.update(mark.get("planned") or [])
-    target.fs.invalidate_cache()
-    for name in [MANIFEST, *sorted(listed), *([] if keep_pending else [PENDING])]:
-        path = f"{target.root}/{name}"
-        if target.fs.exists(path):
-            target.fs.rm_file(path)
+    return [MANIFEST, *sorted(listed)]
 
 
 # ------------------------------------------------------------------------------ the export
@@ -308,19 +301,16 @@ def write_export(cl: Client, plan: Plan) -> str:
         "kind": EXPORT_KIND, "format_version": EXPORT_FORMAT, "model": plan.model.path,
         "n": plan.n if plan.store is not None else None,
     }
+    place = Place(fs, target.root, target.url)
     if target.local:
         root = f"{target.root}.tmp-{secrets.token_hex(6)}"
         for d in plan.datasets:
             fs.makedirs(f"{root}/{d}")
     else:
         root = target.root
-        _remove_export(target)  # an export open_target allowed us to replace
         planned = [part_name(*p) for p in plan.parts]
-        try:
-            fs.pipe_file(f"{root}/{PENDING}",
-                         json.dumps({**manifest, "planned": planned}).encode())
-        except OSError as exc:  # the first write: no bucket, no permission, ...
-            raise InputError(f"{target.url}: cannot write there ({exc})") from None
+        # the marker, then the removal of an export open_target allowed us to replace
+        place.begin({**manifest, "planned": planned}, _listed(target))
     futures: list[Future] = []
     try:
         futures = [_submit(cl, plan, root, p) for p in plan.parts]
@@ -336,12 +326,12 @@ def write_export(cl: Client, plan: Plan) -> str:
         if target.local:
             publish(root, target.root, target.check_local)
         else:
-            fs.rm_file(f"{root}/{PENDING}")
+            place.finish()
     except BaseException:
         if not target.local:  # a task still running (interrupted) may yet write its part:
             settled = all(f.done() for f in futures)  # then the pending marker stays
             cl.cancel(futures)
-            _remove_export(target, keep_pending=not settled)
+            place.remove(_listed(target), keep_pending=not settled)
         raise
     finally:
         if target.local:

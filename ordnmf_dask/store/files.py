@@ -6,18 +6,21 @@ directly); a URL goes through fsspec, its credentials and options found the usua
 (environment, fsspec configuration): a path string carries none, and Dask workers open the
 same URL on their own.
 
-Object stores cannot rename, so a store or model at a URL is written in place between two
-marks (:func:`begin`, :func:`finish`): a ``_PENDING`` marker first, then the zarr hierarchy,
-the root ``zarr.json`` (whose ``complete`` attribute is true) last, then the marker is removed.
-Readers refuse a URL whose marker is there or whose root is not complete. The keys of a zarr
-hierarchy at a URL (:func:`zarr_keys`) are the only ones this package ever removes there.
+Object stores cannot rename, so whatever this package writes at a URL is written in place
+between two marks (:class:`Place`): a ``_PENDING`` marker first (JSON; its ``kind`` says whose),
+then the content, then the marker is removed. For a store or model (:func:`begin`,
+:func:`finish`) the content is a zarr hierarchy whose root ``zarr.json`` (``complete`` true)
+is written last; readers refuse a URL whose marker is there or whose root is not complete. Only
+keys listed as ours are ever removed there: the keys of the zarr hierarchy (:func:`zarr_keys`),
+or for a Parquet export the files its manifest or marker lists.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -123,14 +126,60 @@ def write_bytes(url: str, data: bytes | memoryview) -> None:
 # ------------------------------------------------------------------------- writing at a URL
 
 
+@dataclass(frozen=True)
+class Place:
+    """A prefix at a URL written in place between marks: its filesystem, its path there and the
+    name to report. Stores, models, checkpoints and Parquet exports all use it; what each
+    counts as its own keys (and so may remove) is the caller's list."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    url: str
+
+    @classmethod
+    def of(cls, url: str) -> Place:
+        fs, key = filesystem(url)
+        return cls(fs, key, url)
+
+    def marker(self, name: str = PENDING, kind: str | None = None) -> dict[str, Any] | None:
+        """The JSON marker ``name`` if it is one of ours (of ``kind`` when given), else None."""
+        try:
+            mark = json.loads(self.fs.cat_file(f"{self.root}/{name}"))
+        except (OSError, ValueError):
+            return None
+        found = str(mark.get("kind", "")) if isinstance(mark, dict) else ""
+        ours = found == kind if kind is not None else found.startswith("ordnmf_dask")
+        return mark if ours else None
+
+    def begin(self, doc: dict[str, Any], replaced: Sequence[str]) -> None:
+        """Start a write: the pending marker ``doc`` (its ``kind`` says whose), then the removal
+        of ``replaced`` (the previous write's keys, listed before the marker was written).
+        InputError when nothing can be written there."""
+        try:
+            self.fs.pipe_file(f"{self.root}/{PENDING}", json.dumps(doc).encode())
+        except OSError as exc:  # the first write: no bucket, no permission, ...
+            raise InputError(f"{self.url}: cannot write there ({exc})") from None
+        self.remove(replaced, keep_pending=True)
+
+    def finish(self) -> None:
+        """The write is complete: remove the pending marker."""
+        self.fs.rm_file(f"{self.root}/{PENDING}")
+        self.fs.invalidate_cache(self.root)
+
+    def remove(self, keys: Sequence[str], keep_pending: bool = False) -> None:
+        """Remove ``keys`` (relative to the root, in this order) where present and, unless
+        ``keep_pending``, the pending marker; nothing else."""
+        self.fs.invalidate_cache(self.root)
+        for k in [*keys, *([] if keep_pending else [PENDING])]:
+            path = f"{self.root}/{k}"
+            if self.fs.exists(path):
+                self.fs.rm_file(path)
+        self.fs.invalidate_cache(self.root)
+
+
 def marker(url: str) -> dict[str, Any] | None:
     """The pending marker at ``url`` if there is one of ours, else None."""
-    try:
-        mark = json.loads(read_bytes(join(url, PENDING)))
-    except (OSError, ValueError):
-        return None
-    return mark if isinstance(mark, dict) and str(mark.get("kind", "")).startswith(
-        "ordnmf_dask") else None
+    return Place.of(url).marker()
 
 
 def check_url_target(
@@ -153,28 +202,25 @@ def check_url_target(
 
 
 def begin(url: str, mark: str) -> None:
-    """Start writing a zarr hierarchy at ``url``: the pending marker, then the removal of what
-    a previous one of ours left there (the root's metadata first, so it is no longer complete).
-    InputError when nothing can be written there."""
-    try:
-        write_bytes(join(url, PENDING), json.dumps({"kind": mark}).encode())
-    except OSError as exc:  # the first write: no bucket, no permission, ...
-        raise InputError(f"{url}: cannot write there ({exc})") from None
-    remove(url, keep_pending=True)
+    """Start writing a zarr hierarchy at ``url`` (:meth:`Place.begin`, pending marker of kind
+    ``mark``): a previous one of ours there is removed, the root's metadata first, so that it
+    is no longer complete."""
+    Place.of(url).begin({"kind": mark}, zarr_keys(url))
 
 
 def finish(url: str) -> None:
     """The hierarchy at ``url`` is complete: remove its pending marker."""
-    fs, key = filesystem(url)
-    fs.rm_file(f"{key}/{PENDING}")
-    fs.invalidate_cache(key)
+    Place.of(url).finish()
 
 
 def zarr_keys(url: str) -> list[str]:
     """The keys of the zarr hierarchy rooted at ``url`` (paths relative to it): the
     ``zarr.json`` of the root and of every node whose parent is a node, and every key under
     ``<node>/c/`` (chunks). The root's ``zarr.json`` comes first."""
-    found = sorted(sizes(url))
+    try:
+        found = sorted(sizes(url))
+    except FileNotFoundError:
+        return []
     nodes = {""} | {k[: -len(META)].rstrip("/") for k in found if k.endswith(META)}
 
     def linked(node: str) -> bool:  # the node and every ancestor up to the root is a node
@@ -202,15 +248,10 @@ def remove(url: str, keep_pending: bool = False, root_last: bool = False) -> Non
     ``keep_pending``, its pending marker; nothing else there is touched. The root's metadata
     goes first (from then on it is not complete), or with ``root_last`` last (until then it
     still says whose it is)."""
-    fs, key = filesystem(url)
-    keys = zarr_keys(url) if fs.exists(key) else []
+    keys = zarr_keys(url)
     if root_last and keys[:1] == [META]:
         keys = [*keys[1:], META]
-    for k in [*keys, *([] if keep_pending else [PENDING])]:
-        path = f"{key}/{k}"
-        if fs.exists(path):
-            fs.rm_file(path)
-    fs.invalidate_cache(key)
+    Place.of(url).remove(keys, keep_pending)
 
 
 def upload(local: str, url: str) -> None:
