@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 
 import fsspec
 import numpy as np
 import pytest
 import zarr
+from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import OrdNMF, ingest
 from ordnmf_dask.dist.inprocess import InProcessClient
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import open_model, save_model
+from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids, verify_store
 
@@ -243,3 +246,31 @@ def test_checkpoints_at_a_url_are_kept_rotated_and_resumed_from(s3conf, tmp_path
     assert resumed.elbo_ == whole.elbo_
     est(1, checkpoint_dir=ckpt).fit(store.path, out=tmp_path / "d", restart=True)
     assert keys(s3, "ckpt") == ["README"]
+
+
+def test_a_distributed_ingest_to_a_url_is_the_in_memory_store(s3conf, client, tmp_path,
+                                                              monkeypatch):
+    """The workers stage and write the chunk files in a local temporary directory, the client
+    uploads it: the same store as the in-memory ingest, and no temporary directory left."""
+    s3 = s3conf
+    csv = ratings_csv(tmp_path / "r.csv")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    url = s3.url("ooc.zarr")
+    info = ingest_distributed(csv, url, client=client, chunk_bytes=2000, rows_per_partition=200,
+                              nnz_per_block=200)
+    ingest(csv, tmp_path / "mem.zarr", nnz_per_block=200)
+    assert info.path == url and locations.PENDING not in keys(s3, "ooc.zarr")
+    assert_same_store(tmp_path / "mem.zarr", url)
+    verify_store(url)
+    assert os.listdir(scratch) == []
+
+
+def test_a_model_is_never_written_into_its_store_at_a_url(s3conf, tmp_path):
+    s3 = s3conf
+    url = s3.url("s.zarr")
+    ingest(ratings_csv(tmp_path / "r.csv"), url, nnz_per_block=200)
+    for out, where in ((url, "is"), (f"{url}/m.zarr", "is inside"), (s3.url(), "contains")):
+        with pytest.raises(InputError, match=f"it {where} the training store {url}"):
+            fit(url, out, overwrite=True)
