@@ -27,7 +27,14 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin, RowGroups
-from ordnmf_dask.sources.text import Column, Triples, concat_ids, open_input, text_values
+from ordnmf_dask.sources.text import (
+    Column,
+    Triples,
+    concat_ids,
+    open_input,
+    release_memory,
+    text_values,
+)
 
 SUFFIXES = (".parquet", ".parq")
 _INT64_MAX = np.iinfo(np.int64).max
@@ -228,8 +235,9 @@ def read_parquet(fmt: ParquetFormat) -> Triples:
     """Every row of a Parquet file (its format from ``parquet_format_of``), group by group."""
     path = fmt.path
     parts = [t for c in parquet_chunks(fmt, 0, 0) if (t := read_row_group(c)) is not None]
-    line = np.concatenate([t.origin.line for t in parts])
-    origin = Origin((path,), np.zeros(len(line), np.int32), line, True, (fmt.row_groups,))
+    release_memory()  # what reading the row groups freed
+    # the row groups in order hold rows 0 .. n - 1 of the file: no array needed to name them
+    origin = Origin((path,), None, sum(len(t) for t in parts), True, (fmt.row_groups,))
     return Triples(
         concat_ids([t.users for t in parts]),
         concat_ids([t.items for t in parts]),

@@ -175,11 +175,10 @@ def concat_ids(parts: Sequence[Any]) -> Any:
     """Concatenated raw ids: int64 if every part is, else strings (ints in decimal)."""
     if all(isinstance(p, np.ndarray) for p in parts):
         return np.concatenate(parts).astype(np.int64, copy=False)
-    chunks = []
-    for p in parts:
-        col = pa.chunked_array([pa.array(p)]) if isinstance(p, np.ndarray) else p
-        chunks += col.cast(pa.large_string()).chunks
-    return pa.chunked_array(chunks, pa.large_string())
+    cols = [pa.chunked_array([pa.array(p)]) if isinstance(p, np.ndarray) else p for p in parts]
+    if len({c.type for c in cols}) > 1:  # e.g. int and string ids, or string and large_string
+        cols = [c.cast(pa.large_string()) for c in cols]
+    return pa.chunked_array([chunk for c in cols for chunk in c.chunks], cols[0].type)
 
 
 def check_delimiter(delimiter: str | None) -> None:
