@@ -174,14 +174,13 @@ def dedupe(
     key = u.astype(np.int64) * np.int64(max(len(item_ids), 1))
     key += i
     order = np.argsort(key)
-    sk = key[order]
-    new = np.ones(len(sk), dtype=bool)
-    np.not_equal(sk[1:], sk[:-1], out=new[1:])
-    if new.all():
+    if not _repeats(key, order):
+        del key
         return order, values[order]
     order = np.argsort(key, kind="stable")  # input order within a pair: "last", messages
     sk = key[order]
     del key
+    new = np.ones(len(sk), dtype=bool)
     np.not_equal(sk[1:], sk[:-1], out=new[1:])
     starts = np.flatnonzero(new)
     if policy == "error":
@@ -201,6 +200,16 @@ def dedupe(
     else:
         merged = values[rows]
     return rows.astype(np.int64), merged
+
+
+def _repeats(key: np.ndarray, order: np.ndarray, piece: int = 1 << 22) -> bool:
+    """Whether ``key`` (n,) has a repeated value, given ``order`` that sorts it (checked piece
+    by piece: no sorted copy of the whole key)."""
+    for start in range(0, len(order), piece):
+        part = key[order[start : start + piece + 1]]
+        if np.any(part[1:] == part[:-1]):
+            return True
+    return False
 
 
 def min_count_mask(

@@ -407,6 +407,7 @@ def _build(
     item_sel, i = _compact(i, len(item_ids))
     data = _Nonzeros(u, i, y, raw)  # still in (user, item) order: compacting keeps it
     del u, i, y, raw
+    release_memory()  # what the sort and the filters freed
     n_before_split = len(data.u)
 
     extra: dict[str, object] = {}
