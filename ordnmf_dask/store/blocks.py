@@ -194,7 +194,7 @@ def check_target(
     if locations.is_url(out):
         return locations.check_url_target(locations.location(out), overwrite, kind, is_ours,
                                           mark)
-    path = os.path.abspath(os.fspath(out))
+    path = locations.location(out)
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise InputError(f"{path}: parent directory {parent} does not exist")
