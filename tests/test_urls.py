@@ -274,3 +274,9 @@ def test_a_model_is_never_written_into_its_store_at_a_url(s3conf, tmp_path):
     for out, where in ((url, "is"), (f"{url}/m.zarr", "is inside"), (s3.url(), "contains")):
         with pytest.raises(InputError, match=f"it {where} the training store {url}"):
             fit(url, out, overwrite=True)
+
+
+def test_a_file_url_is_the_local_path(tmp_path):
+    csv = ratings_csv(tmp_path / "r.csv")
+    info = ingest(csv, f"file://{tmp_path}/f.zarr", nnz_per_block=200)
+    assert info.path == str(tmp_path / "f.zarr") and open_store(tmp_path / "f.zarr").nnz_train
