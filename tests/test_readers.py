@@ -71,8 +71,8 @@ def test_compressed_error_names_file_and_line(tmp_path):
 
 
 def test_streamed_text_errors_name_the_line(tmp_path):
-    """Errors found after the first block of a big file name its line (the streamed reader
-    falls back to the line-aware one)."""
+    """A file the streamed reader refuses (a short or long line, a value that is no number
+    far from the start) is read again by the line-aware reader, whose error names the line."""
     u, i, v = rows(3, n=2000)
     lines = csv_text(u, i, v).splitlines()
     for k, bad, message in [(1500, "u1,item-1", "expected at least 3 columns"),
