@@ -34,7 +34,6 @@ from distributed import Client
 from ordnmf_dask.app import tuning
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
-from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
 from ordnmf_dask.modelstore.model import is_model, model_target, open_model
@@ -340,13 +339,9 @@ def _prepare(out: str) -> None:
 
 
 def _drop_checkpoints(trial: Trial) -> None:
-    """Remove the trial's checkpoints (finished ones are ordnmf_dask's by their name and
-    attributes), then its checkpoint directory if nothing else is in it."""
-    for path in checkpoint.list_checkpoints(trial.checkpoints):
-        if checkpoint.fingerprint_of(path) is not None:
-            checkpoint.remove(path)
-    if os.path.isdir(trial.checkpoints) and not os.listdir(trial.checkpoints):
-        os.rmdir(trial.checkpoints)
+    """Remove the trial's checkpoint directory: tune creates a trial's directory for that
+    trial's fit alone, so all of it is ours (the unfinished writes of a stopped fit too)."""
+    shutil.rmtree(trial.checkpoints, ignore_errors=True)
 
 
 class _Search:
