@@ -13,11 +13,10 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from distributed import Client
 
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
@@ -45,6 +44,9 @@ from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client
 
 log = logging.getLogger("ordnmf_dask")
 

@@ -3,6 +3,7 @@ automatically for small stores, and the Client behaviour the engine relies on.""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -197,3 +198,40 @@ def test_the_kernels_import_and_run_where_numba_can_cache_nowhere():
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert float(done.stdout) == pytest.approx(-0.5772156649015329, rel=1e-14)  # -Euler's gamma
+
+
+def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store):
+    """A fit that runs in-process pays no start-up for distributed (nor dask.dataframe,
+    pyarrow, pandas or scipy.stats)."""
+    code = ("import sys\n"
+            "from ordnmf_dask.app.cli import main\n"
+            f"code = main(['fit', {store.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
+            "'-k', '2', '--max-iter', '2', '-q'])\n"
+            "heavy = ['distributed', 'dask.dataframe', 'pyarrow', 'pandas', 'scipy.stats']\n"
+            "print(code, [m for m in heavy if m in sys.modules])\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "0 []"
+
+
+def test_distributed_imported_during_a_command_takes_its_logging_levels():
+    """distributed sets its loggers' levels when first imported: imported in the middle of a
+    quiet command (a cluster started after the in-process choice was ruled out) they are
+    silenced again, and after the command they are distributed's own, as found."""
+    code = ("import logging, sys\n"
+            "from ordnmf_dask.app import cli\n"
+            "assert 'distributed' not in sys.modules\n"
+            "with cli._logging_kept(quiet=True):\n"
+            "    cli._silence_dask()\n"
+            "    import distributed\n"
+            "    during = [logging.getLogger(n).level for n in ('distributed', "
+            "'distributed.client')]\n"
+            "after = [logging.getLogger(n).level for n in ('distributed', 'distributed.client')]\n"
+            "print(during, after, distributed.__spec__.loader is not None)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    silent = logging.CRITICAL + 1
+    assert done.stdout.split() and done.stdout.strip() == (
+        f"[{silent}, {silent}] [{logging.INFO}, {logging.WARNING}] True")

@@ -18,7 +18,8 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 from typing import Any, TypeGuard
 
 from ordnmf_dask import __version__
@@ -627,20 +628,62 @@ def _dask_loggers() -> list[logging.Logger]:
     return [logging.getLogger(n) for n in names if n.split(".")[0] in ("distributed", "asyncio")]
 
 
+class _OnImport:
+    """While in ``sys.meta_path``, runs ``then()`` right after module ``name`` is first
+    imported (the import itself is left to the other finders and the module's own loader)."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+        self.loader: Any = None
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.loader is not None:
+            return None
+        sys.meta_path.remove(self)
+        spec = next(filter(None, (f.find_spec(fullname, path, target) for f in sys.meta_path
+                                  if hasattr(f, "find_spec"))), None)  # fmt: skip
+        if spec is not None and spec.loader is not None:
+            self.loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        assert self.loader is not None
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        assert self.loader is not None and module.__spec__ is not None
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        self.then()
+
+
 @contextlib.contextmanager
-def _logging_kept() -> Iterator[None]:
+def _logging_kept(quiet: bool) -> Iterator[None]:
     """Restore on exit what a command changes in logging: the ``ordnmf_dask`` logger's handlers,
     level and propagation and the levels of the Dask loggers (main() also runs in-process, in
-    tests and notebooks); handlers added meanwhile are closed."""
-    # distributed configures its loggers when first imported: import it first, so that its own
-    # configuration is what is restored (the package imports it lazily; --help never gets here)
-    import distributed  # noqa: F401
+    tests and notebooks); handlers added meanwhile are closed.
 
+    distributed, imported only by commands that use a cluster, configures its loggers when
+    first imported: their levels then are restored on exit, and a ``quiet`` command (no
+    --debug) silences them again (:func:`_silence_dask`)."""
     handlers, level, propagate = list(log.handlers), log.level, log.propagate
     levels = [(logger, logger.level) for logger in _dask_loggers()]
+    hook = None
+    if "distributed" not in sys.modules:
+
+        def configured() -> None:
+            levels.extend((logger, logger.level) for logger in _dask_loggers()
+                          if logger.name.split(".")[0] == "distributed")  # fmt: skip
+            if quiet:
+                _silence_dask()
+
+        hook = _OnImport("distributed", configured)
+        sys.meta_path.insert(0, hook)
     try:
         yield
     finally:
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
         for h in log.handlers:
             if h not in handlers:
                 h.close()
@@ -666,11 +709,16 @@ def _setup_logging(args: argparse.Namespace) -> None:
     log.setLevel(logging.DEBUG if args.debug else logging.INFO)
     log.propagate = False
     if not args.debug:  # failures reach main() and become one line; --debug shows the rest
-        # Dask's logging config gives some loggers their own level (distributed.client: warning);
-        # asyncio reports the client's tasks left behind by an interrupted gather. The worker
-        # processes of a LocalCluster we start take this level too (engine.cluster)
-        for logger in _dask_loggers():  # silent: the scheduler logs even a closed client at
-            logger.setLevel(logging.CRITICAL + 1)  # CRITICAL, with a traceback
+        _silence_dask()
+
+
+def _silence_dask() -> None:
+    """Silence the Dask loggers that exist: Dask's logging config gives some their own level
+    (distributed.client: warning), and asyncio reports the client's tasks left behind by an
+    interrupted gather. The worker processes of a LocalCluster we start take this level too
+    (dist.cluster)."""
+    for logger in _dask_loggers():  # silent: the scheduler logs even a closed client at
+        logger.setLevel(logging.CRITICAL + 1)  # CRITICAL, with a traceback
 
 
 # OSErrors of the local file system rather than of the network: a path that cannot be written
@@ -756,7 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
     try:
-        with _logging_kept():
+        with _logging_kept(quiet=not args.debug):
             return _run(args, parser)
     finally:
         interrupt.clear()

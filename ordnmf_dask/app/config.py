@@ -18,8 +18,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask.utils import parse_bytes
-
 from ordnmf_dask import params
 from ordnmf_dask.errors import ConfigError
 
@@ -339,6 +337,8 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
         fail("cluster.local.threads_per_worker", f"must be >= 1, got {spec.threads_per_worker}")
     if spec.memory_limit is not None and spec.memory_limit != "auto":
         try:
+            from dask.utils import parse_bytes
+
             ok = parse_bytes(spec.memory_limit) > 0
         except (ValueError, TypeError):
             ok = False

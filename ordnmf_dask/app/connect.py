@@ -8,15 +8,15 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import dask
-from dask.utils import parse_timedelta
-from distributed import Client
-from distributed.security import Security
+from typing import TYPE_CHECKING
 
 from ordnmf_dask.app.config import ClusterSection
 from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.errors import ClusterConnectError, ConfigError
+
+if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
+    from distributed import Client
+    from distributed.security import Security
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -30,6 +30,8 @@ def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
     """
     if not spec.uses_tls:
         return None
+    from distributed.security import Security
+
     for name in ("ca_file", "cert", "key"):
         path = getattr(spec, name)
         if path and not os.path.isfile(path):
@@ -46,6 +48,9 @@ def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
 def scheduler_address(path: str, timeout: float | None = None) -> str:
     """The address in a scheduler file, waiting up to ``timeout`` s for it to appear
     (default: Dask's ``distributed.comm.timeouts.connect``)."""
+    import dask
+    from dask.utils import parse_timedelta
+
     if timeout is None:
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
     deadline = time.monotonic() + timeout
@@ -79,6 +84,9 @@ def open_client(spec: ClusterSection, timeout: str | None = None) -> Iterator[Cl
                             memory_limit=local.memory_limit, security=security) as client:
             yield client
         return
+    import dask
+    from distributed import Client
+
     security = security_from(spec)
     timeout = timeout or dask.config.get("distributed.comm.timeouts.connect")
     address = spec.scheduler or scheduler_address(str(spec.scheduler_file))

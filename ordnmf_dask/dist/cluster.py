@@ -6,20 +6,18 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
-
-import dask
-from distributed import Client, LocalCluster
-from distributed.security import Security
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ordnmf_dask.dist.inprocess import InProcessClient, physical_memory
 from ordnmf_dask.errors import InputError
 
-if TYPE_CHECKING:
-    from ordnmf_dask.store.blocks import StoreInfo
+if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
+    from distributed import Client
+    from distributed.security import Security
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +72,9 @@ def resolve_client(
     if client is not None:
         yield client
         return
+    import dask
+    from distributed import Client, LocalCluster
+
     with _environ_kept():
         # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
         # process may have left Dask's MALLOC_TRIM_THRESHOLD_ there
@@ -97,7 +98,20 @@ def resolve_client(
             yield own
 
 
-def inprocess_bytes(info: StoreInfo, k: int) -> int:
+class Sizes(Protocol):
+    """What the executor choice reads of a store (a :class:`~ordnmf_dask.store.blocks.StoreInfo`)."""
+
+    @property
+    def nnz_train(self) -> int: ...
+    @property
+    def n_users(self) -> int: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def grid(self) -> tuple[int, int]: ...
+
+
+def inprocess_bytes(info: Sizes, k: int) -> int:
     """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
     training blocks (as :func:`ordnmf_dask.estimator.decide_cache` counts them) and
     FACTOR_TABLES (n, K) tables per row of W and H."""
@@ -105,7 +119,7 @@ def inprocess_bytes(info: StoreInfo, k: int) -> int:
     return blocks + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
 
 
-def runs_inprocess(info: StoreInfo, k: int, memory: int | None = None) -> bool:
+def runs_inprocess(info: Sizes, k: int, memory: int | None = None) -> bool:
     """Whether "auto" runs a fit of ``info`` at K = ``k`` in-process: at most
     INPROCESS_MAX_NNZ training nonzeros and :func:`inprocess_bytes` within INPROCESS_MEMORY of
     ``memory`` (default: the machine's)."""
@@ -115,7 +129,12 @@ def runs_inprocess(info: StoreInfo, k: int, memory: int | None = None) -> bool:
 
 
 def _current_client() -> Client | None:
-    """The current ``distributed`` client, or None."""
+    """The current ``distributed`` client, or None (always while distributed is not imported:
+    there is none then, and importing it costs a command its start-up)."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import Client
+
     try:
         return Client.current()
     except ValueError:
@@ -124,7 +143,7 @@ def _current_client() -> Client | None:
 
 @contextmanager
 def choose_client(
-    client: Any, info: StoreInfo, k: int, executor: str = "auto", n_workers: int = 2
+    client: Any, info: Sizes, k: int, executor: str = "auto", n_workers: int = 2
 ) -> Iterator[Any]:
     """The client a fit (or evaluation) of ``info`` at K = ``k`` runs on.
 
@@ -170,6 +189,8 @@ def _worker_logging() -> dict[str, dict[str, str]]:
     Workers configure logging when they import distributed, before any config we pass them
     applies, so the level travels as an environment variable set for the spawn.
     """
+    import dask
+
     effective = logging.getLogger("distributed").getEffectiveLevel()
     level = logging.getLevelName(min(effective, logging.CRITICAL))  # a name Dask's config reads
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))

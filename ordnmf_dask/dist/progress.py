@@ -7,10 +7,12 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-
-from distributed import Future, as_completed
+from typing import TYPE_CHECKING
 
 from ordnmf_dask.dist.inprocess import InProcessFuture
+
+if TYPE_CHECKING:
+    from distributed import Future
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -25,6 +27,8 @@ def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> No
     total = len(futures)
     if total == 0 or not log.isEnabledFor(logging.INFO) or isinstance(futures[0], InProcessFuture):
         return  # in-process tasks (.inprocess) finish while the caller gathers
+    from distributed import as_completed
+
     bar = sys.stderr.isatty() and _info_on_stderr()
     start = last = time.monotonic()
     reported = 0

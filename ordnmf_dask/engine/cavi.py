@@ -32,10 +32,9 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed import Client, Future
 
 from ordnmf_dask.dist import reduce
 from ordnmf_dask.dist.reduce import tree_sum
@@ -44,6 +43,9 @@ from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.store.blocks import StoreInfo
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client, Future
 
 log = logging.getLogger(__name__)
 

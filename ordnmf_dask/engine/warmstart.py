@@ -21,11 +21,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from distributed import Future
 
 from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.engine import tasks
@@ -39,6 +38,9 @@ from ordnmf_dask.modelstore.model import ModelInfo, model_fingerprint, open_mode
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo
 from ordnmf_dask.store.csr import load_block
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Future
 
 FOLDIN_MAX_ITER = 100  # per new row: a start, refined by the fit itself
 FOLDIN_TOL = 1e-4

@@ -17,13 +17,10 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
 import numpy as np
 import zarr
-from distributed import Client, Future
 
 from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import InputError, StoreError
@@ -40,6 +37,10 @@ from ordnmf_dask.store.blocks import (
     temporary_path,
 )
 from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_path
+
+if TYPE_CHECKING:  # dask and distributed are imported where they are used
+    import dask.array as da
+    from distributed import Client, Future
 
 MODEL_FORMAT = 1
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
@@ -141,7 +142,9 @@ def _copy_ids(client: Client, store: str, root: zarr.Group, tmp: str) -> list[Fu
         target = locations.join(tmp, axis, "ids")
         locations.write_bytes(locations.join(target, "zarr.json"),
                               locations.read_bytes(locations.join(source, "zarr.json")))
-        shared = client.scatter(files, broadcast=True)
+        # an unhashed key: saves of models of one store run at once (tune's trials), and Dask
+        # loses a hashed key scattered by two of them at the same time
+        shared = client.scatter(files, broadcast=True, hash=False)
         n = len(files.nbytes)
         copies += [
             client.submit(copy_id_chunks, shared, target,
@@ -237,6 +240,9 @@ class ModelInfo:
     def factor(self, name: str, field: str = "mean") -> da.Array:
         """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily (each read
         checks the chunk files, so a model removed or damaged since is an error, not zeros)."""
+        import dask
+        import dask.array as da
+
         n = self.n_blocks[0 if name == "W" else 1]
         parts = []
         for j in range(n):

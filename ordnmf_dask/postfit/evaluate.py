@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed import Client
 
 from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.dist.progress import track
@@ -26,6 +25,9 @@ from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 from ordnmf_dask.store.csr import load_block
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client
 
 
 def sampled_users(r: int, n_rows: int, fraction: float, seed: int) -> np.ndarray:

@@ -8,14 +8,16 @@ of raw ids runs per block and returns only the matches.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from distributed import Client
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.store.decode import ChunkFiles
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client
 
 
 def _array(store: str, axis: str) -> zarr.Array:
