@@ -9,8 +9,10 @@ from conftest import SHARED_DATA as DATA
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.distributed_tasks import union_ids
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.sources.split import pair_hash, random_test_mask
+from ordnmf_dask.sources.text import line_numbers
 
 ML = DATA / "ml-latest-small" / "ratings.csv"
 LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
@@ -126,3 +128,21 @@ def test_hash_split_is_exact_and_order_free():
     top = (h >> np.uint64(60)).astype(int)  # roughly uniform bins
     counts = np.bincount(top, minlength=16)
     assert counts.min() > 0.6 * len(h) / 16
+
+
+def test_union_of_sorted_id_runs():
+    a, b = np.array([3, 7, 40]), np.array([7, 8, 300])
+    np.testing.assert_array_equal(union_ids(a, b), [3, 7, 8, 40, 300])
+    mixed = union_ids(a, np.array(["007", "40", "u1"]))
+    np.testing.assert_array_equal(mixed, ["007", "3", "40", "7", "u1"])
+
+
+def test_line_numbers_skip_blank_lines():
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        data = b"".join(rng.choice([b"a", b" ", b"\n", b"\r", b"\t"], int(rng.integers(1, 12))))
+        starts = [0] + [k + 1 for k, c in enumerate(data) if c == 10]
+        lines = data.split(b"\n")
+        expect = [n + 5 for n, (s, line) in enumerate(zip(starts, lines, strict=True))
+                  if s < len(data) and line.strip(b" \t\r\x0b\x0c")]  # fmt: skip
+        np.testing.assert_array_equal(line_numbers(data, 5), expect, err_msg=repr(data))

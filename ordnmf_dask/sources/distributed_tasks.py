@@ -12,22 +12,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.sources.filtering import dedupe, raw_ids
+from ordnmf_dask.sources.filtering import dedupe, encode_pair
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import ParquetChunk
 from ordnmf_dask.sources.split import HASH_BIN_BITS, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
+from ordnmf_dask.store.grid import block_sort
 from ordnmf_dask.store.staged import load_arrays, save_arrays, save_segment, staging_dir
 
 _SHIFT = np.uint64(64 - HASH_BIN_BITS)
 
 
 def union_ids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Sorted distinct ids of two sorted id arrays: int64 if both are, else str."""
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return np.union1d(a, b)
-    return np.union1d(a.astype(str), b.astype(str))
+    """Sorted distinct ids of two sorted distinct id arrays: int64 if both are, else str.
+
+    A stable sort of the two concatenated runs is a merge (linear), then repeats are dropped.
+    """
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
+        a, b = a.astype(str), b.astype(str)
+    both = np.concatenate([a, b])
+    both.sort(kind="stable")
+    new = np.ones(len(both), dtype=bool)
+    np.not_equal(both[1:], both[:-1], out=new[1:])
+    return both[new]
 
 
 def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
@@ -57,8 +65,8 @@ def _part_prefix(tmp: str, part: int) -> str:
 
 
 def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
-    """Parse a chunk (text byte range or Parquet row group), stage (users, items, values, line);
-    return summaries and distinct ids.
+    """Parse a chunk (text byte range or Parquet row group), dictionary-encode its ids, stage
+    (codes, values, line) and its distinct ids; return summaries and the distinct ids.
 
     Returns
     -------
@@ -70,18 +78,18 @@ def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
     if triples is None:
         empty = np.zeros(0, dtype=np.int64)
         return {"small": {"rows": 0, "vmax": None, "bad": None}, "users": empty, "items": empty}
-    users = raw_ids(triples.users, triples.origin, "user")
-    items = raw_ids(triples.items, triples.origin, "item")
+    (users, uc), (items, ic) = encode_pair(triples.users, triples.items, triples.origin)
     values, line = triples.values, triples.origin.line
-    save_arrays(_chunk_prefix(tmp, chunk.index),
-                {"users": users, "items": items, "values": values, "line": line})  # fmt: skip
+    save_arrays(_chunk_prefix(tmp, chunk.index), {
+        "uc": uc, "ic": ic, "users": users, "items": items, "values": values, "line": line,
+    })  # fmt: skip
     bad = np.flatnonzero((values < 1) | (values != np.round(values)))
     small = {
         "rows": len(values),
         "vmax": float(values.max()),
         "bad": None if not bad.size else (float(values[bad[0]]), int(line[bad[0]])),
     }
-    return {"small": small, "users": np.unique(users), "items": np.unique(items)}
+    return {"small": small, "users": users, "items": items}
 
 
 # --------------------------------------------------------------------------- pass 2: codes
@@ -91,14 +99,16 @@ def codes_task(
     chunk: Chunk | ParquetChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
     item_ids: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """Check every value of a chunk, stage its id codes; return its rows per user (U,) int64."""
+    """Check every value of a chunk, stage its global id codes (the chunk's distinct ids looked
+    up in the global ones, then gathered per row); return its rows per user (U,) int64."""
     prefix = _chunk_prefix(tmp, chunk.index)
-    data = load_arrays(prefix, ["users", "items", "values", "line"])
+    data = load_arrays(prefix, ["uc", "ic", "users", "items", "values", "line"])
     origin = chunk_origin(chunk, data["line"])
     classify(spec, data["values"], origin)  # raises InputError naming the file and line
-    u = np.searchsorted(user_ids, _as_kind(data["users"], user_ids))
-    i = np.searchsorted(item_ids, _as_kind(data["items"], item_ids))
-    save_arrays(prefix, {"u": u.astype(np.int64), "i": i.astype(np.int64)})
+    to_u = np.searchsorted(user_ids, _as_kind(data["users"], user_ids)).astype(np.int32)
+    to_i = np.searchsorted(item_ids, _as_kind(data["items"], item_ids)).astype(np.int32)
+    u, i = to_u[data["uc"]], to_i[data["ic"]]
+    save_arrays(prefix, {"u": u, "i": i})
     return np.bincount(u, minlength=len(user_ids)).astype(np.int64)
 
 
@@ -265,7 +275,8 @@ def block_task(
     part: int, tmp: str, fin: Final, row_bounds: np.ndarray, col_bounds: np.ndarray,
     n_classes: int,
 ) -> dict:  # fmt: skip
-    """Stage a partition's nonzeros block by block, sorted by (row, col) within each block.
+    """Stage a partition's nonzeros block by block, sorted by (row, col) within each block
+    (``grid.block_sort``: a partition's nonzeros are in (user, item) order).
 
     Returns
     -------
@@ -275,26 +286,17 @@ def block_task(
     """
     d = _kept(part, tmp, fin)
     is_test, is_val = _is_test(d, fin), _is_validation(d, fin)
-    n_c = len(col_bounds) - 1
     out: dict = {}
     for split, sel in (("train", ~is_test & ~is_val), ("test", is_test), ("validation", is_val)):
-        u, i, y, raw = d["u"][sel], d["i"][sel], d["y"][sel], d["raw"][sel]
-        r = np.searchsorted(row_bounds, u, side="right") - 1
-        c = np.searchsorted(col_bounds, i, side="right") - 1
-        rows, cols = u - row_bounds[r], i - col_bounds[c]
-        b = r * n_c + c
-        order = np.lexsort((cols, rows, b))
-        b = b[order]
-        starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]])) if b.size else b
-        ends = np.append(starts[1:], len(b)) if b.size else b  # no nonzeros of this split
+        nz = block_sort(d["u"][sel], d["i"][sel], d["y"][sel], d["raw"][sel], row_bounds,
+                        col_bounds, presorted=True)  # fmt: skip
         ids, segs = [], []
-        for s, e in zip(starts, ends, strict=True):
-            sl = order[s:e]
-            prefix = os.path.join(staging_dir(tmp, split), f"{int(b[s]):08d}-{part:06d}")
-            segs.append(save_segment(prefix, {"rows": rows[sl], "cols": cols[sl], "y": y[sl],
-                                              "raw": raw[sl]}))  # fmt: skip
-            ids.append(int(b[s]))
+        for b in np.flatnonzero(np.diff(nz.offsets)):
+            lo, hi = nz.offsets[b], nz.offsets[b + 1]
+            prefix = os.path.join(staging_dir(tmp, split), f"{int(b):08d}-{part:06d}")
+            segs.append(save_segment(prefix, {"rows": nz.rows[lo:hi], "cols": nz.cols[lo:hi],
+                                              "y": nz.y[lo:hi], "raw": nz.raw[lo:hi]}))  # fmt: skip
+            ids.append(int(b))
         out[split] = (ids, segs)
-        out[f"hist_{split}"] = np.bincount(y, minlength=n_classes + 1).astype(np.int64)
+        out[f"hist_{split}"] = np.bincount(nz.y, minlength=n_classes + 1).astype(np.int64)
     return out
-

@@ -279,6 +279,9 @@ def line_numbers(data: bytes, first_line: int = 1) -> np.ndarray:
     buf = np.frombuffer(data, dtype=np.uint8)
     if buf.size == 0:
         return np.zeros(0, np.int64)
+    if not _has_blank_line(data):  # every line is a record
+        n = data.count(b"\n") + (not data.endswith(b"\n"))
+        return np.arange(first_line, first_line + n, dtype=np.int64)
     ends = np.flatnonzero(buf == 10)
     starts = np.concatenate([[0], ends + 1])
     if starts[-1] == buf.size:
@@ -286,6 +289,18 @@ def line_numbers(data: bytes, first_line: int = 1) -> np.ndarray:
     solid = ~np.isin(buf, np.frombuffer(_WHITESPACE + b"\n", np.uint8))
     counts = np.add.reduceat(solid, starts, dtype=np.int64)
     return np.flatnonzero(counts > 0).astype(np.int64) + first_line
+
+
+_BLANK_AT_START = re.compile(rb"[ \t\r\x0b\x0c]*(?:\n|\Z)")
+_BLANK_AFTER_NEWLINE = re.compile(rb"\n[ \t\r\x0b\x0c]*(?:\n|\Z)")
+
+
+def _has_blank_line(data: bytes) -> bool:
+    """Whether ``data`` (not empty) has a line of only whitespace (a final newline ends the last
+    line, it does not start an empty one)."""
+    end = len(data) - 1 if data.endswith(b"\n") else len(data)
+    return (_BLANK_AT_START.match(data, 0, end + 1 if end == 0 else end) is not None
+            or _BLANK_AFTER_NEWLINE.search(data, 0, end) is not None)  # fmt: skip
 
 
 @dataclass(eq=False)
