@@ -7,6 +7,7 @@ import csv
 import json
 import logging
 import math
+import threading
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,6 +20,8 @@ from ordnmf_dask.app.cli import main
 from ordnmf_dask.app.tune import tune
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.estimator import OrdNMF
+from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore.model import open_model, save_model
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.sources.inmemory import ingest_arrays
 
@@ -251,3 +254,35 @@ def test_command_on_the_test_subset_when_allowed(stores, cluster, client, tmp_pa
     ]
     # the score is evaluate's figure for the saved model
     assert float(best["value"]) == evaluate(info, out / "best", client, levels=[1])["ndcg"][1]
+
+
+@pytest.mark.cluster
+def test_models_of_one_store_saved_at_once(stores, client, tmp_path):
+    """Concurrent fits save at the same time, each copying the store's id maps: Dask lost a
+    hashed scattered key shared by two saves (a copy task cancelled for lost dependencies)."""
+    info = stores["validation"]
+    model = open_model(OrdNMF(2, max_iter=1).fit(info, client, out=tmp_path / "m").model_path_)
+    n_r, n_c = model.n_blocks
+    errors: list[BaseException] = []
+
+    def saves(j: int) -> None:
+        w = [client.submit(chunkstore.load_chunk, model.path, "W", r, pure=False)
+             for r in range(n_r)]
+        h = [client.submit(chunkstore.load_chunk, model.path, "H", c, pure=False)
+             for c in range(n_c)]
+        for _ in range(8):
+            try:
+                save_model(client, w, h, str(tmp_path / f"m{j}"), dict(model.attrs),
+                           overwrite=True)
+            except Exception as exc:  # noqa: BLE001 - every failure is counted
+                errors.append(exc)
+
+    threads = [threading.Thread(target=saves, args=(j,)) for j in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for j in range(6):
+        saved = open_model(str(tmp_path / f"m{j}"))
+        np.testing.assert_array_equal(saved.factor("W").compute(), model.factor("W").compute())
