@@ -131,3 +131,15 @@ def test_topk_ndcg_and_loglik_match_oracle(k):
     delta = oracle.init_delta(train_y, n_classes)
     got = metrics.test_loglik(rows, cols, test_y[rows, cols], ew, eh, delta)
     assert got == pytest.approx(oracle.test_loglik(ew, eh, delta, test_y), rel=1e-12)
+
+
+def test_gamma_update_with_nonpositive_rates_gives_a_nan_elbo():
+    """The logs of the rates are taken of their running product per row: two negative rates in
+    a row (corrupt corrections) must still make the ELBO term NaN, as log(b) of each would."""
+    alpha, n, k = 0.3, 2, 4
+    old = FactorChunk.initial(np.ones((n, k)))
+    corr = np.zeros((n, k))
+    corr[0, :2] = 1e3  # the rates of two entries of row 0 are negative
+    got = update_chunk(old, alpha, np.ones((n, k)), np.ones(k), corr)
+    assert np.isnan(got.elbo)
+    assert np.isfinite(update_chunk(old, alpha, np.ones((n, k)), np.ones(k), None).elbo)

@@ -99,7 +99,8 @@ def resolve_client(
 
 
 class Sizes(Protocol):
-    """What the executor choice reads of a store (a :class:`~ordnmf_dask.store.blocks.StoreInfo`)."""
+    """What the executor choice reads of a store: its
+    :class:`~ordnmf_dask.store.blocks.StoreInfo` (dist does not import the store layer)."""
 
     @property
     def nnz_train(self) -> int: ...

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,8 +30,8 @@ NAME = "inprocess"  # the one "worker" this client reports
 class InProcessFuture:
     """The result of a task of an :class:`InProcessClient` (status, result, exception)."""
 
-    __slots__ = ("_client", "_fn", "_args", "_kwargs", "_waiting", "_dependents", "_done",
-                 "_value", "_error", "__weakref__")  # fmt: skip
+    __slots__ = ("_client", "_fn", "_args", "_kwargs", "_deps", "_waiting", "_dependents",
+                 "_done", "_value", "_error", "__weakref__")  # fmt: skip
 
     def __init__(self, client: InProcessClient, fn: Callable[..., Any], args: tuple,
                  kwargs: dict[str, Any]) -> None:  # fmt: skip
@@ -39,6 +39,7 @@ class InProcessFuture:
         self._fn: Callable[..., Any] | None = fn
         self._args: tuple | None = args
         self._kwargs: dict[str, Any] | None = kwargs
+        self._deps: list[InProcessFuture] = []  # the futures among the arguments, in order
         self._waiting = 0  # unfinished dependencies
         self._dependents: list[InProcessFuture] = []
         self._done = False
@@ -74,27 +75,37 @@ class InProcessFuture:
         its future."""
 
 
-def _futures_in(obj: Any) -> Iterator[InProcessFuture]:
-    if isinstance(obj, InProcessFuture):
-        yield obj
-    elif type(obj) in (list, tuple):
-        for x in obj:
-            yield from _futures_in(x)
-    elif type(obj) is dict:
-        for x in obj.values():
-            yield from _futures_in(x)
+def _futures_in(obj: Any) -> list[InProcessFuture]:
+    """The distinct futures in ``obj`` (directly or inside lists, tuples and dicts), in order."""
+    found: dict[int, InProcessFuture] = {}
+    _collect(obj, found)
+    return list(found.values())
+
+
+def _collect(obj: Any, found: dict[int, InProcessFuture]) -> None:
+    kind = type(obj)
+    if kind is InProcessFuture:
+        found[id(obj)] = obj
+    elif kind is list or kind is tuple or kind is dict:
+        for x in obj.values() if kind is dict else obj:
+            if type(x) in _WALKED:
+                _collect(x, found)
+
+
+_WALKED = frozenset({InProcessFuture, list, tuple, dict})
 
 
 def _resolved(obj: Any) -> Any:
     """``obj`` with every future replaced by its value (containers rebuilt, as Dask does)."""
-    if isinstance(obj, InProcessFuture):
+    kind = type(obj)
+    if kind is InProcessFuture:
         return obj._value
-    if type(obj) is list:
-        return [_resolved(x) for x in obj]
-    if type(obj) is tuple:
-        return tuple(_resolved(x) for x in obj)
-    if type(obj) is dict:
-        return {k: _resolved(v) for k, v in obj.items()}
+    if kind is list:
+        return [_resolved(x) if type(x) in _WALKED else x for x in obj]
+    if kind is tuple:
+        return tuple([_resolved(x) if type(x) in _WALKED else x for x in obj])
+    if kind is dict:
+        return {k: _resolved(v) if type(v) in _WALKED else v for k, v in obj.items()}
     return obj
 
 
@@ -117,7 +128,7 @@ class InProcessClient:
         """Run ``fn(*args, **kwargs)`` once the futures among the arguments have finished."""
         kwargs = {k: v for k, v in kwargs.items() if k not in _PLACEMENT}
         fut = InProcessFuture(self, fn, args, kwargs)
-        deps = {id(d): d for d in _futures_in((args, kwargs))}.values()
+        fut._deps = deps = _futures_in((args, kwargs))
         with self._cond:
             for d in deps:
                 if not d._done:
@@ -171,17 +182,20 @@ class InProcessClient:
             self._pool.submit(self._run, fut)
 
     def _run(self, fut: InProcessFuture) -> None:
-        fn, args, kwargs = fut._fn, fut._args, fut._kwargs
+        fn, args, kwargs, deps = fut._fn, fut._args, fut._kwargs, fut._deps
         fut._fn = fut._args = fut._kwargs = None  # the inputs are freed with the task
+        fut._deps = []
         assert fn is not None and args is not None and kwargs is not None
-        failed = next((d._error for d in _futures_in((args, kwargs)) if d._error), None)
+        failed = next((d._error for d in deps if d._error), None)
         value, error = None, failed
         if failed is None:
+            if deps:
+                args, kwargs = _resolved(args), _resolved(kwargs)
             try:
-                value = fn(*_resolved(args), **_resolved(kwargs))
+                value = fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - a task's error is its future's
                 error = exc
-        del args, kwargs
+        del args, kwargs, deps
         with self._cond:
             fut._value, fut._error, fut._done = value, error, True
             ready = []

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from scipy.special import digamma, gammaln
 
 from ordnmf_dask.model.gamma import ASYMPTOTIC, LGAMMA_SERIES, PSI_SERIES
 from ordnmf_dask.model.kernels import (
@@ -83,6 +82,8 @@ def local_step(
 
 def _counts_terms(y: np.ndarray, s: np.ndarray, p: float) -> tuple[np.ndarray, float]:
     """E[n] (n,) and the bound's sum over these nonzeros, for counts y and rates s = t Lambda."""
+    from scipy.special import gammaln  # here: scipy.special is slow to import (OrdNMF needs none)
+
     if p == 0.0:
         return y, float(-gammaln(y + 1).sum() + (y * np.log(s)).sum())
     if p == 1.0:
@@ -111,6 +112,8 @@ def rising_log_terms(y: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarr
     large r (r = t Lambda / -log(1 - p) grows as 1 / p: at p = 1e-12, lgamma(r) ~ 1e13 leaves no
     digit of a difference ~ y log r, and E[n] = r (digamma(r + y) - digamma(r)) may exceed y).
     """
+    from scipy.special import digamma, gammaln
+
     y, r = np.broadcast_arrays(np.asarray(y, dtype=np.float64), np.asarray(r, dtype=np.float64))
     d_lgamma, d_digamma = np.empty(y.shape), np.empty(y.shape)
     small = r < ASYMPTOTIC

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import digamma
 
 from ordnmf_dask.model.kernels import jit
 
@@ -17,6 +16,8 @@ _jit = jit(fastmath=False, error_model="numpy")
 
 def gamma_moments(shape: np.ndarray, rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(E[x], E[log x])`` of Gamma(shape, rate), elementwise."""
+    from scipy.special import digamma  # here: scipy.special is slow to import
+
     return shape / rate, digamma(shape) - np.log(rate)
 
 
@@ -42,17 +43,15 @@ def _horner(coefs: tuple[float, ...], f: float) -> float:
 
 
 @_jit
-def digamma_lgamma(x: float) -> tuple[float, float]:
-    """``(digamma(x), lgamma(x))`` for x > 0, sharing one shift and one log(x).
-
-    Shift to x >= 10 with psi(x) = psi(x + n) - sum_{i<n} 1 / (x + i) (the sum kept as one
-    fraction num / den) and lgamma(x) = lgamma(x + n) - log(den), den = prod_{i<n} (x + i); then
-    the asymptotic series up to x^-14 for psi and Stirling's series up to x^-13 for lgamma
-    (truncation < 5e-17). digamma to ~3e-15 relative of scipy's; lgamma to ~1e-14 absolute
-    (all the ELBO needs: it is summed). NaN for x <= 0 or NaN (never an endless shift loop).
-    """
+def _digamma_lgamma_shifted(x: float) -> tuple[float, float, float]:
+    """``(digamma(x), lgamma(x) + log(den), den)`` for x > 0: the shift to x + n >= 10 with
+    psi(x) = psi(x + n) - sum_{i<n} 1 / (x + i) (the sum kept as one fraction num / den) and
+    lgamma(x) = lgamma(x + n) - log(den), den = prod_{i<n} (x + i); then the asymptotic series
+    up to x^-14 for psi and Stirling's series up to x^-13 for lgamma (truncation < 5e-17). The
+    log of den is left to the caller, who may take it of a product of many. NaN for x <= 0 or
+    NaN (never an endless shift loop)."""
     if not x > 0.0:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     num, den = 0.0, 1.0
     while x < ASYMPTOTIC:
         num = num * x + den
@@ -62,8 +61,29 @@ def digamma_lgamma(x: float) -> tuple[float, float]:
     log_x = math.log(x)
     psi = log_x - 0.5 / x - _horner(PSI_SERIES, f) * f - num / den
     stirling = _horner(LGAMMA_SERIES, f)
-    lgam = (x - 0.5) * log_x - x + _HALF_LOG_2PI + stirling / x - math.log(den)
-    return psi, lgam
+    return psi, (x - 0.5) * log_x - x + _HALF_LOG_2PI + stirling / x, den
+
+
+@_jit
+def digamma_lgamma(x: float) -> tuple[float, float]:
+    """``(digamma(x), lgamma(x))`` for x > 0, sharing one shift and one log
+    (:func:`_digamma_lgamma_shifted`). digamma to ~3e-15 relative of scipy's; lgamma to ~1e-14
+    absolute (all the ELBO needs: it is summed). NaN for x <= 0 or NaN."""
+    psi, lgam, den = _digamma_lgamma_shifted(x)
+    return psi, lgam - math.log(den)
+
+
+# a running product is folded into a sum of logs when it leaves [1 / PRODUCT_RANGE,
+# PRODUCT_RANGE] (or is not finite and positive): one log per ~K entries instead of per entry
+PRODUCT_RANGE = 1e150
+
+
+@_jit
+def _fold(total: float, product: float) -> tuple[float, float]:
+    """``(total, product)`` with the product folded into the sum of logs when out of range."""
+    if not 1.0 / PRODUCT_RANGE < product < PRODUCT_RANGE:
+        return total + math.log(product), 1.0
+    return total, product
 
 
 @_jit
@@ -77,9 +97,12 @@ def gamma_update(  # noqa: ANN201
     other factor's column sums; correction : (n, K) sparse rate term subtracted from the rate,
     or (0, K) for none.
 
-    Writes mean (n, K), geo = exp(E[log x]) (n, K) and shape (n, K) into the arrays given;
-    returns beta (n, 1) and the rows' sum of E[log p(x)] - E[log q(x)] (float64; digamma and
-    lgamma computed together once per entry).
+    Writes mean (n, K), geo = exp(E[log x]) = exp(digamma(a)) / b (n, K) and shape (n, K) into
+    the arrays given; returns beta (n, 1) and the rows' sum of E[log p(x)] - E[log q(x)]
+    (float64). Per entry that term is (alpha - a) digamma(a) - alpha log b - beta a / b +
+    alpha log beta - lgamma(alpha) + a + lgamma(a): the logs of the rates and of the digamma
+    shift's denominators are taken of their running products, per row, so that an entry costs
+    one log and one exp.
     """
     n, k = shape_stat.shape
     has_corr = correction.shape[0] == n and n > 0
@@ -94,20 +117,23 @@ def gamma_update(  # noqa: ANN201
         beta[u, 0] = b0
         prior_const = alpha * math.log(b0) + const
         row = 0.0
+        log_rates, rates, log_dens, dens = 0.0, 1.0, 0.0, 1.0
         for q in range(k):
             a = alpha + shape_stat[u, q]
             b = b0 + rate_base[q]
             if has_corr:
                 b -= correction[u, q]
             mu = a / b
-            log_b = math.log(b)
-            dg, lg = digamma_lgamma(a)
-            log_mean = dg - log_b
+            dg, lg_shifted, den = _digamma_lgamma_shifted(a)
             mean[u, q] = mu
-            geo[u, q] = math.exp(log_mean)
+            geo[u, q] = math.exp(dg) / b
             shape[u, q] = a
-            prior = (alpha - 1.0) * log_mean - b0 * mu + prior_const
-            entropy = a - log_b + lg + (1.0 - a) * dg
-            row += prior + entropy
-        total += row
+            row += (alpha - a) * dg - b0 * mu + prior_const + a + lg_shifted
+            # a rate <= 0 (corrupt statistics) makes the term NaN, as its log would (a product
+            # of two negative rates would not)
+            log_rates, rates = _fold(log_rates, rates * b if b > 0.0 else math.nan)
+            log_dens, dens = _fold(log_dens, dens * den)
+        log_rates += math.log(rates)
+        log_dens += math.log(dens)
+        total += row - alpha * log_rates - log_dens
     return beta, total

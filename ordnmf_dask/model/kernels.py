@@ -40,10 +40,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import scipy.sparse as sp
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -51,6 +50,9 @@ from numba.extending import intrinsic
 
 from ordnmf_dask.model.csr import expand_rows, row_pointer
 from ordnmf_dask.model.sizes import held_bytes
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 SLAB = 1 << 16  # nonzeros per slab where nnz-length temporaries are slabbed (dcPF special funcs)
 
@@ -125,6 +127,8 @@ class CsrBlock:
 
     def matrix(self, data: np.ndarray) -> sp.csr_matrix:
         """The block as a CSR matrix with the given values at its nonzeros."""
+        import scipy.sparse as sp  # here: only the postfit steps and tests use it
+
         return sp.csr_matrix((data, self.cols, self.indptr), shape=self.shape)
 
 
