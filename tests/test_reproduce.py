@@ -31,6 +31,20 @@ def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
         assert (tmp_path / "tasteprofile" / name).stat().st_size > 0
 
 
+@pytest.mark.data
+def test_reproduce_without_a_cluster_runs_small_datasets_in_process(tmp_path, capsys):
+    """Not marked ``cluster``: the command fails if it starts a scheduler (conftest)."""
+    code = main([
+        "reproduce", "--out", str(tmp_path), "--data", str(SHARED_DATA),
+        "--datasets", "tasteprofile", "--k-grid", "2", "--seeds", "0", "--max-iter", "2",
+        "--jobs", "2",
+    ])
+    assert code == 0, capsys.readouterr().err
+    with open(tmp_path / "tasteprofile" / "runs.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == 6
+    assert (tmp_path / "tasteprofile" / "ppc.json").stat().st_size > 0
+
+
 def test_reproduce_rejects_unknown_dataset(tmp_path, capsys):
     assert main(["reproduce", "--out", str(tmp_path), "--datasets", "netflix"]) == 2
     assert "netflix" in capsys.readouterr().err

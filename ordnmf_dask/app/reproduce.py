@@ -19,17 +19,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed import Client
 
-from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.estimator import PF, BePoF, DcPF, OrdNMF
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.postfit.ppc import posterior_predictive
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.store.blocks import StoreInfo
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -168,6 +170,11 @@ def reproduce(
 ) -> str:
     """Run the comparison on ``datasets``; write results, tables and figures under ``out``.
 
+    Each dataset's fits, evaluations and checks run on ``client`` if given, else on the
+    current client, else in this process when ``n_jobs`` fits at the largest K fit in memory
+    (:func:`~ordnmf_dask.dist.cluster.choose_client`), else on a LocalCluster of
+    ``n_workers`` started for that dataset.
+
     Returns the markdown report (also written to ``out/report.md``).
     """
     from ordnmf_dask.app import plots
@@ -185,12 +192,14 @@ def reproduce(
         "relevance y_test >= s. Test loglik: mean log P(y | y > 0) per test rating (OrdNMF: "
         "ordinal classes; dcPF: the class's count range).",
     ]
-    with resolve_client(client, n_workers) as cl:
-        for ds in datasets:
-            ddir = out / ds.name
-            ddir.mkdir(exist_ok=True)
-            store = ingest(ds.path, ddir / "store.zarr", min_count=proto.min_count,
-                           seed=proto.split_seed, overwrite=True, **ds.ingest_options)
+    for ds in datasets:
+        ddir = out / ds.name
+        ddir.mkdir(exist_ok=True)
+        store = ingest(ds.path, ddir / "store.zarr", min_count=proto.min_count,
+                       seed=proto.split_seed, overwrite=True, **ds.ingest_options)
+        # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
+        at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
+        with choose_client(client, store, at_once, n_workers=n_workers) as cl:
             jobs = [
                 (label, kind, klass, extra, k, seed)
                 for label, kind, klass, extra in model_specs(ds)
