@@ -1,6 +1,7 @@
 """Ingest speed and memory: in-memory and distributed ingest next to the core of any ingest.
 
-Usage: ``python bench/ingest.py --rows 10000000 [--format csv|parquet] [--no-distributed]``.
+Usage: ``python bench/ingest.py --rows 10000000 [--format csv|parquet] [--kinds distributed]
+[--check 4]``.
 
 Writes (once, cached in ``--dir``) a synthetic input of distinct (user, item) pairs with
 power-law degrees and string ids (``u123``, ``item-45``), half-star ratings, and measures in
@@ -12,8 +13,13 @@ one run, each in a fresh process:
 - distributed: ``ingest_distributed`` on a LocalCluster of ``--workers`` processes capped at
   ``--memory-limit`` each.
 
-It prints seconds per million rows, the kernel high-water RSS of every process (the measuring
-process and each worker) and bytes of peak RSS per input row, and the ratio to the core.
+It prints seconds per million rows, CPU seconds of all its processes (steadier than wall time
+on a shared machine), the kernel high-water RSS of every process (the measuring process and each
+worker) and bytes of peak RSS per input row, and the ratio to the core. ``--kinds`` picks the
+measurements (e.g. only ``distributed`` at 10^8 rows). ``--check N`` spot-checks N random
+blocks of the distributed store against the input file: the block's train and test nonzeros,
+decoded to raw (user, item, value), are exactly the input rows whose user and item fall in the
+block, and its test pairs hash below its train pairs (the seeded split).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -83,10 +90,17 @@ def run_core(path: str) -> None:
     np.argsort(key)
 
 
-def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str) -> dict:
-    """Time one measurement in this (fresh) process; kernel high-water RSS of its processes."""
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far."""
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, check: int) -> dict:
+    """Time one measurement in this (fresh) process; kernel high-water RSS and CPU seconds of
+    its processes."""
     peaks: dict[str, float] = {}
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     if kind == "core":
         run_core(path)
     elif kind == "in-memory":
@@ -101,22 +115,79 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str) -> 
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           memory_limit=memory_limit, dashboard_address=None) as cluster, \
                 Client(cluster) as client:  # fmt: skip
-            start = time.perf_counter()
+            before = client.run(cpu_seconds)
+            cpu, start = cpu_seconds(), time.perf_counter()
             ingest_distributed(path, out, client=client, ratings="halfstar")
             seconds = time.perf_counter() - start
+            cpu = cpu_seconds() - cpu
+            cpu += sum(v - before[k] for k, v in client.run(cpu_seconds).items())
             peaks.update({f"worker {k}": v for k, v in enumerate(worker_peaks(client).values())})
         peaks["main"] = self_peak_mb()
-        return {"seconds": seconds, "peaks": peaks}
-    seconds = time.perf_counter() - start
+        result = {"seconds": seconds, "cpu": cpu, "peaks": peaks}
+        if check:
+            result["check"] = spot_check(path, out, check)
+        return result
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     peaks["main"] = self_peak_mb()
-    return {"seconds": seconds, "peaks": peaks}
+    return {"seconds": seconds, "cpu": cpu, "peaks": peaks}
+
+
+def spot_check(path: str, store: str, n_blocks: int, seed: int = 0) -> dict:
+    """Check ``n_blocks`` random blocks of ``store`` against the input (see module docstring);
+    raise AssertionError on a difference. Returns the blocks checked and their nonzeros."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from ordnmf_dask.sources.split import pair_hash
+    from ordnmf_dask.store.blocks import open_store, read_block, read_ids
+
+    info = open_store(store)
+    users, items = read_ids(store, "users"), read_ids(store, "items")
+    n_r, n_c = len(info.row_bounds) - 1, len(info.col_bounds) - 1
+    rng = np.random.default_rng(seed)
+    picked = sorted(rng.choice(n_r * n_c, min(n_blocks, n_r * n_c), replace=False).tolist())
+    found: dict[int, list] = {b: [] for b in picked}
+    sets = {}
+    for b in picked:
+        r, c = divmod(b, n_c)
+        sets[b] = (pa.array(users[info.row_bounds[r] : info.row_bounds[r + 1]]),
+                   pa.array(items[info.col_bounds[c] : info.col_bounds[c + 1]]))  # fmt: skip
+    batches = (pq.ParquetFile(path).iter_batches(1 << 20) if path.endswith(".parquet")
+               else pacsv.open_csv(path))  # fmt: skip
+    for batch in batches:
+        for b, (us, its) in sets.items():
+            hit = pc.and_(pc.is_in(batch.column(0), us), pc.is_in(batch.column(1), its))
+            found[b].append(batch.filter(hit))
+    done = {}
+    for b in picked:
+        r, c = divmod(b, n_c)
+        table = pa.Table.from_batches(found[b]) if found[b] else None
+        columns = [] if table is None else [table.column(k).to_pylist() for k in range(3)]
+        expect = sorted(zip(*columns, strict=True))
+        got, hashes = [], {}
+        for split in ("train", "test"):
+            blk = read_block(store, split, r, c)
+            rows = np.repeat(np.arange(len(blk.indptr) - 1), np.diff(blk.indptr))
+            u, i = rows + info.row_bounds[r], blk.cols.astype(np.int64) + info.col_bounds[c]
+            got += zip(users[u].tolist(), items[i].tolist(), blk.raw.tolist(), strict=True)
+            hashes[split] = pair_hash(u, i, info.n_items, info.attrs["seed"])
+        got.sort()
+        assert got == expect, f"block {b}: {len(got)} nonzeros, {len(expect)} input rows"
+        if len(hashes["test"]) and len(hashes["train"]):
+            assert hashes["test"].max() < hashes["train"].min(), f"block {b}: split"
+        done[b] = len(got)
+    return {"blocks": done, "grid": [n_r, n_c], "n_users": info.n_users,
+            "n_items": info.n_items, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test}
 
 
 def measure(kind: str, path: Path, args: argparse.Namespace) -> dict:
     out = Path(tempfile.mkdtemp(dir=args.dir)) / "store.zarr"
     try:
         cmd = [sys.executable, __file__, "--run", kind, str(path), str(out), "--workers",
-               str(args.workers), "--memory-limit", args.memory_limit]  # fmt: skip
+               str(args.workers), "--memory-limit", args.memory_limit,
+               "--check", str(args.check)]  # fmt: skip
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
     finally:
@@ -130,12 +201,15 @@ def main() -> None:
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-limit", default="2GB")
-    parser.add_argument("--no-distributed", action="store_true")
+    parser.add_argument("--kinds", default="core,in-memory,distributed",
+                        help="comma-separated measurements among core, in-memory, distributed")
+    parser.add_argument("--check", type=int, default=0, metavar="N",
+                        help="spot-check N blocks of the distributed store against the input")
     parser.add_argument("--run", nargs=3, metavar=("KIND", "FILE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         kind, path, out = args.run
-        print(json.dumps(run_one(kind, path, out, args.workers, args.memory_limit)))
+        print(json.dumps(run_one(kind, path, out, args.workers, args.memory_limit, args.check)))
         return
     n = int(args.rows)
     path = Path(args.dir) / f"ingest-bench-{n}.{args.format}"
@@ -144,18 +218,24 @@ def main() -> None:
         write_input(path, n, args.format)
         print(f"wrote {path} ({os.path.getsize(path) / MB:.0f} MB) in "
               f"{time.perf_counter() - start:.0f} s")  # fmt: skip
-    kinds = ["core", "in-memory"] + ([] if args.no_distributed else ["distributed"])
+    kinds = args.kinds.split(",")
+    unknown = set(kinds) - {"core", "in-memory", "distributed"}
+    if unknown:
+        parser.error(f"unknown --kinds {sorted(unknown)}")
     results = {kind: measure(kind, path, args) for kind in kinds}
-    core = results["core"]["seconds"]
+    core = results["core"]["seconds"] if "core" in results else float("nan")
     rows = []
     for kind, res in results.items():
         top = max(res["peaks"].values())
         each = ", ".join(f"{k} {v:.0f}" for k, v in res["peaks"].items())
         rows.append([kind, res["seconds"], res["seconds"] / (n / 1e6), res["seconds"] / core,
-                     top * MB / n, each])  # fmt: skip
-    print(f"{n} rows, {args.format}, {os.cpu_count()} cores")
-    print(fmt_table(rows, ["", "seconds", "s / M rows", "x core", "peak B / row",
+                     res["cpu"], top * MB / n, each])  # fmt: skip
+    print(f"{n} rows, {args.format}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(fmt_table(rows, ["", "seconds", "s / M rows", "x core", "CPU s", "peak B / row",
                            "peak RSS MB per process"]))  # fmt: skip
+    if "check" in results.get("distributed", {}):
+        print("spot check passed:", json.dumps(results["distributed"]["check"]))
 
 
 if __name__ == "__main__":

@@ -188,6 +188,7 @@ def ingest_distributed(
         jobs = [j for j in jobs if j.pieces]
         merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
                             runner.share(_sources(formats)))  # fmt: skip
+        shutil.rmtree(staging_dir(tmp, "chunks"))  # every row is in a partition now
         parts = [j.part for j in jobs]
         n_not = sum(m[1] for m in merged)
         n_kept = sum(m[0] - m[1] for m in merged)
@@ -222,6 +223,7 @@ def ingest_distributed(
         row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
         placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
                             spec.n_classes)  # fmt: skip
+        shutil.rmtree(staging_dir(tmp, "nonzeros"))  # every nonzero is in a block piece now
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
         blocks: dict[str, list[list]] = {"train": [], "test": []}
         if validation_fraction > 0:

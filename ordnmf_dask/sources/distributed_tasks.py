@@ -99,38 +99,44 @@ def codes_task(
     chunk: Chunk | ParquetChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
     item_ids: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
-    """Check every value of a chunk, stage its global id codes (the chunk's distinct ids looked
-    up in the global ones, then gathered per row); return its rows per user (U,) int64."""
+    """Check every value of a chunk and stage where its distinct ids are among the global
+    ones (``to_u``, ``to_i``); return its rows per user (U,) int64."""
     prefix = _chunk_prefix(tmp, chunk.index)
-    data = load_arrays(prefix, ["uc", "ic", "users", "items", "values", "line"])
+    data = load_arrays(prefix, ["uc", "users", "items", "values", "line"])
     origin = chunk_origin(chunk, data["line"])
     classify(spec, data["values"], origin)  # raises InputError naming the file and line
     to_u = np.searchsorted(user_ids, _as_kind(data["users"], user_ids)).astype(np.int32)
     to_i = np.searchsorted(item_ids, _as_kind(data["items"], item_ids)).astype(np.int32)
-    u, i = to_u[data["uc"]], to_i[data["ic"]]
-    save_arrays(prefix, {"u": u, "i": i})
-    return np.bincount(u, minlength=len(user_ids)).astype(np.int64)
+    save_arrays(prefix, {"to_u": to_u, "to_i": to_i})
+    return np.bincount(to_u[data["uc"]], minlength=len(user_ids)).astype(np.int64)
 
 
 def _as_kind(ids: np.ndarray, like: np.ndarray) -> np.ndarray:
     return ids if ids.dtype.kind == like.dtype.kind else ids.astype(str)
 
 
+_PARSED = ("uc", "ic", "users", "items", "to_u", "to_i", "values", "line")
+
+
 def partition_task(chunk: Chunk | ParquetChunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
-    """Route a chunk's rows to user-range partitions; returns the partitions hit.
+    """Route a chunk's rows (global codes) to user-range partitions; returns the partitions hit.
 
     The rows are staged once, stably sorted by partition, with ``part_offsets`` (P + 1,): the
     rows of partition p are ``[part_offsets[p], part_offsets[p + 1])`` (one file per column and
-    chunk, not per chunk and partition).
+    chunk, not per chunk and partition). The chunk's parsed files are removed.
     """
     prefix = _chunk_prefix(tmp, chunk.index)
-    data = load_arrays(prefix, ["u", "i", "values", "line"])
-    part = np.searchsorted(part_bounds, data["u"], side="right") - 1
+    data = load_arrays(prefix, _PARSED)
+    u, i = data["to_u"][data["uc"]], data["to_i"][data["ic"]]
+    part = np.searchsorted(part_bounds, u, side="right") - 1
     order = np.argsort(part, kind="stable")
     counts = np.bincount(part, minlength=len(part_bounds) - 1)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    routed = {f"p_{name}": arr[order] for name, arr in data.items()}
-    save_arrays(prefix, {**routed, "part_offsets": offsets})
+    routed = {"u": u, "i": i, "values": data["values"], "line": data["line"]}
+    save_arrays(prefix, {**{f"p_{n}": a[order] for n, a in routed.items()},
+                         "part_offsets": offsets})  # fmt: skip
+    for name in _PARSED:
+        os.remove(f"{prefix}.{name}.npy")
     return [int(p) for p in np.flatnonzero(counts)]
 
 
