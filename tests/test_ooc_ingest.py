@@ -7,6 +7,7 @@ import pytest
 import zarr
 from conftest import SHARED_DATA as DATA
 
+from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.distributed_tasks import union_ids
@@ -146,3 +147,19 @@ def test_line_numbers_skip_blank_lines():
         expect = [n + 5 for n, (s, line) in enumerate(zip(starts, lines, strict=True))
                   if s < len(data) and line.strip(b" \t\r\x0b\x0c")]  # fmt: skip
         np.testing.assert_array_equal(line_numbers(data, 5), expect, err_msg=repr(data))
+
+
+def test_map_reduce_combines_each_pair_as_soon_as_it_is_done():
+    calls = []
+
+    def leaf(x: int) -> list[int]:
+        calls.append(f"leaf {x}")
+        return [x]
+
+    def combine(a: list[int], b: list[int]) -> list[int]:
+        calls.append("combine")
+        return a + b
+
+    assert Runner().map_reduce(leaf, [0, 1, 2, 3, 4], combine) == [0, 1, 2, 3, 4]
+    assert calls == ["leaf 0", "leaf 1", "combine", "leaf 2", "leaf 3", "leaf 4", "combine",
+                     "combine", "combine"]  # fmt: skip

@@ -38,10 +38,6 @@ def _combine(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     return fn(a, b)
 
 
-def _pick(result: Any, key: Any) -> Any:
-    return result if isinstance(result, _Failed) else result[key]
-
-
 def _raise_first(results: Sequence[Any]) -> None:
     for res in results:
         if isinstance(res, _Failed):
@@ -92,40 +88,32 @@ class Runner:
         """The ``InputError`` message of a failed task's result, else None."""
         return result.message if isinstance(result, _Failed) else None
 
-    def pick(self, handles: Sequence[Any], key: Any) -> list[Any]:
-        """Handles of ``result[key]`` for each handle (failures pass through), on the workers."""
-        return self.submit(_pick, handles, key)
-
     def map(self, fn: Callable[..., Any], items: Sequence[Any], *args: Any) -> list[Any]:
         """``[fn(item, *args) for item in items]``, run as tasks; results must be small."""
         return self.gather(self.submit(fn, items, *args))
-
-    def reduce(self, handles: Sequence[Any], fn: Callable[[Any, Any], Any]) -> Any:
-        """Fold the results of ``handles`` with ``fn`` by a pairwise tree, on the workers.
-
-        ``fn`` must be associative; the tree shape depends only on ``len(handles)`` and the
-        order of handles, so results are reproducible. An ``InputError`` of the earliest failed
-        handle wins.
-        """
-        level = list(handles)
-        if not level:
-            raise ValueError("nothing to reduce")
-        while len(level) > 1:
-            nxt = []
-            for k in range(0, len(level) - 1, 2):
-                a, b = level[k], level[k + 1]
-                if self.client is None:
-                    nxt.append(_combine(fn, a, b))
-                else:
-                    nxt.append(self.client.submit(_combine, fn, a, b, pure=False))
-            if len(level) % 2:
-                nxt.append(level[-1])
-            level = nxt
-        return self.gather(level)[0]
 
     def map_reduce(
         self, fn: Callable[..., Any], items: Sequence[Any], combine: Callable[[Any, Any], Any],
         *args: Any,
     ) -> Any:  # fmt: skip
-        """``reduce(submit(fn, items, *args), combine)``."""
-        return self.reduce(self.submit(fn, items, *args), combine)
+        """Fold ``fn(item, *args)`` over ``items`` with ``combine`` by a binary tree, on the
+        workers.
+
+        ``combine`` must be associative; the tree (halves of the items, left first) depends only
+        on ``len(items)``, so results are reproducible. Tasks are submitted depth first, so a
+        combine runs as soon as its two halves are done: results are not all held at once. An
+        ``InputError`` of the earliest failed item wins.
+        """
+        if not items:
+            raise ValueError("nothing to reduce")
+
+        def tree(lo: int, hi: int) -> Any:
+            if hi - lo == 1:
+                return self.submit(fn, [items[lo]], *args)[0]
+            mid = (lo + hi) // 2
+            left, right = tree(lo, mid), tree(mid, hi)
+            if self.client is None:
+                return _combine(combine, left, right)
+            return self.client.submit(_combine, combine, left, right, pure=False)
+
+        return self.gather([tree(0, len(items))])[0]

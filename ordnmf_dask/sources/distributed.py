@@ -58,6 +58,7 @@ from ordnmf_dask.sources.distributed_tasks import (
     final_degrees_task,
     hash_bin_task,
     hash_hist_task,
+    ids_task,
     parse_task,
     partition_task,
     train_degrees_task,
@@ -99,6 +100,7 @@ from ordnmf_dask.store.staged import assemble_store, finish_store, staging_dir, 
 PathLike = str | os.PathLike
 DEFAULT_CHUNK_BYTES = 2**24
 DEFAULT_ROWS_PER_PARTITION = 2**22
+_IDS_PER_LEAF = 4  # chunks whose distinct ids one task reads and merges
 
 
 def ingest_distributed(
@@ -293,8 +295,7 @@ def _parse(
     tmp: str, ratings: str | None, counts: Any, binarize: float | None, scale_max: int | None,
 ) -> tuple[ValueSpec, np.ndarray, np.ndarray, list[int]]:  # fmt: skip
     """Parse every chunk; return the value rule, sorted distinct ids and rows per chunk."""
-    handles = runner.submit(parse_task, chunks, tmp)
-    smalls = runner.gather_all(runner.pick(handles, "small"))
+    smalls = runner.gather_all(runner.submit(parse_task, chunks, tmp))
     by_file: dict[int, int] = {}
     for chunk, res in zip(chunks, smalls, strict=True):
         if (msg := runner.failure(res)) is not None:
@@ -303,8 +304,9 @@ def _parse(
     for f_idx, fmt in enumerate(formats):  # in file order, like the in-memory reader
         if by_file.get(f_idx, 0) == 0:
             raise InputError(f"{fmt.path}: no data rows (only a header line)")
-    user_ids = runner.reduce(runner.pick(handles, "users"), union_ids)
-    item_ids = runner.reduce(runner.pick(handles, "items"), union_ids)
+    parsed = [c.index for c, s in zip(chunks, smalls, strict=True) if s["rows"]]
+    user_ids = _merged_ids(runner, parsed, tmp, "users")
+    item_ids = _merged_ids(runner, parsed, tmp, "items")
     values, f_index, lines = [], [], []
     bad = next(((c, s["bad"]) for c, s in zip(chunks, smalls, strict=True) if s["bad"]), None)
     if bad is not None:
@@ -320,6 +322,13 @@ def _parse(
     spec = make_spec(np.asarray(values, np.float64), origin, ratings=ratings, counts=counts,
                      binarize=binarize, scale_max=scale_max)  # fmt: skip
     return spec, user_ids, item_ids, [s["rows"] for s in smalls]
+
+
+def _merged_ids(runner: Runner, chunks: list[int], tmp: str, what: str) -> np.ndarray:
+    """Sorted distinct ids of the parsed ``chunks``, merged on the workers by a tree over runs
+    of ``_IDS_PER_LEAF`` chunks."""
+    runs = [tuple(chunks[k : k + _IDS_PER_LEAF]) for k in range(0, len(chunks), _IDS_PER_LEAF)]
+    return runner.map_reduce(ids_task, runs, union_ids, tmp, what)
 
 
 def _filter(

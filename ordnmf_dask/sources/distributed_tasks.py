@@ -66,30 +66,36 @@ def _part_prefix(tmp: str, part: int) -> str:
 
 def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
     """Parse a chunk (text byte range or Parquet row group), dictionary-encode its ids, stage
-    (codes, values, line) and its distinct ids; return summaries and the distinct ids.
+    (codes, values, line) and its sorted distinct ids (``users``, ``items``); return a summary.
 
     Returns
     -------
     dict
-        ``small``: rows, value max, first value that is not a positive integer (value, line)
-        or None; ``users``, ``items``: sorted distinct ids (int64 or str).
+        rows, value max, first value that is not a positive integer (value, line) or None.
     """
     triples = parse_chunk(chunk)
     if triples is None:
-        empty = np.zeros(0, dtype=np.int64)
-        return {"small": {"rows": 0, "vmax": None, "bad": None}, "users": empty, "items": empty}
+        return {"rows": 0, "vmax": None, "bad": None}
     (users, uc), (items, ic) = encode_pair(triples.users, triples.items, triples.origin)
     values, line = triples.values, triples.origin.line
     save_arrays(_chunk_prefix(tmp, chunk.index), {
         "uc": uc, "ic": ic, "users": users, "items": items, "values": values, "line": line,
     })  # fmt: skip
     bad = np.flatnonzero((values < 1) | (values != np.round(values)))
-    small = {
+    return {
         "rows": len(values),
         "vmax": float(values.max()),
         "bad": None if not bad.size else (float(values[bad[0]]), int(line[bad[0]])),
     }
-    return {"small": small, "users": users, "items": items}
+
+
+def ids_task(chunks: tuple[int, ...], tmp: str, what: str) -> np.ndarray:
+    """Sorted distinct ``what`` ("users" or "items") ids of the parsed chunks ``chunks``, read
+    from their staged files one at a time."""
+    out = np.zeros(0, dtype=np.int64)
+    for index in chunks:
+        out = union_ids(out, load_arrays(_chunk_prefix(tmp, index), [what])[what])
+    return out
 
 
 # --------------------------------------------------------------------------- pass 2: codes
