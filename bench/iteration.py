@@ -295,7 +295,8 @@ def main() -> None:
         ["paper-style process", "", paper["peak_mb"]],
     ]
     print(fmt_table(mem, ["process", "peak RSS MB (psutil)", "VmHWM MB"]))
-    print(f"paper-style ELBO after {args.paper_iters} iterations: {paper['elbo']:.6e}")
+    print(f"paper-style ELBO after {args.paper_iters} iterations: {paper['elbo']:.6e}; load "
+          f"average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

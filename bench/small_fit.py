@@ -135,7 +135,8 @@ def main() -> None:
     print(fmt_table(rows, ["whole run, process start-up included", "wall s", "ref / this",
                            "CPU s", "ref / this (CPU)", "peak RSS MB (largest process)",
                            "sum of peaks MB"]))  # fmt: skip
-    print("(medians over rounds; ratios taken within each round)")
+    print(f"(medians over rounds; ratios taken within each round; load average at the end "
+          f"{os.getloadavg()[0]:.1f})")  # fmt: skip
 
 
 if __name__ == "__main__":
