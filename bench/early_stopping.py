@@ -1,21 +1,28 @@
 """Early stopping on a validation metric against the ELBO rule, and the synthetic-data figure.
 
-Usage: ``python bench/early_stopping.py [--work DIR] [-k 50] [--every 5] [--patience 8]
-[--s 8] [--validation-fraction 0.1] [--split-seed 0] [--tol 1e-5] [--history FILE] [--synthetic]
-[--synth-shape U,I,NNZ,K]``.
+Usage: ``python bench/early_stopping.py [--work DIR] [-k 50] [--every 5] [--patience 4]
+[--window 10] [--s 8] [--validation-fraction 0.25] [--split-seeds 0,1,2] [--tol 1e-5]
+[--history FILE] [--synthetic] [--synth-shape U,I,NNZ,K]``.
 
-1. ml-latest-small (halfstar ratings, classes 1..10) is ingested with a 20% random test split
-   and ``--validation-fraction`` of the training nonzeros kept apart for validation;
+For each split seed:
+
+1. ml-latest-small is ingested as examples/movielens_small.sh does (halfstar ratings -> classes
+   1..10, items then users with >= 20 ratings, 20% random test split), with
+   ``--validation-fraction`` of the training pairs kept apart for validation;
 2. the trajectory: one OrdNMF run on a LocalCluster of 2 workers, stopped by the ELBO rule
    (``--tol``) only, whose state is scored every ``--every`` iterations (and at the last) on the
    validation subset and on the test split, from the factor chunks on the workers: what the
-   ELBO rule keeps (the last state) and the best test NDCG@100 anywhere along the trajectory;
+   ELBO rule keeps (the last state) and the best test NDCG@100 at s = ``--s`` anywhere along it;
 3. the early-stopped fit: ``OrdNMF(validation_every=--every, validation_patience=--patience,
-   validation_s=--s)`` (validation NDCG@100 at s), the best scored state saved, then evaluated
-   on the test split. Same seed, so its states are the trajectory's.
+   validation_window=--window, validation_s=--s)`` (validation NDCG@100 at s), the kept state
+   saved, then evaluated on the test split. Same seed, so its states are the trajectory's: the
+   check column says whether it kept the state ``early_stopping`` picks on the trajectory's
+   validation scores.
 
-Printed side by side: iterations and test NDCG@100 at s = 1 and s = ``--s`` of the ELBO-rule
-fit, the early-stopped fit and the trajectory's best.
+Printed side by side per seed: iterations and test NDCG@100 at s = 1 and s = ``--s`` of the
+ELBO-rule fit, of the early-stopped fit and of the trajectory's best, and PASS when the
+early-stopped fit ran fewer iterations than the ELBO rule and its test NDCG at s = ``--s`` is
+within ``--margin`` (0.003) of the trajectory's best.
 
 ``--synthetic`` adds the issue's second figure: data sampled from the model (``synth``), test
 NDCG@100 at s = 1 of a fit from the usual random start, of the generating factors themselves
@@ -37,30 +44,29 @@ ROOT = Path(__file__).resolve().parent.parent
 ML = ROOT.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
 
-def _row(label: str, iters: str, ndcg: dict[int, float], levels: list[int]) -> str:
-    return f"{label:<44} {iters:>16} " + " ".join(f"{ndcg[s]:>10.4f}" for s in levels)
-
-
-def movielens(args: argparse.Namespace, client: Any) -> None:
+def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any]:
+    """One split seed's trajectory and early-stopped fit: the row of the table."""
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, Validation
+    from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, Validation, early_stopping
     from ordnmf_dask.model.families import OrdinalFamily
     from ordnmf_dask.modelstore.model import open_model
     from ordnmf_dask.postfit.evaluate import evaluate, score_split
     from ordnmf_dask.sources.inmemory import ingest
 
-    store = ingest(ML, os.path.join(args.work, "ml.zarr"), ratings="halfstar", test_fraction=0.2,
-                   validation_fraction=args.validation_fraction, seed=args.split_seed,
-                   overwrite=True)
-    print(f"ml-latest-small: {store.nnz_train} train, {store.nnz_validation} validation, "
-          f"{store.nnz_test} test nonzeros (split seed {args.split_seed}); K = {args.k}, "
-          f"tol = {args.tol:g}", flush=True)
+    work = os.path.join(args.work, f"seed{seed}")
+    os.makedirs(work, exist_ok=True)
+    store = ingest(ML, os.path.join(work, "ml.zarr"), ratings="halfstar", min_count=20,
+                   test_fraction=0.2, validation_fraction=args.validation_fraction, seed=seed,
+                   overwrite=True)  # fmt: skip
+    print(f"split seed {seed}: {store.n_users} users x {store.n_items} items; "
+          f"{store.nnz_train} train, {store.nnz_validation} validation, {store.nnz_test} test "
+          f"nonzeros", flush=True)
     levels = sorted({1, args.s})
 
     # the trajectory: the ELBO rule only, every scored state's validation and test figures
     family = OrdinalFamily(tuple(int(n) for n in store.hist_train))
     runner = CaviRunner(client, store, family, CaviConfig(args.k, tol=args.tol,
-                        max_iter=args.max_iter), os.path.join(args.work, "ckpt"), True,
+                        max_iter=args.max_iter), os.path.join(work, "ckpt"), True,
                         checkpoint_every=0)  # fmt: skip
 
     def score(w: list[Any], h: list[Any], params: Any) -> dict[str, Any]:
@@ -68,66 +74,57 @@ def movielens(args: argparse.Namespace, client: Any) -> None:
         test = score_split(client, store, "test", w, h, levels, 100, None)
         return {"metric": val["ndcg"][args.s], "val": val["ndcg"], "test": test["ndcg"]}
 
-    start = time.perf_counter()
     run = runner.run(runner.random_init, validation=Validation(score, args.every, 0))
-    trajectory_seconds = time.perf_counter() - start
     hist = run.validation
-    last = hist[-1]
-    best_test = max(hist, key=lambda v: v["test"][args.s])
+    best = max(hist, key=lambda v: v["test"][args.s])
+    # the rule on the trajectory's validation scores, evaluation by evaluation
+    scores = [v["metric"] for v in hist]
+    j = next((j for j in range(1, len(scores) + 1)
+              if early_stopping(scores[:j], args.patience, args.window)[1]), len(scores))
+    expected = hist[early_stopping(scores[:j], args.patience, args.window)[0]]["iteration"]
 
     # the early-stopped fit, through the estimator
     start = time.perf_counter()
     est = OrdNMF(args.k, tol=args.tol, max_iter=args.max_iter, validation_every=args.every,
-                 validation_patience=args.patience, validation_s=args.s, validation_k=100)
+                 validation_patience=args.patience, validation_window=args.window,
+                 validation_s=args.s, validation_k=100, work_dir=work)  # fmt: skip
     est.fit(store, client)
-    early_seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start
     res = evaluate(store, est, client, levels=levels)
-    attrs = open_model(est.model_path_).attrs
-    b = attrs["best_iteration"]
-    same = next((v for v in hist if v["iteration"] == b), None)
-
-    print(f"\n{'':<44} {'iterations':>16} " + " ".join(f"{f'NDCG s={s}':>10}" for s in levels))
-    print(_row(f"ELBO rule (tol {args.tol:g})", f"{run.n_iter}", last["test"], levels))
-    print(_row(f"early stopped (val NDCG@100 s={args.s}, every {args.every}, "
-               f"patience {args.patience})", f"{est.n_iter_} (kept {b})", res["ndcg"], levels))
-    print(_row(f"best test NDCG@100 s={args.s} on the trajectory", f"at {best_test['iteration']}",
-               best_test["test"], levels))
-    gap = best_test["test"][args.s] - res["ndcg"][args.s]
-    print(f"\nearly stopped vs trajectory best at s={args.s}: {gap:+.4f} below; "
-          f"{run.n_iter - est.n_iter_} fewer iterations than the ELBO rule "
-          f"({est.n_iter_} vs {run.n_iter}); stop reason: {attrs['stop_reason']}")
-    if same is not None:
-        print(f"consistency: the trajectory's test NDCG at iteration {b}: "
-              + ", ".join(f"s={s} {same['test'][s]:.4f}" for s in levels))
-    print(f"wall time: trajectory (scored every {args.every}) {trajectory_seconds:.1f} s, "
-          f"early-stopped fit {early_seconds:.1f} s")
-    print(f"validation NDCG@100 s={args.s} / test NDCG@100 s={args.s} along the trajectory:")
-    print("  " + "  ".join(f"{v['iteration']}:{v['val'][args.s]:.3f}/{v['test'][args.s]:.3f}"
-                           for v in hist))
-    print(f"the same rule with other patience values, on the trajectory (every {args.every}):")
-    for patience in (2, 3, 4, 6, 8, 10):
-        stop, kept = patience_rule(hist, patience)
-        x = next(v for v in hist if v["iteration"] == kept)["test"]
-        print(f"  patience {patience:2d}: stops at {stop:4d}, keeps {kept:4d}: test NDCG@100 "
-              + ", ".join(f"s={s} {x[s]:.4f}" for s in levels)
-              + f"  ({best_test['test'][args.s] - x[args.s]:+.4f} below the best at s={args.s})")
-    if args.history:
-        with open(args.history, "w") as fh:
-            json.dump({"n_iter": run.n_iter, "history": hist}, fh)
+    kept = int(open_model(est.model_path_).attrs["best_iteration"])
+    gap = best["test"][args.s] - res["ndcg"][args.s]
+    return {
+        "seed": seed, "elbo_iter": run.n_iter, "elbo_test": hist[-1]["test"],
+        "early_iter": est.n_iter_, "early_kept": kept, "early_test": res["ndcg"],
+        "early_seconds": seconds, "best_iter": best["iteration"], "best_test": best["test"],
+        "gap": gap, "check": kept == expected and est.n_iter_ == hist[j - 1]["iteration"],
+        "pass": est.n_iter_ < run.n_iter and gap <= args.margin,
+        "history": [{"iteration": v["iteration"], "val": v["val"], "test": v["test"]}
+                    for v in hist],
+    }  # fmt: skip
 
 
-def patience_rule(hist: list[dict[str, Any]], patience: int) -> tuple[int, int]:
-    """(the iteration the estimator's rule stops at, the iteration it keeps) on a trajectory's
-    scores: stop after ``patience`` scores in a row without a strict improvement."""
-    best, since = hist[0], 0
-    for v in hist[1:]:
-        if v["metric"] > best["metric"]:
-            best, since = v, 0
-        else:
-            since += 1
-            if since >= patience:
-                return v["iteration"], best["iteration"]
-    return hist[-1]["iteration"], best["iteration"]
+def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """The side-by-side table, a line per split seed, and the trajectories' scores."""
+    lv = sorted({1, args.s})
+    ndcg = lambda x: " ".join(f"{x[s]:>7.4f}" for s in lv)  # noqa: E731
+    cols = " ".join(f"{f's={s}':>7}" for s in lv)
+    print(f"\nK = {args.k}, tol = {args.tol:g}; early stopping on validation NDCG@100 s={args.s} "
+          f"every {args.every}, window {args.window}, patience {args.patience}; validation "
+          f"fraction {args.validation_fraction:g}; test NDCG@100 at s = {lv}")
+    print(f"{'seed':>4} | {'ELBO rule':>9} {cols} | {'early (kept)':>12} {cols} | "
+          f"{'best at':>7} {cols} | {'gap s=' + str(args.s):>9} {'check':>5} {'claim':>5}")
+    for r in rows:
+        print(f"{r['seed']:>4} | {r['elbo_iter']:>9} {ndcg(r['elbo_test'])} | "
+              f"{r['early_iter']:>5} ({r['early_kept']:>4}) {ndcg(r['early_test'])} | "
+              f"{r['best_iter']:>7} {ndcg(r['best_test'])} | {r['gap']:>+9.4f} "
+              f"{'ok' if r['check'] else 'NO':>5} {'PASS' if r['pass'] else 'FAIL':>5}")
+    print(f"claim (fewer iterations than the ELBO rule, test NDCG s={args.s} within "
+          f"{args.margin:g} of the trajectory's best): {sum(r['pass'] for r in rows)}/{len(rows)}")
+    for r in rows:
+        print(f"seed {r['seed']}: validation / test NDCG@100 s={args.s} along the trajectory:")
+        print("  " + "  ".join(f"{v['iteration']}:{v['val'][args.s]:.3f}/{v['test'][args.s]:.3f}"
+                               for v in r["history"]))
 
 
 def synthetic(args: argparse.Namespace, client: Any) -> None:
@@ -163,13 +160,15 @@ def main() -> int:
     p.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
     p.add_argument("-k", type=int, default=50)
     p.add_argument("--every", type=int, default=5)
-    p.add_argument("--patience", type=int, default=8)
+    p.add_argument("--patience", type=int, default=4)
+    p.add_argument("--window", type=int, default=10, help="validation_window")
     p.add_argument("--s", type=int, default=8)
-    p.add_argument("--validation-fraction", type=float, default=0.1)
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the test/validation split")
+    p.add_argument("--validation-fraction", type=float, default=0.25)
+    p.add_argument("--split-seeds", default="0,1,2", help="seeds of the test/validation split")
+    p.add_argument("--margin", type=float, default=0.003)
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--max-iter", type=int, default=1000)
-    p.add_argument("--history", help="write the trajectory's scores to this JSON file")
+    p.add_argument("--history", help="write the rows and trajectories to this JSON file")
     p.add_argument("--synthetic", action="store_true", help="also the synthetic-data figure")
     p.add_argument("--synth-shape", default="5000,2000,300000,20",
                    help="users,items,nonzeros,K (the issue's: 20000,8000,2000000,20)")
@@ -180,7 +179,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ordnmf-early-") as tmp:
         args.work = args.work or tmp
         with resolve_client(None, 2) as client:
-            movielens(args, client)
+            rows = [movielens(args, client, int(x)) for x in args.split_seeds.split(",")]
+            table(args, rows)
+            if args.history:
+                with open(args.history, "w") as fh:
+                    json.dump(rows, fh)
             if args.synthetic:
                 synthetic(args, client)
     return 0

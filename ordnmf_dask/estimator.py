@@ -81,8 +81,9 @@ _SHARED_ATTRS_DOC = """
 
     With a validation subset in the store (``ingest --validation-fraction``), the fit scores
     it every ``validation_every`` iterations, stops after ``validation_patience`` scores
-    without improvement, and saves the best scored state (attributes ``best_iteration``,
-    ``stop_reason`` and ``validation`` of the model: docs/model-format.md).
+    without improvement of their mean over the last ``validation_window``, and saves the state
+    that rule keeps (attributes ``best_iteration``, ``stop_reason`` and ``validation`` of the
+    model: docs/model-format.md).
 """
 
 
@@ -108,6 +109,7 @@ class CaviEstimator:
         checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
         validation_every: int = DEFAULTS["validation_every"],
         validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
         validation_metric: str = DEFAULTS["validation_metric"],
         validation_k: int = DEFAULTS["validation_k"],
         validation_s: int = DEFAULTS["validation_s"],
@@ -128,6 +130,7 @@ class CaviEstimator:
         self.checkpoint_minutes = checkpoint_minutes
         self.validation_every = validation_every
         self.validation_patience = validation_patience
+        self.validation_window = validation_window
         self.validation_metric = validation_metric
         self.validation_k = validation_k
         self.validation_s = validation_s
@@ -690,7 +693,8 @@ def _validation(
             return {"k": k, "ndcg": ndcg, "loglik_mean": out["loglik_mean"],
                     "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"]}
 
-        return Validation(score, values["validation_every"], values["validation_patience"])
+        return Validation(score, values["validation_every"], values["validation_patience"],
+                          values["validation_window"])
 
     return scorer
 

@@ -138,6 +138,10 @@ def _rows() -> Iterator[Param]:
     yield Param("validation_patience", "int", 5, int_ge(0), "an integer >= 0",
                 "stop after this many validation scores in a row without improvement "
                 "(0: never early)", validation, False)
+    yield Param("validation_window", "int", 1, int_ge(1), "an integer >= 1",
+                "early stopping follows the mean of the last this many validation scores and "
+                "keeps the newest state of the best such stretch (1: each score alone)",
+                validation, False)
     yield Param("validation_metric", "str", "ndcg", lambda v: v in ("ndcg", "loglik"),
                 "'ndcg' or 'loglik'",
                 "what validation maximizes: NDCG@validation_k at relevance validation_s, or "

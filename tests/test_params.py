@@ -167,6 +167,6 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     assert {p.name for p in params.PARAMS.values() if not p.model} == {
         "max_iter", "n_init", "cache_blocks", "executor", "work_dir", "checkpoint_dir",
         "checkpoint_every", "checkpoint_minutes", "validation_every", "validation_patience",
-        "validation_metric", "validation_k", "validation_s",
+        "validation_window", "validation_metric", "validation_k", "validation_s",
     }  # fmt: skip
 

@@ -1,5 +1,6 @@
 """The validation subset of a store and validation during a fit: scores on the workers from the
-running factors, early stopping that keeps the best state, restarts chosen by validation."""
+running factors (each held-out ranking excluding the user's other pairs), the early-stopping
+rule and the state it keeps, restarts chosen by validation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import zarr
 
 from ordnmf_dask import BePoF, OrdNMF
 from ordnmf_dask.app.cli import main
+from ordnmf_dask.engine.cavi import early_stopping
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
@@ -159,3 +161,84 @@ def test_validation_settings_are_checked_before_a_cluster_starts(vstore):
         OrdNMF(K, validation_metric="auc", max_iter=2).fit(vstore)
     with pytest.raises(InputError, match="validation_metric = 'loglik'"):
         BePoF(K, validation_metric="loglik", max_iter=2).fit(vstore)
+
+
+def test_early_stopping_alone_is_patience_after_the_first_best_score():
+    scores = [0.1, 0.3, 0.3, 0.2, 0.25]
+    assert early_stopping(scores[:1], 2) == (0, False)
+    assert early_stopping(scores[:3], 2) == (1, False)  # a tie is not an improvement
+    assert early_stopping(scores[:4], 2) == (1, True)  # two scores after the kept one
+    assert early_stopping(scores, 0) == (1, False)  # patience 0: never early
+    assert early_stopping([0.2, 0.1], 1, window=3) == (0, True)
+
+
+def test_a_window_follows_the_trend_and_keeps_the_end_of_the_best_stretch():
+    # a noisy rise: one high score (index 2) then higher ones on average
+    scores = [0.10, 0.20, 0.35, 0.25, 0.30, 0.32, 0.34]
+    assert early_stopping(scores[:6], 3) == (2, True)  # each score alone: the spike stops it
+    # means over 3: 0.1, 0.15, 0.2167, 0.2667, 0.30, 0.29, 0.32
+    assert early_stopping(scores[:6], 3, window=3) == (4, False)
+    assert early_stopping(scores, 3, window=3) == (6, False)
+    assert early_stopping([*scores, 0.2, 0.2], 2, window=3) == (6, True)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_early_stopping_agrees_with_a_moving_average_reference(window):
+    rng = np.random.default_rng(window)
+    scores = list(np.cumsum(rng.normal(0.0, 1.0, 40)))
+    for n in range(1, len(scores) + 1):
+        x = np.asarray(scores[:n])
+        csum = np.concatenate([[0.0], np.cumsum(x)])
+        lo = np.maximum(0, np.arange(n) - window + 1)
+        means = (csum[1:] - csum[lo]) / (np.arange(n) + 1 - lo)
+        kept = int(np.argmax(means))
+        assert early_stopping(scores[:n], 4, window) == (kept, n - 1 - kept >= 4)
+
+
+def test_the_fit_keeps_the_state_the_windowed_rule_keeps(vstore, client):
+    est = OrdNMF(K, tol=1e-12, max_iter=60, validation_every=2, validation_patience=2,
+                 validation_window=3, validation_s=3).fit(vstore, client)
+    attrs = open_model(est.model_path_).attrs
+    assert attrs["validation"]["window"] == 3
+    metric = [v["metric"] for v in attrs["validation"]["history"]]
+    kept, stop = early_stopping(metric, 2, 3)
+    assert attrs["best_iteration"] == attrs["validation"]["history"][kept]["iteration"]
+    assert stop == (attrs["stop_reason"] == "patience")
+    assert not any(early_stopping(metric[:j], 2, 3)[1] for j in range(1, len(metric)))
+
+
+def _reference_ndcg(store, est, split: str, s: int, k: int = 100) -> float:
+    """Mean NDCG@k (relevance class >= s) of ``split`` with dense numpy: each user's candidates
+    are the items with no pair of that user in any other subset."""
+    w, h = est.W_.compute(), est.H_.compute()
+    scores = w @ h.T
+    held = np.zeros(scores.shape, dtype=bool)
+    for other in store.splits:
+        for u, i in pairs(store, other):
+            if other == split:
+                continue
+            scores[u, i] = -np.inf
+    rb, cb = store.row_bounds, store.col_bounds
+    for r in range(store.grid[0]):
+        for c in range(store.grid[1]):
+            b = read_block(store.path, split, r, c)
+            keep = b.y >= s
+            held[b.rows[keep] + rb[r], b.cols[keep] + cb[c]] = True
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    dcg = (np.take_along_axis(held, top, axis=1) * discount[: top.shape[1]]).sum(axis=1)
+    n_rel = held.sum(axis=1)
+    ideal = np.concatenate([[0.0], np.cumsum(discount)])[np.minimum(n_rel, k)]
+    users = n_rel > 0
+    return float(np.mean(dcg[users] / ideal[users]))
+
+
+def test_held_out_rankings_exclude_the_users_pairs_in_the_other_subsets(vstore, client):
+    est = OrdNMF(K, tol=1e-12, max_iter=5, validation_every=0).fit(vstore, client)
+    model = open_model(est.model_path_)
+    w = [SavedChunk(model.path, "W", r) for r in range(vstore.grid[0])]
+    h = [SavedChunk(model.path, "H", c) for c in range(vstore.grid[1])]
+    for split in ("test", "validation"):
+        got = score_split(client, vstore, split, w, h, [1, 4], 100, None)["ndcg"]
+        for s in (1, 4):
+            assert got[s] == pytest.approx(_reference_ndcg(vstore, est, split, s), abs=1e-12)

@@ -127,13 +127,31 @@ IterationCallback = Callable[[IterationInfo], bool | None]
 class Validation:
     """Validation during a fit: ``score(w, h, params)`` gives the figures of a state (its
     factor-chunk futures and global parameters) as a dict whose float ``metric`` is higher when
-    better. Evaluated every ``every`` iterations and at the last one; the fit stops once
-    ``patience`` evaluations in a row have not improved on the best (0: never early), and its
-    result is the best evaluated state, whatever stopped it."""
+    better. Evaluated every ``every`` iterations and at the last one; :func:`early_stopping`
+    with ``patience`` and ``window`` says when to stop early and which evaluated state is the
+    fit's result, whatever stopped it."""
 
     score: Callable[[list[Future], list[Future], Any], dict[str, Any]]
     every: int
     patience: int
+    window: int = 1
+
+
+def early_stopping(scores: list[float], patience: int, window: int = 1) -> tuple[int, bool]:
+    """The early-stopping rule on the validation scores so far (higher is better): the index of
+    the evaluation whose state is kept, and whether the fit stops now.
+
+    Each score is smoothed as the mean of the last ``window`` scores up to it (fewer at the
+    start), so that the rule follows the metric's trend rather than one evaluation's noise; the
+    kept evaluation is the first with the highest smoothed score, the newest state of the best
+    stretch. The fit stops once ``patience`` evaluations have followed it (0: never early).
+    """
+    kept, best = 0, -math.inf
+    for j in range(len(scores)):
+        smoothed = math.fsum(scores[max(0, j - window + 1):j + 1]) / min(window, j + 1)
+        if smoothed > best:
+            kept, best = j, smoothed
+    return kept, bool(patience) and len(scores) - 1 - kept >= patience
 
 
 class CaviRunner:
@@ -383,9 +401,8 @@ class CaviRunner:
         ``callback`` receives an :class:`IterationInfo` after each iteration and may stop the
         fit. With ``validation``, the state is scored every ``validation.every`` iterations
         (the figures go to the callback and to ``CaviState.validation``), the fit stops early
-        after ``validation.patience`` evaluations without improvement, and the result is the
-        best evaluated state (``best_iteration``); a resumed run's history starts at the
-        resume.
+        by :func:`early_stopping`, and the result is the state that rule keeps
+        (``best_iteration``); a resumed run's history starts at the resume.
         """
         cfg, client, fam = self.cfg, self.client, self.family
         snap = None
@@ -422,8 +439,7 @@ class CaviRunner:
         clock = start = time.perf_counter()
         n = first
         pending: checkpoint.Pending | None = None  # a checkpoint being written
-        best: tuple[float, int, list[Future], list[Future], Any] | None = None
-        since_best = 0  # evaluations without improvement
+        best: tuple[int, list[Future], list[Future], Any] | None = None  # the kept state
         try:
             while n < cfg.max_iter:
                 cur = ahead if ahead is not None else self._iteration(cur)
@@ -461,16 +477,18 @@ class CaviRunner:
                     figures = {"iteration": n, **validation.score(cur.w, cur.h, params)}
                     figures["seconds"] = time.perf_counter() - now
                     state.validation.append(figures)
-                    if best is None or figures["metric"] > best[0]:
-                        best, since_best = (figures["metric"], n, cur.w, cur.h, params), 0
-                    else:
-                        since_best += 1
-                        if validation.patience and since_best >= validation.patience:
-                            stop = stop or "patience"
+                    kept, early = early_stopping(
+                        [v["metric"] for v in state.validation], validation.patience,
+                        validation.window,
+                    )  # fmt: skip
+                    if kept == len(state.validation) - 1:
+                        best = (n, cur.w, cur.h, params)
+                    if early:
+                        stop = stop or "patience"
                 clock = time.perf_counter()
                 info = IterationInfo(
                     n, cfg.max_iter, elbo, rate, seconds, clock - start, params, figures,
-                    None if best is None else best[1],
+                    None if best is None else best[0],
                 )  # fmt: skip
                 if callback is not None and callback(info):
                     info.stop()
@@ -498,7 +516,7 @@ class CaviRunner:
         # dependencies the client also holds trips an assertion in the scheduler)
         state.best_iteration = state.n_iter
         if best is not None:
-            _, state.best_iteration, state.w, state.h, state.params = best
+            state.best_iteration, state.w, state.h, state.params = best
         return state
 
     def _first_result(self, result: Future) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Evaluation on the held-out nonzeros, per user-block on the workers (docs/design.md §3).
 
 NDCG@k, precision@k, recall@k, MAP@k and AUC for each relevance threshold s (relevance
-``y_test >= s``, training items excluded) and the test log-likelihood of the nonzeros. Each task
-scores one user-block against one item-block, a slab of rows at a time; only per-block sums
-travel to the client. :func:`score_split` does the work for a saved model (:func:`evaluate`)
-and for the factor chunks of a running fit (validation, on its ``validation`` subset).
+``y_test >= s``, the user's pairs in the other subsets excluded) and the test log-likelihood of
+the nonzeros. Each task scores one user-block against one item-block, a slab of rows at a time;
+only per-block sums travel to the client. :func:`score_split` does the work for a saved model
+(:func:`evaluate`) and for the factor chunks of a running fit (validation, on its ``validation``
+subset).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import dcpf, metrics
-from ordnmf_dask.model.kernels import sddmm
+from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
@@ -68,13 +69,27 @@ def _held_out_task(*parts: tuple[np.ndarray, ...]) -> metrics.HeldOut:
     return metrics.HeldOut.by_row(*(np.concatenate(a) for a in zip(*parts, strict=True)))
 
 
+def _known_block(store: str, known: tuple[str, ...], r: int, c: int, keep: np.ndarray
+                 ) -> CsrBlock:  # fmt: skip
+    """The nonzeros of block (r, c), rows ``keep``, in the subsets ``known`` (disjoint): the
+    pairs a held-out ranking excludes."""
+    parts = [load_block(store, split, r, c).take_rows(keep) for split in known]
+    if len(parts) == 1:
+        return parts[0]
+    rows = np.concatenate([b.rows for b in parts])
+    cols = np.concatenate([b.cols for b in parts])
+    order = np.lexsort((cols, rows))
+    return CsrBlock.from_coo(rows[order], cols[order], np.concatenate([b.y for b in parts])[order],
+                             parts[0].shape)  # fmt: skip
+
+
 def _candidates_task(
-    w: Any, h: Any, store: str, r: int, c: int, col_offset: int, k: int, keep: np.ndarray,
-    held: metrics.HeldOut,
-) -> metrics.Candidates:
-    """Top-k and rank counts of block (r, c), the training items excluded."""
-    train = load_block(store, "train", r, c).take_rows(keep)
-    return metrics.candidates_block(w.mean[keep], h.mean, train, col_offset, k, held)
+    w: Any, h: Any, store: str, known: tuple[str, ...], r: int, c: int, col_offset: int, k: int,
+    keep: np.ndarray, held: metrics.HeldOut,
+) -> metrics.Candidates:  # fmt: skip
+    """Top-k and rank counts of block (r, c), the ``known`` subsets' items excluded."""
+    excluded = _known_block(store, known, r, c, keep)
+    return metrics.candidates_block(w.mean[keep], h.mean, excluded, col_offset, k, held)
 
 
 _RANKING = ("ndcg", "n_users", "precision", "recall", "map", "auc", "n_users_auc")  # sums' rows
@@ -215,10 +230,12 @@ def score_split(
     "validation") of ``info`` under factor chunks ``w``, ``h`` (futures or values of chunks
     with a ``mean``: a running fit's, or :class:`SavedChunk`), on the workers of ``cl``.
 
-    Ranked candidates exclude the training items only: the other held-out subset's items rank
-    as candidates, for the test split as for the validation one, so that the validation scores
-    are measured as the test scores are. ``spec``: :func:`loglik_spec` (None: no
-    log-likelihood). ``progress``: label of a progress report while waiting.
+    A user's ranked candidates are the items of ``split`` and the items the user has no pair
+    with in any subset: the user's pairs in the other subsets (training, and the other held-out
+    one) are known interactions and excluded, for the validation ranking as for the test one
+    (docs/design.md §3), so that neither score depends on the other subset's scores. ``spec``:
+    :func:`loglik_spec` (None: no log-likelihood). ``progress``: label of a progress report
+    while waiting.
 
     Returns ``ndcg``, ``precision``, ``recall``, ``map``, ``auc`` ({s: mean}), ``n_users``,
     ``n_users_auc`` ({s: count}), ``loglik`` (sum, None without ``spec``), ``loglik_mean`` and
@@ -226,6 +243,7 @@ def score_split(
     """
     n_r, n_c = info.grid
     cb, rb = [int(x) for x in info.col_bounds], [int(x) for x in info.row_bounds]
+    known = tuple(name for name in info.splits if name != split)
     per_row = []
     for r in range(n_r):
         keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)
@@ -233,7 +251,8 @@ def score_split(
                  for c in range(n_c)]  # fmt: skip
         held = cl.submit(_held_out_task, *parts)
         cands = [
-            cl.submit(_candidates_task, w[r], h[c], info.path, r, c, cb[c], k, keep, held)
+            cl.submit(_candidates_task, w[r], h[c], info.path, known, r, c, cb[c], k, keep,
+                      held)
             for c in range(n_c)
         ]
         merged = tree_reduce(cl, cands, metrics.merge_candidates, k)
