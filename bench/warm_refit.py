@@ -2,10 +2,14 @@
 
 MovieLens (ml-latest-small, ratings with timestamps): a common held-out set is drawn from all
 ratings (``--test-fraction``, seeded); the other ratings before the 90th percentile of the
-timestamps make last period's store, all of them this period's. The script fits last period
-cold, then this period twice with the same settings and tol: warm-started from last period's
-model (``init_model``), and cold. It prints iterations, seconds and NDCG@k of both on the common
-held-out set, at every relevance level.
+timestamps make last period's store, all of them this period's (neither fit trains on a held-out
+rating). The script fits last period cold, then this period twice with the same settings, tol
+and seed: warm-started from last period's model (``init_model``), and cold. It prints
+iterations, seconds and NDCG@k of both on the common held-out set, at every relevance level.
+The iteration count is where the relative ELBO gain first drops below tol, which varies with
+the seed (the warm / cold ratio more so): ``--seeds`` repeats the three fits per seed and ends
+with the ratio at each. ``--last-tol`` fits last period to another tol (default ``--tol``): a
+warm refit also finishes what last period's fit left of its own convergence.
 
 ``--synthetic NNZ``: the same on a synthetic IG-OrdNMF store of NNZ nonzeros (``synth``); last
 period's store holds the first 1 / (1 + grow) of its users and items (``--grow``, 5% new users
@@ -13,6 +17,7 @@ and new items by default), with their ratings, and the common held-out set is th
 test split (nnz / 100 users x nnz / 400 items, at least 12k x 6k; true K = ``-k``).
 
     python bench/warm_refit.py                         # MovieLens, K = 50
+    python bench/warm_refit.py --seeds 0 1 2 3         # the ratio at four seeds
     python bench/warm_refit.py --synthetic 1e7 -k 20 --user-fraction 0.1   # minutes
 """
 
@@ -84,10 +89,10 @@ def synthetic(nnz: float, work: Path, grow: float, k: int, client: Client
     return early, full
 
 
-def fit(name: str, store: StoreInfo, client: Client, out: Path, k: int, tol: float,
+def fit(name: str, store: StoreInfo, client: Client, out: Path, k: int, tol: float, seed: int,
         init_model: Path | None = None) -> tuple[object, float]:
     t = time.perf_counter()
-    est = ESTIMATORS[name](k, tol=tol, max_iter=2000)
+    est = ESTIMATORS[name](k, tol=tol, max_iter=2000, seed=seed)
     est.fit(store.path, client, out=out, init_model=init_model)
     return est, time.perf_counter() - t
 
@@ -99,10 +104,13 @@ def main() -> None:
     p.add_argument("--grow", type=float, default=0.05, help="synthetic: new users / items")
     p.add_argument("-k", type=int, default=50)
     p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--last-tol", type=float, help="tol of last period's fit (default --tol)")
     p.add_argument("--model", default="OrdNMF", choices=sorted(ESTIMATORS))
     p.add_argument("--min-count", type=int, default=20)
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--quantile", type=float, default=0.9)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+                   help="seeds of the three fits (last period, warm, cold), one run per seed")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--user-fraction", type=float, default=1.0,
                    help="NDCG over this random fraction of the users (the same for both fits)")
@@ -119,14 +127,28 @@ def main() -> None:
         print(f"this period: {full.n_users} x {full.n_items}, {full.nnz_train} training nonzeros"
               f" ({full.n_users - early.n_users} more users, {full.n_items - early.n_items} "
               "more items)")
-        old, t_old = fit(args.model, early, client, work / "last.zarr", args.k, args.tol)
-        print(f"last period, cold: {old.n_iter_} iterations, {t_old:.1f}s")
-        warm, t_warm = fit(args.model, full, client, work / "warm.zarr", args.k, args.tol,
-                           init_model=work / "last.zarr")
-        cold, t_cold = fit(args.model, full, client, work / "cold.zarr", args.k, args.tol)
-        scores = {name: evaluate(full, est, client, k=100, user_fraction=args.user_fraction)
-                  for name, est in (("warm", warm), ("cold", cold))}
-    print(f"\n{'':>22} {'warm refit':>12} {'cold fit':>12}")
+        ratios = {seed: compare(args, early, full, client, work, seed) for seed in args.seeds}
+    if len(ratios) > 1:
+        text = ", ".join(f"seed {s}: {r:.1%}" for s, r in ratios.items())
+        print(f"\nwarm / cold iterations: {text}; median {np.median(list(ratios.values())):.1%}")
+
+
+def compare(args: argparse.Namespace, early: StoreInfo, full: StoreInfo, client: Client,
+            work: Path, seed: int) -> float:
+    """Last period's fit, then this period's warm refit and cold fit from ``seed``, printed
+    side by side; the warm / cold ratio of iterations."""
+    tag = f"-{seed}" if len(args.seeds) > 1 else ""
+    last = work / f"last{tag}.zarr"
+    last_tol = args.tol if args.last_tol is None else args.last_tol
+    old, t_old = fit(args.model, early, client, last, args.k, last_tol, seed)
+    print(f"\nseed {seed}: last period, cold (tol {last_tol:g}): {old.n_iter_} iterations, "
+          f"{t_old:.1f}s")
+    warm, t_warm = fit(args.model, full, client, work / f"warm{tag}.zarr", args.k, args.tol,
+                       seed, init_model=last)
+    cold, t_cold = fit(args.model, full, client, work / f"cold{tag}.zarr", args.k, args.tol, seed)
+    scores = {name: evaluate(full, est, client, k=100, user_fraction=args.user_fraction)
+              for name, est in (("warm", warm), ("cold", cold))}
+    print(f"{'':>22} {'warm refit':>12} {'cold fit':>12}")
     print(f"{'iterations':>22} {warm.n_iter_:>12d} {cold.n_iter_:>12d}   "
           f"(warm / cold = {warm.n_iter_ / cold.n_iter_:.1%})")
     print(f"{'seconds':>22} {t_warm:>12.1f} {t_cold:>12.1f}")
@@ -139,6 +161,7 @@ def main() -> None:
         print(f"{f'NDCG@100 s={s}':>22} {a:>12.4f} {b:>12.4f}   (warm - cold {a - b:+.4f})")
     print(f"{'test loglik / nnz':>22} {scores['warm']['test_loglik_mean']:>12.4f} "
           f"{scores['cold']['test_loglik_mean']:>12.4f}")
+    return warm.n_iter_ / cold.n_iter_
 
 
 if __name__ == "__main__":

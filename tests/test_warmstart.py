@@ -153,6 +153,22 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
     assert dict(zarr.open_group(str(old_model), mode="r").attrs) == before
 
 
+@pytest.mark.parametrize("name", ["OrdNMF", "DcPF"])
+def test_a_warm_start_on_its_own_store_continues_the_fit_exactly(stores, name):
+    """Warm-started on its own store, a model of M iterations continues as the fit would have:
+    the bounds and factors of M + N iterations, bitwise (the known rows' E[x], exp(E[log x])
+    and the global parameters are the whole state; the prior rates follow from E[x])."""
+    tmp, _, new, _, _ = stores
+    klass, m, n = ESTIMATORS[name], 6, 4
+    kw = {"tol": 1e-12, "executor": "inprocess"}
+    first = klass(K, max_iter=m, **kw).fit(new.path, out=tmp / f"{name}-first-{m}.zarr")
+    warm = klass(K, max_iter=n, **kw).fit(new.path, init_model=first)
+    whole = klass(K, max_iter=m + n, **kw).fit(new.path)
+    assert warm.elbo_ == whole.elbo_[m:]
+    assert np.array_equal(np.asarray(warm.W_), np.asarray(whole.W_))
+    assert np.array_equal(np.asarray(warm.H_), np.asarray(whole.H_))
+
+
 def test_dcpf_starts_from_the_old_p(client, stores):
     tmp, old, new, _, _ = stores
     old_model = tmp / "dcpf-p.zarr"
