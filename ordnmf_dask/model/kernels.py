@@ -263,10 +263,9 @@ def _ordinal_pass(  # noqa: ANN202
                 c = y[j]
                 gh_i, eh_i, sh_i = gh[i], eh[i], sh[i]
                 lam_geo = 0.0  # gw_u . gh_i
-                for q in range(k):
-                    lam_geo += gw_u[q] * gh_i[q]
                 lam = 0.0  # ew_u . eh_i
-                for q in range(k):
+                for q in range(k):  # one loop: the same sums, one pass of loop overhead
+                    lam_geo += gw_u[q] * gh_i[q]
                     lam += ew_u[q] * eh_i[q]
                 d = delta[c]
                 x = lam_geo * d
@@ -290,7 +289,6 @@ def _ordinal_pass(  # noqa: ANN202
                 total[v1 + c] += lam
                 for q in range(k):
                     sw_u[q] += ratio * gh_i[q]
-                for q in range(k):
                     sh_i[q] += ratio * gw_u[q]
                 j += 1
             elbo_run = x_run + (log_run + math.log(prod))
@@ -317,7 +315,6 @@ def _spmm_pair(indptr, cols, ratio, gw, gh, tile, sw, sh):  # noqa: ANN001, ANN2
                 r, gh_i, sh_i = ratio[j], gh[cols[j]], sh[cols[j]]
                 for q in range(k):
                     sw_u[q] += r * gh_i[q]
-                for q in range(k):
                     sh_i[q] += r * gw_u[q]
                 j += 1
             cursor[u] = j
