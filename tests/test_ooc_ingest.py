@@ -136,6 +136,7 @@ def test_union_of_sorted_id_runs():
     np.testing.assert_array_equal(union_ids(a, b), [3, 7, 8, 40, 300])
     mixed = union_ids(a, np.array(["007", "40", "u1"]))
     np.testing.assert_array_equal(mixed, ["007", "3", "40", "7", "u1"])
+    assert mixed.dtype == np.dtype("<U3")  # as wide as the longest id, not as any int64
 
 
 def test_line_numbers_skip_blank_lines():

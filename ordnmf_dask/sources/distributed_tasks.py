@@ -25,17 +25,26 @@ _SHIFT = np.uint64(64 - HASH_BIN_BITS)
 
 
 def union_ids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Sorted distinct ids of two sorted distinct id arrays: int64 if both are, else str.
+    """Sorted distinct ids of two sorted distinct id arrays: int64 if both are, else str (as
+    wide as the longest id). The ids of ``b`` not in ``a`` are inserted into a copy of ``a``
+    (a linear merge: no sort, one new array)."""
+    if a.dtype.kind != b.dtype.kind:
+        a, b = _as_str(a), _as_str(b)
+    kind = np.promote_types(a.dtype, b.dtype)
+    a, b = a.astype(kind, copy=False), b.astype(kind, copy=False)
+    if not len(a) or not len(b):
+        return a if len(a) else b
+    pos = np.searchsorted(a, b)
+    new = a[np.minimum(pos, len(a) - 1)] != b
+    return np.insert(a, pos[new], b[new])
 
-    A stable sort of the two concatenated runs is a merge (linear), then repeats are dropped.
-    """
-    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu":
-        a, b = a.astype(str), b.astype(str)
-    both = np.concatenate([a, b])
-    both.sort(kind="stable")
-    new = np.ones(len(both), dtype=bool)
-    np.not_equal(both[1:], both[:-1], out=new[1:])
-    return both[new]
+
+def _as_str(ids: np.ndarray) -> np.ndarray:
+    """Sorted distinct ids as sorted str, integers in decimal, as wide as the longest."""
+    if ids.dtype.kind == "U":
+        return ids
+    text = ids.astype(str)
+    return np.sort(text.astype(f"<U{max(1, int(np.char.str_len(text).max(initial=1)))}"))
 
 
 def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
@@ -92,8 +101,8 @@ def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
 def ids_task(chunks: tuple[int, ...], tmp: str, what: str) -> np.ndarray:
     """Sorted distinct ``what`` ("users" or "items") ids of the parsed chunks ``chunks``, read
     from their staged files one at a time."""
-    out = np.zeros(0, dtype=np.int64)
-    for index in chunks:
+    out = load_arrays(_chunk_prefix(tmp, chunks[0]), [what])[what]
+    for index in chunks[1:]:
         out = union_ids(out, load_arrays(_chunk_prefix(tmp, index), [what])[what])
     return out
 
