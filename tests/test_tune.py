@@ -133,9 +133,9 @@ def test_no_validation_subset_needs_allow_test(stores, tmp_path):
     ({"params": {"n_components": 3}}, "n_components is both searched and fixed"),
     ({"params": {"checkpoint_dir": "x"}}, "checkpoint_dir is set by tune"),
     ({"params": {"threshold": 2}}, "OrdNMF has no parameter 'threshold'"),
-    ({"metric": "auc"}, "metric must be one of ndcg, loglik"),
-    ({"level": 6}, "level must be a class in 1..5"),
-    ({"model": "bepof", "metric": "loglik"}, "BePoF models binarized data"),
+    ({"validation_metric": "auc"}, "validation_metric must be one of ndcg, loglik"),
+    ({"validation_s": 6}, "validation_s must be a class in 1..5"),
+    ({"model": "bepof", "validation_metric": "loglik"}, "BePoF models binarized data"),
     ({"model": "svd"}, "model must be one of"),
     ({"n_jobs": 0}, "n_jobs must be an integer >= 1"),
 ])

@@ -226,11 +226,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="iterations of the first rung (default max_iter // eta^2)")
     tun.add_argument("--eta", type=int, default=3,
                      help="keep the best 1/eta of the trials at each rung (default 3)")
-    tun.add_argument("--metric", choices=["ndcg", "loglik"], default="ndcg",
-                     help="ndcg: NDCG@--cutoff at relevance >= --level; loglik: mean held-out "
+    tun.add_argument("--validation-metric", dest="validation_metric",
+                     choices=["ndcg", "loglik"], default="ndcg",
+                     help="ndcg: NDCG@--validation-k at relevance >= --validation-s; loglik: "
+                          "mean held-out "
                           "log-likelihood (default ndcg)")
-    tun.add_argument("--cutoff", dest="k", type=int, default=100, help="k of NDCG@k (default 100)")
-    tun.add_argument("--level", type=int,
+    tun.add_argument("--validation-k", dest="validation_k", type=int, default=100,
+                     help="k of NDCG@k (default 100)")
+    tun.add_argument("--validation-s", dest="validation_s", type=int,
                      help="relevance threshold s (default: --threshold for bepof / pf, else 1)")
     tun.add_argument("--allow-test", dest="allow_test", action="store_true",
                      help="score on the test subset when the store has no validation subset "
@@ -594,8 +597,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with _client(cfg.cluster) as client:
         res = tune(args.store, space, client, out=args.out, model=name, params=fixed,
                    n_trials=args.n_trials, sample_seed=args.sample_seed, max_iter=max_iter,
-                   min_budget=args.min_budget, eta=args.eta, metric=args.metric, k=args.k,
-                   level=args.level, allow_test=args.allow_test, user_fraction=args.user_fraction,
+                   min_budget=args.min_budget, eta=args.eta,
+                   validation_metric=args.validation_metric,
+                   validation_k=args.validation_k, validation_s=args.validation_s,
+                   allow_test=args.allow_test, user_fraction=args.user_fraction,
                    n_jobs=args.n_jobs, n_workers=cfg.cluster.local_spec.workers,
                    overwrite=bool(args.overwrite))
     best = res.best

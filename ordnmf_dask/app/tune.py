@@ -45,7 +45,7 @@ log = logging.getLogger("ordnmf_dask")
 
 TUNE_KIND = "ordnmf_dask.tune"  # the ``kind`` of DIR/tune.json, which marks DIR as a tune's
 METRICS = ("ndcg", "loglik")
-#: parameters tune sets for every trial itself (validation_*: from its metric, k and level)
+#: parameters tune sets for every trial itself (validation_*: tune's own arguments)
 MANAGED = ("checkpoint_dir", "work_dir", "n_init", "max_iter", "executor", "validation_metric",
            "validation_k", "validation_s")
 #: how a fit ended for good: a larger budget would change nothing
@@ -116,9 +116,9 @@ def tune(
     max_iter: int = DEFAULTS["max_iter"],
     min_budget: int | None = None,
     eta: int = 3,
-    metric: str = "ndcg",
-    k: int = 100,
-    level: int | None = None,
+    validation_metric: str = "ndcg",
+    validation_k: int = 100,
+    validation_s: int | None = None,
     allow_test: bool = False,
     user_fraction: float = 1.0,
     n_jobs: int = 4,
@@ -146,9 +146,10 @@ def tune(
     max_iter, min_budget, eta : the rungs' iteration budgets (``min_budget`` default
         ``max_iter // eta**2``: three rungs; :func:`ordnmf_dask.app.tuning.rungs`) and the
         halving factor.
-    metric, k, level : ``ndcg`` (NDCG@k with relevance ``y >= level``; ``level`` default the
-        model's ``threshold`` for BePoF and PF, else 1) or ``loglik`` (the mean held-out
-        log-likelihood per nonzero); higher is better.
+    validation_metric, validation_k, validation_s : what scores the trials, with the fit's
+        names: ``ndcg`` (NDCG@validation_k with relevance ``y >= validation_s``;
+        ``validation_s`` default the model's ``threshold`` for BePoF and PF, else 1) or
+        ``loglik`` (the mean held-out log-likelihood per nonzero); higher is better.
     allow_test : without a validation subset, score the trials on the test subset (the test
         figures of the chosen model are then optimistic); otherwise that is an InputError.
     user_fraction : when tune scores the saved models itself (on the test subset, or with
@@ -174,7 +175,8 @@ def tune(
     budgets = tuning.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
                            max_iter, eta)
     split = _split(info, allow_test)
-    level = _level(info, split, name, fixed, metric, level, k, user_fraction)
+    metric, k = validation_metric, validation_k
+    level = _level(info, split, name, fixed, metric, validation_s, k, user_fraction)
     # the fits keep their state best by this same metric (validation during the fit)
     fixed.update(validation_metric=metric, validation_k=k, validation_s=level)
     label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
@@ -283,20 +285,22 @@ def _level(info: StoreInfo, split: str, name: str, fixed: dict[str, Any], metric
            level: int | None, k: int, user_fraction: float) -> int:  # fmt: skip
     """The relevance threshold s of the metric, checked with the other metric settings."""
     if metric not in METRICS:
-        raise InputError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+        raise InputError(
+            f"validation_metric must be one of {', '.join(METRICS)}, got {metric!r}"
+        )
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InputError(f"k must be an integer >= 1, got {k!r}")
+        raise InputError(f"validation_k must be an integer >= 1, got {k!r}")
     if not 0.0 < user_fraction <= 1.0:
         raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
     s = int(fixed.get("threshold", 1)) if level is None else level
     if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= info.n_classes:
-        raise InputError(f"level must be a class in 1..{info.n_classes}, got {s!r}")
+        raise InputError(f"validation_s must be a class in 1..{info.n_classes}, got {s!r}")
     if not sum(info.attrs[f"hist_{split}"][s:]):
-        raise InputError(f"level = {s}: the {split} subset of {info.path} has no nonzero of "
+        raise InputError(f"validation_s = {s}: the {split} subset of {info.path} has no nonzero of "
                          f"class >= {s}")
     binarized = name in ("BePoF", "PF") or (name == "DcPF" and fixed.get("p") == 1.0)
     if metric == "loglik" and binarized:
-        raise InputError(f"metric loglik: {name} models binarized data, not the classes")
+        raise InputError(f"validation_metric loglik: {name} models binarized data, not the classes")
     return s
 
 
