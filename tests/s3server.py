@@ -11,7 +11,7 @@ variables that do the same for a command run as a subprocess. Nothing is written
 
 from __future__ import annotations
 
-import itertools
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -21,8 +21,6 @@ from moto.server import ThreadedMotoServer
 
 # dummy credentials: moto accepts any, and explicit ones keep botocore from looking further
 KEY, SECRET, REGION = "testing", "testing", "us-east-1"
-
-_buckets = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -83,7 +81,7 @@ def s3_endpoint() -> Iterator[str]:
 def s3(s3_endpoint: str) -> Iterator[S3Bucket]:
     """A new empty bucket for this test, with a filesystem and the options that reach it."""
     fs = s3fs.S3FileSystem(**storage_options(s3_endpoint))
-    bucket = f"test-{next(_buckets)}"
+    bucket = f"test-{uuid.uuid4().hex[:12]}"  # unique across importers
     fs.mkdir(bucket)
     fs.invalidate_cache()
     yield S3Bucket(s3_endpoint, bucket, fs)

@@ -14,13 +14,14 @@ import pytest
 import scipy.sparse as sp
 import zarr
 import zstandard
-from s3server import s3, s3_endpoint  # noqa: F401 - fixtures
 from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import ingest
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.inmemory import ingest_arrays
+
+pytest_plugins = ["tests.s3server"]
 
 NOT_SOURCE = ("created", "source", "test_source")
 
