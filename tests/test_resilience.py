@@ -36,7 +36,7 @@ pytestmark = pytest.mark.cluster
 K, MAX_ITER, SEED = 3, 40, 3
 FIT = ["-k", str(K), "--max-iter", str(MAX_ITER), "--tol", "1e-12", "--seed", str(SEED)]
 ENV = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
-ITER = re.compile(r" iter +(\d+) ")
+ITER = re.compile(r" iter +(\d+)/")  # "iter   13/40 ..." (the fit log line)
 TIMEOUT = 180.0  # generous: this machine is small and shared
 
 
