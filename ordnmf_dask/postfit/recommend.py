@@ -57,17 +57,22 @@ def _candidates(
     return metrics.topk_block(ew, factor_mean(model, "H", c), train, col_offset, n)
 
 
-def named_top(top: tuple[np.ndarray, np.ndarray], store: str) -> list[list[tuple[Any, float]]]:
-    """Per user: [(raw item id, score), ...] best first; excluded (-inf) slots dropped."""
-    scores, items = top
+def ranked_pairs(scores: np.ndarray, names: Sequence[Any]) -> list[list[tuple[Any, float]]]:
+    """Per row of ``scores`` (best first, excluded slots -inf at the end): [(name, score), ...],
+    where ``names`` are the names of the finite slots in row-major order."""
     keep = np.isfinite(scores)
-    names = idmap.ids_at(store, "items", items[keep])
     out, j = [], 0
     for row in range(scores.shape[0]):
         m = int(keep[row].sum())
         out.append(list(zip(names[j : j + m], scores[row, :m].tolist(), strict=True)))
         j += m
     return out
+
+
+def named_top(top: tuple[np.ndarray, np.ndarray], store: str) -> list[list[tuple[Any, float]]]:
+    """Per user: [(raw item id, score), ...] best first; excluded (-inf) slots dropped."""
+    scores, items = top
+    return ranked_pairs(scores, idmap.ids_at(store, "items", items[np.isfinite(scores)]))
 
 
 def block_top(

@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import psutil
 import zarr
-from numba import njit
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.foldin import fold_in_rows
+from ordnmf_dask.model.kernels import jit
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
-from ordnmf_dask.postfit.recommend import check_n, factor_mean
+from ordnmf_dask.postfit.recommend import check_n, factor_mean, ranked_pairs
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
@@ -48,7 +48,7 @@ Recs = list[tuple[Any, float]]
 # ------------------------------------------------------------------------------ top-n numerics
 
 
-@njit(cache=True, nogil=True)
+@jit()
 def _heap_push(heap: np.ndarray, size: int, v: float) -> None:
     """Put ``v`` in the min-heap ``heap[:size + 1]`` (``heap[:size]`` is one)."""
     i = size
@@ -59,7 +59,7 @@ def _heap_push(heap: np.ndarray, size: int, v: float) -> None:
         i = p
 
 
-@njit(cache=True, nogil=True)
+@jit()
 def _heap_replace_min(heap: np.ndarray, v: float) -> None:
     """Replace the least element of the full min-heap ``heap`` by ``v``."""
     n = len(heap)
@@ -75,7 +75,7 @@ def _heap_replace_min(heap: np.ndarray, v: float) -> None:
         i = c
 
 
-@njit(cache=True, nogil=True)
+@jit()
 def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``s``: the columns scoring at least ``shrink`` times its n-th best finite score
     (every finite column when it has fewer than n), in increasing order. Returns a row pointer
@@ -382,14 +382,7 @@ class Server:
         return np.concatenate(rows), np.concatenate(items)
 
     def _named(self, scores: np.ndarray, cols: np.ndarray, items: IdMap) -> list[Recs]:
-        keep = np.isfinite(scores)
-        names = items.raw(cols[keep])
-        out, j = [], 0
-        for row in range(scores.shape[0]):
-            m = int(keep[row].sum())
-            out.append(list(zip(names[j : j + m], scores[row, :m].tolist(), strict=True)))
-            j += m
-        return out
+        return ranked_pairs(scores, items.raw(cols[np.isfinite(scores)]))
 
     def _rank_items(
         self, w: np.ndarray, n: int, items: Sequence[Any] | None, exclude: Sequence[Any] | None,

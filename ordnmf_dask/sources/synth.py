@@ -62,12 +62,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
 from scipy import integrate, optimize, special
 
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.model.kernels import row_dot
+from ordnmf_dask.model.kernels import jit, row_dot
 from ordnmf_dask.sources.split import check_test_fraction
 from ordnmf_dask.sources.values import MAX_CLASSES
 from ordnmf_dask.store.blocks import StoreInfo
@@ -205,7 +204,7 @@ def class_probabilities(lam: np.ndarray, theta: Sequence[float]) -> np.ndarray:
     return np.concatenate([cdf[..., :1], np.diff(cdf, axis=-1)], axis=-1)
 
 
-_jit = njit(cache=True, error_model="numpy", nogil=True)
+_jit = jit(error_model="numpy")
 
 
 def sample_block(
