@@ -83,3 +83,20 @@ def test_the_dashboard_link_works(client):
         text = page.read().decode(errors="replace")
     assert page.status == 200 and "bokeh" in text.lower()
     assert "Dask needs bokeh" not in text
+
+
+def test_only_a_fit_on_the_main_thread_draws_a_bar(monkeypatch):
+    """On a terminal showing INFO, the main thread's fit draws a bar; fits run from other
+    threads (tune's concurrent trials) do not, so their bars cannot overwrite each other."""
+    import threading
+
+    from ordnmf_dask.dist import progress
+
+    monkeypatch.setattr(progress, "_terminal", lambda: True)
+    monkeypatch.setattr(progress.log, "isEnabledFor", lambda level: True)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(IterationProgress(10).bar))
+    worker.start()
+    worker.join()
+    assert IterationProgress(10).bar is True
+    assert seen == [False]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -50,11 +51,13 @@ class IterationProgress:
     blocks and compiles kernels). The estimate is an upper bound: the tol rule usually stops
     the fit before max_iter. Where INFO records reach a terminal, :meth:`draw` keeps a bar under
     the log lines (:meth:`clear` removes it before the next line is logged and at the end);
-    elsewhere the iteration log lines carry the same figures."""
+    elsewhere the iteration log lines carry the same figures. Only a fit run from the main
+    thread draws a bar: fits run at once from threads (``tune``) would draw over each other."""
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.bar = _terminal() and log.isEnabledFor(logging.INFO)
+        self.bar = (_terminal() and log.isEnabledFor(logging.INFO)
+                    and threading.current_thread() is threading.main_thread())  # fmt: skip
         self.drawn = False
         self.first: tuple[int, float] | None = None  # (iteration, elapsed) first seen
 
