@@ -223,6 +223,15 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
     # a second tune into the same directory replaces it only when told to
     with pytest.raises(InputError, match="holds an earlier tune's results"):
         tune(info, space, client, out=out, max_iter=8)
+    # a file of the user's in a trial's checkpoint directory stops the replacement, named, and
+    # is kept (the earlier tune's checkpoints there are removed)
+    mine = out / "trials" / "0000" / "checkpoints" / "notes.txt"
+    mine.parent.mkdir()
+    mine.write_text("mine")
+    with pytest.raises(OSError, match="checkpoints"):
+        tune(info, {"n_components": [3]}, client, out=out, max_iter=2, overwrite=True)
+    assert mine.read_text() == "mine"
+    mine.unlink()
     # ... and then replaces what the earlier tune wrote, and only that
     again = tune(info, {"n_components": [3]}, client, out=out, max_iter=2, overwrite=True)
     assert [r["trial"] for r in again.rows] == [0] and again.best["n_components"] == 3

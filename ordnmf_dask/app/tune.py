@@ -15,6 +15,7 @@ and ``best`` (the best trial's model).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -34,6 +35,7 @@ from distributed import Client
 from ordnmf_dask.app import tuning
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
 from ordnmf_dask.modelstore.model import is_model, model_target, open_model
@@ -226,7 +228,8 @@ def tune(
     finally:
         log.removeFilter(search.labels)
         for t in trials:
-            _drop_checkpoints(t)
+            with contextlib.suppress(OSError, InputError):  # kept, not lost: never masks a failure
+                _drop_checkpoints(t)
     best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
     CaviEstimator.load(best["model"]).save(best_path, overwrite=overwrite)
     _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
@@ -236,7 +239,7 @@ def tune(
 
 
 def _survivors(alive: list[Trial], rows: list[dict[str, Any]], eta: int, last: bool) -> set[int]:
-    """The trial numbers that go on: the best ``n // eta`` (the best one after the last rung);
+    """The trial numbers that go on: the best ``n // eta`` (the best one after the final rung);
     a failed trial never."""
     scores = {r["trial"]: r["value"] for r in rows if r["status"] != "failed"}
     if not scores:
@@ -255,7 +258,7 @@ def _fixed_params(name: str, fixed: dict[str, Any], space: tuning.Space) -> dict
         if key not in taken:
             raise InputError(f"{name} has no parameter {key!r}")
         if key == "max_iter":
-            raise InputError("give max_iter to tune itself: it is the last rung's budget")
+            raise InputError("give max_iter to tune itself: it is the final rung's budget")
         if key in MANAGED and value != DEFAULTS[key]:
             raise InputError(f"{key} is set by tune for each trial (got {value!r})")
     both = sorted(set(space) & set(fixed))
@@ -343,9 +346,11 @@ def _prepare(out: str) -> None:
 
 
 def _drop_checkpoints(trial: Trial) -> None:
-    """Remove the trial's checkpoint directory: tune creates a trial's directory for that
-    trial's fit alone, so all of it is ours (the unfinished writes of a stopped fit too)."""
-    shutil.rmtree(trial.checkpoints, ignore_errors=True)
+    """Remove the checkpoints the trial's fit wrote (finished or not: checkpoint.claim with
+    restart), then the directory; anything else left in it is kept and named (OSError)."""
+    if os.path.isdir(trial.checkpoints):
+        checkpoint.claim(trial.checkpoints, [], restart=True)
+        os.rmdir(trial.checkpoints)
 
 
 class _Search:
