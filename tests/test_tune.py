@@ -7,6 +7,7 @@ import csv
 import json
 import logging
 import math
+import re
 import threading
 
 import numpy as np
@@ -21,7 +22,7 @@ from ordnmf_dask.app.tune import tune
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.modelstore.model import open_model, save_model
+from ordnmf_dask.modelstore.model import is_model, open_model, save_model
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.sources.inmemory import ingest_arrays
 
@@ -223,15 +224,20 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
     # a second tune into the same directory replaces it only when told to
     with pytest.raises(InputError, match="holds an earlier tune's results"):
         tune(info, space, client, out=out, max_iter=8)
-    # a file of the user's in a trial's checkpoint directory stops the replacement, named, and
-    # is kept (the earlier tune's checkpoints there are removed)
-    mine = out / "trials" / "0000" / "checkpoints" / "notes.txt"
-    mine.parent.mkdir()
-    mine.write_text("mine")
-    with pytest.raises(OSError, match="checkpoints"):
-        tune(info, {"n_components": [3]}, client, out=out, max_iter=2, overwrite=True)
-    assert mine.read_text() == "mine"
-    mine.unlink()
+    # a file of the user's among the trials stops the replacement, named, before anything of
+    # the earlier tune is removed (its last trial's model included)
+    models = sorted(out.glob("trials/*/model"))
+    assert models
+    for mine in (out / "trials" / "0000" / "checkpoints" / "notes.txt",
+                 out / "trials" / f"{len(models) - 1:04d}" / "notes.txt"):
+        mine.parent.mkdir(exist_ok=True)
+        mine.write_text("mine")
+        with pytest.raises(InputError, match=re.escape(f"{mine}: not written by ordnmf-dask tune")):
+            tune(info, {"n_components": [3]}, client, out=out, max_iter=2, overwrite=True)
+        assert mine.read_text() == "mine"
+        assert sorted(out.glob("trials/*/model")) == models
+        assert all(is_model(str(m)) for m in models)
+        mine.unlink()
     # ... and then replaces what the earlier tune wrote, and only that
     again = tune(info, {"n_components": [3]}, client, out=out, max_iter=2, overwrite=True)
     assert [r["trial"] for r in again.rows] == [0] and again.best["n_components"] == 3

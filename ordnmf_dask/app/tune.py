@@ -333,16 +333,37 @@ def _check_out(out: str, overwrite: bool) -> None:
 
 def _prepare(out: str) -> None:
     """Create ``out/trials``, after removing the trials of an earlier tune there (their models
-    and checkpoints; anything else found in a trial's directory is an error naming it)."""
+    and checkpoints). Everything is checked first: anything else found in a trial's directory
+    is an InputError naming it, and then nothing has been removed."""
     trials = os.path.join(out, "trials")
-    for entry in sorted(os.listdir(trials)) if os.path.isdir(trials) else []:
-        directory = os.path.join(trials, entry)
-        t = Trial(-1, {}, directory)
+    found = [Trial(-1, {}, os.path.join(trials, entry))
+             for entry in (sorted(os.listdir(trials)) if os.path.isdir(trials) else [])]
+    for t in found:
+        if not os.path.isdir(t.directory) or os.path.islink(t.directory):
+            _refuse(t.directory)
+        for entry in sorted(os.listdir(t.directory)):
+            path = os.path.join(t.directory, entry)
+            if os.path.islink(path):
+                _refuse(path)
+            elif path == t.model:
+                if not is_model(path):
+                    _refuse(path)
+            elif path == t.checkpoints:
+                for other in checkpoint.foreign(path) if os.path.isdir(path) else [path]:
+                    _refuse(other)
+            else:
+                _refuse(path)
+    for t in found:
         if is_model(t.model):
             shutil.rmtree(t.model)
         _drop_checkpoints(t)
-        os.rmdir(directory)  # anything left is not ours: OSError naming it
+        os.rmdir(t.directory)
     os.makedirs(trials, exist_ok=True)
+
+
+def _refuse(path: str) -> None:
+    raise InputError(f"{path}: not written by ordnmf-dask tune; an earlier tune's results are "
+                     "replaced only when nothing else is among them: move it and run again")
 
 
 def _drop_checkpoints(trial: Trial) -> None:

@@ -157,6 +157,15 @@ def fingerprint_of(path: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def foreign(directory: str) -> list[str]:
+    """Entries of the local ``directory`` that are not checkpoints this package wrote (finished,
+    unfinished, or emptied by a removal cut short): what a caller must not remove."""
+    names = sorted(os.listdir(directory))
+    return [os.path.join(directory, n) for n in names
+            if not _ANY.match(n) or not (_is_empty_dir(os.path.join(directory, n))
+                                         or fingerprint_of(os.path.join(directory, n)))]
+
+
 def remove(path: str) -> None:
     """Remove the checkpoint directory ``path``, its root attributes last: a removal cut short
     (the job killed) leaves a checkpoint still recognisable as this package's, or an empty
