@@ -71,6 +71,36 @@ def test_local_step_over_many_column_tiles(monkeypatch, k):
     _check_local(y, k, approx=False)
 
 
+@pytest.mark.parametrize("approx", [False, True])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_local_step_over_rows_longer_than_a_chunk(monkeypatch, approx, tiled):
+    """Rows (and, tiled, a row's run in one tile) of several chunks and a partial last chunk."""
+    if tiled:
+        monkeypatch.setattr(kernels, "_L3_BYTES", 0)
+        monkeypatch.setattr(kernels, "_TILE_BYTES", 8 * 3 * 160)  # tiles of 160 columns
+    y = _classes((6, 3 * kernels._CHUNK * 5 + 7), 10, 0.8, seed=5)
+    y[2, :] = 0  # an empty row between long ones
+    assert np.count_nonzero(y, axis=1).max() > 2 * kernels._CHUNK
+    block = _block(y)
+    assert (kernels._tile_cols(3, block) < y.shape[1]) == tiled
+    _check_local(y, 3, approx)
+
+
+def test_one_minus_exp_neg_against_expm1():
+    """1 - exp(-x) of the vectorized local step: ~1 ulp of -expm1(-x) from denormals to where
+    it rounds to 1, exact at 0, NaN below 0 and for NaN."""
+    x = np.concatenate([
+        [0.0, 5e-324, 1e-300, 1e-200], np.geomspace(1e-20, 1e-3, 2000),
+        np.geomspace(1e-3, 60.0, 20000), np.linspace(0.0, 3.0, 3001),
+        np.arange(1, 60) * np.log(2.0), [37.9, 38.5, 39.99, 40.0, 40.01, 700.0, 1e300, np.inf],
+    ])  # fmt: skip
+    got = np.array([kernels._one_minus_exp_neg(v) for v in x])
+    np.testing.assert_allclose(got, -np.expm1(-x), rtol=3e-16, atol=0)
+    assert got[0] == 0.0
+    for v in (-1e-300, -1.0, -np.inf, np.nan):
+        assert np.isnan(kernels._one_minus_exp_neg(v))
+
+
 def test_blocks_whose_item_tables_fit_the_cache_are_not_tiled():
     block = kernels.CsrBlock.from_coo(
         np.repeat(np.arange(100), 50), np.tile(np.arange(0, 5000, 100), 100),

@@ -4,7 +4,9 @@ A block holds the nonzeros of one (user-block, item-block) cell of the grid in C
 by local row, then local column). Every kernel makes one pass over the nonzeros and never builds
 an ``nnz x K`` temporary: the ordinal local step computes Lambda (SDDMM with GW, GH), E[n], the
 ratio, the SW and SH accumulations (two SpMMs) and the arithmetic-mean lambda of the Delta
-statistics in a single fused loop; the rate corrections are one scatter / gather SpMM each.
+statistics in one pass (per chunk of a row's nonzeros: the dot products, then E[n] and the
+ratios in one vector loop, then the row updates); the rate corrections are one scatter / gather
+SpMM each.
 When the block's three item-side tables (GH, E[H], SH) fit in :data:`_L3_BYTES`, the fused
 local-step loops go in CSR order and prefetch the item rows of the nonzero ``_AHEAD_LOCAL``
 places ahead (10-17% over column tiles on the 1e9 store's 9k-column blocks and on the 2.5M
@@ -223,6 +225,36 @@ def _tile_cols(k: int, block: CsrBlock) -> int:
     return max(1, -(-n_cols // tiles))
 
 
+# 1 - exp(-x) (:func:`_one_minus_exp_neg`): x = k ln 2 + r with |r| <= ln(2) / 2 (fdlibm's
+# split of ln 2, so that k ln2_hi is exact), expm1(-r) by its Taylor series to r^14 / 14!
+# (truncation < 2e-17 relative), 2^-k from a table of exact powers
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_INV_LN2 = 1.44269504088896338700e00
+_EXPM1_SERIES = tuple(1.0 / math.factorial(n) for n in range(1, 15))  # 1 / n!, n = 1..14
+_ONE_MINUS_EXP_CAP = 40.0  # 1 - exp(-x) rounds to 1 for x >= 38
+_POW2_NEG = np.ldexp(1.0, -np.arange(64))  # 2^-k, k = 0..63
+
+_CHUNK = 64  # nonzeros of one row whose scalar work the local step does as one vector loop
+
+
+@jit(fastmath={"reassoc", "contract"}, error_model="numpy", inline="always")
+def _one_minus_exp_neg(x: float) -> float:
+    """``1 - exp(-x) = -expm1(-x)`` for x >= 0 to ~1 ulp, branch-free so that a loop over x
+    vectorizes (libm's expm1 is a call per value); NaN for x < 0 or NaN."""
+    z = x if x < _ONE_MINUS_EXP_CAP else _ONE_MINUS_EXP_CAP
+    z = z if z > 0.0 else 0.0
+    k = math.floor(z * _INV_LN2 + 0.5)
+    t = (k * _LN2_HI - z) + k * _LN2_LO  # -r
+    p = _EXPM1_SERIES[13]
+    for n in range(12, -1, -1):
+        p = _EXPM1_SERIES[n] + t * p
+    p *= t  # expm1(-r)
+    s = _POW2_NEG[int(k)]
+    out = (1.0 - s) - s * p  # 1 - 2^-k (1 + expm1(-r)); 1 - 2^-k is exact
+    return out if x >= 0.0 else math.nan
+
+
 @_jit
 def _ordinal_pass(  # noqa: ANN202
     indptr, cols, y, gw, gh, ew, eh, delta, approx, tile, sw, sh, total, comp  # noqa: ANN001
@@ -233,68 +265,79 @@ def _ordinal_pass(  # noqa: ANN202
 
     The nonzeros are visited by column tiles of ``tile`` columns, rows in order within a tile
     (each row's nonzeros in a tile are a contiguous run of its CSR range, found with a cursor
-    per row), so that the item-side rows (GH, E[H], SH) of a tile stay in cache. Per row the
-    summation order of SW is the CSR order, as in a plain row-wise SpMM. With one tile the
-    order is the CSR order, and the item rows of the nonzero _AHEAD_LOCAL places ahead are
-    prefetched.
+    per row), so that the item-side rows (GH, E[H], SH) of a tile stay in cache. A row's run is
+    done in chunks of up to _CHUNK nonzeros, in three loops: the two K-dot products per nonzero;
+    E[n] and the ratio of every nonzero of the chunk (one vector loop); the two row updates
+    per nonzero. Per row the summation order of SW is the CSR order, as in a plain row-wise
+    SpMM. With one tile the order is the CSR order, and the item rows of the nonzero
+    _AHEAD_LOCAL places ahead are prefetched.
     """
     n_rows, k = gw.shape
     n_cols = gh.shape[0]
     v1 = delta.shape[0]
     nnz = cols.shape[0]
     ahead = _AHEAD_LOCAL if tile >= n_cols else nnz  # no prefetching across tiles
+    buf = np.empty((5, _CHUNK))  # per nonzero of a chunk: Lambda, Delta_y, 1 - exp(-x), ratio, E[n]
+    lam_geo, d_buf, one_minus, ratio, en = buf[0], buf[1], buf[2], buf[3], buf[4]
     cursor = indptr[:-1].copy()
     for c_end in range(tile, n_cols + tile, tile):
         for u in range(n_rows):
-            j, end = cursor[u], indptr[u + 1]
-            if j == end or cols[j] >= c_end:
+            first, stop = cursor[u], cursor[u]
+            while stop < indptr[u + 1] and cols[stop] < c_end:
+                stop += 1
+            if stop == first:
                 continue
             sw_u, gw_u, ew_u = sw[u], gw[u], ew[u]
             # sum log(expm1(x)) = sum x + log(prod (1 - exp(-x))): one log per run (and one
             # whenever the product falls below 1e-150, far from underflow), not per nonzero
             x_run, prod, log_run, bound_run = 0.0, 1.0, 0.0, 0.0
-            while j < end and cols[j] < c_end:
-                if j + ahead < nnz:
-                    nxt = cols[j + ahead]
-                    _prefetch_row(gh, nxt)
-                    _prefetch_row(eh, nxt)
-                    _prefetch_row(sh, nxt)
-                i = cols[j]
-                c = y[j]
-                gh_i, eh_i, sh_i = gh[i], eh[i], sh[i]
-                lam_geo = 0.0  # gw_u . gh_i
-                lam = 0.0  # ew_u . eh_i
-                for q in range(k):  # one loop: the same sums, one pass of loop overhead
-                    lam_geo += gw_u[q] * gh_i[q]
-                    lam += ew_u[q] * eh_i[q]
-                d = delta[c]
-                x = lam_geo * d
-                one_minus = -math.expm1(-x)  # 1 - exp(-x)
-                x_run += x
-                prod *= one_minus
-                if prod < 1e-150:
-                    log_run += math.log(prod)
-                    prod = 1.0
-                if approx:
-                    en = 1.0
-                    ratio = 1.0 / lam_geo
-                    bound_run += math.log(x)
-                elif x > 0.0:
-                    ratio = d / one_minus  # E[n] / Lambda with E[n] = x / (1 - exp(-x))
-                    en = ratio * lam_geo
-                else:
-                    en = 1.0
-                    ratio = 1.0 / lam_geo
-                total[c] += en
-                total[v1 + c] += lam
-                for q in range(k):
-                    sw_u[q] += ratio * gh_i[q]
-                    sh_i[q] += ratio * gw_u[q]
-                j += 1
+            for start in range(first, stop, _CHUNK):
+                m = min(_CHUNK, stop - start)
+                for t in range(m):
+                    j = start + t
+                    if j + ahead < nnz:
+                        nxt = cols[j + ahead]
+                        _prefetch_row(gh, nxt)
+                        _prefetch_row(eh, nxt)
+                    gh_i, eh_i = gh[cols[j]], eh[cols[j]]
+                    geo = 0.0  # gw_u . gh_i
+                    lam = 0.0  # ew_u . eh_i
+                    for q in range(k):  # one loop: the same sums, one pass of loop overhead
+                        geo += gw_u[q] * gh_i[q]
+                        lam += ew_u[q] * eh_i[q]
+                    lam_geo[t] = geo
+                    d_buf[t] = delta[y[j]]
+                    total[v1 + y[j]] += lam
+                for t in range(m):  # vectorized: no calls, no gathers
+                    d = d_buf[t]
+                    x = lam_geo[t] * d
+                    om = _one_minus_exp_neg(x)
+                    x_run += x
+                    one_minus[t] = om
+                    # E[n] = x / (1 - exp(-x)), ratio E[n] / Lambda; E[n] = 1 at x = 0 and
+                    # in approx mode
+                    exact = not approx and x > 0.0
+                    ratio[t] = d / om if exact else 1.0 / lam_geo[t]
+                    en[t] = d / om * lam_geo[t] if exact else 1.0
+                for t in range(m):
+                    j = start + t
+                    if t + _AHEAD_LOCAL < m:
+                        _prefetch_row(sh, cols[j + _AHEAD_LOCAL])
+                    prod *= one_minus[t]
+                    if prod < 1e-150:
+                        log_run += math.log(prod)
+                        prod = 1.0
+                    if approx:
+                        bound_run += math.log(lam_geo[t] * d_buf[t])
+                    total[y[j]] += en[t]
+                    r, gh_i, sh_i = ratio[t], gh[cols[j]], sh[cols[j]]
+                    for q in range(k):
+                        sw_u[q] += r * gh_i[q]
+                        sh_i[q] += r * gw_u[q]
             elbo_run = x_run + (log_run + math.log(prod))
             _add(total, comp, 2 * v1, elbo_run)
             _add(total, comp, 2 * v1 + 1, bound_run if approx else elbo_run)
-            cursor[u] = j
+            cursor[u] = stop
 
 
 @_jit
