@@ -23,25 +23,27 @@ import secrets
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zarr
-from distributed import Client, Future, wait
 from fsspec.implementations.local import LocalFileSystem
 
-from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
-from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
+from ordnmf_dask.postfit.recommend import block_top, check_n, client_for, open_pair
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo, check_target, publish
 from ordnmf_dask.store.files import PENDING, Place
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client, Future
 
 EXPORT_KIND = "ordnmf_dask.export"
 EXPORT_FORMAT = 1
@@ -215,8 +217,9 @@ def export(
     n : recommendations per user (fewer for a user with fewer items outside its training set).
     store : recommendations only: the training store (its training nonzeros are excluded);
         default the store the model records.
-    client : a ``distributed.Client``; default the current one, else a LocalCluster of
-        ``n_workers`` processes, closed on return.
+    client : a ``distributed.Client``; default the current one, else in this process when the
+        model is small (:func:`~ordnmf_dask.postfit.recommend.client_for`), else a
+        LocalCluster of ``n_workers`` processes, closed on return.
     overwrite : replace ``out`` if it is an export (nothing else is ever replaced).
 
     Returns
@@ -230,7 +233,7 @@ def export(
     if RECOMMENDATIONS in what:
         info, m = open_pair(store if store is not None else m.attrs["store"]["path"], m.path)
     plan = plan_export(m, info, out, what, n, overwrite, storage_options)
-    with resolve_client(client, n_workers) as cl:
+    with client_for(client, m, n_workers, info) as cl:
         return write_export(cl, plan)
 
 

@@ -12,12 +12,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed import Client
 
-from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import metrics
@@ -25,9 +23,12 @@ from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
-from ordnmf_dask.postfit.recommend import check_n, factor_mean, named_top, open_pair
+from ordnmf_dask.postfit.recommend import check_n, client_for, factor_mean, named_top, open_pair
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import StoreInfo
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -152,7 +153,7 @@ def fold_in(
     y, keep = check_values(flat_values, likelihood, int(m.attrs["store"]["n_classes"]), threshold)
     alpha = float(m.attrs["params"]["alpha_W"])
     col_bounds = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
-    with resolve_client(client, n_workers) as cl:
+    with client_for(client, m, n_workers, info) as cl:
         index = _item_index(cl, m, info, flat_items)
         block = interactions(user[keep], index[keep], y, len(items))
         touched = np.unique(index[keep])
@@ -249,7 +250,7 @@ def recommend_for(
     exclude_items = exclude_items if exclude_items is not None else [[] for _ in range(len(w))]
     if w.ndim != 2 or len(exclude_items) != w.shape[0]:
         raise InputError(f"w must be (n_users, K) with one exclusion list per row, got {w.shape}")
-    with resolve_client(client, n_workers) as cl:
+    with client_for(client, m, n_workers, info) as cl:
         flat = [x for a in exclude_items for x in a]
         index = _item_index(cl, m, info, flat)
         user = np.repeat(np.arange(len(w)), [len(a) for a in exclude_items])

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from distributed import Client
 
-from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.model import simulate
 from ordnmf_dask.model.kernels import sddmm
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
+from ordnmf_dask.postfit.recommend import client_for
 from ordnmf_dask.store.blocks import StoreInfo, open_store
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client
 
 
 def _draw(model: str, name: str, index: int, rng: np.random.Generator) -> np.ndarray:
@@ -92,7 +94,7 @@ def posterior_predictive(
     spec, truth = _spec(info, m)
     n_r, n_c = info.grid
     total = info.n_users * info.n_items
-    with resolve_client(client, n_workers) as cl:
+    with client_for(client, m, n_workers, info) as cl:
         parts = []
         for r in range(n_r):
             for c in range(n_c):
