@@ -139,6 +139,13 @@ def client(cluster):
         yield c
 
 
+@pytest.fixture(scope="module")
+def mclient(cluster):
+    """A client of the session's cluster for the module-scoped fixtures of a test module."""
+    with Client(cluster) as c:
+        yield c
+
+
 def synthetic_ordinal(
     n_users: int, n_items: int, n_classes: int, k: int = 3, density: float = 0.3, seed: int = 0
 ) -> np.ndarray:

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import pytest
 import zarr
 from conftest import dense_split, store_from_dense, synthetic_ordinal
-from distributed import Client
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
@@ -36,12 +35,6 @@ class Fitted:
         self.users, self.items = list(users), list(items)  # raw ids in index order
         m = open_model(model_path)
         self.W, self.H = m.factor("W").compute(), m.factor("H").compute()
-
-
-@pytest.fixture(scope="module")
-def mclient(cluster):
-    with Client(cluster) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

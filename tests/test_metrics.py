@@ -171,12 +171,6 @@ def test_reference_counts_the_users_it_should():
     assert n3 < n
 
 
-@pytest.fixture(scope="module")
-def mclient(cluster):
-    with Client(cluster) as c:
-        yield c
-
-
 def write_model(client: Client, path, store, w: np.ndarray, h: np.ndarray) -> str:
     """A model directory holding exactly these factors (E[W] = w, E[H] = h) for ``store``."""
     rb, cb = store.row_bounds.tolist(), store.col_bounds.tolist()

@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
-from distributed import Client
 from fsspec.implementations.local import LocalFileSystem
 from scipy.special import digamma
 
@@ -41,12 +40,6 @@ class Fitted:
         self.H = m.factor("H").compute()
         self.logH = m.factor("H", "log_mean").compute()
         self.attrs = m.attrs
-
-
-@pytest.fixture(scope="module")
-def mclient(cluster):
-    with Client(cluster) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
