@@ -42,34 +42,45 @@ def _horner(coefs: tuple[float, ...], f: float) -> float:
     return out
 
 
-@_jit
-def _digamma_lgamma_shifted(x: float) -> tuple[float, float, float]:
-    """``(digamma(x), lgamma(x) + log(den), den)`` for x > 0: the shift to x + n >= 10 with
-    psi(x) = psi(x + n) - sum_{i<n} 1 / (x + i) (the sum kept as one fraction num / den) and
-    lgamma(x) = lgamma(x + n) - log(den), den = prod_{i<n} (x + i); then the asymptotic series
-    up to x^-14 for psi and Stirling's series up to x^-13 for lgamma (truncation < 5e-17). The
-    log of den is left to the caller, who may take it of a product of many. NaN for x <= 0 or
-    NaN (never an endless shift loop)."""
-    if not x > 0.0:
-        return math.nan, math.nan, math.nan
+SHIFTS = 10  # x > 0 reaches ASYMPTOTIC in at most this many unit steps
+
+
+@jit(fastmath=False, error_model="numpy", inline="always")
+def _shift(x: float) -> tuple[float, float, float]:
+    """``(x + n, num, den)`` with n the unit steps that take x > 0 to ASYMPTOTIC or above,
+    den = prod_{i<n} (x + i) and num / den = sum_{i<n} 1 / (x + i). Always SHIFTS steps, each a
+    select, so that a loop over x vectorizes (a data-dependent while loop does not)."""
     num, den = 0.0, 1.0
-    while x < ASYMPTOTIC:
-        num = num * x + den
-        den *= x
-        x += 1.0
+    for _ in range(SHIFTS):
+        low = x < ASYMPTOTIC
+        num = num * x + den if low else num
+        den = den * x if low else den
+        x = x + 1.0 if low else x
+    return x, num, den
+
+
+@jit(fastmath=False, error_model="numpy", inline="always")
+def _asymptotic(x: float, num: float, den: float, x0: float) -> tuple[float, float]:
+    """``(digamma(x0), lgamma(x0) + log(den))`` from ``_shift(x0)``: psi(x0) = psi(x) - num / den
+    and lgamma(x0) = lgamma(x) - log(den), with the asymptotic series up to x^-14 for psi and
+    Stirling's series up to x^-13 for lgamma (truncation < 5e-17). The log of den is left to
+    the caller, who may take it of a product of many. NaN for x0 <= 0 or NaN."""
+    if not x0 > 0.0:
+        return math.nan, math.nan
     f = 1.0 / (x * x)
     log_x = math.log(x)
     psi = log_x - 0.5 / x - _horner(PSI_SERIES, f) * f - num / den
     stirling = _horner(LGAMMA_SERIES, f)
-    return psi, (x - 0.5) * log_x - x + _HALF_LOG_2PI + stirling / x, den
+    return psi, (x - 0.5) * log_x - x + _HALF_LOG_2PI + stirling / x
 
 
 @_jit
 def digamma_lgamma(x: float) -> tuple[float, float]:
-    """``(digamma(x), lgamma(x))`` for x > 0, sharing one shift and one log
-    (:func:`_digamma_lgamma_shifted`). digamma to ~3e-15 relative of scipy's; lgamma to ~1e-14
-    absolute (all the ELBO needs: it is summed). NaN for x <= 0 or NaN."""
-    psi, lgam, den = _digamma_lgamma_shifted(x)
+    """``(digamma(x), lgamma(x))`` for x > 0, sharing one shift and one log (:func:`_shift`,
+    :func:`_asymptotic`). digamma to ~3e-15 relative of scipy's; lgamma to ~1e-14 absolute (all
+    the ELBO needs: it is summed). NaN for x <= 0 or NaN."""
+    xs, num, den = _shift(x)
+    psi, lgam = _asymptotic(xs, num, den, x)
     return psi, lgam - math.log(den)
 
 
@@ -102,13 +113,16 @@ def gamma_update(  # noqa: ANN201
     (float64). Per entry that term is (alpha - a) digamma(a) - alpha log b - beta a / b +
     alpha log beta - lgamma(alpha) + a + lgamma(a): the logs of the rates and of the digamma
     shift's denominators are taken of their running products, per row, so that an entry costs
-    one log and one exp.
+    one log and one exp. Per row, one vector loop computes the shapes, rates, means and digamma
+    shifts, and a second the logs, exps and the bound.
     """
     n, k = shape_stat.shape
     has_corr = correction.shape[0] == n and n > 0
     beta = np.empty((n, 1))
     const = -math.lgamma(alpha)
     total = 0.0
+    buf = np.empty((4, k))  # per entry of a row: rate, shifted shape, num, den (_shift)
+    rate, shifted, num, den = buf[0], buf[1], buf[2], buf[3]
     for u in range(n):
         m = 0.0
         for q in range(k):
@@ -116,23 +130,26 @@ def gamma_update(  # noqa: ANN201
         b0 = alpha / (m / k)
         beta[u, 0] = b0
         prior_const = alpha * math.log(b0) + const
-        row = 0.0
-        log_rates, rates, log_dens, dens = 0.0, 1.0, 0.0, 1.0
-        for q in range(k):
+        for q in range(k):  # vectorized: no calls, no branches
             a = alpha + shape_stat[u, q]
             b = b0 + rate_base[q]
             if has_corr:
                 b -= correction[u, q]
-            mu = a / b
-            dg, lg_shifted, den = _digamma_lgamma_shifted(a)
-            mean[u, q] = mu
-            geo[u, q] = math.exp(dg) / b
+            mean[u, q] = a / b
             shape[u, q] = a
-            row += (alpha - a) * dg - b0 * mu + prior_const + a + lg_shifted
+            rate[q] = b
+            shifted[q], num[q], den[q] = _shift(a)
+        row = 0.0
+        log_rates, rates, log_dens, dens = 0.0, 1.0, 0.0, 1.0
+        for q in range(k):
+            a, b = shape[u, q], rate[q]
+            dg, lg_shifted = _asymptotic(shifted[q], num[q], den[q], a)
+            geo[u, q] = math.exp(dg) / b
+            row += (alpha - a) * dg - b0 * mean[u, q] + prior_const + a + lg_shifted
             # a rate <= 0 (corrupt statistics) makes the term NaN, as its log would (a product
             # of two negative rates would not)
             log_rates, rates = _fold(log_rates, rates * b if b > 0.0 else math.nan)
-            log_dens, dens = _fold(log_dens, dens * den)
+            log_dens, dens = _fold(log_dens, dens * den[q] if a > 0.0 else math.nan)
         log_rates += math.log(rates)
         log_dens += math.log(dens)
         total += row - alpha * log_rates - log_dens
