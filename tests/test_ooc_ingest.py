@@ -1,8 +1,10 @@
-"""Out-of-core ingest: identical stores to the in-memory ingest, chunked split, errors."""
+"""Out-of-core ingest: identical stores to the in-memory ingest, chunked split, test files,
+dask DataFrames, errors."""
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import zarr
 from conftest import SHARED_DATA as DATA
@@ -24,14 +26,17 @@ ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
 
 
 def assert_same_store(a, b, ignore=("created",)) -> None:
-    """Same attributes (but ``ignore``), and the same arrays (dtype, shape, chunks, values)."""
+    """Same attributes (but ``ignore``), and the same arrays (dtype, shape, chunks, values),
+    the validation subset's too."""
     ga, gb = zarr.open_group(a, mode="r"), zarr.open_group(b, mode="r")
     attrs_a, attrs_b = dict(ga.attrs), dict(gb.attrs)
     for key in ignore:
         attrs_a.pop(key)
         attrs_b.pop(key)
     assert attrs_a == attrs_b
-    for name in ARRAYS:
+    assert ("validation" in ga) == ("validation" in gb)
+    val = [f"validation/{f}" for f in ("indptr", "cols", "y", "raw", "offsets")]
+    for name in ARRAYS + (val if "validation" in ga else []):
         x, y = ga[name], gb[name]
         assert (x.dtype, x.shape, x.chunks) == (y.dtype, y.shape, y.chunks), name
         np.testing.assert_array_equal(x[:], y[:], err_msg=name)
@@ -164,3 +169,165 @@ def test_map_reduce_combines_each_pair_as_soon_as_it_is_done():
     assert Runner().map_reduce(leaf, [0, 1, 2, 3, 4], combine) == [0, 1, 2, 3, 4]
     assert calls == ["leaf 0", "leaf 1", "combine", "leaf 2", "leaf 3", "leaf 4", "combine",
                      "combine", "combine"]  # fmt: skip
+
+
+def split_rows(seed: int, numeric_test_users: bool = False, dup: bool = True):
+    """Random training and test rows (with repeated pairs, in training data only if ``dup``;
+    none shared between the two); test users and items partly unknown to the training data.
+    String user ids, the test's possibly all numeric (then its ids are integers, the
+    training's strings)."""
+    rng = np.random.default_rng(seed)
+    users = np.array([f"u{k:03d}" for k in range(60)] + ["007", "7", "12"])
+    u, i, v = rng.choice(users, 900), rng.integers(0, 50, 900), rng.integers(1, 6, 900)
+    if not dup:
+        first = np.sort(np.unique(np.char.add(np.char.add(u, "/"), i.astype(str)),
+                                  return_index=True)[1])  # fmt: skip
+        u, i, v = u[first], i[first], v[first]
+    t_users = np.array(["7", "12", "8", "31"]) if numeric_test_users else \
+        np.concatenate([users, ["u900", "u901", "8"]])  # fmt: skip
+    tu, ti, tv = rng.choice(t_users, 500), rng.integers(0, 60, 500), rng.integers(1, 6, 500)
+    train_pairs = set(zip(u.tolist(), i.tolist(), strict=True))
+    new = np.array([p not in train_pairs for p in zip(tu.tolist(), ti.tolist(), strict=True)])
+    return (u, i, v), (tu[new], ti[new], tv[new])
+
+
+def write_rows(path, rows, sep: str = ","):
+    path.write_text("".join(f"{a}{sep}{b}{sep}{c}\n" for a, b, c in zip(*rows, strict=True)))
+    return path
+
+
+def write_split(tmp_path, seed: int, numeric_test_users: bool = False, dup: bool = True):
+    """``split_rows`` as two training files and two test files (CSV and TSV)."""
+    (u, i, v), (tu, ti, tv) = split_rows(seed, numeric_test_users, dup)
+    train = [write_rows(tmp_path / "a.csv", (u[:500], i[:500], v[:500])),
+             write_rows(tmp_path / "b.tsv", (u[500:], i[500:], v[500:]), "\t")]  # fmt: skip
+    h = len(tu) // 2
+    test = [write_rows(tmp_path / "t1.csv", (tu[:h], ti[:h], tv[:h])),
+            write_rows(tmp_path / "t2.tsv", (tu[h:], ti[h:], tv[h:]), "\t")]  # fmt: skip
+    return train, test
+
+
+@pytest.mark.parametrize("numeric_test_users", [False, True])
+def test_test_file_as_in_memory(tmp_path, numeric_test_users):
+    """A test file: repeated test pairs merged, rows of unknown and of filtered-away users and
+    items dropped, those not an interaction counted, with a validation subset; the same store
+    as in memory, whatever the chunks and partitions."""
+    train, test = write_split(tmp_path, 7, numeric_test_users)
+    kw = dict(test=test, counts=[1, 3, 5, 8], duplicates="sum", min_count=4, seed=2,
+              validation_fraction=0.25, nnz_per_block=150)  # fmt: skip
+    with pytest.warns(UserWarning, match="test rows dropped") as warned:
+        both(tmp_path, train, chunk_bytes=900, rows_per_partition=120, **kw)
+    assert len({str(w.message) for w in warned}) == 1  # the same count both ways
+    attrs = zarr.open_group(tmp_path / "ooc", mode="r").attrs
+    assert attrs["split"] == "file" and attrs["test_unknown_dropped"] > 0
+    assert attrs["test_not_interaction"] > 0 and attrs["nnz_test"] > 0
+    assert attrs["nnz_validation"] > 0
+    assert attrs["test_source"] == [str(p) for p in test]
+
+
+def test_test_file_errors_as_in_memory(tmp_path):
+    """Bad test files fail distributed with the in-memory message, naming file and line, and
+    leave nothing behind."""
+    train, test = write_split(tmp_path, 3, dup=False)
+    lines = test[1].read_text().splitlines()
+    a, b, c = next(line.split("\t") for line in lines if int(line.split("\t")[2]) >= 3)
+    cases = {
+        "value": [*lines[:9], "u001\t3\tmany", *lines[9:]],
+        "overlap": [*lines[:20], train[1].read_text().splitlines()[40], *lines[20:]],
+        "duplicate": [*lines[:50], f"{a}\t{b}\t2", *lines[50:]],
+        "scale": [*lines[:50], f"{a}\t{b}\t58", *lines[50:]],  # 58 + c is off the scale
+        "empty": [],
+    }
+    options = {"duplicate": {}, "scale": {"duplicates": "sum", "scale_max": 60}}
+    for case, text in cases.items():
+        test[1].write_text("".join(f"{line}\n" for line in text))
+        kw = dict(test=test, **options.get(case, {"duplicates": "max"}))
+        with pytest.raises(InputError) as mem:
+            ingest(train, tmp_path / "s", **kw)
+        with pytest.raises(InputError) as ooc:
+            ingest_distributed(train, tmp_path / "s", chunk_bytes=400, rows_per_partition=60,
+                               **kw)  # fmt: skip
+        assert str(ooc.value) == str(mem.value), case
+        assert "t2.tsv" in str(mem.value), case
+        assert not list(tmp_path.glob("s*")), case
+
+
+def test_test_file_on_cluster(tmp_path, client):
+    train, test = write_split(tmp_path, 5)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        both(tmp_path, train, client, chunk_bytes=1500, rows_per_partition=200, test=test,
+             duplicates="last", min_count=2, binarize=3, grid=(3, 2))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [({"ratings": "stars"}, "ratings must be"), ({"counts": [0, 5, 2]}, "count thresholds"),
+     ({"binarize": float("nan")}, "binarize must be"),
+     ({"ratings": "halfstar", "scale_max": 5}, "scale_max applies"),
+     ({"scale_max": 300}, "integer rating scale"), ({"min_count": -1}, "min_count"),
+     ({"filter_mode": "loose"}, "filter_mode"), ({"duplicates": "mean"}, "duplicates"),
+     ({"test_fraction": 1.0}, "test_fraction"), ({"validation_fraction": 1}, "validation"),
+     ({"seed": -2}, "seed"), ({"nnz_per_block": 0}, "nnz_per_block"),
+     ({"grid": (0, 2)}, "grid must be"), ({"delimiter": "|"}, "unknown delimiter"),
+     ({"columns": (0, 0, 1)}, "columns must be"), ({"chunk_bytes": 0}, "chunk_bytes")],
+)  # fmt: skip
+def test_every_option_checked_before_any_input_is_read(tmp_path, option, match):
+    """Missing input and test files: a wrong option is what both paths report."""
+    missing = dict(test=tmp_path / "missing-test.csv")
+    with pytest.raises(InputError, match=match):
+        ingest_distributed(tmp_path / "missing.csv", tmp_path / "s", **missing, **option)
+    if "chunk_bytes" not in option:
+        with pytest.raises(InputError, match=match):
+            ingest(tmp_path / "missing.csv", tmp_path / "s", **missing, **option)
+
+
+def frames(seed: int):
+    """``split_rows`` as pandas DataFrames (training with one null-free extra column)."""
+    (u, i, v), (tu, ti, tv) = split_rows(seed)
+    train = pd.DataFrame({"x": np.arange(len(u)), "user": u, "item": i, "rating": v.astype(float)})
+    return train, pd.DataFrame({"user": tu, "item": ti, "rating": tv.astype(float)})
+
+
+def test_dask_dataframe_partitions_are_chunks(tmp_path, client, monkeypatch):
+    """On a cluster, a dask DataFrame (some partitions empty) with a dask DataFrame test set:
+    the store of the pandas DataFrames in memory, bit for bit, nothing staged as Parquet."""
+    import dask.dataframe as dd
+
+    train, test = frames(11)
+    kw = dict(columns=("user", "item", "rating"), counts=[1, 3, 5, 8], duplicates="max",
+              min_count=3, validation_fraction=0.2, nnz_per_block=200)  # fmt: skip
+    d_train = dd.from_pandas(train, npartitions=5)
+    d_train = d_train[(d_train.x < 300) | (d_train.x >= 500)]  # partition 2 is empty
+    d_test = dd.from_pandas(test, npartitions=3)
+    train = train[(train.x < 300) | (train.x >= 500)]
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest(train, tmp_path / "mem", test=test, **kw)
+
+    def no_parquet(*args, **kwargs):
+        raise AssertionError("a dask DataFrame was written to Parquet")
+
+    monkeypatch.setattr(type(d_train), "to_parquet", no_parquet)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest(d_train, tmp_path / "ooc", test=d_test, client=client, rows_per_partition=150,
+               **kw)  # fmt: skip
+    assert_same_store(tmp_path / "mem", tmp_path / "ooc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mem", "ooc"]
+
+
+def test_dask_dataframe_errors_name_partition_and_row(tmp_path):
+    import dask.dataframe as dd
+
+    clean, test = frames(12)
+    train = clean.copy()
+    train.loc[[260, 500], "user"] = [None, " "]  # partitions of 225 rows
+    frame = dd.from_pandas(train, npartitions=4)
+    with pytest.raises(InputError, match=r"^input DataFrame, partition 1, row 35: null user id$"):
+        ingest(frame, tmp_path / "s", columns=(1, 2, 3))
+    with pytest.raises(InputError, match=r"^input DataFrame: no column 'u'"):
+        ingest(frame, tmp_path / "s", columns=("u", "item", "rating"))
+    test.loc[7, "rating"] = -1.0
+    with pytest.raises(InputError, match=r"^test DataFrame, partition 0, row 7: count -1"):
+        ingest_distributed(dd.from_pandas(clean, npartitions=3), tmp_path / "s",
+                           columns=("user", "item", "rating"),
+                           test=dd.from_pandas(test, npartitions=2), counts="paper")  # fmt: skip
+    assert not list(tmp_path.glob("s*"))

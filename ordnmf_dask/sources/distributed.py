@@ -35,12 +35,13 @@ file).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import os
-import secrets
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Unpack
 
 import numpy as np
@@ -48,8 +49,10 @@ import numpy as np
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed_tasks import (
+    AnyChunk,
     Final,
     PartJob,
+    TestSet,
     add,
     block_task,
     codes_task,
@@ -61,21 +64,25 @@ from ordnmf_dask.sources.distributed_tasks import (
     ids_task,
     parse_task,
     partition_task,
+    test_codes_task,
+    test_partition_task,
     train_degrees_task,
     union_ids,
 )
 from ordnmf_dask.sources.inmemory import (
     IngestOptions,
     as_list,
-    check_options,
     check_train_left,
     id_kind,
     inputs_label,
     is_dask_dataframe,
+    memory_label,
     source_name,
     validation_attrs,
+    warn_unknown,
     with_defaults,
 )
+from ordnmf_dask.sources.memchunks import MemoryChunk, frame_chunks, memory_chunk
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
@@ -84,13 +91,8 @@ from ordnmf_dask.sources.parquet import (
     expand_inputs,
     parquet_chunks,
 )
-from ordnmf_dask.sources.split import (
-    HASH_BIN_BITS,
-    check_validation_fraction,
-    n_test_rows,
-    n_validation_rows,
-)
-from ordnmf_dask.sources.text import DELIMITERS, check_columns
+from ordnmf_dask.sources.split import HASH_BIN_BITS, n_test_rows, n_validation_rows
+from ordnmf_dask.sources.text import DELIMITERS, Column, check_columns
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target
@@ -103,12 +105,28 @@ DEFAULT_ROWS_PER_PARTITION = 2**22
 _IDS_PER_LEAF = 4  # chunks whose distinct ids one task reads and merges
 
 
+@dataclass(eq=False)
+class _Input:
+    """One input (training or test data) as chunks.
+
+    ``label`` names it in messages, ``sources`` are what the store records, ``names`` is an
+    Origin of no rows naming each of its files (or partitions), and ``files`` the paths of its
+    files (None for data in memory), each of which must hold data rows.
+    """
+
+    label: str
+    sources: list[str]
+    names: Origin
+    chunks: list[AnyChunk]
+    files: list[str] | None
+
+
 def ingest_distributed(
     inputs: Any,
     out: PathLike,
     *,
     client: Any = None,
-    test: PathLike | Sequence[PathLike] | None = None,
+    test: Any = None,
     delimiter: str | None = None,
     header: bool | None = None,
     columns: Sequence[int | str] = (0, 1, 2),
@@ -120,19 +138,20 @@ def ingest_distributed(
 
     Parameters
     ----------
-    inputs : files as for ``ingest``, or a dask DataFrame
-        A dask DataFrame's partitions are first written as Parquet files beside ``out`` (by
-        its own workers), ingested as files and removed.
+    inputs : files as for ``ingest``, a dask DataFrame, or other data in memory
+        A dask DataFrame's partitions are the chunks, each computed on the worker that parses
+        it; other data in memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix,
+        arrays) is one chunk.
     client : distributed.Client, optional
         Cluster to run on; every worker must see the input files and ``out``'s directory.
         None runs the same tasks in this process.
+    test : same kinds as ``inputs``, optional
+        A held-out test set instead of a random split, as in ``ingest``.
     chunk_bytes : int
         Bytes of text per parsing task (default 16 MiB; about 20x that in memory while parsing).
         Parquet files are parsed one row group per task, whatever their size.
     rows_per_partition : int
         Average input rows per merge/filter/route task.
-    test : None
-        Only the random split is supported; a test file raises ``InputError``.
     Other parameters as in ``ordnmf_dask.sources.inmemory``.
 
     Returns
@@ -140,56 +159,55 @@ def ingest_distributed(
     StoreInfo
         The same store ``ingest`` writes for these inputs and options.
     """
-    o = with_defaults(options, "ingest_distributed")
+    o = with_defaults(options, "ingest_distributed")  # every option checked
     ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
     min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
     test_fraction, seed = o["test_fraction"], o["seed"]
     validation_fraction = o["validation_fraction"]
     nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
     check_target(out, overwrite)
-    if is_dask_dataframe(inputs):  # its partitions become Parquet files beside ``out``
-        staged = f"{os.path.abspath(os.fspath(out))}.input-{secrets.token_hex(6)}"
-        try:
-            inputs.to_parquet(staged, write_index=False)
-            return ingest_distributed(staged, out, client=client, test=test, columns=columns,
-                                      chunk_bytes=chunk_bytes,
-                                      rows_per_partition=rows_per_partition, **options)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
-    if test is not None:
-        raise InputError("distributed ingest supports the random split only, not a test file")
     if chunk_bytes < 1 or rows_per_partition < 1:
         raise InputError("chunk_bytes and rows_per_partition must be >= 1")
     columns = check_columns(columns)
     if delimiter is not None and delimiter not in DELIMITERS:
         raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
-    sources = as_list(inputs)
-    paths = expand_inputs(sources)
     runner = Runner(client)
-    formats = runner.map(input_format, paths, delimiter, header, columns)
-    check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
-    label = inputs_label(sources)
-    chunks = plan(runner, formats, chunk_bytes)
+    train = _plan_input(runner, inputs, "input", delimiter, header, columns, chunk_bytes, 0)
+    tested = None if test is None else \
+        _plan_input(runner, test, "test", delimiter, header, columns, chunk_bytes,
+                    len(train.chunks))  # fmt: skip
+    ins = [train] if tested is None else [train, tested]
+    label = train.label
     with temporary_store(out, overwrite) as (path, tmp):
         staging_dir(tmp)
-        spec, user_ids, item_ids, rows = _parse(runner, chunks, formats, tmp,
-                                                ratings, counts, binarize, scale_max)  # fmt: skip
-        check_options(min_count, filter_mode, duplicates, test_fraction, seed)
-        check_validation_fraction(validation_fraction)
-        live = [c for c, n in zip(chunks, rows, strict=True) if n > 0]
+        spec, rows = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
+        live = [c for c, n in zip(train.chunks, rows[0], strict=True) if n > 0]
+        user_ids = _merged_ids(runner, [c.index for c in live], tmp, "users")
+        item_ids = _merged_ids(runner, [c.index for c in live], tmp, "items")
         sh_users, sh_items = runner.share(user_ids), runner.share(item_ids)
         user_rows = runner.map_reduce(codes_task, live, add, tmp, spec, sh_users, sh_items)
-        n_parts = max(1, min(len(user_ids), math.ceil(sum(rows) / rows_per_partition)))
+        t_live: list[AnyChunk] = []
+        test_set = None
+        if tested is not None:
+            t_live = [c for c, n in zip(tested.chunks, rows[1], strict=True) if n > 0]
+            test_set = TestSet(_merged_ids(runner, [c.index for c in t_live], tmp, "users"),
+                               _merged_ids(runner, [c.index for c in t_live], tmp, "items"),
+                               tested.names)  # fmt: skip
+            user_rows = user_rows + runner.map_reduce(
+                test_codes_task, t_live, add, tmp, spec, sh_users, sh_items,
+                runner.share(test_set.users), runner.share(test_set.items))  # fmt: skip
+        n_parts = max(1, min(len(user_ids), math.ceil(sum(map(sum, rows)) / rows_per_partition)))
         bounds = balanced_bounds(user_rows, n_parts)
         hits = runner.map(partition_task, live, tmp, bounds)
-        jobs = [
-            PartJob(p, tuple((c.index, c.file_index) for c, h in zip(live, hits, strict=True)
-                             if p in h))
-            for p in range(n_parts)
-        ]  # fmt: skip
-        jobs = [j for j in jobs if j.pieces]
+        t_hits = [] if test_set is None else runner.map(
+            test_partition_task, t_live, tmp, bounds, _test_bounds(user_ids, test_set.users,
+                                                                   bounds))  # fmt: skip
+        jobs = [PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p))
+                for p in range(n_parts)]  # fmt: skip
+        jobs = [j for j in jobs if j.pieces or j.test_pieces]
         merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
-                            runner.share(_sources(formats)))  # fmt: skip
+                            runner.share(train.names),
+                            None if test_set is None else runner.share(test_set))  # fmt: skip
         shutil.rmtree(staging_dir(tmp, "chunks"))  # every row is in a partition now
         parts = [j.part for j in jobs]
         n_not = sum(m[1] for m in merged)
@@ -209,11 +227,17 @@ def ingest_distributed(
                 f"{label}: everything was filtered away by min_count={min_count} "
                 f"(filter_mode={filter_mode!r})"
             )
+        extra: dict[str, Any] = {}
+        if tested is None:
+            check_train_left(label, n, test_fraction)
+            n_test = n_test_rows(n, test_fraction)
+        else:
+            extra["test_not_interaction"] = _test_errors([m[2] for m in merged])
+            n_test = 0
         user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
         fin = Final(fin.user_alive, fin.item_alive, _index_map(user_deg > 0),
-                    _index_map(item_deg > 0), len(item_sel), seed)  # fmt: skip
-        check_train_left(label, n, test_fraction)
-        n_test = n_test_rows(n, test_fraction)
+                    _index_map(item_deg > 0), len(item_sel), seed,
+                    file_test=tested is not None)  # fmt: skip
         n_val = n_validation_rows(n - n_test, validation_fraction)
         if validation_fraction > 0 and n_val == n - n_test:
             raise InputError(f"{label}: the validation split leaves no training data "
@@ -226,6 +250,10 @@ def ingest_distributed(
         placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
                             spec.n_classes)  # fmt: skip
         shutil.rmtree(staging_dir(tmp, "nonzeros"))  # every nonzero is in a block piece now
+        if tested is not None:
+            n_unknown = sum(res["test_unknown"] for res in placed)
+            warn_unknown(n_unknown, 2)  # the caller of ``ingest_distributed``
+            extra = {"test_unknown_dropped": n_unknown, **extra}
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
         blocks: dict[str, list[list]] = {"train": [], "test": []}
         if validation_fraction > 0:
@@ -238,11 +266,13 @@ def ingest_distributed(
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
         attrs = _attrs(
-            spec, hists, row_bounds, col_bounds, sources, user_ids, item_ids,
+            spec, hists, row_bounds, col_bounds, train.sources, user_ids, item_ids,
             min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
             test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
-            rows_read=sum(rows), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
+            rows_read=sum(rows[0]), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
+            test_source=None if tested is None else tested.sources,
         )  # fmt: skip
+        attrs.update(extra)
         if validation_fraction > 0:
             attrs.update(validation_attrs(validation_fraction, _hist_list(hists["validation"])))
         assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
@@ -250,11 +280,68 @@ def ingest_distributed(
         return finish_store(tmp, path, overwrite)
 
 
+def _plan_input(
+    runner: Runner, data: Any, role: str, delimiter: str | None, header: bool | None,
+    columns: tuple[Column, Column, Column], chunk_bytes: int, first_index: int,
+) -> _Input:  # fmt: skip
+    """``role`` data ("input" or "test") as chunks numbered from ``first_index``: files (their
+    formats read and checked), a dask DataFrame (its columns checked) or other data in
+    memory."""
+    empty = np.zeros(0, np.int64)
+    if is_dask_dataframe(data):
+        chunks, label = frame_chunks(data, columns, role, first_index)
+        names = Origin(tuple(c.path for c in chunks), empty.astype(np.int32), empty, False)
+        return _Input(label, [], names, list(chunks), None)
+    label = memory_label(data, role)
+    if label is not None:
+        names = Origin((label,), empty.astype(np.int32), empty, False)
+        return _Input(label, [], names, [memory_chunk(data, label, columns, role, first_index)],
+                      None)  # fmt: skip
+    sources = as_list(data)
+    paths = expand_inputs(sources)
+    formats = runner.map(input_format, paths, delimiter, header, columns)
+    check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
+    chunks = plan(runner, formats, chunk_bytes, first_index)
+    return _Input(inputs_label(sources), [source_name(p) for p in sources], _sources(formats),
+                  list(chunks), [f.path for f in formats])  # fmt: skip
+
+
+def _pieces(chunks: list[AnyChunk], hits: list[list[int]], part: int) -> tuple:
+    """(chunk index, file index) of the chunks with rows in partition ``part``, in order."""
+    return tuple((c.index, c.file_index) for c, h in zip(chunks, hits, strict=True) if part in h)
+
+
+def _test_bounds(user_ids: np.ndarray, t_users: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Cuts (P + 1,) of the test set's sorted user ids into P ranges for the test rows of users
+    without training rows: at the partitions' first training ids if both are of one kind (then
+    partition order is also the order of the test users, as in memory), else even."""
+    n_parts = len(bounds) - 1
+    if user_ids.dtype.kind == t_users.dtype.kind:
+        inner = np.searchsorted(t_users, user_ids[bounds[1:-1]])
+    else:
+        inner = np.arange(1, n_parts) * len(t_users) // n_parts
+    return np.concatenate([[0], inner, [len(t_users)]]).astype(np.int64)
+
+
+def _test_errors(results: list[dict]) -> int:
+    """Raise the test file's first error as memory does (a test row whose pair is a training
+    pair, the first in input order; else the first failing partition's); return the test
+    pairs that are not an interaction."""
+    overlaps = [r["overlap"] for r in results if r["overlap"] is not None]
+    if overlaps:
+        raise InputError(min(overlaps)[1])
+    for r in results:
+        if r["failure"] is not None:
+            raise InputError(r["failure"])
+    return sum(r["not"] for r in results)
+
+
 def plan(
-    runner: Runner, formats: list[FileFormat | ParquetFormat], chunk_bytes: int
-) -> list[Chunk | ParquetChunk]:
-    """Chunks of every file in input order: text at line boundaries, with their first line
-    numbers; Parquet by row group."""
+    runner: Runner, formats: list[FileFormat | ParquetFormat], chunk_bytes: int,
+    first_index: int = 0,
+) -> list[Chunk | ParquetChunk]:  # fmt: skip
+    """Chunks of every file in input order, numbered from ``first_index``: text at line
+    boundaries, with their first line numbers; Parquet by row group."""
     jobs, owners = [], []
     for f_idx, fmt in enumerate(formats):
         if isinstance(fmt, ParquetFormat):
@@ -270,13 +357,13 @@ def plan(
     chunks: list[Chunk | ParquetChunk] = []
     for f_idx, fmt in enumerate(formats):
         if isinstance(fmt, ParquetFormat):
-            chunks += parquet_chunks(fmt, f_idx, len(chunks))
+            chunks += parquet_chunks(fmt, f_idx, first_index + len(chunks))
             continue
         line = 1
         for start, stop, n_lines in by_file.get(f_idx, []):
             if stop > start:
-                chunks.append(Chunk(len(chunks), f_idx, fmt.path, start, stop, line,
-                                    fmt.delim, fmt.header_at, fmt.columns,
+                chunks.append(Chunk(first_index + len(chunks), f_idx, fmt.path, start, stop,
+                                    line, fmt.delim, fmt.header_at, fmt.columns,
                                     fmt.n_fields))  # fmt: skip
             line += n_lines
     return chunks
@@ -291,37 +378,53 @@ def _sources(formats: list[FileFormat | ParquetFormat]) -> Origin:
 
 
 def _parse(
-    runner: Runner, chunks: list[Chunk | ParquetChunk], formats: list[FileFormat | ParquetFormat],
-    tmp: str, ratings: str | None, counts: Any, binarize: float | None, scale_max: int | None,
-) -> tuple[ValueSpec, np.ndarray, np.ndarray, list[int]]:  # fmt: skip
-    """Parse every chunk; return the value rule, sorted distinct ids and rows per chunk."""
+    runner: Runner, ins: list[_Input], tmp: str, ratings: str | None, counts: Any,
+    binarize: float | None, scale_max: int | None,
+) -> tuple[ValueSpec, list[list[int]]]:  # fmt: skip
+    """Parse every chunk of the inputs; return the value rule (of all their values, as in
+    memory) and the rows of each chunk per input. A chunk of data in memory drops its data."""
+    chunks = [c for inp in ins for c in inp.chunks]
     smalls = runner.gather_all(runner.submit(parse_task, chunks, tmp))
-    by_file: dict[int, int] = {}
-    for chunk, res in zip(chunks, smalls, strict=True):
-        if (msg := runner.failure(res)) is not None:
-            raise InputError(msg)
-        by_file[chunk.file_index] = by_file.get(chunk.file_index, 0) + res["rows"]
-    for f_idx, fmt in enumerate(formats):  # in file order, like the in-memory reader
-        if by_file.get(f_idx, 0) == 0:
-            raise InputError(f"{fmt.path}: no data rows (only a header line)")
-    parsed = [c.index for c, s in zip(chunks, smalls, strict=True) if s["rows"]]
-    user_ids = _merged_ids(runner, parsed, tmp, "users")
-    item_ids = _merged_ids(runner, parsed, tmp, "items")
-    values, f_index, lines = [], [], []
-    bad = next(((c, s["bad"]) for c, s in zip(chunks, smalls, strict=True) if s["bad"]), None)
-    if bad is not None:
-        values.append(bad[1][0])
-        f_index.append(bad[0].file_index)
-        lines.append(bad[1][1])
-    top = max((s["vmax"], c.file_index) for c, s in zip(chunks, smalls, strict=True)
-              if s["vmax"] is not None)  # fmt: skip
-    values.append(top[0])
-    f_index.append(top[1])
-    lines.append(0)
-    origin = _sources(formats).rows(np.asarray(f_index, np.int32), np.asarray(lines, np.int64))
+    rows: list[list[int]] = []
+    owner: list[_Input] = []
+    at = 0
+    for inp in ins:
+        mine = smalls[at : at + len(inp.chunks)]
+        at += len(inp.chunks)
+        for res in mine:
+            if (msg := runner.failure(res)) is not None:
+                raise InputError(msg)
+        rows.append([s["rows"] for s in mine])
+        owner += [inp] * len(mine)
+        _check_rows(inp, rows[-1])
+        inp.chunks = [c.light() if isinstance(c, MemoryChunk) else c for c in inp.chunks]
+    found = [(inp, c, s) for inp, c, s in zip(owner, chunks, smalls, strict=True) if s["rows"]]
+    top = max(s["vmax"] for _, _, s in found)
+    bad = next(((inp, c, s["bad"]) for inp, c, s in found if s["bad"]), None)
+    values = [top] if bad is None else [bad[2][0], top]
+    # make_spec names only the first value that breaks a rule: the bad one, if any
+    inp, c = (bad[0], bad[1]) if bad is not None else (found[0][0], found[0][1])
+    line = 0 if bad is None else bad[2][1]
+    origin = inp.names.rows(np.full(len(values), c.file_index, np.int32),
+                            np.full(len(values), line, np.int64))  # fmt: skip
     spec = make_spec(np.asarray(values, np.float64), origin, ratings=ratings, counts=counts,
                      binarize=binarize, scale_max=scale_max)  # fmt: skip
-    return spec, user_ids, item_ids, [s["rows"] for s in smalls]
+    return spec, rows
+
+
+def _check_rows(inp: _Input, rows: list[int]) -> None:
+    """Raise InputError for a file without data rows (in file order, like the in-memory reader),
+    or data in memory without any."""
+    if inp.files is None:
+        if sum(rows) == 0:
+            raise InputError(f"{inp.label}: no data rows (it is empty)")
+        return
+    by_file: dict[int, int] = {}
+    for chunk, n in zip(inp.chunks, rows, strict=True):
+        by_file[chunk.file_index] = by_file.get(chunk.file_index, 0) + n
+    for f_idx, path in enumerate(inp.files):
+        if by_file.get(f_idx, 0) == 0:
+            raise InputError(f"{path}: no data rows (only a header line)")
 
 
 def _merged_ids(runner: Runner, chunks: list[int], tmp: str, what: str) -> np.ndarray:
@@ -367,8 +470,7 @@ def _with_threshold(
     the ``n_test + n_val`` smallest (validation: above the first)."""
     test = _rank_hash(runner, parts, tmp, fin, n_test) if n_test else None
     val = _rank_hash(runner, parts, tmp, fin, n_test + n_val) if n_val else None
-    return Final(fin.user_alive, fin.item_alive, fin.user_map, fin.item_map, fin.n_items,
-                 fin.seed, test, val)  # fmt: skip
+    return dataclasses.replace(fin, threshold=test, val_threshold=val)
 
 
 def _rank_hash(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int) -> int:
@@ -387,11 +489,13 @@ def _rank_hash(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: i
 
 def _attrs(
     spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
-    sources: list[PathLike], user_ids: np.ndarray, item_ids: np.ndarray, *, min_count: int,
+    sources: list[str], user_ids: np.ndarray, item_ids: np.ndarray, *, min_count: int,
     filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
     rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
+    test_source: list[str] | None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The attributes ``ingest`` writes (random split, no test file)."""
+    """The attributes ``ingest`` writes (a test file's counts of dropped rows and the
+    validation attributes are added to them)."""
     hist = {s: _hist_list(h) for s, h in hists.items()}
     return {
         "complete": False,
@@ -405,8 +509,8 @@ def _attrs(
         "min_count": int(min_count),
         "filter_mode": filter_mode,
         "duplicates": duplicates,
-        "split": "random",
-        "test_fraction": float(test_fraction),
+        "split": "random" if test_source is None else "file",
+        "test_fraction": float(test_fraction) if test_source is None else None,
         "seed": int(seed),
         "nnz_train": sum(hist["train"]),
         "nnz_test": sum(hist["test"]),
@@ -414,8 +518,8 @@ def _attrs(
         "hist_test": hist["test"],
         "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
         "nnz_per_block": int(nnz_per_block),
-        "source": [source_name(p) for p in sources],
-        "test_source": None,
+        "source": sources,
+        "test_source": test_source,
         "rows_read": int(rows_read),
         "rows_not_interaction": int(not_interaction),
         "rows_filtered": int(filtered),

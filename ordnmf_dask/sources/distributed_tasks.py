@@ -2,7 +2,9 @@
 
 Every task reads its inputs from the staging directory, writes its outputs there, and returns
 only small values or O(U + I) vectors that are tree-reduced on the workers. Staged files are
-plain ``.npy`` arrays (no pickle).
+plain ``.npy`` arrays (no pickle). The rows of a test file go through the same passes beside
+the training rows (``test_codes_task``, ``test_partition_task``, the test side of
+``dedupe_task``, ``block_task``), with the in-memory path's per-row functions.
 """
 
 from __future__ import annotations
@@ -12,16 +14,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import dedupe, encode_pair
+from ordnmf_dask.sources.inmemory import (
+    classify_test_rows,
+    first_overlap,
+    known_test,
+    overlap_message,
+)
+from ordnmf_dask.sources.memchunks import MemoryChunk
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import ParquetChunk
-from ordnmf_dask.sources.split import HASH_BIN_BITS, pair_hash
+from ordnmf_dask.sources.split import HASH_BIN_BITS, lookup, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store.grid import block_sort
 from ordnmf_dask.store.staged import load_arrays, save_arrays, save_segment, staging_dir
 
 _SHIFT = np.uint64(64 - HASH_BIN_BITS)
+AnyChunk = Chunk | ParquetChunk | MemoryChunk
 
 
 def union_ids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -73,7 +84,7 @@ def _part_prefix(tmp: str, part: int) -> str:
 # --------------------------------------------------------------------------- pass 1: parse
 
 
-def parse_task(chunk: Chunk | ParquetChunk, tmp: str) -> dict:
+def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     """Parse a chunk (text byte range or Parquet row group), dictionary-encode its ids, stage
     (codes, values, line) and its sorted distinct ids (``users``, ``items``); return a summary.
 
@@ -111,7 +122,7 @@ def ids_task(chunks: tuple[int, ...], tmp: str, what: str) -> np.ndarray:
 
 
 def codes_task(
-    chunk: Chunk | ParquetChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
+    chunk: AnyChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
     item_ids: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
     """Check every value of a chunk and stage where its distinct ids are among the global
@@ -130,10 +141,32 @@ def _as_kind(ids: np.ndarray, like: np.ndarray) -> np.ndarray:
     return ids if ids.dtype.kind == like.dtype.kind else ids.astype(str)
 
 
+def test_codes_task(
+    chunk: AnyChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray, item_ids: np.ndarray,
+    t_users: np.ndarray, t_items: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Check every value of a test chunk and stage, for its distinct ids, their codes among
+    the training ids (``to_u``, ``to_i``; -1 for an id the training data lacks, as
+    ``split.lookup`` finds them in memory) and among the test set's own sorted ids
+    (``to_tu``, ``to_ti``); return its rows per training user (U,) int64."""
+    prefix = _chunk_prefix(tmp, chunk.index)
+    data = load_arrays(prefix, ["uc", "users", "items", "values", "line"])
+    classify(spec, data["values"], chunk_origin(chunk, data["line"]))
+    to_u, to_i = lookup(user_ids, data["users"]), lookup(item_ids, data["items"])
+    save_arrays(prefix, {
+        "to_u": to_u, "to_i": to_i,
+        "to_tu": np.searchsorted(t_users, _as_kind(data["users"], t_users)).astype(np.int32),
+        "to_ti": np.searchsorted(t_items, _as_kind(data["items"], t_items)).astype(np.int32),
+    })  # fmt: skip
+    u = to_u[data["uc"]]
+    return np.bincount(u[u >= 0], minlength=len(user_ids)).astype(np.int64)
+
+
 _PARSED = ("uc", "ic", "users", "items", "to_u", "to_i", "values", "line")
+_TEST_PARSED = (*_PARSED, "to_tu", "to_ti")
 
 
-def partition_task(chunk: Chunk | ParquetChunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
+def partition_task(chunk: AnyChunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
     """Route a chunk's rows (global codes) to user-range partitions; returns the partitions hit.
 
     The rows are staged once, stably sorted by partition, with ``part_offsets`` (P + 1,): the
@@ -144,13 +177,39 @@ def partition_task(chunk: Chunk | ParquetChunk, tmp: str, part_bounds: np.ndarra
     data = load_arrays(prefix, _PARSED)
     u, i = data["to_u"][data["uc"]], data["to_i"][data["ic"]]
     part = np.searchsorted(part_bounds, u, side="right") - 1
-    order = np.argsort(part, kind="stable")
-    counts = np.bincount(part, minlength=len(part_bounds) - 1)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     routed = {"u": u, "i": i, "values": data["values"], "line": data["line"]}
+    return _route(prefix, part, len(part_bounds) - 1, routed, _PARSED)
+
+
+def test_partition_task(
+    chunk: AnyChunk, tmp: str, part_bounds: np.ndarray, test_bounds: np.ndarray
+) -> list[int]:
+    """``partition_task`` for a test chunk: a row of a training user goes to that user's
+    partition, a row of another user to partition p if its code among the test set's users is
+    in ``[test_bounds[p], test_bounds[p + 1])``. Routed: training codes ``u``, ``i`` (or -1)
+    and test codes ``tu``, ``ti``."""
+    prefix = _chunk_prefix(tmp, chunk.index)
+    data = load_arrays(prefix, _TEST_PARSED)
+    u, i = data["to_u"][data["uc"]], data["to_i"][data["ic"]]
+    tu, ti = data["to_tu"][data["uc"]], data["to_ti"][data["ic"]]
+    part = np.where(u >= 0, np.searchsorted(part_bounds, u, side="right"),
+                    np.searchsorted(test_bounds, tu, side="right")) - 1  # fmt: skip
+    routed = {"u": u, "i": i, "tu": tu, "ti": ti, "values": data["values"], "line": data["line"]}
+    return _route(prefix, part, len(part_bounds) - 1, routed, _TEST_PARSED)
+
+
+def _route(
+    prefix: str, part: np.ndarray, n_parts: int, routed: dict[str, np.ndarray],
+    parsed: tuple[str, ...],
+) -> list[int]:  # fmt: skip
+    """Stage ``routed`` sorted by partition with ``part_offsets``, remove the ``parsed`` files;
+    return the partitions hit."""
+    order = np.argsort(part, kind="stable")
+    counts = np.bincount(part, minlength=n_parts)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     save_arrays(prefix, {**{f"p_{n}": a[order] for n, a in routed.items()},
                          "part_offsets": offsets})  # fmt: skip
-    for name in _PARSED:
+    for name in parsed:
         os.remove(f"{prefix}.{name}.npy")
     return [int(p) for p in np.flatnonzero(counts)]
 
@@ -160,39 +219,109 @@ def partition_task(chunk: Chunk | ParquetChunk, tmp: str, part_bounds: np.ndarra
 
 @dataclass(frozen=True)
 class PartJob:
-    """Partition ``part`` and the (chunk index, file index) of its pieces, in input order."""
+    """Partition ``part`` and the (chunk index, file index) of its pieces, in input order:
+    training pieces, then test pieces."""
 
     part: int
     pieces: tuple[tuple[int, int], ...]
+    test_pieces: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class TestSet:
+    """What the partitions need of a test file: its sorted distinct ids and an Origin (of no
+    rows) naming its sources."""
+
+    users: np.ndarray
+    items: np.ndarray
+    sources: Origin
+
+
+def _gather(
+    tmp: str, part: int, pieces: tuple[tuple[int, int], ...], names: list[str], sources: Origin
+) -> tuple[dict[str, np.ndarray], Origin, np.ndarray]:
+    """The rows of a partition's pieces in input order, their Origin and their chunk index."""
+    loaded = [_piece(tmp, c, part, names) for c, _ in pieces]
+    cat = {n: np.concatenate([p[n] for p in loaded]) for n in names}
+    fidx, cidx = (np.concatenate([np.full(len(p["line"]), x[k], dtype=dt)
+                                  for p, x in zip(loaded, pieces, strict=True)])
+                  for k, dt in ((1, np.int32), (0, np.int64)))  # fmt: skip
+    return cat, sources.rows(fidx, cat["line"]), cidx
 
 
 def dedupe_task(
     job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: np.ndarray,
-    item_ids: np.ndarray, sources: Origin,
-) -> tuple[int, int]:  # fmt: skip
-    """Merge duplicate pairs of a partition, classify, stage the interactions.
+    item_ids: np.ndarray, sources: Origin, test: TestSet | None,
+) -> tuple[int, int, dict | None]:  # fmt: skip
+    """Merge duplicate pairs of a partition, classify, stage the interactions; the same for
+    its test rows if ``test`` is given (a test file).
 
     ``sources`` is an Origin (of no rows) of all input files, to name rows in messages.
 
     Returns
     -------
-    (int, int)
-        Distinct pairs, pairs that are "not an interaction".
+    (int, int, dict or None)
+        Distinct pairs, pairs that are "not an interaction", and of the test rows (None without
+        a test file): ``overlap``, the first test row whose pair is a training pair, as
+        ((chunk index, line), message), or None; ``failure``, the message of the first test
+        pair that cannot be merged or classified, or None; ``not``, test pairs that are not an
+        interaction. Test errors are returned, not raised, so that every training error is
+        raised first, as in memory.
     """
     names = ["u", "i", "values", "line"]
-    parts = [_piece(tmp, c, job.part, names) for c, _ in job.pieces]
-    cat = {n: np.concatenate([p[n] for p in parts]) for n in names}
-    fidx = np.concatenate(
-        [np.full(len(p["u"]), f, dtype=np.int32) for p, (_, f) in zip(parts, job.pieces,
-                                                                       strict=True)]
-    )  # fmt: skip
-    origin = sources.rows(fidx, cat["line"])
-    rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
-    y, keep = classify(spec, raw, origin.take(rows))
-    save_arrays(_part_prefix(tmp, job.part), {
-        "u": cat["u"][rows][keep], "i": cat["i"][rows][keep], "y": y[keep], "raw": raw[keep],
-    })  # fmt: skip
-    return len(rows), int((~keep).sum())
+    prefix = _part_prefix(tmp, job.part)
+    if not job.pieces:  # test rows of users unknown to the training data only
+        empty = np.zeros(0, np.int32)
+        save_arrays(prefix, {"u": empty, "i": empty, "y": np.zeros(0, np.uint8),
+                             "raw": np.zeros(0)})  # fmt: skip
+        pairs = (empty, empty, sources.rows(empty, empty.astype(np.int64)))
+        n = n_not = 0
+    else:
+        cat, origin, _ = _gather(tmp, job.part, job.pieces, names, sources)
+        rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
+        y, keep = classify(spec, raw, origin.take(rows))
+        save_arrays(prefix, {
+            "u": cat["u"][rows][keep], "i": cat["i"][rows][keep], "y": y[keep], "raw": raw[keep],
+        })  # fmt: skip
+        pairs = (cat["u"][rows], cat["i"][rows], origin.take(rows))
+        n, n_not = len(rows), int((~keep).sum())
+    if test is None:
+        return n, n_not, None
+    return n, n_not, _test_rows(job, tmp, spec, policy, len(item_ids), test, *pairs)
+
+
+def _test_rows(
+    job: PartJob, tmp: str, spec: ValueSpec, policy: str, n_items: int, test: TestSet,
+    train_u: np.ndarray, train_i: np.ndarray, train_origin: Origin,
+) -> dict:  # fmt: skip
+    """The test side of ``dedupe_task``: the overlap check against the partition's training
+    pairs (all of them, interactions or not, as in memory), then the test pairs merged and
+    classified; the interactions are staged with their training codes (-1 where unknown)."""
+    prefix = _part_prefix(tmp, job.part)
+    out: dict = {"overlap": None, "failure": None, "not": 0}
+    if not job.test_pieces:
+        empty = np.zeros(0, np.int64)
+        save_arrays(prefix, {"test_u": empty, "test_i": empty, "test_y": np.zeros(0, np.uint8),
+                             "test_raw": np.zeros(0)})  # fmt: skip
+        return out
+    names = ["u", "i", "tu", "ti", "values", "line"]
+    cat, origin, cidx = _gather(tmp, job.part, job.test_pieces, names, test.sources)
+    hit = first_overlap(cat["u"], cat["i"], n_items, train_u, train_i)
+    if hit is not None:
+        k, j = hit
+        out["overlap"] = ((int(cidx[k]), int(cat["line"][k])), overlap_message(
+            origin, k, test.users[cat["tu"][k]], test.items[cat["ti"][k]], train_origin, j))
+    try:
+        rows, y, raw, keep = classify_test_rows(cat["tu"], cat["ti"], cat["values"], origin,
+                                                policy, test.users, test.items, spec)  # fmt: skip
+    except InputError as exc:
+        out["failure"] = str(exc)
+        return out
+    rows = rows[keep]
+    save_arrays(prefix, {"test_u": cat["u"][rows], "test_i": cat["i"][rows],
+                         "test_y": y[keep], "test_raw": raw[keep]})  # fmt: skip
+    out["not"] = int((~keep).sum())
+    return out
 
 
 # --------------------------------------------------------------------------- filtering
@@ -236,6 +365,7 @@ class Final:
     threshold: int | None = None  # test pairs: hash <= threshold (None: no test pairs)
     #: validation pairs: threshold < hash <= val_threshold (None: no validation pairs)
     val_threshold: int | None = None
+    file_test: bool = False  # the test pairs are those of a test file (staged as ``test_*``)
 
 
 def final_degrees_task(
@@ -303,13 +433,20 @@ def block_task(
     -------
     dict
         ``{"train" | "test" | "validation": ([block ids], [Segment]), "hist_" + the same:
-        (V + 1,)}`` (validation empty when ``fin`` has no validation threshold).
+        (V + 1,)}`` (validation empty when ``fin`` has no validation threshold); with a test
+        file, ``test_unknown``: its interactions dropped as their user or item is not in the
+        filtered training data.
     """
     d = _kept(part, tmp, fin)
     is_test, is_val = _is_test(d, fin), _is_validation(d, fin)
+    splits = {s: {k: a[sel] for k, a in d.items()}
+              for s, sel in (("train", ~is_test & ~is_val), ("test", is_test),
+                             ("validation", is_val))}  # fmt: skip
     out: dict = {}
-    for split, sel in (("train", ~is_test & ~is_val), ("test", is_test), ("validation", is_val)):
-        nz = block_sort(d["u"][sel], d["i"][sel], d["y"][sel], d["raw"][sel], row_bounds,
+    if fin.file_test:
+        splits["test"], out["test_unknown"] = _file_test(part, tmp, fin)
+    for split, nz_in in splits.items():
+        nz = block_sort(nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds,
                         col_bounds, presorted=True)  # fmt: skip
         ids, segs = [], []
         for b in np.flatnonzero(np.diff(nz.offsets)):
@@ -321,3 +458,15 @@ def block_task(
         out[split] = (ids, segs)
         out[f"hist_{split}"] = np.bincount(nz.y, minlength=n_classes + 1).astype(np.int64)
     return out
+
+
+def _file_test(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], int]:
+    """A partition's test interactions in final indices, sorted (``inmemory.known_test``), and
+    how many were dropped as unknown to the filtered training data."""
+    assert fin.user_map is not None and fin.item_map is not None
+    t = load_arrays(_part_prefix(tmp, part), ["test_u", "test_i", "test_y", "test_raw"])
+    u, i = t["test_u"], t["test_i"]
+    u = np.where(u >= 0, fin.user_map[u], -1)  # -1: not a training user
+    i = np.where(i >= 0, fin.item_map[i], -1)
+    nz, n_unknown = known_test(u, i, t["test_y"], t["test_raw"], np.ones(len(u), dtype=bool))
+    return {"u": nz.u, "i": nz.i, "y": nz.y, "raw": nz.raw}, n_unknown

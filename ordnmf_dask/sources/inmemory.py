@@ -45,7 +45,13 @@ from ordnmf_dask.sources.split import (
 from ordnmf_dask.sources.text import check_columns, read_triples, release_memory
 from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target, write_store
-from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, block_sort, choose_bounds
+from ordnmf_dask.store.grid import (
+    DEFAULT_NNZ_PER_BLOCK,
+    _check_grid,
+    auto_grid,
+    block_sort,
+    choose_bounds,
+)
 
 PathLike = str | os.PathLike
 
@@ -102,11 +108,30 @@ INGEST_DEFAULTS: IngestOptions = {
 
 
 def with_defaults(options: IngestOptions, caller: str) -> dict[str, Any]:
-    """``options`` completed with ``INGEST_DEFAULTS``; an unknown name is a TypeError."""
+    """``options`` completed with ``INGEST_DEFAULTS`` and checked (``check_ingest_options``);
+    an unknown name is a TypeError."""
     unknown = sorted(set(options) - set(INGEST_DEFAULTS))
     if unknown:
         raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
-    return {**INGEST_DEFAULTS, **options}
+    opts = {**INGEST_DEFAULTS, **options}
+    check_ingest_options(opts)
+    return opts
+
+
+def check_ingest_options(o: dict[str, Any]) -> None:
+    """Raise InputError for an option that is wrong whatever the data, before any is read.
+
+    The value rule is resolved on no values (``values.make_spec``), which checks every value
+    option; the block options are checked as ``grid`` checks them.
+    """
+    check_options(o["min_count"], o["filter_mode"], o["duplicates"], o["test_fraction"], o["seed"])
+    check_validation_fraction(o["validation_fraction"])
+    make_spec(np.zeros(0), Origin.arrays(0), ratings=o["ratings"], counts=o["counts"],
+              binarize=o["binarize"], scale_max=o["scale_max"])  # fmt: skip
+    if o["grid"] is None:
+        auto_grid(0, 1, 1, o["nnz_per_block"])
+    else:
+        _check_grid(o["grid"])
 
 
 def ingest(
@@ -181,16 +206,16 @@ def ingest(
     InputError
         Any invalid input; nothing is left at ``out`` nor in a temporary sibling.
     """
-    opts = with_defaults(options, "ingest")
     if is_dask_dataframe(inputs):
         from ordnmf_dask.sources.distributed import ingest_distributed
 
         return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
                                   columns=columns, **options)  # fmt: skip
+    opts = with_defaults(options, "ingest")
     check_target(out, opts["overwrite"])
-    train, label, sources = _rows_of(inputs, delimiter, header, columns, "input")
+    train, label, sources = rows_of(inputs, delimiter, header, columns, "input")
     test_rows, _, test_sources = (None, None, None) if test is None else \
-        _rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
+        rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
     return _build(train, test_rows, out, label=label, sources=sources,
                   test_sources=test_sources, **opts)  # fmt: skip
 
@@ -214,22 +239,21 @@ def is_dask_dataframe(data: object) -> bool:
     return type(data).__module__.startswith("dask") and hasattr(data, "npartitions")
 
 
-def _rows_of(
+def rows_of(
     data: Any, delimiter: str | None, header: bool | None, columns: Sequence[int | str],
     role: str, ids: bool = False,
 ) -> tuple[_Rows, str, list[str]]:  # fmt: skip
     """Rows of files or of data in memory, the label that names them in messages and the
     sources recorded in the store. ``ids``: raw ids as arrays (for a test set)."""
-    if isinstance(data, tuple) and len(data) == 3:
-        return _arrays_to_rows(*data, f"{role} arrays"), f"{role} arrays", []
-    if _is_sparse(data):
+    label = memory_label(data, role)
+    if isinstance(data, tuple):
+        rows = _arrays_to_rows(*data, label)
+    elif _is_sparse(data):
         coo = data.tocoo()
-        label = f"{role} matrix"
-        return _arrays_to_rows(coo.row, coo.col, coo.data, label), label, []
-    table = _as_table(data)
-    if table is not None:
-        label = f"{role} {'DataFrame' if table is not data else 'Table'}"
-        rows = _table_rows(table, check_columns(columns), label)
+        rows = _arrays_to_rows(coo.row, coo.col, coo.data, label)
+    elif label is not None:
+        table = as_table(data)
+        rows = table_rows(table, pick_columns(table.column_names, columns, label), label)
     else:
         paths = as_list(data)
         parsed = read_triples(paths, delimiter=delimiter, header=header, columns=columns)
@@ -239,8 +263,21 @@ def _rows_of(
     if ids:
         rows.users = raw_ids(rows.users, rows.origin, "user")
         rows.items = raw_ids(rows.items, rows.origin, "item")
-    sources = [] if table is not None else [source_name(p) for p in as_list(data)]
+    sources = [] if memory_label(data, role) else [source_name(p) for p in as_list(data)]
     return rows, label, sources
+
+
+def memory_label(data: object, role: str) -> str | None:
+    """How messages name ``role`` data ("input" or "test") held in memory: a
+    ``(users, items, values)`` tuple, a scipy.sparse matrix, a pyarrow Table or a DataFrame
+    (pandas, or a pyarrow RecordBatch); None for files."""
+    if isinstance(data, tuple) and len(data) == 3:
+        return f"{role} arrays"
+    if _is_sparse(data):
+        return f"{role} matrix"
+    if isinstance(data, pa.Table):
+        return f"{role} Table"
+    return f"{role} DataFrame" if isinstance(data, pa.RecordBatch) or _is_pandas(data) else None
 
 
 def source_name(path: PathLike) -> str:
@@ -253,28 +290,38 @@ def _is_sparse(data: object) -> bool:
     return type(data).__module__.startswith("scipy.sparse") and hasattr(data, "tocoo")
 
 
-def _as_table(data: object) -> pa.Table | None:
+def as_table(data: object) -> pa.Table | None:
     """A pyarrow Table of a pandas DataFrame or a pyarrow Table / RecordBatch, else None."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    if type(data).__module__.startswith("pandas") and hasattr(data, "columns"):
+    if _is_pandas(data):
         return pa.Table.from_pandas(data, preserve_index=False)
     return None
 
 
-def _table_rows(table: pa.Table, columns: tuple, label: str) -> _Rows:
-    """The user, item and value columns of a table (by name or position), checked as Parquet
-    columns are."""
-    names = table.column_names
+def _is_pandas(data: object) -> bool:
+    return type(data).__module__.startswith("pandas") and hasattr(data, "columns")
+
+
+def pick_columns(names: Sequence[Any], columns: Sequence[int | str], label: str) -> list[str]:
+    """The names of the user, item and value columns of a table with columns ``names``, chosen
+    by name or 0-based position."""
+    names = [str(n) for n in names]
     picked = []
-    for c in columns:
+    for c in check_columns(columns):
         if isinstance(c, str) and c not in names:
-            raise InputError(f"{label}: no column {c!r} (columns: {', '.join(map(str, names))})")
+            raise InputError(f"{label}: no column {c!r} (columns: {', '.join(names)})")
         if not isinstance(c, str) and c >= len(names):
             raise InputError(f"{label}: no column {c} (0-based); it has {len(names)} columns")
         picked.append(c if isinstance(c, str) else names[c])
+    return picked
+
+
+def table_rows(table: pa.Table, picked: list[str], label: str) -> _Rows:
+    """The user, item and value columns ``picked`` of a table, checked as Parquet columns are;
+    rows are named ``LABEL, row N``."""
     if table.num_rows == 0:
         raise InputError(f"{label}: no data rows (it is empty)")
     origin = Origin.arrays(table.num_rows, label)
@@ -359,8 +406,6 @@ def _build(
     overwrite: bool,
     validation_fraction: float = 0.0,
 ) -> StoreInfo:
-    check_options(min_count, filter_mode, duplicates, test_fraction, seed)
-    check_validation_fraction(validation_fraction)
     values, origin = train.values, train.origin
     if test is not None:  # the value rules (and a default integer scale) cover both sets
         values = np.concatenate([train.values, test.values])
@@ -502,56 +547,95 @@ def _file_test(
     final_items: np.ndarray,
 ) -> tuple[_Nonzeros, dict[str, object]]:
     """Test nonzeros in the final index space, and attrs describing dropped rows."""
-    _check_overlap(test, all_users, all_items, pair_keys, train_origin)
+    tu, ti = lookup(all_users, test.users), lookup(all_items, test.items)
+    hit = first_overlap(tu, ti, len(all_items), *pair_keys)
+    if hit is not None:
+        raise InputError(overlap_message(test.origin, hit[0], test.users[hit[0]],
+                                         test.items[hit[0]], train_origin, hit[1]))  # fmt: skip
+    del tu, ti
     t_users, tu = encode_ids(test.users, test.origin, "user")
     t_items, ti = encode_ids(test.items, test.origin, "item")
-    rows, raw = dedupe(tu, ti, test.values, test.origin, duplicates, t_users, t_items)
-    y, keep = classify(spec, raw, test.origin.take(rows))
+    rows, y, raw, keep = classify_test_rows(tu, ti, test.values, test.origin, duplicates,
+                                            t_users, t_items, spec)  # fmt: skip
     u = lookup(final_users, test.users[rows])
     i = lookup(final_items, test.items[rows])
+    nz, n_unknown = known_test(u, i, y, raw, keep)
+    warn_unknown(n_unknown, 4)  # the caller of ``ingest``
+    extra = {
+        "test_unknown_dropped": n_unknown,
+        "test_not_interaction": int((~keep).sum()),
+    }
+    return nz, extra
+
+
+def classify_test_rows(
+    tu: np.ndarray, ti: np.ndarray, values: np.ndarray, origin: Origin, duplicates: str,
+    t_users: np.ndarray, t_items: np.ndarray, spec: ValueSpec,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Merge the duplicate pairs of test rows (codes ``tu``, ``ti`` into the test set's own
+    sorted ids ``t_users``, ``t_items``) and classify them.
+
+    Returns
+    -------
+    rows, y, raw, keep
+        Representative rows in (user, item) order, their classes, merged values, and whether
+        each is an interaction.
+    """
+    rows, raw = dedupe(tu, ti, values, origin, duplicates, t_users, t_items)
+    y, keep = classify(spec, raw, origin.take(rows))
+    return rows, y, raw, keep
+
+
+def known_test(
+    u: np.ndarray, i: np.ndarray, y: np.ndarray, raw: np.ndarray, keep: np.ndarray
+) -> tuple[_Nonzeros, int]:
+    """The test interactions (``keep``) whose final user and item indices ``u``, ``i`` exist
+    (not -1), sorted by (user, item), and how many interactions were dropped as unknown."""
     unknown = keep & ((u < 0) | (i < 0))
-    n_unknown = int(unknown.sum())
+    keep = keep & ~unknown
+    nz = _Nonzeros(u[keep], i[keep], y[keep], raw[keep])
+    return nz.take(np.lexsort((nz.i, nz.u))), int(unknown.sum())
+
+
+def warn_unknown(n_unknown: int, stacklevel: int) -> None:
+    """Report test rows dropped because their user or item is not in the training data
+    (``stacklevel`` as for ``warnings.warn``, counted from the caller)."""
     if n_unknown:
         warnings.warn(
             f"{n_unknown} test rows dropped: their user or item is not in the (filtered) "
             "training data",
             UserWarning,
-            stacklevel=4,
+            stacklevel=stacklevel + 1,
         )
-    keep &= ~unknown
-    nz = _Nonzeros(u[keep], i[keep], y[keep], raw[keep])
-    nz = nz.take(np.lexsort((nz.i, nz.u)))
-    extra = {
-        "test_unknown_dropped": n_unknown,
-        "test_not_interaction": int((~keep).sum()) - n_unknown,
-    }
-    return nz, extra
 
 
-def _check_overlap(
-    test: _Rows,
-    all_users: np.ndarray,
-    all_items: np.ndarray,
-    pair_keys: tuple[np.ndarray, np.ndarray],
-    train_origin: Origin,
-) -> None:
-    """Raise InputError naming the first test row whose (user, item) pair is in the train data."""
-    tu = lookup(all_users, test.users)
-    ti = lookup(all_items, test.items)
-    width = np.int64(max(len(all_items), 1))
-    train_keys = pair_keys[0] * width + pair_keys[1]
+def first_overlap(
+    tu: np.ndarray, ti: np.ndarray, n_items: int, train_u: np.ndarray, train_i: np.ndarray
+) -> tuple[int, int] | None:
+    """The first test row whose (user, item) codes (``tu``, ``ti``; -1 where unknown to the
+    training data) are a training pair (``train_u``, ``train_i``), and that pair's index."""
+    width = np.int64(max(n_items, 1))
+    train_keys = train_u.astype(np.int64) * width + train_i
     order = np.argsort(train_keys)
     known = (tu >= 0) & (ti >= 0)
-    test_keys = np.where(known, tu * width + ti, -1)
+    if not len(order) or not known.any():
+        return None
+    test_keys = np.where(known, tu.astype(np.int64) * width + ti, -1)
     pos = np.minimum(np.searchsorted(train_keys[order], test_keys), len(order) - 1)
     shared = np.flatnonzero(known & (train_keys[order][pos] == test_keys))
-    if shared.size:
-        k = int(shared[0])
-        j = int(order[pos[k]])
-        raise InputError(
-            f"{test.origin.where(k)}: test pair (user {test.users[k]!s}, item {test.items[k]!s}) "
-            f"is also in the training data at {train_origin.where(j)}"
-        )
+    if not shared.size:
+        return None
+    k = int(shared[0])
+    return k, int(order[pos[k]])
+
+
+def overlap_message(
+    test_origin: Origin, k: int, user: object, item: object, train_origin: Origin, j: int
+) -> str:
+    """The error of test row ``k`` (raw ids ``user``, ``item``) whose pair is training row
+    ``j``."""
+    return (f"{test_origin.where(k)}: test pair (user {user!s}, item {item!s}) is also in the "
+            f"training data at {train_origin.where(j)}")  # fmt: skip
 
 
 def _compact(codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,8 @@ exactly as in ``ordnmf_dask.sources.text.read_triples``; parsing is ``text.parse
 compressed file cannot be cut at byte offsets: it is one chunk.
 
 Parquet: a chunk is one row group (``parquet.ParquetChunk``), read by ``parquet.read_row_group``
-as the in-memory reader does. ``parse_chunk`` and ``chunk_origin`` take either kind.
+as the in-memory reader does. Data in memory: a dask DataFrame partition, or the whole data
+(``memchunks.MemoryChunk``). ``parse_chunk`` and ``chunk_origin`` take every kind.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ordnmf_dask.sources.memchunks import MemoryChunk, read_memory_chunk
+from ordnmf_dask.sources.memchunks import chunk_origin as memory_origin
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
@@ -127,17 +130,22 @@ def scan_range(job: tuple[str, int, int, int]) -> tuple[int, int, int]:
     return start, stop, count_lines(path, start, stop) if stop > start else 0
 
 
-def chunk_origin(chunk: Chunk | ParquetChunk, line: np.ndarray) -> Origin:
-    """Origin of rows of one chunk (``line``: their line, or Parquet row, numbers)."""
+def chunk_origin(chunk: Chunk | ParquetChunk | MemoryChunk, line: np.ndarray) -> Origin:
+    """Origin of rows of one chunk (``line``: their line, or Parquet or in-memory row,
+    numbers)."""
     if isinstance(chunk, ParquetChunk):
         return parquet_origin(chunk, line)
+    if isinstance(chunk, MemoryChunk):
+        return memory_origin(chunk, line)
     return Origin((chunk.path,), np.zeros(len(line), np.int32), line)
 
 
-def parse_chunk(chunk: Chunk | ParquetChunk) -> Triples | None:
+def parse_chunk(chunk: Chunk | ParquetChunk | MemoryChunk) -> Triples | None:
     """Triples of one chunk (line or row numbers in the file), or None if it has none."""
     if isinstance(chunk, ParquetChunk):
         return read_row_group(chunk)
+    if isinstance(chunk, MemoryChunk):
+        return read_memory_chunk(chunk)
     whole = is_compressed(chunk.path)
     data = read_bytes(chunk.path, chunk.start, None if whole else chunk.stop)
     start = 0

@@ -1,0 +1,81 @@
+"""Data in memory as chunks of the distributed ingest: each partition of a dask DataFrame is one
+chunk, computed where it is parsed (as a Parquet row group is read there), and other data in
+memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix, arrays) is one chunk.
+
+The rows of a chunk are those the in-memory ingest reads from the same data
+(``inmemory.table_rows``, ``inmemory.rows_of``), with the same checks; a partition's rows are
+named ``"input DataFrame, partition P, row N"`` (N 0-based within the partition).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ordnmf_dask.sources.inmemory import as_table, pick_columns, rows_of, table_rows
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.text import Column, Triples
+
+
+@dataclass(frozen=True)
+class MemoryChunk:
+    """Rows in memory: partition ``file_index`` of a dask DataFrame (``data``: its Delayed) or
+    a whole in-memory input (``data``: the object; ``file_index`` 0).
+
+    ``index`` is the chunk's position in the input order; ``path`` names it in messages;
+    ``columns`` are the picked column names of a partition, or the ``columns`` option.
+    ``data`` is dropped (``light``) once the chunk is parsed, so later tasks do not carry it.
+    """
+
+    index: int
+    file_index: int
+    path: str
+    role: str
+    columns: tuple[Column, Column, Column]
+    partition: bool
+    data: Any = field(default=None, compare=False, repr=False)
+
+    def light(self) -> MemoryChunk:
+        return dataclasses.replace(self, data=None)
+
+
+def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
+                 first_index: int) -> tuple[list[MemoryChunk], str]:  # fmt: skip
+    """One chunk per partition of a dask DataFrame, numbered from ``first_index``, and the
+    label naming the frame; the columns are checked against the frame's (no data is read)."""
+    label = f"{role} DataFrame"
+    picked = tuple(pick_columns(list(frame.columns), columns, label))
+    parts = frame.partitions
+    return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", role, picked, True,
+                        parts[p].to_delayed()[0])
+            for p in range(frame.npartitions)], label  # fmt: skip
+
+
+def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column], role: str,
+                 first_index: int) -> MemoryChunk:  # fmt: skip
+    """The one chunk of ``role`` data in memory that is not a dask DataFrame (``label``:
+    ``inmemory.memory_label``)."""
+    return MemoryChunk(first_index, 0, label, role, columns, False, data)
+
+
+def chunk_origin(chunk: MemoryChunk, rows: np.ndarray) -> Origin:
+    """Origin of rows (0-based) of one chunk."""
+    return Origin((chunk.path,), np.zeros(len(rows), np.int32), rows, False)
+
+
+def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
+    """Triples of one chunk (None for an empty partition); errors name the row."""
+    if chunk.partition:
+        import dask
+
+        (frame,) = dask.compute(chunk.data, scheduler="sync")  # in this task's process
+        if len(frame) == 0:
+            return None
+        rows = table_rows(as_table(frame), list(chunk.columns), chunk.path)
+    else:
+        rows = rows_of(chunk.data, None, None, chunk.columns, chunk.role)[0]
+    origin = chunk_origin(chunk, np.arange(len(rows.values), dtype=np.int64))
+    return Triples(rows.users, rows.items, rows.values, origin)
