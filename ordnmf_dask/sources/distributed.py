@@ -3,16 +3,19 @@
 Produces a store identical to :mod:`.inmemory` on the same input and options (arrays, ids and
 attributes; only ``created`` differs), for inputs larger than memory: many files, big text files
 cut into byte ranges at line boundaries, Parquet files read row group by row group
-(:mod:`.textsplit`, :mod:`.parquet`). Steps (tasks in :mod:`.distributed_tasks`; everything big
-goes through ``TMP/_staging`` on disk, visible to every worker):
+(:mod:`.textsplit`, :mod:`.parquet`), a dask DataFrame read partition by partition on the
+workers (:mod:`.memchunks`). Every option is checked before any input is read. Steps (tasks in
+:mod:`.distributed_tasks`; everything big goes through ``TMP/_staging`` on disk, visible to
+every worker):
 
 1. plan: per text file, delimiter, header and columns from its first non-blank line; chunks of
    ``chunk_bytes`` and their first line numbers (a newline-counting pass); per Parquet file,
-   its columns and row groups (one chunk each) from its footer;
-2. parse each chunk (``textsplit.parse_chunk``; errors name file and line or row); stage its
-   columns; the distinct raw ids of all chunks are merged by a tree reduction on the workers
-   (sorted, as ``np.unique`` in memory), value statistics give the value rule
-   (``values.make_spec``);
+   its columns and row groups (one chunk each) from its footer; per dask DataFrame partition,
+   one chunk (its columns checked against the frame's);
+2. parse each chunk (``textsplit.parse_chunk``; errors name file and line, row, or partition
+   and row); stage its columns; the distinct raw ids of all chunks are merged by a tree
+   reduction on the workers (sorted, as ``np.unique`` in memory), value statistics give the
+   value rule (``values.make_spec``);
 3. check every value, map ids to codes, count rows per user; route rows to user-range
    partitions balanced by rows (``blocking.balanced_bounds``);
 4. per partition: merge duplicate pairs (``prep.dedupe``; all rows of a pair are in the same
@@ -28,9 +31,20 @@ goes through ``TMP/_staging`` on disk, visible to every worker):
    concatenation of its pieces in partition order, which ``assemble.assemble_store`` writes
    chunk by chunk.
 
-Memory per task: one chunk, one partition (``rows_per_partition`` rows on average) or one output
-chunk, plus O(U + I) id maps and degree vectors. Only the random split is supported (not a test
-file).
+A test file (``test``) instead of step 6's random test set is parsed with the training files
+(its values count for the value rule) and its ids merged apart. Its rows are routed with the
+training rows: a row of a training user to that user's partition, a row of another user by its
+place among the test set's sorted users (cut at the partitions' first training ids, so that
+partition order is the test users' order, as in memory). Per partition, the in-memory path's
+functions check that no test pair is a training pair, merge and classify the test pairs; in
+step 7 those whose user or item did not survive the filter are dropped and counted. Test errors
+are raised after every training error, choosing the one memory reports. The validation set is
+then the ``n_validation`` smallest hashes of all filtered pairs.
+
+Memory per task: one chunk (a dask DataFrame partition; other data in memory, already held by
+the client, is one chunk), one partition (``rows_per_partition`` rows on average, test rows
+included) or one output chunk, plus O(U + I) id maps and degree vectors (and the test set's
+distinct ids).
 """
 
 from __future__ import annotations
