@@ -22,8 +22,9 @@ from ordnmf_dask.sources.text import Column, Triples
 
 @dataclass(frozen=True)
 class MemoryChunk:
-    """Rows in memory: partition ``file_index`` of a dask DataFrame (``data``: its Delayed) or
-    a whole in-memory input (``data``: the object; ``file_index`` 0).
+    """Rows in memory: partition ``file_index`` of a dask DataFrame (``data``: its key and the
+    tasks it needs, culled from the frame's optimized graph) or a whole in-memory input
+    (``data``: the object; ``file_index`` 0).
 
     ``index`` is the chunk's position in the input order; ``path`` names it in messages;
     ``columns`` are the picked column names of a partition, or the ``columns`` option.
@@ -46,12 +47,16 @@ def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
                  first_index: int) -> tuple[list[MemoryChunk], str]:  # fmt: skip
     """One chunk per partition of a dask DataFrame, numbered from ``first_index``, and the
     label naming the frame; the columns are checked against the frame's (no data is read)."""
+    from dask.optimization import cull
+
     label = f"{role} DataFrame"
     picked = tuple(pick_columns(list(frame.columns), columns, label))
-    parts = frame.partitions
+    named = {str(c): c for c in frame.columns}  # a table's column names are strings
+    frame = frame[[named[c] for c in picked]].optimize()  # only the three columns are read
+    graph = dict(frame.__dask_graph__())
     return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", role, picked, True,
-                        parts[p].to_delayed()[0])
-            for p in range(frame.npartitions)], label  # fmt: skip
+                        (cull(graph, [key])[0], key))
+            for p, key in enumerate(frame.__dask_keys__())], label  # fmt: skip
 
 
 def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column], role: str,
@@ -69,9 +74,9 @@ def chunk_origin(chunk: MemoryChunk, rows: np.ndarray) -> Origin:
 def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
     """Triples of one chunk (None for an empty partition); errors name the row."""
     if chunk.partition:
-        import dask
+        from dask.local import get_sync
 
-        (frame,) = dask.compute(chunk.data, scheduler="sync")  # in this task's process
+        frame = get_sync(*chunk.data)  # in this task's process
         if len(frame) == 0:
             return None
         rows = table_rows(as_table(frame), list(chunk.columns), chunk.path)
