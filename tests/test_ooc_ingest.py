@@ -252,6 +252,27 @@ def test_test_file_errors_as_in_memory(tmp_path):
         assert not list(tmp_path.glob("s*")), case
 
 
+def test_data_in_memory_as_one_chunk(tmp_path):
+    """Distributed, a pandas DataFrame, a test set of arrays beside training files: the
+    in-memory store (for data the client already holds, one chunk each)."""
+    (u, i, v), (tu, ti, tv) = split_rows(4)
+    train = write_rows(tmp_path / "train.csv", (u, i, v))
+    frame = pd.DataFrame({"u": u, "i": i, "v": v})
+    kw = dict(test=(tu, ti, tv), duplicates="max", min_count=2, nnz_per_block=300)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        both(tmp_path, train, rows_per_partition=100, **kw)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest(frame, tmp_path / "mem-frame", **kw)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest_distributed(frame, tmp_path / "ooc-frame", rows_per_partition=100, **kw)
+    assert_same_store(tmp_path / "mem-frame", tmp_path / "ooc-frame")
+    bad = tv.astype(float)
+    bad[3] = np.nan
+    with pytest.raises(InputError, match=r"^test arrays, row 3: value nan is not finite$"):
+        ingest_distributed(frame, tmp_path / "x", test=(tu, ti, bad))
+    assert not list(tmp_path.glob("x*"))
+
+
 def test_test_file_on_cluster(tmp_path, client):
     train, test = write_split(tmp_path, 5)
     with pytest.warns(UserWarning, match="test rows dropped"):

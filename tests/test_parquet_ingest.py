@@ -218,7 +218,8 @@ def test_cli_parquet_directory_and_named_columns(tmp_path, capsys):
 
 
 def test_test_file_in_parquet(tmp_path):
-    """In memory, a held-out test set may be Parquet too (mixed with text training files)."""
+    """A held-out test set may be Parquet too (mixed with text training files), in memory and
+    distributed (row groups as chunks)."""
     (u, i, v), (tu, ti, tv) = random_parts(5, n_files=2)
     pairs = set(zip(u, i, strict=True))
     new = np.array([(a, b) not in pairs for a, b in zip(tu, ti, strict=True)])
@@ -232,3 +233,7 @@ def test_test_file_in_parquet(tmp_path):
     with pytest.warns(UserWarning, match="test rows dropped"):
         ingest(train, tmp_path / "b", test=test_pq, **kw)
     assert_same_store(tmp_path / "a", tmp_path / "b", ignore=("created", "test_source"))
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest_distributed(train, tmp_path / "c", test=test_pq, chunk_bytes=1000,
+                           rows_per_partition=80, **kw)  # fmt: skip
+    assert_same_store(tmp_path / "b", tmp_path / "c")
