@@ -2,7 +2,7 @@
 numpy code, on ml-latest-small, in one run.
 
 Usage: ``python bench/small_fit.py [--ratings ../shared/data/ml-latest-small/ratings.csv --k 50
---rounds 2 --work /tmp/ordnmf-bench/small]``.
+--rounds 2 --work /tmp/ordnmf-bench/small --no-cluster]``.
 
 Once (not timed): ``ordnmf-dask ingest`` of the ratings (half stars -> classes 1..10, items then
 users with fewer than 20 ratings dropped, 20% test), and the store's training nonzeros written
@@ -12,7 +12,7 @@ processes:
 1. ``ordnmf-dask fit STORE -k K`` (no cluster flags: the executor chosen automatically, so
    in-process for this store), to convergence with the default tol;
 2. ``ordnmf-dask fit STORE -k K --executor cluster`` (a LocalCluster of 2 single-thread worker
-   processes: what ``fit`` ran before the in-process executor);
+   processes: what ``fit`` ran before the in-process executor; left out with ``--no-cluster``);
 3. the reference: a Python process that reads ``train.npz`` and runs as many exact iterations
    of ``bench/paper_style.py`` as fit 1 took (it has no stopping rule of its own).
 
@@ -103,6 +103,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--work", default="/tmp/ordnmf-bench/small")
+    ap.add_argument("--no-cluster", action="store_true", help="only the in-process fit and "
+                    "the reference (the cluster fit takes ~20 s a round)")  # fmt: skip
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     store, train = prepare(args.ratings, args.work)
@@ -111,18 +113,20 @@ def main() -> None:
     print(f"ml-latest-small store {store}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {"auto": [], "cluster": [], "reference": []}
+    if args.no_cluster:
+        del runs["cluster"]
     for j in range(args.rounds):
-        auto = timed(fit)
-        iters = int(re.search(r"(\d+) iterations", auto["out"]).group(1))
-        cluster = timed([*fit, "--executor", "cluster"])
+        res = {"auto": timed(fit)}
+        iters = int(re.search(r"(\d+) iterations", res["auto"]["out"]).group(1))
+        if "cluster" in runs:
+            res["cluster"] = timed([*fit, "--executor", "cluster"])
         code = REFERENCE.format(here=str(HERE), train=train, k=args.k, iters=iters)
-        ref = timed([sys.executable, "-c", code])
-        for name, res in (("auto", auto), ("cluster", cluster), ("reference", ref)):
-            res["ratio"] = ref["wall"] / res["wall"]
-            res["cpu_ratio"] = ref["cpu"] / res["cpu"]
-            runs[name].append(res)
-        print(f"round {j + 1}: fit {auto['out']!r}; cluster {cluster['out']!r}; reference "
-              f"{ref['out']!r}")  # fmt: skip
+        res["reference"] = ref = timed([sys.executable, "-c", code])
+        for name, r in res.items():
+            r["ratio"] = ref["wall"] / r["wall"]
+            r["cpu_ratio"] = ref["cpu"] / r["cpu"]
+            runs[name].append(r)
+        print(f"round {j + 1}: " + "; ".join(f"{name} {r['out']!r}" for name, r in res.items()))
     labels = {"auto": "ordnmf-dask fit (auto: in-process)",
               "cluster": "ordnmf-dask fit --executor cluster",
               "reference": "paper-style numpy, same iterations"}  # fmt: skip

@@ -45,12 +45,14 @@ from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 
-if TYPE_CHECKING:  # distributed is imported where a cluster is used
+if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
+    import dask.array as da
     from distributed import Client
 
 log = logging.getLogger("ordnmf_dask")
 
 InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
+_FACTORS = (("W", "mean"), ("H", "mean"), ("W", "log_mean"), ("H", "log_mean"))  # W_ .. log_H_
 
 
 def _params_doc(estimator: str) -> str:
@@ -372,15 +374,41 @@ class CaviEstimator:
         self.n_iter_ = int(a["n_iter"])
         self.runs_ = list(a.get("runs", []))
         self.converged_ = bool(a["converged"])
-        self.W_ = model.factor("W", "mean")
-        self.H_ = model.factor("H", "mean")
-        self.log_W_ = model.factor("W", "log_mean")
-        self.log_H_ = model.factor("H", "log_mean")
+        for name, field in _FACTORS:  # a damaged model is an error now, not at first use
+            model.factor_chunks(name, field)
+        self._model = model
+        self._factors: dict[tuple[str, str], da.Array] = {}
+
+    def _factor(self, name: str, field: str) -> da.Array:
+        """A factor of the fitted model as a dask array, made on first use (a command that
+        only fits imports no dask.array) and kept."""
+        if "_factors" not in vars(self):
+            raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
+        if (name, field) not in self._factors:
+            self._factors[name, field] = self._model.factor(name, field)
+        return self._factors[name, field]
+
+    @property
+    def W_(self) -> da.Array:
+        return self._factor("W", "mean")
+
+    @property
+    def H_(self) -> da.Array:
+        return self._factor("H", "mean")
+
+    @property
+    def log_W_(self) -> da.Array:
+        return self._factor("W", "log_mean")
+
+    @property
+    def log_H_(self) -> da.Array:
+        return self._factor("H", "log_mean")
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the parameters and, once fitted, the model directory's path instead of the
         factors: unpickling reopens that model, so it must still exist (:meth:`save` keeps one)."""
-        state = {k: v for k, v in vars(self).items() if not k.endswith("_")}
+        state = {k: v for k, v in vars(self).items()
+                 if not k.endswith("_") and not k.startswith("_")}  # fmt: skip
         if hasattr(self, "model_path_"):
             state["model_path_"] = self.model_path_
         return state

@@ -33,12 +33,16 @@ FAMILIES: dict[str, tuple[type[CaviEstimator], dict[str, Any], dict[str, tuple[i
 EXACT_BOUND = {"OrdNMF", "BePoF", "DcPF"}
 
 
+FACTORS = ("W_", "H_", "log_W_", "log_H_")  # properties: dask arrays made on first use
+
+
 def fitted_state(est: CaviEstimator) -> dict[str, Any]:
     """Every fitted attribute (public, ending in ``_``) but the model's path, dask arrays
     computed."""
     state = {}
-    for name, value in vars(est).items():
+    for name in [*vars(est), *(f for f in FACTORS if hasattr(est, f))]:
         if name.endswith("_") and not name.startswith("_") and name != "model_path_":
+            value = getattr(est, name)
             state[name] = value.compute() if hasattr(value, "compute") else value
     return state
 

@@ -200,19 +200,37 @@ def test_the_kernels_import_and_run_where_numba_can_cache_nowhere():
     assert float(done.stdout) == pytest.approx(-0.5772156649015329, rel=1e-14)  # -Euler's gamma
 
 
+HEAVY = ["distributed", "dask", "dask.array", "dask.dataframe", "pyarrow", "pandas", "bokeh",
+         "scipy.stats", "scipy.special", "scipy.sparse"]  # fmt: skip
+
+
 def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store):
-    """A fit that runs in-process pays no start-up for distributed (nor dask.dataframe,
-    pyarrow, pandas or scipy.stats)."""
+    """A fit that runs in-process pays no start-up for distributed, nor for dask itself (the
+    fitted W_ / H_ are dask arrays made when first used), pyarrow, pandas, bokeh or the scipy
+    modules the fit does not use; the fitted factors are still there as dask arrays."""
     code = ("import sys\n"
             "from ordnmf_dask.app.cli import main\n"
+            "from ordnmf_dask import OrdNMF\n"
             f"code = main(['fit', {store.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
             "'-k', '2', '--max-iter', '2', '-q'])\n"
-            "heavy = ['distributed', 'dask.dataframe', 'pyarrow', 'pandas', 'scipy.stats']\n"
-            "print(code, [m for m in heavy if m in sys.modules])\n")  # fmt: skip
+            f"print(code, [m for m in {HEAVY!r} if m in sys.modules])\n"
+            f"model = OrdNMF.load({str(tmp_path / 'm.zarr')!r})\n"
+            "print('dask' in sys.modules, model.W_.shape, type(model.log_H_).__module__)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[-2] == "0 []"
+    assert done.stdout.split("\n")[-3:] == [
+        "0 []", f"False ({store.n_users}, 2) dask.array.core", ""]
+
+
+def test_importing_the_estimators_imports_no_dask_nor_cluster_machinery():
+    code = ("import sys\n"
+            "import ordnmf_dask.estimator, ordnmf_dask.app.jobs\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
 
 
 def test_distributed_imported_during_a_command_takes_its_logging_levels():

@@ -9,8 +9,10 @@ non-finite); 130 interrupted (Ctrl-C / SIGINT); 143 terminated (SIGTERM, e.g. a 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
+import gc
 import json
 import logging
 import os
@@ -807,6 +809,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     in-process changes no global state."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if argv is None:  # the process runs this one command and ends: the OS frees its memory,
+        atexit.register(gc.freeze)  # without the interpreter's final collection of every object
     handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
     try:
         with _logging_kept(quiet=not args.debug):

@@ -286,7 +286,7 @@ def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
     and no unfinished one. Returns its path and column sums."""
     wait([f for fs in pending.sums.values() for f in fs])
     colsums = {name: [f.result() for f in fs] for name, fs in pending.sums.items()}
-    zarr.open_group(pending.tmp, mode="r+").attrs.update(
+    zarr.open_group(pending.tmp, mode="r+").update_attributes(  # one write of zarr.json
         {"snapshot": snap.__dict__, "colsums": colsums, "complete": True}
     )
     if pending.tmp != pending.final:

@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -80,8 +81,15 @@ PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "n
 
 
 def versions() -> dict[str, str]:
-    """Installed versions of this package and of the libraries a fit's numbers depend on."""
-    return {name: importlib.metadata.version(name) for name in PROVENANCE}
+    """Versions of this package and of the libraries a fit's numbers depend on: an imported
+    module's ``__version__`` (what ran; reading it costs nothing), else the installed
+    distribution's (a metadata lookup, for those the fit did not import)."""
+    out = {}
+    for name in PROVENANCE:
+        module = sys.modules.get(name.replace("-", "_"))
+        version = getattr(module, "__version__", None)
+        out[name] = version if isinstance(version, str) else importlib.metadata.version(name)
+    return out
 
 
 def store_fingerprint(path: str) -> str:
@@ -185,7 +193,7 @@ def save_model(
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
-        root.attrs.update({
+        root.update_attributes({  # one write of zarr.json (attrs.update writes it per key)
             **attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "versions": versions(),
             "ids": store is not None, "complete": True,
         })  # fmt: skip
@@ -237,16 +245,23 @@ class ModelInfo:
     def n_blocks(self) -> tuple[int, int]:
         return len(self.attrs["row_bounds"]) - 1, len(self.attrs["col_bounds"]) - 1
 
+    def factor_chunks(self, name: str, field: str = "mean") -> list[zarr.Array]:
+        """The chunk arrays of ``field`` of factor ``name`` ("W" or "H"), one per block, after
+        checking that each has all its files (StoreError naming the one that has not)."""
+        n = self.n_blocks[0 if name == "W" else 1]
+        return [
+            chunkstore.open_checked(chunkstore.field_path(self.path, name, j, field))
+            for j in range(n)
+        ]
+
     def factor(self, name: str, field: str = "mean") -> da.Array:
         """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily (each read
         checks the chunk files, so a model removed or damaged since is an error, not zeros)."""
         import dask
         import dask.array as da
 
-        n = self.n_blocks[0 if name == "W" else 1]
         parts = []
-        for j in range(n):
-            meta = chunkstore.open_checked(chunkstore.field_path(self.path, name, j, field))
+        for j, meta in enumerate(self.factor_chunks(name, field)):
             read = dask.delayed(chunkstore.read_field, pure=True)(self.path, name, j, field)
             parts.append(da.from_delayed(read, shape=meta.shape, dtype=meta.dtype))
         return da.concatenate(parts, axis=0)

@@ -237,7 +237,7 @@ def write_store(
     tmp, scratch = temporary_path(path)
     try:
         group = zarr.open_group(tmp, mode="w-", zarr_format=3)
-        group.attrs.update({**attrs, "format_version": FORMAT_VERSION, "complete": False})
+        group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
         write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
         write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
         parts = {"train": train, "test": test, VALIDATION: validation}

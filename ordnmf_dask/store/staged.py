@@ -139,7 +139,7 @@ def assemble_store(
     from ordnmf_dask.store.blocks import FORMAT_VERSION, write_array
 
     group = zarr.open_group(tmp, mode="a", zarr_format=3)
-    group.attrs.update({**attrs, "format_version": FORMAT_VERSION, "complete": False})
+    group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
     write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
     write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
     for name, ids in (("users", user_ids), ("items", item_ids)):
