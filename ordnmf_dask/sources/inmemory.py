@@ -246,24 +246,24 @@ def rows_of(
     """Rows of files or of data in memory, the label that names them in messages and the
     sources recorded in the store. ``ids``: raw ids as arrays (for a test set)."""
     label = memory_label(data, role)
-    if isinstance(data, tuple):
-        rows = _arrays_to_rows(*data, label)
-    elif _is_sparse(data):
-        coo = data.tocoo()
-        rows = _arrays_to_rows(coo.row, coo.col, coo.data, label)
-    elif label is not None:
-        table = as_table(data)
-        rows = table_rows(table, pick_columns(table.column_names, columns, label), label)
-    else:
+    sources = []
+    if label is None:
         paths = as_list(data)
         parsed = read_triples(paths, delimiter=delimiter, header=header, columns=columns)
         rows = _Rows(parsed.users, parsed.items, parsed.values, parsed.origin)
         del parsed  # ``_build`` frees the ids once encoded
-        label = inputs_label(paths)
+        label, sources = inputs_label(paths), [source_name(p) for p in paths]
+    elif isinstance(data, tuple):
+        rows = _arrays_to_rows(*data, label)
+    elif _is_sparse(data):
+        coo = data.tocoo()
+        rows = _arrays_to_rows(coo.row, coo.col, coo.data, label)
+    else:
+        table = as_table(data)
+        rows = table_rows(table, pick_columns(table.column_names, columns, label), label)
     if ids:
         rows.users = raw_ids(rows.users, rows.origin, "user")
         rows.items = raw_ids(rows.items, rows.origin, "item")
-    sources = [] if memory_label(data, role) else [source_name(p) for p in as_list(data)]
     return rows, label, sources
 
 
