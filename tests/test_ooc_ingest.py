@@ -329,8 +329,8 @@ def test_dask_dataframe_partitions_are_chunks(tmp_path, client, monkeypatch):
 
     monkeypatch.setattr(type(d_train), "to_parquet", no_parquet)
     with pytest.warns(UserWarning, match="test rows dropped"):
-        ingest(d_train, tmp_path / "ooc", test=d_test, client=client, rows_per_partition=150,
-               **kw)  # fmt: skip
+        ingest_distributed(d_train, tmp_path / "ooc", test=d_test, client=client,
+                           rows_per_partition=150, **kw)  # fmt: skip
     assert_same_store(tmp_path / "mem", tmp_path / "ooc")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mem", "ooc"]
 

@@ -206,12 +206,12 @@ def ingest(
     InputError
         Any invalid input; nothing is left at ``out`` nor in a temporary sibling.
     """
+    opts = with_defaults(options, "ingest")
     if is_dask_dataframe(inputs):
         from ordnmf_dask.sources.distributed import ingest_distributed
 
         return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
                                   columns=columns, **options)  # fmt: skip
-    opts = with_defaults(options, "ingest")
     check_target(out, opts["overwrite"])
     train, label, sources = rows_of(inputs, delimiter, header, columns, "input")
     test_rows, _, test_sources = (None, None, None) if test is None else \
