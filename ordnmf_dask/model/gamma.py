@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ordnmf_dask.model.kernels import jit
+from ordnmf_dask.model.kernels import LN2_HI, LN2_LO, exp_neg_split, jit
 
 _jit = jit(fastmath=False, error_model="numpy")
 
@@ -45,7 +45,7 @@ def _horner(coefs: tuple[float, ...], f: float) -> float:
 SHIFTS = 10  # x > 0 reaches ASYMPTOTIC in at most this many unit steps
 
 
-@jit(fastmath=False, error_model="numpy", inline="always")
+@_jit
 def _shift(x: float) -> tuple[float, float, float]:
     """``(x + n, num, den)`` with n the unit steps that take x > 0 to ASYMPTOTIC or above,
     den = prod_{i<n} (x + i) and num / den = sum_{i<n} 1 / (x + i). Always SHIFTS steps, each a
@@ -59,19 +59,17 @@ def _shift(x: float) -> tuple[float, float, float]:
     return x, num, den
 
 
-@jit(fastmath=False, error_model="numpy", inline="always")
+@_jit
 def _asymptotic(x: float, num: float, den: float, x0: float) -> tuple[float, float]:
-    """``(digamma(x0), lgamma(x0) + log(den))`` from ``_shift(x0)``: psi(x0) = psi(x) - num / den
-    and lgamma(x0) = lgamma(x) - log(den), with the asymptotic series up to x^-14 for psi and
-    Stirling's series up to x^-13 for lgamma (truncation < 5e-17). The log of den is left to
-    the caller, who may take it of a product of many. NaN for x0 <= 0 or NaN."""
+    """``(digamma(x0) - log x, lgamma(x0) - (x - 1/2) log x + log(den))`` from
+    ``(x, num, den) = _shift(x0)``: psi(x0) = psi(x) - num / den and lgamma(x0) = lgamma(x) -
+    log(den), with the asymptotic series up to x^-14 for psi and Stirling's series up to x^-13
+    for lgamma (truncation < 5e-17). The logs are left to the caller. NaN for x0 <= 0 or NaN."""
     if not x0 > 0.0:
         return math.nan, math.nan
     f = 1.0 / (x * x)
-    log_x = math.log(x)
-    psi = log_x - 0.5 / x - _horner(PSI_SERIES, f) * f - num / den
-    stirling = _horner(LGAMMA_SERIES, f)
-    return psi, (x - 0.5) * log_x - x + _HALF_LOG_2PI + stirling / x
+    psi = -0.5 / x - _horner(PSI_SERIES, f) * f - num / den
+    return psi, -x + _HALF_LOG_2PI + _horner(LGAMMA_SERIES, f) / x
 
 
 @_jit
@@ -81,20 +79,51 @@ def digamma_lgamma(x: float) -> tuple[float, float]:
     the ELBO needs: it is summed). NaN for x <= 0 or NaN."""
     xs, num, den = _shift(x)
     psi, lgam = _asymptotic(xs, num, den, x)
-    return psi, lgam - math.log(den)
+    log_x = math.log(xs)
+    return psi + log_x, lgam + (xs - 0.5) * log_x - math.log(den)
 
 
-# a running product is folded into a sum of logs when it leaves [1 / PRODUCT_RANGE,
-# PRODUCT_RANGE] (or is not finite and positive): one log per ~K entries instead of per entry
-PRODUCT_RANGE = 1e150
+# log x = e ln 2 + log m for x = m 2^e, m in [sqrt(1/2), sqrt(2)), as fdlibm's log: with
+# f = m - 1 and s = f / (2 + f), log m = f - (f^2 / 2 - s (f^2 / 2 + R)), R = sum_n>=1
+# 2 s^2n / (2n + 1) (|s| <= 0.172: to s^20, truncation < 1e-17 relative). The exponent and
+# mantissa are read from the bits (:func:`_log_split`); subnormal x is scaled by 2^54 first.
+_LOG_SERIES = tuple(2.0 / (2 * n + 1) for n in range(1, 11))  # R = z sum_n c_n z^(n-1), z = s^2
+_FRACTION = (1 << 52) - 1
+_ONE_BITS = 1023 << 52  # the bits of 1.0
+_MIN_NORMAL = 2.2250738585072014e-308
+_TWO54 = 2.0**54
+_SQRT2 = math.sqrt(2.0)
 
 
 @_jit
-def _fold(total: float, product: float) -> tuple[float, float]:
-    """``(total, product)`` with the product folded into the sum of logs when out of range."""
-    if not 1.0 / PRODUCT_RANGE < product < PRODUCT_RANGE:
-        return total + math.log(product), 1.0
-    return total, product
+def _log_input(x: float) -> float:
+    """What :func:`_log_split` reads the bits of: x, scaled by 2^54 when subnormal."""
+    return x * _TWO54 if x < _MIN_NORMAL else x
+
+
+@_jit
+def _log_split(bits: int, x: float) -> tuple[float, int]:
+    """``(e, mantissa bits)`` of ``_log_input(x)`` (whose int64 bits are ``bits``): x =
+    m 2^e with m in [1, 2) the float of the returned bits."""
+    e = float((bits >> 52) - 1023) - (54.0 if x < _MIN_NORMAL else 0.0)
+    return e, (bits & _FRACTION) | _ONE_BITS
+
+
+@_jit
+def _log_finish(e: float, m: float, x: float) -> float:
+    """``log x`` from :func:`_log_split` (m the float of its bits) to ~1 ulp; -inf at 0, inf
+    at inf, NaN for x < 0 or NaN, as libm's log. Branch-free: a loop of these vectorizes."""
+    high = m > _SQRT2
+    m = m * 0.5 if high else m
+    e = e + 1.0 if high else e
+    f = m - 1.0
+    hfsq = 0.5 * f * f
+    s = f / (2.0 + f)
+    z = s * s
+    r = z * _horner(_LOG_SERIES, z)
+    out = e * LN2_HI - ((hfsq - (s * (hfsq + r) + e * LN2_LO)) - f)
+    out = out if x < math.inf else x
+    return out if x > 0.0 else (-math.inf if x == 0.0 else math.nan)
 
 
 @_jit
@@ -111,18 +140,21 @@ def gamma_update(  # noqa: ANN201
     Writes mean (n, K), geo = exp(E[log x]) = exp(digamma(a)) / b (n, K) and shape (n, K) into
     the arrays given; returns beta (n, 1) and the rows' sum of E[log p(x)] - E[log q(x)]
     (float64). Per entry that term is (alpha - a) digamma(a) - alpha log b - beta a / b +
-    alpha log beta - lgamma(alpha) + a + lgamma(a): the logs of the rates and of the digamma
-    shift's denominators are taken of their running products, per row, so that an entry costs
-    one log and one exp. Per row, one vector loop computes the shapes, rates, means and digamma
-    shifts, and a second the logs, exps and the bound.
+    alpha log beta - lgamma(alpha) + a + lgamma(a). Per row, three vector loops (no calls, no
+    branches): shapes, rates, means and the digamma shifts (:func:`_shift`); the bits of the
+    three logs per entry (shifted shape, rate, the shift's denominator); digamma, lgamma, the
+    logs, exp(digamma(a)) = x exp(digamma(a) - log x) with x the shifted shape, and the term.
     """
     n, k = shape_stat.shape
     has_corr = correction.shape[0] == n and n > 0
     beta = np.empty((n, 1))
     const = -math.lgamma(alpha)
     total = 0.0
-    buf = np.empty((4, k))  # per entry of a row: rate, shifted shape, num, den (_shift)
-    rate, shifted, num, den = buf[0], buf[1], buf[2], buf[3]
+    # per entry of a row: rate, shifted shape, den, num (_shift), term of the bound; the inputs
+    # of the logs of the first three (_log_input), and their exponents and mantissas
+    buf = np.empty((14, k))
+    bits = buf.view(np.int64)
+    rate, shifted, den, num, term = buf[0], buf[1], buf[2], buf[3], buf[4]
     for u in range(n):
         m = 0.0
         for q in range(k):
@@ -130,7 +162,7 @@ def gamma_update(  # noqa: ANN201
         b0 = alpha / (m / k)
         beta[u, 0] = b0
         prior_const = alpha * math.log(b0) + const
-        for q in range(k):  # vectorized: no calls, no branches
+        for q in range(k):
             a = alpha + shape_stat[u, q]
             b = b0 + rate_base[q]
             if has_corr:
@@ -138,19 +170,26 @@ def gamma_update(  # noqa: ANN201
             mean[u, q] = a / b
             shape[u, q] = a
             rate[q] = b
-            shifted[q], num[q], den[q] = _shift(a)
-        row = 0.0
-        log_rates, rates, log_dens, dens = 0.0, 1.0, 0.0, 1.0
+            x, num[q], d = _shift(a)
+            shifted[q], den[q] = x, d
+            buf[5, q], buf[6, q], buf[7, q] = _log_input(b), x, _log_input(d)
+        for j in range(3):
+            for q in range(k):
+                buf[8 + j, q], bits[11 + j, q] = _log_split(bits[5 + j, q], buf[j, q])
         for q in range(k):
-            a, b = shape[u, q], rate[q]
-            dg, lg_shifted = _asymptotic(shifted[q], num[q], den[q], a)
-            geo[u, q] = math.exp(dg) / b
-            row += (alpha - a) * dg - b0 * mean[u, q] + prior_const + a + lg_shifted
-            # a rate <= 0 (corrupt statistics) makes the term NaN, as its log would (a product
-            # of two negative rates would not)
-            log_rates, rates = _fold(log_rates, rates * b if b > 0.0 else math.nan)
-            log_dens, dens = _fold(log_dens, dens * den[q] if a > 0.0 else math.nan)
-        log_rates += math.log(rates)
-        log_dens += math.log(dens)
-        total += row - alpha * log_rates - log_dens
+            a, b, x = shape[u, q], rate[q], shifted[q]
+            log_b = _log_finish(buf[8, q], buf[11, q], b)
+            log_x = _log_finish(buf[9, q], buf[12, q], x)
+            log_den = _log_finish(buf[10, q], buf[13, q], den[q])
+            w, lg_shifted = _asymptotic(x, num[q], den[q], a)  # digamma(a) - log x
+            s, p = exp_neg_split(-w)
+            geo[u, q] = x * (s + s * p) / b
+            term[q] = (
+                (alpha - a) * (log_x + w) - b0 * mean[u, q] + prior_const + a
+                + (lg_shifted + (x - 0.5) * log_x) - alpha * log_b - log_den
+            )  # fmt: skip
+        row = 0.0
+        for q in range(k):
+            row += term[q]
+        total += row
     return beta, total

@@ -225,34 +225,41 @@ def _tile_cols(k: int, block: CsrBlock) -> int:
     return max(1, -(-n_cols // tiles))
 
 
-# 1 - exp(-x) (:func:`_one_minus_exp_neg`): x = k ln 2 + r with |r| <= ln(2) / 2 (fdlibm's
-# split of ln 2, so that k ln2_hi is exact), expm1(-r) by its Taylor series to r^14 / 14!
-# (truncation < 2e-17 relative), 2^-k from a table of exact powers
-_LN2_HI = 6.93147180369123816490e-01
-_LN2_LO = 1.90821492927058770002e-10
+# exp(-y) (:func:`exp_neg_split`): y = k ln 2 + r with |r| <= ln(2) / 2 (fdlibm's split of
+# ln 2, so that k ln2_hi is exact), expm1(-r) by its Taylor series to r^14 / 14! (truncation
+# < 2e-17 relative), 2^-k from a table of exact powers
+LN2_HI = 6.93147180369123816490e-01
+LN2_LO = 1.90821492927058770002e-10
 _INV_LN2 = 1.44269504088896338700e00
 _EXPM1_SERIES = tuple(1.0 / math.factorial(n) for n in range(1, 15))  # 1 / n!, n = 1..14
-_ONE_MINUS_EXP_CAP = 40.0  # 1 - exp(-x) rounds to 1 for x >= 38
-_POW2_NEG = np.ldexp(1.0, -np.arange(64))  # 2^-k, k = 0..63
+_EXP_CAP = 746.0  # exp(-y) rounds to 0 for y > 745.2
+_POW2_NEG = np.ldexp(1.0, -np.arange(1077))  # 2^-k, k = 0..1076 (the last two round to 0)
 
 _CHUNK = 64  # nonzeros of one row whose scalar work the local step does as one vector loop
 
 
-@jit(fastmath={"reassoc", "contract"}, error_model="numpy", inline="always")
-def _one_minus_exp_neg(x: float) -> float:
-    """``1 - exp(-x) = -expm1(-x)`` for x >= 0 to ~1 ulp, branch-free so that a loop over x
-    vectorizes (libm's expm1 is a call per value); NaN for x < 0 or NaN."""
-    z = x if x < _ONE_MINUS_EXP_CAP else _ONE_MINUS_EXP_CAP
+@_strict_jit
+def exp_neg_split(y: float) -> tuple[float, float]:
+    """``(s, p)`` with ``exp(-y) = s (1 + p)`` for y >= 0, s a power of 2 and p = expm1(-r),
+    |r| <= ln(2) / 2, to ~1 ulp each; branch-free, so that a loop over y vectorizes (libm's
+    exp and expm1 are a call per value). p is NaN for y < 0 or NaN."""
+    z = y if y < _EXP_CAP else _EXP_CAP
     z = z if z > 0.0 else 0.0
     k = math.floor(z * _INV_LN2 + 0.5)
-    t = (k * _LN2_HI - z) + k * _LN2_LO  # -r
+    t = (k * LN2_HI - z) + k * LN2_LO  # -r
     p = _EXPM1_SERIES[13]
     for n in range(12, -1, -1):
         p = _EXPM1_SERIES[n] + t * p
-    p *= t  # expm1(-r)
-    s = _POW2_NEG[int(k)]
-    out = (1.0 - s) - s * p  # 1 - 2^-k (1 + expm1(-r)); 1 - 2^-k is exact
-    return out if x >= 0.0 else math.nan
+    p *= t
+    return _POW2_NEG[int(k)], p if y >= 0.0 else math.nan
+
+
+@_strict_jit
+def _one_minus_exp_neg(x: float) -> float:
+    """``1 - exp(-x) = -expm1(-x)`` for x >= 0 to ~1 ulp, vectorizable (:func:`exp_neg_split`);
+    NaN for x < 0 or NaN."""
+    s, p = exp_neg_split(x)
+    return (1.0 - s) - s * p  # 1 - 2^-k is exact
 
 
 @_jit
