@@ -173,18 +173,14 @@ def ingest_distributed(
     StoreInfo
         The same store ``ingest`` writes for these inputs and options.
     """
-    o = with_defaults(options, "ingest_distributed")  # every option checked
+    o, columns = check_arguments(out, delimiter=delimiter, columns=columns,
+                                 chunk_bytes=chunk_bytes, rows_per_partition=rows_per_partition,
+                                 **options)  # fmt: skip
     ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
     min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
     test_fraction, seed = o["test_fraction"], o["seed"]
     validation_fraction = o["validation_fraction"]
     nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
-    check_target(out, overwrite)
-    if chunk_bytes < 1 or rows_per_partition < 1:
-        raise InputError("chunk_bytes and rows_per_partition must be >= 1")
-    columns = check_columns(columns)
-    if delimiter is not None and delimiter not in DELIMITERS:
-        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
     runner = Runner(client)
     train = _plan_input(runner, inputs, "input", delimiter, header, columns, chunk_bytes, 0)
     tested = None if test is None else \
@@ -292,6 +288,30 @@ def ingest_distributed(
         assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
                        user_ids[user_sel], item_ids[item_sel])  # fmt: skip
         return finish_store(tmp, path, overwrite)
+
+
+def check_arguments(
+    out: PathLike,
+    *,
+    test: Any = None,
+    delimiter: str | None = None,
+    header: bool | None = None,
+    columns: Sequence[int | str] = (0, 1, 2),
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
+    **options: Unpack[IngestOptions],
+) -> tuple[dict[str, Any], tuple[Column, Column, Column]]:
+    """Check ``out`` and every argument of ``ingest_distributed`` (the same names) that can be
+    checked without reading the inputs; return the options with their defaults and the
+    columns. A caller that starts a cluster for the ingest calls it first."""
+    o = with_defaults(options, "ingest_distributed")
+    check_target(out, o["overwrite"])
+    if chunk_bytes < 1 or rows_per_partition < 1:
+        raise InputError("chunk_bytes and rows_per_partition must be >= 1")
+    picked = check_columns(columns)
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
+    return o, picked
 
 
 def _plan_input(
