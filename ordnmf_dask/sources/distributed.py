@@ -214,7 +214,6 @@ def ingest_distributed(
                                                                    bounds))  # fmt: skip
         jobs = [PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p))
                 for p in range(n_parts)]  # fmt: skip
-        jobs = [j for j in jobs if j.pieces or j.test_pieces]
         merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
                             runner.share(train.names),
                             None if test_set is None else runner.share(test_set))  # fmt: skip

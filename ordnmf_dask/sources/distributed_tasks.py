@@ -220,7 +220,8 @@ def _route(
 @dataclass(frozen=True)
 class PartJob:
     """Partition ``part`` and the (chunk index, file index) of its pieces, in input order:
-    training pieces, then test pieces."""
+    training pieces (every partition has some: each of its users has training rows), then
+    test pieces."""
 
     part: int
     pieces: tuple[tuple[int, int], ...]
@@ -268,26 +269,17 @@ def dedupe_task(
         interaction. Test errors are returned, not raised, so that every training error is
         raised first, as in memory.
     """
-    names = ["u", "i", "values", "line"]
-    prefix = _part_prefix(tmp, job.part)
-    if not job.pieces:  # test rows of users unknown to the training data only
-        empty = np.zeros(0, np.int32)
-        save_arrays(prefix, {"u": empty, "i": empty, "y": np.zeros(0, np.uint8),
-                             "raw": np.zeros(0)})  # fmt: skip
-        pairs = (empty, empty, sources.rows(empty, empty.astype(np.int64)))
-        n = n_not = 0
-    else:
-        cat, origin, _ = _gather(tmp, job.part, job.pieces, names, sources)
-        rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
-        y, keep = classify(spec, raw, origin.take(rows))
-        save_arrays(prefix, {
-            "u": cat["u"][rows][keep], "i": cat["i"][rows][keep], "y": y[keep], "raw": raw[keep],
-        })  # fmt: skip
-        pairs = (cat["u"][rows], cat["i"][rows], origin.take(rows))
-        n, n_not = len(rows), int((~keep).sum())
+    cat, origin, _ = _gather(tmp, job.part, job.pieces, ["u", "i", "values", "line"], sources)
+    rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
+    y, keep = classify(spec, raw, origin.take(rows))
+    save_arrays(_part_prefix(tmp, job.part), {
+        "u": cat["u"][rows][keep], "i": cat["i"][rows][keep], "y": y[keep], "raw": raw[keep],
+    })  # fmt: skip
+    n, n_not = len(rows), int((~keep).sum())
     if test is None:
         return n, n_not, None
-    return n, n_not, _test_rows(job, tmp, spec, policy, len(item_ids), test, *pairs)
+    return n, n_not, _test_rows(job, tmp, spec, policy, len(item_ids), test, cat["u"][rows],
+                                cat["i"][rows], origin.take(rows))  # fmt: skip
 
 
 def _test_rows(
