@@ -24,6 +24,7 @@ from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import open_model, save_model
 from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids, verify_store
 
@@ -248,23 +249,65 @@ def test_checkpoints_at_a_url_are_kept_rotated_and_resumed_from(s3conf, tmp_path
     assert keys(s3, "ckpt") == ["README"]
 
 
-def test_a_distributed_ingest_to_a_url_is_the_in_memory_store(s3conf, client, tmp_path,
-                                                              monkeypatch):
-    """The workers stage and write the chunk files in a local temporary directory, the client
-    uploads it: the same store as the in-memory ingest, and no temporary directory left."""
+def _set_s3_conf(options: dict | None) -> None:
+    """On a worker: fsspec's s3 configuration set to ``options`` (None: removed)."""
+    import fsspec
+
+    if options is None:
+        fsspec.config.conf.pop("s3", None)
+    else:
+        fsspec.config.conf["s3"] = dict(options)
+
+
+@pytest.mark.parametrize("what", ["ingest", "synth"])
+def test_a_distributed_write_to_a_url_stages_there(s3conf, client, tmp_path, monkeypatch, what):
+    """The workers stage in the bucket and write the chunk files in place: no filesystem in
+    common with the client is needed (its temporary directory here cannot even be written),
+    the store is the one a local write gives, and nothing staged is left."""
     s3 = s3conf
-    csv = ratings_csv(tmp_path / "r.csv")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    scratch.chmod(0o500)
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    url = s3.url("ooc.zarr")
-    info = ingest_distributed(csv, url, client=client, chunk_bytes=2000, rows_per_partition=200,
-                              nnz_per_block=200)
-    ingest(csv, tmp_path / "mem.zarr", nnz_per_block=200)
-    assert info.path == url and locations.PENDING not in keys(s3, "ooc.zarr")
-    assert_same_store(tmp_path / "mem.zarr", url)
+    url = s3.url(f"{what}.zarr")
+    client.run(_set_s3_conf, dict(s3.storage_options))
+    try:
+        if what == "ingest":
+            csv = ratings_csv(tmp_path / "r.csv")
+            info = ingest_distributed(csv, url, client=client, chunk_bytes=2000,
+                                      rows_per_partition=200, grid=(2, 2))
+            local = ingest(csv, tmp_path / "local.zarr", grid=(2, 2))
+        else:
+            shape = {"n_users": 60, "n_items": 40, "nnz": 900, "n_components": 2,
+                     "nnz_per_block": 300}
+            info = synth(url, client=client, **shape)
+            local = synth(tmp_path / "local.zarr", client=client, **shape)
+    finally:
+        client.run(_set_s3_conf, None)
+        scratch.chmod(0o700)
+    assert info.path == url and info.grid == local.grid and info.grid != (1, 1)
+    names = keys(s3, f"{what}.zarr")
+    assert locations.PENDING not in names and not any("_staging" in n for n in names)
+    assert_same_store(local.path, url)
     verify_store(url)
     assert os.listdir(scratch) == []
+
+
+def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(s3conf, client, tmp_path):
+    """Bad input found on the workers after they staged rows in the bucket: the error names
+    the file and line, and nothing is left at the URL (staged files, arrays, marker)."""
+    s3 = s3conf
+    csv = ratings_csv(tmp_path / "r.csv")
+    with open(csv, "a") as fh:
+        fh.write("u1,i1,x\n")
+    client.run(_set_s3_conf, dict(s3.storage_options))
+    try:
+        with pytest.raises(InputError, match=r"r\.csv, line \d+"):
+            ingest_distributed(csv, s3.url("bad.zarr"), client=client, chunk_bytes=2000,
+                               rows_per_partition=200)
+    finally:
+        client.run(_set_s3_conf, None)
+    assert keys(s3, "") == []
 
 
 def test_a_model_is_never_written_into_its_store_at_a_url(s3conf, tmp_path):

@@ -53,7 +53,6 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Unpack
@@ -111,7 +110,13 @@ from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_
 from ordnmf_dask.sources.values import ValueSpec, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target
 from ordnmf_dask.store.grid import balanced_bounds, bounds_from_degrees
-from ordnmf_dask.store.staged import assemble_store, finish_store, staging_dir, temporary_store
+from ordnmf_dask.store.staged import (
+    assemble_store,
+    finish_store,
+    remove_staging,
+    staging_dir,
+    temporary_store,
+)
 
 PathLike = str | os.PathLike
 DEFAULT_CHUNK_BYTES = 2**24
@@ -217,7 +222,7 @@ def ingest_distributed(
         merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
                             runner.share(train.names),
                             None if test_set is None else runner.share(test_set))  # fmt: skip
-        shutil.rmtree(staging_dir(tmp, "chunks"))  # every row is in a partition now
+        remove_staging(tmp, "chunks")  # every row is in a partition now
         parts = [j.part for j in jobs]
         n_not = sum(m[1] for m in merged)
         n_kept = sum(m[0] - m[1] for m in merged)
@@ -258,7 +263,7 @@ def ingest_distributed(
         row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
         placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
                             spec.n_classes)  # fmt: skip
-        shutil.rmtree(staging_dir(tmp, "nonzeros"))  # every nonzero is in a block piece now
+        remove_staging(tmp, "nonzeros")  # every nonzero is in a block piece now
         if tested is not None:
             n_unknown = sum(res["test_unknown"] for res in placed)
             warn_unknown(n_unknown, 2)  # the caller of ``ingest_distributed``

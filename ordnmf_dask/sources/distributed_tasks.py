@@ -9,7 +9,6 @@ the training rows (``test_codes_task``, ``test_partition_task``, the test side o
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +27,16 @@ from ordnmf_dask.sources.parquet import ParquetChunk
 from ordnmf_dask.sources.split import HASH_BIN_BITS, lookup, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.grid import block_sort
-from ordnmf_dask.store.staged import load_arrays, save_arrays, save_segment, staging_dir
+from ordnmf_dask.store.staged import (
+    load_arrays,
+    load_rows,
+    remove_arrays,
+    save_arrays,
+    save_segment,
+    staging_dir,
+)
 
 _SHIFT = np.uint64(64 - HASH_BIN_BITS)
 AnyChunk = Chunk | ParquetChunk | MemoryChunk
@@ -66,19 +73,18 @@ def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
 
 
 def _chunk_prefix(tmp: str, index: int) -> str:
-    return os.path.join(staging_dir(tmp, "chunks"), f"{index:06d}")
+    return locations.join(staging_dir(tmp, "chunks"), f"{index:06d}")
 
 
 def _piece(tmp: str, index: int, part: int, names: list[str]) -> dict[str, np.ndarray]:
     """The rows of chunk ``index`` routed to partition ``part`` (see ``partition_task``)."""
     prefix = _chunk_prefix(tmp, index)
     lo, hi = load_arrays(prefix, ["part_offsets"])["part_offsets"][part : part + 2]
-    data = load_arrays(prefix, [f"p_{n}" for n in names], mmap=True)
-    return {n: np.array(data[f"p_{n}"][lo:hi]) for n in names}
+    return {n: load_rows(prefix, f"p_{n}", int(lo), int(hi)) for n in names}
 
 
 def _part_prefix(tmp: str, part: int) -> str:
-    return os.path.join(staging_dir(tmp, "nonzeros"), f"{part:06d}")
+    return locations.join(staging_dir(tmp, "nonzeros"), f"{part:06d}")
 
 
 # --------------------------------------------------------------------------- pass 1: parse
@@ -209,8 +215,7 @@ def _route(
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     save_arrays(prefix, {**{f"p_{n}": a[order] for n, a in routed.items()},
                          "part_offsets": offsets})  # fmt: skip
-    for name in parsed:
-        os.remove(f"{prefix}.{name}.npy")
+    remove_arrays(prefix, parsed)
     return [int(p) for p in np.flatnonzero(counts)]
 
 
@@ -443,7 +448,7 @@ def block_task(
         ids, segs = [], []
         for b in np.flatnonzero(np.diff(nz.offsets)):
             lo, hi = nz.offsets[b], nz.offsets[b + 1]
-            prefix = os.path.join(staging_dir(tmp, split), f"{int(b):08d}-{part:06d}")
+            prefix = locations.join(staging_dir(tmp, split), f"{int(b):08d}-{part:06d}")
             segs.append(save_segment(prefix, {"rows": nz.rows[lo:hi], "cols": nz.cols[lo:hi],
                                               "y": nz.y[lo:hi], "raw": nz.raw[lo:hi]}))  # fmt: skip
             ids.append(int(b))

@@ -69,10 +69,12 @@ from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.kernels import jit, row_dot
 from ordnmf_dask.sources.split import check_test_fraction
 from ordnmf_dask.sources.values import MAX_CLASSES
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, auto_grid
 from ordnmf_dask.store.staged import (
     STAGING,
+    NpyRows,
     Segment,
     assemble_store,
     finish_store,
@@ -224,7 +226,7 @@ def sample_block(
         The block's stream; the result depends on nothing else.
     w : array-like of float64, shape (n_u, K)
         True W rows of the block: an array, or anything with ``shape`` whose row slices are
-        arrays (``_NpyRows`` reads them from a file).
+        arrays (``NpyRows`` reads them from a file).
     h : np.ndarray of float64, shape (n_i, K)
         True H rows of the block.
     theta : np.ndarray of float64, shape (V + 1,)
@@ -260,28 +262,6 @@ def sample_block(
         empty = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint8)) * 2
         parts = [tuple(np.concatenate([p[j] for p in [empty, *parts]]) for j in range(6))]
     return parts[0][:3], parts[0][3:]
-
-
-class _NpyRows:
-    """Row slices of a 2-D C-order ``.npy`` file, read on demand (no memory map in the RSS)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            self.offset = f.tell()
-        if version != (1, 0) or fortran or len(shape) != 2 or dtype != np.dtype("<f8"):
-            raise ValueError(f"{path}: expected a C-order float64 matrix")
-        self.shape = shape
-
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        lo, hi, _ = rows.indices(self.shape[0])
-        n = max(hi - lo, 0)
-        with open(self.path, "rb") as f:
-            f.seek(self.offset + lo * self.shape[1] * 8)
-            data = np.fromfile(f, dtype="<f8", count=n * self.shape[1])
-        return data.reshape(n, self.shape[1])
 
 
 @_jit
@@ -464,13 +444,13 @@ class _FactorJob:
 
 
 def _factor_path(tmp: str, axis: str, part: int) -> str:
-    return os.path.join(tmp, STAGING, "factors", f"{axis}-{part:06d}.npy")
+    return locations.join(tmp, STAGING, "factors", f"{axis}-{part:06d}.npy")
 
 
 def _write_factors(job: _FactorJob, params: SynthParams, tmp: str) -> int:
     """Write true factor rows [lo, hi) of one block row / column as a .npy, chunk by chunk."""
     shape = (job.hi - job.lo, params.n_components)
-    with open(_factor_path(tmp, job.axis, job.part), "wb") as f:
+    with locations.open_file(_factor_path(tmp, job.axis, job.part), "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False,
                                                  "shape": shape})  # fmt: skip
         a = job.lo
@@ -485,13 +465,13 @@ def _sample_block(job: _BlockJob, params: SynthParams, tmp: str) -> dict[str, An
     """Sample block (r, c), stage its train/test arrays; returns segments and histograms."""
     seq = np.random.SeedSequence(params.seed, spawn_key=(_SAMPLE_TAG, job.r, job.c))
     rng = np.random.Generator(np.random.PCG64(seq))
-    w = _NpyRows(_factor_path(tmp, "users", job.r))
-    h = np.load(_factor_path(tmp, "items", job.c), allow_pickle=False)
+    w = NpyRows(_factor_path(tmp, "users", job.r))
+    h = NpyRows(_factor_path(tmp, "items", job.c))[:]
     theta = np.asarray(params.theta, dtype=np.float64)
     splits = sample_block(rng, w, h, theta, params.test_fraction)
     out: dict[str, Any] = {}
     for split, (rows, cols, y) in zip(("train", "test"), splits, strict=True):
-        prefix = os.path.join(staging_dir(tmp, split), f"{job.r:06d}-{job.c:06d}")
+        prefix = locations.join(staging_dir(tmp, split), f"{job.r:06d}-{job.c:06d}")
         arrays = {"rows": rows, "cols": cols, "y": y, "raw": y}
         seg = save_segment(prefix, arrays) if len(y) else Segment(prefix, 0)
         hist = np.bincount(y, minlength=params.n_classes + 1)

@@ -48,8 +48,8 @@ def chunk_path(directory: str, i: int) -> str:
 
 
 def chunk_record(path: str) -> tuple[int, int]:
-    """(size in bytes, zlib CRC-32) of a chunk file just written."""
-    with open(path, "rb") as f:
+    """(size in bytes, zlib CRC-32) of a chunk file just written (a local path or a URL)."""
+    with locations.open_file(path) as f:
         data = f.read()
     return len(data), zlib.crc32(data)
 
@@ -63,9 +63,13 @@ def set_inventory(array: Any, records: Sequence[tuple[int, int]]) -> None:
 
 
 def record_inventory(array: Any) -> None:
-    """Record the inventory of a ``zarr.Array`` of a local store, once all its chunks are
-    written (with :data:`WRITE_ALL`)."""
-    directory = os.path.join(str(array.store_path.store.root), array.path)
+    """Record the inventory of a ``zarr.Array`` of a local store or one at a URL (fsspec), once
+    all its chunks are written (with :data:`WRITE_ALL`)."""
+    store = array.store_path.store
+    if hasattr(store, "root"):  # a LocalStore
+        directory = os.path.join(str(store.root), array.path)
+    else:  # an FsspecStore
+        directory = store.fs.unstrip_protocol(f"{store.path.rstrip('/')}/{array.path}")
     set_inventory(array, [chunk_record(chunk_path(directory, i)) for i in range(array.nchunks)])
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,27 @@ def count_files(directory: str) -> int:
     if is_url(directory):
         return len(sizes(directory))
     return sum(len(names) for _, _, names in os.walk(directory))
+
+
+def open_file(path: str, mode: str = "rb") -> Any:
+    """The file at a local path or a URL, opened (a context manager; seekable for reading)."""
+    if not is_url(path):
+        return open(path, mode)  # noqa: SIM115 - the caller closes it
+    fs, key = filesystem(path)
+    return fs.open(key, mode)
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory (or, at a URL, every key under the prefix) ``path``, if present.
+    Only for what this package created there itself (its staging areas)."""
+    if not is_url(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    fs, key = filesystem(path)
+    fs.invalidate_cache(key)
+    if fs.exists(key):
+        fs.rm(key, recursive=True)
+    fs.invalidate_cache(key)
 
 
 def write_bytes(url: str, data: bytes | memoryview) -> None:

@@ -18,16 +18,17 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
    where they are written, not read again by the client.
 
 The staging directory is removed, ``complete`` is set last and ``TMP`` is published to the final
-path, as in ``write_store``: a store is complete or absent. For a store at a URL, ``TMP`` is a
-local temporary directory (the workers must see it: a cluster on one machine or a shared
-filesystem), uploaded at the end. Staged data take as much disk as the
-store itself (uncompressed); at 1e9 nonzeros that is ~17 GB, freed before the rename.
+path, as in ``write_store``: a store is complete or absent. A store at a URL is written in place
+instead (object stores cannot rename), between the marks of :mod:`.files`: ``TMP`` is the URL
+itself and ``TMP/_staging`` a prefix under it, so the workers need no filesystem in common, only
+the object store. Staged data take as much space as the store itself (uncompressed); at 1e9
+nonzeros that is ~17 GB, freed before the store is marked complete.
 """
 
 from __future__ import annotations
 
+import io
 import os
-import shutil
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -39,11 +40,14 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.dist.runner import Runner
+from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.csr import row_pointer
+from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import (
     CHUNK,
     COMPRESSORS,
     NONZERO_FIELDS,
+    STORE_MARK,
     StoreInfo,
     check_target,
     ids_for_zarr,
@@ -72,44 +76,116 @@ class Segment:
 
 
 def staging_dir(tmp: str, *parts: str) -> str:
-    """``TMP/_staging/<parts...>``, created if needed."""
-    path = os.path.join(tmp, STAGING, *parts)
-    os.makedirs(path, exist_ok=True)
+    """``TMP/_staging/<parts...>`` (a local directory, created if needed, or a URL prefix)."""
+    path = locations.join(tmp, STAGING, *parts)
+    if not locations.is_url(path):
+        os.makedirs(path, exist_ok=True)
     return path
+
+
+def remove_staging(tmp: str, *parts: str) -> None:
+    """Remove ``TMP/_staging/<parts...>`` and everything staged under it."""
+    locations.remove_tree(locations.join(tmp, STAGING, *parts))
 
 
 def save_segment(prefix: str, arrays: dict[str, np.ndarray]) -> Segment:
     """Save one block piece (``FIELDS`` arrays of equal length) as ``.npy`` files."""
-    length = len(arrays["y"])
-    for field, dtype in FIELDS.items():
-        np.save(f"{prefix}.{field}.npy", np.asarray(arrays[field], dtype=dtype), allow_pickle=False)
-    return Segment(prefix, length)
+    save_arrays(prefix, {f: np.asarray(arrays[f], dtype=dtype) for f, dtype in FIELDS.items()})
+    return Segment(prefix, len(arrays["y"]))
 
 
 def save_arrays(prefix: str, arrays: dict[str, np.ndarray]) -> None:
-    """Save named plain arrays as ``prefix.<name>.npy`` (no pickle)."""
+    """Save named plain arrays as ``prefix.<name>.npy`` (no pickle), locally or at a URL."""
     for name, arr in arrays.items():
-        np.save(f"{prefix}.{name}.npy", arr, allow_pickle=False)
+        path = f"{prefix}.{name}.npy"
+        if locations.is_url(path):
+            buf = io.BytesIO()
+            np.save(buf, arr, allow_pickle=False)
+            locations.write_bytes(path, buf.getbuffer())
+        else:
+            np.save(path, arr, allow_pickle=False)
+
+
+def remove_arrays(prefix: str, names: Sequence[str]) -> None:
+    """Remove the staged arrays ``prefix.<name>.npy``."""
+    for n in names:
+        path = f"{prefix}.{n}.npy"
+        if locations.is_url(path):
+            fs, key = locations.filesystem(path)
+            fs.rm_file(key)
+        else:
+            os.remove(path)
 
 
 def load_arrays(prefix: str, names: Sequence[str], mmap: bool = False) -> dict[str, np.ndarray]:
-    """Inverse of ``save_arrays`` (``mmap``: memory-mapped, read-only)."""
-    mode = "r" if mmap else None
-    return {n: np.load(f"{prefix}.{n}.npy", mmap_mode=mode, allow_pickle=False) for n in names}
+    """Inverse of ``save_arrays`` (``mmap``: memory-mapped, read-only, for a local file)."""
+    out = {}
+    for n in names:
+        path = f"{prefix}.{n}.npy"
+        if locations.is_url(path):
+            out[n] = np.load(io.BytesIO(locations.read_bytes(path)), allow_pickle=False)
+        else:
+            out[n] = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    return out
+
+
+class NpyRows:
+    """Row slices ``[lo:hi]`` of a C-order ``.npy`` file (1-D or 2-D, local or at a URL), read
+    on demand: only the requested bytes are read, and no memory map enters the RSS."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with locations.open_file(path) as f:
+            version = np.lib.format.read_magic(f)
+            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                     else np.lib.format.read_array_header_2_0(f))  # fmt: skip
+            self.offset = f.tell()
+        if fortran or dtype.hasobject or len(shape) not in (1, 2):
+            raise ValueError(f"{path}: expected a C-order 1-D or 2-D array of numbers")
+        self.shape, self.dtype = shape, dtype
+        self.row_bytes = dtype.itemsize * (shape[1] if len(shape) == 2 else 1)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        lo, hi, _ = rows.indices(self.shape[0])
+        n = max(hi - lo, 0)
+        out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
+        with locations.open_file(self.path) as f:
+            f.seek(self.offset + lo * self.row_bytes)
+            got = f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        if got != out.nbytes:
+            raise StoreError(f"{self.path}: staged file cut short ({got} of {out.nbytes} bytes "
+                             f"at offset {self.offset + lo * self.row_bytes})")
+        return out
+
+
+def load_rows(prefix: str, name: str, lo: int, hi: int) -> np.ndarray:
+    """Entries ``[lo, hi)`` of the staged array ``prefix.<name>.npy`` (see :class:`NpyRows`)."""
+    return NpyRows(f"{prefix}.{name}.npy")[lo:hi]
 
 
 @contextmanager
 def temporary_store(out: str | os.PathLike, overwrite: bool) -> Iterator[tuple[str, str]]:
     """Yield ``(final_path, tmp_path)``; the temporary directory is removed on leaving.
 
+    At a URL, ``tmp_path`` is the URL itself, written in place after its pending marker (a
+    store of ours there is removed first); on a failure what was written there is removed.
     The caller must call ``finish_store(tmp, path, overwrite)`` inside the block.
     """
     path = check_target(out, overwrite)
+    if locations.is_url(path):
+        locations.begin(path, STORE_MARK)
+        try:
+            yield path, path
+        except BaseException:
+            remove_staging(path)
+            locations.remove(path)
+            raise
+        return
     tmp, scratch = temporary_path(path)
     try:
         yield path, tmp
-    finally:  # published by then (renamed away, or uploaded), or failed
-        shutil.rmtree(scratch, ignore_errors=True)
+    finally:  # published by then (renamed away), or failed
+        locations.remove_tree(scratch)
 
 
 def assemble_store(
@@ -150,7 +226,7 @@ def assemble_store(
     for split in blocks:
         where = staging_dir(tmp, f"{split}-indptr")
         pointers[split] = [
-            (os.path.join(where, f"{b:08d}"), segs, int(n_rows[b // n_c]))
+            (locations.join(where, f"{b:08d}"), segs, int(n_rows[b // n_c]))
             for b, segs in enumerate(blocks[split])
         ]
     runner.map(_stage_indptr, [job for split in blocks for job in pointers[split]])
@@ -170,25 +246,29 @@ def assemble_store(
         ):
             chunks = (max(1, min(total, CHUNK)),)
             for field in fields:
-                arrays[os.path.join(tmp, split), field] = sub.create_array(
+                arrays[locations.join(tmp, split), field] = sub.create_array(
                     field, shape=(total,), dtype=_DTYPES[field], chunks=chunks,
                     compressors=COMPRESSORS, config=WRITE_ALL,
                 )  # fmt: skip
-            jobs.extend(_copy_jobs(os.path.join(tmp, split), fields, parts, total, chunks[0]))
+            jobs.extend(_copy_jobs(locations.join(tmp, split), fields, parts, total, chunks[0]))
     records: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for job, written in zip(jobs, runner.map(_copy_chunk, jobs), strict=True):
         for field, record in zip(job.fields, written, strict=True):
             records[job.group, field].append(record)  # jobs come in chunk order
     for key, array in arrays.items():
         set_inventory(array, records[key])
-    shutil.rmtree(os.path.join(tmp, STAGING), ignore_errors=True)
+    remove_staging(tmp)
 
 
 def finish_store(tmp: str, path: str, overwrite: bool) -> StoreInfo:
-    """Mark the store at ``tmp`` complete, publish it to ``path`` and open it."""
+    """Mark the store at ``tmp`` complete, publish it to ``path`` and open it (at a URL, where
+    it was written in place, its pending marker goes last)."""
     group = zarr.open_group(tmp, mode="a", zarr_format=3)
     group.attrs["complete"] = True
-    publish(tmp, path, lambda p: check_target(p, overwrite))
+    if locations.is_url(path):
+        locations.finish(path)
+    else:
+        publish(tmp, path, lambda p: check_target(p, overwrite))
     return open_store(path)
 
 
@@ -207,7 +287,7 @@ def _stage_indptr(job: tuple[str, Sequence[Segment], int]) -> int:
     ptr = np.zeros(n_rows + 1, dtype=np.int64)
     for seg in segments:
         if seg.length:
-            ptr += row_pointer(load_arrays(seg.prefix, ["rows"], mmap=True)["rows"], n_rows)
+            ptr += row_pointer(load_rows(seg.prefix, "rows", 0, seg.length), n_rows)
     save_arrays(prefix, {"indptr": ptr})
     return n_rows
 
@@ -263,12 +343,9 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
     """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
     records = []
     for field in job.fields:
-        parts = [
-            load_arrays(prefix, [field], mmap=True)[field][lo:hi]
-            for prefix, lo, hi in job.pieces
-        ]
+        parts = [load_rows(prefix, field, lo, hi) for prefix, lo, hi in job.pieces]
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
-        directory = os.path.join(job.group, field)
+        directory = locations.join(job.group, field)
         arr = _open_writing_every_chunk(directory)
         arr[job.start : job.stop] = data
         records.append(chunk_record(chunk_path(directory, job.start // arr.chunks[0])))
@@ -277,10 +354,14 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
 
 __all__: list[str] = [
     "FIELDS",
+    "NpyRows",
     "Segment",
     "assemble_store",
     "finish_store",
     "load_arrays",
+    "load_rows",
+    "remove_arrays",
+    "remove_staging",
     "save_arrays",
     "save_segment",
     "staging_dir",
