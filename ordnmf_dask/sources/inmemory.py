@@ -47,7 +47,7 @@ from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target, write_store
 from ordnmf_dask.store.grid import (
     DEFAULT_NNZ_PER_BLOCK,
-    _check_grid,
+    check_grid,
     auto_grid,
     block_sort,
     choose_bounds,
@@ -131,7 +131,7 @@ def check_ingest_options(o: dict[str, Any]) -> None:
     if o["grid"] is None:
         auto_grid(0, 1, 1, o["nnz_per_block"])
     else:
-        _check_grid(o["grid"])
+        check_grid(o["grid"])
 
 
 def ingest(

@@ -117,7 +117,7 @@ def bounds_from_degrees(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``choose_bounds`` from train degrees: user_deg (U,) and item_deg (I,), int64."""
     if grid is not None:
-        n_r, n_c = _check_grid(grid)
+        n_r, n_c = check_grid(grid)
         return balanced_bounds(user_deg, n_r), balanced_bounds(item_deg, n_c)
     nnz = int(user_deg.sum())
     n_r, n_c = auto_grid(nnz, len(user_deg), len(item_deg), nnz_per_block)
@@ -125,7 +125,8 @@ def bounds_from_degrees(
     return split_long(balanced_bounds(user_deg, n_r)), split_long(balanced_bounds(item_deg, n_c))
 
 
-def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
+def check_grid(grid: tuple[int, int]) -> tuple[int, int]:
+    """``grid`` as a pair of positive ints; InputError otherwise."""
     try:
         n_r, n_c = (int(g) for g in grid)
     except (TypeError, ValueError):
