@@ -47,9 +47,9 @@ from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target, write_store
 from ordnmf_dask.store.grid import (
     DEFAULT_NNZ_PER_BLOCK,
-    check_grid,
     auto_grid,
     block_sort,
+    check_grid,
     choose_bounds,
 )
 
