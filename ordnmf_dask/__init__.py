@@ -30,6 +30,7 @@ _EXPORTS = {
     "recommend_for": ".postfit.foldin",
     "ingest": ".sources.inmemory",
     "ingest_arrays": ".sources.inmemory",
+    "ingest_distributed": ".sources.distributed",
     "posterior_predictive": ".postfit.ppc",
     "recommend": ".postfit.recommend",
     "tune": ".app.tune",
@@ -50,6 +51,7 @@ __all__ = [
     "fold_in",
     "ingest",
     "ingest_arrays",
+    "ingest_distributed",
     "open_store",
     "posterior_predictive",
     "read_block",
@@ -67,6 +69,7 @@ if TYPE_CHECKING:  # static analysis and IDEs see the real names
     from .postfit.foldin import fold_in, recommend_for
     from .postfit.ppc import posterior_predictive
     from .postfit.recommend import recommend
+    from .sources.distributed import ingest_distributed
     from .sources.inmemory import ingest, ingest_arrays
     from .store.blocks import StoreInfo, open_store, read_block
 else:

@@ -30,7 +30,7 @@ def test_public_names_are_the_submodule_objects():
     from ordnmf_dask import errors, estimator
     from ordnmf_dask.app import tune, tuning
     from ordnmf_dask.postfit import evaluate, export, foldin, ppc, recommend
-    from ordnmf_dask.sources import inmemory
+    from ordnmf_dask.sources import distributed, inmemory
     from ordnmf_dask.store import blocks
 
     expected = {
@@ -38,6 +38,7 @@ def test_public_names_are_the_submodule_objects():
         "DcPF": estimator.DcPF, "StoreInfo": blocks.StoreInfo, "evaluate": evaluate.evaluate,
         "fold_in": foldin.fold_in, "recommend_for": foldin.recommend_for,
         "ingest": inmemory.ingest, "ingest_arrays": inmemory.ingest_arrays,
+        "ingest_distributed": distributed.ingest_distributed,
         "open_store": blocks.open_store, "read_block": blocks.read_block,
         "posterior_predictive": ppc.posterior_predictive, "recommend": recommend.recommend,
         "InputError": errors.InputError, "StoreError": errors.StoreError,
