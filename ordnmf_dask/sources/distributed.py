@@ -162,7 +162,8 @@ def ingest_distributed(
         it; other data in memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix,
         arrays) is one chunk.
     client : distributed.Client, optional
-        Cluster to run on; every worker must see the input files and ``out``'s directory.
+        Cluster to run on; every worker must see the input files, and ``out``'s directory
+        when it is local (a URL ``out`` is written from the workers, staging in place).
         None runs the same tasks in this process.
     test : same kinds as ``inputs``, optional
         A held-out test set instead of a random split, as in ``ingest``.
