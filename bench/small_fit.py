@@ -5,9 +5,11 @@ Usage: ``python bench/small_fit.py [--ratings ../shared/data/ml-latest-small/rat
 --rounds 2 --work /tmp/ordnmf-bench/small --no-cluster]``.
 
 Once (not timed): ``ordnmf-dask ingest`` of the ratings (half stars -> classes 1..10, items then
-users with fewer than 20 ratings dropped, 20% test), and the store's training nonzeros written
-to ``train.npz`` for the reference. Then ``--rounds`` rounds, each running in turn, as new
-processes:
+users with fewer than 20 ratings dropped, 20% test), the store's training nonzeros written
+to ``train.npz`` for the reference, and the bytecode of this package and of the reference's
+module (as ``pip install`` leaves it: with PYTHONDONTWRITEBYTECODE set, an editable install would
+otherwise compile every module of the package from source in every run). Then ``--rounds``
+rounds, each running in turn, as new processes:
 
 1. ``ordnmf-dask fit STORE -k K`` (no cluster flags: the executor chosen automatically, so
    in-process for this store), to convergence with the default tol;
@@ -24,6 +26,7 @@ this within a round (the reference's own speed drifts between runs on a shared m
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import re
 import resource
@@ -45,7 +48,8 @@ RATINGS = HERE.parent.parent / "shared" / "data" / "ml-latest-small" / "ratings.
 
 
 def prepare(ratings: str, work: str) -> tuple[str, str]:
-    """The store and ``train.npz`` (global rows, cols, classes, shape), made once in ``work``."""
+    """The store and ``train.npz`` (global rows, cols, classes, shape), made once in ``work``;
+    the bytecode of the package and of the reference brought up to date."""
     store, train = os.path.join(work, "ml.zarr"), os.path.join(work, "train.npz")
     if not os.path.exists(store):
         subprocess.run(["ordnmf-dask", "ingest", ratings, "--out", store, "--ratings", "halfstar",
@@ -63,6 +67,11 @@ def prepare(ratings: str, work: str) -> tuple[str, str]:
         rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
         np.savez(train, rows=rows, cols=cols, y=y,
                  shape=np.array([info.n_users, info.n_items, info.n_classes]))  # fmt: skip
+    import ordnmf_dask
+
+    for where in (os.path.dirname(ordnmf_dask.__file__), str(HERE / "paper_style.py")):
+        compile_all = compileall.compile_dir if os.path.isdir(where) else compileall.compile_file
+        compile_all(where, quiet=1)
     return store, train
 
 

@@ -165,3 +165,16 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
     api = getattr(ordnmf_dask, klass)(2, max_iter=6, **params).fit(store, client)
     cli = getattr(ordnmf_dask, klass).load(tmp_path / "m.zarr")
     assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_
+
+
+def test_a_fit_checks_before_it_joins_a_cluster_only_when_the_command_names_one():
+    """``fit`` checks its inputs in a pass of its own before it starts or joins a cluster; with
+    no cluster setting the fit itself checks them before it chooses where to run, once."""
+    from ordnmf_dask.app.config import ClusterSection, LocalSpec
+    from ordnmf_dask.app.connect import starts_client
+
+    assert not starts_client(ClusterSection())
+    assert starts_client(ClusterSection(local=LocalSpec(workers=1)))
+    assert starts_client(ClusterSection(scheduler="tcp://127.0.0.1:8786"))
+    assert starts_client(ClusterSection(scheduler_file="scheduler.json"))
+    assert starts_client(ClusterSection(ca_file="ca.pem"))

@@ -445,12 +445,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.connect import starts_client
     from ordnmf_dask.app.jobs import check_required, fit_job
 
     cfg = _job(args)
     check_required(cfg, f" (or set it in {args.config})" if args.config
                    else " (or give --config FILE)")
-    fit_job(cfg, None, resume=args.resume, restart=args.restart, check=True)  # no cluster yet
+    if starts_client(cfg.cluster):  # else the fit checks everything before it chooses a client
+        fit_job(cfg, None, resume=args.resume, restart=args.restart, check=True)
     with _client(cfg.cluster) as client:
         model = fit_job(cfg, client, resume=args.resume, restart=args.restart)
     status = "converged" if model.converged_ else "stopped at max_iter"

@@ -65,21 +65,27 @@ def scheduler_address(path: str, timeout: float | None = None) -> str:
         raise ConfigError(f"{path}: not a Dask scheduler file ({exc})") from None
 
 
+def starts_client(spec: ClusterSection) -> bool:
+    """Whether :func:`open_client` starts or connects to a cluster for ``spec``: a scheduler,
+    a local cluster setting or TLS is given (else it yields None)."""
+    return spec.mode != "local" or spec.local is not None or spec.uses_tls
+
+
 @contextmanager
 def open_client(spec: ClusterSection, timeout: str | None = None) -> Iterator[Client | None]:
     """A client on the scheduler of ``spec``; for the local mode a LocalCluster we own, or None.
 
     ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s unless set).
-    None when no local cluster setting and no TLS is given: the API then chooses (in-process
-    for small data, else the default LocalCluster of 2 single-threaded workers) after
-    validating its inputs, so bad input fails before any process starts.
+    None unless :func:`starts_client`: the API then chooses (in-process for small data, else
+    the default LocalCluster of 2 single-threaded workers) after validating its inputs, so bad
+    input fails before any process starts.
     """
+    if not starts_client(spec):
+        yield None
+        return
     if spec.mode == "local":
         local = spec.local_spec
         security = security_from(spec, local=True)
-        if security is None and spec.local is None:
-            yield None
-            return
         with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
                             memory_limit=local.memory_limit, security=security) as client:
             yield client
