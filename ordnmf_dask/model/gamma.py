@@ -67,9 +67,10 @@ def _asymptotic(x: float, num: float, den: float, x0: float) -> tuple[float, flo
     for lgamma (truncation < 5e-17). The logs are left to the caller. NaN for x0 <= 0 or NaN."""
     if not x0 > 0.0:
         return math.nan, math.nan
-    f = 1.0 / (x * x)
-    psi = -0.5 / x - _horner(PSI_SERIES, f) * f - num / den
-    return psi, -x + _HALF_LOG_2PI + _horner(LGAMMA_SERIES, f) / x
+    inv = 1.0 / x
+    f = inv * inv
+    psi = -0.5 * inv - _horner(PSI_SERIES, f) * f - num / den
+    return psi, -x + _HALF_LOG_2PI + _horner(LGAMMA_SERIES, f) * inv
 
 
 @_jit
