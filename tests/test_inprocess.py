@@ -223,6 +223,25 @@ def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store):
         "0 []", f"False ({store.n_users}, 2) dask.array.core", ""]
 
 
+def test_a_fit_in_a_new_process_loads_every_kernel_from_numba_s_cache(tmp_path, store):
+    """The numba functions a fit runs are compiled once per machine: a later process loads
+    each from the cache and compiles none (one that numba cannot cache would cost its compile,
+    seconds, in every command)."""
+    code = ("from numba.core import event\n"
+            "from ordnmf_dask import OrdNMF\n"
+            "compiles = event.RecordingListener()\n"
+            "with event.install_listener('numba:compile', compiles):\n"
+            f"    model = OrdNMF(2, max_iter=2).fit({store.path!r}, out={str(tmp_path / 'm')!r}, "
+            "overwrite=True)\n"
+            "names = {e.data['dispatcher'].py_func.__qualname__ for _, e in compiles.buffer}\n"
+            "print(model.n_iter_, sorted(names))\n")  # fmt: skip
+    for _ in range(2):  # the first one compiles what the cache does not hold yet
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert done.stdout == "2 []\n"
+
+
 def test_importing_the_estimators_imports_no_dask_nor_cluster_machinery():
     code = ("import sys\n"
             "import ordnmf_dask.estimator, ordnmf_dask.app.jobs\n"
