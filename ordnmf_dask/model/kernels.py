@@ -30,7 +30,8 @@ Dtype policy:
   vectorize the K-dot products and fuse multiply-adds (1.6x on the local step at K = 50; the sums
   are still float64, their order is fixed by the compiled code, so results are deterministic on
   a given machine and differ from strict left-to-right order by round-off only); no ``nnan`` /
-  ``ninf`` / approximate functions, and the compensated sum is compiled strictly;
+  ``ninf`` / approximate functions, and the compensated sum and the special functions
+  (:func:`exp_neg_split`) are compiled strictly (LLVM inlines them keeping their own flags);
   ``error_model="numpy"`` (x / 0 gives inf / nan as in numpy, no exception), single threaded
   (one Dask worker = one thread), ``nogil=True`` (threads of one process run kernels at once:
   the in-process executor), ``cache=True``: compiled once per machine into the package's
