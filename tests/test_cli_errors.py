@@ -188,3 +188,15 @@ def test_a_reader_that_goes_away_is_no_cluster_failure(tmp_path):
     _, err = job.communicate(timeout=120)
     assert job.returncode == 141, err
     assert err == b""
+
+
+@pytest.mark.parametrize("bad", [["--counts", "0,5,2"], ["--chunk-bytes", "0"],
+                                 ["--test-fraction", "1.5"]])
+def test_distributed_ingest_refuses_bad_options_before_any_cluster(tmp_path, capsys, bad):
+    """Not marked ``cluster``: a scheduler started here fails the test (conftest)."""
+    data = tmp_path / "r.csv"
+    data.write_text(CSV)
+    code, line = one_error_line(capsys, ["ingest", str(data), "--out", str(tmp_path / "s.zarr"),
+                                         "--distributed", *bad])
+    assert code == 2, line
+    assert not (tmp_path / "s.zarr").exists()

@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="user,item,value columns: 0-based positions or names (default 0,1,2)")
     ing.add_argument("--overwrite", action="store_true")
     ing.add_argument("--distributed", action="store_true",
-                     help="out-of-core ingest on a cluster (bounded memory; random split only)")
+                     help="out-of-core ingest on a cluster (bounded memory per task)")
     ing.add_argument("--chunk-bytes", type=int, default=2**24,
                      help="with --distributed: bytes of text per parsing task (default 16 MiB)")
     _cluster_args(ing)
@@ -355,8 +355,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
     )
     if args.distributed:
-        from ordnmf_dask.sources.distributed import ingest_distributed
+        from ordnmf_dask.sources.distributed import check_arguments, ingest_distributed
 
+        check_arguments(args.out, chunk_bytes=args.chunk_bytes, **kwargs)  # before any cluster
         with _cluster_client(args) as client:
             info = ingest_distributed(args.inputs, args.out, client=client,
                                       chunk_bytes=args.chunk_bytes, **kwargs)  # fmt: skip
