@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from distributed import Client
 
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF, StoreError, ingest_arrays
 from ordnmf_dask.engine.cavi import ROUNDOFF
@@ -80,12 +79,6 @@ def store(tmp_path_factory: pytest.TempPathFactory):
                          counts=[0, 1, 3, 8], grid=(2, 2), seed=0)
     assert info.n_classes == N_CLASSES and info.attrs["value_kind"] == "counts"
     return info
-
-
-@pytest.fixture(scope="module")
-def mclient(cluster):
-    with Client(cluster) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
