@@ -72,7 +72,8 @@ def _params_doc(estimator: str) -> str:
 
 
 _SHARED_ATTRS_DOC = """
-    W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block.
+    W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block (made
+        when first used: a fit alone imports no dask).
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
     elbo_ : list of ELBO values, one per iteration; n_iter_ : len(elbo_); converged_ : bool.
     model_path_ : the zarr directory holding the fitted factors.
