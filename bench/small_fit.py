@@ -6,10 +6,11 @@ Usage: ``python bench/small_fit.py [--ratings ../shared/data/ml-latest-small/rat
 
 Once (not timed): ``ordnmf-dask ingest`` of the ratings (half stars -> classes 1..10, items then
 users with fewer than 20 ratings dropped, 20% test), the store's training nonzeros written
-to ``train.npz`` for the reference, and the bytecode of this package and of the reference's
+to ``train.npz`` for the reference, the bytecode of this package and of the reference's
 module (as ``pip install`` leaves it: with PYTHONDONTWRITEBYTECODE set, an editable install would
-otherwise compile every module of the package from source in every run). Then ``--rounds``
-rounds, each running in turn, as new processes:
+otherwise compile every module of the package from source in every run), and numba's cache of
+the kernels (a one-iteration fit: numba compiles once per machine, or after a kernel changed).
+Then ``--rounds`` rounds, each running in turn, as new processes:
 
 1. ``ordnmf-dask fit STORE -k K`` (no cluster flags: the executor chosen automatically, so
    in-process for this store), to convergence with the default tol;
@@ -49,7 +50,7 @@ RATINGS = HERE.parent.parent / "shared" / "data" / "ml-latest-small" / "ratings.
 
 def prepare(ratings: str, work: str) -> tuple[str, str]:
     """The store and ``train.npz`` (global rows, cols, classes, shape), made once in ``work``;
-    the bytecode of the package and of the reference brought up to date."""
+    the bytecode of the package and of the reference, and numba's cache, brought up to date."""
     store, train = os.path.join(work, "ml.zarr"), os.path.join(work, "train.npz")
     if not os.path.exists(store):
         subprocess.run(["ordnmf-dask", "ingest", ratings, "--out", store, "--ratings", "halfstar",
@@ -72,6 +73,9 @@ def prepare(ratings: str, work: str) -> tuple[str, str]:
     for where in (os.path.dirname(ordnmf_dask.__file__), str(HERE / "paper_style.py")):
         compile_all = compileall.compile_dir if os.path.isdir(where) else compileall.compile_file
         compile_all(where, quiet=1)
+    subprocess.run(["ordnmf-dask", "fit", store, "-k", "2", "--max-iter", "1", "--out",
+                    os.path.join(work, "warm-up.zarr"), "--overwrite", "-q"], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
     return store, train
 
 
