@@ -5,8 +5,8 @@ attributes; only ``created`` differs), for inputs larger than memory: many files
 cut into byte ranges at line boundaries, Parquet files read row group by row group
 (:mod:`.textsplit`, :mod:`.parquet`), a dask DataFrame read partition by partition on the
 workers (:mod:`.memchunks`). Every option is checked before any input is read. Steps (tasks in
-:mod:`.distributed_tasks`; everything big goes through ``TMP/_staging`` on disk, visible to
-every worker):
+:mod:`.distributed_tasks`; everything big goes through ``TMP/_staging``: on disk, visible to
+every worker, or for a URL ``out`` a prefix under it in the object store):
 
 1. plan: per text file, delimiter, header and columns from its first non-blank line; chunks of
    ``chunk_bytes`` and their first line numbers (a newline-counting pass); per Parquet file,
@@ -17,8 +17,8 @@ every worker):
    reduction on the workers (sorted, as ``np.unique`` in memory), value statistics give the
    value rule (``values.make_spec``);
 3. check every value, map ids to codes, count rows per user; route rows to user-range
-   partitions balanced by rows (``blocking.balanced_bounds``);
-4. per partition: merge duplicate pairs (``prep.dedupe``; all rows of a pair are in the same
+   partitions balanced by rows (``grid.balanced_bounds``);
+4. per partition: merge duplicate pairs (``filtering.dedupe``; all rows of a pair are in the same
    partition, in input order) and classify;
 5. min-count filtering by degree reductions: the in-memory filter keeps exactly the rows whose
    user and item are still "alive", so only O(U + I) vectors travel;
@@ -26,9 +26,9 @@ every worker):
    (``split.random_test_mask``); its threshold is found from a histogram of hash bins, then the
    sorted hashes of one bin; the validation set (``split.validation_mask``) is the next
    ``n_validation`` pairs, whose upper threshold is found the same way;
-7. block bounds from the train degrees (``blocking.bounds_from_degrees``); each partition stages
+7. block bounds from the train degrees (``grid.bounds_from_degrees``); each partition stages
    its nonzeros block by block, sorted; as partitions are increasing user ranges, a block is the
-   concatenation of its pieces in partition order, which ``assemble.assemble_store`` writes
+   concatenation of its pieces in partition order, which ``staged.assemble_store`` writes
    chunk by chunk.
 
 A test file (``test``) instead of step 6's random test set is parsed with the training files
@@ -477,7 +477,7 @@ def _filter(
     runner: Runner, parts: list[int], tmp: str, n_users: int, n_items: int, min_count: int,
     mode: str, seed: int,
 ) -> Final:  # fmt: skip
-    """Alive users and items after ``prep.min_count_mask``'s filter, by degree reductions."""
+    """Alive users and items after ``filtering.min_count_mask``'s filter, by degree reductions."""
     if min_count <= 1:
         return Final(None, None, None, None, n_items, seed)
     user_alive = np.ones(n_users, dtype=bool)

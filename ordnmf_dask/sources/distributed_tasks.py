@@ -91,8 +91,9 @@ def _part_prefix(tmp: str, part: int) -> str:
 
 
 def parse_task(chunk: AnyChunk, tmp: str) -> dict:
-    """Parse a chunk (text byte range or Parquet row group), dictionary-encode its ids, stage
-    (codes, values, line) and its sorted distinct ids (``users``, ``items``); return a summary.
+    """Parse a chunk (text byte range, Parquet row group or data in memory), dictionary-encode
+    its ids, stage (codes, values, line) and its sorted distinct ids (``users``, ``items``);
+    return a summary.
 
     Returns
     -------
@@ -262,7 +263,8 @@ def dedupe_task(
     """Merge duplicate pairs of a partition, classify, stage the interactions; the same for
     its test rows if ``test`` is given (a test file).
 
-    ``sources`` is an Origin (of no rows) of all input files, to name rows in messages.
+    ``sources`` is an Origin (of no rows) naming the training input's files (or partitions),
+    to name rows in messages.
 
     Returns
     -------
