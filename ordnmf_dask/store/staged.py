@@ -1,4 +1,4 @@
-"""Write a block store from per-block pieces staged on disk, in bounded memory per task.
+"""Write a block store from per-block pieces staged as files, in bounded memory per task.
 
 Writers that learn each block's nonzero count only after producing it (the synthetic generator,
 the out-of-core ingest) save every piece ("segment") of every block as ``.npy`` files (plain
@@ -11,7 +11,7 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
 2. creates the 1-D arrays ``train/``, ``test/`` ``{cols, y, raw, indptr}`` with the same chunking
    as ``write_store`` (``CHUNK`` entries), and
 3. fills them with one task per output chunk: a task reads only the slices of the staged pieces
-   that overlap its chunk (memory-mapped) and writes exactly one zarr chunk, so tasks never write
+   that overlap its chunk (:class:`NpyRows`) and writes exactly one zarr chunk, so tasks never write
    the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a time. Every chunk file is
    written, even one of zeros, and the task returns its size and CRC-32, which the client records
    as the array's chunk inventory (see ``ordnmf_dask.store.blocks``): the files are checksummed
@@ -282,7 +282,7 @@ _DTYPES = {**FIELDS, "indptr": np.dtype(np.int64)}
 
 def _stage_indptr(job: tuple[str, Sequence[Segment], int]) -> int:
     """Stage one block's CSR row pointer (n_rows + 1,) as ``prefix.indptr.npy``, counted from
-    the rows of its segments (memory-mapped)."""
+    the rows of its segments."""
     prefix, segments, n_rows = job
     ptr = np.zeros(n_rows + 1, dtype=np.int64)
     for seg in segments:
