@@ -27,8 +27,9 @@ class MemoryChunk:
     (``data``: the object; ``file_index`` 0).
 
     ``index`` is the chunk's position in the input order; ``path`` names it in messages;
-    ``columns`` are the picked column names of a partition, or the ``columns`` option.
-    ``data`` is dropped (``light``) once the chunk is parsed, so later tasks do not carry it.
+    ``role`` is "input" or "test"; ``columns`` are the picked column names of a partition, or
+    the ``columns`` option; ``partition`` says which of the two ``data`` is. ``data`` is
+    dropped (``light``) once the chunk is parsed, so later tasks do not carry it.
     """
 
     index: int
@@ -40,6 +41,7 @@ class MemoryChunk:
     data: Any = field(default=None, compare=False, repr=False)
 
     def light(self) -> MemoryChunk:
+        """This chunk without its data (for the tasks after parsing)."""
         return dataclasses.replace(self, data=None)
 
 
