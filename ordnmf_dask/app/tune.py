@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from distributed import Client
@@ -361,7 +361,8 @@ def _prepare(out: str) -> None:
     os.makedirs(trials, exist_ok=True)
 
 
-def _refuse(path: str) -> None:
+def _refuse(path: str) -> NoReturn:
+    """Refuse to replace an earlier tune's results: ``path`` among them is not ours."""
     raise InputError(f"{path}: not written by ordnmf-dask tune; an earlier tune's results are "
                      "replaced only when nothing else is among them: move it and run again")
 
