@@ -249,28 +249,43 @@ def test_checkpoints_at_a_url_are_kept_rotated_and_resumed_from(s3conf, tmp_path
     assert keys(s3, "ckpt") == ["README"]
 
 
-def _set_s3_conf(options: dict | None) -> None:
-    """On a worker: fsspec's s3 configuration set to ``options`` (None: removed)."""
+def _swap_s3_conf(options: dict | None) -> dict | None:
+    """On a worker: fsspec's s3 configuration set to ``options`` (None: removed); returns the
+    one it replaces."""
     import fsspec
 
+    before = fsspec.config.conf.get("s3")
     if options is None:
         fsspec.config.conf.pop("s3", None)
     else:
         fsspec.config.conf["s3"] = dict(options)
+    return before
+
+
+@pytest.fixture
+def workers_s3conf(s3conf, client):
+    """``s3conf``, with the cluster's workers configured the same way (each worker's own
+    configuration restored after the test)."""
+    before = client.run(_swap_s3_conf, dict(s3conf.storage_options))
+    try:
+        yield s3conf
+    finally:
+        for address, conf in before.items():
+            client.run(_swap_s3_conf, conf, workers=[address])
 
 
 @pytest.mark.parametrize("what", ["ingest", "synth"])
-def test_a_distributed_write_to_a_url_stages_there(s3conf, client, tmp_path, monkeypatch, what):
+def test_a_distributed_write_to_a_url_stages_there(workers_s3conf, client, tmp_path, monkeypatch,
+                                                   what):
     """The workers stage in the bucket and write the chunk files in place: no filesystem in
     common with the client is needed (its temporary directory here cannot even be written),
     the store is the one a local write gives, and nothing staged is left."""
-    s3 = s3conf
+    s3 = workers_s3conf
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     scratch.chmod(0o500)
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     url = s3.url(f"{what}.zarr")
-    client.run(_set_s3_conf, dict(s3.storage_options))
     try:
         if what == "ingest":
             csv = ratings_csv(tmp_path / "r.csv")
@@ -283,7 +298,6 @@ def test_a_distributed_write_to_a_url_stages_there(s3conf, client, tmp_path, mon
             info = synth(url, client=client, **shape)
             local = synth(tmp_path / "local.zarr", client=client, **shape)
     finally:
-        client.run(_set_s3_conf, None)
         scratch.chmod(0o700)
     assert info.path == url and info.grid == local.grid and info.grid != (1, 1)
     names = keys(s3, f"{what}.zarr")
@@ -293,20 +307,16 @@ def test_a_distributed_write_to_a_url_stages_there(s3conf, client, tmp_path, mon
     assert os.listdir(scratch) == []
 
 
-def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(s3conf, client, tmp_path):
+def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(workers_s3conf, client, tmp_path):
     """Bad input found on the workers after they staged rows in the bucket: the error names
     the file and line, and nothing is left at the URL (staged files, arrays, marker)."""
-    s3 = s3conf
+    s3 = workers_s3conf
     csv = ratings_csv(tmp_path / "r.csv")
     with open(csv, "a") as fh:
         fh.write("u1,i1,x\n")
-    client.run(_set_s3_conf, dict(s3.storage_options))
-    try:
-        with pytest.raises(InputError, match=r"r\.csv, line \d+"):
-            ingest_distributed(csv, s3.url("bad.zarr"), client=client, chunk_bytes=2000,
-                               rows_per_partition=200)
-    finally:
-        client.run(_set_s3_conf, None)
+    with pytest.raises(InputError, match=r"r\.csv, line \d+"):
+        ingest_distributed(csv, s3.url("bad.zarr"), client=client, chunk_bytes=2000,
+                           rows_per_partition=200)
     assert keys(s3, "") == []
 
 
