@@ -167,9 +167,10 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
     assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_
 
 
-def test_a_fit_checks_before_it_joins_a_cluster_only_when_the_command_names_one():
-    """``fit`` checks its inputs in a pass of its own before it starts or joins a cluster; with
-    no cluster setting the fit itself checks them before it chooses where to run, once."""
+def test_starts_client_only_when_a_cluster_is_named():
+    """``starts_client`` is true for a scheduler, a local cluster setting or TLS, else false:
+    ``fit`` checks its inputs in a pass of its own only before it starts or joins a cluster
+    (with no cluster setting the fit itself checks them before it chooses where to run)."""
     from ordnmf_dask.app.config import ClusterSection, LocalSpec
     from ordnmf_dask.app.connect import starts_client
 
