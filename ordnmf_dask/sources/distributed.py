@@ -96,7 +96,7 @@ from ordnmf_dask.sources.inmemory import (
     with_defaults,
 )
 from ordnmf_dask.sources.memchunks import MemoryChunk, frame_chunks, memory_chunk
-from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
     ParquetFormat,
@@ -326,16 +326,13 @@ def _plan_input(
     """``role`` data ("input" or "test") as chunks numbered from ``first_index``: files (their
     formats read and checked), a dask DataFrame (its columns checked) or other data in
     memory."""
-    empty = np.zeros(0, np.int64)
     if is_dask_dataframe(data):
         chunks, label = frame_chunks(data, columns, role, first_index)
-        names = Origin(tuple(c.path for c in chunks), empty.astype(np.int32), empty, False)
-        return _Input(label, [], names, list(chunks), None)
+        return _Input(label, [], _names([c.path for c in chunks], False), list(chunks), None)
     label = memory_label(data, role)
     if label is not None:
-        names = Origin((label,), empty.astype(np.int32), empty, False)
-        return _Input(label, [], names, [memory_chunk(data, label, columns, role, first_index)],
-                      None)  # fmt: skip
+        return _Input(label, [], _names([label], False),
+                      [memory_chunk(data, label, columns, role, first_index)], None)  # fmt: skip
     sources = as_list(data)
     paths = expand_inputs(sources)
     formats = runner.map(input_format, paths, delimiter, header, columns)
@@ -411,9 +408,17 @@ def plan(
 def _sources(formats: list[FileFormat | ParquetFormat]) -> Origin:
     """An Origin of no rows naming every input file (and the row groups of Parquet files)."""
     groups = tuple(f.row_groups if isinstance(f, ParquetFormat) else None for f in formats)
-    empty = np.zeros(0, np.int64)
-    return Origin(tuple(f.path for f in formats), empty.astype(np.int32), empty, True,
+    return _names([f.path for f in formats], True,
                   groups if any(g is not None for g in groups) else None)  # fmt: skip
+
+
+def _names(
+    sources: list[str], is_file: bool, row_groups: tuple[RowGroups | None, ...] | None = None
+) -> Origin:
+    """An Origin of no rows naming ``sources``: the rows found later take their file (or
+    partition) index and line (or row) from it (``Origin.rows``)."""
+    empty = np.zeros(0, np.int64)
+    return Origin(tuple(sources), empty.astype(np.int32), empty, is_file, row_groups)
 
 
 def _parse(
