@@ -352,3 +352,17 @@ def test_dask_dataframe_errors_name_partition_and_row(tmp_path):
                            columns=("user", "item", "rating"),
                            test=dd.from_pandas(test, npartitions=2), counts="paper")  # fmt: skip
     assert not list(tmp_path.glob("s*"))
+
+
+def test_a_dask_dataframe_test_set_beside_data_in_memory(tmp_path):
+    """``ingest`` of a pandas DataFrame with a dask DataFrame test set: the store of the two
+    pandas DataFrames (the test set is read partition by partition, not taken for files)."""
+    import dask.dataframe as dd
+
+    train, test = frames(13)
+    kw = dict(columns=("user", "item", "rating"), duplicates="max", min_count=2)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest(train, tmp_path / "mem", test=test, **kw)
+    with pytest.warns(UserWarning, match="test rows dropped"):
+        ingest(train, tmp_path / "dask", test=dd.from_pandas(test, npartitions=3), **kw)
+    assert_same_store(tmp_path / "mem", tmp_path / "dask")

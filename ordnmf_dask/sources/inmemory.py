@@ -156,7 +156,8 @@ def ingest(
         memory: a pandas DataFrame or a pyarrow Table (``columns`` pick the user, item and
         value columns), a scipy.sparse matrix (users are rows, items columns, values its
         stored entries) or a ``(users, items, values)`` tuple of arrays; each gives the same
-        store as a CSV file of the same rows. A dask DataFrame goes to ``ingest_distributed``.
+        store as a CSV file of the same rows. A dask DataFrame (here or as ``test``) goes to
+        ``ingest_distributed``.
     out : path
         Store directory to create (see ``ordnmf_dask.store.blocks``).
     test : same kinds as ``inputs``, optional
@@ -207,7 +208,7 @@ def ingest(
         Any invalid input; nothing is left at ``out`` nor in a temporary sibling.
     """
     opts = with_defaults(options, "ingest")
-    if is_dask_dataframe(inputs):
+    if is_dask_dataframe(inputs) or is_dask_dataframe(test):
         from ordnmf_dask.sources.distributed import ingest_distributed
 
         return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
