@@ -48,13 +48,27 @@ def _outputs(store, model, client, out) -> dict[str, object]:
     }
 
 
+@pytest.fixture(scope="module")
+def inprocess(fitted, tmp_path_factory) -> dict[str, object]:
+    """The outputs with no client given and none current (module-scoped, so made before any
+    test's ``client``, which would be current): computed in this process."""
+    from distributed import Client
+
+    from ordnmf_dask.dist import cluster
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was used")
+
+    with pytest.raises(ValueError):
+        Client.current()  # a current client would be chosen instead
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cluster, "resolve_client", no_cluster)
+        return _outputs(*fitted, None, tmp_path_factory.mktemp("inprocess"))
+
+
 @pytest.mark.cluster
-def test_postfit_inprocess_is_the_cluster_result(fitted, client, tmp_path):
-    store, model = fitted
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    assert _outputs(store, model, None, tmp_path / "a") == _outputs(
-        store, model, client, tmp_path / "b")
+def test_postfit_inprocess_is_the_cluster_result(fitted, inprocess, client, tmp_path):
+    assert inprocess == _outputs(*fitted, client, tmp_path)
 
 
 def test_postfit_on_a_small_model_imports_no_distributed(fitted, tmp_path):
