@@ -247,7 +247,7 @@ def rows_of(
     """Rows of files or of data in memory, the label that names them in messages and the
     sources recorded in the store. ``ids``: raw ids as arrays (for a test set)."""
     label = memory_label(data, role)
-    sources = []
+    sources: list[str] = []  # files only
     if label is None:
         paths = as_list(data)
         parsed = read_triples(paths, delimiter=delimiter, header=header, columns=columns)
