@@ -342,7 +342,9 @@ def _plan_input(
                   list(chunks), [f.path for f in formats])  # fmt: skip
 
 
-def _pieces(chunks: list[AnyChunk], hits: list[list[int]], part: int) -> tuple:
+def _pieces(
+    chunks: list[AnyChunk], hits: list[list[int]], part: int
+) -> tuple[tuple[int, int], ...]:
     """(chunk index, file index) of the chunks with rows in partition ``part``, in order."""
     return tuple((c.index, c.file_index) for c, h in zip(chunks, hits, strict=True) if part in h)
 
