@@ -278,33 +278,28 @@ def workers_s3conf(s3conf, client):
 def test_a_distributed_write_to_a_url_stages_there(workers_s3conf, client, tmp_path, monkeypatch,
                                                    what):
     """The workers stage in the bucket and write the chunk files in place: no filesystem in
-    common with the client is needed (its temporary directory here cannot even be written),
-    the store is the one a local write gives, and nothing staged is left."""
+    common with the client is needed (its temporary directory here does not even exist, so
+    whatever the user, nothing can be made there), the store is the one a local write gives,
+    and nothing staged is left."""
     s3 = workers_s3conf
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    scratch.chmod(0o500)
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
     url = s3.url(f"{what}.zarr")
-    try:
-        if what == "ingest":
-            csv = ratings_csv(tmp_path / "r.csv")
-            info = ingest_distributed(csv, url, client=client, chunk_bytes=2000,
-                                      rows_per_partition=200, grid=(2, 2))
-            local = ingest(csv, tmp_path / "local.zarr", grid=(2, 2))
-        else:
-            shape = {"n_users": 60, "n_items": 40, "nnz": 900, "n_components": 2,
-                     "nnz_per_block": 300}
-            info = synth(url, client=client, **shape)
-            local = synth(tmp_path / "local.zarr", client=client, **shape)
-    finally:
-        scratch.chmod(0o700)
+    if what == "ingest":
+        csv = ratings_csv(tmp_path / "r.csv")
+        info = ingest_distributed(csv, url, client=client, chunk_bytes=2000,
+                                  rows_per_partition=200, grid=(2, 2))
+        local = ingest(csv, tmp_path / "local.zarr", grid=(2, 2))
+    else:
+        shape = {"n_users": 60, "n_items": 40, "nnz": 900, "n_components": 2,
+                 "nnz_per_block": 300}
+        info = synth(url, client=client, **shape)
+        local = synth(tmp_path / "local.zarr", client=client, **shape)
     assert info.path == url and info.grid == local.grid and info.grid != (1, 1)
     names = keys(s3, f"{what}.zarr")
     assert locations.PENDING not in names and not any("_staging" in n for n in names)
     assert_same_store(local.path, url)
     verify_store(url)
-    assert os.listdir(scratch) == []
+    assert not (tmp_path / "no-such-directory").exists()
 
 
 def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(workers_s3conf, client, tmp_path):
