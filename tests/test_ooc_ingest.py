@@ -290,14 +290,16 @@ def test_test_file_on_cluster(tmp_path, client):
      ({"test_fraction": 1.0}, "test_fraction"), ({"validation_fraction": 1}, "validation"),
      ({"seed": -2}, "seed"), ({"nnz_per_block": 0}, "nnz_per_block"),
      ({"grid": (0, 2)}, "grid must be"), ({"delimiter": "|"}, "unknown delimiter"),
-     ({"columns": (0, 0, 1)}, "columns must be"), ({"chunk_bytes": 0}, "chunk_bytes")],
+     ({"columns": (0, 0, 1)}, "columns must be"),
+     ({"chunk_bytes": 0}, "^chunk_bytes must be >= 1, got 0$"),
+     ({"rows_per_partition": -3}, "^rows_per_partition must be >= 1, got -3$")],
 )  # fmt: skip
 def test_every_option_checked_before_any_input_is_read(tmp_path, option, match):
     """Missing input and test files: a wrong option is what both paths report."""
     missing = dict(test=tmp_path / "missing-test.csv")
     with pytest.raises(InputError, match=match):
         ingest_distributed(tmp_path / "missing.csv", tmp_path / "s", **missing, **option)
-    if "chunk_bytes" not in option:
+    if not {"chunk_bytes", "rows_per_partition"} & set(option):
         with pytest.raises(InputError, match=match):
             ingest(tmp_path / "missing.csv", tmp_path / "s", **missing, **option)
 

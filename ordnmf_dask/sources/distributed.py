@@ -311,8 +311,9 @@ def check_arguments(
     columns. A caller that starts a cluster for the ingest calls it first."""
     o = with_defaults(options, "ingest_distributed")
     check_target(out, o["overwrite"])
-    if chunk_bytes < 1 or rows_per_partition < 1:
-        raise InputError("chunk_bytes and rows_per_partition must be >= 1")
+    for name, value in (("chunk_bytes", chunk_bytes), ("rows_per_partition", rows_per_partition)):
+        if value < 1:
+            raise InputError(f"{name} must be >= 1, got {value}")
     picked = check_columns(columns)
     if delimiter is not None and delimiter not in DELIMITERS:
         raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
