@@ -339,7 +339,7 @@ def _plan_input(
     formats = runner.map(input_format, paths, delimiter, header, columns)
     check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
     chunks = plan(runner, formats, chunk_bytes, first_index)
-    return _Input(inputs_label(sources), [source_name(p) for p in sources], _sources(formats),
+    return _Input(inputs_label(sources), [source_name(p) for p in sources], _file_names(formats),
                   list(chunks), [f.path for f in formats])  # fmt: skip
 
 
@@ -408,7 +408,7 @@ def plan(
     return chunks
 
 
-def _sources(formats: list[FileFormat | ParquetFormat]) -> Origin:
+def _file_names(formats: list[FileFormat | ParquetFormat]) -> Origin:
     """An Origin of no rows naming every input file (and the row groups of Parquet files)."""
     groups = tuple(f.row_groups if isinstance(f, ParquetFormat) else None for f in formats)
     return _names([f.path for f in formats], True,

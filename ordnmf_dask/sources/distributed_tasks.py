@@ -76,11 +76,11 @@ def _chunk_prefix(tmp: str, index: int) -> str:
     return locations.join(staging_dir(tmp, "chunks"), f"{index:06d}")
 
 
-def _piece(tmp: str, index: int, part: int, names: list[str]) -> dict[str, np.ndarray]:
+def _piece(tmp: str, index: int, part: int, columns: list[str]) -> dict[str, np.ndarray]:
     """The rows of chunk ``index`` routed to partition ``part`` (see ``partition_task``)."""
     prefix = _chunk_prefix(tmp, index)
     lo, hi = load_arrays(prefix, ["part_offsets"])["part_offsets"][part : part + 2]
-    return {n: load_rows(prefix, f"p_{n}", int(lo), int(hi)) for n in names}
+    return {n: load_rows(prefix, f"p_{n}", int(lo), int(hi)) for n in columns}
 
 
 def _part_prefix(tmp: str, part: int) -> str:
@@ -237,33 +237,33 @@ class PartJob:
 @dataclass(frozen=True, eq=False)
 class TestSet:
     """What the partitions need of a test file: its sorted distinct ids and an Origin (of no
-    rows) naming its sources."""
+    rows) naming its files or partitions."""
 
     users: np.ndarray
     items: np.ndarray
-    sources: Origin
+    names: Origin
 
 
 def _gather(
-    tmp: str, part: int, pieces: tuple[tuple[int, int], ...], names: list[str], sources: Origin
+    tmp: str, part: int, pieces: tuple[tuple[int, int], ...], columns: list[str], names: Origin
 ) -> tuple[dict[str, np.ndarray], Origin, np.ndarray]:
     """The rows of a partition's pieces in input order, their Origin and their chunk index."""
-    loaded = [_piece(tmp, c, part, names) for c, _ in pieces]
-    cat = {n: np.concatenate([p[n] for p in loaded]) for n in names}
+    loaded = [_piece(tmp, c, part, columns) for c, _ in pieces]
+    cat = {n: np.concatenate([p[n] for p in loaded]) for n in columns}
     fidx, cidx = (np.concatenate([np.full(len(p["line"]), x[k], dtype=dt)
                                   for p, x in zip(loaded, pieces, strict=True)])
                   for k, dt in ((1, np.int32), (0, np.int64)))  # fmt: skip
-    return cat, sources.rows(fidx, cat["line"]), cidx
+    return cat, names.rows(fidx, cat["line"]), cidx
 
 
 def dedupe_task(
     job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: np.ndarray,
-    item_ids: np.ndarray, sources: Origin, test: TestSet | None,
+    item_ids: np.ndarray, names: Origin, test: TestSet | None,
 ) -> tuple[int, int, dict | None]:  # fmt: skip
     """Merge duplicate pairs of a partition, classify, stage the interactions; the same for
     its test rows if ``test`` is given (a test file).
 
-    ``sources`` is an Origin (of no rows) naming the training input's files (or partitions),
+    ``names`` is an Origin (of no rows) naming the training input's files (or partitions),
     to name rows in messages.
 
     Returns
@@ -276,7 +276,7 @@ def dedupe_task(
         interaction. Test errors are returned, not raised, so that every training error is
         raised first, as in memory.
     """
-    cat, origin, _ = _gather(tmp, job.part, job.pieces, ["u", "i", "values", "line"], sources)
+    cat, origin, _ = _gather(tmp, job.part, job.pieces, ["u", "i", "values", "line"], names)
     rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
     y, keep = classify(spec, raw, origin.take(rows))
     save_arrays(_part_prefix(tmp, job.part), {
@@ -303,8 +303,8 @@ def _test_rows(
         save_arrays(prefix, {"test_u": empty, "test_i": empty, "test_y": np.zeros(0, np.uint8),
                              "test_raw": np.zeros(0)})  # fmt: skip
         return out
-    names = ["u", "i", "tu", "ti", "values", "line"]
-    cat, origin, cidx = _gather(tmp, job.part, job.test_pieces, names, test.sources)
+    columns = ["u", "i", "tu", "ti", "values", "line"]
+    cat, origin, cidx = _gather(tmp, job.part, job.test_pieces, columns, test.names)
     hit = first_overlap(cat["u"], cat["i"], n_items, train_u, train_i)
     if hit is not None:
         k, j = hit
