@@ -49,9 +49,9 @@ def client_for(
     client: Client | None, m: ModelInfo, n_workers: int, info: StoreInfo | None = None
 ) -> Iterator[Any]:
     """The client a computation on model ``m`` (and store ``info``) runs on: ``client`` if
-    given, else as a fit of the model's store would run (:func:`~ordnmf_dask.dist.cluster.
-    choose_client`): in-process when small, no cluster started; else the current client or a
-    LocalCluster of ``n_workers``."""
+    given, else as a fit of the model's store would run
+    (:func:`~ordnmf_dask.dist.cluster.choose_client`): in-process when small, no cluster
+    started; else the current client or a LocalCluster of ``n_workers``."""
     a = m.attrs
     sizes = info if info is not None else _Sizes(
         int(a["store"]["n_users"]), int(a["store"]["n_items"]), int(a["store"]["nnz_train"]),
