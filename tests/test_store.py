@@ -178,3 +178,26 @@ def test_row_pointer_and_expand_rows_round_trip():
     assert ptr.tolist() == [0, 0, 2, 2, 5, 6, 6] and ptr.dtype == np.int64
     assert expand_rows(ptr).tolist() == sorted(rows.tolist())
     assert expand_rows(row_pointer(np.zeros(0, np.int32), 3)).tolist() == []
+
+
+def test_staged_rows_are_read_by_range_and_a_cut_file_is_an_error_naming_it(tmp_path):
+    """``staged.NpyRows`` (how staged pieces and synth's factor rows are read): any row range
+    of a 1-D or 2-D ``.npy`` (format 1.0 or 2.0) equals numpy's slice; a file cut short is a
+    StoreError naming it, never short data."""
+    from ordnmf_dask.store.staged import NpyRows
+
+    rng = np.random.default_rng(1)
+    flat, table = rng.integers(-9, 9, 1000).astype(np.int32), rng.random((300, 7))
+    np.save(tmp_path / "flat.npy", flat)
+    with open(tmp_path / "table.npy", "wb") as f:
+        np.lib.format.write_array(f, table, version=(2, 0))
+    for name, arr in (("flat", flat), ("table", table)):
+        rows = NpyRows(str(tmp_path / f"{name}.npy"))
+        assert rows.shape == arr.shape
+        for lo, hi in ((0, len(arr)), (3, 17), (len(arr) - 1, len(arr)), (5, 5), (10, 10**6)):
+            np.testing.assert_array_equal(rows[lo:hi], arr[lo:hi])
+    cut = tmp_path / "table.npy"
+    cut.write_bytes(cut.read_bytes()[:-8])
+    with pytest.raises(StoreError, match=f"^{cut}: staged file cut short"):
+        NpyRows(str(cut))[290:300]
+    np.testing.assert_array_equal(NpyRows(str(cut))[0:290], table[:290])
