@@ -15,7 +15,7 @@ Then ``--rounds`` rounds, each running in turn, as new processes:
 1. ``ordnmf-dask fit STORE -k K`` (no cluster flags: the executor chosen automatically, so
    in-process for this store), to convergence with the default tol;
 2. ``ordnmf-dask fit STORE -k K --executor cluster`` (a LocalCluster of 2 single-thread worker
-   processes: what ``fit`` ran before the in-process executor; left out with ``--no-cluster``);
+   processes; left out with ``--no-cluster``);
 3. the reference: a Python process that reads ``train.npz`` and runs as many exact iterations
    of ``bench/paper_style.py`` as fit 1 took (it has no stopping rule of its own).
 
@@ -116,8 +116,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--work", default="/tmp/ordnmf-bench/small")
-    ap.add_argument("--no-cluster", action="store_true", help="only the in-process fit and "
-                    "the reference (the cluster fit takes ~20 s a round)")  # fmt: skip
+    ap.add_argument("--no-cluster", action="store_true",
+                    help="only the in-process fit and the reference (no LocalCluster fit)")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     store, train = prepare(args.ratings, args.work)
