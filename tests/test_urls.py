@@ -315,6 +315,23 @@ def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(workers_s3conf, cli
     assert keys(s3, "") == []
 
 
+def test_replacing_a_store_at_a_url_keeps_a_users_key_under_its_staging_prefix(s3conf,
+                                                                               tmp_path):
+    """Staging removes only the staged .npy files it writes: a user's key that happens to lie
+    under ``<store>/_staging/`` survives a replacement of the store, which is complete."""
+    s3 = s3conf
+    csv = ratings_csv(tmp_path / "r.csv")
+    url = s3.url("again.zarr")
+    ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200)
+    s3.fs.pipe(f"{s3.bucket}/again.zarr/_staging/mine.txt", b"mine")
+    info = ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1,
+                              overwrite=True)
+    assert info.attrs["seed"] == 1
+    assert s3.fs.cat(f"{s3.bucket}/again.zarr/_staging/mine.txt") == b"mine"
+    assert [n for n in keys(s3, "again.zarr") if "_staging" in n] == ["_staging/mine.txt"]
+    verify_store(url)
+
+
 def test_a_model_is_never_written_into_its_store_at_a_url(s3conf, tmp_path):
     s3 = s3conf
     url = s3.url("s.zarr")

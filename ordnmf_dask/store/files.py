@@ -121,16 +121,26 @@ def open_file(path: str, mode: str = "rb") -> Any:
     return fs.open(key, mode)
 
 
-def remove_tree(path: str) -> None:
-    """Remove the directory (or, at a URL, every key under the prefix) ``path``, if present.
-    Only for what this package created there itself (its staging areas)."""
+def remove_tree(path: str, suffix: str = "") -> None:
+    """Remove the files under the directory (or URL prefix) ``path`` whose names end with
+    ``suffix`` (every file with ""), then the directories left empty (locally). Only for what
+    this package created there itself; with a suffix, other files stay."""
     if not is_url(path):
-        shutil.rmtree(path, ignore_errors=True)
+        if not suffix:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        for d, _, names in os.walk(path, topdown=False):
+            for n in names:
+                if n.endswith(suffix):
+                    os.remove(os.path.join(d, n))
+            if not os.listdir(d):
+                os.rmdir(d)
         return
     fs, key = filesystem(path)
     fs.invalidate_cache(key)
-    if fs.exists(key):
-        fs.rm(key, recursive=True)
+    found = [k for k in (fs.find(key) if fs.exists(key) else []) if k.endswith(suffix)]
+    if found:
+        fs.rm(found)
     fs.invalidate_cache(key)
 
 

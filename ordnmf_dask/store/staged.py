@@ -84,8 +84,9 @@ def staging_dir(tmp: str, *parts: str) -> str:
 
 
 def remove_staging(tmp: str, *parts: str) -> None:
-    """Remove ``TMP/_staging/<parts...>`` and everything staged under it."""
-    locations.remove_tree(locations.join(tmp, STAGING, *parts))
+    """Remove the ``.npy`` files staged under ``TMP/_staging/<parts...>`` (all staging writes;
+    at a URL anything else found under the prefix is left alone)."""
+    locations.remove_tree(locations.join(tmp, STAGING, *parts), ".npy")
 
 
 def save_segment(prefix: str, arrays: dict[str, np.ndarray]) -> Segment:
