@@ -147,7 +147,9 @@ class NpyRows:
         self.row_bytes = dtype.itemsize * (shape[1] if len(shape) == 2 else 1)
 
     def __getitem__(self, rows: slice) -> np.ndarray:
-        lo, hi, _ = rows.indices(self.shape[0])
+        lo, hi, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise ValueError(f"{self.path}: only contiguous row ranges are read, got {rows}")
         n = max(hi - lo, 0)
         out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
         with locations.open_file(self.path) as f:
