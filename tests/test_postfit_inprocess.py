@@ -1,5 +1,5 @@
 """Post-fit computations on a small model start no cluster: export, recommend, fold-in and the
-posterior predictive check run in-process (postfit.recommend.client_for), with the results a
+posterior predictive check run in-process (postfit.executor.client_for), with the results a
 LocalCluster gives."""
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def test_an_output_it_may_not_replace_is_refused_before_any_cluster_starts(
 ):
     """No work before every conflict is known: --out naming the training store is refused
     before a LocalCluster is started (or a given cluster used)."""
-    from ordnmf_dask.postfit import recommend as module
+    from ordnmf_dask.postfit import executor as module
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("a cluster was asked for before the output was checked")

@@ -37,7 +37,8 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
-from ordnmf_dask.postfit.recommend import block_top, check_n, client_for, open_pair
+from ordnmf_dask.postfit.executor import client_for
+from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo, check_target, publish
 from ordnmf_dask.store.files import PENDING, Place
@@ -218,7 +219,7 @@ def export(
     store : recommendations only: the training store (its training nonzeros are excluded);
         default the store the model records.
     client : a ``distributed.Client``; default the current one, else in this process when the
-        model is small (:func:`~ordnmf_dask.postfit.recommend.client_for`), else a
+        model is small (:func:`~ordnmf_dask.postfit.executor.client_for`), else a
         LocalCluster of ``n_workers`` processes, closed on return.
     overwrite : replace ``out`` if it is an export (nothing else is ever replaced).
 

@@ -19,7 +19,7 @@ from ordnmf_dask.model.kernels import sddmm
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
-from ordnmf_dask.postfit.recommend import client_for
+from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used

@@ -12,53 +12,24 @@ users' lists are written as Parquet by :mod:`.export`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.dist.reduce import tree_reduce
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import metrics
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
+from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.csr import load_block
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client, Future
-
-
-@dataclass(frozen=True)
-class _Sizes:
-    """What decides where a computation on a model runs, as the model records its store."""
-
-    n_users: int
-    n_items: int
-    nnz_train: int
-    grid: tuple[int, int]
-
-
-@contextmanager
-def client_for(
-    client: Client | None, m: ModelInfo, n_workers: int, info: StoreInfo | None = None
-) -> Iterator[Any]:
-    """The client a computation on model ``m`` (and store ``info``) runs on: ``client`` if
-    given, else as a fit of the model's store would run
-    (:func:`~ordnmf_dask.dist.cluster.choose_client`): in-process when small, no cluster
-    started; else the current client or a LocalCluster of ``n_workers``."""
-    a = m.attrs
-    sizes = info if info is not None else _Sizes(
-        int(a["store"]["n_users"]), int(a["store"]["n_items"]), int(a["store"]["nnz_train"]),
-        (len(a["row_bounds"]) - 1, len(a["col_bounds"]) - 1))  # fmt: skip
-    with choose_client(client, sizes, int(a["params"]["n_components"]),
-                       n_workers=n_workers) as cl:  # fmt: skip
-        yield cl
 
 
 def factor_mean(model: str, name: str, index: int) -> np.ndarray:
@@ -143,8 +114,8 @@ def recommend(
     store : the store the model was fitted on (its id maps and training nonzeros).
     model : a model directory or a fitted estimator (its ``model_path_``).
     client : a ``distributed.Client``; default the current one, else in this process when the
-        store is small (:func:`client_for`), else a LocalCluster of ``n_workers`` processes,
-        closed on return.
+        store is small (:func:`~ordnmf_dask.postfit.executor.client_for`), else a LocalCluster
+        of ``n_workers`` processes, closed on return.
     n : list length (fewer for a user with fewer than n items outside its training set).
     users : raw user ids (ints or strings; coerced to the store's id type): recommend for
         these only. Unknown ids raise InputError naming them.

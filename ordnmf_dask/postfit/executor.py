@@ -1,0 +1,42 @@
+"""Where a computation on a fitted model runs: the executor a fit of its store would get."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ordnmf_dask.dist.cluster import choose_client
+from ordnmf_dask.modelstore.model import ModelInfo
+from ordnmf_dask.store.blocks import StoreInfo
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Client
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """What decides where a computation on a model runs, as the model records its store."""
+
+    n_users: int
+    n_items: int
+    nnz_train: int
+    grid: tuple[int, int]
+
+
+@contextmanager
+def client_for(
+    client: Client | None, m: ModelInfo, n_workers: int, info: StoreInfo | None = None
+) -> Iterator[Any]:
+    """The client a computation on model ``m`` (and store ``info``) runs on: ``client`` if
+    given, else as a fit of the model's store would run
+    (:func:`~ordnmf_dask.dist.cluster.choose_client`): in-process when small, no cluster
+    started; else the current client or a LocalCluster of ``n_workers``."""
+    a = m.attrs
+    sizes = info if info is not None else _Sizes(
+        int(a["store"]["n_users"]), int(a["store"]["n_items"]), int(a["store"]["nnz_train"]),
+        (len(a["row_bounds"]) - 1, len(a["col_bounds"]) - 1))  # fmt: skip
+    with choose_client(client, sizes, int(a["params"]["n_components"]),
+                       n_workers=n_workers) as cl:  # fmt: skip
+        yield cl
