@@ -148,26 +148,6 @@ def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
     assert clustermod.checkpoint_schedule(object(), values) == (4, 2.0)  # a cluster's client
 
 
-def test_sh_summed_per_item_block_is_bitwise_the_tuple_sum(tmp_path, monkeypatch):
-    """On an 8 x 8 grid both plans cut each row and each column into one strip; a small store
-    sums SH with one tree per item-block, a large one with one tree of tuples: the same sums."""
-    from ordnmf_dask.engine import cavi
-
-    train, test = dense_split(synthetic_ordinal(48, 40, 3, seed=7))
-    grid8 = store_from_dense(tmp_path / "g.zarr", train, test, 3, (8, 8))
-    plan = cavi.strips(grid8)
-    assert plan == ([list(range(8))], [list(range(8))])
-
-    def fit(name):
-        est = OrdNMF(K, max_iter=5, tol=1e-12, checkpoint_every=0, executor="inprocess")
-        return _result(est.fit(grid8, out=tmp_path / name))
-
-    per_block = fit("a")
-    monkeypatch.setattr(cavi, "SMALL_STORE_NNZ", 0)
-    assert cavi.strips(grid8) == plan
-    _assert_bitwise(per_block, fit("b"))
-
-
 def test_executor_values_are_checked(tmp_path, store):
     with pytest.raises(InputError, match="^executor must be 'auto', 'inprocess' or 'cluster'"):
         OrdNMF(K, executor="threads").fit(store)

@@ -256,14 +256,12 @@ class CaviRunner:
         rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
         sw = [reduce.item(x, 0) for x in rows]
         # one tree per run of item-blocks, adding the tuples of their SH parts (a tree per
-        # item-block would be n_c / n_groups times as many tasks); on a small store cut into
-        # one run, a tree per item-block, so that the pass does not end with one task adding
-        # all of SH
-        per_block = len(self.groups) == 1 and self.store.nnz_train <= SMALL_STORE_NNZ
+        # item-block would be n_c / n_groups times as many tasks); with one run, a tree per
+        # item-block, so that the pass does not end with a single task adding all of SH
         sh = []
         for g, group in enumerate(self.groups):
             parts = [row[g] for row in stats]
-            if per_block:
+            if len(self.groups) == 1:
                 sh += [tree_sum(client, parts, ("sh", j), lazy=True) for j in range(len(group))]
             else:
                 total = tree_sum(client, parts, "sh", lazy=True)
