@@ -256,16 +256,11 @@ class CaviRunner:
         rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
         sw = [reduce.item(x, 0) for x in rows]
         # one tree per run of item-blocks, adding the tuples of their SH parts (a tree per
-        # item-block would be n_c / n_groups times as many tasks); with one run, a tree per
-        # item-block, so that the pass does not end with a single task adding all of SH
+        # item-block would be n_c / n_groups times as many tasks)
         sh = []
         for g, group in enumerate(self.groups):
-            parts = [row[g] for row in stats]
-            if len(self.groups) == 1:
-                sh += [tree_sum(client, parts, ("sh", j), lazy=True) for j in range(len(group))]
-            else:
-                total = tree_sum(client, parts, "sh", lazy=True)
-                sh += [reduce.item(total, j) for j in range(len(group))]
+            total = tree_sum(client, [row[g] for row in stats], "sh", lazy=True)
+            sh += [reduce.item(total, j) for j in range(len(group))]
         small = tree_sum(client, rows, 1)
         return sw, sh, small
 
