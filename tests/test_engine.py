@@ -309,25 +309,6 @@ def test_strip_runs():
     assert runs(np.array([3 * MAX_STRIP_COLS]), 8, MAX_STRIP_COLS) == [[0]]  # a wide block alone
 
 
-def test_a_small_store_takes_two_strips_per_pass_where_its_grid_allows():
-    """A store of at most SMALL_STORE_NNZ nonzeros: one strip per user-block (and per
-    item-block) when there are two of them, two runs on a one-row grid; within the strip
-    limits either way. A larger store on the same grid keeps MIN_STRIPS strips per pass."""
-    from types import SimpleNamespace
-
-    from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, SMALL_STORE_NNZ, strips
-
-    def store(grid, nnz, item_rows=1000):
-        rows = np.arange(grid[0] + 1) * 1000
-        return SimpleNamespace(grid=grid, nnz_train=nnz, row_bounds=rows,
-                               col_bounds=np.arange(grid[1] + 1) * item_rows)  # fmt: skip
-
-    assert strips(store((2, 2), SMALL_STORE_NNZ)) == ([[0, 1]], [[0, 1]])
-    assert strips(store((2, 2), SMALL_STORE_NNZ + 1)) == ([[0], [1]], [[0], [1]])
-    assert strips(store((1, 4), 100)) == ([[0, 1], [2, 3]], [[0]])
-    assert strips(store((2, 3), 100, MAX_STRIP_COLS // 2)) == ([[0, 1], [2]], [[0, 1]])
-
-
 @pytest.mark.cluster
 def test_own_local_cluster_spills_on_process_memory_only():
     """The LocalCluster a fit starts has Dask's managed-memory target off (spill, pause and

@@ -24,8 +24,7 @@ K = 3
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A 2 x 3 grid: several chunks per factor, trees of partial sums over user-blocks (as a
-    small store: one strip per user-block and one per item-block)."""
+    """A 2 x 3 grid: several strips, trees of partial sums and chunks per factor."""
     train, test = dense_split(synthetic_ordinal(40, 30, 4, seed=3))
     return store_from_dense(tmp_path_factory.mktemp("s") / "s.zarr", train, test, 4, (2, 3))
 
@@ -62,24 +61,6 @@ def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store, client, kl
     in_process = fit(None, executor="inprocess")
     assert len(on_cluster["elbo"]) == 8
     _assert_bitwise(on_cluster, in_process)
-
-
-@pytest.mark.cluster
-def test_several_strips_per_row_and_column_are_bitwise_the_cluster_fit(
-    tmp_path, store, client, monkeypatch
-):
-    """The store planned as a large one: several strips per user-block and per item-block,
-    so SW, SH and both rate terms are summed over strips by trees of partial sums."""
-    from ordnmf_dask.engine import cavi
-
-    monkeypatch.setattr(cavi, "SMALL_STORE_NNZ", 0)
-    assert cavi.strips(store) == ([[0], [1], [2]], [[0], [1]])
-
-    def fit(where, **kw):
-        est = OrdNMF(K, max_iter=6, tol=1e-12, checkpoint_every=0, **kw)
-        return _result(est.fit(store, where, out=tmp_path / f"m{len(kw)}"))
-
-    _assert_bitwise(fit(client), fit(None, executor="inprocess"))
 
 
 @pytest.mark.cluster

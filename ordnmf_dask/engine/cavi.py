@@ -182,7 +182,9 @@ class CaviRunner:
             [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
             for r in range(n_r)
         ]
-        self.groups, self.row_runs = strips(store)
+        # row strips: user-block r x a run of item-blocks; column strips: the transpose
+        self.groups = runs(np.diff(store.col_bounds), n_r, MAX_STRIP_COLS)
+        self.row_runs = runs(np.diff(store.row_bounds), n_c, MAX_STRIP_ROWS)
         self._home = homes(sorted(client.scheduler_info()["workers"]), n_r, self.groups)
         if cache_blocks:
             load, home = tasks.materialize, self._home["block"]
@@ -535,29 +537,22 @@ MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~
 MAX_STRIP_ROWS = 2**18  # users per column strip: its E[W] tables stay ~100 MB at K = 50
 MAX_STRIP_BLOCKS = 8  # blocks per strip: a pass has at least n_r n_c / 8 tasks to spread
 MIN_STRIPS = 8  # strips per pass wanted on small grids (when there are enough blocks)
-# a store of at most this many training nonzeros wants only MIN_STRIPS_SMALL strips per pass:
-# its strips take milliseconds, so one strip fewer (no partial sum to allocate, add and move)
-# gains more than spreading a pass wider than two cores
-SMALL_STORE_NNZ = 2**22
-MIN_STRIPS_SMALL = 2
 
 
-def runs(
-    widths: np.ndarray, across: int, limit: int, min_strips: int = MIN_STRIPS
-) -> list[list[int]]:
+def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:
     """Indices 0..n-1 (block positions along one axis of the grid) cut into contiguous runs of
     about equal count: one strip per (run, block on the other axis).
 
     As few runs as keep every strip within MAX_STRIP_BLOCKS blocks and ``limit`` factor rows
     (``widths``: rows per block; a single wider block is its own run), and give at least
-    ``min_strips`` strips when there are that many blocks (``across``: blocks on the other
-    axis). The cut depends on the store only, never on the cluster or the executor: sums are
-    bit-identical whatever runs them.
+    MIN_STRIPS strips when there are that many blocks (``across``: blocks on the other axis).
+    The cut depends on the grid only, never on the cluster: sums are bit-identical whatever the
+    number of workers.
     """
     n = len(widths)
     count = max(
         -(-n // MAX_STRIP_BLOCKS),
-        -(-min_strips // max(across, 1)),
+        -(-MIN_STRIPS // max(across, 1)),
         -(-int(np.sum(widths)) // limit),
     )
     out: list[list[int]] = []
@@ -569,17 +564,6 @@ def runs(
         else:
             out.append(run)
     return out
-
-
-def strips(store: StoreInfo) -> tuple[list[list[int]], list[list[int]]]:
-    """The runs of item-blocks of the row strips (user-block r x a run) and the runs of
-    user-blocks of the column strips (item-block c x a run), from the store alone."""
-    n_r, n_c = store.grid
-    spread = MIN_STRIPS if store.nnz_train > SMALL_STORE_NNZ else MIN_STRIPS_SMALL
-    return (
-        runs(np.diff(store.col_bounds), n_r, MAX_STRIP_COLS, spread),
-        runs(np.diff(store.row_bounds), n_c, MAX_STRIP_ROWS, spread),
-    )
 
 
 def homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, list[Any]]:
