@@ -49,12 +49,15 @@ def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
                  first_index: int) -> tuple[list[MemoryChunk], str]:  # fmt: skip
     """One chunk per partition of a dask DataFrame, numbered from ``first_index``, and the
     label naming the frame; the columns are checked against the frame's (no data is read)."""
+    import dask
     from dask.optimization import cull
 
     label = f"{role} DataFrame"
     picked = tuple(pick_columns(list(frame.columns), columns, label))
     named = {str(c): c for c in frame.columns}  # a table's column names are strings
-    frame = frame[[named[c] for c in picked]].optimize()  # only the three columns are read
+    frame = frame[[named[c] for c in picked]]  # only the three columns are read
+    # an expression-based frame (dask >= 2025) optimizes itself; a legacy one through dask
+    frame = frame.optimize() if hasattr(frame, "optimize") else dask.optimize(frame)[0]
     graph = dict(frame.__dask_graph__())
     return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", role, picked, True,
                         (cull(graph, [key])[0], key))
