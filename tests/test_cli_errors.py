@@ -200,3 +200,14 @@ def test_distributed_ingest_refuses_bad_options_before_any_cluster(tmp_path, cap
                                          "--distributed", *bad])
     assert code == 2, line
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("bad", [["--users", "0"], ["--classes", "300"]])
+def test_synth_refuses_bad_parameters_before_any_cluster(tmp_path, capsys, bad):
+    """Not marked ``cluster``: a scheduler started here fails the test (conftest)."""
+    args = {"--users": "50", "--items": "40", "--nnz": "500", "-k": "2", "--classes": "5"}
+    args.update(dict(zip(bad[::2], bad[1::2], strict=True)))
+    code, line = one_error_line(capsys, ["synth", "--out", str(tmp_path / "s.zarr"),
+                                         *[x for kv in args.items() for x in kv]])
+    assert code == 2, line
+    assert not (tmp_path / "s.zarr").exists()

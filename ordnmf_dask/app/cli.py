@@ -396,12 +396,13 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
 def cmd_synth(args: argparse.Namespace) -> int:
     from ordnmf_dask.sources.synth import synth
 
+    shape = (args.out, args.users, args.items, int(args.nnz), args.n_components, args.classes)
+    options = dict(seed=args.seed, shape=args.shape, test_fraction=args.test_fraction,
+                   nnz_per_block=args.nnz_per_block, overwrite=args.overwrite)  # fmt: skip
+    synth(*shape, **options, check=True)  # before any cluster
     with _cluster_client(args) as client:
-        info = synth(
-            args.out, args.users, args.items, int(args.nnz), args.n_components, args.classes,
-            seed=args.seed, shape=args.shape, test_fraction=args.test_fraction,
-            nnz_per_block=args.nnz_per_block, client=client, overwrite=args.overwrite,
-        )  # fmt: skip
+        info = synth(*shape, **options, client=client)
+    assert info is not None
     print(_summary_text(info))
     return EXIT_OK
 

@@ -70,7 +70,7 @@ from ordnmf_dask.model.kernels import jit, row_dot
 from ordnmf_dask.sources.split import check_test_fraction
 from ordnmf_dask.sources.values import MAX_CLASSES
 from ordnmf_dask.store import files as locations
-from ordnmf_dask.store.blocks import StoreInfo
+from ordnmf_dask.store.blocks import StoreInfo, check_target
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, auto_grid
 from ordnmf_dask.store.staged import (
     STAGING,
@@ -506,7 +506,8 @@ def synth(
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     client: Any = None,
     overwrite: bool = False,
-) -> StoreInfo:
+    check: bool = False,
+) -> StoreInfo | None:
     """Sample a synthetic IG-OrdNMF dataset into a new store at ``out`` (see module docstring).
 
     Parameters
@@ -532,6 +533,9 @@ def synth(
         Run the block tasks on this cluster (every worker must see ``out``'s directory); None
         runs them in this process.
     overwrite : bool
+    check : bool
+        Only check the parameters and ``out``, and return None: nothing is written (a command
+        runs it before it starts its cluster).
 
     Returns
     -------
@@ -543,6 +547,9 @@ def synth(
         n_users, n_items, nnz, n_components, n_classes, seed, shape, rate_w, rate_h, thresholds,
         test_fraction, nnz_per_block,
     )  # fmt: skip
+    if check:
+        check_target(out, overwrite)
+        return None
     rb, cb = regular_bounds(n_users, n_r), regular_bounds(n_items, n_c)
     runner = Runner(client, "synth")
     with temporary_store(out, overwrite) as (path, tmp):
