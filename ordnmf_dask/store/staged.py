@@ -27,6 +27,7 @@ nonzeros that is ~17 GB, freed before the store is marked complete.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -134,13 +135,15 @@ class NpyRows:
     """Row slices ``[lo:hi]`` of a C-order ``.npy`` file (1-D or 2-D, local or at a URL), read
     on demand: only the requested bytes are read, and no memory map enters the RSS."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, f: Any = None) -> None:
+        """``f``: the file already open (its header is read from it, and the caller keeps it
+        for :meth:`read`); by default the file is opened for the header and for each read."""
         self.path = path
-        with locations.open_file(path) as f:
-            version = np.lib.format.read_magic(f)
-            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
-                                     else np.lib.format.read_array_header_2_0(f))  # fmt: skip
-            self.offset = f.tell()
+        with contextlib.nullcontext(f) if f is not None else locations.open_file(path) as fh:
+            version = np.lib.format.read_magic(fh)
+            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(fh) if version == (1, 0)
+                                     else np.lib.format.read_array_header_2_0(fh))  # fmt: skip
+            self.offset = fh.tell()
         if fortran or dtype.hasobject or len(shape) not in (1, 2):
             raise ValueError(f"{path}: expected a C-order 1-D or 2-D array of numbers")
         self.shape, self.dtype = shape, dtype
@@ -150,11 +153,15 @@ class NpyRows:
         lo, hi, step = rows.indices(self.shape[0])
         if step != 1:
             raise ValueError(f"{self.path}: only contiguous row ranges are read, got {rows}")
+        with locations.open_file(self.path) as f:
+            return self.read(f, lo, hi)
+
+    def read(self, f: Any, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` (within the shape) from the open file ``f``."""
         n = max(hi - lo, 0)
         out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
-        with locations.open_file(self.path) as f:
-            f.seek(self.offset + lo * self.row_bytes)
-            got = f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        f.seek(self.offset + lo * self.row_bytes)
+        got = f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
         if got != out.nbytes:
             raise StoreError(f"{self.path}: staged file cut short ({got} of {out.nbytes} bytes "
                              f"at offset {self.offset + lo * self.row_bytes})")
@@ -162,8 +169,11 @@ class NpyRows:
 
 
 def load_rows(prefix: str, name: str, lo: int, hi: int) -> np.ndarray:
-    """Entries ``[lo, hi)`` of the staged array ``prefix.<name>.npy`` (see :class:`NpyRows`)."""
-    return NpyRows(f"{prefix}.{name}.npy")[lo:hi]
+    """Entries ``[lo, hi)`` of the staged array ``prefix.<name>.npy`` (see :class:`NpyRows`),
+    header and rows read through one opening of the file."""
+    path = f"{prefix}.{name}.npy"
+    with locations.open_file(path) as f:
+        return NpyRows(path, f).read(f, lo, hi)
 
 
 @contextmanager
