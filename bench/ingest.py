@@ -41,9 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import MB, fmt_table, self_peak_mb, worker_peaks  # noqa: E402
 
+_BATCH_ROWS = 1 << 27  # rows of the input written at a time
+
 
 def write_input(path: Path, n_rows: int, fmt: str, seed: int = 0) -> None:
-    """Distinct (user, item) pairs, shuffled; degrees ~ 1 / (rank + 10)^0.8 on both sides."""
+    """Distinct (user, item) pairs with degrees ~ 1 / (rank + 10)^0.8 on both sides, written
+    batch by batch (at most ``_BATCH_ROWS`` rows in memory): batch b holds the users whose
+    popularity rank is b modulo the number of batches, so pairs of different batches are
+    distinct; rows are shuffled within a batch."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -51,30 +56,51 @@ def write_input(path: Path, n_rows: int, fmt: str, seed: int = 0) -> None:
 
     rng = np.random.default_rng(seed)
     n_users, n_items = max(n_rows // 20, 10), max(n_rows // 100, 10)
+    n_batches = -(-n_rows // _BATCH_ROWS)
+    user_of_rank, item_of_rank = rng.permutation(n_users), rng.permutation(n_items)
+    user_cdf = np.cumsum(1.0 / (np.arange(n_users) + 10.0) ** 0.8)
+    item_cdf = np.cumsum(1.0 / (np.arange(n_items) + 10.0) ** 0.8)
 
-    def draw(n: int, size: int) -> np.ndarray:
-        cdf = np.cumsum(1.0 / (np.arange(n) + 10.0) ** 0.8)
-        picks = np.searchsorted(cdf, rng.random(size) * cdf[-1])
-        return rng.permutation(n)[np.minimum(picks, n - 1)]
+    def draw(cdf: np.ndarray, size: int) -> np.ndarray:
+        return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1]), len(cdf) - 1)
 
-    keys = np.zeros(0, np.int64)
-    while len(keys) < n_rows:
-        more = int((n_rows - len(keys)) * 1.1) + 100
-        keys = np.unique(np.concatenate([keys, draw(n_users, more).astype(np.int64) * n_items
-                                         + draw(n_items, more)]))  # fmt: skip
-    keys = rng.permutation(rng.choice(keys, n_rows, replace=False))
-    users, items = np.divmod(keys, n_items)
-    del keys
-    table = pa.table({
-        "user": pc.binary_join_element_wise("u", pc.cast(pa.array(users), pa.string()), ""),
-        "item": pc.binary_join_element_wise("item-", pc.cast(pa.array(items), pa.string()), ""),
-        "rating": pa.array(rng.integers(1, 11, n_rows) / 2.0),
-    })  # fmt: skip
+    def batch(b: int, n: int) -> pa.Table:
+        keys = np.zeros(0, np.int64)
+        while len(keys) < n:
+            more = int((n - len(keys)) * 1.1) + 100
+            ranks = draw(user_cdf, more)
+            ranks += b - ranks % n_batches  # the nearest rank of this batch's class
+            ranks[ranks >= n_users] -= n_batches
+            users = user_of_rank[ranks[ranks >= 0]]
+            items = item_of_rank[draw(item_cdf, len(users))]
+            keys = np.unique(np.concatenate([keys, users.astype(np.int64) * n_items + items]))
+        keys = rng.permutation(rng.choice(keys, n, replace=False))
+        users, items = np.divmod(keys, n_items)
+        del keys
+        return pa.table({
+            "user": pc.binary_join_element_wise("u", pc.cast(pa.array(users), pa.string()), ""),
+            "item": pc.binary_join_element_wise("item-", pc.cast(pa.array(items), pa.string()),
+                                                ""),
+            "rating": pa.array(rng.integers(1, 11, n) / 2.0),
+        })  # fmt: skip
+
     tmp = path.with_name(path.name + ".part")
-    if fmt == "csv":
-        pacsv.write_csv(table, tmp, pacsv.WriteOptions(quoting_style="none"))
-    else:
-        pq.write_table(table, tmp, row_group_size=1 << 20)
+    sizes = [n_rows // n_batches + (b < n_rows % n_batches) for b in range(n_batches)]
+    writer = None
+    try:
+        for b, n in enumerate(sizes):
+            table = batch(b, n)
+            if writer is None:
+                writer = (pacsv.CSVWriter(tmp, table.schema,
+                                          write_options=pacsv.WriteOptions(quoting_style="none"))
+                          if fmt == "csv" else pq.ParquetWriter(tmp, table.schema))  # fmt: skip
+            if fmt == "csv":
+                writer.write_table(table)
+            else:
+                writer.write_table(table, row_group_size=1 << 20)
+    finally:
+        if writer is not None:
+            writer.close()
     tmp.rename(path)
 
 

@@ -12,7 +12,7 @@ from conftest import SHARED_DATA as DATA
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.distributed_tasks import union_ids
+from ordnmf_dask.sources.distributed_tasks import as_kind, sorted_distinct
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.sources.split import pair_hash, random_test_mask
 from ordnmf_dask.sources.text import line_numbers
@@ -136,12 +136,15 @@ def test_hash_split_is_exact_and_order_free():
     assert counts.min() > 0.6 * len(h) / 16
 
 
-def test_union_of_sorted_id_runs():
-    a, b = np.array([3, 7, 40]), np.array([7, 8, 300])
-    np.testing.assert_array_equal(union_ids(a, b), [3, 7, 8, 40, 300])
-    mixed = union_ids(a, np.array(["007", "40", "u1"]))
-    np.testing.assert_array_equal(mixed, ["007", "3", "40", "7", "u1"])
-    assert mixed.dtype == np.dtype("<U3")  # as wide as the longest id, not as any int64
+def test_sorted_distinct_ids_as_numpys_unique():
+    rng = np.random.default_rng(3)
+    alphabet = np.array(list("az09 ,é日本\U0001f600ß-"))
+    text = np.array(["".join(rng.choice(alphabet, rng.integers(1, 6))) for _ in range(3000)])
+    for ids in (text, rng.integers(-50, 50, 500), np.zeros(0, "<U3")):
+        got = sorted_distinct(ids)
+        np.testing.assert_array_equal(got, np.unique(ids))
+        assert got.dtype == np.unique(ids).dtype
+    assert as_kind(np.array([7, 40]), "U").tolist() == ["7", "40"]
 
 
 def test_line_numbers_skip_blank_lines():

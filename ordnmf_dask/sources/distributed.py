@@ -63,10 +63,14 @@ from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed_tasks import (
     AnyChunk,
+    CodesJob,
     Final,
+    IdRanges,
     PartJob,
+    RangeJob,
     TestSet,
     add,
+    as_kind,
     block_task,
     codes_task,
     dedupe_task,
@@ -75,12 +79,14 @@ from ordnmf_dask.sources.distributed_tasks import (
     hash_bin_task,
     hash_hist_task,
     ids_task,
+    join_add,
     parse_task,
     partition_task,
+    range_task,
+    split_ids_task,
     test_codes_task,
     test_partition_task,
     train_degrees_task,
-    union_ids,
 )
 from ordnmf_dask.sources.inmemory import (
     IngestOptions,
@@ -109,7 +115,7 @@ from ordnmf_dask.sources.text import DELIMITERS, Column, check_columns
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
 from ordnmf_dask.store.blocks import StoreInfo, check_target
-from ordnmf_dask.store.grid import balanced_bounds, bounds_from_degrees
+from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
     finish_store,
@@ -121,7 +127,7 @@ from ordnmf_dask.store.staged import (
 PathLike = str | os.PathLike
 DEFAULT_CHUNK_BYTES = 2**24
 DEFAULT_ROWS_PER_PARTITION = 2**22
-_IDS_PER_LEAF = 4  # chunks whose distinct ids one task reads and merges
+_SAMPLED_ROWS = 1 << 22  # user codes sampled (about) to balance the partitions by rows
 
 
 @dataclass(eq=False)
@@ -196,32 +202,41 @@ def ingest_distributed(
     label = train.label
     with temporary_store(out, overwrite) as (path, tmp):
         staging_dir(tmp)
-        spec, rows = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
-        live = [c for c, n in zip(train.chunks, rows[0], strict=True) if n > 0]
-        user_ids = _merged_ids(runner, [c.index for c in live], tmp, "users")
-        item_ids = _merged_ids(runner, [c.index for c in live], tmp, "items")
-        sh_users, sh_items = runner.share(user_ids), runner.share(item_ids)
-        user_rows = runner.map_reduce(codes_task, live, add, tmp, spec, sh_users, sh_items)
+        spec, rows, parsed = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
+        found = [k for k, n in enumerate(rows[0]) if n > 0]
+        live = [train.chunks[k] for k in found]
+        users = _code_ids(runner, live, [parsed[k] for k in found], tmp, "users",
+                          2 * rows_per_partition)  # fmt: skip
+        items = _code_ids(runner, live, [parsed[k] for k in found], tmp, "items",
+                          2 * rows_per_partition)  # fmt: skip
+        user_ids, item_ids = users.ids, items.ids
+        stride = max(1, sum(map(sum, rows)) // _SAMPLED_ROWS)
+        coded = [CodesJob(c, users.pieces[k], items.pieces[k], (users.moved[k], items.moved[k]))
+                 for k, c in enumerate(live)]  # fmt: skip
+        sample = runner.map(codes_task, coded, tmp, spec, users.offsets, items.offsets, stride)
         t_live: list[AnyChunk] = []
         test_set = None
         if tested is not None:
             t_live = [c for c, n in zip(tested.chunks, rows[1], strict=True) if n > 0]
-            test_set = TestSet(_merged_ids(runner, [c.index for c in t_live], tmp, "users"),
-                               _merged_ids(runner, [c.index for c in t_live], tmp, "items"),
+            t_index = [c.index for c in t_live]
+            test_set = TestSet(runner.map(ids_task, [t_index], tmp, "users")[0],
+                               runner.map(ids_task, [t_index], tmp, "items")[0],
                                tested.names)  # fmt: skip
-            user_rows = user_rows + runner.map_reduce(
-                test_codes_task, t_live, add, tmp, spec, sh_users, sh_items,
-                runner.share(test_set.users), runner.share(test_set.items))  # fmt: skip
+            sample += runner.map(test_codes_task, t_live, tmp, spec, runner.share(user_ids),
+                                 runner.share(item_ids), runner.share(test_set.users),
+                                 runner.share(test_set.items), stride)  # fmt: skip
         n_parts = max(1, min(len(user_ids), math.ceil(sum(map(sum, rows)) / rows_per_partition)))
-        bounds = balanced_bounds(user_rows, n_parts)
+        bounds = _sample_bounds(np.concatenate(sample), len(user_ids), n_parts)
+        n_parts = len(bounds) - 1
         hits = runner.map(partition_task, live, tmp, bounds)
         t_hits = [] if test_set is None else runner.map(
             test_partition_task, t_live, tmp, bounds, _test_bounds(user_ids, test_set.users,
                                                                    bounds))  # fmt: skip
         jobs = [PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p))
                 for p in range(n_parts)]  # fmt: skip
-        merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates, sh_users, sh_items,
-                            runner.share(train.names),
+        merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates,
+                            IdRanges(tmp, "users", users.offsets),
+                            IdRanges(tmp, "items", items.offsets), runner.share(train.names),
                             None if test_set is None else runner.share(test_set))  # fmt: skip
         remove_staging(tmp, "chunks")  # every row is in a partition now
         parts = [j.part for j in jobs]
@@ -231,11 +246,9 @@ def ingest_distributed(
             raise InputError(
                 f"{label}: no interactions left: every row is below the binarize/count threshold"
             )
-        fin = _filter(runner, parts, tmp, len(user_ids), len(item_ids), min_count, filter_mode,
-                      seed)  # fmt: skip
-        user_deg, item_deg = runner.map_reduce(
-            final_degrees_task, parts, add, tmp, runner.share(fin), len(user_ids), len(item_ids)
-        )
+        fin = _filter(runner, parts, tmp, bounds, len(item_ids), min_count, filter_mode, seed)
+        user_deg, item_deg = runner.map_reduce(final_degrees_task, parts, join_add, tmp,
+                                               runner.share(fin), len(item_ids))  # fmt: skip
         n = int(user_deg.sum())
         if n == 0:
             raise InputError(
@@ -250,7 +263,8 @@ def ingest_distributed(
             extra["test_not_interaction"] = _test_errors([m[2] for m in merged])
             n_test = 0
         user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
-        fin = Final(fin.user_alive, fin.item_alive, _index_map(user_deg > 0),
+        kept_before = np.concatenate([[0], np.cumsum(user_deg > 0)]).astype(np.int64)
+        fin = Final(bounds, fin.user_alive, fin.item_alive, kept_before[bounds],
                     _index_map(item_deg > 0), len(item_sel), seed,
                     file_test=tested is not None)  # fmt: skip
         n_val = n_validation_rows(n - n_test, validation_fraction)
@@ -259,8 +273,7 @@ def ingest_distributed(
                              f"(validation_fraction={validation_fraction:g})")
         fin = _with_threshold(runner, parts, tmp, fin, n_test, n_val)
         shared = runner.share(fin)
-        deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, add, tmp, shared,
-                                         len(user_sel))  # fmt: skip
+        deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, join_add, tmp, shared)
         row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
         placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
                             spec.n_classes)  # fmt: skip
@@ -427,9 +440,10 @@ def _names(
 def _parse(
     runner: Runner, ins: list[_Input], tmp: str, ratings: str | None, counts: Any,
     binarize: float | None, scale_max: int | None,
-) -> tuple[ValueSpec, list[list[int]]]:  # fmt: skip
+) -> tuple[ValueSpec, list[list[int]], list[dict]]:  # fmt: skip
     """Parse every chunk of the inputs; return the value rule (of all their values, as in
-    memory) and the rows of each chunk per input. A chunk of data in memory drops its data."""
+    memory), the rows of each chunk per input and the training chunks' summaries
+    (``parse_task``). A chunk of data in memory drops its data."""
     chunks = [c for inp in ins for c in inp.chunks]
     smalls = runner.gather_all(runner.submit(parse_task, chunks, tmp))
     rows: list[list[int]] = []
@@ -456,7 +470,7 @@ def _parse(
                             np.full(len(values), line, np.int64))  # fmt: skip
     spec = make_spec(np.asarray(values, np.float64), origin, ratings=ratings, counts=counts,
                      binarize=binarize, scale_max=scale_max)  # fmt: skip
-    return spec, rows
+    return spec, rows, smalls[: len(ins[0].chunks)]
 
 
 def _check_rows(inp: _Input, rows: list[int]) -> None:
@@ -474,33 +488,73 @@ def _check_rows(inp: _Input, rows: list[int]) -> None:
             raise InputError(f"{path}: no data rows (only a header line)")
 
 
-def _merged_ids(runner: Runner, chunks: list[int], tmp: str, what: str) -> np.ndarray:
-    """Sorted distinct ids of the parsed ``chunks``, merged on the workers by a tree over runs
-    of ``_IDS_PER_LEAF`` chunks."""
-    runs = [tuple(chunks[k : k + _IDS_PER_LEAF]) for k in range(0, len(chunks), _IDS_PER_LEAF)]
-    return runner.map_reduce(ids_task, runs, union_ids, tmp, what)
+@dataclass(frozen=True, eq=False)
+class _Coded:
+    """The global sorted ids of one side, the (R + 1,) offsets of their ranges, and per chunk
+    its pieces (range, start, stop) in the ranges' staged codes and whether its ids were
+    re-sorted."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    pieces: list[tuple[tuple[int, int, int], ...]]
+    moved: list[bool]
+
+
+def _code_ids(
+    runner: Runner, chunks: list[AnyChunk], parsed: list[dict], tmp: str, what: str,
+    ids_per_range: int,
+) -> _Coded:  # fmt: skip
+    """Sorted distinct ``what`` ids of the parsed ``chunks`` (as ``np.unique`` in memory: int64
+    if all are, else str), in ranges cut at splitters from the chunks' samples, each range
+    the union of its pieces in one task (``range_task``) of about ``ids_per_range`` ids read."""
+    kind = "U" if any(p[what][1].dtype.kind == "U" for p in parsed) else "i"
+    sample = np.unique(np.concatenate([as_kind(p[what][1], kind) for p in parsed]))
+    n_ranges = max(1, min(len(sample), math.ceil(sum(p[what][0] for p in parsed) / ids_per_range)))
+    splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges]
+    cuts = runner.map(split_ids_task, [c.index for c in chunks], tmp, what, kind, splitters)
+    cuts = np.array(cuts, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
+    moved = [p[what][1].dtype.kind != kind for p in parsed]
+    lengths = np.diff(cuts, axis=1)
+    starts = np.cumsum(lengths, axis=0) - lengths  # where each piece is in its range's codes
+    jobs = [RangeJob(r, tuple((c.index, int(cuts[k, r]), int(cuts[k, r + 1]), moved[k])
+                              for k, c in enumerate(chunks) if lengths[k, r]))
+            for r in range(n_ranges)]  # fmt: skip
+    ranges = runner.map(range_task, jobs, tmp, what)
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
+    pieces = [tuple((r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
+                    for r in np.flatnonzero(lengths[k])) for k in range(len(chunks))]  # fmt: skip
+    return _Coded(np.concatenate(ranges), offsets, pieces, moved)
+
+
+def _sample_bounds(sample: np.ndarray, n_users: int, n_parts: int) -> np.ndarray:
+    """Cuts (P' + 1,) of the user codes into at most ``n_parts`` ranges of about as many rows,
+    from a row-weighted sample of user codes; every range starts at a user with rows."""
+    s = np.sort(sample)
+    inner = np.unique(s[np.arange(1, n_parts) * len(s) // n_parts]) if len(s) else s
+    inner = inner[(inner > 0) & (inner < n_users)]
+    return np.concatenate([[0], inner, [n_users]]).astype(np.int64)
 
 
 def _filter(
-    runner: Runner, parts: list[int], tmp: str, n_users: int, n_items: int, min_count: int,
-    mode: str, seed: int,
+    runner: Runner, parts: list[int], tmp: str, bounds: np.ndarray, n_items: int,
+    min_count: int, mode: str, seed: int,
 ) -> Final:  # fmt: skip
     """Alive users and items after ``filtering.min_count_mask``'s filter, by degree reductions."""
     if min_count <= 1:
-        return Final(None, None, None, None, n_items, seed)
-    user_alive = np.ones(n_users, dtype=bool)
+        return Final(bounds, None, None, None, None, n_items, seed)
+    user_alive = np.ones(int(bounds[-1]), dtype=bool)
     item_alive = np.ones(n_items, dtype=bool)
     while True:
         ua, ia = runner.share(user_alive), runner.share(item_alive)
-        item_deg = runner.map_reduce(degree_task, parts, add, tmp, ua, ia, "i")
+        _, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia)
         before = int(item_deg.sum())
         item_alive = item_alive & (item_deg >= min_count)
-        ua, ia = runner.share(user_alive), runner.share(item_alive)
-        user_deg = runner.map_reduce(degree_task, parts, add, tmp, ua, ia, "u")
+        ia = runner.share(item_alive)
+        user_deg, _ = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia)
         user_alive = user_alive & (user_deg >= min_count)
         after = int(user_deg[user_alive].sum())
         if mode == "paper" or after == before:
-            return Final(user_alive, item_alive, None, None, n_items, seed)
+            return Final(bounds, user_alive, item_alive, None, None, n_items, seed)
 
 
 def _index_map(kept: np.ndarray) -> np.ndarray:

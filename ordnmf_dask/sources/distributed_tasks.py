@@ -1,7 +1,8 @@
 """The per-piece and per-partition tasks of the distributed ingest (:mod:`.distributed`).
 
 Every task reads its inputs from the staging directory, writes its outputs there, and returns
-only small values or O(U + I) vectors that are tree-reduced on the workers. Staged files are
+only small values, one id range's ids, or degree vectors that are tree-reduced on the workers
+(O(I) per item vector; a partition's users only, joined in order, per user vector). Staged files are
 plain ``.npy`` arrays (no pickle). The rows of a test file go through the same passes beside
 the training rows (``test_codes_task``, ``test_partition_task``, the test side of
 ``dedupe_task``, ``block_task``), with the in-memory path's per-row functions.
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import dedupe, encode_pair
@@ -39,30 +42,23 @@ from ordnmf_dask.store.staged import (
 )
 
 _SHIFT = np.uint64(64 - HASH_BIN_BITS)
+_SAMPLE = 64  # distinct ids per chunk and side sampled for the id ranges' splitters
 AnyChunk = Chunk | ParquetChunk | MemoryChunk
 
 
-def union_ids(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Sorted distinct ids of two sorted distinct id arrays: int64 if both are, else str (as
-    wide as the longest id). The ids of ``b`` not in ``a`` are inserted into a copy of ``a``
-    (a linear merge: no sort, one new array)."""
-    if a.dtype.kind != b.dtype.kind:
-        a, b = _as_str(a), _as_str(b)
-    kind = np.promote_types(a.dtype, b.dtype)
-    a, b = a.astype(kind, copy=False), b.astype(kind, copy=False)
-    if not len(a) or not len(b):
-        return a if len(a) else b
-    pos = np.searchsorted(a, b)
-    new = a[np.minimum(pos, len(a) - 1)] != b
-    return np.insert(a, pos[new], b[new])
+def as_kind(ids: np.ndarray, kind: str) -> np.ndarray:
+    """Ids in the global kind (``"i"``: int64, ``"U"``: str; integers in decimal)."""
+    return ids if ids.dtype.kind == kind else ids.astype(str)
 
 
-def _as_str(ids: np.ndarray) -> np.ndarray:
-    """Sorted distinct ids as sorted str, integers in decimal, as wide as the longest."""
-    if ids.dtype.kind == "U":
-        return ids
-    text = ids.astype(str)
-    return np.sort(text.astype(f"<U{max(1, int(np.char.str_len(text).max(initial=1)))}"))
+def sorted_distinct(ids: np.ndarray) -> np.ndarray:
+    """``np.unique(ids)`` (int64 or str): strings through pyarrow's hash table and a sort of
+    the distinct ones only (UTF-8 byte order is code point order, numpy's)."""
+    if ids.dtype.kind != "U" or not len(ids):
+        return np.unique(ids)
+    arr = pc.unique(pa.array(ids))
+    out = arr.take(pc.array_sort_indices(arr)).to_numpy(zero_copy_only=False)
+    return out.astype(ids.dtype)
 
 
 def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
@@ -98,7 +94,9 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     Returns
     -------
     dict
-        rows, value max, first value that is not a positive integer (value, line) or None.
+        rows, value max, first value that is not a positive integer (value, line) or None;
+        per side ("users", "items"), the number of distinct ids and ``_SAMPLE`` of them evenly
+        spaced (to cut the ids into ranges).
     """
     triples = parse_chunk(chunk)
     if triples is None:
@@ -110,63 +108,151 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     })  # fmt: skip
     bad = np.flatnonzero((values < 1) | (values != np.round(values)))
     return {
+        **{what: (len(ids), ids[np.linspace(0, len(ids) - 1, min(_SAMPLE, len(ids))).astype(int)])
+           for what, ids in (("users", users), ("items", items))},
         "rows": len(values),
         "vmax": float(values.max()),
         "bad": None if not bad.size else (float(values[bad[0]]), int(line[bad[0]])),
     }
 
 
-def ids_task(chunks: tuple[int, ...], tmp: str, what: str) -> np.ndarray:
-    """Sorted distinct ``what`` ("users" or "items") ids of the parsed chunks ``chunks``, read
-    from their staged files one at a time."""
-    out = load_arrays(_chunk_prefix(tmp, chunks[0]), [what])[what]
-    for index in chunks[1:]:
-        out = union_ids(out, load_arrays(_chunk_prefix(tmp, index), [what])[what])
-    return out
+# --------------------------------------------------------------------------- pass 2: ids
 
 
-# --------------------------------------------------------------------------- pass 2: codes
+def _range_prefix(tmp: str, what: str, index: int) -> str:
+    return locations.join(staging_dir(tmp, "ranges"), f"{what}-{index:06d}")
+
+
+def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.ndarray) -> list:
+    """Cut a parsed chunk's sorted distinct ``what`` ids into the id ranges ``(splitters[r-1],
+    splitters[r]]``; returns the (R + 1,) offsets of the ranges in them, as a list.
+
+    Ids of another kind than the global one (integers among string ids) are converted and
+    re-sorted, staged as ``r_<what>`` with the order that sorts them (``r_<what>_order``).
+    """
+    prefix = _chunk_prefix(tmp, index)
+    ids = load_arrays(prefix, [what])[what]
+    if ids.dtype.kind != kind:
+        ids = as_kind(ids, kind)
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        save_arrays(prefix, {f"r_{what}": ids, f"r_{what}_order": order})
+    inner = np.searchsorted(ids, splitters, side="right")
+    return [0, *(int(x) for x in inner), len(ids)]
+
+
+@dataclass(frozen=True)
+class RangeJob:
+    """Id range ``index`` and its piece in every chunk: (chunk index, start, stop, re-sorted)."""
+
+    index: int
+    pieces: tuple[tuple[int, int, int, bool], ...]
+
+
+def range_task(job: RangeJob, tmp: str, what: str) -> np.ndarray:
+    """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``)
+    and, piece after piece, the pieces' codes among them (``codes``, int32); returns them."""
+    loaded = [load_rows(_chunk_prefix(tmp, c), f"r_{what}" if moved else what, lo, hi)
+              for c, lo, hi, moved in job.pieces]  # fmt: skip
+    ids = sorted_distinct(np.concatenate(loaded)) if loaded else np.zeros(0, np.int64)
+    codes = [np.searchsorted(ids, piece).astype(np.int32) for piece in loaded]
+    save_arrays(_range_prefix(tmp, what, job.index), {
+        "ids": ids, "codes": np.concatenate(codes) if codes else np.zeros(0, np.int32),
+    })  # fmt: skip
+    return ids
+
+
+class IdRanges:
+    """The global sorted ids of one kind, read entry by entry from their staged ranges (for
+    messages naming an id): no task holds all of them."""
+
+    def __init__(self, tmp: str, what: str, offsets: np.ndarray) -> None:
+        self.tmp, self.what, self.offsets = tmp, what, offsets
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, code: int) -> object:
+        r = int(np.searchsorted(self.offsets, code, side="right")) - 1
+        at = int(code) - int(self.offsets[r])
+        return load_rows(_range_prefix(self.tmp, self.what, r), "ids", at, at + 1)[0]
+
+
+# --------------------------------------------------------------------------- pass 3: codes
+
+
+@dataclass(frozen=True)
+class CodesJob:
+    """Chunk ``chunk`` and where its ids' codes are: per side, (range, start, stop) in the
+    ranges' staged ``codes``, in range order, and whether its ids were re-sorted
+    (``split_ids_task``)."""
+
+    chunk: AnyChunk
+    users: tuple[tuple[int, int, int], ...]
+    items: tuple[tuple[int, int, int], ...]
+    moved: tuple[bool, bool]
 
 
 def codes_task(
-    chunk: AnyChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray,
-    item_ids: np.ndarray,
+    job: CodesJob, tmp: str, spec: ValueSpec, user_offsets: np.ndarray,
+    item_offsets: np.ndarray, stride: int,
 ) -> np.ndarray:  # fmt: skip
-    """Check every value of a chunk and stage where its distinct ids are among the global
-    ones (``to_u``, ``to_i``); return its rows per user (U,) int64."""
-    prefix = _chunk_prefix(tmp, chunk.index)
-    data = load_arrays(prefix, ["uc", "users", "items", "values", "line"])
-    origin = chunk_origin(chunk, data["line"])
-    classify(spec, data["values"], origin)  # raises InputError naming the file and line
-    to_u = np.searchsorted(user_ids, _as_kind(data["users"], user_ids)).astype(np.int32)
-    to_i = np.searchsorted(item_ids, _as_kind(data["items"], item_ids)).astype(np.int32)
+    """Check every value of a chunk and stage the global codes of its distinct ids (``to_u``,
+    ``to_i``); return every ``stride``-th row's user code (a row-weighted sample of users)."""
+    prefix = _chunk_prefix(tmp, job.chunk.index)
+    data = load_arrays(prefix, ["uc", "values", "line"])
+    classify(spec, data["values"], chunk_origin(job.chunk, data["line"]))  # names file, line
+    to_u = _global_codes(tmp, prefix, "users", job.users, user_offsets, job.moved[0])
+    to_i = _global_codes(tmp, prefix, "items", job.items, item_offsets, job.moved[1])
     save_arrays(prefix, {"to_u": to_u, "to_i": to_i})
-    return np.bincount(to_u[data["uc"]], minlength=len(user_ids)).astype(np.int64)
+    return to_u[data["uc"][job.chunk.index % stride :: stride]]
 
 
-def _as_kind(ids: np.ndarray, like: np.ndarray) -> np.ndarray:
-    return ids if ids.dtype.kind == like.dtype.kind else ids.astype(str)
+def _global_codes(
+    tmp: str, prefix: str, what: str, pieces: tuple[tuple[int, int, int], ...],
+    offsets: np.ndarray, moved: bool,
+) -> np.ndarray:  # fmt: skip
+    """Global codes of a chunk's distinct ``what`` ids, in their order (int32)."""
+    codes = np.concatenate([np.zeros(0, np.int32)] + [
+        load_rows(_range_prefix(tmp, what, r), "codes", lo, hi) + np.int32(offsets[r])
+        for r, lo, hi in pieces])  # fmt: skip
+    if not moved:
+        return codes
+    out = np.empty_like(codes)
+    out[load_arrays(prefix, [f"r_{what}_order"])[f"r_{what}_order"]] = codes
+    return out
 
 
 def test_codes_task(
     chunk: AnyChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray, item_ids: np.ndarray,
-    t_users: np.ndarray, t_items: np.ndarray,
+    t_users: np.ndarray, t_items: np.ndarray, stride: int,
 ) -> np.ndarray:  # fmt: skip
     """Check every value of a test chunk and stage, for its distinct ids, their codes among
     the training ids (``to_u``, ``to_i``; -1 for an id the training data lacks, as
     ``split.lookup`` finds them in memory) and among the test set's own sorted ids
-    (``to_tu``, ``to_ti``); return its rows per training user (U,) int64."""
+    (``to_tu``, ``to_ti``); return every ``stride``-th row's training user code (-1 left
+    out)."""
     prefix = _chunk_prefix(tmp, chunk.index)
     data = load_arrays(prefix, ["uc", "users", "items", "values", "line"])
     classify(spec, data["values"], chunk_origin(chunk, data["line"]))
     to_u, to_i = lookup(user_ids, data["users"]), lookup(item_ids, data["items"])
     save_arrays(prefix, {
         "to_u": to_u, "to_i": to_i,
-        "to_tu": np.searchsorted(t_users, _as_kind(data["users"], t_users)).astype(np.int32),
-        "to_ti": np.searchsorted(t_items, _as_kind(data["items"], t_items)).astype(np.int32),
+        "to_tu": np.searchsorted(t_users, as_kind(data["users"], t_users.dtype.kind))
+        .astype(np.int32),
+        "to_ti": np.searchsorted(t_items, as_kind(data["items"], t_items.dtype.kind))
+        .astype(np.int32),
     })  # fmt: skip
-    u = to_u[data["uc"]]
-    return np.bincount(u[u >= 0], minlength=len(user_ids)).astype(np.int64)
+    u = to_u[data["uc"][chunk.index % stride :: stride]]
+    return u[u >= 0]
+
+
+def ids_task(chunks: list[int], tmp: str, what: str) -> np.ndarray:
+    """Sorted distinct ``what`` ids of the parsed ``chunks`` (of a test file, whose ids every
+    partition holds anyway): int64 if all are, else str."""
+    loaded = [load_arrays(_chunk_prefix(tmp, c), [what])[what] for c in chunks]
+    kind = "U" if any(ids.dtype.kind == "U" for ids in loaded) else "i"
+    return sorted_distinct(np.concatenate([as_kind(ids, kind) for ids in loaded]))
 
 
 _PARSED = ("uc", "ic", "users", "items", "to_u", "to_i", "values", "line")
@@ -257,8 +343,8 @@ def _gather(
 
 
 def dedupe_task(
-    job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: np.ndarray,
-    item_ids: np.ndarray, names: Origin, test: TestSet | None,
+    job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: IdRanges,
+    item_ids: IdRanges, names: Origin, test: TestSet | None,
 ) -> tuple[int, int, dict | None]:  # fmt: skip
     """Merge duplicate pairs of a partition, classify, stage the interactions; the same for
     its test rows if ``test`` is given (a test file).
@@ -326,15 +412,22 @@ def _test_rows(
 # --------------------------------------------------------------------------- filtering
 
 
+def join_add(a: tuple, b: tuple) -> tuple:
+    """Combine (users, items) degree results of consecutive partitions: the user parts (of
+    their own user ranges) joined in order, the item parts (of all items) added."""
+    return np.concatenate([a[0], b[0]]), a[1] + b[1]
+
+
 def degree_task(
-    part: int, tmp: str, user_alive: np.ndarray | None, item_alive: np.ndarray | None, axis: str
-) -> np.ndarray:
-    """Interactions per user (``axis="u"``) or item (``"i"``) among rows of alive users/items."""
-    data = load_arrays(_part_prefix(tmp, part), ["u", "i"], mmap=True)
-    u, i = np.asarray(data["u"]), np.asarray(data["i"])
-    keep = _alive(u, i, user_alive, item_alive)
-    n = len(user_alive) if axis == "u" else len(item_alive)  # type: ignore[arg-type]
-    return np.bincount((u if axis == "u" else i)[keep], minlength=n).astype(np.int64)
+    part: int, tmp: str, bounds: np.ndarray, user_alive: np.ndarray, item_alive: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Interactions per user of the partition's user range, per item) among rows of alive
+    users and items."""
+    data = load_arrays(_part_prefix(tmp, part), ["u", "i"])
+    keep = _alive(data["u"], data["i"], user_alive, item_alive)
+    lo, hi = int(bounds[part]), int(bounds[part + 1])
+    return (np.bincount(data["u"][keep] - lo, minlength=hi - lo).astype(np.int64),
+            np.bincount(data["i"][keep], minlength=len(item_alive)).astype(np.int64))  # fmt: skip
 
 
 def _alive(
@@ -353,11 +446,14 @@ def _alive(
 
 @dataclass(frozen=True, eq=False)
 class Final:
-    """Filter result and final index maps (old code -> new index, -1 if removed), O(U + I)."""
+    """Filter result and final indices. Users: partition p's kept users are numbered from
+    ``user_first[p]`` in code order (each partition finds which of its users are kept from
+    its own rows); items: ``item_map`` (old code -> new index, -1 if removed), O(I)."""
 
+    bounds: np.ndarray  # (P + 1,) the partitions' user code ranges
     user_alive: np.ndarray | None
     item_alive: np.ndarray | None
-    user_map: np.ndarray | None
+    user_first: np.ndarray | None
     item_map: np.ndarray | None
     n_items: int
     seed: int
@@ -367,34 +463,50 @@ class Final:
     file_test: bool = False  # the test pairs are those of a test file (staged as ``test_*``)
 
 
-def final_degrees_task(
-    part: int, tmp: str, fin: Final, n_users: int, n_items: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(interactions per user (U,), per item (I,)) after filtering, in codes before filtering."""
-    data = load_arrays(_part_prefix(tmp, part), ["u", "i"])
-    keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
-    return (np.bincount(data["u"][keep], minlength=n_users).astype(np.int64),
-            np.bincount(data["i"][keep], minlength=n_items).astype(np.int64))  # fmt: skip
+def _user_map(part: int, fin: Final, u: np.ndarray) -> np.ndarray:
+    """Old code -> new index (-1 if removed) of the partition's users, from its kept rows'
+    user codes ``u``."""
+    assert fin.user_first is not None
+    lo, hi = int(fin.bounds[part]), int(fin.bounds[part + 1])
+    kept = np.bincount(u - lo, minlength=hi - lo) > 0
+    return np.where(kept, np.cumsum(kept) - 1 + fin.user_first[part], -1)
 
 
-def _kept(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
+def _kept_rows(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
+    """A partition's interactions after filtering, in codes before it."""
     data = load_arrays(_part_prefix(tmp, part), ["u", "i", "y", "raw"])
     keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
-    assert fin.user_map is not None and fin.item_map is not None
-    return {"u": fin.user_map[data["u"][keep]], "i": fin.item_map[data["i"][keep]],
-            "y": data["y"][keep], "raw": data["raw"][keep]}  # fmt: skip
+    return {k: a[keep] for k, a in data.items()}
+
+
+def final_degrees_task(part: int, tmp: str, fin: Final, n_items: int) -> tuple:
+    """(Interactions per user of the partition's range, per item) after filtering, in codes
+    before filtering."""
+    d = _kept_rows(part, tmp, fin)
+    lo, hi = int(fin.bounds[part]), int(fin.bounds[part + 1])
+    return (np.bincount(d["u"] - lo, minlength=hi - lo).astype(np.int64),
+            np.bincount(d["i"], minlength=n_items).astype(np.int64))  # fmt: skip
+
+
+def _kept(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """A partition's interactions after filtering, in final indices, and its user map."""
+    d = _kept_rows(part, tmp, fin)
+    assert fin.item_map is not None
+    user_map = _user_map(part, fin, d["u"])
+    u = user_map[d["u"] - fin.bounds[part]]
+    return {"u": u, "i": fin.item_map[d["i"]], "y": d["y"], "raw": d["raw"]}, user_map
 
 
 def hash_hist_task(part: int, tmp: str, fin: Final) -> np.ndarray:
     """Counts of the pair hashes of a partition per hash bin (top ``HASH_BIN_BITS`` bits)."""
-    d = _kept(part, tmp, fin)
+    d, _ = _kept(part, tmp, fin)
     h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
     return np.bincount((h >> _SHIFT).astype(np.int64), minlength=2**HASH_BIN_BITS)
 
 
 def hash_bin_task(part: int, tmp: str, fin: Final, bin_: int) -> np.ndarray:
     """Sorted pair hashes of a partition that fall in hash bin ``bin_`` (uint64)."""
-    d = _kept(part, tmp, fin)
+    d, _ = _kept(part, tmp, fin)
     h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
     return np.sort(h[(h >> _SHIFT) == np.uint64(bin_)])
 
@@ -413,11 +525,13 @@ def _is_validation(d: dict[str, np.ndarray], fin: Final) -> np.ndarray:
     return above_test & (h <= np.uint64(fin.val_threshold))
 
 
-def train_degrees_task(part: int, tmp: str, fin: Final, n_users: int) -> tuple:
-    """(train nonzeros per user (U',), per item (I',)) in final indices."""
-    d = _kept(part, tmp, fin)
+def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
+    """(Train nonzeros per kept user of the partition, per item (I',)), in final indices."""
+    d, _ = _kept(part, tmp, fin)
+    assert fin.user_first is not None
+    first, stop = int(fin.user_first[part]), int(fin.user_first[part + 1])
     train = ~_is_test(d, fin) & ~_is_validation(d, fin)
-    return (np.bincount(d["u"][train], minlength=n_users).astype(np.int64),
+    return (np.bincount(d["u"][train] - first, minlength=stop - first).astype(np.int64),
             np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64))  # fmt: skip
 
 
@@ -436,14 +550,14 @@ def block_task(
         file, ``test_unknown``: its interactions dropped as their user or item is not in the
         filtered training data.
     """
-    d = _kept(part, tmp, fin)
+    d, user_map = _kept(part, tmp, fin)
     is_test, is_val = _is_test(d, fin), _is_validation(d, fin)
     splits = {s: {k: a[sel] for k, a in d.items()}
               for s, sel in (("train", ~is_test & ~is_val), ("test", is_test),
                              ("validation", is_val))}  # fmt: skip
     out: dict = {}
     if fin.file_test:
-        splits["test"], out["test_unknown"] = _file_test(part, tmp, fin)
+        splits["test"], out["test_unknown"] = _file_test(part, tmp, fin, user_map)
     for split, nz_in in splits.items():
         nz = block_sort(nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds,
                         col_bounds, presorted=True)  # fmt: skip
@@ -459,13 +573,16 @@ def block_task(
     return out
 
 
-def _file_test(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], int]:
+def _file_test(
+    part: int, tmp: str, fin: Final, user_map: np.ndarray
+) -> tuple[dict[str, np.ndarray], int]:
     """A partition's test interactions in final indices, sorted (``inmemory.known_test``), and
-    how many were dropped as unknown to the filtered training data."""
-    assert fin.user_map is not None and fin.item_map is not None
+    how many were dropped as unknown to the filtered training data (``user_map``: the
+    partition's, see ``_kept``; a training user's test rows are in its partition)."""
+    assert fin.item_map is not None
     t = load_arrays(_part_prefix(tmp, part), ["test_u", "test_i", "test_y", "test_raw"])
     u, i = t["test_u"], t["test_i"]
-    u = np.where(u >= 0, fin.user_map[u], -1)  # -1: not a training user
+    u = np.where(u >= 0, user_map[np.maximum(u - fin.bounds[part], 0)], -1)  # -1: not training
     i = np.where(i >= 0, fin.item_map[i], -1)
     nz, n_unknown = known_test(u, i, t["test_y"], t["test_raw"], np.ones(len(u), dtype=bool))
     return {"u": nz.u, "i": nz.i, "y": nz.y, "raw": nz.raw}, n_unknown
