@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import MB, fmt_table, self_peak_mb, worker_peaks  # noqa: E402
 
-_BATCH_ROWS = 1 << 27  # rows of the input written at a time
+_BATCH_ROWS = 1 << 26  # rows of the input written at a time
 
 
 def write_input(path: Path, n_rows: int, fmt: str, seed: int = 0) -> None:
@@ -58,23 +58,24 @@ def write_input(path: Path, n_rows: int, fmt: str, seed: int = 0) -> None:
     n_users, n_items = max(n_rows // 20, 10), max(n_rows // 100, 10)
     n_batches = -(-n_rows // _BATCH_ROWS)
     user_of_rank, item_of_rank = rng.permutation(n_users), rng.permutation(n_items)
-    user_cdf = np.cumsum(1.0 / (np.arange(n_users) + 10.0) ** 0.8)
-    item_cdf = np.cumsum(1.0 / (np.arange(n_items) + 10.0) ** 0.8)
 
-    def draw(cdf: np.ndarray, size: int) -> np.ndarray:
-        return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1]), len(cdf) - 1)
+    def draw(n: int, size: int) -> np.ndarray:
+        """Ranks of density ~ (r + 10)^-0.8 (its continuous CDF inverted)."""
+        lo, hi = 10.0**0.2, (n + 10.0) ** 0.2
+        ranks = ((lo + rng.random(size) * (hi - lo)) ** 5 - 10.0).astype(np.int64)
+        return np.minimum(ranks, n - 1)
 
     def batch(b: int, n: int) -> pa.Table:
         keys = np.zeros(0, np.int64)
         while len(keys) < n:
             more = int((n - len(keys)) * 1.1) + 100
-            ranks = draw(user_cdf, more)
+            ranks = draw(n_users, more)
             ranks += b - ranks % n_batches  # the nearest rank of this batch's class
             ranks[ranks >= n_users] -= n_batches
             users = user_of_rank[ranks[ranks >= 0]]
-            items = item_of_rank[draw(item_cdf, len(users))]
+            items = item_of_rank[draw(n_items, len(users))]
             keys = np.unique(np.concatenate([keys, users.astype(np.int64) * n_items + items]))
-        keys = rng.permutation(rng.choice(keys, n, replace=False))
+        keys = rng.permutation(keys)[:n]
         users, items = np.divmod(keys, n_items)
         del keys
         return pa.table({

@@ -9,6 +9,7 @@ whatever the scheduling.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,11 @@ def _combine(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     if isinstance(b, _Failed):
         return b
     return fn(a, b)
+
+
+def _key(fn: Callable[..., Any]) -> str:
+    """A new task key whose prefix (what the dashboard groups by) is ``fn``'s name."""
+    return f"{fn.__name__.strip('_').replace('_', '-')}-{uuid.uuid4().hex}"
 
 
 def _raise_first(results: Sequence[Any]) -> None:
@@ -67,7 +73,7 @@ class Runner:
         """Start ``fn(item, *args)`` for every item; returns handles (futures or values)."""
         if self.client is None:
             return [_guard(fn, item, *args) for item in items]
-        return [self.client.submit(_guard, fn, item, *args, pure=False) for item in items]
+        return [self.client.submit(_guard, fn, item, *args, key=_key(fn)) for item in items]
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         """Results of ``handles`` in order; raises the first task's ``InputError``."""
@@ -114,6 +120,6 @@ class Runner:
             left, right = tree(lo, mid), tree(mid, hi)
             if self.client is None:
                 return _combine(combine, left, right)
-            return self.client.submit(_combine, combine, left, right, pure=False)
+            return self.client.submit(_combine, combine, left, right, key=_key(combine))
 
         return self.gather([tree(0, len(items))])[0]
