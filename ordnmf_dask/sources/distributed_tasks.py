@@ -103,6 +103,8 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
         return {"rows": 0, "vmax": None, "bad": None}
     (users, uc), (items, ic) = encode_pair(triples.users, triples.items, triples.origin)
     values, line = triples.values, triples.origin.line
+    if len(line) and line.max() < 2**31:
+        line = line.astype(np.int32)  # staged smaller; joined rows widen it back
     save_arrays(_chunk_prefix(tmp, chunk.index), {
         "uc": uc, "ic": ic, "users": users, "items": items, "values": values, "line": line,
     })  # fmt: skip
