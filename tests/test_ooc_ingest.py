@@ -12,10 +12,11 @@ from conftest import SHARED_DATA as DATA
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.distributed_tasks import as_kind, sorted_distinct
+from ordnmf_dask.sources.distributed_tasks import as_kind, encode_sorted
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.sources.split import pair_hash, random_test_mask
 from ordnmf_dask.sources.text import line_numbers
+from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays
 
 ML = DATA / "ml-latest-small" / "ratings.csv"
 LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
@@ -136,15 +137,33 @@ def test_hash_split_is_exact_and_order_free():
     assert counts.min() > 0.6 * len(h) / 16
 
 
-def test_sorted_distinct_ids_as_numpys_unique():
+def test_encode_sorted_is_numpys_unique():
     rng = np.random.default_rng(3)
     alphabet = np.array(list("az09 ,é日本\U0001f600ß-"))
     text = np.array(["".join(rng.choice(alphabet, rng.integers(1, 6))) for _ in range(3000)])
-    for ids in (text, rng.integers(-50, 50, 500), np.zeros(0, "<U3")):
-        got = sorted_distinct(ids)
-        np.testing.assert_array_equal(got, np.unique(ids))
-        assert got.dtype == np.unique(ids).dtype
+    ascii_ = np.array(["".join(rng.choice(list("ab1 ,"), rng.integers(1, 6))) for _ in range(3000)])
+    for ids in (text, ascii_.astype("S"), rng.integers(-50, 50, 500), np.zeros(0, "<U3")):
+        distinct, codes = encode_sorted(ids)
+        expect, inverse = np.unique(ids, return_inverse=True)
+        np.testing.assert_array_equal(distinct, expect)
+        np.testing.assert_array_equal(codes, inverse.reshape(-1))
+        assert distinct.dtype == expect.dtype and codes.dtype == np.int32
     assert as_kind(np.array([7, 40]), "U").tolist() == ["7", "40"]
+
+
+def test_staged_arrays_are_compact_and_restored_exactly(tmp_path):
+    arrays = {"ascii": np.array(["u1", "item 22", ""]), "text": np.array(["é", "b"]),
+              "halves": np.array([0.5, -0.0, 3.0]), "fine": np.array([0.1, 2.0]),
+              "codes": np.arange(3, dtype=np.int32)}  # fmt: skip
+    save_arrays(str(tmp_path / "x"), arrays)
+    got = load_arrays(str(tmp_path / "x"), list(arrays))
+    for name, arr in arrays.items():
+        assert got[name].dtype == arr.dtype and got[name].tolist() == arr.tolist(), name
+        assert load_rows(str(tmp_path / "x"), name, 1, 2).tolist() == arr[1:2].tolist()
+    assert np.signbit(got["halves"][1])
+    sizes = {n: np.load(tmp_path / f"x.{n}.npy").dtype for n in arrays}
+    assert sizes["ascii"] == np.dtype("S7") and sizes["halves"] == np.float32
+    assert sizes["text"].kind == "U" and sizes["fine"] == np.float64
 
 
 def test_line_numbers_skip_blank_lines():

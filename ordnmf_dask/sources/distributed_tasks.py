@@ -39,6 +39,7 @@ from ordnmf_dask.store.staged import (
     save_arrays,
     save_segment,
     staging_dir,
+    widen,
 )
 
 _SHIFT = np.uint64(64 - HASH_BIN_BITS)
@@ -51,14 +52,30 @@ def as_kind(ids: np.ndarray, kind: str) -> np.ndarray:
     return ids if ids.dtype.kind == kind else ids.astype(str)
 
 
-def sorted_distinct(ids: np.ndarray) -> np.ndarray:
-    """``np.unique(ids)`` (int64 or str): strings through pyarrow's hash table and a sort of
-    the distinct ones only (UTF-8 byte order is code point order, numpy's)."""
-    if ids.dtype.kind != "U" or not len(ids):
-        return np.unique(ids)
-    arr = pc.unique(pa.array(ids))
-    out = arr.take(pc.array_sort_indices(arr)).to_numpy(zero_copy_only=False)
-    return out.astype(ids.dtype)
+def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` (codes as int32). Byte strings (staged ASCII
+    ids, padded with NULs) go through pyarrow's hash table zero-copy, str through a pyarrow
+    string array; only their distinct values are sorted (byte order is numpy's order)."""
+    if ids.dtype.kind not in "SU" or not len(ids):
+        uniques, inverse = np.unique(ids, return_inverse=True)
+        return uniques, inverse.astype(np.int32).reshape(-1)
+    width = ids.dtype.itemsize
+    if ids.dtype.kind == "S":
+        buffer = pa.py_buffer(np.ascontiguousarray(ids))
+        arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(ids), [None, buffer])
+    else:
+        arr = pa.array(ids)
+    encoded = pc.dictionary_encode(arr)
+    dictionary, codes = encoded.dictionary, encoded.indices.to_numpy()
+    order = pc.array_sort_indices(dictionary).to_numpy()
+    if ids.dtype.kind == "S":
+        distinct = np.frombuffer(dictionary.buffers()[1], ids.dtype, len(dictionary),
+                                 dictionary.offset * width)  # fmt: skip
+    else:
+        distinct = dictionary.to_numpy(zero_copy_only=False).astype(ids.dtype)
+    rank = np.empty(len(order), np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    return distinct[order], rank[codes]
 
 
 def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
@@ -154,13 +171,13 @@ class RangeJob:
 def range_task(job: RangeJob, tmp: str, what: str) -> np.ndarray:
     """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``)
     and, piece after piece, the pieces' codes among them (``codes``, int32); returns them."""
-    loaded = [load_rows(_chunk_prefix(tmp, c), f"r_{what}" if moved else what, lo, hi)
-              for c, lo, hi, moved in job.pieces]  # fmt: skip
-    ids = sorted_distinct(np.concatenate(loaded)) if loaded else np.zeros(0, np.int64)
-    codes = [np.searchsorted(ids, piece).astype(np.int32) for piece in loaded]
-    save_arrays(_range_prefix(tmp, what, job.index), {
-        "ids": ids, "codes": np.concatenate(codes) if codes else np.zeros(0, np.int32),
-    })  # fmt: skip
+    loaded = [load_rows(_chunk_prefix(tmp, c), f"r_{what}" if moved else what, lo, hi,
+                        staged=True) for c, lo, hi, moved in job.pieces]  # fmt: skip
+    if len({a.dtype.kind for a in loaded}) > 1:  # ASCII pieces beside others
+        loaded = [widen(a) for a in loaded]
+    ids, codes = encode_sorted(np.concatenate(loaded))
+    ids = widen(ids)
+    save_arrays(_range_prefix(tmp, what, job.index), {"ids": ids, "codes": codes})
     return ids
 
 
@@ -254,7 +271,7 @@ def ids_task(chunks: list[int], tmp: str, what: str) -> np.ndarray:
     partition holds anyway): int64 if all are, else str."""
     loaded = [load_arrays(_chunk_prefix(tmp, c), [what])[what] for c in chunks]
     kind = "U" if any(ids.dtype.kind == "U" for ids in loaded) else "i"
-    return sorted_distinct(np.concatenate([as_kind(ids, kind) for ids in loaded]))
+    return encode_sorted(np.concatenate([as_kind(ids, kind) for ids in loaded]))[0]
 
 
 _PARSED = ("uc", "ic", "users", "items", "to_u", "to_i", "values", "line")

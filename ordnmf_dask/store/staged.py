@@ -22,7 +22,7 @@ path, as in ``write_store``: a store is complete or absent. A store at a URL is 
 instead (object stores cannot rename), between the marks of :mod:`.files`: ``TMP`` is the URL
 itself and ``TMP/_staging`` a prefix under it, so the workers need no filesystem in common, only
 the object store. Staged data take as much space as the store itself (uncompressed; values in
-float32 where exact, see ``_compact``); at 1e9 nonzeros ~13 GB, freed before the store is marked
+float32 where exact, see ``compact``); at 1e9 nonzeros ~13 GB, freed before the store is marked
 complete.
 """
 
@@ -97,9 +97,9 @@ def save_segment(prefix: str, arrays: dict[str, np.ndarray]) -> Segment:
     return Segment(prefix, len(arrays["y"]))
 
 
-def _compact(arr: np.ndarray) -> np.ndarray:
+def compact(arr: np.ndarray) -> np.ndarray:
     """The staged form of an array: str ids that are all ASCII as bytes, float64 values that
-    are all exact in float32 as float32 (4x and 2x less to write); ``_widen`` restores them
+    are all exact in float32 as float32 (4x and 2x less to write); ``widen`` restores them
     exactly."""
     if arr.dtype.kind == "U" and arr.size:
         codes = np.ascontiguousarray(arr).view(np.uint32)
@@ -112,8 +112,8 @@ def _compact(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _widen(arr: np.ndarray) -> np.ndarray:
-    """Inverse of ``_compact`` (staged arrays are never bytes or float32 otherwise)."""
+def widen(arr: np.ndarray) -> np.ndarray:
+    """Inverse of ``compact`` (staged arrays are never bytes or float32 otherwise)."""
     if arr.dtype.kind == "S":
         return arr.view(np.uint8).astype(np.uint32).view(f"U{arr.dtype.itemsize}")
     if arr.dtype == np.float32:
@@ -125,7 +125,7 @@ def save_arrays(prefix: str, arrays: dict[str, np.ndarray]) -> None:
     """Save named plain arrays as ``prefix.<name>.npy`` (no pickle, compacted), locally or at
     a URL."""
     for name, arr in arrays.items():
-        arr = _compact(arr)
+        arr = compact(arr)
         path = f"{prefix}.{name}.npy"
         if locations.is_url(path):
             buf = io.BytesIO()
@@ -152,16 +152,16 @@ def load_arrays(prefix: str, names: Sequence[str]) -> dict[str, np.ndarray]:
     for n in names:
         path = f"{prefix}.{n}.npy"
         if locations.is_url(path):
-            out[n] = _widen(np.load(io.BytesIO(locations.read_bytes(path)), allow_pickle=False))
+            out[n] = widen(np.load(io.BytesIO(locations.read_bytes(path)), allow_pickle=False))
         else:
-            out[n] = _widen(np.load(path, allow_pickle=False))
+            out[n] = widen(np.load(path, allow_pickle=False))
     return out
 
 
 class NpyRows:
     """Row slices ``[lo:hi]`` of a C-order ``.npy`` file (1-D or 2-D, local or at a URL), read
     on demand: only the requested bytes are read, and no memory map enters the RSS. Staged
-    arrays come back as saved (``_widen``)."""
+    arrays come back as saved (``widen``)."""
 
     def __init__(self, path: str, f: Any = None) -> None:
         """``f``: the file already open (its header is read from it, and the caller keeps it
@@ -184,8 +184,9 @@ class NpyRows:
         with locations.open_file(self.path) as f:
             return self.read(f, lo, hi)
 
-    def read(self, f: Any, lo: int, hi: int) -> np.ndarray:
-        """Rows ``[lo, hi)`` (within the shape) from the open file ``f``."""
+    def read(self, f: Any, lo: int, hi: int, staged: bool = False) -> np.ndarray:
+        """Rows ``[lo, hi)`` (within the shape) from the open file ``f`` (``staged``: not
+        widened)."""
         n = max(hi - lo, 0)
         out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
         f.seek(self.offset + lo * self.row_bytes)
@@ -193,15 +194,16 @@ class NpyRows:
         if got != out.nbytes:
             raise StoreError(f"{self.path}: staged file cut short ({got} of {out.nbytes} bytes "
                              f"at offset {self.offset + lo * self.row_bytes})")
-        return _widen(out)
+        return out if staged else widen(out)
 
 
-def load_rows(prefix: str, name: str, lo: int, hi: int) -> np.ndarray:
+def load_rows(prefix: str, name: str, lo: int, hi: int, staged: bool = False) -> np.ndarray:
     """Entries ``[lo, hi)`` of the staged array ``prefix.<name>.npy`` (see :class:`NpyRows`),
-    header and rows read through one opening of the file."""
+    header and rows read through one opening of the file; ``staged``: as staged (``compact``),
+    not widened."""
     path = f"{prefix}.{name}.npy"
     with locations.open_file(path) as f:
-        return NpyRows(path, f).read(f, lo, hi)
+        return NpyRows(path, f).read(f, lo, hi, staged)
 
 
 @contextmanager
@@ -401,6 +403,7 @@ __all__: list[str] = [
     "finish_store",
     "load_arrays",
     "load_rows",
+    "widen",
     "remove_arrays",
     "remove_staging",
     "save_arrays",
