@@ -13,15 +13,19 @@ every worker, or for a URL ``out`` a prefix under it in the object store):
    its columns and row groups (one chunk each) from its footer; per dask DataFrame partition,
    one chunk (its columns checked against the frame's);
 2. parse each chunk (``textsplit.parse_chunk``; errors name file and line, row, or partition
-   and row); stage its columns; the distinct raw ids of all chunks are merged by a tree
-   reduction on the workers (sorted, as ``np.unique`` in memory), value statistics give the
-   value rule (``values.make_spec``);
-3. check every value, map ids to codes, count rows per user; route rows to user-range
-   partitions balanced by rows (``grid.balanced_bounds``);
+   and row); stage its columns and its sorted distinct raw ids, and return a sample of those;
+   value statistics give the value rule (``values.make_spec``);
+3. global ids without any task holding them all: splitters from the samples cut each side's
+   ids into ranges; one task per range makes the union of the range's pieces of every chunk
+   (sorted, as ``np.unique`` in memory) and their codes among it; a range's offset is the
+   number of ids in the ranges before it. Check every value, give each chunk its global codes
+   and route rows to user-range partitions, cut from a row-weighted sample of user codes so
+   that they hold about as many rows each;
 4. per partition: merge duplicate pairs (``filtering.dedupe``; all rows of a pair are in the same
    partition, in input order) and classify;
 5. min-count filtering by degree reductions: the in-memory filter keeps exactly the rows whose
-   user and item are still "alive", so only O(U + I) vectors travel;
+   user and item are still "alive", so only degree vectors travel (a partition's users only,
+   joined in partition order; every item, summed);
 6. split: the test set is the ``round(f n)`` pairs with the smallest seeded pair hash
    (``split.random_test_mask``); its threshold is found from a histogram of hash bins, then the
    sorted hashes of one bin; the validation set (``split.validation_mask``) is the next
@@ -42,9 +46,12 @@ are raised after every training error, choosing the one memory reports. The vali
 then the ``n_validation`` smallest hashes of all filtered pairs.
 
 Memory per task: one chunk (a dask DataFrame partition; other data in memory, already held by
-the client, is one chunk), one partition (``rows_per_partition`` rows on average, test rows
-included) or one output chunk, plus O(U + I) id maps and degree vectors (and the test set's
-distinct ids).
+the client, is one chunk), one id range (about ``2 * rows_per_partition`` ids read), one
+partition (``rows_per_partition`` rows on average, test rows included) or one output chunk,
+plus the O(I) item vectors and, while filtering by ``min_count``, a user mask (one byte per
+user). With a test file, its chunks also hold the training ids (to look theirs up) and every
+partition the test set's distinct ids. The client holds the sorted ids (it writes them) and
+per-user degree vectors.
 """
 
 from __future__ import annotations
@@ -214,6 +221,7 @@ def ingest_distributed(
         coded = [CodesJob(c, users.pieces[k], items.pieces[k], (users.moved[k], items.moved[k]))
                  for k, c in enumerate(live)]  # fmt: skip
         sample = runner.map(codes_task, coded, tmp, spec, users.offsets, items.offsets, stride)
+        remove_staging(tmp, "codes")  # every chunk has its codes now
         t_live: list[AnyChunk] = []
         test_set = None
         if tested is not None:

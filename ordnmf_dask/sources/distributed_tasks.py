@@ -138,8 +138,10 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
 # --------------------------------------------------------------------------- pass 2: ids
 
 
-def _range_prefix(tmp: str, what: str, index: int) -> str:
-    return locations.join(staging_dir(tmp, "ranges"), f"{what}-{index:06d}")
+def _range_prefix(tmp: str, what: str, index: int, kind: str) -> str:
+    """Where id range ``index`` stages its ``kind``: "ids" (kept to name ids in messages) or
+    "codes" (removed once every chunk has its codes)."""
+    return locations.join(staging_dir(tmp, kind), f"{what}-{index:06d}")
 
 
 def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.ndarray) -> list:
@@ -177,7 +179,8 @@ def range_task(job: RangeJob, tmp: str, what: str) -> np.ndarray:
         loaded = [widen(a) for a in loaded]
     ids, codes = encode_sorted(np.concatenate(loaded))
     ids = widen(ids)
-    save_arrays(_range_prefix(tmp, what, job.index), {"ids": ids, "codes": codes})
+    save_arrays(_range_prefix(tmp, what, job.index, "ids"), {"ids": ids})
+    save_arrays(_range_prefix(tmp, what, job.index, "codes"), {"codes": codes})
     return ids
 
 
@@ -194,7 +197,7 @@ class IdRanges:
     def __getitem__(self, code: int) -> object:
         r = int(np.searchsorted(self.offsets, code, side="right")) - 1
         at = int(code) - int(self.offsets[r])
-        return load_rows(_range_prefix(self.tmp, self.what, r), "ids", at, at + 1)[0]
+        return load_rows(_range_prefix(self.tmp, self.what, r, "ids"), "ids", at, at + 1)[0]
 
 
 # --------------------------------------------------------------------------- pass 3: codes
@@ -224,6 +227,9 @@ def codes_task(
     to_u = _global_codes(tmp, prefix, "users", job.users, user_offsets, job.moved[0])
     to_i = _global_codes(tmp, prefix, "items", job.items, item_offsets, job.moved[1])
     save_arrays(prefix, {"to_u": to_u, "to_i": to_i})
+    remove_arrays(prefix, ["users", "items"] + [f"r_{w}{x}" for w, moved in
+                                                 zip(("users", "items"), job.moved, strict=True)
+                                                 if moved for x in ("", "_order")])  # fmt: skip
     return to_u[data["uc"][job.chunk.index % stride :: stride]]
 
 
@@ -233,7 +239,7 @@ def _global_codes(
 ) -> np.ndarray:  # fmt: skip
     """Global codes of a chunk's distinct ``what`` ids, in their order (int32)."""
     codes = np.concatenate([np.zeros(0, np.int32)] + [
-        load_rows(_range_prefix(tmp, what, r), "codes", lo, hi) + np.int32(offsets[r])
+        load_rows(_range_prefix(tmp, what, r, "codes"), "codes", lo, hi) + np.int32(offsets[r])
         for r, lo, hi in pieces])  # fmt: skip
     if not moved:
         return codes
@@ -274,8 +280,9 @@ def ids_task(chunks: list[int], tmp: str, what: str) -> np.ndarray:
     return encode_sorted(np.concatenate([as_kind(ids, kind) for ids in loaded]))[0]
 
 
-_PARSED = ("uc", "ic", "users", "items", "to_u", "to_i", "values", "line")
+_PARSED = ("uc", "ic", "to_u", "to_i", "values", "line")  # its ids were removed by codes_task
 _TEST_PARSED = (*_PARSED, "to_tu", "to_ti")
+_TEST_IDS = ("users", "items")
 
 
 def partition_task(chunk: AnyChunk, tmp: str, part_bounds: np.ndarray) -> list[int]:
@@ -307,7 +314,7 @@ def test_partition_task(
     part = np.where(u >= 0, np.searchsorted(part_bounds, u, side="right"),
                     np.searchsorted(test_bounds, tu, side="right")) - 1  # fmt: skip
     routed = {"u": u, "i": i, "tu": tu, "ti": ti, "values": data["values"], "line": data["line"]}
-    return _route(prefix, part, len(part_bounds) - 1, routed, _TEST_PARSED)
+    return _route(prefix, part, len(part_bounds) - 1, routed, _TEST_PARSED + _TEST_IDS)
 
 
 def _route(
