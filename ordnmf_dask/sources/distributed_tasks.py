@@ -323,7 +323,8 @@ def _route(
 ) -> list[int]:  # fmt: skip
     """Stage ``routed`` sorted by partition with ``part_offsets``, remove the ``parsed`` files;
     return the partitions hit."""
-    order = np.argsort(part, kind="stable")
+    small = part.astype(np.int16) if n_parts <= np.iinfo(np.int16).max else part
+    order = np.argsort(small, kind="stable")  # a radix sort for 16-bit keys
     counts = np.bincount(part, minlength=n_parts)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     save_arrays(prefix, {**{f"p_{n}": a[order] for n, a in routed.items()},
