@@ -6,16 +6,17 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
 ``assemble_store`` then
 
 1. computes the offsets from the segment lengths (block b = the concatenation of its segments,
-   in the order given), and stages each block's CSR row pointer from its segments' rows (one
-   task per block),
+   in the order given),
 2. creates the 1-D arrays ``train/``, ``test/`` ``{cols, y, raw, indptr}`` with the same chunking
    as ``write_store`` (``CHUNK`` entries), and
 3. fills them with one task per output chunk: a task reads only the slices of the staged pieces
-   that overlap its chunk (:class:`NpyRows`) and writes exactly one zarr chunk, so tasks never write
-   the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a time. Every chunk file is
-   written, even one of zeros, and the task returns its size and CRC-32, which the client records
-   as the array's chunk inventory (see ``ordnmf_dask.store.blocks``): the files are checksummed
-   where they are written, not read again by the client.
+   that overlap its chunk (:class:`NpyRows`; for ``indptr``, the rows of the blocks whose row
+   pointers overlap it, counted there: :class:`RowPointer`) and writes exactly one zarr chunk,
+   so tasks never write the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a
+   time. Every chunk file is written, even one of zeros, and the task returns its size and
+   CRC-32, which the client records as the array's chunk inventory (see
+   ``ordnmf_dask.store.blocks``): the files are checksummed where they are written, not read
+   again by the client.
 
 The staging directory is removed, ``complete`` is set last and ``TMP`` is published to the final
 path, as in ``write_store``: a store is complete or absent. A store at a URL is written in place
@@ -265,14 +266,6 @@ def assemble_store(
         write_array(group.create_group(name), "ids", ids_for_zarr(ids))
     n_c = len(col_bounds) - 1
     n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
-    pointers = {}  # per split: (staged prefix, segments, n_rows) of each block's row pointer
-    for split in blocks:
-        where = staging_dir(tmp, f"{split}-indptr")
-        pointers[split] = [
-            (locations.join(where, f"{b:08d}"), segs, int(n_rows[b // n_c]))
-            for b, segs in enumerate(blocks[split])
-        ]
-    runner.map(_stage_indptr, [job for split in blocks for job in pointers[split]])
     jobs = []
     arrays = {}  # (split directory, field) -> the array
     for split in blocks:
@@ -282,10 +275,11 @@ def assemble_store(
         np.cumsum(sizes, out=offsets[1:])
         sub = group.create_group(split)
         write_array(sub, "offsets", offsets)
-        ptr_segments = [Segment(prefix, n + 1) for prefix, _, n in pointers[split]]
+        pointers = [RowPointer(tuple(segs), int(n_rows[b // n_c]))
+                    for b, segs in enumerate(blocks[split])]  # fmt: skip
         for fields, parts, total in (
             (NONZERO_FIELDS, segments, int(offsets[-1])),
-            (("indptr",), ptr_segments, int(indptr_starts(row_bounds, n_c)[-1])),
+            (("indptr",), pointers, int(indptr_starts(row_bounds, n_c)[-1])),
         ):
             chunks = (max(1, min(total, CHUNK)),)
             for field in fields:
@@ -323,45 +317,57 @@ def len_block(segments: Sequence[Segment]) -> int:
 _DTYPES = {**FIELDS, "indptr": np.dtype(np.int64)}
 
 
-def _stage_indptr(job: tuple[str, Sequence[Segment], int]) -> int:
-    """Stage one block's CSR row pointer (n_rows + 1,) as ``prefix.indptr.npy``, counted from
-    the rows of its segments."""
-    prefix, segments, n_rows = job
-    ptr = np.zeros(n_rows + 1, dtype=np.int64)
-    for seg in segments:
-        if seg.length:
-            ptr += row_pointer(load_rows(seg.prefix, "rows", 0, seg.length), n_rows)
-    save_arrays(prefix, {"indptr": ptr})
-    return n_rows
+@dataclass(frozen=True)
+class RowPointer:
+    """A block's CSR row pointer (n_rows + 1,), counted from the rows of its segments by the
+    copy jobs that write it (not staged: at 10^9 nonzeros and 5 x 10^7 users the row pointers
+    of all blocks would take more disk than the nonzeros)."""
+
+    segments: tuple[Segment, ...]
+    n_rows: int
+
+    @property
+    def length(self) -> int:
+        return self.n_rows + 1
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Entries ``[lo, hi)`` of the row pointer."""
+        ptr = np.zeros(self.n_rows + 1, dtype=np.int64)
+        for seg in self.segments:
+            if seg.length:
+                ptr += row_pointer(load_rows(seg.prefix, "rows", 0, seg.length), self.n_rows)
+        return ptr[lo:hi]
 
 
 @dataclass(frozen=True)
 class _CopyJob:
-    """Write entries [start, stop) of the arrays ``fields`` in ``group``: pieces (staged prefix,
-    lo, hi) in order."""
+    """Write entries [start, stop) of the arrays ``fields`` in ``group``: pieces (segment or
+    row pointer, lo, hi) in order."""
 
     group: str
     fields: tuple[str, ...]
     start: int
     stop: int
-    pieces: tuple[tuple[str, int, int], ...]
+    pieces: tuple[tuple[Segment | RowPointer, int, int], ...]
 
 
 def _copy_jobs(
-    group: str, fields: tuple[str, ...], segments: list[Segment], total: int, chunk: int
-) -> list[_CopyJob]:
-    ends = np.cumsum([s.length for s in segments], dtype=np.int64)
-    starts = ends - np.asarray([s.length for s in segments], dtype=np.int64)
+    group: str, fields: tuple[str, ...], parts: Sequence[Segment | RowPointer], total: int,
+    chunk: int,
+) -> list[_CopyJob]:  # fmt: skip
+    lengths = np.asarray([p.length for p in parts], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
     jobs = []
     for start in range(0, total, chunk):
         stop = min(start + chunk, total)
         first = int(np.searchsorted(ends, start, side="right"))
         pieces = []
         k = first
-        while k < len(segments) and starts[k] < stop:
+        while k < len(parts) and starts[k] < stop:
             lo, hi = max(start, int(starts[k])), min(stop, int(ends[k]))
             if hi > lo:
-                pieces.append((segments[k].prefix, lo - int(starts[k]), hi - int(starts[k])))
+                pieces.append((parts[k], lo - int(starts[k]), hi - int(starts[k])))
             k += 1
         jobs.append(_CopyJob(group, fields, start, stop, tuple(pieces)))
     return jobs
@@ -386,7 +392,9 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
     """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
     records = []
     for field in job.fields:
-        parts = [load_rows(prefix, field, lo, hi) for prefix, lo, hi in job.pieces]
+        parts = [part.read(lo, hi) if isinstance(part, RowPointer)
+                 else load_rows(part.prefix, field, lo, hi)
+                 for part, lo, hi in job.pieces]  # fmt: skip
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         directory = locations.join(job.group, field)
         arr = _open_writing_every_chunk(directory)
