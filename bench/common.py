@@ -55,7 +55,16 @@ def best_of(
 
 
 def self_peak_mb() -> float:
-    """Peak RSS of this process so far (kernel high-water mark, VmHWM), MB."""
+    """Peak RSS of this process so far (kernel high-water mark, VmHWM), MB. Read from
+    /proc/self/status where there is one: ``ru_maxrss`` keeps the parent's peak across fork
+    and exec, so a small child of a big parent would report the parent's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
