@@ -12,7 +12,8 @@ from conftest import SHARED_DATA as DATA
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.distributed_tasks import as_kind, encode_sorted
+from ordnmf_dask.sources.distributed_tasks import as_kind
+from ordnmf_dask.sources.filtering import encode_sorted
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.sources.split import pair_hash, random_test_mask
 from ordnmf_dask.sources.text import line_numbers

@@ -64,8 +64,9 @@ class Runner:
         self.label = label
 
     def share(self, obj: Any) -> Any:
-        """Send a read-only argument used by many tasks once (broadcast to every worker)."""
-        if self.client is None:
+        """Send a read-only argument used by many tasks once (broadcast to every worker);
+        None is passed as is."""
+        if self.client is None or obj is None:
             return obj
         return self.client.scatter(obj, broadcast=True, hash=False)
 

@@ -82,7 +82,6 @@ from ordnmf_dask.sources.distributed_tasks import (
     codes_task,
     dedupe_task,
     degree_task,
-    final_degrees_task,
     hash_bin_task,
     hash_hist_task,
     ids_task,
@@ -255,8 +254,9 @@ def ingest_distributed(
                 f"{label}: no interactions left: every row is below the binarize/count threshold"
             )
         fin = _filter(runner, parts, tmp, bounds, len(item_ids), min_count, filter_mode, seed)
-        user_deg, item_deg = runner.map_reduce(final_degrees_task, parts, join_add, tmp,
-                                               runner.share(fin), len(item_ids))  # fmt: skip
+        alive = runner.share(fin.user_alive), runner.share(fin.item_alive)
+        user_deg, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, *alive,
+                                               len(item_ids))  # fmt: skip
         n = int(user_deg.sum())
         if n == 0:
             raise InputError(
@@ -554,11 +554,13 @@ def _filter(
     item_alive = np.ones(n_items, dtype=bool)
     while True:
         ua, ia = runner.share(user_alive), runner.share(item_alive)
-        _, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia)
+        _, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia,
+                                        n_items, "i")  # fmt: skip
         before = int(item_deg.sum())
         item_alive = item_alive & (item_deg >= min_count)
         ia = runner.share(item_alive)
-        user_deg, _ = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia)
+        user_deg, _ = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia,
+                                        n_items, "u")  # fmt: skip
         user_alive = user_alive & (user_deg >= min_count)
         after = int(user_deg[user_alive].sum())
         if mode == "paper" or after == before:

@@ -13,11 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.filtering import dedupe, encode_pair
+from ordnmf_dask.sources.filtering import dedupe, encode_pair, encode_sorted
 from ordnmf_dask.sources.inmemory import (
     classify_test_rows,
     first_overlap,
@@ -50,32 +48,6 @@ AnyChunk = Chunk | ParquetChunk | MemoryChunk
 def as_kind(ids: np.ndarray, kind: str) -> np.ndarray:
     """Ids in the global kind (``"i"``: int64, ``"U"``: str; integers in decimal)."""
     return ids if ids.dtype.kind == kind else ids.astype(str)
-
-
-def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(ids, return_inverse=True)`` (codes as int32). Byte strings (staged ASCII
-    ids, padded with NULs) go through pyarrow's hash table zero-copy, str through a pyarrow
-    string array; only their distinct values are sorted (byte order is numpy's order)."""
-    if ids.dtype.kind not in "SU" or not len(ids):
-        uniques, inverse = np.unique(ids, return_inverse=True)
-        return uniques, inverse.astype(np.int32).reshape(-1)
-    width = ids.dtype.itemsize
-    if ids.dtype.kind == "S":
-        buffer = pa.py_buffer(np.ascontiguousarray(ids))
-        arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(ids), [None, buffer])
-    else:
-        arr = pa.array(ids)
-    encoded = pc.dictionary_encode(arr)
-    dictionary, codes = encoded.dictionary, encoded.indices.to_numpy()
-    order = pc.array_sort_indices(dictionary).to_numpy()
-    if ids.dtype.kind == "S":
-        distinct = np.frombuffer(dictionary.buffers()[1], ids.dtype, len(dictionary),
-                                 dictionary.offset * width)  # fmt: skip
-    else:
-        distinct = dictionary.to_numpy(zero_copy_only=False).astype(ids.dtype)
-    rank = np.empty(len(order), np.int32)
-    rank[order] = np.arange(len(order), dtype=np.int32)
-    return distinct[order], rank[codes]
 
 
 def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
@@ -446,15 +418,19 @@ def join_add(a: tuple, b: tuple) -> tuple:
 
 
 def degree_task(
-    part: int, tmp: str, bounds: np.ndarray, user_alive: np.ndarray, item_alive: np.ndarray
+    part: int, tmp: str, bounds: np.ndarray, user_alive: np.ndarray | None,
+    item_alive: np.ndarray | None, n_items: int, sides: str = "ui",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(Interactions per user of the partition's user range, per item) among rows of alive
-    users and items."""
+    users and items (None: all alive); a side not in ``sides`` ("u", "i") is left empty, so
+    that a filter round reduces only the side it needs (``join_add``)."""
     data = load_arrays(_part_prefix(tmp, part), ["u", "i"])
     keep = _alive(data["u"], data["i"], user_alive, item_alive)
     lo, hi = int(bounds[part]), int(bounds[part + 1])
-    return (np.bincount(data["u"][keep] - lo, minlength=hi - lo).astype(np.int64),
-            np.bincount(data["i"][keep], minlength=len(item_alive)).astype(np.int64))  # fmt: skip
+    empty = np.zeros(0, np.int64)
+    users = np.bincount(data["u"][keep] - lo, minlength=hi - lo) if "u" in sides else empty
+    items = np.bincount(data["i"][keep], minlength=n_items) if "i" in sides else empty
+    return users.astype(np.int64), items.astype(np.int64)
 
 
 def _alive(
@@ -504,15 +480,6 @@ def _kept_rows(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
     data = load_arrays(_part_prefix(tmp, part), ["u", "i", "y", "raw"])
     keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
     return {k: a[keep] for k, a in data.items()}
-
-
-def final_degrees_task(part: int, tmp: str, fin: Final, n_items: int) -> tuple:
-    """(Interactions per user of the partition's range, per item) after filtering, in codes
-    before filtering."""
-    d = _kept_rows(part, tmp, fin)
-    lo, hi = int(fin.bounds[part]), int(fin.bounds[part + 1])
-    return (np.bincount(d["u"] - lo, minlength=hi - lo).astype(np.int64),
-            np.bincount(d["i"], minlength=n_items).astype(np.int64))  # fmt: skip
 
 
 def _kept(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], np.ndarray]:

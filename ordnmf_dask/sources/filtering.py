@@ -72,12 +72,45 @@ def encode_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndar
         uniques = uniques.to_numpy(zero_copy_only=False)
         if uniques.dtype == object:
             uniques = uniques.astype(str) if uniques.size else np.zeros(0, "<U1")
-    order = np.argsort(uniques, kind="stable")
+    return _sorted(uniques, codes, np.argsort(uniques, kind="stable"))
+
+
+def _sorted(
+    uniques: np.ndarray, codes: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values put in ``order`` (the order that sorts them), and the codes into them
+    renumbered to match (int32, in place where they already are)."""
     rank = np.empty(len(order), dtype=np.int32)
     rank[order] = np.arange(len(order), dtype=np.int32)
-    codes = codes.astype(np.int32, copy=False)
+    if codes.dtype != np.int32 or not codes.flags.writeable:  # pyarrow's are read-only
+        codes = codes.astype(np.int32)
     np.take(rank, codes, out=codes, mode="clip")  # in place: every code is in range
     return uniques[order], codes
+
+
+def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` (codes as int32) of ids already checked (no
+    stripping): byte strings (staged ASCII ids, padded with NULs) go through pyarrow's hash
+    table zero-copy, str through a pyarrow string array, and only their distinct values are
+    sorted (byte order is numpy's order)."""
+    if ids.dtype.kind not in "SU" or not len(ids):
+        uniques, inverse = np.unique(ids, return_inverse=True)
+        return uniques, inverse.astype(np.int32).reshape(-1)
+    width = ids.dtype.itemsize
+    if ids.dtype.kind == "S":
+        buffer = pa.py_buffer(np.ascontiguousarray(ids))
+        arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(ids), [None, buffer])
+    else:
+        arr = pa.array(ids)
+    encoded = pc.dictionary_encode(arr, memory_pool=POOL)
+    dictionary, codes = encoded.dictionary, encoded.indices.to_numpy()
+    order = pc.array_sort_indices(dictionary).to_numpy()
+    if ids.dtype.kind == "S":
+        distinct = np.frombuffer(dictionary.buffers()[1], ids.dtype, len(dictionary),
+                                 dictionary.offset * width)  # fmt: skip
+    else:
+        distinct = dictionary.to_numpy(zero_copy_only=False).astype(ids.dtype)
+    return _sorted(distinct, codes, order)
 
 
 def encode_pair(
