@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import zarr
 from conftest import SHARED_DATA as DATA
@@ -13,11 +14,12 @@ from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.distributed_tasks import as_kind
-from ordnmf_dask.sources.filtering import encode_sorted
+from ordnmf_dask.sources.filtering import distinct_ids, encode_ids, encode_sorted
 from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.split import pair_hash, random_test_mask
 from ordnmf_dask.sources.text import line_numbers
-from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays
+from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays, widen
 
 ML = DATA / "ml-latest-small" / "ratings.csv"
 LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
@@ -150,6 +152,39 @@ def test_encode_sorted_is_numpys_unique():
         np.testing.assert_array_equal(codes, inverse.reshape(-1))
         assert distinct.dtype == expect.dtype and codes.dtype == np.int32
     assert as_kind(np.array([7, 40]), "U").tolist() == ["7", "40"]
+
+
+def test_distinct_ids_unsorted_then_sorted_are_numpys_unique():
+    """``distinct_ids`` (ASCII strings as bytes, in the order first seen) sorted afterwards is
+    ``np.unique`` of the stripped ids, whichever kind they are; ``encode_ids`` gives str."""
+    rng = np.random.default_rng(5)
+    ascii_ = np.array([f" u{j}" for j in rng.integers(0, 400, 2000)])
+    text = np.array([f"é{j}日" if j % 3 else f"u{j}" for j in rng.integers(0, 400, 2000)])
+    numbers = np.array([str(j) for j in rng.integers(-9, 300, 2000)])
+    for ids, kind in ((ascii_, "S"), (text, "U"), (numbers, "i"), (pa.array(list(ascii_)), "S")):
+        distinct, codes = distinct_ids(ids, Origin.arrays(2000), "user")
+        assert distinct.dtype.kind == kind and codes.dtype == np.int32
+        stripped = np.char.strip(np.asarray(ids, dtype=str))
+        expect = np.unique(stripped.astype(np.int64) if kind == "i" else stripped)
+        np.testing.assert_array_equal(np.sort(widen(distinct)), np.sort(expect))
+        np.testing.assert_array_equal(widen(distinct)[codes], stripped.astype(expect.dtype))
+        sorted_, sorted_codes = encode_ids(ids, Origin.arrays(2000), "user")
+        np.testing.assert_array_equal(sorted_, expect)
+        np.testing.assert_array_equal(sorted_[sorted_codes], stripped.astype(expect.dtype))
+        assert sorted_.dtype == np.array(expect.tolist()).dtype  # as narrow as the longest
+
+
+def test_ids_of_every_kind_across_many_id_ranges(tmp_path):
+    """Chunks whose ids are ASCII, other text, or integers (another kind than the global one),
+    grouped into many id ranges: the same store as in memory."""
+    rng = np.random.default_rng(11)
+    n = 6000
+    users = [f"u{j}" if j % 4 else f"ü{j}" for j in rng.integers(0, 900, n)]
+    users[:1500] = [str(j) for j in rng.integers(0, 900, 1500)]  # integers in the first chunks
+    items = [f"日{j}" if j % 7 == 0 else f"i{j:03d}" for j in rng.integers(0, 300, n)]
+    path = tmp_path / "ids.csv"
+    pd.DataFrame({"u": users, "i": items, "r": rng.integers(1, 6, n)}).to_csv(path, index=False)
+    both(tmp_path, path, chunk_bytes=4_000, rows_per_partition=60, duplicates="max")
 
 
 def test_staged_arrays_are_compact_and_restored_exactly(tmp_path):

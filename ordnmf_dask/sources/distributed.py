@@ -13,14 +13,14 @@ every worker, or for a URL ``out`` a prefix under it in the object store):
    its columns and row groups (one chunk each) from its footer; per dask DataFrame partition,
    one chunk (its columns checked against the frame's);
 2. parse each chunk (``textsplit.parse_chunk``; errors name file and line, row, or partition
-   and row); stage its columns and its sorted distinct raw ids, and return a sample of those;
+   and row); stage its columns and its distinct raw ids (unsorted), and return a sample of those;
    value statistics give the value rule (``values.make_spec``);
 3. global ids without any task holding them all: splitters from the samples cut each side's
-   ids into ranges; one task per range makes the union of the range's pieces of every chunk
-   (sorted, as ``np.unique`` in memory) and their codes among it; a range's offset is the
-   number of ids in the ranges before it. Check every value, give each chunk its global codes
-   and route rows to user-range partitions, cut from a row-weighted sample of user codes so
-   that they hold about as many rows each;
+   ids into ranges (each chunk groups its ids by range); one task per range makes the union of
+   the range's pieces of every chunk (sorted, as ``np.unique`` in memory) and their codes
+   among it; a range's offset is the number of ids in the ranges before it. Check every
+   value, give each chunk its global codes and route rows to user-range partitions, cut from
+   a row-weighted sample of user codes so that they hold about as many rows each;
 4. per partition: merge duplicate pairs (``filtering.dedupe``; all rows of a pair are in the same
    partition, in input order) and classify;
 5. min-count filtering by degree reductions: the in-memory filter keeps exactly the rows whose
@@ -217,8 +217,7 @@ def ingest_distributed(
                           2 * rows_per_partition)  # fmt: skip
         user_ids, item_ids = users.ids, items.ids
         stride = max(1, sum(map(sum, rows)) // _SAMPLED_ROWS)
-        coded = [CodesJob(c, users.pieces[k], items.pieces[k], (users.moved[k], items.moved[k]))
-                 for k, c in enumerate(live)]  # fmt: skip
+        coded = [CodesJob(c, users.pieces[k], items.pieces[k]) for k, c in enumerate(live)]
         sample = runner.map(codes_task, coded, tmp, spec, users.offsets, items.offsets, stride)
         remove_staging(tmp, "codes")  # every chunk has its codes now
         t_live: list[AnyChunk] = []
@@ -499,13 +498,11 @@ def _check_rows(inp: _Input, rows: list[int]) -> None:
 @dataclass(frozen=True, eq=False)
 class _Coded:
     """The global sorted ids of one side, the (R + 1,) offsets of their ranges, and per chunk
-    its pieces (range, start, stop) in the ranges' staged codes and whether its ids were
-    re-sorted."""
+    its pieces (range, start, stop) in the ranges' staged codes."""
 
     ids: np.ndarray
     offsets: np.ndarray
     pieces: list[tuple[tuple[int, int, int], ...]]
-    moved: list[bool]
 
 
 def _code_ids(
@@ -521,17 +518,16 @@ def _code_ids(
     splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges]
     cuts = runner.map(split_ids_task, [c.index for c in chunks], tmp, what, kind, splitters)
     cuts = np.array(cuts, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
-    moved = [p[what][1].dtype.kind != kind for p in parsed]
     lengths = np.diff(cuts, axis=1)
     starts = np.cumsum(lengths, axis=0) - lengths  # where each piece is in its range's codes
-    jobs = [RangeJob(r, tuple((c.index, int(cuts[k, r]), int(cuts[k, r + 1]), moved[k])
+    jobs = [RangeJob(r, tuple((c.index, int(cuts[k, r]), int(cuts[k, r + 1]))
                               for k, c in enumerate(chunks) if lengths[k, r]))
             for r in range(n_ranges)]  # fmt: skip
     ranges = runner.map(range_task, jobs, tmp, what)
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
     pieces = [tuple((r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
                     for r in np.flatnonzero(lengths[k])) for k in range(len(chunks))]  # fmt: skip
-    return _Coded(np.concatenate(ranges), offsets, pieces, moved)
+    return _Coded(np.concatenate(ranges), offsets, pieces)
 
 
 def _sample_bounds(sample: np.ndarray, n_users: int, n_parts: int) -> np.ndarray:

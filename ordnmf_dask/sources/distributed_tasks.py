@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.filtering import dedupe, encode_pair, encode_sorted
+from ordnmf_dask.sources.filtering import dedupe, distinct_ids, encode_pair, encode_sorted
 from ordnmf_dask.sources.inmemory import (
     classify_test_rows,
     first_overlap,
@@ -77,20 +77,21 @@ def _part_prefix(tmp: str, part: int) -> str:
 
 def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     """Parse a chunk (text byte range, Parquet row group or data in memory), dictionary-encode
-    its ids, stage (codes, values, line) and its sorted distinct ids (``users``, ``items``);
-    return a summary.
+    its ids, stage (codes, values, line) and its distinct ids (``users``, ``items``, in the
+    order first seen: nothing later needs them sorted); return a summary.
 
     Returns
     -------
     dict
         rows, value max, first value that is not a positive integer (value, line) or None;
-        per side ("users", "items"), the number of distinct ids and ``_SAMPLE`` of them evenly
-        spaced (to cut the ids into ranges).
+        per side ("users", "items"), the number of distinct ids and ``_SAMPLE`` of them (to
+        cut the ids into ranges).
     """
     triples = parse_chunk(chunk)
     if triples is None:
         return {"rows": 0, "vmax": None, "bad": None}
-    (users, uc), (items, ic) = encode_pair(triples.users, triples.items, triples.origin)
+    (users, uc), (items, ic) = encode_pair(triples.users, triples.items, triples.origin,
+                                             distinct_ids)  # fmt: skip
     values, line = triples.values, triples.origin.line
     if len(line) and line.max() < 2**31:
         line = line.astype(np.int32)  # staged smaller; joined rows widen it back
@@ -99,7 +100,8 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     })  # fmt: skip
     bad = np.flatnonzero((values < 1) | (values != np.round(values)))
     return {
-        **{what: (len(ids), ids[np.linspace(0, len(ids) - 1, min(_SAMPLE, len(ids))).astype(int)])
+        **{what: (len(ids),
+                  widen(ids[np.linspace(0, len(ids) - 1, min(_SAMPLE, len(ids))).astype(int)]))
            for what, ids in (("users", users), ("items", items))},
         "rows": len(values),
         "vmax": float(values.max()),
@@ -117,36 +119,40 @@ def _range_prefix(tmp: str, what: str, index: int, kind: str) -> str:
 
 
 def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.ndarray) -> list:
-    """Cut a parsed chunk's sorted distinct ``what`` ids into the id ranges ``(splitters[r-1],
-    splitters[r]]``; returns the (R + 1,) offsets of the ranges in them, as a list.
+    """Group a parsed chunk's distinct ``what`` ids by id range ``(splitters[r-1],
+    splitters[r]]``: staged as ``r_<what>`` with the order that groups them
+    (``r_<what>_order``); returns the (R + 1,) offsets of the ranges in them, as a list.
 
-    Ids of another kind than the global one (integers among string ids) are converted and
-    re-sorted, staged as ``r_<what>`` with the order that sorts them (``r_<what>_order``).
+    Ids of another kind than the global one (integers among string ids) are converted first.
+    The parsed ids stay as they are, so a rerun of this task gives the same files.
     """
     prefix = _chunk_prefix(tmp, index)
-    ids = load_arrays(prefix, [what])[what]
-    if ids.dtype.kind != kind:
+    ids = load_arrays(prefix, [what], staged=True)[what]
+    if ids.dtype.kind == "S":  # ASCII, staged as bytes: compared as UTF-8, in code point order
+        splitters = np.char.encode(splitters, "utf-8")
+    else:
         ids = as_kind(ids, kind)
-        order = np.argsort(ids, kind="stable")
-        ids = ids[order]
-        save_arrays(prefix, {f"r_{what}": ids, f"r_{what}_order": order})
-    inner = np.searchsorted(ids, splitters, side="right")
-    return [0, *(int(x) for x in inner), len(ids)]
+    ranges = np.searchsorted(splitters, ids, side="left")
+    small = ranges.astype(np.int16) if len(splitters) < np.iinfo(np.int16).max else ranges
+    order = np.argsort(small, kind="stable")  # a radix sort for 16-bit keys
+    save_arrays(prefix, {f"r_{what}": ids[order], f"r_{what}_order": order.astype(np.int32)})
+    counts = np.bincount(ranges, minlength=len(splitters) + 1)
+    return [0, *(int(x) for x in np.cumsum(counts))]
 
 
 @dataclass(frozen=True)
 class RangeJob:
-    """Id range ``index`` and its piece in every chunk: (chunk index, start, stop, re-sorted)."""
+    """Id range ``index`` and its piece in every chunk: (chunk index, start, stop)."""
 
     index: int
-    pieces: tuple[tuple[int, int, int, bool], ...]
+    pieces: tuple[tuple[int, int, int], ...]
 
 
 def range_task(job: RangeJob, tmp: str, what: str) -> np.ndarray:
     """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``)
     and, piece after piece, the pieces' codes among them (``codes``, int32); returns them."""
-    loaded = [load_rows(_chunk_prefix(tmp, c), f"r_{what}" if moved else what, lo, hi,
-                        staged=True) for c, lo, hi, moved in job.pieces]  # fmt: skip
+    loaded = [load_rows(_chunk_prefix(tmp, c), f"r_{what}", lo, hi, staged=True)
+              for c, lo, hi in job.pieces]  # fmt: skip
     if len({a.dtype.kind for a in loaded}) > 1:  # ASCII pieces beside others
         loaded = [widen(a) for a in loaded]
     ids, codes = encode_sorted(np.concatenate(loaded))
@@ -178,13 +184,11 @@ class IdRanges:
 @dataclass(frozen=True)
 class CodesJob:
     """Chunk ``chunk`` and where its ids' codes are: per side, (range, start, stop) in the
-    ranges' staged ``codes``, in range order, and whether its ids were re-sorted
-    (``split_ids_task``)."""
+    ranges' staged ``codes``, in range order (the order of ``split_ids_task``'s groups)."""
 
     chunk: AnyChunk
     users: tuple[tuple[int, int, int], ...]
     items: tuple[tuple[int, int, int], ...]
-    moved: tuple[bool, bool]
 
 
 def codes_task(
@@ -196,25 +200,22 @@ def codes_task(
     prefix = _chunk_prefix(tmp, job.chunk.index)
     data = load_arrays(prefix, ["uc", "values", "line"])
     classify(spec, data["values"], chunk_origin(job.chunk, data["line"]))  # names file, line
-    to_u = _global_codes(tmp, prefix, "users", job.users, user_offsets, job.moved[0])
-    to_i = _global_codes(tmp, prefix, "items", job.items, item_offsets, job.moved[1])
+    to_u = _global_codes(tmp, prefix, "users", job.users, user_offsets)
+    to_i = _global_codes(tmp, prefix, "items", job.items, item_offsets)
     save_arrays(prefix, {"to_u": to_u, "to_i": to_i})
-    remove_arrays(prefix, ["users", "items"] + [f"r_{w}{x}" for w, moved in
-                                                 zip(("users", "items"), job.moved, strict=True)
-                                                 if moved for x in ("", "_order")])  # fmt: skip
+    remove_arrays(prefix, [f"{r}{w}{x}" for w in ("users", "items")
+                           for r, x in (("", ""), ("r_", ""), ("r_", "_order"))])  # fmt: skip
     return to_u[data["uc"][job.chunk.index % stride :: stride]]
 
 
 def _global_codes(
     tmp: str, prefix: str, what: str, pieces: tuple[tuple[int, int, int], ...],
-    offsets: np.ndarray, moved: bool,
+    offsets: np.ndarray,
 ) -> np.ndarray:  # fmt: skip
     """Global codes of a chunk's distinct ``what`` ids, in their order (int32)."""
     codes = np.concatenate([np.zeros(0, np.int32)] + [
         load_rows(_range_prefix(tmp, what, r, "codes"), "codes", lo, hi) + np.int32(offsets[r])
         for r, lo, hi in pieces])  # fmt: skip
-    if not moved:
-        return codes
     out = np.empty_like(codes)
     out[load_arrays(prefix, [f"r_{what}_order"])[f"r_{what}_order"]] = codes
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,10 +28,20 @@ _CONTROL = r"[\x00-\x1f\x7f-\x{9f}\x{2028}\x{2029}]"
 
 
 def encode_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct raw ids and the code (index into them) of every row.
+    """Sorted distinct raw ids (int64 or str ``<U``) and the code (index into them, int32) of
+    every row: ``distinct_ids``, then a sort of the distinct ids only."""
+    uniques, codes = distinct_ids(ids, origin, what)
+    uniques, codes = _sorted(uniques, codes, np.argsort(uniques, kind="stable"))
+    if uniques.dtype.kind == "S":
+        uniques = uniques.astype(f"U{uniques.dtype.itemsize}")
+    return uniques, codes
 
-    The work per row is pyarrow's dictionary encoding and one gather; stripping, the checks and
-    the sort run on the distinct ids only.
+
+def distinct_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct raw ids in the order first seen, and the code (index into them) of every row.
+
+    The work per row is pyarrow's dictionary encoding; stripping and the checks run on the
+    distinct ids only.
 
     Parameters
     ----------
@@ -45,7 +56,9 @@ def encode_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndar
 
     Returns
     -------
-    uniques : np.ndarray of int64 or str (``<U``), shape (m,), sorted
+    uniques : np.ndarray, shape (m,)
+        int64; or strings: ASCII ones as NUL-padded bytes (``S``, the form they are staged in;
+        ``widen`` gives str), others as str (``<U``).
     codes : np.ndarray of int32, shape (n,)
     """
     if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":
@@ -60,19 +73,27 @@ def encode_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.ndar
     dictionary = encoded.chunk(0).dictionary if encoded.num_chunks else pa.array([], col.type)
     del encoded
     if pa.types.is_integer(dictionary.type):
-        uniques = dictionary.to_numpy().astype(np.int64)
-    else:
-        dictionary, codes = _clean_strings(dictionary, codes, origin, what)
-        uniques = dictionary
-        if len(dictionary) and pc.all(pc.match_substring_regex(dictionary, _CANONICAL)).as_py():
-            try:
-                uniques = pc.cast(dictionary, pa.int64())
-            except pa.ArrowInvalid:  # beyond int64
-                uniques = dictionary
-        uniques = uniques.to_numpy(zero_copy_only=False)
-        if uniques.dtype == object:
-            uniques = uniques.astype(str) if uniques.size else np.zeros(0, "<U1")
-    return _sorted(uniques, codes, np.argsort(uniques, kind="stable"))
+        return dictionary.to_numpy().astype(np.int64), codes
+    dictionary, codes = _clean_strings(dictionary, codes, origin, what)
+    if len(dictionary) and pc.all(pc.match_substring_regex(dictionary, _CANONICAL)).as_py():
+        try:
+            return pc.cast(dictionary, pa.int64()).to_numpy(), codes
+        except pa.ArrowInvalid:  # beyond int64
+            pass
+    return _numpy_strings(dictionary), codes
+
+
+def _numpy_strings(strings: pa.Array) -> np.ndarray:
+    """A pyarrow string array (no nulls) in numpy: all ASCII as NUL-padded bytes (``S``), by
+    one padding kernel and a view of its buffer, with no Python object per string; else str."""
+    if not len(strings):
+        return np.zeros(0, "<U1")
+    if not pc.all(pc.string_is_ascii(strings)).as_py():
+        return strings.to_numpy(zero_copy_only=False).astype(str)
+    width = max(1, pc.max(pc.binary_length(strings)).as_py())
+    padded = pc.utf8_rpad(strings, width=width, padding="\x00").cast(pa.large_binary())
+    start = int(np.frombuffer(padded.buffers()[1], np.int64, 1, padded.offset * 8)[0])
+    return np.frombuffer(padded.buffers()[2], f"S{width}", len(padded), start)
 
 
 def _sorted(
@@ -114,12 +135,13 @@ def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_pair(
-    users: Any, items: Any, origin: Origin
+    users: Any, items: Any, origin: Origin, encode: Callable = encode_ids
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """``encode_ids`` of the user and of the item ids, on two threads (pyarrow releases the
-    GIL); an error in the user ids is raised first, as if encoded one after the other."""
+    """``encode`` (``encode_ids`` or ``distinct_ids``) of the user and of the item ids, on two
+    threads (pyarrow releases the GIL); an error in the user ids is raised first, as if encoded
+    one after the other."""
     with ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(encode_ids, ids, origin, what)
+        jobs = [pool.submit(encode, ids, origin, what)
                 for ids, what in ((users, "user"), (items, "item"))]  # fmt: skip
     return jobs[0].result(), jobs[1].result()
 

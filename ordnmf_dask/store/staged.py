@@ -147,15 +147,18 @@ def remove_arrays(prefix: str, names: Sequence[str]) -> None:
             os.remove(path)
 
 
-def load_arrays(prefix: str, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """Inverse of ``save_arrays``."""
+def load_arrays(
+    prefix: str, names: Sequence[str], staged: bool = False
+) -> dict[str, np.ndarray]:
+    """Inverse of ``save_arrays`` (``staged``: as staged, ``compact``, not widened)."""
     out = {}
     for n in names:
         path = f"{prefix}.{n}.npy"
         if locations.is_url(path):
-            out[n] = widen(np.load(io.BytesIO(locations.read_bytes(path)), allow_pickle=False))
+            arr = np.load(io.BytesIO(locations.read_bytes(path)), allow_pickle=False)
         else:
-            out[n] = widen(np.load(path, allow_pickle=False))
+            arr = np.load(path, allow_pickle=False)
+        out[n] = arr if staged else widen(arr)
     return out
 
 
