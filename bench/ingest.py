@@ -16,16 +16,18 @@ one run, each in a fresh process:
 It prints seconds per million rows, CPU seconds of all its processes (steadier than wall time
 on a shared machine), the kernel high-water RSS of every process (the measuring process and each
 worker) and bytes of peak RSS per input row, and the ratio to the core. ``--kinds`` picks the
-measurements (e.g. only ``distributed`` at 10^8 rows). ``--check N`` spot-checks N random
-blocks of the distributed store against the input file: the block's train and test nonzeros,
-decoded to raw (user, item, value), are exactly the input rows whose user and item fall in the
-block, and its test pairs hash below its train pairs (the seeded split).
+measurements (e.g. only ``distributed`` at 10^8 rows). For the distributed ingest it also
+prints, per task name, the tasks' compute seconds and when they ran. ``--check N``
+spot-checks N random blocks of the distributed store against the input file: the block's train
+and test nonzeros, decoded to raw (user, item, value), are exactly the input rows whose user
+and item fall in the block, and its test pairs hash below its train pairs (the seeded split).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -135,7 +137,7 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
 
         ingest(path, out, ratings="halfstar")
     else:
-        from distributed import Client, LocalCluster
+        from distributed import Client, LocalCluster, get_task_stream
 
         from ordnmf_dask.sources.distributed import ingest_distributed
 
@@ -144,19 +146,35 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
                 Client(cluster) as client:  # fmt: skip
             before = client.run(cpu_seconds)
             cpu, start = cpu_seconds(), time.perf_counter()
-            ingest_distributed(path, out, client=client, ratings="halfstar")
+            with get_task_stream(client) as stream:
+                ingest_distributed(path, out, client=client, ratings="halfstar")
             seconds = time.perf_counter() - start
             cpu = cpu_seconds() - cpu
             cpu += sum(v - before[k] for k, v in client.run(cpu_seconds).items())
             peaks.update({f"worker {k}": v for k, v in enumerate(worker_peaks(client).values())})
         peaks["main"] = self_peak_mb()
-        result = {"seconds": seconds, "cpu": cpu, "peaks": peaks}
+        result = {"seconds": seconds, "cpu": cpu, "peaks": peaks, "stages": stages(stream.data)}
         if check:
             result["check"] = spot_check(path, out, check)
         return result
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     peaks["main"] = self_peak_mb()
     return {"seconds": seconds, "cpu": cpu, "peaks": peaks}
+
+
+def stages(records: list[dict]) -> dict[str, list[float]]:
+    """Per task name (the function's, see ``Runner``): tasks, compute seconds summed, and the
+    first start and last stop in seconds from the first task's start -- where the time goes."""
+    spans: dict[str, list[float]] = {}
+    first = min((s["start"] for r in records for s in r["startstops"]), default=0.0)
+    for r in records:
+        name = str(r["key"]).rsplit("-", 1)[0]
+        for s in r["startstops"]:
+            if s["action"] == "compute":
+                n, total, lo, hi = spans.get(name, [0, 0.0, math.inf, 0.0])
+                spans[name] = [n + 1, total + s["stop"] - s["start"], min(lo, s["start"] - first),
+                               max(hi, s["stop"] - first)]  # fmt: skip
+    return dict(sorted(spans.items(), key=lambda kv: kv[1][2]))
 
 
 def spot_check(path: str, store: str, n_blocks: int, seed: int = 0) -> dict:
@@ -261,6 +279,11 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f}")  # fmt: skip
     print(fmt_table(rows, ["", "seconds", "s / M rows", "x core", "CPU s", "peak B / row",
                            "peak RSS MB per process"]))  # fmt: skip
+    if "stages" in results.get("distributed", {}):
+        print("distributed, per task name: tasks, compute seconds, span (s from the start)")
+        print(fmt_table([[name, int(n), total, f"{lo:.1f}-{hi:.1f}"] for name, (n, total, lo, hi)
+                         in results["distributed"]["stages"].items()],
+                        ["task", "tasks", "compute s", "span s"]))  # fmt: skip
     if "check" in results.get("distributed", {}):
         print("spot check passed:", json.dumps(results["distributed"]["check"]))
 
