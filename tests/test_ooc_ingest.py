@@ -187,6 +187,27 @@ def test_ids_of_every_kind_across_many_id_ranges(tmp_path):
     both(tmp_path, path, chunk_bytes=4_000, rows_per_partition=60, duplicates="max")
 
 
+def test_ids_written_from_their_ranges_over_many_store_chunks(tmp_path, monkeypatch):
+    """With store chunks of 64 entries, the kept ids (some users and items filtered away) are
+    gathered from several id ranges per chunk, and several chunks per range: the same store."""
+    import ordnmf_dask.sources.distributed_tasks as tasks
+    import ordnmf_dask.store.blocks as blocks
+    import ordnmf_dask.store.staged as staged
+
+    for module in (tasks, blocks, staged):
+        monkeypatch.setattr(module, "CHUNK", 64)
+    rng = np.random.default_rng(4)
+    n = 5000
+    frame = pd.DataFrame({"u": [f"user-{j}" for j in rng.zipf(1.3, n) % 700],
+                          "i": rng.zipf(1.2, n) % 400, "r": rng.integers(1, 6, n)})  # fmt: skip
+    path = tmp_path / "zipf.csv"
+    frame.to_csv(path, index=False)
+    both(tmp_path, path, chunk_bytes=3_000, rows_per_partition=40, duplicates="max",
+         min_count=2)  # fmt: skip
+    ids = zarr.open_group(tmp_path / "ooc", mode="r")["users/ids"]
+    assert ids.chunks == (64,) and ids.shape[0] > 3 * 64
+
+
 def test_staged_arrays_are_compact_and_restored_exactly(tmp_path):
     arrays = {"ascii": np.array(["u1", "item 22", ""]), "text": np.array(["é", "b"]),
               "halves": np.array([0.5, -0.0, 3.0]), "fine": np.array([0.1, 2.0]),

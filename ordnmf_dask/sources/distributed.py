@@ -50,8 +50,9 @@ the client, is one chunk), one id range (about ``2 * rows_per_partition`` ids re
 partition (``rows_per_partition`` rows on average, test rows included) or one output chunk,
 plus the O(I) item vectors and, while filtering by ``min_count``, a user mask (one byte per
 user). With a test file, its chunks also hold the training ids (to look theirs up) and every
-partition the test set's distinct ids. The client holds the sorted ids (it writes them) and
-per-user degree vectors.
+partition the test set's distinct ids. The client holds per-user degree vectors and the codes
+of the kept users; the ids themselves go from their staged ranges to the store through copy
+jobs, like the nonzeros.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from ordnmf_dask.sources.distributed_tasks import (
     add,
     as_kind,
     block_task,
+    chunk_prefix,
     codes_task,
     dedupe_task,
     degree_task,
@@ -98,7 +100,6 @@ from ordnmf_dask.sources.inmemory import (
     IngestOptions,
     as_list,
     check_train_left,
-    id_kind,
     inputs_label,
     is_dask_dataframe,
     memory_label,
@@ -125,6 +126,7 @@ from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
     finish_store,
+    remove_arrays,
     remove_staging,
     staging_dir,
     temporary_store,
@@ -215,10 +217,10 @@ def ingest_distributed(
                           2 * rows_per_partition)  # fmt: skip
         items = _code_ids(runner, live, [parsed[k] for k in found], tmp, "items",
                           2 * rows_per_partition)  # fmt: skip
-        user_ids, item_ids = users.ids, items.ids
         stride = max(1, sum(map(sum, rows)) // _SAMPLED_ROWS)
         coded = [CodesJob(c, users.pieces[k], items.pieces[k]) for k, c in enumerate(live)]
-        sample = runner.map(codes_task, coded, tmp, spec, users.offsets, items.offsets, stride)
+        sample = runner.map(codes_task, coded, tmp, spec, users.ranges.offsets,
+                             items.ranges.offsets, stride)  # fmt: skip
         remove_staging(tmp, "codes")  # every chunk has its codes now
         t_live: list[AnyChunk] = []
         test_set = None
@@ -228,21 +230,22 @@ def ingest_distributed(
             test_set = TestSet(runner.map(ids_task, [t_index], tmp, "users")[0],
                                runner.map(ids_task, [t_index], tmp, "items")[0],
                                tested.names)  # fmt: skip
-            sample += runner.map(test_codes_task, t_live, tmp, spec, runner.share(user_ids),
-                                 runner.share(item_ids), runner.share(test_set.users),
+            sample += runner.map(test_codes_task, t_live, tmp, spec,
+                                 runner.share(users.ranges.load()),  # to look their ids up
+                                 runner.share(items.ranges.load()), runner.share(test_set.users),
                                  runner.share(test_set.items), stride)  # fmt: skip
-        n_parts = max(1, min(len(user_ids), math.ceil(sum(map(sum, rows)) / rows_per_partition)))
-        bounds = _sample_bounds(np.concatenate(sample), len(user_ids), n_parts)
+        n_users, n_items = len(users.ranges), len(items.ranges)
+        n_parts = max(1, min(n_users, math.ceil(sum(map(sum, rows)) / rows_per_partition)))
+        bounds = _sample_bounds(np.concatenate(sample), n_users, n_parts)
         n_parts = len(bounds) - 1
         hits = runner.map(partition_task, live, tmp, bounds)
         t_hits = [] if test_set is None else runner.map(
-            test_partition_task, t_live, tmp, bounds, _test_bounds(user_ids, test_set.users,
+            test_partition_task, t_live, tmp, bounds, _test_bounds(users, test_set.users,
                                                                    bounds))  # fmt: skip
         jobs = [PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p))
                 for p in range(n_parts)]  # fmt: skip
         merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates,
-                            IdRanges(tmp, "users", users.offsets),
-                            IdRanges(tmp, "items", items.offsets), runner.share(train.names),
+                            users.ranges, items.ranges, runner.share(train.names),
                             None if test_set is None else runner.share(test_set))  # fmt: skip
         remove_staging(tmp, "chunks")  # every row is in a partition now
         parts = [j.part for j in jobs]
@@ -252,10 +255,10 @@ def ingest_distributed(
             raise InputError(
                 f"{label}: no interactions left: every row is below the binarize/count threshold"
             )
-        fin = _filter(runner, parts, tmp, bounds, len(item_ids), min_count, filter_mode, seed)
+        fin = _filter(runner, parts, tmp, bounds, n_items, min_count, filter_mode, seed)
         alive = runner.share(fin.user_alive), runner.share(fin.item_alive)
         user_deg, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, *alive,
-                                               len(item_ids))  # fmt: skip
+                                               n_items)  # fmt: skip
         n = int(user_deg.sum())
         if n == 0:
             raise InputError(
@@ -301,7 +304,7 @@ def ingest_distributed(
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
         attrs = _attrs(
-            spec, hists, row_bounds, col_bounds, train.sources, user_ids, item_ids,
+            spec, hists, row_bounds, col_bounds, train.sources, (users.kind, items.kind),
             min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
             test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
             rows_read=sum(rows[0]), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
@@ -311,7 +314,8 @@ def ingest_distributed(
         if validation_fraction > 0:
             attrs.update(validation_attrs(validation_fraction, _hist_list(hists["validation"])))
         assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
-                       user_ids[user_sel], item_ids[item_sel])  # fmt: skip
+                       users.ranges.staged(user_sel, users.kind),
+                       items.ranges.staged(item_sel, items.kind))  # fmt: skip
         return finish_store(tmp, path, overwrite)
 
 
@@ -370,13 +374,13 @@ def _pieces(
     return tuple((c.index, c.file_index) for c, h in zip(chunks, hits, strict=True) if part in h)
 
 
-def _test_bounds(user_ids: np.ndarray, t_users: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def _test_bounds(users: _Coded, t_users: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """Cuts (P + 1,) of the test set's sorted user ids into P ranges for the test rows of users
     without training rows: at the partitions' first training ids if both are of one kind (then
     partition order is also the order of the test users, as in memory), else even."""
     n_parts = len(bounds) - 1
-    if user_ids.dtype.kind == t_users.dtype.kind:
-        inner = np.searchsorted(t_users, user_ids[bounds[1:-1]])
+    if users.kind == t_users.dtype.kind and n_parts > 1:
+        inner = np.searchsorted(t_users, np.array([users.ranges[b] for b in bounds[1:-1]]))
     else:
         inner = np.arange(1, n_parts) * len(t_users) // n_parts
     return np.concatenate([[0], inner, [len(t_users)]]).astype(np.int64)
@@ -497,11 +501,11 @@ def _check_rows(inp: _Input, rows: list[int]) -> None:
 
 @dataclass(frozen=True, eq=False)
 class _Coded:
-    """The global sorted ids of one side, the (R + 1,) offsets of their ranges, and per chunk
-    its pieces (range, start, stop) in the ranges' staged codes."""
+    """The global sorted ids of one side, staged in ranges; their kind ("i": int64, "U": str);
+    per chunk, its pieces (range, start, stop) in the ranges' staged codes."""
 
-    ids: np.ndarray
-    offsets: np.ndarray
+    ranges: IdRanges
+    kind: str
     pieces: list[tuple[tuple[int, int, int], ...]]
 
 
@@ -523,11 +527,12 @@ def _code_ids(
     jobs = [RangeJob(r, tuple((c.index, int(cuts[k, r]), int(cuts[k, r + 1]))
                               for k, c in enumerate(chunks) if lengths[k, r]))
             for r in range(n_ranges)]  # fmt: skip
-    ranges = runner.map(range_task, jobs, tmp, what)
-    offsets = np.concatenate([[0], np.cumsum([len(r) for r in ranges])]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(runner.map(range_task, jobs, tmp, what))])
+    for c in chunks:  # every range has read its pieces: only their order is needed from now
+        remove_arrays(chunk_prefix(tmp, c.index), [what, f"r_{what}"])
     pieces = [tuple((r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
                     for r in np.flatnonzero(lengths[k])) for k in range(len(chunks))]  # fmt: skip
-    return _Coded(np.concatenate(ranges), offsets, pieces)
+    return _Coded(IdRanges(tmp, what, offsets.astype(np.int64)), kind, pieces)
 
 
 def _sample_bounds(sample: np.ndarray, n_users: int, n_parts: int) -> np.ndarray:
@@ -596,7 +601,7 @@ def _rank_hash(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: i
 
 def _attrs(
     spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
-    sources: list[str], user_ids: np.ndarray, item_ids: np.ndarray, *, min_count: int,
+    sources: list[str], kinds: tuple[str, str], *, min_count: int,
     filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
     rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
     test_source: list[str] | None,
@@ -631,7 +636,8 @@ def _attrs(
         "rows_not_interaction": int(not_interaction),
         "rows_filtered": int(filtered),
         "nnz_before_split": int(n_before_split),
-        "id_kind": {"users": id_kind(user_ids), "items": id_kind(item_ids)},
+        "id_kind": {side: "int" if kind == "i" else "str"
+                    for side, kind in zip(("users", "items"), kinds, strict=True)},
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 

@@ -1,9 +1,9 @@
 """The per-piece and per-partition tasks of the distributed ingest (:mod:`.distributed`).
 
 Every task reads its inputs from the staging directory, writes its outputs there, and returns
-only small values, one id range's ids, or degree vectors that are tree-reduced on the workers
-(O(I) per item vector; a partition's users only, joined in order, per user vector). Staged files are
-plain ``.npy`` arrays (no pickle). The rows of a test file go through the same passes beside
+only small values or degree vectors that are tree-reduced on the workers (O(I) per item
+vector; a partition's users only, joined in order, per user vector). Staged files are plain
+``.npy`` arrays (no pickle). The rows of a test file go through the same passes beside
 the training rows (``test_codes_task``, ``test_partition_task``, the test side of
 ``dedupe_task``, ``block_task``), with the in-memory path's per-row functions.
 """
@@ -29,8 +29,11 @@ from ordnmf_dask.sources.split import HASH_BIN_BITS, lookup, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store import files as locations
+from ordnmf_dask.store.blocks import CHUNK
 from ordnmf_dask.store.grid import block_sort
 from ordnmf_dask.store.staged import (
+    Gather,
+    StagedIds,
     load_arrays,
     load_rows,
     remove_arrays,
@@ -57,13 +60,13 @@ def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
     return a + b
 
 
-def _chunk_prefix(tmp: str, index: int) -> str:
+def chunk_prefix(tmp: str, index: int) -> str:
     return locations.join(staging_dir(tmp, "chunks"), f"{index:06d}")
 
 
 def _piece(tmp: str, index: int, part: int, columns: list[str]) -> dict[str, np.ndarray]:
     """The rows of chunk ``index`` routed to partition ``part`` (see ``partition_task``)."""
-    prefix = _chunk_prefix(tmp, index)
+    prefix = chunk_prefix(tmp, index)
     lo, hi = load_arrays(prefix, ["part_offsets"])["part_offsets"][part : part + 2]
     return {n: load_rows(prefix, f"p_{n}", int(lo), int(hi)) for n in columns}
 
@@ -95,7 +98,7 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     values, line = triples.values, triples.origin.line
     if len(line) and line.max() < 2**31:
         line = line.astype(np.int32)  # staged smaller; joined rows widen it back
-    save_arrays(_chunk_prefix(tmp, chunk.index), {
+    save_arrays(chunk_prefix(tmp, chunk.index), {
         "uc": uc, "ic": ic, "users": users, "items": items, "values": values, "line": line,
     })  # fmt: skip
     bad = np.flatnonzero((values < 1) | (values != np.round(values)))
@@ -126,7 +129,7 @@ def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.nda
     Ids of another kind than the global one (integers among string ids) are converted first.
     The parsed ids stay as they are, so a rerun of this task gives the same files.
     """
-    prefix = _chunk_prefix(tmp, index)
+    prefix = chunk_prefix(tmp, index)
     ids = load_arrays(prefix, [what], staged=True)[what]
     if ids.dtype.kind == "S":  # ASCII, staged as bytes: compared as UTF-8, in code point order
         splitters = np.char.encode(splitters, "utf-8")
@@ -148,10 +151,11 @@ class RangeJob:
     pieces: tuple[tuple[int, int, int], ...]
 
 
-def range_task(job: RangeJob, tmp: str, what: str) -> np.ndarray:
+def range_task(job: RangeJob, tmp: str, what: str) -> int:
     """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``)
-    and, piece after piece, the pieces' codes among them (``codes``, int32); returns them."""
-    loaded = [load_rows(_chunk_prefix(tmp, c), f"r_{what}", lo, hi, staged=True)
+    and, piece after piece, the pieces' codes among them (``codes``, int32); returns how many
+    there are."""
+    loaded = [load_rows(chunk_prefix(tmp, c), f"r_{what}", lo, hi, staged=True)
               for c, lo, hi in job.pieces]  # fmt: skip
     if len({a.dtype.kind for a in loaded}) > 1:  # ASCII pieces beside others
         loaded = [widen(a) for a in loaded]
@@ -159,7 +163,7 @@ def range_task(job: RangeJob, tmp: str, what: str) -> np.ndarray:
     ids = widen(ids)
     save_arrays(_range_prefix(tmp, what, job.index, "ids"), {"ids": ids})
     save_arrays(_range_prefix(tmp, what, job.index, "codes"), {"codes": codes})
-    return ids
+    return len(ids)
 
 
 class IdRanges:
@@ -176,6 +180,27 @@ class IdRanges:
         r = int(np.searchsorted(self.offsets, code, side="right")) - 1
         at = int(code) - int(self.offsets[r])
         return load_rows(_range_prefix(self.tmp, self.what, r, "ids"), "ids", at, at + 1)[0]
+
+    def load(self) -> np.ndarray:
+        """All of them, in order (only a test file's chunks need them)."""
+        return np.concatenate([load_arrays(_range_prefix(self.tmp, self.what, r, "ids"),
+                                           ["ids"])["ids"] for r in range(len(self.offsets) - 1)])
+
+    def staged(self, kept: np.ndarray, kind: str) -> StagedIds:
+        """The ids of codes ``kept`` (increasing) to write to the store: pieces of the ranges'
+        staged ids cut at the store's chunk bounds; ``kind`` "i" (int64) or "U" (str)."""
+        edges = np.unique(np.concatenate([
+            [0, len(kept)], np.searchsorted(kept, self.offsets[1:-1]),
+            np.arange(CHUNK, len(kept), CHUNK)]))  # fmt: skip
+        parts = []
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            r = int(np.searchsorted(self.offsets, kept[lo], side="right")) - 1
+            local = kept[lo:hi] - self.offsets[r]
+            take = range(int(local[0]), int(local[-1]) + 1) \
+                if local[-1] - local[0] + 1 == len(local) else local.astype(np.int32)  # fmt: skip
+            parts.append(Gather(_range_prefix(self.tmp, self.what, r, "ids"), "ids", take))
+        dtype = np.dtype(np.int64) if kind == "i" else np.dtypes.StringDType()
+        return StagedIds(tuple(parts), dtype)
 
 
 # --------------------------------------------------------------------------- pass 3: codes
@@ -197,14 +222,13 @@ def codes_task(
 ) -> np.ndarray:  # fmt: skip
     """Check every value of a chunk and stage the global codes of its distinct ids (``to_u``,
     ``to_i``); return every ``stride``-th row's user code (a row-weighted sample of users)."""
-    prefix = _chunk_prefix(tmp, job.chunk.index)
+    prefix = chunk_prefix(tmp, job.chunk.index)
     data = load_arrays(prefix, ["uc", "values", "line"])
     classify(spec, data["values"], chunk_origin(job.chunk, data["line"]))  # names file, line
     to_u = _global_codes(tmp, prefix, "users", job.users, user_offsets)
     to_i = _global_codes(tmp, prefix, "items", job.items, item_offsets)
     save_arrays(prefix, {"to_u": to_u, "to_i": to_i})
-    remove_arrays(prefix, [f"{r}{w}{x}" for w in ("users", "items")
-                           for r, x in (("", ""), ("r_", ""), ("r_", "_order"))])  # fmt: skip
+    remove_arrays(prefix, ["r_users_order", "r_items_order"])
     return to_u[data["uc"][job.chunk.index % stride :: stride]]
 
 
@@ -230,7 +254,7 @@ def test_codes_task(
     ``split.lookup`` finds them in memory) and among the test set's own sorted ids
     (``to_tu``, ``to_ti``); return every ``stride``-th row's training user code (-1 left
     out)."""
-    prefix = _chunk_prefix(tmp, chunk.index)
+    prefix = chunk_prefix(tmp, chunk.index)
     data = load_arrays(prefix, ["uc", "users", "items", "values", "line"])
     classify(spec, data["values"], chunk_origin(chunk, data["line"]))
     to_u, to_i = lookup(user_ids, data["users"]), lookup(item_ids, data["items"])
@@ -248,7 +272,7 @@ def test_codes_task(
 def ids_task(chunks: list[int], tmp: str, what: str) -> np.ndarray:
     """Sorted distinct ``what`` ids of the parsed ``chunks`` (of a test file, whose ids every
     partition holds anyway): int64 if all are, else str."""
-    loaded = [load_arrays(_chunk_prefix(tmp, c), [what])[what] for c in chunks]
+    loaded = [load_arrays(chunk_prefix(tmp, c), [what])[what] for c in chunks]
     kind = "U" if any(ids.dtype.kind == "U" for ids in loaded) else "i"
     return encode_sorted(np.concatenate([as_kind(ids, kind) for ids in loaded]))[0]
 
@@ -265,7 +289,7 @@ def partition_task(chunk: AnyChunk, tmp: str, part_bounds: np.ndarray) -> list[i
     rows of partition p are ``[part_offsets[p], part_offsets[p + 1])`` (one file per column and
     chunk, not per chunk and partition). The chunk's parsed files are removed.
     """
-    prefix = _chunk_prefix(tmp, chunk.index)
+    prefix = chunk_prefix(tmp, chunk.index)
     data = load_arrays(prefix, _PARSED)
     u, i = data["to_u"][data["uc"]], data["to_i"][data["ic"]]
     part = np.searchsorted(part_bounds, u, side="right") - 1
@@ -280,7 +304,7 @@ def test_partition_task(
     partition, a row of another user to partition p if its code among the test set's users is
     in ``[test_bounds[p], test_bounds[p + 1])``. Routed: training codes ``u``, ``i`` (or -1)
     and test codes ``tu``, ``ti``."""
-    prefix = _chunk_prefix(tmp, chunk.index)
+    prefix = chunk_prefix(tmp, chunk.index)
     data = load_arrays(prefix, _TEST_PARSED)
     u, i = data["to_u"][data["uc"]], data["to_i"][data["ic"]]
     tu, ti = data["to_tu"][data["uc"]], data["to_ti"][data["ic"]]

@@ -13,10 +13,11 @@ arrays, no pickle) under ``TMP/_staging``, where ``TMP`` is the store's temporar
    that overlap its chunk (:class:`NpyRows`; for ``indptr``, the rows of the blocks whose row
    pointers overlap it, counted there: :class:`RowPointer`) and writes exactly one zarr chunk,
    so tasks never write the same chunk and each holds at most ``CHUNK`` entries (~13 MB) at a
-   time. Every chunk file is written, even one of zeros, and the task returns its size and
-   CRC-32, which the client records as the array's chunk inventory (see
-   ``ordnmf_dask.store.blocks``): the files are checksummed where they are written, not read
-   again by the client.
+   time; raw ids given as :class:`StagedIds` (the out-of-core ingest's id ranges) are written
+   the same way, chunk by chunk, by tasks that gather them from the staged files. Every chunk
+   file is written, even one of zeros, and the task returns its size and CRC-32, which the
+   client records as the array's chunk inventory (see ``ordnmf_dask.store.blocks``): the files
+   are checksummed where they are written, not read again by the client.
 
 The staging directory is removed, ``complete`` is set last and ``TMP`` is published to the final
 path, as in ``write_store``: a store is complete or absent. A store at a URL is written in place
@@ -242,8 +243,8 @@ def assemble_store(
     row_bounds: np.ndarray,
     col_bounds: np.ndarray,
     blocks: dict[str, Sequence[Sequence[Segment]]],
-    user_ids: np.ndarray,
-    item_ids: np.ndarray,
+    user_ids: np.ndarray | StagedIds,
+    item_ids: np.ndarray | StagedIds,
 ) -> None:
     """Write the store group at ``tmp`` from staged segments (``complete`` still false).
 
@@ -257,7 +258,8 @@ def assemble_store(
     row_bounds, col_bounds : np.ndarray of int64, shape (n_r + 1,), (n_c + 1,)
     blocks : {"train": [...], "test": [...]} (and "validation" when the store has one)
         For each split, ``n_r * n_c`` lists of segments, block ``b = r * n_c + c`` at index b.
-    user_ids, item_ids : np.ndarray, shape (U,), (I,)
+    user_ids, item_ids : np.ndarray, shape (U,), (I,), or StagedIds
+        The raw ids, in memory or staged (written by copy jobs like the nonzeros).
     """
     from ordnmf_dask.store.blocks import FORMAT_VERSION, write_array
 
@@ -265,12 +267,22 @@ def assemble_store(
     group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
     write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
     write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
+    jobs = []
+    arrays = {}  # (group directory, field) -> the array
     for name, ids in (("users", user_ids), ("items", item_ids)):
-        write_array(group.create_group(name), "ids", ids_for_zarr(ids))
+        sub = group.create_group(name)
+        if isinstance(ids, np.ndarray):
+            write_array(sub, "ids", ids_for_zarr(ids))
+            continue
+        chunks = (max(1, min(ids.length, CHUNK)),)
+        arrays[locations.join(tmp, name), "ids"] = sub.create_array(
+            "ids", shape=(ids.length,), dtype=ids.dtype, chunks=chunks,
+            compressors=COMPRESSORS, config=WRITE_ALL,
+        )  # fmt: skip
+        jobs.extend(_copy_jobs(locations.join(tmp, name), ("ids",), ids.parts, ids.length,
+                               chunks[0]))  # fmt: skip
     n_c = len(col_bounds) - 1
     n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
-    jobs = []
-    arrays = {}  # (split directory, field) -> the array
     for split in blocks:
         segments = [s for block in blocks[split] for s in block]
         sizes = np.asarray([len_block(b) for b in blocks[split]], dtype=np.int64)
@@ -343,20 +355,55 @@ class RowPointer:
 
 
 @dataclass(frozen=True)
+class Gather:
+    """Entries ``take`` (increasing; a ``range`` when contiguous, which pickles small) of the
+    staged 1-D array ``prefix.<name>.npy``, read as one run of the file."""
+
+    prefix: str
+    name: str
+    take: np.ndarray | range
+
+    @property
+    def length(self) -> int:
+        return len(self.take)
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Entries ``[lo, hi)`` of the gathered ones."""
+        sub = self.take[lo:hi]
+        first = int(sub[0])
+        rows = load_rows(self.prefix, self.name, first, int(sub[-1]) + 1)
+        return rows if isinstance(sub, range) else rows[np.asarray(sub) - first]
+
+
+@dataclass(frozen=True)
+class StagedIds:
+    """The raw ids of one side of a store, from staged files: ``parts`` in order, each within
+    one output chunk (so a copy job carries only its own), and the store array's dtype (int64,
+    or ``StringDType`` for str)."""
+
+    parts: tuple[Gather, ...]
+    dtype: np.dtype
+
+    @property
+    def length(self) -> int:
+        return sum(p.length for p in self.parts)
+
+
+@dataclass(frozen=True)
 class _CopyJob:
-    """Write entries [start, stop) of the arrays ``fields`` in ``group``: pieces (segment or
-    row pointer, lo, hi) in order."""
+    """Write entries [start, stop) of the arrays ``fields`` in ``group``: pieces (segment, row
+    pointer or gathered ids, lo, hi) in order."""
 
     group: str
     fields: tuple[str, ...]
     start: int
     stop: int
-    pieces: tuple[tuple[Segment | RowPointer, int, int], ...]
+    pieces: tuple[tuple[Segment | RowPointer | Gather, int, int], ...]
 
 
 def _copy_jobs(
-    group: str, fields: tuple[str, ...], parts: Sequence[Segment | RowPointer], total: int,
-    chunk: int,
+    group: str, fields: tuple[str, ...], parts: Sequence[Segment | RowPointer | Gather],
+    total: int, chunk: int,
 ) -> list[_CopyJob]:  # fmt: skip
     lengths = np.asarray([p.length for p in parts], dtype=np.int64)
     ends = np.cumsum(lengths)
@@ -395,21 +442,22 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
     """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
     records = []
     for field in job.fields:
-        parts = [part.read(lo, hi) if isinstance(part, RowPointer)
-                 else load_rows(part.prefix, field, lo, hi)
-                 for part, lo, hi in job.pieces]  # fmt: skip
+        parts = [load_rows(part.prefix, field, lo, hi) if isinstance(part, Segment)
+                 else part.read(lo, hi) for part, lo, hi in job.pieces]  # fmt: skip
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         directory = locations.join(job.group, field)
         arr = _open_writing_every_chunk(directory)
-        arr[job.start : job.stop] = data
+        arr[job.start : job.stop] = ids_for_zarr(data) if field == "ids" else data
         records.append(chunk_record(chunk_path(directory, job.start // arr.chunks[0])))
     return records
 
 
 __all__: list[str] = [
     "FIELDS",
+    "Gather",
     "NpyRows",
     "Segment",
+    "StagedIds",
     "assemble_store",
     "finish_store",
     "load_arrays",
