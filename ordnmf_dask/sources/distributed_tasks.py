@@ -38,7 +38,7 @@ from ordnmf_dask.store.staged import (
     load_rows,
     remove_arrays,
     save_arrays,
-    save_segment,
+    save_segments,
     staging_dir,
     widen,
 )
@@ -580,14 +580,11 @@ def block_task(
     for split, nz_in in splits.items():
         nz = block_sort(nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds,
                         col_bounds, presorted=True)  # fmt: skip
-        ids, segs = [], []
-        for b in np.flatnonzero(np.diff(nz.offsets)):
-            lo, hi = nz.offsets[b], nz.offsets[b + 1]
-            prefix = locations.join(staging_dir(tmp, split), f"{int(b):08d}-{part:06d}")
-            segs.append(save_segment(prefix, {"rows": nz.rows[lo:hi], "cols": nz.cols[lo:hi],
-                                              "y": nz.y[lo:hi], "raw": nz.raw[lo:hi]}))  # fmt: skip
-            ids.append(int(b))
-        out[split] = (ids, segs)
+        ids = np.flatnonzero(np.diff(nz.offsets))
+        segs = save_segments(locations.join(staging_dir(tmp, split), f"{part:06d}"),
+                             {"rows": nz.rows, "cols": nz.cols, "y": nz.y, "raw": nz.raw},
+                             nz.offsets[ids], nz.offsets[ids + 1])  # fmt: skip
+        out[split] = ([int(b) for b in ids], segs)
         out[f"hist_{split}"] = np.bincount(nz.y, minlength=n_classes + 1).astype(np.int64)
     return out
 
