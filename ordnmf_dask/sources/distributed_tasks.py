@@ -127,7 +127,8 @@ def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.nda
     (``r_<what>_order``); returns the (R + 1,) offsets of the ranges in them, as a list.
 
     Ids of another kind than the global one (integers among string ids) are converted first.
-    The parsed ids stay as they are, so a rerun of this task gives the same files.
+    The parsed ids stay until every range has read its pieces, so a rerun of this task gives
+    the same files.
     """
     prefix = chunk_prefix(tmp, index)
     ids = load_arrays(prefix, [what], staged=True)[what]
