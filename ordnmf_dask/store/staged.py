@@ -461,8 +461,8 @@ def _runs(pieces: Sequence[tuple[Any, int, int]], field: str) -> list[tuple]:
             runs.append((part, lo, hi))
             continue
         start, stop = part.start + lo, part.start + hi
-        last = runs[-1] if runs else None
-        if last is not None and last[0] == part.prefix and last[3] == start:
+        last = runs[-1] if runs else (None,)
+        if isinstance(last[0], str) and last[0] == part.prefix and last[3] == start:
             runs[-1] = (part.prefix, field, last[2], stop)
         else:
             runs.append((part.prefix, field, start, stop))
