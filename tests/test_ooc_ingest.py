@@ -13,7 +13,7 @@ from conftest import SHARED_DATA as DATA
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.distributed_tasks import as_kind
+from ordnmf_dask.sources.distributed_tasks import as_kind, chunk_prefix, split_ids_task
 from ordnmf_dask.sources.filtering import distinct_ids, encode_ids, encode_sorted
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.sources.origin import Origin
@@ -206,6 +206,26 @@ def test_ids_written_from_their_ranges_over_many_store_chunks(tmp_path, monkeypa
          min_count=2)  # fmt: skip
     ids = zarr.open_group(tmp_path / "ooc", mode="r")["users/ids"]
     assert ids.chunks == (64,) and ids.shape[0] > 3 * 64
+
+
+def test_grouping_ids_by_range_again_gives_the_same_files(tmp_path):
+    """``split_ids_task`` replaces a chunk's parsed ids by the grouped ones; run again (its
+    worker lost after the removal), it returns the same offsets and leaves the files as
+    they were."""
+    staging = tmp_path / "store.tmp"
+    prefix = chunk_prefix(str(staging), 3)
+    ids = np.array(["u9", "é2", "u1", "a7", "u5", "zz", "b0"])
+    save_arrays(prefix, {"users": ids})
+    splitters = np.array(["b0", "u5"])
+    first = split_ids_task(3, str(staging), "users", "U", splitters)
+    files = {n: load_arrays(prefix, [n])[n] for n in ("r_users", "r_users_order")}
+    assert not (staging / "_staging" / "chunks" / "000003.users.npy").exists()
+    assert split_ids_task(3, str(staging), "users", "U", splitters) == first == [0, 2, 4, 7]
+    for name, arr in files.items():
+        np.testing.assert_array_equal(load_arrays(prefix, [name])[name], arr)
+    grouped = files["r_users"]
+    assert grouped.tolist() == ids[files["r_users_order"]].tolist()
+    assert sorted(grouped[:2]) == ["a7", "b0"] and sorted(grouped[2:4]) == ["u1", "u5"]
 
 
 def test_staged_arrays_are_compact_and_restored_exactly(tmp_path):

@@ -529,7 +529,7 @@ def _code_ids(
             for r in range(n_ranges)]  # fmt: skip
     offsets = np.concatenate([[0], np.cumsum(runner.map(range_task, jobs, tmp, what))])
     for c in chunks:  # every range has read its pieces: only their order is needed from now
-        remove_arrays(chunk_prefix(tmp, c.index), [what, f"r_{what}"])
+        remove_arrays(chunk_prefix(tmp, c.index), [f"r_{what}"])
     pieces = [tuple((r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
                     for r in np.flatnonzero(lengths[k])) for k in range(len(chunks))]  # fmt: skip
     return _Coded(IdRanges(tmp, what, offsets.astype(np.int64)), kind, pieces)

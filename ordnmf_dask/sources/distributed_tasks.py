@@ -124,24 +124,39 @@ def _range_prefix(tmp: str, what: str, index: int, kind: str) -> str:
 def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.ndarray) -> list:
     """Group a parsed chunk's distinct ``what`` ids by id range ``(splitters[r-1],
     splitters[r]]``: staged as ``r_<what>`` with the order that groups them
-    (``r_<what>_order``); returns the (R + 1,) offsets of the ranges in them, as a list.
+    (``r_<what>_order``) in place of the parsed ids, which are removed (they would otherwise
+    sit beside the grouped ones at the staging's peak); returns the (R + 1,) offsets of the
+    ranges in them, as a list.
 
     Ids of another kind than the global one (integers among string ids) are converted first.
-    The parsed ids stay until every range has read its pieces, so a rerun of this task gives
-    the same files.
+    A rerun of the task (its worker lost after the removal) finds the grouped ids and returns
+    the same offsets.
     """
     prefix = chunk_prefix(tmp, index)
-    ids = load_arrays(prefix, [what], staged=True)[what]
-    if ids.dtype.kind == "S":  # ASCII, staged as bytes: compared as UTF-8, in code point order
-        splitters = np.char.encode(splitters, "utf-8")
-    else:
+    try:
+        ids = load_arrays(prefix, [what], staged=True)[what]
+    except FileNotFoundError:  # grouped by an earlier run of this task
+        grouped = load_arrays(prefix, [f"r_{what}"], staged=True)[f"r_{what}"]
+        return _range_offsets(_id_ranges(grouped, splitters), len(splitters))
+    if ids.dtype.kind != "S":
         ids = as_kind(ids, kind)
-    ranges = np.searchsorted(splitters, ids, side="left")
+    ranges = _id_ranges(ids, splitters)
     small = ranges.astype(np.int16) if len(splitters) < np.iinfo(np.int16).max else ranges
     order = np.argsort(small, kind="stable")  # a radix sort for 16-bit keys
     save_arrays(prefix, {f"r_{what}": ids[order], f"r_{what}_order": order.astype(np.int32)})
-    counts = np.bincount(ranges, minlength=len(splitters) + 1)
-    return [0, *(int(x) for x in np.cumsum(counts))]
+    remove_arrays(prefix, [what])
+    return _range_offsets(ranges, len(splitters))
+
+
+def _id_ranges(ids: np.ndarray, splitters: np.ndarray) -> np.ndarray:
+    """The id range of each id (of the global kind, or ASCII ones staged as bytes)."""
+    if ids.dtype.kind == "S":  # compared as UTF-8, whose byte order is the code points' order
+        splitters = np.char.encode(splitters, "utf-8")
+    return np.searchsorted(splitters, ids, side="left")
+
+
+def _range_offsets(ranges: np.ndarray, n_splitters: int) -> list[int]:
+    return [0, *(int(x) for x in np.cumsum(np.bincount(ranges, minlength=n_splitters + 1)))]
 
 
 @dataclass(frozen=True)
