@@ -3,6 +3,9 @@ dask DataFrames, errors."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -252,6 +255,29 @@ def test_line_numbers_skip_blank_lines():
         expect = [n + 5 for n, (s, line) in enumerate(zip(starts, lines, strict=True))
                   if s < len(data) and line.strip(b" \t\r\x0b\x0c")]  # fmt: skip
         np.testing.assert_array_equal(line_numbers(data, 5), expect, err_msg=repr(data))
+
+
+def nap_or_fail(x: int) -> int:
+    """A task: item 0 takes 3 s, any other fails at once with an OSError."""
+    if x:
+        raise OSError("the disk went away")
+    time.sleep(3)
+    return 0
+
+
+def test_a_failure_cancels_the_tasks_left_and_says_one_may_still_run(client, caplog):
+    """A task's error (not an InputError) reaches the caller while another still runs: the
+    runner cancels the rest and is no longer ``settled``; a failure after every task finished
+    leaves it settled."""
+    runner = Runner(client)
+    with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):  # no progress: raised at once
+        with pytest.raises(OSError, match="went away"):
+            runner.map(nap_or_fail, [0, 1])
+        assert not runner.settled
+        done = Runner(client)
+        with pytest.raises(OSError, match="went away"):
+            done.map(nap_or_fail, [1])
+        assert done.settled
 
 
 def test_map_reduce_combines_each_pair_as_soon_as_it_is_done():

@@ -20,6 +20,7 @@ from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import OrdNMF, ingest
 from ordnmf_dask.dist.inprocess import InProcessClient
+from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import open_model, save_model
@@ -27,6 +28,7 @@ from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids, verify_store
+from ordnmf_dask.store.staged import save_arrays, staging_dir, temporary_store
 
 pytest_plugins = ["tests.s3server"]
 
@@ -190,6 +192,27 @@ def test_a_failed_write_at_a_url_leaves_nothing_of_ours(s3conf, tmp_path):
         with pytest.raises(OSError, match="went away"):
             save_model(client, w, h, m, attrs, overwrite=True)
     assert keys(s3, "m.zarr") == ["notes.txt"]
+
+
+def test_a_store_write_cut_short_while_a_task_may_run_keeps_its_marker(s3conf, tmp_path):
+    """A failure that leaves a task of the writing runner possibly running (an interrupt):
+    what was written at the URL is removed but the pending marker stays, so the store is
+    refused as unfinished, and ``overwrite`` replaces it."""
+    s3 = s3conf
+    url = s3.url("s.zarr")
+    runner = Runner(None)
+    with pytest.raises(KeyboardInterrupt):
+        with temporary_store(url, False, runner) as (_, tmp):
+            save_arrays(locations.join(staging_dir(tmp), "x"), {"a": np.arange(3)})
+            runner.settled = False  # as ``gather_all`` leaves it when tasks are still running
+            raise KeyboardInterrupt
+    assert keys(s3, "s.zarr") == [locations.PENDING]
+    csv = ratings_csv(tmp_path / "r.csv")
+    with pytest.raises(InputError, match="overwrite"):
+        ingest(csv, url)
+    ingest(csv, url, overwrite=True)
+    assert locations.PENDING not in keys(s3, "s.zarr")
+    verify_store(url)
 
 
 @pytest.mark.cluster  # the fit starts its own LocalCluster

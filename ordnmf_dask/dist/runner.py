@@ -57,11 +57,19 @@ class Runner:
     ----------
     client : distributed.Client or None
         None runs every task in the calling process, one after the other.
+
+    Attributes
+    ----------
+    settled : bool
+        False once a failure (an error other than ``InputError``, or an interrupt) left tasks
+        of this runner unfinished: they are cancelled, but one already running on a worker
+        finishes, so it may still write after the failure reached the caller.
     """
 
     def __init__(self, client: Any = None, label: str = "ingest") -> None:
         self.client = client
         self.label = label
+        self.settled = True
 
     def share(self, obj: Any) -> Any:
         """Send a read-only argument used by many tasks once (broadcast to every worker);
@@ -78,17 +86,24 @@ class Runner:
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         """Results of ``handles`` in order; raises the first task's ``InputError``."""
-        if self.client is not None:
-            from ordnmf_dask.dist.progress import track
-
-            track(list(handles), f"{self.label}: tasks")
-        results = list(handles) if self.client is None else self.client.gather(list(handles))
+        results = self.gather_all(handles)
         _raise_first(results)
         return results
 
     def gather_all(self, handles: Sequence[Any]) -> list[Any]:
-        """Results of ``handles`` in order, failures included (see ``failure``)."""
-        return list(handles) if self.client is None else self.client.gather(list(handles))
+        """Results of ``handles`` in order, failures included (see ``failure``); another error
+        cancels the tasks left (see ``settled``)."""
+        if self.client is None:
+            return list(handles)
+        from ordnmf_dask.dist.progress import track
+
+        try:
+            track(list(handles), f"{self.label}: tasks")
+            return self.client.gather(list(handles))
+        except BaseException:
+            self.settled = self.settled and all(h.done() for h in handles)
+            self.client.cancel(list(handles))
+            raise
 
     @staticmethod
     def failure(result: Any) -> str | None:

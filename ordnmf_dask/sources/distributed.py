@@ -208,7 +208,7 @@ def ingest_distributed(
                     len(train.chunks))  # fmt: skip
     ins = [train] if tested is None else [train, tested]
     label = train.label
-    with temporary_store(out, overwrite) as (path, tmp):
+    with temporary_store(out, overwrite, runner) as (path, tmp):
         staging_dir(tmp)
         spec, rows, parsed = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
         found = [k for k, n in enumerate(rows[0]) if n > 0]

@@ -552,7 +552,7 @@ def synth(
         return None
     rb, cb = regular_bounds(n_users, n_r), regular_bounds(n_items, n_c)
     runner = Runner(client, "synth")
-    with temporary_store(out, overwrite) as (path, tmp):
+    with temporary_store(out, overwrite, runner) as (path, tmp):
         staging_dir(tmp, "factors")
         shared = runner.share(params)
         runner.map(_write_factors, [

@@ -224,12 +224,16 @@ def load_rows(prefix: str, name: str, lo: int, hi: int, staged: bool = False) ->
 
 
 @contextmanager
-def temporary_store(out: str | os.PathLike, overwrite: bool) -> Iterator[tuple[str, str]]:
+def temporary_store(
+    out: str | os.PathLike, overwrite: bool, runner: Runner | None = None
+) -> Iterator[tuple[str, str]]:
     """Yield ``(final_path, tmp_path)``; the temporary directory is removed on leaving.
 
     At a URL, ``tmp_path`` is the URL itself, written in place after its pending marker (a
-    store of ours there is removed first); on a failure what was written there is removed.
-    The caller must call ``finish_store(tmp, path, overwrite)`` inside the block.
+    store of ours there is removed first); on a failure what was written there is removed,
+    and so is the marker unless a task of ``runner`` (the one writing there) may still be
+    running: then the marker stays, and the store is refused as unfinished until ``overwrite``
+    replaces it. The caller must call ``finish_store(tmp, path, overwrite)`` inside the block.
     """
     path = check_target(out, overwrite)
     if locations.is_url(path):
@@ -238,7 +242,7 @@ def temporary_store(out: str | os.PathLike, overwrite: bool) -> Iterator[tuple[s
             yield path, path
         except BaseException:
             remove_staging(path)
-            locations.remove(path)
+            locations.remove(path, keep_pending=runner is not None and not runner.settled)
             raise
         return
     tmp, scratch = temporary_path(path)
