@@ -80,7 +80,6 @@ from ordnmf_dask.sources.distributed_tasks import (
     add,
     as_kind,
     block_task,
-    chunk_prefix,
     codes_task,
     dedupe_task,
     degree_task,
@@ -91,6 +90,7 @@ from ordnmf_dask.sources.distributed_tasks import (
     parse_task,
     partition_task,
     range_task,
+    remove_task,
     split_ids_task,
     test_codes_task,
     test_partition_task,
@@ -100,6 +100,7 @@ from ordnmf_dask.sources.inmemory import (
     IngestOptions,
     as_list,
     check_train_left,
+    id_kind,
     inputs_label,
     is_dask_dataframe,
     memory_label,
@@ -126,7 +127,6 @@ from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
     finish_store,
-    remove_arrays,
     remove_staging,
     staging_dir,
     temporary_store,
@@ -528,8 +528,8 @@ def _code_ids(
                               for k, c in enumerate(chunks) if lengths[k, r]))
             for r in range(n_ranges)]  # fmt: skip
     offsets = np.concatenate([[0], np.cumsum(runner.map(range_task, jobs, tmp, what))])
-    for c in chunks:  # every range has read its pieces: only their order is needed from now
-        remove_arrays(chunk_prefix(tmp, c.index), [f"r_{what}"])
+    # every range has read its pieces: only their order is needed from now on
+    runner.map(remove_task, [c.index for c in chunks], tmp, [f"r_{what}"])
     pieces = [tuple((r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
                     for r in np.flatnonzero(lengths[k])) for k in range(len(chunks))]  # fmt: skip
     return _Coded(IdRanges(tmp, what, offsets.astype(np.int64)), kind, pieces)
@@ -636,8 +636,7 @@ def _attrs(
         "rows_not_interaction": int(not_interaction),
         "rows_filtered": int(filtered),
         "nnz_before_split": int(n_before_split),
-        "id_kind": {side: "int" if kind == "i" else "str"
-                    for side, kind in zip(("users", "items"), kinds, strict=True)},
+        "id_kind": {"users": id_kind(kinds[0]), "items": id_kind(kinds[1])},
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 

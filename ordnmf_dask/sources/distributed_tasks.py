@@ -29,7 +29,7 @@ from ordnmf_dask.sources.split import HASH_BIN_BITS, lookup, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store import files as locations
-from ordnmf_dask.store.blocks import CHUNK
+from ordnmf_dask.store.blocks import CHUNK, zarr_id_dtype
 from ordnmf_dask.store.grid import block_sort
 from ordnmf_dask.store.staged import (
     Gather,
@@ -135,7 +135,7 @@ def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.nda
     prefix = chunk_prefix(tmp, index)
     try:
         ids = load_arrays(prefix, [what], staged=True)[what]
-    except FileNotFoundError:  # grouped by an earlier run of this task
+    except FileNotFoundError:
         grouped = load_arrays(prefix, [f"r_{what}"], staged=True)[f"r_{what}"]
         return _range_offsets(_id_ranges(grouped, splitters), len(splitters))
     if ids.dtype.kind != "S":
@@ -146,6 +146,12 @@ def split_ids_task(index: int, tmp: str, what: str, kind: str, splitters: np.nda
     save_arrays(prefix, {f"r_{what}": ids[order], f"r_{what}_order": order.astype(np.int32)})
     remove_arrays(prefix, [what])
     return _range_offsets(ranges, len(splitters))
+
+
+def remove_task(index: int, tmp: str, names: list[str]) -> None:
+    """Remove the staged arrays ``names`` of chunk ``index`` (on the workers, which staged
+    them: at a URL, one request each)."""
+    remove_arrays(chunk_prefix(tmp, index), names)
 
 
 def _id_ranges(ids: np.ndarray, splitters: np.ndarray) -> np.ndarray:
@@ -215,8 +221,7 @@ class IdRanges:
             take = range(int(local[0]), int(local[-1]) + 1) \
                 if local[-1] - local[0] + 1 == len(local) else local.astype(np.int32)  # fmt: skip
             parts.append(Gather(_range_prefix(self.tmp, self.what, r, "ids"), "ids", take))
-        dtype = np.dtype(np.int64) if kind == "i" else np.dtypes.StringDType()
-        return StagedIds(tuple(parts), dtype)
+        return StagedIds(tuple(parts), zarr_id_dtype(kind))
 
 
 # --------------------------------------------------------------------------- pass 3: codes

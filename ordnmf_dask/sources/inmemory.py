@@ -519,7 +519,7 @@ def _build(
         "rows_not_interaction": n_not_interaction,
         "rows_filtered": n_filtered,
         "nnz_before_split": n_before_split,
-        "id_kind": {"users": id_kind(user_ids), "items": id_kind(item_ids)},
+        "id_kind": {"users": id_kind(user_ids.dtype.kind), "items": id_kind(item_ids.dtype.kind)},
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **extra,
     }
@@ -654,5 +654,6 @@ def _hist(y: np.ndarray, spec: ValueSpec) -> list[int]:
     return [int(x) for x in hist]
 
 
-def id_kind(ids: np.ndarray) -> str:
-    return "int" if ids.dtype.kind in "iu" else "str"
+def id_kind(kind: str) -> str:
+    """The store's ``id_kind`` attribute for ids of numpy dtype kind ``kind``."""
+    return "int" if kind in "iu" else "str"

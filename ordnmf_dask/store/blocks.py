@@ -269,9 +269,12 @@ def write_array(group: zarr.Group, name: str, data: np.ndarray) -> None:
 
 
 def ids_for_zarr(ids: np.ndarray) -> np.ndarray:
-    if ids.dtype.kind in "iu":
-        return ids.astype(np.int64)
-    return ids.astype(np.dtypes.StringDType())
+    return ids.astype(zarr_id_dtype(ids.dtype.kind))
+
+
+def zarr_id_dtype(kind: str) -> np.dtype:
+    """The dtype of a store's raw ids given as numpy dtype kind ``kind``: int64 or str."""
+    return np.dtype(np.int64) if kind in "iu" else np.dtypes.StringDType()
 
 
 def temporary_path(path: str) -> tuple[str, str]:
