@@ -4,6 +4,7 @@ certificate refused."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 from pathlib import Path
@@ -39,6 +40,17 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           timeout=timeout, env=env)
 
 
+def assert_refused(errors: type[Exception] | tuple[type[Exception], ...], address: str,
+                   **kwargs: object) -> None:
+    """``Client(address, **kwargs)`` fails with one of ``errors``; the half-built client is then
+    collected at once. Its finalizer stops the loop runner that clients share: left to a later
+    collection, it may run inside another client's start, which holds that runner's lock, and
+    wait for the lock forever."""
+    with pytest.raises(errors):
+        Client(address, **kwargs)
+    gc.collect()
+
+
 def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_path, client):
     if subprocess.run(["openssl", "version"], capture_output=True).returncode != 0:
         pytest.skip("openssl not installed")
@@ -65,14 +77,12 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
                 "--max-iter", "2", "--scheduler", address, timeout=120)
         assert r.returncode == 3, r.stderr
         assert "cluster failure" in r.stderr and "Traceback" not in r.stderr
-        with pytest.raises((OSError, TypeError)):
-            Client(address, timeout="5s")
+        assert_refused((OSError, TypeError), address, timeout="5s")
         # A certificate from another CA: the handshake fails, the client times out.
         b = tls(rogue, "client")
         bad = Security(tls_ca_file=b["ca"], tls_client_cert=b["cert"], tls_client_key=b["key"],
                        require_encryption=True)
-        with pytest.raises(OSError):
-            Client(address, security=bad, timeout="5s")
+        assert_refused(OSError, address, security=bad, timeout="5s")
         r = cli("fit", store.path, "--out", str(tmp_path / "x.zarr"), "-k", "3",
                 "--max-iter", "2", "--scheduler", address, "--tls-ca-file", b["ca"],
                 "--tls-cert", b["cert"], "--tls-key", b["key"], timeout=120)
