@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -164,8 +165,9 @@ def test_movielens_min_count(tmp_path):
     assert np.all(hist <= full) and hist.sum() < full.sum()
     assert info.n_users < 610 and info.n_items < 9724
     deg_u = np.zeros(info.n_users, np.int64)
-    for split in ("train", "test"):
-        np.add.at(deg_u, read_block(info.path, split, 0, 0).rows, 1)
+    n_r, n_c = info.grid
+    for split, r, c in itertools.product(("train", "test"), range(n_r), range(n_c)):
+        np.add.at(deg_u, read_block(info.path, split, r, c).rows + info.row_bounds[r], 1)
     assert deg_u.min() >= 20  # paper mode: users are filtered last
 
 
@@ -290,4 +292,16 @@ def test_auto_grid_bounds_rows_per_block():
     assert rb[0] == 0 and rb[-1] == len(user_deg) and np.all(np.diff(rb) > 0)
     assert np.diff(rb).max() <= MAX_BLOCK_ROWS
     assert len(rb) - 1 >= -(-len(user_deg) // MAX_BLOCK_ROWS)
-    assert cb.tolist() == [0, len(item_deg)]  # small side: one block, as before
+    assert len(cb) == 3 and cb[-1] == len(item_deg)  # small side: 2 blocks (MIN_SPLIT_NNZ)
+
+
+def test_auto_grid_splits_from_min_split_nnz():
+    """From MIN_SPLIT_NNZ nonzeros on, whatever the block size, a grid has 2 blocks per side
+    (as far as the users and items allow), so that each pass has tasks for two cores."""
+    from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, MIN_SPLIT_NNZ, auto_grid
+
+    big = DEFAULT_NNZ_PER_BLOCK
+    assert auto_grid(MIN_SPLIT_NNZ - 1, 500, 900, big) == (1, 1)
+    assert auto_grid(MIN_SPLIT_NNZ, 500, 900, big) == (2, 2)
+    assert auto_grid(MIN_SPLIT_NNZ, 1, 900, big) == (1, 2)
+    assert auto_grid(9 * big, 10**5, 10**5, big) == (3, 3)  # the block size rules beyond 2
