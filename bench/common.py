@@ -129,3 +129,20 @@ def fmt_table(rows: list[list[Any]], header: list[str]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def save_training_npz(store: str, path: str) -> None:
+    """The store's training nonzeros as global ``rows``, ``cols``, classes ``y`` and ``shape`` =
+    (U, I, V) in ``path`` (.npz): the input of the in-memory reference implementations."""
+    from ordnmf_dask.store.blocks import open_store
+    from ordnmf_dask.store.csr import load_block
+
+    info = open_store(store)
+    parts = [
+        (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
+        for r in range(info.grid[0]) for c in range(info.grid[1])
+        for b in [load_block(store, "train", r, c)]
+    ]  # fmt: skip
+    rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
+    np.savez(path, rows=rows, cols=cols, y=y,
+             shape=np.array([info.n_users, info.n_items, info.n_classes]))  # fmt: skip

@@ -1,7 +1,8 @@
 """Seconds per exact iteration: distributed and in-process fits vs fused kernels vs paper style.
 
 Usage: ``python bench/iteration.py [--users 20000 --items 12000 --nnz 2.5e6 --k 50 --classes 10
---iters 6 --workers 2 --nnz-per-block 524288 --paper-iters 2]``.
+--iters 6 --workers 2 --nnz-per-block 2097152 --paper-iters 2 --authors-code PATH
+--authors-iters 3]``.
 
 On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros, kept in
 ``--work``), in one run:
@@ -14,7 +15,10 @@ On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros,
 3. in a fresh process, the fused kernels over all blocks of the store, one thread: one local
    pass, and the kernel work of one iteration (row + column rate corrections + local pass);
 4. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
-   median seconds (wall and CPU) of ``--paper-iters`` full exact iterations.
+   median seconds (wall and CPU) of ``--paper-iters`` full exact iterations;
+5. with ``--authors-code PATH``, in a fresh process, the authors' published code
+   (``bench/authors_code.py``): fits of 1 and 1 + ``--authors-iters`` iterations, the
+   difference per iteration.
 
 Prints the ratios, the CPU time the fit's own process (client and scheduler) takes per
 iteration, the CPU time per iteration of the in-process fit against the paper-style code's (a
@@ -39,9 +43,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RssSampler, fmt_table, self_peak_mb  # noqa: E402
+from common import RssSampler, fmt_table, save_training_npz, self_peak_mb  # noqa: E402
 
 from ordnmf_dask.store.blocks import open_store  # noqa: E402
+from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK  # noqa: E402
 
 
 def store_name(args: argparse.Namespace) -> str:
@@ -132,6 +137,22 @@ def paper_job(path: str, k: int, iters: int) -> dict[str, float]:
         cpus.append(time.process_time() - cpu)
     return {"s_per_iter": statistics.median(times), "cpu_per_iter": statistics.median(cpus),
             "peak_mb": self_peak_mb(), "elbo": elbos[-1]}  # fmt: skip
+
+
+def authors_job(code: str, train: str, k: int, iters: int) -> dict[str, float]:
+    """Seconds per iteration of the authors' code (``bench/authors_code.py``): fits of 1 and
+    1 + ``iters`` iterations, the difference over ``iters``; and this process's peak RSS."""
+    import math
+
+    import authors_code
+
+    module = authors_code.load(code)
+    y, n_classes = authors_code.training_matrix(train)
+    seconds = [
+        _timed(lambda n=n: authors_code.fit(module, y, n_classes, k, 0.3, -math.inf, n))
+        for n in (1, 1 + iters)
+    ]
+    return {"s_per_iter": (seconds[1] - seconds[0]) / iters, "peak_mb": self_peak_mb()}
 
 
 def _timed(fn: Any) -> float:
@@ -228,7 +249,7 @@ def add_store_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--nnz", type=float, default=2.5e6, help="train nonzeros (target)")
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--classes", type=int, default=10)
-    ap.add_argument("--nnz-per-block", type=int, default=1 << 19)
+    ap.add_argument("--nnz-per-block", type=int, default=DEFAULT_NNZ_PER_BLOCK)
     ap.add_argument("--work", default="/tmp/ordnmf-bench")
 
 
@@ -238,6 +259,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--paper-iters", type=int, default=2)
+    ap.add_argument("--authors-code", metavar="PATH",
+                    help="also the authors' published code (a checkout, or its OrdNMF.py; "
+                         "bench/authors_code.py)")
+    ap.add_argument("--authors-iters", type=int, default=3)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     path = ensure_store(args)
@@ -251,18 +276,26 @@ def main() -> None:
     inproc = in_fresh_process(inprocess_job, path, args.k, args.iters)
     fused = in_fresh_process(fused_job, path, args.k)
     paper = in_fresh_process(paper_job, path, args.k, args.paper_iters)
+    authors = None
+    if args.authors_code:
+        train = os.path.join(args.work, store_name(args) + "-train.npz")
+        if not os.path.exists(train):
+            save_training_npz(path, train)
+        authors = in_fresh_process(authors_job, args.authors_code, train, args.k,
+                                   args.authors_iters)  # fmt: skip
     t, p = dist["mean_after_first"], paper["s_per_iter"]
+    refs = [p] + ([authors["s_per_iter"]] if authors else [])
     rows = [
-        [f"distributed fit ({args.workers} workers x 1 thread)", t, 1.0, p / t],
-        [f"in-process fit ({os.cpu_count()} threads)", inproc["mean_after_first"],
-         t / inproc["mean_after_first"], p / inproc["mean_after_first"]],
-        ["fused local pass, 1 process 1 thread", fused["local"], t / fused["local"],
-         p / fused["local"]],
-        ["fused kernels of 1 iteration, 1 thread", fused["iteration"], t / fused["iteration"],
-         p / fused["iteration"]],
-        ["paper-style numpy/scipy, 1 process", p, t / p, 1.0],
-    ]  # fmt: skip
-    print(fmt_table(rows, ["implementation", "s/iter", "dist / this", "paper / this"]))
+        [f"distributed fit ({args.workers} workers x 1 thread)", t],
+        [f"in-process fit ({os.cpu_count()} threads)", inproc["mean_after_first"]],
+        ["fused local pass, 1 process 1 thread", fused["local"]],
+        ["fused kernels of 1 iteration, 1 thread", fused["iteration"]],
+        ["paper-style numpy/scipy, 1 process", p],
+        *([["authors' code, 1 process", authors["s_per_iter"]]] if authors else []),
+    ]
+    rows = [[name, x, t / x, *(ref / x for ref in refs)] for name, x in rows]
+    print(fmt_table(rows, ["implementation", "s/iter", "dist / this", "paper / this",
+                           *(["authors / this"] if authors else [])]))  # fmt: skip
     print(
         "fits: s/iter is the mean over the iterations after the first (the next iteration is "
         f"submitted while one runs); medians of the callback's seconds: distributed "
@@ -293,6 +326,7 @@ def main() -> None:
         ["in-process fit", "", inproc["peak_mb"]],
         ["fused-kernel process", "", fused["peak_mb"]],
         ["paper-style process", "", paper["peak_mb"]],
+        *([["authors' code process", "", authors["peak_mb"]]] if authors else []),
     ]
     print(fmt_table(mem, ["process", "peak RSS MB (psutil)", "VmHWM MB"]))
     print(f"paper-style ELBO after {args.paper_iters} iterations: {paper['elbo']:.6e}; load "

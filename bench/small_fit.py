@@ -1,8 +1,8 @@
 """A whole fit as a user runs it, start-up included: ``ordnmf-dask fit`` against the paper-style
-numpy code, on ml-latest-small, in one run.
+numpy code (and the authors' published code, when given), on ml-latest-small, in one run.
 
 Usage: ``python bench/small_fit.py [--ratings ../shared/data/ml-latest-small/ratings.csv --k 50
---rounds 2 --work /tmp/ordnmf-bench/small --no-cluster]``.
+--tol 1e-5 --rounds 2 --work /tmp/ordnmf-bench/small --no-cluster --authors-code PATH]``.
 
 Once (not timed): ``ordnmf-dask ingest`` of the ratings (half stars -> classes 1..10, items then
 users with fewer than 20 ratings dropped, 20% test), the store's training nonzeros written
@@ -17,11 +17,15 @@ Then ``--rounds`` rounds, each running in turn, as new processes:
 2. ``ordnmf-dask fit STORE -k K --executor cluster`` (a LocalCluster of 2 single-thread worker
    processes; left out with ``--no-cluster``);
 3. the reference: a Python process that reads ``train.npz`` and runs as many exact iterations
-   of ``bench/paper_style.py`` as fit 1 took (it has no stopping rule of its own).
+   of ``bench/paper_style.py`` as fit 1 took (it has no stopping rule of its own);
+4. with ``--authors-code PATH``: the authors' code (``bench/authors_code.py``) on ``train.npz``,
+   fitted to its own stopping rule at the same tol (its iteration count is printed: its random
+   start differs from fit 1's).
 
 Each is timed from the process start to its exit (wall time and CPU time of the process and its
 children), with the peak RSS of its process tree (psutil, every 20 ms). Ratios are reference /
-this within a round (the reference's own speed drifts between runs on a shared machine).
+this within a round, for each reference (its own speed drifts between runs on a shared
+machine).
 """
 
 from __future__ import annotations
@@ -38,39 +42,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RssSampler, fmt_table  # noqa: E402
+from common import RssSampler, fmt_table, save_training_npz  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RATINGS = HERE.parent.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
 
-def prepare(ratings: str, work: str) -> tuple[str, str]:
+def prepare(ratings: str, work: str, authors_code: str | None = None) -> tuple[str, str]:
     """The store and ``train.npz`` (global rows, cols, classes, shape), made once in ``work``;
-    the bytecode of the package and of the reference, and numba's cache, brought up to date."""
+    the bytecode of the package and of the references, and numba's cache, brought up to date."""
     store, train = os.path.join(work, "ml.zarr"), os.path.join(work, "train.npz")
     if not os.path.exists(store):
         subprocess.run(["ordnmf-dask", "ingest", ratings, "--out", store, "--ratings", "halfstar",
                         "--min-count", "20", "-q"], check=True)  # fmt: skip
     if not os.path.exists(train):
-        from ordnmf_dask.store.blocks import open_store
-        from ordnmf_dask.store.csr import load_block
-
-        info = open_store(store)
-        parts = [
-            (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
-            for r in range(info.grid[0]) for c in range(info.grid[1])
-            for b in [load_block(store, "train", r, c)]
-        ]  # fmt: skip
-        rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
-        np.savez(train, rows=rows, cols=cols, y=y,
-                 shape=np.array([info.n_users, info.n_items, info.n_classes]))  # fmt: skip
+        save_training_npz(store, train)
     import ordnmf_dask
 
-    for where in (os.path.dirname(ordnmf_dask.__file__), str(HERE / "paper_style.py")):
+    for where in (os.path.dirname(ordnmf_dask.__file__), str(HERE / "paper_style.py"),
+                  str(HERE / "authors_code.py"), *([authors_code] if authors_code else [])):
         compile_all = compileall.compile_dir if os.path.isdir(where) else compileall.compile_file
         compile_all(where, quiet=1)
     subprocess.run(["ordnmf-dask", "fit", store, "-k", "2", "--max-iter", "1", "--out",
@@ -118,40 +110,55 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/ordnmf-bench/small")
     ap.add_argument("--no-cluster", action="store_true",
                     help="only the in-process fit and the reference (no LocalCluster fit)")
+    ap.add_argument("--authors-code", metavar="PATH",
+                    help="also the authors' published code (a checkout, or its OrdNMF.py; "
+                         "bench/authors_code.py), fitted to its own stopping rule at --tol")
+    ap.add_argument("--tol", type=float, default=1e-5, help="the tol of every fit")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    store, train = prepare(args.ratings, args.work)
+    store, train = prepare(args.ratings, args.work, args.authors_code)
     model = os.path.join(args.work, "model.zarr")
-    fit = ["ordnmf-dask", "fit", store, "-k", str(args.k), "--out", model, "--overwrite", "-q"]
+    fit = ["ordnmf-dask", "fit", store, "-k", str(args.k), "--tol", str(args.tol), "--out", model,
+           "--overwrite", "-q"]  # fmt: skip
     print(f"ml-latest-small store {store}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} cores")  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {"auto": [], "cluster": [], "reference": []}
     if args.no_cluster:
         del runs["cluster"]
+    if args.authors_code:
+        runs["authors"] = []
     for j in range(args.rounds):
         res = {"auto": timed(fit)}
         iters = int(re.search(r"(\d+) iterations", res["auto"]["out"]).group(1))
         if "cluster" in runs:
             res["cluster"] = timed([*fit, "--executor", "cluster"])
         code = REFERENCE.format(here=str(HERE), train=train, k=args.k, iters=iters)
-        res["reference"] = ref = timed([sys.executable, "-c", code])
+        res["reference"] = timed([sys.executable, "-c", code])
+        if "authors" in runs:
+            res["authors"] = timed([sys.executable, str(HERE / "authors_code.py"),
+                                    args.authors_code, train, "--k", str(args.k), "--tol",
+                                    str(args.tol)])  # fmt: skip
         for name, r in res.items():
-            r["ratio"] = ref["wall"] / r["wall"]
-            r["cpu_ratio"] = ref["cpu"] / r["cpu"]
+            for ref in ("reference", "authors"):
+                if ref in res:
+                    r[f"{ref}_ratio"] = res[ref]["wall"] / r["wall"]
+                    r[f"{ref}_cpu_ratio"] = res[ref]["cpu"] / r["cpu"]
             runs[name].append(r)
         print(f"round {j + 1}: " + "; ".join(f"{name} {r['out']!r}" for name, r in res.items()))
     labels = {"auto": "ordnmf-dask fit (auto: in-process)",
               "cluster": "ordnmf-dask fit --executor cluster",
-              "reference": "paper-style numpy, same iterations"}  # fmt: skip
-    rows = []
-    for name, res in runs.items():
-        med = {key: statistics.median(r[key] for r in res)
-               for key in ("wall", "cpu", "ratio", "cpu_ratio", "peak_mb", "tree_mb")}  # fmt: skip
-        rows.append([labels[name], med["wall"], med["ratio"], med["cpu"], med["cpu_ratio"],
-                     med["peak_mb"], med["tree_mb"]])  # fmt: skip
-    print(fmt_table(rows, ["whole run, process start-up included", "wall s", "ref / this",
-                           "CPU s", "ref / this (CPU)", "peak RSS MB (largest process)",
-                           "sum of peaks MB"]))  # fmt: skip
+              "reference": "paper-style numpy, same iterations",
+              "authors": "authors' code, its own stopping rule"}  # fmt: skip
+    refs = [ref for ref in ("reference", "authors") if ref in runs]
+    keys = ["wall", *(f"{ref}_ratio" for ref in refs), "cpu", *(f"{ref}_cpu_ratio" for ref in refs),
+            "peak_mb", "tree_mb"]  # fmt: skip
+    rows = [[labels[name], *(statistics.median(r[key] for r in res) for key in keys)]
+            for name, res in runs.items()]  # fmt: skip
+    names = {"reference": "paper-style", "authors": "authors"}
+    print(fmt_table(rows, ["whole run, process start-up included", "wall s",
+                           *(f"{names[ref]} / this" for ref in refs), "CPU s",
+                           *(f"{names[ref]} / this (CPU)" for ref in refs),
+                           "peak RSS MB (largest process)", "sum of peaks MB"]))  # fmt: skip
     print(f"(medians over rounds; ratios taken within each round; load average at the end "
           f"{os.getloadavg()[0]:.1f})")  # fmt: skip
 

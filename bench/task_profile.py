@@ -1,7 +1,7 @@
 """Where a distributed fit's time goes: Dask's task stream, per task kind, per iteration.
 
 Usage: ``python bench/task_profile.py [--users 20000 --items 12000 --nnz 2.5e6 --k 50
---classes 10 --nnz-per-block 524288 --iters 14 --skip 3 --workers 2] [--memory-limit 2GB]
+--classes 10 --nnz-per-block 2097152 --iters 14 --skip 3 --workers 2] [--memory-limit 2GB]
 [--stream]``.
 
 Runs ``OrdNMF(K).fit`` on the synthetic store of these sizes (the same store as
