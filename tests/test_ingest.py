@@ -292,16 +292,25 @@ def test_auto_grid_bounds_rows_per_block():
     assert rb[0] == 0 and rb[-1] == len(user_deg) and np.all(np.diff(rb) > 0)
     assert np.diff(rb).max() <= MAX_BLOCK_ROWS
     assert len(rb) - 1 >= -(-len(user_deg) // MAX_BLOCK_ROWS)
-    assert len(cb) == 3 and cb[-1] == len(item_deg)  # small side: 2 blocks (MIN_SPLIT_NNZ)
+    assert len(cb) == 3 and cb[-1] == len(item_deg)  # small side: 2 blocks (SPLIT_BOTH_NNZ)
 
 
-def test_auto_grid_splits_from_min_split_nnz():
-    """From MIN_SPLIT_NNZ nonzeros on, whatever the block size, a grid has 2 blocks per side
-    (as far as the users and items allow), so that each pass has tasks for two cores."""
-    from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, MIN_SPLIT_NNZ, auto_grid
+def test_auto_grid_splits_small_data_for_two_cores():
+    """Whatever the block size, a grid has 2 blocks along its longer side from SPLIT_LONG_NNZ
+    nonzeros on, and along both from SPLIT_BOTH_NNZ on (as far as the users and items allow),
+    so that each pass has tasks for two cores."""
+    from ordnmf_dask.store.grid import (
+        DEFAULT_NNZ_PER_BLOCK,
+        SPLIT_BOTH_NNZ,
+        SPLIT_LONG_NNZ,
+        auto_grid,
+    )
 
     big = DEFAULT_NNZ_PER_BLOCK
-    assert auto_grid(MIN_SPLIT_NNZ - 1, 500, 900, big) == (1, 1)
-    assert auto_grid(MIN_SPLIT_NNZ, 500, 900, big) == (2, 2)
-    assert auto_grid(MIN_SPLIT_NNZ, 1, 900, big) == (1, 2)
+    assert auto_grid(SPLIT_LONG_NNZ - 1, 500, 900, big) == (1, 1)
+    assert auto_grid(SPLIT_LONG_NNZ, 500, 900, big) == (1, 2)
+    assert auto_grid(SPLIT_LONG_NNZ, 900, 500, big) == (2, 1)
+    assert auto_grid(SPLIT_BOTH_NNZ - 1, 900, 500, big) == (2, 1)
+    assert auto_grid(SPLIT_BOTH_NNZ, 900, 500, big) == (2, 2)
+    assert auto_grid(SPLIT_BOTH_NNZ, 1, 900, big) == (1, 2)
     assert auto_grid(9 * big, 10**5, 10**5, big) == (3, 3)  # the block size rules beyond 2

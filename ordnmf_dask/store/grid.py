@@ -15,10 +15,13 @@ DEFAULT_NNZ_PER_BLOCK = 2**21
 # grid, and a (n, K) float64 array of 2^17 rows takes 52 MB at K = 50, so a worker's memory per
 # chunk stays bounded on sparse data too (1M users with 1e6 nonzeros is 8 user-blocks, not 1).
 MAX_BLOCK_ROWS = 2**17
-# From this many nonzeros on, a grid has at least 2 blocks per side (U, I >= 2): every pass of an
-# iteration (strips of blocks, W chunks, H chunks) then has parallel tasks for two cores, where a
-# one-block grid runs each pass as one task. Below it a pass takes well under a millisecond.
-MIN_SPLIT_NNZ = 2**15
+# Two cores should share every pass of a fit, which a one-block grid runs as one task. From
+# SPLIT_LONG_NNZ nonzeros on, a grid has at least 2 blocks along its longer side (the passes over
+# the nonzeros and the larger factor's update have two tasks); from SPLIT_BOTH_NNZ on, along both
+# (the shorter factor's update too). Below, a pass takes well under a millisecond, and every
+# extra block adds tasks, which cost a fit on a cluster more than they save.
+SPLIT_LONG_NNZ = 2**15
+SPLIT_BOTH_NNZ = 2**20
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,14 +49,16 @@ class BlockedNonzeros:
 
 
 def auto_grid(nnz: int, n_users: int, n_items: int, nnz_per_block: int) -> tuple[int, int]:
-    """Grid of about ``sqrt(nnz / nnz_per_block)`` blocks per side (at least 2 from
-    MIN_SPLIT_NNZ nonzeros on), at most U x I, and at least ``ceil(U / MAX_BLOCK_ROWS)`` x
-    ``ceil(I / MAX_BLOCK_ROWS)``."""
+    """Grid of about ``sqrt(nnz / nnz_per_block)`` blocks per side, at least 2 along the longer
+    side from SPLIT_LONG_NNZ nonzeros on and along both from SPLIT_BOTH_NNZ on, at most U x I,
+    and at least ``ceil(U / MAX_BLOCK_ROWS)`` x ``ceil(I / MAX_BLOCK_ROWS)``."""
     if nnz_per_block < 1:
         raise InputError(f"nnz_per_block must be >= 1, got {nnz_per_block}")
-    side = max(1 if nnz < MIN_SPLIT_NNZ else 2, round(math.sqrt(nnz / nnz_per_block)))
-    n_r = max(side, math.ceil(n_users / MAX_BLOCK_ROWS))
-    n_c = max(side, math.ceil(n_items / MAX_BLOCK_ROWS))
+    side = max(1, round(math.sqrt(nnz / nnz_per_block)))
+    both = 2 if nnz >= SPLIT_BOTH_NNZ else 1
+    long = 2 if nnz >= SPLIT_LONG_NNZ else 1
+    n_r = max(side, both, long if n_users >= n_items else 1, math.ceil(n_users / MAX_BLOCK_ROWS))
+    n_c = max(side, both, long if n_items > n_users else 1, math.ceil(n_items / MAX_BLOCK_ROWS))
     return min(n_r, n_users), min(n_c, n_items)
 
 
