@@ -118,6 +118,26 @@ def test_auto_runs_inprocess_within_the_memory_budget_only(store):
     assert not clustermod.runs_inprocess(big, 1, memory=1 << 50)
 
 
+def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_path, store):
+    """``jobs`` > 1 fits at once on one in-process client (as ``reproduce`` runs them): each task
+    runs in the thread that submits it, and each fit is bitwise the same fit run alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fit(seed: int, client: object, name: str) -> dict[str, object]:
+        est = OrdNMF(K, max_iter=5, tol=1e-12, seed=seed)
+        return _result(est.fit(store, client, out=tmp_path / f"{name}{seed}"))
+
+    with clustermod.choose_client(None, store, K, "inprocess") as alone:
+        assert alone.threads > 0  # a 2 x 3 grid: a pool
+        solo = [fit(seed, alone, "alone") for seed in (1, 2)]
+    with clustermod.choose_client(None, store, K, "inprocess", jobs=2) as shared:
+        assert shared.threads == 0
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda seed: fit(seed, shared, "shared"), (1, 2)))
+    for a, b in zip(solo, together, strict=True):
+        _assert_bitwise(a, b)
+
+
 def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
     values = {"checkpoint_dir": None, "work_dir": None, "checkpoint_every": 4,
               "checkpoint_minutes": 2.0}  # fmt: skip

@@ -199,7 +199,8 @@ def reproduce(
                        seed=proto.split_seed, overwrite=True, **ds.ingest_options)
         # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
         at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
-        with choose_client(client, store, at_once, n_workers=n_workers) as cl:
+        with choose_client(client, store, at_once, n_workers=n_workers,
+                           jobs=proto.n_jobs) as cl:
             jobs = [
                 (label, kind, klass, extra, k, seed)
                 for label, kind, klass, extra in model_specs(ds)

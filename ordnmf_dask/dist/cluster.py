@@ -144,13 +144,14 @@ def _current_client() -> Client | None:
 
 @contextmanager
 def choose_client(
-    client: Any, info: Sizes, k: int, executor: str = "auto", n_workers: int = 2
+    client: Any, info: Sizes, k: int, executor: str = "auto", n_workers: int = 2, jobs: int = 1
 ) -> Iterator[Any]:
     """The client a fit (or evaluation) of ``info`` at K = ``k`` runs on.
 
     ``client`` (a ``distributed.Client``) if given; else with ``executor`` "inprocess" an
-    :class:`~.inprocess.InProcessClient` (one thread per core; on a one-block grid the tasks
-    run in the calling thread as they are submitted), with "cluster" the current
+    :class:`~.inprocess.InProcessClient` (one thread per core; on a one-block grid, or when
+    ``jobs`` > 1 fits share the client from threads of their own, the tasks run in the calling
+    thread as they are submitted: the fits are then the parallelism), with "cluster" the current
     client or a LocalCluster of ``n_workers`` (:func:`resolve_client`), and with "auto" the
     current client if there is one, else in-process when :func:`runs_inprocess`, else a
     LocalCluster. Both executors give bitwise the same results.
@@ -161,8 +162,9 @@ def choose_client(
         executor == "auto" and client is None and _current_client() is None
         and runs_inprocess(info, k)
     ):  # fmt: skip
-        # one block: each task needs the one before it, so threads would only add hand-overs
-        threads = 0 if info.grid == (1, 1) else None
+        # one block: each task needs the one before it, so threads would only add hand-overs;
+        # several fits at once: a shared pool would interleave their chains of tasks
+        threads = 0 if info.grid == (1, 1) or jobs > 1 else None
         log.info("running in-process (%d nonzeros, K = %d)", info.nnz_train, k)
         with InProcessClient(threads) as own:
             yield own
