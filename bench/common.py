@@ -131,9 +131,9 @@ def fmt_table(rows: list[list[Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def save_training_npz(store: str, path: str) -> None:
-    """The store's training nonzeros as global ``rows``, ``cols``, classes ``y`` and ``shape`` =
-    (U, I, V) in ``path`` (.npz): the input of the in-memory reference implementations."""
+def training_arrays(store: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
+    """The store's training nonzeros as global ``rows``, ``cols``, classes ``y``, and (U, I, V):
+    the input of the in-memory reference implementations."""
     from ordnmf_dask.store.blocks import open_store
     from ordnmf_dask.store.csr import load_block
 
@@ -144,5 +144,10 @@ def save_training_npz(store: str, path: str) -> None:
         for b in [load_block(store, "train", r, c)]
     ]  # fmt: skip
     rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
-    np.savez(path, rows=rows, cols=cols, y=y,
-             shape=np.array([info.n_users, info.n_items, info.n_classes]))  # fmt: skip
+    return rows, cols, y, (info.n_users, info.n_items, info.n_classes)
+
+
+def save_training_npz(store: str, path: str) -> None:
+    """:func:`training_arrays` in ``path`` (.npz: ``rows``, ``cols``, ``y``, ``shape``)."""
+    rows, cols, y, shape = training_arrays(store)
+    np.savez(path, rows=rows, cols=cols, y=y, shape=np.array(shape))

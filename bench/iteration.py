@@ -17,8 +17,8 @@ On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros,
 4. in a fresh process, the paper-style numpy/scipy implementation (``bench/paper_style.py``),
    median seconds (wall and CPU) of ``--paper-iters`` full exact iterations;
 5. with ``--authors-code PATH``, in a fresh process, the authors' published code
-   (``bench/authors_code.py``): fits of 1 and 1 + ``--authors-iters`` iterations, the
-   difference per iteration.
+   (``bench/authors_code.py``): after an untimed fit of 1 iteration, fits of 1 and
+   1 + ``--authors-iters`` iterations, the difference per iteration.
 
 Prints the ratios, the CPU time the fit's own process (client and scheduler) takes per
 iteration, the CPU time per iteration of the in-process fit against the paper-style code's (a
@@ -43,7 +43,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RssSampler, fmt_table, save_training_npz, self_peak_mb  # noqa: E402
+from common import (  # noqa: E402
+    RssSampler,
+    fmt_table,
+    save_training_npz,
+    self_peak_mb,
+    training_arrays,
+)
 
 from ordnmf_dask.store.blocks import open_store  # noqa: E402
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK  # noqa: E402
@@ -117,18 +123,8 @@ def paper_job(path: str, k: int, iters: int) -> dict[str, float]:
     """Median seconds of ``iters`` paper-style exact iterations on the store's train data."""
     from paper_style import PaperStyle
 
-    info, blocks = load_all(path)
-    rows, cols, ys = [], [], []
-    for r, row in enumerate(blocks):
-        for c, b in enumerate(row):
-            rows.append(b.rows + info.row_bounds[r])
-            cols.append(b.cols + info.col_bounds[c])
-            ys.append(b.y)
-    del blocks
-    model = PaperStyle(
-        np.concatenate(rows), np.concatenate(cols), np.concatenate(ys),
-        (info.n_users, info.n_items), k, info.n_classes,
-    )  # fmt: skip
+    rows, cols, y, (n_users, n_items, n_classes) = training_arrays(path)
+    model = PaperStyle(rows, cols, y, (n_users, n_items), k, n_classes)
     times, cpus, elbos = [], [], []
     for _ in range(iters):
         start, cpu = time.perf_counter(), time.process_time()
@@ -140,19 +136,14 @@ def paper_job(path: str, k: int, iters: int) -> dict[str, float]:
 
 
 def authors_job(code: str, train: str, k: int, iters: int) -> dict[str, float]:
-    """Seconds per iteration of the authors' code (``bench/authors_code.py``): fits of 1 and
-    1 + ``iters`` iterations, the difference over ``iters``; and this process's peak RSS."""
-    import math
-
+    """Seconds per iteration of the authors' code
+    (:func:`authors_code.seconds_per_iteration`), and this process's peak RSS."""
     import authors_code
 
     module = authors_code.load(code)
     y, n_classes = authors_code.training_matrix(train)
-    seconds = [
-        _timed(lambda n=n: authors_code.fit(module, y, n_classes, k, 0.3, -math.inf, n))
-        for n in (1, 1 + iters)
-    ]
-    return {"s_per_iter": (seconds[1] - seconds[0]) / iters, "peak_mb": self_peak_mb()}
+    per_iter, _ = authors_code.seconds_per_iteration(module, y, n_classes, k, 0.3, iters)
+    return {"s_per_iter": per_iter, "peak_mb": self_peak_mb()}
 
 
 def _timed(fn: Any) -> float:
