@@ -16,16 +16,17 @@ import scipy.sparse as sp
 from ordnmf_dask import PF, BePoF, DcPF, InputError, OrdNMF, ingest, open_store
 from ordnmf_dask.modelstore.model import open_model
 
-U, I, ITERS = 24, 17, 6
+N_USERS, N_ITEMS, ITERS = 24, 17, 6
 
 
 def ratings(seed: int = 0, scale: float = 1.0) -> sp.csr_matrix:
     """A users x items matrix of integer ratings 1..4 (times ``scale``), every row and column
     with an entry."""
     rng = np.random.default_rng(seed)
-    dense = np.where(rng.random((U, I)) < 0.35, rng.integers(1, 5, (U, I)), 0).astype(float)
-    dense[np.arange(U), np.arange(U) % I] = 3
-    dense[np.arange(I) % U, np.arange(I)] = 2
+    shape = (N_USERS, N_ITEMS)
+    dense = np.where(rng.random(shape) < 0.35, rng.integers(1, 5, shape), 0).astype(float)
+    dense[np.arange(N_USERS), np.arange(N_USERS) % N_ITEMS] = 3
+    dense[np.arange(N_ITEMS) % N_USERS, np.arange(N_ITEMS)] = 2
     return sp.csr_matrix(dense * scale)
 
 
@@ -75,7 +76,7 @@ def test_fit_on_a_sparse_matrix_is_bitwise_the_fit_on_the_same_rows_ingested_fro
     on_store = klass(2, max_iter=ITERS, tol=1e-12, **kw).fit(store, out=tmp_path / "a.zarr")
     in_memory = klass(2, max_iter=ITERS, tol=1e-12, **kw).fit(x, out=tmp_path / "b.zarr")
     assert_bitwise(fitted(in_memory), fitted(on_store))
-    assert in_memory.W_.shape == (U, 2) and in_memory.H_.shape == (I, 2)
+    assert in_memory.W_.shape == (N_USERS, 2) and in_memory.H_.shape == (N_ITEMS, 2)
 
 
 def test_every_kind_in_memory_gives_the_model_of_the_matrix(tmp_path):
@@ -134,8 +135,8 @@ def test_the_temporary_store_lives_as_long_as_the_estimator(tmp_path):
     store = open_model(est.model_path_).attrs["store"]["path"]
     assert store.startswith(str(first))
     seen = set(x[0].indices.tolist())
-    top = est.recommend([0], n=I)[0]  # the seen-items filter reads the store
-    assert {item for item, _ in top} == set(range(I)) - seen
+    top = est.recommend([0], n=N_ITEMS)[0]  # the seen-items filter reads the store
+    assert {item for item, _ in top} == set(range(N_ITEMS)) - seen
     est.fit(ratings(6))  # refitted: the first store goes
     (second,) = data_dirs(work)
     assert second != first and not first.exists()
