@@ -200,16 +200,19 @@ class CaviEstimator:
             scipy.sparse matrix (rows users, columns items, stored entries the values; explicit
             zeros are no interaction), a pandas or dask DataFrame or a pyarrow Table (columns
             user, item, value), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
-            memory is ingested with :func:`ordnmf_dask.ingest`'s defaults, except that all of it
-            trains the model (``test_fraction=0``), and its options in ``ingest_options``
-            (e.g. ``{"ratings": "halfstar"}``, ``{"counts": "paper"}``, ``{"test_fraction":
-            0.2}``, ``{"columns": ["user", "item", "rating"]}``): the model is the one of
-            ``fit(ingest(X, out, test_fraction=0, **ingest_options))``. Users and items without
-            an entry are not in it: the rows of W_ and H_ are the others, in increasing id
-            (row or column index of a matrix). The store is written to a temporary directory
-            (inside ``work_dir`` when set) that is removed if the fit fails, else when the
+            memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
+            that all of it trains the model by default (``test_fraction=0``): the model is the
+            one of ``fit(ingest(X, out, test_fraction=0, **ingest_options))``. Users and items
+            without an entry are not in it: the rows of W_ and H_ are the others, in increasing
+            id (row or column index of a matrix).
+        ingest_options : for data in memory, keyword arguments of :func:`ordnmf_dask.ingest`,
+            e.g. ``{"ratings": "halfstar"}``, ``{"counts": "paper"}``, ``{"test_fraction":
+            0.2}``, ``{"columns": ["user", "item", "rating"]}``.
+        store_out : for data in memory, where to write its store and keep it. Without it the
+            store goes to a temporary directory (inside ``work_dir`` when set: a cluster on
+            other machines needs one they all see), removed if the fit fails, else when the
             estimator is fitted again, garbage-collected or the process exits (``recommend``'s
-            seen-items filter reads it); ``store_out`` writes it there instead and keeps it.
+            seen-items filter reads it).
         client : a ``distributed.Client``; default the current one, else (``executor``) this
             process's threads for a store that fits in memory, or a LocalCluster of 2 worker
             processes x 1 thread started for the fit and closed after it (for another cluster,

@@ -43,8 +43,10 @@ def accepts_data_in_memory(fit: Fit) -> Fit:
     keyword arguments: ``ingest_options`` (keyword arguments of ``ordnmf_dask.ingest``) and
     ``store_out`` (where to write and keep the store); see the module docstring."""
     signature = inspect.signature(fit)
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
-             for name in ("ingest_options", "store_out")]  # fmt: skip
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=annotation)
+             for name, annotation in (("ingest_options", "Mapping[str, Any] | None"),
+                                      ("store_out", "str | os.PathLike | None"))]  # fmt: skip
 
     @functools.wraps(fit)
     def wrapper(self: Any, store: Any, *args: Any, ingest_options: Mapping[str, Any] | None = None,
