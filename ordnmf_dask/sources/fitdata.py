@@ -134,9 +134,9 @@ def fit_spelling(message: str) -> str:
     from ordnmf_dask.sources.inmemory import INGEST_DEFAULTS
 
     names = "|".join(sorted(INGEST_DEFAULTS, key=len, reverse=True))
-    message = re.sub(rf"(?<![\w.'-])({names})=('[^']*'|[^\s,;()']+)",
+    message = re.sub(rf"(?<![\w./'-])({names})=('[^']*'|[^\s,;()']+)",
                      lambda m: f"ingest_options={{'{m[1]}': {m[2]}}}", message)  # fmt: skip
-    return re.sub(rf"(?<![\w.'-])({names})=", r"ingest_options['\1']", message)
+    return re.sub(rf"(?<![\w./'-])({names})=", r"ingest_options['\1']", message)
 
 
 def _check_not_a_file(store: Any) -> None:
