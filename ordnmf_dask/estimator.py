@@ -42,6 +42,7 @@ from ordnmf_dask.modelstore.model import (
 )
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
+from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 
@@ -175,6 +176,7 @@ class CaviEstimator:
         return cfg, values
 
     # -- fitting -------------------------------------------------------------------------
+    @accepts_data_in_memory
     def fit(
         self,
         store: str | os.PathLike | StoreInfo,
@@ -189,11 +191,28 @@ class CaviEstimator:
         restart: bool = False,
         check: bool = False,
     ) -> CaviEstimator:
-        """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`.
+        """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`, or on
+        data in memory.
 
         Parameters
         ----------
-        store : path of the zarr store (or an opened :class:`StoreInfo`).
+        store : path of the zarr store (or an opened :class:`StoreInfo`), or data in memory: a
+            scipy.sparse matrix (rows users, columns items, stored entries the values; explicit
+            zeros are no interaction), a pandas or dask DataFrame or a pyarrow Table (columns
+            user, item, value), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
+            memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
+            that all of it trains the model by default (``test_fraction=0``): the model is the
+            one of ``fit(ingest(X, out, test_fraction=0, **ingest_options))``. Users and items
+            without an entry are not in it: the rows of W_ and H_ are the others, in increasing
+            id (row or column index of a matrix).
+        ingest_options : for data in memory, keyword arguments of :func:`ordnmf_dask.ingest`,
+            e.g. ``{"ratings": "halfstar"}``, ``{"counts": "paper"}``, ``{"test_fraction":
+            0.2}``, ``{"columns": ["user", "item", "rating"]}``.
+        store_out : for data in memory, where to write its store and keep it. Without it the
+            store goes to a temporary directory (inside ``work_dir`` when set: a cluster on
+            other machines needs one they all see), removed if the fit fails, else when the
+            estimator is fitted again, garbage-collected or the process exits (``recommend``'s
+            seen-items filter reads it).
         client : a ``distributed.Client``; default the current one, else (``executor``) this
             process's threads for a store that fits in memory, or a LocalCluster of 2 worker
             processes x 1 thread started for the fit and closed after it (for another cluster,

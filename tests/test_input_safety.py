@@ -165,3 +165,17 @@ def test_an_integer_rating_that_is_no_class_is_named_by_file_and_line(tmp_path, 
     path = write(tmp_path, "r.csv", f"u,i,r\n1,2,3\n1,3,{value}\n")
     message = same_error_both_ways(tmp_path, path, ratings="integer")
     assert message == f"{path}, line 3: rating {float(value):g} is not an integer class 1, 2, ..."
+
+
+@pytest.mark.parametrize(
+    ("text", "api", "cli"),
+    [("1,2,4\n1,3,3.5\n2,2,0.5\n", "value 3.5 is not a positive integer; for half-star ratings "
+      "0.5 .. 5 pass ratings='halfstar'", "pass --ratings halfstar"),
+     ("1,2,4\n1,3,1000\n", "got 1000; for counts pass counts='paper'",
+      "for counts pass --counts paper")],
+)
+def test_a_value_scale_without_a_value_option_says_which_to_give(tmp_path, capsys, text, api,
+                                                                  cli):  # fmt: skip
+    path = write(tmp_path, "v.csv", text)
+    assert api in same_error_both_ways(tmp_path, path)
+    assert cli in refused(capsys, tmp_path / "s", path)

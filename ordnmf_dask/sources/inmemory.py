@@ -155,9 +155,9 @@ def ingest(
         group), local or at any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ...). In
         memory: a pandas DataFrame or a pyarrow Table (``columns`` pick the user, item and
         value columns), a scipy.sparse matrix (users are rows, items columns, values its
-        stored entries) or a ``(users, items, values)`` tuple of arrays; each gives the same
-        store as a CSV file of the same rows. A dask DataFrame (here or as ``test``) goes to
-        ``ingest_distributed``.
+        stored entries; explicit zeros are dropped) or a ``(users, items, values)`` tuple of
+        arrays; each gives the same store as a CSV file of the same rows. A dask DataFrame
+        (here or as ``test``) goes to ``ingest_distributed``.
     out : path
         Store directory to create (see ``ordnmf_dask.store.blocks``).
     test : same kinds as ``inputs``, optional
@@ -258,7 +258,8 @@ def rows_of(
         rows = _arrays_to_rows(*data, label)
     elif _is_sparse(data):
         coo = data.tocoo()
-        rows = _arrays_to_rows(coo.row, coo.col, coo.data, label)
+        stored = coo.data != 0  # an explicit zero is no interaction, as everywhere in scipy.sparse
+        rows = _arrays_to_rows(coo.row[stored], coo.col[stored], coo.data[stored], label)
     else:
         table = as_table(data)
         rows = table_rows(table, pick_columns(table.column_names, columns, label), label)

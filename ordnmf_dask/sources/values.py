@@ -105,10 +105,9 @@ def make_spec(
     if ratings is None:
         bad = np.flatnonzero((values < 1) | (values != np.round(values)))
         if bad.size:
-            raise InputError(
-                f"{origin.where(int(bad[0]))}: value {values[bad[0]]:g} is not a positive "
-                "integer; pass ratings=, counts= or binarize= to say how to make classes"
-            )
+            v = values[bad[0]]
+            raise InputError(f"{origin.where(int(bad[0]))}: value {v:g} is not a positive "
+                             f"integer; {_classes_hint(v, values.max())}")  # fmt: skip
         ratings = "integer"
     if ratings == "halfstar":
         return ValueSpec("ratings-halfstar", 10, None, binarize)
@@ -118,9 +117,21 @@ def make_spec(
                   "rating {v:g} is not an integer class 1, 2, ...")
         top = scale_max if scale_max is not None else (int(values.max()) if values.size else 1)
         if isinstance(top, bool) or int(top) != top or not 1 <= top <= MAX_CLASSES:
-            raise InputError(f"integer rating scale must be 1..V with 1 <= V <= 255, got {top}")
+            counts_hint = "; for counts pass counts='paper' (or count thresholds)" \
+                if scale_max is None and top > MAX_CLASSES else ""  # fmt: skip
+            raise InputError(f"integer rating scale must be 1..V with 1 <= V <= {MAX_CLASSES}, "
+                             f"got {top}{counts_hint}")  # fmt: skip
         return ValueSpec("ratings-integer", int(top), None, binarize)
     raise InputError(f"ratings must be one of {RATING_KINDS}, got {ratings!r}")
+
+
+def _classes_hint(bad: float, top: float) -> str:
+    """How to say which classes values make, when ``bad`` (a value) is not a positive integer
+    and ``top`` is the largest value: half-star ratings when both are on that scale."""
+    if 1 <= bad * 2 <= 10 and bad * 2 == round(bad * 2) and top <= 5:
+        return "for half-star ratings 0.5 .. 5 pass ratings='halfstar', else counts= or " \
+            "binarize= to say how to make classes"  # fmt: skip
+    return "pass ratings=, counts= or binarize= to say how to make classes"
 
 
 def _is_paper(counts: object) -> bool:
