@@ -44,6 +44,7 @@ from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
+from ordnmf_dask.store.files import READ_ERRORS
 
 if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
     import dask.array as da
@@ -759,11 +760,15 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
         path = Path(init)
         if not path.is_file():
             raise InputError(f"{path}: initialization file not found")
-        with np.load(path, allow_pickle=False) as npz:
-            missing = {"W", "H"} - set(npz.files)
-            if missing:
-                raise InputError(f"{path}: missing array(s) {sorted(missing)} (need W and H)")
-            w0, h0 = npz["W"], npz["H"]
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                names = set(npz.files)
+                w0, h0 = (npz[n] for n in ("W", "H")) if {"W", "H"} <= names else (None, None)
+        except READ_ERRORS as exc:  # truncated or damaged, or no .npz at all
+            raise InputError(f"{path}: not a readable .npz file ({exc})") from None
+        if w0 is None or h0 is None:
+            missing = sorted({"W", "H"} - names)
+            raise InputError(f"{path}: missing array(s) {missing} (need W and H)")
     else:
         w0, h0 = init
     w0 = np.asarray(w0, dtype=np.float64)

@@ -22,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any, TypeGuard
+from typing import Any, NoReturn, TypeGuard
 
 from ordnmf_dask import __version__
 from ordnmf_dask.dist import interrupt
@@ -66,8 +66,16 @@ def _counts(text: str) -> str | list[float]:
         ) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line, like every other error of the command (the
+    usage is what ``--help`` shows); exit code 2. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="ordnmf-dask",
         description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input/config/local I/O, "
