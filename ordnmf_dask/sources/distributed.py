@@ -525,7 +525,8 @@ def _code_ids(
     kind = "U" if any(p[what][1].dtype.kind == "U" for p in parsed) else "i"
     sample = np.unique(np.concatenate([as_kind(p[what][1], kind) for p in parsed]))
     n_ranges = max(1, min(len(sample), math.ceil(sum(p[what][0] for p in parsed) / ids_per_range)))
-    splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges]
+    # each range ends at a sampled id, the last beyond its splitter at the largest: none is empty
+    splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges - 1]
     cuts = runner.map(split_ids_task, [c.index for c in chunks], tmp, what, kind, splitters)
     cuts = np.array(cuts, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
     lengths = np.diff(cuts, axis=1)
