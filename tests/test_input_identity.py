@@ -22,6 +22,7 @@ from test_ooc_ingest import assert_same_store, both
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.store.ids import coerce_ids
 
 PLAYS = "".join(f"{u}\t{i}\t{1 + (u + 2 * i) % 5}\n" for u in range(6) for i in range(5))
 
@@ -89,6 +90,20 @@ def test_integral_float_text_is_the_integer_id_as_in_parquet(tmp_path):
          test_fraction=0, duplicates="sum")  # fmt: skip
     assert ids(tmp_path / "str" / "mem", "users") == ["-3", "007", "7", "7.5", "a"]
     assert train_values(tmp_path / "str" / "mem") == [1.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_ids_asked_for_follow_the_same_rule(tmp_path):
+    """``recommend --user 5.0`` finds the user that ``5.0`` in the input became; a float id
+    beyond int64 is unknown, not an overflow."""
+    y = synthetic_ordinal(6, 4, 2, seed=1)
+    train, test = dense_split(y)
+    ints = store_from_dense(tmp_path / "i.zarr", train, test, 2, (1, 1), user_ids=np.arange(6) * 5)
+    wanted, bad = coerce_ids(ints.path, "users", ["5.0", " 10 ", 15.0, 2.5, "x", 1e19, "-0.0"])
+    assert wanted.tolist() == [5, 10, 15] and bad == [3, 4, 5, 6]
+    strs = store_from_dense(tmp_path / "s.zarr", train, test, 2, (1, 1),
+                            user_ids=np.array(["5", "a", "b", "c", "d", "e"]))  # fmt: skip
+    wanted, bad = coerce_ids(strs.path, "users", ["5.00", 5.0, " a "])
+    assert wanted.tolist() == ["5", "5", "a"] and bad == []
 
 
 def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch, caplog):

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
+from ordnmf_dask.store.ids import INTEGRAL_FLOAT
 
 DUPLICATE_POLICIES = ("error", "sum", "max", "last")
 FILTER_MODES = ("paper", "stable")
@@ -23,9 +24,6 @@ _INT64_END = 2.0**63  # the first float beyond int64
 
 #: Ids that are the canonical decimal form of an int64 (no sign on 0, no leading zeros).
 _CANONICAL = r"^(?:0|-?[1-9][0-9]{0,18})$"
-#: Text of an integral float (``7.0``, ``-12.00``): the id is the integer's canonical text, as a
-#: float id column of a Parquet file gives it, so that ``7`` and ``7.0`` are one id in any format.
-_INTEGRAL_FLOAT = r"^(0|-?[1-9][0-9]*)\.0+$"
 #: Characters refused in ids: C0 and C1 controls (NUL, tab, CR, ...) and the Unicode line and
 #: paragraph separators, which would not survive a line-based text file.
 _CONTROL = r"[\x00-\x1f\x7f-\x{9f}\x{2028}\x{2029}]"
@@ -185,9 +183,9 @@ def _clean_strings(
 def _integral_floats(dictionary: pa.Array, codes: np.ndarray) -> tuple[pa.Array, np.ndarray]:
     """Distinct ids with integral float text (``"7.0"``) read as the integer's (``"7"``), merged
     with that id where both are there, and the codes into them."""
-    if not pc.any(pc.match_substring_regex(dictionary, _INTEGRAL_FLOAT)).as_py():
+    if not pc.any(pc.match_substring_regex(dictionary, INTEGRAL_FLOAT)).as_py():
         return dictionary, codes
-    merged = pc.replace_substring_regex(dictionary, _INTEGRAL_FLOAT, r"\1").dictionary_encode()
+    merged = pc.replace_substring_regex(dictionary, INTEGRAL_FLOAT, r"\1").dictionary_encode()
     return merged.dictionary, merged.indices.to_numpy()[codes]
 
 
