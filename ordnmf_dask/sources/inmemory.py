@@ -163,7 +163,8 @@ def ingest(
     test : same kinds as ``inputs``, optional
         A held-out test set (same format and value rules) instead of a random split. Rows whose
         user or item is not in the filtered training data are dropped, counted in the attribute
-        ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error.
+        ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error,
+        and so is a test set left empty.
     delimiter, header, columns
         Parsing options; see ``ordnmf_dask.sources.text.read_triples``. ``columns`` are 0-based
         positions or column names (a text header's fields, Parquet, DataFrame or Table column
