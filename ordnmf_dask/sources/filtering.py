@@ -78,8 +78,11 @@ def distinct_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.nd
     if pa.types.is_integer(dictionary.type):
         return dictionary.to_numpy().astype(np.int64), codes
     dictionary, codes = _clean_strings(dictionary, codes, origin, what)
-    dictionary, codes = _integral_floats(dictionary, codes)
-    if len(dictionary) and pc.all(pc.match_substring_regex(dictionary, _CANONICAL)).as_py():
+    canonical = pc.match_substring_regex(dictionary, _CANONICAL)
+    if not pc.all(canonical).as_py():  # ids all in integer form hold no float text
+        dictionary, codes = _integral_floats(dictionary, codes)
+        canonical = pc.match_substring_regex(dictionary, _CANONICAL)
+    if len(dictionary) and pc.all(canonical).as_py():
         try:
             return pc.cast(dictionary, pa.int64()).to_numpy(), codes
         except pa.ArrowInvalid:  # beyond int64

@@ -5,12 +5,12 @@ reader (``text.read_triples``) and the distributed ingest (:mod:`.distributed`) 
 group by group with ``read_row_group``, never a whole file in one piece. Columns are chosen by
 name or by 0-based position in the file's schema (``columns``, as for text). Ids may be integer
 columns (kept as int64), string columns (whitespace-stripped, then treated exactly like text
-ids) or integral floats within int64; values may be numeric or string columns (parsed like text). The checks
-of ids and values are the text reader's (``filtering.encode_ids``, ``text.text_values``).
-Rows are numbered from 0 in their file; messages name the file, the row and
-its row group. A file without rows adds nothing (``check_some_rows``). All Parquet files of one input must have the same user, item and value column
-names (``check_same_columns``), so that files with different schemas are never merged by
-position.
+ids) or integral floats within int64; values may be numeric or string columns (parsed like
+text). The checks of ids and values are the text reader's (``filtering.encode_ids``,
+``text.text_values``). Rows are numbered from 0 in their file; messages name the file, the row
+and its row group. A file without rows adds nothing (``check_some_rows``). All Parquet files of
+one input must have the same user, item and value column names (``check_same_columns``), so
+that files with different schemas are never merged by position.
 
 Needs pyarrow (the ``parquet`` extra); without it a Parquet input is an ``InputError`` saying
 so.
