@@ -233,6 +233,19 @@ def test_a_test_file_that_leaves_no_test_set_is_refused(tmp_path, capsys):
                             "in the (filtered) training data, 1 are not an interaction")
 
 
+def test_test_rows_dropped_are_one_warning_line(tmp_path, capsys):
+    """Some test rows of unknown users: kept as a warning, one line (not Python's two)."""
+    (tmp_path / "train.tsv").write_text(PLAYS.split("\n", 1)[1])  # all pairs but (0, 0)
+    (tmp_path / "test.tsv").write_text("x1\t0\t1\n0\t0\t2\n9\t1\t3\n")
+    out = tmp_path / "s.zarr"
+    assert main(["ingest", str(tmp_path / "train.tsv"), "--test", str(tmp_path / "test.tsv"),
+                 "--out", str(out), "-q"]) == 0  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "WARNING ordnmf_dask: UserWarning: 2 test rows dropped: their user or item is not in "
+        "the (filtered) training data"), err  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("args", "line"),
     [(["fit", "-k", "abc", "s.zarr"],

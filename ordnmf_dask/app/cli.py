@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any, NoReturn, TypeGuard
@@ -825,7 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         atexit.register(gc.freeze)  # without the interpreter's final collection of every object
     handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
     try:
-        with _logging_kept(quiet=not args.debug):
+        with _logging_kept(quiet=not args.debug), warnings.catch_warnings():
+            warnings.showwarning = _warning_line
             return _run(args, parser)
     finally:
         interrupt.clear()
@@ -833,6 +835,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for signum, handler in handlers.items():
                 if handler is not None:
                     signal.signal(signum, handler)
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    """Show a Python warning of a command as one log line, like its other messages (not the
+    file, line and source text of the code that raised it)."""
+    log.warning("%s: %s", category.__name__, message)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
