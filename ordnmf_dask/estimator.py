@@ -760,15 +760,18 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
         path = Path(init)
         if not path.is_file():
             raise InputError(f"{path}: initialization file not found")
+        arrays: dict[str, np.ndarray] = {}  # a single .npy array holds neither
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                names = set(npz.files)
-                w0, h0 = (npz[n] for n in ("W", "H")) if {"W", "H"} <= names else (None, None)
+            loaded = np.load(path, allow_pickle=False)
+            if isinstance(loaded, np.lib.npyio.NpzFile):
+                with loaded:
+                    arrays = {n: loaded[n] for n in ("W", "H") if n in loaded.files}
         except READ_ERRORS as exc:  # truncated or damaged, or no .npz at all
             raise InputError(f"{path}: not a readable .npz file ({exc})") from None
-        if w0 is None or h0 is None:
-            missing = sorted({"W", "H"} - names)
+        missing = sorted({"W", "H"} - set(arrays))
+        if missing:
             raise InputError(f"{path}: missing array(s) {missing} (need W and H)")
+        w0, h0 = arrays["W"], arrays["H"]
     else:
         w0, h0 = init
     w0 = np.asarray(w0, dtype=np.float64)

@@ -207,9 +207,12 @@ def test_a_damaged_init_file_is_named(tmp_path, capsys):
         assert code == 2 and len(err) == 1, err
         assert err[0].startswith(f"ordnmf-dask fit: error: {bad}: not a readable .npz file (")
     np.savez(tmp_path / "w.npz", W=rng.gamma(1, 1, (12, 2)))
-    code = main(["fit", store.path, "-k", "2", "--init", str(tmp_path / "w.npz"), "--out",
-                 str(tmp_path / "m"), "-q"])
-    assert code == 2 and "w.npz: missing array(s) ['H'] (need W and H)" in capsys.readouterr().err
+    np.save(tmp_path / "one.npy", rng.gamma(1, 1, (12, 2)))
+    for name, missing in (("w.npz", "['H']"), ("one.npy", "['H', 'W']")):
+        code = main(["fit", store.path, "-k", "2", "--init", str(tmp_path / name), "--out",
+                     str(tmp_path / "m"), "-q"])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 2 and f"{name}: missing array(s) {missing} (need W and H)" in err, err
 
 
 def test_a_test_file_that_leaves_no_test_set_is_refused(tmp_path, capsys):
