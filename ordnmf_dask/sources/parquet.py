@@ -190,7 +190,7 @@ def parquet_format_of(path: str, columns: tuple[Column, Column, Column]) -> Parq
     types = tuple(str(t.value_type if pa.types.is_dictionary(t) else t) for t in plain)
     meta = pf.metadata
     counts = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
-    starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]]))
+    starts = tuple(int(x) for x in np.cumsum((0, *counts))[:-1])  # none without row groups
     return ParquetFormat(path, tuple(resolved), types, starts, counts)  # type: ignore[arg-type]
 
 
