@@ -45,6 +45,7 @@ from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
+from ordnmf_dask.store.files import READ_ERRORS
 
 if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
     import dask.array as da
@@ -778,11 +779,18 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
         path = Path(init)
         if not path.is_file():
             raise InputError(f"{path}: initialization file not found")
-        with np.load(path, allow_pickle=False) as npz:
-            missing = {"W", "H"} - set(npz.files)
-            if missing:
-                raise InputError(f"{path}: missing array(s) {sorted(missing)} (need W and H)")
-            w0, h0 = npz["W"], npz["H"]
+        arrays: dict[str, np.ndarray] = {}  # a single .npy array holds neither
+        try:
+            loaded = np.load(path, allow_pickle=False)
+            if isinstance(loaded, np.lib.npyio.NpzFile):
+                with loaded:
+                    arrays = {n: loaded[n] for n in ("W", "H") if n in loaded.files}
+        except READ_ERRORS as exc:  # truncated or damaged, or no .npz at all
+            raise InputError(f"{path}: not a readable .npz file ({exc})") from None
+        missing = sorted({"W", "H"} - set(arrays))
+        if missing:
+            raise InputError(f"{path}: missing array(s) {missing} (need W and H)")
+        w0, h0 = arrays["W"], arrays["H"]
     else:
         w0, h0 = init
     w0 = np.asarray(w0, dtype=np.float64)

@@ -20,9 +20,10 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
-from typing import Any, TypeGuard
+from typing import Any, NoReturn, TypeGuard
 
 from ordnmf_dask import __version__
 from ordnmf_dask.dist import interrupt
@@ -66,8 +67,16 @@ def _counts(text: str) -> str | list[float]:
         ) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line, like every other error of the command (the
+    usage is what ``--help`` shows); exit code 2. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="ordnmf-dask",
         description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 bad input/config/local I/O, "
@@ -817,7 +826,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         atexit.register(gc.freeze)  # without the interpreter's final collection of every object
     handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
     try:
-        with _logging_kept(quiet=not args.debug):
+        with _logging_kept(quiet=not args.debug), warnings.catch_warnings():
+            warnings.showwarning = _warning_line
             return _run(args, parser)
     finally:
         interrupt.clear()
@@ -825,6 +835,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for signum, handler in handlers.items():
                 if handler is not None:
                     signal.signal(signum, handler)
+
+
+def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    """Show a Python warning of a command as one log line, like its other messages (not the
+    file, line and source text of the code that raised it)."""
+    log.warning("%s: %s", category.__name__, message)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

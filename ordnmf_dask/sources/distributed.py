@@ -99,6 +99,7 @@ from ordnmf_dask.sources.distributed_tasks import (
 from ordnmf_dask.sources.inmemory import (
     IngestOptions,
     as_list,
+    check_test_left,
     check_train_left,
     id_kind,
     inputs_label,
@@ -115,7 +116,9 @@ from ordnmf_dask.sources.parquet import (
     ParquetChunk,
     ParquetFormat,
     check_same_columns,
+    check_some_rows,
     expand_inputs,
+    is_parquet,
     parquet_chunks,
 )
 from ordnmf_dask.sources.split import HASH_BIN_BITS, n_test_rows, n_validation_rows
@@ -290,6 +293,8 @@ def ingest_distributed(
         remove_staging(tmp, "nonzeros")  # every nonzero is in a block piece now
         if tested is not None:
             n_unknown = sum(res["test_unknown"] for res in placed)
+            check_test_left(tested.label, sum(int(res["hist_test"].sum()) for res in placed),
+                            n_unknown, extra["test_not_interaction"])  # fmt: skip
             warn_unknown(n_unknown, 2)  # the caller of ``ingest_distributed``
             extra = {"test_unknown_dropped": n_unknown, **extra}
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
@@ -362,6 +367,7 @@ def _plan_input(
     paths = expand_inputs(sources)
     formats = runner.map(input_format, paths, delimiter, header, columns)
     check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
+    check_some_rows([f for f in formats if isinstance(f, ParquetFormat)], len(formats))
     chunks = plan(runner, formats, chunk_bytes, first_index)
     return _Input(inputs_label(sources), [source_name(p) for p in sources], _file_names(formats),
                   list(chunks), [f.path for f in formats])  # fmt: skip
@@ -495,7 +501,7 @@ def _check_rows(inp: _Input, rows: list[int]) -> None:
     for chunk, n in zip(inp.chunks, rows, strict=True):
         by_file[chunk.file_index] = by_file.get(chunk.file_index, 0) + n
     for f_idx, path in enumerate(inp.files):
-        if by_file.get(f_idx, 0) == 0:
+        if by_file.get(f_idx, 0) == 0 and not is_parquet(path):  # 0-row Parquet files add none
             raise InputError(f"{path}: no data rows (only a header line)")
 
 
@@ -519,7 +525,8 @@ def _code_ids(
     kind = "U" if any(p[what][1].dtype.kind == "U" for p in parsed) else "i"
     sample = np.unique(np.concatenate([as_kind(p[what][1], kind) for p in parsed]))
     n_ranges = max(1, min(len(sample), math.ceil(sum(p[what][0] for p in parsed) / ids_per_range)))
-    splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges]
+    # each range ends at a sampled id, the last beyond its splitter at the largest: none is empty
+    splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges - 1]
     cuts = runner.map(split_ids_task, [c.index for c in chunks], tmp, what, kind, splitters)
     cuts = np.array(cuts, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
     lengths = np.diff(cuts, axis=1)

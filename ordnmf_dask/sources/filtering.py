@@ -14,10 +14,12 @@ import pyarrow.compute as pc
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
+from ordnmf_dask.store.ids import INTEGRAL_FLOAT
 
 DUPLICATE_POLICIES = ("error", "sum", "max", "last")
 FILTER_MODES = ("paper", "stable")
 _INT64_MAX = np.iinfo(np.int64).max
+_INT64_END = 2.0**63  # the first float beyond int64
 
 
 #: Ids that are the canonical decimal form of an int64 (no sign on 0, no leading zeros).
@@ -49,7 +51,8 @@ def distinct_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.nd
         Raw ids as read. Strings are whitespace-stripped; an empty one or one with a control
         character is an error naming its row (via ``origin``). If every distinct string is the
         canonical decimal form of an int64, the ids are int64 (``"007"`` or ``"1e3"`` keep all
-        of them strings, so distinct raw ids never merge).
+        of them strings, so distinct raw ids never merge). The text of an integral float
+        (``"7.0"``) is read as the integer's text (``"7"``), as a Parquet float id is.
     origin : Origin
     what : str
         "user" or "item", for messages.
@@ -75,7 +78,11 @@ def distinct_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.nd
     if pa.types.is_integer(dictionary.type):
         return dictionary.to_numpy().astype(np.int64), codes
     dictionary, codes = _clean_strings(dictionary, codes, origin, what)
-    if len(dictionary) and pc.all(pc.match_substring_regex(dictionary, _CANONICAL)).as_py():
+    canonical = pc.match_substring_regex(dictionary, _CANONICAL)
+    if not pc.all(canonical).as_py():  # ids all in integer form hold no float text
+        dictionary, codes = _integral_floats(dictionary, codes)
+        canonical = pc.match_substring_regex(dictionary, _CANONICAL)
+    if len(dictionary) and pc.all(canonical).as_py():
         try:
             return pc.cast(dictionary, pa.int64()).to_numpy(), codes
         except pa.ArrowInvalid:  # beyond int64
@@ -176,22 +183,43 @@ def _clean_strings(
     return merged.dictionary, merged.indices.to_numpy()[codes]
 
 
-def ids_from_array(ids: object, what: str) -> np.ndarray:
-    """Raw ids given in memory: int64 for integer (or integral float) arrays, else str."""
+def _integral_floats(dictionary: pa.Array, codes: np.ndarray) -> tuple[pa.Array, np.ndarray]:
+    """Distinct ids with integral float text (``"7.0"``) read as the integer's (``"7"``), merged
+    with that id where both are there, and the codes into them."""
+    if not pc.any(pc.match_substring_regex(dictionary, INTEGRAL_FLOAT)).as_py():
+        return dictionary, codes
+    merged = pc.replace_substring_regex(dictionary, INTEGRAL_FLOAT, r"\1").dictionary_encode()
+    return merged.dictionary, merged.indices.to_numpy()[codes]
+
+
+def float_ids(ids: np.ndarray, where: Callable[[int], str], what: str) -> np.ndarray:
+    """int64 of float ids (n,); an id that is no integer, or beyond int64, is an error naming
+    its row (``where``: the row's place, e.g. ``Origin.where``)."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(ids) | (ids != np.round(ids)) | (ids < -_INT64_END) | \
+            (ids >= _INT64_END)  # fmt: skip
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        value = float(ids[k])
+        reason = "does not fit in int64" if value.is_integer() else "is not an integer"
+        raise InputError(f"{where(k)}: {what} id {value!r} {reason}")
+    return ids.astype(np.int64)
+
+
+def ids_from_array(ids: object, label: str, what: str) -> np.ndarray:
+    """Raw ids given in memory (``label``: how messages name them): int64 for integer (or
+    integral float) arrays, else str."""
     arr = np.asarray(ids)
     if arr.ndim != 1:
-        raise InputError(f"{what} ids must be a 1-D array, got shape {arr.shape}")
+        raise InputError(f"{label}: {what} ids must be a 1-D array, got shape {arr.shape}")
     if arr.dtype == bool:
-        raise InputError(f"{what} ids must be integers or strings, not booleans")
+        raise InputError(f"{label}: {what} ids must be integers or strings, not booleans")
     if arr.dtype.kind in "iu":
         if arr.dtype.kind == "u" and arr.size and arr.max() > _INT64_MAX:
-            raise InputError(f"{what} id {arr.max()} does not fit in int64")
+            raise InputError(f"{label}: {what} id {arr.max()} does not fit in int64")
         return arr.astype(np.int64)
     if arr.dtype.kind == "f":
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
-        if bad.size:
-            raise InputError(f"{what} id {arr[bad[0]]!r} at row {bad[0]} is not an integer")
-        return arr.astype(np.int64)
+        return float_ids(arr, Origin.arrays(len(arr), label).where, what)
     return arr.astype(str)
 
 

@@ -163,7 +163,8 @@ def ingest(
     test : same kinds as ``inputs``, optional
         A held-out test set (same format and value rules) instead of a random split. Rows whose
         user or item is not in the filtered training data are dropped, counted in the attribute
-        ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error.
+        ``test_unknown_dropped`` and reported with a warning; a pair also in ``inputs`` is an error,
+        and so is a test set left empty.
     delimiter, header, columns
         Parsing options; see ``ordnmf_dask.sources.text.read_triples``. ``columns`` are 0-based
         positions or column names (a text header's fields, Parquet, DataFrame or Table column
@@ -215,9 +216,9 @@ def ingest(
                                   columns=columns, **options)  # fmt: skip
     check_target(out, opts["overwrite"])
     train, label, sources = rows_of(inputs, delimiter, header, columns, "input")
-    test_rows, _, test_sources = (None, None, None) if test is None else \
+    test_rows, test_label, test_sources = (None, None, None) if test is None else \
         rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
-    return _build(train, test_rows, out, label=label, sources=sources,
+    return _build(train, test_rows, out, label=label, sources=sources, test_label=test_label,
                   test_sources=test_sources, **opts)  # fmt: skip
 
 
@@ -355,8 +356,8 @@ def check_train_left(label: str, n: int, test_fraction: float) -> None:
 
 
 def _arrays_to_rows(users: object, items: object, values: object, label: str) -> _Rows:
-    u = ids_from_array(users, f"{label}: user")
-    i = ids_from_array(items, f"{label}: item")
+    u = ids_from_array(users, label, "user")
+    i = ids_from_array(items, label, "item")
     try:
         v = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -393,6 +394,7 @@ def _build(
     *,
     label: str,
     sources: list[str],
+    test_label: str | None,
     test_sources: list[str] | None,
     ratings: str | None,
     counts: str | Sequence[float] | None,
@@ -467,7 +469,7 @@ def _build(
     else:
         train_nz = data
         test_nz, extra = _file_test(
-            test, spec, duplicates, user_ids, item_ids, pair_keys, train_origin,
+            test, str(test_label), spec, duplicates, user_ids, item_ids, pair_keys, train_origin,
             user_ids[user_sel], item_ids[item_sel],
         )  # fmt: skip
     del data
@@ -539,6 +541,7 @@ def validation_attrs(fraction: float, hist: list[int]) -> dict[str, object]:
 
 def _file_test(
     test: _Rows,
+    label: str,
     spec: ValueSpec,
     duplicates: str,
     all_users: np.ndarray,
@@ -562,10 +565,12 @@ def _file_test(
     u = lookup(final_users, test.users[rows])
     i = lookup(final_items, test.items[rows])
     nz, n_unknown = known_test(u, i, y, raw, keep)
+    n_not = int((~keep).sum())
+    check_test_left(label, len(nz.u), n_unknown, n_not)
     warn_unknown(n_unknown, 4)  # the caller of ``ingest``
     extra = {
         "test_unknown_dropped": n_unknown,
-        "test_not_interaction": int((~keep).sum()),
+        "test_not_interaction": n_not,
     }
     return nz, extra
 
@@ -597,6 +602,17 @@ def known_test(
     keep = keep & ~unknown
     nz = _Nonzeros(u[keep], i[keep], y[keep], raw[keep])
     return nz.take(np.lexsort((nz.i, nz.u))), int(unknown.sum())
+
+
+def check_test_left(label: str, n_test: int, n_unknown: int, n_not: int) -> None:
+    """Refuse a test file (``label``) that leaves no test interaction: an empty test set
+    measures nothing. ``n_unknown``: its interactions whose user or item is not in the
+    (filtered) training data; ``n_not``: its pairs that are not an interaction."""
+    if n_test == 0:
+        raise InputError(
+            f"{label}: no test interactions left: {n_unknown} have a user or an item that is not "
+            f"in the (filtered) training data, {n_not} are not an interaction"
+        )
 
 
 def warn_unknown(n_unknown: int, stacklevel: int) -> None:

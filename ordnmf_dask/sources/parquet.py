@@ -5,12 +5,12 @@ reader (``text.read_triples``) and the distributed ingest (:mod:`.distributed`) 
 group by group with ``read_row_group``, never a whole file in one piece. Columns are chosen by
 name or by 0-based position in the file's schema (``columns``, as for text). Ids may be integer
 columns (kept as int64), string columns (whitespace-stripped, then treated exactly like text
-ids) or integral floats; values may be numeric or string columns (parsed like text). The checks
-of ids and values are the text reader's (``filtering.encode_ids``, ``text.text_values``).
-Rows are numbered from 0 in their file; messages name the file, the row and
-its row group. All Parquet files of one input must have the same user, item and value column
-names (``check_same_columns``), so that files with different schemas are never merged by
-position.
+ids) or integral floats within int64; values may be numeric or string columns (parsed like
+text). The checks of ids and values are the text reader's (``filtering.encode_ids``,
+``text.text_values``). Rows are numbered from 0 in their file; messages name the file, the row
+and its row group. A file without rows adds nothing (``check_some_rows``). All Parquet files of
+one input must have the same user, item and value column names (``check_same_columns``), so
+that files with different schemas are never merged by position.
 
 Needs pyarrow (the ``parquet`` extra); without it a Parquet input is an ``InputError`` saying
 so.
@@ -18,6 +18,7 @@ so.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.filtering import float_ids
 from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.text import (
     Column,
@@ -38,6 +40,7 @@ from ordnmf_dask.sources.text import (
 
 SUFFIXES = (".parquet", ".parq")
 _INT64_MAX = np.iinfo(np.int64).max
+log = logging.getLogger(__name__)
 
 
 def is_parquet(path: str | os.PathLike) -> bool:
@@ -49,13 +52,16 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[str]:
     """Input files in order: paths and URLs as given, globs by their sorted matches, and a
     directory for the Parquet files under it.
 
-    A directory's files are found recursively (through fsspec, so also under a URL) and sorted
-    by path; names starting with ``.`` or ``_`` (``_SUCCESS``, ``_metadata``, ``.crc`` files,
-    hidden directories) are skipped.
+    An existing path is taken as it is, also where its name holds glob characters
+    (``r[1].csv``). A directory's files are found recursively (through fsspec, so also under a
+    URL) and sorted by path; names starting with ``.`` or ``_`` (``_SUCCESS``, ``_metadata``,
+    ``.crc`` files, hidden directories) are skipped. A file named more than once (given twice,
+    or also matched by a glob or found in a directory) is read once, where it first comes, and
+    a warning says so: reading it twice would count its rows twice.
     """
     import fsspec
 
-    out: list[str] = []
+    out: dict[str, str] = {}  # by the file's identity (``_identity``), in input order
     for p in paths:
         path = os.fspath(p)
         try:
@@ -67,24 +73,40 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[str]:
         def name(found: str, fs: Any = fs, local: bool = local) -> str:
             return found if local else fs.unstrip_protocol(found)
 
-        if any(ch in path for ch in "*?["):
+        if any(ch in path for ch in "*?[") and not fs.exists(root):
             matches = sorted(fs.glob(root))
             if not matches:
                 raise InputError(f"{path}: no files match")
-            out += [name(m) for m in matches]
+            _add(out, [name(m) for m in matches])
             continue
         if not fs.isdir(root):
-            out.append(path)
+            _add(out, [path])
             continue
         found = [f for f in fs.find(root) if is_parquet(f)
                  and not any(part.startswith((".", "_"))
                              for part in f[len(root.rstrip("/")) + 1 :].split("/"))]  # fmt: skip
         if not found:
             raise InputError(f"{path}: is a directory without .parquet / .parq files")
-        out += [name(f) for f in sorted(found)]
+        _add(out, [name(f) for f in sorted(found)])
     if not out:
         raise InputError("no input files given")
-    return out
+    return list(out.values())
+
+
+def _add(out: dict[str, str], files: list[str]) -> None:
+    """Add input files to ``out`` (by identity), warning about one that is already there."""
+    for f in files:
+        key = _identity(f)
+        if key in out:
+            log.warning("%s: named more than once among the inputs; read once", f)
+        else:
+            out[key] = f
+
+
+def _identity(path: str) -> str:
+    """What makes two input names one file: a local path resolved (links, ``..``, relative to
+    the working directory), a URL as fsspec writes it."""
+    return path if "://" in path else os.path.realpath(path)
 
 
 def _pyarrow(path: str) -> tuple[Any, Any]:
@@ -118,6 +140,10 @@ class ParquetFormat:
     types: tuple[str, str, str]  # pyarrow type names ("int64", "string", ...), not dictionary
     starts: tuple[int, ...]  # first row (0-based, in the file) of each row group
     counts: tuple[int, ...]  # rows of each row group
+
+    @property
+    def n_rows(self) -> int:
+        return sum(self.counts)
 
     @property
     def row_groups(self) -> RowGroups:
@@ -164,9 +190,7 @@ def parquet_format_of(path: str, columns: tuple[Column, Column, Column]) -> Parq
     types = tuple(str(t.value_type if pa.types.is_dictionary(t) else t) for t in plain)
     meta = pf.metadata
     counts = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
-    if sum(counts) == 0:
-        raise InputError(f"{path}: no data rows (the file is empty)")
-    starts = tuple(int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]]))
+    starts = tuple(int(x) for x in np.cumsum((0, *counts))[:-1])  # none without row groups
     return ParquetFormat(path, tuple(resolved), types, starts, counts)  # type: ignore[arg-type]
 
 
@@ -194,6 +218,20 @@ def check_same_columns(formats: Sequence[ParquetFormat]) -> None:
                 f"{fmt.path}: columns differ from {first.path}: {'; '.join(diff)}; all Parquet "
                 "files of one input need the same column names"
             )
+
+
+def check_some_rows(formats: Sequence[ParquetFormat], n_files: int) -> None:
+    """Raise InputError if the ``n_files`` files of an input are all Parquet files without rows.
+
+    A 0-row file (a part file as Spark and Dask write them) adds nothing to an input, as long as
+    its columns are the others' (``check_same_columns``) and some file has rows.
+    """
+    if not formats or len(formats) < n_files or any(f.n_rows for f in formats):
+        return
+    if len(formats) == 1:
+        raise InputError(f"{formats[0].path}: no data rows (the file is empty)")
+    raise InputError(f"{formats[0].path} and {len(formats) - 1} more Parquet files: no data rows "
+                     "(every file is empty)")  # fmt: skip
 
 
 def parquet_chunks(fmt: ParquetFormat, file_index: int, first_index: int) -> list[ParquetChunk]:
@@ -274,12 +312,7 @@ def column_ids(col: Any, origin: Origin, what: str, name: str) -> Any:
             raise InputError(f"{origin.where(k)}: {what} id {ids[k]} does not fit in int64")
         return ids.astype(np.int64)
     if pa.types.is_floating(t):
-        ids = col.to_numpy()
-        bad = np.flatnonzero(~np.isfinite(ids) | (ids != np.round(ids)))
-        if bad.size:
-            k = int(bad[0])
-            raise InputError(f"{origin.where(k)}: {what} id {ids[k]!r} is not an integer")
-        return ids.astype(np.int64)
+        return float_ids(col.to_numpy(), origin.where, what)
     if _is_string(pa, t):
         return col
     raise InputError(

@@ -37,6 +37,7 @@ import pyarrow.csv as pacsv
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.store.files import READ_ERRORS
 
 #: Accepted spellings of ``delimiter``; ``None`` as a value means "any run of whitespace".
 DELIMITERS: dict[str, str | None] = {
@@ -144,6 +145,7 @@ def read_triples(
     """
     from ordnmf_dask.sources.parquet import (
         check_same_columns,
+        check_some_rows,
         expand_inputs,
         is_parquet,
         parquet_format_of,
@@ -157,9 +159,11 @@ def read_triples(
     check_delimiter(delimiter)
     formats = {p: parquet_format_of(p, columns) for p in paths if is_parquet(p)}
     check_same_columns(list(formats.values()))
+    check_some_rows(list(formats.values()), len(paths))
     parts = [
         read_parquet(formats[p]) if p in formats else read_text(p, delimiter, header, columns)
         for p in paths
+        if p not in formats or formats[p].n_rows
     ]
     if len(parts) == 1:
         return parts[0]
@@ -221,7 +225,7 @@ def open_input(path: str, compression: str | None = "infer") -> Any:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, not a file") from None
-    except (OSError, ValueError) as exc:
+    except READ_ERRORS as exc:
         raise InputError(f"{path}: cannot read ({exc})") from None
 
 
@@ -242,7 +246,7 @@ def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
             elif start:
                 fh.read(start)
             return fh.read() if stop is None else fh.read(max(stop - start, 0))
-        except (OSError, EOFError, ValueError) as exc:
+        except READ_ERRORS as exc:
             raise InputError(f"{path}: cannot read ({exc})") from None
 
 
@@ -509,12 +513,12 @@ def _read_streamed(head: Head) -> Triples | None:
         column_types={keep[0]: pa.string(), keep[1]: pa.string(), keep[2]: pa.float64()},
     )  # fmt: skip
     with open_input(fmt.path) as fh:
-        fh.read(head.data_at)
         watch = _Watch(fh)
         try:
+            fh.read(head.data_at)
             table = pacsv.read_csv(watch, read_options=read, parse_options=parse,
                                    convert_options=convert, memory_pool=POOL)  # fmt: skip
-        except (pa.ArrowInvalid, ValueError, OSError):
+        except (pa.ArrowInvalid, *READ_ERRORS):  # ``read_bytes`` names a damaged file
             return None
     if watch.quoted or table.num_rows == 0:
         return None

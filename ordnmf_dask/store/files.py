@@ -18,8 +18,11 @@ or for a Parquet export the files its manifest or marker lists.
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import shutil
+import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,26 @@ from typing import Any
 import fsspec
 
 from ordnmf_dask.errors import InputError, StoreError
+
+
+def _read_errors() -> tuple[type[Exception], ...]:
+    """What reading an input can raise for a damaged file: the OS's errors and those of each
+    decompressor fsspec uses (``.gz``, ``.bz2``, ``.xz``, ``.zip``, ``.zst``; numpy's ``.npz``
+    is a zip file)."""
+    errors: list[type[Exception]] = [OSError, EOFError, ValueError, zlib.error, lzma.LZMAError,
+                                     zipfile.BadZipFile]  # fmt: skip
+    try:
+        from zstandard import ZstdError
+    except ImportError:  # without zstandard, fsspec does not read .zst files
+        pass
+    else:
+        errors.append(ZstdError)
+    return tuple(errors)
+
+
+#: Exceptions of a damaged or unreadable input file, which become an InputError naming it.
+READ_ERRORS = _read_errors()
+
 
 PENDING = "_PENDING"  # at a URL: written first, removed last (a write is in progress or failed)
 META = "zarr.json"

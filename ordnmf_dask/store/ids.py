@@ -7,6 +7,7 @@ of raw ids runs per block and returns only the matches.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,17 @@ from ordnmf_dask.store.decode import ChunkFiles
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client
+
+
+#: Text of an integral float (``7.0``, ``-12.00``): the id whose text is the integer's (``7``), in
+#: every input format (a Parquet float id column gives the same) and on the command line.
+INTEGRAL_FLOAT = r"^(0|-?[1-9][0-9]*)\.0+$"
+
+
+def id_text(text: str) -> str:
+    """A raw id given as text as the ingest reads it: stripped, integral float text as the
+    integer's."""
+    return re.sub(INTEGRAL_FLOAT, r"\1", text.strip())
 
 
 def _array(store: str, axis: str) -> zarr.Array:
@@ -73,14 +85,23 @@ def coerce_ids(store: str, axis: str, raw: Sequence[Any]) -> tuple[np.ndarray, l
     integer = _array(store, axis).dtype.kind in "iu"
     bad, values = [], []
     for j, value in enumerate(raw):
+        if isinstance(value, str):
+            value = id_text(value)
+        elif isinstance(value, float | np.floating) and float(value).is_integer() and \
+                -(2.0**63) <= value < 2.0**63:  # fmt: skip
+            value = int(value)
         if integer:
             try:
-                if isinstance(value, float | np.floating) and not float(value).is_integer():
+                if isinstance(value, float | np.floating):  # not integral, or beyond int64
                     raise ValueError
-                values.append(int(value))
+                number = int(value)
             except (TypeError, ValueError):
                 bad.append(j)
                 continue
+            if -(2**63) <= number < 2**63:
+                values.append(number)
+            else:
+                bad.append(j)
         else:
             values.append(str(value))
     arr = np.array(values, dtype=np.int64) if integer else _as_plain(np.array(values, dtype=str))
