@@ -103,10 +103,10 @@ def _load(root: str, name: str, index: int, rows: int, colsum: list[float], stri
     (``strict``), else return an :class:`_Unreadable`."""
     try:
         if name in ("W", "H"):
-            value = chunkstore.load_chunk(root, name, index)
+            value = chunkstore.load_chunk(root, name, index, owner="checkpoint")
             data = value.mean
         else:
-            value = data = chunkstore.load_array(root, name, index)
+            value = data = chunkstore.load_array(root, name, index, owner="checkpoint")
     except Exception as exc:  # noqa: BLE001 - truncated, missing or garbled: not usable
         problem = f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})"
     else:
