@@ -117,15 +117,10 @@ def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> n
         except (ValueError, RuntimeError) as exc:
             raise StoreError(f"{path}: unreadable chunk ({exc}; the {owner} is damaged)") from None
         return value if rows is None else value[rows]
-    if array.nchunks == 0:  # no rows: no chunk file
-        value = np.empty(array.shape, _DTYPE)
-    else:
-        data = files.load(0)
-        if len(data) != int(np.prod(array.shape)) * _DTYPE.itemsize:
-            raise StoreError(f"{files.path(0)}: chunk file of {len(data)} bytes for an array of "
-                             f"shape {tuple(array.shape)} (the {owner} is damaged)")
-        value = np.frombuffer(data, dtype=_DTYPE).reshape(array.shape)
-    return value.copy() if rows is None else value[rows]
+    value = np.empty(array.shape, _DTYPE)
+    if array.nchunks:  # none for an array of no rows
+        files.load(0, into=memoryview(value).cast("B"))
+    return value if rows is None else value[rows]
 
 
 def read_field(

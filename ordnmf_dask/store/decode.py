@@ -42,12 +42,17 @@ INVENTORY = "chunk_files"  # array attribute: {"bytes": [...], "crc32": [...]}, 
 WRITE_ALL = {"write_empty_chunks": True}  # zarr array config of every store writer
 
 
-def chunk_path(directory: str, i: int, grid: tuple[int, ...] = ()) -> str:
-    """The file of chunk ``i`` of the array stored in ``directory``: of a 1-D array, or the
-    ``i``-th in C order of an N-D array's chunk ``grid`` (chunks per dimension)."""
+def chunk_key(i: int, grid: tuple[int, ...] = ()) -> str:
+    """The file name of chunk ``i`` under the array's ``c/``: of a 1-D array, or of the
+    ``i``-th chunk in C order of an N-D array's chunk ``grid`` (chunks per dimension)."""
     if len(grid) < 2:
-        return os.path.join(directory, "c", str(i))
-    return os.path.join(directory, "c", *(str(int(x)) for x in np.unravel_index(i, grid)))
+        return str(i)
+    return "/".join(str(int(x)) for x in np.unravel_index(i, grid))
+
+
+def chunk_path(directory: str, i: int, grid: tuple[int, ...] = ()) -> str:
+    """The file of chunk ``i`` of the array stored in ``directory`` (see :func:`chunk_key`)."""
+    return os.path.join(directory, "c", chunk_key(i, grid))
 
 
 def chunk_grid(array: Any) -> tuple[int, ...]:
@@ -141,8 +146,7 @@ class ChunkFiles:
                   if locations.is_url(self.directory) else None)
         for i, n in enumerate(self.nbytes):
             path = self.path(i)
-            key = os.path.relpath(path, locations.join(self.directory, "c"))
-            size = _local_size(path) if listed is None else listed.get(key)
+            size = _local_size(path) if listed is None else listed.get(chunk_key(i, self.grid))
             if size is None:
                 raise StoreError(f"{path}: chunk file missing (the {self.owner} is damaged)")
             self._check_size(path, size, n)
@@ -152,12 +156,20 @@ class ChunkFiles:
         for i in range(len(self.nbytes)):
             self.load(i)
 
-    def load(self, i: int) -> memoryview:
-        """The bytes of chunk file ``i`` in the thread's reusable buffer, after checking them
-        against the inventory."""
+    def load(self, i: int, into: memoryview | None = None) -> memoryview:
+        """The bytes of chunk file ``i`` in the thread's reusable buffer (or in ``into``, bytes
+        that must match the file's recorded size), after checking them against the
+        inventory."""
         path = self.path(i)
+        if into is not None and into.nbytes != self.nbytes[i]:
+            raise StoreError(f"{path}: the {self.owner} records {self.nbytes[i]} bytes for the "
+                             f"chunk file, whose values take {into.nbytes} (the {self.owner} is "
+                             "damaged)")
         if locations.is_url(path):
-            return self._load_url(path, i)
+            view = self._load_url(path, i)
+            if into is not None:
+                into[:] = view
+            return view if into is None else into
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below, after readinto)
         except FileNotFoundError:
@@ -166,9 +178,9 @@ class ChunkFiles:
             st = os.fstat(f.fileno())
             self._check_size(path, st.st_size, self.nbytes[i])
             size = st.st_size
-            if len(_BUFFERS.packed) < size:
+            if into is None and len(_BUFFERS.packed) < size:
                 _BUFFERS.packed = bytearray(size)
-            view = memoryview(_BUFFERS.packed)[:size]
+            view = memoryview(_BUFFERS.packed)[:size] if into is None else into
             got = 0
             while got < size:
                 n = f.readinto(view[got:])
