@@ -212,8 +212,10 @@ class ChunkFiles:
 
     def _check_size(self, path: str, size: int, recorded: int) -> None:
         if size != recorded:
+            source = (f"the {self.owner} recorded" if self.crc32 is not None
+                      else "the array's shape takes")
             raise StoreError(
-                f"{path}: chunk file has {size} bytes, the {self.owner} recorded {recorded} "
+                f"{path}: chunk file has {size} bytes, {source} {recorded} "
                 f"(the {self.owner} is damaged)"
             )
 
