@@ -204,12 +204,16 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
         assert not os.path.exists(out)
 
 
-@pytest.mark.parametrize("damage", ["remove", "truncate"])
-def test_piecewise_id_reads_name_a_missing_or_cut_id_chunk(healthy, tmp_path, damage):
+@pytest.mark.parametrize("damage", ["remove", "truncate", "flip"])
+def test_piecewise_id_reads_name_a_damaged_id_chunk(healthy, tmp_path, damage):
     """The post-fit commands read raw ids piecewise on the workers (store/ids.py), not through
-    open_store: a lost id chunk is an error there too, never empty ids."""
-    from ordnmf_dask.store.ids import ids_slice
+    open_store: a lost, cut or changed id chunk is an error there too, never empty or other
+    ids."""
+    from ordnmf_dask.store.ids import find_in_slice, ids_at, ids_slice
 
     store, chunk = _damaged(healthy, tmp_path, "items/ids", damage)
-    with pytest.raises(StoreError, match=chunk):
-        ids_slice(store, "items", 0, 3)
+    for read in (lambda: ids_slice(store, "items", 0, 3),
+                 lambda: ids_at(store, "items", np.array([2, 0, 2])),
+                 lambda: find_in_slice(store, "items", 1, 4, np.array([1, 2]))):
+        with pytest.raises(StoreError, match=chunk):
+            read()

@@ -126,7 +126,7 @@ def test_an_incomplete_store_or_model_at_a_url_is_refused_naming_it(s3conf, tmp_
         OrdNMF.load(m)
     s3.fs.rm(f"{s3.bucket}/m.zarr/{locations.PENDING}")
     s3.fs.rm(f"{s3.bucket}/m.zarr/W/0/mean/c/0/0")
-    with pytest.raises(StoreError, match="W/0/mean: chunk file missing"):
+    with pytest.raises(StoreError, match="W/0/mean/c/0/0: chunk file missing"):
         OrdNMF.load(m)
 
 

@@ -6,9 +6,10 @@ written where they live, plus the client's O(K + V) state (family parameters, EL
 local statistics, column sums) and a fingerprint of the store and configuration in its
 attributes. It is written to ``ckpt-<n>.tmp`` (which records the format and fingerprint from the
 start, so that even an unfinished one says whose it is), marked complete, then renamed; chunks
-carry their column sums, checked when read back. The newest two of a fingerprint are kept. In a
-directory at a URL (object stores cannot rename) it is written as ``ckpt-<n>`` directly, and
-is not read back until its ``complete`` attribute is set.
+carry their column sums, and each array its chunk inventory (size and CRC-32,
+:mod:`ordnmf_dask.modelstore.chunks`), checked when read back. The newest two of a fingerprint
+are kept. In a directory at a URL (object stores cannot rename) it is written as ``ckpt-<n>``
+directly, and is not read back until its ``complete`` attribute is set.
 
 A fit touches only checkpoints of its own fingerprint; :func:`claim` checks a directory before a
 fit starts and refuses one holding another fit's checkpoints (or anything named like a checkpoint
@@ -103,10 +104,10 @@ def _load(root: str, name: str, index: int, rows: int, colsum: list[float], stri
     (``strict``), else return an :class:`_Unreadable`."""
     try:
         if name in ("W", "H"):
-            value = chunkstore.load_chunk(root, name, index)
+            value = chunkstore.load_chunk(root, name, index, owner="checkpoint")
             data = value.mean
         else:
-            value = data = chunkstore.load_array(root, name, index)
+            value = data = chunkstore.load_array(root, name, index, owner="checkpoint")
     except Exception as exc:  # noqa: BLE001 - truncated, missing or garbled: not usable
         problem = f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})"
     else:

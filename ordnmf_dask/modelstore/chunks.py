@@ -1,13 +1,19 @@
 """Factor chunks on disk: one zarr group per chunk, written and read by the workers.
 
 Used for checkpoints during a fit and for saved models. Chunks are written where they live;
-nothing passes through the client. Arrays are stored uncompressed: posterior parameters are
-dense float64 that compression barely shrinks, at several times the cost of a plain write and
-read (docs/performance.md, "Storage choices"). Every chunk file is written, zeros included, and
-every read checks that the files are there: zarr would read a lost one as zeros.
+nothing passes through the client. Arrays are stored uncompressed, one chunk file each: posterior
+parameters are dense float64 that compression barely shrinks, at several times the cost of a
+plain write and read (docs/performance.md, "Storage choices"). Every chunk file is written, zeros
+included, and every array records the size and CRC-32 of its file (the chunk inventory of
+:mod:`ordnmf_dask.store.decode`, computed from the values written): every read checks them, so a
+lost, cut or changed file is a StoreError naming it, never zeros or other numbers. Arrays written
+before inventories were recorded (models of format 1, older checkpoints) are checked for their
+size only, or, compressed, decoded by zarr.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import zarr
@@ -15,23 +21,15 @@ import zarr
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.store import files as locations
+from ordnmf_dask.store.blocks import group_attrs
+from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_grid, inventory
 
 _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
 _REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state
 _DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
 _WRITE_ALL = {"write_empty_chunks": True}
-
-
-def open_checked(path: str) -> zarr.Array:
-    """The zarr array at ``path``, after checking that all its chunk files exist; StoreError
-    naming the array otherwise (zarr reads a missing chunk file as zeros)."""
-    try:
-        array = zarr.open_array(path, mode="r")
-    except FileNotFoundError:
-        raise StoreError(f"{path}: array missing (the checkpoint or model is damaged)") from None
-    if locations.count_files(locations.join(path, "c")) < array.nchunks:
-        raise StoreError(f"{path}: chunk file missing (the checkpoint or model is damaged)")
-    return array
+_DTYPE = np.dtype("<f8")  # every array: little-endian float64, the bytes of its one chunk file
+INVENTORY_SINCE = 2  # the model format_version from which every factor array has an inventory
 
 
 def chunk_path(root: str, name: str, index: int) -> str:
@@ -49,12 +47,106 @@ def has_field(root: str, name: str, index: int, field: str) -> bool:
     return field in zarr.open_group(chunk_path(root, name, index), mode="r")
 
 
+def _plain(array: zarr.Array) -> bool:
+    """Whether ``array`` is stored as this module writes it: one chunk file holding its values
+    as little-endian bytes, default '/' chunk keys."""
+    meta = array.metadata.to_dict()
+    codecs = meta.get("codecs", ())
+    keys = meta.get("chunk_key_encoding", {})
+    return (
+        [c.get("name") for c in codecs] == ["bytes"]
+        and (codecs[0].get("configuration") or {}).get("endian", "little") == "little"
+        and keys.get("name") == "default"
+        and (keys.get("configuration") or {}).get("separator", "/") == "/"
+        and tuple(array.chunks) == tuple(array.shape)
+        and np.dtype(array.dtype) == _DTYPE
+    )
+
+
+def _open(root: str, path: str, owner: str) -> tuple[zarr.Array, ChunkFiles | None]:
+    """The array at ``path`` (under the model or checkpoint ``root``) and its chunk files: as
+    its inventory lists them; for an array written before inventories, with the size its shape
+    gives (None when compressed: zarr decodes it). StoreError naming what is wrong."""
+    try:
+        array = zarr.open_array(path, mode="r")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: array missing (the {owner} is damaged)") from None
+    except (ValueError, KeyError, TypeError) as exc:  # e.g. its zarr.json changed
+        raise StoreError(f"{path}: unreadable array metadata ({type(exc).__name__}: {exc}; "
+                         f"the {owner} is damaged)") from None
+    if INVENTORY in array.attrs:
+        if not _plain(array):
+            raise StoreError(f"{path}: not stored as one uncompressed little-endian float64 "
+                             f"chunk, which its inventory describes (the {owner} is damaged)")
+        return array, ChunkFiles.of(array, path, owner)
+    version = (group_attrs(root) or {}).get("format_version")
+    if isinstance(version, int) and version >= INVENTORY_SINCE:
+        raise StoreError(f"{path}: no chunk inventory (attribute {INVENTORY}), which every factor "
+                         f"array of a model of format {version} has (the {owner} is damaged)")
+    if not _plain(array):
+        return array, None
+    size = int(np.prod(array.shape)) * _DTYPE.itemsize
+    return array, ChunkFiles(path, (size,) * array.nchunks, None, chunk_grid(array), owner)
+
+
+def open_checked(
+    root: str, name: str, index: int, field: str | None = None, owner: str = "model"
+) -> zarr.Array:
+    """The zarr array ``field`` of chunk ``index`` of factor ``name`` (or, without ``field``,
+    the array :func:`save_array` wrote there), after checking that its chunk file exists with
+    its recorded size; StoreError naming the file otherwise (zarr reads a missing chunk file as
+    zeros). Its values are read by :func:`read_field`, which checks them."""
+    path = chunk_path(root, name, index) if field is None else field_path(root, name, index, field)
+    array, files = _open(root, path, owner)
+    if files is not None:
+        files.check_present()
+    elif locations.count_files(locations.join(path, "c")) < array.nchunks:
+        raise StoreError(f"{path}: chunk file missing (the {owner} is damaged)")
+    return array
+
+
+def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """The values of the array at ``path`` (only ``rows`` if given), checked against its chunk
+    inventory and decoded from the very bytes checked."""
+    array, files = _open(root, path, owner)
+    if files is None:  # compressed, written before inventories: zarr decodes it
+        if locations.count_files(locations.join(path, "c")) < array.nchunks:
+            raise StoreError(f"{path}: chunk file missing (the {owner} is damaged)")
+        try:
+            value = array[...]
+        except (ValueError, RuntimeError) as exc:
+            raise StoreError(f"{path}: unreadable chunk ({exc}; the {owner} is damaged)") from None
+        return value if rows is None else value[rows]
+    value = np.empty(array.shape, _DTYPE)
+    if array.nchunks:  # none for an array of no rows
+        files.load(0, into=memoryview(value).cast("B"))
+    return value if rows is None else value[rows]
+
+
 def read_field(
-    root: str, name: str, index: int, field: str, rows: np.ndarray | None = None
+    root: str, name: str, index: int, field: str, rows: np.ndarray | None = None,
+    owner: str = "model",
 ) -> np.ndarray:
-    """``field`` of chunk ``index`` of factor ``name`` (only the local ``rows`` if given)."""
-    array = open_checked(field_path(root, name, index, field))
-    return array[...] if rows is None else array.get_orthogonal_selection((rows, slice(None)))
+    """``field`` of chunk ``index`` of factor ``name`` (only the local ``rows`` if given);
+    ``owner`` names what ``root`` is in messages ("model" or "checkpoint")."""
+    return _read(root, field_path(root, name, index, field), owner, rows)
+
+
+def _create(parent: zarr.Group | str, name: str | None, value: np.ndarray) -> None:
+    """Write ``value`` as a float64 array of one uncompressed chunk with its inventory: the
+    array ``name`` of group ``parent``, or (``name`` None) the array at the path ``parent``."""
+    arr = np.ascontiguousarray(value, dtype=_DTYPE)
+    # the chunk file holds exactly the array's bytes (:func:`_plain`): its size and CRC-32
+    # are those of the values in memory, so a file that differs from them is found
+    records = [(arr.nbytes, zlib.crc32(arr))] if arr.size else []
+    spec = {"shape": arr.shape, "dtype": arr.dtype, "chunks": arr.shape or None,
+            "compressors": None, "overwrite": True, "config": _WRITE_ALL,
+            "attributes": {INVENTORY: inventory(records)}}
+    if isinstance(parent, zarr.Group):
+        array = parent.create_array(name, **spec)
+    else:
+        array = zarr.create_array(parent, **spec)
+    array[...] = arr
 
 
 def save_chunk(
@@ -67,21 +159,17 @@ def save_chunk(
     for field in (*_FIELDS, *_DERIVED) if derived else _FIELDS:
         value = getattr(chunk, field)
         if value is not None:
-            arr = np.ascontiguousarray(value, dtype=np.float64)
-            group.create_array(
-                field, shape=arr.shape, dtype=arr.dtype, chunks=arr.shape or None,
-                compressors=None, overwrite=True, config=_WRITE_ALL,
-            )[...] = arr
+            _create(group, field, value)
     group.attrs["elbo"] = chunk.elbo
     return path
 
 
-def load_chunk(root: str, name: str, index: int) -> FactorChunk:
+def load_chunk(root: str, name: str, index: int, owner: str = "model") -> FactorChunk:
     """Read a chunk written by :func:`save_chunk`."""
     path = chunk_path(root, name, index)
     group = zarr.open_group(path, mode="r")
     fields = {
-        f: open_checked(f"{path}/{f}")[...] if f in _REQUIRED or f in group else None
+        f: _read(root, f"{path}/{f}", owner) if f in _REQUIRED or f in group else None
         for f in _FIELDS
     }
     return FactorChunk(elbo=float(group.attrs["elbo"]), **fields)
@@ -90,12 +178,10 @@ def load_chunk(root: str, name: str, index: int) -> FactorChunk:
 def save_array(value: np.ndarray, root: str, name: str, index: int) -> str:
     """Write a plain (n, K) array (e.g. a shape statistic) as ``root/name/index``."""
     path = chunk_path(root, name, index)
-    arr = np.ascontiguousarray(value, dtype=np.float64)
-    zarr.create_array(path, data=arr, chunks=arr.shape, compressors=None, overwrite=True,
-                      config=_WRITE_ALL)
+    _create(path, None, value)
     return path
 
 
-def load_array(root: str, name: str, index: int) -> np.ndarray:
+def load_array(root: str, name: str, index: int, owner: str = "model") -> np.ndarray:
     """Read an array written by :func:`save_array`."""
-    return open_checked(chunk_path(root, name, index))[...]
+    return _read(root, chunk_path(root, name, index), owner)

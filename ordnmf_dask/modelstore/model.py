@@ -43,13 +43,13 @@ if TYPE_CHECKING:  # dask and distributed are imported where they are used
     import dask.array as da
     from distributed import Client, Future
 
-MODEL_FORMAT = 1
+MODEL_FORMAT = 2  # 2: every factor array records its chunk inventory (docs/model-format.md)
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
 
 
 def is_model(path: str) -> bool:
     """Whether ``path`` holds a model written by :func:`save_model` (complete or not): its
-    ``kind`` says so, or it has the attributes every model of format 1 has."""
+    ``kind`` says so, or it has the attributes every model has had since format 1."""
     attrs = group_attrs(path)
     if attrs is None:
         return False
@@ -247,16 +247,15 @@ class ModelInfo:
 
     def factor_chunks(self, name: str, field: str = "mean") -> list[zarr.Array]:
         """The chunk arrays of ``field`` of factor ``name`` ("W" or "H"), one per block, after
-        checking that each has all its files (StoreError naming the one that has not)."""
+        checking that each has its chunk file with its recorded size (StoreError naming the one
+        that has not); reading them checks their CRC-32 (:func:`chunkstore.read_field`)."""
         n = self.n_blocks[0 if name == "W" else 1]
-        return [
-            chunkstore.open_checked(chunkstore.field_path(self.path, name, j, field))
-            for j in range(n)
-        ]
+        return [chunkstore.open_checked(self.path, name, j, field) for j in range(n)]
 
     def factor(self, name: str, field: str = "mean") -> da.Array:
         """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily (each read
-        checks the chunk files, so a model removed or damaged since is an error, not zeros)."""
+        checks the chunk file's size and CRC-32, so a model removed or damaged since is an
+        error, not zeros or other numbers)."""
         import dask
         import dask.array as da
 

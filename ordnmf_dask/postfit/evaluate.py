@@ -162,6 +162,17 @@ def check_compatible(store: StoreInfo, model: ModelInfo) -> None:
         )
 
 
+def check_has_test(store: StoreInfo) -> None:
+    """InputError unless ``store`` holds test nonzeros: without them every metric would be an
+    empty mean (NaN)."""
+    if store.nnz_test == 0:
+        raise InputError(
+            f"{store.path}: the store has no test split (0 test nonzeros), so there is nothing to "
+            "evaluate; make one with `ordnmf-dask ingest` and --test-fraction F (F > 0) or "
+            "--test FILE"
+        )
+
+
 def evaluate(
     store: str | os.PathLike | StoreInfo,
     model: Any,
@@ -195,6 +206,7 @@ def evaluate(
     nonzero), ``k``, ``nnz_test`` and ``user_fraction``.
     """
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+    check_has_test(info)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     check_compatible(info, m)
     if k < 1:

@@ -268,7 +268,7 @@ def plan_export(
         assert info is not None, "recommendations need the training store"
     ids_root = m.ids_path
     ids = {axis: id_type(ids_root, axis) for axis in AXES}
-    k = chunkstore.open_checked(chunkstore.field_path(m.path, "W", 0, "mean")).shape[1]
+    k = chunkstore.open_checked(m.path, "W", 0, "mean").shape[1]
     schemas = {
         **{d: factor_schema(ids[axis], k) for d, (_, axis) in FACTORS.items()},
         RECOMMENDATIONS: recommendation_schema(ids["users"], ids["items"]),

@@ -42,9 +42,23 @@ INVENTORY = "chunk_files"  # array attribute: {"bytes": [...], "crc32": [...]}, 
 WRITE_ALL = {"write_empty_chunks": True}  # zarr array config of every store writer
 
 
-def chunk_path(directory: str, i: int) -> str:
-    """The file of chunk ``i`` of the 1-D array stored in ``directory``."""
-    return os.path.join(directory, "c", str(i))
+def chunk_key(i: int, grid: tuple[int, ...] = ()) -> str:
+    """The file name of chunk ``i`` under the array's ``c/``: of a 1-D array, or of the
+    ``i``-th chunk in C order of an N-D array's chunk ``grid`` (chunks per dimension)."""
+    if len(grid) < 2:
+        return str(i)
+    return "/".join(str(int(x)) for x in np.unravel_index(i, grid))
+
+
+def chunk_path(directory: str, i: int, grid: tuple[int, ...] = ()) -> str:
+    """The file of chunk ``i`` of the array stored in ``directory`` (see :func:`chunk_key`)."""
+    return os.path.join(directory, "c", chunk_key(i, grid))
+
+
+def chunk_grid(array: Any) -> tuple[int, ...]:
+    """Chunks per dimension of a ``zarr.Array`` (its chunk files are listed in C order)."""
+    return tuple(-(-int(n) // max(int(c), 1)) for n, c in zip(array.shape, array.chunks,
+                                                                strict=True))
 
 
 def chunk_record(path: str) -> tuple[int, int]:
@@ -54,12 +68,16 @@ def chunk_record(path: str) -> tuple[int, int]:
     return len(data), zlib.crc32(data)
 
 
+def inventory(records: Sequence[tuple[int, int]]) -> dict[str, list[int]]:
+    """The value of the :data:`INVENTORY` attribute for ``records``: (size, CRC-32) of chunk
+    file 0, 1, ..."""
+    return {"bytes": [int(n) for n, _ in records], "crc32": [int(c) for _, c in records]}
+
+
 def set_inventory(array: Any, records: Sequence[tuple[int, int]]) -> None:
     """Record ``records`` (``chunk_record`` of chunk 0, 1, ...) as the inventory of ``array``
     (a ``zarr.Array``)."""
-    array.attrs[INVENTORY] = {
-        "bytes": [int(n) for n, _ in records], "crc32": [int(c) for _, c in records]
-    }
+    array.attrs[INVENTORY] = inventory(records)
 
 
 def record_inventory(array: Any) -> None:
@@ -70,7 +88,9 @@ def record_inventory(array: Any) -> None:
         directory = os.path.join(str(store.root), array.path)
     else:  # an FsspecStore
         directory = store.fs.unstrip_protocol(f"{store.path.rstrip('/')}/{array.path}")
-    set_inventory(array, [chunk_record(chunk_path(directory, i)) for i in range(array.nchunks)])
+    grid = chunk_grid(array)
+    set_inventory(array, [chunk_record(chunk_path(directory, i, grid))
+                          for i in range(array.nchunks)])
 
 
 @dataclass(frozen=True)
@@ -78,14 +98,19 @@ class ChunkFiles:
     """The chunk files of one array as its inventory lists them.
 
     directory : the array's directory; nbytes, crc32 : size and CRC-32 of chunk file 0, 1, ...
+    (crc32 None: sizes only, for arrays written before inventories whose sizes follow from
+    their shape); grid : chunks per dimension of an N-D array (chunk i is the i-th in C order),
+    () for 1-D; owner : what holds the array, for messages ("store", "model", ...).
     """
 
     directory: str
     nbytes: tuple[int, ...]
-    crc32: tuple[int, ...]
+    crc32: tuple[int, ...] | None
+    grid: tuple[int, ...] = ()
+    owner: str = "store"
 
     @classmethod
-    def of(cls, array: Any, directory: str) -> ChunkFiles:
+    def of(cls, array: Any, directory: str, owner: str = "store") -> ChunkFiles:
         """The inventory of an opened ``zarr.Array`` stored in ``directory``.
 
         Raises StoreError when the array has no inventory or it does not list one file per
@@ -109,41 +134,53 @@ class ChunkFiles:
                 f"{directory}: chunk inventory (attribute {INVENTORY}) does not list the size "
                 f"and CRC-32 of each of the array's {n} chunk files"
             )
-        return cls(directory, tuple(nbytes), tuple(crc))
+        return cls(directory, tuple(nbytes), tuple(crc), chunk_grid(array), owner)
+
+    def path(self, i: int) -> str:
+        """The file of chunk ``i``."""
+        return chunk_path(self.directory, i, self.grid)
 
     def check_present(self) -> None:
         """Raise StoreError unless every chunk file exists with its recorded size."""
         listed = (locations.sizes(locations.join(self.directory, "c"))
                   if locations.is_url(self.directory) else None)
         for i, n in enumerate(self.nbytes):
-            path = chunk_path(self.directory, i)
-            size = _local_size(path) if listed is None else listed.get(str(i))
+            path = self.path(i)
+            size = _local_size(path) if listed is None else listed.get(chunk_key(i, self.grid))
             if size is None:
-                raise StoreError(f"{path}: chunk file missing (the store is damaged)")
-            _check_size(path, size, n)
+                raise StoreError(f"{path}: chunk file missing (the {self.owner} is damaged)")
+            self._check_size(path, size, n)
 
     def verify(self) -> None:
         """Raise StoreError unless every chunk file exists and matches its size and CRC-32."""
         for i in range(len(self.nbytes)):
             self.load(i)
 
-    def load(self, i: int) -> memoryview:
-        """The bytes of chunk file ``i`` in the thread's reusable buffer, after checking them
-        against the inventory."""
-        path = chunk_path(self.directory, i)
+    def load(self, i: int, into: memoryview | None = None) -> memoryview:
+        """The bytes of chunk file ``i`` in the thread's reusable buffer (or in ``into``, bytes
+        that must match the file's recorded size), after checking them against the
+        inventory."""
+        path = self.path(i)
+        if into is not None and into.nbytes != self.nbytes[i]:
+            raise StoreError(f"{path}: the {self.owner} records {self.nbytes[i]} bytes for the "
+                             f"chunk file, whose values take {into.nbytes} (the {self.owner} is "
+                             "damaged)")
         if locations.is_url(path):
-            return self._load_url(path, i)
+            view = self._load_url(path, i)
+            if into is not None:
+                into[:] = view
+            return view if into is None else into
         try:
             f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below, after readinto)
         except FileNotFoundError:
-            raise StoreError(f"{path}: chunk file missing (the store is damaged)") from None
+            raise StoreError(f"{path}: chunk file missing (the {self.owner} is damaged)") from None
         with f:
             st = os.fstat(f.fileno())
-            _check_size(path, st.st_size, self.nbytes[i])
+            self._check_size(path, st.st_size, self.nbytes[i])
             size = st.st_size
-            if len(_BUFFERS.packed) < size:
+            if into is None and len(_BUFFERS.packed) < size:
                 _BUFFERS.packed = bytearray(size)
-            view = memoryview(_BUFFERS.packed)[:size]
+            view = memoryview(_BUFFERS.packed)[:size] if into is None else into
             got = 0
             while got < size:
                 n = f.readinto(view[got:])
@@ -152,13 +189,11 @@ class ChunkFiles:
                 got += n
         if got != size:
             raise StoreError(f"{path}: chunk file shorter than its size ({got} of {size} bytes)")
+        if self.crc32 is None:
+            return view
         key = (path, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns, self.crc32[i])
         if key not in _VERIFIED:
-            if zlib.crc32(view) != self.crc32[i]:
-                raise StoreError(
-                    f"{path}: chunk file does not match the CRC-32 the store recorded for it "
-                    "(the store is damaged)"
-                )
+            self._check_crc(path, view, i)
             if len(_VERIFIED) >= _VERIFIED_MAX:
                 _VERIFIED.clear()
             _VERIFIED.add(key)
@@ -169,12 +204,26 @@ class ChunkFiles:
         try:
             data = locations.read_bytes(path)
         except FileNotFoundError:
-            raise StoreError(f"{path}: chunk file missing (the store is damaged)") from None
-        _check_size(path, len(data), self.nbytes[i])
-        if zlib.crc32(data) != self.crc32[i]:
-            raise StoreError(f"{path}: chunk file does not match the CRC-32 the store recorded "
-                             "for it (the store is damaged)")
+            raise StoreError(f"{path}: chunk file missing (the {self.owner} is damaged)") from None
+        self._check_size(path, len(data), self.nbytes[i])
+        if self.crc32 is not None:
+            self._check_crc(path, data, i)
         return memoryview(data)
+
+    def _check_size(self, path: str, size: int, recorded: int) -> None:
+        if size != recorded:
+            source = (f"the {self.owner} recorded" if self.crc32 is not None
+                      else "the array's shape takes")
+            raise StoreError(
+                f"{path}: chunk file has {size} bytes, {source} {recorded} "
+                f"(the {self.owner} is damaged)"
+            )
+
+    def _check_crc(self, path: str, data: bytes | memoryview, i: int) -> None:
+        assert self.crc32 is not None
+        if zlib.crc32(data) != self.crc32[i]:
+            raise StoreError(f"{path}: chunk file does not match the CRC-32 the {self.owner} "
+                             f"recorded for it (the {self.owner} is damaged)")
 
 
 _VERIFIED: set[tuple[str, int, int, int, int, int]] = set()  # file versions whose CRC matched
@@ -186,14 +235,6 @@ def _local_size(path: str) -> int | None:
         return os.stat(path).st_size
     except FileNotFoundError:
         return None
-
-
-def _check_size(path: str, size: int, recorded: int) -> None:
-    if size != recorded:
-        raise StoreError(
-            f"{path}: chunk file has {size} bytes, the store recorded {recorded} "
-            "(the store is damaged)"
-        )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 The store keeps ``users/ids`` and ``items/ids`` in index order (int64, or strings). These helpers
 read only a slice, or only the rows asked for, so that no process needs a whole id map; a lookup
-of raw ids runs per block and returns only the matches.
+of raw ids runs per block and returns only the matches. Every chunk file a read decodes is
+checked against the array's chunk inventory (size and CRC-32, :class:`ChunkFiles`), so a lost or
+changed id chunk is an error naming it, never wrong ids.
 """
 
 from __future__ import annotations
@@ -33,12 +35,25 @@ def id_text(text: str) -> str:
 
 
 def _array(store: str, axis: str) -> zarr.Array:
-    """The id array of ``axis``, after checking that its chunk files are all there with their
-    recorded sizes (zarr would read a missing one as empty ids)."""
-    path = f"{store}/{axis}/ids"
-    array = zarr.open_array(path, mode="r")
-    ChunkFiles.of(array, path).check_present()
-    return array
+    """The id array of ``axis`` (its metadata; nothing is read)."""
+    return zarr.open_array(f"{store}/{axis}/ids", mode="r")
+
+
+def _read(store: str, axis: str, rows: slice | np.ndarray) -> np.ndarray:
+    """The ids of ``axis`` at ``rows`` (a slice, or sorted distinct indices), after checking the
+    chunk files they lie in against the array's inventory: zarr would read a missing file as
+    empty ids, a changed one as other ids."""
+    array = _array(store, axis)
+    files = ChunkFiles.of(array, f"{store}/{axis}/ids", owner="id map")
+    size = int(array.chunks[0])
+    if isinstance(rows, slice):
+        lo, hi, _ = rows.indices(array.shape[0])
+        chunks = np.arange(lo // size, -(-hi // size)) if hi > lo else np.arange(0)
+    else:
+        chunks = np.unique(rows // size)
+    for i in chunks:
+        files.load(int(i))
+    return array[rows] if isinstance(rows, slice) else array.get_orthogonal_selection(rows)
 
 
 def _as_plain(ids: np.ndarray) -> np.ndarray:
@@ -65,13 +80,13 @@ def ids_at(store: str, axis: str, index: np.ndarray) -> list[Any]:
     if index.size == 0:
         return []
     uniq, inverse = np.unique(index, return_inverse=True)
-    values = _as_plain(_array(store, axis).get_orthogonal_selection(uniq))
+    values = _as_plain(_read(store, axis, uniq))
     return values[inverse].tolist()
 
 
 def ids_slice(store: str, axis: str, start: int, stop: int) -> list[Any]:
     """Raw ids of the indices ``start .. stop - 1`` of ``axis`` (Python int or str)."""
-    return _as_plain(_array(store, axis)[start:stop]).tolist()
+    return _as_plain(_read(store, axis, slice(start, stop))).tolist()
 
 
 def coerce_ids(store: str, axis: str, raw: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
@@ -118,7 +133,7 @@ def find_in_slice(
     positions : (m,) int64 positions in ``wanted`` that were found here.
     local : (m,) int64 their indices relative to ``start``.
     """
-    ids = _as_plain(_array(store, axis)[start:stop])
+    ids = _as_plain(_read(store, axis, slice(start, stop)))
     if ids.size == 0 or wanted.size == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     order = np.argsort(ids, kind="stable")
