@@ -441,20 +441,22 @@ class CaviEstimator:
         return est
 
     # -- serving in memory, no cluster (ordnmf_dask.postfit.serving) ---------------------
-    def _server(self) -> Any:
+    def _server(self, store: str | os.PathLike | None = None) -> Any:
         from ordnmf_dask.postfit.serving import server
 
-        return server(self.model_path_)
+        return server(self.model_path_, store)
 
     def recommend(
         self, user_ids: Any, n: int = 10, *, filter_already_seen: bool = True,
         items: Sequence[Any] | None = None, exclude: Sequence[Any] | None = None,
+        store: str | os.PathLike | None = None,
     ) -> dict[Any, list[tuple[Any, float]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
         ``{user id as given: [(raw item id, score), ...]}``, best first, ties to the lower item
-        index. ``filter_already_seen`` leaves out the user's training items (read from the
-        store); ``items`` restricts the candidates to these raw ids; ``exclude`` removes these."""
-        return self._server().recommend(user_ids, n, filter_already_seen, items, exclude)
+        index. ``filter_already_seen`` leaves out the user's training items (from the model's
+        own index of them, or from ``store``, needed only by models saved without that index);
+        ``items`` restricts the candidates to these raw ids; ``exclude`` removes these."""
+        return self._server(store).recommend(user_ids, n, filter_already_seen, items, exclude)
 
     def recommend_for(
         self, w: np.ndarray, n: int = 10, *, exclude: Sequence[Sequence[Any]] | None = None,

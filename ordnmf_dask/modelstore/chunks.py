@@ -87,10 +87,13 @@ def load_chunk(root: str, name: str, index: int) -> FactorChunk:
     return FactorChunk(elbo=float(group.attrs["elbo"]), **fields)
 
 
-def save_array(value: np.ndarray, root: str, name: str, index: int) -> str:
-    """Write a plain (n, K) array (e.g. a shape statistic) as ``root/name/index``."""
+def save_array(
+    value: np.ndarray, root: str, name: str, index: int, dtype: type = np.float64
+) -> str:
+    """Write a plain array (e.g. a shape statistic, (n, K) float64) as ``root/name/index``, as
+    ``dtype``."""
     path = chunk_path(root, name, index)
-    arr = np.ascontiguousarray(value, dtype=np.float64)
+    arr = np.ascontiguousarray(value, dtype=dtype)
     zarr.create_array(path, data=arr, chunks=arr.shape, compressors=None, overwrite=True,
                       config=_WRITE_ALL)
     return path
