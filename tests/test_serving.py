@@ -223,8 +223,8 @@ def test_an_old_model_filters_seen_items_from_the_store_passed(tmp_path):
     moved = tmp_path / "moved.zarr"
     shutil.move(case.store.path, moved)
     with pytest.raises(StoreError, match=r"m.zarr: the model holds no index of its users' "
-                       r"training items .* \(.*s.zarr: no store here.*\); pass the training "
-                       r"store \(recommend\(\.\.\., store=STORE\)\), or filter_already_seen"):
+                       r"training items .* \(.*s.zarr: no store here.*\); pass store=STORE "
+                       r"\(the training store\), or filter_already_seen=False"):
         OrdNMF.load(case.path).recommend(["u100"], n=3)
     res = OrdNMF.load(case.path).recommend(["u100", "u1"], n=4, store=moved)
     want = oracle_top(case.W, case.H, case.train > 0, 4)
@@ -270,7 +270,7 @@ def test_a_model_without_a_store_or_with_another_store(tmp_path):
     model = OrdNMF.load(path)
     every = oracle_top(case.W, case.H, np.zeros((N_USERS, N_ITEMS), bool), 2)
     check_recs(model.recommend("u1", 2, filter_already_seen=False)["u1"], case.named(every[0]))
-    with pytest.raises(StoreError, match="records no training store; pass the training store"):
+    with pytest.raises(StoreError, match="records no training store; pass store=STORE"):
         model.recommend("u1", 2)
     train, test = dense_split(synthetic_ordinal(N_USERS + 1, N_ITEMS, V, k=K, seed=3))
     other = store_from_dense(tmp_path / "other.zarr", train, test, V, (2, 3))

@@ -255,9 +255,8 @@ def training_store(m: ModelInfo, store: str | os.PathLike | StoreInfo | None) ->
     except StoreError as exc:
         raise StoreError(
             f"{m.path}: the model holds no index of its users' training items (saved before "
-            f"models carried one), which recommendations leave out, and {exc}; pass the "
-            "training store (--store STORE, or export(..., store=STORE)), or export the "
-            "factors only (--what factors)"
+            f"models carried one), which recommendations leave out, and {exc}; pass "
+            "store=STORE (the training store), or export only the factors"
         ) from None
 
 

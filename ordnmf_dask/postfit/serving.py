@@ -345,8 +345,7 @@ class Server:
     def store(self) -> StoreInfo:
         """The store given, else (for a model without its own index of the training items) the
         training store, whose training items ``filter_already_seen`` needs."""
-        fix = ("pass the training store (recommend(..., store=STORE)), or "
-               "filter_already_seen=False")
+        fix = "pass store=STORE (the training store), or filter_already_seen=False"
         if self.store_path is None:
             raise StoreError(f"{self.model.path}: the model holds no index of its users' "
                              f"training items and records no training store; {fix}")
