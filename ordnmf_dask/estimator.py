@@ -461,9 +461,10 @@ class CaviEstimator:
     def recommend_for(
         self, w: np.ndarray, n: int = 10, *, exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
-    ) -> list[list[tuple[Any, float]]]:
+    ) -> dict[int, list[tuple[Any, float]]]:
         """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
-        row j without the raw items ``exclude[j]``."""
+        row j without the raw items ``exclude[j]``: ``{j: [(raw item id, score), ...]}``, as
+        :meth:`recommend` keyed by the row of ``w``."""
         return self._server().recommend_for(w, n, exclude, items)
 
     def similar_items(self, item_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:

@@ -323,6 +323,7 @@ def test_fold_in_users_and_items_match_the_dense_oracle(tmp_path, kind):
     w = model.fold_in_users([[case.item(0), case.item(4)]], [[2, 4]])
     recs = model.recommend_for(w, n=3, exclude=[[case.item(0), case.item(4)]])
     seen = np.isin(np.arange(N_ITEMS), [0, 4])[None, :]
+    assert list(recs) == [0]  # recommend's shape, keyed by the row of w
     check_recs(recs[0], case.named(oracle_top(w, case.H, seen, 3)[0]))
     with pytest.raises(InputError, match="new item 0: user 'u1' given twice"):
         model.fold_in_items([["u1", "u1"]], [[1, 2]])

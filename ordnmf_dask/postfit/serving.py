@@ -451,9 +451,10 @@ class Server:
     def recommend_for(
         self, w: np.ndarray, n: int = 10, exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
-    ) -> list[Recs]:
+    ) -> dict[int, Recs]:
         """Top-``n`` items for users given by their factors (e.g. from :meth:`fold_in_users`),
-        without the raw items ``exclude[j]`` for row j."""
+        without the raw items ``exclude[j]`` for row j: ``{row j of w: [(raw item id, score),
+        ...]}``, the shape of :meth:`recommend` keyed by row (new users have no id yet)."""
         n = check_n(n)
         w = np.asarray(w, dtype=np.float64)
         k = self.H.shape[1]
@@ -467,7 +468,7 @@ class Server:
             flat = [x for a in exclude for x in a]
             seen = (np.repeat(np.arange(len(w)), [len(a) for a in exclude]),
                     self.items.index(flat))
-        return self._rank_items(w, n, items, None, seen)
+        return dict(enumerate(self._rank_items(w, n, items, None, seen)))
 
     def similar(self, axis: str, ids: Any, n: int = 10) -> dict[Any, Recs]:
         """The ``n`` rows of ``axis`` ("items" or "users") most similar to each given one by
