@@ -20,7 +20,7 @@ import zarr
 
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
-from ordnmf_dask.dist.progress import IterationProgress
+from ordnmf_dask.dist.progress import IterationProgress, shows_progress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
     CaviConfig,
@@ -175,6 +175,7 @@ class CaviEstimator:
         return cfg, values
 
     # -- fitting -------------------------------------------------------------------------
+    @shows_progress
     def fit(
         self,
         store: str | os.PathLike | StoreInfo,
