@@ -11,7 +11,7 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF, evaluate, ingest_arrays
-from ordnmf_dask.dist.progress import track
+from ordnmf_dask.dist.progress import reporting, track
 
 
 def _slow(x):
@@ -79,6 +79,16 @@ def test_a_fit_draws_a_bar_on_a_terminal_by_default(small_store, monkeypatch):
 def test_no_progress_when_off_or_not_interactive(small_store, monkeypatch, caplog):
     assert _fit(small_store, FakeTTY(), monkeypatch, show_progress=False) == ""
     assert _fit(small_store, io.StringIO(), monkeypatch) == ""  # auto, no terminal
+
+
+def test_the_outermost_switch_decides(small_store, monkeypatch):
+    """A fit inside a call switched off (as tune's fits are) shows nothing, whatever its own
+    default would."""
+    stream = FakeTTY()
+    monkeypatch.setattr(sys, "stderr", stream)
+    with reporting(False):
+        OrdNMF(2, max_iter=2).fit(small_store)
+    assert stream.getvalue() == ""
 
 
 def test_a_users_handlers_get_what_they_got_before(small_store, monkeypatch):

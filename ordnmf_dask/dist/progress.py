@@ -178,33 +178,47 @@ class _Forward(logging.Handler):
         self.parent.handle(record)
 
 
+_depth = 0  # calls inside reporting(), in any thread: the outermost one decides
+_depth_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def reporting(show_progress: ShowProgress) -> Iterator[None]:
     """While active, progress (the INFO records of ``log`` and, on a terminal, their bar) goes
-    to stderr as the switch says (:data:`ShowProgress`). Nothing changes when it is off, when
-    ``log`` has handlers of its own (the command line's, or a caller's setup for this package) or
-    when INFO records already reach a handler; otherwise a stderr handler is added, and the
-    logging configuration is restored on exit."""
-    on = interactive(sys.stderr) if show_progress is None else bool(show_progress)
-    if not on or log.handlers or (log.isEnabledFor(logging.INFO) and _info_handled()):
-        yield
-        return
-    level, propagate = log.level, log.propagate
-    added: list[logging.Handler] = [StderrHandler()]
-    added[0].setLevel(logging.INFO)
-    if propagate and log.parent is not None:
-        added.append(_Forward(log.parent, log.getEffectiveLevel()))
-    for h in added:
-        log.addHandler(h)
-    log.propagate = False
-    log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
+    to stderr as the switch says (:data:`ShowProgress`). Nothing changes when it is off, inside
+    another call's (``tune``'s fits: the outermost switch decides), when ``log`` has handlers
+    of its own (the command line's, or a caller's setup for this package) or when INFO records
+    already reach a handler; otherwise a stderr handler is added, and the logging configuration
+    is restored on exit."""
+    global _depth
+    with _depth_lock:
+        outermost = _depth == 0
+        _depth += 1
     try:
-        yield
-    finally:
+        on = interactive(sys.stderr) if show_progress is None else bool(show_progress)
+        if (not outermost or not on or log.handlers
+                or (log.isEnabledFor(logging.INFO) and _info_handled())):
+            yield
+            return
+        level, propagate = log.level, log.propagate
+        added: list[logging.Handler] = [StderrHandler()]
+        added[0].setLevel(logging.INFO)
+        if propagate and log.parent is not None:
+            added.append(_Forward(log.parent, log.getEffectiveLevel()))
         for h in added:
-            log.removeHandler(h)
-        log.setLevel(level)
-        log.propagate = propagate
+            log.addHandler(h)
+        log.propagate = False
+        log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
+        try:
+            yield
+        finally:
+            for h in added:
+                log.removeHandler(h)
+            log.setLevel(level)
+            log.propagate = propagate
+    finally:
+        with _depth_lock:
+            _depth -= 1
 
 
 def shows_progress(fn: F) -> F:
