@@ -118,7 +118,7 @@ def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
     model = OrdNMF(2, max_iter=2).fit(small_store, show_progress=False)
     assert "iter" not in stream.getvalue()
     evaluate(small_store, model, show_progress=True)
-    assert "evaluate: done in" in stream.getvalue()
+    assert "(2 x 2 blocks): done in" in stream.getvalue()
     before = stream.getvalue()
     evaluate(small_store, model)
     assert stream.getvalue() == before

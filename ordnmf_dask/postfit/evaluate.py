@@ -215,12 +215,12 @@ def evaluate(
     w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
     k_model = int(m.attrs["params"]["n_components"])
-    log.info("evaluate: %s on the test split of %s (%d x %d blocks)", m.path, info.path, n_r, n_c)
     start = time.monotonic()
     with choose_client(client, info, k_model, n_workers=n_workers) as cl:
         out = score_split(cl, info, "test", w, h, levels, k, loglik_spec(info, m.attrs),
                           user_fraction, seed, progress="evaluate: user-blocks and blocks")
-    log.info("evaluate: done in %.1f s", time.monotonic() - start)
+    log.info("evaluate: %s on the test split of %s (%d x %d blocks): done in %.1f s", m.path,
+             info.path, n_r, n_c, time.monotonic() - start)
     return {
         "k": k, "ndcg": out["ndcg"], "n_users": out["n_users"],
         "test_loglik": out["loglik"], "test_loglik_mean": out["loglik_mean"],

@@ -220,11 +220,10 @@ def ingest(
         return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
                                   columns=columns, **options)  # fmt: skip
     check_target(out, opts["overwrite"])
+    start = time.monotonic()
     train, label, sources = rows_of(inputs, delimiter, header, columns, "input")
     test_rows, _, test_sources = (None, None, None) if test is None else \
         rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
-    log.info("ingest: %s -> %s", label, out)
-    start = time.monotonic()
     info = _build(train, test_rows, out, label=label, sources=sources,
                   test_sources=test_sources, **opts)  # fmt: skip
     log.info("ingest: %s: %d users x %d items, %d train / %d test nonzeros in %d x %d blocks "
