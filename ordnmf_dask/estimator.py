@@ -20,7 +20,7 @@ import zarr
 
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
-from ordnmf_dask.dist.progress import IterationProgress
+from ordnmf_dask.dist.progress import IterationProgress, shows_progress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
     CaviConfig,
@@ -177,6 +177,7 @@ class CaviEstimator:
         return cfg, values
 
     # -- fitting -------------------------------------------------------------------------
+    @shows_progress
     @accepts_data_in_memory
     def fit(
         self,
@@ -461,27 +462,30 @@ class CaviEstimator:
         return est
 
     # -- serving in memory, no cluster (ordnmf_dask.postfit.serving) ---------------------
-    def _server(self) -> Any:
+    def _server(self, store: str | os.PathLike | None = None) -> Any:
         from ordnmf_dask.postfit.serving import server
 
-        return server(self.model_path_)
+        return server(self.model_path_, store)
 
     def recommend(
         self, user_ids: Any, n: int = 10, *, filter_already_seen: bool = True,
         items: Sequence[Any] | None = None, exclude: Sequence[Any] | None = None,
+        store: str | os.PathLike | None = None,
     ) -> dict[Any, list[tuple[Any, float]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
         ``{user id as given: [(raw item id, score), ...]}``, best first, ties to the lower item
-        index. ``filter_already_seen`` leaves out the user's training items (read from the
-        store); ``items`` restricts the candidates to these raw ids; ``exclude`` removes these."""
-        return self._server().recommend(user_ids, n, filter_already_seen, items, exclude)
+        index. ``filter_already_seen`` leaves out the user's training items (from the model's
+        own index of them, or from ``store``, needed only by models saved without that index);
+        ``items`` restricts the candidates to these raw ids; ``exclude`` removes these."""
+        return self._server(store).recommend(user_ids, n, filter_already_seen, items, exclude)
 
     def recommend_for(
         self, w: np.ndarray, n: int = 10, *, exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
-    ) -> list[list[tuple[Any, float]]]:
+    ) -> dict[int, list[tuple[Any, float]]]:
         """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
-        row j without the raw items ``exclude[j]``."""
+        row j without the raw items ``exclude[j]``: ``{j: [(raw item id, score), ...]}``, as
+        :meth:`recommend` keyed by the row of ``w``."""
         return self._server().recommend_for(w, n, exclude, items)
 
     def similar_items(self, item_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:

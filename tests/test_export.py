@@ -89,6 +89,65 @@ def test_a_model_saved_without_id_maps_reads_them_from_its_store(fitted, tmp_pat
         shutil.move(gone, fitted.store.path)
 
 
+def test_a_saved_model_recommends_and_exports_wherever_it_is_copied(fitted, mclient, tmp_path,
+                                                                     capsys):
+    """The model holds the index of its users' training items: copied elsewhere with the store
+    moved away, its recommendations (in memory, and the exported ones) leave out the training
+    items exactly as with the store."""
+    m = open_model(fitted.path)
+    assert m.attrs["seen"] is True and m.has_seen
+    want = recommend(fitted.store, fitted.path, n=4, users=fitted.users)
+    copy = OrdNMF.load(fitted.path).save(tmp_path / "copy.zarr")
+    moved = tmp_path / "elsewhere"
+    shutil.move(fitted.store.path, moved)
+    try:
+        got = OrdNMF.load(copy).recommend(fitted.users, n=4)
+        assert [[i for i, _ in got[u]] for u in fitted.users] == [
+            [i for i, _ in want[u]] for u in fitted.users]
+        for u in fitted.users:
+            np.testing.assert_allclose([s for _, s in got[u]], [s for _, s in want[u]],
+                                       rtol=1e-12)
+        out = tmp_path / "exp"
+        assert main(["export", copy, "--out", str(out), "-n", "4"]) == 0
+        assert f"export written to {out}" in capsys.readouterr().out
+        rows = [{"user": u, "rank": r, "item": item, "score": score}
+                for u, lst in want.items() for r, (item, score) in enumerate(lst, start=1)]
+        assert pq.read_table(out / "recommendations").to_pylist() == rows
+    finally:
+        shutil.move(moved, fitted.store.path)
+
+
+def test_an_old_model_exports_recommendations_with_the_store_passed(fitted, mclient, tmp_path,
+                                                                    capsys):
+    """A model saved without that index, its store moved: the export of recommendations says to
+    pass --store, and with it writes what the model recorded store gives."""
+    old = tmp_path / "old.zarr"
+    shutil.copytree(fitted.path, old)
+    shutil.rmtree(old / "seen")
+    group = zarr.open_group(str(old), mode="r+")
+    del group.attrs["seen"]
+    want = tmp_path / "want"
+    export(old, want, n=3)
+    moved = tmp_path / "moved.zarr"
+    shutil.move(fitted.store.path, moved)
+    try:
+        assert main(["export", str(old), "--out", str(tmp_path / "e")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert "old.zarr: the model holds no index of its users' training items" in err[0]
+        assert "no store here" in err[0]
+        assert "pass --store STORE (the training store), or export only the factors" in err[0]
+        with pytest.raises(StoreError, match=r"pass store=STORE \(the training store\)"):
+            export(old, tmp_path / "e")
+        assert not (tmp_path / "e").exists()
+        assert main(["export", str(old), "--out", str(tmp_path / "e"), "-n", "3",
+                     "--store", str(moved)]) == 0
+        for d in ("recommendations", "user_factors"):
+            assert pq.read_table(tmp_path / "e" / d) == pq.read_table(want / d)
+    finally:
+        shutil.move(moved, fitted.store.path)
+
+
 # ------------------------------------------------------------------------------ the export
 
 

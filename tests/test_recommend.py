@@ -264,11 +264,12 @@ def test_fold_in_matches_dense_oracle(grid23, mclient):
     # recommendations for them: the dense oracle, excluding what they were folded in with
     recs = recommend_for(f.model, w, raw, 4, store=f.store, client=mclient)
     expect = oracle_top(w, f.H, y > 0, 4)
-    for got, exp in zip(recs, expect, strict=True):
+    assert list(recs) == list(range(len(w)))  # recommend's shape, keyed by the row of w
+    for got, exp in zip(recs.values(), expect, strict=True):
         assert [i for i, _ in got] == [f.items[i] for i, _ in exp]
         np.testing.assert_allclose([s for _, s in got], [s for _, s in exp], rtol=1e-12)
     idx = recommend_for(f.model, w, items, 4, client=mclient)
-    assert [[i for i, _ in r] for r in idx] == [[i for i, _ in e] for e in expect]
+    assert [[i for i, _ in idx[j]] for j in range(len(w))] == [[i for i, _ in e] for e in expect]
     with pytest.raises(InputError, match="unknown item id 7"):
         fold_in(f.model, [[100, 7]], [[1, 2]], store=f.store, client=mclient)
     with pytest.raises(InputError, match="expected a class in 1..4"):

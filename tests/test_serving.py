@@ -22,6 +22,7 @@ from ordnmf_dask.estimator import BePoF, CaviEstimator, DcPF, OrdNMF
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import MODEL_FORMAT, MODEL_KIND
 from ordnmf_dask.postfit import serving
 
@@ -29,11 +30,18 @@ V, K = 4, 3
 N_USERS, N_ITEMS = 37, 29
 
 
-def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids=False):
+def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids=False,
+                own_seen=False):
     """A model directory of ``estimator``'s class holding E[W] = w, E[H] = h (and E[log .] =
-    log(.) - 0.1) for ``store``; with ``own_ids`` the store's id maps are copied into it."""
+    log(.) - 0.1) for ``store``; with ``own_ids`` the store's id maps are copied into it, with
+    ``own_seen`` the index of the users' training items is written by the package's writer."""
     rb, cb = store.row_bounds.tolist(), store.col_bounds.tolist()
     root = zarr.open_group(str(path), mode="w")
+    if own_seen:
+        for group in ("seen", "seen/indptr", "seen/indices"):
+            root.create_group(group)
+        for r in range(len(rb) - 1):
+            seen.write(store.path, str(path), r, cb)
     for name, x, bounds in (("W", w, rb), ("H", h, cb)):
         root.create_group(name)
         for j in range(len(bounds) - 1):
@@ -50,7 +58,8 @@ def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids
         "store": {"path": store.path, "n_users": store.n_users, "n_items": store.n_items,
                   "n_classes": store.n_classes, "nnz_train": store.nnz_train},
         "row_bounds": rb, "col_bounds": cb, **attrs,
-        "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "ids": own_ids, "complete": True,
+        "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "ids": own_ids, "seen": own_seen,
+        "complete": True,
     })  # fmt: skip
     return str(path)
 
@@ -58,7 +67,7 @@ def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids
 class Case:
     """A (2, 3)-grid store with string user ids and integer item ids, and a model on it."""
 
-    def __init__(self, tmp_path, w=None, h=None, own_ids=False):
+    def __init__(self, tmp_path, w=None, h=None, own_ids=False, own_seen=False):
         rng = np.random.default_rng(4)
         train, test = dense_split(synthetic_ordinal(N_USERS, N_ITEMS, V, k=K, seed=3))
         train[6, :] = np.where(np.arange(N_ITEMS) < 27, 1, 0)  # 2 items left for user 6
@@ -70,7 +79,7 @@ class Case:
         self.W = rng.gamma(1.0, 1.0, (N_USERS, K)) if w is None else w
         self.H = rng.gamma(1.0, 1.0, (N_ITEMS, K)) if h is None else h
         self.path = write_model(tmp_path / "m.zarr", self.store, self.W, self.H, OrdNMF(K),
-                                own_ids=own_ids)
+                                own_ids=own_ids, own_seen=own_seen)
         self.model = OrdNMF.load(self.path)
 
     def item(self, i):
@@ -207,6 +216,50 @@ def test_the_store_is_read_only_when_asked_and_only_the_users_blocks(tmp_path, m
         fresh.recommend(["u100"], n=3)
 
 
+def test_an_old_model_filters_seen_items_from_the_store_passed(tmp_path):
+    """A model without its own index of the training items, its store moved: the error says
+    what to pass, and the store passed to ``recommend`` provides them."""
+    case = Case(tmp_path, own_ids=True)
+    moved = tmp_path / "moved.zarr"
+    shutil.move(case.store.path, moved)
+    with pytest.raises(StoreError, match=r"m.zarr: the model holds no index of its users' "
+                       r"training items .* \(.*s.zarr: no store here.*\); pass store=STORE "
+                       r"\(the training store\), or filter_already_seen=False"):
+        OrdNMF.load(case.path).recommend(["u100"], n=3)
+    res = OrdNMF.load(case.path).recommend(["u100", "u1"], n=4, store=moved)
+    want = oracle_top(case.W, case.H, case.train > 0, 4)
+    check_recs(res["u100"], case.named(want[33]))
+    check_recs(res["u1"], case.named(want[0]))
+
+
+def test_a_model_with_its_seen_index_filters_without_its_store(tmp_path, monkeypatch):
+    """The model's own index of the training items: the store moved away, the seen filter gives
+    the lists it gave with the store; only the requested users' user-blocks are read, and a
+    damaged index is an error naming the file, never an empty filter."""
+    case = Case(tmp_path, own_ids=True, own_seen=True)
+    asked = list(case.users[[0, 1, 2, 6, 20, 33, 36]])
+    with_store = serving.server(case.path, case.store.path).recommend(asked, n=5)
+    shutil.move(case.store.path, tmp_path / "moved.zarr")
+    reads = []
+    real = seen.load
+    monkeypatch.setattr(seen, "load", lambda model, r, *a: reads.append(r) or real(model, r, *a))
+    model = OrdNMF.load(case.path)
+    res = model.recommend(asked, n=5)
+    want = oracle_top(case.W, case.H, case.train > 0, 5)
+    for user in asked:
+        u = int(np.flatnonzero(case.users == user)[0])
+        check_recs(res[user], case.named(want[u]))
+        assert res[user] == with_store[user]
+    assert len(res["u19"]) == 2  # user 6: 27 of the 29 items in train
+    assert sorted(reads) == [0, 1]
+    reads.clear()
+    OrdNMF.load(case.path).recommend(["u1", "u4"], n=2)
+    assert reads == [0]
+    shutil.rmtree(f"{case.path}/seen/indices/1/c")
+    with pytest.raises(StoreError, match=r"seen/indices/1/c/0: chunk file missing"):
+        OrdNMF.load(case.path).recommend(["u100"], n=2)
+
+
 def test_a_model_without_a_store_or_with_another_store(tmp_path):
     """A model recording no store serves from its own id maps, but cannot filter seen items; a
     store given that does not match the model is refused."""
@@ -217,7 +270,7 @@ def test_a_model_without_a_store_or_with_another_store(tmp_path):
     model = OrdNMF.load(path)
     every = oracle_top(case.W, case.H, np.zeros((N_USERS, N_ITEMS), bool), 2)
     check_recs(model.recommend("u1", 2, filter_already_seen=False)["u1"], case.named(every[0]))
-    with pytest.raises(StoreError, match="records no training store"):
+    with pytest.raises(StoreError, match="records no training store; pass store=STORE"):
         model.recommend("u1", 2)
     train, test = dense_split(synthetic_ordinal(N_USERS + 1, N_ITEMS, V, k=K, seed=3))
     other = store_from_dense(tmp_path / "other.zarr", train, test, V, (2, 3))
@@ -270,6 +323,7 @@ def test_fold_in_users_and_items_match_the_dense_oracle(tmp_path, kind):
     w = model.fold_in_users([[case.item(0), case.item(4)]], [[2, 4]])
     recs = model.recommend_for(w, n=3, exclude=[[case.item(0), case.item(4)]])
     seen = np.isin(np.arange(N_ITEMS), [0, 4])[None, :]
+    assert list(recs) == [0]  # recommend's shape, keyed by the row of w
     check_recs(recs[0], case.named(oracle_top(w, case.H, seen, 3)[0]))
     with pytest.raises(InputError, match="new item 0: user 'u1' given twice"):
         model.fold_in_items([["u1", "u1"]], [[1, 2]])

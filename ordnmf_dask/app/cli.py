@@ -630,18 +630,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 COMMANDS["tune"] = cmd_tune
 
 
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of each record."""
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, _value: object) -> None:
-        pass
-
-
 def _dask_loggers() -> list[logging.Logger]:
     """The ``distributed`` and ``asyncio`` loggers and their children that exist now."""
     names = dict.fromkeys(["distributed", "asyncio", *logging.root.manager.loggerDict])
@@ -716,8 +704,10 @@ def _logging_kept(quiet: bool) -> Iterator[None]:
 
 def _setup_logging(args: argparse.Namespace) -> None:
     """INFO (DEBUG with --debug) to stderr and --log-file; -q raises only stderr to WARNING."""
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    stderr = _StderrHandler()
+    from ordnmf_dask.dist.progress import FORMATTER as fmt
+    from ordnmf_dask.dist.progress import StderrHandler
+
+    stderr = StderrHandler()
     if args.quiet and not args.debug:
         stderr.setLevel(logging.WARNING)
     handlers: list[logging.Handler] = [stderr]

@@ -35,6 +35,7 @@ from distributed import Client
 from ordnmf_dask.app import tuning
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
@@ -105,6 +106,7 @@ class TuneResult:
     parquet: str
 
 
+@shows_progress
 def tune(
     store: str | os.PathLike | StoreInfo,
     space: tuning.Space,

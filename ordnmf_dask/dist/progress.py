@@ -1,14 +1,18 @@
 """Progress: of a batch of futures (a bar on a terminal, a log line per tenth otherwise), and of
-a fit's iterations (:class:`IterationProgress`)."""
+a fit's iterations (:class:`IterationProgress`), as INFO records of the ``ordnmf_dask`` logger
+and a bar under them; and the switch that shows them from Python (:func:`shows_progress`)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import logging
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from ordnmf_dask.dist.inprocess import InProcessFuture
 
@@ -16,6 +20,15 @@ if TYPE_CHECKING:
     from distributed import Future
 
 log = logging.getLogger("ordnmf_dask")
+
+FORMATTER = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+
+ShowProgress = bool | None
+SWITCH_DOC = ("True shows progress on stderr (a bar with the ETA where stderr is a terminal or "
+              "Jupyter, log lines otherwise), False nothing, None (default) as True where stderr "
+              "is a terminal or Jupyter, else as False.")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> None:
@@ -30,7 +43,7 @@ def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> No
         return  # in-process tasks (.inprocess) finish while the caller gathers
     from distributed import as_completed
 
-    bar = sys.stderr.isatty() and _info_on_stderr()
+    bar = _terminal()
     start = last = time.monotonic()
     reported = 0
     for done, _ in enumerate(as_completed(futures), start=1):
@@ -99,8 +112,18 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def _terminal() -> bool:
-    """Whether INFO records are shown on a terminal (stderr is a TTY with an INFO handler)."""
-    return sys.stderr.isatty() and _info_on_stderr()
+    """Whether INFO records are shown on a terminal (stderr is interactive, with an INFO
+    handler)."""
+    return interactive(sys.stderr) and _info_on_stderr()
+
+
+def interactive(stream: IO[str]) -> bool:
+    """Whether ``stream`` shows a redrawn bar: a TTY, or a Jupyter kernel's output stream."""
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        tty = False
+    return tty or type(stream).__module__.split(".")[0] == "ipykernel"
 
 
 def _info_on_stderr() -> bool:
@@ -112,3 +135,106 @@ def _info_on_stderr() -> bool:
                 return True
         logger = logger.parent if logger.propagate else None
     return False
+
+
+def _info_handled() -> bool:
+    """Whether INFO records of ``log`` reach a handler (the command line's, or a logging
+    configuration of the user's)."""
+    logger: logging.Logger | None = log
+    while logger is not None:
+        if any(h.level <= logging.INFO for h in logger.handlers):
+            return True
+        logger = logger.parent if logger.propagate else None
+    return False
+
+
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record (with :data:`FORMATTER`
+    unless given another)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(FORMATTER)
+
+    @property  # type: ignore[override]
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+class _Forward(logging.Handler):
+    """Passes the records at ``level`` or above on to ``parent``, as propagation would: while
+    :func:`reporting` lowers the logger's level, the user's own handlers still get only what
+    they got before."""
+
+    def __init__(self, parent: logging.Logger, level: int) -> None:
+        super().__init__(level)
+        self.parent = parent
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.parent.handle(record)
+
+
+_depth = 0  # calls inside reporting(), in any thread: the outermost one decides
+_depth_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def reporting(show_progress: ShowProgress) -> Iterator[None]:
+    """While active, progress (the INFO records of ``log`` and, on a terminal, their bar) goes
+    to stderr as the switch says (:data:`ShowProgress`). Nothing changes when it is off, inside
+    another call's (``tune``'s fits: the outermost switch decides), when ``log`` has handlers
+    of its own (the command line's, or a caller's setup for this package) or when INFO records
+    already reach a handler; otherwise a stderr handler is added, and the logging configuration
+    is restored on exit."""
+    global _depth
+    with _depth_lock:
+        outermost = _depth == 0
+        _depth += 1
+    try:
+        on = interactive(sys.stderr) if show_progress is None else bool(show_progress)
+        if (not outermost or not on or log.handlers
+                or (log.isEnabledFor(logging.INFO) and _info_handled())):
+            yield
+            return
+        level, propagate = log.level, log.propagate
+        added: list[logging.Handler] = [StderrHandler()]
+        added[0].setLevel(logging.INFO)
+        if propagate and log.parent is not None:
+            added.append(_Forward(log.parent, log.getEffectiveLevel()))
+        for h in added:
+            log.addHandler(h)
+        log.propagate = False
+        log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
+        try:
+            yield
+        finally:
+            for h in added:
+                log.removeHandler(h)
+            log.setLevel(level)
+            log.propagate = propagate
+    finally:
+        with _depth_lock:
+            _depth -= 1
+
+
+def shows_progress(fn: F) -> F:
+    """``fn`` with the keyword ``show_progress`` (:data:`ShowProgress`, default None): its
+    progress is shown as :func:`reporting` says while it runs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, show_progress: ShowProgress = None, **kwargs: Any) -> Any:
+        with reporting(show_progress):
+            return fn(*args, **kwargs)
+
+    sig = inspect.signature(fn)
+    switch = inspect.Parameter("show_progress", inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation="ShowProgress")
+    params = list(sig.parameters.values())
+    at = next((j for j, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    wrapper.__signature__ = sig.replace(parameters=[*params[:at], switch, *params[at:]])  # type: ignore[attr-defined]
+    wrapper.__doc__ = f"{fn.__doc__ or ''}\n\n    show_progress : {SWITCH_DOC}\n"
+    return wrapper  # type: ignore[return-value]

@@ -28,7 +28,7 @@ _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exa
 _REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state
 _DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
 _WRITE_ALL = {"write_empty_chunks": True}
-_DTYPE = np.dtype("<f8")  # every array: little-endian float64, the bytes of its one chunk file
+_DTYPE = np.dtype("<f8")  # factor arrays: little-endian float64, the bytes of their one chunk file
 INVENTORY_SINCE = 2  # the model format_version from which every factor array has an inventory
 
 
@@ -49,7 +49,8 @@ def has_field(root: str, name: str, index: int, field: str) -> bool:
 
 def _plain(array: zarr.Array) -> bool:
     """Whether ``array`` is stored as this module writes it: one chunk file holding its values
-    as little-endian bytes, default '/' chunk keys."""
+    (float64, or the integers of :func:`save_array`) as little-endian bytes, default '/' chunk
+    keys."""
     meta = array.metadata.to_dict()
     codecs = meta.get("codecs", ())
     keys = meta.get("chunk_key_encoding", {})
@@ -59,7 +60,7 @@ def _plain(array: zarr.Array) -> bool:
         and keys.get("name") == "default"
         and (keys.get("configuration") or {}).get("separator", "/") == "/"
         and tuple(array.chunks) == tuple(array.shape)
-        and np.dtype(array.dtype) == _DTYPE
+        and np.dtype(array.dtype).kind in "fiu"
     )
 
 
@@ -76,8 +77,8 @@ def _open(root: str, path: str, owner: str) -> tuple[zarr.Array, ChunkFiles | No
                          f"the {owner} is damaged)") from None
     if INVENTORY in array.attrs:
         if not _plain(array):
-            raise StoreError(f"{path}: not stored as one uncompressed little-endian float64 "
-                             f"chunk, which its inventory describes (the {owner} is damaged)")
+            raise StoreError(f"{path}: not stored as one uncompressed little-endian chunk, "
+                             f"which its inventory describes (the {owner} is damaged)")
         return array, ChunkFiles.of(array, path, owner)
     version = (group_attrs(root) or {}).get("format_version")
     if isinstance(version, int) and version >= INVENTORY_SINCE:
@@ -85,7 +86,7 @@ def _open(root: str, path: str, owner: str) -> tuple[zarr.Array, ChunkFiles | No
                          f"array of a model of format {version} has (the {owner} is damaged)")
     if not _plain(array):
         return array, None
-    size = int(np.prod(array.shape)) * _DTYPE.itemsize
+    size = int(np.prod(array.shape)) * np.dtype(array.dtype).itemsize
     return array, ChunkFiles(path, (size,) * array.nchunks, None, chunk_grid(array), owner)
 
 
@@ -117,7 +118,7 @@ def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> n
         except (ValueError, RuntimeError) as exc:
             raise StoreError(f"{path}: unreadable chunk ({exc}; the {owner} is damaged)") from None
         return value if rows is None else value[rows]
-    value = np.empty(array.shape, _DTYPE)
+    value = np.empty(array.shape, np.dtype(array.dtype).newbyteorder("<"))
     if array.nchunks:  # none for an array of no rows
         files.load(0, into=memoryview(value).cast("B"))
     return value if rows is None else value[rows]
@@ -132,10 +133,12 @@ def read_field(
     return _read(root, field_path(root, name, index, field), owner, rows)
 
 
-def _create(parent: zarr.Group | str, name: str | None, value: np.ndarray) -> None:
-    """Write ``value`` as a float64 array of one uncompressed chunk with its inventory: the
+def _create(
+    parent: zarr.Group | str, name: str | None, value: np.ndarray, dtype: np.dtype = _DTYPE
+) -> None:
+    """Write ``value`` as a ``dtype`` array of one uncompressed chunk with its inventory: the
     array ``name`` of group ``parent``, or (``name`` None) the array at the path ``parent``."""
-    arr = np.ascontiguousarray(value, dtype=_DTYPE)
+    arr = np.ascontiguousarray(value, dtype=np.dtype(dtype).newbyteorder("<"))
     # the chunk file holds exactly the array's bytes (:func:`_plain`): its size and CRC-32
     # are those of the values in memory, so a file that differs from them is found
     records = [(arr.nbytes, zlib.crc32(arr))] if arr.size else []
@@ -175,10 +178,13 @@ def load_chunk(root: str, name: str, index: int, owner: str = "model") -> Factor
     return FactorChunk(elbo=float(group.attrs["elbo"]), **fields)
 
 
-def save_array(value: np.ndarray, root: str, name: str, index: int) -> str:
-    """Write a plain (n, K) array (e.g. a shape statistic) as ``root/name/index``."""
+def save_array(
+    value: np.ndarray, root: str, name: str, index: int, dtype: type = np.float64
+) -> str:
+    """Write a plain array (e.g. a shape statistic, (n, K) float64) as ``root/name/index``, as
+    ``dtype``."""
     path = chunk_path(root, name, index)
-    _create(path, None, value)
+    _create(path, None, value, np.dtype(dtype))
     return path
 
 

@@ -5,7 +5,8 @@ by the workers (each chunk where it lives), then renamed: a model directory is c
 absent. At a URL (object stores cannot rename) the workers write it in place between the marks
 of :mod:`ordnmf_dask.store.files`, the root's ``complete`` attribute last. An existing path is
 replaced only if it is a model (see :func:`model_target`). A model carries a copy of its
-training store's raw id maps, so that it alone can name users and items.
+training store's raw id maps, so that it alone can name users and items, and an index of its
+users' training items (:mod:`.seen`), so that it alone can leave them out of recommendations.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import zarr
 from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import seen
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import (
@@ -168,7 +170,8 @@ def save_model(
 ) -> str:
     """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
     existing ``path`` is replaced only as :func:`model_target` allows. With a training store
-    recorded in ``attrs["store"]["path"]``, its raw id maps are copied into the model.
+    recorded in ``attrs["store"]["path"]``, its raw id maps are copied into the model and the
+    index of its users' training items (:mod:`.seen`) is written.
 
     At a URL the model is written in place between the marks of
     :mod:`ordnmf_dask.store.files` (an existing model there is removed first); a failed write
@@ -190,12 +193,14 @@ def save_model(
         written += [client.submit(chunkstore.save_chunk, f, tmp, "H", c) for c, f in enumerate(h)]
         if store is not None:
             written += _copy_ids(client, store, root, tmp)
+            written += seen.start_writing(client, store, root, tmp, attrs["row_bounds"],
+                                          attrs["col_bounds"])
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
         root.update_attributes({  # one write of zarr.json (attrs.update writes it per key)
             **attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "versions": versions(),
-            "ids": store is not None, "complete": True,
+            "ids": store is not None, "seen": store is not None, "complete": True,
         })  # fmt: skip
         if url:
             locations.finish(path)
@@ -291,6 +296,11 @@ class ModelInfo:
                 f"{recorded.get('n_users')} x {recorded.get('n_items')})"
             )
         return info.path
+
+    @property
+    def has_seen(self) -> bool:
+        """Whether the model holds the index of its users' training items (:mod:`.seen`)."""
+        return self.attrs.get("seen") is True
 
     def ids_at(self, axis: str, index: np.ndarray) -> list[Any]:
         """Raw ids (int or str) of the given indices of ``axis`` ("users" or "items")."""

@@ -10,14 +10,16 @@ subset).
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ordnmf_dask.dist.cluster import choose_client
-from ordnmf_dask.dist.progress import track
+from ordnmf_dask.dist.progress import shows_progress, track
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import dcpf, metrics
@@ -29,6 +31,8 @@ from ordnmf_dask.store.csr import load_block
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client
+
+log = logging.getLogger("ordnmf_dask")
 
 
 def sampled_users(r: int, n_rows: int, fraction: float, seed: int) -> np.ndarray:
@@ -173,6 +177,7 @@ def check_has_test(store: StoreInfo) -> None:
         )
 
 
+@shows_progress
 def evaluate(
     store: str | os.PathLike | StoreInfo,
     model: Any,
@@ -222,9 +227,12 @@ def evaluate(
     w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
     k_model = int(m.attrs["params"]["n_components"])
+    start = time.monotonic()
     with choose_client(client, info, k_model, n_workers=n_workers) as cl:
         out = score_split(cl, info, "test", w, h, levels, k, loglik_spec(info, m.attrs),
                           user_fraction, seed, progress="evaluate: user-blocks and blocks")
+    log.info("evaluate: %s on the test split of %s (%d x %d blocks): done in %.1f s", m.path,
+             info.path, n_r, n_c, time.monotonic() - start)
     return {
         "k": k, "ndcg": out["ndcg"], "n_users": out["n_users"],
         "test_loglik": out["loglik"], "test_loglik_mean": out["loglik_mean"],

@@ -34,7 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.dist.progress import track
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.executor import client_for
@@ -217,7 +217,8 @@ def export(
     what : any of "factors" (``user_factors``, ``item_factors``) and "recommendations".
     n : recommendations per user (fewer for a user with fewer items outside its training set).
     store : recommendations only: the training store (its training nonzeros are excluded);
-        default the store the model records.
+        default the model's own index of them, or for a model saved without one the store the
+        model records.
     client : a ``distributed.Client``; default the current one, else in this process when the
         model is small (:func:`~ordnmf_dask.postfit.executor.client_for`), else a
         LocalCluster of ``n_workers`` processes, closed on return.
@@ -232,10 +233,31 @@ def export(
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None
     if RECOMMENDATIONS in what:
-        info, m = open_pair(store if store is not None else m.attrs["store"]["path"], m.path)
+        info = training_store(m, store)
     plan = plan_export(m, info, out, what, n, overwrite, storage_options)
     with client_for(client, m, n_workers, info) as cl:
         return write_export(cl, plan)
+
+
+def training_store(m: ModelInfo, store: str | os.PathLike | StoreInfo | None) -> StoreInfo | None:
+    """The store whose training items recommendations leave out: ``store`` if given (checked
+    to match the model), else none when the model holds its own index of them, else the store
+    the model records (StoreError saying what to pass when it cannot be read)."""
+    if store is not None:
+        return open_pair(store, m.path)[0]
+    if m.has_seen:
+        return None
+    recorded = (m.attrs.get("store") or {}).get("path")
+    try:
+        if recorded is None:
+            raise StoreError("the model records no training store")
+        return open_pair(recorded, m.path)[0]
+    except StoreError as exc:
+        raise StoreError(
+            f"{m.path}: the model holds no index of its users' training items (saved before "
+            f"models carried one), which recommendations leave out, and {exc}; pass "
+            "store=STORE (the training store), or export only the factors"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -244,7 +266,7 @@ class Plan:
 
     target: Target
     model: ModelInfo
-    store: StoreInfo | None  # the training store (recommendations only)
+    store: StoreInfo | None  # the training store (recommendations without the model's index)
     n: int
     ids_root: str
     parts: list[tuple[str, int]]  # (dataset, block) of every part file
@@ -260,12 +282,13 @@ def plan_export(
     overwrite: bool, storage_options: dict[str, Any] | None = None,
 ) -> Plan:
     """Check everything an export needs (before any cluster is used): the model's id maps, the
-    store for recommendations (``info``, checked to match the model), ``n`` and the target."""
+    training items for recommendations (the store ``info``, checked to match the model, or the
+    model's own index of them), ``n`` and the target."""
     datasets = [d for w in dict.fromkeys(what)
                 for d in (FACTORS if w == "factors" else [RECOMMENDATIONS])]
     if RECOMMENDATIONS in datasets:
         n = check_n(n)
-        assert info is not None, "recommendations need the training store"
+        assert info is not None or m.has_seen, "recommendations need the training items"
     ids_root = m.ids_path
     ids = {axis: id_type(ids_root, axis) for axis in AXES}
     k = chunkstore.open_checked(m.path, "W", 0, "mean").shape[1]
@@ -288,7 +311,6 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     path = f"{root}/{part_name(*part)}"
     rb, cb = m.attrs["row_bounds"], m.attrs["col_bounds"]
     if dataset == RECOMMENDATIONS:
-        assert plan.store is not None, "recommendations need the training store"
         top = block_top(cl, m, plan.store, b, plan.n)
         return cl.submit(recommendation_part, top, plan.ids_root, int(rb[b]), schema, fs, path,
                          pure=False)
@@ -303,7 +325,7 @@ def write_export(cl: Client, plan: Plan) -> str:
     target, fs = plan.target, plan.target.fs
     manifest: dict[str, Any] = {
         "kind": EXPORT_KIND, "format_version": EXPORT_FORMAT, "model": plan.model.path,
-        "n": plan.n if plan.store is not None else None,
+        "n": plan.n if RECOMMENDATIONS in plan.datasets else None,
     }
     place = Place(fs, target.root, target.url)
     if target.local:

@@ -229,7 +229,7 @@ def recommend_for(
     store: str | os.PathLike | StoreInfo | None = None,
     client: Client | None = None,
     n_workers: int = 2,
-) -> list[list[tuple[Any, float]]]:
+) -> dict[int, list[tuple[Any, float]]]:
     """Top-``n`` items for users given by their factors (e.g. from :func:`fold_in`).
 
     Parameters
@@ -241,7 +241,8 @@ def recommend_for(
 
     Returns
     -------
-    per user, ``[(item, score), ...]`` best first (score = w . E[h_i], ties to the lower index).
+    ``{row j of w: [(item, score), ...]}`` best first (score = w . E[h_i], ties to the lower
+    index): the shape of :func:`ordnmf_dask.recommend` for given users, keyed by row.
     """
     n = check_n(n)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
@@ -266,10 +267,10 @@ def recommend_for(
             cands.append(cl.submit(_score, m.path, c, w_f, excl, int(cb[c]), n, pure=False))
         top = tree_reduce(cl, cands, metrics.merge_topk, n)
         if info is not None:
-            return cl.submit(named_top, top, info.path, pure=False).result()
+            return dict(enumerate(cl.submit(named_top, top, info.path, pure=False).result()))
         scores, items = top.result()
     keep = np.isfinite(scores)
-    return [
-        list(zip(items[j][keep[j]].tolist(), scores[j][keep[j]].tolist(), strict=True))
+    return {
+        j: list(zip(items[j][keep[j]].tolist(), scores[j][keep[j]].tolist(), strict=True))
         for j in range(len(w))
-    ]
+    }

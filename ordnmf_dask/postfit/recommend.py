@@ -20,7 +20,9 @@ import numpy as np
 from ordnmf_dask.dist.reduce import tree_reduce
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import metrics
+from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.executor import client_for
@@ -48,15 +50,24 @@ def open_pair(
 
 
 def _candidates(
-    model: str, store: str, r: int, c: int, col_offset: int, n: int,
-    rows: np.ndarray | None = None,
+    model: str, store: str | None, r: int, c: int, col_offset: int, n: int,
+    rows: np.ndarray | None = None, seen_rows: CsrBlock | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-n of item-block c for the users of user-block r (or its local ``rows``)."""
+    """Top-n of item-block c for the users of user-block r (or its local ``rows``), their
+    training items read from ``store``, or taken from ``seen_rows`` (the model's index of the
+    same users' training items, :mod:`ordnmf_dask.modelstore.seen`)."""
     ew = factor_mean(model, "W", r)
-    train = load_block(store, "train", r, c)
+    eh = factor_mean(model, "H", c)
+    if seen_rows is not None:
+        train = seen.columns(seen_rows, col_offset, col_offset + len(eh))
+    else:
+        assert store is not None, "the training items come from the store or the model"
+        train = load_block(store, "train", r, c)
+        if rows is not None:
+            train = train.take_rows(rows)
     if rows is not None:
-        ew, train = ew[rows], train.take_rows(rows)
-    return metrics.topk_block(ew, factor_mean(model, "H", c), train, col_offset, n)
+        ew = ew[rows]
+    return metrics.topk_block(ew, eh, train, col_offset, n)
 
 
 def ranked_pairs(scores: np.ndarray, names: Sequence[Any]) -> list[list[tuple[Any, float]]]:
@@ -78,14 +89,20 @@ def named_top(top: tuple[np.ndarray, np.ndarray], store: str) -> list[list[tuple
 
 
 def block_top(
-    cl: Client, m: ModelInfo, info: StoreInfo, r: int, n: int, rows: np.ndarray | None = None
+    cl: Client, m: ModelInfo, info: StoreInfo | None, r: int, n: int,
+    rows: np.ndarray | None = None,
 ) -> Future:
     """Future of the top-n (scores, item indices) of the users of user-block r (or its local
-    ``rows``), merged over the item-blocks on the workers."""
-    cb = [int(x) for x in info.col_bounds]
+    ``rows``), merged over the item-blocks on the workers; training items from the store
+    ``info``, or without one from the model's own index of them (read once per user-block)."""
+    cb = [int(x) for x in m.attrs["col_bounds"]]
+    store = None if info is None else info.path
+    seen_rows = None
+    if info is None:
+        seen_rows = cl.submit(seen.load, m.path, r, cb[-1], rows, pure=False)
     cands = [
-        cl.submit(_candidates, m.path, info.path, r, c, cb[c], n, rows, pure=False)
-        for c in range(info.grid[1])
+        cl.submit(_candidates, m.path, store, r, c, cb[c], n, rows, seen_rows, pure=False)
+        for c in range(len(cb) - 1)
     ]
     return tree_reduce(cl, cands, metrics.merge_topk, n)
 

@@ -12,7 +12,9 @@ most gamma_{K+2}), and only the candidates are scored again in float64.
 
 Raw ids map through the model's own copy of the id maps when it holds one, else through those of
 its store (see :func:`id_map`). A user's training items (``filter_already_seen``) are read from
-the store only when asked, and only the user-blocks of the requested users.
+the model's own index of them (:mod:`ordnmf_dask.modelstore.seen`), or for a model without one
+(or when a store is given) from the store; only when asked, and only the user-blocks of the
+requested users.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import zarr
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.foldin import fold_in_rows
 from ordnmf_dask.model.kernels import jit
+from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
@@ -289,7 +292,8 @@ class Server:
     """The factors of one model in memory, and what is derived from them, built on first use.
 
     ``store`` (default: the store the model was fitted on) provides the training items of the
-    users and, when the model holds no id maps, the raw ids.
+    users when given or when the model holds no index of them, and the raw ids when given or
+    when the model holds no id maps.
     """
 
     def __init__(self, model: ModelInfo, store: str | None = None) -> None:
@@ -339,10 +343,20 @@ class Server:
 
     @cached_property
     def store(self) -> StoreInfo:
+        """The store given, else (for a model without its own index of the training items) the
+        training store, whose training items ``filter_already_seen`` needs."""
+        fix = "pass store=STORE (the training store), or filter_already_seen=False"
         if self.store_path is None:
-            raise StoreError(f"{self.model.path}: the model records no training store, whose "
-                             "training items filter_already_seen needs")
-        info = open_store(self.store_path)
+            raise StoreError(f"{self.model.path}: the model holds no index of its users' "
+                             f"training items and records no training store; {fix}")
+        try:
+            info = open_store(self.store_path)
+        except StoreError as exc:
+            if self._store_given:
+                raise
+            raise StoreError(f"{self.model.path}: the model holds no index of its users' "
+                             "training items (saved before models carried one) and its training "
+                             f"store cannot be read ({exc}); {fix}") from None
         check_compatible(info, self.model)
         return info
 
@@ -362,14 +376,22 @@ class Server:
 
     def _seen(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in ``users``, item index) of the training nonzeros of the given users
-        (sorted, distinct indices), read from the blocks of their user-blocks only."""
-        info = self.store
-        rb, cb = info.row_bounds, info.col_bounds
+        (sorted, distinct indices), from the model's own index of them unless a store was
+        given, else from the training blocks; only the requested users' user-blocks are read."""
+        from_model = self.model.has_seen and not self._store_given
+        info = None if from_model else self.store
+        rb = np.asarray(self.model.attrs["row_bounds"], dtype=np.int64)
         block = np.searchsorted(rb, users, side="right") - 1
         rows, items = [], []
         for r in np.unique(block).tolist():
             pos = np.flatnonzero(block == r)
             local = users[pos] - rb[r]
+            if info is None:
+                b = seen.load(self.model.path, r, self.H.shape[0], local)
+                rows.append(np.repeat(pos, np.diff(b.indptr)))
+                items.append(b.cols.astype(np.int64))
+                continue
+            cb = info.col_bounds
             for c in range(info.grid[1]):
                 b = read_block(info.path, "train", r, c, values=())
                 starts, lengths = b.indptr[local], np.diff(b.indptr)[local]
@@ -429,9 +451,10 @@ class Server:
     def recommend_for(
         self, w: np.ndarray, n: int = 10, exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
-    ) -> list[Recs]:
+    ) -> dict[int, Recs]:
         """Top-``n`` items for users given by their factors (e.g. from :meth:`fold_in_users`),
-        without the raw items ``exclude[j]`` for row j."""
+        without the raw items ``exclude[j]`` for row j: ``{row j of w: [(raw item id, score),
+        ...]}``, the shape of :meth:`recommend` keyed by row (new users have no id yet)."""
         n = check_n(n)
         w = np.asarray(w, dtype=np.float64)
         k = self.H.shape[1]
@@ -445,7 +468,7 @@ class Server:
             flat = [x for a in exclude for x in a]
             seen = (np.repeat(np.arange(len(w)), [len(a) for a in exclude]),
                     self.items.index(flat))
-        return self._rank_items(w, n, items, None, seen)
+        return dict(enumerate(self._rank_items(w, n, items, None, seen)))
 
     def similar(self, axis: str, ids: Any, n: int = 10) -> dict[Any, Recs]:
         """The ``n`` rows of ``axis`` ("items" or "users") most similar to each given one by

@@ -67,6 +67,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.distributed_tasks import (
@@ -157,6 +158,7 @@ class _Input:
     files: list[str] | None
 
 
+@shows_progress
 def ingest_distributed(
     inputs: Any,
     out: PathLike,

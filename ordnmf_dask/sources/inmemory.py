@@ -12,7 +12,9 @@ dictionary-encoded by pyarrow (the strings are dropped once encoded), one sort o
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 import pyarrow as pa
 
+from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import (
     DUPLICATE_POLICIES,
@@ -54,6 +57,8 @@ from ordnmf_dask.store.grid import (
 )
 
 PathLike = str | os.PathLike
+
+log = logging.getLogger("ordnmf_dask")
 
 
 @dataclass(eq=False)
@@ -134,6 +139,7 @@ def check_ingest_options(o: dict[str, Any]) -> None:
         check_grid(o["grid"])
 
 
+@shows_progress
 def ingest(
     inputs: Any,
     out: PathLike,
@@ -215,13 +221,19 @@ def ingest(
         return ingest_distributed(inputs, out, test=test, delimiter=delimiter, header=header,
                                   columns=columns, **options)  # fmt: skip
     check_target(out, opts["overwrite"])
+    start = time.monotonic()
     train, label, sources = rows_of(inputs, delimiter, header, columns, "input")
     test_rows, test_label, test_sources = (None, None, None) if test is None else \
         rows_of(test, delimiter, header, columns, "test", ids=True)  # fmt: skip
-    return _build(train, test_rows, out, label=label, sources=sources, test_label=test_label,
+    info = _build(train, test_rows, out, label=label, sources=sources, test_label=test_label,
                   test_sources=test_sources, **opts)  # fmt: skip
+    log.info("ingest: %s: %d users x %d items, %d train / %d test nonzeros in %d x %d blocks "
+             "(%.1f s)", info.path, info.n_users, info.n_items, info.nnz_train, info.nnz_test,
+             *info.grid, time.monotonic() - start)  # fmt: skip
+    return info
 
 
+@shows_progress
 def ingest_arrays(
     users: Sequence | np.ndarray,
     items: Sequence | np.ndarray,
