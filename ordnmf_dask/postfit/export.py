@@ -206,6 +206,7 @@ def export(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     n_workers: int = 2,
+    allow_other_store: bool = False,
 ) -> str:
     """Export a model as partitioned Parquet to a local directory or a URL.
 
@@ -222,6 +223,8 @@ def export(
         model is small (:func:`~ordnmf_dask.postfit.executor.client_for`), else a
         LocalCluster of ``n_workers`` processes, closed on return.
     overwrite : replace ``out`` if it is an export (nothing else is ever replaced).
+    allow_other_store : use ``store`` even if the model was fitted on another store (by
+        default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
 
     Returns
     -------
@@ -232,7 +235,8 @@ def export(
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None
     if RECOMMENDATIONS in what:
-        info, m = open_pair(store if store is not None else m.attrs["store"]["path"], m.path)
+        info, m = open_pair(store if store is not None else m.attrs["store"]["path"], m.path,
+                            allow_other_store)  # fmt: skip
     plan = plan_export(m, info, out, what, n, overwrite, storage_options)
     with client_for(client, m, n_workers, info) as cl:
         return write_export(cl, plan)
