@@ -115,11 +115,8 @@ class SplitRule:
 
     def masks(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(is_test, is_validation) of pair hashes ``h`` (uint64)."""
-        is_test = h < np.uint64(self.test_below) if self.test_below else \
-            np.zeros(len(h), dtype=bool)  # fmt: skip
-        is_val = (h < np.uint64(self.validation_below)) & ~is_test \
-            if self.validation_below > self.test_below else np.zeros(len(h), dtype=bool)
-        return is_test, is_val
+        is_test = h < np.uint64(self.test_below)
+        return is_test, (h < np.uint64(self.validation_below)) & ~is_test
 
 
 def split_rule(test_fraction: float | None, validation_fraction: float) -> SplitRule:
