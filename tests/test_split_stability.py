@@ -119,6 +119,8 @@ def test_id_hash_is_fnv1a_of_the_canonical_text_then_splitmix():
     np.testing.assert_array_equal(id_hashes(ints), id_hashes(text.astype("S")))
     words = np.array(["é日本", "a", "user 42", "\U0001f600x", "a" * 70])
     assert id_hashes(words).tolist() == [reference(w) for w in words]
+    ascii_words = words[[1, 2, 4]]  # all ASCII: hashed from the fixed-width array directly
+    assert id_hashes(ascii_words).tolist() == [reference(w) for w in ascii_words]
     assert id_hashes(np.array(["007"]))[0] != id_hashes(np.array([7]))[0]
 
 

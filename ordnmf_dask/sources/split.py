@@ -52,29 +52,28 @@ def id_hashes(ids: np.ndarray) -> np.ndarray:
     -------
     np.ndarray of uint64, shape (m,)
     """
-    data, starts, lengths = _utf8(ids)
-    h = np.full(len(starts), _FNV_OFFSET, dtype=np.uint64)
-    order = np.argsort(-lengths, kind="stable")  # longest first: position j's ids are a prefix
-    starts, lengths = starts[order], lengths[order]
-    hashed = h[order]
-    with np.errstate(over="ignore"):
-        for j in range(int(lengths[0]) if len(lengths) else 0):
-            n = int(np.searchsorted(-lengths, -j, side="left"))  # ids longer than j bytes
-            hashed[:n] = (hashed[:n] ^ data[starts[:n] + j]) * _FNV_PRIME
-    h[order] = hashed
-    return _mix64(h)
-
-
-def _utf8(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The UTF-8 text of each id: its bytes (uint8), and each id's start and length in them."""
     ids = np.asarray(ids)
-    if ids.dtype.kind == "S":  # NUL-padded; ids never contain NUL (refused when read)
-        width = ids.dtype.itemsize
-        if not len(ids) or width == 0:
-            return np.zeros(0, np.uint8), np.zeros(len(ids), np.int64), np.zeros(len(ids), np.int64)
-        matrix = np.ascontiguousarray(ids).view(np.uint8).reshape(len(ids), width)
-        lengths = np.count_nonzero(matrix, axis=1).astype(np.int64)
-        return matrix.reshape(-1), np.arange(len(ids), dtype=np.int64) * width, lengths
+    if ids.dtype.kind in "SU" and len(ids) and ids.dtype.itemsize:
+        matrix = np.ascontiguousarray(ids).view(np.uint8 if ids.dtype.kind == "S" else np.uint32)
+        matrix = matrix.reshape(len(ids), -1)
+        if ids.dtype.kind == "S" or int(matrix.max()) < 128:  # ASCII: code points are the bytes
+            return _mix64(_fnv_padded(matrix))
+    return _mix64(_fnv_text(ids))
+
+
+def _fnv_padded(matrix: np.ndarray) -> np.ndarray:
+    """FNV-1a of each row of ``matrix`` (n, w): bytes padded with NULs, which ids never hold
+    (refused when read), so each id's length is its count of nonzero entries."""
+    lengths = np.count_nonzero(matrix, axis=1)
+    h = np.full(len(matrix), _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(int(lengths.max(initial=0))):
+            h = np.where(lengths > j, (h ^ matrix[:, j].astype(np.uint64)) * _FNV_PRIME, h)
+    return h
+
+
+def _fnv_text(ids: np.ndarray) -> np.ndarray:
+    """FNV-1a of the UTF-8 text of each id (int64 in decimal, or str), via pyarrow's strings."""
     if ids.dtype.kind in "iu":
         text = pc.cast(pa.array(ids.astype(np.int64, copy=False)), pa.large_string())
     else:
@@ -82,7 +81,17 @@ def _utf8(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     offsets = np.frombuffer(text.buffers()[1], np.int64, len(text) + 1, text.offset * 8)
     body = text.buffers()[2]
     data = np.frombuffer(body, np.uint8) if body is not None else np.zeros(0, np.uint8)
-    return data, offsets[:-1].copy(), np.diff(offsets)
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")  # longest first: position j's ids are a prefix
+    starts, lengths = offsets[:-1][order], lengths[order]
+    hashed = np.full(len(ids), _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(int(lengths.max(initial=0))):
+            n = int(np.searchsorted(-lengths, -j, side="left"))  # ids longer than j bytes
+            hashed[:n] = (hashed[:n] ^ data[starts[:n] + j]) * _FNV_PRIME
+    h = np.empty_like(hashed)
+    h[order] = hashed
+    return h
 
 
 def pair_hash(user_hash: np.ndarray, item_hash: np.ndarray, seed: int) -> np.ndarray:
