@@ -99,7 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--duplicates", choices=["error", "sum", "max", "last"], default="error")
     split = ing.add_mutually_exclusive_group()
     split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
-    split.add_argument("--test-fraction", type=float, default=0.2)
+    split.add_argument("--test-fraction", type=float, default=0.2,
+                       help="about this fraction of the nonzeros goes to test, each pair by a "
+                            "seeded hash of its raw ids (it keeps its subset as data grow)")
     ing.add_argument("--validation-fraction", type=float, default=0.0, metavar="F",
                      help="keep this fraction of the training nonzeros apart for validation "
                           "during fits (same hashed split; default 0: none)")
