@@ -185,7 +185,7 @@ def spot_check(path: str, store: str, n_blocks: int, seed: int = 0) -> dict:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from ordnmf_dask.sources.split import pair_hash
+    from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
     from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 
     info = open_store(store)
@@ -217,11 +217,13 @@ def spot_check(path: str, store: str, n_blocks: int, seed: int = 0) -> dict:
             rows = np.repeat(np.arange(len(blk.indptr) - 1), np.diff(blk.indptr))
             u, i = rows + info.row_bounds[r], blk.cols.astype(np.int64) + info.col_bounds[c]
             got += zip(users[u].tolist(), items[i].tolist(), blk.raw.tolist(), strict=True)
-            hashes[split] = pair_hash(u, i, info.n_items, info.attrs["seed"])
+            hashes[split] = pair_hash(id_hashes(users[u]), id_hashes(items[i]), info.attrs["seed"])
         got.sort()
         assert got == expect, f"block {b}: {len(got)} nonzeros, {len(expect)} input rows"
-        if len(hashes["test"]) and len(hashes["train"]):
-            assert hashes["test"].max() < hashes["train"].min(), f"block {b}: split"
+        if info.attrs["split"] == "random":  # test: the pairs hashed below f 2^64
+            below = np.uint64(split_rule(info.attrs["test_fraction"], 0.0).test_below)
+            assert (hashes["test"] < below).all() and (hashes["train"] >= below).all(), \
+                f"block {b}: split"
         done[b] = len(got)
     return {"blocks": done, "grid": [n_r, n_c], "n_users": info.n_users,
             "n_items": info.n_items, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test}

@@ -34,7 +34,7 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "566 users x 1297 items" in r.stdout
     r = run("info", str(store), "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["nnz_train"] == 53780
+    assert r.returncode == 0 and json.loads(r.stdout)["nnz_train"] == 53679
     r = run("fit", str(store), "--out", str(model), "-k", "5", "--max-iter", "8", "--workers", "1")
     assert r.returncode == 0, r.stderr
     assert "iter    8" in r.stderr  # one log line per iteration

@@ -10,6 +10,7 @@ import pytest
 from conftest import SHARED_DATA as DATA
 
 from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
 from ordnmf_dask.sources.text import read_triples
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 
@@ -63,7 +64,11 @@ def test_round_trip_random_split(tmp_path):
     }
     assert {**train, **test} == expected
     assert not set(train) & set(test)
-    assert len(test) == round(0.2 * len(expected))
+    # test: exactly the pairs whose seeded hash of their raw ids is below 0.2 * 2^64
+    pu, pi = np.array([k[0] for k in expected]), np.array([k[1] for k in expected])
+    h = pair_hash(id_hashes(pu), id_hashes(pi), 7)
+    below = split_rule(0.2, 0).test_below
+    assert set(test) == {k for k, x in zip(expected, h, strict=True) if x < below}
     assert (info.nnz_train, info.nnz_test) == (len(train), len(test))
     hist = np.bincount(values.astype(int), minlength=6)
     np.testing.assert_array_equal(info.hist_train + info.hist_test, hist)

@@ -17,7 +17,7 @@ from distributed import Client
 from ordnmf_dask.model import metrics
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.modelstore.model import save_model
+from ordnmf_dask.modelstore.model import save_model, store_fingerprint
 from ordnmf_dask.postfit.evaluate import evaluate, sampled_users
 
 V = 3
@@ -183,7 +183,7 @@ def write_model(client: Client, path, store, w: np.ndarray, h: np.ndarray) -> st
         "params": {"n_components": w.shape[1]}, "elbo": [0.0], "family": "ordinal",
         "delta": [0.0] + [0.5] * store.n_classes, "row_bounds": rb, "col_bounds": cb,
         "store": {"path": store.path, "n_users": store.n_users, "n_items": store.n_items,
-                  "n_classes": store.n_classes},
+                  "n_classes": store.n_classes, "fingerprint": store_fingerprint(store.path)},
     }
     return save_model(client, chunks(w, rb), chunks(h, cb), str(path), attrs)
 

@@ -20,7 +20,6 @@ from ordnmf_dask.sources.distributed_tasks import as_kind, chunk_prefix, split_i
 from ordnmf_dask.sources.filtering import distinct_ids, encode_ids, encode_sorted
 from ordnmf_dask.sources.inmemory import ingest
 from ordnmf_dask.sources.origin import Origin
-from ordnmf_dask.sources.split import pair_hash, random_test_mask
 from ordnmf_dask.sources.text import line_numbers
 from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays, widen
 
@@ -126,21 +125,6 @@ def test_errors_name_file_and_line(tmp_path):
         ingest_distributed(dup, tmp_path / "y", chunk_bytes=500, rows_per_partition=100)
     assert str(ooc.value) == str(mem.value) and "duplicate" in str(mem.value)
     assert not list(tmp_path.glob("y*"))
-
-
-def test_hash_split_is_exact_and_order_free():
-    rng = np.random.default_rng(0)
-    u, i = np.nonzero(rng.random((300, 200)) < 0.1)
-    mask = random_test_mask(u, i, 200, 0.2, seed=4)
-    assert mask.sum() == round(0.2 * len(u))
-    perm = rng.permutation(len(u))
-    np.testing.assert_array_equal(random_test_mask(u[perm], i[perm], 200, 0.2, 4), mask[perm])
-    assert not np.array_equal(random_test_mask(u, i, 200, 0.2, 5), mask)
-    h = pair_hash(u, i, 200, 4)
-    assert len(np.unique(h)) == len(h)
-    top = (h >> np.uint64(60)).astype(int)  # roughly uniform bins
-    counts = np.bincount(top, minlength=16)
-    assert counts.min() > 0.6 * len(h) / 16
 
 
 def test_encode_sorted_is_numpys_unique():

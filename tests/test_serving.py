@@ -23,7 +23,7 @@ from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore import seen
-from ordnmf_dask.modelstore.model import MODEL_FORMAT, MODEL_KIND
+from ordnmf_dask.modelstore.model import MODEL_FORMAT, MODEL_KIND, store_fingerprint
 from ordnmf_dask.postfit import serving
 
 V, K = 4, 3
@@ -56,7 +56,8 @@ def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids
         "theta": theta_from_delta(np.asarray(attrs["delta"])).tolist(),
         "elbo": [0.0], "n_iter": 1, "converged": False,
         "store": {"path": store.path, "n_users": store.n_users, "n_items": store.n_items,
-                  "n_classes": store.n_classes, "nnz_train": store.nnz_train},
+                  "n_classes": store.n_classes, "nnz_train": store.nnz_train,
+                  "fingerprint": store_fingerprint(store.path)},
         "row_bounds": rb, "col_bounds": cb, **attrs,
         "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "ids": own_ids, "seen": own_seen,
         "complete": True,

@@ -16,8 +16,8 @@ from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
 from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
-from ordnmf_dask.sources.split import pair_hash
-from ordnmf_dask.store.blocks import open_store, read_block
+from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
+from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 
 K = 3
 
@@ -62,13 +62,21 @@ def test_validation_is_carved_from_train_by_the_same_hash(tmp_path, vstore):
     assert test == pairs(plain, "test") and not (train & val) and not (val & test)
     assert train | val == pairs(plain, "train")
     n = plain.nnz_train
-    assert len(val) == vstore.nnz_validation == round(0.15 * n)
+    assert len(val) == vstore.nnz_validation
+    assert abs(len(val) - 0.15 * n) < 4 * np.sqrt(0.15 * 0.85 * n)  # binomial: 4 sd
     assert vstore.attrs["validation_fraction"] == 0.15
     assert sum(vstore.attrs["hist_validation"]) == len(val)
-    # the validation pairs are the training pairs with the smallest hashes of the split's seed
-    h = lambda s: pair_hash(*np.array(sorted(s)).T, vstore.n_items, 3)  # noqa: E731
-    assert h(val).max() < h(train).min()
-    assert h(test).max() < h(val).min()  # ranked just after the test pairs
+    # the validation pairs are the training pairs whose raw-id hash (the split's seed) falls in
+    # the range just above the test pairs'
+    users, items = read_ids(vstore.path, "users"), read_ids(vstore.path, "items")
+
+    def h(s: set) -> np.ndarray:
+        u, i = np.array(sorted(s)).T
+        return pair_hash(id_hashes(users[u]), id_hashes(items[i]), 3)
+
+    rule = split_rule(0.2, 0.15)
+    assert h(test).max() < rule.test_below <= h(val).min()
+    assert h(val).max() < rule.validation_below <= h(train).min()
 
 
 def test_distributed_ingest_writes_the_same_validation_subset(tmp_path):
@@ -97,7 +105,8 @@ def test_the_command_line_makes_and_shows_the_validation_subset(tmp_path, capsys
     assert main(["ingest", str(path), "--out", str(out), "--ratings", "integer",
                  "--validation-fraction", "0.25"]) == 0  # fmt: skip
     store = open_store(out)
-    assert store.nnz_validation == round(0.25 * (store.nnz_train + store.nnz_validation))
+    n = store.nnz_train + store.nnz_validation
+    assert abs(store.nnz_validation - 0.25 * n) < 4 * np.sqrt(0.25 * 0.75 * n)  # binomial: 4 sd
     assert f"validation {store.nnz_validation}" in capsys.readouterr().out
     assert main(["ingest", str(path), "--out", str(tmp_path / "x.zarr"),
                  "--validation-fraction", "1.5"]) == 2  # fmt: skip

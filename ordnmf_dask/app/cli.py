@@ -108,7 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--duplicates", choices=["error", "sum", "max", "last"], default="error")
     split = ing.add_mutually_exclusive_group()
     split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
-    split.add_argument("--test-fraction", type=float, default=0.2)
+    split.add_argument("--test-fraction", type=float, default=0.2,
+                       help="about this fraction of the nonzeros goes to test, each pair by a "
+                            "seeded hash of its raw ids (it keeps its subset as data grow)")
     ing.add_argument("--validation-fraction", type=float, default=0.0, metavar="F",
                      help="keep this fraction of the training nonzeros apart for validation "
                           "during fits (same hashed split; default 0: none)")
@@ -180,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="NDCG over this random fraction of the users (default 1: all)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
+    _other_store_arg(ev)
     _cluster_args(ev)
 
     rec = add("recommend", help="top-N items per user in raw ids, training items excluded")
@@ -191,6 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     who.add_argument("--users", help="raw user ids joined by commas: print their lists")
     rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    _other_store_arg(rec)
     _cluster_args(rec)
 
     exp = add("export", help="factors with raw ids and top-N lists as partitioned Parquet")
@@ -204,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
                      "store the model records)")
     exp.add_argument("--overwrite", action="store_true",
                      help="replace --out if it is an export (nothing else is ever replaced)")
+    _other_store_arg(exp)
     _cluster_args(exp)
 
     rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
@@ -306,6 +311,14 @@ def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
                    help="only warnings and errors on stderr (--log-file still gets INFO)",
                    **default)
     p.add_argument("--log-file", help="also write logs to this file", **default)
+
+
+def _other_store_arg(p: argparse.ArgumentParser) -> None:
+    """``--allow-other-store``: use a store other than the one the model was fitted on (by
+    default refused, ``postfit.evaluate.check_compatible``)."""
+    p.add_argument("--allow-other-store", action="store_true",
+                   help="use STORE even if the model was fitted on another store (e.g. another "
+                   "split of the same ratings: its test pairs may be the model's training pairs)")
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
@@ -481,7 +494,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     with _client(cluster) as client:
         res = evaluate(args.store, args.model, client, k=args.k, levels=args.levels,
                        n_workers=cluster.local_spec.workers, user_fraction=args.user_fraction,
-                       seed=args.seed)
+                       seed=args.seed, allow_other_store=args.allow_other_store)
     print(format_results(res))
     if args.json_out:
         with open(args.json_out, "w") as fh:
@@ -527,11 +540,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if users is not None and not users:
         raise UsageError("--users needs at least one id")
     if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
-        res = serving.server(args.model, args.store).recommend(users, args.n)
+        res = serving.server(args.model, args.store,
+                             args.allow_other_store).recommend(users, args.n)
     else:
         with _client(cluster) as client:
             res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
-                            overwrite=args.overwrite, n_workers=cluster.local_spec.workers)
+                            overwrite=args.overwrite, n_workers=cluster.local_spec.workers,
+                            allow_other_store=args.allow_other_store)
     if users is None:
         print(f"recommendations written to {res}")
         return EXIT_OK
@@ -555,7 +570,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     with _client(cluster) as client:
         out = export(args.model, args.out, what=args.what, n=args.n, store=args.store,
                      client=client, overwrite=args.overwrite,
-                     n_workers=cluster.local_spec.workers)
+                     n_workers=cluster.local_spec.workers,
+                     allow_other_store=args.allow_other_store)
     print(f"export written to {out}")
     return EXIT_OK
 

@@ -25,7 +25,7 @@ from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 from ordnmf_dask.store.csr import load_block
 
@@ -148,8 +148,12 @@ def loglik_spec(store: StoreInfo, attrs: dict[str, Any]) -> tuple | None:
     return None
 
 
-def check_compatible(store: StoreInfo, model: ModelInfo) -> None:
-    """InputError unless ``model`` was fitted on a store with the same shape and block grid."""
+def check_compatible(store: StoreInfo, model: ModelInfo, allow_other_store: bool = False) -> None:
+    """InputError unless ``model`` was fitted on a store with the same shape and block grid,
+    and (unless ``allow_other_store``) on this very store: the store fingerprint the model
+    records must be ``store``'s. A store of the same ratings split with another seed has
+    another fingerprint (its train and test chunks differ): scoring a model on it would score
+    the model on its own training pairs."""
     s = model.attrs["store"]
     same = (
         s["n_users"] == store.n_users
@@ -163,6 +167,12 @@ def check_compatible(store: StoreInfo, model: ModelInfo) -> None:
             f"model {model.path} was fitted on {s['path']} "
             f"({s['n_users']} users x {s['n_items']} items, V={s['n_classes']}), "
             f"which does not match store {store.path}"
+        )
+    if not allow_other_store and s.get("fingerprint") != store_fingerprint(store.path):
+        raise InputError(
+            f"model {model.path} was fitted on store {s['path']}, whose content or split differs "
+            f"from store {store.path} (their fingerprints differ); pass allow_other_store=True "
+            "to use it anyway"
         )
 
 
@@ -188,6 +198,7 @@ def evaluate(
     n_workers: int = 2,
     user_fraction: float = 1.0,
     seed: int = 0,
+    allow_other_store: bool = False,
 ) -> dict[str, Any]:
     """NDCG@k, precision@k, recall@k, MAP@k and AUC per threshold, and the test
     log-likelihood of a fitted model (definitions: docs/design.md §3).
@@ -201,6 +212,9 @@ def evaluate(
         probability ``user_fraction``, see :func:`sampled_users`): ranking all items costs
         U x I x K, about an hour for 1M users x 200k items on two cores, where a 2% sample
         takes a minute. The test log-likelihood always covers every test nonzero.
+    allow_other_store : score the model on ``store`` even if it was fitted on another store
+        (another split of the same ratings, say); by default that is an InputError
+        (:func:`check_compatible`).
 
     Returns
     -------
@@ -213,7 +227,7 @@ def evaluate(
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     check_has_test(info)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
-    check_compatible(info, m)
+    check_compatible(info, m, allow_other_store)
     if k < 1:
         raise InputError(f"k must be >= 1, got {k}")
     if not 0.0 < user_fraction <= 1.0:

@@ -206,6 +206,7 @@ def export(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     n_workers: int = 2,
+    allow_other_store: bool = False,
 ) -> str:
     """Export a model as partitioned Parquet to a local directory or a URL.
 
@@ -223,6 +224,8 @@ def export(
         model is small (:func:`~ordnmf_dask.postfit.executor.client_for`), else a
         LocalCluster of ``n_workers`` processes, closed on return.
     overwrite : replace ``out`` if it is an export (nothing else is ever replaced).
+    allow_other_store : use ``store`` even if the model was fitted on another store (by
+        default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
 
     Returns
     -------
@@ -233,18 +236,21 @@ def export(
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None
     if RECOMMENDATIONS in what:
-        info = training_store(m, store)
+        info = training_store(m, store, allow_other_store)
     plan = plan_export(m, info, out, what, n, overwrite, storage_options)
     with client_for(client, m, n_workers, info) as cl:
         return write_export(cl, plan)
 
 
-def training_store(m: ModelInfo, store: str | os.PathLike | StoreInfo | None) -> StoreInfo | None:
+def training_store(
+    m: ModelInfo, store: str | os.PathLike | StoreInfo | None, allow_other_store: bool = False
+) -> StoreInfo | None:
     """The store whose training items recommendations leave out: ``store`` if given (checked
-    to match the model), else none when the model holds its own index of them, else the store
-    the model records (StoreError saying what to pass when it cannot be read)."""
+    to match the model unless ``allow_other_store``), else none when the model holds its own
+    index of them, else the store the model records (StoreError saying what to pass when it
+    cannot be read)."""
     if store is not None:
-        return open_pair(store, m.path)[0]
+        return open_pair(store, m.path, allow_other_store)[0]
     if m.has_seen:
         return None
     recorded = (m.attrs.get("store") or {}).get("path")

@@ -124,6 +124,7 @@ def fold_in(
     tol: float = 1e-6,
     seed: int | None = None,
     n_workers: int = 2,
+    allow_other_store: bool = False,
 ) -> np.ndarray:
     """E[w] of NEW users from their interactions, with q(H) and the thresholds fixed.
 
@@ -142,13 +143,15 @@ def fold_in(
     max_iter, tol : per user, stop when sum_k |dE[w_uk]| / sum_k E[w_uk] < tol.
     seed : None starts from E[w_uk] = 1; an integer from Gamma(1, 1) draws (seeded by
         ``(seed, j)`` for the j-th new user), as the fit's initialization.
+    allow_other_store : use ``store`` even if the model was fitted on another store (by
+        default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
 
     Returns
     -------
     (n_new, K) float64 E[w] of the new users, in the order given.
     """
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
-    info = None if store is None else open_pair(store, m.path)[0]
+    info = None if store is None else open_pair(store, m.path, allow_other_store)[0]
     likelihood, threshold = likelihood_of(m)
     flat_items, flat_values, user = flatten(items, values)
     y, keep = check_values(flat_values, likelihood, int(m.attrs["store"]["n_classes"]), threshold)
@@ -229,6 +232,7 @@ def recommend_for(
     store: str | os.PathLike | StoreInfo | None = None,
     client: Client | None = None,
     n_workers: int = 2,
+    allow_other_store: bool = False,
 ) -> dict[int, list[tuple[Any, float]]]:
     """Top-``n`` items for users given by their factors (e.g. from :func:`fold_in`).
 
@@ -238,6 +242,8 @@ def recommend_for(
     exclude_items : per user, items never recommended (typically the ones folded in): raw item
         ids when ``store`` is given, else item indices.
     store : maps raw ids both ways; without it, items are returned as indices.
+    allow_other_store : use ``store`` even if the model was fitted on another store (by
+        default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
 
     Returns
     -------
@@ -246,7 +252,7 @@ def recommend_for(
     """
     n = check_n(n)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
-    info = None if store is None else open_pair(store, m.path)[0]
+    info = None if store is None else open_pair(store, m.path, allow_other_store)[0]
     w = np.asarray(w, dtype=np.float64)
     cb = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
     exclude_items = exclude_items if exclude_items is not None else [[] for _ in range(len(w))]

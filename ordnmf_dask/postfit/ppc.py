@@ -75,6 +75,7 @@ def posterior_predictive(
     n_pairs: int = 4_000_000,
     seed: int = 0,
     n_workers: int = 2,
+    allow_other_store: bool = False,
 ) -> dict[str, Any]:
     """Simulated vs training class histogram over all U x I pairs (class 0 = no interaction).
 
@@ -82,6 +83,8 @@ def posterior_predictive(
     ----------
     n_pairs : about how many (u, i) pairs are simulated in all (spread over blocks by area);
         blocks with fewer pairs than their share are simulated exactly.
+    allow_other_store : use ``store`` even if the model was fitted on another store (by
+        default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
 
     Returns
     -------
@@ -90,7 +93,7 @@ def posterior_predictive(
     """
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
-    check_compatible(info, m)
+    check_compatible(info, m, allow_other_store)
     spec, truth = _spec(info, m)
     n_r, n_c = info.grid
     total = info.n_users * info.n_items

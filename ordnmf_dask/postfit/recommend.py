@@ -40,12 +40,13 @@ def factor_mean(model: str, name: str, index: int) -> np.ndarray:
 
 
 def open_pair(
-    store: str | os.PathLike | StoreInfo, model: Any
+    store: str | os.PathLike | StoreInfo, model: Any, allow_other_store: bool = False
 ) -> tuple[StoreInfo, ModelInfo]:
-    """The store and the model (a path or a fitted estimator), checked to match."""
+    """The store and the model (a path or a fitted estimator), checked to match
+    (:func:`~ordnmf_dask.postfit.evaluate.check_compatible`)."""
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
-    check_compatible(info, m)
+    check_compatible(info, m, allow_other_store)
     return info, m
 
 
@@ -123,6 +124,7 @@ def recommend(
     out: str | os.PathLike | None = None,
     overwrite: bool = False,
     n_workers: int = 2,
+    allow_other_store: bool = False,
 ) -> str | dict[Any, list[tuple[Any, float]]]:
     """Top-``n`` items per user in raw ids, training items excluded, ranked by E[W] E[H]^T.
 
@@ -141,6 +143,8 @@ def recommend(
         ``OUT/recommendations/part-<r:05d>.parquet``, columns user, rank, item, score;
         complete or absent); a directory or an fsspec URL.
     overwrite : replace an existing ``out`` if it is an export.
+    allow_other_store : use ``store`` even if the model was fitted on another store (by
+        default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
 
     Returns
     -------
@@ -150,7 +154,7 @@ def recommend(
     n = check_n(n)
     if (users is None) == (out is None):
         raise InputError("give either users (raw ids) or out (a directory for all users)")
-    info, m = open_pair(store, model)
+    info, m = open_pair(store, model, allow_other_store)
     plan = None
     if out is not None:  # every check before any cluster starts
         from ordnmf_dask.postfit.export import plan_export  # export builds on this module

@@ -296,8 +296,11 @@ class Server:
     when the model holds no id maps.
     """
 
-    def __init__(self, model: ModelInfo, store: str | None = None) -> None:
+    def __init__(
+        self, model: ModelInfo, store: str | None = None, allow_other_store: bool = False
+    ) -> None:
         self.model = model
+        self.allow_other_store = allow_other_store
         recorded = store or model.attrs["store"].get("path")
         self.store_path = None if recorded is None else locations.location(recorded)
         self._store_given = store is not None
@@ -357,7 +360,7 @@ class Server:
             raise StoreError(f"{self.model.path}: the model holds no index of its users' "
                              "training items (saved before models carried one) and its training "
                              f"store cannot be read ({exc}); {fix}") from None
-        check_compatible(info, self.model)
+        check_compatible(info, self.model, self.allow_other_store)
         return info
 
     @cached_property
@@ -524,9 +527,12 @@ _CACHE_SIZE = 2
 _CACHE_LOCK = threading.Lock()
 
 
-def server(model: Any, store: str | os.PathLike | None = None) -> Server:
+def server(
+    model: Any, store: str | os.PathLike | None = None, allow_other_store: bool = False
+) -> Server:
     """The :class:`Server` of ``model`` (a model directory or a fitted estimator), from the
-    process's cache while the directory on disk is the same one."""
+    process's cache while the directory on disk is the same one; ``allow_other_store`` as for
+    :func:`~ordnmf_dask.postfit.evaluate.check_compatible`."""
     path = locations.location(getattr(model, "model_path_", model))
     try:
         identity = locations.identity(locations.join(path, "zarr.json"))
@@ -534,12 +540,12 @@ def server(model: Any, store: str | os.PathLike | None = None) -> Server:
         open_model(path)  # raises the StoreError that names what is wrong
         raise
     where = None if store is None else locations.location(store)
-    key = (path, *identity, where)
+    key = (path, *identity, where, allow_other_store)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    found = Server(open_model(path), where)
+    found = Server(open_model(path), where, allow_other_store)
     with _CACHE_LOCK:
         _CACHE[key] = found
         while len(_CACHE) > _CACHE_SIZE:

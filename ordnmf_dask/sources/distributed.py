@@ -26,10 +26,9 @@ every worker, or for a URL ``out`` a prefix under it in the object store):
 5. min-count filtering by degree reductions: the in-memory filter keeps exactly the rows whose
    user and item are still "alive", so only degree vectors travel (a partition's users only,
    joined in partition order; every item, summed);
-6. split: the test set is the ``round(f n)`` pairs with the smallest seeded pair hash
-   (``split.random_test_mask``); its threshold is found from a histogram of hash bins, then the
-   sorted hashes of one bin; the validation set (``split.validation_mask``) is the next
-   ``n_validation`` pairs, whose upper threshold is found the same way;
+6. split: each pair's subset by the seeded hash of its raw ids (``split.SplitRule``, as in
+   memory); the id hashes are staged with the id ranges (``range_task``), so a partition reads
+   those of its users, and every partition gets those of all items (O(I));
 7. block bounds from the train degrees (``grid.bounds_from_degrees``); each partition stages
    its nonzeros block by block, sorted; as partitions are increasing user ranges, a block is the
    concatenation of its pieces in partition order, which ``staged.assemble_store`` writes
@@ -43,7 +42,7 @@ partition order is the test users' order, as in memory). Per partition, the in-m
 functions check that no test pair is a training pair, merge and classify the test pairs; in
 step 7 those whose user or item did not survive the filter are dropped and counted. Test errors
 are raised after every training error, choosing the one memory reports. The validation set is
-then the ``n_validation`` smallest hashes of all filtered pairs.
+then drawn by the pair hash from all filtered pairs, as in memory.
 
 Memory per task: one chunk (a dask DataFrame partition; other data in memory, already held by
 the client, is one chunk), one id range (about ``2 * rows_per_partition`` ids read), one
@@ -57,7 +56,6 @@ jobs, like the nonzeros.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import math
 import os
@@ -78,14 +76,11 @@ from ordnmf_dask.sources.distributed_tasks import (
     PartJob,
     RangeJob,
     TestSet,
-    add,
     as_kind,
     block_task,
     codes_task,
     dedupe_task,
     degree_task,
-    hash_bin_task,
-    hash_hist_task,
     ids_task,
     join_add,
     parse_task,
@@ -101,7 +96,6 @@ from ordnmf_dask.sources.inmemory import (
     IngestOptions,
     as_list,
     check_test_left,
-    check_train_left,
     id_kind,
     inputs_label,
     is_dask_dataframe,
@@ -122,7 +116,7 @@ from ordnmf_dask.sources.parquet import (
     is_parquet,
     parquet_chunks,
 )
-from ordnmf_dask.sources.split import HASH_BIN_BITS, n_test_rows, n_validation_rows
+from ordnmf_dask.sources.split import check_train_left, split_rule
 from ordnmf_dask.sources.text import DELIMITERS, Column, check_columns
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
@@ -271,24 +265,18 @@ def ingest_distributed(
                 f"(filter_mode={filter_mode!r})"
             )
         extra: dict[str, Any] = {}
-        if tested is None:
-            check_train_left(label, n, test_fraction)
-            n_test = n_test_rows(n, test_fraction)
-        else:
+        if tested is not None:
             extra["test_not_interaction"] = _test_errors([m[2] for m in merged])
-            n_test = 0
         user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
         kept_before = np.concatenate([[0], np.cumsum(user_deg > 0)]).astype(np.int64)
+        fraction = None if tested is not None else test_fraction
         fin = Final(bounds, fin.user_alive, fin.item_alive, kept_before[bounds],
                     _index_map(item_deg > 0), len(item_sel), seed,
-                    file_test=tested is not None)  # fmt: skip
-        n_val = n_validation_rows(n - n_test, validation_fraction)
-        if validation_fraction > 0 and n_val == n - n_test:
-            raise InputError(f"{label}: the validation split leaves no training data "
-                             f"(validation_fraction={validation_fraction:g})")
-        fin = _with_threshold(runner, parts, tmp, fin, n_test, n_val)
+                    split_rule(fraction, validation_fraction), users.ranges,
+                    items.ranges.hashes(0, n_items), file_test=tested is not None)  # fmt: skip
         shared = runner.share(fin)
         deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, join_add, tmp, shared)
+        check_train_left(label, n, int(deg_u.sum()), fraction, validation_fraction)
         row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
         placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
                             spec.n_classes)  # fmt: skip
@@ -582,30 +570,6 @@ def _index_map(kept: np.ndarray) -> np.ndarray:
     out = np.full(len(kept), -1, dtype=np.int64)
     out[kept] = np.arange(int(kept.sum()), dtype=np.int64)
     return out
-
-
-def _with_threshold(
-    runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int, n_val: int
-) -> Final:
-    """``fin`` with the hash thresholds of the ``n_test`` smallest pair hashes (test) and of
-    the ``n_test + n_val`` smallest (validation: above the first)."""
-    test = _rank_hash(runner, parts, tmp, fin, n_test) if n_test else None
-    val = _rank_hash(runner, parts, tmp, fin, n_test + n_val) if n_val else None
-    return dataclasses.replace(fin, threshold=test, val_threshold=val)
-
-
-def _rank_hash(runner: Runner, parts: list[int], tmp: str, fin: Final, n_test: int) -> int:
-    """The ``n_test``-th smallest pair hash (n_test >= 1), from a histogram of hash bins and the
-    sorted hashes of one bin."""
-    shared = runner.share(fin)
-    hist = runner.map_reduce(hash_hist_task, parts, add, tmp, shared)
-    cum = np.cumsum(hist)
-    bin_ = int(np.searchsorted(cum, n_test, side="left"))
-    below = int(cum[bin_ - 1]) if bin_ > 0 else 0
-    in_bin = np.sort(np.concatenate(runner.map(hash_bin_task, parts, tmp, shared, bin_)))
-    threshold = int(in_bin[n_test - below - 1])
-    assert threshold >> (64 - HASH_BIN_BITS) == bin_
-    return threshold
 
 
 def _attrs(

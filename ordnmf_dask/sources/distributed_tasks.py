@@ -25,7 +25,7 @@ from ordnmf_dask.sources.inmemory import (
 from ordnmf_dask.sources.memchunks import MemoryChunk
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import ParquetChunk
-from ordnmf_dask.sources.split import HASH_BIN_BITS, lookup, pair_hash
+from ordnmf_dask.sources.split import SplitRule, id_hashes, lookup, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store import files as locations
@@ -43,7 +43,6 @@ from ordnmf_dask.store.staged import (
     widen,
 )
 
-_SHIFT = np.uint64(64 - HASH_BIN_BITS)
 _SAMPLE = 64  # distinct ids per chunk and side sampled for the id ranges' splitters
 AnyChunk = Chunk | ParquetChunk | MemoryChunk
 
@@ -51,13 +50,6 @@ AnyChunk = Chunk | ParquetChunk | MemoryChunk
 def as_kind(ids: np.ndarray, kind: str) -> np.ndarray:
     """Ids in the global kind (``"i"``: int64, ``"U"``: str; integers in decimal)."""
     return ids if ids.dtype.kind == kind else ids.astype(str)
-
-
-def add(a: np.ndarray | tuple, b: np.ndarray | tuple) -> np.ndarray | tuple:
-    """Element-wise sum of two arrays, or of two tuples of arrays."""
-    if isinstance(a, tuple):
-        return tuple(x + y for x, y in zip(a, b, strict=True))
-    return a + b
 
 
 def chunk_prefix(tmp: str, index: int) -> str:
@@ -174,16 +166,16 @@ class RangeJob:
 
 
 def range_task(job: RangeJob, tmp: str, what: str) -> int:
-    """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``)
-    and, piece after piece, the pieces' codes among them (``codes``, int32); returns how many
-    there are."""
+    """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``),
+    their hashes (``hashes``: ``split.id_hashes``, for the random split) and, piece after
+    piece, the pieces' codes among them (``codes``, int32); returns how many there are."""
     loaded = [load_rows(chunk_prefix(tmp, c), f"r_{what}", lo, hi, staged=True)
               for c, lo, hi in job.pieces]  # fmt: skip
     if len({a.dtype.kind for a in loaded}) > 1:  # ASCII pieces beside others
         loaded = [widen(a) for a in loaded]
     ids, codes = encode_sorted(np.concatenate(loaded))
     ids = widen(ids)
-    save_arrays(_range_prefix(tmp, what, job.index, "ids"), {"ids": ids})
+    save_arrays(_range_prefix(tmp, what, job.index, "ids"), {"ids": ids, "hashes": id_hashes(ids)})
     save_arrays(_range_prefix(tmp, what, job.index, "codes"), {"codes": codes})
     return len(ids)
 
@@ -202,6 +194,17 @@ class IdRanges:
         r = int(np.searchsorted(self.offsets, code, side="right")) - 1
         at = int(code) - int(self.offsets[r])
         return load_rows(_range_prefix(self.tmp, self.what, r, "ids"), "ids", at, at + 1)[0]
+
+    def hashes(self, start: int, stop: int) -> np.ndarray:
+        """The staged hashes (``split.id_hashes``) of the ids of codes ``start .. stop - 1``."""
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        last = int(np.searchsorted(self.offsets, stop, side="left"))
+        parts = [np.zeros(0, np.uint64)]
+        for r in range(max(first, 0), min(last, len(self.offsets) - 1)):
+            lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
+            parts.append(load_rows(_range_prefix(self.tmp, self.what, r, "ids"), "hashes",
+                                   max(start, lo) - lo, min(stop, hi) - lo))  # fmt: skip
+        return np.concatenate(parts)
 
     def load(self) -> np.ndarray:
         """All of them, in order (only a test file's chunks need them)."""
@@ -506,9 +509,10 @@ class Final:
     item_map: np.ndarray | None
     n_items: int
     seed: int
-    threshold: int | None = None  # test pairs: hash <= threshold (None: no test pairs)
-    #: validation pairs: threshold < hash <= val_threshold (None: no validation pairs)
-    val_threshold: int | None = None
+    #: which pair hashes are test and validation pairs (None: before the split)
+    rule: SplitRule | None = None
+    user_ids: IdRanges | None = None  # the users' staged ids, for their hashes
+    item_hash: np.ndarray | None = None  # (I,) the hash of each item code's raw id
     file_test: bool = False  # the test pairs are those of a test file (staged as ``test_*``)
 
 
@@ -529,40 +533,19 @@ def _kept_rows(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
 
 
 def _kept(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A partition's interactions after filtering, in final indices, and its user map."""
+    """A partition's interactions after filtering, in final indices, their split (``test``,
+    ``validation``: masks by the hash of their raw ids, ``split.SplitRule``), and its user
+    map."""
     d = _kept_rows(part, tmp, fin)
-    assert fin.item_map is not None
+    assert fin.item_map is not None and fin.rule is not None
+    assert fin.user_ids is not None and fin.item_hash is not None
+    lo, hi = int(fin.bounds[part]), int(fin.bounds[part + 1])
+    h = pair_hash(fin.user_ids.hashes(lo, hi)[d["u"] - lo], fin.item_hash[d["i"]], fin.seed)
+    is_test, is_val = fin.rule.masks(h)
     user_map = _user_map(part, fin, d["u"])
-    u = user_map[d["u"] - fin.bounds[part]]
-    return {"u": u, "i": fin.item_map[d["i"]], "y": d["y"], "raw": d["raw"]}, user_map
-
-
-def hash_hist_task(part: int, tmp: str, fin: Final) -> np.ndarray:
-    """Counts of the pair hashes of a partition per hash bin (top ``HASH_BIN_BITS`` bits)."""
-    d, _ = _kept(part, tmp, fin)
-    h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
-    return np.bincount((h >> _SHIFT).astype(np.int64), minlength=2**HASH_BIN_BITS)
-
-
-def hash_bin_task(part: int, tmp: str, fin: Final, bin_: int) -> np.ndarray:
-    """Sorted pair hashes of a partition that fall in hash bin ``bin_`` (uint64)."""
-    d, _ = _kept(part, tmp, fin)
-    h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
-    return np.sort(h[(h >> _SHIFT) == np.uint64(bin_)])
-
-
-def _is_test(d: dict[str, np.ndarray], fin: Final) -> np.ndarray:
-    if fin.threshold is None:
-        return np.zeros(len(d["u"]), dtype=bool)
-    return pair_hash(d["u"], d["i"], fin.n_items, fin.seed) <= np.uint64(fin.threshold)
-
-
-def _is_validation(d: dict[str, np.ndarray], fin: Final) -> np.ndarray:
-    if fin.val_threshold is None:
-        return np.zeros(len(d["u"]), dtype=bool)
-    h = pair_hash(d["u"], d["i"], fin.n_items, fin.seed)
-    above_test = h > np.uint64(fin.threshold) if fin.threshold is not None else True
-    return above_test & (h <= np.uint64(fin.val_threshold))
+    u = user_map[d["u"] - lo]
+    return {"u": u, "i": fin.item_map[d["i"]], "y": d["y"], "raw": d["raw"],
+            "test": is_test, "validation": is_val}, user_map  # fmt: skip
 
 
 def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
@@ -570,7 +553,7 @@ def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
     d, _ = _kept(part, tmp, fin)
     assert fin.user_first is not None
     first, stop = int(fin.user_first[part]), int(fin.user_first[part + 1])
-    train = ~_is_test(d, fin) & ~_is_validation(d, fin)
+    train = ~d["test"] & ~d["validation"]
     return (np.bincount(d["u"][train] - first, minlength=stop - first).astype(np.int64),
             np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64))  # fmt: skip
 
@@ -586,12 +569,12 @@ def block_task(
     -------
     dict
         ``{"train" | "test" | "validation": ([block ids], [Segment]), "hist_" + the same:
-        (V + 1,)}`` (validation empty when ``fin`` has no validation threshold); with a test
+        (V + 1,)}`` (validation empty without a validation fraction); with a test
         file, ``test_unknown``: its interactions dropped as their user or item is not in the
         filtered training data.
     """
     d, user_map = _kept(part, tmp, fin)
-    is_test, is_val = _is_test(d, fin), _is_validation(d, fin)
+    is_test, is_val = d.pop("test"), d.pop("validation")
     splits = {s: {k: a[sel] for k, a in d.items()}
               for s, sel in (("train", ~is_test & ~is_val), ("test", is_test),
                              ("validation", is_val))}  # fmt: skip

@@ -39,11 +39,12 @@ from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import column_ids, column_values
 from ordnmf_dask.sources.split import (
     check_test_fraction,
+    check_train_left,
     check_validation_fraction,
+    id_hashes,
     lookup,
-    n_test_rows,
-    random_test_mask,
-    validation_mask,
+    pair_hash,
+    split_rule,
 )
 from ordnmf_dask.sources.text import check_columns, read_triples, release_memory
 from ordnmf_dask.sources.values import ValueSpec, classify, make_spec
@@ -193,11 +194,12 @@ def ingest(
         Fraction of the nonzeros drawn at random for test (ignored if ``test`` is given).
     validation_fraction : float
         Fraction of the training nonzeros (those left by the test split) kept apart as the
-        validation subset, for validation during the fit: the pairs with the smallest pair hash
-        of the same seed (``ordnmf_dask.sources.split.validation_mask``). 0: no validation subset.
+        validation subset, for validation during the fit, by the same seeded pair hash
+        (``ordnmf_dask.sources.split.split_rule``). 0: no validation subset.
     seed : int
-        Seed of the random split: the test set is the ``round(test_fraction * n)`` pairs with
-        the smallest seeded pair hash (``ordnmf_dask.sources.split.random_test_mask``).
+        Seed of the random split: a pair is test if the seeded hash of its raw (user, item) ids
+        is below ``test_fraction * 2^64`` (``ordnmf_dask.sources.split``), so each pair keeps
+        its subset when data are added; the test set holds about ``test_fraction`` of them.
     nnz_per_block : int
         Target train nonzeros per block when ``grid`` is None.
     grid : (int, int), optional
@@ -357,16 +359,6 @@ def inputs_label(paths: Sequence[PathLike]) -> str:
     return ", ".join(names[:3]) + more
 
 
-def check_train_left(label: str, n: int, test_fraction: float) -> None:
-    """Raise InputError if the random split of ``n`` nonzeros leaves none for training."""
-    if n_test_rows(n, test_fraction) == n:
-        raise InputError(
-            f"{label}: the random split leaves no training data: all {n} nonzeros go to the "
-            f"test set (test_fraction={test_fraction:g}); give more data or a smaller "
-            "test_fraction"
-        )
-
-
 def _arrays_to_rows(users: object, items: object, values: object, label: str) -> _Rows:
     u = ids_from_array(users, label, "user")
     i = ids_from_array(items, label, "item")
@@ -472,12 +464,11 @@ def _build(
     n_before_split = len(data.u)
 
     extra: dict[str, object] = {}
+    rule = split_rule(test_fraction if test is None else None, validation_fraction)
+    is_test, is_val = rule.masks(pair_hash(id_hashes(user_ids[user_sel])[data.u],
+                                           id_hashes(item_ids[item_sel])[data.i], seed))
     if test is None:
-        check_train_left(label, n_before_split, test_fraction)
-        is_test = random_test_mask(data.u, data.i, len(item_sel), test_fraction, seed)
         train_nz, test_nz = data.take(~is_test), data.take(is_test)
-        del is_test
-        release_memory()
     else:
         train_nz = data
         test_nz, extra = _file_test(
@@ -485,15 +476,16 @@ def _build(
             user_ids[user_sel], item_ids[item_sel],
         )  # fmt: skip
     del data
+    check_train_left(label, n_before_split, n_before_split - int(is_test.sum() + is_val.sum()),
+                     test_fraction if test is None else None, validation_fraction)
 
     val_nz = None
     if validation_fraction > 0:
-        is_val = validation_mask(train_nz.u, train_nz.i, len(item_sel), validation_fraction, seed)
+        is_val = is_val[~is_test]  # the training pairs' (test pairs are never validation)
         train_nz, val_nz = train_nz.take(~is_val), train_nz.take(is_val)
-        if len(train_nz.u) == 0:
-            raise InputError(f"{label}: the validation split leaves no training data "
-                             f"(validation_fraction={validation_fraction:g})")
         extra.update(validation_attrs(validation_fraction, _hist(val_nz.y, spec)))
+    del is_test, is_val
+    release_memory()
 
     n_users, n_items = len(user_sel), len(item_sel)
     row_bounds, col_bounds = choose_bounds(

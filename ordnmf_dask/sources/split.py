@@ -1,40 +1,106 @@
-"""Train/test/validation split: random over nonzeros by a seeded pair hash, or a user-supplied
-test set; the validation set is always carved from the training pairs by the same hash."""
+"""Train/test/validation split: random over nonzeros by a seeded hash of each pair's RAW ids,
+or a user-supplied test set; the validation set is always carved from the training pairs by the
+same hash.
+
+A pair's subset depends only on its raw (user, item) ids, the seed and the fractions: never on
+the other pairs, the input order, the files, the contiguous indices or how the work was chunked.
+A pair present in two periods of growing data therefore lands in the same subset in both (a
+model warm-started on the later period is not scored on its own training pairs). The price is
+that the test set holds about, not exactly, ``test_fraction`` of the nonzeros (binomially).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
-#: The top ``HASH_BIN_BITS`` bits of a pair hash name its bin (distributed threshold search).
-HASH_BIN_BITS = 16
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_SPAN = 2**64  # hashes are uniform on [0, 2^64)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
     """The SplitMix64 finalizer, a bijection of uint64 (wrap-around arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _M2
-    return x ^ (x >> np.uint64(31))
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * _M1
+        x = x ^ (x >> np.uint64(27))
+        x = x * _M2
+        return x ^ (x >> np.uint64(31))
 
 
-def pair_hash(u: np.ndarray, i: np.ndarray, n_items: int, seed: int) -> np.ndarray:
-    """Seeded hash of (user, item) index pairs, distinct for distinct pairs.
+def id_hashes(ids: np.ndarray) -> np.ndarray:
+    """Hash of each raw id: FNV-1a (64 bit) of the UTF-8 bytes of its text, then SplitMix64.
 
-    ``mix64(key * GAMMA + mix64(seed + GAMMA))`` with ``key = u * n_items + i``: a bijection of
-    the key for a fixed seed (odd multiplier, then the SplitMix64 finalizer), so two distinct
-    pairs never tie.
+    The text of an integer id is its canonical decimal form, so an id hashes the same whether
+    the store keeps its axis as int64 or as strings (``id_kind``), from text, Parquet or memory.
 
     Parameters
     ----------
-    u, i : np.ndarray of int, shape (n,)
-        Final (contiguous) user and item indices.
-    n_items : int
+    ids : np.ndarray, shape (m,)
+        int64 ids, or strings (``<U``, or ASCII bytes ``S`` padded with NULs, as staged).
+
+    Returns
+    -------
+    np.ndarray of uint64, shape (m,)
+    """
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "SU" and len(ids) and ids.dtype.itemsize:
+        matrix = np.ascontiguousarray(ids).view(np.uint8 if ids.dtype.kind == "S" else np.uint32)
+        matrix = matrix.reshape(len(ids), -1)
+        if ids.dtype.kind == "S" or int(matrix.max()) < 128:  # ASCII: code points are the bytes
+            return _mix64(_fnv_padded(matrix))
+    return _mix64(_fnv_text(ids))
+
+
+def _fnv_padded(matrix: np.ndarray) -> np.ndarray:
+    """FNV-1a of each row of ``matrix`` (n, w): bytes padded with NULs, which ids never hold
+    (refused when read), so each id's length is its count of nonzero entries."""
+    lengths = np.count_nonzero(matrix, axis=1)
+    h = np.full(len(matrix), _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(int(lengths.max(initial=0))):
+            h = np.where(lengths > j, (h ^ matrix[:, j].astype(np.uint64)) * _FNV_PRIME, h)
+    return h
+
+
+def _fnv_text(ids: np.ndarray) -> np.ndarray:
+    """FNV-1a of the UTF-8 text of each id (int64 in decimal, or str), via pyarrow's strings."""
+    if ids.dtype.kind in "iu":
+        text = pc.cast(pa.array(ids.astype(np.int64, copy=False)), pa.large_string())
+    else:
+        text = pa.array(ids.astype(str, copy=False), type=pa.large_string())
+    offsets = np.frombuffer(text.buffers()[1], np.int64, len(text) + 1, text.offset * 8)
+    body = text.buffers()[2]
+    data = np.frombuffer(body, np.uint8) if body is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")  # longest first: position j's ids are a prefix
+    starts, lengths = offsets[:-1][order], lengths[order]
+    hashed = np.full(len(ids), _FNV_OFFSET, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(int(lengths.max(initial=0))):
+            n = int(np.searchsorted(-lengths, -j, side="left"))  # ids longer than j bytes
+            hashed[:n] = (hashed[:n] ^ data[starts[:n] + j]) * _FNV_PRIME
+    h = np.empty_like(hashed)
+    h[order] = hashed
+    return h
+
+
+def pair_hash(user_hash: np.ndarray, item_hash: np.ndarray, seed: int) -> np.ndarray:
+    """Seeded hash of (user, item) pairs from their ids' hashes (``id_hashes``):
+    ``mix64(mix64(hu ^ mix64(seed + GAMMA)) ^ hi)``, uniform on [0, 2^64).
+
+    Parameters
+    ----------
+    user_hash, item_hash : np.ndarray of uint64, shape (n,)
     seed : int
 
     Returns
@@ -43,66 +109,51 @@ def pair_hash(u: np.ndarray, i: np.ndarray, n_items: int, seed: int) -> np.ndarr
     """
     with np.errstate(over="ignore"):
         offset = _mix64(np.asarray([seed], dtype=np.uint64) + _GAMMA)[0]
-        key = np.asarray(u, np.int64) * np.int64(max(n_items, 1)) + np.asarray(i, np.int64)
-        return _mix64(key.astype(np.uint64) * _GAMMA + offset)
+    u = np.asarray(user_hash, np.uint64)
+    i = np.asarray(item_hash, np.uint64)
+    return _mix64(_mix64(u ^ offset) ^ i)
 
 
-def n_test_rows(n: int, test_fraction: float) -> int:
-    """``round(test_fraction * n)``, the size of the random test set of ``n`` nonzeros."""
-    check_test_fraction(test_fraction)
-    return int(round(test_fraction * n))
+@dataclass(frozen=True)
+class SplitRule:
+    """Which subset a pair hash ``h`` falls in: test if ``h < test_below``, validation if
+    ``test_below <= h < validation_below``, else train (bounds in [0, 2^64))."""
+
+    test_below: int
+    validation_below: int
+
+    def masks(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(is_test, is_validation) of pair hashes ``h`` (uint64)."""
+        is_test = h < np.uint64(self.test_below)
+        return is_test, (h < np.uint64(self.validation_below)) & ~is_test
 
 
-def random_test_mask(
-    u: np.ndarray, i: np.ndarray, n_items: int, test_fraction: float, seed: int
-) -> np.ndarray:
-    """Mark ``round(test_fraction * n)`` of ``n`` nonzeros as test, at random.
-
-    The test set is the ``n_test`` pairs with the smallest ``pair_hash(u, i, n_items, seed)``.
-    It depends only on the set of pairs and the seed (not on their order), and a chunked
-    computation reproduces it exactly: histogram the hash bins, find the bin holding the
-    ``n_test``-th smallest hash, select within that bin (see ``ordnmf_dask.sources.distributed``).
-
-    Parameters
-    ----------
-    u, i : np.ndarray of int, shape (n,)
-        Distinct (user, item) index pairs.
-    n_items : int
-    test_fraction : float
-    seed : int
-
-    Returns
-    -------
-    np.ndarray of bool, shape (n,)
-    """
-    return smallest_hashes(u, i, n_items, n_test_rows(len(u), test_fraction), seed)
-
-
-def smallest_hashes(u: np.ndarray, i: np.ndarray, n_items: int, n: int, seed: int) -> np.ndarray:
-    """Mask of the ``n`` pairs with the smallest ``pair_hash(u, i, n_items, seed)``."""
-    if n == 0:
-        return np.zeros(len(u), dtype=bool)
-    h = pair_hash(u, i, n_items, seed)
-    threshold = np.partition(h, n - 1)[n - 1]
-    return h <= threshold
-
-
-def n_validation_rows(n_train: int, validation_fraction: float) -> int:
-    """``round(validation_fraction * n_train)``: the validation set's size, carved from the
-    ``n_train`` training nonzeros left by the test split."""
+def split_rule(test_fraction: float | None, validation_fraction: float) -> SplitRule:
+    """The hash ranges of a split: test ``[0, f 2^64)`` (``test_fraction`` f; None: a test file,
+    no random test pairs), validation the next ``g`` of the rest (``validation_fraction`` g of
+    the training pairs, in expectation)."""
+    test_below = 0
+    if test_fraction is not None:
+        check_test_fraction(test_fraction)
+        test_below = int(float(test_fraction) * _SPAN)
     check_validation_fraction(validation_fraction)
-    return int(round(validation_fraction * n_train))
+    rest = _SPAN - test_below
+    val = min(int(float(validation_fraction) * rest), rest - 1)
+    return SplitRule(test_below, test_below + val)
 
 
-def validation_mask(
-    u: np.ndarray, i: np.ndarray, n_items: int, validation_fraction: float, seed: int
-) -> np.ndarray:
-    """Mark ``round(validation_fraction * n)`` of the ``n`` training pairs as validation: those
-    with the smallest pair hash (the test split's hash and seed). After a random test split,
-    these are the pairs ranked just after the test pairs, so a chunked computation finds them
-    as it finds the test set (a threshold at rank n_test + n_validation of all pairs)."""
-    n_val = n_validation_rows(len(u), validation_fraction)
-    return smallest_hashes(u, i, n_items, n_val, seed)
+def check_train_left(
+    label: str, n: int, n_train: int, test_fraction: float | None, validation_fraction: float
+) -> None:
+    """Raise InputError if the split of ``n`` nonzeros left none (``n_train``) for training."""
+    if n_train:
+        return
+    fractions = ([] if test_fraction is None else [f"test_fraction={test_fraction:g}"]) + \
+        ([f"validation_fraction={validation_fraction:g}"] if validation_fraction else [])
+    raise InputError(
+        f"{label}: the random split leaves no training data: all {n} nonzeros go to the test "
+        f"or validation set ({', '.join(fractions)}); give more data or smaller fractions"
+    )
 
 
 def check_test_fraction(test_fraction: float) -> None:
