@@ -12,12 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, dense_split, store_from_dense, synthetic_ordinal
+from conftest import ML, data_file, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
-
-ML = SHARED_DATA / "ml-latest-small" / "ratings.csv"
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -30,7 +28,8 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 @pytest.mark.data
 def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     store, model = tmp_path / "ml.zarr", tmp_path / "m.zarr"
-    r = run("ingest", str(ML), "--out", str(store), "--ratings", "halfstar", "--min-count", "20")
+    r = run("ingest", str(data_file(ML)), "--out", str(store), "--ratings", "halfstar",
+            "--min-count", "20")
     assert r.returncode == 0, r.stderr
     assert "566 users x 1297 items" in r.stdout
     r = run("info", str(store), "--json")

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 import zarr
-from conftest import SHARED_DATA as DATA
+from conftest import LASTFM, ML, TPS, data_file
 
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
@@ -24,9 +24,6 @@ from ordnmf_dask.sources.split import pair_hash, random_test_mask
 from ordnmf_dask.sources.text import line_numbers
 from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays, widen
 
-ML = DATA / "ml-latest-small" / "ratings.csv"
-LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
-TPS = DATA / "tasteprofile-gouvert-subset" / "derived" / "tps_98765_U1502_I786_triplets.txt"
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
     f"{s}/{f}" for s in ("train", "test") for f in ("indptr", "cols", "y", "raw", "offsets")
 ]
@@ -58,17 +55,18 @@ def both(tmp_path, inputs, client=None, chunk_bytes=200_000, rows_per_partition=
 
 @pytest.mark.data
 def test_movielens_on_cluster(tmp_path, client):
-    both(tmp_path, ML, client, ratings="halfstar", min_count=20, nnz_per_block=10_000, seed=3)
+    both(tmp_path, data_file(ML), client, ratings="halfstar", min_count=20,
+         nnz_per_block=10_000, seed=3)
 
 
 @pytest.mark.data
 def test_lastfm_stable_filter(tmp_path):
-    both(tmp_path, LASTFM, counts="paper", min_count=5, filter_mode="stable")
+    both(tmp_path, data_file(LASTFM), counts="paper", min_count=5, filter_mode="stable")
 
 
 @pytest.mark.data
 def test_tasteprofile_counts(tmp_path):
-    both(tmp_path, TPS, counts="paper", nnz_per_block=6000, chunk_bytes=65_536)
+    both(tmp_path, data_file(TPS), counts="paper", nnz_per_block=6000, chunk_bytes=65_536)
 
 
 def write_parts(tmp_path, seed: int, n_files: int = 3, dup: bool = False):
