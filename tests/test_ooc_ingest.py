@@ -4,7 +4,7 @@ dask DataFrames, errors."""
 from __future__ import annotations
 
 import logging
-import time
+import uuid
 
 import numpy as np
 import pandas as pd
@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 import zarr
 from conftest import LASTFM, ML, TPS, data_file
+from distributed import Event
 
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
@@ -255,26 +256,32 @@ def test_line_numbers_skip_blank_lines():
         np.testing.assert_array_equal(line_numbers(data, 5), expect, err_msg=repr(data))
 
 
-def nap_or_fail(x: int) -> int:
-    """A task: item 0 takes 3 s, any other fails at once with an OSError."""
+def wait_or_fail(x: int, release: str) -> int:
+    """A task: item 0 runs until the Dask event ``release`` is set, any other fails at once
+    with an OSError."""
     if x:
         raise OSError("the disk went away")
-    time.sleep(3)
+    assert Event(release).wait(timeout=600), "never released"  # a hang guard only
     return 0
 
 
 def test_a_failure_cancels_the_tasks_left_and_says_one_may_still_run(client, caplog):
-    """A task's error (not an InputError) reaches the caller while another still runs: the
-    runner cancels the rest and is no longer ``settled``; a failure after every task finished
-    leaves it settled."""
+    """A task's error (not an InputError) reaches the caller while another still runs (it
+    waits for the test to release it): the runner cancels the rest and is no longer
+    ``settled``; a failure after every task finished leaves it settled."""
     runner = Runner(client)
-    with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):  # no progress: raised at once
-        with pytest.raises(OSError, match="went away"):
-            runner.map(nap_or_fail, [0, 1])
-        assert not runner.settled
+    release = Event("release-" + uuid.uuid4().hex, client=client)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):  # no progress: at once
+            with pytest.raises(OSError, match="went away"):
+                runner.map(wait_or_fail, [0, 1], release.name)
+            assert not runner.settled
+    finally:
+        release.set()
+    with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
         done = Runner(client)
         with pytest.raises(OSError, match="went away"):
-            done.map(nap_or_fail, [1])
+            done.map(wait_or_fail, [1], release.name)
         assert done.settled
 
 
