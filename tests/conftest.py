@@ -15,10 +15,34 @@ from distributed import Client, LocalCluster
 from ordnmf_dask.store.blocks import StoreInfo, write_store
 from ordnmf_dask.store.grid import balanced_bounds, block_sort
 
-# the real datasets: ../shared/data beside the checkout, or $DATA (as examples/*.sh read it)
-SHARED_DATA = Path(
-    os.environ.get("DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data"
-)
+CHECKOUT = Path(__file__).resolve().parents[1]
+# where the real datasets are looked for, in order: $DATA (as examples/*.sh read it), shared/data
+# beside the checkout, then the copy of MovieLens latest-small that examples/data ships
+DATA_ROOTS = [
+    *([Path(os.environ["DATA"])] if os.environ.get("DATA") else []),
+    CHECKOUT.parent / "shared" / "data",
+    CHECKOUT / "examples" / "data",
+]
+# files of the real datasets, relative to a data root
+ML = "ml-latest-small/ratings.csv"
+LASTFM = "hetrec2011-lastfm-2k/user_artists.dat"
+TPS = "tasteprofile-gouvert-subset/derived/tps_98765_U1502_I786_triplets.txt"
+
+
+def data_root(relative: str) -> Path:
+    """The first of DATA_ROOTS that holds the dataset file ``relative``; skips the calling test,
+    naming the dataset and DATA, where none does (Last.fm and the Taste Profile are not shipped:
+    their licences do not allow it)."""
+    for root in DATA_ROOTS:
+        if (root / relative).is_file():
+            return root
+    name = relative.split("/")[0]
+    pytest.skip(f"needs {name}: set DATA=/path/to/data holding {name}/ (README, Data)")
+
+
+def data_file(relative: str) -> Path:
+    """The path of the dataset file ``relative`` (see :func:`data_root`)."""
+    return data_root(relative) / relative
 
 
 @pytest.fixture(scope="session", autouse=True)

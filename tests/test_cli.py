@@ -12,12 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, dense_split, store_from_dense, synthetic_ordinal
+from conftest import ML, data_file, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
-
-ML = SHARED_DATA / "ml-latest-small" / "ratings.csv"
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -30,7 +28,8 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 @pytest.mark.data
 def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     store, model = tmp_path / "ml.zarr", tmp_path / "m.zarr"
-    r = run("ingest", str(ML), "--out", str(store), "--ratings", "halfstar", "--min-count", "20")
+    r = run("ingest", str(data_file(ML)), "--out", str(store), "--ratings", "halfstar",
+            "--min-count", "20")
     assert r.returncode == 0, r.stderr
     assert "566 users x 1297 items" in r.stdout
     r = run("info", str(store), "--json")
@@ -113,8 +112,9 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )]
     try:
-        deadline = time.time() + 60
-        while not sched_file.exists() and time.time() < deadline:
+        deadline = time.monotonic() + 600  # a hang guard: the loop ends when the file appears
+        while not sched_file.exists():
+            assert time.monotonic() < deadline, "the scheduler did not start"
             time.sleep(0.2)
         address = json.loads(sched_file.read_text())["address"]
         for _ in range(2):
@@ -130,7 +130,7 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
         for p in reversed(procs):
             p.send_signal(signal.SIGINT)
         for p in procs:
-            p.wait(timeout=30)
+            p.wait(timeout=600)
     local = OrdNMF(3, max_iter=12, seed=5).fit(store)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_

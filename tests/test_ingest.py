@@ -6,17 +6,14 @@ import itertools
 import time
 
 import numpy as np
+import pyarrow.csv as pa_csv
 import pytest
-from conftest import SHARED_DATA as DATA
+from conftest import LASTFM, ML, TPS, data_file
 
 from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
 from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
 from ordnmf_dask.sources.text import read_triples
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
-
-ML = DATA / "ml-latest-small" / "ratings.csv"
-LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
-TPS = DATA / "tasteprofile-gouvert-subset" / "derived" / "tps_98765_U1502_I786_triplets.txt"
 
 ML_HIST = [1370, 2811, 1791, 7551, 5550, 20047, 13136, 26818, 8551, 13211]
 LASTFM_HIST = [636, 419, 1001, 1405, 2349, 6270, 9885, 16998, 25744, 28127]
@@ -152,11 +149,12 @@ def test_filter_paper_vs_stable(tmp_path):
 
 @pytest.mark.data
 def test_movielens_halfstar(tmp_path):
-    info = ingest(ML, tmp_path / "ml", ratings="halfstar")
+    ml = data_file(ML)
+    info = ingest(ml, tmp_path / "ml", ratings="halfstar")
     assert (info.n_users, info.n_items, info.n_classes) == (610, 9724, 10)
     assert (info.hist_train + info.hist_test).tolist() == [0, *ML_HIST]
     assert info.attrs["value_kind"] == "ratings-halfstar"
-    assert info.attrs["source"] == [str(ML)]
+    assert info.attrs["source"] == [str(ml)]
     assert read_ids(info.path, "users").dtype == np.int64
     raw = read_block(info.path, "train", 0, 0)
     np.testing.assert_array_equal(raw.y, (raw.raw * 2).astype(np.uint8))
@@ -164,7 +162,7 @@ def test_movielens_halfstar(tmp_path):
 
 @pytest.mark.data
 def test_movielens_min_count(tmp_path):
-    info = ingest(ML, tmp_path / "ml", ratings="halfstar", min_count=20)
+    info = ingest(data_file(ML), tmp_path / "ml", ratings="halfstar", min_count=20)
     full = np.array(ML_HIST)
     hist = (info.hist_train + info.hist_test)[1:]
     assert np.all(hist <= full) and hist.sum() < full.sum()
@@ -178,7 +176,7 @@ def test_movielens_min_count(tmp_path):
 
 @pytest.mark.data
 def test_movielens_binarize(tmp_path):
-    info = ingest(ML, tmp_path / "ml", ratings="halfstar", binarize=8)
+    info = ingest(data_file(ML), tmp_path / "ml", ratings="halfstar", binarize=8)
     assert info.n_classes == 1 and info.attrs["value_kind"] == "binary"
     assert info.nnz_train + info.nnz_test == sum(ML_HIST[7:])
     assert info.attrs["rows_not_interaction"] == sum(ML_HIST[:7])
@@ -188,7 +186,7 @@ def test_movielens_binarize(tmp_path):
 
 @pytest.mark.data
 def test_lastfm_counts_paper(tmp_path):
-    info = ingest(LASTFM, tmp_path / "lfm", counts="paper")
+    info = ingest(data_file(LASTFM), tmp_path / "lfm", counts="paper")
     assert (info.n_users, info.n_items) == (1892, 17632)
     assert (info.hist_train + info.hist_test).tolist() == [0, *LASTFM_HIST]
     assert info.attrs["thresholds"] == [0, 1, 2, 5, 10, 20, 50, 100, 200, 500]
@@ -196,7 +194,7 @@ def test_lastfm_counts_paper(tmp_path):
 
 @pytest.mark.data
 def test_tasteprofile_counts_paper(tmp_path):
-    info = ingest(TPS, tmp_path / "tps", counts="paper", nnz_per_block=6000)
+    info = ingest(data_file(TPS), tmp_path / "tps", counts="paper", nnz_per_block=6000)
     assert (info.n_users, info.n_items) == (1502, 786)
     assert (info.hist_train + info.hist_test).tolist() == [0, *TPS_HIST]
     assert info.grid == (3, 3)
@@ -204,13 +202,30 @@ def test_tasteprofile_counts_paper(tmp_path):
     assert users.dtype.kind == "U" and len(users[0]) == 40 and np.all(users[:-1] < users[1:])
 
 
+def best_of_three(fn) -> float:
+    """The shortest of three timed calls of ``fn()`` (seconds)."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 @pytest.mark.data
 @pytest.mark.parametrize("path", [ML, LASTFM, TPS])
 def test_parse_is_fast(path):
-    start = time.perf_counter()
-    triples = read_triples(path)
-    assert time.perf_counter() - start < 2.0
-    assert len(triples) in (100836, 92834, 63973)
+    """Reading the triples costs a small multiple of pyarrow's own read of the same file, both
+    timed here (best of three): a bound on this machine as it is now, not on an idle one."""
+    path = data_file(path)
+    delimiter = "," if path.suffix == ".csv" else "\t"
+    ours = best_of_three(lambda: read_triples(path))
+    arrow = best_of_three(lambda: pa_csv.read_csv(
+        path, parse_options=pa_csv.ParseOptions(delimiter=delimiter),
+        read_options=pa_csv.ReadOptions(autogenerate_column_names=path.suffix == ".txt"),
+    ))  # fmt: skip
+    assert ours < 5 * arrow
+    assert len(read_triples(path)) in (100836, 92834, 63973)
 
 
 def test_text_formats(tmp_path):

@@ -4,14 +4,15 @@ dask DataFrames, errors."""
 from __future__ import annotations
 
 import logging
-import time
+import uuid
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 import zarr
-from conftest import SHARED_DATA as DATA
+from conftest import LASTFM, ML, TPS, data_file
+from distributed import Event
 
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
@@ -23,9 +24,6 @@ from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import line_numbers
 from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays, widen
 
-ML = DATA / "ml-latest-small" / "ratings.csv"
-LASTFM = DATA / "hetrec2011-lastfm-2k" / "user_artists.dat"
-TPS = DATA / "tasteprofile-gouvert-subset" / "derived" / "tps_98765_U1502_I786_triplets.txt"
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
     f"{s}/{f}" for s in ("train", "test") for f in ("indptr", "cols", "y", "raw", "offsets")
 ]
@@ -57,17 +55,18 @@ def both(tmp_path, inputs, client=None, chunk_bytes=200_000, rows_per_partition=
 
 @pytest.mark.data
 def test_movielens_on_cluster(tmp_path, client):
-    both(tmp_path, ML, client, ratings="halfstar", min_count=20, nnz_per_block=10_000, seed=3)
+    both(tmp_path, data_file(ML), client, ratings="halfstar", min_count=20,
+         nnz_per_block=10_000, seed=3)
 
 
 @pytest.mark.data
 def test_lastfm_stable_filter(tmp_path):
-    both(tmp_path, LASTFM, counts="paper", min_count=5, filter_mode="stable")
+    both(tmp_path, data_file(LASTFM), counts="paper", min_count=5, filter_mode="stable")
 
 
 @pytest.mark.data
 def test_tasteprofile_counts(tmp_path):
-    both(tmp_path, TPS, counts="paper", nnz_per_block=6000, chunk_bytes=65_536)
+    both(tmp_path, data_file(TPS), counts="paper", nnz_per_block=6000, chunk_bytes=65_536)
 
 
 def write_parts(tmp_path, seed: int, n_files: int = 3, dup: bool = False):
@@ -241,26 +240,32 @@ def test_line_numbers_skip_blank_lines():
         np.testing.assert_array_equal(line_numbers(data, 5), expect, err_msg=repr(data))
 
 
-def nap_or_fail(x: int) -> int:
-    """A task: item 0 takes 3 s, any other fails at once with an OSError."""
+def wait_or_fail(x: int, release: str) -> int:
+    """A task: item 0 runs until the Dask event ``release`` is set, any other fails at once
+    with an OSError."""
     if x:
         raise OSError("the disk went away")
-    time.sleep(3)
+    assert Event(release).wait(timeout=600), "never released"  # a hang guard only
     return 0
 
 
 def test_a_failure_cancels_the_tasks_left_and_says_one_may_still_run(client, caplog):
-    """A task's error (not an InputError) reaches the caller while another still runs: the
-    runner cancels the rest and is no longer ``settled``; a failure after every task finished
-    leaves it settled."""
+    """A task's error (not an InputError) reaches the caller while another still runs (it
+    waits for the test to release it): the runner cancels the rest and is no longer
+    ``settled``; a failure after every task finished leaves it settled."""
     runner = Runner(client)
-    with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):  # no progress: raised at once
-        with pytest.raises(OSError, match="went away"):
-            runner.map(nap_or_fail, [0, 1])
-        assert not runner.settled
+    release = Event("release-" + uuid.uuid4().hex, client=client)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):  # no progress: at once
+            with pytest.raises(OSError, match="went away"):
+                runner.map(wait_or_fail, [0, 1], release.name)
+            assert not runner.settled
+    finally:
+        release.set()
+    with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
         done = Runner(client)
         with pytest.raises(OSError, match="went away"):
-            done.map(nap_or_fail, [1])
+            done.map(wait_or_fail, [1], release.name)
         assert done.settled
 
 

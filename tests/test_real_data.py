@@ -1,10 +1,10 @@
-"""The paper's protocol on real MovieLens data (../shared/data/ml-latest-small)."""
+"""The paper's protocol on real MovieLens data (ml-latest-small)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SHARED_DATA
+from conftest import ML, data_file
 
 from ordnmf_dask import OrdNMF, evaluate, ingest
 
@@ -13,7 +13,7 @@ from ordnmf_dask import OrdNMF, evaluate, ingest
 def test_movielens_small_reaches_the_published_ndcg(tmp_path, client):
     """Filter >= 20, 80/20 split, K = 50, alpha = 0.3, tol = 1e-5: NDCG@100 ~0.40 (s=1), ~0.32
     (s=10) for a correct implementation; a broken update lands far below these floors."""
-    store = ingest(SHARED_DATA / "ml-latest-small" / "ratings.csv", tmp_path / "ml.zarr",
+    store = ingest(data_file(ML), tmp_path / "ml.zarr",
                    ratings="halfstar", min_count=20, seed=0)
     model = OrdNMF(50, seed=0).fit(store, client)
     assert model.converged_

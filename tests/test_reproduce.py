@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import SHARED_DATA
+from conftest import TPS, data_root
 
 from ordnmf_dask.app.cli import main
 
@@ -14,7 +14,7 @@ from ordnmf_dask.app.cli import main
 @pytest.mark.data
 def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
     code = main([
-        "reproduce", "--out", str(tmp_path), "--data", str(SHARED_DATA),
+        "reproduce", "--out", str(tmp_path), "--data", str(data_root(TPS)),
         "--datasets", "tasteprofile", "--k-grid", "3", "--seeds", "0,1", "--max-iter", "4",
         "--jobs", "3", "--scheduler", client.scheduler.address,
     ])
@@ -35,7 +35,7 @@ def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
 def test_reproduce_without_a_cluster_runs_small_datasets_in_process(tmp_path, capsys):
     """Not marked ``cluster``: the command fails if it starts a scheduler (conftest)."""
     code = main([
-        "reproduce", "--out", str(tmp_path), "--data", str(SHARED_DATA),
+        "reproduce", "--out", str(tmp_path), "--data", str(data_root(TPS)),
         "--datasets", "tasteprofile", "--k-grid", "2", "--seeds", "0", "--max-iter", "2",
         "--jobs", "2",
     ])

@@ -1,0 +1,128 @@
+"""Every example and shipped job file runs as shipped, as a new user runs it: DATA unset (the
+MovieLens copy in examples/data), outputs under a temporary directory, nothing written into the
+checkout, and no cluster started (not marked ``cluster``: a scheduler would fail, conftest)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CHECKOUT, TPS, data_root
+
+from ordnmf_dask.app.config import resolve
+
+EXAMPLES = CHECKOUT / "examples"
+# what the examples below cover; a new example needs a test here
+TESTED = {"movielens_small.sh", "api_quickstart.py", "reproduce_paper.sh"}
+JOB = CHECKOUT / "cluster" / "job.toml"
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """This environment without DATA (a new user's), plus ``extra``."""
+    return {**{k: v for k, v in os.environ.items() if k != "DATA"}, **extra}
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env=user_env(**env), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+def readme_output() -> list[str]:
+    """The output of the main command as README.md shows it (the indented block after
+    "Output of the first command")."""
+    text = (CHECKOUT / "README.md").read_text()
+    block = text.split("Output of the first command", 1)[1].split("\n\n", 2)[1]
+    return [line[4:] for line in block.splitlines()]
+
+
+def test_every_example_is_tested():
+    assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == TESTED
+
+
+def test_movielens_small_prints_what_the_readme_shows(tmp_path):
+    r = run(["bash", str(EXAMPLES / "movielens_small.sh")], tmp_path, OUT=str(tmp_path / "ml"))
+    assert r.returncode == 0, r.stderr
+    shown = readme_output()
+    assert shown[0].startswith("ranking metrics at k = 100") and len(shown) == 13
+    assert r.stdout.splitlines()[-13:] == shown
+    results = json.loads((tmp_path / "ml" / "results.json").read_text())
+    assert round(results["ndcg"]["1"], 4) == 0.4099
+    assert "converged: 208 iterations" in r.stdout  # the README's 208 iterations
+    assert list(tmp_path.iterdir()) == [tmp_path / "ml"]
+
+
+def test_api_quickstart_honours_data_and_out(tmp_path):
+    script = str(EXAMPLES / "api_quickstart.py")
+    r = run([sys.executable, script], tmp_path, OUT=str(tmp_path / "qs"))
+    assert r.returncode == 0, r.stderr
+    n_iter, ndcg = r.stdout.splitlines()[0].split()[0], r.stdout.splitlines()[-2]
+    assert n_iter == "208" and ndcg.startswith("{1: 0.4099")
+    assert {p.name for p in (tmp_path / "qs").iterdir()} == {"store.zarr", "model.zarr"}
+    # DATA points at another copy: that one is read (here: absent, so an error naming it)
+    r = run([sys.executable, script], tmp_path, OUT=str(tmp_path / "qs2"),
+            DATA=str(tmp_path / "elsewhere"))
+    assert r.returncode != 0
+    assert f"{tmp_path / 'elsewhere' / 'ml-latest-small' / 'ratings.csv'}" in r.stderr
+
+
+def test_reproduce_paper_without_its_data_says_what_it_needs(tmp_path):
+    r = run(["bash", str(EXAMPLES / "reproduce_paper.sh")], tmp_path,
+            DATA=str(tmp_path / "data"), OUT=str(tmp_path / "rep"))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "set DATA to a directory holding" in r.stderr
+    assert "hetrec2011-lastfm-2k/" in r.stderr and "tasteprofile-gouvert-subset/" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.data
+def test_reproduce_paper_runs_where_its_data_is(tmp_path):
+    """The script as shipped, its protocol shrunk (one dataset) by extra arguments, which it
+    passes on."""
+    r = run(["bash", str(EXAMPLES / "reproduce_paper.sh"), "--k-grid", "2", "--seeds", "0",
+             "--max-iter", "2", "--jobs", "2", "--datasets", "tasteprofile"], tmp_path,
+            DATA=str(data_root(TPS)), OUT=str(tmp_path / "rep"))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "rep" / "tasteprofile" / "runs.csv").is_file()
+    assert (tmp_path / "rep" / "report.md").read_text().startswith("# OrdNMF vs BePoF")
+
+
+def prepare_command(job: Path) -> str:
+    """The command the job file's comments give to prepare its store."""
+    [command] = re.findall(r"^#\s+(mkdir -p .*ordnmf-dask ingest .*)$", job.read_text(), re.M)
+    return command
+
+
+def test_job_file_runs_as_shipped(tmp_path):
+    """From a working directory laid out as the repository (the data, the job file): the
+    command its comments give, then ``fit --config``; everything is written under out/job."""
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "data").symlink_to(EXAMPLES / "data")
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "job.toml").write_bytes(JOB.read_bytes())
+    r = run(["bash", "-c", prepare_command(JOB)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run(["ordnmf-dask", "fit", "--config", "cluster/job.toml"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "converged: 208 iterations" in r.stdout
+    assert "running in-process" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "examples", "out"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["job"]
+    assert {p.name for p in (tmp_path / "out" / "job").iterdir()} >= {"ml.zarr", "model.zarr",
+                                                                     "fit.log"}
+    cfg = resolve(str(JOB))
+    paths = [cfg.store.path, cfg.output.model, cfg.checkpoint.dir, cfg.logging.file]
+    assert all(p.startswith("out/job/") for p in paths) and len(set(paths)) == 4
+
+
+def test_kubernetes_job_file_is_valid():
+    """Not runnable here (it names the pod's /data volume): read and validated as shipped."""
+    cfg = resolve(str(CHECKOUT / "cluster" / "kubernetes" / "job.toml"))
+    paths = [cfg.store.path, cfg.output.model, cfg.checkpoint.dir]
+    assert all(p.startswith("/data/") for p in paths) and len(set(paths)) == 3
+    assert cfg.cluster.local is None  # the manifest gives the scheduler address
+
