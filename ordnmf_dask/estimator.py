@@ -20,6 +20,7 @@ import zarr
 
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.dist.memory import check_fit_memory
 from ordnmf_dask.dist.progress import IterationProgress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
@@ -231,6 +232,7 @@ class CaviEstimator:
         """
         cfg, values = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+        _check_rank(cfg.n_components, info)
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
         source = None
@@ -261,6 +263,11 @@ class CaviEstimator:
             if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
                 _claim(locations.location(ckpt), prints, False, n_init)
             return self
+        if isinstance(family, DcPFFamily) and family.values == "class":  # documented, but rare
+            log.warning("dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
+                        "the classes 1..%d as counts; to fit play counts, ingest them with "
+                        "counts='paper' (--counts paper), which keeps the raw counts",
+                        info.path, info.attrs.get("value_kind"), info.n_classes)
         work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
             os.makedirs(work, exist_ok=True)
@@ -273,6 +280,7 @@ class CaviEstimator:
                 out = _temporary_model_dir()
             with choose_client(client, info, cfg.n_components, values["executor"]) as cl:
                 cache = decide_cache(values["cache_blocks"], cl, info)
+                check_fit_memory(cl, info, cfg.n_components, cache)  # before any iteration
                 scorer = None if validation is None else validation(cl)
                 state: CaviState | None = None
                 runs: list[dict[str, Any]] = []
@@ -748,6 +756,16 @@ def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
 def _validation_text(run: dict[str, Any]) -> str:
     return "" if run["validation"] is None else (
         f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
+
+
+def _check_rank(k: int, info: StoreInfo) -> None:
+    """InputError for more latent factors than the smaller side of the rating matrix: the rank
+    of U x I data is at most min(U, I), and every factor costs memory and time."""
+    most = min(info.n_users, info.n_items)
+    if k > most:
+        raise InputError(f"K (n_components) = {k} is larger than min(users, items) = {most} of "
+                         f"{info.path} ({info.n_users} users x {info.n_items} items): give "
+                         f"K <= {most}")
 
 
 def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -63,9 +63,10 @@ def resolve_client(
     A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
-    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`),
-    keep freed memory (:data:`WORKER_MALLOC`) and log at this process's ``distributed`` level;
-    ``os.environ`` is left as it was found.
+    left running; InputError before it starts when its workers' memory limit is too small to
+    run a task (:func:`.memory.check_local_cluster`). Its workers spill to disk on process
+    memory only (:data:`WORKER_MEMORY`), keep freed memory (:data:`WORKER_MALLOC`) and log at
+    this process's ``distributed`` level; ``os.environ`` is left as it was found.
     """
     if client is None:
         client = _current_client()
@@ -75,6 +76,9 @@ def resolve_client(
     import dask
     from distributed import Client, LocalCluster
 
+    from ordnmf_dask.dist.memory import check_local_cluster
+
+    check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
     with _environ_kept():
         # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
         # process may have left Dask's MALLOC_TRIM_THRESHOLD_ there

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
 
@@ -190,7 +190,7 @@ def ids_from_array(ids: object, what: str) -> np.ndarray:
     if arr.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
         if bad.size:
-            raise InputError(f"{what} id {arr[bad[0]]!r} at row {bad[0]} is not an integer")
+            raise InputError(f"{what} id {shown(arr[bad[0]])} at row {bad[0]} is not an integer")
         return arr.astype(np.int64)
     return arr.astype(str)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.text import (
     Column,
@@ -278,7 +278,7 @@ def column_ids(col: Any, origin: Origin, what: str, name: str) -> Any:
         bad = np.flatnonzero(~np.isfinite(ids) | (ids != np.round(ids)))
         if bad.size:
             k = int(bad[0])
-            raise InputError(f"{origin.where(k)}: {what} id {ids[k]!r} is not an integer")
+            raise InputError(f"{origin.where(k)}: {what} id {shown(ids[k])} is not an integer")
         return ids.astype(np.int64)
     if _is_string(pa, t):
         return col
