@@ -102,7 +102,8 @@ def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
     need = factor_bytes(info.n_users, info.n_items, k) + blocks
     if need > sum(room):
         n = len(limits)
-        each = size_text(limits[0]) if len(set(limits)) == 1 else f"up to {size_text(max(limits))}"
+        each = (f"{size_text(limits[0])} each" if len(set(limits)) == 1
+                else f"up to {size_text(max(limits))}")  # fmt: skip
         cached = ", and the cached training blocks" if cache else ""
         raise InputError(f"{need_text} {size_text(need)} {what}{cached}), more than the "
                          f"{size_text(sum(room))} left by {n} worker{'s' * (n > 1)} with a "
