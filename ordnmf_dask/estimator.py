@@ -228,11 +228,13 @@ class CaviEstimator:
             written or removed (a launcher runs it before it starts its cluster).
 
         Every conflict (store, warm-start model, output path, checkpoints) is checked before
-        the cluster is used.
+        the cluster is used, and so is K (at most min(n_users, n_items)); factors that cannot
+        fit the workers' memory limits (in-process: the memory available) are refused before
+        the first iteration (:func:`ordnmf_dask.dist.memory.check_fit_memory`).
         """
         cfg, values = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
-        _check_rank(cfg.n_components, info)
+        check_rank(cfg.n_components, info)
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
         source = None
@@ -758,7 +760,7 @@ def _validation_text(run: dict[str, Any]) -> str:
         f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
 
 
-def _check_rank(k: int, info: StoreInfo) -> None:
+def check_rank(k: int, info: StoreInfo) -> None:
     """InputError for more latent factors than the smaller side of the rating matrix: the rank
     of U x I data is at most min(U, I), and every factor costs memory and time."""
     most = min(info.n_users, info.n_items)

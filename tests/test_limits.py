@@ -14,6 +14,7 @@ from distributed import system
 
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF, ingest
 from ordnmf_dask.app.cli import main
+from ordnmf_dask.app.tune import tune
 from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.dist.memory import MIN_WORKER_MEMORY
 from ordnmf_dask.errors import InputError
@@ -61,6 +62,12 @@ def test_cli_refuses_k_above_the_rank_in_one_line(store, tmp_path, capsys):
     assert code == 2
     assert "K (--n-components) = 16 is larger than min(users, items) = 15" in line
     assert not (tmp_path / "m.zarr").exists()
+
+
+def test_tune_refuses_a_trial_k_above_the_rank_before_any_fit(store, tmp_path):
+    with pytest.raises(InputError, match=r"K \(n_components\) = 16 is larger than min"):
+        tune(store, {"n_components": [2, 16]}, out=tmp_path / "t", allow_test=True)
+    assert not (tmp_path / "t").exists()
 
 
 # -- worker memory limits -------------------------------------------------------------------

@@ -37,7 +37,7 @@ from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
-from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator, check_rank
 from ordnmf_dask.modelstore.model import is_model, model_target, open_model
 from ordnmf_dask.params import DEFAULTS, MODELS, accepted, validate
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
@@ -174,6 +174,8 @@ def tune(
     drawn = (tuning.grid(space) if n_trials is None
              else tuning.sample(space, n_trials, sample_seed))  # fmt: skip
     trials_params = [validate(p) for p in drawn]
+    for p in trials_params:  # every trial's K, before any fit
+        check_rank({**fixed, **p}["n_components"], info)
     budgets = tuning.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
                            max_iter, eta)
     split = _split(info, allow_test)
