@@ -19,7 +19,7 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.dist.cluster import block_bytes, checkpoint_schedule, choose_client
 from ordnmf_dask.dist.memory import check_fit_memory
 from ordnmf_dask.dist.progress import IterationProgress
 from ordnmf_dask.engine import checkpoint, warmstart
@@ -817,5 +817,4 @@ def decide_cache(setting: bool | str, client: Client, info: StoreInfo) -> bool:
     limits = [w.get("memory_limit") or 0 for w in workers]
     if not limits or min(limits) == 0:
         return True
-    block_bytes = info.nnz_train * (4 + 4 + 1) + 8 * (info.n_users * info.grid[1])
-    return block_bytes < 0.25 * sum(limits)
+    return block_bytes(info) < 0.25 * sum(limits)

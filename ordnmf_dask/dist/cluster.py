@@ -116,12 +116,16 @@ class Sizes(Protocol):
     def grid(self) -> tuple[int, int]: ...
 
 
+def block_bytes(info: Sizes) -> int:
+    """Bytes the training blocks of ``info`` take when cached in memory: 9 per nonzero and a
+    row pointer per user and block column."""
+    return info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
+
+
 def inprocess_bytes(info: Sizes, k: int) -> int:
     """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
-    training blocks (as :func:`ordnmf_dask.estimator.decide_cache` counts them) and
-    FACTOR_TABLES (n, K) tables per row of W and H."""
-    blocks = info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
-    return blocks + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
+    training blocks (:func:`block_bytes`) and FACTOR_TABLES (n, K) tables per row of W and H."""
+    return block_bytes(info) + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
 
 
 def runs_inprocess(info: Sizes, k: int, memory: int | None = None) -> bool:

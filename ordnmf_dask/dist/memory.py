@@ -10,14 +10,14 @@ from typing import Any, Protocol
 import numpy as np
 import psutil
 
-from ordnmf_dask.dist.cluster import FACTOR_TABLES, Sizes, inprocess_bytes
+from ordnmf_dask.dist.cluster import FACTOR_TABLES, Sizes, block_bytes, inprocess_bytes
 from ordnmf_dask.dist.inprocess import InProcessClient
 from ordnmf_dask.errors import InputError
 
 log = logging.getLogger(__name__)
 
-# What a worker process holds before its first task: the interpreter, numpy, distributed and
-# the compiled kernels (about 300 MiB measured on Linux, Python 3.11).
+# What a worker process holds before its first task (the interpreter, numpy, distributed and
+# the compiled kernels), rounded up.
 WORKER_PROCESS = 320 << 20
 # Dask pauses a worker (it runs no task until its memory drops) at this fraction of its memory
 # limit (distributed.worker.memory.pause, unchanged by the package).
@@ -98,8 +98,7 @@ def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
     below = (f"below Dask's pause threshold ({PAUSE:.0%} of the limit, less about "
              f"{size_text(WORKER_PROCESS)} for the worker process): {advice}, or give the "
              "workers more memory")
-    blocks = info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1] if cache else 0
-    need = factor_bytes(info.n_users, info.n_items, k) + blocks
+    need = factor_bytes(info.n_users, info.n_items, k) + (block_bytes(info) if cache else 0)
     if need > sum(room):
         n = len(limits)
         each = (f"{size_text(limits[0])} each" if len(set(limits)) == 1
