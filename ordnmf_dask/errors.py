@@ -29,6 +29,20 @@ def _rebuild(cls: type[InputError], args: tuple[Any, ...], state: dict[str, Any]
     return exc
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, with numpy scalars (also inside lists and tuples) as the
+    plain numbers they hold: ``50.0``, not ``np.float64(50.0)``."""
+    return repr(_plain(value))
+
+
+def _plain(value: Any) -> Any:
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return value.item()
+    if type(value) in (list, tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 class StoreError(InputError):
     """A store that is absent, incomplete, unreadable or written by a newer format."""
 

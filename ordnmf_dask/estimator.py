@@ -19,7 +19,8 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.dist.cluster import block_bytes, checkpoint_schedule, choose_client
+from ordnmf_dask.dist.memory import check_fit_memory
 from ordnmf_dask.dist.progress import IterationProgress, shows_progress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
@@ -248,10 +249,13 @@ class CaviEstimator:
             written or removed (a launcher runs it before it starts its cluster).
 
         Every conflict (store, warm-start model, output path, checkpoints) is checked before
-        the cluster is used.
+        the cluster is used, and so is K (at most min(n_users, n_items)); factors that cannot
+        fit the workers' memory limits (in-process: the memory available) are refused before
+        the first iteration (:func:`ordnmf_dask.dist.memory.check_fit_memory`).
         """
         cfg, values = self._validate()
         info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+        check_rank(cfg.n_components, info)
         family = self._family(info)
         init_arrays = _read_init(init, info, cfg.n_components)
         source = None
@@ -282,6 +286,11 @@ class CaviEstimator:
             if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
                 _claim(locations.location(ckpt), prints, False, n_init)
             return self
+        if isinstance(family, DcPFFamily) and family.values == "class":  # documented, but rare
+            log.warning("dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
+                        "the classes 1..%d as counts; to fit play counts, ingest them with "
+                        "counts='paper' (--counts paper), which keeps the raw counts",
+                        info.path, info.attrs.get("value_kind"), info.n_classes)
         work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
         try:
             os.makedirs(work, exist_ok=True)
@@ -294,6 +303,7 @@ class CaviEstimator:
                 out = _temporary_model_dir()
             with choose_client(client, info, cfg.n_components, values["executor"]) as cl:
                 cache = decide_cache(values["cache_blocks"], cl, info)
+                check_fit_memory(cl, info, cfg.n_components, cache)  # before any iteration
                 scorer = None if validation is None else validation(cl)
                 state: CaviState | None = None
                 runs: list[dict[str, Any]] = []
@@ -774,6 +784,16 @@ def _validation_text(run: dict[str, Any]) -> str:
         f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
 
 
+def check_rank(k: int, info: StoreInfo) -> None:
+    """InputError for more latent factors than the smaller side of the rating matrix: the rank
+    of U x I data is at most min(U, I), and every factor costs memory and time."""
+    most = min(info.n_users, info.n_items)
+    if k > most:
+        raise InputError(f"K (n_components) = {k} is larger than min(users, items) = {most} of "
+                         f"{info.path} ({info.n_users} users x {info.n_items} items): give "
+                         f"K <= {most}")
+
+
 def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     if init is None:
         return None
@@ -828,5 +848,4 @@ def decide_cache(setting: bool | str, client: Client, info: StoreInfo) -> bool:
     limits = [w.get("memory_limit") or 0 for w in workers]
     if not limits or min(limits) == 0:
         return True
-    block_bytes = info.nnz_train * (4 + 4 + 1) + 8 * (info.n_users * info.grid[1])
-    return block_bytes < 0.25 * sum(limits)
+    return block_bytes(info) < 0.25 * sum(limits)

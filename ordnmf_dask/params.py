@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 
 #: the model registry: job-file / CLI kind -> estimator class name
 MODELS = {"ordnmf": "OrdNMF", "bepof": "BePoF", "pf": "PF", "dcpf": "DcPF"}
@@ -183,7 +183,7 @@ def problem(name: str, value: Any) -> str | None:
     if (value is None and p.optional) or p.ok(value):
         return None
     rule = f"{p.rule} (or None)" if p.optional else p.rule
-    return f"must be {rule}, got {value!r}"
+    return f"must be {rule}, got {shown(value)}"
 
 
 def convert(name: str, value: Any) -> Any:

@@ -176,7 +176,8 @@ def test_a_wrong_kind_of_data_is_a_type_error_naming_what_fit_takes(data, hint):
            r"ingest_options=\{'ratings': 'halfstar'\}"),
      (0.3, r"is not a positive integer; pass ingest_options\['ratings'\], "
            r"ingest_options\['counts'\] or ingest_options\['binarize'\]"),
-     (300, r"got 1200; for counts pass ingest_options=\{'counts': 'paper'\}")],
+     (300, r"got 1200; if the values are counts \(plays, clicks\), "
+           r"pass ingest_options=\{'counts': 'paper'\}")],
 )
 def test_a_wrong_value_scale_says_which_ingest_option_to_pass(tmp_path, scale, message):
     with pytest.raises(InputError, match=message):

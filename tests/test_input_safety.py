@@ -152,7 +152,7 @@ def test_empty_classes_without_zero_pairs_give_zero_delta():
 def test_one_row_csv_fits_to_a_finite_elbo(tmp_path, client):
     info = ingest(write(tmp_path, "one.csv", "1,2,3\n"), tmp_path / "s")
     assert (info.n_users, info.n_items, info.nnz_train) == (1, 1, 1)
-    model = OrdNMF(2, max_iter=6, min_iter=6).fit(info, client)
+    model = OrdNMF(1, max_iter=6, min_iter=6).fit(info, client)
     assert len(model.elbo_) == 6 and np.all(np.isfinite(model.elbo_))
     assert np.all(np.isfinite(model.delta_)) and np.all(np.isfinite(model.W_))
 
@@ -171,8 +171,8 @@ def test_an_integer_rating_that_is_no_class_is_named_by_file_and_line(tmp_path, 
     ("text", "api", "cli"),
     [("1,2,4\n1,3,3.5\n2,2,0.5\n", "value 3.5 is not a positive integer; for half-star ratings "
       "0.5 .. 5 pass ratings='halfstar'", "pass --ratings halfstar"),
-     ("1,2,4\n1,3,1000\n", "got 1000; for counts pass counts='paper'",
-      "for counts pass --counts paper")],
+     ("1,2,4\n1,3,1000\n", "got 1000; if the values are counts (plays, clicks), pass counts='paper'",
+      "pass --counts paper")],
 )
 def test_a_value_scale_without_a_value_option_says_which_to_give(tmp_path, capsys, text, api,
                                                                   cli):  # fmt: skip

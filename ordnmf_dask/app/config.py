@@ -336,15 +336,20 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
     if spec.threads_per_worker < 1:
         fail("cluster.local.threads_per_worker", f"must be >= 1, got {spec.threads_per_worker}")
     if spec.memory_limit is not None and spec.memory_limit != "auto":
-        try:
-            from dask.utils import parse_bytes
+        from dask.utils import parse_bytes
 
-            ok = parse_bytes(spec.memory_limit) > 0
+        from ordnmf_dask.dist.memory import worker_limit_problem
+
+        try:
+            limit = parse_bytes(spec.memory_limit)
         except (ValueError, TypeError):
-            ok = False
-        if not ok:
+            limit = 0
+        if limit <= 0:
             fail("cluster.local.memory_limit",
                  f"must be 'auto' or a size like '4GB', got {spec.memory_limit!r}")
+        wrong = worker_limit_problem(limit)
+        if wrong is not None:  # a worker paused before its first task: the fit would hang
+            fail("cluster.local.memory_limit", f"= {spec.memory_limit!r} {wrong}")
     if bool(c.cert) != bool(c.key):
         fail("cluster.cert", "and 'key' must be given together")
     if c.cert and not c.ca_file:

@@ -37,8 +37,8 @@ from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine import checkpoint
-from ordnmf_dask.errors import ELBODecreaseError, InputError
-from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
+from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator, check_rank
 from ordnmf_dask.modelstore.model import is_model, model_target, open_model
 from ordnmf_dask.params import DEFAULTS, MODELS, accepted, validate
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
@@ -176,6 +176,8 @@ def tune(
     drawn = (tuning.grid(space) if n_trials is None
              else tuning.sample(space, n_trials, sample_seed))  # fmt: skip
     trials_params = [validate(p) for p in drawn]
+    for p in trials_params:  # every trial's K, before any fit
+        check_rank({**fixed, **p}["n_components"], info)
     budgets = tuning.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
                            max_iter, eta)
     split = _split(info, allow_test)
@@ -185,7 +187,7 @@ def tune(
     fixed.update(validation_metric=metric, validation_k=k, validation_s=level)
     label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
-        raise InputError(f"n_jobs must be an integer >= 1, got {n_jobs!r}")
+        raise InputError(f"n_jobs must be an integer >= 1, got {shown(n_jobs)}")
     out = os.path.abspath(os.fspath(out))
     _check_out(out, overwrite)
     # out and out/best: never the training store, nor inside it (checked before any write)
@@ -262,7 +264,7 @@ def _fixed_params(name: str, fixed: dict[str, Any], space: tuning.Space) -> dict
         if key == "max_iter":
             raise InputError("give max_iter to tune itself: it is the final rung's budget")
         if key in MANAGED and value != DEFAULTS[key]:
-            raise InputError(f"{key} is set by tune for each trial (got {value!r})")
+            raise InputError(f"{key} is set by tune for each trial (got {shown(value)})")
     both = sorted(set(space) & set(fixed))
     if both:
         raise InputError(f"{both[0]} is both searched and fixed: give it in one place")

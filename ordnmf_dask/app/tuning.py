@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError, UsageError
+from ordnmf_dask.errors import InputError, UsageError, shown
 from ordnmf_dask.params import PARAMS, problem
 
 #: the parameters a space may search
@@ -94,7 +94,7 @@ def sample(space: Space, n_trials: int, seed: int) -> list[dict[str, Any]]:
     value uniformly, a range log-uniformly (the same draws for the same space and seed)."""
     check_space(space)
     if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1:
-        raise InputError(f"n_trials must be an integer >= 1, got {n_trials!r}")
+        raise InputError(f"n_trials must be an integer >= 1, got {shown(n_trials)}")
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, n_trials])))
     trials = []
     for _ in range(n_trials):
@@ -116,7 +116,7 @@ def rungs(min_budget: int, max_iter: int, eta: int) -> list[int]:
     for name, value, low in (("min_budget", min_budget, 1), ("max_iter", max_iter, 1),
                              ("eta", eta, 2)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InputError(f"{name} must be an integer >= {low}, got {value!r}")
+            raise InputError(f"{name} must be an integer >= {low}, got {shown(value)}")
     if min_budget > max_iter:
         raise InputError(f"min_budget must be <= max_iter, got {min_budget} > {max_iter}")
     n = 0

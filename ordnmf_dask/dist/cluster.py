@@ -63,9 +63,10 @@ def resolve_client(
     A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
-    left running. Its workers spill to disk on process memory only (:data:`WORKER_MEMORY`),
-    keep freed memory (:data:`WORKER_MALLOC`) and log at this process's ``distributed`` level;
-    ``os.environ`` is left as it was found.
+    left running; InputError before it starts when its workers' memory limit is too small to
+    run a task (:func:`.memory.check_local_cluster`). Its workers spill to disk on process
+    memory only (:data:`WORKER_MEMORY`), keep freed memory (:data:`WORKER_MALLOC`) and log at
+    this process's ``distributed`` level; ``os.environ`` is left as it was found.
     """
     if client is None:
         client = _current_client()
@@ -75,6 +76,9 @@ def resolve_client(
     import dask
     from distributed import Client, LocalCluster
 
+    from ordnmf_dask.dist.memory import check_local_cluster
+
+    check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
     with _environ_kept():
         # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
         # process may have left Dask's MALLOC_TRIM_THRESHOLD_ there
@@ -112,12 +116,16 @@ class Sizes(Protocol):
     def grid(self) -> tuple[int, int]: ...
 
 
+def block_bytes(info: Sizes) -> int:
+    """Bytes the training blocks of ``info`` take when cached in memory: 9 per nonzero and a
+    row pointer per user and block column."""
+    return info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
+
+
 def inprocess_bytes(info: Sizes, k: int) -> int:
     """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
-    training blocks (as :func:`ordnmf_dask.estimator.decide_cache` counts them) and
-    FACTOR_TABLES (n, K) tables per row of W and H."""
-    blocks = info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
-    return blocks + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
+    training blocks (:func:`block_bytes`) and FACTOR_TABLES (n, K) tables per row of W and H."""
+    return block_bytes(info) + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
 
 
 def runs_inprocess(info: Sizes, k: int, memory: int | None = None) -> bool:

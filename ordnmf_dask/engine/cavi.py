@@ -39,7 +39,7 @@ import numpy as np
 from ordnmf_dask.dist import reduce
 from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.engine import checkpoint, tasks
-from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError
+from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.store.blocks import StoreInfo
@@ -462,7 +462,8 @@ class CaviRunner:
                     failure = FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
                 elif n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
                     failure = ELBODecreaseError(
-                        f"ELBO decreased at iteration {n + 1}: {state.objective!r} -> {objective!r}"
+                        f"ELBO decreased at iteration {n + 1}: {shown(state.objective)} -> "
+                        f"{shown(objective)}"
                     )
                 state.objective = objective
                 n += 1

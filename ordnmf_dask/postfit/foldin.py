@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model import metrics
 from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
@@ -84,7 +84,7 @@ def _item_index(
         ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
         if not ok or not 0 <= int(value) < n_items:
             raise InputError(
-                f"unknown item index {value!r}: expected an integer in 0..{n_items - 1} "
+                f"unknown item index {shown(value)}: expected an integer in 0..{n_items - 1} "
                 "(pass store= to give raw item ids)"
             )
         out[j] = int(value)
@@ -104,7 +104,7 @@ def check_values(
     bad = (values != np.round(values)) | (values < 1) | (values > n_classes)
     if np.any(bad):
         raise InputError(
-            f"interaction value {values[bad][0]!r}: expected a class in 1..{n_classes}"
+            f"interaction value {shown(values[bad][0])}: expected a class in 1..{n_classes}"
         )
     y = values.astype(np.int64)
     if threshold is None:
@@ -189,7 +189,7 @@ def flatten(
         seen: set[Any] = set()
         for x in a:
             if x in seen:
-                raise InputError(f"new {new} {j}: {other} {x!r} given twice")
+                raise InputError(f"new {new} {j}: {other} {shown(x)} given twice")
             seen.add(x)
     flat_ids = [x for a in ids for x in a]
     flat_values = np.array([x for v in values for x in v], dtype=np.float64)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.dist.reduce import tree_reduce
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model import metrics
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunks as chunkstore
@@ -110,7 +110,7 @@ def block_top(
 
 def check_n(n: int) -> int:
     if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
-        raise InputError(f"n must be an integer >= 1, got {n!r}")
+        raise InputError(f"n must be an integer >= 1, got {shown(n)}")
     return int(n)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import psutil
 import zarr
 
-from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.errors import InputError, StoreError, shown
 from ordnmf_dask.model.foldin import fold_in_rows
 from ordnmf_dask.model.kernels import jit
 from ordnmf_dask.modelstore import seen
@@ -261,7 +261,7 @@ class IdMap:
             index[np.flatnonzero(ok)[hit]] = self._order[pos[hit]]
         missing = np.flatnonzero(index < 0)
         if missing.size:
-            names = ", ".join(repr(raw[j]) for j in missing[:5])
+            names = ", ".join(shown(raw[j]) for j in missing[:5])
             more = f" (and {missing.size - 5} more)" if missing.size > 5 else ""
             raise InputError(f"unknown {self.noun} id {names}{more}: not in {self.where}")
         return index

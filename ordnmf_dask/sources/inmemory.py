@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ordnmf_dask.dist.progress import shows_progress
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.sources.filtering import (
     DUPLICATE_POLICIES,
     FILTER_MODES,
@@ -381,14 +381,14 @@ def check_options(
     min_count: int, filter_mode: str, duplicates: str, test_fraction: float, seed: int
 ) -> None:
     if isinstance(min_count, bool) or int(min_count) != min_count or min_count < 0:
-        raise InputError(f"min_count must be a non-negative integer, got {min_count!r}")
+        raise InputError(f"min_count must be a non-negative integer, got {shown(min_count)}")
     if filter_mode not in FILTER_MODES:
         raise InputError(f"filter_mode must be one of {FILTER_MODES}, got {filter_mode!r}")
     if duplicates not in DUPLICATE_POLICIES:
         raise InputError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
     check_test_fraction(test_fraction)
     if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+        raise InputError(f"seed must be a non-negative integer, got {shown(seed)}")
 
 
 def _build(

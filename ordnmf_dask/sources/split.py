@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -159,14 +159,14 @@ def check_train_left(
 def check_test_fraction(test_fraction: float) -> None:
     """Raise InputError unless 0 <= test_fraction < 1."""
     if not 0.0 <= float(test_fraction) < 1.0:
-        raise InputError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
+        raise InputError(f"test_fraction must be in [0, 1), got {shown(test_fraction)}")
 
 
 def check_validation_fraction(validation_fraction: float) -> None:
     """Raise InputError unless 0 <= validation_fraction < 1."""
     if isinstance(validation_fraction, bool) or not 0.0 <= float(validation_fraction) < 1.0:
         raise InputError(
-            f"validation_fraction must be in [0, 1), got {validation_fraction!r}"
+            f"validation_fraction must be in [0, 1), got {shown(validation_fraction)}"
         )
 
 

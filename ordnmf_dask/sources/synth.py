@@ -65,7 +65,7 @@ import numpy as np
 from scipy import integrate, optimize, special
 
 from ordnmf_dask.dist.runner import Runner
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.kernels import jit, row_dot
 from ordnmf_dask.sources.split import check_test_fraction
 from ordnmf_dask.sources.values import MAX_CLASSES
@@ -580,11 +580,11 @@ def _params(
 ) -> tuple[SynthParams, int, int]:  # fmt: skip
     for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", k)):
         if isinstance(val, bool) or int(val) != val or val < 1:
-            raise InputError(f"{name} must be a positive integer, got {val!r}")
+            raise InputError(f"{name} must be a positive integer, got {shown(val)}")
     if not 1 <= n_classes <= MAX_CLASSES:
         raise InputError(f"n_classes must be in 1..{MAX_CLASSES}, got {n_classes}")
     if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise InputError(f"seed must be a non-negative integer, got {seed!r}")
+        raise InputError(f"seed must be a non-negative integer, got {shown(seed)}")
     if min(shape, rate_w, rate_h) <= 0:
         raise InputError("shape, rate_w and rate_h must be > 0")
     check_test_fraction(test_fraction)
@@ -606,9 +606,10 @@ def _relative_thresholds(n_classes: int, thresholds: Sequence[float] | None) -> 
     if len(t) == n_classes + 1 and t[-1] == 0:
         t = t[:-1]
     if len(t) != n_classes or not np.all(np.isfinite(t)) or t[0] <= 0:
-        raise InputError(f"thresholds: need V = {n_classes} finite values > 0, got {list(t)}")
+        raise InputError(f"thresholds: need V = {n_classes} finite values > 0, "
+                         f"got {shown(list(t))}")
     if np.any(np.diff(t) >= 0) or t[-1] <= 0:
-        raise InputError(f"thresholds must be strictly decreasing and > 0, got {list(t)}")
+        raise InputError(f"thresholds must be strictly decreasing and > 0, got {shown(list(t))}")
     return np.append(t / t[0], 0.0)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.sources.origin import Origin
 
 PAPER_THRESHOLDS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500)
@@ -67,11 +67,12 @@ def check_thresholds(thresholds: Sequence[float]) -> tuple[float, ...]:
     if t.size == 0 or t.size > MAX_CLASSES:
         raise InputError(f"count thresholds: need 1..{MAX_CLASSES} values, got {t.size}")
     if not np.all(np.isfinite(t)):
-        raise InputError(f"count thresholds must be finite, got {list(thresholds)}")
+        raise InputError(f"count thresholds must be finite, got {shown(list(thresholds))}")
     if t[0] < 0:
         raise InputError(f"count thresholds must start at a value >= 0, got {t[0]:g}")
     if np.any(np.diff(t) <= 0):
-        raise InputError(f"count thresholds must be strictly increasing, got {list(thresholds)}")
+        raise InputError("count thresholds must be strictly increasing, "
+                         f"got {shown(list(thresholds))}")
     return tuple(float(x) for x in t)
 
 
@@ -93,7 +94,7 @@ def make_spec(
         raise InputError("give either ratings= or counts=, not both")
     if binarize is not None:
         if isinstance(binarize, bool) or not np.isfinite(float(binarize)):
-            raise InputError(f"binarize must be a finite number, got {binarize!r}")
+            raise InputError(f"binarize must be a finite number, got {shown(binarize)}")
         binarize = float(binarize)
     if scale_max is not None and ratings not in (None, "integer"):
         raise InputError("scale_max applies to ratings='integer' only")
@@ -117,10 +118,11 @@ def make_spec(
                   "rating {v:g} is not an integer class 1, 2, ...")
         top = scale_max if scale_max is not None else (int(values.max()) if values.size else 1)
         if isinstance(top, bool) or int(top) != top or not 1 <= top <= MAX_CLASSES:
-            counts_hint = "; for counts pass counts='paper' (or count thresholds)" \
-                if scale_max is None and top > MAX_CLASSES else ""  # fmt: skip
+            hint = "" if scale_max is not None or top <= MAX_CLASSES else (  # counts, likely
+                "; if the values are counts (plays, clicks), pass counts='paper' (the paper's "
+                "count classes) or binarize=S (class 1 where value >= S)")
             raise InputError(f"integer rating scale must be 1..V with 1 <= V <= {MAX_CLASSES}, "
-                             f"got {top}{counts_hint}")  # fmt: skip
+                             f"got {top}{hint}")
         return ValueSpec("ratings-integer", int(top), None, binarize)
     raise InputError(f"ratings must be one of {RATING_KINDS}, got {ratings!r}")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.csr import row_pointer
 
 DEFAULT_NNZ_PER_BLOCK = 2**21
@@ -140,9 +140,9 @@ def check_grid(grid: tuple[int, int]) -> tuple[int, int]:
     try:
         n_r, n_c = (int(g) for g in grid)
     except (TypeError, ValueError):
-        raise InputError(f"grid must be a pair of positive ints, got {grid!r}") from None
+        raise InputError(f"grid must be a pair of positive ints, got {shown(grid)}") from None
     if n_r < 1 or n_c < 1 or (n_r, n_c) != tuple(grid):
-        raise InputError(f"grid must be a pair of positive ints, got {grid!r}")
+        raise InputError(f"grid must be a pair of positive ints, got {shown(grid)}")
     return n_r, n_c
 
 

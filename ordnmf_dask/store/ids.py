@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.store.decode import ChunkFiles
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
@@ -170,7 +170,7 @@ def lookup(
             index[np.asarray(good, dtype=np.int64)[pos]] = int(lo) + local
     missing = np.flatnonzero(index < 0)
     if missing.size:
-        names = ", ".join(repr(raw[j]) for j in missing[:5])
+        names = ", ".join(shown(raw[j]) for j in missing[:5])
         more = f" (and {missing.size - 5} more)" if missing.size > 5 else ""
         noun = "user" if axis == "users" else "item"
         raise InputError(f"unknown {noun} id {names}{more}: not in store {store}")

@@ -1,0 +1,116 @@
+"""Whether a fit fits the memory it runs in, checked before its first iteration: a fit whose
+factors cannot fit would otherwise swap, be killed, or wait forever for workers that Dask has
+paused at their memory limit."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import numpy as np
+import psutil
+
+from ordnmf_dask.dist.cluster import FACTOR_TABLES, Sizes, block_bytes, inprocess_bytes
+from ordnmf_dask.dist.inprocess import InProcessClient
+from ordnmf_dask.errors import InputError
+
+log = logging.getLogger(__name__)
+
+# What a worker process holds before its first task (the interpreter, numpy, distributed and
+# the compiled kernels), rounded up.
+WORKER_PROCESS = 320 << 20
+# Dask pauses a worker (it runs no task until its memory drops) at this fraction of its memory
+# limit (distributed.worker.memory.pause, unchanged by the package).
+PAUSE = 0.8
+# The smallest worker memory limit accepted: a worker process alone takes most of the paused
+# fraction of a smaller limit, and a worker paused before its first task never runs one.
+MIN_WORKER_MEMORY = 512 << 20
+
+
+class Grid(Sizes, Protocol):
+    """What the check reads of a store: its sizes and the bounds of its block grid."""
+
+    @property
+    def row_bounds(self) -> np.ndarray: ...
+    @property
+    def col_bounds(self) -> np.ndarray: ...
+
+
+def size_text(n: float) -> str:
+    """Bytes as people read them: ``4 bytes``, ``512 MiB``, ``6.5 GiB``."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+def worker_limit_problem(limit: int) -> str | None:
+    """What is wrong with a worker memory limit of ``limit`` bytes (None: nothing)."""
+    if limit >= MIN_WORKER_MEMORY:
+        return None
+    return (f"is {size_text(limit)} per worker, below the {size_text(MIN_WORKER_MEMORY)} a "
+            f"worker needs (its process holds about {size_text(WORKER_PROCESS)} before any task, "
+            f"and Dask pauses it at {PAUSE:.0%} of its limit)")
+
+
+def check_local_cluster(memory_limit: str | int | None, n_workers: int, threads: int) -> None:
+    """InputError, before a LocalCluster of ``n_workers`` x ``threads`` starts, when the memory
+    limit it would give each worker (``memory_limit`` as Dask reads it; "auto" or None: the
+    machine's memory shared by the workers) is below :data:`MIN_WORKER_MEMORY`."""
+    from distributed.worker_memory import parse_memory_limit
+
+    given = "auto" if memory_limit is None else memory_limit
+    limit = parse_memory_limit(given, threads, n_workers * threads, logger=log)
+    wrong = None if limit is None else worker_limit_problem(limit)
+    if wrong is not None:
+        raise InputError(f"the memory limit of a LocalCluster of {n_workers} workers (memory "
+                         f"limit {given}) {wrong}: use fewer workers or a larger memory limit")
+
+
+def factor_bytes(n_users: int, n_items: int, k: int) -> int:
+    """Bytes the variational parameters of W and H take at a fit's peak: FACTOR_TABLES (n, K)
+    float64 tables per row of W and of H."""
+    return FACTOR_TABLES * 8 * k * (n_users + n_items)
+
+
+def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
+    """InputError when a fit of ``info`` at K = ``k`` cannot fit where it runs: in-process,
+    :func:`~.cluster.inprocess_bytes` over the memory available now; on a cluster, the factors
+    (and the training blocks when ``cache``) over what the workers' memory limits leave below
+    Dask's pause threshold, in all, or on one worker for the largest chunks of W and H.
+    Workers without a memory limit are not checked."""
+    need_text = f"K = {k} on {info.n_users} users x {info.n_items} items needs about"
+    what = f"(W and H: {FACTOR_TABLES} tables of K numbers per user and item"
+    advice = "lower K (n_components)"
+    if isinstance(client, InProcessClient):
+        need, room = inprocess_bytes(info, k), psutil.virtual_memory().available
+        if need > room:
+            raise InputError(
+                f"{need_text} {size_text(need)} in this process {what}, and the training "
+                f"blocks), more than the {size_text(room)} of memory available: {advice}, or "
+                "run on a cluster")
+        return
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    limits = [int(w.get("memory_limit") or 0) for w in workers]
+    if not limits or min(limits) == 0:
+        return
+    room = [max(0, int(PAUSE * limit) - WORKER_PROCESS) for limit in limits]
+    below = (f"below Dask's pause threshold ({PAUSE:.0%} of the limit, less about "
+             f"{size_text(WORKER_PROCESS)} for the worker process): {advice}, or give the "
+             "workers more memory")
+    need = factor_bytes(info.n_users, info.n_items, k) + (block_bytes(info) if cache else 0)
+    if need > sum(room):
+        n = len(limits)
+        each = (f"{size_text(limits[0])} each" if len(set(limits)) == 1
+                else f"up to {size_text(max(limits))}")  # fmt: skip
+        cached = ", and the cached training blocks" if cache else ""
+        raise InputError(f"{need_text} {size_text(need)} {what}{cached}), more than the "
+                         f"{size_text(sum(room))} left by {n} worker{'s' * (n > 1)} with a "
+                         f"memory limit of {each} {below}")
+    rows, cols = int(np.diff(info.row_bounds).max()), int(np.diff(info.col_bounds).max())
+    need = factor_bytes(rows, cols, k)
+    if need > max(room):
+        raise InputError(f"{need_text} {size_text(need)} on one worker for its largest chunks "
+                         f"of W ({rows} users) and H ({cols} items) {what}), more than the "
+                         f"{size_text(max(room))} left by a worker with a memory limit of "
+                         f"{size_text(max(limits))} {below}")
