@@ -171,7 +171,8 @@ def test_an_integer_rating_that_is_no_class_is_named_by_file_and_line(tmp_path, 
     ("text", "api", "cli"),
     [("1,2,4\n1,3,3.5\n2,2,0.5\n", "value 3.5 is not a positive integer; for half-star ratings "
       "0.5 .. 5 pass ratings='halfstar'", "pass --ratings halfstar"),
-     ("1,2,4\n1,3,1000\n", "got 1000; if the values are counts (plays, clicks), pass counts='paper'",
+     ("1,2,4\n1,3,1000\n",
+      "got 1000; if the values are counts (plays, clicks), pass counts='paper'",
       "pass --counts paper")],
 )
 def test_a_value_scale_without_a_value_option_says_which_to_give(tmp_path, capsys, text, api,
