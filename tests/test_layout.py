@@ -8,7 +8,7 @@ from pathlib import Path
 import ordnmf_dask
 
 # higher imports lower, never the other way round
-LAYERS = ["errors", "params", "model", "dist", "store", "sources", "modelstore", "engine",
+LAYERS = ["errors", "datasets", "params", "model", "dist", "store", "sources", "modelstore", "engine",
           "postfit", "estimator", "app"]  # fmt: skip
 ROOT = Path(ordnmf_dask.__file__).parent
 
