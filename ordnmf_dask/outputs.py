@@ -22,7 +22,8 @@ from ordnmf_dask.modelstore.model import MODEL_KIND, is_model
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import STORE_MARK, is_store
 
-EXPORT = "ordnmf_dask.export"  # postfit.export.EXPORT_KIND (imported where used: pyarrow)
+EXPORT = "ordnmf_dask.export"  # the kind of an export's markers (postfit.export)
+MANIFEST = "_SUCCESS"  # an export's manifest, written last
 CHECKPOINT = "ordnmf_dask.checkpoint"
 NAMES = {STORE_MARK: "store", MODEL_KIND: "model", EXPORT: "Parquet export",
          CHECKPOINT: "checkpoint", checkpoint.DIRECTORY: "checkpoint directory"}
@@ -49,11 +50,11 @@ def kind_of(path: str) -> str | None:
 def _export_listing(path: str) -> list[str] | None:
     """The keys an export at ``path`` (local or a URL) lists as its own, or None when no
     marker of an export is there."""
-    from ordnmf_dask.postfit.export import MANIFEST, listed
-
     place = locations.Place.of(path)
     if all(place.marker(name, EXPORT) is None for name in (MANIFEST, locations.PENDING)):
         return None
+    from ordnmf_dask.postfit.export import listed  # only for an export: pyarrow
+
     return listed(place)
 
 

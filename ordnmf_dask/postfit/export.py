@@ -36,7 +36,7 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
-from ordnmf_dask.outputs import EXPORT, check_place
+from ordnmf_dask.outputs import EXPORT, MANIFEST, check_place
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
 from ordnmf_dask.store import ids as idmap
@@ -48,7 +48,6 @@ if TYPE_CHECKING:  # distributed is imported where a cluster is used
 
 EXPORT_KIND = EXPORT
 EXPORT_FORMAT = 1
-MANIFEST = "_SUCCESS"  # written last: the export is complete
 WHAT = ("factors", "recommendations")
 FACTORS = {"user_factors": ("W", "users"), "item_factors": ("H", "items")}  # dataset -> source
 RECOMMENDATIONS = "recommendations"
