@@ -32,6 +32,13 @@ NAMES = {STORE_MARK: "store", MODEL_KIND: "model", EXPORT: "Parquet export",
 def kind_of(path: str) -> str | None:
     """What the local directory ``path`` is, as written by this package (a key of
     :data:`NAMES`), or None (a URL, a file, a link or anything else)."""
+    try:
+        return _kind_of(path)
+    except OSError:  # a directory that cannot be read (permissions) holds nothing we know
+        return None
+
+
+def _kind_of(path: str) -> str | None:
     if locations.is_url(path) or os.path.islink(path) or not os.path.isdir(path):
         return None
     if is_store(path):

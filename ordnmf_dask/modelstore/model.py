@@ -30,6 +30,7 @@ from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import (
     AXES,
     check_target,
+    discard_temporary,
     group_attrs,
     is_store,
     open_store,
@@ -199,8 +200,8 @@ def save_model(
             locations.remove(path, keep_pending=not settled)
         raise
     finally:
-        if not url:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if not url:  # a task still running (interrupted) may yet write there
+            discard_temporary(scratch, settled=all(f.done() for f in written))
     return path
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +39,14 @@ from ordnmf_dask.outputs import EXPORT, MANIFEST, check_place
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
 from ordnmf_dask.store import ids as idmap
-from ordnmf_dask.store.blocks import AXES, StoreInfo, check_target, publish, temporary_path
+from ordnmf_dask.store.blocks import (
+    AXES,
+    StoreInfo,
+    check_target,
+    discard_temporary,
+    publish,
+    temporary_path,
+)
 from ordnmf_dask.store.files import PENDING, Place
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
@@ -334,6 +340,6 @@ def write_export(cl: Client, plan: Plan) -> str:
             place.remove(listed(place), keep_pending=not settled)
         raise
     finally:
-        if target.local:
-            shutil.rmtree(scratch, ignore_errors=True)
+        if target.local:  # a task still running (interrupted) may yet write there
+            discard_temporary(scratch, settled=all(f.done() for f in futures))
     return target.url

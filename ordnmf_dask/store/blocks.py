@@ -339,6 +339,22 @@ def remove_leftovers(path: str) -> list[str]:
     return removed
 
 
+def discard_temporary(scratch: str, settled: bool = True) -> None:
+    """Remove the directory ``scratch`` of :func:`temporary_path`. While a task may still write
+    there (not ``settled``: an interrupted write), its marker stays, so that what the task
+    writes later is in a directory the next write to the same destination removes."""
+    if settled or locations.is_url(scratch) or not os.path.isdir(scratch):
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    for entry in os.scandir(scratch):
+        if entry.name == TMP_MARK:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.remove(entry.path)
+
+
 def _running(pid: object) -> bool:
     """Whether a process ``pid`` exists on this host (True when that cannot be told)."""
     if not isinstance(pid, int) or pid <= 0:
