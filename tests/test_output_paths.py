@@ -244,3 +244,35 @@ def test_checkpoints_beside_a_model_of_another_configuration_are_replaced(paths,
     assert f"error: {beside}: exists and was not made by ordnmf_dask" in error_line(capsys)
     assert os.listdir(beside) == ["notes.txt"]
     assert open_model(model).attrs["params"]["n_components"] == 3
+
+
+def test_only_marked_temporary_directories_of_a_gone_process_are_removed(tmp_path):
+    """What an interrupted write leaves (its tasks may still write there: the marker stays) is
+    removed by the next write to the same destination; a directory of another destination, of
+    a process still running, or without the marker is not."""
+    from ordnmf_dask.store.blocks import TMP_MARK, discard_temporary, temporary_path
+
+    dest = str(tmp_path / "d.zarr")
+    tmp, scratch = temporary_path(dest)
+    os.makedirs(os.path.join(tmp, "_staging"))
+    discard_temporary(scratch, settled=False)
+    assert os.listdir(scratch) == [TMP_MARK]
+    os.makedirs(os.path.join(tmp, "_staging"))  # a task that was still running writes on
+    Path(tmp, "_staging", "0.npy").write_bytes(b"x")
+    doc = json.loads(Path(scratch, TMP_MARK).read_text())
+    gone = subprocess.Popen(["true"])  # a process that has ended
+    gone.wait()
+    Path(scratch, TMP_MARK).write_text(json.dumps({**doc, "pid": gone.pid}))
+    _, live_scratch = temporary_path(dest)  # this process: running
+    _, other_scratch = temporary_path(str(tmp_path / "e.zarr"))
+    other_doc = json.loads(Path(other_scratch, TMP_MARK).read_text())
+    Path(other_scratch, TMP_MARK).write_text(json.dumps({**other_doc, "pid": gone.pid}))
+    unmarked = tmp_path / "d.zarr.tmp-000000000000"
+    unmarked.mkdir()
+    _, newest_scratch = temporary_path(dest)
+    assert not os.path.exists(scratch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        os.path.basename(p) for p in (live_scratch, other_scratch, unmarked, newest_scratch)
+    )
+    discard_temporary(newest_scratch)
+    assert not os.path.exists(newest_scratch)
