@@ -847,9 +847,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
     inputs: dict[str, str] = {}
     for dest, label in _INPUTS.items():
         value = getattr(args, dest, None)
-        for j, path in enumerate(value if isinstance(value, list) else [value]):
+        paths = value if isinstance(value, list) else [value]
+        for j, path in enumerate(paths):
             if isinstance(path, str) and not any(c in path for c in "*?["):  # not a glob
-                inputs[f"{label} {j + 1}" if isinstance(value, list) else label] = path
+                inputs[f"{label} {j + 1}" if len(paths) > 1 else label] = path
     writes = {"--out": _OUT_KINDS.get(args.command), "--checkpoint-dir": DIRECTORY}
     outputs.check_outputs(given, inputs, writes)
 

@@ -13,7 +13,9 @@ is not read back until its ``complete`` attribute is set.
 A fit touches only checkpoints of its own fingerprint; :func:`claim` checks a directory before a
 fit starts and refuses one holding another fit's checkpoints (or anything named like a checkpoint
 that is not readable as one), unless told to restart, which removes the checkpoints this package
-wrote there, and nothing else.
+wrote there, and nothing else. A directory made for one model (:func:`make_beside`: the CLI's
+``MODEL.checkpoints`` when given none) is this package's alone: there checkpoints of another
+fingerprint are replaced instead, and the directory is removed once the model is saved.
 
 A running fit submits the writes as soon as the iteration's tasks are (:func:`start`): the
 workers write each chunk when it is computed, while the iteration runs. Once the iteration's
