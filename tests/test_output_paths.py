@@ -169,7 +169,7 @@ def test_an_export_killed_half_way_is_cleaned_by_the_same_command(tmp_path):
     mine.mkdir()
     (mine / "notes.txt").write_text("x")
     cmd = ["ordnmf-dask", "export", str(model), "--out", str(tmp_path / "ex"), "-n", "50"]
-    _kill_when(cmd, "ex.tmp-[0-9a-f][0-9a-f]*/*", tmp_path, signal.SIGKILL)
+    _kill_when(cmd, "ex.tmp-[0-9a-f][0-9a-f]*/*/*", tmp_path, signal.SIGKILL)
     assert len(list(tmp_path.glob("ex.tmp-*"))) == 2  # the killed run's and the user's
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -189,7 +189,7 @@ def test_a_distributed_ingest_killed_half_way_is_cleaned_by_the_same_command(tmp
     csv.write_text("\n".join(dict.fromkeys(lines)) + "\n")
     cmd = ["ordnmf-dask", "ingest", str(csv), "--out", str(tmp_path / "d.zarr"),
            "--distributed", "--workers", "1", "--chunk-bytes", "20000", "--duplicates", "last"]
-    _kill_when(cmd, "d.zarr.tmp-*/*", tmp_path, signal.SIGKILL)
+    _kill_when(cmd, "d.zarr.tmp-*/*/*", tmp_path, signal.SIGKILL)
     assert list(tmp_path.glob("d.zarr.tmp-*"))
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr

@@ -308,8 +308,10 @@ def temporary_path(path: str) -> tuple[str, str]:
     scratch = f"{path}.tmp-{secrets.token_hex(6)}"
     os.mkdir(scratch)
     doc = {"kind": TMP_KIND, "for": path, "host": socket.gethostname(), "pid": os.getpid()}
-    with open(os.path.join(scratch, TMP_MARK), "w") as fh:
+    mark = os.path.join(scratch, TMP_MARK)
+    with open(f"{mark}.part", "w") as fh:  # whole or absent
         json.dump(doc, fh)
+    os.replace(f"{mark}.part", mark)
     return os.path.join(scratch, "out"), scratch
 
 
