@@ -41,6 +41,7 @@ from ordnmf_dask.modelstore.model import (
     save_model,
     store_fingerprint,
 )
+from ordnmf_dask.outputs import check_apart, check_place
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
@@ -274,8 +275,12 @@ class CaviEstimator:
                 "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
             )
         validation = _validation(info, family, values)
+        check_apart({"out": out, "checkpoint_dir": values["checkpoint_dir"]})
         if out is not None:
             out = model_target(out, overwrite, info.path)
+        if values["checkpoint_dir"]:
+            check_place(values["checkpoint_dir"], "checkpoints", checkpoint.DIRECTORY,
+                        {"training store": info.path})
         prints = [  # one per restart: its trajectory depends on its seed
             checkpoint.fingerprint(info.attrs, info.path,
                                    self._fit_settings(values, source or init_arrays, s))
@@ -284,7 +289,7 @@ class CaviEstimator:
         if check:
             ckpt = values["checkpoint_dir"]
             if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
-                _claim(locations.location(ckpt), prints, False, n_init)
+                _claim(locations.location(ckpt), prints, False, n_init, dry_run=True)
             return self
         if isinstance(family, DcPFFamily) and family.values == "class":  # documented, but rare
             log.warning("dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
@@ -527,10 +532,12 @@ class CaviEstimator:
         return self._server().fold_in("items", users, values, max_iter, tol, seed)
 
 
-def _claim(ckpt_dir: str, prints: list[str], restart: bool, n_init: int) -> list[str]:
+def _claim(
+    ckpt_dir: str, prints: list[str], restart: bool, n_init: int, dry_run: bool = False
+) -> list[str]:
     """:func:`checkpoint.claim`, and InputError if a fit of several restarts finds its own
     checkpoints (it does not resume)."""
-    ours = checkpoint.claim(ckpt_dir, prints, restart)
+    ours = checkpoint.claim(ckpt_dir, prints, restart, dry_run)
     if ours and n_init > 1:
         raise InputError(
             f"{ckpt_dir} holds checkpoints of this fit, but a fit with n_init > 1 does not "

@@ -8,8 +8,8 @@ from pathlib import Path
 import ordnmf_dask
 
 # higher imports lower, never the other way round
-LAYERS = ["errors", "datasets", "params", "model", "dist", "store", "sources", "modelstore", "engine",
-          "postfit", "estimator", "app"]  # fmt: skip
+LAYERS = ["errors", "datasets", "params", "model", "dist", "store", "sources", "modelstore",
+          "engine", "outputs", "postfit", "estimator", "app"]  # fmt: skip
 ROOT = Path(ordnmf_dask.__file__).parent
 
 

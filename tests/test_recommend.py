@@ -178,7 +178,7 @@ def test_an_output_it_may_not_replace_is_refused_before_any_cluster_starts(
         raise AssertionError("a cluster was asked for before the output was checked")
 
     monkeypatch.setattr(module, "choose_client", no_cluster)
-    with pytest.raises(InputError, match=f"it is or is inside {grid23.store.path}"):
+    with pytest.raises(InputError, match=f"it is the training store {grid23.store.path}"):
         recommend(grid23.store, grid23.model, None, out=grid23.store.path, overwrite=True)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import tempfile
 
@@ -131,8 +132,9 @@ def test_an_incomplete_store_or_model_at_a_url_is_refused_naming_it(s3conf, tmp_
 
 
 def test_overwrite_at_a_url_removes_only_our_own_keys(s3conf, tmp_path):
-    """A URL holding anything else is never written; replacing a model there removes the keys
-    of its zarr hierarchy and nothing else; a store is not replaced by a model nor the reverse."""
+    """A URL holding anything else is never written; a model there holding a file of someone
+    else's is not replaced (the file is named); replacing a model removes the keys of its zarr
+    hierarchy; a store is not replaced by a model nor the reverse."""
     s3 = s3conf
     store = ingest(ratings_csv(tmp_path / "r.csv"), tmp_path / "s.zarr", nnz_per_block=200)
     s3.fs.pipe(f"{s3.bucket}/theirs/data.csv", b"1,2\n")
@@ -151,17 +153,19 @@ def test_overwrite_at_a_url_removes_only_our_own_keys(s3conf, tmp_path):
         fit(store.path, m)
     with pytest.raises(InputError, match="not a zarr store written by ordnmf_dask"):
         ingest(tmp_path / "r.csv", m, overwrite=True)
+    with pytest.raises(InputError, match=f"it holds {re.escape(m)}/notes.txt, which"):
+        OrdNMF(2, max_iter=2, executor="inprocess").fit(store.path, out=m, overwrite=True)
+    assert s3.fs.cat(f"{s3.bucket}/m.zarr/notes.txt") == b"mine"
+    s3.fs.rm(f"{s3.bucket}/m.zarr/notes.txt")
     second = OrdNMF(2, max_iter=2, executor="inprocess").fit(store.path, out=m, overwrite=True)
     assert second.W_.shape[1] == 2 != first.n_components
-    listed = keys(s3, "m.zarr")
-    assert "notes.txt" in listed and "W/0/mean/c/0/stale" not in listed
-    assert s3.fs.cat(f"{s3.bucket}/m.zarr/notes.txt") == b"mine"
+    assert "W/0/mean/c/0/stale" not in keys(s3, "m.zarr")
 
 
 def test_a_failed_write_at_a_url_leaves_nothing_of_ours(s3conf, tmp_path):
     """An upload that fails part way (a chunk file that cannot be read) and a model whose
     worker fails (replacing one: at a URL the old one is removed first): the keys already
-    written and the pending marker are removed, and a file of someone else's there stays."""
+    written and the pending marker are removed."""
     s3 = s3conf
     csv = ratings_csv(tmp_path / "r.csv")
     store = ingest(csv, tmp_path / "s.zarr", nnz_per_block=200)
@@ -179,7 +183,6 @@ def test_a_failed_write_at_a_url_leaves_nothing_of_ours(s3conf, tmp_path):
 
     m = s3.url("m.zarr")
     model = fit(store.path, m)  # replaced below: at a URL the old one goes first
-    s3.fs.pipe(f"{s3.bucket}/m.zarr/notes.txt", b"mine")
     chunk = chunkstore.load_chunk(model.model_path_, "W", 0)
     attrs = dict(open_model(model.model_path_).attrs)
 
@@ -191,7 +194,7 @@ def test_a_failed_write_at_a_url_leaves_nothing_of_ours(s3conf, tmp_path):
         h = [client.submit(broken)]
         with pytest.raises(OSError, match="went away"):
             save_model(client, w, h, m, attrs, overwrite=True)
-    assert keys(s3, "m.zarr") == ["notes.txt"]
+    assert keys(s3, "m.zarr") == []
 
 
 def test_a_store_write_cut_short_while_a_task_may_run_keeps_its_marker(s3conf, tmp_path):
@@ -338,20 +341,26 @@ def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(workers_s3conf, cli
     assert keys(s3, "") == []
 
 
-def test_replacing_a_store_at_a_url_keeps_a_users_key_under_its_staging_prefix(s3conf,
-                                                                               tmp_path):
-    """Staging removes only the staged .npy files it writes: a user's key that happens to lie
-    under ``<store>/_staging/`` survives a replacement of the store, which is complete."""
+def test_a_store_at_a_url_with_a_users_key_under_its_staging_prefix_is_not_replaced(
+    s3conf, tmp_path
+):
+    """A user's key that happens to lie under ``<store>/_staging/`` is not the package's: the
+    store is not replaced (the key is named, and stays); without it, the replacement is
+    complete and leaves no staged file."""
     s3 = s3conf
     csv = ratings_csv(tmp_path / "r.csv")
     url = s3.url("again.zarr")
     ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200)
     s3.fs.pipe(f"{s3.bucket}/again.zarr/_staging/mine.txt", b"mine")
+    with pytest.raises(InputError, match=f"it holds {re.escape(url)}/_staging/mine.txt"):
+        ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1,
+                           overwrite=True)
+    assert s3.fs.cat(f"{s3.bucket}/again.zarr/_staging/mine.txt") == b"mine"
+    s3.fs.rm(f"{s3.bucket}/again.zarr/_staging/mine.txt")
     info = ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1,
                               overwrite=True)
     assert info.attrs["seed"] == 1
-    assert s3.fs.cat(f"{s3.bucket}/again.zarr/_staging/mine.txt") == b"mine"
-    assert [n for n in keys(s3, "again.zarr") if "_staging" in n] == ["_staging/mine.txt"]
+    assert [n for n in keys(s3, "again.zarr") if "_staging" in n] == []
     verify_store(url)
 
 

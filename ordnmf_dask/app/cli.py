@@ -849,7 +849,41 @@ def _warning_line(message: Warning | str, category: type[Warning], *_: Any, **__
     log.warning("%s: %s", category.__name__, message)
 
 
+# what each command's --out is (the kind of directory it writes); the other outputs are
+# --checkpoint-dir (a checkpoint directory), --json and --log-file (files)
+_OUT_KINDS = {"ingest": "ordnmf_dask.store", "synth": "ordnmf_dask.store",
+              "fit": "ordnmf_dask.model", "export": "ordnmf_dask.export",
+              "recommend": "ordnmf_dask.export"}
+_INPUTS = {"inputs": "input", "test": "test input", "store": "training store", "model": "model",
+           "init": "warm start", "init_model": "warm-start model", "config": "job file"}
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every path the command writes given as a flag obeys the rule of
+    :mod:`ordnmf_dask.outputs` (checked before anything, the log file included)."""
+    from ordnmf_dask import outputs
+    from ordnmf_dask.engine.checkpoint import DIRECTORY
+
+    flags = {**_OUTPUTS, "log_file": "--log-file"}
+    given = {flag: getattr(args, dest, None) for dest, flag in flags.items()}
+    inputs: dict[str, str] = {}
+    for dest, label in _INPUTS.items():
+        value = getattr(args, dest, None)
+        paths = value if isinstance(value, list) else [value]
+        for j, path in enumerate(paths):
+            if isinstance(path, str) and not any(c in path for c in "*?["):  # not a glob
+                inputs[f"{label} {j + 1}" if len(paths) > 1 else label] = path
+    writes = {"--out": _OUT_KINDS.get(args.command), "--checkpoint-dir": DIRECTORY}
+    outputs.check_outputs(given, inputs, writes)
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        _check_outputs(args)
+    except InputError as exc:
+        message = _flag_spelling(str(exc), _subcommand(parser, args.command))
+        print(f"ordnmf-dask {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         _setup_logging(args)
     except OSError as exc:

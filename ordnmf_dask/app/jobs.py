@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 from ordnmf_dask.app.config import JobConfig, estimator_kwargs
 from ordnmf_dask.app.provenance import record_config
+from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
 from ordnmf_dask.params import MODELS
+from ordnmf_dask.store import files as locations
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -29,18 +32,40 @@ def fit_job(
     resolved config as its ``resolved_config`` attribute, and return the estimator.
     A fit resumes from checkpoints of the same job in ``[checkpoint] dir`` by default;
     ``resume`` requires it, ``restart`` discards the checkpoints there first (see
-    :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`). ``check``: only check every conflict (store,
-    warm-start model, output, checkpoints) without a cluster, and return the unfitted estimator."""
+    :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`). Without a checkpoint or work directory, a
+    local model's checkpoints go to ``MODEL.checkpoints`` beside it (:func:`checkpoint.beside`),
+    so that the same command run again continues; it is removed once the model is saved.
+    ``check``: only check every conflict (store, warm-start model, output, checkpoints) without
+    a cluster, and return the unfitted estimator."""
     check_required(cfg)
     name = MODELS[cfg.model.kind]
     kwargs, unused = estimator_kwargs(cfg, name)
     if unused:
         log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
-    model = ESTIMATORS[name](**kwargs).fit(cfg.store.path, client, init=cfg.model.init,
-                                 init_model=cfg.model.init_model,
-                                 out=cfg.output.model, overwrite=cfg.output.overwrite,
-                                 resume=resume, restart=restart, check=check)
+    out = locations.location(cfg.output.model)
+    beside = None
+    if kwargs["checkpoint_dir"] is None and kwargs["work_dir"] is None \
+            and not locations.is_url(out):
+        beside = kwargs["checkpoint_dir"] = checkpoint.beside(out)
+        checkpoint.check_beside(beside, out)
+    estimator = ESTIMATORS[name](**kwargs)
+    fit = functools.partial(
+        estimator.fit, cfg.store.path, client, init=cfg.model.init,
+        init_model=cfg.model.init_model, out=out, overwrite=cfg.output.overwrite,
+        resume=resume, restart=restart,
+    )
     if check:
-        return model
+        return fit(check=True)
+    if beside is None:
+        model = fit()
+    else:
+        checkpoint.make_beside(beside, out)
+        try:
+            model = fit()
+        except BaseException:
+            if not checkpoint.list_checkpoints(beside):  # refused, or stopped before any
+                checkpoint.release(beside)
+            raise
+        checkpoint.release(beside)
     record_config(model.model_path_, cfg.to_dict())
     return model

@@ -14,7 +14,9 @@ directly, and is not read back until its ``complete`` attribute is set.
 A fit touches only checkpoints of its own fingerprint; :func:`claim` checks a directory before a
 fit starts and refuses one holding another fit's checkpoints (or anything named like a checkpoint
 that is not readable as one), unless told to restart, which removes the checkpoints this package
-wrote there, and nothing else.
+wrote there, and nothing else. A directory made for one model (:func:`make_beside`: the CLI's
+``MODEL.checkpoints`` when given none) is this package's alone: there checkpoints of another
+fingerprint are replaced instead, and the directory is removed once the model is saved.
 
 A running fit submits the writes as soon as the iteration's tasks are (:func:`start`): the
 workers write each chunk when it is computed, while the iteration runs. Once the iteration's
@@ -55,6 +57,8 @@ KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 _ANY = re.compile(r"^ckpt-(\d{8})(\.tmp)?$")  # finished or not
 GROUPS = ("W", "H", "SW", "SH")
+DIRECTORY = "ordnmf_dask.checkpoints"  # the kind of the marker of a directory made beside a model
+OWNER = "_ORDNMF_CHECKPOINTS"  # that marker's name
 
 
 
@@ -196,23 +200,86 @@ def _is_empty_dir(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
 
 
-def claim(directory: str, prints: list[str], restart: bool) -> list[str]:
+def holds_checkpoints(directory: str) -> bool:
+    """Whether the local ``directory`` is a checkpoint directory: one made beside a model
+    (:func:`beside`), or one holding a checkpoint this package wrote."""
+    return owner(directory) is not None or any(
+        fingerprint_of(path) is not None for path in list_checkpoints(directory, _ANY)
+    )
+
+
+def beside(model: str) -> str:
+    """The checkpoint directory a fit writing the local ``model`` uses when given none."""
+    return f"{model}.checkpoints"
+
+
+def owner(directory: str) -> str | None:
+    """The model the local ``directory`` was made beside (its marker says so), or None."""
+    try:
+        with open(os.path.join(directory, OWNER)) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    found = doc.get("model") if isinstance(doc, dict) and doc.get("kind") == DIRECTORY else None
+    return found if isinstance(found, str) else None
+
+
+def check_beside(directory: str, model: str) -> None:
+    """InputError unless ``directory`` can be the checkpoint directory made beside ``model``:
+    absent, empty, or made for it (a directory of the same name holding anything else is a
+    user's)."""
+    if not os.path.lexists(directory) or _is_empty_dir(directory) or owner(directory) == model:
+        return
+    raise InputError(f"{directory}: exists and was not made by ordnmf_dask for the checkpoints "
+                     f"of {model}; move it, or give checkpoint_dir")
+
+
+def make_beside(directory: str, model: str) -> None:
+    """Create the checkpoint directory beside ``model`` (checked by :func:`check_beside`) with
+    the marker that makes it this package's alone."""
+    os.makedirs(directory, exist_ok=True)
+    if owner(directory) != model:
+        with open(os.path.join(directory, OWNER), "w") as fh:
+            json.dump({"kind": DIRECTORY, "model": model}, fh)
+
+
+def release(directory: str) -> None:
+    """Remove the checkpoint directory made beside a model (:func:`make_beside`): its
+    checkpoints, then its marker, then the directory if nothing else is left in it."""
+    _remove(list_checkpoints(directory, _ANY))
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(directory, OWNER))
+    if _is_empty_dir(directory):
+        os.rmdir(directory)
+
+
+def claim(directory: str, prints: list[str], restart: bool, dry_run: bool = False) -> list[str]:
     """Check ``directory`` before a fit whose runs have the fingerprints ``prints``; return its
     checkpoints of those fingerprints (finished or not), newest first.
 
     InputError, before anything is removed, if an entry named like a checkpoint is not readable
     as one (it may not be this package's), or, unless ``restart``, if a checkpoint has another
-    fingerprint (another fit's: never removed without being asked). ``restart`` removes every
-    checkpoint this package wrote in ``directory``, whatever its fingerprint, and logs them.
+    fingerprint (another fit's: never removed without being asked), except in a directory made
+    beside a model (:func:`make_beside`), which holds nothing but this package's checkpoints
+    for that model: there they are replaced. ``restart`` removes every checkpoint this package
+    wrote in ``directory``, whatever its fingerprint, and logs them. ``dry_run``: only check.
     """
     for path in list_checkpoints(directory, _ANY):
-        if _is_empty_dir(path):  # the last step of a removal cut short: nothing to keep
+        if _is_empty_dir(path) and not dry_run:  # the last step of a removal cut short
             os.rmdir(path)
-    found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, _ANY)]
+    found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, _ANY)
+             if not _is_empty_dir(path)]
     unknown = [path for path, print_ in found if print_ is None]
     if unknown:
         raise InputError(f"{unknown[0]}: named like a checkpoint but not readable as an "
                          "ordnmf_dask checkpoint; move or remove it")
+    if not restart and not locations.is_url(directory) and owner(directory) is not None:
+        other = [path for path, print_ in found if print_ not in prints]
+        if other and not dry_run:
+            _remove(other)
+            log.info("removed %d checkpoint(s) of another configuration from %s",
+                     len(other), directory)
+        return [path for path, print_ in found if print_ in prints]
     if restart:
         _remove([path for path, _ in found])
         if found:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import sys
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.dist.inprocess import wait
-from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.errors import StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore import seen
 from ordnmf_dask.store import files as locations
@@ -33,6 +32,7 @@ from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import (
     AXES,
     check_target,
+    discard_temporary,
     group_attrs,
     is_store,
     open_store,
@@ -67,16 +67,8 @@ def model_target(
     """Absolute path (or URL) to write a model to, after checking it may be (over)written;
     InputError if not. Never the training ``store``, a path inside it or one that contains it;
     an existing path only with ``overwrite`` and only if it is a model."""
-    path = locations.location(out)
-    if store is not None:
-        data = locations.location(store)
-        where = ("is" if locations.contains(data, path) and locations.contains(path, data)
-                 else "is inside" if locations.contains(data, path)
-                 else "contains" if locations.contains(path, data) else None)
-        if where is not None:
-            raise InputError(f"refusing to write the model to {path}: it {where} the training "
-                             f"store {data}")
-    return check_target(path, overwrite, "model written by ordnmf_dask", is_model, MODEL_KIND)
+    return check_target(out, overwrite, "model written by ordnmf_dask", is_model, MODEL_KIND,
+                        {"training store": store})
 
 
 PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "numba")
@@ -183,7 +175,7 @@ def save_model(
         locations.begin(path, MODEL_KIND)
         tmp = path
     else:
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp, scratch = temporary_path(path)
     written: list[Future] = []
     try:
         root = zarr.open_group(tmp, mode="a" if url else "w", zarr_format=3)
@@ -213,8 +205,8 @@ def save_model(
             locations.remove(path, keep_pending=not settled)
         raise
     finally:
-        if not url:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not url:  # a task still running (interrupted) may yet write there
+            discard_temporary(scratch, settled=all(f.done() for f in written))
     return path
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,18 +35,25 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.outputs import EXPORT, MANIFEST, check_place
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
 from ordnmf_dask.store import ids as idmap
-from ordnmf_dask.store.blocks import AXES, StoreInfo, check_target, publish
+from ordnmf_dask.store.blocks import (
+    AXES,
+    StoreInfo,
+    check_target,
+    discard_temporary,
+    publish,
+    temporary_path,
+)
 from ordnmf_dask.store.files import PENDING, Place
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client, Future
 
-EXPORT_KIND = "ordnmf_dask.export"
+EXPORT_KIND = EXPORT
 EXPORT_FORMAT = 1
-MANIFEST = "_SUCCESS"  # written last: the export is complete
 WHAT = ("factors", "recommendations")
 FACTORS = {"user_factors": ("W", "users"), "item_factors": ("H", "items")}  # dataset -> source
 RECOMMENDATIONS = "recommendations"
@@ -150,25 +155,22 @@ class Target:
     def check_local(self, path: str) -> str:
         """``path`` (local) after checking it may be written: new, or an export we may replace."""
         return check_target(path, self.overwrite, "Parquet export written by ordnmf_dask",
-                            self.is_export)
+                            self.is_export, EXPORT_KIND)
 
 
 def open_target(
     out: str | os.PathLike, overwrite: bool, storage_options: dict[str, Any] | None,
-    keep_out: Sequence[str] = (),
+    inputs: Mapping[str, str] | None = None,
 ) -> Target:
     """The export's target, after checking it may be (over)written (InputError if not): a new
-    path, or with ``overwrite`` an export. Never one of ``keep_out`` or a path inside one."""
+    path, or with ``overwrite`` an export; never one of ``inputs`` (label -> path), inside one
+    or containing one (:func:`ordnmf_dask.outputs.check_place`)."""
     text = os.fspath(out)
     fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
     target = Target(fs, root.rstrip("/"), text, overwrite)
     if target.local:
-        path = os.path.realpath(root)
-        for kept in keep_out:
-            data = os.path.realpath(kept)
-            if path == data or path.startswith(data + os.sep):
-                raise InputError(f"refusing to export to {path}: it is or is inside {data}")
-        path = target.check_local(os.path.abspath(root))
+        path = check_place(os.path.abspath(root), "the export", EXPORT, inputs)
+        path = target.check_local(path)
         return Target(fs, path, path, overwrite)
     fs.invalidate_cache()
     if fs.exists(target.root):
@@ -180,13 +182,13 @@ def open_target(
     return target
 
 
-def _listed(target: Target) -> list[str]:
-    """The keys of the export at a URL target, in the order they are removed: the manifest
-    first (from then on it is not a complete export), then the files it or the pending marker
+def listed(place: Place) -> list[str]:
+    """The keys of the export at ``place``, in the order they are removed: the manifest first
+    (from then on it is not a complete export), then the files it or the pending marker
     lists."""
     listed: set[str] = set()
     for name in (MANIFEST, PENDING):
-        mark = target.marker(target.root, name) or {}
+        mark = place.marker(name, EXPORT_KIND) or {}
         listed.update(p for d in (mark.get("datasets") or {}).values() for p in d["parts"])
         listed.update(mark.get("planned") or [])
     return [MANIFEST, *sorted(listed)]
@@ -304,8 +306,8 @@ def plan_export(
     }
     n_r, n_c = m.n_blocks
     parts = [(d, b) for d in datasets for b in range(n_c if d == "item_factors" else n_r)]
-    kept = [m.path] + ([info.path] if info is not None else [])
-    target = open_target(out, overwrite, storage_options, kept)
+    inputs = {"model": m.path, **({"training store": info.path} if info is not None else {})}
+    target = open_target(out, overwrite, storage_options, inputs)
     return Plan(target, m, info if RECOMMENDATIONS in datasets else None, n, ids_root, parts,
                 schemas)
 
@@ -335,14 +337,14 @@ def write_export(cl: Client, plan: Plan) -> str:
     }
     place = Place(fs, target.root, target.url)
     if target.local:
-        root = f"{target.root}.tmp-{secrets.token_hex(6)}"
+        root, scratch = temporary_path(target.root)
         for d in plan.datasets:
             fs.makedirs(f"{root}/{d}")
     else:
         root = target.root
         planned = [part_name(*p) for p in plan.parts]
         # the marker, then the removal of an export open_target allowed us to replace
-        place.begin({**manifest, "planned": planned}, _listed(target))
+        place.begin({**manifest, "planned": planned}, listed(place))
     futures: list[Future] = []
     try:
         futures = [_submit(cl, plan, root, p) for p in plan.parts]
@@ -363,9 +365,9 @@ def write_export(cl: Client, plan: Plan) -> str:
         if not target.local:  # a task still running (interrupted) may yet write its part:
             settled = all(f.done() for f in futures)  # then the pending marker stays
             cl.cancel(futures)
-            place.remove(_listed(target), keep_pending=not settled)
+            place.remove(listed(place), keep_pending=not settled)
         raise
     finally:
-        if target.local:
-            shutil.rmtree(root, ignore_errors=True)
+        if target.local:  # a task still running (interrupted) may yet write there
+            discard_temporary(scratch, settled=all(f.done() for f in futures))
     return target.url

@@ -12,13 +12,16 @@ naming the file, never zeros.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,8 @@ from ordnmf_dask.store.decode import (
     thread_buffer,
 )
 from ordnmf_dask.store.grid import BlockedNonzeros, block_indptr, indptr_starts
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # docs/store-format.md
 STORE_MARK = "ordnmf_dask.store"  # the kind its pending marker records at a URL
@@ -183,18 +188,24 @@ def check_target(
     kind: str = "zarr store written by ordnmf_dask",
     is_ours: Callable[[str], bool] = is_store,
     mark: str = STORE_MARK,
+    inputs: Mapping[str, str | os.PathLike | None] | None = None,
 ) -> str:
     """Absolute output path (or URL), after checking it can be (over)written; raises InputError.
 
-    An existing path is replaced only with ``overwrite`` and only if ``is_ours(path)`` (it is
-    a ``kind`` this package wrote), so data the package did not write is never removed. At a
-    URL, an unfinished write of a ``kind`` (its pending marker records ``mark``) may be replaced
-    too.
+    The path obeys the rule of every output (:func:`ordnmf_dask.outputs.check_place`: not one
+    of ``inputs``, not inside another directory of this package). An existing path is replaced
+    only with ``overwrite``, only if ``is_ours(path)`` (it is a ``kind`` this package wrote),
+    and only if it holds nothing else (:func:`ordnmf_dask.outputs.check_replaceable`), so data
+    the package did not write is never removed. At a URL, an unfinished write of a ``kind``
+    (its pending marker records ``mark``) may be replaced too.
     """
-    if locations.is_url(out):
-        return locations.check_url_target(locations.location(out), overwrite, kind, is_ours,
-                                          mark)
-    path = locations.location(out)
+    from ordnmf_dask import outputs  # it recognises every kind of directory, this one's too
+
+    path = outputs.check_place(out, f"the {outputs.NAMES[mark]}", mark, inputs, itself=False)
+    if locations.is_url(path):
+        locations.check_url_target(path, overwrite, kind, is_ours, mark)
+        outputs.check_replaceable(path, outputs.NAMES[mark])
+        return path
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
         raise InputError(f"{path}: parent directory {parent} does not exist")
@@ -207,6 +218,7 @@ def check_target(
             raise InputError(f"refusing to overwrite {path}: it is a symbolic link")
         if not is_ours(path):
             raise InputError(f"refusing to overwrite {path}: it is not a {kind}")
+        outputs.check_replaceable(path, outputs.NAMES[mark])
     return path
 
 
@@ -277,15 +289,85 @@ def zarr_id_dtype(kind: str) -> np.dtype:
     return np.dtype(np.int64) if kind in "iu" else np.dtypes.StringDType()
 
 
+TMP_MARK = "_ORDNMF_TMP"  # in a local temporary directory: whose it is and for where
+TMP_KIND = "ordnmf_dask.tmp"
+
+
 def temporary_path(path: str) -> tuple[str, str]:
     """Where to write what will be published to ``path``, and the directory to remove
-    afterwards: the sibling ``OUT.tmp-<random>``, or for a URL a new local temporary
-    directory."""
+    afterwards: ``OUT.tmp-<random>/out`` beside ``path``, or for a URL a new local temporary
+    directory.
+
+    The local ``OUT.tmp-<random>`` carries a marker naming ``path`` and this process, written
+    before anything else: what a run killed before it could clean up leaves behind, the next
+    write to ``path`` removes (:func:`remove_leftovers`)."""
     if locations.is_url(path):
         scratch = tempfile.mkdtemp(prefix="ordnmf-upload-")
         return os.path.join(scratch, "out.zarr"), scratch
-    tmp = f"{path}.tmp-{secrets.token_hex(6)}"
-    return tmp, tmp
+    remove_leftovers(path)
+    scratch = f"{path}.tmp-{secrets.token_hex(6)}"
+    os.mkdir(scratch)
+    doc = {"kind": TMP_KIND, "for": path, "host": socket.gethostname(), "pid": os.getpid()}
+    mark = os.path.join(scratch, TMP_MARK)
+    with open(f"{mark}.part", "w") as fh:  # whole or absent
+        json.dump(doc, fh)
+    os.replace(f"{mark}.part", mark)
+    return os.path.join(scratch, "out"), scratch
+
+
+def remove_leftovers(path: str) -> list[str]:
+    """Remove the temporary directories of writes to the local ``path`` whose process is gone
+    (killed before it could clean up): ``OUT.tmp-*`` beside it whose marker names ``path`` and
+    a process that no longer runs on this host, or another host. Returns what was removed;
+    anything else is left alone."""
+    parent, name = os.path.split(path)
+    removed = []
+    for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        tmp = os.path.join(parent, entry)
+        if not entry.startswith(f"{name}.tmp-") or os.path.islink(tmp):
+            continue
+        try:
+            with open(os.path.join(tmp, TMP_MARK)) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or doc.get("kind") != TMP_KIND or doc.get("for") != path:
+            continue
+        if doc.get("host") == socket.gethostname() and _running(doc.get("pid")):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("removed %s, left by an interrupted write to %s", tmp, path)
+        removed.append(tmp)
+    return removed
+
+
+def discard_temporary(scratch: str, settled: bool = True) -> None:
+    """Remove the directory ``scratch`` of :func:`temporary_path`. While a task may still write
+    there (not ``settled``: an interrupted write), its marker stays, so that what the task
+    writes later is in a directory the next write to the same destination removes."""
+    if settled or locations.is_url(scratch) or not os.path.isdir(scratch):
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    for entry in os.scandir(scratch):
+        if entry.name == TMP_MARK:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.remove(entry.path)
+
+
+def _running(pid: object) -> bool:
+    """Whether a process ``pid`` exists on this host (True when that cannot be told)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def publish(

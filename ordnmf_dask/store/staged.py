@@ -54,6 +54,7 @@ from ordnmf_dask.store.blocks import (
     STORE_MARK,
     StoreInfo,
     check_target,
+    discard_temporary,
     ids_for_zarr,
     open_store,
     publish,
@@ -249,7 +250,7 @@ def temporary_store(
     try:
         yield path, tmp
     finally:  # published by then (renamed away), or failed
-        locations.remove_tree(scratch)
+        discard_temporary(scratch, settled=runner is None or runner.settled)
 
 
 def assemble_store(
