@@ -128,8 +128,14 @@ def test_job_file_runs_as_shipped(tmp_path):
     assert {p.name for p in (tmp_path / "out" / "job").iterdir()} >= {"ml.zarr", "model.zarr",
                                                                      "fit.log"}
     cfg = resolve(str(JOB))
-    paths = [cfg.store.path, cfg.output.model, cfg.checkpoint.dir, cfg.logging.file]
-    assert all(p.startswith("out/job/") for p in paths) and len(set(paths)) == 4
+    paths = [cfg.store.path, cfg.output.model, cfg.logging.file]
+    assert all(p.startswith("out/job/") for p in paths) and len(set(paths)) == 3
+    assert cfg.checkpoint.dir is None  # the default: beside the model, removed once it is saved
+    assert not (tmp_path / "out" / "job" / "model.zarr.checkpoints").exists()
+    # the same job with another K runs at once (the default checkpoints are the fit's own)
+    r = run(["ordnmf-dask", "fit", "--config", "cluster/job.toml", "-k", "3", "--max-iter", "3",
+             "--overwrite"], tmp_path)
+    assert r.returncode == 0, r.stderr
 
 
 def test_kubernetes_job_file_is_valid():
