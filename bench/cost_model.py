@@ -76,7 +76,13 @@ def _depth(n: int) -> int:
 
 
 def predict(
-    grid: Grid, p: int, rates: Rates, spread_cols: bool = False, chunk_arrays: int = 3
+    grid: Grid,
+    p: int,
+    rates: Rates,
+    spread_cols: bool = False,
+    chunk_arrays: int = 3,
+    h_rate_by_rows: bool = False,
+    owner_sums: bool = False,
 ) -> Prediction:
     """The iteration's predicted seconds on ``p`` single-thread workers.
 
@@ -84,7 +90,12 @@ def predict(
     H-rate pass's column strips over all workers in grid order (their cached blocks copied
     there once, so no bytes per iteration), instead of on the worker of their first block's
     row strip; ``chunk_arrays``: (n, K) arrays a factor chunk sends (3: mean, geo, shape;
-    2: the passes' mean and geo only).
+    2: the passes' mean and geo only); ``h_rate_by_rows``: the H-rate pass run on the row
+    strips, where the new W already is (each strip emits its items' partial sums, added along
+    a tree over the user-blocks as SH is), so no W chunk moves; ``owner_sums``: the partial
+    sums of each item-block (SH, H-rate) added where its H chunk lives (one sum per item-block,
+    each partial sent there once), instead of along one tree per run of item-blocks whose adds
+    pile onto the worker of the run's first strip.
     """
     n_r, n_c = grid.nnz.shape
     k = grid.k
@@ -136,6 +147,20 @@ def predict(
             recv[pass_][dst] += size
         return level[0]
 
+    def item_sums(pass_: str, g: int, group: list[int]) -> None:
+        """Per-item partial sums of the row strips of run g, to each item-block's H chunk."""
+        locs = [strip[r][g] for r in range(n_r)]
+        if owner_sums:
+            for c in group:
+                senders = len(set(locs) - {h_home[c]})
+                recv[pass_][h_home[c]] += senders * F64 * k * cols[c]
+            return
+        end = tree(pass_, locs, F64 * k * cols[group].sum(), None)
+        for c in group:  # item-block c to its H chunk, from where the tree ended
+            if end != h_home[c]:
+                recv[pass_][h_home[c]] += F64 * k * cols[c]
+
+    n_g = len(groups)
     n_tasks = 1  # next_params
     # W-rate pass: row strips, old H (replicated in the previous local pass: no fetch)
     for r in range(n_r):
@@ -147,17 +172,24 @@ def predict(
     for r in range(n_r):
         load["W update"][w_home[r]] += rates.gamma_ns * 1e-9 * rows[r] * k
     n_tasks += n_r + n_r + (n_r - 1)
-    # H-rate pass: column strips need the new W of their run
-    for i, run in enumerate(row_runs):
+    if h_rate_by_rows:  # H-rate pass on the row strips: partial sums of items move, not W
+        for r in range(n_r):
+            for g, group in enumerate(groups):
+                load["H-rate"][strip[r][g]] += rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum()
+        for g, group in enumerate(groups):
+            item_sums("H-rate", g, group)
+        n_tasks += n_r * n_g + n_g * (2 * n_r - 1)
+    else:  # column strips need the new W of their run
+        for i, run in enumerate(row_runs):
+            for c in range(n_c):
+                dst = col_strip(i, c)
+                load["H-rate"][dst] += rates.corr_ns / 2 * 1e-9 * grid.nnz[run, c].sum()
+                for r in run:
+                    fetch("H-rate", f"W{r}", chunk_w[r], w_home[r], dst)
         for c in range(n_c):
-            dst = col_strip(i, c)
-            load["H-rate"][dst] += rates.corr_ns / 2 * 1e-9 * grid.nnz[run, c].sum()
-            for r in run:
-                fetch("H-rate", f"W{r}", chunk_w[r], w_home[r], dst)
-    for c in range(n_c):
-        tree("H-rate", [col_strip(i, c) for i in range(len(row_runs))], F64 * k * cols[c],
-             h_home[c])
-    n_tasks += n_c * (2 * len(row_runs) - 1)
+            locs = [col_strip(i, c) for i in range(len(row_runs))]
+            tree("H-rate", locs, F64 * k * cols[c], h_home[c])
+        n_tasks += n_c * (2 * len(row_runs) - 1)
     # H update, column sums of H
     for c in range(n_c):
         load["H update"][h_home[c]] += rates.gamma_ns * 1e-9 * cols[c] * k
@@ -172,12 +204,7 @@ def predict(
                 fetch("local", f"H{c}", chunk_h[c], h_home[c], dst)
         tree("local", strip[r], F64 * k * rows[r], w_home[r])  # SW to the next W update
     for g, group in enumerate(groups):
-        sh = F64 * k * cols[group].sum()
-        end = tree("local", [strip[r][g] for r in range(n_r)], sh, None)
-        for c in group:  # SH of item-block c to its H chunk (from where the tree ended)
-            if end != h_home[c]:
-                recv["local"][h_home[c]] += F64 * k * cols[c]
-    n_g = len(groups)
+        item_sums("local", g, group)
     n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * (n_g - 1)  # strips, SW trees
     n_tasks += n_g * (2 * n_r - 1) + (2 * n_r - 1) + 1  # SH trees, per-class sums, result
     kernel = {name: max(per.values()) for name, per in load.items()}

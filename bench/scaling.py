@@ -121,8 +121,11 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
     span = t1 - t0
     moved = sum(out1[a] - out0[a] for a in out1)
     return {
-        "s_per_iter": statistics.median(seconds[1:]), "mean": span / n,
-        "bytes": moved / n, "tasks": tasks / n, "loop_cpu": (loop1 - loop0) / n,
+        "s_per_iter": statistics.median(seconds[1:]),
+        "mean": span / n,
+        "bytes": moved / n,
+        "tasks": tasks / n,
+        "loop_cpu": (loop1 - loop0) / n,
         "process_cpu": (cpu1 - cpu0) / n,
         "idle": [1 - busy.get(a, 0.0) / span for a in sorted(out1)],
         "busy": sum(busy.values()) / n,
@@ -142,24 +145,64 @@ def main() -> None:
     ap.add_argument("--users", type=int, help="fixed number of users (default: nnz / 100)")
     ap.add_argument("--items", type=int, help="fixed number of items (default: nnz / 400)")
     ap.add_argument("--memory-limit", help="per-worker memory cap, e.g. 2GB (default: dask's)")
-    ap.add_argument("--modes", nargs="+", choices=["cached", "streaming"],
-                    default=["cached", "streaming"])
-    ap.add_argument("--profile", action="store_true",
-                    help="cached fits with counters and the cost model's predictions")
-    ap.add_argument("--predict", type=int, nargs="*", default=[],
-                    help="with --profile: worker counts to predict on this store")
-    ap.add_argument("--predict-shape", type=float, nargs=5, metavar=("U", "I", "NNZ", "R", "C"),
-                    action="append", default=[],
-                    help="with --profile: also predict a balanced store of this shape and grid "
-                         "(repeatable)")
-    ap.add_argument("--bandwidth", type=float, nargs="*", default=[],
-                    help="bytes/s into a worker for the predictions (default: the measured)")
-    ap.add_argument("--one-worker-seconds", type=float,
-                    help="scale the kernel rates so that the model's 1-worker s/iteration of "
-                         "--predict-shape is this (a reported figure of another machine)")
+    ap.add_argument(
+        "--modes", nargs="+", choices=["cached", "streaming"], default=["cached", "streaming"]
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="cached fits with counters and the cost model's predictions",
+    )
+    ap.add_argument(
+        "--predict",
+        type=int,
+        nargs="*",
+        default=[],
+        help="with --profile: worker counts to predict on this store",
+    )
+    ap.add_argument(
+        "--predict-shape",
+        type=float,
+        nargs=5,
+        metavar=("U", "I", "NNZ", "R", "C"),
+        action="append",
+        default=[],
+        help="with --profile: also predict a balanced store of this shape and grid (repeatable)",
+    )
+    ap.add_argument(
+        "--bandwidth",
+        type=float,
+        nargs="*",
+        default=[],
+        help="bytes/s into a worker for the predictions (default: the measured)",
+    )
+    ap.add_argument(
+        "--one-worker-seconds",
+        type=float,
+        help="scale the kernel rates so that the model's 1-worker s/iteration of "
+        "--predict-shape is this (a reported figure of another machine)",
+    )
     ap.add_argument("--hop-ms", type=float, help="hop cost for the predictions")
+    ap.add_argument(
+        "--variants-at",
+        type=int,
+        nargs="*",
+        default=[16],
+        help="worker counts of the design-variant tables (--predict-shape)",
+    )
+    ap.add_argument(
+        "--rates",
+        type=float,
+        nargs=3,
+        metavar=("LOCAL", "CORR", "GAMMA"),
+        help="model only, no fits: one thread's local and correction ns per "
+        "nonzero and Gamma ns per entry (e.g. from an earlier --profile run)",
+    )
     ap.add_argument("--sched-ms", type=float, help="scheduler CPU per task for the predictions")
     args = ap.parse_args()
+    if args.rates:
+        return predictions(args, None, Rates(*args.rates), args.bandwidth[0]
+                           if args.bandwidth else 1e9)  # fmt: skip
     if args.profile:
         return profile_main(args)
     os.makedirs(args.work, exist_ok=True)
@@ -203,10 +246,13 @@ def profile_main(args: argparse.Namespace) -> None:
         local_ns = 1e9 * fused["local"] / info.nnz_train
         corr_ns = 1e9 * (fused["iteration"] - fused["local"]) / info.nnz_train
         rates = Rates(local_ns, corr_ns, gamma_ns(args.k), hop_s=0.0, sched_s=0.0)
-        print(f"store {info.n_users} x {info.n_items}, train nnz {info.nnz_train}, grid "
-              f"{info.grid}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
-              f"{os.cpu_count()} cores; one thread: local {local_ns:.1f} ns/nnz, corrections "
-              f"{corr_ns:.1f} ns/nnz, Gamma {rates.gamma_ns:.1f} ns/entry", flush=True)
+        print(
+            f"store {info.n_users} x {info.n_items}, train nnz {info.nnz_train}, grid "
+            f"{info.grid}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
+            f"{os.cpu_count()} cores; one thread: local {local_ns:.1f} ns/nnz, corrections "
+            f"{corr_ns:.1f} ns/nnz, Gamma {rates.gamma_ns:.1f} ns/entry",
+            flush=True,
+        )
         meas = {p: profiled_fit(path, args.k, args.iters, p, args.memory_limit)
                 for p in args.workers}  # fmt: skip
         # calibration: the hop cost from the smallest worker count (idle time of its workers
@@ -220,9 +266,11 @@ def profile_main(args: argparse.Namespace) -> None:
         bw = sum(b for b, _ in moved) / max(sum(t for _, t in moved), 1e-9) if moved else 1e9
         rates = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, bw, max(idle0, 0) / hops,
                       m0["loop_cpu"] / max(m0["tasks"], 1))  # fmt: skip
-        print(f"calibrated: hop {rates.hop_s * 1e3:.2f} ms ({hops} hops, from {p0} worker(s)),"
-              f" scheduler loop {rates.sched_s * 1e3:.2f} ms CPU per task, bandwidth "
-              f"{bw / 1e6:.0f} MB/s (bytes over transfer seconds)")
+        print(
+            f"calibrated: hop {rates.hop_s * 1e3:.2f} ms ({hops} hops, from {p0} worker(s)),"
+            f" scheduler loop {rates.sched_s * 1e3:.2f} ms CPU per task, bandwidth "
+            f"{bw / 1e6:.0f} MB/s (bytes over transfer seconds)"
+        )
         rows = []
         for p, m in sorted(meas.items()):
             pr = predict(grid, p, rates)
@@ -233,37 +281,47 @@ def profile_main(args: argparse.Namespace) -> None:
                 m["busy"], pr.kernel_total, " ".join(f"{x:.0%}" for x in m["idle"]),
             ])  # fmt: skip
         print(fmt_table(rows, PROFILE_HEADER))
-        print("(measured unless marked 'model'; speed-up and efficiency against "
-              f"{p0} worker(s); busy = workers' compute seconds per iteration, summed)")
-        rates = Rates(
-            rates.local_ns, rates.corr_ns, rates.gamma_ns, rates.bandwidth,
-            rates.hop_s if args.hop_ms is None else args.hop_ms / 1e3,
-            rates.sched_s if args.sched_ms is None else args.sched_ms / 1e3,
-        )  # fmt: skip
-        shapes = [("this store", grid, args.predict)]
-        for u, i, nz, r, c in args.predict_shape:
-            shapes.append((f"balanced {int(u)} x {int(i)}, {nz:.0e} nnz, {int(r)}x{int(c)}",
-                           Grid.balanced(int(u), int(i), nz, int(r), int(c), args.k),
-                           args.predict or args.workers))  # fmt: skip
-        ref = shapes[1][1] if len(shapes) > 1 else grid  # the shape --one-worker-seconds is of
-        for name, g, counts in shapes:
-            for b in args.bandwidth or [bw]:
-                r_b = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, b, rates.hop_s,
-                            rates.sched_s)  # fmt: skip
-                if args.one_worker_seconds and g is not grid:
-                    r_b = scaled_to(ref, r_b, args.one_worker_seconds)
-                one = predict(g, 1, r_b).seconds
-                out = []
-                for p in counts:
-                    pr = predict(g, p, r_b)
-                    out.append([p, pr.seconds, one / pr.seconds, pr.transfer_s,
-                                pr.hops * pr.hop_s, pr.sched_s, pr.bytes_moved / 1e6,
-                                " ".join(f"{k} {v:.2f}/{pr.workers_used[k]}"
-                                         for k, v in pr.kernel.items())])  # fmt: skip
-                print(f"model, {name}, bandwidth {b / 1e6:.0f} MB/s:")
-                print(fmt_table(out, MODEL_HEADER))
-                if g is not grid:
-                    print_variants(g, max(counts), r_b, predict(g, 1, r_b).seconds)
+        print(
+            "(measured unless marked 'model'; speed-up and efficiency against "
+            f"{p0} worker(s); busy = workers' compute seconds per iteration, summed)"
+        )
+        predictions(args, grid, rates, bw)
+
+
+def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: float) -> None:
+    """The model's tables: ``--predict`` on ``grid`` (the measured store, when there is one)
+    and on each ``--predict-shape``, per ``--bandwidth``, and the design variants."""
+    rates = Rates(
+        rates.local_ns, rates.corr_ns, rates.gamma_ns, rates.bandwidth,
+        rates.hop_s if args.hop_ms is None else args.hop_ms / 1e3,
+        rates.sched_s if args.sched_ms is None else args.sched_ms / 1e3,
+    )  # fmt: skip
+    shapes = [("this store", grid, args.predict)] if grid is not None else []
+    for u, i, nz, r, c in args.predict_shape:
+        shapes.append((f"balanced {int(u)} x {int(i)}, {nz:.0e} nnz, {int(r)}x{int(c)}",
+                       Grid.balanced(int(u), int(i), nz, int(r), int(c), args.k),
+                       args.predict or args.workers))  # fmt: skip
+    # the shape --one-worker-seconds is of: the first --predict-shape
+    ref = shapes[-len(args.predict_shape)][1] if args.predict_shape else grid
+    for name, g, counts in shapes:
+        for b in args.bandwidth or [bw]:
+            r_b = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, b, rates.hop_s,
+                        rates.sched_s)  # fmt: skip
+            if args.one_worker_seconds and g is not grid:
+                r_b = scaled_to(ref, r_b, args.one_worker_seconds)
+            one = predict(g, 1, r_b).seconds
+            out = []
+            for p in counts:
+                pr = predict(g, p, r_b)
+                out.append([p, pr.seconds, one / pr.seconds, pr.transfer_s,
+                            pr.hops * pr.hop_s, pr.sched_s, pr.bytes_moved / 1e6,
+                            " ".join(f"{k} {v:.2f}/{pr.workers_used[k]}"
+                                     for k, v in pr.kernel.items())])  # fmt: skip
+            print(f"model, {name}, bandwidth {b / 1e6:.0f} MB/s:")
+            print(fmt_table(out, MODEL_HEADER))
+            if g is not grid:
+                for p in args.variants_at:
+                    print_variants(g, p, r_b, predict(g, 1, r_b).seconds)
 
 
 def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
@@ -276,8 +334,21 @@ def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
         ("as the engine places tasks", rates, {}),
         ("column strips spread", rates, {"spread_cols": True}),
         ("spread, chunks send mean + geo", rates, {"spread_cols": True, "chunk_arrays": 2}),
+        ("H-rate pass on the row strips (no W moves)", rates, {"h_rate_by_rows": True}),
+        (
+            "row-strip H-rate, chunks send mean + geo",
+            rates,
+            {"h_rate_by_rows": True, "chunk_arrays": 2},
+        ),
+        ("item sums added at their H chunk's worker", rates, {"owner_sums": True}),
+        (
+            "owner sums, row-strip H-rate, mean + geo",
+            rates,
+            {"owner_sums": True, "h_rate_by_rows": True, "chunk_arrays": 2},
+        ),
         (f"1 process x {p} threads, engine placement", threads, {}),
         (f"1 process x {p} threads, spread", threads, {"spread_cols": True}),
+        (f"1 process x {p} threads, row-strip H-rate", threads, {"h_rate_by_rows": True}),
     ]:
         pr = predict(grid, p, r, **kw)
         out.append([name, pr.seconds, one / pr.seconds, pr.transfer_s, sum(pr.kernel.values())])
