@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -72,6 +73,56 @@ def gamma_ns(k: int, rows: int = 200_000) -> float:
                          time.process_time) / (rows * k)  # fmt: skip
 
 
+class ChainRecorder(SchedulerPlugin):
+    """Scheduler plugin: each finished task's compute start and stop and its dependencies,
+    to walk the chain of tasks that gated each other (:func:`critical_path`)."""
+
+    name = "scaling-chain"
+
+    def __init__(self) -> None:
+        self.done: dict[Any, tuple[float, float, list[Any]]] = {}
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if start != "processing" or finish != "memory":
+            return
+        ts = self.scheduler.tasks.get(key)
+        spans = [x for x in kwargs.get("startstops", ()) if x["action"] == "compute"]
+        if ts is not None and spans:
+            deps = [d.key for d in ts.dependencies]
+            self.done[key] = (spans[0]["start"], spans[-1]["stop"], deps)
+
+
+def _chain_records(dask_scheduler: Any) -> dict[Any, tuple[float, float, list[Any]]]:
+    return dask_scheduler.plugins[ChainRecorder.name].done
+
+
+def critical_path(done: dict[Any, tuple[float, float, list[Any]]], t0: float,
+                  t1: float) -> tuple[float, float, int]:  # fmt: skip
+    """Walking back from the last task to finish by ``t1``, through the dependency that
+    finished last (the one its start waited for), to ``t0``: compute seconds on the chain, the
+    seconds between a dependency's end and its dependent's start, and the hops."""
+    key = max((k for k, v in done.items() if v[1] <= t1), key=lambda k: done[k][1])
+    compute = gaps = 0.0
+    hops = 0
+    while True:
+        start, stop, deps = done[key]
+        compute += stop - max(start, t0)
+        known = [d for d in deps if d in done]
+        if start <= t0 or not known:
+            break
+        dep = max(known, key=lambda d: done[d][1])
+        gaps += max(start - max(done[dep][1], t0), 0.0)
+        hops += 1
+        if done[dep][1] <= t0:
+            break
+        key = dep
+    return compute, gaps, hops
+
+
 def _outgoing(dask_worker: Any) -> int:
     return dask_worker.transfer_outgoing_bytes_total
 
@@ -92,6 +143,7 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
     marks: list[tuple[float, float, float, dict[str, int]]] = []  # wall, loop, process CPU, out
     seconds: list[float] = []
     with resolve_client(None, workers, memory_limit=memory_limit) as client:
+        client.register_plugin(ChainRecorder())
 
         def record(info: Any) -> None:
             seconds.append(info.seconds)
@@ -103,6 +155,7 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
                        checkpoint_every=0)  # fmt: skip
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)
+        done = client.run_on_scheduler(_chain_records)
     (t0, loop0, cpu0, out0), (t1, loop1, cpu1, out1) = marks
     n = iters - 1
     busy: dict[str, float] = collections.defaultdict(float)
@@ -120,6 +173,7 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
                 transfer_s[task["worker"]] += stop - start
     span = t1 - t0
     moved = sum(out1[a] - out0[a] for a in out1)
+    chain_compute, chain_gaps, chain_hops = critical_path(done, t0, t1)
     return {
         "s_per_iter": statistics.median(seconds[1:]),
         "mean": span / n,
@@ -130,6 +184,9 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
         "idle": [1 - busy.get(a, 0.0) / span for a in sorted(out1)],
         "busy": sum(busy.values()) / n,
         "transfer_s": sum(transfer_s.values()) / n,
+        "chain_compute": chain_compute / n,
+        "chain_gaps": chain_gaps / n,
+        "chain_hops": chain_hops / n,
     }
 
 
@@ -255,19 +312,19 @@ def profile_main(args: argparse.Namespace) -> None:
         )
         meas = {p: profiled_fit(path, args.k, args.iters, p, args.memory_limit)
                 for p in args.workers}  # fmt: skip
-        # calibration: the hop cost from the smallest worker count (idle time of its workers
-        # over the hops of one iteration), the scheduler's CPU per task, the bandwidth from the
-        # transfers' durations where there are any
+        # calibration: the hop cost from the smallest worker count (its workers' idle time over
+        # the model's hops: with one worker, it idles only while a dependency's result goes
+        # through the scheduler), the scheduler's CPU per task, the bandwidth from the
+        # transfers' durations on more than one worker
         p0 = min(meas)
         m0 = meas[p0]
-        hops = predict(grid, p0, rates).hops
-        idle0 = m0["mean"] - m0["busy"] / p0
-        moved = [(m["bytes"], m["transfer_s"]) for m in meas.values() if m["bytes"] > 0]
+        hop_s = max(m0["mean"] - m0["busy"] / p0, 0.0) / predict(grid, p0, rates).hops
+        moved = [(m["bytes"], m["transfer_s"]) for p, m in meas.items() if p > 1]
         bw = sum(b for b, _ in moved) / max(sum(t for _, t in moved), 1e-9) if moved else 1e9
-        rates = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, bw, max(idle0, 0) / hops,
+        rates = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, bw, hop_s,
                       m0["loop_cpu"] / max(m0["tasks"], 1))  # fmt: skip
         print(
-            f"calibrated: hop {rates.hop_s * 1e3:.2f} ms ({hops} hops, from {p0} worker(s)),"
+            f"calibrated: hop {rates.hop_s * 1e3:.2f} ms (idle time of {p0} worker(s)),"
             f" scheduler loop {rates.sched_s * 1e3:.2f} ms CPU per task, bandwidth "
             f"{bw / 1e6:.0f} MB/s (bytes over transfer seconds)"
         )
@@ -284,6 +341,17 @@ def profile_main(args: argparse.Namespace) -> None:
         print(
             "(measured unless marked 'model'; speed-up and efficiency against "
             f"{p0} worker(s); busy = workers' compute seconds per iteration, summed)"
+        )
+        serial = [
+            [p, m["chain_compute"] + m["chain_gaps"], m["chain_compute"], m["chain_gaps"],
+             m["chain_hops"], 1e3 * m["chain_gaps"] / max(m["chain_hops"], 1),
+             predict(grid, p, rates).hops, m["loop_cpu"], m["process_cpu"]]
+            for p, m in sorted(meas.items())
+        ]  # fmt: skip
+        print(fmt_table(serial, SERIAL_HEADER))
+        print(
+            "(critical path: from the last task to finish back through the dependency each "
+            "task waited for, per iteration; its waits include waiting for a busy worker)"
         )
         predictions(args, grid, rates, bw)
 
@@ -368,6 +436,10 @@ PROFILE_HEADER = [
     "workers", "s/iter", "model s/iter", "speed-up", "efficiency", "MB moved", "model MB",
     "tasks", "model tasks", "sched loop CPU ms", "fit process CPU ms", "busy s",
     "model kernel s", "idle per worker",
+]  # fmt: skip
+SERIAL_HEADER = [
+    "workers", "critical path s", "its compute s", "its waits s", "hops", "ms per hop",
+    "model hops", "sched loop CPU s", "fit process CPU s",
 ]  # fmt: skip
 MODEL_HEADER = [
     "workers", "s/iter", "speed-up", "transfer s", "hops s", "scheduler s", "MB moved",
