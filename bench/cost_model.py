@@ -83,8 +83,11 @@ def predict(
     chunk_arrays: int = 3,
     h_rate_by_rows: bool = False,
     owner_sums: bool = False,
+    threads: int = 1,
 ) -> Prediction:
-    """The iteration's predicted seconds on ``p`` single-thread workers.
+    """The iteration's predicted seconds on ``p`` workers of ``threads`` threads each (a
+    worker's tasks of a pass spread over its threads: it takes its kernel seconds / threads,
+    or its longest task if that is longer; threads share the worker's chunks).
 
     Variants the engine does not do (yet), to size design changes: ``spread_cols`` places the
     H-rate pass's column strips over all workers in grid order (their cached blocks copied
@@ -122,6 +125,12 @@ def predict(
         return block[row_runs[i][0]][c]
 
     load: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    longest: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def add(pass_: str, worker: str, seconds: float) -> None:
+        load[pass_][worker] += seconds
+        longest[pass_][worker] = max(longest[pass_][worker], seconds)
+
     recv: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     held: set[tuple[str, str]] = set()  # (object, worker): replicas made this iteration
 
@@ -165,17 +174,17 @@ def predict(
     # W-rate pass: row strips, old H (replicated in the previous local pass: no fetch)
     for r in range(n_r):
         for g, group in enumerate(groups):
-            load["W-rate"][strip[r][g]] += rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum()
+            add("W-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
         n_tasks += len(groups) + (len(groups) - 1)
         tree("W-rate", strip[r], F64 * k * rows[r], w_home[r])
     # W update, column sums of W
     for r in range(n_r):
-        load["W update"][w_home[r]] += rates.gamma_ns * 1e-9 * rows[r] * k
+        add("W update", w_home[r], rates.gamma_ns * 1e-9 * rows[r] * k)
     n_tasks += n_r + n_r + (n_r - 1)
     if h_rate_by_rows:  # H-rate pass on the row strips: partial sums of items move, not W
         for r in range(n_r):
             for g, group in enumerate(groups):
-                load["H-rate"][strip[r][g]] += rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum()
+                add("H-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
         for g, group in enumerate(groups):
             item_sums("H-rate", g, group)
         n_tasks += n_r * n_g + n_g * (2 * n_r - 1)
@@ -183,7 +192,7 @@ def predict(
         for i, run in enumerate(row_runs):
             for c in range(n_c):
                 dst = col_strip(i, c)
-                load["H-rate"][dst] += rates.corr_ns / 2 * 1e-9 * grid.nnz[run, c].sum()
+                add("H-rate", dst, rates.corr_ns / 2 * 1e-9 * grid.nnz[run, c].sum())
                 for r in run:
                     fetch("H-rate", f"W{r}", chunk_w[r], w_home[r], dst)
         for c in range(n_c):
@@ -192,13 +201,13 @@ def predict(
         n_tasks += n_c * (2 * len(row_runs) - 1)
     # H update, column sums of H
     for c in range(n_c):
-        load["H update"][h_home[c]] += rates.gamma_ns * 1e-9 * cols[c] * k
+        add("H update", h_home[c], rates.gamma_ns * 1e-9 * cols[c] * k)
     n_tasks += n_c + n_c + (n_c - 1)
     # local pass: row strips need W_r and the new H of their group
     for r in range(n_r):
         for g, group in enumerate(groups):
             dst = strip[r][g]
-            load["local"][dst] += rates.local_ns * 1e-9 * grid.nnz[r, group].sum()
+            add("local", dst, rates.local_ns * 1e-9 * grid.nnz[r, group].sum())
             fetch("local", f"W{r}", chunk_w[r], w_home[r], dst)
             for c in group:
                 fetch("local", f"H{c}", chunk_h[c], h_home[c], dst)
@@ -207,7 +216,10 @@ def predict(
         item_sums("local", g, group)
     n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * (n_g - 1)  # strips, SW trees
     n_tasks += n_g * (2 * n_r - 1) + (2 * n_r - 1) + 1  # SH trees, per-class sums, result
-    kernel = {name: max(per.values()) for name, per in load.items()}
+    kernel = {
+        name: max(max(sec / threads, longest[name][j]) for j, sec in per.items())
+        for name, per in load.items()
+    }
     transfer = sum(max(per.values(), default=0.0) for per in recv.values()) / rates.bandwidth
     # one chain of dependent hops (docs/design.md): params, W-rate strip and tree, W update,
     # W column sums, H update, local strip, SW/small trees back to the next params

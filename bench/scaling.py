@@ -2,26 +2,30 @@
 
 Usage: ``python bench/scaling.py [--nnz 1e6 1e7] [--workers 1 2] [--iters 4] [--k 50]
 [--users U --items I] [--memory-limit 2GB] [--modes cached streaming]`` (add ``1e8`` to ``--nnz``
-for the long run). For each train-nnz target a synthetic store is made once in ``--work``
-(users = nnz / 100, items = nnz / 400, min 12k x 6k: ~100 nonzeros per user; or the fixed
-``--users`` x ``--items``, so that the factors' size stays the same and only the data grows),
-then for every worker count and mode (cached or streamed blocks; workers capped at
-``--memory-limit`` each when given) the distributed fit runs
-``--iters`` iterations (s/iteration = median after the first). The reference is "two fused
-kernel passes on the same cores": 2 x (one thread's time for one fused local pass over all
-blocks, measured in a fresh process) / workers; the table prints s/iteration over it.
+for the long run); ``--profile [--predict P...] [--predict-shape U I NNZ R C] [--bandwidth B...]
+[--one-worker-seconds S] [--hop-ms H] [--sched-ms S] [--variants-at P...]
+[--threads-per-worker T]`` for the counters and the cost model, and ``--rates LOCAL CORR GAMMA``
+with the same options for the model alone. At the issue's scale on a 16-core machine:
+``--profile --nnz 1e8 --users 1000000 --items 250000 --workers 1 2 4 8 16``.
 
-With ``--profile`` (cached blocks), each fit also records, over the iterations after the
-first: speed-up and efficiency against the first worker count, bytes moved between workers
-(the workers' ``transfer_outgoing_bytes_total``), tasks run, the scheduler event-loop
-thread's CPU (``client.run_on_scheduler`` with ``time.thread_time``) and the fit process's CPU,
-each worker's idle share (wall minus its compute in ``get_task_stream``), and beside each the
-cost model's prediction (``bench/cost_model.py``). The model's machine rates come from this
-run: kernel ns per nonzero from the fused one-thread passes, Gamma ns per entry timed here,
-the hop cost from the smallest worker count's idle time, bandwidth from the transfers' own
-durations. ``--predict P...`` then prints the model for those worker counts on this store, and
-``--predict-shape U I NNZ R C`` on a balanced grid of that size (``--bandwidth`` values in
-bytes/s), e.g. the 1M x 250k, 1e8 store of the issue on 16 or 128 workers.
+For each train-nnz target a synthetic store is made once in ``--work`` (users = nnz / 100, items =
+nnz / 400, min 12k x 6k: ~100 nonzeros per user; or the fixed ``--users`` x ``--items``, so that
+the factors' size stays the same and only the data grows), then for every worker count and mode
+(cached or streamed blocks; workers capped at ``--memory-limit`` each when given) the distributed
+fit runs ``--iters`` iterations (s/iteration = median after the first). The reference is "two fused
+kernel passes on the same cores": 2 x (one thread's time for one fused local pass over all blocks,
+measured in a fresh process) / workers; the table prints s/iteration over it. With ``--profile``
+(cached blocks), each fit also records, over the iterations after the first: speed-up and
+efficiency against the first worker count, bytes moved between workers (the workers'
+``transfer_outgoing_bytes_total``), tasks run, the scheduler event-loop thread's CPU
+(``client.run_on_scheduler`` with ``time.thread_time``) and the fit process's CPU, each worker's
+idle share (wall minus its compute in ``get_task_stream``), and beside each the cost model's
+prediction (``bench/cost_model.py``). The model's machine rates come from this run: kernel ns per
+nonzero from the fused one-thread passes, Gamma ns per entry timed here, the hop cost from the
+smallest worker count's idle time, bandwidth from the transfers' own durations. ``--predict P...``
+then prints the model for those worker counts on this store, and ``--predict-shape U I NNZ R C`` on
+a balanced grid of that size (``--bandwidth`` values in bytes/s), e.g. the 1M x 250k, 1e8 store of
+the issue on 16 or 128 workers.
 """
 
 from __future__ import annotations
@@ -255,6 +259,13 @@ def main() -> None:
         help="model only, no fits: one thread's local and correction ns per "
         "nonzero and Gamma ns per entry (e.g. from an earlier --profile run)",
     )
+    ap.add_argument(
+        "--threads-per-worker",
+        type=int,
+        default=1,
+        help="predictions for workers of this many threads sharing their factor chunks (the "
+        "kernels assumed to keep their one-thread speed on every thread)",
+    )
     ap.add_argument("--sched-ms", type=float, help="scheduler CPU per task for the predictions")
     args = ap.parse_args()
     if args.rates:
@@ -377,25 +388,28 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
                         rates.sched_s)  # fmt: skip
             if args.one_worker_seconds and g is not grid:
                 r_b = scaled_to(ref, r_b, args.one_worker_seconds)
-            one = predict(g, 1, r_b).seconds
+            one = predict(g, 1, r_b).seconds  # one single-thread worker
+            t = args.threads_per_worker
             out = []
             for p in counts:
-                pr = predict(g, p, r_b)
+                pr = predict(g, p, r_b, threads=t)
                 out.append([p, pr.seconds, one / pr.seconds, pr.transfer_s,
                             pr.hops * pr.hop_s, pr.sched_s, pr.bytes_moved / 1e6,
                             " ".join(f"{k} {v:.2f}/{pr.workers_used[k]}"
                                      for k, v in pr.kernel.items())])  # fmt: skip
-            print(f"model, {name}, bandwidth {b / 1e6:.0f} MB/s:")
+            print(f"model, {name}, bandwidth {b / 1e6:.0f} MB/s, {t} thread(s) per worker "
+                  "(speed-up against one single-thread worker):")  # fmt: skip
             print(fmt_table(out, MODEL_HEADER))
             if g is not grid:
                 for p in args.variants_at:
-                    print_variants(g, p, r_b, predict(g, 1, r_b).seconds)
+                    print_variants(g, p, r_b, one)
 
 
 def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
     """The model for design changes on ``p`` workers (see :func:`cost_model.predict`):
-    column strips spread over the workers, chunks sending mean and geo only, and one process
-    of ``p`` threads (no transfers, in-process hops of 0.1 ms and 0.05 ms per task)."""
+    column strips spread over the workers, chunks sending mean and geo only, the H-rate pass
+    on the row strips, item sums at their chunk's worker, and one process of ``p`` threads
+    (nothing moves; in-process hops of 0.1 ms and 0.05 ms per task)."""
     threads = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, math.inf, 1e-4, 5e-5)
     out = []
     for name, r, kw in [
@@ -414,11 +428,9 @@ def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
             rates,
             {"owner_sums": True, "h_rate_by_rows": True, "chunk_arrays": 2},
         ),
-        (f"1 process x {p} threads, engine placement", threads, {}),
-        (f"1 process x {p} threads, spread", threads, {"spread_cols": True}),
-        (f"1 process x {p} threads, row-strip H-rate", threads, {"h_rate_by_rows": True}),
+        (f"1 process x {p} threads", threads, {"threads": p}),
     ]:
-        pr = predict(grid, p, r, **kw)
+        pr = predict(grid, 1 if "threads" in kw else p, r, **kw)
         out.append([name, pr.seconds, one / pr.seconds, pr.transfer_s, sum(pr.kernel.values())])
     print(fmt_table(out, [f"variant, {p} workers", "s/iter", "speed-up", "transfer s",
                           "kernel s (busiest per pass)"]))  # fmt: skip
