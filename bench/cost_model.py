@@ -1,0 +1,234 @@
+"""Cost model of one exact CAVI iteration on P single-thread workers (docs/design.md, "Cost of
+one iteration").
+
+The task graph of an iteration is rebuilt from the engine's own placement rules
+(``engine.cavi.runs`` and ``engine.cavi.homes``: strips, preferred workers), without running
+anything. Per pass, each worker's kernel seconds are the sum of its tasks' (nonzeros x ns per
+nonzero, factor entries x ns per entry); a pass lasts as long as its busiest worker, plus the
+bytes that worker receives over the bandwidth B, plus the dependent task hops of the pass, each
+costing h. The scheduler handles the iteration's tasks one after the other (s per task): when
+that exceeds the workers' time, it is the iteration's time. Tasks stay where the placement puts
+them (no work stealing): with cached blocks a task's blocks live on its preferred worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, MAX_STRIP_ROWS, homes, runs
+
+F64 = 8
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Machine parameters: one thread's kernel costs, bytes/s into one worker, seconds per
+    dependent task hop, scheduler seconds per task."""
+
+    local_ns: float  # local step, per nonzero
+    corr_ns: float  # both rate corrections, per nonzero (each pass takes half)
+    gamma_ns: float  # Gamma update, per factor entry
+    bandwidth: float = 1e9  # bytes/s received by one worker
+    hop_s: float = 2e-3  # one dependent task hop: finish -> scheduler -> next task starts
+    sched_s: float = 0.3e-3  # scheduler CPU per task
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The block grid of a store: row and column bounds, nonzeros per block (R x C), K."""
+
+    row_bounds: np.ndarray
+    col_bounds: np.ndarray
+    nnz: np.ndarray  # (R, C)
+    k: int
+
+    @classmethod
+    def balanced(cls, n_users: int, n_items: int, nnz: float, r: int, c: int, k: int) -> Grid:
+        """Equal rows per user-block, equal columns per item-block, nonzeros spread evenly
+        (what the degree-quantile cuts give on the synthetic stores)."""
+        rb = np.linspace(0, n_users, r + 1).round().astype(np.int64)
+        cb = np.linspace(0, n_items, c + 1).round().astype(np.int64)
+        return cls(rb, cb, np.full((r, c), nnz / (r * c)), k)
+
+
+@dataclass
+class Prediction:
+    """Predicted seconds of one iteration and its parts."""
+
+    seconds: float
+    kernel: dict[str, float]  # pass -> busiest worker's kernel seconds
+    transfer_s: float  # bytes into the busiest receiver of each pass / B, summed over passes
+    hops: int
+    hop_s: float
+    n_tasks: int
+    sched_s: float
+    bytes_moved: float  # between workers, whole iteration
+    workers_used: dict[str, int]  # pass -> workers that get tasks
+    kernel_total: float  # one thread's kernel seconds of the iteration
+
+
+def _depth(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def predict(
+    grid: Grid,
+    p: int,
+    rates: Rates,
+    spread_cols: bool = False,
+    chunk_arrays: int = 3,
+    h_rate_by_rows: bool = False,
+    owner_sums: bool = False,
+    threads: int = 1,
+) -> Prediction:
+    """The iteration's predicted seconds on ``p`` workers of ``threads`` threads each (a
+    worker's tasks of a pass spread over its threads: it takes its kernel seconds / threads,
+    or its longest task if that is longer; threads share the worker's chunks).
+
+    Variants the engine does not do (yet), to size design changes: ``spread_cols`` places the
+    H-rate pass's column strips over all workers in grid order (their cached blocks copied
+    there once, so no bytes per iteration), instead of on the worker of their first block's
+    row strip; ``chunk_arrays``: (n, K) arrays a factor chunk sends (3: mean, geo, shape;
+    2: the passes' mean and geo only); ``h_rate_by_rows``: the H-rate pass run on the row
+    strips, where the new W already is (each strip emits its items' partial sums, added along
+    a tree over the user-blocks as SH is), so no W chunk moves; ``owner_sums``: the partial
+    sums of each item-block (SH, H-rate) added where its H chunk lives (one sum per item-block,
+    each partial sent there once), instead of along one tree per run of item-blocks whose adds
+    pile onto the worker of the run's first strip.
+    """
+    n_r, n_c = grid.nnz.shape
+    k = grid.k
+    rows, cols = np.diff(grid.row_bounds), np.diff(grid.col_bounds)
+    groups = runs(cols, n_r, MAX_STRIP_COLS)
+    row_runs = runs(rows, n_c, MAX_STRIP_ROWS)
+    names = [f"w{j}" for j in range(p)]
+    home = homes(names, n_r, groups)
+
+    def at(h: dict) -> str:
+        return h["workers"][0] if h else "w0"
+
+    strip = [[at(home["strip"][r][g]) for g in range(len(groups))] for r in range(n_r)]
+    block = [[at(home["block"][r][c]) for c in range(n_c)] for r in range(n_r)]
+    w_home = [at(h) for h in home["row"]]
+    h_home = [at(h) for h in home["col"]]
+    chunk_w = chunk_arrays * F64 * k * rows + F64 * rows  # mean, geo, shape; prior rate (n, 1)
+    chunk_h = chunk_arrays * F64 * k * cols + F64 * cols
+    n_col_strips = len(row_runs) * n_c
+
+    def col_strip(i: int, c: int) -> str:
+        if spread_cols:
+            return names[(i * n_c + c) * p // n_col_strips]
+        return block[row_runs[i][0]][c]
+
+    load: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    longest: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def add(pass_: str, worker: str, seconds: float) -> None:
+        load[pass_][worker] += seconds
+        longest[pass_][worker] = max(longest[pass_][worker], seconds)
+
+    recv: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    held: set[tuple[str, str]] = set()  # (object, worker): replicas made this iteration
+
+    def fetch(pass_: str, obj: str, size: float, src: str, dst: str) -> None:
+        if src != dst and (obj, dst) not in held:
+            held.add((obj, dst))
+            recv[pass_][dst] += size
+
+    def tree(pass_: str, locs: list[str], size: float, dst: str | None) -> str:
+        """A fixed binary tree of adds over partials at ``locs`` (an add runs where its left
+        input is), then to ``dst``; returns where the sum ends."""
+        level = list(locs)
+        while len(level) > 1:
+            nxt = []
+            for j in range(0, len(level) - 1, 2):
+                if level[j + 1] != level[j]:
+                    recv[pass_][level[j]] += size
+                nxt.append(level[j])
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        if dst is not None and level[0] != dst:
+            recv[pass_][dst] += size
+        return level[0]
+
+    def item_sums(pass_: str, g: int, group: list[int]) -> None:
+        """Per-item partial sums of the row strips of run g, to each item-block's H chunk."""
+        locs = [strip[r][g] for r in range(n_r)]
+        if owner_sums:
+            for c in group:
+                senders = len(set(locs) - {h_home[c]})
+                recv[pass_][h_home[c]] += senders * F64 * k * cols[c]
+            return
+        end = tree(pass_, locs, F64 * k * cols[group].sum(), None)
+        for c in group:  # item-block c to its H chunk, from where the tree ended
+            if end != h_home[c]:
+                recv[pass_][h_home[c]] += F64 * k * cols[c]
+
+    n_g = len(groups)
+    n_tasks = 1  # next_params
+    # W-rate pass: row strips, old H (replicated in the previous local pass: no fetch)
+    for r in range(n_r):
+        for g, group in enumerate(groups):
+            add("W-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
+        n_tasks += len(groups) + (len(groups) - 1)
+        tree("W-rate", strip[r], F64 * k * rows[r], w_home[r])
+    # W update, column sums of W
+    for r in range(n_r):
+        add("W update", w_home[r], rates.gamma_ns * 1e-9 * rows[r] * k)
+    n_tasks += n_r + n_r + (n_r - 1)
+    if h_rate_by_rows:  # H-rate pass on the row strips: partial sums of items move, not W
+        for r in range(n_r):
+            for g, group in enumerate(groups):
+                add("H-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
+        for g, group in enumerate(groups):
+            item_sums("H-rate", g, group)
+        n_tasks += n_r * n_g + n_g * (2 * n_r - 1)
+    else:  # column strips need the new W of their run
+        for i, run in enumerate(row_runs):
+            for c in range(n_c):
+                dst = col_strip(i, c)
+                add("H-rate", dst, rates.corr_ns / 2 * 1e-9 * grid.nnz[run, c].sum())
+                for r in run:
+                    fetch("H-rate", f"W{r}", chunk_w[r], w_home[r], dst)
+        for c in range(n_c):
+            locs = [col_strip(i, c) for i in range(len(row_runs))]
+            tree("H-rate", locs, F64 * k * cols[c], h_home[c])
+        n_tasks += n_c * (2 * len(row_runs) - 1)
+    # H update, column sums of H
+    for c in range(n_c):
+        add("H update", h_home[c], rates.gamma_ns * 1e-9 * cols[c] * k)
+    n_tasks += n_c + n_c + (n_c - 1)
+    # local pass: row strips need W_r and the new H of their group
+    for r in range(n_r):
+        for g, group in enumerate(groups):
+            dst = strip[r][g]
+            add("local", dst, rates.local_ns * 1e-9 * grid.nnz[r, group].sum())
+            fetch("local", f"W{r}", chunk_w[r], w_home[r], dst)
+            for c in group:
+                fetch("local", f"H{c}", chunk_h[c], h_home[c], dst)
+        tree("local", strip[r], F64 * k * rows[r], w_home[r])  # SW to the next W update
+    for g, group in enumerate(groups):
+        item_sums("local", g, group)
+    n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * (n_g - 1)  # strips, SW trees
+    n_tasks += n_g * (2 * n_r - 1) + (2 * n_r - 1) + 1  # SH trees, per-class sums, result
+    kernel = {
+        name: max(max(sec / threads, longest[name][j]) for j, sec in per.items())
+        for name, per in load.items()
+    }
+    transfer = sum(max(per.values(), default=0.0) for per in recv.values()) / rates.bandwidth
+    # one chain of dependent hops (docs/design.md): params, W-rate strip and tree, W update,
+    # W column sums, H update, local strip, SW/small trees back to the next params
+    hops = 8 + 2 * _depth(n_g) + 2 * _depth(n_r) + (0 if n_g == 1 else 1)
+    workers = sum(kernel.values()) + transfer + hops * rates.hop_s
+    sched = n_tasks * rates.sched_s
+    total_kernel = sum(sum(per.values()) for per in load.values())
+    return Prediction(
+        max(workers, sched), kernel, transfer, hops, rates.hop_s, n_tasks, sched,
+        sum(sum(per.values()) for per in recv.values()),
+        {name: len(per) for name, per in load.items()}, total_kernel,
+    )  # fmt: skip
