@@ -5,7 +5,7 @@ The peers are ``implicit``'s ALS and BPR, ``hpfrec``'s hierarchical Poisson fact
 and popularity (the last two written here). They are not dependencies of the project: install
 them beside it in a separate virtual environment and run this script there::
 
-    python -m venv /tmp/peers-venv && /tmp/peers-venv/bin/pip install -e . implicit hpfrec
+    python -m venv /tmp/peers-venv && /tmp/peers-venv/bin/pip install -e . implicit hpfrec pandas
     DATA=../shared/data PYTHONPATH=$PWD /tmp/peers-venv/bin/python bench/peers.py --out out/peers
 
 Per dataset (MovieLens latest-small: half stars -> classes 1..10; Last.fm HetRec 2011: play
