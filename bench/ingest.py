@@ -139,7 +139,7 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
     else:
         from distributed import Client, LocalCluster, get_task_stream
 
-        from ordnmf_dask.sources.distributed import ingest_distributed
+        from ordnmf_dask.sources.ingest import ingest_distributed
 
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           memory_limit=memory_limit, dashboard_address=None) as cluster, \

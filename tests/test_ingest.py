@@ -10,9 +10,9 @@ import pyarrow.csv as pa_csv
 import pytest
 from conftest import LASTFM, ML, TPS, data_file
 
-from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.sources.ingest import ingest, ingest_arrays
+from ordnmf_dask.sources.readers import read_triples
 from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
-from ordnmf_dask.sources.text import read_triples
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 
 ML_HIST = [1370, 2811, 1791, 7551, 5550, 20047, 13136, 26818, 8551, 13211]

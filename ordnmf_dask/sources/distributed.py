@@ -4,7 +4,8 @@ Produces a store identical to :mod:`.inmemory` on the same input and options (ar
 attributes; only ``created`` differs), for inputs larger than memory: many files, big text files
 cut into byte ranges at line boundaries, Parquet files read row group by row group
 (:mod:`.textsplit`, :mod:`.parquet`), a dask DataFrame read partition by partition on the
-workers (:mod:`.memchunks`). Every option is checked before any input is read. Steps (tasks in
+workers (:mod:`.memchunks`). Every option is checked before any input is read
+(``options.plan_ingest``). Steps (tasks in
 :mod:`.distributed_tasks`; everything big goes through ``TMP/_staging``: on disk, visible to
 every worker, or for a URL ``out`` a prefix under it in the object store):
 
@@ -38,7 +39,7 @@ A test file (``test``) instead of step 6's random test set is parsed with the tr
 (its values count for the value rule) and its ids merged apart. Its rows are routed with the
 training rows: a row of a training user to that user's partition, a row of another user by its
 place among the test set's sorted users (cut at the partitions' first training ids, so that
-partition order is the test users' order, as in memory). Per partition, the in-memory path's
+partition order is the test users' order, as in memory). Per partition, :mod:`.testset`'s
 functions check that no test pair is a training pair, merge and classify the test pairs; in
 step 7 those whose user or item did not survive the filter are dropped and counted. Test errors
 are raised after every training error, choosing the one memory reports. The validation set is
@@ -59,15 +60,14 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.attrs import id_kind, validation_attrs
 from ordnmf_dask.sources.distributed_tasks import (
     AnyChunk,
     CodesJob,
@@ -92,35 +92,24 @@ from ordnmf_dask.sources.distributed_tasks import (
     test_partition_task,
     train_degrees_task,
 )
-from ordnmf_dask.sources.inmemory import (
-    IngestOptions,
-    as_list,
-    check_test_left,
-    id_kind,
-    inputs_label,
-    is_dask_dataframe,
-    memory_label,
-    source_name,
-    validation_attrs,
-    warn_unknown,
-    with_defaults,
-)
+from ordnmf_dask.sources.inputs import as_list, expand_inputs, inputs_label, is_parquet, source_name
 from ordnmf_dask.sources.memchunks import MemoryChunk, frame_chunks, memory_chunk
+from ordnmf_dask.sources.memory import is_dask_dataframe, memory_label
+from ordnmf_dask.sources.options import IngestPlan
 from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
     ParquetFormat,
     check_same_columns,
     check_some_rows,
-    expand_inputs,
-    is_parquet,
     parquet_chunks,
 )
 from ordnmf_dask.sources.split import check_train_left, split_rule
-from ordnmf_dask.sources.text import DELIMITERS, Column, check_columns
+from ordnmf_dask.sources.testset import check_test_left, warn_unknown
+from ordnmf_dask.sources.text import Column
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
-from ordnmf_dask.store.blocks import StoreInfo, check_target
+from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
@@ -131,8 +120,6 @@ from ordnmf_dask.store.staged import (
 )
 
 PathLike = str | os.PathLike
-DEFAULT_CHUNK_BYTES = 2**24
-DEFAULT_ROWS_PER_PARTITION = 2**22
 _SAMPLED_ROWS = 1 << 22  # user codes sampled (about) to balance the partitions by rows
 
 
@@ -152,55 +139,21 @@ class _Input:
     files: list[str] | None
 
 
-@shows_progress
-def ingest_distributed(
-    inputs: Any,
-    out: PathLike,
-    *,
-    client: Any = None,
-    test: Any = None,
-    delimiter: str | None = None,
-    header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    **options: Unpack[IngestOptions],
-) -> StoreInfo:
-    """``ingest`` for inputs larger than memory, in parallel on a cluster (see module docstring).
-
-    Parameters
-    ----------
-    inputs : files as for ``ingest``, a dask DataFrame, or other data in memory
-        A dask DataFrame's partitions are the chunks, each computed on the worker that parses
-        it; other data in memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix,
-        arrays) is one chunk.
-    client : distributed.Client, optional
-        Cluster to run on; every worker must see the input files, and ``out``'s directory
-        when it is local (a URL ``out`` is written from the workers, staging in place).
-        None runs the same tasks in this process.
-    test : same kinds as ``inputs``, optional
-        A held-out test set instead of a random split, as in ``ingest``.
-    chunk_bytes : int
-        Bytes of text per parsing task (default 16 MiB; about 20x that in memory while parsing).
-        Parquet files are parsed one row group per task, whatever their size.
-    rows_per_partition : int
-        Average input rows per merge/filter/route task.
-    Other parameters as in ``ordnmf_dask.sources.inmemory``.
-
-    Returns
-    -------
-    StoreInfo
-        The same store ``ingest`` writes for these inputs and options.
-    """
-    o, columns = check_arguments(out, delimiter=delimiter, columns=columns,
-                                 chunk_bytes=chunk_bytes, rows_per_partition=rows_per_partition,
-                                 **options)  # fmt: skip
+def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
+    """The store of ``plan``, built chunk by chunk by ``runner``'s tasks (see module docstring):
+    on a cluster, whose every worker must see the input files, and ``out``'s directory when it
+    is local (a URL ``out`` is written from the workers, staging in place), or in this process.
+    A dask DataFrame's partitions are the chunks, each computed on the worker that parses it;
+    other data in memory is one chunk."""
+    o, out = plan.options, plan.out
+    delimiter, header, columns, chunk_bytes = plan.delimiter, plan.header, plan.columns, \
+        plan.chunk_bytes  # fmt: skip
+    rows_per_partition, inputs, test = plan.rows_per_partition, plan.inputs, plan.test
     ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
     min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
     test_fraction, seed = o["test_fraction"], o["seed"]
     validation_fraction = o["validation_fraction"]
     nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
-    runner = Runner(client)
     train = _plan_input(runner, inputs, "input", delimiter, header, columns, chunk_bytes, 0)
     tested = None if test is None else \
         _plan_input(runner, test, "test", delimiter, header, columns, chunk_bytes,
@@ -285,7 +238,7 @@ def ingest_distributed(
             n_unknown = sum(res["test_unknown"] for res in placed)
             check_test_left(tested.label, sum(int(res["hist_test"].sum()) for res in placed),
                             n_unknown, extra["test_not_interaction"])  # fmt: skip
-            warn_unknown(n_unknown, 2)  # the caller of ``ingest_distributed``
+            warn_unknown(n_unknown, 5)  # the caller of ``ingest``
             extra = {"test_unknown_dropped": n_unknown, **extra}
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
         blocks: dict[str, list[list]] = {"train": [], "test": []}
@@ -312,31 +265,6 @@ def ingest_distributed(
                        users.ranges.staged(user_sel, users.kind),
                        items.ranges.staged(item_sel, items.kind))  # fmt: skip
         return finish_store(tmp, path, overwrite)
-
-
-def check_arguments(
-    out: PathLike,
-    *,
-    test: Any = None,
-    delimiter: str | None = None,
-    header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    **options: Unpack[IngestOptions],
-) -> tuple[dict[str, Any], tuple[Column, Column, Column]]:
-    """Check ``out`` and every argument of ``ingest_distributed`` (the same names) that can be
-    checked without reading the inputs; return the options with their defaults and the
-    columns. A caller that starts a cluster for the ingest calls it first."""
-    o = with_defaults(options, "ingest_distributed")
-    check_target(out, o["overwrite"])
-    for name, value in (("chunk_bytes", chunk_bytes), ("rows_per_partition", rows_per_partition)):
-        if value < 1:
-            raise InputError(f"{name} must be >= 1, got {value}")
-    picked = check_columns(columns)
-    if delimiter is not None and delimiter not in DELIMITERS:
-        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
-    return o, picked
 
 
 def _plan_input(

@@ -3,7 +3,7 @@ chunk, computed where it is parsed (as a Parquet row group is read there), and o
 memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix, arrays) is one chunk.
 
 The rows of a chunk are those the in-memory ingest reads from the same data
-(``inmemory.table_rows``, ``inmemory.rows_of``), with the same checks; a partition's rows are
+(``memory.table_rows``, ``memory.memory_rows``), with the same checks; a partition's rows are
 named ``"input DataFrame, partition P, row N"`` (N 0-based within the partition).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.sources.inmemory import as_table, pick_columns, rows_of, table_rows
+from ordnmf_dask.sources.memory import as_table, memory_rows, pick_columns, table_rows
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import Column, Triples
 
@@ -67,7 +67,7 @@ def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
 def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column], role: str,
                  first_index: int) -> MemoryChunk:  # fmt: skip
     """The one chunk of ``role`` data in memory that is not a dask DataFrame (``label``:
-    ``inmemory.memory_label``)."""
+    ``memory.memory_label``)."""
     return MemoryChunk(first_index, 0, label, role, columns, False, data)
 
 
@@ -86,6 +86,6 @@ def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
             return None
         rows = table_rows(as_table(frame), list(chunk.columns), chunk.path)
     else:
-        rows = rows_of(chunk.data, None, None, chunk.columns, chunk.role)[0]
+        rows = memory_rows(chunk.data, chunk.path, chunk.columns)
     origin = chunk_origin(chunk, np.arange(len(rows.values), dtype=np.int64))
     return Triples(rows.users, rows.items, rows.values, origin)
