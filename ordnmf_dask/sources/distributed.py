@@ -57,7 +57,6 @@ jobs, like the nonzeros.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
 from dataclasses import dataclass
@@ -67,7 +66,7 @@ import numpy as np
 
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.attrs import id_kind, validation_attrs
+from ordnmf_dask.sources.attrs import hist_list, ingest_attrs, validation_attrs
 from ordnmf_dask.sources.distributed_tasks import (
     AnyChunk,
     CodesJob,
@@ -251,7 +250,7 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
                 for b, seg in zip(*res[split], strict=True):
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
-        attrs = _attrs(
+        attrs = ingest_attrs(
             spec, hists, row_bounds, col_bounds, train.sources, (users.kind, items.kind),
             min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
             test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
@@ -260,7 +259,7 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
         )  # fmt: skip
         attrs.update(extra)
         if validation_fraction > 0:
-            attrs.update(validation_attrs(validation_fraction, _hist_list(hists["validation"])))
+            attrs.update(validation_attrs(validation_fraction, hist_list(hists["validation"])))
         assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
                        users.ranges.staged(user_sel, users.kind),
                        items.ranges.staged(item_sel, items.kind))  # fmt: skip
@@ -498,50 +497,3 @@ def _index_map(kept: np.ndarray) -> np.ndarray:
     out = np.full(len(kept), -1, dtype=np.int64)
     out[kept] = np.arange(int(kept.sum()), dtype=np.int64)
     return out
-
-
-def _attrs(
-    spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
-    sources: list[str], kinds: tuple[str, str], *, min_count: int,
-    filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
-    rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
-    test_source: list[str] | None,
-) -> dict[str, Any]:  # fmt: skip
-    """The attributes ``ingest`` writes (a test file's counts of dropped rows and the
-    validation attributes are added to them)."""
-    hist = {s: _hist_list(h) for s, h in hists.items()}
-    return {
-        "complete": False,
-        "n_users": int(row_bounds[-1]),
-        "n_items": int(col_bounds[-1]),
-        "n_classes": spec.n_classes,
-        "value_kind": spec.value_kind,
-        "thresholds": None if spec.thresholds is None else list(spec.thresholds),
-        "binarize": spec.binarize,
-        "binarize_on": None if spec.binarize is None else spec.base,
-        "min_count": int(min_count),
-        "filter_mode": filter_mode,
-        "duplicates": duplicates,
-        "split": "random" if test_source is None else "file",
-        "test_fraction": float(test_fraction) if test_source is None else None,
-        "seed": int(seed),
-        "nnz_train": sum(hist["train"]),
-        "nnz_test": sum(hist["test"]),
-        "hist_train": hist["train"],
-        "hist_test": hist["test"],
-        "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
-        "nnz_per_block": int(nnz_per_block),
-        "source": sources,
-        "test_source": test_source,
-        "rows_read": int(rows_read),
-        "rows_not_interaction": int(not_interaction),
-        "rows_filtered": int(filtered),
-        "nnz_before_split": int(n_before_split),
-        "id_kind": {"users": id_kind(kinds[0]), "items": id_kind(kinds[1])},
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
-
-
-def _hist_list(hist: np.ndarray) -> list[int]:
-    """Class counts as ``ingest`` stores them (class 0 cleared)."""
-    return [0, *(int(x) for x in hist[1:])]

@@ -10,14 +10,13 @@ the blocks.
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.attrs import id_kind, validation_attrs
+from ordnmf_dask.sources.attrs import hist_list, ingest_attrs, validation_attrs
 from ordnmf_dask.sources.filtering import dedupe, encode_ids, encode_pair, min_count_mask
 from ordnmf_dask.sources.memory import Rows
 from ordnmf_dask.sources.nonzeros import Nonzeros
@@ -149,7 +148,7 @@ def _build(
     if validation_fraction > 0:
         is_val = is_val[~is_test]  # the training pairs' (test pairs are never validation)
         train_nz, val_nz = train_nz.take(~is_val), train_nz.take(is_val)
-        extra.update(validation_attrs(validation_fraction, _hist(val_nz.y, spec)))
+        extra.update(validation_attrs(validation_fraction, hist_list(_hist(val_nz.y, spec))))
     del is_test, is_val
     release_memory()
 
@@ -165,37 +164,15 @@ def _build(
         blocked.append(None if nz is None else block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds,
                                                           col_bounds, presorted=True))  # fmt: skip
         del nz
-    attrs = {
-        "complete": False,
-        "n_users": n_users,
-        "n_items": n_items,
-        "n_classes": spec.n_classes,
-        "value_kind": spec.value_kind,
-        "thresholds": None if spec.thresholds is None else list(spec.thresholds),
-        "binarize": spec.binarize,
-        "binarize_on": None if spec.binarize is None else spec.base,
-        "min_count": int(min_count),
-        "filter_mode": filter_mode,
-        "duplicates": duplicates,
-        "split": "random" if test is None else "file",
-        "test_fraction": float(test_fraction) if test is None else None,
-        "seed": int(seed),
-        "nnz_train": len(blocked[0].y),
-        "nnz_test": len(blocked[1].y),
-        "hist_train": _hist(blocked[0].y, spec),
-        "hist_test": _hist(blocked[1].y, spec),
-        "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
-        "nnz_per_block": int(nnz_per_block),
-        "source": sources,
-        "test_source": test_sources,
-        "rows_read": n_rows,
-        "rows_not_interaction": n_not_interaction,
-        "rows_filtered": n_filtered,
-        "nnz_before_split": n_before_split,
-        "id_kind": {"users": id_kind(user_ids.dtype.kind), "items": id_kind(item_ids.dtype.kind)},
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        **extra,
-    }
+    hists = {"train": _hist(blocked[0].y, spec), "test": _hist(blocked[1].y, spec)}
+    attrs = ingest_attrs(
+        spec, hists, row_bounds, col_bounds, sources, (user_ids.dtype.kind, item_ids.dtype.kind),
+        min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
+        test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block, rows_read=n_rows,
+        not_interaction=n_not_interaction, filtered=n_filtered, n_before_split=n_before_split,
+        test_source=None if test is None else test_sources,
+    )  # fmt: skip
+    attrs.update(extra)
     return write_store(
         out, attrs, row_bounds, col_bounds, blocked[0], blocked[1],
         user_ids[user_sel], item_ids[item_sel], overwrite=overwrite, validation=blocked[2],
@@ -247,9 +224,9 @@ def _compact(codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(used), index[codes]
 
 
-def _hist(y: np.ndarray, spec: ValueSpec) -> list[int]:
-    hist = np.bincount(y, minlength=spec.n_classes + 1)
-    hist[0] = 0
-    return [int(x) for x in hist]
+def _hist(y: np.ndarray, spec: ValueSpec) -> np.ndarray:
+    """Nonzeros per class (V + 1,) of classes ``y``."""
+    return np.bincount(y, minlength=spec.n_classes + 1)
+
 
 
