@@ -279,7 +279,7 @@ def _plan_input(
     label = memory_label(data, role)
     if label is not None:
         return _Input(label, [], _names([label], False),
-                      [memory_chunk(data, label, columns, role, first_index)], None)  # fmt: skip
+                      [memory_chunk(data, label, columns, first_index)], None)  # fmt: skip
     sources = as_list(data)
     paths = expand_inputs(sources)
     formats = runner.map(input_format, paths, delimiter, header, columns)

@@ -27,7 +27,7 @@ class MemoryChunk:
     (``data``: the object; ``file_index`` 0).
 
     ``index`` is the chunk's position in the input order; ``path`` names it in messages;
-    ``role`` is "input" or "test"; ``columns`` are the picked column names of a partition, or
+    ``columns`` are the picked column names of a partition, or
     the ``columns`` option; ``partition`` says which of the two ``data`` is. ``data`` is
     dropped (``light``) once the chunk is parsed, so later tasks do not carry it.
     """
@@ -35,7 +35,6 @@ class MemoryChunk:
     index: int
     file_index: int
     path: str
-    role: str
     columns: tuple[Column, Column, Column]
     partition: bool
     data: Any = field(default=None, compare=False, repr=False)
@@ -59,16 +58,16 @@ def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
     # an expression-based frame (dask >= 2025) optimizes itself; a legacy one through dask
     frame = frame.optimize() if hasattr(frame, "optimize") else dask.optimize(frame)[0]
     graph = dict(frame.__dask_graph__())
-    return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", role, picked, True,
+    return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", picked, True,
                         (cull(graph, [key])[0], key))
             for p, key in enumerate(frame.__dask_keys__())], label  # fmt: skip
 
 
-def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column], role: str,
+def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column],
                  first_index: int) -> MemoryChunk:  # fmt: skip
-    """The one chunk of ``role`` data in memory that is not a dask DataFrame (``label``:
+    """The one chunk of data in memory that is not a dask DataFrame (``label``:
     ``memory.memory_label``)."""
-    return MemoryChunk(first_index, 0, label, role, columns, False, data)
+    return MemoryChunk(first_index, 0, label, columns, False, data)
 
 
 def chunk_origin(chunk: MemoryChunk, rows: np.ndarray) -> Origin:
