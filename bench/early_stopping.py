@@ -51,7 +51,7 @@ def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any
     from ordnmf_dask.model.families import OrdinalFamily
     from ordnmf_dask.modelstore.model import open_model
     from ordnmf_dask.postfit.evaluate import evaluate, score_split
-    from ordnmf_dask.sources.inmemory import ingest
+    from ordnmf_dask.sources.ingest import ingest
 
     work = os.path.join(args.work, f"seed{seed}")
     os.makedirs(work, exist_ok=True)

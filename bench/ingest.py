@@ -10,6 +10,8 @@ one run, each in a fresh process:
 - core: ``pyarrow`` reads the file, dictionary-encodes both id columns and argsorts the
   (user, item) codes once -- what any ingest has to do;
 - in-memory: ``ordnmf_dask.ingest(FILE, OUT, ratings="halfstar")``;
+- in-process: the chunked pipeline run in this process, ``ingest_distributed(FILE, OUT,
+  ratings="halfstar")`` without a client (what a single ingest pipeline would run for it);
 - distributed: ``ingest_distributed`` on a LocalCluster of ``--workers`` processes capped at
   ``--memory-limit`` each.
 
@@ -136,10 +138,14 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
         from ordnmf_dask import ingest
 
         ingest(path, out, ratings="halfstar")
+    elif kind == "in-process":
+        from ordnmf_dask import ingest_distributed
+
+        ingest_distributed(path, out, ratings="halfstar")
     else:
         from distributed import Client, LocalCluster, get_task_stream
 
-        from ordnmf_dask.sources.distributed import ingest_distributed
+        from ordnmf_dask.sources.ingest import ingest_distributed
 
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                           memory_limit=memory_limit, dashboard_address=None) as cluster, \
@@ -249,7 +255,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-limit", default="2GB")
     parser.add_argument("--kinds", default="core,in-memory,distributed",
-                        help="comma-separated measurements among core, in-memory, distributed")
+                        help="comma-separated measurements among core, in-memory, in-process, "
+                        "distributed")
     parser.add_argument("--check", type=int, default=0, metavar="N",
                         help="spot-check N blocks of the distributed store against the input")
     parser.add_argument("--run", nargs=3, metavar=("KIND", "FILE", "OUT"), help=argparse.SUPPRESS)
@@ -266,7 +273,7 @@ def main() -> None:
         print(f"wrote {path} ({os.path.getsize(path) / MB:.0f} MB) in "
               f"{time.perf_counter() - start:.0f} s")  # fmt: skip
     kinds = args.kinds.split(",")
-    unknown = set(kinds) - {"core", "in-memory", "distributed"}
+    unknown = set(kinds) - {"core", "in-memory", "in-process", "distributed"}
     if unknown:
         parser.error(f"unknown --kinds {sorted(unknown)}")
     results = {kind: measure(kind, path, args) for kind in kinds}

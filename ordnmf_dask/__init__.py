@@ -28,9 +28,9 @@ _EXPORTS = {
     "export": ".postfit.export",
     "fold_in": ".postfit.foldin",
     "recommend_for": ".postfit.foldin",
-    "ingest": ".sources.inmemory",
-    "ingest_arrays": ".sources.inmemory",
-    "ingest_distributed": ".sources.distributed",
+    "ingest": ".sources.ingest",
+    "ingest_arrays": ".sources.ingest",
+    "ingest_distributed": ".sources.ingest",
     "posterior_predictive": ".postfit.ppc",
     "recommend": ".postfit.recommend",
     "tune": ".app.tune",
@@ -69,8 +69,7 @@ if TYPE_CHECKING:  # static analysis and IDEs see the real names
     from .postfit.foldin import fold_in, recommend_for
     from .postfit.ppc import posterior_predictive
     from .postfit.recommend import recommend
-    from .sources.distributed import ingest_distributed
-    from .sources.inmemory import ingest, ingest_arrays
+    from .sources.ingest import ingest, ingest_arrays, ingest_distributed
     from .store.blocks import StoreInfo, open_store, read_block
 else:
     install(__name__, _EXPORTS)

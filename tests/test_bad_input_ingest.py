@@ -7,7 +7,7 @@ import pytest
 import zarr
 
 from ordnmf_dask.errors import InputError, StoreError
-from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.sources.ingest import ingest, ingest_arrays
 from ordnmf_dask.store import blocks as store_module
 from ordnmf_dask.store.blocks import open_store, read_block
 

@@ -7,7 +7,7 @@ import pytest
 import zarr
 
 from ordnmf_dask.errors import StoreError
-from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.store import blocks as store_module
 from ordnmf_dask.store.blocks import COMPRESSORS, SPLITS, read_block
 from ordnmf_dask.store.decode import WRITE_ALL, ArrayFiles, record_inventory, thread_buffer

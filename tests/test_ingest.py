@@ -10,9 +10,11 @@ import pyarrow.csv as pa_csv
 import pytest
 from conftest import LASTFM, ML, TPS, data_file
 
-from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.ingest import ingest, ingest_arrays, ingest_distributed
+from ordnmf_dask.sources.options import plan_ingest
+from ordnmf_dask.sources.readers import read_triples
 from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
-from ordnmf_dask.sources.text import read_triples
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 
 ML_HIST = [1370, 2811, 1791, 7551, 5550, 20047, 13136, 26818, 8551, 13211]
@@ -334,3 +336,28 @@ def test_auto_grid_splits_small_data_for_two_cores():
     assert auto_grid(SPLIT_BOTH_NNZ, 900, 500, big) == (2, 2)
     assert auto_grid(SPLIT_BOTH_NNZ, 1, 900, big) == (1, 2)
     assert auto_grid(9 * big, 10**5, 10**5, big) == (3, 3)  # the block size rules beyond 2
+
+
+def test_the_plan_checks_every_argument_before_any_input_is_read(tmp_path):
+    """One check before any work, for every entry point: a missing input is not looked at."""
+    missing = tmp_path / "missing.csv"
+    for bad, message in (({"chunk_bytes": 0}, "chunk_bytes must be >= 1"),
+                         ({"delimiter": "|"}, "unknown delimiter"),
+                         ({"columns": (0, 0, 1)}, "columns must be 3 distinct"),
+                         ({"min_count": -1}, "min_count must be")):  # fmt: skip
+        for call in (plan_ingest, ingest, ingest_distributed):
+            with pytest.raises(InputError, match=message):
+                call(missing, tmp_path / "s.zarr", **bad)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_dropped_test_rows_are_reported_at_the_line_that_called_ingest(tmp_path):
+    train = (["a", "a", "b", "b", "b"], ["x", "y", "x", "y", "z"], [1.0, 2.0, 3.0, 2.0, 1.0])
+    test = (["a", "c"], ["z", "x"], [1.0, 2.0])  # user c is not in the training data
+    calls = {"ingest": lambda out: ingest(train, out, test=test),
+             "ingest_distributed": lambda out: ingest_distributed(train, out, test=test),
+             "ingest_arrays": lambda out: ingest_arrays(*train, out, test=test)}  # fmt: skip
+    for name, call in calls.items():
+        with pytest.warns(UserWarning, match="1 test rows dropped") as warned:
+            call(tmp_path / f"{name}.zarr")
+        assert [w.filename for w in warned] == [__file__], name

@@ -15,8 +15,7 @@ from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.thresholds import update_delta
-from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.ingest import ingest, ingest_distributed
 
 
 def write(tmp_path, name: str, text: str):

@@ -16,10 +16,9 @@ from distributed import Event
 
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.distributed import ingest_distributed
 from ordnmf_dask.sources.distributed_tasks import as_kind, chunk_prefix, split_ids_task
 from ordnmf_dask.sources.filtering import distinct_ids, encode_ids, encode_sorted
-from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.ingest import ingest, ingest_distributed
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import line_numbers
 from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays, widen

@@ -30,15 +30,15 @@ def test_public_names_are_the_submodule_objects():
     from ordnmf_dask import errors, estimator
     from ordnmf_dask.app import tune, tuning
     from ordnmf_dask.postfit import evaluate, export, foldin, ppc, recommend
-    from ordnmf_dask.sources import distributed, inmemory
+    from ordnmf_dask.sources import ingest
     from ordnmf_dask.store import blocks
 
     expected = {
         "OrdNMF": estimator.OrdNMF, "PF": estimator.PF, "BePoF": estimator.BePoF,
         "DcPF": estimator.DcPF, "StoreInfo": blocks.StoreInfo, "evaluate": evaluate.evaluate,
         "fold_in": foldin.fold_in, "recommend_for": foldin.recommend_for,
-        "ingest": inmemory.ingest, "ingest_arrays": inmemory.ingest_arrays,
-        "ingest_distributed": distributed.ingest_distributed,
+        "ingest": ingest.ingest, "ingest_arrays": ingest.ingest_arrays,
+        "ingest_distributed": ingest.ingest_distributed,
         "open_store": blocks.open_store, "read_block": blocks.read_block,
         "posterior_predictive": ppc.posterior_predictive, "recommend": recommend.recommend,
         "InputError": errors.InputError, "StoreError": errors.StoreError,
@@ -52,7 +52,7 @@ def test_public_names_are_the_submodule_objects():
 def test_public_functions_stay_functions_after_internal_imports():
     out = _run(
         "import types\n"
-        "import ordnmf_dask.sources.distributed, ordnmf_dask.postfit.evaluate\n"
+        "import ordnmf_dask.sources.ingest, ordnmf_dask.postfit.evaluate\n"
         "import ordnmf_dask\n"
         "print(isinstance(ordnmf_dask.evaluate, types.FunctionType),\n"
         "      isinstance(ordnmf_dask.ingest, types.FunctionType))\n"

@@ -18,8 +18,7 @@ from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import ingest
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.sources.ingest import ingest_arrays, ingest_distributed
 
 pytest_plugins = ["tests.s3server"]
 

@@ -9,8 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.ingest import ingest, ingest_distributed
 from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 

@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from ordnmf_dask.errors import InputError, StoreError
-from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.store.blocks import Block, StoreInfo, open_store, read_block, read_ids
 
 REQUIRED_ATTRS = {

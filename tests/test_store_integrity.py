@@ -17,8 +17,7 @@ import pytest
 import zarr
 
 from ordnmf_dask.errors import StoreError
-from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.sources.ingest import ingest_arrays, ingest_distributed
 from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store.blocks import AXES, SPLITS, open_store, read_block, read_ids
 from ordnmf_dask.store.decode import ChunkFiles, chunk_path

@@ -24,7 +24,7 @@ from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import is_model, open_model, save_model
 from ordnmf_dask.postfit.evaluate import evaluate
-from ordnmf_dask.sources.inmemory import ingest_arrays
+from ordnmf_dask.sources.ingest import ingest_arrays
 
 # -- the pure parts ------------------------------------------------------------------------
 

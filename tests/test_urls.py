@@ -25,7 +25,7 @@ from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import open_model, save_model
-from ordnmf_dask.sources.distributed import ingest_distributed
+from ordnmf_dask.sources.ingest import ingest_distributed
 from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids, verify_store

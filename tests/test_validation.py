@@ -14,8 +14,7 @@ from ordnmf_dask.engine.cavi import early_stopping
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
-from ordnmf_dask.sources.distributed import ingest_distributed
-from ordnmf_dask.sources.inmemory import ingest, ingest_arrays
+from ordnmf_dask.sources.ingest import ingest, ingest_arrays, ingest_distributed
 from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
 

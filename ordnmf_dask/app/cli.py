@@ -361,7 +361,8 @@ def _client(cluster: Any) -> Iterator[Any]:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ordnmf_dask.sources.inmemory import ingest
+    from ordnmf_dask.sources.ingest import run_plan
+    from ordnmf_dask.sources.options import plan_ingest
 
     if args.grid is not None and len(args.grid) != 2:
         raise UsageError(f"--grid takes R,C, got {args.grid}")
@@ -376,15 +377,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         grid=tuple(args.grid) if args.grid else None, overwrite=args.overwrite,
         delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
     )
+    plan = plan_ingest(args.inputs, args.out, chunk_bytes=args.chunk_bytes, **kwargs)
     if args.distributed:
-        from ordnmf_dask.sources.distributed import check_arguments, ingest_distributed
-
-        check_arguments(args.out, chunk_bytes=args.chunk_bytes, **kwargs)  # before any cluster
-        with _cluster_client(args) as client:
-            info = ingest_distributed(args.inputs, args.out, client=client,
-                                      chunk_bytes=args.chunk_bytes, **kwargs)  # fmt: skip
+        with _cluster_client(args) as client:  # after the plan's checks
+            info = run_plan(plan, client)
     else:
-        info = ingest(args.inputs, args.out, **kwargs)
+        info = run_plan(plan)
     print(_summary_text(info))
     return EXIT_OK
 

@@ -27,7 +27,7 @@ from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.estimator import PF, BePoF, DcPF, OrdNMF
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.postfit.ppc import posterior_predictive
-from ordnmf_dask.sources.inmemory import ingest
+from ordnmf_dask.sources.ingest import ingest
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:

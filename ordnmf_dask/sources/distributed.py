@@ -4,7 +4,8 @@ Produces a store identical to :mod:`.inmemory` on the same input and options (ar
 attributes; only ``created`` differs), for inputs larger than memory: many files, big text files
 cut into byte ranges at line boundaries, Parquet files read row group by row group
 (:mod:`.textsplit`, :mod:`.parquet`), a dask DataFrame read partition by partition on the
-workers (:mod:`.memchunks`). Every option is checked before any input is read. Steps (tasks in
+workers (:mod:`.memchunks`). Every option is checked before any input is read
+(``options.plan_ingest``). Steps (tasks in
 :mod:`.distributed_tasks`; everything big goes through ``TMP/_staging``: on disk, visible to
 every worker, or for a URL ``out`` a prefix under it in the object store):
 
@@ -38,7 +39,7 @@ A test file (``test``) instead of step 6's random test set is parsed with the tr
 (its values count for the value rule) and its ids merged apart. Its rows are routed with the
 training rows: a row of a training user to that user's partition, a row of another user by its
 place among the test set's sorted users (cut at the partitions' first training ids, so that
-partition order is the test users' order, as in memory). Per partition, the in-memory path's
+partition order is the test users' order, as in memory). Per partition, :mod:`.testset`'s
 functions check that no test pair is a training pair, merge and classify the test pairs; in
 step 7 those whose user or item did not survive the filter are dropped and counted. Test errors
 are raised after every training error, choosing the one memory reports. The validation set is
@@ -56,18 +57,16 @@ jobs, like the nonzeros.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.attrs import hist_list, ingest_attrs, validation_attrs
 from ordnmf_dask.sources.distributed_tasks import (
     AnyChunk,
     CodesJob,
@@ -92,35 +91,24 @@ from ordnmf_dask.sources.distributed_tasks import (
     test_partition_task,
     train_degrees_task,
 )
-from ordnmf_dask.sources.inmemory import (
-    IngestOptions,
-    as_list,
-    check_test_left,
-    id_kind,
-    inputs_label,
-    is_dask_dataframe,
-    memory_label,
-    source_name,
-    validation_attrs,
-    warn_unknown,
-    with_defaults,
-)
+from ordnmf_dask.sources.inputs import as_list, expand_inputs, inputs_label, is_parquet, source_name
 from ordnmf_dask.sources.memchunks import MemoryChunk, frame_chunks, memory_chunk
+from ordnmf_dask.sources.memory import is_dask_dataframe, memory_label
+from ordnmf_dask.sources.options import IngestPlan
 from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
     ParquetFormat,
     check_same_columns,
     check_some_rows,
-    expand_inputs,
-    is_parquet,
     parquet_chunks,
 )
 from ordnmf_dask.sources.split import check_train_left, split_rule
-from ordnmf_dask.sources.text import DELIMITERS, Column, check_columns
+from ordnmf_dask.sources.testset import check_test_left, warn_unknown
+from ordnmf_dask.sources.text import Column
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
 from ordnmf_dask.sources.values import ValueSpec, make_spec
-from ordnmf_dask.store.blocks import StoreInfo, check_target
+from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
@@ -131,8 +119,6 @@ from ordnmf_dask.store.staged import (
 )
 
 PathLike = str | os.PathLike
-DEFAULT_CHUNK_BYTES = 2**24
-DEFAULT_ROWS_PER_PARTITION = 2**22
 _SAMPLED_ROWS = 1 << 22  # user codes sampled (about) to balance the partitions by rows
 
 
@@ -152,55 +138,21 @@ class _Input:
     files: list[str] | None
 
 
-@shows_progress
-def ingest_distributed(
-    inputs: Any,
-    out: PathLike,
-    *,
-    client: Any = None,
-    test: Any = None,
-    delimiter: str | None = None,
-    header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    **options: Unpack[IngestOptions],
-) -> StoreInfo:
-    """``ingest`` for inputs larger than memory, in parallel on a cluster (see module docstring).
-
-    Parameters
-    ----------
-    inputs : files as for ``ingest``, a dask DataFrame, or other data in memory
-        A dask DataFrame's partitions are the chunks, each computed on the worker that parses
-        it; other data in memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix,
-        arrays) is one chunk.
-    client : distributed.Client, optional
-        Cluster to run on; every worker must see the input files, and ``out``'s directory
-        when it is local (a URL ``out`` is written from the workers, staging in place).
-        None runs the same tasks in this process.
-    test : same kinds as ``inputs``, optional
-        A held-out test set instead of a random split, as in ``ingest``.
-    chunk_bytes : int
-        Bytes of text per parsing task (default 16 MiB; about 20x that in memory while parsing).
-        Parquet files are parsed one row group per task, whatever their size.
-    rows_per_partition : int
-        Average input rows per merge/filter/route task.
-    Other parameters as in ``ordnmf_dask.sources.inmemory``.
-
-    Returns
-    -------
-    StoreInfo
-        The same store ``ingest`` writes for these inputs and options.
-    """
-    o, columns = check_arguments(out, delimiter=delimiter, columns=columns,
-                                 chunk_bytes=chunk_bytes, rows_per_partition=rows_per_partition,
-                                 **options)  # fmt: skip
+def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
+    """The store of ``plan``, built chunk by chunk by ``runner``'s tasks (see module docstring):
+    on a cluster, whose every worker must see the input files, and ``out``'s directory when it
+    is local (a URL ``out`` is written from the workers, staging in place), or in this process.
+    A dask DataFrame's partitions are the chunks, each computed on the worker that parses it;
+    other data in memory is one chunk."""
+    o, out = plan.options, plan.out
+    delimiter, header, columns, chunk_bytes = plan.delimiter, plan.header, plan.columns, \
+        plan.chunk_bytes  # fmt: skip
+    rows_per_partition, inputs, test = plan.rows_per_partition, plan.inputs, plan.test
     ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
     min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
     test_fraction, seed = o["test_fraction"], o["seed"]
     validation_fraction = o["validation_fraction"]
     nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
-    runner = Runner(client)
     train = _plan_input(runner, inputs, "input", delimiter, header, columns, chunk_bytes, 0)
     tested = None if test is None else \
         _plan_input(runner, test, "test", delimiter, header, columns, chunk_bytes,
@@ -285,7 +237,7 @@ def ingest_distributed(
             n_unknown = sum(res["test_unknown"] for res in placed)
             check_test_left(tested.label, sum(int(res["hist_test"].sum()) for res in placed),
                             n_unknown, extra["test_not_interaction"])  # fmt: skip
-            warn_unknown(n_unknown, 2)  # the caller of ``ingest_distributed``
+            warn_unknown(n_unknown, 5)  # the caller of ``ingest``
             extra = {"test_unknown_dropped": n_unknown, **extra}
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
         blocks: dict[str, list[list]] = {"train": [], "test": []}
@@ -298,7 +250,7 @@ def ingest_distributed(
                 for b, seg in zip(*res[split], strict=True):
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
-        attrs = _attrs(
+        attrs = ingest_attrs(
             spec, hists, row_bounds, col_bounds, train.sources, (users.kind, items.kind),
             min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
             test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
@@ -307,36 +259,11 @@ def ingest_distributed(
         )  # fmt: skip
         attrs.update(extra)
         if validation_fraction > 0:
-            attrs.update(validation_attrs(validation_fraction, _hist_list(hists["validation"])))
+            attrs.update(validation_attrs(validation_fraction, hist_list(hists["validation"])))
         assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
                        users.ranges.staged(user_sel, users.kind),
                        items.ranges.staged(item_sel, items.kind))  # fmt: skip
         return finish_store(tmp, path, overwrite)
-
-
-def check_arguments(
-    out: PathLike,
-    *,
-    test: Any = None,
-    delimiter: str | None = None,
-    header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    **options: Unpack[IngestOptions],
-) -> tuple[dict[str, Any], tuple[Column, Column, Column]]:
-    """Check ``out`` and every argument of ``ingest_distributed`` (the same names) that can be
-    checked without reading the inputs; return the options with their defaults and the
-    columns. A caller that starts a cluster for the ingest calls it first."""
-    o = with_defaults(options, "ingest_distributed")
-    check_target(out, o["overwrite"])
-    for name, value in (("chunk_bytes", chunk_bytes), ("rows_per_partition", rows_per_partition)):
-        if value < 1:
-            raise InputError(f"{name} must be >= 1, got {value}")
-    picked = check_columns(columns)
-    if delimiter is not None and delimiter not in DELIMITERS:
-        raise InputError(f"unknown delimiter {delimiter!r}; use one of {sorted(DELIMITERS)}")
-    return o, picked
 
 
 def _plan_input(
@@ -352,7 +279,7 @@ def _plan_input(
     label = memory_label(data, role)
     if label is not None:
         return _Input(label, [], _names([label], False),
-                      [memory_chunk(data, label, columns, role, first_index)], None)  # fmt: skip
+                      [memory_chunk(data, label, columns, first_index)], None)  # fmt: skip
     sources = as_list(data)
     paths = expand_inputs(sources)
     formats = runner.map(input_format, paths, delimiter, header, columns)
@@ -570,50 +497,3 @@ def _index_map(kept: np.ndarray) -> np.ndarray:
     out = np.full(len(kept), -1, dtype=np.int64)
     out[kept] = np.arange(int(kept.sum()), dtype=np.int64)
     return out
-
-
-def _attrs(
-    spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
-    sources: list[str], kinds: tuple[str, str], *, min_count: int,
-    filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
-    rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
-    test_source: list[str] | None,
-) -> dict[str, Any]:  # fmt: skip
-    """The attributes ``ingest`` writes (a test file's counts of dropped rows and the
-    validation attributes are added to them)."""
-    hist = {s: _hist_list(h) for s, h in hists.items()}
-    return {
-        "complete": False,
-        "n_users": int(row_bounds[-1]),
-        "n_items": int(col_bounds[-1]),
-        "n_classes": spec.n_classes,
-        "value_kind": spec.value_kind,
-        "thresholds": None if spec.thresholds is None else list(spec.thresholds),
-        "binarize": spec.binarize,
-        "binarize_on": None if spec.binarize is None else spec.base,
-        "min_count": int(min_count),
-        "filter_mode": filter_mode,
-        "duplicates": duplicates,
-        "split": "random" if test_source is None else "file",
-        "test_fraction": float(test_fraction) if test_source is None else None,
-        "seed": int(seed),
-        "nnz_train": sum(hist["train"]),
-        "nnz_test": sum(hist["test"]),
-        "hist_train": hist["train"],
-        "hist_test": hist["test"],
-        "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
-        "nnz_per_block": int(nnz_per_block),
-        "source": sources,
-        "test_source": test_source,
-        "rows_read": int(rows_read),
-        "rows_not_interaction": int(not_interaction),
-        "rows_filtered": int(filtered),
-        "nnz_before_split": int(n_before_split),
-        "id_kind": {"users": id_kind(kinds[0]), "items": id_kind(kinds[1])},
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
-
-
-def _hist_list(hist: np.ndarray) -> list[int]:
-    """Class counts as ``ingest`` stores them (class 0 cleared)."""
-    return [0, *(int(x) for x in hist[1:])]

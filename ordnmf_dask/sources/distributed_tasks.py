@@ -5,7 +5,7 @@ only small values or degree vectors that are tree-reduced on the workers (O(I) p
 vector; a partition's users only, joined in order, per user vector). Staged files are plain
 ``.npy`` arrays (no pickle). The rows of a test file go through the same passes beside
 the training rows (``test_codes_task``, ``test_partition_task``, the test side of
-``dedupe_task``, ``block_task``), with the in-memory path's per-row functions.
+``dedupe_task``, ``block_task``), with the test-file rules of :mod:`.testset`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import dedupe, distinct_ids, encode_pair, encode_sorted
-from ordnmf_dask.sources.inmemory import (
+from ordnmf_dask.sources.memchunks import MemoryChunk
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.parquet import ParquetChunk
+from ordnmf_dask.sources.split import SplitRule, id_hashes, lookup, pair_hash
+from ordnmf_dask.sources.testset import (
     classify_test_rows,
     first_overlap,
     known_test,
     overlap_message,
 )
-from ordnmf_dask.sources.memchunks import MemoryChunk
-from ordnmf_dask.sources.origin import Origin
-from ordnmf_dask.sources.parquet import ParquetChunk
-from ordnmf_dask.sources.split import SplitRule, id_hashes, lookup, pair_hash
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store import files as locations
@@ -596,7 +596,7 @@ def block_task(
 def _file_test(
     part: int, tmp: str, fin: Final, user_map: np.ndarray
 ) -> tuple[dict[str, np.ndarray], int]:
-    """A partition's test interactions in final indices, sorted (``inmemory.known_test``), and
+    """A partition's test interactions in final indices, sorted (``testset.known_test``), and
     how many were dropped as unknown to the filtered training data (``user_map``: the
     partition's, see ``_kept``; a training user's test rows are in its partition)."""
     assert fin.item_map is not None

@@ -3,7 +3,7 @@ it, ingested into a store the fit owns, so that the model is the one ``ingest`` 
 give.
 
 ``fit(X, ingest_options={...})`` writes ``ingest(X, out, test_fraction=0, **ingest_options)``
-(``ingest_distributed`` on the fit's client for a dask DataFrame) to a new temporary directory,
+(on the fit's client for a dask DataFrame) to a new temporary directory,
 so that all of X trains the model unless a test split is asked for, and fits on that store. The
 directory is removed at once when ingesting or fitting fails, else when the estimator is fitted
 again, garbage-collected, or the process exits: until then ``recommend(filter_already_seen=True)``
@@ -24,6 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.ingest import ingest
+from ordnmf_dask.sources.memory import is_dask_dataframe, memory_label
+from ordnmf_dask.sources.options import INGEST_DEFAULTS
 from ordnmf_dask.store.blocks import StoreInfo
 
 FIT_DEFAULTS: dict[str, Any] = {"test_fraction": 0.0}  # all of X trains, as in scikit-learn
@@ -95,8 +98,6 @@ def accepts_data_in_memory(fit: Fit) -> Fit:
 def check_kind(data: object) -> None:
     """Raise TypeError, naming what ``fit`` takes, unless ``data`` is data in memory that
     ``ingest`` reads."""
-    from ordnmf_dask.sources.inmemory import is_dask_dataframe, memory_label
-
     if memory_label(data, "input") is not None or is_dask_dataframe(data):
         return
     hint = ""
@@ -115,14 +116,11 @@ def ingest_for_fit(
 ) -> StoreInfo:
     """The store of ``data`` at ``out``: ``ingest`` with ``FIT_DEFAULTS`` and ``options``;
     a message naming an ingest keyword spells it as ``fit`` takes it."""
-    from ordnmf_dask.sources.distributed import ingest_distributed
-    from ordnmf_dask.sources.inmemory import ingest, is_dask_dataframe
-
     opts = {**FIT_DEFAULTS, **(options or {})}
+    # other data in memory is already in this process: built here, not sent to the cluster
+    frame = is_dask_dataframe(data) or is_dask_dataframe(opts.get("test"))
     try:
-        if is_dask_dataframe(data) or is_dask_dataframe(opts.get("test")):
-            return ingest_distributed(data, out, client=client, **opts)
-        return ingest(data, out, **opts)
+        return ingest(data, out, client=client if frame else None, **opts)
     except InputError as exc:
         raise type(exc)(fit_spelling(str(exc))).with_traceback(exc.__traceback__) from None
 
@@ -131,8 +129,6 @@ def fit_spelling(message: str) -> str:
     """``message`` with ingest's keywords spelled as ``fit`` takes them:
     ``ratings='halfstar'`` -> ``ingest_options={'ratings': 'halfstar'}``, a bare ``ratings=``
     -> ``ingest_options['ratings']``."""
-    from ordnmf_dask.sources.inmemory import INGEST_DEFAULTS
-
     names = "|".join(sorted(INGEST_DEFAULTS, key=len, reverse=True))
     message = re.sub(rf"(?<![\w./'-])({names})=('[^']*'|[^\s,;()']+)",
                      lambda m: f"ingest_options={{'{m[1]}': {m[2]}}}", message)  # fmt: skip

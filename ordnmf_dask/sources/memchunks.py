@@ -3,7 +3,7 @@ chunk, computed where it is parsed (as a Parquet row group is read there), and o
 memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix, arrays) is one chunk.
 
 The rows of a chunk are those the in-memory ingest reads from the same data
-(``inmemory.table_rows``, ``inmemory.rows_of``), with the same checks; a partition's rows are
+(``memory.table_rows``, ``memory.memory_rows``), with the same checks; a partition's rows are
 named ``"input DataFrame, partition P, row N"`` (N 0-based within the partition).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.sources.inmemory import as_table, pick_columns, rows_of, table_rows
+from ordnmf_dask.sources.memory import as_table, memory_rows, pick_columns, table_rows
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import Column, Triples
 
@@ -27,7 +27,7 @@ class MemoryChunk:
     (``data``: the object; ``file_index`` 0).
 
     ``index`` is the chunk's position in the input order; ``path`` names it in messages;
-    ``role`` is "input" or "test"; ``columns`` are the picked column names of a partition, or
+    ``columns`` are the picked column names of a partition, or
     the ``columns`` option; ``partition`` says which of the two ``data`` is. ``data`` is
     dropped (``light``) once the chunk is parsed, so later tasks do not carry it.
     """
@@ -35,7 +35,6 @@ class MemoryChunk:
     index: int
     file_index: int
     path: str
-    role: str
     columns: tuple[Column, Column, Column]
     partition: bool
     data: Any = field(default=None, compare=False, repr=False)
@@ -59,16 +58,16 @@ def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
     # an expression-based frame (dask >= 2025) optimizes itself; a legacy one through dask
     frame = frame.optimize() if hasattr(frame, "optimize") else dask.optimize(frame)[0]
     graph = dict(frame.__dask_graph__())
-    return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", role, picked, True,
+    return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", picked, True,
                         (cull(graph, [key])[0], key))
             for p, key in enumerate(frame.__dask_keys__())], label  # fmt: skip
 
 
-def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column], role: str,
+def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column],
                  first_index: int) -> MemoryChunk:  # fmt: skip
-    """The one chunk of ``role`` data in memory that is not a dask DataFrame (``label``:
-    ``inmemory.memory_label``)."""
-    return MemoryChunk(first_index, 0, label, role, columns, False, data)
+    """The one chunk of data in memory that is not a dask DataFrame (``label``:
+    ``memory.memory_label``)."""
+    return MemoryChunk(first_index, 0, label, columns, False, data)
 
 
 def chunk_origin(chunk: MemoryChunk, rows: np.ndarray) -> Origin:
@@ -86,6 +85,6 @@ def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
             return None
         rows = table_rows(as_table(frame), list(chunk.columns), chunk.path)
     else:
-        rows = rows_of(chunk.data, None, None, chunk.columns, chunk.role)[0]
+        rows = memory_rows(chunk.data, chunk.path, chunk.columns)
     origin = chunk_origin(chunk, np.arange(len(rows.values), dtype=np.int64))
     return Triples(rows.users, rows.items, rows.values, origin)

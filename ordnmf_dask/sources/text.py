@@ -1,4 +1,4 @@
-"""Read (user, item, value) rows from delimited text files (and Parquet, see ``parquet``).
+"""Read (user, item, value) rows from delimited text files.
 
 Files are opened through fsspec, so local paths, ``s3://``, ``gs://``, ``abfs://``, ``hdfs://``
 and ``http(s)://`` URLs (and globs of them) are read the same way; ``.gz``, ``.bz2``, ``.zst``
@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import ctypes
 import io
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,8 +57,7 @@ _WHITESPACE = b" \t\r\x0b\x0c"
 _BOM = b"\xef\xbb\xbf"
 _HEAD = 2**20  # bytes read at a time while looking for the first lines
 #: Where pyarrow allocates whole columns of the input: malloc, whose freed memory
-#: ``release_memory`` hands back to the system (pyarrow's default pool kept the freed text
-#: columns of an in-memory ingest resident).
+#: ``release_memory`` hands back to the system once the columns are dropped.
 POOL = pa.system_memory_pool()
 
 
@@ -78,7 +76,7 @@ class Triples:
     Attributes
     ----------
     users, items : pyarrow.ChunkedArray of string, or np.ndarray of int64, shape (n,)
-        Raw ids as read (strings not yet stripped nor checked: ``ids.encode_ids`` does both),
+        Raw ids as read (strings not yet stripped nor checked: ``filtering.encode_ids`` does both),
         or int64 (Parquet integer columns).
     values : np.ndarray of float64, shape (n,)
         Finite values.
@@ -110,69 +108,6 @@ class TextFormat:
     header: bool
     columns: tuple[int, int, int]
     n_fields: int
-
-
-def read_triples(
-    paths: str | os.PathLike | Sequence[str | os.PathLike],
-    *,
-    delimiter: str | None = None,
-    header: bool | None = None,
-    columns: Sequence[Column] = (0, 1, 2),
-) -> Triples:
-    """Read and concatenate triples from one or more files (line numbers are per file).
-
-    Parameters
-    ----------
-    paths : path, URL or glob, or a sequence of them
-        Text files (compressed by suffix); Parquet files (``.parquet`` / ``.parq``) and
-        directories of them are read row group by row group (``ordnmf_dask.sources.parquet``).
-    delimiter : str, optional
-        One of ``DELIMITERS``; if None, found per file from its first non-blank line by
-        ``csv.Sniffer`` (tab, comma, semicolon, ``::`` or whitespace).
-    header : bool, optional
-        True: the first non-blank line is a header. False: there is none. None: the first
-        non-blank line is a header iff its value column is not a number.
-    columns : (int or str, int or str, int or str)
-        User, item and value columns: 0-based indices, or names (text: fields of the header
-        line, which must then be there; Parquet: column names).
-
-    Raises
-    ------
-    InputError
-        Missing or unreadable file, bad quoting, a line with too few or too many columns, a
-        non-numeric or non-finite value, a file without data rows, or Parquet files whose user,
-        item and value columns have different names.
-    """
-    from ordnmf_dask.sources.parquet import (
-        check_same_columns,
-        check_some_rows,
-        expand_inputs,
-        is_parquet,
-        parquet_format_of,
-        read_parquet,
-    )
-
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    paths = expand_inputs(list(paths))
-    columns = check_columns(columns)
-    check_delimiter(delimiter)
-    formats = {p: parquet_format_of(p, columns) for p in paths if is_parquet(p)}
-    check_same_columns(list(formats.values()))
-    check_some_rows(list(formats.values()), len(paths))
-    parts = [
-        read_parquet(formats[p]) if p in formats else read_text(p, delimiter, header, columns)
-        for p in paths
-        if p not in formats or formats[p].n_rows
-    ]
-    if len(parts) == 1:
-        return parts[0]
-    return Triples(
-        concat_ids([t.users for t in parts]),
-        concat_ids([t.items for t in parts]),
-        np.concatenate([t.values for t in parts]),
-        Origin.concat([t.origin for t in parts]),
-    )
 
 
 def concat_ids(parts: Sequence[Any]) -> Any:

@@ -4,7 +4,7 @@ Text: a chunk is the set of lines whose first byte lies in ``[start, stop)`` of 
 every line belongs to exactly one chunk, and a chunk can be read without reading the rest of the
 file. Line numbers (for error messages) are found by a cheap first pass that counts newlines per
 chunk. Delimiter, header and named columns are decided per file from its first non-blank line,
-exactly as in ``ordnmf_dask.sources.text.read_triples``; parsing is ``text.parse_text``. A
+exactly as in ``ordnmf_dask.sources.readers.read_triples``; parsing is ``text.parse_text``. A
 compressed file cannot be cut at byte offsets: it is one chunk.
 
 Parquet: a chunk is one row group (``parquet.ParquetChunk``), read by ``parquet.read_row_group``
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ordnmf_dask.sources.inputs import is_parquet
 from ordnmf_dask.sources.memchunks import MemoryChunk, read_memory_chunk
 from ordnmf_dask.sources.memchunks import chunk_origin as memory_origin
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
     ParquetChunk,
     ParquetFormat,
-    is_parquet,
     parquet_format_of,
     read_row_group,
 )

@@ -1,0 +1,125 @@
+"""Readers of data in memory: a pandas DataFrame, a pyarrow Table or RecordBatch, a
+scipy.sparse matrix or a ``(users, items, values)`` tuple of arrays, read as the same rows a CSV
+file of them gives (ids and values checked as Parquet columns are; rows named ``LABEL, row N``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.filtering import ids_from_array
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.parquet import column_ids, column_values
+from ordnmf_dask.sources.text import check_columns
+
+
+@dataclass(eq=False)
+class Rows:
+    """Raw input rows: ids (pyarrow strings, or np.ndarray of int64 or str, (n,)), values
+    float64 (n,), and their origin. The in-memory build drops the ids once they are encoded."""
+
+    users: Any
+    items: Any
+    values: np.ndarray
+    origin: Origin
+
+
+def is_dask_dataframe(data: object) -> bool:
+    """Whether ``data`` is a dask DataFrame (without importing dask for other inputs)."""
+    return type(data).__module__.startswith("dask") and hasattr(data, "npartitions")
+
+
+def memory_rows(data: Any, label: str, columns: Sequence[int | str]) -> Rows:
+    """The rows of data in memory (``label``: ``memory_label``'s, naming them in messages)."""
+    if isinstance(data, tuple):
+        return arrays_rows(*data, label)
+    if _is_sparse(data):
+        coo = data.tocoo()
+        stored = coo.data != 0  # an explicit zero is no interaction, as everywhere in scipy.sparse
+        return arrays_rows(coo.row[stored], coo.col[stored], coo.data[stored], label)
+    table = as_table(data)
+    return table_rows(table, pick_columns(table.column_names, columns, label), label)
+
+
+def memory_label(data: object, role: str) -> str | None:
+    """How messages name ``role`` data ("input" or "test") held in memory: a
+    ``(users, items, values)`` tuple, a scipy.sparse matrix, a pyarrow Table or a DataFrame
+    (pandas, or a pyarrow RecordBatch); None for files."""
+    if isinstance(data, tuple) and len(data) == 3:
+        return f"{role} arrays"
+    if _is_sparse(data):
+        return f"{role} matrix"
+    if isinstance(data, pa.Table):
+        return f"{role} Table"
+    return f"{role} DataFrame" if isinstance(data, pa.RecordBatch) or _is_pandas(data) else None
+
+
+def _is_sparse(data: object) -> bool:
+    return type(data).__module__.startswith("scipy.sparse") and hasattr(data, "tocoo")
+
+
+def as_table(data: object) -> pa.Table | None:
+    """A pyarrow Table of a pandas DataFrame or a pyarrow Table / RecordBatch, else None."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if _is_pandas(data):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    return None
+
+
+def _is_pandas(data: object) -> bool:
+    return type(data).__module__.startswith("pandas") and hasattr(data, "columns")
+
+
+def pick_columns(names: Sequence[Any], columns: Sequence[int | str], label: str) -> list[str]:
+    """The names of the user, item and value columns of a table with columns ``names``, chosen
+    by name or 0-based position."""
+    names = [str(n) for n in names]
+    picked = []
+    for c in check_columns(columns):
+        if isinstance(c, str) and c not in names:
+            raise InputError(f"{label}: no column {c!r} (columns: {', '.join(names)})")
+        if not isinstance(c, str) and c >= len(names):
+            raise InputError(f"{label}: no column {c} (0-based); it has {len(names)} columns")
+        picked.append(c if isinstance(c, str) else names[c])
+    return picked
+
+
+def table_rows(table: pa.Table, picked: list[str], label: str) -> Rows:
+    """The user, item and value columns ``picked`` of a table, checked as Parquet columns are;
+    rows are named ``LABEL, row N``."""
+    if table.num_rows == 0:
+        raise InputError(f"{label}: no data rows (it is empty)")
+    origin = Origin.arrays(table.num_rows, label)
+    cu, ci, cv = (table.column(name) for name in picked)
+    return Rows(column_ids(cu, origin, "user", picked[0]),
+                 column_ids(ci, origin, "item", picked[1]),
+                 column_values(cv, origin, picked[2]), origin)  # fmt: skip
+
+
+def arrays_rows(users: object, items: object, values: object, label: str) -> Rows:
+    u = ids_from_array(users, label, "user")
+    i = ids_from_array(items, label, "item")
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{label}: values are not numbers ({exc})") from None
+    if v.ndim != 1 or not len(u) == len(i) == len(v):
+        raise InputError(f"{label}: users, items, values must be 1-D of equal length")
+    if len(v) == 0:
+        raise InputError(f"{label}: no data rows (empty arrays)")
+    origin = Origin.arrays(len(v), label)
+    bad = np.flatnonzero(~np.isfinite(v))
+    if bad.size:
+        raise InputError(f"{origin.where(int(bad[0]))}: value {v[bad[0]]} is not finite")
+    return Rows(u, i, v, origin)
+
+
