@@ -9,7 +9,7 @@ import ordnmf_dask
 
 # higher imports lower, never the other way round
 LAYERS = ["errors", "datasets", "params", "model", "dist", "store", "sources", "modelstore",
-          "engine", "outputs", "postfit", "estimator", "app"]  # fmt: skip
+          "engine", "outputs", "postfit", "fitting", "estimator", "tuning", "app"]  # fmt: skip
 ROOT = Path(ordnmf_dask.__file__).parent
 
 

@@ -28,10 +28,10 @@ def test_import_and_help_load_no_heavy_dependency():
 def test_public_names_are_the_submodule_objects():
     import ordnmf_dask
     from ordnmf_dask import errors, estimator
-    from ordnmf_dask.app import tune, tuning
     from ordnmf_dask.postfit import evaluate, export, foldin, ppc, recommend
     from ordnmf_dask.sources import distributed, inmemory
     from ordnmf_dask.store import blocks
+    from ordnmf_dask.tuning import schedule, search
 
     expected = {
         "OrdNMF": estimator.OrdNMF, "PF": estimator.PF, "BePoF": estimator.BePoF,
@@ -42,7 +42,7 @@ def test_public_names_are_the_submodule_objects():
         "open_store": blocks.open_store, "read_block": blocks.read_block,
         "posterior_predictive": ppc.posterior_predictive, "recommend": recommend.recommend,
         "InputError": errors.InputError, "StoreError": errors.StoreError,
-        "export": export.export, "tune": tune.tune, "LogUniform": tuning.LogUniform,
+        "export": export.export, "tune": search.tune, "LogUniform": schedule.LogUniform,
     }  # fmt: skip
     assert set(expected) == set(ordnmf_dask.__all__) <= set(dir(ordnmf_dask))
     for name, obj in expected.items():

@@ -17,6 +17,7 @@ from ordnmf_dask.app import config
 from ordnmf_dask.app.cli import _parser, _subcommand
 from ordnmf_dask.errors import ConfigError, InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.fitting import fit_settings
 
 # flags of `fit` that set no job value: the job file itself, resume / restart, logging
 CLI_ONLY = {"help", "config", "resume", "restart", "debug", "quiet"}
@@ -153,9 +154,8 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     klass = ESTIMATORS[name]
 
     def settings(**kw: Any) -> dict[str, Any]:
-        est = klass(**kw)
-        values = params.validate(est.get_params())
-        return est._fit_settings(values, None, values["seed"])
+        values = params.validate(klass(**kw).get_params())
+        return fit_settings(name, values, None, values["seed"])
 
     base = settings()
     model = {n for n in params.accepted(name) if params.PARAMS[n].model}

@@ -469,21 +469,19 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from ordnmf_dask.app.connect import starts_client
-    from ordnmf_dask.app.jobs import check_required, fit_job
+    from ordnmf_dask.app.jobs import check_required, plan_job, run_job
 
     cfg = _job(args)
     check_required(cfg, f" (or set it in {args.config})" if args.config
                    else " (or give --config FILE)")
-    if starts_client(cfg.cluster):  # else the fit checks everything before it chooses a client
-        fit_job(cfg, None, resume=args.resume, restart=args.restart, check=True)
+    plan = plan_job(cfg, resume=args.resume, restart=args.restart)  # before any cluster
     with _client(cfg.cluster) as client:
-        model = fit_job(cfg, client, resume=args.resume, restart=args.restart)
-    status = "converged" if model.converged_ else "stopped at max_iter"
+        model = run_job(plan, client)
+    a = model.attrs
+    status = "converged" if a["converged"] else "stopped at max_iter"
     log.info("%s after %d iterations, ELBO %.10e; model in %s",
-             status, model.n_iter_, model.elbo_[-1], model.model_path_)
-    print(f"{status}: {model.n_iter_} iterations, ELBO {model.elbo_[-1]:.10e}, "
-          f"model {model.model_path_}")
+             status, a["n_iter"], a["elbo"][-1], model.path)
+    print(f"{status}: {a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
     return EXIT_OK
 
 
@@ -610,8 +608,8 @@ COMMANDS["reproduce"] = cmd_reproduce
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.config import estimator_kwargs
-    from ordnmf_dask.app.tune import tune
-    from ordnmf_dask.app.tuning import parse_values
+    from ordnmf_dask.tuning.schedule import parse_values
+    from ordnmf_dask.tuning.search import tune
 
     cfg = _job(args)
     name = MODELS[cfg.model.kind]
