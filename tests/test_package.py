@@ -58,3 +58,14 @@ def test_public_functions_stay_functions_after_internal_imports():
         "      isinstance(ordnmf_dask.ingest, types.FunctionType))\n"
     )
     assert out.split() == ["True", "True"]
+
+
+def test_python_dash_m_runs_the_command():
+    """``python -m ordnmf_dask ARGS`` is the ``ordnmf-dask`` command: same version line, and a
+    usage error gets the command's exit code 2."""
+    done = subprocess.run([sys.executable, "-m", "ordnmf_dask", "--version"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("ordnmf-dask "), done.stderr
+    bad = subprocess.run([sys.executable, "-m", "ordnmf_dask", "fit", "--no-such-flag"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "ordnmf-dask: error:" in bad.stderr, bad.stderr
