@@ -68,7 +68,7 @@ def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, d
     names = accepted(model)
     unknown = [name for name in params if name not in names]
     if unknown:
-        raise InputError(f"{model} takes no parameter {unknown[0]!r}")
+        raise InputError(f"{model} has no parameter {unknown[0]!r}")
     given = {**params, **{name: DEFAULTS[name] for name in names if name not in params}}
     values = validate(given)
     cfg = CaviConfig(**{f.name: values[f.name] for f in fields(CaviConfig)})
