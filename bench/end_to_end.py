@@ -111,7 +111,7 @@ def main() -> None:
     from ordnmf_dask import OrdNMF
     from ordnmf_dask.dist.cluster import resolve_client
     from ordnmf_dask.engine.cavi import IterationInfo
-    from ordnmf_dask.estimator import decide_cache
+    from ordnmf_dask.fitting import decide_cache
     from ordnmf_dask.postfit.evaluate import evaluate
     from ordnmf_dask.store.blocks import open_store
 

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ordnmf_dask.app.config import resolve
     from ordnmf_dask.app.connect import security_from
-    from ordnmf_dask.app.jobs import check_required, fit_job
+    from ordnmf_dask.app.jobs import check_required, plan_job, run_job
     from ordnmf_dask.errors import InputError
 
     cfg = resolve(args.config)
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.print_job_script:  # every conflict before a worker job is submitted
         if args.resume and args.restart:
             raise InputError("--resume and --restart contradict each other: give one of them")
-        fit_job(cfg, None, resume=args.resume, restart=args.restart, check=True)
+        plan = plan_job(cfg, resume=args.resume, restart=args.restart)
         if shutil.which(SUBMIT[args.system]) is None:
             raise InputError(f"{SUBMIT[args.system]} not found on the PATH: worker jobs cannot be "
                              f"submitted to {args.system}")
@@ -138,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
             except TimeoutError:
                 raise TimeoutError(f"no worker job joined within {args.worker_timeout:g} s "
                                    f"(see {settings['log_directory']})") from None
-            model = fit_job(cfg, client, resume=args.resume, restart=args.restart)
-    print(f"{model.n_iter_} iterations, ELBO {model.elbo_[-1]:.10e}, model {model.model_path_}")
+            model = run_job(plan, client)
+    a = model.attrs
+    print(f"{a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
     return 0
 
 

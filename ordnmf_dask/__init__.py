@@ -33,8 +33,8 @@ _EXPORTS = {
     "ingest_distributed": ".sources.ingest",
     "posterior_predictive": ".postfit.ppc",
     "recommend": ".postfit.recommend",
-    "tune": ".app.tune",
-    "LogUniform": ".app.tuning",
+    "tune": ".tuning.search",
+    "LogUniform": ".tuning.schedule",
 }
 
 __all__ = [
@@ -61,8 +61,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # static analysis and IDEs see the real names
-    from .app.tune import tune
-    from .app.tuning import LogUniform
     from .estimator import PF, BePoF, DcPF, OrdNMF
     from .postfit.evaluate import evaluate
     from .postfit.export import export
@@ -71,5 +69,7 @@ if TYPE_CHECKING:  # static analysis and IDEs see the real names
     from .postfit.recommend import recommend
     from .sources.ingest import ingest, ingest_arrays, ingest_distributed
     from .store.blocks import StoreInfo, open_store, read_block
+    from .tuning.schedule import LogUniform
+    from .tuning.search import tune
 else:
     install(__name__, _EXPORTS)

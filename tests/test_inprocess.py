@@ -278,10 +278,10 @@ def test_distributed_imported_during_a_command_takes_its_logging_levels():
     quiet command (a cluster started after the in-process choice was ruled out) they are
     silenced again, and after the command they are distributed's own, as found."""
     code = ("import logging, sys\n"
-            "from ordnmf_dask.app import cli\n"
+            "from ordnmf_dask.app import cli, logs\n"
             "assert 'distributed' not in sys.modules\n"
-            "with cli._logging_kept(quiet=True):\n"
-            "    cli._silence_dask()\n"
+            "with logs.logging_kept(quiet=True):\n"
+            "    logs.silence_dask()\n"
             "    import distributed\n"
             "    during = [logging.getLogger(n).level for n in ('distributed', "
             "'distributed.client')]\n"

@@ -28,10 +28,10 @@ def test_import_and_help_load_no_heavy_dependency():
 def test_public_names_are_the_submodule_objects():
     import ordnmf_dask
     from ordnmf_dask import errors, estimator
-    from ordnmf_dask.app import tune, tuning
     from ordnmf_dask.postfit import evaluate, export, foldin, ppc, recommend
     from ordnmf_dask.sources import ingest
     from ordnmf_dask.store import blocks
+    from ordnmf_dask.tuning import schedule, search
 
     expected = {
         "OrdNMF": estimator.OrdNMF, "PF": estimator.PF, "BePoF": estimator.BePoF,
@@ -42,7 +42,7 @@ def test_public_names_are_the_submodule_objects():
         "open_store": blocks.open_store, "read_block": blocks.read_block,
         "posterior_predictive": ppc.posterior_predictive, "recommend": recommend.recommend,
         "InputError": errors.InputError, "StoreError": errors.StoreError,
-        "export": export.export, "tune": tune.tune, "LogUniform": tuning.LogUniform,
+        "export": export.export, "tune": search.tune, "LogUniform": schedule.LogUniform,
     }  # fmt: skip
     assert set(expected) == set(ordnmf_dask.__all__) <= set(dir(ordnmf_dask))
     for name, obj in expected.items():
@@ -58,3 +58,14 @@ def test_public_functions_stay_functions_after_internal_imports():
         "      isinstance(ordnmf_dask.ingest, types.FunctionType))\n"
     )
     assert out.split() == ["True", "True"]
+
+
+def test_python_dash_m_runs_the_command():
+    """``python -m ordnmf_dask ARGS`` is the ``ordnmf-dask`` command: same version line, and a
+    usage error gets the command's exit code 2."""
+    done = subprocess.run([sys.executable, "-m", "ordnmf_dask", "--version"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("ordnmf-dask "), done.stderr
+    bad = subprocess.run([sys.executable, "-m", "ordnmf_dask", "fit", "--no-such-flag"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "ordnmf-dask: error:" in bad.stderr, bad.stderr

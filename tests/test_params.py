@@ -14,9 +14,10 @@ import pytest
 
 from ordnmf_dask import params
 from ordnmf_dask.app import config
-from ordnmf_dask.app.cli import _parser, _subcommand
+from ordnmf_dask.app.parser import build_parser, subcommand
 from ordnmf_dask.errors import ConfigError, InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.fitting import fit_settings
 
 # flags of `fit` that set no job value: the job file itself, resume / restart, logging
 CLI_ONLY = {"help", "config", "resume", "restart", "debug", "quiet"}
@@ -38,14 +39,14 @@ def toml_defaults(name: str) -> dict[str, Any]:
 
 
 def cli_defaults(name: str, *flags: str) -> dict[str, Any]:
-    args = _parser().parse_args(["fit", *flags])
+    args = build_parser().parse_args(["fit", *flags])
     return config.estimator_kwargs(config.resolve(None, config.flag_overrides(vars(args))), name)[0]
 
 
 def test_the_registry_names_every_estimator():
     assert set(params.MODELS.values()) == set(ESTIMATORS)
     assert config.resolve(None).model.kind in params.MODELS
-    fit = _subcommand(_parser(), "fit")
+    fit = subcommand(build_parser(), "fit")
     (kind,) = [a for a in fit._actions if a.dest == "model_kind"]
     assert list(kind.choices) == list(params.MODELS)
 
@@ -76,13 +77,13 @@ def test_a_changed_default_reaches_every_surface(monkeypatch):
         monkeypatch.setitem(params.PARAMS, name, replace(params.PARAMS[name], default=value))
     for surface in (api, toml_defaults("DcPF"), cli_defaults("DcPF")):
         assert {name: surface[name] for name in changed} == changed
-    helps = {a.dest: a.help for a in _subcommand(_parser(), "fit")._actions}
+    helps = {a.dest: a.help for a in subcommand(build_parser(), "fit")._actions}
     assert "(default 0.7)" in helps["alpha_W"] and "(default off)" in helps["cache_blocks"]
 
 
 def test_every_fit_flag_and_job_key_is_a_parameter_or_a_job_setting():
     keys = config.param_keys()
-    fit = _subcommand(_parser(), "fit")
+    fit = subcommand(build_parser(), "fit")
     for action in fit._actions:
         if action.dest in params.PARAMS:
             p = params.PARAMS[action.dest]
@@ -110,7 +111,7 @@ def test_flags_set_the_parameters_under_their_own_names():
     assert (got["n_components"], got["alpha_W"], got["cache_blocks"]) == (7, 0.5, False)
     assert (got["update_p"], got["checkpoint_every"], got["checkpoint_minutes"]) == (False, 0, 2)
     with pytest.raises(SystemExit):
-        _parser().parse_args(["fit", "--cache-blocks", "yes"])
+        build_parser().parse_args(["fit", "--cache-blocks", "yes"])
 
 
 BAD = [
@@ -153,9 +154,8 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     klass = ESTIMATORS[name]
 
     def settings(**kw: Any) -> dict[str, Any]:
-        est = klass(**kw)
-        values = params.validate(est.get_params())
-        return est._fit_settings(values, None, values["seed"])
+        values = params.validate(klass(**kw).get_params())
+        return fit_settings(name, values, None, values["seed"])
 
     base = settings()
     model = {n for n in params.accepted(name) if params.PARAMS[n].model}

@@ -1,5 +1,5 @@
-"""Tuning: the pure schedule and space (app/tuning.py), the checks made before any cluster, and
-one small search on a real LocalCluster (app/tune.py, ``ordnmf-dask tune``)."""
+"""Tuning: the pure schedule and space (tuning/schedule.py), the checks made before any
+cluster, and one small search on a real LocalCluster (tuning/search.py, ``ordnmf-dask tune``)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ import pytest
 import zarr
 from conftest import synthetic_ordinal
 
-from ordnmf_dask.app import tuning
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.app.tune import tune
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import is_model, open_model, save_model
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.sources.ingest import ingest_arrays
+from ordnmf_dask.tuning import schedule
+from ordnmf_dask.tuning.search import tune
 
 # -- the pure parts ------------------------------------------------------------------------
 
@@ -38,7 +38,7 @@ from ordnmf_dask.sources.ingest import ingest_arrays
     (1, 16, 2, [1, 2, 4, 8, 16]),
 ])
 def test_rungs(min_budget, max_iter, eta, expected):
-    budgets = tuning.rungs(min_budget, max_iter, eta)
+    budgets = schedule.rungs(min_budget, max_iter, eta)
     assert budgets == expected
     assert budgets[0] >= min_budget and budgets[-1] == max_iter
     assert all(b < c for b, c in zip(budgets, budgets[1:], strict=False))
@@ -52,26 +52,26 @@ def test_rungs(min_budget, max_iter, eta, expected):
 ])
 def test_rungs_refused(args, message):
     with pytest.raises(InputError, match=message):
-        tuning.rungs(*args)
+        schedule.rungs(*args)
 
 
 def test_kept_and_ranked():
-    assert [tuning.n_kept(n, 3) for n in (1, 2, 3, 8, 9)] == [1, 1, 1, 2, 3]
+    assert [schedule.n_kept(n, 3) for n in (1, 2, 3, 8, 9)] == [1, 1, 1, 2, 3]
     scores = {0: 0.2, 1: math.nan, 2: 0.5, 3: 0.2, 4: -1.0}
-    assert tuning.ranked(scores) == [2, 0, 3, 4, 1]  # ties by trial number, NaN last
+    assert schedule.ranked(scores) == [2, 0, 3, 4, 1]  # ties by trial number, NaN last
 
 
 def test_grid_is_every_combination_in_order():
-    trials = tuning.grid({"n_components": [2, 4], "alpha_W": [0.1, 1.0, 3.0]})
+    trials = schedule.grid({"n_components": [2, 4], "alpha_W": [0.1, 1.0, 3.0]})
     assert trials == [{"n_components": k, "alpha_W": a} for k in (2, 4) for a in (0.1, 1.0, 3.0)]
 
 
 def test_sample_is_seeded_and_inside_the_space():
-    space = {"n_components": tuning.LogUniform(5, 50), "alpha_W": [0.1, 0.3],
-             "alpha_H": tuning.LogUniform(0.01, 10.0)}
-    a, b = tuning.sample(space, 40, seed=3), tuning.sample(space, 40, seed=3)
+    space = {"n_components": schedule.LogUniform(5, 50), "alpha_W": [0.1, 0.3],
+             "alpha_H": schedule.LogUniform(0.01, 10.0)}
+    a, b = schedule.sample(space, 40, seed=3), schedule.sample(space, 40, seed=3)
     assert a == b
-    assert a != tuning.sample(space, 40, seed=4)
+    assert a != schedule.sample(space, 40, seed=4)
     ks = [t["n_components"] for t in a]
     assert all(isinstance(k, int) and 5 <= k <= 50 for k in ks)
     assert {t["alpha_W"] for t in a} == {0.1, 0.3}
@@ -84,26 +84,27 @@ def test_sample_is_seeded_and_inside_the_space():
     ({}, "the search space is empty"),
     ({"tol": [1e-4]}, "cannot search 'tol'"),
     ({"n_components": [2, 0]}, "search space n_components must be an integer >= 1, got 0"),
-    ({"alpha_W": tuning.LogUniform(0.0, 1.0)}, "search space alpha_W must be a finite number > 0"),
-    ({"alpha_W": tuning.LogUniform(2.0, 1.0)}, "must be a range low <= high"),
+    ({"alpha_W": schedule.LogUniform(0.0, 1.0)},
+     "search space alpha_W must be a finite number > 0"),
+    ({"alpha_W": schedule.LogUniform(2.0, 1.0)}, "must be a range low <= high"),
     ({"alpha_W": []}, "must be a non-empty list"),
 ])
 def test_space_refused(space, message):
     with pytest.raises(InputError, match=message):
-        tuning.sample(space, 2, seed=0)
+        schedule.sample(space, 2, seed=0)
 
 
 def test_grid_takes_no_range():
     with pytest.raises(InputError, match="alpha_H is a range"):
-        tuning.grid({"alpha_H": tuning.LogUniform(0.1, 1.0)})
+        schedule.grid({"alpha_H": schedule.LogUniform(0.1, 1.0)})
 
 
 def test_parse_values():
-    assert tuning.parse_values("n_components", "10,20,50", "-k") == [10, 20, 50]
-    assert tuning.parse_values("alpha_W", "0.1:3", "--alpha-w") == tuning.LogUniform(0.1, 3.0)
+    assert schedule.parse_values("n_components", "10,20,50", "-k") == [10, 20, 50]
+    assert schedule.parse_values("alpha_W", "0.1:3", "--alpha-w") == schedule.LogUniform(0.1, 3.0)
     for bad in ("", "a,b", "1:2:3", "1.5,2"):
         with pytest.raises(UsageError, match="-k takes integers"):
-            tuning.parse_values("n_components", bad, "-k")
+            schedule.parse_values("n_components", bad, "-k")
 
 
 # -- checks before the cluster --------------------------------------------------------------

@@ -1,16 +1,22 @@
-"""Run a fit described by a resolved job config on a client; the CLI and the launchers use it."""
+"""Run a fit described by a resolved job config on a client; the CLI and the launchers use it.
+
+:func:`plan_job` checks the job without a cluster (:func:`ordnmf_dask.fitting.plan_fit`) and
+:func:`run_job` fits it, as :func:`ordnmf_dask.postfit.export.plan_export` and
+``write_export`` do for an export: a launcher plans before it starts its cluster.
+"""
 
 from __future__ import annotations
 
-import functools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ordnmf_dask.app.config import JobConfig, estimator_kwargs
 from ordnmf_dask.app.provenance import record_config
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
+from ordnmf_dask.fitting import FitPlan, plan_fit, run_fit
+from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.params import MODELS
 from ordnmf_dask.store import files as locations
 
@@ -24,48 +30,60 @@ def check_required(cfg: JobConfig, where: str = "") -> None:
             raise InputError(f"missing {what}{where}")
 
 
-def fit_job(
-    cfg: JobConfig, client: Any, resume: bool = False, restart: bool = False,
-    check: bool = False,
-) -> CaviEstimator:
-    """Fit ``cfg`` on ``client`` (None: a default LocalCluster), save the model with the
-    resolved config as its ``resolved_config`` attribute, and return the estimator.
-    A fit resumes from checkpoints of the same job in ``[checkpoint] dir`` by default;
-    ``resume`` requires it, ``restart`` discards the checkpoints there first (see
-    :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`). Without a checkpoint or work directory, a
-    local model's checkpoints go to ``MODEL.checkpoints`` beside it (:func:`checkpoint.beside`),
-    so that the same command run again continues; it is removed once the model is saved.
-    ``check``: only check every conflict (store, warm-start model, output, checkpoints) without
-    a cluster, and return the unfitted estimator."""
+@dataclass(frozen=True)
+class JobPlan:
+    """A job checked by :func:`plan_job`: its fit, the checkpoint directory made beside the
+    model (or None) and the resolved config the model records."""
+
+    fit: FitPlan
+    beside: str | None
+    config: dict[str, Any]
+
+
+def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> JobPlan:
+    """Check every conflict of ``cfg`` (store, warm-start model, output, checkpoints) without a
+    cluster, writing nothing. A fit resumes from checkpoints of the same job in
+    ``[checkpoint] dir`` by default; ``resume`` requires it, ``restart`` discards the
+    checkpoints there first (see :meth:`OrdNMF.fit <ordnmf_dask.OrdNMF.fit>`). Without a
+    checkpoint or work directory, a local model's checkpoints go to ``MODEL.checkpoints``
+    beside it (:func:`checkpoint.beside`), so that the same command run again continues."""
     check_required(cfg)
     name = MODELS[cfg.model.kind]
-    kwargs, unused = estimator_kwargs(cfg, name)
+    params, unused = estimator_kwargs(cfg, name)
     if unused:
         log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
     out = locations.location(cfg.output.model)
     beside = None
-    if kwargs["checkpoint_dir"] is None and kwargs["work_dir"] is None \
+    if params["checkpoint_dir"] is None and params["work_dir"] is None \
             and not locations.is_url(out):
-        beside = kwargs["checkpoint_dir"] = checkpoint.beside(out)
+        beside = params["checkpoint_dir"] = checkpoint.beside(out)
         checkpoint.check_beside(beside, out)
-    estimator = ESTIMATORS[name](**kwargs)
-    fit = functools.partial(
-        estimator.fit, cfg.store.path, client, init=cfg.model.init,
-        init_model=cfg.model.init_model, out=out, overwrite=cfg.output.overwrite,
-        resume=resume, restart=restart,
-    )
-    if check:
-        return fit(check=True)
+    plan = plan_fit(cfg.store.path, name, params, init=cfg.model.init,
+                    init_model=cfg.model.init_model, out=out, overwrite=cfg.output.overwrite,
+                    resume=resume, restart=restart)  # fmt: skip
+    return JobPlan(plan, beside, cfg.to_dict())
+
+
+def run_job(plan: JobPlan, client: Any) -> ModelInfo:
+    """Fit ``plan`` on ``client`` (None: a default LocalCluster) and save the model with the
+    resolved config as its ``resolved_config`` attribute; the checkpoint directory made beside
+    the model is removed once the model is saved."""
+    beside = plan.beside
     if beside is None:
-        model = fit()
+        model = run_fit(plan.fit, client)
     else:
-        checkpoint.make_beside(beside, out)
+        checkpoint.make_beside(beside, plan.fit.out)
         try:
-            model = fit()
+            model = run_fit(plan.fit, client)
         except BaseException:
             if not checkpoint.list_checkpoints(beside):  # refused, or stopped before any
                 checkpoint.release(beside)
             raise
         checkpoint.release(beside)
-    record_config(model.model_path_, cfg.to_dict())
+    record_config(model.path, plan.config)
     return model
+
+
+def fit_job(cfg: JobConfig, client: Any, resume: bool = False, restart: bool = False) -> ModelInfo:
+    """:func:`plan_job`, then :func:`run_job`."""
+    return run_job(plan_job(cfg, resume, restart), client)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.dist.cluster import choose_client
-from ordnmf_dask.estimator import PF, BePoF, DcPF, OrdNMF
+from ordnmf_dask.fitting import fit
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.postfit.ppc import posterior_predictive
 from ordnmf_dask.sources.ingest import ingest
@@ -97,41 +97,41 @@ class Protocol:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def model_specs(ds: Dataset) -> list[tuple[str, str, type, dict[str, Any]]]:
-    """(label, data kind, estimator class, extra parameters) of each compared model."""
+def model_specs(ds: Dataset) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(label, data kind, model, extra parameters) of each compared model."""
     s = ds.high_threshold
     specs = [
-        ("OrdNMF", "Q", OrdNMF, {}),
-        ("BePoF >=1", "B", BePoF, {"threshold": 1}),
-        (f"BePoF >={s}", "B", BePoF, {"threshold": s}),
-        ("PF >=1", "B", PF, {"threshold": 1}),
-        (f"PF >={s}", "B", PF, {"threshold": s}),
+        ("OrdNMF", "Q", "OrdNMF", {}),
+        ("BePoF >=1", "B", "BePoF", {"threshold": 1}),
+        (f"BePoF >={s}", "B", "BePoF", {"threshold": s}),
+        ("PF >=1", "B", "PF", {"threshold": 1}),
+        (f"PF >={s}", "B", "PF", {"threshold": s}),
     ]
     if ds.counts:
-        specs.append(("dcPF", "R", DcPF, {"p": 0.5, "t": 1.0}))
+        specs.append(("dcPF", "R", "DcPF", {"p": 0.5, "t": 1.0}))
     return specs
 
 
 def _one_run(
-    client: Client, store: StoreInfo, label: str, kind: str, klass: type, extra: dict[str, Any],
+    client: Client, store: StoreInfo, label: str, kind: str, model: str, extra: dict[str, Any],
     k: int, seed: int, proto: Protocol, out: Path,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    est = klass(k, alpha_W=proto.alpha, alpha_H=proto.alpha, tol=proto.tol,
-                max_iter=proto.max_iter, seed=seed, **extra)
+    params = {"n_components": k, "alpha_W": proto.alpha, "alpha_H": proto.alpha,
+              "tol": proto.tol, "max_iter": proto.max_iter, "seed": seed, **extra}
     model_dir = out / "models" / f"{label.replace(' ', '').replace('>=', 'ge')}-K{k}-s{seed}"
     model_dir.parent.mkdir(parents=True, exist_ok=True)
-    est.fit(store, client, out=model_dir, overwrite=True)
-    res = evaluate(store, est, client)
+    a = fit(store, model, params, client, out=model_dir, overwrite=True).attrs
+    res = evaluate(store, model_dir, client)
     row = {
-        "model": label, "data": kind, "K": k, "seed": seed, "n_iter": est.n_iter_,
-        "converged": est.converged_, "elbo": est.elbo_[-1],
+        "model": label, "data": kind, "K": k, "seed": seed, "n_iter": a["n_iter"],
+        "converged": a["converged"], "elbo": a["elbo"][-1],
         "seconds": round(time.perf_counter() - start, 2),
         "test_loglik_mean": res["test_loglik_mean"], "model_dir": str(model_dir),
         **{f"ndcg@{res['k']} s={s}": v for s, v in res["ndcg"].items()},
     }
     log.info("%-10s K=%-3d seed=%d: %d iterations, NDCG@100 s=1 %.4f (%.1fs)",
-             label, k, seed, est.n_iter_, res["ndcg"][1], row["seconds"])
+             label, k, seed, a["n_iter"], res["ndcg"][1], row["seconds"])
     return row
 
 
@@ -202,8 +202,8 @@ def reproduce(
         with choose_client(client, store, at_once, n_workers=n_workers,
                            jobs=proto.n_jobs) as cl:
             jobs = [
-                (label, kind, klass, extra, k, seed)
-                for label, kind, klass, extra in model_specs(ds)
+                (label, kind, model, extra, k, seed)
+                for label, kind, model, extra in model_specs(ds)
                 for k in proto.k_grid
                 for seed in proto.seeds
             ]

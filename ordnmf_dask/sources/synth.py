@@ -506,9 +506,9 @@ def synth(
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     client: Any = None,
     overwrite: bool = False,
-    check: bool = False,
-) -> StoreInfo | None:
-    """Sample a synthetic IG-OrdNMF dataset into a new store at ``out`` (see module docstring).
+) -> StoreInfo:
+    """Sample a synthetic IG-OrdNMF dataset into a new store at ``out`` (see module docstring):
+    :func:`plan_synth`, then :func:`write_synth`.
 
     Parameters
     ----------
@@ -533,9 +533,6 @@ def synth(
         Run the block tasks on this cluster (every worker must see ``out``'s directory); None
         runs them in this process.
     overwrite : bool
-    check : bool
-        Only check the parameters and ``out``, and return None: nothing is written (a command
-        runs it before it starts its cluster).
 
     Returns
     -------
@@ -543,16 +540,49 @@ def synth(
         ``value_kind = "synthetic"``, attribute ``synth`` holds ``SynthParams`` plus the
         generator name and ``expected_nnz``; ``true_factors`` regenerates W and H from it.
     """
+    plan = plan_synth(out, n_users, n_items, nnz, n_components, n_classes, seed=seed,
+                      shape=shape, rate_w=rate_w, rate_h=rate_h, thresholds=thresholds,
+                      test_fraction=test_fraction, nnz_per_block=nnz_per_block,
+                      overwrite=overwrite)  # fmt: skip
+    return write_synth(plan, client)
+
+
+@dataclass(frozen=True)
+class SynthPlan:
+    """A synthetic store checked by :func:`plan_synth`: where it goes, the generator's
+    parameters and the block grid."""
+
+    out: str | os.PathLike
+    overwrite: bool
+    params: SynthParams
+    grid: tuple[int, int]
+    nnz_per_block: int
+
+
+def plan_synth(
+    out: str | os.PathLike, n_users: int, n_items: int, nnz: int, n_components: int,
+    n_classes: int = 10, *, seed: int = 0, shape: float = 0.3, rate_w: float = 1.0,
+    rate_h: float = 1.0, thresholds: Sequence[float] | None = None, test_fraction: float = 0.2,
+    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK, overwrite: bool = False,
+) -> SynthPlan:
+    """Check the parameters of :func:`synth` and its target ``out`` without writing anything
+    (a command runs it before it starts its cluster)."""
     params, n_r, n_c = _params(
         n_users, n_items, nnz, n_components, n_classes, seed, shape, rate_w, rate_h, thresholds,
         test_fraction, nnz_per_block,
     )  # fmt: skip
-    if check:
-        check_target(out, overwrite)
-        return None
+    check_target(out, overwrite)
+    return SynthPlan(out, overwrite, params, (n_r, n_c), nnz_per_block)
+
+
+def write_synth(plan: SynthPlan, client: Any = None) -> StoreInfo:
+    """Sample a planned store on ``client``'s workers (None: in this process), complete or not
+    at all."""
+    params, (n_r, n_c), overwrite = plan.params, plan.grid, plan.overwrite
+    n_users, n_items = params.n_users, params.n_items
     rb, cb = regular_bounds(n_users, n_r), regular_bounds(n_items, n_c)
     runner = Runner(client, "synth")
-    with temporary_store(out, overwrite, runner) as (path, tmp):
+    with temporary_store(plan.out, overwrite, runner) as (path, tmp):
         staging_dir(tmp, "factors")
         shared = runner.share(params)
         runner.map(_write_factors, [
@@ -567,7 +597,7 @@ def synth(
         results = runner.map(_sample_block, jobs, shared, tmp)
         blocks = {s: [[res[s][0]] for res in results] for s in ("train", "test")}
         hists = {s: np.sum([res[s][1] for res in results], axis=0) for s in ("train", "test")}
-        attrs = _attrs(params, hists, (n_r, n_c), nnz_per_block)
+        attrs = _attrs(params, hists, (n_r, n_c), plan.nnz_per_block)
         ids = (np.arange(n_users, dtype=np.int64), np.arange(n_items, dtype=np.int64))
         assemble_store(tmp, runner, attrs, rb, cb, blocks, *ids)
         return finish_store(tmp, path, overwrite)

@@ -1,5 +1,5 @@
 """The pure parts of hyper-parameter tuning: the search space, its sampling, and the schedule of
-successive halving (docs/design.md, "Tuning"). No Dask, no I/O: :mod:`ordnmf_dask.app.tune`
+successive halving (docs/design.md, "Tuning"). No Dask, no I/O: :mod:`ordnmf_dask.tuning.search`
 runs the fits.
 
 A space maps an estimator parameter (``n_components``, ``alpha_W``, ``alpha_H``) to a list of

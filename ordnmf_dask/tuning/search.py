@@ -1,6 +1,6 @@
 """Hyper-parameter search with successive halving, many fits at once on one Dask cluster.
 
-:func:`tune` draws trials (K, alpha_W, alpha_H) from a space (:mod:`ordnmf_dask.app.tuning`),
+:func:`tune` draws trials (K, alpha_W, alpha_H) from a space (:mod:`ordnmf_dask.tuning.schedule`),
 fits each for the first rung's number of iterations, scores it on the store's validation subset,
 keeps the best ``1 / eta`` and continues those to the next rung's budget, up to ``max_iter``.
 The fits of a rung run concurrently from client-side threads on the same ``distributed.Client``
@@ -32,17 +32,17 @@ from typing import Any, NoReturn
 import numpy as np
 from distributed import Client
 
-from ordnmf_dask.app import tuning
 from ordnmf_dask.dist import interrupt
 from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
-from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator, check_rank
-from ordnmf_dask.modelstore.model import is_model, model_target, open_model
-from ordnmf_dask.params import DEFAULTS, MODELS, accepted, validate
+from ordnmf_dask.fitting import check_rank, fit
+from ordnmf_dask.modelstore.model import copy_model, is_model, model_target, open_model
+from ordnmf_dask.params import ALL, DEFAULTS, MODELS, accepted, validate
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
 from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
+from ordnmf_dask.tuning import schedule
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -109,7 +109,7 @@ class TuneResult:
 @shows_progress
 def tune(
     store: str | os.PathLike | StoreInfo,
-    space: tuning.Space,
+    space: schedule.Space,
     client: Client | None = None,
     *,
     out: str | os.PathLike,
@@ -148,7 +148,7 @@ def tune(
     n_trials : draw this many trials at random (seeded by ``sample_seed``); None: every
         combination of the listed values.
     max_iter, min_budget, eta : the rungs' iteration budgets (``min_budget`` default
-        ``max_iter // eta**2``: three rungs; :func:`ordnmf_dask.app.tuning.rungs`) and the
+        ``max_iter // eta**2``: three rungs; :func:`ordnmf_dask.tuning.schedule.rungs`) and the
         halving factor.
     validation_metric, validation_k, validation_s : what scores the trials, with the fit's
         names: ``ndcg`` (NDCG@validation_k with relevance ``y >= validation_s``;
@@ -169,16 +169,15 @@ def tune(
     """
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     name = MODELS.get(model, model)
-    if name not in ESTIMATORS:
+    if name not in ALL:
         raise InputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
-    klass = ESTIMATORS[name]
     fixed = _fixed_params(name, dict(params or {}), space)
-    drawn = (tuning.grid(space) if n_trials is None
-             else tuning.sample(space, n_trials, sample_seed))  # fmt: skip
+    drawn = (schedule.grid(space) if n_trials is None
+             else schedule.sample(space, n_trials, sample_seed))  # fmt: skip
     trials_params = [validate(p) for p in drawn]
     for p in trials_params:  # every trial's K, before any fit
         check_rank({**fixed, **p}["n_components"], info)
-    budgets = tuning.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
+    budgets = schedule.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
                            max_iter, eta)
     split = _split(info, allow_test)
     metric, k = validation_metric, validation_k
@@ -208,7 +207,7 @@ def tune(
         os.mkdir(t.directory)
     log.info("tune: %d trials of %s, rungs of %s iterations (eta %d), scored by %s",
              len(trials), name, budgets, eta, label)
-    search = _Search(info, klass, fixed, split, metric, k, level, user_fraction, every, label)
+    search = _Search(info, name, fixed, split, metric, k, level, user_fraction, every, label)
     rows: list[dict[str, Any]] = []
     csv_path, parquet_path = os.path.join(out, "results.csv"), os.path.join(out, "results.parquet")
     log.addFilter(search.labels)
@@ -235,7 +234,7 @@ def tune(
             with contextlib.suppress(OSError, InputError):  # kept, not lost: never masks a failure
                 _drop_checkpoints(t)
     best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
-    CaviEstimator.load(best["model"]).save(best_path, overwrite=overwrite)
+    copy_model(open_model(best["model"]), best_path, overwrite)
     _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
     log.info("tune: best trial %d (%s): %s %.6g; model in %s", best["trial"],
              _describe(trials[best["trial"]].params), label, best["value"], best_path)
@@ -248,13 +247,13 @@ def _survivors(alive: list[Trial], rows: list[dict[str, Any]], eta: int, last: b
     scores = {r["trial"]: r["value"] for r in rows if r["status"] != "failed"}
     if not scores:
         raise FloatingPointError(f"every one of the {len(alive)} trials failed numerically")
-    order = [t for t in tuning.ranked(scores) if not math.isnan(scores[t])]
+    order = [t for t in schedule.ranked(scores) if not math.isnan(scores[t])]
     if not order:
         raise FloatingPointError("no trial has a finite score")
-    return set(order[: 1 if last else tuning.n_kept(len(alive), eta)])
+    return set(order[: 1 if last else schedule.n_kept(len(alive), eta)])
 
 
-def _fixed_params(name: str, fixed: dict[str, Any], space: tuning.Space) -> dict[str, Any]:
+def _fixed_params(name: str, fixed: dict[str, Any], space: schedule.Space) -> dict[str, Any]:
     """Every parameter of estimator ``name`` but the searched ones, from ``fixed`` or the
     defaults; InputError for one it does not take or one tune sets itself."""
     taken = accepted(name)
@@ -382,10 +381,10 @@ def _drop_checkpoints(trial: Trial) -> None:
 class _Search:
     """Runs the trials of a rung concurrently and scores them."""
 
-    def __init__(self, info: StoreInfo, klass: type[CaviEstimator], fixed: dict[str, Any],
+    def __init__(self, info: StoreInfo, name: str, fixed: dict[str, Any],
                  split: str, metric: str, k: int, level: int, user_fraction: float,
                  every: int, label: str) -> None:  # fmt: skip
-        self.info, self.klass, self.fixed, self.split = info, klass, fixed, split
+        self.info, self.name, self.fixed, self.split = info, name, fixed, split
         self.metric, self.k, self.level, self.user_fraction = metric, k, level, user_fraction
         self.every, self.label = every, label
         self.clock = time.perf_counter()
@@ -422,7 +421,7 @@ class _Search:
 
     def _fit(self, cl: Client, t: Trial, rung: int, budget: int) -> dict[str, Any]:
         row: dict[str, Any] = {"trial": t.number, "rung": rung, "max_iter": budget,
-                               **{n: self.fixed.get(n) for n in tuning.SEARCHED}, **t.params,
+                               **{n: self.fixed.get(n) for n in schedule.SEARCHED}, **t.params,
                                "metric": self.label}
         if t.done:
             previous = open_model(t.model).attrs
@@ -431,11 +430,12 @@ class _Search:
                     "model": t.model, "error": None}  # fmt: skip
         if self.stop.is_set():
             raise _Stopped()
-        est = self.klass(**{**self.fixed, **t.params, "max_iter": budget,
-                            "checkpoint_dir": t.checkpoints, "checkpoint_every": self.every})
+        params = {**self.fixed, **t.params, "max_iter": budget,
+                  "checkpoint_dir": t.checkpoints, "checkpoint_every": self.every}
         start = time.perf_counter() - self.clock
         try:  # a survivor resumes from its checkpoints (same fingerprint: max_iter is not in it)
-            est.fit(self.info, cl, out=t.model, overwrite=True, callback=self._callback)
+            fit(self.info, self.name, params, cl, out=t.model, overwrite=True,
+                callback=self._callback)
         except (ELBODecreaseError, FloatingPointError) as exc:
             end = time.perf_counter() - self.clock
             log.warning("tune: %s failed: %s", _describe(t.params), exc)
@@ -508,7 +508,7 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-COLUMNS = ("trial", "rung", "max_iter", *tuning.SEARCHED, "status", "n_iter", "stop_reason",
+COLUMNS = ("trial", "rung", "max_iter", *schedule.SEARCHED, "status", "n_iter", "stop_reason",
            "best_iteration", "metric", "value", "elbo", "seconds", "eval_seconds", "start", "end",
            "kept", "model", "error")
 

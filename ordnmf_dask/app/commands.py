@@ -1,0 +1,315 @@
+"""The ``ordnmf-dask`` commands (ingest, synth, info, fit, evaluate, recommend, export,
+reproduce, tune): each turns its parsed arguments into calls of the library, prints its result
+and returns the exit code (:data:`COMMANDS`)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from ordnmf_dask.app.exits import EXIT_OK
+from ordnmf_dask.app.parser import SEARCH_FLAGS
+from ordnmf_dask.errors import UsageError
+from ordnmf_dask.params import MODELS
+
+log = logging.getLogger("ordnmf_dask")
+
+
+def _job(args: argparse.Namespace) -> Any:
+    """The resolved job config: --config file, then the flags the user gave."""
+    from ordnmf_dask.app.config import flag_overrides, resolve
+
+    cfg = resolve(args.config, flag_overrides(vars(args)))
+    if args.config:
+        level, path = cfg.logging.level, cfg.logging.file
+        log.setLevel(level)
+        if path and not any(getattr(h, "baseFilename", None) == os.path.abspath(path)
+                            for h in log.handlers):
+            handler = logging.FileHandler(path)
+            handler.setFormatter(log.handlers[0].formatter)
+            log.addHandler(handler)
+    return cfg
+
+
+@contextlib.contextmanager
+def _client(cluster: Any) -> Iterator[Any]:
+    """A client for the [cluster] section, or None (the API then starts a LocalCluster)."""
+    from ordnmf_dask.app.connect import open_client
+
+    with open_client(cluster) as client:
+        yield client
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from ordnmf_dask.sources.ingest import run_plan
+    from ordnmf_dask.sources.options import plan_ingest
+
+    if args.grid is not None and len(args.grid) != 2:
+        raise UsageError(f"--grid takes R,C, got {args.grid}")
+    if args.columns is not None and len(args.columns) != 3:
+        raise UsageError(f"--columns takes user,item,value, got {args.columns}")
+    kwargs = dict(
+        ratings=args.ratings, counts=args.counts, binarize=args.binarize,
+        scale_max=args.scale_max, min_count=args.min_count, filter_mode=args.filter_mode,
+        duplicates=args.duplicates, test=args.test, test_fraction=args.test_fraction,
+        validation_fraction=args.validation_fraction, seed=args.seed,
+        nnz_per_block=args.nnz_per_block,
+        grid=tuple(args.grid) if args.grid else None, overwrite=args.overwrite,
+        delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
+    )
+    plan = plan_ingest(args.inputs, args.out, chunk_bytes=args.chunk_bytes, **kwargs)
+    if args.distributed:
+        with _cluster_client(args) as client:  # after the plan's checks
+            info = run_plan(plan, client)
+    else:
+        info = run_plan(plan)
+    print(_summary_text(info))
+    return EXIT_OK
+
+
+_CLUSTER_FLAGS = ("config", "scheduler", "scheduler_file", "workers", "threads_per_worker",
+                  "memory_limit", "tls_ca_file", "tls_cert", "tls_key")
+
+
+@contextlib.contextmanager
+def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
+    """A client from the cluster flags (or --config); always a client, never None.
+
+    Used by the I/O commands (``synth``, ``ingest --distributed``): when the cluster section
+    says "default local", a LocalCluster of ``--workers`` processes is started and closed here.
+    """
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.dist.cluster import resolve_client
+
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    spec = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(spec) as client:
+        if client is not None:
+            yield client
+            return
+    local = spec.local_spec
+    with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
+                        memory_limit=local.memory_limit) as client:  # fmt: skip
+        yield client
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from ordnmf_dask.sources.synth import plan_synth, write_synth
+
+    plan = plan_synth(args.out, args.users, args.items, int(args.nnz), args.n_components,
+                      args.classes, seed=args.seed, shape=args.shape,
+                      test_fraction=args.test_fraction, nnz_per_block=args.nnz_per_block,
+                      overwrite=args.overwrite)  # before any cluster
+    with _cluster_client(args) as client:
+        info = write_synth(plan, client)
+    print(_summary_text(info))
+    return EXIT_OK
+
+
+def _summary(info: Any) -> dict[str, Any]:
+    a = info.attrs
+    return {
+        "path": info.path, "n_users": info.n_users, "n_items": info.n_items,
+        "n_classes": info.n_classes, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test,
+        "nnz_validation": info.nnz_validation, "grid": list(info.grid),
+        "value_kind": a.get("value_kind"),
+        "thresholds": a.get("thresholds"), "binarize": a.get("binarize"),
+        "min_count": a.get("min_count"), "split": a.get("split"), "seed": a.get("seed"),
+        "hist_train": info.hist_train.tolist(), "hist_test": info.hist_test.tolist(),
+        "format_version": a.get("format_version"),
+    }
+
+
+def _summary_text(info: Any) -> str:
+    s = _summary(info)
+    density = s["nnz_train"] / max(1, s["n_users"] * s["n_items"])
+    lines = [
+        f"store      {s['path']}",
+        f"shape      {s['n_users']} users x {s['n_items']} items, V = {s['n_classes']} classes "
+        f"({s['value_kind']})",
+        f"nonzeros   train {s['nnz_train']}  test {s['nnz_test']}"
+        + (f"  validation {s['nnz_validation']}" if "validation" in info.splits else "")
+        + f"  (train density {density:.2e})",
+        f"grid       {s['grid'][0]} x {s['grid'][1]} blocks",
+        f"split      {s['split']} (seed {s['seed']})",
+        "classes    " + "  ".join(f"{v}:{n}" for v, n in enumerate(s["hist_train"]) if v > 0),
+    ]
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ordnmf_dask.store.blocks import open_store, verify_store
+
+    info = verify_store(args.store) if args.verify else open_store(args.store)
+    print(json.dumps(_summary(info), indent=2) if args.json else _summary_text(info))
+    return EXIT_OK
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.jobs import check_required, plan_job, run_job
+
+    cfg = _job(args)
+    check_required(cfg, f" (or set it in {args.config})" if args.config
+                   else " (or give --config FILE)")
+    plan = plan_job(cfg, resume=args.resume, restart=args.restart)  # before any cluster
+    with _client(cfg.cluster) as client:
+        model = run_job(plan, client)
+    a = model.attrs
+    status = "converged" if a["converged"] else "stopped at max_iter"
+    log.info("%s after %d iterations, ELBO %.10e; model in %s",
+             status, a["n_iter"], a["elbo"][-1], model.path)
+    print(f"{status}: {a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
+    return EXIT_OK
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ordnmf_dask.postfit.evaluate import evaluate
+
+    cluster = _job(args).cluster
+    with _client(cluster) as client:
+        res = evaluate(args.store, args.model, client, k=args.k, levels=args.levels,
+                       n_workers=cluster.local_spec.workers, user_fraction=args.user_fraction,
+                       seed=args.seed, allow_other_store=args.allow_other_store)
+    print(format_results(res))
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump(res, fh, indent=2)
+    return EXIT_OK
+
+
+def format_results(res: dict[str, Any]) -> str:
+    """The evaluation results as a plain-text table."""
+    k = res["k"]
+    columns = {"ndcg": f"NDCG@{k}", "precision": f"P@{k}", "recall": f"R@{k}",
+               "map": f"MAP@{k}", "auc": "AUC"}  # fmt: skip
+    lines = [
+        f"ranking metrics at k = {k} (relevance: y_test >= s)",
+        "   s" + "".join(f"{name:>10}" for name in columns.values()) + "    users",
+    ]
+    for s in res["ndcg"]:
+        values = "".join(f"{res[key][s]:>10.4f}" for key in columns)
+        lines.append(f"{s:>4}{values}  {res['n_users'][s]:>7}")
+    if res["test_loglik"] is None:
+        lines.append("test log-likelihood: n/a (the model sees binarized data, not the classes)")
+    else:
+        lines.append(
+            f"test log-likelihood: {res['test_loglik']:.6g} "
+            f"({res['test_loglik_mean']:.4f} per rating, {res['nnz_test']} ratings)"
+        )
+    return "\n".join(lines)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit import serving
+    from ordnmf_dask.postfit.recommend import recommend
+
+    # only the cluster flags: --out here is a directory of recommendations, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    users = None if args.users is None else [u.strip() for u in args.users.split(",") if u.strip()]
+    if users is not None and not users:
+        raise UsageError("--users needs at least one id")
+    if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
+        res = serving.server(args.model, args.store,
+                             args.allow_other_store).recommend(users, args.n)
+    else:
+        with _client(cluster) as client:
+            res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
+                            overwrite=args.overwrite, n_workers=cluster.local_spec.workers,
+                            allow_other_store=args.allow_other_store)
+    if users is None:
+        print(f"recommendations written to {res}")
+        return EXIT_OK
+    print("user\trank\titem\tscore")
+    for user, recs in res.items():
+        for rank, (item, score) in enumerate(recs, start=1):
+            print(f"{user}\t{rank}\t{item}\t{score:.6g}")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit.export import export
+
+    # only the cluster flags: --out here is the export, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(cluster) as client:
+        out = export(args.model, args.out, what=args.what, n=args.n, store=args.store,
+                     client=client, overwrite=args.overwrite,
+                     n_workers=cluster.local_spec.workers,
+                     allow_other_store=args.allow_other_store)
+    print(f"export written to {out}")
+    return EXIT_OK
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.app.reproduce import Protocol, reproduce, shared_datasets
+
+    data = args.data or os.path.join(os.getcwd(), "..", "shared", "data")
+    known = shared_datasets(data)
+    names = [n.strip() for n in args.datasets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise UsageError(f"--datasets: unknown {unknown}; choose from {', '.join(known)}")
+    missing = [known[n].path for n in names if not os.path.isfile(known[n].path)]
+    if missing:
+        raise UsageError(f"dataset file not found: {missing[0]} (set --data)")
+    if args.jobs < 1 or not args.k_grid or not args.seeds:
+        raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    proto = Protocol(k_grid=tuple(args.k_grid), seeds=tuple(args.seeds),
+                     max_iter=args.max_iter, n_jobs=args.jobs)
+    with _client(cluster) as client:
+        text = reproduce([known[n] for n in names], args.out, client, proto,
+                         n_workers=cluster.local_spec.workers)
+    print(text)
+    return EXIT_OK
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import estimator_kwargs
+    from ordnmf_dask.tuning.schedule import parse_values
+    from ordnmf_dask.tuning.search import tune
+
+    cfg = _job(args)
+    name = MODELS[cfg.model.kind]
+    fixed, unused = estimator_kwargs(cfg, name)
+    if unused:
+        log.warning("not used by %s: %s", name, ", ".join(unused))
+    space = {}
+    for param, flags in SEARCH_FLAGS.items():
+        text = getattr(args, f"space_{param}")
+        if text is not None:
+            space[param] = parse_values(param, text, flags[-1])
+            fixed.pop(param)
+    max_iter = fixed.pop("max_iter")
+    with _client(cfg.cluster) as client:
+        res = tune(args.store, space, client, out=args.out, model=name, params=fixed,
+                   n_trials=args.n_trials, sample_seed=args.sample_seed, max_iter=max_iter,
+                   min_budget=args.min_budget, eta=args.eta,
+                   validation_metric=args.validation_metric,
+                   validation_k=args.validation_k, validation_s=args.validation_s,
+                   allow_test=args.allow_test, user_fraction=args.user_fraction,
+                   n_jobs=args.n_jobs, n_workers=cfg.cluster.local_spec.workers,
+                   overwrite=bool(args.overwrite))
+    best = res.best
+    searched = " ".join(f"{p}={best[p]:.4g}" for p in SEARCH_FLAGS)
+    print(f"best: trial {best['trial']} ({searched}): {res.metric} {best['value']:.6g} after "
+          f"{best['n_iter']} iterations")
+    print(f"model {res.best_model}")
+    print(f"table {res.csv} ({len(res.rows)} rows), {res.parquet}")
+    return EXIT_OK
+
+
+COMMANDS = {"ingest": cmd_ingest, "synth": cmd_synth, "info": cmd_info, "fit": cmd_fit,
+            "evaluate": cmd_evaluate, "recommend": cmd_recommend, "export": cmd_export,
+            "reproduce": cmd_reproduce, "tune": cmd_tune}

@@ -1,0 +1,499 @@
+"""The functional core of a fit: :func:`plan_fit` checks and resolves everything, without a
+cluster and without writing; :func:`run_fit` does the work; :func:`fit` is the two in a row.
+
+The estimators (:mod:`ordnmf_dask.estimator`), the CLI's fit job, ``tune`` and ``reproduce`` all
+fit through these functions: a model is named by its class name (``"OrdNMF"``, ``"BePoF"``,
+``"PF"``, ``"DcPF"``) and its parameters are those of :mod:`ordnmf_dask.params` (missing ones
+take the table's defaults), so that one fit gives one model whichever door it came through.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+
+from ordnmf_dask.dist import interrupt
+from ordnmf_dask.dist.cluster import block_bytes, checkpoint_schedule, choose_client
+from ordnmf_dask.dist.memory import check_fit_memory
+from ordnmf_dask.dist.progress import IterationProgress
+from ordnmf_dask.engine import checkpoint, warmstart
+from ordnmf_dask.engine.cavi import (
+    CaviConfig,
+    CaviRunner,
+    CaviState,
+    IterationCallback,
+    IterationInfo,
+    Validation,
+)
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
+from ordnmf_dask.modelstore.model import (
+    ModelInfo,
+    model_target,
+    open_model,
+    save_model,
+    store_fingerprint,
+)
+from ordnmf_dask.outputs import check_apart, check_place
+from ordnmf_dask.params import DEFAULTS, PARAMS, accepted, validate
+from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
+from ordnmf_dask.store import files as locations
+from ordnmf_dask.store.blocks import StoreInfo, open_store
+from ordnmf_dask.store.files import READ_ERRORS
+
+if TYPE_CHECKING:  # distributed is imported where it is used
+    from distributed import Client
+
+log = logging.getLogger("ordnmf_dask")
+
+InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
+Scorer = Callable[["Client"], Validation]
+
+
+def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, dict[str, Any]]:
+    """The engine's settings and every parameter of ``model`` (the table's default for those
+    not given), checked against the table's rules; InputError naming the first that breaks
+    one, or a parameter ``model`` does not take."""
+    names = accepted(model)
+    unknown = [name for name in params if name not in names]
+    if unknown:
+        raise InputError(f"{model} has no parameter {unknown[0]!r}")
+    given = {**params, **{name: DEFAULTS[name] for name in names if name not in params}}
+    values = validate(given)
+    cfg = CaviConfig(**{f.name: values[f.name] for f in fields(CaviConfig)})
+    return cfg, values
+
+
+def family(model: str, values: Mapping[str, Any], store: StoreInfo) -> Family:
+    """The model family (:mod:`ordnmf_dask.model.families`) of ``model`` with the checked
+    parameters ``values`` on ``store``; InputError for a threshold the store cannot give."""
+    if model == "DcPF":
+        kind = "raw" if store.attrs.get("value_kind") == "counts" else "class"
+        return DcPFFamily(kind, float(values["p"]), float(values["t"]), bool(values["update_p"]))
+    approx = model == "PF" or bool(values["approx"])
+    if model == "OrdNMF":
+        return OrdinalFamily(tuple(int(n) for n in store.hist_train), approx=approx)
+    s = int(values["threshold"])  # BePoF, PF: an integer >= 1 (validated); the store bounds it
+    if s > store.n_classes:
+        raise InputError(f"threshold must be an integer in 1..{store.n_classes}, got {s!r}")
+    kept = int(store.hist_train[s:].sum())
+    if kept == 0:
+        raise InputError(f"no training nonzero has class >= {s}")
+    fixed = None if values["learn_threshold"] else (0.0, 1.0)
+    return OrdinalFamily((0, kept), approx=approx, binarize_at=s, fixed_delta=fixed)
+
+
+def fit_settings(
+    model: str, values: Mapping[str, Any],
+    init: tuple[np.ndarray, np.ndarray] | warmstart.Source | None, seed: int,
+) -> dict[str, Any]:
+    """What the trajectory of the run from ``seed`` (or warm-started from ``init``: arrays or a
+    saved model) depends on (checked when resuming from a checkpoint): the model parameters of
+    the table and the warm start."""
+    params = {k: v for k, v in values.items() if PARAMS[k].model}
+    warm: str | bool | dict[str, str] = False
+    if isinstance(init, warmstart.Source):
+        warm = init.describe()
+    elif init is not None:
+        digest = hashlib.sha256()
+        for a in init:
+            digest.update(np.ascontiguousarray(a).data)
+        warm = digest.hexdigest()
+    return {"model": model, **params, "seed": seed, "warm_start": warm}
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """A fit checked and resolved by :func:`plan_fit`, for :func:`run_fit`: the store, the
+    model and its parameters, the warm start, the validation, where the model goes and the
+    checkpoint fingerprint of each restart."""
+
+    model: str
+    info: StoreInfo
+    config: CaviConfig
+    values: dict[str, Any]
+    family: Family
+    init: tuple[np.ndarray, np.ndarray] | None
+    source: warmstart.Source | None
+    validation: Scorer | None
+    out: str | None
+    overwrite: bool
+    resume: bool
+    restart: bool
+    prints: list[str]
+
+
+def plan_fit(
+    store: str | os.PathLike | StoreInfo,
+    model: str,
+    params: Mapping[str, Any],
+    *,
+    init: InitArg = None,
+    init_model: Any = None,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    restart: bool = False,
+) -> FitPlan:
+    """Check a fit without a cluster, writing and removing nothing: the parameters, the store,
+    K (at most min(n_users, n_items)), the warm start (``init`` arrays or ``.npz``, or
+    ``init_model``), the validation settings, the output path and the checkpoint directory
+    as the fit would find them; InputError naming the first conflict. The arguments are
+    those of :meth:`ordnmf_dask.OrdNMF.fit`."""
+    cfg, values = resolve_params(model, params)
+    info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
+    check_rank(cfg.n_components, info)
+    fam = family(model, values, info)
+    init_arrays = _read_init(init, info, cfg.n_components)
+    source = None
+    if init_model is not None:
+        if init is not None:
+            raise InputError("init and init_model are two warm starts: give one of them")
+        source = warmstart.open_source(init_model, model, fam, cfg.n_components, info)
+    if resume and restart:
+        raise InputError("resume and restart contradict each other: give one of them")
+    if resume and not values["checkpoint_dir"]:
+        raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
+    n_init = values["n_init"]
+    if n_init > 1 and (init_arrays is not None or source is not None or resume):
+        raise InputError(
+            "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
+        )
+    scorer = _validation(info, fam, values)
+    check_apart({"out": out, "checkpoint_dir": values["checkpoint_dir"]})
+    if out is not None:
+        out = model_target(out, overwrite, info.path)
+    ckpt = values["checkpoint_dir"]
+    if ckpt:
+        check_place(ckpt, "checkpoints", checkpoint.DIRECTORY, {"training store": info.path})
+    prints = [  # one per restart: its trajectory depends on its seed
+        checkpoint.fingerprint(info.attrs, info.path,
+                               fit_settings(model, values, source or init_arrays, s))
+        for s in range(cfg.seed, cfg.seed + n_init)
+    ]
+    if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
+        _claim(locations.location(ckpt), prints, False, n_init, dry_run=True)
+    return FitPlan(model, info, cfg, values, fam, init_arrays, source, scorer,
+                   None if out is None else os.fspath(out), overwrite, resume, restart, prints)
+
+
+def run_fit(
+    plan: FitPlan, client: Client | None = None, callback: IterationCallback | None = None
+) -> ModelInfo:
+    """Fit ``plan`` on ``client`` (default: see :meth:`ordnmf_dask.OrdNMF.fit`), its
+    ``n_init`` restarts one after the other, and save the kept one; the saved model. A fit
+    resumes from checkpoints of the same fit in the checkpoint directory (required with
+    ``resume``; ``restart`` first removes every checkpoint there). ``callback`` is called
+    after each iteration's log line; its True stops the fit."""
+    cfg, values, info, fam = plan.config, plan.values, plan.info, plan.family
+    n_init = values["n_init"]
+    if isinstance(fam, DcPFFamily) and fam.values == "class":  # documented, but rare
+        log.warning("dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
+                    "the classes 1..%d as counts; to fit play counts, ingest them with "
+                    "counts='paper' (--counts paper), which keeps the raw counts",
+                    info.path, info.attrs.get("value_kind"), info.n_classes)
+    work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
+    try:
+        os.makedirs(work, exist_ok=True)
+        ckpt_dir = values["checkpoint_dir"] or os.path.join(work, "checkpoints")
+        ckpt_dir = locations.location(ckpt_dir)
+        if not locations.is_url(ckpt_dir):  # object stores have no directories
+            os.makedirs(ckpt_dir, exist_ok=True)
+        ours = _claim(ckpt_dir, plan.prints, plan.restart, n_init)
+        out = plan.out if plan.out is not None else _temporary_model_dir()
+        with choose_client(client, info, cfg.n_components, values["executor"]) as cl:
+            cache = decide_cache(values["cache_blocks"], cl, info)
+            check_fit_memory(cl, info, cfg.n_components, cache)  # before any iteration
+            scorer = None if plan.validation is None else plan.validation(cl)
+            runs: list[dict[str, Any]] = []
+            state: CaviState | None = None
+            kept = 0
+            for j in range(n_init):
+                run_cfg = replace(cfg, seed=cfg.seed + j)
+                runner = CaviRunner(cl, info, fam, run_cfg, ckpt_dir, cache,
+                                    *checkpoint_schedule(cl, values), plan.prints[j])
+                run = _run_one(plan, runner, run_cfg, work, bool(ours), scorer, callback)
+                runs.append(_run_record(run, run_cfg.seed))
+                if n_init > 1:  # its checkpoints would collide with the next run's
+                    checkpoint.discard(ckpt_dir, plan.prints[j])
+                    log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations%s",
+                             j + 1, n_init, run_cfg.seed, runs[-1]["elbo"], run.n_iter,
+                             _validation_text(runs[-1]))  # fmt: skip
+                if state is None or _better(runs[-1], runs[kept]):
+                    state, kept = run, j
+            assert state is not None
+            for j, r in enumerate(runs):
+                r["kept"] = j == kept
+            attrs = _model_attrs(plan, state, scorer is not None, cache, runs)
+            save_model(cl, state.w, state.h, out, attrs, overwrite=plan.overwrite)
+    finally:
+        if values["work_dir"] is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return open_model(out)
+
+
+def fit(
+    store: str | os.PathLike | StoreInfo,
+    model: str,
+    params: Mapping[str, Any],
+    client: Client | None = None,
+    *,
+    callback: IterationCallback | None = None,
+    **options: Any,
+) -> ModelInfo:
+    """Check (:func:`plan_fit`, which takes the ``options``), then fit (:func:`run_fit`)."""
+    return run_fit(plan_fit(store, model, params, **options), client, callback)
+
+
+def _run_one(
+    plan: FitPlan, runner: CaviRunner, cfg: CaviConfig, work: str, resume: bool,
+    scorer: Validation | None, callback: IterationCallback | None,
+) -> CaviState:
+    """One restart: its initial state (random, arrays, or a saved model), then the loop."""
+    params0 = None
+    source, arrays = plan.source, plan.init
+    if source is not None:
+        params0 = warmstart.start_params(plan.family, source)
+        alpha = {"W": cfg.alpha_W, "H": cfg.alpha_H}
+
+        def start() -> Any:
+            return warmstart.initial_chunks(runner, source, params0, alpha)
+    elif arrays is None:
+        start = runner.random_init
+    else:
+        def start() -> Any:  # writes the arrays only when called
+            return runner.warm_init(*_write_init(arrays, work))
+    fit_log = _FitLog(plan.family, callback, plan.values["max_iter"])
+    try:
+        return runner.run(start, fit_log, resume=resume, required=plan.resume,
+                          init_params=params0, validation=scorer)  # fmt: skip
+    finally:
+        fit_log.close()
+
+
+def _model_attrs(
+    plan: FitPlan, state: CaviState, validated: bool, cache: bool, runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The saved model's attributes (docs/model-format.md)."""
+    values, info, source = plan.values, plan.info, plan.source
+    return {
+        "model": plan.model,
+        "family": plan.family.name,
+        "params": values,
+        **plan.family.describe(state.params),
+        "elbo": state.elbo,
+        "n_iter": state.n_iter,
+        "converged": state.converged,
+        "stop_reason": state.stop_reason,
+        "best_iteration": state.best_iteration,
+        "validation": None if not validated else {
+            **{k.removeprefix("validation_"): values[k]
+               for k in values if PARAMS[k].section == "validation"},
+            "history": state.validation,
+        },
+        "warm_start": plan.init is not None or source is not None,
+        "init_model": None if source is None else source.describe(),
+        "store": {
+            "path": info.path,
+            "fingerprint": store_fingerprint(info.path),
+            "n_users": info.n_users,
+            "n_items": info.n_items,
+            "n_classes": info.n_classes,
+            "nnz_train": info.nnz_train,
+        },
+        "row_bounds": info.row_bounds.tolist(),
+        "col_bounds": info.col_bounds.tolist(),
+        "cache_blocks": cache,
+        "runs": runs,
+    }
+
+
+class _FitLog:
+    """The default iteration log (with progress and the validation scores), then the user's
+    ``callback``, whose True stops the fit; :meth:`close` removes a progress bar."""
+
+    def __init__(self, family: Family, callback: IterationCallback | None, max_iter: int):
+        self.family, self.callback = family, callback
+        self.progress = IterationProgress(max_iter)
+
+    def __call__(self, info: IterationInfo) -> bool:
+        interrupt.check()
+        progress = self.progress
+        progress.clear()
+        log.info("iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
+                 info.iteration, info.max_iter, info.elbo, info.rel_change, info.seconds,
+                 self.family.summary(info.params), progress.clock(info.elapsed),
+                 progress.eta(info.iteration, info.elapsed))  # fmt: skip
+        if info.validation is not None:
+            v = info.validation
+            ndcg = "  ".join(f"ndcg@{v['k']}(s={s}) {x:.4f}" for s, x in v["ndcg"].items())
+            loglik = "" if v["loglik_mean"] is None else f"  loglik/nz {v['loglik_mean']:.5f}"
+            log.info("validation at iter %d: %s%s  (best: iter %d; %.2fs)", info.iteration,
+                     ndcg, loglik, info.best_iteration, v["seconds"])  # fmt: skip
+        progress.draw(info.iteration, info.elapsed)
+        return bool(self.callback(info)) if self.callback is not None else False
+
+    def close(self) -> None:
+        self.progress.clear()
+
+
+
+
+def _validation(
+    info: StoreInfo, family: Family, values: dict[str, Any]
+) -> Callable[[Client], Validation] | None:
+    """How a fit on a client scores its states on the store's validation subset (None when the
+    store has none or ``validation_every`` is 0); InputError for a metric the data cannot
+    give, before any cluster starts."""
+    if not values["validation_every"] or "validation" not in info.splits:
+        return None
+    k, s, metric = values["validation_k"], values["validation_s"], values["validation_metric"]
+    hist = np.asarray(info.attrs["hist_validation"])
+    if not 1 <= s <= info.n_classes or hist[s:].sum() == 0:
+        raise InputError(f"validation_s = {s}: the validation subset of {info.path} has no "
+                         f"nonzero of class >= {s} (classes 1..{info.n_classes})")
+    describe = lambda params: {"family": family.name, **family.describe(params)}  # noqa: E731
+    if metric == "loglik" and loglik_spec(info, describe(family.init_params())) is None:
+        raise InputError("validation_metric = 'loglik': this model does not give the "
+                         "likelihood of the store's classes (binarized); use 'ndcg'")
+    levels = sorted({1, s})
+
+    def scorer(cl: Client) -> Validation:
+        def score(w: list[Any], h: list[Any], params: Any) -> dict[str, Any]:
+            out = score_split(cl, info, "validation", w, h, levels, k,
+                              loglik_spec(info, describe(params)))  # fmt: skip
+            ndcg = {str(t): out["ndcg"][t] for t in levels}
+            return {"k": k, "ndcg": ndcg, "loglik_mean": out["loglik_mean"],
+                    "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"]}
+
+        return Validation(score, values["validation_every"], values["validation_patience"],
+                          values["validation_window"])
+
+    return scorer
+
+
+
+
+def _run_record(run: CaviState, seed: int) -> dict[str, Any]:
+    """What ``attrs["runs"]`` keeps of one restart: the kept state's ELBO and, with validation,
+    its score."""
+    best = next((v for v in run.validation if v["iteration"] == run.best_iteration), None)
+    return {"seed": seed, "elbo": run.elbo[run.best_iteration - 1], "n_iter": run.n_iter,
+            "best_iteration": run.best_iteration, "converged": run.converged,
+            "stop_reason": run.stop_reason,
+            "validation": None if best is None else best["metric"]}  # fmt: skip
+
+
+def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Restarts are chosen by the validation metric when there is one, else by the ELBO."""
+    if run["validation"] is not None and than["validation"] is not None:
+        return run["validation"] > than["validation"]
+    return run["elbo"] > than["elbo"]
+
+
+def _validation_text(run: dict[str, Any]) -> str:
+    return "" if run["validation"] is None else (
+        f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
+
+
+def check_rank(k: int, info: StoreInfo) -> None:
+    """InputError for more latent factors than the smaller side of the rating matrix: the rank
+    of U x I data is at most min(U, I), and every factor costs memory and time."""
+    most = min(info.n_users, info.n_items)
+    if k > most:
+        raise InputError(f"K (n_components) = {k} is larger than min(users, items) = {most} of "
+                         f"{info.path} ({info.n_users} users x {info.n_items} items): give "
+                         f"K <= {most}")
+
+
+def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+    if init is None:
+        return None
+    source = "initialization arrays"
+    if isinstance(init, str | os.PathLike):
+        source = os.fspath(init)
+        path = Path(init)
+        if not path.is_file():
+            raise InputError(f"{path}: initialization file not found")
+        arrays: dict[str, np.ndarray] = {}  # a single .npy array holds neither
+        try:
+            loaded = np.load(path, allow_pickle=False)
+            if isinstance(loaded, np.lib.npyio.NpzFile):
+                with loaded:
+                    arrays = {n: loaded[n] for n in ("W", "H") if n in loaded.files}
+        except READ_ERRORS as exc:  # truncated or damaged, or no .npz at all
+            raise InputError(f"{path}: not a readable .npz file ({exc})") from None
+        missing = sorted({"W", "H"} - set(arrays))
+        if missing:
+            raise InputError(f"{path}: missing array(s) {missing} (need W and H)")
+        w0, h0 = arrays["W"], arrays["H"]
+    else:
+        w0, h0 = init
+    w0 = np.asarray(w0, dtype=np.float64)
+    h0 = np.asarray(h0, dtype=np.float64)
+    if w0.shape != (info.n_users, k) or h0.shape != (info.n_items, k):
+        raise InputError(
+            f"{source}: shapes W{w0.shape}, H{h0.shape} do not match "
+            f"(n_users, K) = ({info.n_users}, {k}) and (n_items, K) = ({info.n_items}, {k})"
+        )
+    if not (np.all(np.isfinite(w0)) and np.all(np.isfinite(h0)) and w0.min() > 0 and h0.min() > 0):
+        raise InputError(f"{source}: W and H must be finite and strictly positive")
+    return w0, h0
+
+
+def _write_init(arrays: tuple[np.ndarray, np.ndarray], work: str) -> tuple[str, str]:
+    """Write warm-start arrays to zarr in ``work`` so that workers read only their rows."""
+    paths = []
+    for name, arr in zip(("W", "H"), arrays, strict=True):
+        path = f"{work}/init-{name}.zarr"
+        zarr.create_array(path, data=arr, chunks=(min(len(arr), 1 << 16), arr.shape[1]),
+                          overwrite=True)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def decide_cache(setting: bool | str, client: Client, info: StoreInfo) -> bool:
+    """Cache training blocks on the workers when they take under a quarter of worker memory."""
+    if setting != "auto":
+        return bool(setting)
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    limits = [w.get("memory_limit") or 0 for w in workers]
+    if not limits or min(limits) == 0:
+        return True
+    return block_bytes(info) < 0.25 * sum(limits)
+
+
+def _claim(
+    ckpt_dir: str, prints: list[str], restart: bool, n_init: int, dry_run: bool = False
+) -> list[str]:
+    """:func:`checkpoint.claim`, and InputError if a fit of several restarts finds its own
+    checkpoints (it does not resume)."""
+    ours = checkpoint.claim(ckpt_dir, prints, restart, dry_run)
+    if ours and n_init > 1:
+        raise InputError(
+            f"{ckpt_dir} holds checkpoints of this fit, but a fit with n_init > 1 does not "
+            "resume: pass restart=True to discard them"
+        )
+    return ours
+
+
+def _temporary_model_dir() -> str:
+    """Where to write a model fitted without ``out``: a path in a new directory that is removed
+    when the process exits (the fitted attributes read from it lazily, so it must outlive the
+    fit)."""
+    parent = tempfile.mkdtemp(prefix="ordnmf-model-")
+    atexit.register(shutil.rmtree, parent, ignore_errors=True)
+    return os.path.join(parent, "model.zarr")
+
+
