@@ -19,8 +19,8 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import block_bytes, checkpoint_schedule, choose_client
-from ordnmf_dask.dist.memory import check_fit_memory
+from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.dist.memory import block_bytes, check_fit_memory
 from ordnmf_dask.dist.progress import IterationProgress, shows_progress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
@@ -41,13 +41,14 @@ from ordnmf_dask.modelstore.model import (
     save_model,
     store_fingerprint,
 )
-from ordnmf_dask.outputs import check_apart, check_place
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.files import READ_ERRORS
+from ordnmf_dask.store.kinds import CHECKPOINT_DIRECTORY
+from ordnmf_dask.store.outputs import check_apart, check_place
 
 if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
     import dask.array as da
@@ -279,7 +280,7 @@ class CaviEstimator:
         if out is not None:
             out = model_target(out, overwrite, info.path)
         if values["checkpoint_dir"]:
-            check_place(values["checkpoint_dir"], "checkpoints", checkpoint.DIRECTORY,
+            check_place(values["checkpoint_dir"], "checkpoints", CHECKPOINT_DIRECTORY,
                         {"training store": info.path})
         prints = [  # one per restart: its trajectory depends on its seed
             checkpoint.fingerprint(info.attrs, info.path,

@@ -39,10 +39,11 @@ from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator, check_rank
-from ordnmf_dask.modelstore.model import is_model, model_target, open_model
+from ordnmf_dask.modelstore.model import model_target, open_model
 from ordnmf_dask.params import DEFAULTS, MODELS, accepted, validate
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
 from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
+from ordnmf_dask.store.kinds import is_model
 
 log = logging.getLogger("ordnmf_dask")
 
