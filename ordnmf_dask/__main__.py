@@ -1,0 +1,3 @@
+from ordnmf_dask.app.cli import main
+
+raise SystemExit(main())
