@@ -24,8 +24,8 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import block_bytes, checkpoint_schedule, choose_client
-from ordnmf_dask.dist.memory import check_fit_memory
+from ordnmf_dask.dist.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.dist.memory import block_bytes, check_fit_memory
 from ordnmf_dask.dist.progress import IterationProgress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
@@ -45,12 +45,13 @@ from ordnmf_dask.modelstore.model import (
     save_model,
     store_fingerprint,
 )
-from ordnmf_dask.outputs import check_apart, check_place
 from ordnmf_dask.params import DEFAULTS, PARAMS, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.files import READ_ERRORS
+from ordnmf_dask.store.kinds import CHECKPOINT_DIRECTORY
+from ordnmf_dask.store.outputs import check_apart, check_place
 
 if TYPE_CHECKING:  # distributed is imported where it is used
     from distributed import Client
@@ -176,7 +177,7 @@ def plan_fit(
         out = model_target(out, overwrite, info.path)
     ckpt = values["checkpoint_dir"]
     if ckpt:
-        check_place(ckpt, "checkpoints", checkpoint.DIRECTORY, {"training store": info.path})
+        check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
     prints = [  # one per restart: its trajectory depends on its seed
         checkpoint.fingerprint(info.attrs, info.path,
                                fit_settings(model, values, source or init_arrays, s))

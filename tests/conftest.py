@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from ordnmf_dask.store.blocks import StoreInfo, write_store
 from ordnmf_dask.store.grid import balanced_bounds, block_sort
 
 CHECKOUT = Path(__file__).resolve().parents[1]
+# the command line of ``ordnmf-dask`` run by the interpreter running the tests (so that it runs
+# the package they import, whatever ``ordnmf-dask`` on PATH is)
+CLI = [sys.executable, "-m", "ordnmf_dask"]
 # where the real datasets are looked for, in order: $DATA (as examples/*.sh read it), shared/data
 # beside the checkout, then the copy of MovieLens latest-small that examples/data ships
 DATA_ROOTS = [
@@ -86,7 +90,7 @@ def _environment() -> dict[str, str]:
 def _global_state_kept():
     """Fail a test that leaves the logging configuration, ``os.environ`` or the working
     directory changed, after restoring them, so that the leak cannot change the tests after it
-    (a logger left without propagation made another test see every record twice)."""
+    (a logger left without propagation, for one, makes later tests see every record twice)."""
     logs, env, cwd = _logging_state(), _environment(), os.getcwd()
     yield
     leaks = []

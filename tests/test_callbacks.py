@@ -20,12 +20,12 @@ K = 3
 
 
 @pytest.fixture
-def store(tmp_path):
+def store_40x30(tmp_path):
     train, test = dense_split(synthetic_ordinal(40, 30, 4, seed=2))
     return store_from_dense(tmp_path / "s.zarr", train, test, 4, (2, 2))
 
 
-def test_a_callback_sees_every_iteration_and_can_stop_the_fit(store, client, caplog):
+def test_a_callback_sees_every_iteration_and_can_stop_the_fit(store_40x30, client, caplog):
     seen: list[IterationInfo] = []
 
     def stop_at_4(info: IterationInfo) -> bool:
@@ -33,7 +33,7 @@ def test_a_callback_sees_every_iteration_and_can_stop_the_fit(store, client, cap
         return info.iteration == 4
 
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        est = OrdNMF(K, max_iter=50, tol=1e-12).fit(store, client, callback=stop_at_4)
+        est = OrdNMF(K, max_iter=50, tol=1e-12).fit(store_40x30, client, callback=stop_at_4)
     assert [i.iteration for i in seen] == [1, 2, 3, 4] and est.n_iter_ == 4
     assert all(i.max_iter == 50 for i in seen)
     assert [i.elbo for i in seen] == est.elbo_
@@ -50,18 +50,19 @@ def test_a_callback_sees_every_iteration_and_can_stop_the_fit(store, client, cap
     assert "elapsed 0:00:" in lines[3] and "ETA <= " in lines[3]
 
 
-def test_info_stop_stops_the_fit(store, client):
+def test_info_stop_stops_the_fit(store_40x30, client):
     def stop_at_2(info: IterationInfo) -> None:
         if info.iteration == 2:
             info.stop()
 
-    assert OrdNMF(K, max_iter=50, tol=1e-12).fit(store, client, callback=stop_at_2).n_iter_ == 2
+    est = OrdNMF(K, max_iter=50, tol=1e-12).fit(store_40x30, client, callback=stop_at_2)
+    assert est.n_iter_ == 2
 
 
-def test_a_slow_first_iteration_is_explained(store, client, caplog, monkeypatch):
+def test_a_slow_first_iteration_is_explained(store_40x30, client, caplog, monkeypatch):
     monkeypatch.setattr(cavi, "FIRST_NOTICE_SECONDS", 0.0)
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        OrdNMF(K, max_iter=2).fit(store, client)
+        OrdNMF(K, max_iter=2).fit(store_40x30, client)
     assert "iteration 1 of 2 still running after 0 s: the workers read the training blocks" \
         in caplog.text
 

@@ -12,6 +12,7 @@ from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import CheckpointError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.store import kinds
 
 
 def _chunk(seed: int = 0) -> FactorChunk:
@@ -119,7 +120,7 @@ def _fake_checkpoint(directory, iteration: int, print_: str) -> str:
     """A checkpoint directory as start() makes it: root attributes first, then chunks."""
     path = os.path.join(directory, f"ckpt-{iteration:08d}")
     root = zarr.open_group(path, mode="w",
-                           attributes={"format": checkpoint.FORMAT, "fingerprint": print_})
+                           attributes={"format": kinds.CHECKPOINT_FORMAT, "fingerprint": print_})
     for name in checkpoint.GROUPS:
         root.create_group(name)
     chunkstore.save_chunk(_chunk(), path, "W", 0, derived=False)
@@ -144,7 +145,7 @@ def test_a_checkpoint_removal_cut_short_never_blocks_the_next_fit(tmp_path, monk
     with pytest.raises(OSError, match="killed"):
         checkpoint.remove(cut)
     monkeypatch.undo()
-    assert os.listdir(cut) == ["zarr.json"] and checkpoint.fingerprint_of(cut) == "abc"
+    assert os.listdir(cut) == ["zarr.json"] and kinds.fingerprint_of(cut) == "abc"
     assert checkpoint.claim(directory, ["abc"], restart=False) == [kept, cut]
     os.remove(os.path.join(cut, "zarr.json"))  # killed just before the final rmdir
     assert checkpoint.claim(directory, ["abc"], restart=False) == [kept]

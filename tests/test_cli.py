@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ML, data_file, dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, ML, data_file, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
@@ -20,7 +20,7 @@ from ordnmf_dask.app.cli import main
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["ordnmf-dask", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+        [*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600
     )
 
 
@@ -141,7 +141,7 @@ def test_unreachable_scheduler_exits_3(tmp_path):
     y = synthetic_ordinal(12, 10, 3, seed=1)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1))
     r = subprocess.run(
-        ["ordnmf-dask", "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+        [*CLI, "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
          "--scheduler", "tcp://127.0.0.1:9"],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"},

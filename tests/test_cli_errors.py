@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client
 
 from ordnmf_dask import OrdNMF
@@ -22,7 +22,7 @@ CSV = "".join(f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(1
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory, cluster) -> tuple[str, str, str]:
+def cluster_fit(tmp_path_factory, cluster) -> tuple[str, str, str]:
     """A store, a model fitted on it, and the address of the session's cluster."""
     d = tmp_path_factory.mktemp("fitted")
     store = store_from_dense(d / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3, seed=2)), 3,
@@ -41,8 +41,8 @@ def one_error_line(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple
     return code, lines[0]
 
 
-def test_main_leaves_logging_and_sigint_as_it_found_them(fitted, tmp_path, capsys):
-    store, _, _ = fitted
+def test_main_leaves_logging_and_sigint_as_it_found_them(cluster_fit, tmp_path, capsys):
+    store, _, _ = cluster_fit
     loggers = [logging.getLogger(n) for n in ("ordnmf_dask", "distributed", "asyncio",
                                                   "distributed.client")]
     before = [(list(g.handlers), g.level, g.propagate) for g in loggers]
@@ -57,11 +57,11 @@ def test_main_leaves_logging_and_sigint_as_it_found_them(fitted, tmp_path, capsy
     [("adir", "Is a directory"), ("afile/r.json", "Not a directory"),
      ("/dev/full", "No space left on device")],
 )
-def test_unwritable_local_output_exits_2_naming_it(fitted, tmp_path, capsys, target, reason):
+def test_unwritable_local_output_exits_2_naming_it(cluster_fit, tmp_path, capsys, target, reason):
     (tmp_path / "adir").mkdir()
     (tmp_path / "afile").write_text("x")
     target = target if target.startswith("/") else str(tmp_path / target)
-    store, model, address = fitted
+    store, model, address = cluster_fit
     code, line = one_error_line(
         capsys, ["evaluate", store, model, "--json", target, "--scheduler", address]
     )
@@ -77,8 +77,8 @@ def test_ingest_into_a_directory_we_may_not_write_exits_2(tmp_path, capsys):
     assert not Path(out).exists()
 
 
-def test_non_utf8_config_exits_2_naming_the_file(fitted, tmp_path, capsys):
-    store, _, _ = fitted
+def test_non_utf8_config_exits_2_naming_the_file(cluster_fit, tmp_path, capsys):
+    store, _, _ = cluster_fit
     job = tmp_path / "job.toml"
     job.write_bytes(b"[model]\nn_components = 2  # caf\xe9\n")
     code, line = one_error_line(capsys, ["fit", store, "--out", str(tmp_path / "m.zarr"),
@@ -87,8 +87,8 @@ def test_non_utf8_config_exits_2_naming_the_file(fitted, tmp_path, capsys):
     assert not (tmp_path / "m.zarr").exists()
 
 
-def test_levels_outside_the_classes_exit_2_naming_the_flag(fitted, capsys):
-    store, model, address = fitted
+def test_levels_outside_the_classes_exit_2_naming_the_flag(cluster_fit, capsys):
+    store, model, address = cluster_fit
     code, line = one_error_line(
         capsys, ["evaluate", store, model, "--levels", "0,11", "--scheduler", address]
     )
@@ -115,9 +115,9 @@ def test_messages_spell_flags_not_api_keywords(tmp_path, capsys, flags, spelled,
 
 @pytest.mark.parametrize("before", [True, False])
 def test_quiet_keeps_info_in_the_log_file_and_global_flags_go_anywhere(
-    fitted, tmp_path, capsys, before
+    cluster_fit, tmp_path, capsys, before
 ):
-    store, _, address = fitted
+    store, _, address = cluster_fit
     log_file = tmp_path / "fit.log"
     quiet = ["-q", "--log-file", str(log_file)]
     fit = ["fit", store, "--out", str(tmp_path / "m.zarr"), "-k", "2", "--max-iter", "3",
@@ -142,7 +142,7 @@ def test_a_task_failing_on_the_cli_local_cluster_is_one_line(tmp_path):
     chunk = Path(store.path) / "train" / "y" / "c" / "0"
     chunk.write_bytes(bytes(chunk.stat().st_size))
     r = subprocess.run(
-        ["ordnmf-dask", "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+        [*CLI, "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
          "--max-iter", "2", "--workers", "1", "-q"],
         capture_output=True, text=True, timeout=300,
     )
@@ -181,7 +181,7 @@ def test_a_reader_that_goes_away_is_no_cluster_failure(tmp_path):
     (128 + SIGPIPE, as other tools report it), not exit 3 "cluster failure: Broken pipe"."""
     y = synthetic_ordinal(20, 15, 3, seed=2)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1)).path
-    job = subprocess.Popen(["ordnmf-dask", "info", "--json", store], stdout=subprocess.PIPE,
+    job = subprocess.Popen([*CLI, "info", "--json", store], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)  # fmt: skip
     assert job.stdout is not None
     job.stdout.close()  # the reader is gone before the command writes

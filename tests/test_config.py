@@ -19,7 +19,7 @@ from ordnmf_dask.errors import ConfigError
 
 
 @pytest.fixture
-def store(tmp_path):
+def store_20x15(tmp_path):
     y = synthetic_ordinal(20, 15, 3, seed=2)
     return store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
 
@@ -66,29 +66,29 @@ def test_flags_override_only_what_was_given():
         ("[model\n", "not a valid TOML file"),
     ],
 )
-def test_bad_config_exits_2_naming_file_and_key(tmp_path, store, capsys, text, message):
+def test_bad_config_exits_2_naming_file_and_key(tmp_path, store_20x15, capsys, text, message):
     job = write(tmp_path / "job.toml", text)
-    code = main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "--config", job])
+    code = main(["fit", store_20x15.path, "--out", str(tmp_path / "m.zarr"), "--config", job])
     err = capsys.readouterr().err
     assert code == 2, err
     assert job in err and message in err and "Traceback" not in err
     assert not (tmp_path / "m.zarr").exists()
 
 
-def test_missing_required_values_exit_2(tmp_path, store, capsys):
+def test_missing_required_values_exit_2(tmp_path, store_20x15, capsys):
     job = write(tmp_path / "job.toml", "[model]\nn_components = 2\n")
     assert main(["fit", "--config", job, "--out", str(tmp_path / "m.zarr")]) == 2
     assert f"missing STORE (or set it in {job})" in capsys.readouterr().err
-    assert main(["fit", store.path, "-k", "2"]) == 2
+    assert main(["fit", store_20x15.path, "-k", "2"]) == 2
     assert "missing --out MODEL" in capsys.readouterr().err
 
 
 @pytest.mark.cluster
-def test_fit_from_file_with_flags_and_resolved_config_in_model(tmp_path, store):
+def test_fit_from_file_with_flags_and_resolved_config_in_model(tmp_path, store_20x15):
     model = tmp_path / "m.zarr"
     job = write(tmp_path / "job.toml", f"""
 [store]
-path = "{store.path}"
+path = "{store_20x15.path}"
 [model]
 n_components = 2
 max_iter = 40
@@ -125,20 +125,20 @@ file = "{tmp_path / 'fit.log'}"
     assert main(["fit", "--config", job, "--max-iter", "4"]) == 2
 
 
-def test_scheduler_file(tmp_path, store, client):
+def test_scheduler_file(tmp_path, store_20x15, client):
     sched_file = tmp_path / "scheduler.json"
     with dask_processes(sched_file, 1):
-        assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+        assert main(["fit", store_20x15.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
                      "--max-iter", "6", "--seed", "1", "--scheduler-file", str(sched_file)]) == 0
-    local = OrdNMF(2, max_iter=6, seed=1).fit(store, client)
+    local = OrdNMF(2, max_iter=6, seed=1).fit(store_20x15, client)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     assert read_config(tmp_path / "m.zarr")["cluster"]["scheduler_file"] == str(sched_file)
 
 
-def test_missing_scheduler_file_times_out_with_exit_3(tmp_path, store, capsys):
+def test_missing_scheduler_file_times_out_with_exit_3(tmp_path, store_20x15, capsys):
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
-        code = main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
+        code = main(["fit", store_20x15.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
                      "--scheduler-file", str(tmp_path / "none.json")])
     assert code == 3
     assert "none.json did not appear within 1s" in capsys.readouterr().err

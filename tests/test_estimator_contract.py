@@ -69,7 +69,7 @@ def make(family: str, **params: Any) -> CaviEstimator:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory):
+def count_store(tmp_path_factory: pytest.TempPathFactory):
     """Poisson counts of a rank-2 model, 40 users x 30 items on a 2 x 2 grid, in 4 classes;
     DcPF reads the counts themselves."""
     rng = np.random.default_rng(0)
@@ -82,59 +82,62 @@ def store(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def fitted(family, store, mclient, tmp_path_factory) -> CaviEstimator:
+def family_fit(family, count_store, mclient, tmp_path_factory) -> CaviEstimator:
     """An uninterrupted fit stopped by ``max_iter`` (tol is never reached)."""
     out = tmp_path_factory.mktemp(family) / "m.zarr"
-    return make(family, max_iter=ITERS, tol=1e-14).fit(store, mclient, out=out)
+    return make(family, max_iter=ITERS, tol=1e-14).fit(count_store, mclient, out=out)
 
 
 # -- fitting --------------------------------------------------------------------------------------
-def test_fit_sets_the_fitted_attributes(family, fitted, store):
-    assert fitted.n_iter_ == ITERS == len(fitted.elbo_) and fitted.converged_ is False
-    elbo = np.asarray(fitted.elbo_)
+def test_fit_sets_the_fitted_attributes(family, family_fit, count_store):
+    assert family_fit.n_iter_ == ITERS == len(family_fit.elbo_) and family_fit.converged_ is False
+    elbo = np.asarray(family_fit.elbo_)
     assert np.all(np.isfinite(elbo))
     if family in EXACT_BOUND:
         assert np.all(np.diff(elbo) >= -ROUNDOFF * np.abs(elbo[:-1])), np.diff(elbo)
-    assert fitted.W_.shape == fitted.log_W_.shape == (store.n_users, K)
-    assert fitted.H_.shape == fitted.log_H_.shape == (store.n_items, K)
-    w, h = fitted.W_.compute(), fitted.H_.compute()
-    assert np.all(w > 0) and np.all(h > 0) and np.all(np.isfinite(fitted.log_W_.compute()))
+    assert family_fit.W_.shape == family_fit.log_W_.shape == (count_store.n_users, K)
+    assert family_fit.H_.shape == family_fit.log_H_.shape == (count_store.n_items, K)
+    w, h = family_fit.W_.compute(), family_fit.H_.compute()
+    assert np.all(w > 0) and np.all(h > 0) and np.all(np.isfinite(family_fit.log_W_.compute()))
     for name, shape in FAMILIES[family][2].items():
-        assert np.shape(getattr(fitted, name)) == shape, name
-        assert np.all(np.isfinite(getattr(fitted, name))), name
-    assert [r["kept"] for r in fitted.runs_] == [True]
+        assert np.shape(getattr(family_fit, name)) == shape, name
+        assert np.all(np.isfinite(getattr(family_fit, name))), name
+    assert [r["kept"] for r in family_fit.runs_] == [True]
 
 
-def test_a_converged_fit_stops_before_max_iter(family, store, mclient):
-    est = make(family, max_iter=100, tol=1e-2).fit(store, mclient)
+def test_a_converged_fit_stops_before_max_iter(family, count_store, mclient):
+    est = make(family, max_iter=100, tol=1e-2).fit(count_store, mclient)
     assert est.converged_ is True and est.n_iter_ == len(est.elbo_) < 100
     elbo = est.elbo_
     assert (elbo[-1] - elbo[-2]) / abs(elbo[-2]) < 1e-2 <= (elbo[-2] - elbo[-3]) / abs(elbo[-3])
 
 
-def test_save_and_load_round_trip(family, fitted, tmp_path):
-    path = fitted.save(tmp_path / "saved.zarr")
+def test_save_and_load_round_trip(family, family_fit, tmp_path):
+    path = family_fit.save(tmp_path / "saved.zarr")
     loaded = CaviEstimator.load(path)
-    assert type(loaded) is type(fitted) and loaded.get_params() == fitted.get_params()
-    assert_same_fit(loaded, fitted)
-    assert type(fitted).load(path).get_params() == fitted.get_params()
+    assert type(loaded) is type(family_fit) and loaded.get_params() == family_fit.get_params()
+    assert_same_fit(loaded, family_fit)
+    assert type(family_fit).load(path).get_params() == family_fit.get_params()
 
 
-def test_a_stopped_fit_resumes_to_the_uninterrupted_one(family, fitted, store, mclient, tmp_path):
+def test_a_stopped_fit_resumes_to_the_uninterrupted_one(
+    family, family_fit, count_store, mclient, tmp_path
+):
     ckpt = str(tmp_path / "ckpt")
     first = make(family, max_iter=STOP, tol=1e-14, checkpoint_every=EVERY, checkpoint_dir=ckpt)
-    first.fit(store, mclient)
-    assert first.n_iter_ == STOP and first.elbo_ == fitted.elbo_[:STOP]
+    first.fit(count_store, mclient)
+    assert first.n_iter_ == STOP and first.elbo_ == family_fit.elbo_[:STOP]
     seen: list[int] = []
     resumed = make(family, max_iter=ITERS, tol=1e-14, checkpoint_every=EVERY,
                    checkpoint_dir=ckpt)
-    resumed.fit(store, mclient, resume=True, callback=lambda info: seen.append(info.iteration))
+    resumed.fit(count_store, mclient, resume=True,
+                callback=lambda info: seen.append(info.iteration))
     assert seen == list(range(EVERY + 1, ITERS + 1))  # it went on from the checkpoint
-    assert_same_fit(resumed, fitted)
+    assert_same_fit(resumed, family_fit)
 
 
-def test_restarts_keep_the_best_run(family, store, mclient):
-    est = make(family, max_iter=3, n_init=2).fit(store, mclient)
+def test_restarts_keep_the_best_run(family, count_store, mclient):
+    est = make(family, max_iter=3, n_init=2).fit(count_store, mclient)
     seed = est.get_params()["seed"]
     assert [r["seed"] for r in est.runs_] == [seed, seed + 1]
     kept = [r for r in est.runs_ if r["kept"]]
@@ -176,10 +179,10 @@ def test_set_params_round_trip_and_unknown_names(family):
         type(est)(no_such_param=1)
 
 
-def test_clone_is_unfitted_with_equal_params(fitted):
-    clone = type(fitted)(**fitted.get_params())
-    assert clone.get_params() == fitted.get_params()
-    assert fitted_state(fitted) and not fitted_state(clone)
+def test_clone_is_unfitted_with_equal_params(family_fit):
+    clone = type(family_fit)(**family_fit.get_params())
+    assert clone.get_params() == family_fit.get_params()
+    assert fitted_state(family_fit) and not fitted_state(clone)
     assert not hasattr(clone, "model_path_")
 
 
@@ -199,12 +202,13 @@ def test_an_unfitted_estimator_pickles_to_equal_params(family):
     assert vars(back) == vars(est)  # PF's fixed approx too
 
 
-def test_a_fitted_estimator_pickles_by_reference_to_its_model(fitted, tmp_path):
-    back = pickle.loads(pickle.dumps(fitted))
-    assert type(back) is type(fitted) and back.get_params() == fitted.get_params()
-    assert back.model_path_ == fitted.model_path_ and vars(back).keys() == vars(fitted).keys()
-    assert_same_fit(back, fitted)
-    kept = type(fitted).load(fitted.save(tmp_path / "kept.zarr"))
+def test_a_fitted_estimator_pickles_by_reference_to_its_model(family_fit, tmp_path):
+    back = pickle.loads(pickle.dumps(family_fit))
+    assert type(back) is type(family_fit) and back.get_params() == family_fit.get_params()
+    assert back.model_path_ == family_fit.model_path_
+    assert vars(back).keys() == vars(family_fit).keys()
+    assert_same_fit(back, family_fit)
+    kept = type(family_fit).load(family_fit.save(tmp_path / "kept.zarr"))
     data = pickle.dumps(kept)
     shutil.rmtree(kept.model_path_)
     with pytest.raises(StoreError, match="kept.zarr"):  # not factors read as zeros

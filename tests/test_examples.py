@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CHECKOUT, TPS, data_root
+from conftest import CHECKOUT, CLI, TPS, data_root
 
 from ordnmf_dask.app.config import resolve
 
@@ -119,7 +119,7 @@ def test_job_file_runs_as_shipped(tmp_path):
     (tmp_path / "cluster" / "job.toml").write_bytes(JOB.read_bytes())
     r = run(["bash", "-c", prepare_command(JOB)], tmp_path)
     assert r.returncode == 0, r.stderr
-    r = run(["ordnmf-dask", "fit", "--config", "cluster/job.toml"], tmp_path)
+    r = run([*CLI, "fit", "--config", "cluster/job.toml"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"converged: {readme_iterations()} iterations" in r.stdout
     assert "running in-process" in r.stderr

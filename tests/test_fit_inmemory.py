@@ -41,7 +41,7 @@ def write_csv(path, x: sp.spmatrix):
     return path
 
 
-def fitted(est) -> dict[str, object]:
+def state_of(est) -> dict[str, object]:
     """The fitted factors, the family's parameters and the ELBO trace."""
     m = open_model(est.model_path_)
     out: dict[str, object] = {f"{n}.{f}": np.asarray(m.factor(n, f).compute())
@@ -75,7 +75,7 @@ def test_fit_on_a_sparse_matrix_is_bitwise_the_fit_on_the_same_rows_ingested_fro
     store = ingest(write_csv(tmp_path / "r.csv", x), tmp_path / "r.zarr", test_fraction=0.0)
     on_store = klass(2, max_iter=ITERS, tol=1e-12, **kw).fit(store, out=tmp_path / "a.zarr")
     in_memory = klass(2, max_iter=ITERS, tol=1e-12, **kw).fit(x, out=tmp_path / "b.zarr")
-    assert_bitwise(fitted(in_memory), fitted(on_store))
+    assert_bitwise(state_of(in_memory), state_of(on_store))
     assert in_memory.W_.shape == (N_USERS, 2) and in_memory.H_.shape == (N_ITEMS, 2)
 
 
@@ -85,7 +85,7 @@ def test_every_kind_in_memory_gives_the_model_of_the_matrix(tmp_path):
     frame = pd.DataFrame({"user": u, "item": i, "value": v})
 
     def fit(data, **kw):
-        return fitted(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
+        return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
 
     reference = fit(x)
     kinds = {
@@ -125,7 +125,7 @@ def test_store_out_keeps_the_store_and_gives_the_model_of_ingest_then_fit(tmp_pa
     x = ratings(4)
     kept = OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(x, store_out=tmp_path / "s.zarr")
     store = ingest(x, tmp_path / "t.zarr", test_fraction=0.0)
-    assert_bitwise(fitted(kept), fitted(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(store)))
+    assert_bitwise(state_of(kept), state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(store)))
     assert open_store(tmp_path / "s.zarr").nnz_train == x.nnz
 
 
@@ -194,8 +194,8 @@ def test_explicit_zeros_of_a_sparse_matrix_are_no_interaction(tmp_path):
     dropped.eliminate_zeros()
     info = ingest(with_zeros, tmp_path / "z.zarr", test_fraction=0.0)
     assert info.nnz_train == dropped.nnz < x.nnz
-    assert_bitwise(fitted(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(with_zeros)),
-                   fitted(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(dropped)))  # fmt: skip
+    assert_bitwise(state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(with_zeros)),
+                   state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(dropped)))  # fmt: skip
 
 
 def test_store_arguments_keep_their_errors_with_a_hint(tmp_path):

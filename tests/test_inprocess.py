@@ -11,11 +11,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import DcPF, OrdNMF, evaluate
 from ordnmf_dask.dist import cluster as clustermod
 from ordnmf_dask.dist.inprocess import InProcessClient, wait
+from ordnmf_dask.dist.memory import inprocess_bytes
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
 
@@ -23,7 +24,7 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store_2x3(tmp_path_factory):
     """A 2 x 3 grid: several strips, trees of partial sums and chunks per factor."""
     train, test = dense_split(synthetic_ordinal(40, 30, 4, seed=3))
     return store_from_dense(tmp_path_factory.mktemp("s") / "s.zarr", train, test, 4, (2, 3))
@@ -51,11 +52,11 @@ def _assert_bitwise(a: dict[str, object], b: dict[str, object]) -> None:
 @pytest.mark.cluster
 @pytest.mark.parametrize("every", [0, 3])
 @pytest.mark.parametrize("klass", [OrdNMF, DcPF])
-def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store, client, klass, every):
+def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store_2x3, client, klass, every):
     def fit(where, **kw):  # a work_dir of its own: the in-process fit checkpoints too
         est = klass(K, max_iter=8, tol=1e-12, checkpoint_every=every,
                     work_dir=str(tmp_path / f"work{len(kw)}"), **kw)
-        return _result(est.fit(store, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
+        return _result(est.fit(store_2x3, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
 
     on_cluster = fit(client)
     in_process = fit(None, executor="inprocess")
@@ -77,7 +78,7 @@ def test_a_one_block_fit_in_the_calling_thread_is_bitwise_the_cluster_fit(tmp_pa
 
 
 @pytest.mark.cluster
-def test_a_fit_resumes_across_executors_bitwise(tmp_path, store, client):
+def test_a_fit_resumes_across_executors_bitwise(tmp_path, store_2x3, client):
     """Checkpoints written in-process, resumed on a cluster: the same model as one
     uninterrupted run."""
     ckpt = str(tmp_path / "ckpt")
@@ -85,52 +86,52 @@ def test_a_fit_resumes_across_executors_bitwise(tmp_path, store, client):
     def est(n: int, **kw) -> OrdNMF:
         return OrdNMF(K, max_iter=n, tol=1e-12, checkpoint_every=3, checkpoint_dir=ckpt, **kw)
 
-    est(7, executor="inprocess").fit(store, out=tmp_path / "a")  # leaves ckpt-6 behind
-    resumed = est(12).fit(store, client, out=tmp_path / "b", resume=True)
+    est(7, executor="inprocess").fit(store_2x3, out=tmp_path / "a")  # leaves ckpt-6 behind
+    resumed = est(12).fit(store_2x3, client, out=tmp_path / "b", resume=True)
     whole = OrdNMF(K, max_iter=12, tol=1e-12, checkpoint_every=3, executor="inprocess").fit(
-        store, out=tmp_path / "c"
+        store_2x3, out=tmp_path / "c"
     )
     _assert_bitwise(_result(whole), _result(resumed))
 
 
 @pytest.mark.cluster
-def test_evaluate_inprocess_is_the_cluster_evaluation(tmp_path, store, client):
-    model = OrdNMF(K, max_iter=5, executor="inprocess").fit(store, out=tmp_path / "m")
+def test_evaluate_inprocess_is_the_cluster_evaluation(tmp_path, store_2x3, client):
+    model = OrdNMF(K, max_iter=5, executor="inprocess").fit(store_2x3, out=tmp_path / "m")
     with InProcessClient() as threads:
-        assert evaluate(store, model, client, k=5) == evaluate(store, model, threads, k=5)
+        assert evaluate(store_2x3, model, client, k=5) == evaluate(store_2x3, model, threads, k=5)
 
 
-def test_a_small_fit_without_a_client_starts_no_cluster(tmp_path, store):
+def test_a_small_fit_without_a_client_starts_no_cluster(tmp_path, store_2x3):
     """Not marked ``cluster``: a scheduler started here would fail the fit (conftest)."""
-    model = OrdNMF(K, max_iter=4, checkpoint_every=2).fit(store, out=tmp_path / "m")
+    model = OrdNMF(K, max_iter=4, checkpoint_every=2).fit(store_2x3, out=tmp_path / "m")
     assert model.n_iter_ == 4 and np.isfinite(model.elbo_[-1])
-    res = evaluate(store, model, k=5)
-    assert res["nnz_test"] == store.nnz_test
+    res = evaluate(store_2x3, model, k=5)
+    assert res["nnz_test"] == store_2x3.nnz_test
 
 
-def test_auto_runs_inprocess_within_the_memory_budget_only(store):
-    need = clustermod.inprocess_bytes(store, K)
-    assert need > store.nnz_train * 9
-    assert clustermod.runs_inprocess(store, K, memory=int(need / clustermod.INPROCESS_MEMORY))
-    assert not clustermod.runs_inprocess(store, K, memory=need)
-    big = replace(store, nnz_train=clustermod.INPROCESS_MAX_NNZ + 1)
-    assert clustermod.runs_inprocess(store, 1, memory=1 << 50)
+def test_auto_runs_inprocess_within_the_memory_budget_only(store_2x3):
+    need = inprocess_bytes(store_2x3, K)
+    assert need > store_2x3.nnz_train * 9
+    assert clustermod.runs_inprocess(store_2x3, K, memory=int(need / clustermod.INPROCESS_MEMORY))
+    assert not clustermod.runs_inprocess(store_2x3, K, memory=need)
+    big = replace(store_2x3, nnz_train=clustermod.INPROCESS_MAX_NNZ + 1)
+    assert clustermod.runs_inprocess(store_2x3, 1, memory=1 << 50)
     assert not clustermod.runs_inprocess(big, 1, memory=1 << 50)
 
 
-def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_path, store):
+def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_path, store_2x3):
     """``jobs`` > 1 fits at once on one in-process client (as ``reproduce`` runs them): each task
     runs in the thread that submits it, and each fit is bitwise the same fit run alone."""
     from concurrent.futures import ThreadPoolExecutor
 
     def fit(seed: int, client: object, name: str) -> dict[str, object]:
         est = OrdNMF(K, max_iter=5, tol=1e-12, seed=seed)
-        return _result(est.fit(store, client, out=tmp_path / f"{name}{seed}"))
+        return _result(est.fit(store_2x3, client, out=tmp_path / f"{name}{seed}"))
 
-    with clustermod.choose_client(None, store, K, "inprocess") as alone:
+    with clustermod.choose_client(None, store_2x3, K, "inprocess") as alone:
         assert alone.threads > 0  # a 2 x 3 grid: a pool
         solo = [fit(seed, alone, "alone") for seed in (1, 2)]
-    with clustermod.choose_client(None, store, K, "inprocess", jobs=2) as shared:
+    with clustermod.choose_client(None, store_2x3, K, "inprocess", jobs=2) as shared:
         assert shared.threads == 0
         with ThreadPoolExecutor(2) as pool:
             together = list(pool.map(lambda seed: fit(seed, shared, "shared"), (1, 2)))
@@ -149,11 +150,11 @@ def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
     assert clustermod.checkpoint_schedule(object(), values) == (4, 2.0)  # a cluster's client
 
 
-def test_executor_values_are_checked(tmp_path, store):
+def test_executor_values_are_checked(tmp_path, store_2x3):
     with pytest.raises(InputError, match="^executor must be 'auto', 'inprocess' or 'cluster'"):
-        OrdNMF(K, executor="threads").fit(store)
+        OrdNMF(K, executor="threads").fit(store_2x3)
     with pytest.raises(InputError, match="executor='inprocess' runs without a cluster"):
-        OrdNMF(K, executor="inprocess").fit(store, client=object())
+        OrdNMF(K, executor="inprocess").fit(store_2x3, client=object())
 
 
 def _add(a, b):
@@ -187,23 +188,23 @@ def test_futures_in_arguments_are_resolved_and_errors_reach_the_dependents(threa
         assert list(c.scheduler_info()["workers"].values())[0]["memory_limit"] > 0
 
 
-def _cli_fit(store, out, *flags: str) -> str:
+def _cli_fit(store_2x3, out, *flags: str) -> str:
     done = subprocess.run(
-        ["ordnmf-dask", "fit", store.path, "--out", str(out), "-k", "2", "--max-iter", "2",
+        [*CLI, "fit", store_2x3.path, "--out", str(out), "-k", "2", "--max-iter", "2",
          *flags], capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stderr
 
 
-def test_the_cli_fit_without_cluster_flags_runs_inprocess(tmp_path, store):
+def test_the_cli_fit_without_cluster_flags_runs_inprocess(tmp_path, store_2x3):
     """Not marked ``cluster``: the command would fail if it started a scheduler (conftest)."""
-    assert "running in-process" in _cli_fit(store, tmp_path / "m.zarr")
+    assert "running in-process" in _cli_fit(store_2x3, tmp_path / "m.zarr")
 
 
 @pytest.mark.cluster
-def test_a_cluster_flag_gets_the_cluster_it_asks_for(tmp_path, store):
-    err = _cli_fit(store, tmp_path / "m.zarr", "--workers", "1")
+def test_a_cluster_flag_gets_the_cluster_it_asks_for(tmp_path, store_2x3):
+    err = _cli_fit(store_2x3, tmp_path / "m.zarr", "--workers", "1")
     assert "started LocalCluster: 1 workers" in err and "running in-process" not in err
 
 
@@ -225,14 +226,14 @@ HEAVY = ["distributed", "dask", "dask.array", "dask.dataframe", "pyarrow", "pand
          "scipy.stats", "scipy.special"]  # fmt: skip
 
 
-def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store):
+def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store_2x3):
     """A fit that runs in-process pays no start-up for distributed, nor for dask itself (the
     fitted W_ / H_ are dask arrays made when first used), pyarrow, pandas, bokeh or the scipy
     modules the fit does not use; the fitted factors are still there as dask arrays."""
     code = ("import sys\n"
             "from ordnmf_dask.app.cli import main\n"
             "from ordnmf_dask import OrdNMF\n"
-            f"code = main(['fit', {store.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
+            f"code = main(['fit', {store_2x3.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
             "'-k', '2', '--max-iter', '2', '-q'])\n"
             f"print(code, [m for m in {HEAVY!r} if m in sys.modules])\n"
             f"model = OrdNMF.load({str(tmp_path / 'm.zarr')!r})\n"
@@ -241,10 +242,10 @@ def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store):
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-3:] == [
-        "0 []", f"False ({store.n_users}, 2) dask.array.core", ""]
+        "0 []", f"False ({store_2x3.n_users}, 2) dask.array.core", ""]
 
 
-def test_a_fit_in_a_new_process_loads_every_kernel_from_numba_s_cache(tmp_path, store):
+def test_a_fit_in_a_new_process_loads_every_kernel_from_numba_s_cache(tmp_path, store_2x3):
     """The numba functions a fit runs are compiled once per machine: a later process loads
     each from the cache and compiles none (one that numba cannot cache would cost its compile,
     seconds, in every command)."""
@@ -252,7 +253,8 @@ def test_a_fit_in_a_new_process_loads_every_kernel_from_numba_s_cache(tmp_path, 
             "from ordnmf_dask import OrdNMF\n"
             "compiles = event.RecordingListener()\n"
             "with event.install_listener('numba:compile', compiles):\n"
-            f"    model = OrdNMF(2, max_iter=2).fit({store.path!r}, out={str(tmp_path / 'm')!r}, "
+            f"    model = OrdNMF(2, max_iter=2).fit({store_2x3.path!r}, "
+            f"out={str(tmp_path / 'm')!r}, "
             "overwrite=True)\n"
             "names = {e.data['dispatcher'].py_func.__qualname__ for _, e in compiles.buffer}\n"
             "print(model.n_iter_, sorted(names))\n")  # fmt: skip

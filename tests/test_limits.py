@@ -22,7 +22,7 @@ from ordnmf_dask.tuning.search import tune
 
 
 @pytest.fixture
-def store(tmp_path):
+def store_1x1(tmp_path):
     """20 users x 15 items, classes 1..3."""
     return store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3)), 3,
                             (1, 1))  # fmt: skip
@@ -46,27 +46,27 @@ def diagonal_store(path, n: int, grid: tuple[int, int] | None = None):
 
 # -- K --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("estimator", [OrdNMF, BePoF, PF, DcPF])
-def test_more_factors_than_the_smaller_side_are_refused_before_the_fit(store, tmp_path,
+def test_more_factors_than_the_smaller_side_are_refused_before_the_fit(store_1x1, tmp_path,
                                                                       estimator):
     out = tmp_path / "m.zarr"
     with pytest.raises(InputError, match=r"K \(n_components\) = 16 is larger than min\(users, "
                                          r"items\) = 15 of .*s\.zarr \(20 users x 15 items\)"):
-        estimator(16, max_iter=1).fit(store, out=out)
+        estimator(16, max_iter=1).fit(store_1x1, out=out)
     assert not out.exists()
-    estimator(15).fit(store, out=out, check=True)  # the rank itself is fine
+    estimator(15).fit(store_1x1, out=out, check=True)  # the rank itself is fine
 
 
-def test_cli_refuses_k_above_the_rank_in_one_line(store, tmp_path, capsys):
-    code, line = one_error_line(capsys, ["fit", store.path, "--out", str(tmp_path / "m.zarr"),
+def test_cli_refuses_k_above_the_rank_in_one_line(store_1x1, tmp_path, capsys):
+    code, line = one_error_line(capsys, ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"),
                                          "-k", "16", "--max-iter", "1"])
     assert code == 2
     assert "K (--n-components) = 16 is larger than min(users, items) = 15" in line
     assert not (tmp_path / "m.zarr").exists()
 
 
-def test_tune_refuses_a_trial_k_above_the_rank_before_any_fit(store, tmp_path):
+def test_tune_refuses_a_trial_k_above_the_rank_before_any_fit(store_1x1, tmp_path):
     with pytest.raises(InputError, match=r"K \(n_components\) = 16 is larger than min"):
-        tune(store, {"n_components": [2, 16]}, out=tmp_path / "t", allow_test=True)
+        tune(store_1x1, {"n_components": [2, 16]}, out=tmp_path / "t", allow_test=True)
     assert not (tmp_path / "t").exists()
 
 
@@ -75,11 +75,11 @@ def test_tune_refuses_a_trial_k_above_the_rank_before_any_fit(store, tmp_path):
                          [(["--memory-limit", "1KB"], None, "'1KB' is 1000 bytes per worker"),
                           ([], "memory_limit = 4", "4 is 4 bytes per worker")])
 def test_a_worker_memory_limit_no_task_runs_under_is_refused_before_any_cluster(
-    store, tmp_path, capsys, given, config, shown
+    store_1x1, tmp_path, capsys, given, config, shown
 ):
     """A worker paused at its limit before its first task never runs one: the fit would wait
     for it forever (this test is not marked cluster: a scheduler started here fails)."""
-    args, where = ["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2", *given], ""
+    args, where = ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"), "-k", "2", *given], ""
     if config is not None:
         where = str(tmp_path / "job.toml")
         (tmp_path / "job.toml").write_text(f"[cluster.local]\n{config}\n")
@@ -90,12 +90,12 @@ def test_a_worker_memory_limit_no_task_runs_under_is_refused_before_any_cluster(
     assert not (tmp_path / "m.zarr").exists()
 
 
-def test_too_many_workers_for_the_machine_are_refused_before_any_cluster(store, tmp_path,
+def test_too_many_workers_for_the_machine_are_refused_before_any_cluster(store_1x1, tmp_path,
                                                                          capsys):
     """"auto" shares the machine's memory among the workers: so many that each gets less
     than a worker needs is refused before a process starts (not marked cluster)."""
     workers = system.MEMORY_LIMIT // (MIN_WORKER_MEMORY // 2)
-    code, line = one_error_line(capsys, ["fit", store.path, "--out", str(tmp_path / "m.zarr"),
+    code, line = one_error_line(capsys, ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"),
                                          "-k", "2", "--workers", str(workers)])
     assert code == 2 and f"LocalCluster of {workers} workers (memory limit auto)" in line
     assert "per worker, below the" in line
@@ -147,24 +147,24 @@ def test_counts_ingested_as_ratings_get_the_counts_hint(tmp_path, capsys):
     assert not (tmp_path / "s.zarr").exists()
 
 
-def test_dcpf_on_a_class_store_warns_in_one_line(store, tmp_path, caplog):
+def test_dcpf_on_a_class_store_warns_in_one_line(store_1x1, tmp_path, caplog):
     counts = ingest((np.r_[0, 0, 1, 1, 2], np.r_[0, 1, 0, 2, 1], np.r_[3.0, 700, 1, 12, 2]),
                     tmp_path / "counts.zarr", counts="paper", test_fraction=0.0)
     with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
         DcPF(2, max_iter=1).fit(counts)
         assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-        DcPF(2, max_iter=1).fit(store)
+        DcPF(2, max_iter=1).fit(store_1x1)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "dcPF models raw counts" in warning and store.path in warning
+    assert "dcPF models raw counts" in warning and store_1x1.path in warning
     assert "'ratings-integer'" in warning and "--counts paper" in warning
 
 
 # -- numbers in messages ----------------------------------------------------------------------
-def test_messages_show_numpy_numbers_as_plain_numbers(store):
+def test_messages_show_numpy_numbers_as_plain_numbers(store_1x1):
     """K, n, ids and values taken from numpy arrays are shown as the user wrote them."""
     with pytest.raises(InputError, match=r"n_components must be an integer >= 1, got 50\.0$"):
-        OrdNMF(np.float64(50.0)).fit(store)
-    model = OrdNMF(2, max_iter=2).fit(store)
+        OrdNMF(np.float64(50.0)).fit(store_1x1)
+    model = OrdNMF(2, max_iter=2).fit(store_1x1)
     cases = [
         (lambda: model.recommend([np.float64(50.0)]), "unknown user id 50.0: not in"),
         (lambda: model.recommend([0], n=np.float64(50.0)), "got 50.0"),

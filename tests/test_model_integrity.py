@@ -24,7 +24,7 @@ K = 2
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory) -> tuple[str, str]:
+def fitted_paths(tmp_path_factory) -> tuple[str, str]:
     """A 2 x 2 grid store with a test split, and a model fitted on it in-process."""
     where = tmp_path_factory.mktemp("fitted")
     train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
@@ -87,10 +87,10 @@ EVERY = tuple(READERS)
         ("items/ids/c/0", "flip", ("serve", "export", "warm start")),
     ],
 )
-def test_every_reader_names_a_damaged_model_chunk(fitted, tmp_path, key, damage, readers):
+def test_every_reader_names_a_damaged_model_chunk(fitted_paths, tmp_path, key, damage, readers):
     """Each reader of the chunk raises StoreError naming the file (it used to compute with the
     changed numbers or ids, or fail with a ValueError of zarr's) and writes nothing."""
-    store, healthy = fitted
+    store, healthy = fitted_paths
     model, path = _damaged(healthy, tmp_path, key, damage)
     for name in readers:
         out = tmp_path / name
@@ -116,9 +116,9 @@ def test_every_reader_names_a_damaged_model_chunk(fitted, tmp_path, key, damage,
                                     "{out}", "-k", "2", "--max-iter", "1"]),
     ],
 )
-def test_commands_exit_2_naming_the_damaged_chunk(fitted, tmp_path, capsys, key, damage,
+def test_commands_exit_2_naming_the_damaged_chunk(fitted_paths, tmp_path, capsys, key, damage,
                                                   command):  # fmt: skip
-    store, healthy = fitted
+    store, healthy = fitted_paths
     model, path = _damaged(healthy, tmp_path, key, damage)
     out = tmp_path / "out"
     args = [a.format(store=store, model=model, out=out) for a in command]
@@ -141,10 +141,10 @@ def _as_format_1(model: str, tmp_path: Path) -> str:
     return str(copy)
 
 
-def test_a_model_of_format_1_loads_with_its_sizes_checked(fitted, tmp_path):
+def test_a_model_of_format_1_loads_with_its_sizes_checked(fitted_paths, tmp_path):
     """Saved before models recorded checksums: it reads the same numbers, and a cut chunk is
     still named (by its size, which its shape gives)."""
-    store, healthy = fitted
+    store, healthy = fitted_paths
     old = _as_format_1(healthy, tmp_path)
     new, loaded = OrdNMF.load(healthy), OrdNMF.load(old)
     np.testing.assert_array_equal(loaded.W_.compute(), new.W_.compute())
@@ -158,8 +158,8 @@ def test_a_model_of_format_1_loads_with_its_sizes_checked(fitted, tmp_path):
         evaluate(store, old)
 
 
-def test_a_model_of_format_2_without_an_inventory_is_refused(fitted, tmp_path):
-    store, healthy = fitted
+def test_a_model_of_format_2_without_an_inventory_is_refused(fitted_paths, tmp_path):
+    store, healthy = fitted_paths
     model = tmp_path / "m.zarr"
     shutil.copytree(healthy, model)
     zarr.open_array(str(model / "H" / "0" / "mean"), mode="r+").attrs.pop("chunk_files")

@@ -1,4 +1,4 @@
-"""One rule for every path a command writes (ordnmf_dask.outputs): never inside or equal to a
+"""One rule for every path a command writes (ordnmf_dask.store.outputs): never inside or equal to a
 store, model, checkpoint directory or export, never an input, never another output of the same
 command; a directory of ours is replaced only when it holds nothing else; checked before any
 work. A run killed half way leaves temporary directories that the same command run again
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
@@ -168,7 +168,7 @@ def test_an_export_killed_half_way_is_cleaned_by_the_same_command(tmp_path):
     mine = tmp_path / "ex.tmp-mine"  # named like ours, but not marked: a user's
     mine.mkdir()
     (mine / "notes.txt").write_text("x")
-    cmd = ["ordnmf-dask", "export", str(model), "--out", str(tmp_path / "ex"), "-n", "50"]
+    cmd = [*CLI, "export", str(model), "--out", str(tmp_path / "ex"), "-n", "50"]
     _kill_when(cmd, "ex.tmp-[0-9a-f][0-9a-f]*/*/*", tmp_path, signal.SIGKILL)
     assert len(list(tmp_path.glob("ex.tmp-*"))) == 2  # the killed run's and the user's
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -187,7 +187,7 @@ def test_a_distributed_ingest_killed_half_way_is_cleaned_by_the_same_command(tmp
                                                  rng.integers(1, 6, 20000), strict=True)]
     csv = tmp_path / "r.csv"
     csv.write_text("\n".join(dict.fromkeys(lines)) + "\n")
-    cmd = ["ordnmf-dask", "ingest", str(csv), "--out", str(tmp_path / "d.zarr"),
+    cmd = [*CLI, "ingest", str(csv), "--out", str(tmp_path / "d.zarr"),
            "--distributed", "--workers", "1", "--chunk-bytes", "20000", "--duplicates", "last"]
     _kill_when(cmd, "d.zarr.tmp-*/*/*", tmp_path, signal.SIGKILL)
     assert list(tmp_path.glob("d.zarr.tmp-*"))
@@ -207,7 +207,7 @@ def test_a_fit_terminated_and_run_again_continues_from_its_checkpoint(tmp_path):
     store = store_from_dense(tmp_path / "b.zarr", *dense_split(y), 4, (2, 2))
     out = tmp_path / "m.zarr"
     beside = tmp_path / "m.zarr.checkpoints"
-    cmd = ["ordnmf-dask", "fit", store.path, "--out", str(out), "-k", "3", "--max-iter", "60",
+    cmd = [*CLI, "fit", store.path, "--out", str(out), "-k", "3", "--max-iter", "60",
            "--tol", "1e-12", "--checkpoint-every", "3", "--executor", "inprocess"]
     _kill_when(cmd, "m.zarr.checkpoints/ckpt-0000000[0-9]", tmp_path, signal.SIGTERM)
     left = sorted(p.name for p in beside.glob("ckpt-*") if not p.name.endswith(".tmp"))

@@ -19,7 +19,7 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
+def fitted_inprocess(tmp_path_factory):
     """A 2 x 2 grid store and a model fitted on it in-process."""
     where = tmp_path_factory.mktemp("p")
     train, test = dense_split(synthetic_ordinal(30, 24, 4, seed=5))
@@ -49,7 +49,7 @@ def _outputs(store, model, client, out) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def inprocess(fitted, tmp_path_factory) -> dict[str, object]:
+def inprocess(fitted_inprocess, tmp_path_factory) -> dict[str, object]:
     """The outputs with no client given and none current (module-scoped, so made before any
     test's ``client``, which would be current): computed in this process."""
     from distributed import Client
@@ -63,17 +63,17 @@ def inprocess(fitted, tmp_path_factory) -> dict[str, object]:
         Client.current()  # a current client would be chosen instead
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cluster, "resolve_client", no_cluster)
-        return _outputs(*fitted, None, tmp_path_factory.mktemp("inprocess"))
+        return _outputs(*fitted_inprocess, None, tmp_path_factory.mktemp("inprocess"))
 
 
 @pytest.mark.cluster
-def test_postfit_inprocess_is_the_cluster_result(fitted, inprocess, client, tmp_path):
-    assert inprocess == _outputs(*fitted, client, tmp_path)
+def test_postfit_inprocess_is_the_cluster_result(fitted_inprocess, inprocess, client, tmp_path):
+    assert inprocess == _outputs(*fitted_inprocess, client, tmp_path)
 
 
-def test_postfit_on_a_small_model_imports_no_distributed(fitted, tmp_path):
+def test_postfit_on_a_small_model_imports_no_distributed(fitted_inprocess, tmp_path):
     """Not marked ``cluster``: a scheduler started here would fail the test (conftest)."""
-    store, model = fitted
+    store, model = fitted_inprocess
     code = (
         "import sys\n"
         "from ordnmf_dask import (OrdNMF, export, fold_in, posterior_predictive, recommend,\n"

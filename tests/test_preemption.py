@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 
 pytestmark = pytest.mark.cluster
 
@@ -30,7 +30,7 @@ SAFETY = 900.0
 
 def command(store: str, out: Path, ckpt: Path) -> list[str]:
     return [
-        "ordnmf-dask", "fit", store, "--out", str(out), "-k", "4", "--max-iter", "16",
+        *CLI, "fit", store, "--out", str(out), "-k", "4", "--max-iter", "16",
         "--tol", "1e-12", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
         "--overwrite", "--workers", "2",
     ]  # fmt: skip

@@ -191,13 +191,14 @@ def test_edge_users_in_part_files(grid23, mclient, tmp_path):
 def test_part_file_written_in_slabs(grid23, mclient, tmp_path, monkeypatch):
     import ordnmf_dask.postfit.export as exp
     import ordnmf_dask.postfit.recommend as rec
+    import ordnmf_dask.postfit.topn as topn
 
     out = rec.recommend(grid23.store, grid23.model, mclient, n=3, out=tmp_path / "r")
     rb = grid23.store.row_bounds
     cb = grid23.store.col_bounds
-    tops = [rec._candidates(grid23.model.model_path_, grid23.store.path, 1, c, int(cb[c]), 3)
+    tops = [topn._candidates(grid23.model.model_path_, grid23.store.path, 1, c, int(cb[c]), 3)
             for c in range(3)]
-    top = rec.metrics.merge_topk(rec.metrics.merge_topk(tops[0], tops[1], 3), tops[2], 3)
+    top = topn.metrics.merge_topk(topn.metrics.merge_topk(tops[0], tops[1], 3), tops[2], 3)
     monkeypatch.setattr(exp, "SLAB", 4)  # in this process only
     path = tmp_path / "slabbed.parquet"
     schema = pq.read_schema(Path(out) / "recommendations" / "part-00001.parquet")

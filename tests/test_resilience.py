@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client, LocalCluster
 
 from ordnmf_dask import OrdNMF
@@ -98,7 +98,7 @@ class Fit:
         env = {**(env or ENV), "TMPDIR": str(log.parent)}
         with open(log, "w") as err, open(log.with_suffix(".out"), "w") as out:
             self.proc = subprocess.Popen(
-                ["ordnmf-dask", "fit", *args], stdout=out, stderr=err, env=env,
+                [*CLI, "fit", *args], stdout=out, stderr=err, env=env,
                 start_new_session=True,
             )
 

@@ -23,8 +23,9 @@ from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore import seen
-from ordnmf_dask.modelstore.model import MODEL_FORMAT, MODEL_KIND, store_fingerprint
+from ordnmf_dask.modelstore.model import MODEL_FORMAT, store_fingerprint
 from ordnmf_dask.postfit import serving
+from ordnmf_dask.store.kinds import MODEL_KIND
 
 V, K = 4, 3
 N_USERS, N_ITEMS = 37, 29

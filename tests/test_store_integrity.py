@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import CLI
 
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.sources.ingest import ingest_arrays, ingest_distributed
@@ -151,7 +152,7 @@ def test_store_without_inventory_is_refused(healthy, tmp_path):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ordnmf-dask", *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
 
 
 def _error_line(r: subprocess.CompletedProcess) -> str:

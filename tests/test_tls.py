@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 from daskprocs import dask_processes
 from distributed import Client
 from distributed.security import Security
@@ -36,7 +36,7 @@ def tls(folder: Path, name: str) -> dict[str, str]:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "5s"}
-    return subprocess.run(["ordnmf-dask", *args], capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 

@@ -20,9 +20,10 @@ from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.modelstore.model import is_model, open_model, save_model
+from ordnmf_dask.modelstore.model import open_model, save_model
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.sources.ingest import ingest_arrays
+from ordnmf_dask.store.kinds import is_model
 from ordnmf_dask.tuning import schedule
 from ordnmf_dask.tuning.search import tune
 

@@ -17,6 +17,7 @@ import fsspec
 import numpy as np
 import pytest
 import zarr
+from conftest import CLI
 from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import OrdNMF, ingest
@@ -228,7 +229,7 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     store, model = s3.url("cli/s.zarr"), s3.url("cli/m.zarr")
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run(["ordnmf-dask", "-q", *args], env=env, capture_output=True,
+        done = subprocess.run([*CLI, "-q", *args], env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         return done
@@ -244,7 +245,7 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     run("export", model, "--out", s3.url("cli/exp"), "--what", "factors", "--workers", "1")
     s3.fs.invalidate_cache()
     assert s3.fs.exists(f"{s3.bucket}/cli/exp/_SUCCESS")
-    bad = subprocess.run(["ordnmf-dask", "info", s3.url("cli/none.zarr")], env=env,
+    bad = subprocess.run([*CLI, "info", s3.url("cli/none.zarr")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and s3.url("cli/none.zarr") in bad.stderr
 

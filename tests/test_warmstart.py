@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import CLI, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import BePoF, DcPF, OrdNMF
 from ordnmf_dask.engine import tasks, warmstart
@@ -257,7 +257,7 @@ def test_cli_init_model(client, stores):
     tmp, old, new, _, _ = stores
     OrdNMF(K, max_iter=3).fit(old.path, client, out=tmp / "cli-old.zarr")
     r = subprocess.run(
-        ["ordnmf-dask", "fit", new.path, "--out", str(tmp / "cli-warm.zarr"), "-k", str(K),
+        [*CLI, "fit", new.path, "--out", str(tmp / "cli-warm.zarr"), "-k", str(K),
          "--max-iter", "2", "--init-model", str(tmp / "cli-old.zarr"),
          "--scheduler", client.scheduler.address],
         capture_output=True, text=True, timeout=300,
@@ -267,7 +267,7 @@ def test_cli_init_model(client, stores):
     assert attrs["init_model"]["path"] == str(tmp / "cli-old.zarr")
     assert attrs["resolved_config"]["model"]["init_model"] == str(tmp / "cli-old.zarr")
     r = subprocess.run(
-        ["ordnmf-dask", "fit", new.path, "--out", str(tmp / "cli-bad.zarr"), "-k", str(K + 1),
+        [*CLI, "fit", new.path, "--out", str(tmp / "cli-bad.zarr"), "-k", str(K + 1),
          "--init-model", str(tmp / "cli-old.zarr"), "--scheduler", client.scheduler.address],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -46,20 +46,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     signal.signal(signum, handler)
 
 
-# what each command's --out is (the kind of directory it writes); the other outputs are
-# --checkpoint-dir (a checkpoint directory), --json and --log-file (files)
-_OUT_KINDS = {"ingest": "ordnmf_dask.store", "synth": "ordnmf_dask.store",
-              "fit": "ordnmf_dask.model", "export": "ordnmf_dask.export",
-              "recommend": "ordnmf_dask.export"}
 _INPUTS = {"inputs": "input", "test": "test input", "store": "training store", "model": "model",
            "init": "warm start", "init_model": "warm-start model", "config": "job file"}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every path the command writes given as a flag obeys the rule of
-    :mod:`ordnmf_dask.outputs` (checked before anything, the log file included)."""
-    from ordnmf_dask import outputs
-    from ordnmf_dask.engine.checkpoint import DIRECTORY
+    :mod:`ordnmf_dask.store.outputs` (checked before anything, the log file included)."""
+    from ordnmf_dask.store import kinds, outputs
+
+    # what each command's --out is (the kind of directory it writes); the other outputs are
+    # --checkpoint-dir (a checkpoint directory), --json and --log-file (files)
+    out_kinds = {"ingest": kinds.STORE_MARK, "synth": kinds.STORE_MARK, "fit": kinds.MODEL_KIND,
+                 "export": kinds.EXPORT, "recommend": kinds.EXPORT}
 
     flags = {**OUTPUT_FLAGS, "log_file": "--log-file"}
     given = {flag: getattr(args, dest, None) for dest, flag in flags.items()}
@@ -70,7 +69,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         for j, path in enumerate(paths):
             if isinstance(path, str) and not any(c in path for c in "*?["):  # not a glob
                 inputs[f"{label} {j + 1}" if len(paths) > 1 else label] = path
-    writes = {"--out": _OUT_KINDS.get(args.command), "--checkpoint-dir": DIRECTORY}
+    writes = {"--out": out_kinds.get(args.command), "--checkpoint-dir": kinds.CHECKPOINT_DIRECTORY}
     outputs.check_outputs(given, inputs, writes)
 
 

@@ -10,9 +10,10 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ordnmf_dask.dist.inprocess import InProcessClient, physical_memory
+from ordnmf_dask.dist.memory import Sizes, check_local_cluster, inprocess_bytes
 from ordnmf_dask.errors import InputError
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
@@ -22,14 +23,10 @@ if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
 log = logging.getLogger(__name__)
 
 # "auto" runs in-process up to this many training nonzeros (about where a LocalCluster of two
-# workers has caught up per iteration: bench/iteration.py) when the estimate of
-# :func:`inprocess_bytes` is within INPROCESS_MEMORY of the machine's memory
+# workers catches up per iteration: docs/performance.md, "In-process or a cluster") when the
+# estimate of :func:`~.memory.inprocess_bytes` is within INPROCESS_MEMORY of the machine's memory
 INPROCESS_MAX_NNZ = 1 << 24
 INPROCESS_MEMORY = 0.25
-# (n, K) float64 tables an in-process fit holds per row of W and of H at its peak: the chunk
-# being replaced and its update (mean, geo, shape), the local step's SW / SH and the strip
-# partials, the rate corrections, and the next iteration's, submitted while this one runs
-FACTOR_TABLES = 16
 
 # Dask's workers spill results to disk from 60% of their memory limit by their own count of
 # managed memory. A fit's results are factor chunks that every iteration reads again, and
@@ -64,7 +61,7 @@ def resolve_client(
     scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
     TLS when ``security`` requires encryption) is closed on exit; a given or current client is
     left running; InputError before it starts when its workers' memory limit is too small to
-    run a task (:func:`.memory.check_local_cluster`). Its workers spill to disk on process
+    run a task (:func:`~.memory.check_local_cluster`). Its workers spill to disk on process
     memory only (:data:`WORKER_MEMORY`), keep freed memory (:data:`WORKER_MALLOC`) and log at
     this process's ``distributed`` level; ``os.environ`` is left as it was found.
     """
@@ -75,8 +72,6 @@ def resolve_client(
         return
     import dask
     from distributed import Client, LocalCluster
-
-    from ordnmf_dask.dist.memory import check_local_cluster
 
     check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
     with _environ_kept():
@@ -100,32 +95,6 @@ def resolve_client(
                 n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
             )
             yield own
-
-
-class Sizes(Protocol):
-    """What the executor choice reads of a store: its
-    :class:`~ordnmf_dask.store.blocks.StoreInfo` (dist does not import the store layer)."""
-
-    @property
-    def nnz_train(self) -> int: ...
-    @property
-    def n_users(self) -> int: ...
-    @property
-    def n_items(self) -> int: ...
-    @property
-    def grid(self) -> tuple[int, int]: ...
-
-
-def block_bytes(info: Sizes) -> int:
-    """Bytes the training blocks of ``info`` take when cached in memory: 9 per nonzero and a
-    row pointer per user and block column."""
-    return info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
-
-
-def inprocess_bytes(info: Sizes, k: int) -> int:
-    """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
-    training blocks (:func:`block_bytes`) and FACTOR_TABLES (n, K) tables per row of W and H."""
-    return block_bytes(info) + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
 
 
 def runs_inprocess(info: Sizes, k: int, memory: int | None = None) -> bool:

@@ -10,7 +10,6 @@ from typing import Any, Protocol
 import numpy as np
 import psutil
 
-from ordnmf_dask.dist.cluster import FACTOR_TABLES, Sizes, block_bytes, inprocess_bytes
 from ordnmf_dask.dist.inprocess import InProcessClient
 from ordnmf_dask.errors import InputError
 
@@ -25,6 +24,38 @@ PAUSE = 0.8
 # The smallest worker memory limit accepted: a worker process alone takes most of the paused
 # fraction of a smaller limit, and a worker paused before its first task never runs one.
 MIN_WORKER_MEMORY = 512 << 20
+# (n, K) float64 tables an in-process fit holds per row of W and of H at its peak: the chunk
+# being replaced and its update (mean, geo, shape), the local step's SW / SH and the strip
+# partials, the rate corrections, and the next iteration's, submitted while this one runs
+FACTOR_TABLES = 16
+
+
+class Sizes(Protocol):
+    """What the memory estimates and the executor choice read of a store: its
+    :class:`~ordnmf_dask.store.blocks.StoreInfo` (dist does not import the store layer)."""
+
+    @property
+    def nnz_train(self) -> int: ...
+    @property
+    def n_users(self) -> int: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def grid(self) -> tuple[int, int]: ...
+
+
+def block_bytes(info: Sizes) -> int:
+    """Bytes the training blocks of ``info`` take when cached in memory: 9 per nonzero and a
+    row pointer per user and block column."""
+    return info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
+
+
+def inprocess_bytes(info: Sizes, k: int) -> int:
+    """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
+    training blocks (:func:`block_bytes`) and FACTOR_TABLES (n, K) tables per row of W and H."""
+    return block_bytes(info) + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
+
+
 
 
 class Grid(Sizes, Protocol):

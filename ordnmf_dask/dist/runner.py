@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError
 
 
@@ -95,8 +96,6 @@ class Runner:
         cancels the tasks left (see ``settled``)."""
         if self.client is None:
             return list(handles)
-        from ordnmf_dask.dist.progress import track
-
         try:
             track(list(handles), f"{self.label}: tasks")
             return self.client.gather(list(handles))

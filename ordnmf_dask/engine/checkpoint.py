@@ -45,20 +45,23 @@ from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.store import files as locations
-from ordnmf_dask.store.blocks import group_attrs
+from ordnmf_dask.store.kinds import (
+    CHECKPOINT_DIRECTORY,
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    CHECKPOINTS_MARK,
+    fingerprint_of,
+    owner,
+)
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
 KEEP = 2
 _NAME = re.compile(r"^ckpt-(\d{8})$")
-_ANY = re.compile(r"^ckpt-(\d{8})(\.tmp)?$")  # finished or not
 GROUPS = ("W", "H", "SW", "SH")
-DIRECTORY = "ordnmf_dask.checkpoints"  # the kind of the marker of a directory made beside a model
-OWNER = "_ORDNMF_CHECKPOINTS"  # that marker's name
 
 
 
@@ -152,22 +155,12 @@ def list_checkpoints(directory: str, pattern: re.Pattern = _NAME) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
-def fingerprint_of(path: str) -> str | None:
-    """The fingerprint recorded by the checkpoint (finished or not) at ``path``, or None when
-    it holds no readable checkpoint attributes of this format."""
-    attrs = group_attrs(path)
-    if attrs is None or attrs.get("format") != FORMAT:
-        return None
-    found = attrs.get("fingerprint")
-    return found if isinstance(found, str) else None
-
-
 def foreign(directory: str) -> list[str]:
     """Entries of the local ``directory`` that are not checkpoints this package wrote (finished,
     unfinished, or emptied by a removal cut short): what a caller must not remove."""
     names = sorted(os.listdir(directory))
     return [os.path.join(directory, n) for n in names
-            if not _ANY.match(n) or not (_is_empty_dir(os.path.join(directory, n))
+            if not CHECKPOINT_NAME.match(n) or not (_is_empty_dir(os.path.join(directory, n))
                                          or fingerprint_of(os.path.join(directory, n)))]
 
 
@@ -200,28 +193,9 @@ def _is_empty_dir(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
 
 
-def holds_checkpoints(directory: str) -> bool:
-    """Whether the local ``directory`` is a checkpoint directory: one made beside a model
-    (:func:`beside`), or one holding a checkpoint this package wrote."""
-    return owner(directory) is not None or any(
-        fingerprint_of(path) is not None for path in list_checkpoints(directory, _ANY)
-    )
-
-
 def beside(model: str) -> str:
     """The checkpoint directory a fit writing the local ``model`` uses when given none."""
     return f"{model}.checkpoints"
-
-
-def owner(directory: str) -> str | None:
-    """The model the local ``directory`` was made beside (its marker says so), or None."""
-    try:
-        with open(os.path.join(directory, OWNER)) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    found = doc.get("model") if isinstance(doc, dict) and doc.get("kind") == DIRECTORY else None
-    return found if isinstance(found, str) else None
 
 
 def check_beside(directory: str, model: str) -> None:
@@ -239,16 +213,16 @@ def make_beside(directory: str, model: str) -> None:
     the marker that makes it this package's alone."""
     os.makedirs(directory, exist_ok=True)
     if owner(directory) != model:
-        with open(os.path.join(directory, OWNER), "w") as fh:
-            json.dump({"kind": DIRECTORY, "model": model}, fh)
+        with open(os.path.join(directory, CHECKPOINTS_MARK), "w") as fh:
+            json.dump({"kind": CHECKPOINT_DIRECTORY, "model": model}, fh)
 
 
 def release(directory: str) -> None:
     """Remove the checkpoint directory made beside a model (:func:`make_beside`): its
     checkpoints, then its marker, then the directory if nothing else is left in it."""
-    _remove(list_checkpoints(directory, _ANY))
+    _remove(list_checkpoints(directory, CHECKPOINT_NAME))
     with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(directory, OWNER))
+        os.remove(os.path.join(directory, CHECKPOINTS_MARK))
     if _is_empty_dir(directory):
         os.rmdir(directory)
 
@@ -264,10 +238,10 @@ def claim(directory: str, prints: list[str], restart: bool, dry_run: bool = Fals
     for that model: there they are replaced. ``restart`` removes every checkpoint this package
     wrote in ``directory``, whatever its fingerprint, and logs them. ``dry_run``: only check.
     """
-    for path in list_checkpoints(directory, _ANY):
+    for path in list_checkpoints(directory, CHECKPOINT_NAME):
         if _is_empty_dir(path) and not dry_run:  # the last step of a removal cut short
             os.rmdir(path)
-    found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, _ANY)
+    found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, CHECKPOINT_NAME)
              if not _is_empty_dir(path)]
     unknown = [path for path, print_ in found if print_ is None]
     if unknown:
@@ -298,7 +272,8 @@ def claim(directory: str, prints: list[str], restart: bool, dry_run: bool = Fals
 
 def discard(directory: str, print_: str) -> None:
     """Remove the checkpoints of fingerprint ``print_`` in ``directory`` (finished or not)."""
-    _remove([p for p in list_checkpoints(directory, _ANY) if fingerprint_of(p) == print_])
+    found = list_checkpoints(directory, CHECKPOINT_NAME)
+    _remove([p for p in found if fingerprint_of(p) == print_])
 
 
 def _make_room(path: str, print_: str) -> None:
@@ -338,7 +313,8 @@ def start(
     pending = Pending(iteration, locations.join(directory, f"ckpt-{iteration:08d}"), print_, {})
     tmp = pending.tmp
     _make_room(tmp, print_)
-    root = zarr.open_group(tmp, mode="w", attributes={"format": FORMAT, "fingerprint": print_})
+    attrs = {"format": CHECKPOINT_FORMAT, "fingerprint": print_}
+    root = zarr.open_group(tmp, mode="w", attributes=attrs)
     for name in GROUPS:
         root.create_group(name)
     for name in GROUPS:
@@ -362,7 +338,7 @@ def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
         os.replace(pending.tmp, pending.final)
     directory = os.path.dirname(pending.final)
     older = [  # newest first; names sort by iteration, and "ckpt-n" < "ckpt-n.tmp"
-        p for p in list_checkpoints(directory, _ANY)
+        p for p in list_checkpoints(directory, CHECKPOINT_NAME)
         if p < pending.final and fingerprint_of(p) == pending.fingerprint
     ]
     finished = [p for p in older if _NAME.match(os.path.basename(p))]
@@ -392,7 +368,7 @@ def read(
         attrs = dict(zarr.open_group(path, mode="r").attrs)
     except Exception as exc:  # noqa: BLE001 - unreadable metadata: not a usable checkpoint
         raise CheckpointError(f"{path}: unreadable ({exc})") from exc
-    if attrs.get("complete") is not True or attrs.get("format") != FORMAT:
+    if attrs.get("complete") is not True or attrs.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: incomplete or unknown format")
     if attrs.get("fingerprint") != print_:
         raise CheckpointError(f"{path}: written for another store or configuration")

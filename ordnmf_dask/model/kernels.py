@@ -9,14 +9,11 @@ ratios in one vector loop, then the row updates); the rate corrections are one s
 SpMM each.
 When the block's three item-side tables (GH, E[H], SH) fit in :data:`_L3_BYTES`, the fused
 local-step loops go in CSR order and prefetch the item rows of the nonzero ``_AHEAD_LOCAL``
-places ahead (10-17% over column tiles on the 1e9 store's 9k-column blocks and on the 2.5M
-store's 6k-column ones, interleaved in one process); larger tables are visited by column tiles
-(rows in order inside a tile) so that the randomly accessed item rows stay in cache: ~1.7x over
-a plain row-wise loop, and 1.3x over CSR order with prefetching, at K = 50 on 2^21-nonzero
-20k-column random blocks. The rate corrections, one axpy per nonzero and so bound by the
-latency of those rows, go in CSR order and prefetch the row of the nonzero ``_AHEAD`` places
-ahead: 1.2-1.5x over column tiles at K = 50 on the 1e9 store's blocks and on 2^21 and
-2.5M-nonzero random blocks (``bench/kernels.py`` measures the whole kernels).
+places ahead; larger tables are visited by column tiles (rows in order inside a tile) so that
+the randomly accessed item rows stay in cache. The rate corrections, one axpy per nonzero and
+so bound by the latency of those rows, go in CSR order and prefetch the row of the nonzero
+``_AHEAD`` places ahead. Each order was kept for being the faster one where it is used
+(docs/performance.md, "Kernel loop orders"; ``bench/kernels.py`` measures the whole kernels).
 
 Dtype policy:
 
@@ -27,9 +24,10 @@ Dtype policy:
   O(V) statistics (per-class E[n] and lambda sums, local ELBO); the local ELBO's per-row partial
   sums are added with compensated (Neumaier) summation so that their error does not grow with nnz;
 - numba settings: ``fastmath={"reassoc", "contract"}`` in the loops over K only lets LLVM
-  vectorize the K-dot products and fuse multiply-adds (1.6x on the local step at K = 50; the sums
-  are still float64, their order is fixed by the compiled code, so results are deterministic on
-  a given machine and differ from strict left-to-right order by round-off only); no ``nnan`` /
+  vectorize the K-dot products and fuse multiply-adds (faster: docs/performance.md, "Kernel loop
+  orders"; the sums are still float64, their order is fixed by the compiled code, so results are
+  deterministic on a given machine and differ from strict left-to-right order by round-off
+  only); no ``nnan`` /
   ``ninf`` / approximate functions, and the compensated sum and the special functions
   (:func:`exp_neg_split`) are compiled strictly (LLVM inlines them keeping their own flags);
   ``error_model="numpy"`` (x / 0 gives inf / nan as in numpy, no exception), single threaded

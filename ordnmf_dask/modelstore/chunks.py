@@ -21,8 +21,8 @@ import zarr
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.store import files as locations
-from ordnmf_dask.store.blocks import group_attrs
 from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_grid, inventory
+from ordnmf_dask.store.kinds import group_attrs
 
 _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
 _REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state

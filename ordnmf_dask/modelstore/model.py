@@ -33,32 +33,18 @@ from ordnmf_dask.store.blocks import (
     AXES,
     check_target,
     discard_temporary,
-    group_attrs,
-    is_store,
     open_store,
     publish,
     temporary_path,
 )
 from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_path
+from ordnmf_dask.store.kinds import MODEL_KIND, is_model, is_store
 
 if TYPE_CHECKING:  # dask and distributed are imported where they are used
     import dask.array as da
     from distributed import Client, Future
 
 MODEL_FORMAT = 2  # 2: every factor array records its chunk inventory (docs/model-format.md)
-MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
-
-
-def is_model(path: str) -> bool:
-    """Whether ``path`` holds a model written by :func:`save_model` (complete or not): its
-    ``kind`` says so, or it has the attributes every model has had since format 1."""
-    attrs = group_attrs(path)
-    if attrs is None:
-        return False
-    version = attrs.get("format_version")
-    return attrs.get("kind") == MODEL_KIND or (
-        isinstance(version, int) and "params" in attrs and "elbo" in attrs
-    )
 
 
 def model_target(

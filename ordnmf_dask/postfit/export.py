@@ -3,7 +3,7 @@
 Three datasets, each a directory of ``part-<b:05d>.parquet`` files, one per block, written by the
 workers: ``user_factors`` and ``item_factors`` (raw ``id``, then E[w] or E[h] as ``f0 ..
 f{K-1}``) and ``recommendations`` (``user``, ``rank``, ``item``, ``score``: the top-N of
-:mod:`.recommend`). The layout is in docs/model-format.md ("Export").
+:mod:`.topn`). The layout is in docs/model-format.md ("Export").
 
 An export is complete or absent: ``_SUCCESS`` (a JSON manifest of every part and its rows) is
 written last. A local export is written to ``OUT.tmp-<random>`` and renamed into place; object
@@ -35,9 +35,8 @@ from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
-from ordnmf_dask.outputs import EXPORT, MANIFEST, check_place
 from ordnmf_dask.postfit.executor import client_for
-from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
+from ordnmf_dask.postfit.topn import block_top, check_n, open_pair
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import (
     AXES,
@@ -48,11 +47,12 @@ from ordnmf_dask.store.blocks import (
     temporary_path,
 )
 from ordnmf_dask.store.files import PENDING, Place
+from ordnmf_dask.store.kinds import EXPORT, MANIFEST, export_listing
+from ordnmf_dask.store.outputs import check_place
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client, Future
 
-EXPORT_KIND = EXPORT
 EXPORT_FORMAT = 1
 WHAT = ("factors", "recommendations")
 FACTORS = {"user_factors": ("W", "users"), "item_factors": ("H", "items")}  # dataset -> source
@@ -146,7 +146,7 @@ class Target:
 
     def marker(self, root: str, name: str) -> dict[str, Any] | None:
         """The JSON marker ``name`` under ``root`` if it is one of ours, else None."""
-        return Place(self.fs, root, self.url).marker(name, EXPORT_KIND)
+        return Place(self.fs, root, self.url).marker(name, EXPORT)
 
     def is_export(self, root: str) -> bool:
         """Whether ``root`` holds an export (complete, or pending at a URL)."""
@@ -155,7 +155,7 @@ class Target:
     def check_local(self, path: str) -> str:
         """``path`` (local) after checking it may be written: new, or an export we may replace."""
         return check_target(path, self.overwrite, "Parquet export written by ordnmf_dask",
-                            self.is_export, EXPORT_KIND)
+                            self.is_export, EXPORT)
 
 
 def open_target(
@@ -164,7 +164,7 @@ def open_target(
 ) -> Target:
     """The export's target, after checking it may be (over)written (InputError if not): a new
     path, or with ``overwrite`` an export; never one of ``inputs`` (label -> path), inside one
-    or containing one (:func:`ordnmf_dask.outputs.check_place`)."""
+    or containing one (:func:`ordnmf_dask.store.outputs.check_place`)."""
     text = os.fspath(out)
     fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
     target = Target(fs, root.rstrip("/"), text, overwrite)
@@ -180,18 +180,6 @@ def open_target(
             raise InputError(f"refusing to overwrite {text}: it is not a Parquet export "
                              "written by ordnmf_dask")
     return target
-
-
-def listed(place: Place) -> list[str]:
-    """The keys of the export at ``place``, in the order they are removed: the manifest first
-    (from then on it is not a complete export), then the files it or the pending marker
-    lists."""
-    listed: set[str] = set()
-    for name in (MANIFEST, PENDING):
-        mark = place.marker(name, EXPORT_KIND) or {}
-        listed.update(p for d in (mark.get("datasets") or {}).values() for p in d["parts"])
-        listed.update(mark.get("planned") or [])
-    return [MANIFEST, *sorted(listed)]
 
 
 # ------------------------------------------------------------------------------ the export
@@ -332,7 +320,7 @@ def write_export(cl: Client, plan: Plan) -> str:
     """Write a planned export on ``cl``'s workers, complete or not at all; returns its name."""
     target, fs = plan.target, plan.target.fs
     manifest: dict[str, Any] = {
-        "kind": EXPORT_KIND, "format_version": EXPORT_FORMAT, "model": plan.model.path,
+        "kind": EXPORT, "format_version": EXPORT_FORMAT, "model": plan.model.path,
         "n": plan.n if RECOMMENDATIONS in plan.datasets else None,
     }
     place = Place(fs, target.root, target.url)
@@ -344,7 +332,7 @@ def write_export(cl: Client, plan: Plan) -> str:
         root = target.root
         planned = [part_name(*p) for p in plan.parts]
         # the marker, then the removal of an export open_target allowed us to replace
-        place.begin({**manifest, "planned": planned}, listed(place))
+        place.begin({**manifest, "planned": planned}, export_listing(place))
     futures: list[Future] = []
     try:
         futures = [_submit(cl, plan, root, p) for p in plan.parts]
@@ -365,7 +353,7 @@ def write_export(cl: Client, plan: Plan) -> str:
         if not target.local:  # a task still running (interrupted) may yet write its part:
             settled = all(f.done() for f in futures)  # then the pending marker stays
             cl.cancel(futures)
-            place.remove(listed(place), keep_pending=not settled)
+            place.remove(export_listing(place), keep_pending=not settled)
         raise
     finally:
         if target.local:  # a task still running (interrupted) may yet write there

@@ -24,7 +24,7 @@ from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunks as chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.executor import client_for
-from ordnmf_dask.postfit.recommend import check_n, factor_mean, named_top, open_pair
+from ordnmf_dask.postfit.topn import check_n, factor_mean, named_top, open_pair
 from ordnmf_dask.store import ids as idmap
 from ordnmf_dask.store.blocks import StoreInfo
 

@@ -40,11 +40,12 @@ from ordnmf_dask.store.decode import (
     thread_buffer,
 )
 from ordnmf_dask.store.grid import BlockedNonzeros, block_indptr, indptr_starts
+from ordnmf_dask.store.kinds import NAMES, STORE_MARK, is_store
+from ordnmf_dask.store.outputs import check_place, check_replaceable
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # docs/store-format.md
-STORE_MARK = "ordnmf_dask.store"  # the kind its pending marker records at a URL
 CHUNK = 2**20
 SPLITS = ("train", "test")  # the subsets every store has
 VALIDATION = "validation"  # the optional third subset (docs/store-format.md)
@@ -157,31 +158,6 @@ def store_splits(attrs: dict[str, Any]) -> tuple[str, ...]:
     return (*SPLITS, VALIDATION) if attrs.get("nnz_validation") is not None else SPLITS
 
 
-def group_attrs(path: str) -> dict[str, Any] | None:
-    """The attributes of the zarr group at ``path`` (a directory or a URL), or None if there is
-    no readable one."""
-    if not (locations.is_url(path) or os.path.isdir(path)):
-        return None
-    try:
-        return dict(zarr.open_group(path, mode="r").attrs)
-    except Exception:  # noqa: BLE001 - whatever makes it unreadable, it is not a group of ours
-        return None
-
-
-_STORE_FIELDS = ("n_users", "n_items", "n_classes", "nnz_train", "hist_train", "grid")
-
-
-def is_store(path: str) -> bool:
-    """Whether ``path`` holds a store written by this package (complete or not): a zarr group
-    with an integer ``format_version``, a ``complete`` mark and the store's fields."""
-    attrs = group_attrs(path)
-    if attrs is None:
-        return False
-    version = attrs.get("format_version")
-    return (isinstance(version, int) and not isinstance(version, bool) and "complete" in attrs
-            and all(k in attrs for k in _STORE_FIELDS))
-
-
 def check_target(
     out: str | os.PathLike,
     overwrite: bool,
@@ -192,19 +168,17 @@ def check_target(
 ) -> str:
     """Absolute output path (or URL), after checking it can be (over)written; raises InputError.
 
-    The path obeys the rule of every output (:func:`ordnmf_dask.outputs.check_place`: not one
+    The path obeys the rule of every output (:func:`.outputs.check_place`: not one
     of ``inputs``, not inside another directory of this package). An existing path is replaced
     only with ``overwrite``, only if ``is_ours(path)`` (it is a ``kind`` this package wrote),
-    and only if it holds nothing else (:func:`ordnmf_dask.outputs.check_replaceable`), so data
+    and only if it holds nothing else (:func:`.outputs.check_replaceable`), so data
     the package did not write is never removed. At a URL, an unfinished write of a ``kind``
     (its pending marker records ``mark``) may be replaced too.
     """
-    from ordnmf_dask import outputs  # it recognises every kind of directory, this one's too
-
-    path = outputs.check_place(out, f"the {outputs.NAMES[mark]}", mark, inputs, itself=False)
+    path = check_place(out, f"the {NAMES[mark]}", mark, inputs, itself=False)
     if locations.is_url(path):
         locations.check_url_target(path, overwrite, kind, is_ours, mark)
-        outputs.check_replaceable(path, outputs.NAMES[mark])
+        check_replaceable(path, NAMES[mark])
         return path
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
@@ -218,7 +192,7 @@ def check_target(
             raise InputError(f"refusing to overwrite {path}: it is a symbolic link")
         if not is_ours(path):
             raise InputError(f"refusing to overwrite {path}: it is not a {kind}")
-        outputs.check_replaceable(path, outputs.NAMES[mark])
+        check_replaceable(path, NAMES[mark])
     return path
 
 

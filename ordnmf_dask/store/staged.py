@@ -50,8 +50,8 @@ from ordnmf_dask.store import files as locations
 from ordnmf_dask.store.blocks import (
     CHUNK,
     COMPRESSORS,
+    FORMAT_VERSION,
     NONZERO_FIELDS,
-    STORE_MARK,
     StoreInfo,
     check_target,
     discard_temporary,
@@ -59,9 +59,11 @@ from ordnmf_dask.store.blocks import (
     open_store,
     publish,
     temporary_path,
+    write_array,
 )
 from ordnmf_dask.store.decode import WRITE_ALL, chunk_path, chunk_record, set_inventory
 from ordnmf_dask.store.grid import indptr_starts
+from ordnmf_dask.store.kinds import STORE_MARK
 
 FIELDS: dict[str, np.dtype] = {  # the staged arrays of a segment
     "rows": np.dtype(np.int32),
@@ -278,8 +280,6 @@ def assemble_store(
     user_ids, item_ids : np.ndarray, shape (U,), (I,), or StagedIds
         The raw ids, in memory or staged (written by copy jobs like the nonzeros).
     """
-    from ordnmf_dask.store.blocks import FORMAT_VERSION, write_array
-
     group = zarr.open_group(tmp, mode="a", zarr_format=3)
     group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
     write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))

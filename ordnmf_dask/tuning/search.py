@@ -38,10 +38,11 @@ from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
 from ordnmf_dask.fitting import check_rank, fit
-from ordnmf_dask.modelstore.model import copy_model, is_model, model_target, open_model
+from ordnmf_dask.modelstore.model import copy_model, model_target, open_model
 from ordnmf_dask.params import ALL, DEFAULTS, MODELS, accepted, validate
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
 from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
+from ordnmf_dask.store.kinds import is_model
 from ordnmf_dask.tuning import schedule
 
 log = logging.getLogger("ordnmf_dask")

@@ -3,11 +3,11 @@ directory, a checkpoint directory, a JSON results or log file), checked before a
 
 An output is never a store, model, checkpoint, checkpoint directory or export of this package,
 nor inside one, except a directory of the very kind the command writes (whose replacement
-:func:`ordnmf_dask.store.blocks.check_target` then decides); never an input, inside one or
-containing one; never another output of the same command, inside it or containing it. These
-directories are recognised by what this package writes in them (their metadata or markers),
-on the local file system. A directory of ours is replaced only when it holds nothing else
-(:func:`foreign`): a file a user put there is not ours to remove.
+:func:`.blocks.check_target` then decides); never an input, inside one or containing one;
+never another output of the same command, inside it or containing it. These directories are
+recognised by what this package writes in them (:mod:`.kinds`), on the local file system. A
+directory of ours is replaced only when it holds nothing else (:func:`foreign`): a file a user
+put there is not ours to remove.
 """
 
 from __future__ import annotations
@@ -16,53 +16,9 @@ import itertools
 import os
 from collections.abc import Mapping
 
-from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.modelstore.model import MODEL_KIND, is_model
 from ordnmf_dask.store import files as locations
-from ordnmf_dask.store.blocks import STORE_MARK, is_store
-
-EXPORT = "ordnmf_dask.export"  # the kind of an export's markers (postfit.export)
-MANIFEST = "_SUCCESS"  # an export's manifest, written last
-CHECKPOINT = "ordnmf_dask.checkpoint"
-NAMES = {STORE_MARK: "store", MODEL_KIND: "model", EXPORT: "Parquet export",
-         CHECKPOINT: "checkpoint", checkpoint.DIRECTORY: "checkpoint directory"}
-
-
-def kind_of(path: str) -> str | None:
-    """What the local directory ``path`` is, as written by this package (a key of
-    :data:`NAMES`), or None (a URL, a file, a link or anything else)."""
-    try:
-        return _kind_of(path)
-    except OSError:  # a directory that cannot be read (permissions) holds nothing we know
-        return None
-
-
-def _kind_of(path: str) -> str | None:
-    if locations.is_url(path) or os.path.islink(path) or not os.path.isdir(path):
-        return None
-    if is_store(path):
-        return STORE_MARK
-    if is_model(path):
-        return MODEL_KIND
-    if _export_listing(path) is not None:
-        return EXPORT
-    if checkpoint.fingerprint_of(path) is not None:
-        return CHECKPOINT
-    if checkpoint.holds_checkpoints(path):
-        return checkpoint.DIRECTORY
-    return None
-
-
-def _export_listing(path: str) -> list[str] | None:
-    """The keys an export at ``path`` (local or a URL) lists as its own, or None when no
-    marker of an export is there."""
-    place = locations.Place.of(path)
-    if all(place.marker(name, EXPORT) is None for name in (MANIFEST, locations.PENDING)):
-        return None
-    from ordnmf_dask.postfit.export import listed  # only for an export: pyarrow
-
-    return listed(place)
+from ordnmf_dask.store.kinds import NAMES, export_keys, kind_of
 
 
 def _relation(outer: str, inner: str) -> str | None:
@@ -142,7 +98,7 @@ def foreign(path: str) -> list[str]:
                    for d, _, names in os.walk(path) for n in names}
     else:
         return []
-    listing = _export_listing(path)
+    listing = export_keys(path)
     ours = set(listing) if listing is not None else set(locations.zarr_keys(path))
     return sorted(present - ours - {locations.PENDING})
 
