@@ -125,33 +125,6 @@ def test_relative_imports_are_not_used():
                 assert node.level == 0, f"{path}: relative import"
 
 
-def test_sources_modules_import_each_other_in_one_direction_and_at_the_top():
-    """No import circle among the modules of ``sources`` (each rule kept once, in a module below
-    its users), and none hidden by an import inside a function."""
-    graph: dict[str, set[str]] = {}
-    for path in (ROOT / "sources").glob("*.py"):
-        tree = ast.parse(path.read_text())
-        graph[path.stem] = {m.split(".")[2] for m in _imports(path)
-                            if m.startswith("ordnmf_dask.sources.")}  # fmt: skip
-        for fn in ast.walk(tree):
-            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-                inner = [m for node in ast.walk(fn) if isinstance(node, ast.ImportFrom)
-                         and (m := node.module or "").startswith("ordnmf_dask")]  # fmt: skip
-                assert not inner, f"{path}: {fn.name} imports {inner}"
-    done: set[str] = set()
-
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
-        if module in done:
-            return
-        for dep in graph.get(module, ()):
-            visit(dep, (*path, module))
-        done.add(module)
-
-    for module in graph:
-        visit(module, ())
-
-
 def test_cycles_finds_a_circle_closed_inside_a_function():
     """The check below sees what it is meant to: an import inside a function counts, a name
     imported from a package counts as its module, and a circle is found where imports point

@@ -67,6 +67,7 @@ import numpy as np
 from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.attrs import hist_list, ingest_attrs, validation_attrs
+from ordnmf_dask.sources.datakinds import is_dask_dataframe, memory_label
 from ordnmf_dask.sources.distributed_tasks import (
     AnyChunk,
     CodesJob,
@@ -93,7 +94,6 @@ from ordnmf_dask.sources.distributed_tasks import (
 )
 from ordnmf_dask.sources.inputs import as_list, expand_inputs, inputs_label, is_parquet, source_name
 from ordnmf_dask.sources.memchunks import MemoryChunk, frame_chunks, memory_chunk
-from ordnmf_dask.sources.memory import is_dask_dataframe, memory_label
 from ordnmf_dask.sources.options import IngestPlan
 from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.parquet import (

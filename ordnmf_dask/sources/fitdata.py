@@ -24,9 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.ingest import ingest
-from ordnmf_dask.sources.memory import is_dask_dataframe, memory_label
-from ordnmf_dask.sources.options import INGEST_DEFAULTS
+from ordnmf_dask.sources.datakinds import is_dask_dataframe, memory_label
 from ordnmf_dask.store.blocks import StoreInfo
 
 FIT_DEFAULTS: dict[str, Any] = {"test_fraction": 0.0}  # all of X trains, as in scikit-learn
@@ -116,6 +114,9 @@ def ingest_for_fit(
 ) -> StoreInfo:
     """The store of ``data`` at ``out``: ``ingest`` with ``FIT_DEFAULTS`` and ``options``;
     a message naming an ingest keyword spells it as ``fit`` takes it."""
+    # here, not at the top: importing the estimators loads no ingest machinery (pyarrow, Dask)
+    from ordnmf_dask.sources.ingest import ingest
+
     opts = {**FIT_DEFAULTS, **(options or {})}
     # other data in memory is already in this process: built here, not sent to the cluster
     frame = is_dask_dataframe(data) or is_dask_dataframe(opts.get("test"))
@@ -129,6 +130,8 @@ def fit_spelling(message: str) -> str:
     """``message`` with ingest's keywords spelled as ``fit`` takes them:
     ``ratings='halfstar'`` -> ``ingest_options={'ratings': 'halfstar'}``, a bare ``ratings=``
     -> ``ingest_options['ratings']``."""
+    from ordnmf_dask.sources.options import INGEST_DEFAULTS  # as ingest: not at import time
+
     names = "|".join(sorted(INGEST_DEFAULTS, key=len, reverse=True))
     message = re.sub(rf"(?<![\w./'-])({names})=('[^']*'|[^\s,;()']+)",
                      lambda m: f"ingest_options={{'{m[1]}': {m[2]}}}", message)  # fmt: skip

@@ -15,9 +15,9 @@ import numpy as np
 
 from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.dist.runner import Runner
+from ordnmf_dask.sources.datakinds import is_dask_dataframe
 from ordnmf_dask.sources.distributed import build_chunked
 from ordnmf_dask.sources.inmemory import build_in_memory
-from ordnmf_dask.sources.memory import is_dask_dataframe
 from ordnmf_dask.sources.options import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_ROWS_PER_PARTITION,

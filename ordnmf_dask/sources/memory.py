@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.datakinds import is_pandas, is_sparse
 from ordnmf_dask.sources.filtering import ids_from_array
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import column_ids, column_values
@@ -30,38 +31,16 @@ class Rows:
     origin: Origin
 
 
-def is_dask_dataframe(data: object) -> bool:
-    """Whether ``data`` is a dask DataFrame (without importing dask for other inputs)."""
-    return type(data).__module__.startswith("dask") and hasattr(data, "npartitions")
-
-
 def memory_rows(data: Any, label: str, columns: Sequence[int | str]) -> Rows:
     """The rows of data in memory (``label``: ``memory_label``'s, naming them in messages)."""
     if isinstance(data, tuple):
         return arrays_rows(*data, label)
-    if _is_sparse(data):
+    if is_sparse(data):
         coo = data.tocoo()
         stored = coo.data != 0  # an explicit zero is no interaction, as everywhere in scipy.sparse
         return arrays_rows(coo.row[stored], coo.col[stored], coo.data[stored], label)
     table = as_table(data)
     return table_rows(table, pick_columns(table.column_names, columns, label), label)
-
-
-def memory_label(data: object, role: str) -> str | None:
-    """How messages name ``role`` data ("input" or "test") held in memory: a
-    ``(users, items, values)`` tuple, a scipy.sparse matrix, a pyarrow Table or a DataFrame
-    (pandas, or a pyarrow RecordBatch); None for files."""
-    if isinstance(data, tuple) and len(data) == 3:
-        return f"{role} arrays"
-    if _is_sparse(data):
-        return f"{role} matrix"
-    if isinstance(data, pa.Table):
-        return f"{role} Table"
-    return f"{role} DataFrame" if isinstance(data, pa.RecordBatch) or _is_pandas(data) else None
-
-
-def _is_sparse(data: object) -> bool:
-    return type(data).__module__.startswith("scipy.sparse") and hasattr(data, "tocoo")
 
 
 def as_table(data: object) -> pa.Table | None:
@@ -70,13 +49,9 @@ def as_table(data: object) -> pa.Table | None:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    if _is_pandas(data):
+    if is_pandas(data):
         return pa.Table.from_pandas(data, preserve_index=False)
     return None
-
-
-def _is_pandas(data: object) -> bool:
-    return type(data).__module__.startswith("pandas") and hasattr(data, "columns")
 
 
 def pick_columns(names: Sequence[Any], columns: Sequence[int | str], label: str) -> list[str]:

@@ -10,9 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from ordnmf_dask.sources.datakinds import memory_label
 from ordnmf_dask.sources.filtering import raw_ids
 from ordnmf_dask.sources.inputs import as_list, expand_inputs, inputs_label, is_parquet, source_name
-from ordnmf_dask.sources.memory import Rows, memory_label, memory_rows
+from ordnmf_dask.sources.memory import Rows, memory_rows
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
     check_same_columns,
