@@ -90,8 +90,8 @@ def logging_kept(quiet: bool) -> Iterator[None]:
 
 def setup_logging(args: argparse.Namespace) -> None:
     """INFO (DEBUG with --debug) to stderr and --log-file; -q raises only stderr to WARNING."""
-    from ordnmf_dask.dist.progress import FORMATTER as fmt
-    from ordnmf_dask.dist.progress import StderrHandler
+    from ordnmf_dask.runtime.progress import FORMATTER as fmt
+    from ordnmf_dask.runtime.progress import StderrHandler
 
     stderr = StderrHandler()
     if args.quiet and not args.debug:
@@ -112,7 +112,7 @@ def silence_dask() -> None:
     """Silence the Dask loggers that exist: Dask's logging config gives some their own level
     (distributed.client: warning), and asyncio reports the client's tasks left behind by an
     interrupted gather. The worker processes of a LocalCluster we start take this level too
-    (dist.cluster)."""
+    (runtime.cluster)."""
     for logger in _dask_loggers():  # silent: the scheduler logs even a closed client at
         logger.setLevel(logging.CRITICAL + 1)  # CRITICAL, with a traceback
 

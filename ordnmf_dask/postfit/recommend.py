@@ -19,7 +19,7 @@ from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.export import plan_export, write_export
 from ordnmf_dask.postfit.topn import block_top, check_n, named_top, open_pair
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used

@@ -16,7 +16,7 @@ from typing import Any
 
 import zarr
 
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 
 STORE_MARK = "ordnmf_dask.store"  # the kind a store's pending marker records at a URL
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory

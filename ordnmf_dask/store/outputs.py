@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.kinds import NAMES, export_keys, kind_of
 
 

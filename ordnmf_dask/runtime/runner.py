@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.progress import track
 
 
 @dataclass(frozen=True)

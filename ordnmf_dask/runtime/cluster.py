@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ordnmf_dask.dist.inprocess import InProcessClient, physical_memory
-from ordnmf_dask.dist.memory import Sizes, check_local_cluster, inprocess_bytes
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.inprocess import InProcessClient, physical_memory
+from ordnmf_dask.runtime.memory import Sizes, check_local_cluster, inprocess_bytes
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client
