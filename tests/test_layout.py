@@ -130,7 +130,7 @@ def test_cycles_finds_a_circle_closed_inside_a_function():
     imported from a package counts as its module, and a circle is found where imports point
     round and none where they point one way."""
     modules = {"ordnmf_dask.store", "ordnmf_dask.store.blocks", "ordnmf_dask.store.locations"}
-    source = ("from ordnmf_dask.store import files\n"
+    source = ("from ordnmf_dask.store import locations\n"
               "def f():\n    from ordnmf_dask.store import blocks\n")
     assert imported(source, modules) == {"ordnmf_dask.store.locations", "ordnmf_dask.store.blocks"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
