@@ -51,22 +51,33 @@ def training_matrix(train: str) -> tuple[object, int]:
 
     with np.load(train) as z:
         n_users, n_items, n_classes = (int(x) for x in z["shape"])
-        y = sp.csr_matrix((z["y"].astype(np.int64), (z["rows"], z["cols"])),
-                          shape=(n_users, n_items))  # fmt: skip
+        y = sp.csr_matrix(
+            (z["y"].astype(np.int64), (z["rows"], z["cols"])), shape=(n_users, n_items)
+        )
     return y, n_classes
 
 
-def fit(module: ModuleType, y: object, n_classes: int, k: int, alpha: float, tol: float,
-        max_iter: int, seed: int = 0) -> object:  # fmt: skip
+def fit(
+    module: ModuleType,
+    y: object,
+    n_classes: int,
+    k: int,
+    alpha: float,
+    tol: float,
+    max_iter: int,
+    seed: int = 0,
+) -> object:
     """The authors' fit, as their training script runs it; ``tol = -inf`` runs max_iter."""
     model = module.OrdNMF(K=k, alphaW=alpha, alphaH=alpha)
-    model.fit(y, T=n_classes, seed=seed, opt_hyper=["beta"], precision=tol,
-              max_iter=max_iter, save=False)  # fmt: skip
+    model.fit(
+        y, T=n_classes, seed=seed, opt_hyper=["beta"], precision=tol, max_iter=max_iter, save=False
+    )
     return model
 
 
-def seconds_per_iteration(module: ModuleType, y: object, n_classes: int, k: int, alpha: float,
-                          iters: int) -> tuple[float, list[float]]:  # fmt: skip
+def seconds_per_iteration(
+    module: ModuleType, y: object, n_classes: int, k: int, alpha: float, iters: int
+) -> tuple[float, list[float]]:
     """Seconds per iteration of the authors' fit: the difference between fits of 1 and
     1 + ``iters`` iterations (what both share, start and first local step, cancels), over
     ``iters``, after an untimed fit of 1 iteration (the process's first calls); and the two
@@ -87,8 +98,12 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--tol", type=float, default=1e-5, help="its stopping rule (precision)")
-    ap.add_argument("--iters", type=int, default=0,
-                    help="instead: seconds per iteration, from fits of 1 and 1 + ITERS iterations")
+    ap.add_argument(
+        "--iters",
+        type=int,
+        default=0,
+        help="instead: seconds per iteration, from fits of 1 and 1 + ITERS iterations",
+    )
     args = ap.parse_args()
     module = load(args.code)
     y, n_classes = training_matrix(args.train)
@@ -96,10 +111,11 @@ def main() -> None:
         model = fit(module, y, n_classes, args.k, args.alpha, args.tol, 10**5)
         print(f"{len(model.Elbo) - 1} iterations, ELBO {model.Elbo[-1]:.10e}")
         return
-    per_iter, seconds = seconds_per_iteration(module, y, n_classes, args.k, args.alpha,
-                                              args.iters)
-    print(f"{per_iter:.6f} s per iteration "
-          f"(fits of 1 and {1 + args.iters} iterations: {seconds[0]:.3f} s, {seconds[1]:.3f} s)")
+    per_iter, seconds = seconds_per_iteration(module, y, n_classes, args.k, args.alpha, args.iters)
+    print(
+        f"{per_iter:.6f} s per iteration "
+        f"(fits of 1 and {1 + args.iters} iterations: {seconds[0]:.3f} s, {seconds[1]:.3f} s)"
+    )
 
 
 if __name__ == "__main__":

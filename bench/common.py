@@ -140,9 +140,10 @@ def training_arrays(store: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tup
     info = open_store(store)
     parts = [
         (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
-        for r in range(info.grid[0]) for c in range(info.grid[1])
+        for r in range(info.grid[0])
+        for c in range(info.grid[1])
         for b in [load_block(store, "train", r, c)]
-    ]  # fmt: skip
+    ]
     rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
     return rows, cols, y, (info.n_users, info.n_items, info.n_classes)
 

@@ -228,7 +228,14 @@ def predict(
     sched = n_tasks * rates.sched_s
     total_kernel = sum(sum(per.values()) for per in load.values())
     return Prediction(
-        max(workers, sched), kernel, transfer, hops, rates.hop_s, n_tasks, sched,
+        max(workers, sched),
+        kernel,
+        transfer,
+        hops,
+        rates.hop_s,
+        n_tasks,
+        sched,
         sum(sum(per.values()) for per in recv.values()),
-        {name: len(per) for name, per in load.items()}, total_kernel,
-    )  # fmt: skip
+        {name: len(per) for name, per in load.items()},
+        total_kernel,
+    )

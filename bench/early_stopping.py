@@ -55,19 +55,35 @@ def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any
 
     work = os.path.join(args.work, f"seed{seed}")
     os.makedirs(work, exist_ok=True)
-    store = ingest(ML, os.path.join(work, "ml.zarr"), ratings="halfstar", min_count=20,
-                   test_fraction=0.2, validation_fraction=args.validation_fraction, seed=seed,
-                   overwrite=True)  # fmt: skip
-    print(f"split seed {seed}: {store.n_users} users x {store.n_items} items; "
-          f"{store.nnz_train} train, {store.nnz_validation} validation, {store.nnz_test} test "
-          f"nonzeros", flush=True)
+    store = ingest(
+        ML,
+        os.path.join(work, "ml.zarr"),
+        ratings="halfstar",
+        min_count=20,
+        test_fraction=0.2,
+        validation_fraction=args.validation_fraction,
+        seed=seed,
+        overwrite=True,
+    )
+    print(
+        f"split seed {seed}: {store.n_users} users x {store.n_items} items; "
+        f"{store.nnz_train} train, {store.nnz_validation} validation, {store.nnz_test} test "
+        f"nonzeros",
+        flush=True,
+    )
     levels = sorted({1, args.s})
 
     # the trajectory: the ELBO rule only, every scored state's validation and test figures
     family = OrdinalFamily(tuple(int(n) for n in store.hist_train))
-    runner = CaviRunner(client, store, family, CaviConfig(args.k, tol=args.tol,
-                        max_iter=args.max_iter), os.path.join(work, "ckpt"), True,
-                        checkpoint_every=0)  # fmt: skip
+    runner = CaviRunner(
+        client,
+        store,
+        family,
+        CaviConfig(args.k, tol=args.tol, max_iter=args.max_iter),
+        os.path.join(work, "ckpt"),
+        True,
+        checkpoint_every=0,
+    )
 
     def score(w: list[Any], h: list[Any], params: Any) -> dict[str, Any]:
         val = score_split(client, store, "validation", w, h, levels, 100, None)
@@ -79,29 +95,51 @@ def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any
     best = max(hist, key=lambda v: v["test"][args.s])
     # the rule on the trajectory's validation scores, evaluation by evaluation
     scores = [v["metric"] for v in hist]
-    j = next((j for j in range(1, len(scores) + 1)
-              if early_stopping(scores[:j], args.patience, args.window)[1]), len(scores))
+    j = next(
+        (
+            j
+            for j in range(1, len(scores) + 1)
+            if early_stopping(scores[:j], args.patience, args.window)[1]
+        ),
+        len(scores),
+    )
     expected = hist[early_stopping(scores[:j], args.patience, args.window)[0]]["iteration"]
 
     # the early-stopped fit, through the estimator
     start = time.perf_counter()
-    est = OrdNMF(args.k, tol=args.tol, max_iter=args.max_iter, validation_every=args.every,
-                 validation_patience=args.patience, validation_window=args.window,
-                 validation_s=args.s, validation_k=100, work_dir=work)  # fmt: skip
+    est = OrdNMF(
+        args.k,
+        tol=args.tol,
+        max_iter=args.max_iter,
+        validation_every=args.every,
+        validation_patience=args.patience,
+        validation_window=args.window,
+        validation_s=args.s,
+        validation_k=100,
+        work_dir=work,
+    )
     est.fit(store, client)
     seconds = time.perf_counter() - start
     res = evaluate(store, est, client, levels=levels)
     kept = int(open_model(est.model_path_).attrs["best_iteration"])
     gap = best["test"][args.s] - res["ndcg"][args.s]
     return {
-        "seed": seed, "elbo_iter": run.n_iter, "elbo_test": hist[-1]["test"],
-        "early_iter": est.n_iter_, "early_kept": kept, "early_test": res["ndcg"],
-        "early_seconds": seconds, "best_iter": best["iteration"], "best_test": best["test"],
-        "gap": gap, "check": kept == expected and est.n_iter_ == hist[j - 1]["iteration"],
+        "seed": seed,
+        "elbo_iter": run.n_iter,
+        "elbo_test": hist[-1]["test"],
+        "early_iter": est.n_iter_,
+        "early_kept": kept,
+        "early_test": res["ndcg"],
+        "early_seconds": seconds,
+        "best_iter": best["iteration"],
+        "best_test": best["test"],
+        "gap": gap,
+        "check": kept == expected and est.n_iter_ == hist[j - 1]["iteration"],
         "pass": est.n_iter_ < run.n_iter and gap <= args.margin,
-        "history": [{"iteration": v["iteration"], "val": v["val"], "test": v["test"]}
-                    for v in hist],
-    }  # fmt: skip
+        "history": [
+            {"iteration": v["iteration"], "val": v["val"], "test": v["test"]} for v in hist
+        ],
+    }
 
 
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
@@ -109,22 +147,35 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     lv = sorted({1, args.s})
     ndcg = lambda x: " ".join(f"{x[s]:>7.4f}" for s in lv)  # noqa: E731
     cols = " ".join(f"{f's={s}':>7}" for s in lv)
-    print(f"\nK = {args.k}, tol = {args.tol:g}; early stopping on validation NDCG@100 s={args.s} "
-          f"every {args.every}, window {args.window}, patience {args.patience}; validation "
-          f"fraction {args.validation_fraction:g}; test NDCG@100 at s = {lv}")
-    print(f"{'seed':>4} | {'ELBO rule':>9} {cols} | {'early (kept)':>12} {cols} | "
-          f"{'best at':>7} {cols} | {'gap s=' + str(args.s):>9} {'check':>5} {'claim':>5}")
+    print(
+        f"\nK = {args.k}, tol = {args.tol:g}; early stopping on validation NDCG@100 s={args.s} "
+        f"every {args.every}, window {args.window}, patience {args.patience}; validation "
+        f"fraction {args.validation_fraction:g}; test NDCG@100 at s = {lv}"
+    )
+    print(
+        f"{'seed':>4} | {'ELBO rule':>9} {cols} | {'early (kept)':>12} {cols} | "
+        f"{'best at':>7} {cols} | {'gap s=' + str(args.s):>9} {'check':>5} {'claim':>5}"
+    )
     for r in rows:
-        print(f"{r['seed']:>4} | {r['elbo_iter']:>9} {ndcg(r['elbo_test'])} | "
-              f"{r['early_iter']:>5} ({r['early_kept']:>4}) {ndcg(r['early_test'])} | "
-              f"{r['best_iter']:>7} {ndcg(r['best_test'])} | {r['gap']:>+9.4f} "
-              f"{'ok' if r['check'] else 'NO':>5} {'PASS' if r['pass'] else 'FAIL':>5}")
-    print(f"claim (fewer iterations than the ELBO rule, test NDCG s={args.s} within "
-          f"{args.margin:g} of the trajectory's best): {sum(r['pass'] for r in rows)}/{len(rows)}")
+        print(
+            f"{r['seed']:>4} | {r['elbo_iter']:>9} {ndcg(r['elbo_test'])} | "
+            f"{r['early_iter']:>5} ({r['early_kept']:>4}) {ndcg(r['early_test'])} | "
+            f"{r['best_iter']:>7} {ndcg(r['best_test'])} | {r['gap']:>+9.4f} "
+            f"{'ok' if r['check'] else 'NO':>5} {'PASS' if r['pass'] else 'FAIL':>5}"
+        )
+    print(
+        f"claim (fewer iterations than the ELBO rule, test NDCG s={args.s} within "
+        f"{args.margin:g} of the trajectory's best): {sum(r['pass'] for r in rows)}/{len(rows)}"
+    )
     for r in rows:
         print(f"seed {r['seed']}: validation / test NDCG@100 s={args.s} along the trajectory:")
-        print("  " + "  ".join(f"{v['iteration']}:{v['val'][args.s]:.3f}/{v['test'][args.s]:.3f}"
-                               for v in r["history"]))
+        print(
+            "  "
+            + "  ".join(
+                f"{v['iteration']}:{v['val'][args.s]:.3f}/{v['test'][args.s]:.3f}"
+                for v in r["history"]
+            )
+        )
 
 
 def synthetic(args: argparse.Namespace, client: Any) -> None:
@@ -134,19 +185,31 @@ def synthetic(args: argparse.Namespace, client: Any) -> None:
     from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 
     u, i, nnz, k = args.synth_shape
-    store = synth(os.path.join(args.work, "synth.zarr"), n_users=u, n_items=i, nnz=nnz,
-                  n_components=k, seed=0, client=client, overwrite=True)
+    store = synth(
+        os.path.join(args.work, "synth.zarr"),
+        n_users=u,
+        n_items=i,
+        nnz=nnz,
+        n_components=k,
+        seed=0,
+        client=client,
+        overwrite=True,
+    )
     params = SynthParams.from_attrs(store.attrs)
     w0, h0 = true_factors(params, "users", 0, u), true_factors(params, "items", 0, i)
     rb, cb = store.row_bounds, store.col_bounds
-    w = [FactorChunk.initial(w0[rb[r]:rb[r + 1]]) for r in range(len(rb) - 1)]
-    h = [FactorChunk.initial(h0[cb[c]:cb[c + 1]]) for c in range(len(cb) - 1)]
+    w = [FactorChunk.initial(w0[rb[r] : rb[r + 1]]) for r in range(len(rb) - 1)]
+    h = [FactorChunk.initial(h0[cb[c] : cb[c + 1]]) for c in range(len(cb) - 1)]
     truth = score_split(client, store, "test", w, h, [1], 100, None)["ndcg"][1]
-    print(f"\nsynthetic from the model: {u} x {i}, {store.nnz_train} train nonzeros, K = {k}",
-          flush=True)
+    print(
+        f"\nsynthetic from the model: {u} x {i}, {store.nnz_train} train nonzeros, K = {k}",
+        flush=True,
+    )
     rows = []
-    for label, init in (("random start", None), ("started from the generating factors",
-                                                  (w0 + 1e-12, h0 + 1e-12))):
+    for label, init in (
+        ("random start", None),
+        ("started from the generating factors", (w0 + 1e-12, h0 + 1e-12)),
+    ):
         est = OrdNMF(k, tol=args.tol, max_iter=args.max_iter).fit(store, client, init=init)
         rows.append((label, est.n_iter_, evaluate(store, est, client, levels=[1])["ndcg"][1]))
     print(f"{'':<44} {'iterations':>16} {'NDCG s=1':>10}")
@@ -170,8 +233,11 @@ def main() -> int:
     p.add_argument("--max-iter", type=int, default=1000)
     p.add_argument("--history", help="write the rows and trajectories to this JSON file")
     p.add_argument("--synthetic", action="store_true", help="also the synthetic-data figure")
-    p.add_argument("--synth-shape", default="5000,2000,300000,20",
-                   help="users,items,nonzeros,K (the issue's: 20000,8000,2000000,20)")
+    p.add_argument(
+        "--synth-shape",
+        default="5000,2000,300000,20",
+        help="users,items,nonzeros,K (the issue's: 20000,8000,2000000,20)",
+    )
     args = p.parse_args()
     args.synth_shape = [int(float(x)) for x in args.synth_shape.split(",")]
     from ordnmf_dask.runtime.cluster import resolve_client

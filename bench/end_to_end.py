@@ -74,8 +74,12 @@ def strip_job(path: str, k: int, r: int, n_blocks: int = 8) -> dict[str, float]:
         for b in blocks:
             kernels.col_correction(b, gap, ew)
         t4 = time.perf_counter()
-        for name, sec in (("read", t1 - t0), ("local", t2 - t1), ("row", t3 - t2),
-                          ("col", t4 - t3)):  # fmt: skip
+        for name, sec in (
+            ("read", t1 - t0),
+            ("local", t2 - t1),
+            ("row", t3 - t2),
+            ("col", t4 - t3),
+        ):
             best[name] = min(best.get(name, np.inf), sec / nnz * 1e9)
     return best
 
@@ -121,8 +125,7 @@ def main() -> None:
     existed = os.path.exists(os.path.join(args.work, name))
     path = ensure_store(args)
     print(
-        f"store {path}: "
-        + ("reused" if existed else f"synth {time.perf_counter() - start:.0f} s"),
+        f"store {path}: " + ("reused" if existed else f"synth {time.perf_counter() - start:.0f} s"),
         flush=True,
     )
     before = host_speed(path, args.k, args.workers)
@@ -138,12 +141,19 @@ def main() -> None:
             pids = client.run(os.getpid)
             mode = "cached" if decide_cache("auto", client, open_store(path)) else "streamed"
             model = OrdNMF(
-                args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters, checkpoint_every=10,
+                args.k,
+                tol=1e-12,
+                max_iter=args.iters,
+                min_iter=args.iters,
+                checkpoint_every=10,
                 work_dir=os.path.join(args.work, f"work-{name}"),
-            )  # fmt: skip
+            )
             t0 = time.perf_counter()
             model.fit(
-                path, client, callback=record, out=os.path.join(args.work, f"model-{name}"),
+                path,
+                client,
+                callback=record,
+                out=os.path.join(args.work, f"model-{name}"),
                 overwrite=True,
             )
             fit_s = time.perf_counter() - t0

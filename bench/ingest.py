@@ -82,12 +82,15 @@ def write_input(path: Path, n_rows: int, fmt: str, seed: int = 0) -> None:
         keys = rng.permutation(keys)[:n]
         users, items = np.divmod(keys, n_items)
         del keys
-        return pa.table({
-            "user": pc.binary_join_element_wise("u", pc.cast(pa.array(users), pa.string()), ""),
-            "item": pc.binary_join_element_wise("item-", pc.cast(pa.array(items), pa.string()),
-                                                ""),
-            "rating": pa.array(rng.integers(1, 11, n) / 2.0),
-        })  # fmt: skip
+        return pa.table(
+            {
+                "user": pc.binary_join_element_wise("u", pc.cast(pa.array(users), pa.string()), ""),
+                "item": pc.binary_join_element_wise(
+                    "item-", pc.cast(pa.array(items), pa.string()), ""
+                ),
+                "rating": pa.array(rng.integers(1, 11, n) / 2.0),
+            }
+        )
 
     tmp = path.with_name(path.name + ".part")
     sizes = [n_rows // n_batches + (b < n_rows % n_batches) for b in range(n_batches)]
@@ -96,9 +99,13 @@ def write_input(path: Path, n_rows: int, fmt: str, seed: int = 0) -> None:
         for b, n in enumerate(sizes):
             table = batch(b, n)
             if writer is None:
-                writer = (pacsv.CSVWriter(tmp, table.schema,
-                                          write_options=pacsv.WriteOptions(quoting_style="none"))
-                          if fmt == "csv" else pq.ParquetWriter(tmp, table.schema))  # fmt: skip
+                writer = (
+                    pacsv.CSVWriter(
+                        tmp, table.schema, write_options=pacsv.WriteOptions(quoting_style="none")
+                    )
+                    if fmt == "csv"
+                    else pq.ParquetWriter(tmp, table.schema)
+                )
             if fmt == "csv":
                 writer.write_table(table)
             else:
@@ -147,9 +154,16 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
 
         from ordnmf_dask.sources.ingest import ingest_distributed
 
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                          memory_limit=memory_limit, dashboard_address=None) as cluster, \
-                Client(cluster) as client:  # fmt: skip
+        with (
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                memory_limit=memory_limit,
+                dashboard_address=None,
+            ) as cluster,
+            Client(cluster) as client,
+        ):
             before = client.run(cpu_seconds)
             cpu, start = cpu_seconds(), time.perf_counter()
             with get_task_stream(client) as stream:
@@ -178,8 +192,12 @@ def stages(records: list[dict]) -> dict[str, list[float]]:
         for s in r["startstops"]:
             if s["action"] == "compute":
                 n, total, lo, hi = spans.get(name, [0, 0.0, math.inf, 0.0])
-                spans[name] = [n + 1, total + s["stop"] - s["start"], min(lo, s["start"] - first),
-                               max(hi, s["stop"] - first)]  # fmt: skip
+                spans[name] = [
+                    n + 1,
+                    total + s["stop"] - s["start"],
+                    min(lo, s["start"] - first),
+                    max(hi, s["stop"] - first),
+                ]
     return dict(sorted(spans.items(), key=lambda kv: kv[1][2]))
 
 
@@ -203,10 +221,15 @@ def spot_check(path: str, store: str, n_blocks: int, seed: int = 0) -> dict:
     sets = {}
     for b in picked:
         r, c = divmod(b, n_c)
-        sets[b] = (pa.array(users[info.row_bounds[r] : info.row_bounds[r + 1]]),
-                   pa.array(items[info.col_bounds[c] : info.col_bounds[c + 1]]))  # fmt: skip
-    batches = (pq.ParquetFile(path).iter_batches(1 << 20) if path.endswith(".parquet")
-               else pacsv.open_csv(path))  # fmt: skip
+        sets[b] = (
+            pa.array(users[info.row_bounds[r] : info.row_bounds[r + 1]]),
+            pa.array(items[info.col_bounds[c] : info.col_bounds[c + 1]]),
+        )
+    batches = (
+        pq.ParquetFile(path).iter_batches(1 << 20)
+        if path.endswith(".parquet")
+        else pacsv.open_csv(path)
+    )
     for batch in batches:
         for b, (us, its) in sets.items():
             hit = pc.and_(pc.is_in(batch.column(0), us), pc.is_in(batch.column(1), its))
@@ -228,19 +251,37 @@ def spot_check(path: str, store: str, n_blocks: int, seed: int = 0) -> dict:
         assert got == expect, f"block {b}: {len(got)} nonzeros, {len(expect)} input rows"
         if info.attrs["split"] == "random":  # test: the pairs hashed below f 2^64
             below = np.uint64(split_rule(info.attrs["test_fraction"], 0.0).test_below)
-            assert (hashes["test"] < below).all() and (hashes["train"] >= below).all(), \
+            assert (hashes["test"] < below).all() and (hashes["train"] >= below).all(), (
                 f"block {b}: split"
+            )
         done[b] = len(got)
-    return {"blocks": done, "grid": [n_r, n_c], "n_users": info.n_users,
-            "n_items": info.n_items, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test}
+    return {
+        "blocks": done,
+        "grid": [n_r, n_c],
+        "n_users": info.n_users,
+        "n_items": info.n_items,
+        "nnz_train": info.nnz_train,
+        "nnz_test": info.nnz_test,
+    }
 
 
 def measure(kind: str, path: Path, args: argparse.Namespace) -> dict:
     out = Path(tempfile.mkdtemp(dir=args.dir)) / "store.zarr"
     try:
-        cmd = [sys.executable, __file__, "--run", kind, str(path), str(out), "--workers",
-               str(args.workers), "--memory-limit", args.memory_limit,
-               "--check", str(args.check)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            "--run",
+            kind,
+            str(path),
+            str(out),
+            "--workers",
+            str(args.workers),
+            "--memory-limit",
+            args.memory_limit,
+            "--check",
+            str(args.check),
+        ]
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
     finally:
@@ -254,11 +295,18 @@ def main() -> None:
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--memory-limit", default="2GB")
-    parser.add_argument("--kinds", default="core,in-memory,distributed",
-                        help="comma-separated measurements among core, in-memory, in-process, "
-                        "distributed")
-    parser.add_argument("--check", type=int, default=0, metavar="N",
-                        help="spot-check N blocks of the distributed store against the input")
+    parser.add_argument(
+        "--kinds",
+        default="core,in-memory,distributed",
+        help="comma-separated measurements among core, in-memory, in-process, distributed",
+    )
+    parser.add_argument(
+        "--check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="spot-check N blocks of the distributed store against the input",
+    )
     parser.add_argument("--run", nargs=3, metavar=("KIND", "FILE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -270,8 +318,10 @@ def main() -> None:
     if not path.exists():
         start = time.perf_counter()
         write_input(path, n, args.format)
-        print(f"wrote {path} ({os.path.getsize(path) / MB:.0f} MB) in "
-              f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+        print(
+            f"wrote {path} ({os.path.getsize(path) / MB:.0f} MB) in "
+            f"{time.perf_counter() - start:.0f} s"
+        )
     kinds = args.kinds.split(",")
     unknown = set(kinds) - {"core", "in-memory", "in-process", "distributed"}
     if unknown:
@@ -282,17 +332,43 @@ def main() -> None:
     for kind, res in results.items():
         top = max(res["peaks"].values())
         each = ", ".join(f"{k} {v:.0f}" for k, v in res["peaks"].items())
-        rows.append([kind, res["seconds"], res["seconds"] / (n / 1e6), res["seconds"] / core,
-                     res["cpu"], top * MB / n, each])  # fmt: skip
-    print(f"{n} rows, {args.format}, {os.cpu_count()} cores, load average "
-          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
-    print(fmt_table(rows, ["", "seconds", "s / M rows", "x core", "CPU s", "peak B / row",
-                           "peak RSS MB per process"]))  # fmt: skip
+        rows.append(
+            [
+                kind,
+                res["seconds"],
+                res["seconds"] / (n / 1e6),
+                res["seconds"] / core,
+                res["cpu"],
+                top * MB / n,
+                each,
+            ]
+        )
+    print(f"{n} rows, {args.format}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print(
+        fmt_table(
+            rows,
+            [
+                "",
+                "seconds",
+                "s / M rows",
+                "x core",
+                "CPU s",
+                "peak B / row",
+                "peak RSS MB per process",
+            ],
+        )
+    )
     if "stages" in results.get("distributed", {}):
         print("distributed, per task name: tasks, compute seconds, span (s from the start)")
-        print(fmt_table([[name, int(n), total, f"{lo:.1f}-{hi:.1f}"] for name, (n, total, lo, hi)
-                         in results["distributed"]["stages"].items()],
-                        ["task", "tasks", "compute s", "span s"]))  # fmt: skip
+        print(
+            fmt_table(
+                [
+                    [name, int(n), total, f"{lo:.1f}-{hi:.1f}"]
+                    for name, (n, total, lo, hi) in results["distributed"]["stages"].items()
+                ],
+                ["task", "tasks", "compute s", "span s"],
+            )
+        )
     if "check" in results.get("distributed", {}):
         print("spot check passed:", json.dumps(results["distributed"]["check"]))
 

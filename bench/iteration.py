@@ -71,9 +71,16 @@ def ensure_store(args: argparse.Namespace) -> str:
     if not os.path.exists(path):
         start = time.perf_counter()
         synth(
-            path, args.users, args.items, int(args.nnz / 0.8), args.k, args.classes,
-            seed=0, test_fraction=0.2, nnz_per_block=args.nnz_per_block,
-        )  # fmt: skip
+            path,
+            args.users,
+            args.items,
+            int(args.nnz / 0.8),
+            args.k,
+            args.classes,
+            seed=0,
+            test_fraction=0.2,
+            nnz_per_block=args.nnz_per_block,
+        )
         print(f"synth {path}: {time.perf_counter() - start:.1f} s")
     return path
 
@@ -131,8 +138,12 @@ def paper_job(path: str, k: int, iters: int) -> dict[str, float]:
         elbos.append(model.iteration())
         times.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
-    return {"s_per_iter": statistics.median(times), "cpu_per_iter": statistics.median(cpus),
-            "peak_mb": self_peak_mb(), "elbo": elbos[-1]}  # fmt: skip
+    return {
+        "s_per_iter": statistics.median(times),
+        "cpu_per_iter": statistics.median(cpus),
+        "peak_mb": self_peak_mb(),
+        "elbo": elbos[-1],
+    }
 
 
 def authors_job(code: str, train: str, k: int, iters: int) -> dict[str, float]:
@@ -177,8 +188,13 @@ def timed_fit(path: str, k: int, iters: int, cache: bool, client: Any) -> dict[s
 
     start = time.perf_counter()
     model = OrdNMF(
-        k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=cache, checkpoint_every=0,
-    )  # fmt: skip
+        k,
+        tol=1e-12,
+        max_iter=iters,
+        min_iter=iters,
+        cache_blocks=cache,
+        checkpoint_every=0,
+    )
     model.fit(path, client, callback=record)
     steps = max(iters - 1, 1)
     return {
@@ -250,9 +266,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--paper-iters", type=int, default=2)
-    ap.add_argument("--authors-code", metavar="PATH",
-                    help="also the authors' published code (a checkout, or its OrdNMF.py; "
-                         "bench/authors_code.py)")
+    ap.add_argument(
+        "--authors-code",
+        metavar="PATH",
+        help="also the authors' published code (a checkout, or its OrdNMF.py; "
+        "bench/authors_code.py)",
+    )
     ap.add_argument("--authors-iters", type=int, default=3)
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
@@ -272,8 +291,9 @@ def main() -> None:
         train = os.path.join(args.work, store_name(args) + "-train.npz")
         if not os.path.exists(train):
             save_training_npz(path, train)
-        authors = in_fresh_process(authors_job, args.authors_code, train, args.k,
-                                   args.authors_iters)  # fmt: skip
+        authors = in_fresh_process(
+            authors_job, args.authors_code, train, args.k, args.authors_iters
+        )
     t, p = dist["mean_after_first"], paper["s_per_iter"]
     refs = [p] + ([authors["s_per_iter"]] if authors else [])
     rows = [
@@ -285,8 +305,18 @@ def main() -> None:
         *([["authors' code, 1 process", authors["s_per_iter"]]] if authors else []),
     ]
     rows = [[name, x, t / x, *(ref / x for ref in refs)] for name, x in rows]
-    print(fmt_table(rows, ["implementation", "s/iter", "dist / this", "paper / this",
-                           *(["authors / this"] if authors else [])]))  # fmt: skip
+    print(
+        fmt_table(
+            rows,
+            [
+                "implementation",
+                "s/iter",
+                "dist / this",
+                "paper / this",
+                *(["authors / this"] if authors else []),
+            ],
+        )
+    )
     print(
         "fits: s/iter is the mean over the iterations after the first (the next iteration is "
         f"submitted while one runs); medians of the callback's seconds: distributed "
@@ -320,8 +350,10 @@ def main() -> None:
         *([["authors' code process", "", authors["peak_mb"]]] if authors else []),
     ]
     print(fmt_table(mem, ["process", "peak RSS MB (psutil)", "VmHWM MB"]))
-    print(f"paper-style ELBO after {args.paper_iters} iterations: {paper['elbo']:.6e}; load "
-          f"average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(
+        f"paper-style ELBO after {args.paper_iters} iterations: {paper['elbo']:.6e}; load "
+        f"average at the end {os.getloadavg()[0]:.1f}"
+    )
 
 
 if __name__ == "__main__":

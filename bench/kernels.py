@@ -133,8 +133,16 @@ def main() -> None:
     print(
         fmt_table(
             rows,
-            ["block", "nnz", "kernel", "numpy cpu s", "numba cpu s", "speed-up", "numba ns/unit",
-             "max rel diff"],
+            [
+                "block",
+                "nnz",
+                "kernel",
+                "numpy cpu s",
+                "numba cpu s",
+                "speed-up",
+                "numba ns/unit",
+                "max rel diff",
+            ],
         )
     )
 

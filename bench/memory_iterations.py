@@ -67,8 +67,12 @@ def main() -> None:
     step = max(1, args.iters // 6)
     windows = [range(a, min(a + step, args.iters + 1)) for a in range(1, args.iters + 1, step)]
     peaks = [max(max(samples[n][0]) for n in w) for w in windows]
-    print("max worker RSS per window of iterations (MB): " + ", ".join(
-        f"{w.start}-{w.stop - 1}: {p / 2**20:.0f}" for w, p in zip(windows, peaks, strict=True)))
+    print(
+        "max worker RSS per window of iterations (MB): "
+        + ", ".join(
+            f"{w.start}-{w.stop - 1}: {p / 2**20:.0f}" for w, p in zip(windows, peaks, strict=True)
+        )
+    )
     print(f"last window / second window (after warm-up): {peaks[-1] / peaks[1]:.3f}")
 
 

@@ -102,9 +102,13 @@ def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[st
 
         malloc_env = client.run(_set_memory, buffers_on)
         model = OrdNMF(
-            args.k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=not stream,
+            args.k,
+            tol=1e-12,
+            max_iter=iters,
+            min_iter=iters,
+            cache_blocks=not stream,
             checkpoint_every=0,
-        )  # fmt: skip
+        )
         model.fit(path, client, callback=record)
         peaks = worker_peaks(client)
     steady = iters - args.skip
@@ -134,9 +138,14 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     header = [
-        "shape", "config", "s/iter", "worker CPU s/iter", "sys s/iter", "faults/iter",
+        "shape",
+        "config",
+        "s/iter",
+        "worker CPU s/iter",
+        "sys s/iter",
+        "faults/iter",
         "peak RSS MB",
-    ]  # fmt: skip
+    ]
     summary = []
     for shape in args.shapes:
         store, stream, _, _ = SHAPES[shape]
@@ -160,12 +169,22 @@ def main() -> None:
         if len(elbos) != 1:
             raise SystemExit(f"{shape}: final ELBO differs between configurations: {elbos}")
         for config, rs in results.items():
-            summary.append([
-                shape, f"{config}: {CONFIGS[config][2]}",
-                *(_span([r[key] for r in rs], fmt) for key, fmt in
-                  (("s_per_iter", "{:.3f}"), ("cpu", "{:.3f}"), ("system", "{:.3f}"),
-                   ("faults", "{:.0f}"), ("peak_mb", "{:.0f}"))),
-            ])  # fmt: skip
+            summary.append(
+                [
+                    shape,
+                    f"{config}: {CONFIGS[config][2]}",
+                    *(
+                        _span([r[key] for r in rs], fmt)
+                        for key, fmt in (
+                            ("s_per_iter", "{:.3f}"),
+                            ("cpu", "{:.3f}"),
+                            ("system", "{:.3f}"),
+                            ("faults", "{:.0f}"),
+                            ("peak_mb", "{:.0f}"),
+                        )
+                    ),
+                ]
+            )
     print(fmt_table(summary, header))
 
 

@@ -22,9 +22,16 @@ class PaperStyle:
     """
 
     def __init__(
-        self, rows: np.ndarray, cols: np.ndarray, y: np.ndarray, shape: tuple[int, int],
-        k: int, n_classes: int, seed: int = 0, alpha: float = 0.3,
-    ) -> None:  # fmt: skip
+        self,
+        rows: np.ndarray,
+        cols: np.ndarray,
+        y: np.ndarray,
+        shape: tuple[int, int],
+        k: int,
+        n_classes: int,
+        seed: int = 0,
+        alpha: float = 0.3,
+    ) -> None:
         self.u, self.i, self.y = rows.astype(np.int64), cols.astype(np.int64), y.astype(np.int64)
         self.shape, self.k, self.n_classes, self.alpha = shape, k, n_classes, alpha
         rng = np.random.default_rng(seed)
@@ -63,9 +70,12 @@ class PaperStyle:
         mean, log_mean = a / b, digamma(a) - np.log(b)
         al = self.alpha
         term = (
-            al * np.log(beta) - gammaln(al) + (al - 1) * log_mean - beta * mean
+            al * np.log(beta)
+            - gammaln(al)
+            + (al - 1) * log_mean
+            - beta * mean
             - (a * np.log(b) - gammaln(a) + (a - 1) * log_mean - b * mean)
-        )  # fmt: skip
+        )
         return mean, log_mean, float(term.sum())
 
     def iteration(self) -> float:

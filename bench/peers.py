@@ -91,10 +91,14 @@ def score(info: StoreInfo, split: str, s: Scores, levels: list[int]) -> dict[str
     """NDCG@100 per level (and the mean log-likelihood of the held-out classes when ``s``
     models them) of ``split`` under the scores ``s``, by the project's scorer."""
     rb, cb = info.row_bounds, info.col_bounds
-    w = [Chunk(np.ascontiguousarray(s.users[rb[r]:rb[r + 1]], dtype=np.float64))
-         for r in range(info.grid[0])]  # fmt: skip
-    h = [Chunk(np.ascontiguousarray(s.items[cb[c]:cb[c + 1]], dtype=np.float64))
-         for c in range(info.grid[1])]  # fmt: skip
+    w = [
+        Chunk(np.ascontiguousarray(s.users[rb[r] : rb[r + 1]], dtype=np.float64))
+        for r in range(info.grid[0])
+    ]
+    h = [
+        Chunk(np.ascontiguousarray(s.items[cb[c] : cb[c + 1]], dtype=np.float64))
+        for c in range(info.grid[1])
+    ]
     with InProcessClient(THREADS) as cl:
         out = score_split(cl, info, split, w, h, levels, K_NDCG, s.spec)
     ll = out["loglik_mean"]
@@ -129,8 +133,14 @@ def als(x: sp.csr_matrix, factors: int, regularization: float, alpha: float) -> 
     """``implicit`` ALS (Hu, Koren, Volinsky 2008) with confidence ``alpha`` x class."""
     from implicit.cpu.als import AlternatingLeastSquares
 
-    m = AlternatingLeastSquares(factors=factors, regularization=regularization, alpha=alpha,
-                                iterations=15, random_state=0, num_threads=THREADS)  # fmt: skip
+    m = AlternatingLeastSquares(
+        factors=factors,
+        regularization=regularization,
+        alpha=alpha,
+        iterations=15,
+        random_state=0,
+        num_threads=THREADS,
+    )
     with threadpool_limits(1, "blas"):  # implicit's advice: its threads, not BLAS's
         m.fit(x.astype(np.float32), show_progress=False)
     return Scores(m.user_factors, m.item_factors)
@@ -141,9 +151,14 @@ def bpr(x: sp.csr_matrix, factors: int, learning_rate: float, regularization: fl
     a factor column against a user column of ones)."""
     from implicit.cpu.bpr import BayesianPersonalizedRanking
 
-    m = BayesianPersonalizedRanking(factors=factors, learning_rate=learning_rate,
-                                    regularization=regularization, iterations=100,
-                                    random_state=0, num_threads=THREADS)  # fmt: skip
+    m = BayesianPersonalizedRanking(
+        factors=factors,
+        learning_rate=learning_rate,
+        regularization=regularization,
+        iterations=100,
+        random_state=0,
+        num_threads=THREADS,
+    )
     with threadpool_limits(1, "blas"):
         m.fit((x > 0).astype(np.float32), show_progress=False)
     return Scores(m.user_factors, m.item_factors)
@@ -169,12 +184,25 @@ Fitter = Callable[..., Scores]
 GRIDS: dict[str, tuple[Fitter, list[dict[str, Any]]]] = {
     "popularity": (popularity, [{}]),
     "EASE": (ease, [{"lam": v} for v in (50.0, 200.0, 500.0, 1000.0)]),
-    "ALS": (als, [{"factors": f, "regularization": r, "alpha": a}
-                  for f in (10, 25, 50) for r in (1.0, 10.0) for a in (0.2, 1.0)]),
-    "BPR": (bpr, [{"factors": f, "learning_rate": lr, "regularization": 0.01}
-                  for f in (25, 50) for lr in (0.003, 0.01)]),
+    "ALS": (
+        als,
+        [
+            {"factors": f, "regularization": r, "alpha": a}
+            for f in (10, 25, 50)
+            for r in (1.0, 10.0)
+            for a in (0.2, 1.0)
+        ],
+    ),
+    "BPR": (
+        bpr,
+        [
+            {"factors": f, "learning_rate": lr, "regularization": 0.01}
+            for f in (25, 50)
+            for lr in (0.003, 0.01)
+        ],
+    ),
     "HPF": (hpf, [{"k": k} for k in (25, 50)]),
-}  # fmt: skip
+}
 
 
 def timed(fit: Fitter, x: sp.csr_matrix, config: dict[str, Any]) -> tuple[Scores, float]:
@@ -198,18 +226,28 @@ class Dataset:
 
 
 def datasets(data: str) -> dict[str, Dataset]:
-    common = {"min_count": 20, "test_fraction": 0.2, "validation_fraction": 0.1, "seed": 0,
-              "overwrite": True}  # fmt: skip
+    common = {
+        "min_count": 20,
+        "test_fraction": 0.2,
+        "validation_fraction": 0.1,
+        "seed": 0,
+        "overwrite": True,
+    }
     ml = os.path.join(data, "ml-latest-small", "ratings.csv")
     fm = os.path.join(data, "hetrec2011-lastfm-2k", "user_artists.dat")
     return {
-        "movielens": Dataset("movielens", [1, 6, 10],
-                             lambda out: ingest(ml, out, ratings="halfstar", **common)),
-        "lastfm": Dataset("lastfm", [1, 8, 10],
-                          lambda out: ingest(fm, out, counts="paper", **common)),
-        "synth": Dataset("synth", [1, 5, 10],
-                         lambda out: synth(out, 1000, 1000, 60000, 10, seed=0, overwrite=True)),
-    }  # fmt: skip
+        "movielens": Dataset(
+            "movielens", [1, 6, 10], lambda out: ingest(ml, out, ratings="halfstar", **common)
+        ),
+        "lastfm": Dataset(
+            "lastfm", [1, 8, 10], lambda out: ingest(fm, out, counts="paper", **common)
+        ),
+        "synth": Dataset(
+            "synth",
+            [1, 5, 10],
+            lambda out: synth(out, 1000, 1000, 60000, 10, seed=0, overwrite=True),
+        ),
+    }
 
 
 def run_ordnmf(info: StoreInfo, ks: tuple[int, ...], levels: list[int]) -> dict[str, Any]:
@@ -226,13 +264,19 @@ def run_ordnmf(info: StoreInfo, ks: tuple[int, ...], levels: list[int]) -> dict[
     best = int(np.argmax([v for v, _ in tried])) if tried else 0
     model, seconds = fits[best]
     ev = evaluate(info.path, model, levels=levels)
-    return {"method": "OrdNMF", "config": {"K": ks[best], "n_iter": int(model.n_iter_)},
-            "ndcg": ev["ndcg"], "loglik": ev["test_loglik_mean"], "fit_s": seconds,
-            "validation": [{"mean_ndcg": v, **c} for v, c in tried]}  # fmt: skip
+    return {
+        "method": "OrdNMF",
+        "config": {"K": ks[best], "n_iter": int(model.n_iter_)},
+        "ndcg": ev["ndcg"],
+        "loglik": ev["test_loglik_mean"],
+        "fit_s": seconds,
+        "validation": [{"mean_ndcg": v, **c} for v, c in tried],
+    }
 
 
-def run_peer(info: StoreInfo, name: str, levels: list[int], chosen: dict[str, Any] | None
-             ) -> dict[str, Any]:  # fmt: skip
+def run_peer(
+    info: StoreInfo, name: str, levels: list[int], chosen: dict[str, Any] | None
+) -> dict[str, Any]:
     """The peer ``name`` at ``chosen``, or tuned on validation when ``chosen`` is None, scored
     on test."""
     fit, grid = GRIDS[name]
@@ -246,8 +290,14 @@ def run_peer(info: StoreInfo, name: str, levels: list[int], chosen: dict[str, An
     config = grid[0] if chosen is None else chosen
     s, seconds = timed(fit, x, config)
     out = score(info, "test", s, levels)
-    return {"method": name, "config": config, "ndcg": out["ndcg"], "loglik": out["loglik"],
-            "fit_s": seconds, "validation": [{"mean_ndcg": v, **c} for v, c in tried]}  # fmt: skip
+    return {
+        "method": name,
+        "config": config,
+        "ndcg": out["ndcg"],
+        "loglik": out["loglik"],
+        "fit_s": seconds,
+        "validation": [{"mean_ndcg": v, **c} for v, c in tried],
+    }
 
 
 def run_truth(info: StoreInfo, levels: list[int]) -> dict[str, Any]:
@@ -259,23 +309,39 @@ def run_truth(info: StoreInfo, levels: list[int]) -> dict[str, Any]:
             raise RuntimeError(f"{info.path}: {axis} ids are not 0..n-1")
     theta = np.asarray(p.theta)
     delta = np.concatenate([[0.0], theta[:-1] - theta[1:]])
-    s = Scores(true_factors(p, "users", 0, p.n_users), true_factors(p, "items", 0, p.n_items),
-               ("ordinal", delta))  # fmt: skip
+    s = Scores(
+        true_factors(p, "users", 0, p.n_users),
+        true_factors(p, "items", 0, p.n_items),
+        ("ordinal", delta),
+    )
     out = score(info, "test", s, levels)
-    return {"method": "truth", "config": {"K": p.n_components}, "ndcg": out["ndcg"],
-            "loglik": out["loglik"], "fit_s": None}  # fmt: skip
+    return {
+        "method": "truth",
+        "config": {"K": p.n_components},
+        "ndcg": out["ndcg"],
+        "loglik": out["loglik"],
+        "fit_s": None,
+    }
 
 
-def run(d: Dataset, work: str, chosen: dict[str, dict[str, Any]], methods: list[str]
-        ) -> Iterator[dict[str, Any]]:  # fmt: skip
+def run(
+    d: Dataset, work: str, chosen: dict[str, dict[str, Any]], methods: list[str]
+) -> Iterator[dict[str, Any]]:
     info = d.make(os.path.join(work, f"{d.name}.zarr"))
     info = open_store(info.path)
     has_validation = "validation" in info.splits
     synthetic = "synth" in info.attrs
     ks = (SynthParams.from_attrs(info.attrs).n_components,) if synthetic else (25, 50)
-    yield {"store": {"users": info.n_users, "items": info.n_items, "nnz_train": info.nnz_train,
-                     "nnz_validation": info.nnz_validation, "nnz_test": info.nnz_test,
-                     "hist_test": info.hist_test.tolist()}}  # fmt: skip
+    yield {
+        "store": {
+            "users": info.n_users,
+            "items": info.n_items,
+            "nnz_train": info.nnz_train,
+            "nnz_validation": info.nnz_validation,
+            "nnz_test": info.nnz_test,
+            "hist_test": info.hist_test.tolist(),
+        }
+    }
     if synthetic:
         yield run_truth(info, d.levels)
     if "OrdNMF" in methods:
@@ -295,18 +361,25 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
         store = next(r["store"] for r in rows if "store" in r)
         methods = [r for r in rows if "method" in r]
         levels = list(methods[0]["ndcg"])
-        out += [f"{name}: {store['users']} users x {store['items']} items, {store['nnz_train']} "
-                f"train / {store['nnz_validation']} validation / {store['nnz_test']} test "
-                "nonzeros", "",
-                "| method | " + " | ".join(f"s={s}" for s in levels)
-                + " | test loglik | configuration | fit (s) |",
-                "|---" * (len(levels) + 4) + "|"]  # fmt: skip
+        out += [
+            f"{name}: {store['users']} users x {store['items']} items, {store['nnz_train']} "
+            f"train / {store['nnz_validation']} validation / {store['nnz_test']} test "
+            "nonzeros",
+            "",
+            "| method | "
+            + " | ".join(f"s={s}" for s in levels)
+            + " | test loglik | configuration | fit (s) |",
+            "|---" * (len(levels) + 4) + "|",
+        ]
         for r in methods:
             ll = "–" if r["loglik"] is None else f"{r['loglik']:.3f}"
             fit = "–" if r["fit_s"] is None else f"{r['fit_s']:.1f}"
             config = ", ".join(f"{k} {v:g}" for k, v in r["config"].items()) or "–"
-            out.append(f"| {r['method']} | " + " | ".join(f"{r['ndcg'][s]:.3f}" for s in levels)
-                       + f" | {ll} | {config} | {fit} |")  # fmt: skip
+            out.append(
+                f"| {r['method']} | "
+                + " | ".join(f"{r['ndcg'][s]:.3f}" for s in levels)
+                + f" | {ll} | {config} | {fit} |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -317,9 +390,13 @@ def main() -> None:
     ap.add_argument("--out", default="out/peers", help="results.json goes here")
     ap.add_argument("--datasets", default="movielens,lastfm,synth")
     ap.add_argument("--methods", default=",".join(["OrdNMF", *GRIDS]))
-    ap.add_argument("--report", nargs="+", metavar="JSON",
-                    help="print the tables of these results.json files (later rows of a method "
-                    "replace earlier ones) and exit")  # fmt: skip
+    ap.add_argument(
+        "--report",
+        nargs="+",
+        metavar="JSON",
+        help="print the tables of these results.json files (later rows of a method "
+        "replace earlier ones) and exit",
+    )
     args = ap.parse_args()
     if args.report:
         merged: dict[str, dict[str, dict[str, Any]]] = {}

@@ -58,8 +58,9 @@ def block_nnz(path: str) -> np.ndarray:
 
     info = open_store(path)
     n_r, n_c = info.grid
-    return np.array([[load_block(path, "train", r, c).nnz for c in range(n_c)]
-                     for r in range(n_r)], dtype=float)  # fmt: skip
+    return np.array(
+        [[load_block(path, "train", r, c).nnz for c in range(n_c)] for r in range(n_r)], dtype=float
+    )
 
 
 def gamma_ns(k: int, rows: int = 200_000) -> float:
@@ -73,8 +74,11 @@ def gamma_ns(k: int, rows: int = 200_000) -> float:
     sw, corr = rng.gamma(1.0, 1.0, (rows, k)), rng.gamma(1.0, 1.0, (rows, k))
     colsum = rng.gamma(1.0, 100.0, k)
     update_chunk(old, 0.3, sw, colsum, corr)
-    return 1e9 * best_of(lambda: update_chunk(old, 0.3, sw, colsum, corr), 3,
-                         time.process_time) / (rows * k)  # fmt: skip
+    return (
+        1e9
+        * best_of(lambda: update_chunk(old, 0.3, sw, colsum, corr), 3, time.process_time)
+        / (rows * k)
+    )
 
 
 class ChainRecorder(SchedulerPlugin):
@@ -104,8 +108,9 @@ def _chain_records(dask_scheduler: Any) -> dict[Any, tuple[float, float, list[An
     return dask_scheduler.plugins[ChainRecorder.name].done
 
 
-def critical_path(done: dict[Any, tuple[float, float, list[Any]]], t0: float,
-                  t1: float) -> tuple[float, float, int]:  # fmt: skip
+def critical_path(
+    done: dict[Any, tuple[float, float, list[Any]]], t0: float, t1: float
+) -> tuple[float, float, int]:
     """Walking back from the last task to finish by ``t1``, through the dependency that
     finished last (the one its start waited for), to ``t0``: compute seconds on the chain, the
     seconds between a dependency's end and its dependent's start, and the hops."""
@@ -135,8 +140,9 @@ def _loop_cpu() -> float:
     return time.thread_time()
 
 
-def profiled_fit(path: str, k: int, iters: int, workers: int,
-                 memory_limit: str | None) -> dict[str, Any]:  # fmt: skip
+def profiled_fit(
+    path: str, k: int, iters: int, workers: int, memory_limit: str | None
+) -> dict[str, Any]:
     """A cached fit on a LocalCluster of ``workers`` single-thread workers, with the counters
     of the module's docstring, per iteration after the first."""
     from distributed import get_task_stream
@@ -152,11 +158,18 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
         def record(info: Any) -> None:
             seconds.append(info.seconds)
             if info.iteration in (1, iters):
-                marks.append((time.time(), client.run_on_scheduler(_loop_cpu),
-                              time.process_time(), client.run(_outgoing)))  # fmt: skip
+                marks.append(
+                    (
+                        time.time(),
+                        client.run_on_scheduler(_loop_cpu),
+                        time.process_time(),
+                        client.run(_outgoing),
+                    )
+                )
 
-        model = OrdNMF(k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=True,
-                       checkpoint_every=0)  # fmt: skip
+        model = OrdNMF(
+            k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=True, checkpoint_every=0
+        )
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)
         done = client.run_on_scheduler(_chain_records)
@@ -269,8 +282,9 @@ def main() -> None:
     ap.add_argument("--sched-ms", type=float, help="scheduler CPU per task for the predictions")
     args = ap.parse_args()
     if args.rates:
-        return predictions(args, None, Rates(*args.rates), args.bandwidth[0]
-                           if args.bandwidth else 1e9)  # fmt: skip
+        return predictions(
+            args, None, Rates(*args.rates), args.bandwidth[0] if args.bandwidth else 1e9
+        )
     if args.profile:
         return profile_main(args)
     os.makedirs(args.work, exist_ok=True)
@@ -278,9 +292,13 @@ def main() -> None:
     for nnz in args.nnz:
         store_args = argparse.Namespace(
             users=args.users or max(12_000, int(nnz / 100)),
-            items=args.items or max(6_000, int(nnz / 400)), nnz=nnz,
-            k=args.k, classes=args.classes, nnz_per_block=args.nnz_per_block, work=args.work,
-        )  # fmt: skip
+            items=args.items or max(6_000, int(nnz / 400)),
+            nnz=nnz,
+            k=args.k,
+            classes=args.classes,
+            nnz_per_block=args.nnz_per_block,
+            work=args.work,
+        )
         path = ensure_store(store_args)
         info = open_store(path)
         one_pass = in_fresh_process(fused_job, path, args.k)["local"]
@@ -289,12 +307,20 @@ def main() -> None:
                 cache = mode == "cached"
                 d = distributed_fit(path, args.k, args.iters, workers, cache, args.memory_limit)
                 ref = 2 * one_pass / workers
-                rows.append([
-                    info.nnz_train, f"{info.grid[0]}x{info.grid[1]}", workers,
-                    "cached" if cache else "streaming", d["s_per_iter"], ref,
-                    d["s_per_iter"] / ref, max(d["worker_mb"]), max(d["worker_hwm_mb"]),
-                    d["client_mb"],
-                ])  # fmt: skip
+                rows.append(
+                    [
+                        info.nnz_train,
+                        f"{info.grid[0]}x{info.grid[1]}",
+                        workers,
+                        "cached" if cache else "streaming",
+                        d["s_per_iter"],
+                        ref,
+                        d["s_per_iter"] / ref,
+                        max(d["worker_mb"]),
+                        max(d["worker_hwm_mb"]),
+                        d["client_mb"],
+                    ]
+                )
                 print(fmt_table(rows[-1:], HEADER).splitlines()[-1], flush=True)
     print(fmt_table(rows, HEADER))
 
@@ -304,9 +330,13 @@ def profile_main(args: argparse.Namespace) -> None:
     for nnz in args.nnz:
         store_args = argparse.Namespace(
             users=args.users or max(12_000, int(nnz / 100)),
-            items=args.items or max(6_000, int(nnz / 400)), nnz=nnz,
-            k=args.k, classes=args.classes, nnz_per_block=args.nnz_per_block, work=args.work,
-        )  # fmt: skip
+            items=args.items or max(6_000, int(nnz / 400)),
+            nnz=nnz,
+            k=args.k,
+            classes=args.classes,
+            nnz_per_block=args.nnz_per_block,
+            work=args.work,
+        )
         path = ensure_store(store_args)
         info = open_store(path)
         grid = Grid(info.row_bounds, info.col_bounds, block_nnz(path), args.k)
@@ -321,8 +351,9 @@ def profile_main(args: argparse.Namespace) -> None:
             f"{corr_ns:.1f} ns/nnz, Gamma {rates.gamma_ns:.1f} ns/entry",
             flush=True,
         )
-        meas = {p: profiled_fit(path, args.k, args.iters, p, args.memory_limit)
-                for p in args.workers}  # fmt: skip
+        meas = {
+            p: profiled_fit(path, args.k, args.iters, p, args.memory_limit) for p in args.workers
+        }
         # calibration: the hop cost from the smallest worker count (its workers' idle time over
         # the model's hops: with one worker, it idles only while a dependency's result goes
         # through the scheduler), the scheduler's CPU per task, the bandwidth from the
@@ -332,8 +363,14 @@ def profile_main(args: argparse.Namespace) -> None:
         hop_s = max(m0["mean"] - m0["busy"] / p0, 0.0) / predict(grid, p0, rates).hops
         moved = [(m["bytes"], m["transfer_s"]) for p, m in meas.items() if p > 1]
         bw = sum(b for b, _ in moved) / max(sum(t for _, t in moved), 1e-9) if moved else 1e9
-        rates = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, bw, hop_s,
-                      m0["loop_cpu"] / max(m0["tasks"], 1))  # fmt: skip
+        rates = Rates(
+            rates.local_ns,
+            rates.corr_ns,
+            rates.gamma_ns,
+            bw,
+            hop_s,
+            m0["loop_cpu"] / max(m0["tasks"], 1),
+        )
         print(
             f"calibrated: hop {rates.hop_s * 1e3:.2f} ms (idle time of {p0} worker(s)),"
             f" scheduler loop {rates.sched_s * 1e3:.2f} ms CPU per task, bandwidth "
@@ -342,23 +379,43 @@ def profile_main(args: argparse.Namespace) -> None:
         rows = []
         for p, m in sorted(meas.items()):
             pr = predict(grid, p, rates)
-            rows.append([
-                p, m["mean"], pr.seconds, m0["mean"] / m["mean"] * p0,
-                m0["mean"] * p0 / (m["mean"] * p), m["bytes"] / 1e6, pr.bytes_moved / 1e6,
-                m["tasks"], pr.n_tasks, m["loop_cpu"] * 1e3, m["process_cpu"] * 1e3,
-                m["busy"], pr.kernel_total, " ".join(f"{x:.0%}" for x in m["idle"]),
-            ])  # fmt: skip
+            rows.append(
+                [
+                    p,
+                    m["mean"],
+                    pr.seconds,
+                    m0["mean"] / m["mean"] * p0,
+                    m0["mean"] * p0 / (m["mean"] * p),
+                    m["bytes"] / 1e6,
+                    pr.bytes_moved / 1e6,
+                    m["tasks"],
+                    pr.n_tasks,
+                    m["loop_cpu"] * 1e3,
+                    m["process_cpu"] * 1e3,
+                    m["busy"],
+                    pr.kernel_total,
+                    " ".join(f"{x:.0%}" for x in m["idle"]),
+                ]
+            )
         print(fmt_table(rows, PROFILE_HEADER))
         print(
             "(measured unless marked 'model'; speed-up and efficiency against "
             f"{p0} worker(s); busy = workers' compute seconds per iteration, summed)"
         )
         serial = [
-            [p, m["chain_compute"] + m["chain_gaps"], m["chain_compute"], m["chain_gaps"],
-             m["chain_hops"], 1e3 * m["chain_gaps"] / max(m["chain_hops"], 1),
-             predict(grid, p, rates).hops, m["loop_cpu"], m["process_cpu"]]
+            [
+                p,
+                m["chain_compute"] + m["chain_gaps"],
+                m["chain_compute"],
+                m["chain_gaps"],
+                m["chain_hops"],
+                1e3 * m["chain_gaps"] / max(m["chain_hops"], 1),
+                predict(grid, p, rates).hops,
+                m["loop_cpu"],
+                m["process_cpu"],
+            ]
             for p, m in sorted(meas.items())
-        ]  # fmt: skip
+        ]
         print(fmt_table(serial, SERIAL_HEADER))
         print(
             "(critical path: from the last task to finish back through the dependency each "
@@ -371,21 +428,29 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
     """The model's tables: ``--predict`` on ``grid`` (the measured store, when there is one)
     and on each ``--predict-shape``, per ``--bandwidth``, and the design variants."""
     rates = Rates(
-        rates.local_ns, rates.corr_ns, rates.gamma_ns, rates.bandwidth,
+        rates.local_ns,
+        rates.corr_ns,
+        rates.gamma_ns,
+        rates.bandwidth,
         rates.hop_s if args.hop_ms is None else args.hop_ms / 1e3,
         rates.sched_s if args.sched_ms is None else args.sched_ms / 1e3,
-    )  # fmt: skip
+    )
     shapes = [("this store", grid, args.predict)] if grid is not None else []
     for u, i, nz, r, c in args.predict_shape:
-        shapes.append((f"balanced {int(u)} x {int(i)}, {nz:.0e} nnz, {int(r)}x{int(c)}",
-                       Grid.balanced(int(u), int(i), nz, int(r), int(c), args.k),
-                       args.predict or args.workers))  # fmt: skip
+        shapes.append(
+            (
+                f"balanced {int(u)} x {int(i)}, {nz:.0e} nnz, {int(r)}x{int(c)}",
+                Grid.balanced(int(u), int(i), nz, int(r), int(c), args.k),
+                args.predict or args.workers,
+            )
+        )
     # the shape --one-worker-seconds is of: the first --predict-shape
     ref = shapes[-len(args.predict_shape)][1] if args.predict_shape else grid
     for name, g, counts in shapes:
         for b in args.bandwidth or [bw]:
-            r_b = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, b, rates.hop_s,
-                        rates.sched_s)  # fmt: skip
+            r_b = Rates(
+                rates.local_ns, rates.corr_ns, rates.gamma_ns, b, rates.hop_s, rates.sched_s
+            )
             if args.one_worker_seconds and g is not grid:
                 r_b = scaled_to(ref, r_b, args.one_worker_seconds)
             one = predict(g, 1, r_b).seconds  # one single-thread worker
@@ -393,12 +458,22 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
             out = []
             for p in counts:
                 pr = predict(g, p, r_b, threads=t)
-                out.append([p, pr.seconds, one / pr.seconds, pr.transfer_s,
-                            pr.hops * pr.hop_s, pr.sched_s, pr.bytes_moved / 1e6,
-                            " ".join(f"{k} {v:.2f}/{pr.workers_used[k]}"
-                                     for k, v in pr.kernel.items())])  # fmt: skip
-            print(f"model, {name}, bandwidth {b / 1e6:.0f} MB/s, {t} thread(s) per worker "
-                  "(speed-up against one single-thread worker):")  # fmt: skip
+                out.append(
+                    [
+                        p,
+                        pr.seconds,
+                        one / pr.seconds,
+                        pr.transfer_s,
+                        pr.hops * pr.hop_s,
+                        pr.sched_s,
+                        pr.bytes_moved / 1e6,
+                        " ".join(f"{k} {v:.2f}/{pr.workers_used[k]}" for k, v in pr.kernel.items()),
+                    ]
+                )
+            print(
+                f"model, {name}, bandwidth {b / 1e6:.0f} MB/s, {t} thread(s) per worker "
+                "(speed-up against one single-thread worker):"
+            )
             print(fmt_table(out, MODEL_HEADER))
             if g is not grid:
                 for p in args.variants_at:
@@ -432,37 +507,85 @@ def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
     ]:
         pr = predict(grid, 1 if "threads" in kw else p, r, **kw)
         out.append([name, pr.seconds, one / pr.seconds, pr.transfer_s, sum(pr.kernel.values())])
-    print(fmt_table(out, [f"variant, {p} workers", "s/iter", "speed-up", "transfer s",
-                          "kernel s (busiest per pass)"]))  # fmt: skip
+    print(
+        fmt_table(
+            out,
+            [
+                f"variant, {p} workers",
+                "s/iter",
+                "speed-up",
+                "transfer s",
+                "kernel s (busiest per pass)",
+            ],
+        )
+    )
 
 
 def scaled_to(grid: Grid, rates: Rates, seconds: float) -> Rates:
     """``rates`` with the kernel costs scaled so that the model's 1-worker time is ``seconds``."""
     one = predict(grid, 1, rates)
     f = (seconds - (one.seconds - one.kernel_total)) / one.kernel_total
-    return Rates(rates.local_ns * f, rates.corr_ns * f, rates.gamma_ns * f, rates.bandwidth,
-                 rates.hop_s, rates.sched_s)  # fmt: skip
+    return Rates(
+        rates.local_ns * f,
+        rates.corr_ns * f,
+        rates.gamma_ns * f,
+        rates.bandwidth,
+        rates.hop_s,
+        rates.sched_s,
+    )
 
 
 PROFILE_HEADER = [
-    "workers", "s/iter", "model s/iter", "speed-up", "efficiency", "MB moved", "model MB",
-    "tasks", "model tasks", "sched loop CPU ms", "fit process CPU ms", "busy s",
-    "model kernel s", "idle per worker",
-]  # fmt: skip
+    "workers",
+    "s/iter",
+    "model s/iter",
+    "speed-up",
+    "efficiency",
+    "MB moved",
+    "model MB",
+    "tasks",
+    "model tasks",
+    "sched loop CPU ms",
+    "fit process CPU ms",
+    "busy s",
+    "model kernel s",
+    "idle per worker",
+]
 SERIAL_HEADER = [
-    "workers", "critical path s", "its compute s", "its waits s", "hops", "ms per hop",
-    "model hops", "sched loop CPU s", "fit process CPU s",
-]  # fmt: skip
+    "workers",
+    "critical path s",
+    "its compute s",
+    "its waits s",
+    "hops",
+    "ms per hop",
+    "model hops",
+    "sched loop CPU s",
+    "fit process CPU s",
+]
 MODEL_HEADER = [
-    "workers", "s/iter", "speed-up", "transfer s", "hops s", "scheduler s", "MB moved",
+    "workers",
+    "s/iter",
+    "speed-up",
+    "transfer s",
+    "hops s",
+    "scheduler s",
+    "MB moved",
     "busiest worker's kernel s / workers used, per pass",
-]  # fmt: skip
+]
 
 
 HEADER = [
-    "train nnz", "grid", "workers", "blocks", "s/iter", "2 fused passes", "ratio",
-    "max worker RSS MB", "max worker VmHWM MB", "client RSS MB",
-]  # fmt: skip
+    "train nnz",
+    "grid",
+    "workers",
+    "blocks",
+    "s/iter",
+    "2 fused passes",
+    "ratio",
+    "max worker RSS MB",
+    "max worker VmHWM MB",
+    "client RSS MB",
+]
 
 
 if __name__ == "__main__":

@@ -55,9 +55,11 @@ def saved_model(path: str, n_single: int) -> None:
     u, i = server.W.shape[0], server.H.shape[0]
     print(f"saved model {path} ({u} users x {i} items, K = {server.W.shape[1]})")
     print(f"  load {load * 1e3:.1f} ms; first recommend (reads factors, ids) {first * 1e3:.1f} ms")
-    print(f"  recommend 1 user, n = 10, seen items filtered: median "
-          f"{statistics.median(times) * 1e3:.3f} ms, max {max(times) * 1e3:.3f} ms "
-          f"over {n_single} users")
+    print(
+        f"  recommend 1 user, n = 10, seen items filtered: median "
+        f"{statistics.median(times) * 1e3:.3f} ms, max {max(times) * 1e3:.3f} ms "
+        f"over {n_single} users"
+    )
 
 
 def random_model(path: str, n_users: int, n_items: int, k: int) -> None:
@@ -74,13 +76,25 @@ def random_model(path: str, n_users: int, n_items: int, k: int) -> None:
         bounds[name] = b
     for axis, n in (("users", n_users), ("items", n_items)):
         write_array(root.create_group(axis), "ids", np.arange(n, dtype=np.int64))
-    root.attrs.update({
-        "model": "OrdNMF", "family": "ordinal", "params": OrdNMF(k).get_params(),
-        "delta": [0.0, 1.0], "theta": [1.0, 0.0], "elbo": [0.0], "n_iter": 0,
-        "converged": False, "row_bounds": bounds["W"], "col_bounds": bounds["H"],
-        "store": {"path": None, "n_users": n_users, "n_items": n_items, "n_classes": 1},
-        "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "ids": True, "complete": True,
-    })  # fmt: skip
+    root.attrs.update(
+        {
+            "model": "OrdNMF",
+            "family": "ordinal",
+            "params": OrdNMF(k).get_params(),
+            "delta": [0.0, 1.0],
+            "theta": [1.0, 0.0],
+            "elbo": [0.0],
+            "n_iter": 0,
+            "converged": False,
+            "row_bounds": bounds["W"],
+            "col_bounds": bounds["H"],
+            "store": {"path": None, "n_users": n_users, "n_items": n_items, "n_classes": 1},
+            "kind": MODEL_KIND,
+            "format_version": MODEL_FORMAT,
+            "ids": True,
+            "complete": True,
+        }
+    )
 
 
 def big_model(n_users: int, n_items: int, k: int, n_batch: int, repeat: int) -> None:
@@ -93,19 +107,25 @@ def big_model(n_users: int, n_items: int, k: int, n_batch: int, repeat: int) -> 
         batch, cpu, single = [], [], []
         for _ in range(repeat):
             users = rng.choice(n_users, n_batch, replace=False).tolist()
-            wall, used = cpu_clock(lambda u=users: est.recommend(u, n=10,
-                                                                 filter_already_seen=False))
+            wall, used = cpu_clock(
+                lambda u=users: est.recommend(u, n=10, filter_already_seen=False)
+            )
             batch.append(wall)
             cpu.append(used)
             user = int(rng.integers(n_users))
-            single.append(clock(lambda u=user: est.recommend([u], n=10,
-                                                             filter_already_seen=False))[0])
-        print(f"random model {n_users} users x {n_items} items, K = {k} (written in "
-              f"{written:.1f} s; first recommend, reading it: {first:.2f} s)")
-        print(f"  recommend {n_batch} users, n = 10: median {statistics.median(batch):.3f} s, "
-              f"min {min(batch):.3f} s, max {max(batch):.3f} s over {repeat} batches "
-              f"(process CPU: median {statistics.median(cpu):.3f} s); load average "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+            single.append(
+                clock(lambda u=user: est.recommend([u], n=10, filter_already_seen=False))[0]
+            )
+        print(
+            f"random model {n_users} users x {n_items} items, K = {k} (written in "
+            f"{written:.1f} s; first recommend, reading it: {first:.2f} s)"
+        )
+        print(
+            f"  recommend {n_batch} users, n = 10: median {statistics.median(batch):.3f} s, "
+            f"min {min(batch):.3f} s, max {max(batch):.3f} s over {repeat} batches "
+            f"(process CPU: median {statistics.median(cpu):.3f} s); load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        )
         print(f"  recommend 1 user, n = 10: median {statistics.median(single) * 1e3:.2f} ms")
 
 

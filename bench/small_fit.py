@@ -55,19 +55,50 @@ def prepare(ratings: str, work: str, authors_code: str | None = None) -> tuple[s
     the bytecode of the package and of the references, and numba's cache, brought up to date."""
     store, train = os.path.join(work, "ml.zarr"), os.path.join(work, "train.npz")
     if not os.path.exists(store):
-        subprocess.run(["ordnmf-dask", "ingest", ratings, "--out", store, "--ratings", "halfstar",
-                        "--min-count", "20", "-q"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                "ordnmf-dask",
+                "ingest",
+                ratings,
+                "--out",
+                store,
+                "--ratings",
+                "halfstar",
+                "--min-count",
+                "20",
+                "-q",
+            ],
+            check=True,
+        )
     if not os.path.exists(train):
         save_training_npz(store, train)
     import ordnmf_dask
 
-    for where in (os.path.dirname(ordnmf_dask.__file__), str(HERE / "paper_style.py"),
-                  str(HERE / "authors_code.py"), *([authors_code] if authors_code else [])):
+    for where in (
+        os.path.dirname(ordnmf_dask.__file__),
+        str(HERE / "paper_style.py"),
+        str(HERE / "authors_code.py"),
+        *([authors_code] if authors_code else []),
+    ):
         compile_all = compileall.compile_dir if os.path.isdir(where) else compileall.compile_file
         compile_all(where, quiet=1)
-    subprocess.run(["ordnmf-dask", "fit", store, "-k", "2", "--max-iter", "1", "--out",
-                    os.path.join(work, "warm-up.zarr"), "--overwrite", "-q"], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [
+            "ordnmf-dask",
+            "fit",
+            store,
+            "-k",
+            "2",
+            "--max-iter",
+            "1",
+            "--out",
+            os.path.join(work, "warm-up.zarr"),
+            "--overwrite",
+            "-q",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return store, train
 
 
@@ -98,8 +129,13 @@ def timed(cmd: list[str]) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall": wall, "cpu": cpu, "peak_mb": max(sampler.peak.values(), default=0.0),
-            "tree_mb": sum(sampler.peak.values()), "out": out.strip()}  # fmt: skip
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "peak_mb": max(sampler.peak.values(), default=0.0),
+        "tree_mb": sum(sampler.peak.values()),
+        "out": out.strip(),
+    }
 
 
 def main() -> None:
@@ -108,20 +144,39 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--work", default="/tmp/ordnmf-bench/small")
-    ap.add_argument("--no-cluster", action="store_true",
-                    help="only the in-process fit and the reference (no LocalCluster fit)")
-    ap.add_argument("--authors-code", metavar="PATH",
-                    help="also the authors' published code (a checkout, or its OrdNMF.py; "
-                         "bench/authors_code.py), fitted to its own stopping rule at --tol")
+    ap.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="only the in-process fit and the reference (no LocalCluster fit)",
+    )
+    ap.add_argument(
+        "--authors-code",
+        metavar="PATH",
+        help="also the authors' published code (a checkout, or its OrdNMF.py; "
+        "bench/authors_code.py), fitted to its own stopping rule at --tol",
+    )
     ap.add_argument("--tol", type=float, default=1e-5, help="the tol of every fit")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     store, train = prepare(args.ratings, args.work, args.authors_code)
     model = os.path.join(args.work, "model.zarr")
-    fit = ["ordnmf-dask", "fit", store, "-k", str(args.k), "--tol", str(args.tol), "--out", model,
-           "--overwrite", "-q"]  # fmt: skip
-    print(f"ml-latest-small store {store}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores")  # fmt: skip
+    fit = [
+        "ordnmf-dask",
+        "fit",
+        store,
+        "-k",
+        str(args.k),
+        "--tol",
+        str(args.tol),
+        "--out",
+        model,
+        "--overwrite",
+        "-q",
+    ]
+    print(
+        f"ml-latest-small store {store}, K {args.k}; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores"
+    )
     runs: dict[str, list[dict[str, Any]]] = {"auto": [], "cluster": [], "reference": []}
     if args.no_cluster:
         del runs["cluster"]
@@ -135,9 +190,18 @@ def main() -> None:
         code = REFERENCE.format(here=str(HERE), train=train, k=args.k, iters=iters)
         res["reference"] = timed([sys.executable, "-c", code])
         if "authors" in runs:
-            res["authors"] = timed([sys.executable, str(HERE / "authors_code.py"),
-                                    args.authors_code, train, "--k", str(args.k), "--tol",
-                                    str(args.tol)])  # fmt: skip
+            res["authors"] = timed(
+                [
+                    sys.executable,
+                    str(HERE / "authors_code.py"),
+                    args.authors_code,
+                    train,
+                    "--k",
+                    str(args.k),
+                    "--tol",
+                    str(args.tol),
+                ]
+            )
         for name, r in res.items():
             for ref in ("reference", "authors"):
                 if ref in res:
@@ -145,22 +209,44 @@ def main() -> None:
                     r[f"{ref}_cpu_ratio"] = res[ref]["cpu"] / r["cpu"]
             runs[name].append(r)
         print(f"round {j + 1}: " + "; ".join(f"{name} {r['out']!r}" for name, r in res.items()))
-    labels = {"auto": "ordnmf-dask fit (auto: in-process)",
-              "cluster": "ordnmf-dask fit --executor cluster",
-              "reference": "paper-style numpy, same iterations",
-              "authors": "authors' code, its own stopping rule"}  # fmt: skip
+    labels = {
+        "auto": "ordnmf-dask fit (auto: in-process)",
+        "cluster": "ordnmf-dask fit --executor cluster",
+        "reference": "paper-style numpy, same iterations",
+        "authors": "authors' code, its own stopping rule",
+    }
     refs = [ref for ref in ("reference", "authors") if ref in runs]
-    keys = ["wall", *(f"{ref}_ratio" for ref in refs), "cpu", *(f"{ref}_cpu_ratio" for ref in refs),
-            "peak_mb", "tree_mb"]  # fmt: skip
-    rows = [[labels[name], *(statistics.median(r[key] for r in res) for key in keys)]
-            for name, res in runs.items()]  # fmt: skip
+    keys = [
+        "wall",
+        *(f"{ref}_ratio" for ref in refs),
+        "cpu",
+        *(f"{ref}_cpu_ratio" for ref in refs),
+        "peak_mb",
+        "tree_mb",
+    ]
+    rows = [
+        [labels[name], *(statistics.median(r[key] for r in res) for key in keys)]
+        for name, res in runs.items()
+    ]
     names = {"reference": "paper-style", "authors": "authors"}
-    print(fmt_table(rows, ["whole run, process start-up included", "wall s",
-                           *(f"{names[ref]} / this" for ref in refs), "CPU s",
-                           *(f"{names[ref]} / this (CPU)" for ref in refs),
-                           "peak RSS MB (largest process)", "sum of peaks MB"]))  # fmt: skip
-    print(f"(medians over rounds; ratios taken within each round; load average at the end "
-          f"{os.getloadavg()[0]:.1f})")  # fmt: skip
+    print(
+        fmt_table(
+            rows,
+            [
+                "whole run, process start-up included",
+                "wall s",
+                *(f"{names[ref]} / this" for ref in refs),
+                "CPU s",
+                *(f"{names[ref]} / this (CPU)" for ref in refs),
+                "peak RSS MB (largest process)",
+                "sum of peaks MB",
+            ],
+        )
+    )
+    print(
+        f"(medians over rounds; ratios taken within each round; load average at the end "
+        f"{os.getloadavg()[0]:.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -50,9 +50,13 @@ def profile(path: str, args: argparse.Namespace) -> None:
     with resolve_client(None, args.workers, memory_limit=args.memory_limit) as client:
         before = client.run(worker_usage)
         model = OrdNMF(
-            args.k, tol=1e-12, max_iter=args.iters, min_iter=args.iters,
-            cache_blocks=not args.stream, checkpoint_every=0,
-        )  # fmt: skip
+            args.k,
+            tol=1e-12,
+            max_iter=args.iters,
+            min_iter=args.iters,
+            cache_blocks=not args.stream,
+            checkpoint_every=0,
+        )
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)
         after = client.run(worker_usage)
@@ -81,7 +85,7 @@ def profile(path: str, args: argparse.Namespace) -> None:
     ]
     print(
         f"{n_iter} iterations after the first {max(args.skip, 1)}: mean {span / n_iter:.4f} s, "
-        f"median {statistics.median(seconds[max(args.skip, 1):]):.4f} s"
+        f"median {statistics.median(seconds[max(args.skip, 1) :]):.4f} s"
     )
     print(fmt_table(rows, ["task kind", "action", "ms/iteration", "tasks/iteration"]))
     for worker in sorted(busy):

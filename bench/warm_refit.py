@@ -43,8 +43,9 @@ from ordnmf_dask.store.blocks import StoreInfo, read_block, read_ids
 ML = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 
 
-def movielens(path: Path, work: Path, test_fraction: float, quantile: float, min_count: int
-              ) -> tuple[StoreInfo, StoreInfo]:
+def movielens(
+    path: Path, work: Path, test_fraction: float, quantile: float, min_count: int
+) -> tuple[StoreInfo, StoreInfo]:
     """(last period's store, this period's store) with the same held-out ratings."""
     with open(path, newline="") as fh:
         rows = list(csv.reader(fh))[1:]
@@ -55,25 +56,37 @@ def movielens(path: Path, work: Path, test_fraction: float, quantile: float, min
     held = np.random.default_rng(0).random(len(rows)) < test_fraction
     cut = np.quantile(stamp, quantile)
     early = stamp < cut
-    print(f"{len(rows)} ratings; cut at the {quantile:.0%} timestamp quantile: "
-          f"{int(early.sum())} before it; {int(held.sum())} held out")
+    print(
+        f"{len(rows)} ratings; cut at the {quantile:.0%} timestamp quantile: "
+        f"{int(early.sum())} before it; {int(held.sum())} held out"
+    )
 
     def store(name: str, keep: np.ndarray) -> StoreInfo:
         tr, te = keep & ~held, keep & held
-        return ingest_arrays(user[tr], item[tr], rating[tr], work / name, ratings="halfstar",
-                             min_count=min_count, test=(user[te], item[te], rating[te]))
+        return ingest_arrays(
+            user[tr],
+            item[tr],
+            rating[tr],
+            work / name,
+            ratings="halfstar",
+            min_count=min_count,
+            test=(user[te], item[te], rating[te]),
+        )
 
     return store("early.zarr", early), store("all.zarr", np.ones(len(rows), dtype=bool))
 
 
-def synthetic(nnz: float, work: Path, grow: float, k: int, client: Client
-              ) -> tuple[StoreInfo, StoreInfo]:
+def synthetic(
+    nnz: float, work: Path, grow: float, k: int, client: Client
+) -> tuple[StoreInfo, StoreInfo]:
     """(last period's store, this period's store): the synthetic store and its first rows."""
     n_users, n_items = max(12_000, int(nnz / 100)), max(6_000, int(nnz / 400))
     t = time.perf_counter()
     full = synth(work / "all.zarr", n_users, n_items, int(nnz), k, client=client)
-    print(f"synth {full.n_users} x {full.n_items}, {full.nnz_train} training nonzeros: "
-          f"{time.perf_counter() - t:.0f}s")
+    print(
+        f"synth {full.n_users} x {full.n_items}, {full.nnz_train} training nonzeros: "
+        f"{time.perf_counter() - t:.0f}s"
+    )
     keep_u, keep_i = int(n_users / (1 + grow)), int(n_items / (1 + grow))
     users, items = read_ids(full.path, "users"), read_ids(full.path, "items")
     parts: dict[str, list[np.ndarray]] = {"train": [], "test": []}
@@ -85,14 +98,23 @@ def synthetic(nnz: float, work: Path, grow: float, k: int, client: Client
                 keep = (u < keep_u) & (i < keep_i)
                 parts[split].append(np.stack([users[u[keep]], items[i[keep]], b.y[keep]]))
     train, test = (np.concatenate(parts[s], axis=1) for s in ("train", "test"))
-    early = ingest_arrays(*train, work / "early.zarr", ratings="integer",
-                          scale_max=full.n_classes, test=tuple(test))
+    early = ingest_arrays(
+        *train, work / "early.zarr", ratings="integer", scale_max=full.n_classes, test=tuple(test)
+    )
     print(f"last period: {early.n_users} x {early.n_items}, {early.nnz_train} training nonzeros")
     return early, full
 
 
-def fit(name: str, store: StoreInfo, client: Client | None, out: Path, k: int, tol: float,
-        seed: int, init_model: Path | None = None) -> tuple[object, float]:
+def fit(
+    name: str,
+    store: StoreInfo,
+    client: Client | None,
+    out: Path,
+    k: int,
+    tol: float,
+    seed: int,
+    init_model: Path | None = None,
+) -> tuple[object, float]:
     t = time.perf_counter()
     est = ESTIMATORS[name](k, tol=tol, max_iter=2000, seed=seed)
     est.fit(store.path, client, out=out, init_model=init_model)
@@ -111,62 +133,94 @@ def main() -> None:
     p.add_argument("--min-count", type=int, default=20)
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--quantile", type=float, default=0.9)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0],
-                   help="seeds of the three fits (last period, warm, cold), one run per seed")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="seeds of the three fits (last period, warm, cold), one run per seed",
+    )
     p.add_argument("--workers", type=int, default=2, help="synthetic: LocalCluster workers")
-    p.add_argument("--user-fraction", type=float, default=1.0,
-                   help="NDCG over this random fraction of the users (the same for both fits)")
+    p.add_argument(
+        "--user-fraction",
+        type=float,
+        default=1.0,
+        help="NDCG over this random fraction of the users (the same for both fits)",
+    )
     p.add_argument("--work", type=Path, help="directory for the stores and models (default tmp)")
     args = p.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="warm-refit-"))
     os.makedirs(work, exist_ok=True)
     # ml-latest-small fits in-process (the executor a fit chooses for a small store; bitwise a
     # cluster's result); the synthetic stores run on a LocalCluster
-    cluster = (LocalCluster(n_workers=args.workers, threads_per_worker=1) if args.synthetic
-               else contextlib.nullcontext())  # fmt: skip
-    with cluster as lc, (Client(lc) if lc is not None else contextlib.nullcontext()) as client:
+    cluster = (
+        LocalCluster(n_workers=args.workers, threads_per_worker=1)
+        if args.synthetic
+        else contextlib.nullcontext()
+    )
+    with cluster as lc, Client(lc) if lc is not None else contextlib.nullcontext() as client:
         if args.synthetic:
             early, full = synthetic(args.synthetic, work, args.grow, args.k, client)
         else:
-            early, full = movielens(args.ratings, work, args.test_fraction, args.quantile,
-                                    args.min_count)
-        print(f"this period: {full.n_users} x {full.n_items}, {full.nnz_train} training nonzeros"
-              f" ({full.n_users - early.n_users} more users, {full.n_items - early.n_items} "
-              "more items)")
+            early, full = movielens(
+                args.ratings, work, args.test_fraction, args.quantile, args.min_count
+            )
+        print(
+            f"this period: {full.n_users} x {full.n_items}, {full.nnz_train} training nonzeros"
+            f" ({full.n_users - early.n_users} more users, {full.n_items - early.n_items} "
+            "more items)"
+        )
         ratios = {seed: compare(args, early, full, client, work, seed) for seed in args.seeds}
     if len(ratios) > 1:
         text = ", ".join(f"seed {s}: {r:.1%}" for s, r in ratios.items())
         print(f"\nwarm / cold iterations: {text}; median {np.median(list(ratios.values())):.1%}")
 
 
-def compare(args: argparse.Namespace, early: StoreInfo, full: StoreInfo, client: Client | None,
-            work: Path, seed: int) -> float:
+def compare(
+    args: argparse.Namespace,
+    early: StoreInfo,
+    full: StoreInfo,
+    client: Client | None,
+    work: Path,
+    seed: int,
+) -> float:
     """Last period's fit, then this period's warm refit and cold fit from ``seed``, printed
     side by side; the warm / cold ratio of iterations."""
     tag = f"-{seed}" if len(args.seeds) > 1 else ""
     last = work / f"last{tag}.zarr"
     last_tol = args.tol if args.last_tol is None else args.last_tol
     old, t_old = fit(args.model, early, client, last, args.k, last_tol, seed)
-    print(f"\nseed {seed}: last period, cold (tol {last_tol:g}): {old.n_iter_} iterations, "
-          f"{t_old:.1f}s")
-    warm, t_warm = fit(args.model, full, client, work / f"warm{tag}.zarr", args.k, args.tol,
-                       seed, init_model=last)
+    print(
+        f"\nseed {seed}: last period, cold (tol {last_tol:g}): {old.n_iter_} iterations, "
+        f"{t_old:.1f}s"
+    )
+    warm, t_warm = fit(
+        args.model, full, client, work / f"warm{tag}.zarr", args.k, args.tol, seed, init_model=last
+    )
     cold, t_cold = fit(args.model, full, client, work / f"cold{tag}.zarr", args.k, args.tol, seed)
-    scores = {name: evaluate(full, est, client, k=100, user_fraction=args.user_fraction)
-              for name, est in (("warm", warm), ("cold", cold))}
+    scores = {
+        name: evaluate(full, est, client, k=100, user_fraction=args.user_fraction)
+        for name, est in (("warm", warm), ("cold", cold))
+    }
     print(f"{'':>22} {'warm refit':>12} {'cold fit':>12}")
-    print(f"{'iterations':>22} {warm.n_iter_:>12d} {cold.n_iter_:>12d}   "
-          f"(warm / cold = {warm.n_iter_ / cold.n_iter_:.1%})")
+    print(
+        f"{'iterations':>22} {warm.n_iter_:>12d} {cold.n_iter_:>12d}   "
+        f"(warm / cold = {warm.n_iter_ / cold.n_iter_:.1%})"
+    )
     print(f"{'seconds':>22} {t_warm:>12.1f} {t_cold:>12.1f}")
     reached = np.flatnonzero(np.asarray(warm.elbo_) >= cold.elbo_[-1])
-    print(f"{'warm reaches the cold':>22} {'never' if reached.size == 0 else reached[0] + 1:>12}"
-          "   (iterations until the warm ELBO is at the cold fit's final ELBO)")
+    print(
+        f"{'warm reaches the cold':>22} {'never' if reached.size == 0 else reached[0] + 1:>12}"
+        "   (iterations until the warm ELBO is at the cold fit's final ELBO)"
+    )
     print(f"{'final ELBO':>22} {warm.elbo_[-1]:>12.6g} {cold.elbo_[-1]:>12.6g}")
     for s in scores["cold"]["ndcg"]:
         a, b = scores["warm"]["ndcg"][s], scores["cold"]["ndcg"][s]
         print(f"{f'NDCG@100 s={s}':>22} {a:>12.4f} {b:>12.4f}   (warm - cold {a - b:+.4f})")
-    print(f"{'test loglik / nnz':>22} {scores['warm']['test_loglik_mean']:>12.4f} "
-          f"{scores['cold']['test_loglik_mean']:>12.4f}")
+    print(
+        f"{'test loglik / nnz':>22} {scores['warm']['test_loglik_mean']:>12.4f} "
+        f"{scores['cold']['test_loglik_mean']:>12.4f}"
+    )
     return warm.n_iter_ / cold.n_iter_
 
 

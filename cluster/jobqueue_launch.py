@@ -46,16 +46,16 @@ def cluster_settings(system: str, env: Mapping[str, str] = os.environ) -> dict[s
     cores = int(get("CORES", "8"))
     settings = {
         "cores": cores,
-        "processes": cores,                     # 1 thread per worker process
+        "processes": cores,  # 1 thread per worker process
         "memory": get("MEMORY", "32GB"),
         "walltime": get("WALLTIME", "04:00:00"),
         "queue": get("QUEUE"),
-        "account": get("ACCOUNT"),              # -A: the project charged
-        "interface": get("INTERFACE"),          # e.g. ib0: the network the workers reach us on
+        "account": get("ACCOUNT"),  # -A: the project charged
+        "interface": get("INTERFACE"),  # e.g. ib0: the network the workers reach us on
         "local_directory": get("LOCAL_DIR", "$TMPDIR"),  # node-local spill space
         "log_directory": get("LOG_DIR", "dask-logs"),
         "job_name": "ordnmf-worker",
-        "death_timeout": 120,                   # a worker whose scheduler is gone exits
+        "death_timeout": 120,  # a worker whose scheduler is gone exits
         "job_script_prologue": [f"export DASK_CONFIG={DASK_YAML}"],
         "python": sys.executable,
         # the dashboard listens on loopback only: reach it with an ssh tunnel
@@ -72,14 +72,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--system", choices=SYSTEMS, required=True)
     p.add_argument("--config", required=True, help="job file (TOML), see cluster/job.toml")
     p.add_argument("--jobs", type=int, default=2, help="worker jobs to submit")
-    p.add_argument("--resume", action="store_true",
-                   help="require resuming from this job's checkpoints (default: resume when "
-                        "there are some, start afresh otherwise)")
-    p.add_argument("--restart", action="store_true",
-                   help="discard the checkpoints ordnmf-dask wrote in [checkpoint] dir and "
-                        "start afresh (needed after the job's configuration changed)")
-    p.add_argument("--worker-timeout", type=float, default=3600.0, metavar="SECONDS",
-                   help="fail (exit 3) when no worker job has joined by then (default 3600)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="require resuming from this job's checkpoints (default: resume when "
+        "there are some, start afresh otherwise)",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="discard the checkpoints ordnmf-dask wrote in [checkpoint] dir and "
+        "start afresh (needed after the job's configuration changed)",
+    )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="fail (exit 3) when no worker job has joined by then (default 3600)",
+    )
     p.add_argument("--print-job-script", action="store_true", help="print it and exit")
     args = p.parse_args(argv)
 
@@ -88,9 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except InputError as exc:
-        message = (str(exc).replace("restart=True", "--restart")
-                   .replace("resume=True", "--resume")
-                   .replace("overwrite=True", "[output] overwrite = true in the job file"))
+        message = (
+            str(exc)
+            .replace("restart=True", "--restart")
+            .replace("resume=True", "--resume")
+            .replace("overwrite=True", "[output] overwrite = true in the job file")
+        )
         print(f"jobqueue_launch: error: {' '.join(message.split())}", file=sys.stderr)
         return 2
     except TimeoutError as exc:
@@ -117,13 +131,18 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--resume and --restart contradict each other: give one of them")
         plan = plan_job(cfg, resume=args.resume, restart=args.restart)
         if shutil.which(SUBMIT[args.system]) is None:
-            raise InputError(f"{SUBMIT[args.system]} not found on the PATH: worker jobs cannot be "
-                             f"submitted to {args.system}")
+            raise InputError(
+                f"{SUBMIT[args.system]} not found on the PATH: worker jobs cannot be "
+                f"submitted to {args.system}"
+            )
     import dask_jobqueue
 
     cluster_class = {"slurm": dask_jobqueue.SLURMCluster, "pbs": dask_jobqueue.PBSCluster}
-    logging.basicConfig(level=cfg.logging.level, filename=cfg.logging.file,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.logging.level,
+        filename=cfg.logging.file,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     security = security_from(cfg.cluster, local=True)
     settings = cluster_settings(args.system)
     with cluster_class[args.system](**settings, security=security) as cluster:
@@ -136,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
             try:  # the queue may be slow; others join later
                 client.wait_for_workers(1, timeout=args.worker_timeout)
             except TimeoutError:
-                raise TimeoutError(f"no worker job joined within {args.worker_timeout:g} s "
-                                   f"(see {settings['log_directory']})") from None
+                raise TimeoutError(
+                    f"no worker job joined within {args.worker_timeout:g} s "
+                    f"(see {settings['log_directory']})"
+                ) from None
             model = run_job(plan, client)
     a = model.attrs
     print(f"{a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")

@@ -17,8 +17,9 @@ if __name__ == "__main__":
     ratings = Path(data) / "ml-latest-small" / "ratings.csv" if data else fetch_movielens_small()
     out = Path(os.environ.get("OUT") or Path(__file__).resolve().parents[1] / "out" / "quickstart")
     out.mkdir(parents=True, exist_ok=True)
-    store = ingest(ratings, out / "store.zarr", ratings="halfstar", min_count=20, seed=0,
-                   overwrite=True)
+    store = ingest(
+        ratings, out / "store.zarr", ratings="halfstar", min_count=20, seed=0, overwrite=True
+    )
     # without a client a store this small is fitted in this process; fit(store, client) with a
     # distributed.Client (e.g. Client(LocalCluster(n_workers=2))) runs it on that cluster
     model = OrdNMF(n_components=50, alpha_W=0.3, alpha_H=0.3, tol=1e-5, seed=0).fit(store)

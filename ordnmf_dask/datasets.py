@@ -53,8 +53,9 @@ def fetch_movielens_small(
             return found
     target = home / MOVIELENS_SMALL
     if target.exists():  # not ours to replace: something else made it
-        raise InputError(f"{target}: exists without ratings.csv; remove it or set {ENV_VAR} "
-                         "to another directory")
+        raise InputError(
+            f"{target}: exists without ratings.csv; remove it or set {ENV_VAR} to another directory"
+        )
     _download_zip(url, sha256, home, MOVIELENS_SMALL, MOVIELENS_SMALL_FILES)
     return target / "ratings.csv"
 
@@ -65,15 +66,18 @@ def _download_zip(url: str, sha256: str, home: Path, name: str, files: tuple[str
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise InputError(f"{home}: cannot create the data cache ({e.strerror}); set {ENV_VAR} "
-                         "to a writable directory") from None
+        raise InputError(
+            f"{home}: cannot create the data cache ({e.strerror}); set {ENV_VAR} "
+            "to a writable directory"
+        ) from None
     unpacked = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=home))
     try:
         archive = unpacked / "download.zip"
         digest = _fetch(url, archive, home, name)
         if digest != sha256:
-            raise InputError(f"{url}: sha256 {digest} is not the expected {sha256}; the download "
-                             "was discarded")
+            raise InputError(
+                f"{url}: sha256 {digest} is not the expected {sha256}; the download was discarded"
+            )
         with zipfile.ZipFile(archive) as zf:
             for member in files:
                 with zf.open(f"{name}/{member}") as src, open(unpacked / member, "wb") as dst:
@@ -98,7 +102,9 @@ def _fetch(url: str, dest: Path, home: Path, name: str) -> str:
                 out.write(chunk)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or e.strerror or e
-        raise InputError(f"{name} is not cached and the download failed ({reason}): download "
-                         f"{url} and unzip it into {home} (or set {ENV_VAR} to the directory "
-                         f"it is unzipped into)") from None
+        raise InputError(
+            f"{name} is not cached and the download failed ({reason}): download "
+            f"{url} and unzip it into {home} (or set {ENV_VAR} to the directory "
+            f"it is unzipped into)"
+        ) from None
     return digest.hexdigest()

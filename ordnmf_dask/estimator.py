@@ -35,13 +35,16 @@ def _params_doc(estimator: str) -> str:
         default = "" if DEFAULTS[name] is None else f" (default {DEFAULTS[name]!r})"
         text = f"{name} : {PARAMS[name].doc}{default}."
         lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
-    return "\n".join(lines) + """\n
+    return (
+        "\n".join(lines)
+        + """\n
     Checkpoints are written by the workers and read back, which also cuts the task lineage;
     none after the last iteration, whose state is the saved model. A fit that finds checkpoints
     of the same store and model parameters in ``checkpoint_dir`` resumes from them; one that
     finds another fit's refuses to start (see :meth:`fit`'s ``restart``). ``checkpoint_dir``
     inside the default ``work_dir`` is removed after the fit.
 """
+    )
 
 
 _SHARED_ATTRS_DOC = """
@@ -222,9 +225,17 @@ class CaviEstimator:
         fit the workers' memory limits (in-process: the memory available) are refused before
         the first iteration (:func:`ordnmf_dask.runtime.memory.check_fit_memory`).
         """
-        plan = plan_fit(store, type(self).__name__, self.get_params(), init=init,
-                        init_model=init_model, out=out, overwrite=overwrite, resume=resume,
-                        restart=restart)
+        plan = plan_fit(
+            store,
+            type(self).__name__,
+            self.get_params(),
+            init=init,
+            init_model=init_model,
+            out=out,
+            overwrite=overwrite,
+            resume=resume,
+            restart=restart,
+        )
         if not check:
             self._set_fitted(run_fit(plan, client, callback))
         return self
@@ -270,8 +281,9 @@ class CaviEstimator:
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the parameters and, once fitted, the model directory's path instead of the
         factors: unpickling reopens that model, so it must still exist (:meth:`save` keeps one)."""
-        state = {k: v for k, v in vars(self).items()
-                 if not k.endswith("_") and not k.startswith("_")}  # fmt: skip
+        state = {
+            k: v for k, v in vars(self).items() if not k.endswith("_") and not k.startswith("_")
+        }
         if hasattr(self, "model_path_"):
             state["model_path_"] = self.model_path_
         return state
@@ -295,8 +307,9 @@ class CaviEstimator:
         model = open_model(os.fspath(path))
         klass = ESTIMATORS.get(model.attrs.get("model", ""))
         if klass is None or not issubclass(klass, cls):
-            raise InputError(f"{model.path}: holds a {model.attrs.get('model')!r} model, "
-                             f"not a {cls.__name__}")
+            raise InputError(
+                f"{model.path}: holds a {model.attrs.get('model')!r} model, not a {cls.__name__}"
+            )
         params = {RENAMED.get(k, k): v for k, v in model.attrs["params"].items()}
         est = klass(**{k: v for k, v in params.items() if k is not None})
         est._set_fitted(model)
@@ -309,8 +322,13 @@ class CaviEstimator:
         return server(self.model_path_, store)
 
     def recommend(
-        self, user_ids: Any, n: int = 10, *, filter_already_seen: bool = True,
-        items: Sequence[Any] | None = None, exclude: Sequence[Any] | None = None,
+        self,
+        user_ids: Any,
+        n: int = 10,
+        *,
+        filter_already_seen: bool = True,
+        items: Sequence[Any] | None = None,
+        exclude: Sequence[Any] | None = None,
         store: str | os.PathLike | None = None,
     ) -> dict[Any, list[tuple[Any, float]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
@@ -321,7 +339,11 @@ class CaviEstimator:
         return self._server(store).recommend(user_ids, n, filter_already_seen, items, exclude)
 
     def recommend_for(
-        self, w: np.ndarray, n: int = 10, *, exclude: Sequence[Sequence[Any]] | None = None,
+        self,
+        w: np.ndarray,
+        n: int = 10,
+        *,
+        exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
     ) -> dict[int, list[tuple[Any, float]]]:
         """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
@@ -342,16 +364,26 @@ class CaviEstimator:
         return self._server().score(user_ids, item_ids)
 
     def fold_in_users(
-        self, items: Sequence[Sequence[Any]], values: Sequence[Sequence[float]], *,
-        max_iter: int = 500, tol: float = 1e-6, seed: int | None = None,
+        self,
+        items: Sequence[Sequence[Any]],
+        values: Sequence[Sequence[float]],
+        *,
+        max_iter: int = 500,
+        tol: float = 1e-6,
+        seed: int | None = None,
     ) -> np.ndarray:
         """E[w] (n_new, K) of NEW users from their (raw item id, value) interactions, with
         q(H) and the thresholds fixed (see :func:`ordnmf_dask.fold_in`), in memory."""
         return self._server().fold_in("users", items, values, max_iter, tol, seed)
 
     def fold_in_items(
-        self, users: Sequence[Sequence[Any]], values: Sequence[Sequence[float]], *,
-        max_iter: int = 500, tol: float = 1e-6, seed: int | None = None,
+        self,
+        users: Sequence[Sequence[Any]],
+        values: Sequence[Sequence[float]],
+        *,
+        max_iter: int = 500,
+        tol: float = 1e-6,
+        seed: int | None = None,
     ) -> np.ndarray:
         """E[h] (n_new, K) of NEW items from their (raw user id, value) interactions, with
         q(W) and the thresholds fixed, in memory."""
@@ -383,8 +415,11 @@ class OrdNMF(CaviEstimator):
     )
 
     def __init__(
-        self, n_components: int = DEFAULTS["n_components"], *,
-        approx: bool = DEFAULTS["approx"], **kwargs: Any,
+        self,
+        n_components: int = DEFAULTS["n_components"],
+        *,
+        approx: bool = DEFAULTS["approx"],
+        **kwargs: Any,
     ) -> None:
         super().__init__(n_components, **kwargs)
         self.approx = approx
@@ -434,7 +469,10 @@ class PF(BePoF):
     ) -> None:
         kwargs.pop("approx", None)
         super().__init__(
-            n_components, threshold=threshold, learn_threshold=learn_threshold, approx=True,
+            n_components,
+            threshold=threshold,
+            learn_threshold=learn_threshold,
+            approx=True,
             **kwargs,
         )
 
@@ -486,6 +524,4 @@ class DcPF(CaviEstimator):
         self.p_ = float(attrs["p"])
 
 
-ESTIMATORS: dict[str, type[CaviEstimator]] = {
-    k.__name__: k for k in (OrdNMF, BePoF, PF, DcPF)
-}
+ESTIMATORS: dict[str, type[CaviEstimator]] = {k.__name__: k for k in (OrdNMF, BePoF, PF, DcPF)}

@@ -96,8 +96,10 @@ def family(model: str, values: Mapping[str, Any], store: StoreInfo) -> Family:
 
 
 def fit_settings(
-    model: str, values: Mapping[str, Any],
-    init: tuple[np.ndarray, np.ndarray] | warmstart.Source | None, seed: int,
+    model: str,
+    values: Mapping[str, Any],
+    init: tuple[np.ndarray, np.ndarray] | warmstart.Source | None,
+    seed: int,
 ) -> dict[str, Any]:
     """What the trajectory of the run from ``seed`` (or warm-started from ``init``: arrays or a
     saved model) depends on (checked when resuming from a checkpoint): the model parameters of
@@ -179,14 +181,28 @@ def plan_fit(
     if ckpt:
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
     prints = [  # one per restart: its trajectory depends on its seed
-        checkpoint.fingerprint(info.attrs, info.path,
-                               fit_settings(model, values, source or init_arrays, s))
+        checkpoint.fingerprint(
+            info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)
+        )
         for s in range(cfg.seed, cfg.seed + n_init)
     ]
     if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
         _claim(locations.location(ckpt), prints, False, n_init, dry_run=True)
-    return FitPlan(model, info, cfg, values, fam, init_arrays, source, scorer,
-                   None if out is None else os.fspath(out), overwrite, resume, restart, prints)
+    return FitPlan(
+        model,
+        info,
+        cfg,
+        values,
+        fam,
+        init_arrays,
+        source,
+        scorer,
+        None if out is None else os.fspath(out),
+        overwrite,
+        resume,
+        restart,
+        prints,
+    )
 
 
 def run_fit(
@@ -200,10 +216,14 @@ def run_fit(
     cfg, values, info, fam = plan.config, plan.values, plan.info, plan.family
     n_init = values["n_init"]
     if isinstance(fam, DcPFFamily) and fam.values == "class":  # documented, but rare
-        log.warning("dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
-                    "the classes 1..%d as counts; to fit play counts, ingest them with "
-                    "counts='paper' (--counts paper), which keeps the raw counts",
-                    info.path, info.attrs.get("value_kind"), info.n_classes)
+        log.warning(
+            "dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
+            "the classes 1..%d as counts; to fit play counts, ingest them with "
+            "counts='paper' (--counts paper), which keeps the raw counts",
+            info.path,
+            info.attrs.get("value_kind"),
+            info.n_classes,
+        )
     work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
     try:
         os.makedirs(work, exist_ok=True)
@@ -222,15 +242,29 @@ def run_fit(
             kept = 0
             for j in range(n_init):
                 run_cfg = replace(cfg, seed=cfg.seed + j)
-                runner = CaviRunner(cl, info, fam, run_cfg, ckpt_dir, cache,
-                                    *checkpoint_schedule(cl, values), plan.prints[j])
+                runner = CaviRunner(
+                    cl,
+                    info,
+                    fam,
+                    run_cfg,
+                    ckpt_dir,
+                    cache,
+                    *checkpoint_schedule(cl, values),
+                    plan.prints[j],
+                )
                 run = _run_one(plan, runner, run_cfg, work, bool(ours), scorer, callback)
                 runs.append(_run_record(run, run_cfg.seed))
                 if n_init > 1:  # its checkpoints would collide with the next run's
                     checkpoint.discard(ckpt_dir, plan.prints[j])
-                    log.info("restart %d/%d (seed %d): ELBO %.10e after %d iterations%s",
-                             j + 1, n_init, run_cfg.seed, runs[-1]["elbo"], run.n_iter,
-                             _validation_text(runs[-1]))  # fmt: skip
+                    log.info(
+                        "restart %d/%d (seed %d): ELBO %.10e after %d iterations%s",
+                        j + 1,
+                        n_init,
+                        run_cfg.seed,
+                        runs[-1]["elbo"],
+                        run.n_iter,
+                        _validation_text(runs[-1]),
+                    )
                 if state is None or _better(runs[-1], runs[kept]):
                     state, kept = run, j
             assert state is not None
@@ -258,8 +292,13 @@ def fit(
 
 
 def _run_one(
-    plan: FitPlan, runner: CaviRunner, cfg: CaviConfig, work: str, resume: bool,
-    scorer: Validation | None, callback: IterationCallback | None,
+    plan: FitPlan,
+    runner: CaviRunner,
+    cfg: CaviConfig,
+    work: str,
+    resume: bool,
+    scorer: Validation | None,
+    callback: IterationCallback | None,
 ) -> CaviState:
     """One restart: its initial state (random, arrays, or a saved model), then the loop."""
     params0 = None
@@ -273,12 +312,20 @@ def _run_one(
     elif arrays is None:
         start = runner.random_init
     else:
+
         def start() -> Any:  # writes the arrays only when called
             return runner.warm_init(*_write_init(arrays, work))
+
     fit_log = _FitLog(plan.family, callback, plan.values["max_iter"])
     try:
-        return runner.run(start, fit_log, resume=resume, required=plan.resume,
-                          init_params=params0, validation=scorer)  # fmt: skip
+        return runner.run(
+            start,
+            fit_log,
+            resume=resume,
+            required=plan.resume,
+            init_params=params0,
+            validation=scorer,
+        )
     finally:
         fit_log.close()
 
@@ -298,9 +345,14 @@ def _model_attrs(
         "converged": state.converged,
         "stop_reason": state.stop_reason,
         "best_iteration": state.best_iteration,
-        "validation": None if not validated else {
-            **{k.removeprefix("validation_"): values[k]
-               for k in values if PARAMS[k].section == "validation"},
+        "validation": None
+        if not validated
+        else {
+            **{
+                k.removeprefix("validation_"): values[k]
+                for k in values
+                if PARAMS[k].section == "validation"
+            },
             "history": state.validation,
         },
         "warm_start": plan.init is not None or source is not None,
@@ -332,23 +384,34 @@ class _FitLog:
         interrupt.check()
         progress = self.progress
         progress.clear()
-        log.info("iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
-                 info.iteration, info.max_iter, info.elbo, info.rel_change, info.seconds,
-                 self.family.summary(info.params), progress.clock(info.elapsed),
-                 progress.eta(info.iteration, info.elapsed))  # fmt: skip
+        log.info(
+            "iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
+            info.iteration,
+            info.max_iter,
+            info.elbo,
+            info.rel_change,
+            info.seconds,
+            self.family.summary(info.params),
+            progress.clock(info.elapsed),
+            progress.eta(info.iteration, info.elapsed),
+        )
         if info.validation is not None:
             v = info.validation
             ndcg = "  ".join(f"ndcg@{v['k']}(s={s}) {x:.4f}" for s, x in v["ndcg"].items())
             loglik = "" if v["loglik_mean"] is None else f"  loglik/nz {v['loglik_mean']:.5f}"
-            log.info("validation at iter %d: %s%s  (best: iter %d; %.2fs)", info.iteration,
-                     ndcg, loglik, info.best_iteration, v["seconds"])  # fmt: skip
+            log.info(
+                "validation at iter %d: %s%s  (best: iter %d; %.2fs)",
+                info.iteration,
+                ndcg,
+                loglik,
+                info.best_iteration,
+                v["seconds"],
+            )
         progress.draw(info.iteration, info.elapsed)
         return bool(self.callback(info)) if self.callback is not None else False
 
     def close(self) -> None:
         self.progress.clear()
-
-
 
 
 def _validation(
@@ -362,38 +425,54 @@ def _validation(
     k, s, metric = values["validation_k"], values["validation_s"], values["validation_metric"]
     hist = np.asarray(info.attrs["hist_validation"])
     if not 1 <= s <= info.n_classes or hist[s:].sum() == 0:
-        raise InputError(f"validation_s = {s}: the validation subset of {info.path} has no "
-                         f"nonzero of class >= {s} (classes 1..{info.n_classes})")
+        raise InputError(
+            f"validation_s = {s}: the validation subset of {info.path} has no "
+            f"nonzero of class >= {s} (classes 1..{info.n_classes})"
+        )
     describe = lambda params: {"family": family.name, **family.describe(params)}  # noqa: E731
     if metric == "loglik" and loglik_spec(info, describe(family.init_params())) is None:
-        raise InputError("validation_metric = 'loglik': this model does not give the "
-                         "likelihood of the store's classes (binarized); use 'ndcg'")
+        raise InputError(
+            "validation_metric = 'loglik': this model does not give the "
+            "likelihood of the store's classes (binarized); use 'ndcg'"
+        )
     levels = sorted({1, s})
 
     def scorer(cl: Client) -> Validation:
         def score(w: list[Any], h: list[Any], params: Any) -> dict[str, Any]:
-            out = score_split(cl, info, "validation", w, h, levels, k,
-                              loglik_spec(info, describe(params)))  # fmt: skip
+            out = score_split(
+                cl, info, "validation", w, h, levels, k, loglik_spec(info, describe(params))
+            )
             ndcg = {str(t): out["ndcg"][t] for t in levels}
-            return {"k": k, "ndcg": ndcg, "loglik_mean": out["loglik_mean"],
-                    "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"]}
+            return {
+                "k": k,
+                "ndcg": ndcg,
+                "loglik_mean": out["loglik_mean"],
+                "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"],
+            }
 
-        return Validation(score, values["validation_every"], values["validation_patience"],
-                          values["validation_window"])
+        return Validation(
+            score,
+            values["validation_every"],
+            values["validation_patience"],
+            values["validation_window"],
+        )
 
     return scorer
-
-
 
 
 def _run_record(run: CaviState, seed: int) -> dict[str, Any]:
     """What ``attrs["runs"]`` keeps of one restart: the kept state's ELBO and, with validation,
     its score."""
     best = next((v for v in run.validation if v["iteration"] == run.best_iteration), None)
-    return {"seed": seed, "elbo": run.elbo[run.best_iteration - 1], "n_iter": run.n_iter,
-            "best_iteration": run.best_iteration, "converged": run.converged,
-            "stop_reason": run.stop_reason,
-            "validation": None if best is None else best["metric"]}  # fmt: skip
+    return {
+        "seed": seed,
+        "elbo": run.elbo[run.best_iteration - 1],
+        "n_iter": run.n_iter,
+        "best_iteration": run.best_iteration,
+        "converged": run.converged,
+        "stop_reason": run.stop_reason,
+        "validation": None if best is None else best["metric"],
+    }
 
 
 def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
@@ -404,8 +483,11 @@ def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
 
 
 def _validation_text(run: dict[str, Any]) -> str:
-    return "" if run["validation"] is None else (
-        f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
+    return (
+        ""
+        if run["validation"] is None
+        else (f", validation {run['validation']:.5f} at iteration {run['best_iteration']}")
+    )
 
 
 def check_rank(k: int, info: StoreInfo) -> None:
@@ -413,9 +495,11 @@ def check_rank(k: int, info: StoreInfo) -> None:
     of U x I data is at most min(U, I), and every factor costs memory and time."""
     most = min(info.n_users, info.n_items)
     if k > most:
-        raise InputError(f"K (n_components) = {k} is larger than min(users, items) = {most} of "
-                         f"{info.path} ({info.n_users} users x {info.n_items} items): give "
-                         f"K <= {most}")
+        raise InputError(
+            f"K (n_components) = {k} is larger than min(users, items) = {most} of "
+            f"{info.path} ({info.n_users} users x {info.n_items} items): give "
+            f"K <= {most}"
+        )
 
 
 def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -458,8 +542,9 @@ def _write_init(arrays: tuple[np.ndarray, np.ndarray], work: str) -> tuple[str, 
     paths = []
     for name, arr in zip(("W", "H"), arrays, strict=True):
         path = f"{work}/init-{name}.zarr"
-        zarr.create_array(path, data=arr, chunks=(min(len(arr), 1 << 16), arr.shape[1]),
-                          overwrite=True)
+        zarr.create_array(
+            path, data=arr, chunks=(min(len(arr), 1 << 16), arr.shape[1]), overwrite=True
+        )
         paths.append(path)
     return paths[0], paths[1]
 
@@ -496,5 +581,3 @@ def _temporary_model_dir() -> str:
     parent = tempfile.mkdtemp(prefix="ordnmf-model-")
     atexit.register(shutil.rmtree, parent, ignore_errors=True)
     return os.path.join(parent, "model.zarr")
-
-

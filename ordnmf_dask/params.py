@@ -43,8 +43,7 @@ def _integer(value: Any) -> bool:
 
 
 def _number(value: Any) -> bool:
-    return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value))  # fmt: skip
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -81,76 +80,282 @@ def _rows() -> Iterator[Param]:
     is_bool = lambda v: isinstance(v, bool)  # noqa: E731
     path = lambda v: isinstance(v, str | os.PathLike)  # noqa: E731
     model, engine, checkpoint, validation = SECTIONS
-    yield Param("n_components", "int", 50, int_ge(1), "an integer >= 1",
-                "K, the number of latent factors", model, True)
-    yield Param("alpha_W", "float", 0.3, positive, "a finite number > 0",
-                "Gamma prior shape of W (prior rates: empirical Bayes per row)", model, True)
-    yield Param("alpha_H", "float", 0.3, positive, "a finite number > 0",
-                "Gamma prior shape of H (prior rates: empirical Bayes per row)", model, True)
-    yield Param("tol", "float", 1e-5, positive, "a finite number > 0",
-                "stop when the relative ELBO gain falls below tol (after min_iter)", model, True)
-    yield Param("max_iter", "int", 1000, int_ge(1), "an integer >= 1",
-                "at most this many iterations (ELBO evaluations)", model, False)
-    yield Param("min_iter", "int", 0, int_ge(0), "an integer >= 0",
-                "at least this many iterations before the tol rule may stop the fit", model, True)
-    yield Param("seed", "int", 0, int_ge(0), "an integer >= 0",
-                "seed of the Gamma(1, 1) initialization of E[W], E[H]", model, True)
-    yield Param("n_init", "int", 1, int_ge(1), "an integer >= 1",
-                "random restarts (seeds seed, seed + 1, ...): the run with the highest final "
-                "ELBO is kept", model, False)
-    yield Param("approx", "bool", False, is_bool, "a boolean",
-                "q(n) = delta_1 instead of the zero-truncated Poisson", model, True, ORDINAL)
-    yield Param("threshold", "int", 1, int_ge(1), "an integer >= 1",
-                "binarize: classes >= threshold become 1", model, True, BINARY)
-    yield Param("learn_threshold", "bool", True, is_bool, "a boolean",
-                "learn theta_0 = Delta_1 (false: fixed at 1, the paper's BePoF)", model, True,
-                BINARY)
-    yield Param("p", "float", 0.5, lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]",
-                "starting value of the element parameter", model, True, COUNTS)
-    yield Param("t", "float", 1.0, positive, "a finite number > 0",
-                "fixed scale of the Poisson rate", model, True, COUNTS)
-    yield Param("update_p", "bool", True, is_bool, "a boolean",
-                "learn p (ignored at the limits 0 and 1)", model, True, COUNTS)
-    yield Param("cache_blocks", "auto", "auto", lambda v: v in ("auto", True, False) and (
-                    type(v) in (bool, str)), "True, False or 'auto'",
-                "keep training blocks in worker memory (True), stream them from zarr in every "
-                "pass (False), or decide from the workers' memory limits ('auto')", engine, False)
-    yield Param("executor", "str", "auto", lambda v: v in ("auto", "inprocess", "cluster"),
-                "'auto', 'inprocess' or 'cluster'",
-                "run without a client in this process ('inprocess', threads), on the current "
-                "client or a LocalCluster ('cluster'), or in-process when there is no current "
-                "client and the data are small ('auto')", engine, False)
-    yield Param("work_dir", "path", None, path, "a path",
-                "scratch directory visible to all workers (default: a temporary directory)",
-                engine, False, optional=True)
-    yield Param("checkpoint_dir", "path", None, path, "a path",
-                "where checkpoints go, visible to all workers (default: inside work_dir)",
-                checkpoint, False, optional=True)
-    yield Param("checkpoint_every", "int", 10, int_ge(0), "an integer >= 0",
-                "checkpoint after every this many iterations (0: never)", checkpoint, False)
-    yield Param("checkpoint_minutes", "float", None, positive, "a finite number > 0",
-                "also checkpoint when this many minutes have passed since the last one",
-                checkpoint, False, optional=True)
-    yield Param("validation_every", "int", 5, int_ge(0), "an integer >= 0",
-                "score the store's validation subset every this many iterations and at the "
-                "last; the saved state is the best scored one (0: no validation; none without "
-                "a validation subset)", validation, False)
-    yield Param("validation_patience", "int", 5, int_ge(0), "an integer >= 0",
-                "stop after this many validation scores in a row without improvement "
-                "(0: never early)", validation, False)
-    yield Param("validation_window", "int", 1, int_ge(1), "an integer >= 1",
-                "early stopping follows the mean of the last this many validation scores and "
-                "keeps the newest state of the best such stretch (1: each score alone)",
-                validation, False)
-    yield Param("validation_metric", "str", "ndcg", lambda v: v in ("ndcg", "loglik"),
-                "'ndcg' or 'loglik'",
-                "what validation maximizes: NDCG@validation_k at relevance validation_s, or "
-                "the mean log-likelihood of the validation nonzeros", validation, False)
-    yield Param("validation_k", "int", 100, int_ge(1), "an integer >= 1",
-                "cut-off k of the validation NDCG@k", validation, False)
-    yield Param("validation_s", "int", 1, int_ge(1), "an integer >= 1",
-                "relevance threshold s of the validation NDCG (class >= s is relevant)",
-                validation, False)
+    yield Param(
+        "n_components",
+        "int",
+        50,
+        int_ge(1),
+        "an integer >= 1",
+        "K, the number of latent factors",
+        model,
+        True,
+    )
+    yield Param(
+        "alpha_W",
+        "float",
+        0.3,
+        positive,
+        "a finite number > 0",
+        "Gamma prior shape of W (prior rates: empirical Bayes per row)",
+        model,
+        True,
+    )
+    yield Param(
+        "alpha_H",
+        "float",
+        0.3,
+        positive,
+        "a finite number > 0",
+        "Gamma prior shape of H (prior rates: empirical Bayes per row)",
+        model,
+        True,
+    )
+    yield Param(
+        "tol",
+        "float",
+        1e-5,
+        positive,
+        "a finite number > 0",
+        "stop when the relative ELBO gain falls below tol (after min_iter)",
+        model,
+        True,
+    )
+    yield Param(
+        "max_iter",
+        "int",
+        1000,
+        int_ge(1),
+        "an integer >= 1",
+        "at most this many iterations (ELBO evaluations)",
+        model,
+        False,
+    )
+    yield Param(
+        "min_iter",
+        "int",
+        0,
+        int_ge(0),
+        "an integer >= 0",
+        "at least this many iterations before the tol rule may stop the fit",
+        model,
+        True,
+    )
+    yield Param(
+        "seed",
+        "int",
+        0,
+        int_ge(0),
+        "an integer >= 0",
+        "seed of the Gamma(1, 1) initialization of E[W], E[H]",
+        model,
+        True,
+    )
+    yield Param(
+        "n_init",
+        "int",
+        1,
+        int_ge(1),
+        "an integer >= 1",
+        "random restarts (seeds seed, seed + 1, ...): the run with the highest final ELBO is kept",
+        model,
+        False,
+    )
+    yield Param(
+        "approx",
+        "bool",
+        False,
+        is_bool,
+        "a boolean",
+        "q(n) = delta_1 instead of the zero-truncated Poisson",
+        model,
+        True,
+        ORDINAL,
+    )
+    yield Param(
+        "threshold",
+        "int",
+        1,
+        int_ge(1),
+        "an integer >= 1",
+        "binarize: classes >= threshold become 1",
+        model,
+        True,
+        BINARY,
+    )
+    yield Param(
+        "learn_threshold",
+        "bool",
+        True,
+        is_bool,
+        "a boolean",
+        "learn theta_0 = Delta_1 (false: fixed at 1, the paper's BePoF)",
+        model,
+        True,
+        BINARY,
+    )
+    yield Param(
+        "p",
+        "float",
+        0.5,
+        lambda v: _number(v) and 0 <= v <= 1,
+        "a number in [0, 1]",
+        "starting value of the element parameter",
+        model,
+        True,
+        COUNTS,
+    )
+    yield Param(
+        "t",
+        "float",
+        1.0,
+        positive,
+        "a finite number > 0",
+        "fixed scale of the Poisson rate",
+        model,
+        True,
+        COUNTS,
+    )
+    yield Param(
+        "update_p",
+        "bool",
+        True,
+        is_bool,
+        "a boolean",
+        "learn p (ignored at the limits 0 and 1)",
+        model,
+        True,
+        COUNTS,
+    )
+    yield Param(
+        "cache_blocks",
+        "auto",
+        "auto",
+        lambda v: v in ("auto", True, False) and (type(v) in (bool, str)),
+        "True, False or 'auto'",
+        "keep training blocks in worker memory (True), stream them from zarr in every "
+        "pass (False), or decide from the workers' memory limits ('auto')",
+        engine,
+        False,
+    )
+    yield Param(
+        "executor",
+        "str",
+        "auto",
+        lambda v: v in ("auto", "inprocess", "cluster"),
+        "'auto', 'inprocess' or 'cluster'",
+        "run without a client in this process ('inprocess', threads), on the current "
+        "client or a LocalCluster ('cluster'), or in-process when there is no current "
+        "client and the data are small ('auto')",
+        engine,
+        False,
+    )
+    yield Param(
+        "work_dir",
+        "path",
+        None,
+        path,
+        "a path",
+        "scratch directory visible to all workers (default: a temporary directory)",
+        engine,
+        False,
+        optional=True,
+    )
+    yield Param(
+        "checkpoint_dir",
+        "path",
+        None,
+        path,
+        "a path",
+        "where checkpoints go, visible to all workers (default: inside work_dir)",
+        checkpoint,
+        False,
+        optional=True,
+    )
+    yield Param(
+        "checkpoint_every",
+        "int",
+        10,
+        int_ge(0),
+        "an integer >= 0",
+        "checkpoint after every this many iterations (0: never)",
+        checkpoint,
+        False,
+    )
+    yield Param(
+        "checkpoint_minutes",
+        "float",
+        None,
+        positive,
+        "a finite number > 0",
+        "also checkpoint when this many minutes have passed since the last one",
+        checkpoint,
+        False,
+        optional=True,
+    )
+    yield Param(
+        "validation_every",
+        "int",
+        5,
+        int_ge(0),
+        "an integer >= 0",
+        "score the store's validation subset every this many iterations and at the "
+        "last; the saved state is the best scored one (0: no validation; none without "
+        "a validation subset)",
+        validation,
+        False,
+    )
+    yield Param(
+        "validation_patience",
+        "int",
+        5,
+        int_ge(0),
+        "an integer >= 0",
+        "stop after this many validation scores in a row without improvement (0: never early)",
+        validation,
+        False,
+    )
+    yield Param(
+        "validation_window",
+        "int",
+        1,
+        int_ge(1),
+        "an integer >= 1",
+        "early stopping follows the mean of the last this many validation scores and "
+        "keeps the newest state of the best such stretch (1: each score alone)",
+        validation,
+        False,
+    )
+    yield Param(
+        "validation_metric",
+        "str",
+        "ndcg",
+        lambda v: v in ("ndcg", "loglik"),
+        "'ndcg' or 'loglik'",
+        "what validation maximizes: NDCG@validation_k at relevance validation_s, or "
+        "the mean log-likelihood of the validation nonzeros",
+        validation,
+        False,
+    )
+    yield Param(
+        "validation_k",
+        "int",
+        100,
+        int_ge(1),
+        "an integer >= 1",
+        "cut-off k of the validation NDCG@k",
+        validation,
+        False,
+    )
+    yield Param(
+        "validation_s",
+        "int",
+        1,
+        int_ge(1),
+        "an integer >= 1",
+        "relevance threshold s of the validation NDCG (class >= s is relevant)",
+        validation,
+        False,
+    )
 
 
 PARAMS: dict[str, Param] = {p.name: p for p in _rows()}

@@ -97,7 +97,10 @@ def _global_state_kept():
     for name, (handlers, level, propagate, disabled) in logs.items():
         logger = logging.getLogger(name)
         if (_own(logger.handlers), logger.level, logger.propagate, logger.disabled) != (
-            handlers, level, propagate, disabled
+            handlers,
+            level,
+            propagate,
+            disabled,
         ):
             leaks.append(f"logger {name or 'root'!r}")
             pytests = [h for h in logger.handlers if h not in _own(logger.handlers)]
@@ -155,7 +158,10 @@ def _clusters_only_where_marked(request: pytest.FixtureRequest):
 def cluster():
     """Two single-threaded worker processes on loopback (the realistic default here)."""
     with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
         dashboard_address="127.0.0.1:0",
     ) as lc:
         yield lc
@@ -184,7 +190,7 @@ def synthetic_ordinal(
     mask = rng.random(lam.shape) < density
     edges = np.quantile(score[mask], np.linspace(0, 1, n_classes + 1)[1:-1])
     y = np.where(mask, 1 + np.searchsorted(edges, score), 0)
-    y[0, : n_classes] = np.arange(1, n_classes + 1)  # every class present
+    y[0, :n_classes] = np.arange(1, n_classes + 1)  # every class present
     return y.astype(np.int64)
 
 
@@ -197,8 +203,13 @@ def dense_split(y: np.ndarray, test_fraction: float = 0.2, seed: int = 1):
 
 
 def store_from_dense(
-    path: Path, train: np.ndarray, test: np.ndarray, n_classes: int, grid: tuple[int, int],
-    user_ids: np.ndarray | None = None, item_ids: np.ndarray | None = None,
+    path: Path,
+    train: np.ndarray,
+    test: np.ndarray,
+    n_classes: int,
+    grid: tuple[int, int],
+    user_ids: np.ndarray | None = None,
+    item_ids: np.ndarray | None = None,
 ) -> StoreInfo:
     """Write a store holding exactly these dense train / test matrices on a given grid
     (raw ids default to the indices)."""
@@ -212,14 +223,27 @@ def store_from_dense(
 
     hist = lambda m: np.bincount(m[m > 0], minlength=n_classes + 1).tolist()  # noqa: E731
     attrs = {
-        "n_users": train.shape[0], "n_items": train.shape[1], "n_classes": n_classes,
-        "value_kind": "ratings-integer", "thresholds": None, "binarize": None,
-        "nnz_train": int((train > 0).sum()), "nnz_test": int((test > 0).sum()),
-        "hist_train": hist(train), "hist_test": hist(test), "grid": list(grid),
-        "split": "file", "seed": None,
+        "n_users": train.shape[0],
+        "n_items": train.shape[1],
+        "n_classes": n_classes,
+        "value_kind": "ratings-integer",
+        "thresholds": None,
+        "binarize": None,
+        "nnz_train": int((train > 0).sum()),
+        "nnz_test": int((test > 0).sum()),
+        "hist_train": hist(train),
+        "hist_test": hist(test),
+        "grid": list(grid),
+        "split": "file",
+        "seed": None,
     }
     return write_store(
-        path, attrs, rb, cb, blocked(train), blocked(test),
+        path,
+        attrs,
+        rb,
+        cb,
+        blocked(train),
+        blocked(test),
         np.arange(train.shape[0]) if user_ids is None else np.asarray(user_ids),
         np.arange(train.shape[1]) if item_ids is None else np.asarray(item_ids),
     )

@@ -42,8 +42,13 @@ def test_wrong_column_count(tmp_path):
     err = fails(tmp_path / "s", r"r\.csv, line 3: expected at least 3 columns", ingest, path)
     assert str(path) in str(err)
     path = write(tmp_path, "t.tsv", "1\t2\t3\n1\t3\t4\n")
-    fails(tmp_path / "s", r"t\.tsv, line 1: expected at least 5 columns", ingest, path,
-          columns=(0, 1, 4))  # fmt: skip
+    fails(
+        tmp_path / "s",
+        r"t\.tsv, line 1: expected at least 5 columns",
+        ingest,
+        path,
+        columns=(0, 1, 4),
+    )
 
 
 @pytest.mark.parametrize(
@@ -62,8 +67,14 @@ def test_bad_values(tmp_path, text, line, what):
 
 
 def test_bad_values_in_arrays(tmp_path):
-    fails(tmp_path / "s", r"input arrays, row 1: value nan", ingest_arrays, [1, 2], [1, 2],
-          [1.0, np.nan])  # fmt: skip
+    fails(
+        tmp_path / "s",
+        r"input arrays, row 1: value nan",
+        ingest_arrays,
+        [1, 2],
+        [1, 2],
+        [1.0, np.nan],
+    )
     fails(tmp_path / "s", "equal length", ingest_arrays, [1, 2], [1], [1.0, 2.0])
     fails(tmp_path / "s", "not booleans", ingest_arrays, [True], [1], [1.0])
 
@@ -77,24 +88,45 @@ def test_non_utf8(tmp_path):
 @pytest.mark.parametrize("count", ["0", "-3", "0.0"])
 def test_zero_or_negative_count(tmp_path, count):
     path = write(tmp_path, "c.tsv", f"a\tx\t4\nb\tx\t{count}\n")
-    fails(tmp_path / "s", rf"c\.tsv, line 2: count {float(count):g} must be > 0", ingest, path,
-          counts="paper")  # fmt: skip
+    fails(
+        tmp_path / "s",
+        rf"c\.tsv, line 2: count {float(count):g} must be > 0",
+        ingest,
+        path,
+        counts="paper",
+    )
 
 
 @pytest.mark.parametrize("rating", ["0", "2.25", "5.5", "-1"])
 def test_rating_off_halfstar_scale(tmp_path, rating):
     path = write(tmp_path, "r.csv", f"userId,movieId,rating\r\n1,1,4.5\r\n1,2,{rating}\r\n")
-    fails(tmp_path / "s", r"r\.csv, line 3: rating .* off the halfstar scale", ingest, path,
-          ratings="halfstar")  # fmt: skip
+    fails(
+        tmp_path / "s",
+        r"r\.csv, line 3: rating .* off the halfstar scale",
+        ingest,
+        path,
+        ratings="halfstar",
+    )
 
 
 def test_rating_off_integer_scale(tmp_path):
     path = write(tmp_path, "r.csv", "1,1,4\n1,2,6\n")
-    fails(tmp_path / "s", r"r\.csv, line 2: rating 6 is off the integer scale 1\.\.5", ingest,
-          path, ratings="integer", scale_max=5)  # fmt: skip
+    fails(
+        tmp_path / "s",
+        r"r\.csv, line 2: rating 6 is off the integer scale 1\.\.5",
+        ingest,
+        path,
+        ratings="integer",
+        scale_max=5,
+    )
     path = write(tmp_path, "f.csv", "1,1,4\n1,2,2.5\n")
-    fails(tmp_path / "s", r"f\.csv, line 2: rating 2\.5 is not an integer class", ingest, path,
-          ratings="integer")
+    fails(
+        tmp_path / "s",
+        r"f\.csv, line 2: rating 2\.5 is not an integer class",
+        ingest,
+        path,
+        ratings="integer",
+    )
     fails(tmp_path / "s", r"f\.csv, line 2: value 2\.5 is not a positive integer", ingest, path)
 
 
@@ -135,8 +167,10 @@ def test_duplicate_policies(tmp_path, policy, value):
     info = ingest(path, tmp_path / "s", counts="paper", duplicates=policy, test_fraction=0.0)
     assert info.nnz_train == 3 and info.attrs["duplicates"] == policy
     block = read_block(info.path, "train", 0, 0)
-    got = {(int(r), int(c)): (int(y), float(v)) for r, c, y, v in
-           zip(block.rows, block.cols, block.y, block.raw, strict=True)}  # fmt: skip
+    got = {
+        (int(r), int(c)): (int(y), float(v))
+        for r, c, y, v in zip(block.rows, block.cols, block.y, block.raw, strict=True)
+    }
     expected_class = int(np.searchsorted([0, 1, 2, 5, 10, 20, 50, 100, 200, 500], value))
     assert got[(0, 1)] == (expected_class, value)
     assert got[(0, 0)] == (1, 1.0) and got[(1, 0)] == (2, 2.0)
@@ -163,8 +197,9 @@ def test_everything_filtered_away(tmp_path):
 def test_test_file_sharing_pairs(tmp_path):
     train = write(tmp_path, "train.csv", "1,1,4\n1,2,3\n2,1,5\n")
     test = write(tmp_path, "test.csv", "2,2,1\n2,1,4\n")
-    err = fails(tmp_path / "s", r"test\.csv, line 2: test pair \(user 2, item 1\)", ingest,
-                train, test=test)  # fmt: skip
+    err = fails(
+        tmp_path / "s", r"test\.csv, line 2: test pair \(user 2, item 1\)", ingest, train, test=test
+    )
     assert "train.csv, line 3" in str(err)
 
 

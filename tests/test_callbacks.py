@@ -63,8 +63,10 @@ def test_a_slow_first_iteration_is_explained(store_40x30, client, caplog, monkey
     monkeypatch.setattr(cavi, "FIRST_NOTICE_SECONDS", 0.0)
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
         OrdNMF(K, max_iter=2).fit(store_40x30, client)
-    assert "iteration 1 of 2 still running after 0 s: the workers read the training blocks" \
+    assert (
+        "iteration 1 of 2 still running after 0 s: the workers read the training blocks"
         in caplog.text
+    )
 
 
 def test_progress_estimates_the_rest_from_iterations_after_the_first():

@@ -72,8 +72,9 @@ def test_unsupported_encoding_and_damaged_chunk(tmp_path):
     plain = _array(tmp_path / "plain", np.arange(10, dtype=np.int32), 4, compressors=None)
     with pytest.raises(StoreError, match=r"plain: array stored with codecs \('bytes',\)"):
         ArrayFiles.of(plain, str(tmp_path / "plain"))
-    zstd = _array(tmp_path / "z", np.arange(10, dtype=np.int32), 4,
-                  compressors=(zarr.codecs.ZstdCodec(),))  # fmt: skip
+    zstd = _array(
+        tmp_path / "z", np.arange(10, dtype=np.int32), 4, compressors=(zarr.codecs.ZstdCodec(),)
+    )
     with pytest.raises(StoreError, match="'zstd'"):
         ArrayFiles.of(zstd, str(tmp_path / "z"))
     arr = _array(tmp_path / "a", np.arange(1, 11, dtype=np.int32), 4)
@@ -92,8 +93,9 @@ def test_read_block_matches_zarr_with_many_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(blocks, "CHUNK", 7)
     rng = np.random.default_rng(1)
     u, i = np.nonzero(rng.random((60, 45)) < 0.25)
-    info = ingest_arrays(u, i, rng.integers(1, 6, len(u)), tmp_path / "s", grid=(3, 2),
-                         counts="paper")  # fmt: skip
+    info = ingest_arrays(
+        u, i, rng.integers(1, 6, len(u)), tmp_path / "s", grid=(3, 2), counts="paper"
+    )
     group = zarr.open_group(info.path, mode="r")
     assert group["train/cols"].chunks == (7,) and group["train/cols"].nchunks > 20
     for split in SPLITS:

@@ -29,8 +29,9 @@ def test_chunks_are_written_uncompressed_and_read_back_exactly(tmp_path):
         chunkstore.save_chunk(chunk, root, "W", 0, derived=derived)
         group = zarr.open_group(chunkstore.chunk_path(root, "W", 0), mode="r")
         names = set(group.array_keys())
-        assert names == ({"mean", "geo", "shape", "prior_rate"}
-                         | ({"log_mean", "rate"} if derived else set()))  # fmt: skip
+        assert names == (
+            {"mean", "geo", "shape", "prior_rate"} | ({"log_mean", "rate"} if derived else set())
+        )
         assert all(group[n].compressors == () for n in names)
         back = chunkstore.load_chunk(root, "W", 0)
         for field in ("mean", "geo", "shape", "prior_rate"):
@@ -110,8 +111,11 @@ def test_a_lost_model_file_is_an_error_naming_it_never_zeros(tmp_path, lost):
         for directory, _, names in os.walk(os.path.join(mean, "c")):
             for name in names:
                 os.remove(os.path.join(directory, name))
-    for read in (lambda: chunkstore.load_chunk(root, "W", 0),
-                 lambda: chunkstore.read_field(root, "W", 0, "mean"), lazy.compute):
+    for read in (
+        lambda: chunkstore.load_chunk(root, "W", 0),
+        lambda: chunkstore.read_field(root, "W", 0, "mean"),
+        lazy.compute,
+    ):
         with pytest.raises(StoreError, match="W/0/mean"):
             read()
 
@@ -119,8 +123,9 @@ def test_a_lost_model_file_is_an_error_naming_it_never_zeros(tmp_path, lost):
 def _fake_checkpoint(directory, iteration: int, print_: str) -> str:
     """A checkpoint directory as start() makes it: root attributes first, then chunks."""
     path = os.path.join(directory, f"ckpt-{iteration:08d}")
-    root = zarr.open_group(path, mode="w",
-                           attributes={"format": kinds.CHECKPOINT_FORMAT, "fingerprint": print_})
+    root = zarr.open_group(
+        path, mode="w", attributes={"format": kinds.CHECKPOINT_FORMAT, "fingerprint": print_}
+    )
     for name in checkpoint.GROUPS:
         root.create_group(name)
     chunkstore.save_chunk(_chunk(), path, "W", 0, derived=False)

@@ -19,17 +19,23 @@ from ordnmf_dask.app.cli import main
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
 @pytest.mark.cluster
 @pytest.mark.data
 def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     store, model = tmp_path / "ml.zarr", tmp_path / "m.zarr"
-    r = run("ingest", str(data_file(ML)), "--out", str(store), "--ratings", "halfstar",
-            "--min-count", "20")
+    r = run(
+        "ingest",
+        str(data_file(ML)),
+        "--out",
+        str(store),
+        "--ratings",
+        "halfstar",
+        "--min-count",
+        "20",
+    )
     assert r.returncode == 0, r.stderr
     assert "566 users x 1297 items" in r.stdout
     r = run("info", str(store), "--json")
@@ -52,8 +58,9 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
         (["info", "nothing.zarr"], "nothing.zarr"),
         (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "--n-components must be an integer >= 1"),
         (["fit", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"], "bad.npz"),
-        pytest.param(["evaluate", "STORE", "OTHER_MODEL"], "does not match",
-                     marks=pytest.mark.cluster),  # fits OTHER_MODEL on its own LocalCluster
+        pytest.param(
+            ["evaluate", "STORE", "OTHER_MODEL"], "does not match", marks=pytest.mark.cluster
+        ),  # fits OTHER_MODEL on its own LocalCluster
         (["info", "STORE", "--log-file", "no-such-dir/x.log"], "log-file"),
     ],
 )
@@ -92,9 +99,25 @@ def test_warm_start_from_npz_matches_api(tmp_path, client):
     np.savez(tmp_path / "init.npz", W=w0, H=h0)
     api = OrdNMF(2, max_iter=10).fit(store, client, init=(w0, h0))
     address = client.scheduler.address
-    assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-                 "--max-iter", "10", "--init", str(tmp_path / "init.npz"),
-                 "--scheduler", address]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                store.path,
+                "--out",
+                str(tmp_path / "m.zarr"),
+                "-k",
+                "2",
+                "--max-iter",
+                "10",
+                "--init",
+                str(tmp_path / "init.npz"),
+                "--scheduler",
+                address,
+            ]
+        )
+        == 0
+    )
     cli = OrdNMF.load(tmp_path / "m.zarr")
     assert cli.elbo_ == api.elbo_
 
@@ -106,11 +129,26 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
     sched_file = tmp_path / "scheduler.json"
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", "0", "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--dashboard-address",
+                "127.0.0.1:0",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+    ]
     try:
         deadline = time.monotonic() + 600  # a hang guard: the loop ends when the file appears
         while not sched_file.exists():
@@ -118,13 +156,39 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
             time.sleep(0.2)
         address = json.loads(sched_file.read_text())["address"]
         for _ in range(2):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
-                 "--nworkers", "1", "--host", "127.0.0.1"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-            ))
-        r = run("fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "3",
-                "--max-iter", "12", "--seed", "5", "--scheduler", address)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "distributed.cli.dask_worker",
+                        address,
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        "--host",
+                        "127.0.0.1",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                )
+            )
+        r = run(
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "3",
+            "--max-iter",
+            "12",
+            "--seed",
+            "5",
+            "--scheduler",
+            address,
+        )
         assert r.returncode == 0, r.stderr
     finally:
         for p in reversed(procs):
@@ -141,9 +205,20 @@ def test_unreachable_scheduler_exits_3(tmp_path):
     y = synthetic_ordinal(12, 10, 3, seed=1)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1))
     r = subprocess.run(
-        [*CLI, "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-         "--scheduler", "tcp://127.0.0.1:9"],
-        capture_output=True, text=True, timeout=120,
+        [
+            *CLI,
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "2",
+            "--scheduler",
+            "tcp://127.0.0.1:9",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"},
     )
     assert r.returncode == 3, r.stderr
@@ -152,16 +227,34 @@ def test_unreachable_scheduler_exits_3(tmp_path):
 
 @pytest.mark.parametrize(
     ("flags", "klass", "params"),
-    [(["--model", "bepof", "--threshold", "2"], "BePoF", {"threshold": 2}),
-     (["--model", "dcpf", "--p", "0.3"], "DcPF", {"p": 0.3})],
+    [
+        (["--model", "bepof", "--threshold", "2"], "BePoF", {"threshold": 2}),
+        (["--model", "dcpf", "--p", "0.3"], "DcPF", {"p": 0.3}),
+    ],
 )
 def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
     import ordnmf_dask
 
     y = synthetic_ordinal(20, 15, 3, seed=4)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 2))
-    assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-                 "--max-iter", "6", "--scheduler", client.scheduler.address, *flags]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                store.path,
+                "--out",
+                str(tmp_path / "m.zarr"),
+                "-k",
+                "2",
+                "--max-iter",
+                "6",
+                "--scheduler",
+                client.scheduler.address,
+                *flags,
+            ]
+        )
+        == 0
+    )
     api = getattr(ordnmf_dask, klass)(2, max_iter=6, **params).fit(store, client)
     cli = getattr(ordnmf_dask, klass).load(tmp_path / "m.zarr")
     assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_

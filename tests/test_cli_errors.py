@@ -25,8 +25,9 @@ CSV = "".join(f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(1
 def cluster_fit(tmp_path_factory, cluster) -> tuple[str, str, str]:
     """A store, a model fitted on it, and the address of the session's cluster."""
     d = tmp_path_factory.mktemp("fitted")
-    store = store_from_dense(d / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3, seed=2)), 3,
-                             (1, 1))
+    store = store_from_dense(
+        d / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3, seed=2)), 3, (1, 1)
+    )
     with Client(cluster) as client:
         OrdNMF(2, max_iter=2).fit(store, client, out=d / "m.zarr")
     return store.path, str(d / "m.zarr"), cluster.scheduler_address
@@ -43,8 +44,10 @@ def one_error_line(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple
 
 def test_main_leaves_logging_and_sigint_as_it_found_them(cluster_fit, tmp_path, capsys):
     store, _, _ = cluster_fit
-    loggers = [logging.getLogger(n) for n in ("ordnmf_dask", "distributed", "asyncio",
-                                                  "distributed.client")]
+    loggers = [
+        logging.getLogger(n)
+        for n in ("ordnmf_dask", "distributed", "asyncio", "distributed.client")
+    ]
     before = [(list(g.handlers), g.level, g.propagate) for g in loggers]
     sigint = signal.getsignal(signal.SIGINT)
     assert main(["info", store, "--log-file", str(tmp_path / "x.log")]) == 0
@@ -54,8 +57,11 @@ def test_main_leaves_logging_and_sigint_as_it_found_them(cluster_fit, tmp_path, 
 
 @pytest.mark.parametrize(
     ("target", "reason"),
-    [("adir", "Is a directory"), ("afile/r.json", "Not a directory"),
-     ("/dev/full", "No space left on device")],
+    [
+        ("adir", "Is a directory"),
+        ("afile/r.json", "Not a directory"),
+        ("/dev/full", "No space left on device"),
+    ],
 )
 def test_unwritable_local_output_exits_2_naming_it(cluster_fit, tmp_path, capsys, target, reason):
     (tmp_path / "adir").mkdir()
@@ -81,8 +87,9 @@ def test_non_utf8_config_exits_2_naming_the_file(cluster_fit, tmp_path, capsys):
     store, _, _ = cluster_fit
     job = tmp_path / "job.toml"
     job.write_bytes(b"[model]\nn_components = 2  # caf\xe9\n")
-    code, line = one_error_line(capsys, ["fit", store, "--out", str(tmp_path / "m.zarr"),
-                                         "--config", str(job)])
+    code, line = one_error_line(
+        capsys, ["fit", store, "--out", str(tmp_path / "m.zarr"), "--config", str(job)]
+    )
     assert code == 2 and str(job) in line and "UTF-8" in line
     assert not (tmp_path / "m.zarr").exists()
 
@@ -97,16 +104,20 @@ def test_levels_outside_the_classes_exit_2_naming_the_flag(cluster_fit, capsys):
 
 @pytest.mark.parametrize(
     ("flags", "spelled", "api"),
-    [([], "--overwrite", "overwrite="),
-     (["--ratings", "integer", "--counts", "paper"], "--ratings", "ratings="),
-     (["--ratings", "halfstar", "--scale-max", "5"], "--scale-max applies to --ratings integer",
-      "scale_max")],
+    [
+        ([], "--overwrite", "overwrite="),
+        (["--ratings", "integer", "--counts", "paper"], "--ratings", "ratings="),
+        (
+            ["--ratings", "halfstar", "--scale-max", "5"],
+            "--scale-max applies to --ratings integer",
+            "scale_max",
+        ),
+    ],
 )
 def test_messages_spell_flags_not_api_keywords(tmp_path, capsys, flags, spelled, api):
     (tmp_path / "r.csv").write_text(CSV)
     if not flags:  # an existing store, without --overwrite
-        store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(12, 10, 3)), 3,
-                         (1, 1))
+        store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(12, 10, 3)), 3, (1, 1))
     code, line = one_error_line(
         capsys, ["ingest", str(tmp_path / "r.csv"), "--out", str(tmp_path / "s.zarr"), *flags]
     )
@@ -120,8 +131,18 @@ def test_quiet_keeps_info_in_the_log_file_and_global_flags_go_anywhere(
     store, _, address = cluster_fit
     log_file = tmp_path / "fit.log"
     quiet = ["-q", "--log-file", str(log_file)]
-    fit = ["fit", store, "--out", str(tmp_path / "m.zarr"), "-k", "2", "--max-iter", "3",
-           "--scheduler", address]
+    fit = [
+        "fit",
+        store,
+        "--out",
+        str(tmp_path / "m.zarr"),
+        "-k",
+        "2",
+        "--max-iter",
+        "3",
+        "--scheduler",
+        address,
+    ]
     assert main(quiet + fit if before else fit + quiet) == 0
     assert capsys.readouterr().err == ""
     assert "iter    3" in log_file.read_text()
@@ -137,14 +158,29 @@ def test_debug_before_the_command_shows_the_traceback(tmp_path, capsys):
 def test_a_task_failing_on_the_cli_local_cluster_is_one_line(tmp_path):
     """A damaged chunk of the same size is found by the task that reads it, in a worker process
     of the LocalCluster the command starts: no worker log or traceback reaches stderr."""
-    store = store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3)), 3,
-                             (1, 1))
+    store = store_from_dense(
+        tmp_path / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3)), 3, (1, 1)
+    )
     chunk = Path(store.path) / "train" / "y" / "c" / "0"
     chunk.write_bytes(bytes(chunk.stat().st_size))
     r = subprocess.run(
-        [*CLI, "fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-         "--max-iter", "2", "--workers", "1", "-q"],
-        capture_output=True, text=True, timeout=300,
+        [
+            *CLI,
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "2",
+            "--max-iter",
+            "2",
+            "--workers",
+            "1",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert r.returncode == 2, r.stderr
     lines = r.stderr.splitlines()
@@ -181,8 +217,9 @@ def test_a_reader_that_goes_away_is_no_cluster_failure(tmp_path):
     (128 + SIGPIPE, as other tools report it), not exit 3 "cluster failure: Broken pipe"."""
     y = synthetic_ordinal(20, 15, 3, seed=2)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1)).path
-    job = subprocess.Popen([*CLI, "info", "--json", store], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE)  # fmt: skip
+    job = subprocess.Popen(
+        [*CLI, "info", "--json", store], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert job.stdout is not None
     job.stdout.close()  # the reader is gone before the command writes
     _, err = job.communicate(timeout=120)
@@ -190,14 +227,16 @@ def test_a_reader_that_goes_away_is_no_cluster_failure(tmp_path):
     assert err == b""
 
 
-@pytest.mark.parametrize("bad", [["--counts", "0,5,2"], ["--chunk-bytes", "0"],
-                                 ["--test-fraction", "1.5"]])
+@pytest.mark.parametrize(
+    "bad", [["--counts", "0,5,2"], ["--chunk-bytes", "0"], ["--test-fraction", "1.5"]]
+)
 def test_distributed_ingest_refuses_bad_options_before_any_cluster(tmp_path, capsys, bad):
     """Not marked ``cluster``: a scheduler started here fails the test (conftest)."""
     data = tmp_path / "r.csv"
     data.write_text(CSV)
-    code, line = one_error_line(capsys, ["ingest", str(data), "--out", str(tmp_path / "s.zarr"),
-                                         "--distributed", *bad])
+    code, line = one_error_line(
+        capsys, ["ingest", str(data), "--out", str(tmp_path / "s.zarr"), "--distributed", *bad]
+    )
     assert code == 2, line
     assert not (tmp_path / "s.zarr").exists()
 
@@ -207,7 +246,9 @@ def test_synth_refuses_bad_parameters_before_any_cluster(tmp_path, capsys, bad):
     """Not marked ``cluster``: a scheduler started here fails the test (conftest)."""
     args = {"--users": "50", "--items": "40", "--nnz": "500", "-k": "2", "--classes": "5"}
     args.update(dict(zip(bad[::2], bad[1::2], strict=True)))
-    code, line = one_error_line(capsys, ["synth", "--out", str(tmp_path / "s.zarr"),
-                                         *[x for kv in args.items() for x in kv]])
+    code, line = one_error_line(
+        capsys,
+        ["synth", "--out", str(tmp_path / "s.zarr"), *[x for kv in args.items() for x in kv]],
+    )
     assert code == 2, line
     assert not (tmp_path / "s.zarr").exists()

@@ -72,9 +72,14 @@ def test_jobqueue_job_scripts(kind):
     jobqueue = pytest.importorskip("dask_jobqueue")
     cls = {"slurm": jobqueue.SLURMCluster, "pbs": jobqueue.PBSCluster}[kind]
     prefix = f"ORDNMF_{kind.upper()}_"
-    env = {prefix + "CORES": "4", prefix + "MEMORY": "16GB", prefix + "WALLTIME": "02:00:00",
-           prefix + "ACCOUNT": "proj42", prefix + "QUEUE": "batch",
-           prefix + "DASHBOARD": "127.0.0.1:0"}
+    env = {
+        prefix + "CORES": "4",
+        prefix + "MEMORY": "16GB",
+        prefix + "WALLTIME": "02:00:00",
+        prefix + "ACCOUNT": "proj42",
+        prefix + "QUEUE": "batch",
+        prefix + "DASHBOARD": "127.0.0.1:0",
+    }
     settings = _launcher().cluster_settings(kind, env)
     with cls(**settings) as cluster:
         script = cluster.job_script()
@@ -85,21 +90,35 @@ def test_jobqueue_job_scripts(kind):
     assert "--nthreads 1" in worker and "--nworkers 4" in worker and "--nanny" in worker
     assert "--memory-limit 3.73GiB" in worker  # 16 GB split over 4 workers
     assert "--death-timeout 120" in worker
-    assert any(line.startswith("export DASK_CONFIG=") and line.endswith("cluster/dask.yaml")
-               for line in lines)
+    assert any(
+        line.startswith("export DASK_CONFIG=") and line.endswith("cluster/dask.yaml")
+        for line in lines
+    )
     if kind == "slurm":
-        for directive in ["#SBATCH --cpus-per-task=4", "#SBATCH --mem=15G",
-                          "#SBATCH -t 02:00:00", "#SBATCH -A proj42", "#SBATCH -p batch",
-                          "#SBATCH -J ordnmf-worker", "#SBATCH --signal=SIGTERM@60"]:
+        for directive in [
+            "#SBATCH --cpus-per-task=4",
+            "#SBATCH --mem=15G",
+            "#SBATCH -t 02:00:00",
+            "#SBATCH -A proj42",
+            "#SBATCH -p batch",
+            "#SBATCH -J ordnmf-worker",
+            "#SBATCH --signal=SIGTERM@60",
+        ]:
             assert directive in lines, (directive, script)
     else:
-        for directive in ["#PBS -l select=1:ncpus=4:mem=15GB", "#PBS -l walltime=02:00:00",
-                          "#PBS -A proj42", "#PBS -q batch", "#PBS -N ordnmf-worker"]:
+        for directive in [
+            "#PBS -l select=1:ncpus=4:mem=15GB",
+            "#PBS -l walltime=02:00:00",
+            "#PBS -A proj42",
+            "#PBS -q batch",
+            "#PBS -N ordnmf-worker",
+        ]:
             assert directive in lines, (directive, script)
 
 
-@pytest.mark.parametrize(("script", "system"), [("slurm/train.sbatch", "slurm"),
-                                                ("pbs/train.pbs", "pbs")])
+@pytest.mark.parametrize(
+    ("script", "system"), [("slurm/train.sbatch", "slurm"), ("pbs/train.pbs", "pbs")]
+)
 def test_batch_scripts_run_their_launcher(script, system):
     text = (CLUSTER / script).read_text()
     assert subprocess.run(["bash", "-n", str(CLUSTER / script)]).returncode == 0
@@ -152,8 +171,11 @@ def _strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) for k, v in schema.items()}
-    if ("properties" in out and "additionalProperties" not in out
-            and not out.get("x-kubernetes-preserve-unknown-fields")):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -161,8 +183,10 @@ def _strict(schema: Any) -> Any:
 def test_daskjob_manifest_validates_against_operator_crd():
     crd_path = _daskjob_crd()
     if crd_path is None:
-        pytest.skip("DaskJob CRD not available offline: pip install dask-kubernetes "
-                    "(or set ORDNMF_DASKJOB_CRD to its crds/daskjob.yaml)")
+        pytest.skip(
+            "DaskJob CRD not available offline: pip install dask-kubernetes "
+            "(or set ORDNMF_DASKJOB_CRD to its crds/daskjob.yaml)"
+        )
     jsonschema = pytest.importorskip("jsonschema")
     crd = yaml.safe_load(crd_path.read_text())
     assert crd["spec"]["names"]["kind"] == "DaskJob"
@@ -195,10 +219,10 @@ max_iter = 4
 tol = 1e-12
 seed = {seed}
 [checkpoint]
-dir = "{path.parent / 'ck'}"
+dir = "{path.parent / "ck"}"
 every = 2
 [output]
-model = "{path.parent / 'm.zarr'}"
+model = "{path.parent / "m.zarr"}"
 overwrite = {str(overwrite).lower()}
 [logging]
 level = "WARNING"
@@ -237,6 +261,7 @@ def test_the_launcher_checks_every_conflict_before_submitting_a_worker_job(
     job = _job_file(tmp_path / "job.toml", store, 0, True)
     assert "sbatch not found on the PATH" in refused()  # the same job: every check passed
     job = _job_file(tmp_path / "job.toml", store, 1, True)
-    assert re.search(r"holds checkpoints of another store or configuration .* pass --restart",
-                     refused())
+    assert re.search(
+        r"holds checkpoints of another store or configuration .* pass --restart", refused()
+    )
     assert "sbatch not found on the PATH" in refused("--restart")  # removed only once running

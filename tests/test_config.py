@@ -30,9 +30,11 @@ def write(path: Path, text: str) -> str:
 
 
 def test_flags_override_only_what_was_given():
-    raw = {"model": {"n_components": 4, "max_iter": 50, "seed": 1, "tol": 1},
-           "cluster": {"scheduler": "tcp://10.0.0.1:8786"},
-           "checkpoint": {"dir": "/scratch/ck", "every": 5, "minutes": 10}}
+    raw = {
+        "model": {"n_components": 4, "max_iter": 50, "seed": 1, "tol": 1},
+        "cluster": {"scheduler": "tcp://10.0.0.1:8786"},
+        "checkpoint": {"dir": "/scratch/ck", "every": 5, "minutes": 10},
+    }
     flags = {"max_iter": 3, "seed": None, "approx": None, "workers": 1, "debug": True}
     cfg = build(raw, flag_overrides(flags), "job.toml")
     assert (cfg.model.max_iter, cfg.model.seed, cfg.model.n_components) == (3, 1, 4)
@@ -86,7 +88,9 @@ def test_missing_required_values_exit_2(tmp_path, store_20x15, capsys):
 @pytest.mark.cluster
 def test_fit_from_file_with_flags_and_resolved_config_in_model(tmp_path, store_20x15):
     model = tmp_path / "m.zarr"
-    job = write(tmp_path / "job.toml", f"""
+    job = write(
+        tmp_path / "job.toml",
+        f"""
 [store]
 path = "{store_20x15.path}"
 [model]
@@ -97,14 +101,15 @@ tol = 1e-12
 [cluster]
 local = {{workers = 1, threads_per_worker = 1, memory_limit = "1GB"}}
 [checkpoint]
-dir = "{tmp_path / 'ck'}"
+dir = "{tmp_path / "ck"}"
 every = 5
 [output]
 model = "{model}"
 [logging]
 level = "warning"
-file = "{tmp_path / 'fit.log'}"
-""")
+file = "{tmp_path / "fit.log"}"
+""",
+    )
     assert main(["fit", "--config", job, "--max-iter", "4", "--seed", "3"]) == 0
     fitted = OrdNMF.load(model)
     assert fitted.n_iter_ == 4 and fitted.seed == 3
@@ -128,8 +133,25 @@ file = "{tmp_path / 'fit.log'}"
 def test_scheduler_file(tmp_path, store_20x15, client):
     sched_file = tmp_path / "scheduler.json"
     with dask_processes(sched_file, 1):
-        assert main(["fit", store_20x15.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-                     "--max-iter", "6", "--seed", "1", "--scheduler-file", str(sched_file)]) == 0
+        assert (
+            main(
+                [
+                    "fit",
+                    store_20x15.path,
+                    "--out",
+                    str(tmp_path / "m.zarr"),
+                    "-k",
+                    "2",
+                    "--max-iter",
+                    "6",
+                    "--seed",
+                    "1",
+                    "--scheduler-file",
+                    str(sched_file),
+                ]
+            )
+            == 0
+        )
     local = OrdNMF(2, max_iter=6, seed=1).fit(store_20x15, client)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
@@ -138,8 +160,17 @@ def test_scheduler_file(tmp_path, store_20x15, client):
 
 def test_missing_scheduler_file_times_out_with_exit_3(tmp_path, store_20x15, capsys):
     with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
-        code = main(["fit", store_20x15.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-                     "--scheduler-file", str(tmp_path / "none.json")])
+        code = main(
+            [
+                "fit",
+                store_20x15.path,
+                "--out",
+                str(tmp_path / "m.zarr"),
+                "-k",
+                "2",
+                "--scheduler-file",
+                str(tmp_path / "none.json"),
+            ]
+        )
     assert code == 3
     assert "none.json did not appear within 1s" in capsys.readouterr().err
-

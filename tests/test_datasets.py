@@ -68,7 +68,8 @@ def test_shipped_copy_is_the_published_file():
     path = fetch_movielens_small(Path("/nonexistent-cache"))
     assert path == datasets.SHIPPED / "ml-latest-small" / "ratings.csv"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == (
-        "aa289ca83157595d0df6aea1be6a4ded676ddc4385472e8313a8ed9805352646")
+        "aa289ca83157595d0df6aea1be6a4ded676ddc4385472e8313a8ed9805352646"
+    )
     assert (path.parent / "README.txt").is_file()  # its licence travels with it
 
 

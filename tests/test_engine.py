@@ -230,8 +230,9 @@ def test_a_fit_stopping_at_a_checkpoint_iteration_leaves_no_checkpoint_for_it(
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     ckpt = tmp_path / "ckpt"
-    model = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10, checkpoint_every=1,
-                   checkpoint_dir=str(ckpt)).fit(store, client, init=(w0, h0))  # fmt: skip
+    model = OrdNMF(
+        K, tol=1.0, min_iter=2, max_iter=10, checkpoint_every=1, checkpoint_dir=str(ckpt)
+    ).fit(store, client, init=(w0, h0))
     assert model.converged_ and model.n_iter_ == 3
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000001", "ckpt-00000002"]
     plain = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10).fit(store, client, init=(w0, h0))
@@ -276,8 +277,11 @@ def test_strip_block_and_chunk_homes():
     assert [h["workers"] for h in home["row"]] == [["a"], ["a"], ["b"], ["b"]]
     assert all(h["allow_other_workers"] for h in home["row"])
     assert [[h["workers"][0] for h in row] for row in home["block"]] == [
-        ["a"] * 3, ["a"] * 3, ["b"] * 3, ["b"] * 3,
-    ]  # fmt: skip
+        ["a"] * 3,
+        ["a"] * 3,
+        ["b"] * 3,
+        ["b"] * 3,
+    ]
     assert [h["workers"] for h in home["col"]] == [["a"], ["a"], ["b"]]
     one_row = homes(["a", "b"], 1, [[0], [1, 2]])  # one user-block cut into two strips
     assert [h["workers"][0] for h in one_row["strip"][0]] == ["a", "b"]
@@ -300,8 +304,10 @@ def test_strip_runs():
     assert runs(w, 4, MAX_STRIP_COLS) == [[0, 1, 2], [3, 4, 5]]  # 2 x 4 = 8 strips
     assert runs(w, 1, MAX_STRIP_COLS) == [[j] for j in range(6)]  # never more runs than blocks
     assert runs(np.array([10] * 20), 8, MAX_STRIP_COLS) == [
-        list(range(0, 7)), list(range(7, 14)), list(range(14, 20)),
-    ]  # fmt: skip  # at most MAX_STRIP_BLOCKS = 8 blocks per strip
+        list(range(0, 7)),
+        list(range(7, 14)),
+        list(range(14, 20)),
+    ]  # at most MAX_STRIP_BLOCKS = 8 blocks per strip
     wide = np.array([MAX_STRIP_COLS // 2 + 1] * 4)
     assert runs(wide, 8, MAX_STRIP_COLS) == [[0], [1], [2], [3]]  # <= MAX_STRIP_COLS rows
     uneven = np.array([10, 10, 10, MAX_STRIP_COLS])  # 2 equal-count runs; the 2nd is too wide

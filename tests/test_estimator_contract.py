@@ -75,8 +75,15 @@ def count_store(tmp_path_factory: pytest.TempPathFactory):
     rng = np.random.default_rng(0)
     y = rng.poisson(rng.gamma(1.0, 1.0, (40, K)) @ rng.gamma(1.0, 1.5, (K, 30)))
     u, i = np.nonzero(y)
-    info = ingest_arrays(u, i, y[u, i], tmp_path_factory.mktemp("contract") / "s.zarr",
-                         counts=[0, 1, 3, 8], grid=(2, 2), seed=0)
+    info = ingest_arrays(
+        u,
+        i,
+        y[u, i],
+        tmp_path_factory.mktemp("contract") / "s.zarr",
+        counts=[0, 1, 3, 8],
+        grid=(2, 2),
+        seed=0,
+    )
     assert info.n_classes == N_CLASSES and info.attrs["value_kind"] == "counts"
     return info
 
@@ -128,10 +135,10 @@ def test_a_stopped_fit_resumes_to_the_uninterrupted_one(
     first.fit(count_store, mclient)
     assert first.n_iter_ == STOP and first.elbo_ == family_fit.elbo_[:STOP]
     seen: list[int] = []
-    resumed = make(family, max_iter=ITERS, tol=1e-14, checkpoint_every=EVERY,
-                   checkpoint_dir=ckpt)
-    resumed.fit(count_store, mclient, resume=True,
-                callback=lambda info: seen.append(info.iteration))
+    resumed = make(family, max_iter=ITERS, tol=1e-14, checkpoint_every=EVERY, checkpoint_dir=ckpt)
+    resumed.fit(
+        count_store, mclient, resume=True, callback=lambda info: seen.append(info.iteration)
+    )
     assert seen == list(range(EVERY + 1, ITERS + 1))  # it went on from the checkpoint
     assert_same_fit(resumed, family_fit)
 

@@ -29,8 +29,9 @@ def user_env(**extra: str) -> dict[str, str]:
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=user_env(**env), capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    return subprocess.run(
+        args, cwd=cwd, env=user_env(**env), capture_output=True, text=True, timeout=600
+    )
 
 
 def readme_output() -> list[str]:
@@ -77,15 +78,23 @@ def test_api_quickstart_honours_data_and_out(tmp_path):
     assert f"{ast.literal_eval(ndcg)[1]:.4f}" == readme_ndcg_at_1()
     assert {p.name for p in (tmp_path / "qs").iterdir()} == {"store.zarr", "model.zarr"}
     # DATA points at another copy: that one is read (here: absent, so an error naming it)
-    r = run([sys.executable, script], tmp_path, OUT=str(tmp_path / "qs2"),
-            DATA=str(tmp_path / "elsewhere"))
+    r = run(
+        [sys.executable, script],
+        tmp_path,
+        OUT=str(tmp_path / "qs2"),
+        DATA=str(tmp_path / "elsewhere"),
+    )
     assert r.returncode != 0
     assert f"{tmp_path / 'elsewhere' / 'ml-latest-small' / 'ratings.csv'}" in r.stderr
 
 
 def test_reproduce_paper_without_its_data_says_what_it_needs(tmp_path):
-    r = run(["bash", str(EXAMPLES / "reproduce_paper.sh")], tmp_path,
-            DATA=str(tmp_path / "data"), OUT=str(tmp_path / "rep"))
+    r = run(
+        ["bash", str(EXAMPLES / "reproduce_paper.sh")],
+        tmp_path,
+        DATA=str(tmp_path / "data"),
+        OUT=str(tmp_path / "rep"),
+    )
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "set DATA to a directory holding" in r.stderr
     assert "hetrec2011-lastfm-2k/" in r.stderr and "tasteprofile-gouvert-subset/" in r.stderr
@@ -96,9 +105,25 @@ def test_reproduce_paper_without_its_data_says_what_it_needs(tmp_path):
 def test_reproduce_paper_runs_where_its_data_is(tmp_path):
     """The script as shipped, its protocol shrunk (one dataset) by extra arguments, which it
     passes on."""
-    r = run(["bash", str(EXAMPLES / "reproduce_paper.sh"), "--k-grid", "2", "--seeds", "0",
-             "--max-iter", "2", "--jobs", "2", "--datasets", "tasteprofile"], tmp_path,
-            DATA=str(data_root(TPS)), OUT=str(tmp_path / "rep"))  # fmt: skip
+    r = run(
+        [
+            "bash",
+            str(EXAMPLES / "reproduce_paper.sh"),
+            "--k-grid",
+            "2",
+            "--seeds",
+            "0",
+            "--max-iter",
+            "2",
+            "--jobs",
+            "2",
+            "--datasets",
+            "tasteprofile",
+        ],
+        tmp_path,
+        DATA=str(data_root(TPS)),
+        OUT=str(tmp_path / "rep"),
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "rep" / "tasteprofile" / "runs.csv").is_file()
     assert (tmp_path / "rep" / "report.md").read_text().startswith("# OrdNMF vs BePoF")
@@ -125,16 +150,31 @@ def test_job_file_runs_as_shipped(tmp_path):
     assert "running in-process" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "examples", "out"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["job"]
-    assert {p.name for p in (tmp_path / "out" / "job").iterdir()} >= {"ml.zarr", "model.zarr",
-                                                                     "fit.log"}
+    assert {p.name for p in (tmp_path / "out" / "job").iterdir()} >= {
+        "ml.zarr",
+        "model.zarr",
+        "fit.log",
+    }
     cfg = resolve(str(JOB))
     paths = [cfg.store.path, cfg.output.model, cfg.logging.file]
     assert all(p.startswith("out/job/") for p in paths) and len(set(paths)) == 3
     assert cfg.checkpoint.dir is None  # the default: beside the model, removed once it is saved
     assert not (tmp_path / "out" / "job" / "model.zarr.checkpoints").exists()
     # the same job with another K runs at once (the default checkpoints are the fit's own)
-    r = run(["ordnmf-dask", "fit", "--config", "cluster/job.toml", "-k", "3", "--max-iter", "3",
-             "--overwrite"], tmp_path)
+    r = run(
+        [
+            "ordnmf-dask",
+            "fit",
+            "--config",
+            "cluster/job.toml",
+            "-k",
+            "3",
+            "--max-iter",
+            "3",
+            "--overwrite",
+        ],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -144,4 +184,3 @@ def test_kubernetes_job_file_is_valid():
     paths = [cfg.store.path, cfg.output.model, cfg.checkpoint.dir]
     assert all(p.startswith("/data/") for p in paths) and len(set(paths)) == 3
     assert cfg.cluster.local is None  # the manifest gives the scheduler address
-

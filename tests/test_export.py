@@ -63,8 +63,11 @@ def test_a_saved_model_carries_the_stores_id_maps(named_fit, tmp_path):
     shutil.move(named_fit.store.path, moved)
     try:
         assert m.ids_slice("users", 0, 23) == named_fit.users
-        assert m.ids_at("items", np.array([16, 0, 16])) == [named_fit.items[16], named_fit.items[0],
-                                                             named_fit.items[16]]
+        assert m.ids_at("items", np.array([16, 0, 16])) == [
+            named_fit.items[16],
+            named_fit.items[0],
+            named_fit.items[16],
+        ]
         assert idmap.ids_slice(m.ids_path, "items", 3, 6) == named_fit.items[3:6]
     finally:
         shutil.move(moved, named_fit.store.path)
@@ -89,8 +92,9 @@ def test_a_model_saved_without_id_maps_reads_them_from_its_store(named_fit, tmp_
         shutil.move(gone, named_fit.store.path)
 
 
-def test_a_saved_model_recommends_and_exports_wherever_it_is_copied(named_fit, mclient, tmp_path,
-                                                                     capsys):
+def test_a_saved_model_recommends_and_exports_wherever_it_is_copied(
+    named_fit, mclient, tmp_path, capsys
+):
     """The model holds the index of its users' training items: copied elsewhere with the store
     moved away, its recommendations (in memory, and the exported ones) leave out the training
     items exactly as with the store."""
@@ -103,22 +107,26 @@ def test_a_saved_model_recommends_and_exports_wherever_it_is_copied(named_fit, m
     try:
         got = OrdNMF.load(copy).recommend(named_fit.users, n=4)
         assert [[i for i, _ in got[u]] for u in named_fit.users] == [
-            [i for i, _ in want[u]] for u in named_fit.users]
+            [i for i, _ in want[u]] for u in named_fit.users
+        ]
         for u in named_fit.users:
-            np.testing.assert_allclose([s for _, s in got[u]], [s for _, s in want[u]],
-                                       rtol=1e-12)
+            np.testing.assert_allclose([s for _, s in got[u]], [s for _, s in want[u]], rtol=1e-12)
         out = tmp_path / "exp"
         assert main(["export", copy, "--out", str(out), "-n", "4"]) == 0
         assert f"export written to {out}" in capsys.readouterr().out
-        rows = [{"user": u, "rank": r, "item": item, "score": score}
-                for u, lst in want.items() for r, (item, score) in enumerate(lst, start=1)]
+        rows = [
+            {"user": u, "rank": r, "item": item, "score": score}
+            for u, lst in want.items()
+            for r, (item, score) in enumerate(lst, start=1)
+        ]
         assert pq.read_table(out / "recommendations").to_pylist() == rows
     finally:
         shutil.move(moved, named_fit.store.path)
 
 
-def test_an_old_model_exports_recommendations_with_the_store_passed(named_fit, mclient, tmp_path,
-                                                                    capsys):
+def test_an_old_model_exports_recommendations_with_the_store_passed(
+    named_fit, mclient, tmp_path, capsys
+):
     """A model saved without that index, its store moved: the export of recommendations says to
     pass --store, and with it writes what the model recorded store gives."""
     old = tmp_path / "old.zarr"
@@ -140,8 +148,12 @@ def test_an_old_model_exports_recommendations_with_the_store_passed(named_fit, m
         with pytest.raises(StoreError, match=r"pass store=STORE \(the training store\)"):
             export(old, tmp_path / "e")
         assert not (tmp_path / "e").exists()
-        assert main(["export", str(old), "--out", str(tmp_path / "e"), "-n", "3",
-                     "--store", str(moved)]) == 0
+        assert (
+            main(
+                ["export", str(old), "--out", str(tmp_path / "e"), "-n", "3", "--store", str(moved)]
+            )
+            == 0
+        )
         for d in ("recommendations", "user_factors"):
             assert pq.read_table(tmp_path / "e" / d) == pq.read_table(want / d)
     finally:
@@ -154,8 +166,10 @@ def test_an_old_model_exports_recommendations_with_the_store_passed(named_fit, m
 def check_export(named_fit, read, n):
     """The datasets of an export read back with pyarrow (``read(dataset)`` -> table) equal the
     model's factors with their raw ids and the few-users recommendations."""
-    for dataset, ids, mean in (("user_factors", named_fit.users, named_fit.W),
-                               ("item_factors", named_fit.items, named_fit.H)):
+    for dataset, ids, mean in (
+        ("user_factors", named_fit.users, named_fit.W),
+        ("item_factors", named_fit.items, named_fit.H),
+    ):
         table = read(dataset)
         assert table.column_names == ["id", *(f"f{j}" for j in range(K))]
         assert table.column("id").to_pylist() == ids
@@ -163,8 +177,11 @@ def check_export(named_fit, read, n):
         np.testing.assert_array_equal(got, mean)  # bit for bit: float64 as stored
     recs = read("recommendations").to_pylist()
     want = recommend(named_fit.store, named_fit.path, n=n, users=named_fit.users)
-    rows = [{"user": u, "rank": r, "item": item, "score": score}
-            for u, lst in want.items() for r, (item, score) in enumerate(lst, start=1)]
+    rows = [
+        {"user": u, "rank": r, "item": item, "score": score}
+        for u, lst in want.items()
+        for r, (item, score) in enumerate(lst, start=1)
+    ]
     assert recs == rows
     assert len(want[named_fit.users[4]]) == 0  # every item in train: no row
 
@@ -173,14 +190,14 @@ def test_local_export_round_trip(named_fit, mclient, tmp_path):
     out = export(named_fit.path, tmp_path / "exp", n=4)
     assert out == str(tmp_path / "exp")
     assert sorted(os.listdir(tmp_path)) == ["exp"]  # no temporary directory left
-    assert sorted(os.listdir(out)) == [MANIFEST, "item_factors", "recommendations",
-                                       "user_factors"]
+    assert sorted(os.listdir(out)) == [MANIFEST, "item_factors", "recommendations", "user_factors"]
     assert sorted(os.listdir(f"{out}/item_factors")) == [f"part-{c:05d}.parquet" for c in range(3)]
     assert sorted(os.listdir(f"{out}/user_factors")) == [f"part-{r:05d}.parquet" for r in range(2)]
     check_export(named_fit, lambda d: pq.read_table(f"{out}/{d}"), 4)
     manifest = json.loads((tmp_path / "exp" / MANIFEST).read_text())
-    assert manifest["datasets"]["user_factors"]["rows"] == np.diff(
-        named_fit.store.row_bounds).tolist()
+    assert (
+        manifest["datasets"]["user_factors"]["rows"] == np.diff(named_fit.store.row_bounds).tolist()
+    )
     with pytest.raises(InputError, match="already exists"):
         export(named_fit.path, out, what=["factors"])
     export(named_fit.path, out, what=["factors"], overwrite=True)
@@ -203,8 +220,10 @@ def test_export_refuses_to_replace_what_it_did_not_write(named_fit, mclient, tmp
 
 def test_export_command(named_fit, mclient, tmp_path, capsys):
     out = tmp_path / "e"
-    assert main(["export", named_fit.path, "--out", str(out), "--what", "recommendations",
-                 "-n", "2"]) == 0
+    assert (
+        main(["export", named_fit.path, "--out", str(out), "--what", "recommendations", "-n", "2"])
+        == 0
+    )
     assert f"export written to {out}" in capsys.readouterr().out
     assert sorted(os.listdir(out)) == [MANIFEST, "recommendations"]
     assert main(["export", named_fit.path, "--out", str(tmp_path / "f"), "--what", "W"]) == 2
@@ -224,19 +243,26 @@ def test_export_to_s3(named_fit, mclient, s3):
     check_export(named_fit, lambda d: pq.read_table(f"{root}/{d}", filesystem=s3.fs), 3)
     with pytest.raises(InputError, match="already exists"):
         export(named_fit.path, url, storage_options=s3.storage_options)
-    export(named_fit.path, url, what=["factors"], storage_options=s3.storage_options,
-           overwrite=True)
+    export(
+        named_fit.path, url, what=["factors"], storage_options=s3.storage_options, overwrite=True
+    )
     s3.fs.invalidate_cache()
     assert sorted(p.rsplit("/", 1)[1] for p in s3.fs.ls(root)) == [
-        MANIFEST, "item_factors", "user_factors"]
+        MANIFEST,
+        "item_factors",
+        "user_factors",
+    ]
     s3.fs.pipe(s3.url("theirs/data.csv"), b"1,2\n")
     with pytest.raises(InputError, match="not a Parquet export"):
-        export(named_fit.path, s3.url("theirs"), storage_options=s3.storage_options,
-               overwrite=True)
+        export(named_fit.path, s3.url("theirs"), storage_options=s3.storage_options, overwrite=True)
     assert s3.fs.cat(s3.url("theirs/data.csv")) == b"1,2\n"
     with pytest.raises(InputError, match="s3://no-such-bucket/exp: cannot write there"):
-        export(named_fit.path, "s3://no-such-bucket/exp", what=["factors"],
-               storage_options=s3.storage_options)
+        export(
+            named_fit.path,
+            "s3://no-such-bucket/exp",
+            what=["factors"],
+            storage_options=s3.storage_options,
+        )
 
 
 def test_a_failed_export_leaves_nothing(named_fit, mclient, tmp_path, s3):
@@ -263,9 +289,23 @@ def test_export_command_to_s3_with_credentials_from_the_environment(named_fit, s
     import sys
 
     run = subprocess.run(
-        [sys.executable, "-m", "ordnmf_dask.app.cli", "export", named_fit.path, "--out",
-         s3.url("cli/exp"), "--what", "factors", "--workers", "1"],
-        env={**os.environ, **s3.env}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "ordnmf_dask.app.cli",
+            "export",
+            named_fit.path,
+            "--out",
+            s3.url("cli/exp"),
+            "--what",
+            "factors",
+            "--workers",
+            "1",
+        ],
+        env={**os.environ, **s3.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr
     s3.fs.invalidate_cache()

@@ -95,7 +95,8 @@ def pf_fit(Y, W0, H0, t=1.0, alpha=0.3, tol=1e-5, max_iter=1000):
         EH, GH = aH / rH, np.exp(digamma(aH) - np.log(rH))
         SW, SH, local = allocate(GW, GH)
         elbo.append(
-            local - t * (EW @ EH.T).sum()
+            local
+            - t * (EW @ EH.T).sum()
             + oracle.gamma_elbo_terms(alpha, bw[:, None], aW, rW)
             + oracle.gamma_elbo_terms(alpha, bh[:, None], aH, rH)
         )
@@ -160,8 +161,10 @@ def test_learned_p_direction_in_the_oracle():
     mostly_ones = np.minimum(dcpf_counts(24, 18, 0.0, scale=0.3, seed=1), 2)
     assert 1 < mostly_ones.sum() - (mostly_ones > 0).sum() < 0.2 * (mostly_ones > 0).sum()
 
-    fits = {name: oracle_dcpf.fit(y, w0, h0, p=0.5) for name, y in
-            [("heavy", heavy), ("poisson", poisson), ("mostly_ones", mostly_ones)]}
+    fits = {
+        name: oracle_dcpf.fit(y, w0, h0, p=0.5)
+        for name, y in [("heavy", heavy), ("poisson", poisson), ("mostly_ones", mostly_ones)]
+    }
     assert fits["heavy"]["p"] > 0.8
     # (on the Poisson counts p first rises a little while the factors are still poor)
     assert fits["poisson"]["p"] < 0.1
@@ -250,18 +253,35 @@ def _write_count_store(path, train_raw, test_raw, thresholds, grid):
         return block_sort(uu, ii, np.searchsorted(edges, raw, side="left"), raw, rb, cb)
 
     def hist(m):
-        return np.bincount(np.searchsorted(edges, m[m > 0], side="left"),
-                           minlength=len(edges) + 1).tolist()
+        return np.bincount(
+            np.searchsorted(edges, m[m > 0], side="left"), minlength=len(edges) + 1
+        ).tolist()
 
     attrs = {
-        "n_users": train_raw.shape[0], "n_items": train_raw.shape[1],
-        "n_classes": len(edges), "value_kind": "counts", "thresholds": edges.tolist(),
-        "binarize": None, "nnz_train": int((train_raw > 0).sum()),
-        "nnz_test": int((test_raw > 0).sum()), "hist_train": hist(train_raw),
-        "hist_test": hist(test_raw), "grid": list(grid), "split": "file", "seed": None,
+        "n_users": train_raw.shape[0],
+        "n_items": train_raw.shape[1],
+        "n_classes": len(edges),
+        "value_kind": "counts",
+        "thresholds": edges.tolist(),
+        "binarize": None,
+        "nnz_train": int((train_raw > 0).sum()),
+        "nnz_test": int((test_raw > 0).sum()),
+        "hist_train": hist(train_raw),
+        "hist_test": hist(test_raw),
+        "grid": list(grid),
+        "split": "file",
+        "seed": None,
     }
-    return write_store(path, attrs, rb, cb, blocked(train_raw), blocked(test_raw),
-                       np.arange(train_raw.shape[0]), np.arange(train_raw.shape[1]))
+    return write_store(
+        path,
+        attrs,
+        rb,
+        cb,
+        blocked(train_raw),
+        blocked(test_raw),
+        np.arange(train_raw.shape[0]),
+        np.arange(train_raw.shape[1]),
+    )
 
 
 def _nb_logpmf_given_positive(y, lam, p, t):
@@ -373,8 +393,9 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
     with pytest.raises(InputError, match="'OrdNMF' model, not a DcPF"):
         DcPF.load(ord_model.model_path_)
     ord_result = evaluate(ostore, ord_model, client)
-    expected = oracle.test_loglik(ord_model.W_.compute(), ord_model.H_.compute(),
-                                  ord_model.delta_, otest)
+    expected = oracle.test_loglik(
+        ord_model.W_.compute(), ord_model.H_.compute(), ord_model.delta_, otest
+    )
     assert ord_result["test_loglik"] == pytest.approx(expected, rel=1e-9)
 
     bepof = BePoF(K, threshold=2, max_iter=4).fit(ostore, client, init=(ow0, oh0))

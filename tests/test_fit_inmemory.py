@@ -44,8 +44,11 @@ def write_csv(path, x: sp.spmatrix):
 def state_of(est) -> dict[str, object]:
     """The fitted factors, the family's parameters and the ELBO trace."""
     m = open_model(est.model_path_)
-    out: dict[str, object] = {f"{n}.{f}": np.asarray(m.factor(n, f).compute())
-                              for n in ("W", "H") for f in ("mean", "log_mean")}  # fmt: skip
+    out: dict[str, object] = {
+        f"{n}.{f}": np.asarray(m.factor(n, f).compute())
+        for n in ("W", "H")
+        for f in ("mean", "log_mean")
+    }
     out["elbo"] = list(est.elbo_)
     out["params"] = est.theta_.tolist() if hasattr(est, "theta_") else est.p_
     return out
@@ -89,10 +92,15 @@ def test_every_kind_in_memory_gives_the_model_of_the_matrix(tmp_path):
 
     reference = fit(x)
     kinds = {
-        "coo": x.tocoo(), "csc": x.tocsc(), "lil": x.tolil(), "csr_array": sp.csr_array(x),
-        "arrays": (u, i, v), "pandas": frame, "pyarrow": pa.Table.from_pandas(frame),
+        "coo": x.tocoo(),
+        "csc": x.tocsc(),
+        "lil": x.tolil(),
+        "csr_array": sp.csr_array(x),
+        "arrays": (u, i, v),
+        "pandas": frame,
+        "pyarrow": pa.Table.from_pandas(frame),
         "dask": dd.from_pandas(frame, npartitions=3),
-    }  # fmt: skip
+    }
     for name, data in kinds.items():
         assert_bitwise(fit(data), reference, name)
     renamed = frame.rename(columns={"user": "u", "item": "i", "value": "r"})[["r", "i", "u"]]
@@ -103,8 +111,9 @@ def test_all_of_x_trains_unless_a_test_split_is_asked_for(tmp_path):
     x = ratings(2)
     est = OrdNMF(2, max_iter=2).fit(x)
     assert open_model(est.model_path_).attrs["store"]["nnz_train"] == x.nnz
-    est = OrdNMF(2, max_iter=2).fit(x, ingest_options={"test_fraction": 0.25, "seed": 3},
-                                    store_out=tmp_path / "kept.zarr")  # fmt: skip
+    est = OrdNMF(2, max_iter=2).fit(
+        x, ingest_options={"test_fraction": 0.25, "seed": 3}, store_out=tmp_path / "kept.zarr"
+    )
     store = open_store(tmp_path / "kept.zarr")
     # the split draws each pair at random (docs/store-format.md): about a quarter, within 4 sd
     assert abs(store.nnz_test - 0.25 * x.nnz) <= 4 * (x.nnz * 0.25 * 0.75) ** 0.5
@@ -161,8 +170,12 @@ def test_a_failed_fit_leaves_no_store(tmp_path):
 
 @pytest.mark.parametrize(
     ("data", "hint"),
-    [([[0, 1, 3], [1, 2, 4]], "pass the tuple"), (np.array([3.0, 4.0, 5.0]), "ambiguous"),
-     (np.ones((4, 3)), r"scipy\.sparse\.csr_matrix\(X\)"), ({"user": [0]}, "ordnmf_dask.ingest")],
+    [
+        ([[0, 1, 3], [1, 2, 4]], "pass the tuple"),
+        (np.array([3.0, 4.0, 5.0]), "ambiguous"),
+        (np.ones((4, 3)), r"scipy\.sparse\.csr_matrix\(X\)"),
+        ({"user": [0]}, "ordnmf_dask.ingest"),
+    ],
 )
 def test_a_wrong_kind_of_data_is_a_type_error_naming_what_fit_takes(data, hint):
     with pytest.raises(TypeError, match=hint) as exc:
@@ -172,12 +185,23 @@ def test_a_wrong_kind_of_data_is_a_type_error_naming_what_fit_takes(data, hint):
 
 @pytest.mark.parametrize(
     ("scale", "message"),
-    [(0.5, r"value \d\.5 is not a positive integer; for half-star ratings 0\.5 \.\. 5 pass "
-           r"ingest_options=\{'ratings': 'halfstar'\}"),
-     (0.3, r"is not a positive integer; pass ingest_options\['ratings'\], "
-           r"ingest_options\['counts'\] or ingest_options\['binarize'\]"),
-     (300, r"got 1200; if the values are counts \(plays, clicks\), "
-           r"pass ingest_options=\{'counts': 'paper'\}")],
+    [
+        (
+            0.5,
+            r"value \d\.5 is not a positive integer; for half-star ratings 0\.5 \.\. 5 pass "
+            r"ingest_options=\{'ratings': 'halfstar'\}",
+        ),
+        (
+            0.3,
+            r"is not a positive integer; pass ingest_options\['ratings'\], "
+            r"ingest_options\['counts'\] or ingest_options\['binarize'\]",
+        ),
+        (
+            300,
+            r"got 1200; if the values are counts \(plays, clicks\), "
+            r"pass ingest_options=\{'counts': 'paper'\}",
+        ),
+    ],
 )
 def test_a_wrong_value_scale_says_which_ingest_option_to_pass(tmp_path, scale, message):
     with pytest.raises(InputError, match=message):
@@ -194,8 +218,10 @@ def test_explicit_zeros_of_a_sparse_matrix_are_no_interaction(tmp_path):
     dropped.eliminate_zeros()
     info = ingest(with_zeros, tmp_path / "z.zarr", test_fraction=0.0)
     assert info.nnz_train == dropped.nnz < x.nnz
-    assert_bitwise(state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(with_zeros)),
-                   state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(dropped)))  # fmt: skip
+    assert_bitwise(
+        state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(with_zeros)),
+        state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(dropped)),
+    )
 
 
 def test_store_arguments_keep_their_errors_with_a_hint(tmp_path):

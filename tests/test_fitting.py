@@ -32,8 +32,7 @@ def test_the_core_fit_is_the_estimator_fit_bitwise(tmp_path, store):
     assert a.attrs["elbo"] == b.elbo_ and a.attrs["p"] == b.p_
     for name in ("W", "H"):
         for field in ("mean", "log_mean"):
-            assert np.array_equal(a.factor(name, field).compute(),
-                                  b._factor(name, field).compute())  # fmt: skip
+            assert np.array_equal(a.factor(name, field).compute(), b._factor(name, field).compute())
 
 
 def test_a_plan_writes_nothing_and_the_run_saves_where_it_said(tmp_path, store):

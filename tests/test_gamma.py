@@ -27,12 +27,17 @@ def _exp_neg(y: float) -> float:
 def test_log_against_numpy():
     """~1 ulp from the smallest subnormal to the largest float, densely around 1 (where log x
     is small) and sqrt(2) (where the mantissa is halved); libm's values at 0, inf, < 0, NaN."""
-    x = np.concatenate([
-        [5e-324, 1e-320, 2.2250738585072014e-308 * (1 - 2**-52), 2.2250738585072014e-308],
-        np.geomspace(1e-307, 1e308, 20000), np.linspace(0.5, 2.0, 20001),
-        1.0 + np.linspace(-1e-6, 1e-6, 2001), np.sqrt(2.0) * (1.0 + np.linspace(-1e-9, 1e-9, 201)),
-        np.arange(1.0, 2000.0), [np.finfo(float).max],
-    ])  # fmt: skip
+    x = np.concatenate(
+        [
+            [5e-324, 1e-320, 2.2250738585072014e-308 * (1 - 2**-52), 2.2250738585072014e-308],
+            np.geomspace(1e-307, 1e308, 20000),
+            np.linspace(0.5, 2.0, 20001),
+            1.0 + np.linspace(-1e-6, 1e-6, 2001),
+            np.sqrt(2.0) * (1.0 + np.linspace(-1e-9, 1e-9, 201)),
+            np.arange(1.0, 2000.0),
+            [np.finfo(float).max],
+        ]
+    )
     got = np.array([_log(v) for v in x])
     want = np.log(x)
     np.testing.assert_allclose(got, want, rtol=3e-16, atol=0)
@@ -45,10 +50,14 @@ def test_log_against_numpy():
 def test_exp_neg_against_numpy():
     """exp(-y): ~1 ulp for y from 0 to where it underflows to subnormals, and to the nearest
     subnormal below; 0 beyond; NaN for y < 0 or NaN."""
-    y = np.concatenate([
-        [0.0, 5e-324, 1e-300, 1e-20], np.geomspace(1e-12, 708.0, 20000),
-        np.linspace(0.0, 5.0, 5001), np.arange(1, 1022) * np.log(2.0),
-    ])  # fmt: skip
+    y = np.concatenate(
+        [
+            [0.0, 5e-324, 1e-300, 1e-20],
+            np.geomspace(1e-12, 708.0, 20000),
+            np.linspace(0.0, 5.0, 5001),
+            np.arange(1, 1022) * np.log(2.0),
+        ]
+    )
     got = np.array([_exp_neg(v) for v in y])
     np.testing.assert_allclose(got, np.exp(-y), rtol=3e-16, atol=0)
     sub = np.linspace(708.5, 745.0, 2000)  # subnormal results: within one unit of 2^-1074

@@ -96,8 +96,11 @@ def test_blocks_sorted_and_in_range(tmp_path):
             for c in range(4):
                 b = read_block(info.path, split, r, c)
                 assert (b.rows.dtype, b.cols.dtype, b.y.dtype, b.raw.dtype) == (
-                    np.int32, np.int32, np.uint8, np.float64,
-                )  # fmt: skip
+                    np.int32,
+                    np.int32,
+                    np.uint8,
+                    np.float64,
+                )
                 assert b.shape == info.block_shape(r, c)
                 if b.nnz:
                     assert b.rows.min() >= 0 and b.rows.max() < b.shape[0]
@@ -131,19 +134,36 @@ def test_auto_grid_balanced(tmp_path):
 
 
 def test_filter_paper_vs_stable(tmp_path):
-    rows = [("A", "x"), ("A", "y"), ("B", "x"), ("B", "z"), ("C", "y"),
-            ("D", "p"), ("D", "q"), ("E", "p"), ("E", "q")]  # fmt: skip
+    rows = [
+        ("A", "x"),
+        ("A", "y"),
+        ("B", "x"),
+        ("B", "z"),
+        ("C", "y"),
+        ("D", "p"),
+        ("D", "q"),
+        ("E", "p"),
+        ("E", "q"),
+    ]
     users, items = zip(*rows, strict=True)
     ones = np.ones(len(rows))
     common = dict(min_count=2, test_fraction=0.0)
     paper = ingest_arrays(users, items, ones, tmp_path / "p", filter_mode="paper", **common)
     stable = ingest_arrays(users, items, ones, tmp_path / "s", filter_mode="stable", **common)
     assert set(store_triples(paper.path, "train")) == {
-        ("A", "x"), ("A", "y"), ("D", "p"), ("D", "q"), ("E", "p"), ("E", "q"),
-    }  # fmt: skip
+        ("A", "x"),
+        ("A", "y"),
+        ("D", "p"),
+        ("D", "q"),
+        ("E", "p"),
+        ("E", "q"),
+    }
     assert set(store_triples(stable.path, "train")) == {
-        ("D", "p"), ("D", "q"), ("E", "p"), ("E", "q"),
-    }  # fmt: skip
+        ("D", "p"),
+        ("D", "q"),
+        ("E", "p"),
+        ("E", "q"),
+    }
     assert paper.attrs["filter_mode"] == "paper" and stable.attrs["rows_filtered"] == 5
 
 
@@ -230,9 +250,12 @@ def test_columns_header_and_multiple_files(tmp_path):
     (tmp_path / "a.csv").write_text("5,a,u1\n7,b,u2\n")
     (tmp_path / "b.csv").write_text("h1,h2,h3\n2,a,u2\n")
     info = ingest(
-        [tmp_path / "a.csv", tmp_path / "b.csv"], tmp_path / "s", columns=(2, 1, 0),
-        test_fraction=0.0, counts="paper",
-    )  # fmt: skip
+        [tmp_path / "a.csv", tmp_path / "b.csv"],
+        tmp_path / "s",
+        columns=(2, 1, 0),
+        test_fraction=0.0,
+        counts="paper",
+    )
     got = store_triples(info.path, "train")
     assert got == {("u1", "a"): (3, 5.0), ("u2", "b"): (4, 7.0), ("u2", "a"): (2, 2.0)}
     (tmp_path / "c.csv").write_text("5,6,7\n1,2,3\n")
@@ -244,9 +267,14 @@ def test_integer_ratings_default_and_scale_max(tmp_path):
     info = ingest_arrays([1, 2, 3], [1, 1, 1], [1, 2, 3], tmp_path / "a", test_fraction=0.0)
     assert info.attrs["value_kind"] == "ratings-integer" and info.n_classes == 3
     info = ingest_arrays(
-        [1, 2, 3], [1, 1, 1], [1, 2, 3], tmp_path / "b", ratings="integer", scale_max=5,
+        [1, 2, 3],
+        [1, 1, 1],
+        [1, 2, 3],
+        tmp_path / "b",
+        ratings="integer",
+        scale_max=5,
         test_fraction=0.0,
-    )  # fmt: skip
+    )
     assert info.n_classes == 5 and info.hist_train.tolist() == [0, 1, 1, 1, 0, 0]
 
 
@@ -264,9 +292,14 @@ def test_count_thresholds_and_binarize_raw(tmp_path):
     assert info.n_classes == 1 and info.attrs["binarize_on"] == "raw"
     assert store_triples(info.path, "train") == {(2, 0): (1, 1.0), (3, 0): (1, 3.5)}
     info = ingest_arrays(
-        range(3), [0] * 3, [1, 3, 600], tmp_path / "c", counts="paper", binarize=3,
+        range(3),
+        [0] * 3,
+        [1, 3, 600],
+        tmp_path / "c",
+        counts="paper",
+        binarize=3,
         test_fraction=0.0,
-    )  # fmt: skip
+    )
     assert store_triples(info.path, "train") == {(1, 0): (1, 3.0), (2, 0): (1, 600.0)}
 
 
@@ -321,10 +354,12 @@ def test_auto_grid_splits_small_data_for_two_cores():
 def test_the_plan_checks_every_argument_before_any_input_is_read(tmp_path):
     """One check before any work, for every entry point: a missing input is not looked at."""
     missing = tmp_path / "missing.csv"
-    for bad, message in (({"chunk_bytes": 0}, "chunk_bytes must be >= 1"),
-                         ({"delimiter": "|"}, "unknown delimiter"),
-                         ({"columns": (0, 0, 1)}, "columns must be 3 distinct"),
-                         ({"min_count": -1}, "min_count must be")):  # fmt: skip
+    for bad, message in (
+        ({"chunk_bytes": 0}, "chunk_bytes must be >= 1"),
+        ({"delimiter": "|"}, "unknown delimiter"),
+        ({"columns": (0, 0, 1)}, "columns must be 3 distinct"),
+        ({"min_count": -1}, "min_count must be"),
+    ):
         for call in (plan_ingest, ingest, ingest_distributed):
             with pytest.raises(InputError, match=message):
                 call(missing, tmp_path / "s.zarr", **bad)
@@ -334,9 +369,11 @@ def test_the_plan_checks_every_argument_before_any_input_is_read(tmp_path):
 def test_dropped_test_rows_are_reported_at_the_line_that_called_ingest(tmp_path):
     train = (["a", "a", "b", "b", "b"], ["x", "y", "x", "y", "z"], [1.0, 2.0, 3.0, 2.0, 1.0])
     test = (["a", "c"], ["z", "x"], [1.0, 2.0])  # user c is not in the training data
-    calls = {"ingest": lambda out: ingest(train, out, test=test),
-             "ingest_distributed": lambda out: ingest_distributed(train, out, test=test),
-             "ingest_arrays": lambda out: ingest_arrays(*train, out, test=test)}  # fmt: skip
+    calls = {
+        "ingest": lambda out: ingest(train, out, test=test),
+        "ingest_distributed": lambda out: ingest_distributed(train, out, test=test),
+        "ingest_arrays": lambda out: ingest_arrays(*train, out, test=test),
+    }
     for name, call in calls.items():
         with pytest.warns(UserWarning, match="1 test rows dropped") as warned:
             call(tmp_path / f"{name}.zarr")

@@ -32,11 +32,17 @@ def store_2x3(tmp_path_factory):
 
 def _result(model) -> dict[str, object]:
     m = open_model(model.model_path_)
-    out = {name: np.asarray(m.factor(f[0], f[1]).compute())
-           for name, f in {"W": ("W", "mean"), "H": ("H", "mean"), "logW": ("W", "log_mean"),
-                           "logH": ("H", "log_mean")}.items()}  # fmt: skip
+    out = {
+        name: np.asarray(m.factor(f[0], f[1]).compute())
+        for name, f in {
+            "W": ("W", "mean"),
+            "H": ("H", "mean"),
+            "logW": ("W", "log_mean"),
+            "logH": ("H", "log_mean"),
+        }.items()
+    }
     out["elbo"] = list(model.elbo_)
-    out["params"] = (model.delta_.tolist() if hasattr(model, "delta_") else model.p_)
+    out["params"] = model.delta_.tolist() if hasattr(model, "delta_") else model.p_
     return out
 
 
@@ -54,8 +60,14 @@ def _assert_bitwise(a: dict[str, object], b: dict[str, object]) -> None:
 @pytest.mark.parametrize("klass", [OrdNMF, DcPF])
 def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store_2x3, client, klass, every):
     def fit(where, **kw):  # a work_dir of its own: the in-process fit checkpoints too
-        est = klass(K, max_iter=8, tol=1e-12, checkpoint_every=every,
-                    work_dir=str(tmp_path / f"work{len(kw)}"), **kw)
+        est = klass(
+            K,
+            max_iter=8,
+            tol=1e-12,
+            checkpoint_every=every,
+            work_dir=str(tmp_path / f"work{len(kw)}"),
+            **kw,
+        )
         return _result(est.fit(store_2x3, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
 
     on_cluster = fit(client)
@@ -70,8 +82,14 @@ def test_a_one_block_fit_in_the_calling_thread_is_bitwise_the_cluster_fit(tmp_pa
     one = store_from_dense(tmp_path / "one.zarr", train, test, 3, (1, 1))
 
     def fit(where, **kw):
-        est = OrdNMF(K, max_iter=6, tol=1e-12, checkpoint_every=2,
-                     work_dir=str(tmp_path / f"work{len(kw)}"), **kw)
+        est = OrdNMF(
+            K,
+            max_iter=6,
+            tol=1e-12,
+            checkpoint_every=2,
+            work_dir=str(tmp_path / f"work{len(kw)}"),
+            **kw,
+        )
         return _result(est.fit(one, where, out=tmp_path / f"m{len(kw)}"))
 
     _assert_bitwise(fit(client), fit(None, executor="inprocess"))
@@ -140,8 +158,12 @@ def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_
 
 
 def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
-    values = {"checkpoint_dir": None, "work_dir": None, "checkpoint_every": 4,
-              "checkpoint_minutes": 2.0}  # fmt: skip
+    values = {
+        "checkpoint_dir": None,
+        "work_dir": None,
+        "checkpoint_every": 4,
+        "checkpoint_minutes": 2.0,
+    }
     with InProcessClient(0) as threads:
         assert cluster.checkpoint_schedule(threads, values) == (0, None)
         for where in ("checkpoint_dir", "work_dir"):
@@ -190,9 +212,11 @@ def test_futures_in_arguments_are_resolved_and_errors_reach_the_dependents(threa
 
 def _cli_fit(store_2x3, out, *flags: str) -> str:
     done = subprocess.run(
-        [*CLI, "fit", store_2x3.path, "--out", str(out), "-k", "2", "--max-iter", "2",
-         *flags], capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [*CLI, "fit", store_2x3.path, "--out", str(out), "-k", "2", "--max-iter", "2", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     return done.stderr
 
@@ -211,66 +235,86 @@ def test_a_cluster_flag_gets_the_cluster_it_asks_for(tmp_path, store_2x3):
 def test_the_kernels_import_and_run_where_numba_can_cache_nowhere():
     """Numba refuses ``cache=True`` when it finds no writable cache directory (simulated by
     allowing only its IPython locator): the kernels are then compiled in the process."""
-    code = ("from ordnmf_dask.model.gamma import digamma_lgamma\n"
-            "from ordnmf_dask.model import kernels\n"
-            "print(digamma_lgamma(1.0)[0])\n")  # fmt: skip
+    code = (
+        "from ordnmf_dask.model.gamma import digamma_lgamma\n"
+        "from ordnmf_dask.model import kernels\n"
+        "print(digamma_lgamma(1.0)[0])\n"
+    )
     env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert float(done.stdout) == pytest.approx(-0.5772156649015329, rel=1e-14)  # -Euler's gamma
 
 
 # not scipy.sparse: numba's first call loads scipy.linalg, which imports it in older scipy (1.13)
-HEAVY = ["distributed", "dask", "dask.array", "dask.dataframe", "pyarrow", "pandas", "bokeh",
-         "scipy.stats", "scipy.special"]  # fmt: skip
+HEAVY = [
+    "distributed",
+    "dask",
+    "dask.array",
+    "dask.dataframe",
+    "pyarrow",
+    "pandas",
+    "bokeh",
+    "scipy.stats",
+    "scipy.special",
+]
 
 
 def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store_2x3):
     """A fit that runs in-process pays no start-up for distributed, nor for dask itself (the
     fitted W_ / H_ are dask arrays made when first used), pyarrow, pandas, bokeh or the scipy
     modules the fit does not use; the fitted factors are still there as dask arrays."""
-    code = ("import sys\n"
-            "from ordnmf_dask.app.cli import main\n"
-            "from ordnmf_dask import OrdNMF\n"
-            f"code = main(['fit', {store_2x3.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
-            "'-k', '2', '--max-iter', '2', '-q'])\n"
-            f"print(code, [m for m in {HEAVY!r} if m in sys.modules])\n"
-            f"model = OrdNMF.load({str(tmp_path / 'm.zarr')!r})\n"
-            "print('dask' in sys.modules, model.W_.shape, type(model.log_H_).__module__)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    code = (
+        "import sys\n"
+        "from ordnmf_dask.app.cli import main\n"
+        "from ordnmf_dask import OrdNMF\n"
+        f"code = main(['fit', {store_2x3.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
+        "'-k', '2', '--max-iter', '2', '-q'])\n"
+        f"print(code, [m for m in {HEAVY!r} if m in sys.modules])\n"
+        f"model = OrdNMF.load({str(tmp_path / 'm.zarr')!r})\n"
+        "print('dask' in sys.modules, model.W_.shape, type(model.log_H_).__module__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-3:] == [
-        "0 []", f"False ({store_2x3.n_users}, 2) dask.array.core", ""]
+        "0 []",
+        f"False ({store_2x3.n_users}, 2) dask.array.core",
+        "",
+    ]
 
 
 def test_a_fit_in_a_new_process_loads_every_kernel_from_numba_s_cache(tmp_path, store_2x3):
     """The numba functions a fit runs are compiled once per machine: a later process loads
     each from the cache and compiles none (one that numba cannot cache would cost its compile,
     seconds, in every command)."""
-    code = ("from numba.core import event\n"
-            "from ordnmf_dask import OrdNMF\n"
-            "compiles = event.RecordingListener()\n"
-            "with event.install_listener('numba:compile', compiles):\n"
-            f"    model = OrdNMF(2, max_iter=2).fit({store_2x3.path!r}, "
-            f"out={str(tmp_path / 'm')!r}, "
-            "overwrite=True)\n"
-            "names = {e.data['dispatcher'].py_func.__qualname__ for _, e in compiles.buffer}\n"
-            "print(model.n_iter_, sorted(names))\n")  # fmt: skip
+    code = (
+        "from numba.core import event\n"
+        "from ordnmf_dask import OrdNMF\n"
+        "compiles = event.RecordingListener()\n"
+        "with event.install_listener('numba:compile', compiles):\n"
+        f"    model = OrdNMF(2, max_iter=2).fit({store_2x3.path!r}, "
+        f"out={str(tmp_path / 'm')!r}, "
+        "overwrite=True)\n"
+        "names = {e.data['dispatcher'].py_func.__qualname__ for _, e in compiles.buffer}\n"
+        "print(model.n_iter_, sorted(names))\n"
+    )
     for _ in range(2):  # the first one compiles what the cache does not hold yet
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr
     assert done.stdout == "2 []\n"
 
 
 def test_importing_the_estimators_imports_no_dask_nor_cluster_machinery():
-    code = ("import sys\n"
-            "import ordnmf_dask.estimator, ordnmf_dask.app.jobs\n"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    code = (
+        "import sys\n"
+        "import ordnmf_dask.estimator, ordnmf_dask.app.jobs\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
 
@@ -279,19 +323,21 @@ def test_distributed_imported_during_a_command_takes_its_logging_levels():
     """distributed sets its loggers' levels when first imported: imported in the middle of a
     quiet command (a cluster started after the in-process choice was ruled out) they are
     silenced again, and after the command they are distributed's own, as found."""
-    code = ("import logging, sys\n"
-            "from ordnmf_dask.app import cli, logs\n"
-            "assert 'distributed' not in sys.modules\n"
-            "with logs.logging_kept(quiet=True):\n"
-            "    logs.silence_dask()\n"
-            "    import distributed\n"
-            "    during = [logging.getLogger(n).level for n in ('distributed', "
-            "'distributed.client')]\n"
-            "after = [logging.getLogger(n).level for n in ('distributed', 'distributed.client')]\n"
-            "print(during, after, distributed.__spec__.loader is not None)\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    code = (
+        "import logging, sys\n"
+        "from ordnmf_dask.app import cli, logs\n"
+        "assert 'distributed' not in sys.modules\n"
+        "with logs.logging_kept(quiet=True):\n"
+        "    logs.silence_dask()\n"
+        "    import distributed\n"
+        "    during = [logging.getLogger(n).level for n in ('distributed', "
+        "'distributed.client')]\n"
+        "after = [logging.getLogger(n).level for n in ('distributed', 'distributed.client')]\n"
+        "print(during, after, distributed.__spec__.loader is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     silent = logging.CRITICAL + 1
     assert done.stdout.split() and done.stdout.strip() == (
-        f"[{silent}, {silent}] [{logging.INFO}, {logging.WARNING}] True")
+        f"[{silent}, {silent}] [{logging.INFO}, {logging.WARNING}] True"
+    )

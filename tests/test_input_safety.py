@@ -51,13 +51,13 @@ def ids(store, axis: str) -> list:
 
 
 def test_quoted_ids_keep_their_text_in_memory_and_distributed(tmp_path):
-    path = write(tmp_path, "q.csv",
-                 '"Smith, 7",2,3.0\n"x ""y""","b",4\r\n"a","b",4\nplain, "2",1\n')  # fmt: skip
+    path = write(
+        tmp_path, "q.csv", '"Smith, 7",2,3.0\n"x ""y""","b",4\r\n"a","b",4\nplain, "2",1\n'
+    )
     ingest(path, tmp_path / "mem", test_fraction=0)
     assert ids(tmp_path / "mem", "users") == ["Smith, 7", "a", "plain", 'x "y"']
     assert ids(tmp_path / "mem", "items") == ["2", "b"]
-    ingest_distributed(path, tmp_path / "ooc", test_fraction=0, chunk_bytes=7,
-                       rows_per_partition=2)  # fmt: skip
+    ingest_distributed(path, tmp_path / "ooc", test_fraction=0, chunk_bytes=7, rows_per_partition=2)
     assert_same_store(tmp_path / "mem", tmp_path / "ooc")
 
 
@@ -93,10 +93,17 @@ def write_parquet(path, table: dict) -> None:
 
 def test_parquet_files_with_different_columns_are_refused(tmp_path, capsys):
     a, b = tmp_path / "d" / "a.parquet", tmp_path / "d" / "b.parquet"
-    write_parquet(a, {"userId": pa.array([1, 2], pa.int64()), "movieId": pa.array([3, 4]),
-                      "rating": pa.array([4.0, 5.0])})  # fmt: skip
-    write_parquet(b, {"user": ["u", "v"], "item": ["x", "y"],
-                      "stars": pa.array([1.0, 2.0], pa.float32())})  # fmt: skip
+    write_parquet(
+        a,
+        {
+            "userId": pa.array([1, 2], pa.int64()),
+            "movieId": pa.array([3, 4]),
+            "rating": pa.array([4.0, 5.0]),
+        },
+    )
+    write_parquet(
+        b, {"user": ["u", "v"], "item": ["x", "y"], "stars": pa.array([1.0, 2.0], pa.float32())}
+    )
     err = refused(capsys, tmp_path / "s", tmp_path / "d")
     assert str(a) in err and str(b) in err
     assert "'user' (string) vs 'userId' (int64)" in err and "'stars'" in err
@@ -168,14 +175,21 @@ def test_an_integer_rating_that_is_no_class_is_named_by_file_and_line(tmp_path, 
 
 @pytest.mark.parametrize(
     ("text", "api", "cli"),
-    [("1,2,4\n1,3,3.5\n2,2,0.5\n", "value 3.5 is not a positive integer; for half-star ratings "
-      "0.5 .. 5 pass ratings='halfstar'", "pass --ratings halfstar"),
-     ("1,2,4\n1,3,1000\n",
-      "got 1000; if the values are counts (plays, clicks), pass counts='paper'",
-      "pass --counts paper")],
+    [
+        (
+            "1,2,4\n1,3,3.5\n2,2,0.5\n",
+            "value 3.5 is not a positive integer; for half-star ratings "
+            "0.5 .. 5 pass ratings='halfstar'",
+            "pass --ratings halfstar",
+        ),
+        (
+            "1,2,4\n1,3,1000\n",
+            "got 1000; if the values are counts (plays, clicks), pass counts='paper'",
+            "pass --counts paper",
+        ),
+    ],
 )
-def test_a_value_scale_without_a_value_option_says_which_to_give(tmp_path, capsys, text, api,
-                                                                  cli):  # fmt: skip
+def test_a_value_scale_without_a_value_option_says_which_to_give(tmp_path, capsys, text, api, cli):
     path = write(tmp_path, "v.csv", text)
     assert api in same_error_both_ways(tmp_path, path)
     assert cli in refused(capsys, tmp_path / "s", path)

@@ -89,11 +89,16 @@ def test_local_step_over_rows_longer_than_a_chunk(monkeypatch, approx, tiled):
 def test_one_minus_exp_neg_against_expm1():
     """1 - exp(-x) of the vectorized local step: ~1 ulp of -expm1(-x) from denormals to where
     it rounds to 1, exact at 0, NaN below 0 and for NaN."""
-    x = np.concatenate([
-        [0.0, 5e-324, 1e-300, 1e-200], np.geomspace(1e-20, 1e-3, 2000),
-        np.geomspace(1e-3, 60.0, 20000), np.linspace(0.0, 3.0, 3001),
-        np.arange(1, 60) * np.log(2.0), [37.9, 38.5, 39.99, 40.0, 40.01, 700.0, 1e300, np.inf],
-    ])  # fmt: skip
+    x = np.concatenate(
+        [
+            [0.0, 5e-324, 1e-300, 1e-200],
+            np.geomspace(1e-20, 1e-3, 2000),
+            np.geomspace(1e-3, 60.0, 20000),
+            np.linspace(0.0, 3.0, 3001),
+            np.arange(1, 60) * np.log(2.0),
+            [37.9, 38.5, 39.99, 40.0, 40.01, 700.0, 1e300, np.inf],
+        ]
+    )
     got = np.array([kernels._one_minus_exp_neg(v) for v in x])
     np.testing.assert_allclose(got, -np.expm1(-x), rtol=3e-16, atol=0)
     assert got[0] == 0.0
@@ -103,9 +108,11 @@ def test_one_minus_exp_neg_against_expm1():
 
 def test_blocks_whose_item_tables_fit_the_cache_are_not_tiled():
     block = kernels.CsrBlock.from_coo(
-        np.repeat(np.arange(100), 50), np.tile(np.arange(0, 5000, 100), 100),
-        np.ones(5000, np.uint8), (100, 5000),
-    )  # fmt: skip
+        np.repeat(np.arange(100), 50),
+        np.tile(np.arange(0, 5000, 100), 100),
+        np.ones(5000, np.uint8),
+        (100, 5000),
+    )
     assert kernels._tile_cols(50, block) == 5000  # 3 x 2 MB tables, 50 nonzeros per row
 
 
@@ -145,9 +152,14 @@ def test_inputs_of_other_layouts_and_dtypes():
     delta = oracle.init_delta(y, 4)
     want = kernels.local_step(_block(y), gw, gh, ew, eh, delta, False)
     got = kernels.local_step(
-        _block(y), np.asfortranarray(gw), np.repeat(gh, 2, axis=1)[:, ::2], ew,
-        np.asfortranarray(eh), delta.tolist(), False,
-    )  # fmt: skip
+        _block(y),
+        np.asfortranarray(gw),
+        np.repeat(gh, 2, axis=1)[:, ::2],
+        ew,
+        np.asfortranarray(eh),
+        delta.tolist(),
+        False,
+    )
     np.testing.assert_array_equal(got.sw, want.sw)
     np.testing.assert_array_equal(got.small, want.small)
 
@@ -271,10 +283,11 @@ def test_local_step_row_sums_its_blocks(approx):
     # the transposed strip: one item-block, user-blocks cut at rows 7 and 19
     row_parts = [slice(0, 7), slice(7, 19), slice(19, 30)]
     col_blocks = [
-        kernels.CsrBlock.from_coo(*np.nonzero(y[s]), y[s][np.nonzero(y[s])].astype(np.uint8),
-                                  y[s].shape)
+        kernels.CsrBlock.from_coo(
+            *np.nonzero(y[s]), y[s][np.nonzero(y[s])].astype(np.uint8), y[s].shape
+        )
         for s in row_parts
-    ]  # fmt: skip
+    ]
     corr_h = kernels.col_correction_col(col_blocks, gap, [ew[s] for s in row_parts])
     np.testing.assert_allclose(corr_h, dense.T @ ew, rtol=1e-12)
 
@@ -285,9 +298,14 @@ def test_dcpf_local_step_row_sums_its_blocks():
     gw, gh, ew, eh = _factors(y.shape, 3, 2)
     parts = [slice(0, 8), slice(8, 21)]
     got = dcpf.local_step_row(
-        _row_strip(y, [8], np.float64), gw, [gh[s] for s in parts], ew, [eh[s] for s in parts],
-        0.4, 1.3,
-    )  # fmt: skip
+        _row_strip(y, [8], np.float64),
+        gw,
+        [gh[s] for s in parts],
+        ew,
+        [eh[s] for s in parts],
+        0.4,
+        1.3,
+    )
     sw, sh, small = _dcpf_direct(y, gw, gh, 0.4, 1.3)
     np.testing.assert_allclose(got.sw, sw, rtol=1e-12)
     np.testing.assert_allclose(np.concatenate(got.sh), sh, rtol=1e-12)

@@ -8,8 +8,22 @@ from pathlib import Path
 import ordnmf_dask
 
 # higher imports lower, never the other way round
-LAYERS = ["errors", "datasets", "params", "model", "runtime", "store", "sources", "modelstore",
-          "engine", "postfit", "fitting", "estimator", "tuning", "app"]  # fmt: skip
+LAYERS = [
+    "errors",
+    "datasets",
+    "params",
+    "model",
+    "runtime",
+    "store",
+    "sources",
+    "modelstore",
+    "engine",
+    "postfit",
+    "fitting",
+    "estimator",
+    "tuning",
+    "app",
+]
 ROOT = Path(ordnmf_dask.__file__).parent
 
 
@@ -130,8 +144,10 @@ def test_cycles_finds_a_circle_closed_inside_a_function():
     imported from a package counts as its module, and a circle is found where imports point
     round and none where they point one way."""
     modules = {"ordnmf_dask.store", "ordnmf_dask.store.blocks", "ordnmf_dask.store.locations"}
-    source = ("from ordnmf_dask.store import locations\n"
-              "def f():\n    from ordnmf_dask.store import blocks\n")
+    source = (
+        "from ordnmf_dask.store import locations\n"
+        "def f():\n    from ordnmf_dask.store import blocks\n"
+    )
     assert imported(source, modules) == {"ordnmf_dask.store.locations", "ordnmf_dask.store.blocks"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

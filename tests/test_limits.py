@@ -24,8 +24,9 @@ from ordnmf_dask.tuning.search import tune
 @pytest.fixture
 def store_1x1(tmp_path):
     """20 users x 15 items, classes 1..3."""
-    return store_from_dense(tmp_path / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3)), 3,
-                            (1, 1))  # fmt: skip
+    return store_from_dense(
+        tmp_path / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3)), 3, (1, 1)
+    )
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], args: list[str]) -> tuple[int, str]:
@@ -46,19 +47,25 @@ def diagonal_store(path, n: int, grid: tuple[int, int] | None = None):
 
 # -- K --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("estimator", [OrdNMF, BePoF, PF, DcPF])
-def test_more_factors_than_the_smaller_side_are_refused_before_the_fit(store_1x1, tmp_path,
-                                                                      estimator):
+def test_more_factors_than_the_smaller_side_are_refused_before_the_fit(
+    store_1x1, tmp_path, estimator
+):
     out = tmp_path / "m.zarr"
-    with pytest.raises(InputError, match=r"K \(n_components\) = 16 is larger than min\(users, "
-                                         r"items\) = 15 of .*s\.zarr \(20 users x 15 items\)"):
+    with pytest.raises(
+        InputError,
+        match=r"K \(n_components\) = 16 is larger than min\(users, "
+        r"items\) = 15 of .*s\.zarr \(20 users x 15 items\)",
+    ):
         estimator(16, max_iter=1).fit(store_1x1, out=out)
     assert not out.exists()
     estimator(15).fit(store_1x1, out=out, check=True)  # the rank itself is fine
 
 
 def test_cli_refuses_k_above_the_rank_in_one_line(store_1x1, tmp_path, capsys):
-    code, line = one_error_line(capsys, ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"),
-                                         "-k", "16", "--max-iter", "1"])
+    code, line = one_error_line(
+        capsys,
+        ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"), "-k", "16", "--max-iter", "1"],
+    )
     assert code == 2
     assert "K (--n-components) = 16 is larger than min(users, items) = 15" in line
     assert not (tmp_path / "m.zarr").exists()
@@ -71,9 +78,13 @@ def test_tune_refuses_a_trial_k_above_the_rank_before_any_fit(store_1x1, tmp_pat
 
 
 # -- worker memory limits -------------------------------------------------------------------
-@pytest.mark.parametrize(("given", "config", "shown"),
-                         [(["--memory-limit", "1KB"], None, "'1KB' is 1000 bytes per worker"),
-                          ([], "memory_limit = 4", "4 is 4 bytes per worker")])
+@pytest.mark.parametrize(
+    ("given", "config", "shown"),
+    [
+        (["--memory-limit", "1KB"], None, "'1KB' is 1000 bytes per worker"),
+        ([], "memory_limit = 4", "4 is 4 bytes per worker"),
+    ],
+)
 def test_a_worker_memory_limit_no_task_runs_under_is_refused_before_any_cluster(
     store_1x1, tmp_path, capsys, given, config, shown
 ):
@@ -90,13 +101,25 @@ def test_a_worker_memory_limit_no_task_runs_under_is_refused_before_any_cluster(
     assert not (tmp_path / "m.zarr").exists()
 
 
-def test_too_many_workers_for_the_machine_are_refused_before_any_cluster(store_1x1, tmp_path,
-                                                                         capsys):
-    """"auto" shares the machine's memory among the workers: so many that each gets less
+def test_too_many_workers_for_the_machine_are_refused_before_any_cluster(
+    store_1x1, tmp_path, capsys
+):
+    """ "auto" shares the machine's memory among the workers: so many that each gets less
     than a worker needs is refused before a process starts (not marked cluster)."""
     workers = system.MEMORY_LIMIT // (MIN_WORKER_MEMORY // 2)
-    code, line = one_error_line(capsys, ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"),
-                                         "-k", "2", "--workers", str(workers)])
+    code, line = one_error_line(
+        capsys,
+        [
+            "fit",
+            store_1x1.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "2",
+            "--workers",
+            str(workers),
+        ],
+    )
     assert code == 2 and f"LocalCluster of {workers} workers (memory limit auto)" in line
     assert "per worker, below the" in line
 
@@ -112,12 +135,18 @@ def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration
     two_by_two = diagonal_store(tmp_path / "b.zarr", 1400, grid=(2, 2))
     calls = []
     with resolve_client(None, 2, memory_limit="600MiB") as client:
-        with pytest.raises(InputError, match=r"K = 1000 on 1000 users x 1000 items needs "
-                                             r"about 244 MiB on one worker .*lower K"):
+        with pytest.raises(
+            InputError,
+            match=r"K = 1000 on 1000 users x 1000 items needs "
+            r"about 244 MiB on one worker .*lower K",
+        ):
             OrdNMF(1000, max_iter=1).fit(one_block, client, callback=calls.append)
-        with pytest.raises(InputError, match=r"K = 1400 on 1400 users x 1400 items needs "
-                                             r"about 479 MiB .* left by 2 workers with a "
-                                             r"memory limit of 600 MiB each"):
+        with pytest.raises(
+            InputError,
+            match=r"K = 1400 on 1400 users x 1400 items needs "
+            r"about 479 MiB .* left by 2 workers with a "
+            r"memory limit of 600 MiB each",
+        ):
             OrdNMF(1400, max_iter=1).fit(two_by_two, client, callback=calls.append)
         assert calls == []  # no iteration ran
         assert OrdNMF(2, max_iter=2).fit(two_by_two, client).n_iter_ == 2
@@ -129,8 +158,11 @@ def test_an_inprocess_fit_larger_than_the_available_memory_is_refused(tmp_path):
     n = int(np.sqrt(2 * psutil.virtual_memory().available / 256))  # 16 x 8 bytes x K x 2n
     info = diagonal_store(tmp_path / "s.zarr", n)
     calls = []
-    with pytest.raises(InputError, match=rf"K = {n} on {n} users x {n} items needs about .* "
-                                         r"in this process .* of memory available"):
+    with pytest.raises(
+        InputError,
+        match=rf"K = {n} on {n} users x {n} items needs about .* "
+        r"in this process .* of memory available",
+    ):
         OrdNMF(n, max_iter=1, executor="inprocess").fit(info, callback=calls.append)
     assert calls == []
 
@@ -138,18 +170,26 @@ def test_an_inprocess_fit_larger_than_the_available_memory_is_refused(tmp_path):
 # -- raw counts -------------------------------------------------------------------------------
 def test_counts_ingested_as_ratings_get_the_counts_hint(tmp_path, capsys):
     (tmp_path / "plays.csv").write_text("u1,a,3\nu1,b,352698\nu2,a,12\n")
-    with pytest.raises(InputError, match=r"got 352698; if the values are counts .*, pass "
-                                         r"counts='paper' .* or binarize=S"):
+    with pytest.raises(
+        InputError,
+        match=r"got 352698; if the values are counts .*, pass "
+        r"counts='paper' .* or binarize=S",
+    ):
         ingest(str(tmp_path / "plays.csv"), tmp_path / "s.zarr")
-    code, line = one_error_line(capsys, ["ingest", str(tmp_path / "plays.csv"),
-                                         "--out", str(tmp_path / "s.zarr")])
+    code, line = one_error_line(
+        capsys, ["ingest", str(tmp_path / "plays.csv"), "--out", str(tmp_path / "s.zarr")]
+    )
     assert code == 2 and "pass --counts paper (the paper's count classes) or --binarize S" in line
     assert not (tmp_path / "s.zarr").exists()
 
 
 def test_dcpf_on_a_class_store_warns_in_one_line(store_1x1, tmp_path, caplog):
-    counts = ingest((np.r_[0, 0, 1, 1, 2], np.r_[0, 1, 0, 2, 1], np.r_[3.0, 700, 1, 12, 2]),
-                    tmp_path / "counts.zarr", counts="paper", test_fraction=0.0)
+    counts = ingest(
+        (np.r_[0, 0, 1, 1, 2], np.r_[0, 1, 0, 2, 1], np.r_[3.0, 700, 1, 12, 2]),
+        tmp_path / "counts.zarr",
+        counts="paper",
+        test_fraction=0.0,
+    )
     with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
         DcPF(2, max_iter=1).fit(counts)
         assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -53,8 +53,11 @@ def reference(
             won = 0.0
             for p in relevant:
                 for n in others:
-                    won += 1.0 if scores[u, p] > scores[u, n] else (
-                        0.5 if scores[u, p] == scores[u, n] else 0.0)
+                    won += (
+                        1.0
+                        if scores[u, p] > scores[u, n]
+                        else (0.5 if scores[u, p] == scores[u, n] else 0.0)
+                    )
             per_user["auc"].append(won / (len(relevant) * len(others)))
     means = {name: float(np.mean(v)) if v else math.nan for name, v in per_user.items()}
     return means, len(per_user["ndcg"]), len(per_user["auc"])
@@ -101,10 +104,12 @@ def test_topk_ties_at_the_kth_place_go_to_the_lower_items():
     train[0, 2:] = 1  # two candidates
     scores = np.where(train > 0, -np.inf, ew @ eh.T)
     for k in (1, 3, 7):
-        got_scores, got_items = metrics.topk_block(ew, eh, blocks_of(train, [0, 50], [0, 40], 0, 0),
-                                                   5, k)
-        want = np.array([sorted(range(40), key=lambda i: (-scores[u, i], i))[:k]
-                         for u in range(50)])
+        got_scores, got_items = metrics.topk_block(
+            ew, eh, blocks_of(train, [0, 50], [0, 40], 0, 0), 5, k
+        )
+        want = np.array(
+            [sorted(range(40), key=lambda i: (-scores[u, i], i))[:k] for u in range(50)]
+        )
         np.testing.assert_array_equal(got_items, want + 5)
         np.testing.assert_array_equal(got_scores, np.take_along_axis(scores, want, axis=1))
 
@@ -158,7 +163,8 @@ def test_block_numerics_match_the_reference(monkeypatch, budget, bounds):
                 for name in NAMES:
                     denominator = n_users_auc[j] if name == "auc" else n_users[j]
                     assert sums[name][j] / denominator == pytest.approx(
-                        want[name], rel=1e-12, abs=1e-12), (name, s, k)
+                        want[name], rel=1e-12, abs=1e-12
+                    ), (name, s, k)
 
 
 def test_reference_counts_the_users_it_should():
@@ -176,14 +182,24 @@ def write_model(client: Client, path, store, w: np.ndarray, h: np.ndarray) -> st
     rb, cb = store.row_bounds.tolist(), store.col_bounds.tolist()
 
     def chunks(m: np.ndarray, b: list[int]) -> list:
-        return client.scatter([FactorChunk.initial(m[b[j] : b[j + 1]].copy())
-                               for j in range(len(b) - 1)])
+        return client.scatter(
+            [FactorChunk.initial(m[b[j] : b[j + 1]].copy()) for j in range(len(b) - 1)]
+        )
 
     attrs = {
-        "params": {"n_components": w.shape[1]}, "elbo": [0.0], "family": "ordinal",
-        "delta": [0.0] + [0.5] * store.n_classes, "row_bounds": rb, "col_bounds": cb,
-        "store": {"path": store.path, "n_users": store.n_users, "n_items": store.n_items,
-                  "n_classes": store.n_classes, "fingerprint": store_fingerprint(store.path)},
+        "params": {"n_components": w.shape[1]},
+        "elbo": [0.0],
+        "family": "ordinal",
+        "delta": [0.0] + [0.5] * store.n_classes,
+        "row_bounds": rb,
+        "col_bounds": cb,
+        "store": {
+            "path": store.path,
+            "n_users": store.n_users,
+            "n_items": store.n_items,
+            "n_classes": store.n_classes,
+            "fingerprint": store_fingerprint(store.path),
+        },
     }
     return save_model(client, chunks(w, rb), chunks(h, cb), str(path), attrs)
 
@@ -195,14 +211,17 @@ def test_evaluate_matches_the_reference(tmp_path, mclient, grid):
     w, h, train, test = tied_data(7)
     store = store_from_dense(tmp_path / "s.zarr", train, test, V, grid)
     rng = np.random.default_rng(1)
-    for name, (ww, hh) in {"tied": (w, h), "gamma": (rng.gamma(1, 1, w.shape),
-                                                     rng.gamma(1, 1, h.shape))}.items():
+    for name, (ww, hh) in {
+        "tied": (w, h),
+        "gamma": (rng.gamma(1, 1, w.shape), rng.gamma(1, 1, h.shape)),
+    }.items():
         model = write_model(mclient, tmp_path / f"{name}.zarr", store, ww, hh)
         full = evaluate(store, model, mclient, k=4)
         part = evaluate(store, model, mclient, k=4, user_fraction=0.5, seed=3)
         rb = store.row_bounds
-        kept = np.concatenate([rb[r] + sampled_users(r, int(rb[r + 1] - rb[r]), 0.5, 3)
-                               for r in range(grid[0])])
+        kept = np.concatenate(
+            [rb[r] + sampled_users(r, int(rb[r + 1] - rb[r]), 0.5, 3) for r in range(grid[0])]
+        )
         assert 0 < len(kept) < train.shape[0]
         for res, users in ((full, slice(None)), (part, kept)):
             assert set(res) >= {*NAMES, "n_users", "n_users_auc", "test_loglik"}
@@ -211,7 +230,8 @@ def test_evaluate_matches_the_reference(tmp_path, mclient, grid):
                 assert (res["n_users"][s], res["n_users_auc"][s]) == (n, n_auc)
                 for metric in NAMES:
                     assert res[metric][s] == pytest.approx(
-                        want[metric], rel=1e-12, abs=1e-12, nan_ok=True), (name, metric, s)
+                        want[metric], rel=1e-12, abs=1e-12, nan_ok=True
+                    ), (name, metric, s)
 
 
 @pytest.mark.parametrize(("k", "levels"), [(1, [1, 3]), (40, None)])
@@ -222,12 +242,14 @@ def test_evaluate_matches_the_reference_at_other_k(tmp_path, mclient, k, levels)
     store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 3))
     rng = np.random.default_rng(2)
     ww, hh = rng.gamma(1, 1, w.shape), rng.gamma(1, 1, h.shape)
-    res = evaluate(store, write_model(mclient, tmp_path / "m.zarr", store, ww, hh), mclient,
-                   k=k, levels=levels)
+    res = evaluate(
+        store, write_model(mclient, tmp_path / "m.zarr", store, ww, hh), mclient, k=k, levels=levels
+    )
     assert sorted(res["ndcg"]) == (levels or list(range(1, V + 1)))
     for s in res["ndcg"]:
         want, n, n_auc = reference(ww, hh, train, test, s, k)
         assert (res["n_users"][s], res["n_users_auc"][s]) == (n, n_auc)
         for metric in NAMES:
             assert res[metric][s] == pytest.approx(
-                want[metric], rel=1e-12, abs=1e-12, nan_ok=True), (metric, s, k)
+                want[metric], rel=1e-12, abs=1e-12, nan_ok=True
+            ), (metric, s, k)

@@ -76,12 +76,18 @@ EVERY = tuple(READERS)
 @pytest.mark.parametrize(
     ("key", "damage", "readers"),
     [
-        ("W/0/mean/c/0/0", "flip", ("load", "evaluate", "recommend", "serve", "export",
-                                    "warm start")),
+        (
+            "W/0/mean/c/0/0",
+            "flip",
+            ("load", "evaluate", "recommend", "serve", "export", "warm start"),
+        ),
         ("H/1/mean/c/0/0", "flip", EVERY),
         ("H/0/log_mean/c/0/0", "flip", ("load", "fold_in")),
-        ("W/1/mean/c/0/0", "truncate", ("load", "evaluate", "recommend", "serve", "export",
-                                        "warm start")),
+        (
+            "W/1/mean/c/0/0",
+            "truncate",
+            ("load", "evaluate", "recommend", "serve", "export", "warm start"),
+        ),
         ("H/0/geo/c/0/0", "truncate", ("warm start",)),
         ("users/ids/c/0", "flip", ("serve", "export", "warm start")),
         ("items/ids/c/0", "flip", ("serve", "export", "warm start")),
@@ -112,12 +118,27 @@ def test_every_reader_names_a_damaged_model_chunk(fitted_paths, tmp_path, key, d
         ("W/0/mean/c/0/0", "truncate", ["recommend", "{store}", "{model}", "--users", "0"]),
         ("H/1/mean/c/0/0", "flip", ["export", "{model}", "--out", "{out}"]),
         ("users/ids/c/0", "flip", ["export", "{model}", "--out", "{out}"]),
-        ("H/0/mean/c/0/0", "flip", ["fit", "{store}", "--init-model", "{model}", "--out",
-                                    "{out}", "-k", "2", "--max-iter", "1"]),
+        (
+            "H/0/mean/c/0/0",
+            "flip",
+            [
+                "fit",
+                "{store}",
+                "--init-model",
+                "{model}",
+                "--out",
+                "{out}",
+                "-k",
+                "2",
+                "--max-iter",
+                "1",
+            ],
+        ),
     ],
 )
-def test_commands_exit_2_naming_the_damaged_chunk(fitted_paths, tmp_path, capsys, key, damage,
-                                                  command):  # fmt: skip
+def test_commands_exit_2_naming_the_damaged_chunk(
+    fitted_paths, tmp_path, capsys, key, damage, command
+):
     store, healthy = fitted_paths
     model, path = _damaged(healthy, tmp_path, key, damage)
     out = tmp_path / "out"

@@ -47,15 +47,28 @@ def assert_same_store(a, b, ignore=("created",)) -> None:
 
 def both(tmp_path, inputs, client=None, chunk_bytes=200_000, rows_per_partition=15_000, **kw):
     ingest(inputs, tmp_path / "mem", **kw)
-    ingest_distributed(inputs, tmp_path / "ooc", client=client, chunk_bytes=chunk_bytes,
-                       rows_per_partition=rows_per_partition, **kw)  # fmt: skip
+    ingest_distributed(
+        inputs,
+        tmp_path / "ooc",
+        client=client,
+        chunk_bytes=chunk_bytes,
+        rows_per_partition=rows_per_partition,
+        **kw,
+    )
     assert_same_store(tmp_path / "mem", tmp_path / "ooc")
 
 
 @pytest.mark.data
 def test_movielens_on_cluster(tmp_path, client):
-    both(tmp_path, data_file(ML), client, ratings="halfstar", min_count=20,
-         nnz_per_block=10_000, seed=3)
+    both(
+        tmp_path,
+        data_file(ML),
+        client,
+        ratings="halfstar",
+        min_count=20,
+        nnz_per_block=10_000,
+        seed=3,
+    )
 
 
 @pytest.mark.data
@@ -92,8 +105,17 @@ def write_parts(tmp_path, seed: int, n_files: int = 3, dup: bool = False):
 @pytest.mark.parametrize("policy", ["sum", "max", "last"])
 def test_multifile_duplicates(tmp_path, policy):
     paths = write_parts(tmp_path, 1, dup=True)
-    both(tmp_path, paths, chunk_bytes=700, rows_per_partition=97, counts=[0, 2, 4, 6, 9],
-         duplicates=policy, min_count=3, grid=(3, 2), seed=5)  # fmt: skip
+    both(
+        tmp_path,
+        paths,
+        chunk_bytes=700,
+        rows_per_partition=97,
+        counts=[0, 2, 4, 6, 9],
+        duplicates=policy,
+        min_count=3,
+        grid=(3, 2),
+        seed=5,
+    )
 
 
 def test_multifile_int_ids_and_binarize(tmp_path):
@@ -183,12 +205,16 @@ def test_ids_written_from_their_ranges_over_many_store_chunks(tmp_path, monkeypa
         monkeypatch.setattr(module, "CHUNK", 64)
     rng = np.random.default_rng(4)
     n = 5000
-    frame = pd.DataFrame({"u": [f"user-{j}" for j in rng.zipf(1.3, n) % 700],
-                          "i": rng.zipf(1.2, n) % 400, "r": rng.integers(1, 6, n)})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "u": [f"user-{j}" for j in rng.zipf(1.3, n) % 700],
+            "i": rng.zipf(1.2, n) % 400,
+            "r": rng.integers(1, 6, n),
+        }
+    )
     path = tmp_path / "zipf.csv"
     frame.to_csv(path, index=False)
-    both(tmp_path, path, chunk_bytes=3_000, rows_per_partition=40, duplicates="max",
-         min_count=2)  # fmt: skip
+    both(tmp_path, path, chunk_bytes=3_000, rows_per_partition=40, duplicates="max", min_count=2)
     ids = zarr.open_group(tmp_path / "ooc", mode="r")["users/ids"]
     assert ids.chunks == (64,) and ids.shape[0] > 3 * 64
 
@@ -214,9 +240,13 @@ def test_grouping_ids_by_range_again_gives_the_same_files(tmp_path):
 
 
 def test_staged_arrays_are_compact_and_restored_exactly(tmp_path):
-    arrays = {"ascii": np.array(["u1", "item 22", ""]), "text": np.array(["é", "b"]),
-              "halves": np.array([0.5, -0.0, 3.0]), "fine": np.array([0.1, 2.0]),
-              "codes": np.arange(3, dtype=np.int32)}  # fmt: skip
+    arrays = {
+        "ascii": np.array(["u1", "item 22", ""]),
+        "text": np.array(["é", "b"]),
+        "halves": np.array([0.5, -0.0, 3.0]),
+        "fine": np.array([0.1, 2.0]),
+        "codes": np.arange(3, dtype=np.int32),
+    }
     save_arrays(str(tmp_path / "x"), arrays)
     got = load_arrays(str(tmp_path / "x"), list(arrays))
     for name, arr in arrays.items():
@@ -234,8 +264,11 @@ def test_line_numbers_skip_blank_lines():
         data = b"".join(rng.choice([b"a", b" ", b"\n", b"\r", b"\t"], int(rng.integers(1, 12))))
         starts = [0] + [k + 1 for k, c in enumerate(data) if c == 10]
         lines = data.split(b"\n")
-        expect = [n + 5 for n, (s, line) in enumerate(zip(starts, lines, strict=True))
-                  if s < len(data) and line.strip(b" \t\r\x0b\x0c")]  # fmt: skip
+        expect = [
+            n + 5
+            for n, (s, line) in enumerate(zip(starts, lines, strict=True))
+            if s < len(data) and line.strip(b" \t\r\x0b\x0c")
+        ]
         np.testing.assert_array_equal(line_numbers(data, 5), expect, err_msg=repr(data))
 
 
@@ -280,8 +313,17 @@ def test_map_reduce_combines_each_pair_as_soon_as_it_is_done():
         return a + b
 
     assert Runner().map_reduce(leaf, [0, 1, 2, 3, 4], combine) == [0, 1, 2, 3, 4]
-    assert calls == ["leaf 0", "leaf 1", "combine", "leaf 2", "leaf 3", "leaf 4", "combine",
-                     "combine", "combine"]  # fmt: skip
+    assert calls == [
+        "leaf 0",
+        "leaf 1",
+        "combine",
+        "leaf 2",
+        "leaf 3",
+        "leaf 4",
+        "combine",
+        "combine",
+        "combine",
+    ]
 
 
 def split_rows(seed: int, numeric_test_users: bool = False, dup: bool = True):
@@ -293,11 +335,15 @@ def split_rows(seed: int, numeric_test_users: bool = False, dup: bool = True):
     users = np.array([f"u{k:03d}" for k in range(60)] + ["007", "7", "12"])
     u, i, v = rng.choice(users, 900), rng.integers(0, 50, 900), rng.integers(1, 6, 900)
     if not dup:
-        first = np.sort(np.unique(np.char.add(np.char.add(u, "/"), i.astype(str)),
-                                  return_index=True)[1])  # fmt: skip
+        first = np.sort(
+            np.unique(np.char.add(np.char.add(u, "/"), i.astype(str)), return_index=True)[1]
+        )
         u, i, v = u[first], i[first], v[first]
-    t_users = np.array(["7", "12", "8", "31"]) if numeric_test_users else \
-        np.concatenate([users, ["u900", "u901", "8"]])  # fmt: skip
+    t_users = (
+        np.array(["7", "12", "8", "31"])
+        if numeric_test_users
+        else np.concatenate([users, ["u900", "u901", "8"]])
+    )
     tu, ti, tv = rng.choice(t_users, 500), rng.integers(0, 60, 500), rng.integers(1, 6, 500)
     train_pairs = set(zip(u.tolist(), i.tolist(), strict=True))
     new = np.array([p not in train_pairs for p in zip(tu.tolist(), ti.tolist(), strict=True)])
@@ -312,11 +358,15 @@ def write_rows(path, rows, sep: str = ","):
 def write_split(tmp_path, seed: int, numeric_test_users: bool = False, dup: bool = True):
     """``split_rows`` as two training files and two test files (CSV and TSV)."""
     (u, i, v), (tu, ti, tv) = split_rows(seed, numeric_test_users, dup)
-    train = [write_rows(tmp_path / "a.csv", (u[:500], i[:500], v[:500])),
-             write_rows(tmp_path / "b.tsv", (u[500:], i[500:], v[500:]), "\t")]  # fmt: skip
+    train = [
+        write_rows(tmp_path / "a.csv", (u[:500], i[:500], v[:500])),
+        write_rows(tmp_path / "b.tsv", (u[500:], i[500:], v[500:]), "\t"),
+    ]
     h = len(tu) // 2
-    test = [write_rows(tmp_path / "t1.csv", (tu[:h], ti[:h], tv[:h])),
-            write_rows(tmp_path / "t2.tsv", (tu[h:], ti[h:], tv[h:]), "\t")]  # fmt: skip
+    test = [
+        write_rows(tmp_path / "t1.csv", (tu[:h], ti[:h], tv[:h])),
+        write_rows(tmp_path / "t2.tsv", (tu[h:], ti[h:], tv[h:]), "\t"),
+    ]
     return train, test
 
 
@@ -326,8 +376,15 @@ def test_test_file_as_in_memory(tmp_path, numeric_test_users):
     items dropped, those not an interaction counted, with a validation subset; the same store
     as in memory, whatever the chunks and partitions."""
     train, test = write_split(tmp_path, 7, numeric_test_users)
-    kw = dict(test=test, counts=[1, 3, 5, 8], duplicates="sum", min_count=4, seed=2,
-              validation_fraction=0.25, nnz_per_block=150)  # fmt: skip
+    kw = dict(
+        test=test,
+        counts=[1, 3, 5, 8],
+        duplicates="sum",
+        min_count=4,
+        seed=2,
+        validation_fraction=0.25,
+        nnz_per_block=150,
+    )
     with pytest.warns(UserWarning, match="test rows dropped") as warned:
         both(tmp_path, train, chunk_bytes=900, rows_per_partition=120, **kw)
     dropped = [str(w.message) for w in warned if "test rows dropped" in str(w.message)]
@@ -359,8 +416,7 @@ def test_test_file_errors_as_in_memory(tmp_path):
         with pytest.raises(InputError) as mem:
             ingest(train, tmp_path / "s", **kw)
         with pytest.raises(InputError) as ooc:
-            ingest_distributed(train, tmp_path / "s", chunk_bytes=400, rows_per_partition=60,
-                               **kw)  # fmt: skip
+            ingest_distributed(train, tmp_path / "s", chunk_bytes=400, rows_per_partition=60, **kw)
         assert str(ooc.value) == str(mem.value), case
         assert "t2.tsv" in str(mem.value), case
         assert not list(tmp_path.glob("s*")), case
@@ -390,24 +446,42 @@ def test_data_in_memory_as_one_chunk(tmp_path):
 def test_test_file_on_cluster(tmp_path, client):
     train, test = write_split(tmp_path, 5)
     with pytest.warns(UserWarning, match="test rows dropped"):
-        both(tmp_path, train, client, chunk_bytes=1500, rows_per_partition=200, test=test,
-             duplicates="last", min_count=2, binarize=3, grid=(3, 2))  # fmt: skip
+        both(
+            tmp_path,
+            train,
+            client,
+            chunk_bytes=1500,
+            rows_per_partition=200,
+            test=test,
+            duplicates="last",
+            min_count=2,
+            binarize=3,
+            grid=(3, 2),
+        )
 
 
 @pytest.mark.parametrize(
     ("option", "match"),
-    [({"ratings": "stars"}, "ratings must be"), ({"counts": [0, 5, 2]}, "count thresholds"),
-     ({"binarize": float("nan")}, "binarize must be"),
-     ({"ratings": "halfstar", "scale_max": 5}, "scale_max applies"),
-     ({"scale_max": 300}, "integer rating scale"), ({"min_count": -1}, "min_count"),
-     ({"filter_mode": "loose"}, "filter_mode"), ({"duplicates": "mean"}, "duplicates"),
-     ({"test_fraction": 1.0}, "test_fraction"), ({"validation_fraction": 1}, "validation"),
-     ({"seed": -2}, "seed"), ({"nnz_per_block": 0}, "nnz_per_block"),
-     ({"grid": (0, 2)}, "grid must be"), ({"delimiter": "|"}, "unknown delimiter"),
-     ({"columns": (0, 0, 1)}, "columns must be"),
-     ({"chunk_bytes": 0}, "^chunk_bytes must be >= 1, got 0$"),
-     ({"rows_per_partition": -3}, "^rows_per_partition must be >= 1, got -3$")],
-)  # fmt: skip
+    [
+        ({"ratings": "stars"}, "ratings must be"),
+        ({"counts": [0, 5, 2]}, "count thresholds"),
+        ({"binarize": float("nan")}, "binarize must be"),
+        ({"ratings": "halfstar", "scale_max": 5}, "scale_max applies"),
+        ({"scale_max": 300}, "integer rating scale"),
+        ({"min_count": -1}, "min_count"),
+        ({"filter_mode": "loose"}, "filter_mode"),
+        ({"duplicates": "mean"}, "duplicates"),
+        ({"test_fraction": 1.0}, "test_fraction"),
+        ({"validation_fraction": 1}, "validation"),
+        ({"seed": -2}, "seed"),
+        ({"nnz_per_block": 0}, "nnz_per_block"),
+        ({"grid": (0, 2)}, "grid must be"),
+        ({"delimiter": "|"}, "unknown delimiter"),
+        ({"columns": (0, 0, 1)}, "columns must be"),
+        ({"chunk_bytes": 0}, "^chunk_bytes must be >= 1, got 0$"),
+        ({"rows_per_partition": -3}, "^rows_per_partition must be >= 1, got -3$"),
+    ],
+)
 def test_every_option_checked_before_any_input_is_read(tmp_path, option, match):
     """Missing input and test files: a wrong option is what both paths report."""
     missing = dict(test=tmp_path / "missing-test.csv")
@@ -431,8 +505,14 @@ def test_dask_dataframe_partitions_are_chunks(tmp_path, client, monkeypatch):
     import dask.dataframe as dd
 
     train, test = frames(11)
-    kw = dict(columns=("user", "item", "rating"), counts=[1, 3, 5, 8], duplicates="max",
-              min_count=3, validation_fraction=0.2, nnz_per_block=200)  # fmt: skip
+    kw = dict(
+        columns=("user", "item", "rating"),
+        counts=[1, 3, 5, 8],
+        duplicates="max",
+        min_count=3,
+        validation_fraction=0.2,
+        nnz_per_block=200,
+    )
     d_train = dd.from_pandas(train, npartitions=5)
     d_train = d_train[(d_train.x < 300) | (d_train.x >= 500)]  # partition 2 is empty
     d_test = dd.from_pandas(test, npartitions=3)
@@ -445,8 +525,9 @@ def test_dask_dataframe_partitions_are_chunks(tmp_path, client, monkeypatch):
 
     monkeypatch.setattr(type(d_train), "to_parquet", no_parquet)
     with pytest.warns(UserWarning, match="test rows dropped"):
-        ingest_distributed(d_train, tmp_path / "ooc", test=d_test, client=client,
-                           rows_per_partition=150, **kw)  # fmt: skip
+        ingest_distributed(
+            d_train, tmp_path / "ooc", test=d_test, client=client, rows_per_partition=150, **kw
+        )
     assert_same_store(tmp_path / "mem", tmp_path / "ooc")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mem", "ooc"]
 
@@ -464,9 +545,13 @@ def test_dask_dataframe_errors_name_partition_and_row(tmp_path):
         ingest(frame, tmp_path / "s", columns=("u", "item", "rating"))
     test.loc[7, "rating"] = -1.0
     with pytest.raises(InputError, match=r"^test DataFrame, partition 0, row 7: count -1"):
-        ingest_distributed(dd.from_pandas(clean, npartitions=3), tmp_path / "s",
-                           columns=("user", "item", "rating"),
-                           test=dd.from_pandas(test, npartitions=2), counts="paper")  # fmt: skip
+        ingest_distributed(
+            dd.from_pandas(clean, npartitions=3),
+            tmp_path / "s",
+            columns=("user", "item", "rating"),
+            test=dd.from_pandas(test, npartitions=2),
+            counts="paper",
+        )
     assert not list(tmp_path.glob("s*"))
 
 

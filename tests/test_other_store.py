@@ -23,11 +23,27 @@ def stores(tmp_path_factory):
     rng = np.random.default_rng(3)
     u, i = np.nonzero(rng.random((30, 20)) < 0.5)
     path = where / "ratings.csv"
-    path.write_text("".join(f"{a},{b},{c}\n" for a, b, c in
-                            zip(u, i, rng.integers(1, 6, len(u)), strict=True)))  # fmt: skip
+    path.write_text(
+        "".join(f"{a},{b},{c}\n" for a, b, c in zip(u, i, rng.integers(1, 6, len(u)), strict=True))
+    )
     for seed in (0, 1):
-        assert main(["ingest", str(path), "--out", str(where / f"s{seed}.zarr"), "--ratings",
-                     "integer", "--seed", str(seed), "--grid", "1,1"]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "ingest",
+                    str(path),
+                    "--out",
+                    str(where / f"s{seed}.zarr"),
+                    "--ratings",
+                    "integer",
+                    "--seed",
+                    str(seed),
+                    "--grid",
+                    "1,1",
+                ]
+            )
+            == 0
+        )
     s0, s1 = (open_store(where / f"s{seed}.zarr") for seed in (0, 1))
     model = where / "m.zarr"
     OrdNMF(2, max_iter=3, executor="inprocess").fit(s0, out=model)
@@ -36,8 +52,12 @@ def stores(tmp_path_factory):
 
 def test_another_split_has_another_fingerprint(stores):
     s0, s1, _ = stores
-    assert (s0.n_users, s0.n_items, s0.row_bounds.tolist(), s0.col_bounds.tolist()) == \
-        (s1.n_users, s1.n_items, s1.row_bounds.tolist(), s1.col_bounds.tolist())  # fmt: skip
+    assert (s0.n_users, s0.n_items, s0.row_bounds.tolist(), s0.col_bounds.tolist()) == (
+        s1.n_users,
+        s1.n_items,
+        s1.row_bounds.tolist(),
+        s1.col_bounds.tolist(),
+    )
     assert store_fingerprint(s0.path) != store_fingerprint(s1.path)
 
 
@@ -48,11 +68,11 @@ def test_the_api_refuses_a_model_of_another_split_unless_allowed(stores, tmp_pat
     calls = {
         "evaluate": lambda **kw: evaluate(s1.path, model, **kw),
         "recommend": lambda **kw: recommend(s1.path, model, users=users, n=3, **kw),
-        "export": lambda **kw: export(model, tmp_path / f"e{len(kw)}", what=["recommendations"],
-                                      store=s1.path, **kw),
+        "export": lambda **kw: export(
+            model, tmp_path / f"e{len(kw)}", what=["recommendations"], store=s1.path, **kw
+        ),
         "fold_in": lambda **kw: fold_in(model, [items], [[3, 1]], store=s1.path, **kw),
-        "posterior_predictive": lambda **kw: posterior_predictive(s1.path, model, n_pairs=50,
-                                                                  **kw),
+        "posterior_predictive": lambda **kw: posterior_predictive(s1.path, model, n_pairs=50, **kw),
         "serving": lambda **kw: serving.server(model, s1.path, **kw).recommend(users, 3),
     }
     for name, call in calls.items():

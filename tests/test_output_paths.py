@@ -42,8 +42,9 @@ def paths(tmp_path) -> dict[str, Path]:
 
 def snapshot(*directories: Path) -> dict[str, bytes]:
     """Every file under the directories, with its content."""
-    return {str(p): p.read_bytes() for d in directories for p in sorted(d.rglob("*"))
-            if p.is_file()}
+    return {
+        str(p): p.read_bytes() for d in directories for p in sorted(d.rglob("*")) if p.is_file()
+    }
 
 
 def error_line(capsys) -> str:
@@ -56,10 +57,32 @@ def error_line(capsys) -> str:
     ("args", "where"),
     [
         (["evaluate", "{store}", "{model}", "--json", "{store}/zarr.json"], "{store}"),
-        (["fit", "{store}", "--out", "{tmp}/new.zarr", "-k", "2", "--log-file",
-          "{model}/zarr.json"], "{model}"),
-        (["fit", "{store}", "--out", "{tmp}/new.zarr", "-k", "2", "--checkpoint-dir",
-          "{store}/ck"], "{store}"),
+        (
+            [
+                "fit",
+                "{store}",
+                "--out",
+                "{tmp}/new.zarr",
+                "-k",
+                "2",
+                "--log-file",
+                "{model}/zarr.json",
+            ],
+            "{model}",
+        ),
+        (
+            [
+                "fit",
+                "{store}",
+                "--out",
+                "{tmp}/new.zarr",
+                "-k",
+                "2",
+                "--checkpoint-dir",
+                "{store}/ck",
+            ],
+            "{store}",
+        ),
         (["fit", "{store}", "--out", "{model}/W/new.zarr", "-k", "2"], "{model}"),
         (["export", "{model}", "--out", "{store}/users/ex"], "{store}"),
         (["recommend", "{store}", "{model}", "--out", "{model}/recs"], "{model}"),
@@ -84,8 +107,23 @@ def test_a_checkpoint_dir_that_is_the_model_is_refused_before_the_first_iteratio
     paths, tmp_path, capsys
 ):
     out = tmp_path / "m.zarr"
-    assert main(["fit", str(paths["store"]), "--out", str(out), "--checkpoint-dir", str(out),
-                 "-k", "2", "--max-iter", "3"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                str(paths["store"]),
+                "--out",
+                str(out),
+                "--checkpoint-dir",
+                str(out),
+                "-k",
+                "2",
+                "--max-iter",
+                "3",
+            ]
+        )
+        == 2
+    )
     assert error_line(capsys) == (
         f"ordnmf-dask fit: error: --checkpoint-dir ({out}) is the same path as --out ({out}): "
         "give each output its own path"
@@ -106,8 +144,10 @@ def test_a_directory_holding_a_users_file_is_not_replaced(paths, tmp_path, capsy
     model, store = paths["model"], paths["store"]
     (model / "NOTES.txt").write_text("mine")
     before = snapshot(model)
-    assert main(["fit", str(store), "--out", str(model), "-k", "2", "--max-iter", "2",
-                 "--overwrite"]) == 2
+    assert (
+        main(["fit", str(store), "--out", str(model), "-k", "2", "--max-iter", "2", "--overwrite"])
+        == 2
+    )
     line = error_line(capsys)
     assert f"refusing to overwrite {model}: it holds {model / 'NOTES.txt'}" in line
     assert snapshot(model) == before
@@ -122,8 +162,20 @@ def test_a_directory_holding_a_users_file_is_not_replaced(paths, tmp_path, capsy
     assert snapshot(ex) == before
 
     (store / "README").write_text("mine")
-    assert main(["ingest", str(paths["csv"]), "--out", str(store), "--overwrite",
-                 "--test-fraction", "0"]) == 2
+    assert (
+        main(
+            [
+                "ingest",
+                str(paths["csv"]),
+                "--out",
+                str(store),
+                "--overwrite",
+                "--test-fraction",
+                "0",
+            ]
+        )
+        == 2
+    )
     assert f"it holds {store / 'README'}" in error_line(capsys)
     assert (store / "README").read_text() == "mine"
     assert open_model(str(model)).attrs["n_iter"] == 2
@@ -138,8 +190,9 @@ def _kill_when(cmd: list[str], appears: str, where: Path, signum: int, tries: in
     after removing the command's output, if it got past that point first)."""
     out = Path(cmd[cmd.index("--out") + 1])
     for _ in range(tries):
-        job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+        job = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             deadline = time.monotonic() + 120
             while job.poll() is None and time.monotonic() < deadline:
@@ -175,20 +228,37 @@ def test_an_export_killed_half_way_is_cleaned_by_the_same_command(tmp_path):
     assert run.returncode == 0, run.stderr
     assert [p.name for p in tmp_path.glob("ex.tmp-*")] == ["ex.tmp-mine"]
     assert (mine / "notes.txt").read_text() == "x"
-    assert json.loads((tmp_path / "ex" / "_SUCCESS").read_text())["kind"] == \
-        "ordnmf_dask.export"
+    assert json.loads((tmp_path / "ex" / "_SUCCESS").read_text())["kind"] == "ordnmf_dask.export"
 
 
 @pytest.mark.cluster
 def test_a_distributed_ingest_killed_half_way_is_cleaned_by_the_same_command(tmp_path):
     rng = np.random.default_rng(0)
-    lines = [f"{u},{i},{v}" for u, i, v in zip(rng.integers(0, 3000, 20000),
-                                                 rng.integers(0, 500, 20000),
-                                                 rng.integers(1, 6, 20000), strict=True)]
+    lines = [
+        f"{u},{i},{v}"
+        for u, i, v in zip(
+            rng.integers(0, 3000, 20000),
+            rng.integers(0, 500, 20000),
+            rng.integers(1, 6, 20000),
+            strict=True,
+        )
+    ]
     csv = tmp_path / "r.csv"
     csv.write_text("\n".join(dict.fromkeys(lines)) + "\n")
-    cmd = [*CLI, "ingest", str(csv), "--out", str(tmp_path / "d.zarr"),
-           "--distributed", "--workers", "1", "--chunk-bytes", "20000", "--duplicates", "last"]
+    cmd = [
+        *CLI,
+        "ingest",
+        str(csv),
+        "--out",
+        str(tmp_path / "d.zarr"),
+        "--distributed",
+        "--workers",
+        "1",
+        "--chunk-bytes",
+        "20000",
+        "--duplicates",
+        "last",
+    ]
     _kill_when(cmd, "d.zarr.tmp-*/*/*", tmp_path, signal.SIGKILL)
     assert list(tmp_path.glob("d.zarr.tmp-*"))
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -207,8 +277,23 @@ def test_a_fit_terminated_and_run_again_continues_from_its_checkpoint(tmp_path):
     store = store_from_dense(tmp_path / "b.zarr", *dense_split(y), 4, (2, 2))
     out = tmp_path / "m.zarr"
     beside = tmp_path / "m.zarr.checkpoints"
-    cmd = [*CLI, "fit", store.path, "--out", str(out), "-k", "3", "--max-iter", "60",
-           "--tol", "1e-12", "--checkpoint-every", "3", "--executor", "inprocess"]
+    cmd = [
+        *CLI,
+        "fit",
+        store.path,
+        "--out",
+        str(out),
+        "-k",
+        "3",
+        "--max-iter",
+        "60",
+        "--tol",
+        "1e-12",
+        "--checkpoint-every",
+        "3",
+        "--executor",
+        "inprocess",
+    ]
     _kill_when(cmd, "m.zarr.checkpoints/ckpt-0000000[0-9]", tmp_path, signal.SIGTERM)
     left = sorted(p.name for p in beside.glob("ckpt-*") if not p.name.endswith(".tmp"))
     assert left and not out.exists()
@@ -227,14 +312,31 @@ def test_checkpoints_beside_a_model_of_another_configuration_are_replaced(paths,
     store, model = paths["store"], str(paths["model"])
     beside = checkpoint.beside(model)
     checkpoint.make_beside(beside, model)
-    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=beside,
-           executor="inprocess").fit(store)
-    assert sorted(os.listdir(beside)) == ["_ORDNMF_CHECKPOINTS", "ckpt-00000002",
-                                          "ckpt-00000004"]
-    assert main(["fit", str(store), "--out", model, "-k", "3", "--max-iter", "4",
-                 "--checkpoint-every", "2", "--overwrite"]) == 0
-    assert (f"removed 2 checkpoint(s) of another configuration from {beside}"
-            in capsys.readouterr().err)
+    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=beside, executor="inprocess").fit(
+        store
+    )
+    assert sorted(os.listdir(beside)) == ["_ORDNMF_CHECKPOINTS", "ckpt-00000002", "ckpt-00000004"]
+    assert (
+        main(
+            [
+                "fit",
+                str(store),
+                "--out",
+                model,
+                "-k",
+                "3",
+                "--max-iter",
+                "4",
+                "--checkpoint-every",
+                "2",
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
+    assert (
+        f"removed 2 checkpoint(s) of another configuration from {beside}" in capsys.readouterr().err
+    )
     assert not os.path.exists(beside)
     assert open_model(model).attrs["params"]["n_components"] == 3
 

@@ -32,7 +32,9 @@ def fit_cli(client, *args: str) -> subprocess.CompletedProcess:
     """``ordnmf-dask fit ARGS`` in its own process, on the test cluster."""
     return subprocess.run(
         [*CLI, "fit", *args, "-k", str(K), "--scheduler", client.scheduler.address],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -74,8 +76,9 @@ def test_fit_overwrite_replaces_nothing_but_a_model(tmp_path, store_30x20, clien
 def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20, client):
     model = tmp_path / "m.zarr"
     first = OrdNMF(K, max_iter=2).fit(store_30x20, client, out=model)
-    assert json.loads((model / "zarr.json").read_text())["attributes"]["kind"] == \
-        "ordnmf_dask.model"
+    assert (
+        json.loads((model / "zarr.json").read_text())["attributes"]["kind"] == "ordnmf_dask.model"
+    )
     copy = OrdNMF.load(first.save(tmp_path / "copy.zarr"))
     r = fit_cli(client, store_30x20.path, "--out", str(model), "--max-iter", "3", "--overwrite")
     assert r.returncode == 0, r.stderr
@@ -113,8 +116,9 @@ def test_api_fit_refuses_an_existing_out_before_any_iteration(tmp_path, store_30
     OrdNMF(K, max_iter=1).fit(store_30x20, client, out=model)
     seen: list[int] = []
     with pytest.raises(InputError, match="already exists; pass overwrite=True"):
-        OrdNMF(K, max_iter=3).fit(store_30x20, client, out=model,
-                                  callback=lambda info: seen.append(info.iteration))
+        OrdNMF(K, max_iter=3).fit(
+            store_30x20, client, out=model, callback=lambda info: seen.append(info.iteration)
+        )
     assert seen == []
     assert OrdNMF.load(model).n_iter_ == 1
 
@@ -129,8 +133,19 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     theirs = names(ckpt)
     assert theirs == ["ckpt-00000002", "ckpt-00000004", "ckpt-notes", "notes.txt"]
 
-    other = [store_30x20.path, "--out", str(tmp_path / "b.zarr"), "--checkpoint-dir", str(ckpt),
-             "--checkpoint-every", "2", "--max-iter", "5", "--seed", "1"]
+    other = [
+        store_30x20.path,
+        "--out",
+        str(tmp_path / "b.zarr"),
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+        "--max-iter",
+        "5",
+        "--seed",
+        "1",
+    ]
     r = fit_cli(client, *other)
     assert r.returncode == 2, r.stderr
     [line] = error_lines(r.stderr)
@@ -145,8 +160,7 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
 
     r = fit_cli(client, *other, "--restart")
     assert r.returncode == 0, r.stderr
-    assert (f"restart: removed 2 checkpoint(s) from {ckpt}: ckpt-00000004 ckpt-00000002"
-            in r.stderr)
+    assert f"restart: removed 2 checkpoint(s) from {ckpt}: ckpt-00000004 ckpt-00000002" in r.stderr
     assert names(ckpt) == theirs  # the new fit's own, at the same iterations
     assert ckpt.joinpath("notes.txt").read_text() == "not a checkpoint"
     fresh = OrdNMF(K, max_iter=5, seed=1).fit(store_30x20, client)
@@ -179,8 +193,10 @@ def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     seen: list[int] = []
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
         again = OrdNMF(K, **settings).fit(
-            store_30x20, client, out=tmp_path / "again.zarr",
-            callback=lambda info: seen.append(info.iteration)
+            store_30x20,
+            client,
+            out=tmp_path / "again.zarr",
+            callback=lambda info: seen.append(info.iteration),
         )
     assert f"resuming from {ckpt / 'ckpt-00000008'} (iteration 8)" in caplog.text
     assert seen == [9]

@@ -9,8 +9,9 @@ HEAVY = ("dask", "distributed", "scipy", "zarr", "numba", "numpy")
 
 
 def _run(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                          text=True).stdout  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def test_import_and_help_load_no_heavy_dependency():
@@ -34,16 +35,27 @@ def test_public_names_are_the_submodule_objects():
     from ordnmf_dask.tuning import schedule, search
 
     expected = {
-        "OrdNMF": estimator.OrdNMF, "PF": estimator.PF, "BePoF": estimator.BePoF,
-        "DcPF": estimator.DcPF, "StoreInfo": blocks.StoreInfo, "evaluate": evaluate.evaluate,
-        "fold_in": foldin.fold_in, "recommend_for": foldin.recommend_for,
-        "ingest": ingest.ingest, "ingest_arrays": ingest.ingest_arrays,
+        "OrdNMF": estimator.OrdNMF,
+        "PF": estimator.PF,
+        "BePoF": estimator.BePoF,
+        "DcPF": estimator.DcPF,
+        "StoreInfo": blocks.StoreInfo,
+        "evaluate": evaluate.evaluate,
+        "fold_in": foldin.fold_in,
+        "recommend_for": foldin.recommend_for,
+        "ingest": ingest.ingest,
+        "ingest_arrays": ingest.ingest_arrays,
         "ingest_distributed": ingest.ingest_distributed,
-        "open_store": blocks.open_store, "read_block": blocks.read_block,
-        "posterior_predictive": ppc.posterior_predictive, "recommend": recommend.recommend,
-        "InputError": errors.InputError, "StoreError": errors.StoreError,
-        "export": export.export, "tune": search.tune, "LogUniform": schedule.LogUniform,
-    }  # fmt: skip
+        "open_store": blocks.open_store,
+        "read_block": blocks.read_block,
+        "posterior_predictive": ppc.posterior_predictive,
+        "recommend": recommend.recommend,
+        "InputError": errors.InputError,
+        "StoreError": errors.StoreError,
+        "export": export.export,
+        "tune": search.tune,
+        "LogUniform": schedule.LogUniform,
+    }
     assert set(expected) == set(ordnmf_dask.__all__) <= set(dir(ordnmf_dask))
     for name, obj in expected.items():
         assert getattr(ordnmf_dask, name) is obj, name
@@ -63,9 +75,13 @@ def test_public_functions_stay_functions_after_internal_imports():
 def test_python_dash_m_runs_the_command():
     """``python -m ordnmf_dask ARGS`` is the ``ordnmf-dask`` command: same version line, and a
     usage error gets the command's exit code 2."""
-    done = subprocess.run([sys.executable, "-m", "ordnmf_dask", "--version"],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "ordnmf_dask", "--version"], capture_output=True, text=True
+    )
     assert done.returncode == 0 and done.stdout.startswith("ordnmf-dask "), done.stderr
-    bad = subprocess.run([sys.executable, "-m", "ordnmf_dask", "fit", "--no-such-flag"],
-                         capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [sys.executable, "-m", "ordnmf_dask", "fit", "--no-such-flag"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "ordnmf-dask: error:" in bad.stderr, bad.stderr

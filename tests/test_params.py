@@ -70,8 +70,7 @@ def test_a_changed_default_reaches_every_surface(monkeypatch):
         "from ordnmf_dask.estimator import DcPF\n"
         "print(json.dumps(DcPF().get_params()))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     api = json.loads(done.stdout)
     for name, value in changed.items():
         monkeypatch.setitem(params.PARAMS, name, replace(params.PARAMS[name], default=value))
@@ -101,13 +100,27 @@ def test_every_fit_flag_and_job_key_is_a_parameter_or_a_job_setting():
     for name, key in keys.items():
         section, leaf = key.split(".")
         assert params.PARAMS[name].section == section and name.removeprefix(f"{section}_") == leaf
-    assert (keys["checkpoint_every"], keys["cache_blocks"]) == ("checkpoint.every",
-                                                               "engine.cache_blocks")
+    assert (keys["checkpoint_every"], keys["cache_blocks"]) == (
+        "checkpoint.every",
+        "engine.cache_blocks",
+    )
 
 
 def test_flags_set_the_parameters_under_their_own_names():
-    got = cli_defaults("DcPF", "-k", "7", "--alpha-w", "0.5", "--cache-blocks", "off",
-                       "--no-update-p", "--checkpoint-every", "0", "--checkpoint-minutes", "2")
+    got = cli_defaults(
+        "DcPF",
+        "-k",
+        "7",
+        "--alpha-w",
+        "0.5",
+        "--cache-blocks",
+        "off",
+        "--no-update-p",
+        "--checkpoint-every",
+        "0",
+        "--checkpoint-minutes",
+        "2",
+    )
     assert (got["n_components"], got["alpha_W"], got["cache_blocks"]) == (7, 0.5, False)
     assert (got["update_p"], got["checkpoint_every"], got["checkpoint_minutes"]) == (False, 0, 2)
     with pytest.raises(SystemExit):
@@ -115,14 +128,27 @@ def test_flags_set_the_parameters_under_their_own_names():
 
 
 BAD = [
-    ("OrdNMF", "n_components", 0), ("OrdNMF", "n_components", 2.5), ("OrdNMF", "alpha_W", -1.0),
-    ("OrdNMF", "alpha_H", float("inf")), ("OrdNMF", "tol", 0), ("OrdNMF", "max_iter", 0),
-    ("OrdNMF", "min_iter", -1), ("OrdNMF", "seed", -1), ("OrdNMF", "n_init", 0),
-    ("OrdNMF", "approx", 1), ("BePoF", "threshold", 0), ("BePoF", "learn_threshold", "no"),
-    ("DcPF", "p", 1.5), ("DcPF", "t", 0.0), ("DcPF", "update_p", 0),
-    ("OrdNMF", "cache_blocks", "on"), ("OrdNMF", "work_dir", 3), ("OrdNMF", "checkpoint_dir", 3),
-    ("OrdNMF", "checkpoint_every", -1), ("OrdNMF", "checkpoint_minutes", 0.0),
-]  # fmt: skip
+    ("OrdNMF", "n_components", 0),
+    ("OrdNMF", "n_components", 2.5),
+    ("OrdNMF", "alpha_W", -1.0),
+    ("OrdNMF", "alpha_H", float("inf")),
+    ("OrdNMF", "tol", 0),
+    ("OrdNMF", "max_iter", 0),
+    ("OrdNMF", "min_iter", -1),
+    ("OrdNMF", "seed", -1),
+    ("OrdNMF", "n_init", 0),
+    ("OrdNMF", "approx", 1),
+    ("BePoF", "threshold", 0),
+    ("BePoF", "learn_threshold", "no"),
+    ("DcPF", "p", 1.5),
+    ("DcPF", "t", 0.0),
+    ("DcPF", "update_p", 0),
+    ("OrdNMF", "cache_blocks", "on"),
+    ("OrdNMF", "work_dir", 3),
+    ("OrdNMF", "checkpoint_dir", 3),
+    ("OrdNMF", "checkpoint_every", -1),
+    ("OrdNMF", "checkpoint_minutes", 0.0),
+]
 
 
 @pytest.mark.parametrize(("estimator", "name", "value"), BAD)
@@ -143,10 +169,14 @@ def test_a_bad_value_breaks_the_same_rule_in_the_api_and_the_job_file(
 
 def _other(p: params.Param) -> Any:
     """A valid value of ``p`` other than its default."""
-    return {"int": lambda d: d + 2, "float": lambda d: 0.25 if d is None else d / 2,
-            "bool": lambda d: not d, "auto": lambda d: False,
-            "str": lambda d: next(w for w in ("inprocess", "loglik") if p.ok(w)),
-            "path": lambda d: "/elsewhere"}[p.kind](p.default)  # fmt: skip
+    return {
+        "int": lambda d: d + 2,
+        "float": lambda d: 0.25 if d is None else d / 2,
+        "bool": lambda d: not d,
+        "auto": lambda d: False,
+        "str": lambda d: next(w for w in ("inprocess", "loglik") if p.ok(w)),
+        "path": lambda d: "/elsewhere",
+    }[p.kind](p.default)
 
 
 @pytest.mark.parametrize("name", sorted(ESTIMATORS))
@@ -165,8 +195,18 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
         changed = settings(**{n: _other(p)})
         assert (changed != base) == p.model, n
     assert {p.name for p in params.PARAMS.values() if not p.model} == {
-        "max_iter", "n_init", "cache_blocks", "executor", "work_dir", "checkpoint_dir",
-        "checkpoint_every", "checkpoint_minutes", "validation_every", "validation_patience",
-        "validation_window", "validation_metric", "validation_k", "validation_s",
-    }  # fmt: skip
-
+        "max_iter",
+        "n_init",
+        "cache_blocks",
+        "executor",
+        "work_dir",
+        "checkpoint_dir",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "validation_every",
+        "validation_patience",
+        "validation_window",
+        "validation_metric",
+        "validation_k",
+        "validation_s",
+    }

@@ -38,8 +38,10 @@ def random_parts(seed: int, n_files: int = 3, n: int = 300):
     """(users str, items int, values int) per file; string ids include "007" and "7"."""
     rng = np.random.default_rng(seed)
     users = np.array([f"u{k:03d}" for k in range(40)] + ["007", "7"])
-    return [(rng.choice(users, n), rng.integers(0, 60, n) + 7 * f, rng.integers(1, 6, n))
-            for f in range(n_files)]  # fmt: skip
+    return [
+        (rng.choice(users, n), rng.integers(0, 60, n) + 7 * f, rng.integers(1, 6, n))
+        for f in range(n_files)
+    ]
 
 
 def three_ways(tmp_path, csv, parquet, client=None, **kw):
@@ -56,8 +58,11 @@ def test_many_files_and_row_groups_on_cluster(tmp_path, client):
     (tmp_path / "pq").mkdir()
     for f, (u, i, v) in enumerate(random_parts(1)):
         csv.append(write_csv(tmp_path / f"p{f}.csv", [u, i, v]))
-        parquet.append(write_parquet(tmp_path / "pq" / f"p{f}.parquet",
-                                     {"user": u, "item": i, "rating": v}, 70))  # fmt: skip
+        parquet.append(
+            write_parquet(
+                tmp_path / "pq" / f"p{f}.parquet", {"user": u, "item": i, "rating": v}, 70
+            )
+        )
     kw = dict(counts=[0, 2, 4, 6, 9], duplicates="sum", min_count=3, grid=(3, 2), seed=5)
     three_ways(tmp_path, csv, parquet, client, **kw)
     # a directory stands for its Parquet files in sorted order; _SUCCESS and hidden files skipped
@@ -91,9 +96,11 @@ def test_columns_by_name_and_position(tmp_path):
     v = v / 2  # halfstar ratings 0.5 .. 2.5
     ts = np.arange(len(u)) * 1000
     csv = write_csv(tmp_path / "plain.csv", [u, i, v])
-    path = write_parquet(tmp_path / "wide.parquet",
-                         {"ts": ts, "rating": v, "item": i, "user": u, "note": ["x"] * len(u)},
-                         100)  # fmt: skip
+    path = write_parquet(
+        tmp_path / "wide.parquet",
+        {"ts": ts, "rating": v, "item": i, "user": u, "note": ["x"] * len(u)},
+        100,
+    )
     kw = dict(ratings="halfstar", duplicates="last", nnz_per_block=100)
     ingest(csv, tmp_path / "csv", **kw)
     for k, cols in enumerate([("user", "item", "rating"), (3, 2, 1), ("user", 2, "rating")]):
@@ -102,11 +109,13 @@ def test_columns_by_name_and_position(tmp_path):
         assert_same_store(tmp_path / "csv", tmp_path / f"mem{k}", ignore=NOT_SOURCE)
         assert_same_store(tmp_path / f"mem{k}", tmp_path / f"ooc{k}")
     # text files take names too, from their header line
-    named = write_csv(tmp_path / "named.csv", [ts, v, i, u],
-                      header=["ts", "rating", "item", "user"])  # fmt: skip
+    named = write_csv(
+        tmp_path / "named.csv", [ts, v, i, u], header=["ts", "rating", "item", "user"]
+    )
     ingest(named, tmp_path / "tm", columns=("user", "item", "rating"), **kw)
-    ingest_distributed(named, tmp_path / "to", columns=("user", "item", "rating"), chunk_bytes=999,
-                       **kw)  # fmt: skip
+    ingest_distributed(
+        named, tmp_path / "to", columns=("user", "item", "rating"), chunk_bytes=999, **kw
+    )
     assert_same_store(tmp_path / "csv", tmp_path / "tm", ignore=NOT_SOURCE)
     assert_same_store(tmp_path / "tm", tmp_path / "to")
 
@@ -116,19 +125,32 @@ def test_id_and_value_column_types(tmp_path):
     rng = np.random.default_rng(4)
     n = 250
     u1, i1, v1 = rng.integers(0, 30, n), rng.integers(0, 40, n), rng.integers(1, 11, n) / 2
-    u2, i2, v2 = rng.choice(["u1", "u2", "7", " u3 "], n), rng.integers(0, 40, n) + 5, rng.integers(
-        1, 11, n) / 2  # fmt: skip
-    t1 = {"user": pa.array(u1, pa.int32()),
-          "item": pa.array([str(x) for x in i1]).dictionary_encode(),
-          "rating": pa.array([f"{x:.1f}" for x in v1])}  # fmt: skip
-    t2 = {"user": pa.array(u2), "item": pa.array(i2, pa.uint16()),
-          "rating": pa.array(v2, pa.float32())}  # fmt: skip
-    t3 = {"user": pa.array(u1[:60].astype(float)), "item": pa.array(i1[:60] + 50, pa.int64()),
-          "rating": pa.array((v1[:60] * 2).astype(int) / 2)}  # fmt: skip
+    u2, i2, v2 = (
+        rng.choice(["u1", "u2", "7", " u3 "], n),
+        rng.integers(0, 40, n) + 5,
+        rng.integers(1, 11, n) / 2,
+    )
+    t1 = {
+        "user": pa.array(u1, pa.int32()),
+        "item": pa.array([str(x) for x in i1]).dictionary_encode(),
+        "rating": pa.array([f"{x:.1f}" for x in v1]),
+    }
+    t2 = {
+        "user": pa.array(u2),
+        "item": pa.array(i2, pa.uint16()),
+        "rating": pa.array(v2, pa.float32()),
+    }
+    t3 = {
+        "user": pa.array(u1[:60].astype(float)),
+        "item": pa.array(i1[:60] + 50, pa.int64()),
+        "rating": pa.array((v1[:60] * 2).astype(int) / 2),
+    }
     parquet = [write_parquet(tmp_path / f"t{k}.parq", t, 50) for k, t in enumerate([t1, t2, t3])]
-    csv = [write_csv(tmp_path / "t0.csv", [u1, i1, v1]),
-           write_csv(tmp_path / "t1.csv", [u2, i2, v2]),
-           write_csv(tmp_path / "t2.csv", [u1[:60], i1[:60] + 50, v1[:60]])]  # fmt: skip
+    csv = [
+        write_csv(tmp_path / "t0.csv", [u1, i1, v1]),
+        write_csv(tmp_path / "t1.csv", [u2, i2, v2]),
+        write_csv(tmp_path / "t2.csv", [u1[:60], i1[:60] + 50, v1[:60]]),
+    ]
     three_ways(tmp_path, csv, parquet, ratings="halfstar", duplicates="max", nnz_per_block=200)
     import zarr
 
@@ -138,8 +160,11 @@ def test_id_and_value_column_types(tmp_path):
 
 def table(n=300, **override):
     rng = np.random.default_rng(0)
-    t = {"user": [f"u{k % 37}" for k in range(n)], "item": list(range(n)),
-         "rating": rng.integers(1, 6, n).astype(float)}  # fmt: skip
+    t = {
+        "user": [f"u{k % 37}" for k in range(n)],
+        "item": list(range(n)),
+        "rating": rng.integers(1, 6, n).astype(float),
+    }
     t.update(override)
     return t
 
@@ -158,10 +183,18 @@ def both_fail(tmp_path, inputs, match, **kw):
 def test_errors_name_file_row_group_and_row(tmp_path):
     rows = table()
     good = write_parquet(tmp_path / "good.parquet", rows, 100)
-    both_fail(tmp_path, good, r"good\.parquet: no column 'score' \(columns: user, item, rating\)",
-              columns=("user", "item", "score"))  # fmt: skip
-    both_fail(tmp_path, good, r"good\.parquet: no column 5 \(0-based\); the file has 3 columns",
-              columns=(0, 1, 5))  # fmt: skip
+    both_fail(
+        tmp_path,
+        good,
+        r"good\.parquet: no column 'score' \(columns: user, item, rating\)",
+        columns=("user", "item", "score"),
+    )
+    both_fail(
+        tmp_path,
+        good,
+        r"good\.parquet: no column 5 \(0-based\); the file has 3 columns",
+        columns=(0, 1, 5),
+    )
     user = rows["user"][:130] + [None] + rows["user"][131:]
     path = write_parquet(tmp_path / "null.parquet", table(user=user), 100)
     both_fail(tmp_path, [good, path], r"null\.parquet, row 130 \(row group 1\): null user id")
@@ -174,9 +207,12 @@ def test_errors_name_file_row_group_and_row(tmp_path):
     rating = list(rows["rating"])
     rating[142] = 7.5  # off the halfstar scale: found when every value is checked (codes pass)
     path = write_parquet(tmp_path / "scale.parquet", table(rating=rating), 100)
-    both_fail(tmp_path, [good, path],
-              r"scale\.parquet, row 142 \(row group 1\): rating 7\.5 is off the halfstar scale",
-              ratings="halfstar")  # fmt: skip
+    both_fail(
+        tmp_path,
+        [good, path],
+        r"scale\.parquet, row 142 \(row group 1\): rating 7\.5 is off the halfstar scale",
+        ratings="halfstar",
+    )
     rating[142] = float("nan")
     path = write_parquet(tmp_path / "nan.parquet", table(rating=rating), 100)
     both_fail(tmp_path, path, r"nan\.parquet, row 142 \(row group 1\): value nan is not finite")
@@ -200,18 +236,37 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch):
     path = write_parquet(tmp_path / "a.parquet", table(), 100)
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    both_fail(tmp_path, path, r"a\.parquet: reading Parquet needs pyarrow; install it with the "
-              r"'parquet' extra \(pip install 'ordnmf-dask\[parquet\]'\)")  # fmt: skip
+    both_fail(
+        tmp_path,
+        path,
+        r"a\.parquet: reading Parquet needs pyarrow; install it with the "
+        r"'parquet' extra \(pip install 'ordnmf-dask\[parquet\]'\)",
+    )
 
 
 def test_cli_parquet_directory_and_named_columns(tmp_path, capsys):
     (tmp_path / "d").mkdir()
     for k in range(2):
-        write_parquet(tmp_path / "d" / f"part-{k}.parquet",
-                      table(n=150, item=list(range(150 * k, 150 * (k + 1)))), 60)  # fmt: skip
+        write_parquet(
+            tmp_path / "d" / f"part-{k}.parquet",
+            table(n=150, item=list(range(150 * k, 150 * (k + 1)))),
+            60,
+        )
     out = tmp_path / "s.zarr"
-    assert main(["ingest", str(tmp_path / "d"), "--out", str(out), "--columns",
-                 "user,item,rating", "-q"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "ingest",
+                str(tmp_path / "d"),
+                "--out",
+                str(out),
+                "--columns",
+                "user,item,rating",
+                "-q",
+            ]
+        )
+        == 0
+    )
     assert "37 users x 300 items" in capsys.readouterr().out
     ingest(sorted((tmp_path / "d").glob("*.parquet")), tmp_path / "api", columns=(0, 1, 2))
     assert_same_store(out, tmp_path / "api", ignore=NOT_SOURCE)
@@ -234,6 +289,7 @@ def test_test_file_in_parquet(tmp_path):
         ingest(train, tmp_path / "b", test=test_pq, **kw)
     assert_same_store(tmp_path / "a", tmp_path / "b", ignore=("created", "test_source"))
     with pytest.warns(UserWarning, match="test rows dropped"):
-        ingest_distributed(train, tmp_path / "c", test=test_pq, chunk_bytes=1000,
-                           rows_per_partition=80, **kw)  # fmt: skip
+        ingest_distributed(
+            train, tmp_path / "c", test=test_pq, chunk_bytes=1000, rows_per_partition=80, **kw
+        )
     assert_same_store(tmp_path / "b", tmp_path / "c")

@@ -35,8 +35,12 @@ def _outputs(store, model, client, out) -> dict[str, object]:
     recommend(store, model, client, n=5, out=out / "rec")
     w = fold_in(model, [items], [[4, 2, 1]], store=store, client=client)
     tables = {}
-    for name, dataset in (("exp", "user_factors"), ("exp", "item_factors"),
-                          ("exp", "recommendations"), ("rec", "recommendations")):
+    for name, dataset in (
+        ("exp", "user_factors"),
+        ("exp", "item_factors"),
+        ("exp", "recommendations"),
+        ("rec", "recommendations"),
+    ):
         table = pq.read_table(out / name / dataset)
         tables[name, dataset] = table.sort_by([(c, "ascending") for c in table.column_names[:2]])
     return {
@@ -88,10 +92,8 @@ def test_postfit_on_a_small_model_imports_no_distributed(fitted_inprocess, tmp_p
         "posterior_predictive(store, model, n_pairs=1000)\n"
         "print('distributed' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
     assert pq.read_table(tmp_path / "rec" / "recommendations").num_rows > 0
-    assert np.isfinite(pq.read_table(tmp_path / "exp" / "user_factors").column(1)
-                       .to_numpy()).all()  # fmt: skip
+    assert np.isfinite(pq.read_table(tmp_path / "exp" / "user_factors").column(1).to_numpy()).all()

@@ -30,10 +30,25 @@ SAFETY = 900.0
 
 def command(store: str, out: Path, ckpt: Path) -> list[str]:
     return [
-        *CLI, "fit", store, "--out", str(out), "-k", "4", "--max-iter", "16",
-        "--tol", "1e-12", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
-        "--overwrite", "--workers", "2",
-    ]  # fmt: skip
+        *CLI,
+        "fit",
+        store,
+        "--out",
+        str(out),
+        "-k",
+        "4",
+        "--max-iter",
+        "16",
+        "--tol",
+        "1e-12",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+        "--overwrite",
+        "--workers",
+        "2",
+    ]
 
 
 def checkpoints(ckpt: Path) -> list[str]:
@@ -43,8 +58,9 @@ def checkpoints(ckpt: Path) -> list[str]:
 def preempt(cmd: list[str], ckpt: Path, after: list[str]) -> list[str]:
     """Start ``cmd``; once a checkpoint newer than ``after`` exists, SIGTERM the job's process
     group, wait GRACE seconds, SIGKILL whatever is left; return the checkpoints then."""
-    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           start_new_session=True)  # fmt: skip
+    job = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + SAFETY
         while job.poll() is None:
@@ -90,17 +106,22 @@ def factors(model: Path) -> dict[str, np.ndarray]:
     group = zarr.open_group(str(model), mode="r")
     return {
         f"{name}/{j}/{field}": group[f"{name}/{j}/{field}"][...]
-        for name in ("W", "H") for j in group[name].group_keys()
+        for name in ("W", "H")
+        for j in group[name].group_keys()
         for field in ("mean", "geo", "shape", "prior_rate")
-    }  # fmt: skip
+    }
 
 
 def test_preempted_three_times_then_resubmitted_ends_with_the_uninterrupted_model(tmp_path):
     y = synthetic_ordinal(600, 300, 5, density=0.2, seed=3)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 5, (2, 2)).path
 
-    reference = subprocess.run(command(store, tmp_path / "ref.zarr", tmp_path / "ck-ref"),
-                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    reference = subprocess.run(
+        command(store, tmp_path / "ref.zarr", tmp_path / "ck-ref"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert reference.returncode == 0, reference.stderr
 
     out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
@@ -110,8 +131,7 @@ def test_preempted_three_times_then_resubmitted_ends_with_the_uninterrupted_mode
         assert seen, "no checkpoint survived the preemption"
     assert not out.exists()
 
-    final = subprocess.run(command(store, out, ckpt), capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    final = subprocess.run(command(store, out, ckpt), capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     assert "resuming from" in final.stderr
     ref_attrs = dict(zarr.open_group(str(tmp_path / "ref.zarr"), mode="r").attrs)
@@ -135,8 +155,7 @@ def test_a_scheduled_job_run_twice_keeps_its_model_and_its_checkpoints(tmp_path)
     before = factors(out)
     kept = checkpoints(ckpt)
     assert kept
-    second = subprocess.run(command(store, out, ckpt), capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    second = subprocess.run(command(store, out, ckpt), capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "resuming from" in second.stderr
     after = factors(out)
@@ -155,8 +174,9 @@ def test_sigterm_ends_the_job_cleanly(tmp_path):
     out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
     cmd = command(store, out, ckpt)
     cmd[cmd.index("16")] = "200"  # long enough to be running when the signal comes
-    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)  # fmt: skip
+    job = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + SAFETY
         while not checkpoints(ckpt) and job.poll() is None:
@@ -211,21 +231,28 @@ def test_a_warm_started_job_preempted_and_resubmitted_ends_with_the_uninterrupte
     checkpoints' fingerprint) and ends with the uninterrupted warm run's model, bitwise."""
     y = synthetic_ordinal(600, 300, 5, density=0.2, seed=3)
     train, test = dense_split(y)
-    old = store_from_dense(tmp_path / "old.zarr", train[:540, :270], test[:540, :270], 5,
-                           (1, 2)).path  # fmt: skip
+    old = store_from_dense(
+        tmp_path / "old.zarr", train[:540, :270], test[:540, :270], 5, (1, 2)
+    ).path
     new = store_from_dense(tmp_path / "new.zarr", train, test, 5, (2, 2)).path
     last = tmp_path / "last.zarr"
-    r = subprocess.run(command(old, last, tmp_path / "ck-last"), capture_output=True, text=True,
-                       timeout=300)  # fmt: skip
+    r = subprocess.run(
+        command(old, last, tmp_path / "ck-last"), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     warm = ["--init-model", str(last)]
-    reference = subprocess.run([*command(new, tmp_path / "ref.zarr", tmp_path / "ck-ref"), *warm],
-                               capture_output=True, text=True, timeout=300)  # fmt: skip
+    reference = subprocess.run(
+        [*command(new, tmp_path / "ref.zarr", tmp_path / "ck-ref"), *warm],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert reference.returncode == 0, reference.stderr
     out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
     assert preempt([*command(new, out, ckpt), *warm], ckpt, []), "no checkpoint survived"
-    final = subprocess.run([*command(new, out, ckpt), *warm], capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    final = subprocess.run(
+        [*command(new, out, ckpt), *warm], capture_output=True, text=True, timeout=300
+    )
     assert final.returncode == 0, final.stderr
     assert "resuming from" in final.stderr
     expected, got = factors(tmp_path / "ref.zarr"), factors(out)

@@ -111,8 +111,9 @@ def test_a_users_handlers_get_what_they_got_before(small_store, monkeypatch):
 def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    store = ingest_arrays([1, 2, 3], [5, 6, 5], [1, 2, 3], tmp_path / "s.zarr", test_fraction=0.0,
-                          show_progress=True)
+    store = ingest_arrays(
+        [1, 2, 3], [5, 6, 5], [1, 2, 3], tmp_path / "s.zarr", test_fraction=0.0, show_progress=True
+    )
     said = f"ingest: {store.path}: 3 users x 2 items, 3 train / 0 test nonzeros"
     assert said in stream.getvalue()
     model = OrdNMF(2, max_iter=2).fit(small_store, show_progress=False)

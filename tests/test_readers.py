@@ -42,8 +42,11 @@ def csv_text(u, i, v, sep: str = ",", header: str = "user,item,rating\n") -> str
 
 @pytest.mark.parametrize(
     ("suffix", "compress"),
-    [(".gz", gzip.compress), (".bz2", bz2.compress),
-     (".zst", lambda b: zstandard.ZstdCompressor().compress(b))],  # fmt: skip
+    [
+        (".gz", gzip.compress),
+        (".bz2", bz2.compress),
+        (".zst", lambda b: zstandard.ZstdCompressor().compress(b)),
+    ],
 )
 def test_compressed_text_by_suffix(tmp_path, suffix, compress):
     text = csv_text(*rows(1)).encode()
@@ -52,8 +55,9 @@ def test_compressed_text_by_suffix(tmp_path, suffix, compress):
     ingest(tmp_path / "r.csv", tmp_path / "plain", ratings="halfstar")
     ingest(tmp_path / f"r.csv{suffix}", tmp_path / "packed", ratings="halfstar")
     assert_same_store(tmp_path / "plain", tmp_path / "packed", ignore=NOT_SOURCE)
-    ingest_distributed(tmp_path / f"r.csv{suffix}", tmp_path / "ooc", ratings="halfstar",
-                       chunk_bytes=100)  # fmt: skip
+    ingest_distributed(
+        tmp_path / f"r.csv{suffix}", tmp_path / "ooc", ratings="halfstar", chunk_bytes=100
+    )
     assert_same_store(tmp_path / "plain", tmp_path / "ooc", ignore=NOT_SOURCE)
 
 
@@ -75,9 +79,11 @@ def test_streamed_text_errors_name_the_line(tmp_path):
     far from the start) is read again by the line-aware reader, whose error names the line."""
     u, i, v = rows(3, n=2000)
     lines = csv_text(u, i, v).splitlines()
-    for k, bad, message in [(1500, "u1,item-1", "expected at least 3 columns"),
-                            (1700, "u1,item-1,4.0,9", "found 4 columns"),
-                            (1900, "u1,item-1,x", "value 'x' is not a number")]:  # fmt: skip
+    for k, bad, message in [
+        (1500, "u1,item-1", "expected at least 3 columns"),
+        (1700, "u1,item-1,4.0,9", "found 4 columns"),
+        (1900, "u1,item-1,x", "value 'x' is not a number"),
+    ]:
         broken = lines.copy()
         broken[k] = bad
         path = tmp_path / f"b{k}.csv"
@@ -87,8 +93,7 @@ def test_streamed_text_errors_name_the_line(tmp_path):
 
 
 def test_quoting_unicode_and_commas_in_ids(tmp_path):
-    text = ('user,item,rating\n1,"a, b",4\n"Zoë ""Z""",b,3\n"naïve, 東京",c,5\n'
-            '2,"a, b",1\n')  # fmt: skip
+    text = 'user,item,rating\n1,"a, b",4\n"Zoë ""Z""",b,3\n"naïve, 東京",c,5\n2,"a, b",1\n'
     path = tmp_path / "q.csv"
     path.write_text(text, encoding="utf-8")
     info = ingest(path, tmp_path / "s", test_fraction=0)
@@ -102,8 +107,10 @@ def test_movielens_double_colon(tmp_path):
     """MovieLens 1M's ``ratings.dat`` (``UserID::MovieID::Rating::Timestamp``)."""
     u, i, v = rows(4, string_ids=False)
     stars = np.ceil(v).astype(int)
-    dat = "".join(f"{a + 1}::{b + 1}::{s}::97830{k}\n"
-                  for k, (a, b, s) in enumerate(zip(u, i, stars, strict=True)))  # fmt: skip
+    dat = "".join(
+        f"{a + 1}::{b + 1}::{s}::97830{k}\n"
+        for k, (a, b, s) in enumerate(zip(u, i, stars, strict=True))
+    )
     (tmp_path / "ratings.dat").write_text(dat)
     (tmp_path / "ratings.csv").write_text(csv_text(u + 1, i + 1, stars, header=""))
     ingest(tmp_path / "ratings.dat", tmp_path / "dat")

@@ -13,8 +13,7 @@ from ordnmf_dask import OrdNMF, evaluate, ingest
 def test_movielens_small_reaches_the_published_ndcg(tmp_path, client):
     """Filter >= 20, 80/20 split, K = 50, alpha = 0.3, tol = 1e-5: NDCG@100 ~0.40 (s=1), ~0.32
     (s=10) for a correct implementation; a broken update lands far below these floors."""
-    store = ingest(data_file(ML), tmp_path / "ml.zarr",
-                   ratings="halfstar", min_count=20, seed=0)
+    store = ingest(data_file(ML), tmp_path / "ml.zarr", ratings="halfstar", min_count=20, seed=0)
     model = OrdNMF(50, seed=0).fit(store, client)
     assert model.converged_
     elbo = np.asarray(model.elbo_)

@@ -90,7 +90,7 @@ def oracle_fold_in(y, eh, log_eh, alpha, family, params, tol=1e-6, max_iter=500)
         nz = yu > 0
         if family == "ordinal":
             delta = params["delta"]
-            theta = np.array([delta[v + 1:].sum() for v in range(len(delta))])
+            theta = np.array([delta[v + 1 :].sum() for v in range(len(delta))])
             gap = np.array([0.0] + [theta[0] - theta[v - 1] for v in range(1, len(delta))])
             fixed = theta[0] * eh.sum(0) - gap[yu[nz]] @ eh[nz]
         else:
@@ -129,7 +129,8 @@ def read_parts(out):
         assert table.column_names == ["user", "rank", "item", "score"]
         for rec in table.to_pylist():
             rows.setdefault(str(rec["user"]), []).append(
-                (rec["rank"], str(rec["item"]), rec["score"]))
+                (rec["rank"], str(rec["item"]), rec["score"])
+            )
     return rows
 
 
@@ -146,7 +147,8 @@ def test_all_users_match_dense_oracle(request, mclient, tmp_path, which):
     n_r = f.store.grid[0]
     assert sorted(os.listdir(out)) == ["_SUCCESS", "recommendations"]
     assert sorted(os.listdir(os.path.join(out, "recommendations"))) == [
-        f"part-{r:05d}.parquet" for r in range(n_r)]
+        f"part-{r:05d}.parquet" for r in range(n_r)
+    ]
     got = read_parts(out)
     ref = oracle_top(f.W, f.H, f.train > 0, n)
     for u, recs in enumerate(ref):
@@ -196,17 +198,21 @@ def test_part_file_written_in_slabs(grid23, mclient, tmp_path, monkeypatch):
     out = rec.recommend(grid23.store, grid23.model, mclient, n=3, out=tmp_path / "r")
     rb = grid23.store.row_bounds
     cb = grid23.store.col_bounds
-    tops = [topn._candidates(grid23.model.model_path_, grid23.store.path, 1, c, int(cb[c]), 3)
-            for c in range(3)]
+    tops = [
+        topn._candidates(grid23.model.model_path_, grid23.store.path, 1, c, int(cb[c]), 3)
+        for c in range(3)
+    ]
     top = topn.metrics.merge_topk(topn.metrics.merge_topk(tops[0], tops[1], 3), tops[2], 3)
     monkeypatch.setattr(exp, "SLAB", 4)  # in this process only
     path = tmp_path / "slabbed.parquet"
     schema = pq.read_schema(Path(out) / "recommendations" / "part-00001.parquet")
-    exp.recommendation_part(top, grid23.store.path, int(rb[1]), schema, LocalFileSystem(),
-                            str(path))
+    exp.recommendation_part(
+        top, grid23.store.path, int(rb[1]), schema, LocalFileSystem(), str(path)
+    )
     assert pq.ParquetFile(path).num_row_groups == -(-(int(rb[2]) - int(rb[1])) // 4)
     assert pq.read_table(path).equals(
-        pq.read_table(Path(out) / "recommendations" / "part-00001.parquet"))
+        pq.read_table(Path(out) / "recommendations" / "part-00001.parquet")
+    )
 
 
 def test_given_users_match_oracle(grid23, mclient):
@@ -287,14 +293,21 @@ def test_fold_in_dcpf_and_bepof(grid11, mclient, tmp_path):
     eh, log_eh = m.factor("H").compute(), m.factor("H", "log_mean").compute()
     w = fold_in(dc, items, values, client=mclient, tol=1e-9)
     params = {"p": float(m.attrs["p"]), "t": float(m.attrs["t"])}
-    np.testing.assert_allclose(w, oracle_fold_in(y, eh, log_eh, 0.3, "dcpf", params, tol=1e-9),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        w, oracle_fold_in(y, eh, log_eh, 0.3, "dcpf", params, tol=1e-9), rtol=1e-10
+    )
     be = BePoF(K, threshold=3, max_iter=4).fit(f.store, mclient, out=tmp_path / "be.zarr")
     m = open_model(be.model_path_)
     eh, log_eh = m.factor("H").compute(), m.factor("H", "log_mean").compute()
     w = fold_in(be, items, values, client=mclient)  # classes < 3 dropped, the rest -> 1
-    ref = oracle_fold_in((y >= 3).astype(np.int64), eh, log_eh, 0.3, "ordinal",
-                         {"delta": np.asarray(m.attrs["delta"])})
+    ref = oracle_fold_in(
+        (y >= 3).astype(np.int64),
+        eh,
+        log_eh,
+        0.3,
+        "ordinal",
+        {"delta": np.asarray(m.attrs["delta"])},
+    )
     np.testing.assert_allclose(w, ref, rtol=1e-10)
 
 
@@ -315,8 +328,9 @@ def test_fold_in_of_existing_users_recovers_their_factors(grid11, mclient):
     assert np.median(rel) < 5e-3 and rel.max() < 5e-2, (np.median(rel), rel.max())
     got = oracle_top(w, f.H, f.train > 0, 5)
     ref = oracle_top(f.W, f.H, f.train > 0, 5)
-    overlap = [len({i for i, _ in a} & {i for i, _ in b}) / 5
-               for a, b in zip(got, ref, strict=True)]
+    overlap = [
+        len({i for i, _ in a} & {i for i, _ in b}) / 5 for a, b in zip(got, ref, strict=True)
+    ]
     assert np.mean(overlap) >= 0.95
     # started from the fitted E[w], the pure kernel stays there to the same accuracy
     u, i = np.nonzero(f.train)
@@ -351,8 +365,12 @@ def test_cli_recommend(grid23, mclient, tmp_path, capsys, monkeypatch):
         assert main([*cmd, "--users", "u1,u4", "-n", "2"]) == 0
         lines = capsys.readouterr().out.strip().splitlines()
         assert lines[0] == "user\trank\titem\tscore"
-        assert [ln.split("\t")[:2] for ln in lines[1:]] == [["u1", "1"], ["u1", "2"],
-                                                             ["u4", "1"], ["u4", "2"]]
+        assert [ln.split("\t")[:2] for ln in lines[1:]] == [
+            ["u1", "1"],
+            ["u1", "2"],
+            ["u4", "1"],
+            ["u4", "2"],
+        ]
         ref = oracle_top(f.W, f.H, f.train > 0, 2)[0]
         assert [int(ln.split("\t")[2]) for ln in lines[1:3]] == [f.items[i] for i, _ in ref]
         printed.append(lines)

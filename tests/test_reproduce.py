@@ -13,11 +13,27 @@ from ordnmf_dask.app.cli import main
 
 @pytest.mark.data
 def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
-    code = main([
-        "reproduce", "--out", str(tmp_path), "--data", str(data_root(TPS)),
-        "--datasets", "tasteprofile", "--k-grid", "3", "--seeds", "0,1", "--max-iter", "4",
-        "--jobs", "3", "--scheduler", client.scheduler.address,
-    ])
+    code = main(
+        [
+            "reproduce",
+            "--out",
+            str(tmp_path),
+            "--data",
+            str(data_root(TPS)),
+            "--datasets",
+            "tasteprofile",
+            "--k-grid",
+            "3",
+            "--seeds",
+            "0,1",
+            "--max-iter",
+            "4",
+            "--jobs",
+            "3",
+            "--scheduler",
+            client.scheduler.address,
+        ]
+    )
     assert code == 0
     report = (tmp_path / "report.md").read_text()
     assert report == capsys.readouterr().out.rstrip("\n") + "\n"
@@ -34,11 +50,25 @@ def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
 @pytest.mark.data
 def test_reproduce_without_a_cluster_runs_small_datasets_in_process(tmp_path, capsys):
     """Not marked ``cluster``: the command fails if it starts a scheduler (conftest)."""
-    code = main([
-        "reproduce", "--out", str(tmp_path), "--data", str(data_root(TPS)),
-        "--datasets", "tasteprofile", "--k-grid", "2", "--seeds", "0", "--max-iter", "2",
-        "--jobs", "2",
-    ])
+    code = main(
+        [
+            "reproduce",
+            "--out",
+            str(tmp_path),
+            "--data",
+            str(data_root(TPS)),
+            "--datasets",
+            "tasteprofile",
+            "--k-grid",
+            "2",
+            "--seeds",
+            "0",
+            "--max-iter",
+            "2",
+            "--jobs",
+            "2",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     with open(tmp_path / "tasteprofile" / "runs.csv") as fh:
         assert len(list(csv.DictReader(fh))) == 6

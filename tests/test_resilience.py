@@ -49,8 +49,12 @@ def problem(tmp_path_factory):
     d = tmp_path_factory.mktemp("resilience")
     y = synthetic_ordinal(60, 50, 4, seed=7)
     store = store_from_dense(d / "s.zarr", *dense_split(y), 4, (2, 2))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=None) as lc, Client(lc) as c:
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as lc,
+        Client(lc) as c,
+    ):
         ref = OrdNMF(K, max_iter=MAX_ITER, tol=1e-12, seed=SEED).fit(store, c)
         assert ref.n_iter_ == MAX_ITER  # the fit runs to max_iter: long enough to disturb
         return store.path, ref.elbo_, ref.W_.compute(), ref.H_.compute()
@@ -98,7 +102,10 @@ class Fit:
         env = {**(env or ENV), "TMPDIR": str(log.parent)}
         with open(log, "w") as err, open(log.with_suffix(".out"), "w") as out:
             self.proc = subprocess.Popen(
-                [*CLI, "fit", *args], stdout=out, stderr=err, env=env,
+                [*CLI, "fit", *args],
+                stdout=out,
+                stderr=err,
+                env=env,
                 start_new_session=True,
             )
 
@@ -141,8 +148,15 @@ class DaskProcesses:
         self.scheduler_file.unlink(missing_ok=True)
         self.nannies: list[subprocess.Popen] = []
         self.scheduler = self._start(
-            "dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-            "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(self.scheduler_file),
+            "dask_scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--dashboard-address",
+            "127.0.0.1:0",
+            "--scheduler-file",
+            str(self.scheduler_file),
         )
         try:
             deadline = time.monotonic() + SAFETY
@@ -150,10 +164,20 @@ class DaskProcesses:
                 assert time.monotonic() < deadline, "the scheduler did not start"
                 time.sleep(0.1)
             for _ in range(n_workers):
-                self.nannies.append(self._start(
-                    "dask_worker", "--scheduler-file", str(self.scheduler_file), "--nthreads",
-                    "1", "--nworkers", "1", "--host", "127.0.0.1", "--no-dashboard",
-                ))
+                self.nannies.append(
+                    self._start(
+                        "dask_worker",
+                        "--scheduler-file",
+                        str(self.scheduler_file),
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        "--host",
+                        "127.0.0.1",
+                        "--no-dashboard",
+                    )
+                )
             with self.client() as c:
                 c.wait_for_workers(n_workers, timeout=SAFETY)
         except BaseException:
@@ -164,7 +188,10 @@ class DaskProcesses:
     def _start(command: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", f"distributed.cli.{command}", *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=ENV,
+            start_new_session=True,
         )
 
     def client(self) -> Client:
@@ -182,8 +209,10 @@ class DaskProcesses:
         while True:
             for child in psutil.Process(self.nannies[j].pid).children():
                 try:
-                    if child.pid != other_than and child.status() != psutil.STATUS_ZOMBIE and any(
-                        "spawn_main" in part for part in child.cmdline()
+                    if (
+                        child.pid != other_than
+                        and child.status() != psutil.STATUS_ZOMBIE
+                        and any("spawn_main" in part for part in child.cmdline())
                     ):
                         return child
                 except psutil.NoSuchProcess:
@@ -209,9 +238,18 @@ def test_fit_survives_a_replaced_worker_and_a_lost_one(tmp_path, problem):
     procs = DaskProcesses(tmp_path / "cluster", 2)
     fit = None
     try:
-        args = [store, "--out", str(tmp_path / "m.zarr"), *FIT, "--scheduler-file",
-                str(procs.scheduler_file), "--checkpoint-every", "5",
-                "--checkpoint-dir", str(tmp_path / "ckpt")]
+        args = [
+            store,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            *FIT,
+            "--scheduler-file",
+            str(procs.scheduler_file),
+            "--checkpoint-every",
+            "5",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ]
         fit = Fit(args, tmp_path / "fit.log")
         fit.wait_iteration(3)
         os.kill(fit.proc.pid, signal.SIGSTOP)
@@ -249,15 +287,21 @@ def complete_checkpoints(directory: Path) -> list[str]:
     return [n for n in checkpoints(directory) if re.fullmatch(r"ckpt-\d{8}", n)]
 
 
-def test_killed_job_resumes_to_the_same_result_skipping_a_truncated_checkpoint(
-    tmp_path, problem
-):
+def test_killed_job_resumes_to_the_same_result_skipping_a_truncated_checkpoint(tmp_path, problem):
     """SIGKILL the whole job (CLI and its LocalCluster) mid-fit, truncate a chunk of its newest
     checkpoint, and resume: the truncated checkpoint is skipped with a warning, a ``.tmp`` one
     is ignored, and the fit resumes from the older one to exactly the uninterrupted result."""
     store, ckpt, model = problem[0], tmp_path / "ckpt", tmp_path / "m.zarr"
-    args = [store, "--out", str(model), *FIT, "--checkpoint-dir", str(ckpt),
-            "--checkpoint-every", "4"]
+    args = [
+        store,
+        "--out",
+        str(model),
+        *FIT,
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "4",
+    ]
     fits: list[Fit] = []
     try:
         fits.append(Fit(args, tmp_path / "fit-1.log"))
@@ -280,8 +324,10 @@ def test_killed_job_resumes_to_the_same_result_skipping_a_truncated_checkpoint(
         assert code == 0, log
         # one warning, no worker error: a damaged checkpoint is expected, not a failure
         [warning] = not_info(log)
-        assert f"WARNING ordnmf_dask.engine.checkpoint: skipping checkpoint: {ckpt / newest}/" \
-            in warning, log
+        assert (
+            f"WARNING ordnmf_dask.engine.checkpoint: skipping checkpoint: {ckpt / newest}/"
+            in warning
+        ), log
         assert f"resuming from {ckpt / older} (iteration {int(older[5:])})" in log, log
         assert ".tmp" not in log
         assert_same_result(model, problem)
@@ -299,10 +345,19 @@ def test_lost_cluster_exits_3_and_resumes_on_a_new_one(tmp_path, problem):
     fit = None
     procs = DaskProcesses(tmp_path / "cluster-1", 1)
     try:
-        args = [store, "--out", str(model), *FIT, "--checkpoint-dir", str(ckpt),
-                "--checkpoint-every", "4"]
-        fit = Fit([*args, "--scheduler-file", str(procs.scheduler_file)],
-                  tmp_path / "fit-1.log", env)
+        args = [
+            store,
+            "--out",
+            str(model),
+            *FIT,
+            "--checkpoint-dir",
+            str(ckpt),
+            "--checkpoint-every",
+            "4",
+        ]
+        fit = Fit(
+            [*args, "--scheduler-file", str(procs.scheduler_file)], tmp_path / "fit-1.log", env
+        )
         fit.wait_iteration(9)
         kill_group(procs.scheduler)
         code, log = fit.finish()
@@ -318,8 +373,11 @@ def test_lost_cluster_exits_3_and_resumes_on_a_new_one(tmp_path, problem):
 
     procs = DaskProcesses(tmp_path / "cluster-2", 1)
     try:
-        fit = Fit([*args, "--scheduler-file", str(procs.scheduler_file), "--resume"],
-                  tmp_path / "fit-2.log", env)
+        fit = Fit(
+            [*args, "--scheduler-file", str(procs.scheduler_file), "--resume"],
+            tmp_path / "fit-2.log",
+            env,
+        )
         code, log = fit.finish()
         assert code == 0, log
         assert f"resuming from {ckpt / newest} (iteration {int(newest[5:])})" in log, log
@@ -332,8 +390,10 @@ def test_lost_cluster_exits_3_and_resumes_on_a_new_one(tmp_path, problem):
 def test_sigint_exits_130_with_one_line(tmp_path, problem):
     """Ctrl-C (SIGINT to the job's process group) mid-fit: exit code 130, one line, no
     traceback, and no process of the job left behind."""
-    fit = Fit([problem[0], "--out", str(tmp_path / "m.zarr"), *FIT, "--workers", "1"],
-              tmp_path / "fit.log")
+    fit = Fit(
+        [problem[0], "--out", str(tmp_path / "m.zarr"), *FIT, "--workers", "1"],
+        tmp_path / "fit.log",
+    )
     try:
         fit.wait_iteration(3)
         group = [fit.proc.pid] + [p.pid for p in psutil.Process(fit.proc.pid).children(True)]

@@ -30,8 +30,9 @@ V, K = 4, 3
 N_USERS, N_ITEMS = 37, 29
 
 
-def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids=False,
-                own_seen=False):
+def write_model(
+    path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids=False, own_seen=False
+):
     """A model directory of ``estimator``'s class holding E[W] = w, E[H] = h (and E[log .] =
     log(.) - 0.1) for ``store``; with ``own_ids`` the store's id maps are copied into it, with
     ``own_seen`` the index of the users' training items is written by the package's writer."""
@@ -51,17 +52,33 @@ def write_model(path, store, w, h, estimator: CaviEstimator, attrs=None, own_ids
         for axis in ("users", "items"):
             shutil.copytree(f"{store.path}/{axis}", f"{path}/{axis}")
     attrs = {"delta": [0.0, 0.4, 0.3, 0.2, 0.5], **(attrs or {})}
-    root.attrs.update({
-        "model": type(estimator).__name__, "family": "ordinal", "params": estimator.get_params(),
-        "theta": theta_from_delta(np.asarray(attrs["delta"])).tolist(),
-        "elbo": [0.0], "n_iter": 1, "converged": False,
-        "store": {"path": store.path, "n_users": store.n_users, "n_items": store.n_items,
-                  "n_classes": store.n_classes, "nnz_train": store.nnz_train,
-                  "fingerprint": store_fingerprint(store.path)},
-        "row_bounds": rb, "col_bounds": cb, **attrs,
-        "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "ids": own_ids, "seen": own_seen,
-        "complete": True,
-    })  # fmt: skip
+    root.attrs.update(
+        {
+            "model": type(estimator).__name__,
+            "family": "ordinal",
+            "params": estimator.get_params(),
+            "theta": theta_from_delta(np.asarray(attrs["delta"])).tolist(),
+            "elbo": [0.0],
+            "n_iter": 1,
+            "converged": False,
+            "store": {
+                "path": store.path,
+                "n_users": store.n_users,
+                "n_items": store.n_items,
+                "n_classes": store.n_classes,
+                "nnz_train": store.nnz_train,
+                "fingerprint": store_fingerprint(store.path),
+            },
+            "row_bounds": rb,
+            "col_bounds": cb,
+            **attrs,
+            "kind": MODEL_KIND,
+            "format_version": MODEL_FORMAT,
+            "ids": own_ids,
+            "seen": own_seen,
+            "complete": True,
+        }
+    )
     return str(path)
 
 
@@ -74,13 +91,21 @@ class Case:
         train[6, :] = np.where(np.arange(N_ITEMS) < 27, 1, 0)  # 2 items left for user 6
         self.users = np.array([f"u{3 * j + 1}" for j in range(N_USERS)])
         self.items = 100 + 5 * np.arange(N_ITEMS)
-        self.store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 3), self.users,
-                                      self.items)
+        self.store = store_from_dense(
+            tmp_path / "s.zarr", train, test, V, (2, 3), self.users, self.items
+        )
         self.train = train
         self.W = rng.gamma(1.0, 1.0, (N_USERS, K)) if w is None else w
         self.H = rng.gamma(1.0, 1.0, (N_ITEMS, K)) if h is None else h
-        self.path = write_model(tmp_path / "m.zarr", self.store, self.W, self.H, OrdNMF(K),
-                                own_ids=own_ids, own_seen=own_seen)
+        self.path = write_model(
+            tmp_path / "m.zarr",
+            self.store,
+            self.W,
+            self.H,
+            OrdNMF(K),
+            own_ids=own_ids,
+            own_seen=own_seen,
+        )
         self.model = OrdNMF.load(self.path)
 
     def item(self, i):
@@ -203,9 +228,11 @@ def test_the_store_is_read_only_when_asked_and_only_the_users_blocks(tmp_path, m
     case = Case(tmp_path, own_ids=True)
     reads = []
     real = serving.read_block
-    monkeypatch.setattr(serving, "read_block",
-                        lambda path, split, r, c, **kw: reads.append((r, c)) or real(
-                            path, split, r, c, **kw))
+    monkeypatch.setattr(
+        serving,
+        "read_block",
+        lambda path, split, r, c, **kw: reads.append((r, c)) or real(path, split, r, c, **kw),
+    )
     case.model.recommend(["u1", "u4"], n=2)  # both in user-block 0
     assert sorted(reads) == [(0, 0), (0, 1), (0, 2)]
     shutil.rmtree(case.store.path)
@@ -223,9 +250,12 @@ def test_an_old_model_filters_seen_items_from_the_store_passed(tmp_path):
     case = Case(tmp_path, own_ids=True)
     moved = tmp_path / "moved.zarr"
     shutil.move(case.store.path, moved)
-    with pytest.raises(StoreError, match=r"m.zarr: the model holds no index of its users' "
-                       r"training items .* \(.*s.zarr: no store here.*\); pass store=STORE "
-                       r"\(the training store\), or filter_already_seen=False"):
+    with pytest.raises(
+        StoreError,
+        match=r"m.zarr: the model holds no index of its users' "
+        r"training items .* \(.*s.zarr: no store here.*\); pass store=STORE "
+        r"\(the training store\), or filter_already_seen=False",
+    ):
         OrdNMF.load(case.path).recommend(["u100"], n=3)
     res = OrdNMF.load(case.path).recommend(["u100", "u1"], n=4, store=moved)
     want = oracle_top(case.W, case.H, case.train > 0, 4)
@@ -266,8 +296,15 @@ def test_a_model_without_a_store_or_with_another_store(tmp_path):
     store given that does not match the model is refused."""
     case = Case(tmp_path, own_ids=True)
     recorded = {"path": None, "n_users": N_USERS, "n_items": N_ITEMS, "n_classes": V}
-    path = write_model(tmp_path / "alone.zarr", case.store, case.W, case.H, OrdNMF(K),
-                       {"store": recorded}, own_ids=True)
+    path = write_model(
+        tmp_path / "alone.zarr",
+        case.store,
+        case.W,
+        case.H,
+        OrdNMF(K),
+        {"store": recorded},
+        own_ids=True,
+    )
     model = OrdNMF.load(path)
     every = oracle_top(case.W, case.H, np.zeros((N_USERS, N_ITEMS), bool), 2)
     check_recs(model.recommend("u1", 2, filter_already_seen=False)["u1"], case.named(every[0]))
@@ -340,9 +377,11 @@ def test_cli_recommend_for_given_users_starts_no_cluster(case, capsys):
     assert lines[0] == "user\trank\titem\tscore"
     want = oracle_top(case.W, case.H, case.train > 0, 2)
     got = [ln.split("\t") for ln in lines[1:]]
-    assert [g[:3] for g in got] == [["u1", "1", str(case.item(want[0][0][0]))],
-                                    ["u1", "2", str(case.item(want[0][1][0]))],
-                                    ["u4", "1", str(case.item(want[1][0][0]))],
-                                    ["u4", "2", str(case.item(want[1][1][0]))]]
+    assert [g[:3] for g in got] == [
+        ["u1", "1", str(case.item(want[0][0][0]))],
+        ["u1", "2", str(case.item(want[0][1][0]))],
+        ["u4", "1", str(case.item(want[1][0][0]))],
+        ["u4", "2", str(case.item(want[1][1][0]))],
+    ]
     assert main([*cmd[:3], "--users", "u1,nope"]) == 2
     assert "unknown user id 'nope'" in capsys.readouterr().err

@@ -17,17 +17,20 @@ from ordnmf_dask.model.updates import FactorChunk
 def test_sizeof_counts_the_arrays():
     a, b = np.ones((300, 7)), np.ones((40, 7))
     small = np.zeros(13)
-    block = CsrBlock(np.zeros(301, np.int64), np.zeros(900, np.int32), np.ones(900, np.uint8),
-                     (300, 40))  # fmt: skip
+    block = CsrBlock(
+        np.zeros(301, np.int64), np.zeros(900, np.int32), np.ones(900, np.uint8), (300, 40)
+    )
     cases = [
         (FactorChunk(a, a.copy(), a.copy(), np.ones((300, 1)), 1.0), 3 * a.nbytes + 2400),
         (FactorChunk(a, b), a.nbytes + b.nbytes),
         (LocalStats(a, b, small), a.nbytes + b.nbytes + small.nbytes),
         (RowStats(a, (b, b, b), small), a.nbytes + 3 * b.nbytes + small.nbytes),
         (block, 301 * 8 + 900 * 5),
-        (FoldIn(a, a, a, a, np.ones((300, 1)), np.ones(300, int), np.ones(300, bool)),
-         4 * a.nbytes + 2400 + 2400 + 300),
-    ]  # fmt: skip
+        (
+            FoldIn(a, a, a, a, np.ones((300, 1)), np.ones(300, int), np.ones(300, bool)),
+            4 * a.nbytes + 2400 + 2400 + 300,
+        ),
+    ]
     for obj, arrays in cases:
         assert arrays <= sizeof(obj) < arrays + 1000, type(obj).__name__
 
@@ -38,8 +41,9 @@ def test_scheduler_knows_the_size_of_factor_chunks(tmp_path, client):
     y = synthetic_ordinal(30, 20, 3, seed=1)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 1))
     family = OrdinalFamily(tuple(store.hist_train.tolist()))
-    runner = CaviRunner(client, store, family, CaviConfig(4, max_iter=1), str(tmp_path),
-                        cache_blocks=True)  # fmt: skip
+    runner = CaviRunner(
+        client, store, family, CaviConfig(4, max_iter=1), str(tmp_path), cache_blocks=True
+    )
     w, _ = runner.random_init()
     wait(w)
     keys = [f.key for f in w]

@@ -28,8 +28,9 @@ def subsets(path) -> dict[tuple[str, str], str]:
             for c in range(info.grid[1]):
                 b = read_block(path, split, r, c)
                 rows = np.repeat(np.arange(len(b.indptr) - 1), np.diff(b.indptr))
-                for u, i in zip(rows + info.row_bounds[r], b.cols + info.col_bounds[c],
-                                strict=True):  # fmt: skip
+                for u, i in zip(
+                    rows + info.row_bounds[r], b.cols + info.col_bounds[c], strict=True
+                ):
                     out[users[u], items[i]] = split
     return out
 
@@ -38,8 +39,9 @@ def period(rng: np.random.Generator, users: np.ndarray, items: np.ndarray, n: in
     """``n`` distinct random (user, item, value) rows over the given raw ids."""
     keys = rng.choice(len(users) * len(items), size=n, replace=False)
     u, i = np.divmod(keys, len(items))
-    return list(zip(users[u].tolist(), items[i].tolist(), rng.integers(1, 6, n).tolist(),
-                    strict=True))  # fmt: skip
+    return list(
+        zip(users[u].tolist(), items[i].tolist(), rng.integers(1, 6, n).tolist(), strict=True)
+    )
 
 
 def write_files(rows: list, directory, n_files: int, fmt: str) -> list:
@@ -54,9 +56,16 @@ def write_files(rows: list, directory, n_files: int, fmt: str) -> list:
         else:
             path = directory / f"part-{k}.parquet"
             cols = list(zip(*chunk, strict=True))
-            pq.write_table(pa.table({"u": pa.array([str(x) for x in cols[0]]),
-                                     "i": pa.array([str(x) for x in cols[1]]),
-                                     "v": pa.array(cols[2], pa.float64())}), path)  # fmt: skip
+            pq.write_table(
+                pa.table(
+                    {
+                        "u": pa.array([str(x) for x in cols[0]]),
+                        "i": pa.array([str(x) for x in cols[1]]),
+                        "v": pa.array(cols[2], pa.float64()),
+                    }
+                ),
+                path,
+            )
         paths.append(path)
     return paths
 
@@ -73,8 +82,11 @@ def test_pairs_keep_their_subset_when_data_grow(tmp_path):
         users = np.array([int(x) for x in rng.choice(10**6, 40, replace=False)], dtype=object)
         items = np.array([f"it-{x}" for x in rng.choice(10**6, 30, replace=False)], dtype=object)
         first = period(rng, users, items, 500)
-        new_users = np.array([str(x) for x in rng.choice(10**6, 15, replace=False) + 10**6] +
-                             (["user-x"] if case % 2 else []), dtype=object)  # fmt: skip
+        new_users = np.array(
+            [str(x) for x in rng.choice(10**6, 15, replace=False) + 10**6]
+            + (["user-x"] if case % 2 else []),
+            dtype=object,
+        )
         new_items = np.array([f"it-new-{x}" for x in range(10 + case)], dtype=object)
         all_users = np.concatenate([users, new_users])
         all_items = np.concatenate([items, new_items])
@@ -87,8 +99,7 @@ def test_pairs_keep_their_subset_when_data_grow(tmp_path):
         two = write_files(grown, base / "p2", 2 + case, "parquet" if case % 2 else "csv")
         ingest(one, base / "p1.zarr", **kw)
         ingest(two, base / "p2-mem.zarr", **kw)
-        ingest_distributed(two, base / "p2-ooc.zarr", chunk_bytes=900, rows_per_partition=150,
-                           **kw)  # fmt: skip
+        ingest_distributed(two, base / "p2-ooc.zarr", chunk_bytes=900, rows_per_partition=150, **kw)
         before = subsets(base / "p1.zarr")
         assert len(before) == len(first) and set(before.values()) == set(SPLITS)
         key = {(str(u), str(i)) for u, i, _ in first}
@@ -102,6 +113,7 @@ def test_pairs_keep_their_subset_when_data_grow(tmp_path):
 def test_id_hash_is_fnv1a_of_the_canonical_text_then_splitmix():
     """The same raw id hashes alike as int64, str or staged ASCII bytes (so an id axis that
     turns from int to str keeps its hashes); the bytes are hashed as FNV-1a 64 of UTF-8."""
+
     def reference(text: str) -> int:
         h = 0xCBF29CE484222325
         for byte in text.encode("utf-8"):

@@ -16,10 +16,28 @@ from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.store.blocks import Block, StoreInfo, open_store, read_block, read_ids
 
 REQUIRED_ATTRS = {
-    "format_version", "complete", "n_users", "n_items", "n_classes", "value_kind", "thresholds",
-    "binarize", "min_count", "filter_mode", "duplicates", "split", "test_fraction", "seed",
-    "nnz_train", "nnz_test", "hist_train", "hist_test", "grid", "source", "created",
-}  # fmt: skip
+    "format_version",
+    "complete",
+    "n_users",
+    "n_items",
+    "n_classes",
+    "value_kind",
+    "thresholds",
+    "binarize",
+    "min_count",
+    "filter_mode",
+    "duplicates",
+    "split",
+    "test_fraction",
+    "seed",
+    "nnz_train",
+    "nnz_test",
+    "hist_train",
+    "hist_test",
+    "grid",
+    "source",
+    "created",
+}
 
 
 def make_store(path, seed: int = 0, grid=(2, 3), **kw) -> StoreInfo:
@@ -81,8 +99,9 @@ def test_read_block_and_ids(tmp_path):
 
 def test_string_ids_round_trip(tmp_path):
     users = np.array(["ü-1", "a", "bb" * 30, "a"])
-    info = ingest_arrays(users, ["x", "y", "x", "x"], [1, 1, 1, 1], tmp_path / "s",
-                         test_fraction=0.0)  # fmt: skip
+    info = ingest_arrays(
+        users, ["x", "y", "x", "x"], [1, 1, 1, 1], tmp_path / "s", test_fraction=0.0
+    )
     ids = read_ids(info.path, "users")
     assert ids.dtype.kind == "U" and ids.tolist() == sorted({"ü-1", "a", "bb" * 30})
 
@@ -166,7 +185,6 @@ def test_blocks_are_csr_with_row_pointers(tmp_path):
             seen += zip(b.rows + info.row_bounds[r], b.cols + info.col_bounds[c], strict=True)
     users = read_ids(info.path, "users")
     assert sorted((int(users[a]) // 10, int(b)) for a, b in seen) == sorted(zip(u, i, strict=True))
-
 
 
 def test_row_pointer_and_expand_rows_round_trip():

@@ -37,8 +37,9 @@ def _triples(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory) -> str:
     """A store of 2 x 2 blocks with a train and a test split."""
-    return ingest_arrays(*_triples(), tmp_path_factory.mktemp("h") / "s.zarr", grid=(2, 2),
-                         counts="paper").path  # fmt: skip
+    return ingest_arrays(
+        *_triples(), tmp_path_factory.mktemp("h") / "s.zarr", grid=(2, 2), counts="paper"
+    ).path
 
 
 def _damaged(healthy: str, tmp_path: Path, array: str, damage: str) -> tuple[str, str]:
@@ -99,13 +100,19 @@ def test_healthy_store_reads_what_was_written(healthy):
                 n_rows = info.block_shape(r, c)[0]
                 for reuse in (False, True):
                     block = read_block(healthy, split, r, c, reuse=reuse)
-                    np.testing.assert_array_equal(block.indptr,
-                                                  pointers[start : start + n_rows + 1])
+                    np.testing.assert_array_equal(
+                        block.indptr, pointers[start : start + n_rows + 1]
+                    )
                     for name in ("cols", "y", "raw"):
-                        np.testing.assert_array_equal(getattr(block, name),
-                                                      group[f"{split}/{name}"][lo:hi])
-                got += zip(users[info.row_bounds[r] + block.rows],
-                           items[info.col_bounds[c] + block.cols], block.raw, strict=True)
+                        np.testing.assert_array_equal(
+                            getattr(block, name), group[f"{split}/{name}"][lo:hi]
+                        )
+                got += zip(
+                    users[info.row_bounds[r] + block.rows],
+                    items[info.col_bounds[c] + block.cols],
+                    block.raw,
+                    strict=True,
+                )
                 start += n_rows + 1
     assert sorted(got) == sorted(zip(*_triples(), strict=True))
 
@@ -212,8 +219,10 @@ def test_piecewise_id_reads_name_a_damaged_id_chunk(healthy, tmp_path, damage):
     from ordnmf_dask.store.idmap import find_in_slice, ids_at, ids_slice
 
     store, chunk = _damaged(healthy, tmp_path, "items/ids", damage)
-    for read in (lambda: ids_slice(store, "items", 0, 3),
-                 lambda: ids_at(store, "items", np.array([2, 0, 2])),
-                 lambda: find_in_slice(store, "items", 1, 4, np.array([1, 2]))):
+    for read in (
+        lambda: ids_slice(store, "items", 0, 3),
+        lambda: ids_at(store, "items", np.array([2, 0, 2])),
+        lambda: find_in_slice(store, "items", 1, 4, np.array([1, 2])),
+    ):
         with pytest.raises(StoreError, match=chunk):
             read()

@@ -39,8 +39,7 @@ def dense_expectation(info) -> tuple[np.ndarray, np.ndarray]:
     [(6000, 0.3, 1500), (36000, 1.0, 4000)],  # sparse (Poisson hits); dense (Bernoulli path too)
 )
 def test_classes_and_nnz_match_exact_expectation(tmp_path, nnz, shape, blocks):
-    info = synth(tmp_path / "s", 300, 200, nnz, 3, 4, seed=11, shape=shape,
-                 nnz_per_block=blocks)  # fmt: skip
+    info = synth(tmp_path / "s", 300, 200, nnz, 3, 4, seed=11, shape=shape, nnz_per_block=blocks)
     assert info.grid[0] * info.grid[1] > 1
     hist = info.hist_train + info.hist_test
     mean, var = dense_expectation(info)
@@ -106,9 +105,30 @@ def test_complete_or_absent(tmp_path, monkeypatch):
 
 def test_cli_synth(tmp_path, cluster, capsys):
     out = tmp_path / "cli"
-    code = main(["synth", "--out", str(out), "--users", "500", "--items", "300", "--nnz", "5e3",
-                 "-k", "4", "--classes", "3", "--seed", "1", "--nnz-per-block", "1000",
-                 "--scheduler", cluster.scheduler_address, "-q"])  # fmt: skip
+    code = main(
+        [
+            "synth",
+            "--out",
+            str(out),
+            "--users",
+            "500",
+            "--items",
+            "300",
+            "--nnz",
+            "5e3",
+            "-k",
+            "4",
+            "--classes",
+            "3",
+            "--seed",
+            "1",
+            "--nnz-per-block",
+            "1000",
+            "--scheduler",
+            cluster.scheduler_address,
+            "-q",
+        ]
+    )
     assert code == 0
     assert "synthetic" in capsys.readouterr().out
     assert open_store(out).attrs["synth"]["n_components"] == 4

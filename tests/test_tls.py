@@ -24,24 +24,28 @@ MAKE_CERTS = Path(__file__).resolve().parents[1] / "cluster" / "tls" / "make-cer
 
 
 def make_certs(folder: Path, *names: str) -> Path:
-    subprocess.run(["bash", str(MAKE_CERTS), str(folder), *names], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(
+        ["bash", str(MAKE_CERTS), str(folder), *names], check=True, capture_output=True, timeout=60
+    )
     return folder
 
 
 def tls(folder: Path, name: str) -> dict[str, str]:
-    return {"ca": str(folder / "ca.pem"), "cert": str(folder / f"{name}.pem"),
-            "key": str(folder / f"{name}.key")}
+    return {
+        "ca": str(folder / "ca.pem"),
+        "cert": str(folder / f"{name}.pem"),
+        "key": str(folder / f"{name}.key"),
+    }
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "5s"}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def assert_refused(errors: type[Exception] | tuple[type[Exception], ...], address: str,
-                   **kwargs: object) -> None:
+def assert_refused(
+    errors: type[Exception] | tuple[type[Exception], ...], address: str, **kwargs: object
+) -> None:
     """``Client(address, **kwargs)`` fails with one of ``errors``; the half-built client is then
     collected at once. Its finalizer stops the loop runner that clients share: left to a later
     collection, it may run inside another client's start, which holds that runner's lock, and
@@ -62,30 +66,82 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
     c = tls(certs, "client")
     with dask_processes(sched_file, 2, tls(certs, "scheduler"), tls(certs, "worker")) as address:
         assert address.startswith("tls://127.0.0.1:")
-        sec = Security(tls_ca_file=c["ca"], tls_client_cert=c["cert"], tls_client_key=c["key"],
-                       require_encryption=True)
+        sec = Security(
+            tls_ca_file=c["ca"],
+            tls_client_cert=c["cert"],
+            tls_client_key=c["key"],
+            require_encryption=True,
+        )
         with Client(address, security=sec, timeout="30s") as good:
             good.wait_for_workers(2, timeout=60)
 
-        r = cli("fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "3",
-                "--max-iter", "8", "--seed", "5", "--scheduler-file", str(sched_file),
-                "--tls-ca-file", c["ca"], "--tls-cert", c["cert"], "--tls-key", c["key"])
+        r = cli(
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "3",
+            "--max-iter",
+            "8",
+            "--seed",
+            "5",
+            "--scheduler-file",
+            str(sched_file),
+            "--tls-ca-file",
+            c["ca"],
+            "--tls-cert",
+            c["cert"],
+            "--tls-key",
+            c["key"],
+        )
         assert r.returncode == 0, r.stderr
 
         # No certificate at all: refused at once (the CLI exits 3, "cluster failure").
-        r = cli("fit", store.path, "--out", str(tmp_path / "x.zarr"), "-k", "3",
-                "--max-iter", "2", "--scheduler", address, timeout=120)
+        r = cli(
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "x.zarr"),
+            "-k",
+            "3",
+            "--max-iter",
+            "2",
+            "--scheduler",
+            address,
+            timeout=120,
+        )
         assert r.returncode == 3, r.stderr
         assert "cluster failure" in r.stderr and "Traceback" not in r.stderr
         assert_refused((OSError, TypeError), address, timeout="5s")
         # A certificate from another CA: the handshake fails, the client times out.
         b = tls(rogue, "client")
-        bad = Security(tls_ca_file=b["ca"], tls_client_cert=b["cert"], tls_client_key=b["key"],
-                       require_encryption=True)
+        bad = Security(
+            tls_ca_file=b["ca"],
+            tls_client_cert=b["cert"],
+            tls_client_key=b["key"],
+            require_encryption=True,
+        )
         assert_refused(OSError, address, security=bad, timeout="5s")
-        r = cli("fit", store.path, "--out", str(tmp_path / "x.zarr"), "-k", "3",
-                "--max-iter", "2", "--scheduler", address, "--tls-ca-file", b["ca"],
-                "--tls-cert", b["cert"], "--tls-key", b["key"], timeout=120)
+        r = cli(
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "x.zarr"),
+            "-k",
+            "3",
+            "--max-iter",
+            "2",
+            "--scheduler",
+            address,
+            "--tls-ca-file",
+            b["ca"],
+            "--tls-cert",
+            b["cert"],
+            "--tls-key",
+            b["key"],
+            timeout=120,
+        )
         assert r.returncode == 3, r.stderr
         assert not (tmp_path / "x.zarr").exists()
 
@@ -103,9 +159,29 @@ def test_local_cluster_with_tls_flags(tmp_path, capsys):
     y = synthetic_ordinal(12, 10, 3, seed=1)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1))
     n = tls(certs, "node")
-    assert main(["fit", store.path, "--out", str(tmp_path / "m.zarr"), "-k", "2",
-                 "--max-iter", "3", "--workers", "1", "--tls-ca-file", n["ca"],
-                 "--tls-cert", n["cert"], "--tls-key", n["key"]]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                store.path,
+                "--out",
+                str(tmp_path / "m.zarr"),
+                "-k",
+                "2",
+                "--max-iter",
+                "3",
+                "--workers",
+                "1",
+                "--tls-ca-file",
+                n["ca"],
+                "--tls-cert",
+                n["cert"],
+                "--tls-key",
+                n["key"],
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "started LocalCluster" in err and "scheduler tls://127.0.0.1:" in err
     assert "dashboard http://127.0.0.1:" in err

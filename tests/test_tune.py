@@ -30,14 +30,17 @@ from ordnmf_dask.tuning.search import tune
 # -- the pure parts ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("min_budget", "max_iter", "eta", "expected"), [
-    (10, 90, 3, [10, 30, 90]),
-    (100, 1000, 3, [111, 333, 1000]),
-    (4, 8, 2, [4, 8]),
-    (7, 20, 3, [20]),  # 7 * 3 > 20: one rung
-    (20, 20, 3, [20]),
-    (1, 16, 2, [1, 2, 4, 8, 16]),
-])
+@pytest.mark.parametrize(
+    ("min_budget", "max_iter", "eta", "expected"),
+    [
+        (10, 90, 3, [10, 30, 90]),
+        (100, 1000, 3, [111, 333, 1000]),
+        (4, 8, 2, [4, 8]),
+        (7, 20, 3, [20]),  # 7 * 3 > 20: one rung
+        (20, 20, 3, [20]),
+        (1, 16, 2, [1, 2, 4, 8, 16]),
+    ],
+)
 def test_rungs(min_budget, max_iter, eta, expected):
     budgets = schedule.rungs(min_budget, max_iter, eta)
     assert budgets == expected
@@ -45,12 +48,15 @@ def test_rungs(min_budget, max_iter, eta, expected):
     assert all(b < c for b, c in zip(budgets, budgets[1:], strict=False))
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ((0, 10, 3), "min_budget must be an integer >= 1"),
-    ((5, 4, 3), "min_budget must be <= max_iter"),
-    ((1, 10, 1), "eta must be an integer >= 2"),
-    ((1, 10.0, 2), "max_iter must be an integer"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 10, 3), "min_budget must be an integer >= 1"),
+        ((5, 4, 3), "min_budget must be <= max_iter"),
+        ((1, 10, 1), "eta must be an integer >= 2"),
+        ((1, 10.0, 2), "max_iter must be an integer"),
+    ],
+)
 def test_rungs_refused(args, message):
     with pytest.raises(InputError, match=message):
         schedule.rungs(*args)
@@ -68,8 +74,11 @@ def test_grid_is_every_combination_in_order():
 
 
 def test_sample_is_seeded_and_inside_the_space():
-    space = {"n_components": schedule.LogUniform(5, 50), "alpha_W": [0.1, 0.3],
-             "alpha_H": schedule.LogUniform(0.01, 10.0)}
+    space = {
+        "n_components": schedule.LogUniform(5, 50),
+        "alpha_W": [0.1, 0.3],
+        "alpha_H": schedule.LogUniform(0.01, 10.0),
+    }
     a, b = schedule.sample(space, 40, seed=3), schedule.sample(space, 40, seed=3)
     assert a == b
     assert a != schedule.sample(space, 40, seed=4)
@@ -81,15 +90,20 @@ def test_sample_is_seeded_and_inside_the_space():
     assert alphas.min() < 0.1 and alphas.max() > 1.0  # spread over the decades, not linear
 
 
-@pytest.mark.parametrize(("space", "message"), [
-    ({}, "the search space is empty"),
-    ({"tol": [1e-4]}, "cannot search 'tol'"),
-    ({"n_components": [2, 0]}, "search space n_components must be an integer >= 1, got 0"),
-    ({"alpha_W": schedule.LogUniform(0.0, 1.0)},
-     "search space alpha_W must be a finite number > 0"),
-    ({"alpha_W": schedule.LogUniform(2.0, 1.0)}, "must be a range low <= high"),
-    ({"alpha_W": []}, "must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    ("space", "message"),
+    [
+        ({}, "the search space is empty"),
+        ({"tol": [1e-4]}, "cannot search 'tol'"),
+        ({"n_components": [2, 0]}, "search space n_components must be an integer >= 1, got 0"),
+        (
+            {"alpha_W": schedule.LogUniform(0.0, 1.0)},
+            "search space alpha_W must be a finite number > 0",
+        ),
+        ({"alpha_W": schedule.LogUniform(2.0, 1.0)}, "must be a range low <= high"),
+        ({"alpha_W": []}, "must be a non-empty list"),
+    ],
+)
 def test_space_refused(space, message):
     with pytest.raises(InputError, match=message):
         schedule.sample(space, 2, seed=0)
@@ -119,8 +133,9 @@ def stores(tmp_path_factory):
     u, i = np.nonzero(y)
     common = dict(ratings="integer", grid=(2, 2), test_fraction=0.2, seed=1)
     return {
-        "validation": ingest_arrays(u, i, y[u, i], root / "val.zarr", validation_fraction=0.2,
-                                    **common),
+        "validation": ingest_arrays(
+            u, i, y[u, i], root / "val.zarr", validation_fraction=0.2, **common
+        ),
         "plain": ingest_arrays(u, i, y[u, i], root / "plain.zarr", **common),
     }
 
@@ -131,17 +146,20 @@ def test_no_validation_subset_needs_allow_test(stores, tmp_path):
     assert not (tmp_path / "t").exists()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"params": {"max_iter": 5}}, "give max_iter to tune itself"),
-    ({"params": {"n_components": 3}}, "n_components is both searched and fixed"),
-    ({"params": {"checkpoint_dir": "x"}}, "checkpoint_dir is set by tune"),
-    ({"params": {"threshold": 2}}, "OrdNMF has no parameter 'threshold'"),
-    ({"validation_metric": "auc"}, "validation_metric must be one of ndcg, loglik"),
-    ({"validation_s": 6}, "validation_s must be a class in 1..5"),
-    ({"model": "bepof", "validation_metric": "loglik"}, "BePoF models binarized data"),
-    ({"model": "svd"}, "model must be one of"),
-    ({"n_jobs": 0}, "n_jobs must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"params": {"max_iter": 5}}, "give max_iter to tune itself"),
+        ({"params": {"n_components": 3}}, "n_components is both searched and fixed"),
+        ({"params": {"checkpoint_dir": "x"}}, "checkpoint_dir is set by tune"),
+        ({"params": {"threshold": 2}}, "OrdNMF has no parameter 'threshold'"),
+        ({"validation_metric": "auc"}, "validation_metric must be one of ndcg, loglik"),
+        ({"validation_s": 6}, "validation_s must be a class in 1..5"),
+        ({"model": "bepof", "validation_metric": "loglik"}, "BePoF models binarized data"),
+        ({"model": "svd"}, "model must be one of"),
+        ({"n_jobs": 0}, "n_jobs must be an integer >= 1"),
+    ],
+)
 def test_settings_refused_before_anything_is_written(stores, tmp_path, kwargs, message):
     with pytest.raises(InputError, match=message):
         tune(stores["validation"], {"n_components": [2]}, out=tmp_path / "t", **kwargs)
@@ -158,11 +176,12 @@ def test_out_must_be_new_or_an_earlier_tune(stores, tmp_path):
 
 
 def test_cli_bad_values_exit_2(stores, tmp_path, capsys):
-    code = main(["tune", stores["validation"].path, "--out", str(tmp_path / "t"),
-                 "-k", "2,x"])
+    code = main(["tune", stores["validation"].path, "--out", str(tmp_path / "t"), "-k", "2,x"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == ["ordnmf-dask tune: error: --n-components takes integers "
-                                 "joined by commas or a range LOW:HIGH, got '2,x'"]
+    assert code == 2 and err == [
+        "ordnmf-dask tune: error: --n-components takes integers "
+        "joined by commas or a range LOW:HIGH, got '2,x'"
+    ]
     code = main(["tune", stores["plain"].path, "--out", str(tmp_path / "t"), "-k", "2,3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--allow-test" in err[0]
@@ -178,15 +197,25 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
     out = tmp_path / "tune"
     space = {"n_components": [2, 4], "alpha_W": [0.3, 1.0]}
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        res = tune(info, space, client, out=out, max_iter=8, min_budget=4, eta=2, n_jobs=3,
-                   params={"tol": 1e-12, "seed": 2})
+        res = tune(
+            info,
+            space,
+            client,
+            out=out,
+            max_iter=8,
+            min_budget=4,
+            eta=2,
+            n_jobs=3,
+            params={"tol": 1e-12, "seed": 2},
+        )
     rows = res.rows
     assert res.split == "validation" and res.metric == "validation ndcg@100 s>=1"
     # rungs of 4 and 8 iterations: 4 trials, then the best 4 // 2 = 2
     assert [(r["rung"], r["max_iter"]) for r in rows] == [(0, 4)] * 4 + [(1, 8)] * 2
     first = [r for r in rows if r["rung"] == 0]
     assert [(r["n_components"], r["alpha_W"]) for r in first] == [
-        (k, a) for k in (2, 4) for a in (0.3, 1.0)]
+        (k, a) for k in (2, 4) for a in (0.3, 1.0)
+    ]
     assert all(r["alpha_H"] == 0.3 and r["status"] == "fit" for r in rows)
     assert [r["n_iter"] for r in rows] == [4] * 4 + [8] * 2
     ranked = sorted(first, key=lambda r: (-r["value"], r["trial"]))
@@ -209,10 +238,13 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
     # a survivor continued from its checkpoints (taken every 4 // 4 = 1 iteration; the last,
     # iteration 4, is never checkpointed) along the trajectory of one uninterrupted fit
     resumed = sorted(r.getMessage() for r in caplog.records if "resuming from" in r.getMessage())
-    assert resumed == [f"resuming from {out}/trials/{r['trial']:04d}/checkpoints/ckpt-00000003 "
-                       "(iteration 3)" for r in second]
-    alone = OrdNMF(best["n_components"], alpha_W=best["alpha_W"], tol=1e-12, seed=2,
-                   max_iter=8).fit(info, client)
+    assert resumed == [
+        f"resuming from {out}/trials/{r['trial']:04d}/checkpoints/ckpt-00000003 (iteration 3)"
+        for r in second
+    ]
+    alone = OrdNMF(
+        best["n_components"], alpha_W=best["alpha_W"], tol=1e-12, seed=2, max_iter=8
+    ).fit(info, client)
     assert alone.elbo_ == fitted.elbo_
     # the table, as CSV and Parquet; no checkpoint is left behind
     with open(res.csv, newline="") as fh:
@@ -220,7 +252,8 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
     assert [int(r["trial"]) for r in table] == [r["trial"] for r in rows]
     assert [float(r["value"]) for r in table] == [r["value"] for r in rows]
     assert pq.read_table(res.parquet).to_pylist() == [
-        {c: r[c] for c in pq.read_table(res.parquet).column_names} for r in rows]
+        {c: r[c] for c in pq.read_table(res.parquet).column_names} for r in rows
+    ]
     assert not list(out.glob("trials/*/checkpoints"))
     assert json.loads((out / "tune.json").read_text())["best"]["trial"] == best["trial"]
     # a second tune into the same directory replaces it only when told to
@@ -230,8 +263,10 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
     # the earlier tune is removed (its last trial's model included)
     models = sorted(out.glob("trials/*/model"))
     assert models
-    for mine in (out / "trials" / "0000" / "checkpoints" / "notes.txt",
-                 out / "trials" / f"{len(models) - 1:04d}" / "notes.txt"):
+    for mine in (
+        out / "trials" / "0000" / "checkpoints" / "notes.txt",
+        out / "trials" / f"{len(models) - 1:04d}" / "notes.txt",
+    ):
         mine.parent.mkdir(exist_ok=True)
         mine.write_text("mine")
         with pytest.raises(InputError, match=re.escape(f"{mine}: not written by ordnmf-dask tune")):
@@ -250,16 +285,34 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
 @pytest.mark.cluster
 def test_command_on_the_test_subset_when_allowed(stores, cluster, client, tmp_path, capsys):
     info, out = stores["plain"], tmp_path / "t"
-    code = main(["tune", info.path, "--out", str(out), "-k", "3", "--alpha-h", "0.3,3",
-                 "--max-iter", "3", "--min-budget", "3", "--allow-test",
-                 "--scheduler", cluster.scheduler_address])
+    code = main(
+        [
+            "tune",
+            info.path,
+            "--out",
+            str(out),
+            "-k",
+            "3",
+            "--alpha-h",
+            "0.3,3",
+            "--max-iter",
+            "3",
+            "--min-budget",
+            "3",
+            "--allow-test",
+            "--scheduler",
+            cluster.scheduler_address,
+        ]
+    )
     printed = capsys.readouterr()
     assert code == 0
     assert "TUNING ON THE TEST SUBSET" in printed.err
     with open(out / "results.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["rung"], r["max_iter"], r["alpha_H"]) for r in rows] == [
-        ("0", "3", "0.3"), ("0", "3", "3.0")]  # one rung
+        ("0", "3", "0.3"),
+        ("0", "3", "3.0"),
+    ]  # one rung
     assert {r["metric"] for r in rows} == {"test ndcg@100 s>=1"}
     best = max(rows, key=lambda r: float(r["value"]))
     assert printed.out.splitlines() == [
@@ -283,14 +336,15 @@ def test_models_of_one_store_saved_at_once(stores, client, tmp_path):
     errors: list[BaseException] = []
 
     def saves(j: int) -> None:
-        w = [client.submit(chunkstore.load_chunk, model.path, "W", r, pure=False)
-             for r in range(n_r)]
-        h = [client.submit(chunkstore.load_chunk, model.path, "H", c, pure=False)
-             for c in range(n_c)]
+        w = [
+            client.submit(chunkstore.load_chunk, model.path, "W", r, pure=False) for r in range(n_r)
+        ]
+        h = [
+            client.submit(chunkstore.load_chunk, model.path, "H", c, pure=False) for c in range(n_c)
+        ]
         for _ in range(8):
             try:
-                save_model(client, w, h, str(tmp_path / f"m{j}"), dict(model.attrs),
-                           overwrite=True)
+                save_model(client, w, h, str(tmp_path / f"m{j}"), dict(model.attrs), overwrite=True)
             except Exception as exc:  # noqa: BLE001 - every failure is counted
                 errors.append(exc)
 

@@ -48,7 +48,9 @@ def ratings_csv(path) -> str:
     rng = np.random.default_rng(3)
     lines = ["user,item,rating"] + [
         f"u{u},i{i},{rng.integers(1, 6)}"
-        for u in range(40) for i in range(30) if rng.random() < 0.3
+        for u in range(40)
+        for i in range(30)
+        if rng.random() < 0.3
     ]
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -78,8 +80,9 @@ def test_ingest_fit_load_recommend_at_urls_equal_the_local_ones(s3conf, tmp_path
     for r in range(info.grid[0]):
         for c in range(info.grid[1]):
             a, b = read_block(url, "train", r, c), read_block(local.path, "train", r, c)
-            assert all(np.array_equal(getattr(a, f), getattr(b, f))
-                       for f in ("indptr", "cols", "y", "raw"))
+            assert all(
+                np.array_equal(getattr(a, f), getattr(b, f)) for f in ("indptr", "cols", "y", "raw")
+            )
     assert np.array_equal(read_ids(url, "users"), read_ids(local.path, "users"))
 
     remote = fit(url, s3.url("data/m.zarr"))
@@ -99,7 +102,8 @@ def test_ingest_fit_load_recommend_at_urls_equal_the_local_ones(s3conf, tmp_path
     back = OrdNMF.load(saved).save(tmp_path / "back.zarr")
     assert np.array_equal(OrdNMF.load(back).H_.compute(), mine.H_.compute())
     assert keys(s3, "copy/m.zarr")[0] == "H/0/geo/c/0/0" and locations.PENDING not in keys(
-        s3, "copy/m.zarr")
+        s3, "copy/m.zarr"
+    )
 
 
 def test_an_incomplete_store_or_model_at_a_url_is_refused_naming_it(s3conf, tmp_path):
@@ -229,15 +233,28 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     store, model = s3.url("cli/s.zarr"), s3.url("cli/m.zarr")
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run([*CLI, "-q", *args], env=env, capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run(
+            [*CLI, "-q", *args], env=env, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, done.stderr
         return done
 
     run("ingest", csv, "--out", store, "--nnz-per-block", "200")
     assert json.loads(s3.fs.cat(f"{s3.bucket}/cli/s.zarr/zarr.json"))["attributes"]["complete"]
-    run("fit", store, "--out", model, "-k", "2", "--max-iter", "3", "--executor", "cluster",
-        "--workers", "1")
+    run(
+        "fit",
+        store,
+        "--out",
+        model,
+        "-k",
+        "2",
+        "--max-iter",
+        "3",
+        "--executor",
+        "cluster",
+        "--workers",
+        "1",
+    )
     assert "incomplete" not in run("info", store).stdout
     run("evaluate", store, model, "--k", "5")
     shown = run("recommend", store, model, "--users", "u1", "-n", "3").stdout
@@ -245,8 +262,13 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     run("export", model, "--out", s3.url("cli/exp"), "--what", "factors", "--workers", "1")
     s3.fs.invalidate_cache()
     assert s3.fs.exists(f"{s3.bucket}/cli/exp/_SUCCESS")
-    bad = subprocess.run([*CLI, "info", s3.url("cli/none.zarr")], env=env,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [*CLI, "info", s3.url("cli/none.zarr")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and s3.url("cli/none.zarr") in bad.stderr
 
 
@@ -302,8 +324,9 @@ def workers_s3conf(s3conf, client):
 
 
 @pytest.mark.parametrize("what", ["ingest", "synth"])
-def test_a_distributed_write_to_a_url_stages_there(workers_s3conf, client, tmp_path, monkeypatch,
-                                                   what):
+def test_a_distributed_write_to_a_url_stages_there(
+    workers_s3conf, client, tmp_path, monkeypatch, what
+):
     """The workers stage in the bucket and write the chunk files in place: no filesystem in
     common with the client is needed (its temporary directory here does not even exist, so
     whatever the user, nothing can be made there), the store is the one a local write gives,
@@ -313,12 +336,12 @@ def test_a_distributed_write_to_a_url_stages_there(workers_s3conf, client, tmp_p
     url = s3.url(f"{what}.zarr")
     if what == "ingest":
         csv = ratings_csv(tmp_path / "r.csv")
-        info = ingest_distributed(csv, url, client=client, chunk_bytes=2000,
-                                  rows_per_partition=200, grid=(2, 2))
+        info = ingest_distributed(
+            csv, url, client=client, chunk_bytes=2000, rows_per_partition=200, grid=(2, 2)
+        )
         local = ingest(csv, tmp_path / "local.zarr", grid=(2, 2))
     else:
-        shape = {"n_users": 60, "n_items": 40, "nnz": 900, "n_components": 2,
-                 "nnz_per_block": 300}
+        shape = {"n_users": 60, "n_items": 40, "nnz": 900, "n_components": 2, "nnz_per_block": 300}
         info = synth(url, client=client, **shape)
         local = synth(tmp_path / "local.zarr", client=client, **shape)
     assert info.path == url and info.grid == local.grid and info.grid != (1, 1)
@@ -337,8 +360,9 @@ def test_a_failed_distributed_ingest_to_a_url_leaves_nothing(workers_s3conf, cli
     with open(csv, "a") as fh:
         fh.write("u1,i1,x\n")
     with pytest.raises(InputError, match=r"r\.csv, line \d+"):
-        ingest_distributed(csv, s3.url("bad.zarr"), client=client, chunk_bytes=2000,
-                           rows_per_partition=200)
+        ingest_distributed(
+            csv, s3.url("bad.zarr"), client=client, chunk_bytes=2000, rows_per_partition=200
+        )
     assert keys(s3, "") == []
 
 
@@ -354,12 +378,14 @@ def test_a_store_at_a_url_with_a_users_key_under_its_staging_prefix_is_not_repla
     ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200)
     s3.fs.pipe(f"{s3.bucket}/again.zarr/_staging/mine.txt", b"mine")
     with pytest.raises(InputError, match=f"it holds {re.escape(url)}/_staging/mine.txt"):
-        ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1,
-                           overwrite=True)
+        ingest_distributed(
+            csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1, overwrite=True
+        )
     assert s3.fs.cat(f"{s3.bucket}/again.zarr/_staging/mine.txt") == b"mine"
     s3.fs.rm(f"{s3.bucket}/again.zarr/_staging/mine.txt")
-    info = ingest_distributed(csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1,
-                              overwrite=True)
+    info = ingest_distributed(
+        csv, url, chunk_bytes=2000, rows_per_partition=200, seed=1, overwrite=True
+    )
     assert info.attrs["seed"] == 1
     assert [n for n in keys(s3, "again.zarr") if "_staging" in n] == []
     verify_store(url)

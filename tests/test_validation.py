@@ -44,14 +44,24 @@ def pairs(store, split: str) -> set[tuple[int, int]]:
 @pytest.fixture
 def vstore(tmp_path):
     u, i, v = triples()
-    return ingest_arrays(u, i, v, tmp_path / "v.zarr", ratings="integer", scale_max=5,
-                         validation_fraction=0.15, seed=3, grid=(2, 2))  # fmt: skip
+    return ingest_arrays(
+        u,
+        i,
+        v,
+        tmp_path / "v.zarr",
+        ratings="integer",
+        scale_max=5,
+        validation_fraction=0.15,
+        seed=3,
+        grid=(2, 2),
+    )
 
 
 def test_validation_is_carved_from_train_by_the_same_hash(tmp_path, vstore):
     u, i, v = triples()
-    plain = ingest_arrays(u, i, v, tmp_path / "p.zarr", ratings="integer", scale_max=5, seed=3,
-                          grid=(2, 2))  # fmt: skip
+    plain = ingest_arrays(
+        u, i, v, tmp_path / "p.zarr", ratings="integer", scale_max=5, seed=3, grid=(2, 2)
+    )
     assert plain.splits == ("train", "test") and plain.nnz_validation == 0
     with pytest.raises(ValueError, match="split must be one of"):
         read_block(plain.path, "validation", 0, 0)
@@ -84,8 +94,9 @@ def test_distributed_ingest_writes_the_same_validation_subset(tmp_path):
     path.write_text("".join(f"{a},{b},{c}\n" for a, b, c in zip(u, i, v, strict=True)))
     kw = dict(ratings="integer", validation_fraction=0.2, seed=5, nnz_per_block=900)
     mem = ingest(path, tmp_path / "mem.zarr", **kw)
-    ooc = ingest_distributed(path, tmp_path / "ooc.zarr", chunk_bytes=5000,
-                             rows_per_partition=700, **kw)  # fmt: skip
+    ooc = ingest_distributed(
+        path, tmp_path / "ooc.zarr", chunk_bytes=5000, rows_per_partition=700, **kw
+    )
     ga, gb = zarr.open_group(mem.path, mode="r"), zarr.open_group(ooc.path, mode="r")
     attrs = [dict(g.attrs) for g in (ga, gb)]
     for a in attrs:
@@ -101,14 +112,31 @@ def test_the_command_line_makes_and_shows_the_validation_subset(tmp_path, capsys
     path = tmp_path / "in.csv"
     path.write_text("".join(f"{a},{b},{c}\n" for a, b, c in zip(u, i, v, strict=True)))
     out = tmp_path / "s.zarr"
-    assert main(["ingest", str(path), "--out", str(out), "--ratings", "integer",
-                 "--validation-fraction", "0.25"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "ingest",
+                str(path),
+                "--out",
+                str(out),
+                "--ratings",
+                "integer",
+                "--validation-fraction",
+                "0.25",
+            ]
+        )
+        == 0
+    )
     store = open_store(out)
     n = store.nnz_train + store.nnz_validation
     assert abs(store.nnz_validation - 0.25 * n) < 4 * np.sqrt(0.25 * 0.75 * n)  # binomial: 4 sd
     assert f"validation {store.nnz_validation}" in capsys.readouterr().out
-    assert main(["ingest", str(path), "--out", str(tmp_path / "x.zarr"),
-                 "--validation-fraction", "1.5"]) == 2  # fmt: skip
+    assert (
+        main(
+            ["ingest", str(path), "--out", str(tmp_path / "x.zarr"), "--validation-fraction", "1.5"]
+        )
+        == 2
+    )
     assert "--validation-fraction must be in [0, 1), got 1.5" in capsys.readouterr().err
 
 
@@ -121,8 +149,15 @@ def test_bad_validation_fraction_is_refused(tmp_path):
 
 
 def test_early_stopping_keeps_the_best_state(vstore, client):
-    est = OrdNMF(K, tol=1e-12, max_iter=60, validation_every=2, validation_patience=2,
-                 validation_s=3, checkpoint_every=3).fit(vstore, client)
+    est = OrdNMF(
+        K,
+        tol=1e-12,
+        max_iter=60,
+        validation_every=2,
+        validation_patience=2,
+        validation_s=3,
+        checkpoint_every=3,
+    ).fit(vstore, client)
     attrs = open_model(est.model_path_).attrs
     history = attrs["validation"]["history"]
     assert [v["iteration"] for v in history] == list(range(2, est.n_iter_ + 1, 2))
@@ -152,8 +187,9 @@ def test_early_stopping_keeps_the_best_state(vstore, client):
 
 
 def test_restarts_are_chosen_by_validation(vstore, client):
-    est = OrdNMF(K, tol=1e-4, max_iter=15, n_init=3, validation_every=5,
-                 validation_patience=0).fit(vstore, client)
+    est = OrdNMF(K, tol=1e-4, max_iter=15, n_init=3, validation_every=5, validation_patience=0).fit(
+        vstore, client
+    )
     runs = est.runs_
     assert all(r["validation"] is not None for r in runs)
     kept = [r for r in runs if r["kept"]]
@@ -204,8 +240,15 @@ def test_early_stopping_agrees_with_a_moving_average_reference(window):
 
 
 def test_the_fit_keeps_the_state_the_windowed_rule_keeps(vstore, client):
-    est = OrdNMF(K, tol=1e-12, max_iter=60, validation_every=2, validation_patience=2,
-                 validation_window=3, validation_s=3).fit(vstore, client)
+    est = OrdNMF(
+        K,
+        tol=1e-12,
+        max_iter=60,
+        validation_every=2,
+        validation_patience=2,
+        validation_window=3,
+        validation_s=3,
+    ).fit(vstore, client)
     attrs = open_model(est.model_path_).attrs
     assert attrs["validation"]["window"] == 3
     metric = [v["metric"] for v in attrs["validation"]["history"]]

@@ -34,10 +34,10 @@ def data():
     y = synthetic_ordinal(N_USERS, N_ITEMS, V, density=0.3, seed=2)
     train, test = dense_split(y)
     # a few new users interact only with new items, a few new items only with new users
-    train[OLD_USERS:OLD_USERS + 3, :OLD_ITEMS] = 0
-    test[OLD_USERS:OLD_USERS + 3, :OLD_ITEMS] = 0
-    train[:OLD_USERS, OLD_ITEMS:OLD_ITEMS + 2] = 0
-    test[:OLD_USERS, OLD_ITEMS:OLD_ITEMS + 2] = 0
+    train[OLD_USERS : OLD_USERS + 3, :OLD_ITEMS] = 0
+    test[OLD_USERS : OLD_USERS + 3, :OLD_ITEMS] = 0
+    train[:OLD_USERS, OLD_ITEMS : OLD_ITEMS + 2] = 0
+    test[:OLD_USERS, OLD_ITEMS : OLD_ITEMS + 2] = 0
     return train, test
 
 
@@ -48,13 +48,20 @@ def stores(data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("warm")
     train, test = data
     uid, iid = 1000 + np.arange(N_USERS), 500 + np.arange(N_ITEMS)
-    old = store_from_dense(tmp / "old.zarr", train[:OLD_USERS, :OLD_ITEMS],
-                           test[:OLD_USERS, :OLD_ITEMS], V, (2, 2),
-                           uid[:OLD_USERS], iid[:OLD_ITEMS])  # fmt: skip
+    old = store_from_dense(
+        tmp / "old.zarr",
+        train[:OLD_USERS, :OLD_ITEMS],
+        test[:OLD_USERS, :OLD_ITEMS],
+        V,
+        (2, 2),
+        uid[:OLD_USERS],
+        iid[:OLD_ITEMS],
+    )
     pu = np.random.default_rng(0).permutation(N_USERS)
     pi = np.random.default_rng(1).permutation(N_ITEMS)
-    new = store_from_dense(tmp / "new.zarr", train[pu][:, pi], test[pu][:, pi], V, (3, 1),
-                           uid[pu], iid[pi])  # fmt: skip
+    new = store_from_dense(
+        tmp / "new.zarr", train[pu][:, pi], test[pu][:, pi], V, (3, 1), uid[pu], iid[pi]
+    )
     return tmp, old, new, pu, pi
 
 
@@ -66,8 +73,9 @@ def _initial(client, est, info, source, tmp):
     """The warm-start chunks the fit would start from, gathered."""
     values = est._validate()[1]
     family = est._family(info)
-    runner = CaviRunner(client, info, family, CaviConfig(K, seed=values["seed"]),
-                        str(tmp / "ck-initial"), False)  # fmt: skip
+    runner = CaviRunner(
+        client, info, family, CaviConfig(K, seed=values["seed"]), str(tmp / "ck-initial"), False
+    )
     params = warmstart.start_params(family, source)
     w, h = warmstart.initial_chunks(runner, source, params, {"W": 0.3, "H": 0.3})
     return client.gather(w), client.gather(h), family, params
@@ -106,11 +114,22 @@ def test_known_rows_keep_their_state_new_rows_are_folded_in(client, stores, data
             cold = tasks.random_chunk(0, 0, j, j + 1, K)
             np.testing.assert_array_equal(new_w["mean"][j], cold.mean[0])
             continue
-        block = CsrBlock.from_coo(np.zeros(cols.size, np.int64), np.arange(cols.size),
-                                  row[cols].astype(np.uint8), (1, cols.size))  # fmt: skip
-        fold = fold_in_rows(block, old_h["mean"][cols], np.log(old_h["geo"][cols]),
-                            old_h["mean"].sum(axis=0), alpha, warmstart.likelihood(family, params),
-                            max_iter=warmstart.FOLDIN_MAX_ITER, tol=warmstart.FOLDIN_TOL)
+        block = CsrBlock.from_coo(
+            np.zeros(cols.size, np.int64),
+            np.arange(cols.size),
+            row[cols].astype(np.uint8),
+            (1, cols.size),
+        )
+        fold = fold_in_rows(
+            block,
+            old_h["mean"][cols],
+            np.log(old_h["geo"][cols]),
+            old_h["mean"].sum(axis=0),
+            alpha,
+            warmstart.likelihood(family, params),
+            max_iter=warmstart.FOLDIN_MAX_ITER,
+            tol=warmstart.FOLDIN_TOL,
+        )
         np.testing.assert_allclose(new_w["mean"][j], fold.mean[0], rtol=1e-10)
         np.testing.assert_allclose(new_w["geo"][j], np.exp(fold.log_mean[0]), rtol=1e-10)
     # new items with known users: the same fold-in on the transposed data, against the old W
@@ -123,11 +142,22 @@ def test_known_rows_keep_their_state_new_rows_are_folded_in(client, stores, data
             np.testing.assert_array_equal(new_h["mean"][j], cold.mean[0])
             continue
         n_folded += 1
-        block = CsrBlock.from_coo(np.zeros(rows.size, np.int64), np.arange(rows.size),
-                                  col[rows].astype(np.uint8), (1, rows.size))  # fmt: skip
-        fold = fold_in_rows(block, old_w["mean"][rows], np.log(old_w["geo"][rows]),
-                            old_w["mean"].sum(axis=0), alpha, warmstart.likelihood(family, params),
-                            max_iter=warmstart.FOLDIN_MAX_ITER, tol=warmstart.FOLDIN_TOL)
+        block = CsrBlock.from_coo(
+            np.zeros(rows.size, np.int64),
+            np.arange(rows.size),
+            col[rows].astype(np.uint8),
+            (1, rows.size),
+        )
+        fold = fold_in_rows(
+            block,
+            old_w["mean"][rows],
+            np.log(old_w["geo"][rows]),
+            old_w["mean"].sum(axis=0),
+            alpha,
+            warmstart.likelihood(family, params),
+            max_iter=warmstart.FOLDIN_MAX_ITER,
+            tol=warmstart.FOLDIN_TOL,
+        )
         np.testing.assert_allclose(new_h["mean"][j], fold.mean[0], rtol=1e-10)
     assert n_folded >= 5
 
@@ -142,13 +172,13 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
     old_model = tmp / f"{name}-old.zarr"
     klass(K, max_iter=15, tol=1e-12, **kw).fit(old.path, client, out=old_model)
     before = dict(zarr.open_group(str(old_model), mode="r").attrs)
-    warm = klass(K, max_iter=3, tol=1e-12, **kw).fit(new.path, client, init_model=old_model,
-                                                     out=tmp / f"{name}-warm.zarr")
+    warm = klass(K, max_iter=3, tol=1e-12, **kw).fit(
+        new.path, client, init_model=old_model, out=tmp / f"{name}-warm.zarr"
+    )
     cold = klass(K, max_iter=3, tol=1e-12, **kw).fit(new.path, client)
     assert warm.elbo_[0] > cold.elbo_[0]
     attrs = open_model(warm.model_path_).attrs
-    assert attrs["init_model"] == {"path": str(old_model),
-                                   "fingerprint": model_fingerprint(before)}
+    assert attrs["init_model"] == {"path": str(old_model), "fingerprint": model_fingerprint(before)}
     assert attrs["warm_start"] is True
     assert dict(zarr.open_group(str(old_model), mode="r").attrs) == before
 
@@ -185,8 +215,15 @@ def test_provenance_is_recorded(client, stores):
     tmp, old, new, _, _ = stores
     m = OrdNMF(K, max_iter=2).fit(old.path, client, out=tmp / "prov.zarr")
     attrs = open_model(m.model_path_).attrs
-    assert set(attrs["versions"]) == {"ordnmf-dask", "numpy", "scipy", "dask", "distributed",
-                                      "zarr", "numba"}  # fmt: skip
+    assert set(attrs["versions"]) == {
+        "ordnmf-dask",
+        "numpy",
+        "scipy",
+        "dask",
+        "distributed",
+        "zarr",
+        "numba",
+    }
     assert attrs["store"]["fingerprint"] == store_fingerprint(old.path)
     assert store_fingerprint(old.path) != store_fingerprint(new.path)
     assert attrs["init_model"] is None
@@ -207,10 +244,14 @@ def test_a_store_changed_in_place_changes_its_fingerprint(tmp_path, data):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda ck: BePoF(K, checkpoint_dir=ck),
-         "its model class OrdNMF differs from this fit's BePoF"),
-        (lambda ck: OrdNMF(K + 1, checkpoint_dir=ck),
-         f"its K = {K} differs from this fit's K = {K + 1}"),
+        (
+            lambda ck: BePoF(K, checkpoint_dir=ck),
+            "its model class OrdNMF differs from this fit's BePoF",
+        ),
+        (
+            lambda ck: OrdNMF(K + 1, checkpoint_dir=ck),
+            f"its K = {K} differs from this fit's K = {K + 1}",
+        ),
     ],
 )
 def test_incompatible_models_are_refused_before_any_work(client, stores, make, message):
@@ -257,20 +298,47 @@ def test_cli_init_model(client, stores):
     tmp, old, new, _, _ = stores
     OrdNMF(K, max_iter=3).fit(old.path, client, out=tmp / "cli-old.zarr")
     r = subprocess.run(
-        [*CLI, "fit", new.path, "--out", str(tmp / "cli-warm.zarr"), "-k", str(K),
-         "--max-iter", "2", "--init-model", str(tmp / "cli-old.zarr"),
-         "--scheduler", client.scheduler.address],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *CLI,
+            "fit",
+            new.path,
+            "--out",
+            str(tmp / "cli-warm.zarr"),
+            "-k",
+            str(K),
+            "--max-iter",
+            "2",
+            "--init-model",
+            str(tmp / "cli-old.zarr"),
+            "--scheduler",
+            client.scheduler.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     attrs = open_model(str(tmp / "cli-warm.zarr")).attrs
     assert attrs["init_model"]["path"] == str(tmp / "cli-old.zarr")
     assert attrs["resolved_config"]["model"]["init_model"] == str(tmp / "cli-old.zarr")
     r = subprocess.run(
-        [*CLI, "fit", new.path, "--out", str(tmp / "cli-bad.zarr"), "-k", str(K + 1),
-         "--init-model", str(tmp / "cli-old.zarr"), "--scheduler", client.scheduler.address],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *CLI,
+            "fit",
+            new.path,
+            "--out",
+            str(tmp / "cli-bad.zarr"),
+            "-k",
+            str(K + 1),
+            "--init-model",
+            str(tmp / "cli-old.zarr"),
+            "--scheduler",
+            client.scheduler.address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("ordnmf-dask fit: error: --init-model")
     assert not (tmp / "cli-bad.zarr").exists()
@@ -278,9 +346,15 @@ def test_cli_init_model(client, stores):
 
 def test_ids_of_another_type_are_refused(client, tmp_path, data):
     train, test = data
-    named = store_from_dense(tmp_path / "named.zarr", train, test, V, (1, 1),
-                             np.array([f"u{j}" for j in range(N_USERS)]),
-                             np.array([f"i{j}" for j in range(N_ITEMS)]))  # fmt: skip
+    named = store_from_dense(
+        tmp_path / "named.zarr",
+        train,
+        test,
+        V,
+        (1, 1),
+        np.array([f"u{j}" for j in range(N_USERS)]),
+        np.array([f"i{j}" for j in range(N_ITEMS)]),
+    )
     numbered = store_from_dense(tmp_path / "numbered.zarr", train, test, V, (2, 1))
     OrdNMF(K, max_iter=2).fit(named.path, client, out=tmp_path / "named-model.zarr")
     with pytest.raises(InputError, match="its users ids are strings, those of store .* integers"):

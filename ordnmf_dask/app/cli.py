@@ -46,8 +46,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     signal.signal(signum, handler)
 
 
-_INPUTS = {"inputs": "input", "test": "test input", "store": "training store", "model": "model",
-           "init": "warm start", "init_model": "warm-start model", "config": "job file"}
+_INPUTS = {
+    "inputs": "input",
+    "test": "test input",
+    "store": "training store",
+    "model": "model",
+    "init": "warm start",
+    "init_model": "warm-start model",
+    "config": "job file",
+}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -57,8 +64,13 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
     # what each command's --out is (the kind of directory it writes); the other outputs are
     # --checkpoint-dir (a checkpoint directory), --json and --log-file (files)
-    out_kinds = {"ingest": kinds.STORE_MARK, "synth": kinds.STORE_MARK, "fit": kinds.MODEL_KIND,
-                 "export": kinds.EXPORT, "recommend": kinds.EXPORT}
+    out_kinds = {
+        "ingest": kinds.STORE_MARK,
+        "synth": kinds.STORE_MARK,
+        "fit": kinds.MODEL_KIND,
+        "export": kinds.EXPORT,
+        "recommend": kinds.EXPORT,
+    }
 
     flags = {**OUTPUT_FLAGS, "log_file": "--log-file"}
     given = {flag: getattr(args, dest, None) for dest, flag in flags.items()}
@@ -83,8 +95,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         setup_logging(args)
     except OSError as exc:
-        print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}",
-              file=sys.stderr)
+        print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}", file=sys.stderr)
         return EXIT_INPUT
     interrupt.install()
     try:

@@ -28,8 +28,9 @@ def _job(args: argparse.Namespace) -> Any:
     if args.config:
         level, path = cfg.logging.level, cfg.logging.file
         log.setLevel(level)
-        if path and not any(getattr(h, "baseFilename", None) == os.path.abspath(path)
-                            for h in log.handlers):
+        if path and not any(
+            getattr(h, "baseFilename", None) == os.path.abspath(path) for h in log.handlers
+        ):
             handler = logging.FileHandler(path)
             handler.setFormatter(log.handlers[0].formatter)
             log.addHandler(handler)
@@ -54,13 +55,23 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     if args.columns is not None and len(args.columns) != 3:
         raise UsageError(f"--columns takes user,item,value, got {args.columns}")
     kwargs = dict(
-        ratings=args.ratings, counts=args.counts, binarize=args.binarize,
-        scale_max=args.scale_max, min_count=args.min_count, filter_mode=args.filter_mode,
-        duplicates=args.duplicates, test=args.test, test_fraction=args.test_fraction,
-        validation_fraction=args.validation_fraction, seed=args.seed,
+        ratings=args.ratings,
+        counts=args.counts,
+        binarize=args.binarize,
+        scale_max=args.scale_max,
+        min_count=args.min_count,
+        filter_mode=args.filter_mode,
+        duplicates=args.duplicates,
+        test=args.test,
+        test_fraction=args.test_fraction,
+        validation_fraction=args.validation_fraction,
+        seed=args.seed,
         nnz_per_block=args.nnz_per_block,
-        grid=tuple(args.grid) if args.grid else None, overwrite=args.overwrite,
-        delimiter=args.delimiter, header=args.header, columns=tuple(args.columns),
+        grid=tuple(args.grid) if args.grid else None,
+        overwrite=args.overwrite,
+        delimiter=args.delimiter,
+        header=args.header,
+        columns=tuple(args.columns),
     )
     plan = plan_ingest(args.inputs, args.out, chunk_bytes=args.chunk_bytes, **kwargs)
     if args.distributed:
@@ -72,8 +83,17 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_CLUSTER_FLAGS = ("config", "scheduler", "scheduler_file", "workers", "threads_per_worker",
-                  "memory_limit", "tls_ca_file", "tls_cert", "tls_key")
+_CLUSTER_FLAGS = (
+    "config",
+    "scheduler",
+    "scheduler_file",
+    "workers",
+    "threads_per_worker",
+    "memory_limit",
+    "tls_ca_file",
+    "tls_cert",
+    "tls_key",
+)
 
 
 @contextlib.contextmanager
@@ -93,18 +113,31 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
             yield client
             return
     local = spec.local_spec
-    with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
-                        memory_limit=local.memory_limit) as client:  # fmt: skip
+    with resolve_client(
+        None,
+        local.workers,
+        threads_per_worker=local.threads_per_worker,
+        memory_limit=local.memory_limit,
+    ) as client:
         yield client
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from ordnmf_dask.sources.synth import plan_synth, write_synth
 
-    plan = plan_synth(args.out, args.users, args.items, int(args.nnz), args.n_components,
-                      args.classes, seed=args.seed, shape=args.shape,
-                      test_fraction=args.test_fraction, nnz_per_block=args.nnz_per_block,
-                      overwrite=args.overwrite)  # before any cluster
+    plan = plan_synth(
+        args.out,
+        args.users,
+        args.items,
+        int(args.nnz),
+        args.n_components,
+        args.classes,
+        seed=args.seed,
+        shape=args.shape,
+        test_fraction=args.test_fraction,
+        nnz_per_block=args.nnz_per_block,
+        overwrite=args.overwrite,
+    )  # before any cluster
     with _cluster_client(args) as client:
         info = write_synth(plan, client)
     print(_summary_text(info))
@@ -114,13 +147,22 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def _summary(info: Any) -> dict[str, Any]:
     a = info.attrs
     return {
-        "path": info.path, "n_users": info.n_users, "n_items": info.n_items,
-        "n_classes": info.n_classes, "nnz_train": info.nnz_train, "nnz_test": info.nnz_test,
-        "nnz_validation": info.nnz_validation, "grid": list(info.grid),
+        "path": info.path,
+        "n_users": info.n_users,
+        "n_items": info.n_items,
+        "n_classes": info.n_classes,
+        "nnz_train": info.nnz_train,
+        "nnz_test": info.nnz_test,
+        "nnz_validation": info.nnz_validation,
+        "grid": list(info.grid),
         "value_kind": a.get("value_kind"),
-        "thresholds": a.get("thresholds"), "binarize": a.get("binarize"),
-        "min_count": a.get("min_count"), "split": a.get("split"), "seed": a.get("seed"),
-        "hist_train": info.hist_train.tolist(), "hist_test": info.hist_test.tolist(),
+        "thresholds": a.get("thresholds"),
+        "binarize": a.get("binarize"),
+        "min_count": a.get("min_count"),
+        "split": a.get("split"),
+        "seed": a.get("seed"),
+        "hist_train": info.hist_train.tolist(),
+        "hist_test": info.hist_test.tolist(),
         "format_version": a.get("format_version"),
     }
 
@@ -154,15 +196,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.jobs import check_required, plan_job, run_job
 
     cfg = _job(args)
-    check_required(cfg, f" (or set it in {args.config})" if args.config
-                   else " (or give --config FILE)")
+    check_required(
+        cfg, f" (or set it in {args.config})" if args.config else " (or give --config FILE)"
+    )
     plan = plan_job(cfg, resume=args.resume, restart=args.restart)  # before any cluster
     with _client(cfg.cluster) as client:
         model = run_job(plan, client)
     a = model.attrs
     status = "converged" if a["converged"] else "stopped at max_iter"
-    log.info("%s after %d iterations, ELBO %.10e; model in %s",
-             status, a["n_iter"], a["elbo"][-1], model.path)
+    log.info(
+        "%s after %d iterations, ELBO %.10e; model in %s",
+        status,
+        a["n_iter"],
+        a["elbo"][-1],
+        model.path,
+    )
     print(f"{status}: {a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
     return EXIT_OK
 
@@ -172,9 +220,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     cluster = _job(args).cluster
     with _client(cluster) as client:
-        res = evaluate(args.store, args.model, client, k=args.k, levels=args.levels,
-                       n_workers=cluster.local_spec.workers, user_fraction=args.user_fraction,
-                       seed=args.seed, allow_other_store=args.allow_other_store)
+        res = evaluate(
+            args.store,
+            args.model,
+            client,
+            k=args.k,
+            levels=args.levels,
+            n_workers=cluster.local_spec.workers,
+            user_fraction=args.user_fraction,
+            seed=args.seed,
+            allow_other_store=args.allow_other_store,
+        )
     print(format_results(res))
     if args.json_out:
         with open(args.json_out, "w") as fh:
@@ -185,8 +241,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def format_results(res: dict[str, Any]) -> str:
     """The evaluation results as a plain-text table."""
     k = res["k"]
-    columns = {"ndcg": f"NDCG@{k}", "precision": f"P@{k}", "recall": f"R@{k}",
-               "map": f"MAP@{k}", "auc": "AUC"}  # fmt: skip
+    columns = {
+        "ndcg": f"NDCG@{k}",
+        "precision": f"P@{k}",
+        "recall": f"R@{k}",
+        "map": f"MAP@{k}",
+        "auc": "AUC",
+    }
     lines = [
         f"ranking metrics at k = {k} (relevance: y_test >= s)",
         "   s" + "".join(f"{name:>10}" for name in columns.values()) + "    users",
@@ -216,13 +277,22 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if users is not None and not users:
         raise UsageError("--users needs at least one id")
     if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
-        res = serving.server(args.model, args.store,
-                             args.allow_other_store).recommend(users, args.n)
+        res = serving.server(args.model, args.store, args.allow_other_store).recommend(
+            users, args.n
+        )
     else:
         with _client(cluster) as client:
-            res = recommend(args.store, args.model, client, n=args.n, users=users, out=args.out,
-                            overwrite=args.overwrite, n_workers=cluster.local_spec.workers,
-                            allow_other_store=args.allow_other_store)
+            res = recommend(
+                args.store,
+                args.model,
+                client,
+                n=args.n,
+                users=users,
+                out=args.out,
+                overwrite=args.overwrite,
+                n_workers=cluster.local_spec.workers,
+                allow_other_store=args.allow_other_store,
+            )
     if users is None:
         print(f"recommendations written to {res}")
         return EXIT_OK
@@ -241,10 +311,17 @@ def cmd_export(args: argparse.Namespace) -> int:
     flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
     cluster = resolve(args.config, flag_overrides(flags)).cluster
     with _client(cluster) as client:
-        out = export(args.model, args.out, what=args.what, n=args.n, store=args.store,
-                     client=client, overwrite=args.overwrite,
-                     n_workers=cluster.local_spec.workers,
-                     allow_other_store=args.allow_other_store)
+        out = export(
+            args.model,
+            args.out,
+            what=args.what,
+            n=args.n,
+            store=args.store,
+            client=client,
+            overwrite=args.overwrite,
+            n_workers=cluster.local_spec.workers,
+            allow_other_store=args.allow_other_store,
+        )
     print(f"export written to {out}")
     return EXIT_OK
 
@@ -266,11 +343,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
     flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
     cluster = resolve(args.config, flag_overrides(flags)).cluster
-    proto = Protocol(k_grid=tuple(args.k_grid), seeds=tuple(args.seeds),
-                     max_iter=args.max_iter, n_jobs=args.jobs)
+    proto = Protocol(
+        k_grid=tuple(args.k_grid), seeds=tuple(args.seeds), max_iter=args.max_iter, n_jobs=args.jobs
+    )
     with _client(cluster) as client:
-        text = reproduce([known[n] for n in names], args.out, client, proto,
-                         n_workers=cluster.local_spec.workers)
+        text = reproduce(
+            [known[n] for n in names], args.out, client, proto, n_workers=cluster.local_spec.workers
+        )
     print(text)
     return EXIT_OK
 
@@ -293,23 +372,46 @@ def cmd_tune(args: argparse.Namespace) -> int:
             fixed.pop(param)
     max_iter = fixed.pop("max_iter")
     with _client(cfg.cluster) as client:
-        res = tune(args.store, space, client, out=args.out, model=name, params=fixed,
-                   n_trials=args.n_trials, sample_seed=args.sample_seed, max_iter=max_iter,
-                   min_budget=args.min_budget, eta=args.eta,
-                   validation_metric=args.validation_metric,
-                   validation_k=args.validation_k, validation_s=args.validation_s,
-                   allow_test=args.allow_test, user_fraction=args.user_fraction,
-                   n_jobs=args.n_jobs, n_workers=cfg.cluster.local_spec.workers,
-                   overwrite=bool(args.overwrite))
+        res = tune(
+            args.store,
+            space,
+            client,
+            out=args.out,
+            model=name,
+            params=fixed,
+            n_trials=args.n_trials,
+            sample_seed=args.sample_seed,
+            max_iter=max_iter,
+            min_budget=args.min_budget,
+            eta=args.eta,
+            validation_metric=args.validation_metric,
+            validation_k=args.validation_k,
+            validation_s=args.validation_s,
+            allow_test=args.allow_test,
+            user_fraction=args.user_fraction,
+            n_jobs=args.n_jobs,
+            n_workers=cfg.cluster.local_spec.workers,
+            overwrite=bool(args.overwrite),
+        )
     best = res.best
     searched = " ".join(f"{p}={best[p]:.4g}" for p in SEARCH_FLAGS)
-    print(f"best: trial {best['trial']} ({searched}): {res.metric} {best['value']:.6g} after "
-          f"{best['n_iter']} iterations")
+    print(
+        f"best: trial {best['trial']} ({searched}): {res.metric} {best['value']:.6g} after "
+        f"{best['n_iter']} iterations"
+    )
     print(f"model {res.best_model}")
     print(f"table {res.csv} ({len(res.rows)} rows), {res.parquet}")
     return EXIT_OK
 
 
-COMMANDS = {"ingest": cmd_ingest, "synth": cmd_synth, "info": cmd_info, "fit": cmd_fit,
-            "evaluate": cmd_evaluate, "recommend": cmd_recommend, "export": cmd_export,
-            "reproduce": cmd_reproduce, "tune": cmd_tune}
+COMMANDS = {
+    "ingest": cmd_ingest,
+    "synth": cmd_synth,
+    "info": cmd_info,
+    "fit": cmd_fit,
+    "evaluate": cmd_evaluate,
+    "recommend": cmd_recommend,
+    "export": cmd_export,
+    "reproduce": cmd_reproduce,
+    "tune": cmd_tune,
+}

@@ -26,7 +26,6 @@ CLUSTER_MODES = ("local", "scheduler", "scheduler_file")
 COMMAND_LINE = "command line"
 
 
-
 @dataclass
 class StoreSection:
     path: str | None = None
@@ -34,11 +33,20 @@ class StoreSection:
 
 # the job settings in the table's sections that are not estimator parameters: key, type, default
 JOB_ONLY: dict[str, list[tuple[str, Any, Any]]] = {
-    "model": [("kind", str, "ordnmf"), ("init", str | None, None),  # --model, --init FILE
-              ("init_model", str | None, None)],  # --init-model MODEL
+    "model": [
+        ("kind", str, "ordnmf"),
+        ("init", str | None, None),  # --model, --init FILE
+        ("init_model", str | None, None),
+    ],  # --init-model MODEL
 }
-_HINTS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "path": str,
-                          "str": str, "auto": bool | str}  # fmt: skip
+_HINTS: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "path": str,
+    "str": str,
+    "auto": bool | str,
+}
 
 
 def section_class(name: str) -> type:
@@ -127,7 +135,8 @@ def _section_classes() -> dict[str, type]:
     hints = typing.get_type_hints(JobConfig)
     return {
         f.name: section_class(f.name) if f.name in params.SECTIONS else hints[f.name]
-        for f in dataclasses.fields(JobConfig) if f.name != "source"
+        for f in dataclasses.fields(JobConfig)
+        if f.name != "source"
     }
 
 
@@ -171,8 +180,10 @@ def read_toml(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a valid TOML file (not UTF-8: byte {exc.start} is "
-                          f"0x{exc.object[exc.start]:02x})") from None
+        raise ConfigError(
+            f"{path}: not a valid TOML file (not UTF-8: byte {exc.start} is "
+            f"0x{exc.object[exc.start]:02x})"
+        ) from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: not a valid TOML file ({exc})") from None
 
@@ -328,8 +339,10 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
         fail("model.kind", f"must be one of {', '.join(params.MODELS)}, got {m.kind!r}")
     given = [mode for mode in CLUSTER_MODES if getattr(c, mode) is not None]
     if len(given) > 1:
-        fail(f"cluster.{given[1]}", f"conflicts with '{given[0]}': give only one of "
-             f"{', '.join(CLUSTER_MODES)}")
+        fail(
+            f"cluster.{given[1]}",
+            f"conflicts with '{given[0]}': give only one of {', '.join(CLUSTER_MODES)}",
+        )
     spec = c.local_spec
     if spec.workers < 1:
         fail("cluster.local.workers", f"must be >= 1, got {spec.workers}")
@@ -345,8 +358,10 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
         except (ValueError, TypeError):
             limit = 0
         if limit <= 0:
-            fail("cluster.local.memory_limit",
-                 f"must be 'auto' or a size like '4GB', got {spec.memory_limit!r}")
+            fail(
+                "cluster.local.memory_limit",
+                f"must be 'auto' or a size like '4GB', got {spec.memory_limit!r}",
+            )
         wrong = worker_limit_problem(limit)
         if wrong is not None:  # a worker paused before its first task: the fit would hang
             fail("cluster.local.memory_limit", f"= {spec.memory_limit!r} {wrong}")

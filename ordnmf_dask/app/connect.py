@@ -21,7 +21,6 @@ if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
 log = logging.getLogger("ordnmf_dask")
 
 
-
 def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
     """A ``Security`` from the TLS files of ``spec`` (None without TLS settings).
 
@@ -36,11 +35,14 @@ def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
         path = getattr(spec, name)
         if path and not os.path.isfile(path):
             raise ConfigError(f"{path}: TLS {name} not found")
-    files = {"tls_ca_file": spec.ca_file, "tls_client_cert": spec.cert,
-             "tls_client_key": spec.key}
+    files = {"tls_ca_file": spec.ca_file, "tls_client_cert": spec.cert, "tls_client_key": spec.key}
     if local:
-        files |= {"tls_scheduler_cert": spec.cert, "tls_scheduler_key": spec.key,
-                  "tls_worker_cert": spec.cert, "tls_worker_key": spec.key}
+        files |= {
+            "tls_scheduler_cert": spec.cert,
+            "tls_scheduler_key": spec.key,
+            "tls_worker_cert": spec.cert,
+            "tls_worker_key": spec.key,
+        }
     require = True if spec.require_encryption is None else spec.require_encryption
     return Security(require_encryption=require, **{k: v for k, v in files.items() if v})
 
@@ -86,8 +88,13 @@ def open_client(spec: ClusterSection, timeout: str | None = None) -> Iterator[Cl
     if spec.mode == "local":
         local = spec.local_spec
         security = security_from(spec, local=True)
-        with resolve_client(None, local.workers, threads_per_worker=local.threads_per_worker,
-                            memory_limit=local.memory_limit, security=security) as client:
+        with resolve_client(
+            None,
+            local.workers,
+            threads_per_worker=local.threads_per_worker,
+            memory_limit=local.memory_limit,
+            security=security,
+        ) as client:
             yield client
         return
     import dask

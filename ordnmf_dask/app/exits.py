@@ -30,23 +30,44 @@ EXIT_PIPE = 141  # 128 + SIGPIPE: the reader of standard output went away (`| he
 
 # OSErrors of the local file system rather than of the network: a path that cannot be written
 # (read-only, full, over quota) or is of the wrong kind
-_LOCAL_IO_ERRORS = (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
-                    FileNotFoundError)
+_LOCAL_IO_ERRORS = (
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+    FileNotFoundError,
+)
 
 
-_LOCAL_IO_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EIO,
-                              errno.ENAMETOOLONG, errno.ELOOP})
+_LOCAL_IO_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EROFS,
+        errno.EDQUOT,
+        errno.EFBIG,
+        errno.EIO,
+        errno.ENAMETOOLONG,
+        errno.ELOOP,
+    }
+)
 
 
-OUTPUT_FLAGS = {"out": "--out", "json_out": "--json", "checkpoint_dir": "--checkpoint-dir",
-            "work_dir": "--work-dir"}  # argparse destination -> flag of the paths a command writes
+OUTPUT_FLAGS = {
+    "out": "--out",
+    "json_out": "--json",
+    "checkpoint_dir": "--checkpoint-dir",
+    "work_dir": "--work-dir",
+}  # argparse destination -> flag of the paths a command writes
 
 
 def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:
     if not isinstance(exc, OSError) or isinstance(exc, ConnectionError | TimeoutError):
         return False
-    return (isinstance(exc, _LOCAL_IO_ERRORS) or exc.errno in _LOCAL_IO_ERRNOS
-            or exc.filename is not None)
+    return (
+        isinstance(exc, _LOCAL_IO_ERRORS)
+        or exc.errno in _LOCAL_IO_ERRNOS
+        or exc.filename is not None
+    )
 
 
 def _io_message(exc: OSError, args: argparse.Namespace) -> str:
@@ -54,8 +75,11 @@ def _io_message(exc: OSError, args: argparse.Namespace) -> str:
     if exc.filename is not None:
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
         return f"{path}: {exc.strerror or exc}"
-    outputs = [f"{flag} {getattr(args, dest)}" for dest, flag in OUTPUT_FLAGS.items()
-               if getattr(args, dest, None)]
+    outputs = [
+        f"{flag} {getattr(args, dest)}"
+        for dest, flag in OUTPUT_FLAGS.items()
+        if getattr(args, dest, None)
+    ]
     if exc.errno is None or not outputs:
         return str(exc)
     return f"{exc.strerror} (writing {', '.join(outputs)})"

@@ -54,13 +54,24 @@ def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> Job
         log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
     out = locations.location(cfg.output.model)
     beside = None
-    if params["checkpoint_dir"] is None and params["work_dir"] is None \
-            and not locations.is_url(out):
+    if (
+        params["checkpoint_dir"] is None
+        and params["work_dir"] is None
+        and not locations.is_url(out)
+    ):
         beside = params["checkpoint_dir"] = checkpoint.beside(out)
         checkpoint.check_beside(beside, out)
-    plan = plan_fit(cfg.store.path, name, params, init=cfg.model.init,
-                    init_model=cfg.model.init_model, out=out, overwrite=cfg.output.overwrite,
-                    resume=resume, restart=restart)  # fmt: skip
+    plan = plan_fit(
+        cfg.store.path,
+        name,
+        params,
+        init=cfg.model.init,
+        init_model=cfg.model.init_model,
+        out=out,
+        overwrite=cfg.output.overwrite,
+        resume=resume,
+        restart=restart,
+    )
     return JobPlan(plan, beside, cfg.to_dict())
 
 

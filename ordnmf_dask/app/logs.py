@@ -34,8 +34,17 @@ class _OnImport:
         if fullname != self.name or self.loader is not None:
             return None
         sys.meta_path.remove(self)
-        spec = next(filter(None, (f.find_spec(fullname, path, target) for f in sys.meta_path
-                                  if hasattr(f, "find_spec"))), None)  # fmt: skip
+        spec = next(
+            filter(
+                None,
+                (
+                    f.find_spec(fullname, path, target)
+                    for f in sys.meta_path
+                    if hasattr(f, "find_spec")
+                ),
+            ),
+            None,
+        )
         if spec is not None and spec.loader is not None:
             self.loader, spec.loader = spec.loader, self
         return spec
@@ -66,8 +75,11 @@ def logging_kept(quiet: bool) -> Iterator[None]:
     if "distributed" not in sys.modules:
 
         def configured() -> None:
-            levels.extend((logger, logger.level) for logger in _dask_loggers()
-                          if logger.name.split(".")[0] == "distributed")  # fmt: skip
+            levels.extend(
+                (logger, logger.level)
+                for logger in _dask_loggers()
+                if logger.name.split(".")[0] == "distributed"
+            )
             if quiet:
                 silence_dask()
 

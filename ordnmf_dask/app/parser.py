@@ -63,30 +63,54 @@ def build_parser() -> argparse.ArgumentParser:
     add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
 
     ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
-    ing.add_argument("inputs", nargs="+",
-                     help="CSV / TSV / .dat / .parquet files (.gz, .bz2, .zst by suffix), "
-                          "directories of Parquet files, globs, or s3:// gs:// http(s):// URLs "
-                          "(concatenated)")
+    ing.add_argument(
+        "inputs",
+        nargs="+",
+        help="CSV / TSV / .dat / .parquet files (.gz, .bz2, .zst by suffix), "
+        "directories of Parquet files, globs, or s3:// gs:// http(s):// URLs "
+        "(concatenated)",
+    )
     ing.add_argument("--out", required=True, help="store directory to create")
-    ing.add_argument("--ratings", choices=["halfstar", "integer"],
-                     help="ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V")
+    ing.add_argument(
+        "--ratings",
+        choices=["halfstar", "integer"],
+        help="ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V",
+    )
     ing.add_argument("--scale-max", type=int, help="V for --ratings integer (default: max seen)")
-    ing.add_argument("--counts", type=_counts,
-                     help="quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or T1,T2,...")
+    ing.add_argument(
+        "--counts",
+        type=_counts,
+        help="quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or T1,T2,...",
+    )
     ing.add_argument("--binarize", type=float, metavar="S", help="class 1 where value >= S")
-    ing.add_argument("--min-count", type=int, default=0,
-                     help="drop items, then users, with fewer interactions")
-    ing.add_argument("--filter", dest="filter_mode", choices=["paper", "stable"], default="paper",
-                     help="paper: one pass (items then users); stable: iterate until stable")
+    ing.add_argument(
+        "--min-count", type=int, default=0, help="drop items, then users, with fewer interactions"
+    )
+    ing.add_argument(
+        "--filter",
+        dest="filter_mode",
+        choices=["paper", "stable"],
+        default="paper",
+        help="paper: one pass (items then users); stable: iterate until stable",
+    )
     ing.add_argument("--duplicates", choices=["error", "sum", "max", "last"], default="error")
     split = ing.add_mutually_exclusive_group()
     split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
-    split.add_argument("--test-fraction", type=float, default=0.2,
-                       help="about this fraction of the nonzeros goes to test, each pair by a "
-                            "seeded hash of its raw ids (it keeps its subset as data grow)")
-    ing.add_argument("--validation-fraction", type=float, default=0.0, metavar="F",
-                     help="keep this fraction of the training nonzeros apart for validation "
-                          "during fits (same hashed split; default 0: none)")
+    split.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.2,
+        help="about this fraction of the nonzeros goes to test, each pair by a "
+        "seeded hash of its raw ids (it keeps its subset as data grow)",
+    )
+    ing.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="keep this fraction of the training nonzeros apart for validation "
+        "during fits (same hashed split; default 0: none)",
+    )
     ing.add_argument("--seed", type=int, default=0, help="seed of the random split")
     ing.add_argument("--nnz-per-block", type=int, default=2**21)
     ing.add_argument("--grid", type=_int_list, help="explicit block grid R,C")
@@ -94,13 +118,24 @@ def build_parser() -> argparse.ArgumentParser:
     hdr = ing.add_mutually_exclusive_group()
     hdr.add_argument("--header", dest="header", action="store_true", default=None)
     hdr.add_argument("--no-header", dest="header", action="store_false")
-    ing.add_argument("--columns", type=_columns, default=[0, 1, 2],
-                     help="user,item,value columns: 0-based positions or names (default 0,1,2)")
+    ing.add_argument(
+        "--columns",
+        type=_columns,
+        default=[0, 1, 2],
+        help="user,item,value columns: 0-based positions or names (default 0,1,2)",
+    )
     ing.add_argument("--overwrite", action="store_true")
-    ing.add_argument("--distributed", action="store_true",
-                     help="out-of-core ingest on a cluster (bounded memory per task)")
-    ing.add_argument("--chunk-bytes", type=int, default=2**24,
-                     help="with --distributed: bytes of text per parsing task (default 16 MiB)")
+    ing.add_argument(
+        "--distributed",
+        action="store_true",
+        help="out-of-core ingest on a cluster (bounded memory per task)",
+    )
+    ing.add_argument(
+        "--chunk-bytes",
+        type=int,
+        default=2**24,
+        help="with --distributed: bytes of text per parsing task (default 16 MiB)",
+    )
     _cluster_args(ing)
 
     syn = add("synth", help="sample a synthetic IG-OrdNMF dataset into a store")
@@ -120,30 +155,50 @@ def build_parser() -> argparse.ArgumentParser:
     inf = add("info", help="summary of a store (exit 2 if incomplete or unreadable)")
     inf.add_argument("store")
     inf.add_argument("--json", action="store_true", help="print the summary as JSON")
-    inf.add_argument("--verify", action="store_true",
-                     help="also check every chunk file's checksum (reads the whole store)")
+    inf.add_argument(
+        "--verify",
+        action="store_true",
+        help="also check every chunk file's checksum (reads the whole store)",
+    )
 
     # One flag per parameter of ordnmf_dask.params (default None = not given, so that a flag
     # overrides the --config file only when the user gave it); the job-only flags after them.
     fit = add("fit", help="fit IG-OrdNMF on a store (flags override --config FILE)")
     fit.add_argument("store", nargs="?", help="store directory (or [store] path in --config)")
     fit.add_argument("--out", help="model directory to write (or [output] model)")
-    fit.add_argument("--model", dest="model_kind", choices=list(MODELS),
-                     help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
+    fit.add_argument(
+        "--model",
+        dest="model_kind",
+        choices=list(MODELS),
+        help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
+    )
     _param_args(fit)
     fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
-    fit.add_argument("--init-model", metavar="MODEL",
-                     help="warm start from a saved model of the same kind and K, on this store "
-                          "or one that grew (users and items matched by raw id)")
-    fit.add_argument("--resume", action="store_true",
-                     help="require resuming: fail unless --checkpoint-dir holds a usable "
-                          "checkpoint of this fit (without it, a fit resumes when it finds one "
-                          "and starts afresh otherwise)")
-    fit.add_argument("--restart", action="store_true",
-                     help="remove the checkpoints ordnmf-dask wrote in --checkpoint-dir "
-                          "(of any fit; they are logged) and start afresh")
-    fit.add_argument("--overwrite", action="store_true", default=None,
-                     help="replace --out if it is a model (nothing else is ever replaced)")
+    fit.add_argument(
+        "--init-model",
+        metavar="MODEL",
+        help="warm start from a saved model of the same kind and K, on this store "
+        "or one that grew (users and items matched by raw id)",
+    )
+    fit.add_argument(
+        "--resume",
+        action="store_true",
+        help="require resuming: fail unless --checkpoint-dir holds a usable "
+        "checkpoint of this fit (without it, a fit resumes when it finds one "
+        "and starts afresh otherwise)",
+    )
+    fit.add_argument(
+        "--restart",
+        action="store_true",
+        help="remove the checkpoints ordnmf-dask wrote in --checkpoint-dir "
+        "(of any fit; they are logged) and start afresh",
+    )
+    fit.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace --out if it is a model (nothing else is ever replaced)",
+    )
     _cluster_args(fit)
 
     ev = add("evaluate", help="NDCG@k and test log-likelihood of a model")
@@ -151,8 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model")
     ev.add_argument("--k", type=int, default=100)
     ev.add_argument("--levels", type=_int_list, help="relevance thresholds s (default 1..V)")
-    ev.add_argument("--user-fraction", type=float, default=1.0,
-                    help="NDCG over this random fraction of the users (default 1: all)")
+    ev.add_argument(
+        "--user-fraction",
+        type=float,
+        default=1.0,
+        help="NDCG over this random fraction of the users (default 1: all)",
+    )
     ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
     _other_store_arg(ev)
@@ -162,8 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("store")
     rec.add_argument("model")
     who = rec.add_mutually_exclusive_group(required=True)
-    who.add_argument("--out", help="directory or URL for all users: an export of "
-                     "recommendations (OUT/recommendations/part-<r>.parquet)")
+    who.add_argument(
+        "--out",
+        help="directory or URL for all users: an export of "
+        "recommendations (OUT/recommendations/part-<r>.parquet)",
+    )
     who.add_argument("--users", help="raw user ids joined by commas: print their lists")
     rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -172,71 +234,156 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = add("export", help="factors with raw ids and top-N lists as partitioned Parquet")
     exp.add_argument("model")
-    exp.add_argument("--out", required=True,
-                     help="directory or URL (s3://bucket/prefix, ...) of the export")
-    exp.add_argument("--what", type=_name_list, default=["factors", "recommendations"],
-                     help="comma-separated subset of factors,recommendations (default both)")
+    exp.add_argument(
+        "--out", required=True, help="directory or URL (s3://bucket/prefix, ...) of the export"
+    )
+    exp.add_argument(
+        "--what",
+        type=_name_list,
+        default=["factors", "recommendations"],
+        help="comma-separated subset of factors,recommendations (default both)",
+    )
     exp.add_argument("-n", type=int, default=10, help="recommendations per user (default 10)")
-    exp.add_argument("--store", help="training store for the recommendations (default: the "
-                     "store the model records)")
-    exp.add_argument("--overwrite", action="store_true",
-                     help="replace --out if it is an export (nothing else is ever replaced)")
+    exp.add_argument(
+        "--store",
+        help="training store for the recommendations (default: the store the model records)",
+    )
+    exp.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it is an export (nothing else is ever replaced)",
+    )
     _other_store_arg(exp)
     _cluster_args(exp)
 
     rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
     rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
-    rep.add_argument("--data", help="directory holding the shared datasets "
-                     "(default ../shared/data from the working directory)")
-    rep.add_argument("--datasets", default="movielens,tasteprofile,lastfm",
-                     help="comma-separated subset of movielens,tasteprofile,lastfm")
+    rep.add_argument(
+        "--data",
+        help="directory holding the shared datasets "
+        "(default ../shared/data from the working directory)",
+    )
+    rep.add_argument(
+        "--datasets",
+        default="movielens,tasteprofile,lastfm",
+        help="comma-separated subset of movielens,tasteprofile,lastfm",
+    )
     rep.add_argument("--k-grid", type=_int_list, default=[25, 50], help="K values (default 25,50)")
     rep.add_argument("--seeds", type=_int_list, default=[0, 1, 2, 3, 4])
     rep.add_argument("--max-iter", type=int, default=1000)
     rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
     _cluster_args(rep)
 
-    tun = add("tune", help="search K, alpha_W, alpha_H by successive halving on validation "
-              "(flags and [model] of --config fix the other parameters)")
+    tun = add(
+        "tune",
+        help="search K, alpha_W, alpha_H by successive halving on validation "
+        "(flags and [model] of --config fix the other parameters)",
+    )
     tun.add_argument("store", help="store directory (with a validation subset)")
-    tun.add_argument("--out", required=True,
-                     help="directory of the results table, trials and best model (DIR/best)")
-    tun.add_argument("--model", dest="model_kind", choices=list(MODELS),
-                     help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf")
+    tun.add_argument(
+        "--out",
+        required=True,
+        help="directory of the results table, trials and best model (DIR/best)",
+    )
+    tun.add_argument(
+        "--model",
+        dest="model_kind",
+        choices=list(MODELS),
+        help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
+    )
     for name, flags in SEARCH_FLAGS.items():
-        tun.add_argument(*flags, dest=f"space_{name}", metavar="V1,V2,...|LOW:HIGH",
-                         help=f"{PARAMS[name].doc}: values to search, or a range sampled "
-                              "log-uniformly (needs --n-trials)")
-    tun.add_argument("--n-trials", dest="n_trials", type=int,
-                     help="sample this many trials at random (default: the grid of the values)")
-    tun.add_argument("--sample-seed", dest="sample_seed", type=int, default=0,
-                     help="seed of the random trials (default 0)")
-    tun.add_argument("--min-budget", dest="min_budget", type=int,
-                     help="iterations of the first rung (default max_iter // eta^2)")
-    tun.add_argument("--eta", type=int, default=3,
-                     help="keep the best 1/eta of the trials at each rung (default 3)")
-    tun.add_argument("--validation-metric", dest="validation_metric",
-                     choices=["ndcg", "loglik"], default="ndcg",
-                     help="ndcg: NDCG@--validation-k at relevance >= --validation-s; loglik: "
-                          "mean held-out "
-                          "log-likelihood (default ndcg)")
-    tun.add_argument("--validation-k", dest="validation_k", type=int, default=100,
-                     help="k of NDCG@k (default 100)")
-    tun.add_argument("--validation-s", dest="validation_s", type=int,
-                     help="relevance threshold s (default: --threshold for bepof / pf, else 1)")
-    tun.add_argument("--allow-test", dest="allow_test", action="store_true",
-                     help="score on the test subset when the store has no validation subset "
-                          "(its test figures are then optimistic)")
-    tun.add_argument("--user-fraction", dest="user_fraction", type=float, default=1.0,
-                     help="when tune scores the models itself (test subset, or "
-                          "--validation-every 0): rank this random fraction of the users "
-                          "(default 1)")
-    tun.add_argument("--jobs", dest="n_jobs", type=int, default=4,
-                     help="fits run concurrently (default 4)")
-    tun.add_argument("--overwrite", action="store_true", default=None,
-                     help="replace the results of an earlier tune in --out")
-    _param_args(tun, skip=(*SEARCH_FLAGS, "n_init", "work_dir", "checkpoint_dir", "executor",
-                           "validation_metric", "validation_k", "validation_s"))  # tune's own
+        tun.add_argument(
+            *flags,
+            dest=f"space_{name}",
+            metavar="V1,V2,...|LOW:HIGH",
+            help=f"{PARAMS[name].doc}: values to search, or a range sampled "
+            "log-uniformly (needs --n-trials)",
+        )
+    tun.add_argument(
+        "--n-trials",
+        dest="n_trials",
+        type=int,
+        help="sample this many trials at random (default: the grid of the values)",
+    )
+    tun.add_argument(
+        "--sample-seed",
+        dest="sample_seed",
+        type=int,
+        default=0,
+        help="seed of the random trials (default 0)",
+    )
+    tun.add_argument(
+        "--min-budget",
+        dest="min_budget",
+        type=int,
+        help="iterations of the first rung (default max_iter // eta^2)",
+    )
+    tun.add_argument(
+        "--eta",
+        type=int,
+        default=3,
+        help="keep the best 1/eta of the trials at each rung (default 3)",
+    )
+    tun.add_argument(
+        "--validation-metric",
+        dest="validation_metric",
+        choices=["ndcg", "loglik"],
+        default="ndcg",
+        help="ndcg: NDCG@--validation-k at relevance >= --validation-s; loglik: "
+        "mean held-out "
+        "log-likelihood (default ndcg)",
+    )
+    tun.add_argument(
+        "--validation-k",
+        dest="validation_k",
+        type=int,
+        default=100,
+        help="k of NDCG@k (default 100)",
+    )
+    tun.add_argument(
+        "--validation-s",
+        dest="validation_s",
+        type=int,
+        help="relevance threshold s (default: --threshold for bepof / pf, else 1)",
+    )
+    tun.add_argument(
+        "--allow-test",
+        dest="allow_test",
+        action="store_true",
+        help="score on the test subset when the store has no validation subset "
+        "(its test figures are then optimistic)",
+    )
+    tun.add_argument(
+        "--user-fraction",
+        dest="user_fraction",
+        type=float,
+        default=1.0,
+        help="when tune scores the models itself (test subset, or "
+        "--validation-every 0): rank this random fraction of the users "
+        "(default 1)",
+    )
+    tun.add_argument(
+        "--jobs", dest="n_jobs", type=int, default=4, help="fits run concurrently (default 4)"
+    )
+    tun.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace the results of an earlier tune in --out",
+    )
+    _param_args(
+        tun,
+        skip=(
+            *SEARCH_FLAGS,
+            "n_init",
+            "work_dir",
+            "checkpoint_dir",
+            "executor",
+            "validation_metric",
+            "validation_k",
+            "validation_s",
+        ),
+    )  # tune's own
     _cluster_args(tun)
     return p
 
@@ -244,8 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
 SHORT_FLAGS = {"n_components": "-k"}
 
 
-SEARCH_FLAGS = {"n_components": ("-k", "--n-components"), "alpha_W": ("--alpha-w",),
-                "alpha_H": ("--alpha-h",)}  # the parameters `tune` searches, and their flags
+SEARCH_FLAGS = {
+    "n_components": ("-k", "--n-components"),
+    "alpha_W": ("--alpha-w",),
+    "alpha_H": ("--alpha-h",),
+}  # the parameters `tune` searches, and their flags
 
 
 CACHE_BLOCKS = {"auto": "auto", "on": True, "off": False}  # --cache-blocks spelling -> value
@@ -282,28 +432,40 @@ def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
 def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
     """--debug, -q and --log-file; on the subcommands with a SUPPRESS default, so that a flag
     given before the command is not reset by the subcommand's own default."""
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs",
-                   **default)
-    p.add_argument("-q", "--quiet", action="store_true",
-                   help="only warnings and errors on stderr (--log-file still gets INFO)",
-                   **default)
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs", **default)
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="only warnings and errors on stderr (--log-file still gets INFO)",
+        **default,
+    )
     p.add_argument("--log-file", help="also write logs to this file", **default)
 
 
 def _other_store_arg(p: argparse.ArgumentParser) -> None:
     """``--allow-other-store``: use a store other than the one the model was fitted on (by
     default refused, ``postfit.evaluate.check_compatible``)."""
-    p.add_argument("--allow-other-store", action="store_true",
-                   help="use STORE even if the model was fitted on another store (e.g. another "
-                   "split of the same ratings: its test pairs may be the model's training pairs)")
+    p.add_argument(
+        "--allow-other-store",
+        action="store_true",
+        help="use STORE even if the model was fitted on another store (e.g. another "
+        "split of the same ratings: its test pairs may be the model's training pairs)",
+    )
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="job file (TOML); flags given override it")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="tcp://host:port of a running scheduler (default: start a LocalCluster)")
-    p.add_argument("--scheduler-file", metavar="FILE",
-                   help="scheduler file written by `dask scheduler --scheduler-file`")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="tcp://host:port of a running scheduler (default: start a LocalCluster)",
+    )
+    p.add_argument(
+        "--scheduler-file",
+        metavar="FILE",
+        help="scheduler file written by `dask scheduler --scheduler-file`",
+    )
     p.add_argument("--workers", type=int, help="worker processes of the LocalCluster (default 2)")
     p.add_argument("--threads-per-worker", type=int, help="LocalCluster threads (default 1)")
     p.add_argument("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)")

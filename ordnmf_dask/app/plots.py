@@ -39,7 +39,9 @@ def plot_elbo(traces: Mapping[str, Sequence[float]], path: str | os.PathLike) ->
 
 
 def plot_ppc(
-    train: Sequence[float], simulated: Mapping[str, Sequence[float]], path: str | os.PathLike,
+    train: Sequence[float],
+    simulated: Mapping[str, Sequence[float]],
+    path: str | os.PathLike,
     title: str = "Posterior predictive check",
 ) -> str:
     """Class histogram of the training data vs data simulated from each model (log scale),

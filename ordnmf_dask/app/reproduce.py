@@ -59,23 +59,35 @@ def shared_datasets(data_dir: str | os.PathLike) -> dict[str, Dataset]:
     d = Path(data_dir)
     return {
         "movielens": Dataset(
-            "movielens", str(d / "ml-latest-small" / "ratings.csv"),
-            {"ratings": "halfstar"}, high_threshold=8, select_level=8,
-            levels=(1, 4, 6, 8, 10), counts=False,
+            "movielens",
+            str(d / "ml-latest-small" / "ratings.csv"),
+            {"ratings": "halfstar"},
+            high_threshold=8,
+            select_level=8,
+            levels=(1, 4, 6, 8, 10),
+            counts=False,
             notes="ratings x2 -> classes 1..10",
         ),
         "tasteprofile": Dataset(
             "tasteprofile",
-            str(d / "tasteprofile-gouvert-subset" / "derived"
-                / "tps_98765_U1502_I786_triplets.txt"),
-            {"counts": "paper"}, high_threshold=3, select_level=1,
-            levels=(1, 2, 3, 4, 5, 6), counts=True,
+            str(
+                d / "tasteprofile-gouvert-subset" / "derived" / "tps_98765_U1502_I786_triplets.txt"
+            ),
+            {"counts": "paper"},
+            high_threshold=3,
+            select_level=1,
+            levels=(1, 2, 3, 4, 5, 6),
+            counts=True,
             notes="play counts quantized at (0,1,2,5,10,20,50,100,200,500)",
         ),
         "lastfm": Dataset(
-            "lastfm", str(d / "hetrec2011-lastfm-2k" / "user_artists.dat"),
-            {"counts": list(LASTFM_THRESHOLDS)}, high_threshold=6, select_level=1,
-            levels=(1, 3, 5, 7, 9, 10), counts=True,
+            "lastfm",
+            str(d / "hetrec2011-lastfm-2k" / "user_artists.dat"),
+            {"counts": list(LASTFM_THRESHOLDS)},
+            high_threshold=6,
+            select_level=1,
+            levels=(1, 3, 5, 7, 9, 10),
+            counts=True,
             notes=f"artist play counts quantized at rounded deciles {LASTFM_THRESHOLDS}",
         ),
     }
@@ -113,25 +125,53 @@ def model_specs(ds: Dataset) -> list[tuple[str, str, str, dict[str, Any]]]:
 
 
 def _one_run(
-    client: Client, store: StoreInfo, label: str, kind: str, model: str, extra: dict[str, Any],
-    k: int, seed: int, proto: Protocol, out: Path,
+    client: Client,
+    store: StoreInfo,
+    label: str,
+    kind: str,
+    model: str,
+    extra: dict[str, Any],
+    k: int,
+    seed: int,
+    proto: Protocol,
+    out: Path,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    params = {"n_components": k, "alpha_W": proto.alpha, "alpha_H": proto.alpha,
-              "tol": proto.tol, "max_iter": proto.max_iter, "seed": seed, **extra}
+    params = {
+        "n_components": k,
+        "alpha_W": proto.alpha,
+        "alpha_H": proto.alpha,
+        "tol": proto.tol,
+        "max_iter": proto.max_iter,
+        "seed": seed,
+        **extra,
+    }
     model_dir = out / "models" / f"{label.replace(' ', '').replace('>=', 'ge')}-K{k}-s{seed}"
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     a = fit(store, model, params, client, out=model_dir, overwrite=True).attrs
     res = evaluate(store, model_dir, client)
     row = {
-        "model": label, "data": kind, "K": k, "seed": seed, "n_iter": a["n_iter"],
-        "converged": a["converged"], "elbo": a["elbo"][-1],
+        "model": label,
+        "data": kind,
+        "K": k,
+        "seed": seed,
+        "n_iter": a["n_iter"],
+        "converged": a["converged"],
+        "elbo": a["elbo"][-1],
         "seconds": round(time.perf_counter() - start, 2),
-        "test_loglik_mean": res["test_loglik_mean"], "model_dir": str(model_dir),
+        "test_loglik_mean": res["test_loglik_mean"],
+        "model_dir": str(model_dir),
         **{f"ndcg@{res['k']} s={s}": v for s, v in res["ndcg"].items()},
     }
-    log.info("%-10s K=%-3d seed=%d: %d iterations, NDCG@100 s=1 %.4f (%.1fs)",
-             label, k, seed, a["n_iter"], res["ndcg"][1], row["seconds"])
+    log.info(
+        "%-10s K=%-3d seed=%d: %d iterations, NDCG@100 s=1 %.4f (%.1fs)",
+        label,
+        k,
+        seed,
+        a["n_iter"],
+        res["ndcg"][1],
+        row["seconds"],
+    )
     return row
 
 
@@ -155,8 +195,9 @@ def _summary_table(ds: Dataset, rows: list[dict[str, Any]]) -> tuple[str, list[d
         ll = [r["test_loglik_mean"] for r in runs if r["test_loglik_mean"] is not None]
         ll_sd = np.std(ll, ddof=1) if len(ll) > 1 else 0.0
         ll_cell = f"{np.mean(ll):.3f} ± {ll_sd:.3f}" if ll else "–"
-        lines.append(f"| {label} | {runs[0]['data']} | {best_k} | " + " | ".join(cells)
-                     + f" | {ll_cell} |")
+        lines.append(
+            f"| {label} | {runs[0]['data']} | {best_k} | " + " | ".join(cells) + f" | {ll_cell} |"
+        )
         chosen.append({"model": label, "K": best_k, "runs": runs})
     return "\n".join(lines), chosen
 
@@ -195,12 +236,17 @@ def reproduce(
     for ds in datasets:
         ddir = out / ds.name
         ddir.mkdir(exist_ok=True)
-        store = ingest(ds.path, ddir / "store.zarr", min_count=proto.min_count,
-                       seed=proto.split_seed, overwrite=True, **ds.ingest_options)
+        store = ingest(
+            ds.path,
+            ddir / "store.zarr",
+            min_count=proto.min_count,
+            seed=proto.split_seed,
+            overwrite=True,
+            **ds.ingest_options,
+        )
         # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
         at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
-        with choose_client(client, store, at_once, n_workers=n_workers,
-                           jobs=proto.n_jobs) as cl:
+        with choose_client(client, store, at_once, n_workers=n_workers, jobs=proto.n_jobs) as cl:
             jobs = [
                 (label, kind, model, extra, k, seed)
                 for label, kind, model, extra in model_specs(ds)
@@ -219,11 +265,19 @@ def reproduce(
             table, chosen = _summary_table(ds, rows)
             figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
             report += [
-                "", f"## {ds.name}", "",
+                "",
+                f"## {ds.name}",
+                "",
                 f"{store.n_users} users x {store.n_items} items, {store.nnz_train} train / "
-                f"{store.nnz_test} test nonzeros, {ds.notes}.", "", table, "",
+                f"{store.nnz_test} test nonzeros, {ds.notes}.",
+                "",
+                table,
+                "",
                 "PPC (training class counts vs simulated from the first seed's model, "
-                "classes 1..V):", "", figures["ppc_table"], "",
+                "classes 1..V):",
+                "",
+                figures["ppc_table"],
+                "",
                 "Figures: " + ", ".join(f"`{p}`" for p in figures["files"]),
             ]
     text = "\n".join(report) + "\n"
@@ -231,8 +285,15 @@ def reproduce(
     return text
 
 
-def _figures(plots: Any, client: Client, store: StoreInfo, ds: Dataset,
-             chosen: list[dict[str, Any]], ddir: Path, proto: Protocol) -> dict[str, Any]:
+def _figures(
+    plots: Any,
+    client: Client,
+    store: StoreInfo,
+    ds: Dataset,
+    chosen: list[dict[str, Any]],
+    ddir: Path,
+    proto: Protocol,
+) -> dict[str, Any]:
     """ELBO traces, PPC histogram and thresholds of the chosen runs (first seed)."""
     from ordnmf_dask.estimator import CaviEstimator
 
@@ -242,18 +303,25 @@ def _figures(plots: Any, client: Client, store: StoreInfo, ds: Dataset,
     ppc, sims = {}, {}
     for label in ("OrdNMF", "dcPF"):
         if label in first:
-            ppc[label] = posterior_predictive(store, first[label], client,
-                                              n_pairs=proto.ppc_pairs)
+            ppc[label] = posterior_predictive(store, first[label], client, n_pairs=proto.ppc_pairs)
             sims[label] = ppc[label]["model"]
     train = next(iter(ppc.values()))["train"]
     files.append(plots.plot_ppc(train, sims, ddir / "ppc.png", title=f"PPC, {ds.name}"))
-    files.append(plots.plot_thresholds(first["OrdNMF"].theta_, ddir / "thresholds.png",
-                                       title=f"OrdNMF thresholds, {ds.name}"))
+    files.append(
+        plots.plot_thresholds(
+            first["OrdNMF"].theta_, ddir / "thresholds.png", title=f"OrdNMF thresholds, {ds.name}"
+        )
+    )
     (ddir / "ppc.json").write_text(json.dumps(ppc, indent=2))
     head = "| class | " + " | ".join(str(c) for c in range(1, len(train))) + " |"
-    lines = [head, "|---" * len(train) + "|",
-             "| train | " + " | ".join(f"{v:.0f}" for v in train[1:]) + " |"]
+    lines = [
+        head,
+        "|---" * len(train) + "|",
+        "| train | " + " | ".join(f"{v:.0f}" for v in train[1:]) + " |",
+    ]
     for label, hist in sims.items():
         lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in hist[1:]) + " |")
-    return {"files": [os.path.relpath(f, ddir.parent) for f in files],
-            "ppc_table": "\n".join(lines)}
+    return {
+        "files": [os.path.relpath(f, ddir.parent) for f in files],
+        "ppc_table": "\n".join(lines),
+    }

@@ -53,7 +53,6 @@ ROUNDOFF = 1e-10  # relative ELBO decrease tolerated as floating-point round-off
 FIRST_NOTICE_SECONDS = 10.0  # a first iteration running longer is explained in the log
 
 
-
 @dataclass(frozen=True)
 class CaviConfig:
     """Hyper-parameters of one run, validated by :func:`ordnmf_dask.params.validate` (their
@@ -148,7 +147,7 @@ def early_stopping(scores: list[float], patience: int, window: int = 1) -> tuple
     """
     kept, best = 0, -math.inf
     for j in range(len(scores)):
-        smoothed = math.fsum(scores[max(0, j - window + 1):j + 1]) / min(window, j + 1)
+        smoothed = math.fsum(scores[max(0, j - window + 1) : j + 1]) / min(window, j + 1)
         if smoothed > best:
             kept, best = j, smoothed
     return kept, bool(patience) and len(scores) - 1 - kept >= patience
@@ -221,7 +220,9 @@ class CaviRunner:
         )
 
     def submit_initial(
-        self, fn: Callable[..., Any], w_args: list[tuple[Any, ...]],
+        self,
+        fn: Callable[..., Any],
+        w_args: list[tuple[Any, ...]],
         h_args: list[tuple[Any, ...]],
     ) -> tuple[list[Future], list[Future]]:
         """Initial chunks ``fn(*args)``, one per user-block and per item-block, each submitted
@@ -245,9 +246,14 @@ class CaviRunner:
         stats = [
             [
                 client.submit(
-                    tasks.local_strip, self._strip(g, blocks[r]), w[r], self._strip(g, h),
-                    fam, params, **home[r][g],
-                )  # fmt: skip
+                    tasks.local_strip,
+                    self._strip(g, blocks[r]),
+                    w[r],
+                    self._strip(g, h),
+                    fam,
+                    params,
+                    **home[r][g],
+                )
                 for g in range(len(self.groups))
             ]
             for r in range(len(blocks))
@@ -274,9 +280,13 @@ class CaviRunner:
                 client,
                 [
                     client.submit(
-                        tasks.row_correction_strip, self._strip(g, row), fam, params,
-                        self._strip(g, h), **home[r][g],
-                    )  # fmt: skip
+                        tasks.row_correction_strip,
+                        self._strip(g, row),
+                        fam,
+                        params,
+                        self._strip(g, h),
+                        **home[r][g],
+                    )
                     for g in range(len(self.groups))
                 ],
                 lazy=True,
@@ -293,9 +303,13 @@ class CaviRunner:
                 client,
                 [
                     client.submit(
-                        tasks.col_correction_strip, [blocks[r][c] for r in run], fam, params,
-                        [w[r] for r in run], **home[run[0]][c],
-                    )  # fmt: skip
+                        tasks.col_correction_strip,
+                        [blocks[r][c] for r in run],
+                        fam,
+                        params,
+                        [w[r] for r in run],
+                        **home[run[0]][c],
+                    )
                     for run in self.row_runs
                 ],
                 lazy=True,
@@ -319,17 +333,35 @@ class CaviRunner:
         none = [None] * len(st.w)
         corr_w = self._row_corrections(params, st.h) if fam.uses_correction else none
         w = [
-            submit(tasks.update_factor, st.w[r], cfg.alpha_W, st.sw[r], fam, params, st.h_sum,
-                   corr_w[r], **self._home["row"][r])
+            submit(
+                tasks.update_factor,
+                st.w[r],
+                cfg.alpha_W,
+                st.sw[r],
+                fam,
+                params,
+                st.h_sum,
+                corr_w[r],
+                **self._home["row"][r],
+            )
             for r in range(len(st.w))
-        ]  # fmt: skip
+        ]
         w_sum = tree_sum(client, w, "summary")
         corr_h = self._col_corrections(params, w) if fam.uses_correction else [None] * len(st.h)
         h = [
-            submit(tasks.update_factor, st.h[c], cfg.alpha_H, st.sh[c], fam, params, w_sum,
-                   corr_h[c], **self._home["col"][c])
+            submit(
+                tasks.update_factor,
+                st.h[c],
+                cfg.alpha_H,
+                st.sh[c],
+                fam,
+                params,
+                w_sum,
+                corr_h[c],
+                **self._home["col"][c],
+            )
             for c in range(len(st.h))
-        ]  # fmt: skip
+        ]
         h_sum = tree_sum(client, h, "summary")
         sw, sh, small = self._local_pass(w, h, params)
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
@@ -339,13 +371,12 @@ class CaviRunner:
         """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
         submit = self.client.submit
         groups = {
-            "W": st.w, "H": st.h,
+            "W": st.w,
+            "H": st.h,
             "SW": [submit(reduce.resolve, x) for x in st.sw],
             "SH": [submit(reduce.resolve, x) for x in st.sh],
-        }  # fmt: skip
-        return checkpoint.start(
-            self.client, self.checkpoint_dir, n_done, groups, self.fingerprint
-        )
+        }
+        return checkpoint.start(self.client, self.checkpoint_dir, n_done, groups, self.fingerprint)
 
     def _finish_checkpoint(
         self, pending: checkpoint.Pending, res: dict[str, Any], state: CaviState
@@ -353,10 +384,14 @@ class CaviRunner:
         """Complete ``pending`` with the client's state and read it back (cutting the task
         lineage); the read-back futures are submitted, not waited for."""
         snap = checkpoint.Snapshot(
-            pending.iteration, self.family.to_json(res["params"]), list(state.elbo),
-            state.objective, np.asarray(res["small"]).tolist(), np.asarray(res["w_sum"]).tolist(),
+            pending.iteration,
+            self.family.to_json(res["params"]),
+            list(state.elbo),
+            state.objective,
+            np.asarray(res["small"]).tolist(),
+            np.asarray(res["w_sum"]).tolist(),
             np.asarray(res["h_sum"]).tolist(),
-        )  # fmt: skip
+        )
         path, colsums = checkpoint.finish(pending, snap)
         log.debug("checkpoint %s", path)
         groups = checkpoint.reload(self.client, path, self._rows(), colsums)
@@ -368,9 +403,16 @@ class CaviRunner:
         """A state built from chunks read from a checkpoint and the O(K + V) values saved."""
         w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
         return _Flight(
-            w, h, sw, sh, params, np.asarray(small),
-            np.asarray(w_sum), np.asarray(h_sum), None,
-        )  # fmt: skip
+            w,
+            h,
+            sw,
+            sh,
+            params,
+            np.asarray(small),
+            np.asarray(w_sum),
+            np.asarray(h_sum),
+            None,
+        )
 
     def run(
         self,
@@ -428,9 +470,16 @@ class CaviRunner:
             params = fam.init_params() if init_params is None else init_params
             sw, sh, small = self._local_pass(w, h, params)
             cur = _Flight(
-                w, h, sw, sh, params, small,
-                tree_sum(client, w, "summary"), tree_sum(client, h, "summary"), None,
-            )  # fmt: skip
+                w,
+                h,
+                sw,
+                sh,
+                params,
+                small,
+                tree_sum(client, w, "summary"),
+                tree_sum(client, h, "summary"),
+                None,
+            )
             state = CaviState(w, h, params)
             del w, h  # the initial chunks live in ``cur`` and ``state`` until replaced
             first = 0
@@ -452,7 +501,7 @@ class CaviRunner:
                 if take:
                     pending = self._start_checkpoint(cur, n + 1)
                 ahead = None if (take or last) else self._iteration(cur)
-                res = (self._first_result(cur.result) if n == first else cur.result.result())
+                res = self._first_result(cur.result) if n == first else cur.result.result()
                 elbo, objective, params = res["elbo"], res["objective"], res["params"]
                 state.w, state.h, state.params = cur.w, cur.h, params
                 rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
@@ -472,25 +521,35 @@ class CaviRunner:
                 figures = None
                 now = time.perf_counter()
                 seconds = now - clock
-                if validation is not None and failure is None and (
-                    n % validation.every == 0 or stop is not None
+                if (
+                    validation is not None
+                    and failure is None
+                    and (n % validation.every == 0 or stop is not None)
                 ):
                     figures = {"iteration": n, **validation.score(cur.w, cur.h, params)}
                     figures["seconds"] = time.perf_counter() - now
                     state.validation.append(figures)
                     kept, early = early_stopping(
-                        [v["metric"] for v in state.validation], validation.patience,
+                        [v["metric"] for v in state.validation],
+                        validation.patience,
                         validation.window,
-                    )  # fmt: skip
+                    )
                     if kept == len(state.validation) - 1:
                         best = (n, cur.w, cur.h, params)
                     if early:
                         stop = stop or "patience"
                 clock = time.perf_counter()
                 info = IterationInfo(
-                    n, cfg.max_iter, elbo, rate, seconds, clock - start, params, figures,
+                    n,
+                    cfg.max_iter,
+                    elbo,
+                    rate,
+                    seconds,
+                    clock - start,
+                    params,
+                    figures,
                     None if best is None else best[0],
-                )  # fmt: skip
+                )
                 if callback is not None and callback(info):
                     info.stop()
                 if failure is not None:
@@ -529,8 +588,11 @@ class CaviRunner:
             log.info(
                 "iteration 1 of %d still running after %.0f s: the workers read the training "
                 "blocks from the store (%s) and compile the numba kernels (once per worker); "
-                "later iterations are faster", self.cfg.max_iter, FIRST_NOTICE_SECONDS, blocks,
-            )  # fmt: skip
+                "later iterations are faster",
+                self.cfg.max_iter,
+                FIRST_NOTICE_SECONDS,
+                blocks,
+            )
             return result.result()
 
 

@@ -64,7 +64,6 @@ _NAME = re.compile(r"^ckpt-(\d{8})$")
 GROUPS = ("W", "H", "SW", "SH")
 
 
-
 @dataclass
 class Snapshot:
     """The client-side part of the state after an iteration (JSON-able)."""
@@ -146,8 +145,9 @@ def list_checkpoints(directory: str, pattern: re.Pattern = _NAME) -> list[str]:
     """Complete-looking checkpoints in ``directory`` (names matching ``pattern``), newest
     first."""
     if locations.is_url(directory):
-        names = sorted((n for n in locations.list_names(directory) if pattern.match(n)),
-                       reverse=True)
+        names = sorted(
+            (n for n in locations.list_names(directory) if pattern.match(n)), reverse=True
+        )
         return [locations.join(directory, n) for n in names]
     if not os.path.isdir(directory):
         return []
@@ -159,9 +159,14 @@ def foreign(directory: str) -> list[str]:
     """Entries of the local ``directory`` that are not checkpoints this package wrote (finished,
     unfinished, or emptied by a removal cut short): what a caller must not remove."""
     names = sorted(os.listdir(directory))
-    return [os.path.join(directory, n) for n in names
-            if not CHECKPOINT_NAME.match(n) or not (_is_empty_dir(os.path.join(directory, n))
-                                         or fingerprint_of(os.path.join(directory, n)))]
+    return [
+        os.path.join(directory, n)
+        for n in names
+        if not CHECKPOINT_NAME.match(n)
+        or not (
+            _is_empty_dir(os.path.join(directory, n)) or fingerprint_of(os.path.join(directory, n))
+        )
+    ]
 
 
 def remove(path: str) -> None:
@@ -204,8 +209,10 @@ def check_beside(directory: str, model: str) -> None:
     user's)."""
     if not os.path.lexists(directory) or _is_empty_dir(directory) or owner(directory) == model:
         return
-    raise InputError(f"{directory}: exists and was not made by ordnmf_dask for the checkpoints "
-                     f"of {model}; move it, or give checkpoint_dir")
+    raise InputError(
+        f"{directory}: exists and was not made by ordnmf_dask for the checkpoints "
+        f"of {model}; move it, or give checkpoint_dir"
+    )
 
 
 def make_beside(directory: str, model: str) -> None:
@@ -241,24 +248,34 @@ def claim(directory: str, prints: list[str], restart: bool, dry_run: bool = Fals
     for path in list_checkpoints(directory, CHECKPOINT_NAME):
         if _is_empty_dir(path) and not dry_run:  # the last step of a removal cut short
             os.rmdir(path)
-    found = [(path, fingerprint_of(path)) for path in list_checkpoints(directory, CHECKPOINT_NAME)
-             if not _is_empty_dir(path)]
+    found = [
+        (path, fingerprint_of(path))
+        for path in list_checkpoints(directory, CHECKPOINT_NAME)
+        if not _is_empty_dir(path)
+    ]
     unknown = [path for path, print_ in found if print_ is None]
     if unknown:
-        raise InputError(f"{unknown[0]}: named like a checkpoint but not readable as an "
-                         "ordnmf_dask checkpoint; move or remove it")
+        raise InputError(
+            f"{unknown[0]}: named like a checkpoint but not readable as an "
+            "ordnmf_dask checkpoint; move or remove it"
+        )
     if not restart and not locations.is_url(directory) and owner(directory) is not None:
         other = [path for path, print_ in found if print_ not in prints]
         if other and not dry_run:
             _remove(other)
-            log.info("removed %d checkpoint(s) of another configuration from %s",
-                     len(other), directory)
+            log.info(
+                "removed %d checkpoint(s) of another configuration from %s", len(other), directory
+            )
         return [path for path, print_ in found if print_ in prints]
     if restart:
         _remove([path for path, _ in found])
         if found:
-            log.info("restart: removed %d checkpoint(s) from %s: %s", len(found), directory,
-                     " ".join(os.path.basename(path) for path, _ in found))
+            log.info(
+                "restart: removed %d checkpoint(s) from %s: %s",
+                len(found),
+                directory,
+                " ".join(os.path.basename(path) for path, _ in found),
+            )
         return []
     other = [path for path, print_ in found if print_ not in prints]
     if other:
@@ -338,7 +355,8 @@ def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
         os.replace(pending.tmp, pending.final)
     directory = os.path.dirname(pending.final)
     older = [  # newest first; names sort by iteration, and "ckpt-n" < "ckpt-n.tmp"
-        p for p in list_checkpoints(directory, CHECKPOINT_NAME)
+        p
+        for p in list_checkpoints(directory, CHECKPOINT_NAME)
         if p < pending.final and fingerprint_of(p) == pending.fingerprint
     ]
     finished = [p for p in older if _NAME.match(os.path.basename(p))]

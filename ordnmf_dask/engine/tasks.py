@@ -76,9 +76,13 @@ def local_strip(
     """Local step of a row strip (blocks (r, c) for a run of c): the family's kernel with
     (mean, geo) of W_r and of each H_c; SW summed in one accumulator, SH per block."""
     return family.kernel(
-        _read(blocks), w.geo, [h.geo for h in hs], w.mean, [h.mean for h in hs],
+        _read(blocks),
+        w.geo,
+        [h.geo for h in hs],
+        w.mean,
+        [h.mean for h in hs],
         *family.kernel_args(params),
-    )  # fmt: skip
+    )
 
 
 def row_correction_strip(

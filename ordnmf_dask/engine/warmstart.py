@@ -66,9 +66,7 @@ class Source:
         return {"path": self.path, "fingerprint": self.fingerprint}
 
 
-def open_source(
-    model: Any, estimator: str, family: Family, k: int, store: StoreInfo
-) -> Source:
+def open_source(model: Any, estimator: str, family: Family, k: int, store: StoreInfo) -> Source:
     """The model at ``model`` (a path or a fitted estimator), checked against a fit of
     ``estimator`` with ``k`` components and ``family`` on ``store``; InputError naming what
     differs (model class, K, number of classes, id types) or what is missing."""
@@ -76,16 +74,19 @@ def open_source(
     a = m.attrs
     where = f"init_model {m.path}"
     if a.get("model") != estimator:
-        raise InputError(f"{where}: its model class {a.get('model')} differs from this fit's "
-                         f"{estimator}")
+        raise InputError(
+            f"{where}: its model class {a.get('model')} differs from this fit's {estimator}"
+        )
     old_k = a.get("params", {}).get("n_components")
     if old_k != k:
         raise InputError(f"{where}: its K = {old_k} differs from this fit's K = {k}")
     if isinstance(family, OrdinalFamily):
         old_v = len(a["delta"]) - 1
         if old_v != family.n_classes:
-            raise InputError(f"{where}: its {old_v} classes differ from the {family.n_classes} "
-                             "of this fit's data")
+            raise InputError(
+                f"{where}: its {old_v} classes differ from the {family.n_classes} "
+                "of this fit's data"
+            )
     try:
         ids = m.ids_path
     except StoreError as exc:
@@ -95,8 +96,10 @@ def open_source(
         new = zarr.open_array(os.path.join(store.path, axis, "ids"), mode="r").dtype.kind in "iu"
         if old != new:
             kinds = {True: "integers", False: "strings"}
-            raise InputError(f"{where}: its {axis} ids are {kinds[old]}, those of store "
-                             f"{store.path} are {kinds[new]}")
+            raise InputError(
+                f"{where}: its {axis} ids are {kinds[old]}, those of store "
+                f"{store.path} are {kinds[new]}"
+            )
     return Source(m.path, a, ids, model_fingerprint(a))
 
 
@@ -181,8 +184,9 @@ def _new_interactions(
     touched (returned, increasing). For items the blocks are read transposed."""
     rows, cols, ys = [], [], []
     for j, other in enumerate(others):
-        b = load_block(plan.store, "train", *((index, j) if name == "W" else (j, index)),
-                       plan.values)  # fmt: skip
+        b = load_block(
+            plan.store, "train", *((index, j) if name == "W" else (j, index)), plan.values
+        )
         own, oth = (b.rows, b.cols) if name == "W" else (b.cols, b.rows)
         is_new = np.zeros(b.shape[SIDES[name][2]], dtype=bool)
         is_new[new] = True
@@ -199,8 +203,13 @@ def _new_interactions(
 
 
 def warm_chunk(
-    plan: Plan, name: str, index: int, start: int, own: np.ndarray,
-    others: Sequence[np.ndarray], colsum: np.ndarray,
+    plan: Plan,
+    name: str,
+    index: int,
+    start: int,
+    own: np.ndarray,
+    others: Sequence[np.ndarray],
+    colsum: np.ndarray,
 ) -> FactorChunk:
     """Initial chunk ``index`` of factor ``name`` (rows ``start ..`` of the new store, ``own``:
     their old indices or -1): old state for known rows, fold-in or cold draws for new ones.
@@ -211,8 +220,9 @@ def warm_chunk(
     mean, geo = np.empty((n, k)), np.empty((n, k))
     known = np.flatnonzero(own >= 0)
     if known.size:
-        mean[known], geo[known] = read_rows(plan.model, name, plan.old_bounds[name], own[known],
-                                            ("mean", "geo"))  # fmt: skip
+        mean[known], geo[known] = read_rows(
+            plan.model, name, plan.old_bounds[name], own[known], ("mean", "geo")
+        )
     new = np.flatnonzero(own < 0)
     if new.size == 0:
         return FactorChunk(mean, geo)
@@ -223,10 +233,17 @@ def warm_chunk(
     seen = np.flatnonzero(np.diff(block.indptr) > 0)
     if seen.size:
         other = "H" if name == "W" else "W"
-        eh, geo_h = read_rows(plan.model, other, plan.old_bounds[other], touched,
-                              ("mean", "geo"))  # fmt: skip
-        fold = fold_in_rows(block.take_rows(seen), eh, np.log(geo_h), colsum, plan.alpha[name],
-                            plan.likelihood, max_iter=FOLDIN_MAX_ITER, tol=FOLDIN_TOL)
+        eh, geo_h = read_rows(plan.model, other, plan.old_bounds[other], touched, ("mean", "geo"))
+        fold = fold_in_rows(
+            block.take_rows(seen),
+            eh,
+            np.log(geo_h),
+            colsum,
+            plan.alpha[name],
+            plan.likelihood,
+            max_iter=FOLDIN_MAX_ITER,
+            tol=FOLDIN_TOL,
+        )
         mean[new[seen]], geo[new[seen]] = fold.mean, np.exp(fold.log_mean)
     return FactorChunk(mean, geo)
 
@@ -242,20 +259,38 @@ def initial_chunks(
     for name, (axis, _, _) in SIDES.items():
         b = bounds[name]
         maps[name] = [
-            client.submit(match, store.path, axis, int(b[j]), int(b[j + 1]), source.ids,
-                          source.bounds(name), pure=False)
+            client.submit(
+                match,
+                store.path,
+                axis,
+                int(b[j]),
+                int(b[j + 1]),
+                source.ids,
+                source.bounds(name),
+                pure=False,
+            )
             for j in range(len(b) - 1)
-        ]  # fmt: skip
+        ]
     colsums = {
-        name: tree_sum(client, [client.submit(column_sum, source.path, name, j, pure=False)
-                                for j in range(len(source.bounds(name)) - 1)])
+        name: tree_sum(
+            client,
+            [
+                client.submit(column_sum, source.path, name, j, pure=False)
+                for j in range(len(source.bounds(name)) - 1)
+            ],
+        )
         for name in SIDES
-    }  # fmt: skip
+    }
     plan = Plan(
-        store.path, family.values, source.path,
-        {name: source.bounds(name) for name in SIDES}, likelihood(family, params), alpha,
-        runner.cfg.seed, runner.cfg.n_components,
-    )  # fmt: skip
+        store.path,
+        family.values,
+        source.path,
+        {name: source.bounds(name) for name in SIDES},
+        likelihood(family, params),
+        alpha,
+        runner.cfg.seed,
+        runner.cfg.n_components,
+    )
 
     def args(name: str) -> list[tuple[Any, ...]]:
         other = "H" if name == "W" else "W"

@@ -126,13 +126,18 @@ def rising_log_terms(y: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarr
     log_ratio = np.log1p(yb / rb)  # log(x) - log(r)
     fx, fr = 1.0 / (x * x), 1.0 / (rb * rb)
     d_lgamma[big] = (
-        (rb - 0.5) * log_ratio + yb * np.log(x) - yb
-        + _series(LGAMMA_SERIES, fx) / x - _series(LGAMMA_SERIES, fr) / rb
-    )  # fmt: skip
+        (rb - 0.5) * log_ratio
+        + yb * np.log(x)
+        - yb
+        + _series(LGAMMA_SERIES, fx) / x
+        - _series(LGAMMA_SERIES, fr) / rb
+    )
     d_digamma[big] = (
-        log_ratio + yb / (2.0 * rb * x)
-        + fr * _series(PSI_SERIES, fr) - fx * _series(PSI_SERIES, fx)
-    )  # fmt: skip
+        log_ratio
+        + yb / (2.0 * rb * x)
+        + fr * _series(PSI_SERIES, fr)
+        - fx * _series(PSI_SERIES, fx)
+    )
     return d_lgamma, d_digamma
 
 

@@ -95,9 +95,7 @@ def initial_mean(n_new: int, k: int, seed: int | None) -> np.ndarray:
     if seed is None:
         return np.ones((n_new, k))
     rows = [
-        np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, j]))).gamma(
-            1.0, 1.0, k
-        )
+        np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, j]))).gamma(1.0, 1.0, k)
         for j in range(n_new)
     ]
     return np.array(rows).reshape(n_new, k)

@@ -129,7 +129,14 @@ def _log_finish(e: float, m: float, x: float) -> float:
 
 @_jit
 def gamma_update(  # noqa: ANN201
-    alpha, old_mean, shape_stat, rate_base, correction, mean, geo, shape  # noqa: ANN001
+    alpha,
+    old_mean,
+    shape_stat,
+    rate_base,
+    correction,
+    mean,
+    geo,
+    shape,  # noqa: ANN001
 ):
     """Fused Gamma update of n rows (docs/design.md §2 steps 1 and 3/4), one pass.
 
@@ -186,9 +193,14 @@ def gamma_update(  # noqa: ANN201
             s, p = exp_neg_split(-w)
             geo[u, q] = x * (s + s * p) / b
             term[q] = (
-                (alpha - a) * (log_x + w) - b0 * mean[u, q] + prior_const + a
-                + (lg_shifted + (x - 0.5) * log_x) - alpha * log_b - log_den
-            )  # fmt: skip
+                (alpha - a) * (log_x + w)
+                - b0 * mean[u, q]
+                + prior_const
+                + a
+                + (lg_shifted + (x - 0.5) * log_x)
+                - alpha * log_b
+                - log_den
+            )
         row = 0.0
         for q in range(k):
             row += term[q]

@@ -66,7 +66,6 @@ _AHEAD = 8  # the rate corrections prefetch the factor row of the nonzero this f
 _AHEAD_LOCAL = 2  # the local step (untiled) prefetches the item rows of the nonzero this far ahead
 
 
-
 def jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     """``numba.njit(cache=True, nogil=True, **options)``: compiled once per machine and loaded by
     every later process (from the package's ``__pycache__``, or numba's user-wide cache where
@@ -263,7 +262,20 @@ def _one_minus_exp_neg(x: float) -> float:
 
 @_jit
 def _ordinal_pass(  # noqa: ANN202
-    indptr, cols, y, gw, gh, ew, eh, delta, approx, tile, sw, sh, total, comp  # noqa: ANN001
+    indptr,
+    cols,
+    y,
+    gw,
+    gh,
+    ew,
+    eh,
+    delta,
+    approx,
+    tile,
+    sw,
+    sh,
+    total,
+    comp,  # noqa: ANN001
 ):
     """Fused ordinal local step of one block: adds ``R @ GH`` into ``sw`` (n_rows, K),
     ``R^T @ GW`` into ``sh`` (n_cols, K) and the O(V) sums into ``total`` / ``comp`` (Neumaier
@@ -509,9 +521,21 @@ def local_step_row(
         gh = as_f64(gh)
         part = np.zeros(gh.shape)
         _ordinal_pass(
-            block.indptr, block.cols, block.y, gw, gh, ew, as_f64(eh), delta, bool(approx),
-            _tile_cols(gw.shape[1], block), sw, part, total, comp,
-        )  # fmt: skip
+            block.indptr,
+            block.cols,
+            block.y,
+            gw,
+            gh,
+            ew,
+            as_f64(eh),
+            delta,
+            bool(approx),
+            _tile_cols(gw.shape[1], block),
+            sw,
+            part,
+            total,
+            comp,
+        )
         part *= gh
         sh.append(part)
     sw *= gw

@@ -30,9 +30,7 @@ class HeldOut(NamedTuple):
     x: np.ndarray  # float64 score E[w_u] . E[h_i]
 
     @classmethod
-    def by_row(
-        cls, rows: np.ndarray, items: np.ndarray, y: np.ndarray, x: np.ndarray
-    ) -> HeldOut:
+    def by_row(cls, rows: np.ndarray, items: np.ndarray, y: np.ndarray, x: np.ndarray) -> HeldOut:
         """The pairs given in any order, sorted."""
         order = np.lexsort((items, rows))
         return cls(rows[order].astype(np.int64), items[order].astype(np.int64), y[order], x[order])
@@ -95,9 +93,7 @@ def _slab_topk(s: np.ndarray, kk: int, col_offset: int) -> TopK:
     return np.take_along_axis(top, order, axis=1), items
 
 
-def topk_block(
-    ew: np.ndarray, eh: np.ndarray, train: CsrBlock, col_offset: int, k: int
-) -> TopK:
+def topk_block(ew: np.ndarray, eh: np.ndarray, train: CsrBlock, col_offset: int, k: int) -> TopK:
     """Best ``k`` items of one block per user, training items excluded.
 
     Parameters
@@ -300,7 +296,11 @@ def auc_sums(
 
 
 def test_loglik(
-    rows: np.ndarray, cols: np.ndarray, y: np.ndarray, ew: np.ndarray, eh: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    y: np.ndarray,
+    ew: np.ndarray,
+    eh: np.ndarray,
     delta: np.ndarray,
 ) -> float:
     """Sum over test nonzeros of log P(y | y > 0, lambda), lambda = E[w].E[h].

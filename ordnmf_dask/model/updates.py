@@ -78,7 +78,13 @@ def update_chunk(
     n = old.mean.shape[0]
     mean, geo, shape = (np.empty((n, k)) for _ in range(3))
     beta, elbo = gamma_update(
-        float(alpha), f64(old.mean, dtype=np.float64), f64(shape_stat, dtype=np.float64),
-        f64(theta0_colsum, dtype=np.float64), corr, mean, geo, shape,
-    )  # fmt: skip
+        float(alpha),
+        f64(old.mean, dtype=np.float64),
+        f64(shape_stat, dtype=np.float64),
+        f64(theta0_colsum, dtype=np.float64),
+        corr,
+        mean,
+        geo,
+        shape,
+    )
     return FactorChunk(mean, geo, shape, beta, float(elbo))

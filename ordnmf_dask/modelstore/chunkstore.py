@@ -73,17 +73,23 @@ def _open(root: str, path: str, owner: str) -> tuple[zarr.Array, ChunkFiles | No
     except FileNotFoundError:
         raise StoreError(f"{path}: array missing (the {owner} is damaged)") from None
     except (ValueError, KeyError, TypeError) as exc:  # e.g. its zarr.json changed
-        raise StoreError(f"{path}: unreadable array metadata ({type(exc).__name__}: {exc}; "
-                         f"the {owner} is damaged)") from None
+        raise StoreError(
+            f"{path}: unreadable array metadata ({type(exc).__name__}: {exc}; "
+            f"the {owner} is damaged)"
+        ) from None
     if INVENTORY in array.attrs:
         if not _plain(array):
-            raise StoreError(f"{path}: not stored as one uncompressed little-endian chunk, "
-                             f"which its inventory describes (the {owner} is damaged)")
+            raise StoreError(
+                f"{path}: not stored as one uncompressed little-endian chunk, "
+                f"which its inventory describes (the {owner} is damaged)"
+            )
         return array, ChunkFiles.of(array, path, owner)
     version = (group_attrs(root) or {}).get("format_version")
     if isinstance(version, int) and version >= INVENTORY_SINCE:
-        raise StoreError(f"{path}: no chunk inventory (attribute {INVENTORY}), which every factor "
-                         f"array of a model of format {version} has (the {owner} is damaged)")
+        raise StoreError(
+            f"{path}: no chunk inventory (attribute {INVENTORY}), which every factor "
+            f"array of a model of format {version} has (the {owner} is damaged)"
+        )
     if not _plain(array):
         return array, None
     size = int(np.prod(array.shape)) * np.dtype(array.dtype).itemsize
@@ -125,7 +131,11 @@ def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> n
 
 
 def read_field(
-    root: str, name: str, index: int, field: str, rows: np.ndarray | None = None,
+    root: str,
+    name: str,
+    index: int,
+    field: str,
+    rows: np.ndarray | None = None,
     owner: str = "model",
 ) -> np.ndarray:
     """``field`` of chunk ``index`` of factor ``name`` (only the local ``rows`` if given);
@@ -142,9 +152,15 @@ def _create(
     # the chunk file holds exactly the array's bytes (:func:`_plain`): its size and CRC-32
     # are those of the values in memory, so a file that differs from them is found
     records = [(arr.nbytes, zlib.crc32(arr))] if arr.size else []
-    spec = {"shape": arr.shape, "dtype": arr.dtype, "chunks": arr.shape or None,
-            "compressors": None, "overwrite": True, "config": _WRITE_ALL,
-            "attributes": {INVENTORY: inventory(records)}}
+    spec = {
+        "shape": arr.shape,
+        "dtype": arr.dtype,
+        "chunks": arr.shape or None,
+        "compressors": None,
+        "overwrite": True,
+        "config": _WRITE_ALL,
+        "attributes": {INVENTORY: inventory(records)},
+    }
     if isinstance(parent, zarr.Group):
         array = parent.create_array(name, **spec)
     else:
@@ -152,9 +168,7 @@ def _create(
     array[...] = arr
 
 
-def save_chunk(
-    chunk: FactorChunk, root: str, name: str, index: int, derived: bool = True
-) -> str:
+def save_chunk(chunk: FactorChunk, root: str, name: str, index: int, derived: bool = True) -> str:
     """Write ``chunk`` to ``root/name/index`` (with ``derived``, also ``log_mean`` and ``rate``,
     which a checkpoint does not need); returns the group path."""
     path = chunk_path(root, name, index)

@@ -51,8 +51,14 @@ def model_target(
     """Absolute path (or URL) to write a model to, after checking it may be (over)written;
     InputError if not. Never the training ``store``, a path inside it or one that contains it;
     an existing path only with ``overwrite`` and only if it is a model."""
-    return check_target(out, overwrite, "model written by ordnmf_dask", is_model, MODEL_KIND,
-                        {"training store": store})
+    return check_target(
+        out,
+        overwrite,
+        "model written by ordnmf_dask",
+        is_model,
+        MODEL_KIND,
+        {"training store": store},
+    )
 
 
 PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "numba")
@@ -80,15 +86,28 @@ def store_fingerprint(path: str) -> str:
         name: array.attrs.get(INVENTORY) for name, array in sorted(group.arrays(), key=_first)
     }
     for name, sub in sorted(group.groups(), key=_first):
-        doc["arrays"].update({
-            f"{name}/{inner}": array.attrs.get(INVENTORY)
-            for inner, array in sorted(sub.arrays(), key=_first)
-        })  # fmt: skip
+        doc["arrays"].update(
+            {
+                f"{name}/{inner}": array.attrs.get(INVENTORY)
+                for inner, array in sorted(sub.arrays(), key=_first)
+            }
+        )
     return _digest(doc)
 
 
-FITTED = ("model", "family", "params", "elbo", "delta", "p", "t", "store", "row_bounds",
-          "col_bounds", "init_model")  # fmt: skip
+FITTED = (
+    "model",
+    "family",
+    "params",
+    "elbo",
+    "delta",
+    "p",
+    "t",
+    "store",
+    "row_bounds",
+    "col_bounds",
+    "init_model",
+)
 
 
 def model_fingerprint(attrs: dict[str, Any]) -> str:
@@ -126,22 +145,33 @@ def _copy_ids(client: Client, store: str, root: zarr.Group, tmp: str) -> list[Fu
         files = ChunkFiles.of(zarr.open_array(source, mode="r"), source)
         root.create_group(axis)
         target = locations.join(tmp, axis, "ids")
-        locations.write_bytes(locations.join(target, "zarr.json"),
-                              locations.read_bytes(locations.join(source, "zarr.json")))
+        locations.write_bytes(
+            locations.join(target, "zarr.json"),
+            locations.read_bytes(locations.join(source, "zarr.json")),
+        )
         # an unhashed key: saves of models of one store run at once (tune's trials), and Dask
         # loses a hashed key scattered by two of them at the same time
         shared = client.scatter(files, broadcast=True, hash=False)
         n = len(files.nbytes)
         copies += [
-            client.submit(copy_id_chunks, shared, target,
-                          list(range(lo, min(n, lo + _ID_CHUNKS_PER_TASK))), pure=False)
+            client.submit(
+                copy_id_chunks,
+                shared,
+                target,
+                list(range(lo, min(n, lo + _ID_CHUNKS_PER_TASK))),
+                pure=False,
+            )
             for lo in range(0, n, _ID_CHUNKS_PER_TASK)
         ]
     return copies
 
 
 def save_model(
-    client: Client, w: list[Future], h: list[Future], path: str, attrs: dict[str, Any],
+    client: Client,
+    w: list[Future],
+    h: list[Future],
+    path: str,
+    attrs: dict[str, Any],
     overwrite: bool = False,
 ) -> str:
     """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
@@ -169,15 +199,23 @@ def save_model(
         written += [client.submit(chunkstore.save_chunk, f, tmp, "H", c) for c, f in enumerate(h)]
         if store is not None:
             written += _copy_ids(client, store, root, tmp)
-            written += seen.start_writing(client, store, root, tmp, attrs["row_bounds"],
-                                          attrs["col_bounds"])
+            written += seen.start_writing(
+                client, store, root, tmp, attrs["row_bounds"], attrs["col_bounds"]
+            )
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
-        root.update_attributes({  # one write of zarr.json (attrs.update writes it per key)
-            **attrs, "kind": MODEL_KIND, "format_version": MODEL_FORMAT, "versions": versions(),
-            "ids": store is not None, "seen": store is not None, "complete": True,
-        })  # fmt: skip
+        root.update_attributes(
+            {  # one write of zarr.json (attrs.update writes it per key)
+                **attrs,
+                "kind": MODEL_KIND,
+                "format_version": MODEL_FORMAT,
+                "versions": versions(),
+                "ids": store is not None,
+                "seen": store is not None,
+                "complete": True,
+            }
+        )
         if url:
             locations.finish(path)
         else:
@@ -263,8 +301,10 @@ class ModelInfo:
         try:
             info = open_store(recorded["path"])
         except StoreError as exc:
-            raise StoreError(f"{self.path}: the model has no id maps of its own, and its "
-                             f"training store cannot be read: {exc}") from None
+            raise StoreError(
+                f"{self.path}: the model has no id maps of its own, and its "
+                f"training store cannot be read: {exc}"
+            ) from None
         if (info.n_users, info.n_items) != (recorded.get("n_users"), recorded.get("n_items")):
             raise StoreError(
                 f"{self.path}: the model has no id maps of its own, and its training store "

@@ -41,7 +41,11 @@ def write(store: str, model: str, r: int, col_bounds: list[int]) -> None:
 
 
 def start_writing(
-    client: Client, store: str, root: zarr.Group, model: str, row_bounds: list[int],
+    client: Client,
+    store: str,
+    root: zarr.Group,
+    model: str,
+    row_bounds: list[int],
     col_bounds: list[int],
 ) -> list[Future]:
     """Start writing the index of every user-block of ``store`` into the model being written
@@ -50,8 +54,10 @@ def start_writing(
     seen.create_group("indptr")
     seen.create_group("indices")
     bounds = [int(x) for x in col_bounds]
-    return [client.submit(write, store, model, r, bounds, pure=False)
-            for r in range(len(row_bounds) - 1)]
+    return [
+        client.submit(write, store, model, r, bounds, pure=False)
+        for r in range(len(row_bounds) - 1)
+    ]
 
 
 def load(model: str, r: int, n_items: int, rows: np.ndarray | None = None) -> CsrBlock:
@@ -59,8 +65,9 @@ def load(model: str, r: int, n_items: int, rows: np.ndarray | None = None) -> Cs
     ``rows``, increasing, if given), as a (n_rows, n_items) CSR; each file checked on read."""
     indptr = chunkstore.load_array(model, INDPTR, r)
     indices = chunkstore.load_array(model, INDICES, r)
-    block = CsrBlock(indptr, indices, np.ones(len(indices), dtype=np.uint8),
-                     (len(indptr) - 1, n_items))
+    block = CsrBlock(
+        indptr, indices, np.ones(len(indices), dtype=np.uint8), (len(indptr) - 1, n_items)
+    )
     return block if rows is None else block.take_rows(rows)
 
 
@@ -69,5 +76,6 @@ def columns(block: CsrBlock, lo: int, hi: int) -> CsrBlock:
     training nonzeros of one item-block, as :func:`ordnmf_dask.store.csr.load_block` gives
     them."""
     keep = (block.cols >= lo) & (block.cols < hi)
-    return CsrBlock.from_coo(block.rows[keep], block.cols[keep] - lo, block.y[keep],
-                             (block.shape[0], hi - lo))
+    return CsrBlock.from_coo(
+        block.rows[keep], block.cols[keep] - lo, block.y[keep], (block.shape[0], hi - lo)
+    )

@@ -73,8 +73,7 @@ def _held_out_task(*parts: tuple[np.ndarray, ...]) -> metrics.HeldOut:
     return metrics.HeldOut.by_row(*(np.concatenate(a) for a in zip(*parts, strict=True)))
 
 
-def _known_block(store: str, known: tuple[str, ...], r: int, c: int, keep: np.ndarray
-                 ) -> CsrBlock:  # fmt: skip
+def _known_block(store: str, known: tuple[str, ...], r: int, c: int, keep: np.ndarray) -> CsrBlock:
     """The nonzeros of block (r, c), rows ``keep``, in the subsets ``known`` (disjoint): the
     pairs a held-out ranking excludes."""
     parts = [load_block(store, split, r, c).take_rows(keep) for split in known]
@@ -83,14 +82,23 @@ def _known_block(store: str, known: tuple[str, ...], r: int, c: int, keep: np.nd
     rows = np.concatenate([b.rows for b in parts])
     cols = np.concatenate([b.cols for b in parts])
     order = np.lexsort((cols, rows))
-    return CsrBlock.from_coo(rows[order], cols[order], np.concatenate([b.y for b in parts])[order],
-                             parts[0].shape)  # fmt: skip
+    return CsrBlock.from_coo(
+        rows[order], cols[order], np.concatenate([b.y for b in parts])[order], parts[0].shape
+    )
 
 
 def _candidates_task(
-    w: Any, h: Any, store: str, known: tuple[str, ...], r: int, c: int, col_offset: int, k: int,
-    keep: np.ndarray, held: metrics.HeldOut,
-) -> metrics.Candidates:  # fmt: skip
+    w: Any,
+    h: Any,
+    store: str,
+    known: tuple[str, ...],
+    r: int,
+    c: int,
+    col_offset: int,
+    k: int,
+    keep: np.ndarray,
+    held: metrics.HeldOut,
+) -> metrics.Candidates:
     """Top-k and rank counts of block (r, c), the ``known`` subsets' items excluded."""
     excluded = _known_block(store, known, r, c, keep)
     return metrics.candidates_block(w.mean[keep], h.mean, excluded, col_offset, k, held)
@@ -110,8 +118,7 @@ def _ranking_task(
     return np.concatenate([ndcg, counts, topk.ravel(), auc, auc_counts])
 
 
-def _loglik_task(w: Any, h: Any, store: str, split: str, r: int, c: int, spec: tuple
-                 ) -> np.ndarray:  # fmt: skip
+def _loglik_task(w: Any, h: Any, store: str, split: str, r: int, c: int, spec: tuple) -> np.ndarray:
     b = read_block(store, split, r, c)
     rows = b.rows
     ew, eh = w.mean, h.mean
@@ -235,31 +242,62 @@ def evaluate(
     levels = list(range(1, info.n_classes + 1)) if levels is None else [int(s) for s in levels]
     outside = [s for s in levels if not 1 <= s <= info.n_classes]
     if outside or not levels:
-        raise InputError(f"levels must be thresholds in 1..{info.n_classes} (the classes of "
-                         f"{info.path}), got {outside or 'none'}")
+        raise InputError(
+            f"levels must be thresholds in 1..{info.n_classes} (the classes of "
+            f"{info.path}), got {outside or 'none'}"
+        )
     n_r, n_c = info.grid
     w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
     k_model = int(m.attrs["params"]["n_components"])
     start = time.monotonic()
     with choose_client(client, info, k_model, n_workers=n_workers) as cl:
-        out = score_split(cl, info, "test", w, h, levels, k, loglik_spec(info, m.attrs),
-                          user_fraction, seed, progress="evaluate: user-blocks and blocks")
-    log.info("evaluate: %s on the test split of %s (%d x %d blocks): done in %.1f s", m.path,
-             info.path, n_r, n_c, time.monotonic() - start)
+        out = score_split(
+            cl,
+            info,
+            "test",
+            w,
+            h,
+            levels,
+            k,
+            loglik_spec(info, m.attrs),
+            user_fraction,
+            seed,
+            progress="evaluate: user-blocks and blocks",
+        )
+    log.info(
+        "evaluate: %s on the test split of %s (%d x %d blocks): done in %.1f s",
+        m.path,
+        info.path,
+        n_r,
+        n_c,
+        time.monotonic() - start,
+    )
     return {
-        "k": k, "ndcg": out["ndcg"], "n_users": out["n_users"],
-        "test_loglik": out["loglik"], "test_loglik_mean": out["loglik_mean"],
-        "nnz_test": out["nnz"], "user_fraction": float(user_fraction),
+        "k": k,
+        "ndcg": out["ndcg"],
+        "n_users": out["n_users"],
+        "test_loglik": out["loglik"],
+        "test_loglik_mean": out["loglik_mean"],
+        "nnz_test": out["nnz"],
+        "user_fraction": float(user_fraction),
         **{name: out[name] for name in ("precision", "recall", "map", "auc", "n_users_auc")},
-    }  # fmt: skip
+    }
 
 
 def score_split(
-    cl: Client, info: StoreInfo, split: str, w: list[Any], h: list[Any], levels: list[int],
-    k: int, spec: tuple | None, user_fraction: float = 1.0, seed: int = 0,
+    cl: Client,
+    info: StoreInfo,
+    split: str,
+    w: list[Any],
+    h: list[Any],
+    levels: list[int],
+    k: int,
+    spec: tuple | None,
+    user_fraction: float = 1.0,
+    seed: int = 0,
     progress: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The ranking metrics and log-likelihood of the held-out ``split`` ("test" or
     "validation") of ``info`` under factor chunks ``w``, ``h`` (futures or values of chunks
     with a ``mean``: a running fit's, or :class:`SavedChunk`), on the workers of ``cl``.
@@ -281,21 +319,26 @@ def score_split(
     per_row = []
     for r in range(n_r):
         keep = sampled_users(r, rb[r + 1] - rb[r], user_fraction, seed)
-        parts = [cl.submit(_held_out_block, w[r], h[c], info.path, split, r, c, cb[c], keep)
-                 for c in range(n_c)]  # fmt: skip
+        parts = [
+            cl.submit(_held_out_block, w[r], h[c], info.path, split, r, c, cb[c], keep)
+            for c in range(n_c)
+        ]
         held = cl.submit(_held_out_task, *parts)
         cands = [
-            cl.submit(_candidates_task, w[r], h[c], info.path, known, r, c, cb[c], k, keep,
-                      held)
+            cl.submit(_candidates_task, w[r], h[c], info.path, known, r, c, cb[c], k, keep, held)
             for c in range(n_c)
         ]
         merged = tree_reduce(cl, cands, metrics.merge_candidates, k)
         per_row.append(cl.submit(_ranking_task, merged, held, levels, k))
-    ll = [
-        cl.submit(_loglik_task, w[r], h[c], info.path, split, r, c, spec)
-        for r in range(n_r)
-        for c in range(n_c)
-    ] if spec is not None else []
+    ll = (
+        [
+            cl.submit(_loglik_task, w[r], h[c], info.path, split, r, c, spec)
+            for r in range(n_r)
+            for c in range(n_c)
+        ]
+        if spec is not None
+        else []
+    )
     if progress is not None:
         track(per_row + ll, progress)
     ranking = cl.gather(tree_sum(cl, per_row)).reshape(len(_RANKING), len(levels))

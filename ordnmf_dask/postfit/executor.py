@@ -34,9 +34,15 @@ def client_for(
     (:func:`~ordnmf_dask.runtime.cluster.choose_client`): in-process when small, no cluster
     started; else the current client or a LocalCluster of ``n_workers``."""
     a = m.attrs
-    sizes = info if info is not None else _Sizes(
-        int(a["store"]["n_users"]), int(a["store"]["n_items"]), int(a["store"]["nnz_train"]),
-        (len(a["row_bounds"]) - 1, len(a["col_bounds"]) - 1))  # fmt: skip
-    with choose_client(client, sizes, int(a["params"]["n_components"]),
-                       n_workers=n_workers) as cl:  # fmt: skip
+    sizes = (
+        info
+        if info is not None
+        else _Sizes(
+            int(a["store"]["n_users"]),
+            int(a["store"]["n_items"]),
+            int(a["store"]["nnz_train"]),
+            (len(a["row_bounds"]) - 1, len(a["col_bounds"]) - 1),
+        )
+    )
+    with choose_client(client, sizes, int(a["params"]["n_components"]), n_workers=n_workers) as cl:
         yield cl

@@ -73,20 +73,32 @@ def id_type(ids_root: str, axis: str) -> pa.DataType:
 
 def factor_schema(ids: pa.DataType, k: int) -> pa.Schema:
     """``id`` then one float64 column ``f<j>`` per component."""
-    return pa.schema([pa.field("id", ids, nullable=False)]
-                     + [pa.field(f"f{j}", pa.float64(), nullable=False) for j in range(k)])
+    return pa.schema(
+        [pa.field("id", ids, nullable=False)]
+        + [pa.field(f"f{j}", pa.float64(), nullable=False) for j in range(k)]
+    )
 
 
 def recommendation_schema(users: pa.DataType, items: pa.DataType) -> pa.Schema:
-    return pa.schema([
-        pa.field("user", users, nullable=False), pa.field("rank", pa.int32(), nullable=False),
-        pa.field("item", items, nullable=False), pa.field("score", pa.float64(), nullable=False),
-    ])  # fmt: skip
+    return pa.schema(
+        [
+            pa.field("user", users, nullable=False),
+            pa.field("rank", pa.int32(), nullable=False),
+            pa.field("item", items, nullable=False),
+            pa.field("score", pa.float64(), nullable=False),
+        ]
+    )
 
 
 def factor_part(
-    model: str, ids_root: str, name: str, index: int, start: int, schema: pa.Schema,
-    fs: fsspec.AbstractFileSystem, path: str,
+    model: str,
+    ids_root: str,
+    name: str,
+    index: int,
+    start: int,
+    schema: pa.Schema,
+    fs: fsspec.AbstractFileSystem,
+    path: str,
 ) -> int:
     """Write E[.] of chunk ``index`` of factor ``name`` ("W" or "H"), whose first row is index
     ``start``, with its raw ids, as the Parquet file ``path``; on a worker. Returns its rows."""
@@ -96,15 +108,21 @@ def factor_part(
         for lo in range(0, max(len(mean), 1), SLAB):
             hi = min(len(mean), lo + SLAB)
             ids = pa.array(idmap.ids_slice(ids_root, axis, start + lo, start + hi), schema[0].type)
-            writer.write_table(pa.Table.from_arrays(
-                [ids, *(pa.array(mean[lo:hi, j]) for j in range(mean.shape[1]))], schema=schema
-            ))  # fmt: skip
+            writer.write_table(
+                pa.Table.from_arrays(
+                    [ids, *(pa.array(mean[lo:hi, j]) for j in range(mean.shape[1]))], schema=schema
+                )
+            )
     return len(mean)
 
 
 def recommendation_part(
-    top: tuple[np.ndarray, np.ndarray], ids_root: str, start: int, schema: pa.Schema,
-    fs: fsspec.AbstractFileSystem, path: str,
+    top: tuple[np.ndarray, np.ndarray],
+    ids_root: str,
+    start: int,
+    schema: pa.Schema,
+    fs: fsspec.AbstractFileSystem,
+    path: str,
 ) -> int:
     """Write the top-n ``(scores, items)`` of the users ``start ..`` (one row each, best first,
     excluded slots -inf at the end) as rows (user, rank, item, score) of the Parquet file
@@ -117,12 +135,21 @@ def recommendation_part(
             keep = np.isfinite(scores[lo:hi])
             users = idmap.ids_slice(ids_root, "users", start + lo, start + hi)
             per_user = keep.sum(axis=1)
-            writer.write_table(pa.Table.from_arrays([
-                pa.array(users, schema[0].type).take(np.repeat(np.arange(hi - lo), per_user)),
-                pa.array(np.nonzero(keep)[1].astype(np.int32) + 1),
-                pa.array(idmap.ids_at(ids_root, "items", items[lo:hi][keep]), schema[2].type),
-                pa.array(scores[lo:hi][keep]),
-            ], schema=schema))  # fmt: skip
+            writer.write_table(
+                pa.Table.from_arrays(
+                    [
+                        pa.array(users, schema[0].type).take(
+                            np.repeat(np.arange(hi - lo), per_user)
+                        ),
+                        pa.array(np.nonzero(keep)[1].astype(np.int32) + 1),
+                        pa.array(
+                            idmap.ids_at(ids_root, "items", items[lo:hi][keep]), schema[2].type
+                        ),
+                        pa.array(scores[lo:hi][keep]),
+                    ],
+                    schema=schema,
+                )
+            )
             count += int(per_user.sum())
     return count
 
@@ -154,12 +181,15 @@ class Target:
 
     def check_local(self, path: str) -> str:
         """``path`` (local) after checking it may be written: new, or an export we may replace."""
-        return check_target(path, self.overwrite, "Parquet export written by ordnmf_dask",
-                            self.is_export, EXPORT)
+        return check_target(
+            path, self.overwrite, "Parquet export written by ordnmf_dask", self.is_export, EXPORT
+        )
 
 
 def open_target(
-    out: str | os.PathLike, overwrite: bool, storage_options: dict[str, Any] | None,
+    out: str | os.PathLike,
+    overwrite: bool,
+    storage_options: dict[str, Any] | None,
     inputs: Mapping[str, str] | None = None,
 ) -> Target:
     """The export's target, after checking it may be (over)written (InputError if not): a new
@@ -177,8 +207,9 @@ def open_target(
         if not overwrite:
             raise InputError(f"{text} already exists; pass overwrite=True to replace it")
         if not target.is_export(target.root):
-            raise InputError(f"refusing to overwrite {text}: it is not a Parquet export "
-                             "written by ordnmf_dask")
+            raise InputError(
+                f"refusing to overwrite {text}: it is not a Parquet export written by ordnmf_dask"
+            )
     return target
 
 
@@ -274,14 +305,20 @@ class Plan:
 
 
 def plan_export(
-    m: ModelInfo, info: StoreInfo | None, out: str | os.PathLike, what: Sequence[str], n: int,
-    overwrite: bool, storage_options: dict[str, Any] | None = None,
+    m: ModelInfo,
+    info: StoreInfo | None,
+    out: str | os.PathLike,
+    what: Sequence[str],
+    n: int,
+    overwrite: bool,
+    storage_options: dict[str, Any] | None = None,
 ) -> Plan:
     """Check everything an export needs (before any cluster is used): the model's id maps, the
     training items for recommendations (the store ``info``, checked to match the model, or the
     model's own index of them), ``n`` and the target."""
-    datasets = [d for w in dict.fromkeys(what)
-                for d in (FACTORS if w == "factors" else [RECOMMENDATIONS])]
+    datasets = [
+        d for w in dict.fromkeys(what) for d in (FACTORS if w == "factors" else [RECOMMENDATIONS])
+    ]
     if RECOMMENDATIONS in datasets:
         n = check_n(n)
         assert info is not None or m.has_seen, "recommendations need the training items"
@@ -296,8 +333,9 @@ def plan_export(
     parts = [(d, b) for d in datasets for b in range(n_c if d == "item_factors" else n_r)]
     inputs = {"model": m.path, **({"training store": info.path} if info is not None else {})}
     target = open_target(out, overwrite, storage_options, inputs)
-    return Plan(target, m, info if RECOMMENDATIONS in datasets else None, n, ids_root, parts,
-                schemas)
+    return Plan(
+        target, m, info if RECOMMENDATIONS in datasets else None, n, ids_root, parts, schemas
+    )
 
 
 def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
@@ -308,19 +346,23 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     rb, cb = m.attrs["row_bounds"], m.attrs["col_bounds"]
     if dataset == RECOMMENDATIONS:
         top = block_top(cl, m, plan.store, b, plan.n)
-        return cl.submit(recommendation_part, top, plan.ids_root, int(rb[b]), schema, fs, path,
-                         pure=False)
+        return cl.submit(
+            recommendation_part, top, plan.ids_root, int(rb[b]), schema, fs, path, pure=False
+        )
     name = FACTORS[dataset][0]
     start = int((rb if name == "W" else cb)[b])
-    return cl.submit(factor_part, m.path, plan.ids_root, name, b, start, schema, fs, path,
-                     pure=False)
+    return cl.submit(
+        factor_part, m.path, plan.ids_root, name, b, start, schema, fs, path, pure=False
+    )
 
 
 def write_export(cl: Client, plan: Plan) -> str:
     """Write a planned export on ``cl``'s workers, complete or not at all; returns its name."""
     target, fs = plan.target, plan.target.fs
     manifest: dict[str, Any] = {
-        "kind": EXPORT, "format_version": EXPORT_FORMAT, "model": plan.model.path,
+        "kind": EXPORT,
+        "format_version": EXPORT_FORMAT,
+        "model": plan.model.path,
         "n": plan.n if RECOMMENDATIONS in plan.datasets else None,
     }
     place = Place(fs, target.root, target.url)
@@ -340,8 +382,10 @@ def write_export(cl: Client, plan: Plan) -> str:
         wait(futures)
         rows = dict(zip(plan.parts, cl.gather(futures), strict=True))  # re-raises an error
         manifest["datasets"] = {
-            d: {"parts": [part_name(*p) for p in plan.parts if p[0] == d],
-                "rows": [rows[p] for p in plan.parts if p[0] == d]}
+            d: {
+                "parts": [part_name(*p) for p in plan.parts if p[0] == d],
+                "rows": [rows[p] for p in plan.parts if p[0] == d],
+            }
             for d in plan.datasets
         }
         fs.pipe_file(f"{root}/{MANIFEST}", json.dumps(manifest, indent=1).encode())

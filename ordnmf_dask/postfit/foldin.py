@@ -63,18 +63,23 @@ def factor_rows(
 
 
 def _run(
-    parts: list[tuple[np.ndarray, np.ndarray]], colsum: np.ndarray, block: CsrBlock,
-    alpha: float, likelihood: Likelihood, max_iter: int, tol: float, seed: int | None,
+    parts: list[tuple[np.ndarray, np.ndarray]],
+    colsum: np.ndarray,
+    block: CsrBlock,
+    alpha: float,
+    likelihood: Likelihood,
+    max_iter: int,
+    tol: float,
+    seed: int | None,
 ) -> FoldIn:
     eh = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, colsum.shape[0]))
     log_eh = np.concatenate([p[1] for p in parts]) if parts else eh.copy()
-    return fold_in_rows(block, eh, log_eh, colsum, alpha, likelihood,
-                        max_iter=max_iter, tol=tol, seed=seed)
+    return fold_in_rows(
+        block, eh, log_eh, colsum, alpha, likelihood, max_iter=max_iter, tol=tol, seed=seed
+    )
 
 
-def _item_index(
-    cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any]
-) -> np.ndarray:
+def _item_index(cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any]) -> np.ndarray:
     """Global item indices of ``flat``: raw ids via the store, else indices checked in range."""
     if info is not None:
         return idmap.lookup(cl, info.path, "items", info.col_bounds.tolist(), flat)
@@ -165,19 +170,21 @@ def fold_in(
         sums = tree_sum(cl, [cl.submit(_colsum, m.path, c, pure=False) for c in range(n_c)])
         which = np.searchsorted(col_bounds, touched, side="right") - 1
         parts = [
-            cl.submit(factor_rows, m.path, "H", c, touched[which == c] - col_bounds[c],
-                      pure=False)
+            cl.submit(factor_rows, m.path, "H", c, touched[which == c] - col_bounds[c], pure=False)
             for c in np.unique(which).tolist()
         ]
-        result = cl.submit(_run, parts, sums, block, alpha, likelihood, max_iter, tol,
-                           seed, pure=False).result()
+        result = cl.submit(
+            _run, parts, sums, block, alpha, likelihood, max_iter, tol, seed, pure=False
+        ).result()
     warn_unconverged(result, "users", max_iter, tol)
     return result.mean
 
 
 def flatten(
-    ids: Sequence[Sequence[Any]], values: Sequence[Sequence[float]],
-    new: str = "user", other: str = "item",
+    ids: Sequence[Sequence[Any]],
+    values: Sequence[Sequence[float]],
+    new: str = "user",
+    other: str = "item",
 ) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """The interactions of new rows (``new``: "user" or "item") as flat lists, checked: one value
     per id and no id given twice for a row. Returns (ids, float64 values, row of each)."""
@@ -198,13 +205,23 @@ def flatten(
 
 def warn_unconverged(result: FoldIn, noun: str, max_iter: int, tol: float) -> None:
     if not result.converged.all():
-        log.warning("fold-in: %d of %d new %s did not converge in %d iterations (tol %g)",
-                    int((~result.converged).sum()), len(result.converged), noun, max_iter, tol)
+        log.warning(
+            "fold-in: %d of %d new %s did not converge in %d iterations (tol %g)",
+            int((~result.converged).sum()),
+            len(result.converged),
+            noun,
+            max_iter,
+            tol,
+        )
 
 
 def interactions(
-    row: np.ndarray, other: np.ndarray, y: np.ndarray, n_new: int,
-    new: str = "user", noun: str = "item",
+    row: np.ndarray,
+    other: np.ndarray,
+    y: np.ndarray,
+    n_new: int,
+    new: str = "user",
+    noun: str = "item",
 ) -> CsrBlock:
     """(n_new, m) CSR over the m distinct touched ``other`` indices, in increasing order."""
     touched, col = np.unique(other, return_inverse=True)

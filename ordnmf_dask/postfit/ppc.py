@@ -32,7 +32,13 @@ def _draw(model: str, name: str, index: int, rng: np.random.Generator) -> np.nda
 
 
 def _ppc_task(
-    model: str, r: int, c: int, shape: tuple[int, int], budget: int, seed: int, spec: tuple,
+    model: str,
+    r: int,
+    c: int,
+    shape: tuple[int, int],
+    budget: int,
+    seed: int,
+    spec: tuple,
     n_bins: int,
 ) -> np.ndarray:
     rng = np.random.default_rng(np.random.SeedSequence([seed, r, c]))
@@ -103,8 +109,9 @@ def posterior_predictive(
             for c in range(n_c):
                 shape = info.block_shape(r, c)
                 budget = max(1, math.ceil(n_pairs * shape[0] * shape[1] / total))
-                parts.append(cl.submit(_ppc_task, m.path, r, c, shape, budget, seed, spec,
-                                       len(truth)))
+                parts.append(
+                    cl.submit(_ppc_task, m.path, r, c, shape, budget, seed, spec, len(truth))
+                )
         hist = cl.gather(tree_sum(cl, parts))
     return {
         "classes": list(range(len(truth))),

@@ -163,7 +163,10 @@ def _in_range32(x: np.ndarray) -> bool:
 
 
 def top_n(
-    query: np.ndarray, target: np.ndarray, target32t: np.ndarray | None, n: int,
+    query: np.ndarray,
+    target: np.ndarray,
+    target32t: np.ndarray | None,
+    n: int,
     banned: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Best ``n`` rows of ``target`` for each row of ``query`` by dot product, in float64.
@@ -316,8 +319,10 @@ class Server:
                 parts = [foldin.factor_rows(self.model.path, name, j)[1] for j in range(n)]
             x = np.concatenate(parts)
             if field == "mean" and not (np.all(np.isfinite(x)) and x.min(initial=0.0) >= 0):
-                raise StoreError(f"{self.model.path}: factor {name} has negative or non-finite "
-                                 "entries (the model is damaged)")
+                raise StoreError(
+                    f"{self.model.path}: factor {name} has negative or non-finite "
+                    "entries (the model is damaged)"
+                )
             self._fields[name, field] = x
         return self._fields[name, field]
 
@@ -349,16 +354,20 @@ class Server:
         training store, whose training items ``filter_already_seen`` needs."""
         fix = "pass store=STORE (the training store), or filter_already_seen=False"
         if self.store_path is None:
-            raise StoreError(f"{self.model.path}: the model holds no index of its users' "
-                             f"training items and records no training store; {fix}")
+            raise StoreError(
+                f"{self.model.path}: the model holds no index of its users' "
+                f"training items and records no training store; {fix}"
+            )
         try:
             info = open_store(self.store_path)
         except StoreError as exc:
             if self._store_given:
                 raise
-            raise StoreError(f"{self.model.path}: the model holds no index of its users' "
-                             "training items (saved before models carried one) and its training "
-                             f"store cannot be read ({exc}); {fix}") from None
+            raise StoreError(
+                f"{self.model.path}: the model holds no index of its users' "
+                "training items (saved before models carried one) and its training "
+                f"store cannot be read ({exc}); {fix}"
+            ) from None
         check_compatible(info, self.model, self.allow_other_store)
         return info
 
@@ -409,7 +418,11 @@ class Server:
         return ranked_pairs(scores, items.raw(cols[np.isfinite(scores)]))
 
     def _rank_items(
-        self, w: np.ndarray, n: int, items: Sequence[Any] | None, exclude: Sequence[Any] | None,
+        self,
+        w: np.ndarray,
+        n: int,
+        items: Sequence[Any] | None,
+        exclude: Sequence[Any] | None,
         seen: tuple[np.ndarray, np.ndarray] | None,
     ) -> list[Recs]:
         """Top-n items for the rows of ``w`` among ``items`` (default all), minus ``exclude``
@@ -438,8 +451,12 @@ class Server:
 
     # -- public operations ------------------------------------------------------------------
     def recommend(
-        self, user_ids: Any, n: int = 10, filter_already_seen: bool = True,
-        items: Sequence[Any] | None = None, exclude: Sequence[Any] | None = None,
+        self,
+        user_ids: Any,
+        n: int = 10,
+        filter_already_seen: bool = True,
+        items: Sequence[Any] | None = None,
+        exclude: Sequence[Any] | None = None,
     ) -> dict[Any, Recs]:
         """Top-``n`` items per user: ``{user id as given: [(raw item id, score), ...]}``."""
         n = check_n(n)
@@ -451,7 +468,10 @@ class Server:
         return {user: recs[j] for user, j in zip(users, inverse.tolist(), strict=True)}
 
     def recommend_for(
-        self, w: np.ndarray, n: int = 10, exclude: Sequence[Sequence[Any]] | None = None,
+        self,
+        w: np.ndarray,
+        n: int = 10,
+        exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
     ) -> dict[int, Recs]:
         """Top-``n`` items for users given by their factors (e.g. from :meth:`fold_in_users`),
@@ -461,15 +481,15 @@ class Server:
         w = np.asarray(w, dtype=np.float64)
         k = self.H.shape[1]
         if w.ndim != 2 or w.shape[1] != k or not np.all(np.isfinite(w)) or w.min(initial=0) < 0:
-            raise InputError(f"w must be a finite nonnegative (n_users, {k}) array, got shape "
-                             f"{w.shape}")
+            raise InputError(
+                f"w must be a finite nonnegative (n_users, {k}) array, got shape {w.shape}"
+            )
         seen = None
         if exclude is not None:
             if len(exclude) != len(w):
                 raise InputError(f"exclude has {len(exclude)} lists for {len(w)} rows of w")
             flat = [x for a in exclude for x in a]
-            seen = (np.repeat(np.arange(len(w)), [len(a) for a in exclude]),
-                    self.items.index(flat))
+            seen = (np.repeat(np.arange(len(w)), [len(a) for a in exclude]), self.items.index(flat))
         return dict(enumerate(self._rank_items(w, n, items, None, seen)))
 
     def similar(self, axis: str, ids: Any, n: int = 10) -> dict[Any, Recs]:
@@ -490,14 +510,20 @@ class Server:
         """``E[w_u] . E[h_i]`` for the pairs (user_ids[j], item_ids[j]), shape (m,)."""
         users, items = _listed(user_ids), _listed(item_ids)
         if len(users) != len(items):
-            raise InputError(f"score needs as many users as items, got {len(users)} and "
-                             f"{len(items)}")
+            raise InputError(
+                f"score needs as many users as items, got {len(users)} and {len(items)}"
+            )
         u, i = self.users.index(users), self.items.index(items)
         return np.einsum("ij,ij->i", self.W[u], self.H[i])
 
     def fold_in(
-        self, axis: str, ids: Sequence[Sequence[Any]], values: Sequence[Sequence[float]],
-        max_iter: int = 500, tol: float = 1e-6, seed: int | None = None,
+        self,
+        axis: str,
+        ids: Sequence[Sequence[Any]],
+        values: Sequence[Sequence[float]],
+        max_iter: int = 500,
+        tol: float = 1e-6,
+        seed: int | None = None,
     ) -> np.ndarray:
         """E[.] of NEW rows of ``axis`` ("users" or "items") from their interactions with the
         existing other side, which stays fixed with the thresholds (as
@@ -515,8 +541,17 @@ class Server:
         name = "H" if axis == "users" else "W"
         mean, log_mean = self._field(name, "mean"), self._field(name, "log_mean")
         alpha = float(self.model.attrs["params"]["alpha_W" if axis == "users" else "alpha_H"])
-        result = fold_in_rows(block, mean[touched], log_mean[touched], mean.sum(axis=0), alpha,
-                              likelihood, max_iter=max_iter, tol=tol, seed=seed)
+        result = fold_in_rows(
+            block,
+            mean[touched],
+            log_mean[touched],
+            mean.sum(axis=0),
+            alpha,
+            likelihood,
+            max_iter=max_iter,
+            tol=tol,
+            seed=seed,
+        )
         foldin.warn_unconverged(result, axis, max_iter, tol)
         return result.mean
 

@@ -48,8 +48,14 @@ def open_pair(
 
 
 def _candidates(
-    model: str, store: str | None, r: int, c: int, col_offset: int, n: int,
-    rows: np.ndarray | None = None, seen_rows: CsrBlock | None = None,
+    model: str,
+    store: str | None,
+    r: int,
+    c: int,
+    col_offset: int,
+    n: int,
+    rows: np.ndarray | None = None,
+    seen_rows: CsrBlock | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-n of item-block c for the users of user-block r (or its local ``rows``), their
     training items read from ``store``, or taken from ``seen_rows`` (the model's index of the
@@ -87,7 +93,11 @@ def named_top(top: tuple[np.ndarray, np.ndarray], store: str) -> list[list[tuple
 
 
 def block_top(
-    cl: Client, m: ModelInfo, info: StoreInfo | None, r: int, n: int,
+    cl: Client,
+    m: ModelInfo,
+    info: StoreInfo | None,
+    r: int,
+    n: int,
     rows: np.ndarray | None = None,
 ) -> Future:
     """Future of the top-n (scores, item indices) of the users of user-block r (or its local

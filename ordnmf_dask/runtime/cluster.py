@@ -92,7 +92,10 @@ def resolve_client(
         with cluster, Client(cluster, security=security) as own:
             log.info(
                 "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
-                n_workers, threads_per_worker, cluster.scheduler_address, own.dashboard_link,
+                n_workers,
+                threads_per_worker,
+                cluster.scheduler_address,
+                own.dashboard_link,
             )
             yield own
 
@@ -102,8 +105,10 @@ def runs_inprocess(info: Sizes, k: int, memory: int | None = None) -> bool:
     INPROCESS_MAX_NNZ training nonzeros and :func:`inprocess_bytes` within INPROCESS_MEMORY of
     ``memory`` (default: the machine's)."""
     memory = physical_memory() if memory is None else memory
-    return (info.nnz_train <= INPROCESS_MAX_NNZ
-            and inprocess_bytes(info, k) <= INPROCESS_MEMORY * memory)  # fmt: skip
+    return (
+        info.nnz_train <= INPROCESS_MAX_NNZ
+        and inprocess_bytes(info, k) <= INPROCESS_MEMORY * memory
+    )
 
 
 def _current_client() -> Client | None:
@@ -135,10 +140,16 @@ def choose_client(
     """
     if client is not None and executor == "inprocess":
         raise InputError("executor='inprocess' runs without a cluster: pass no client")
-    if client is None and executor == "inprocess" or (
-        executor == "auto" and client is None and _current_client() is None
-        and runs_inprocess(info, k)
-    ):  # fmt: skip
+    if (
+        client is None
+        and executor == "inprocess"
+        or (
+            executor == "auto"
+            and client is None
+            and _current_client() is None
+            and runs_inprocess(info, k)
+        )
+    ):
         # one block: each task needs the one before it, so threads would only add hand-overs;
         # several fits at once: a shared pool would interleave their chains of tasks
         threads = 0 if info.grid == (1, 1) or jobs > 1 else None

@@ -22,19 +22,41 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-_PLACEMENT = frozenset({"workers", "allow_other_workers", "priority", "pure", "key", "resources",
-                        "retries", "fifo_timeout"})  # fmt: skip
+_PLACEMENT = frozenset(
+    {
+        "workers",
+        "allow_other_workers",
+        "priority",
+        "pure",
+        "key",
+        "resources",
+        "retries",
+        "fifo_timeout",
+    }
+)
 NAME = "inprocess"  # the one "worker" this client reports
 
 
 class InProcessFuture:
     """The result of a task of an :class:`InProcessClient` (status, result, exception)."""
 
-    __slots__ = ("_client", "_fn", "_args", "_kwargs", "_deps", "_waiting", "_dependents",
-                 "_done", "_value", "_error", "__weakref__")  # fmt: skip
+    __slots__ = (
+        "_client",
+        "_fn",
+        "_args",
+        "_kwargs",
+        "_deps",
+        "_waiting",
+        "_dependents",
+        "_done",
+        "_value",
+        "_error",
+        "__weakref__",
+    )
 
-    def __init__(self, client: InProcessClient, fn: Callable[..., Any], args: tuple,
-                 kwargs: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self, client: InProcessClient, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
+    ) -> None:
         self._client = client
         self._fn: Callable[..., Any] | None = fn
         self._args: tuple | None = args
@@ -48,7 +70,7 @@ class InProcessFuture:
 
     @property
     def status(self) -> str:
-        """"pending", "finished" or "error", as a distributed future says."""
+        """ "pending", "finished" or "error", as a distributed future says."""
         if not self._done:
             return "pending"
         return "error" if self._error is not None else "finished"
@@ -156,8 +178,9 @@ class InProcessClient:
 
     def scheduler_info(self, n_workers: int = -1) -> dict[str, Any]:
         """One worker with this process's threads and memory."""
-        return {"workers": {NAME: {"nthreads": max(self.threads, 1),
-                                   "memory_limit": self.memory_limit}}}  # fmt: skip
+        return {
+            "workers": {NAME: {"nthreads": max(self.threads, 1), "memory_limit": self.memory_limit}}
+        }
 
     def cancel(self, futures: Any) -> None:
         """See :meth:`InProcessFuture.cancel`."""

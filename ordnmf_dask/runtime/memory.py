@@ -56,8 +56,6 @@ def inprocess_bytes(info: Sizes, k: int) -> int:
     return block_bytes(info) + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
 
 
-
-
 class Grid(Sizes, Protocol):
     """What the check reads of a store: its sizes and the bounds of its block grid."""
 
@@ -79,9 +77,11 @@ def worker_limit_problem(limit: int) -> str | None:
     """What is wrong with a worker memory limit of ``limit`` bytes (None: nothing)."""
     if limit >= MIN_WORKER_MEMORY:
         return None
-    return (f"is {size_text(limit)} per worker, below the {size_text(MIN_WORKER_MEMORY)} a "
-            f"worker needs (its process holds about {size_text(WORKER_PROCESS)} before any task, "
-            f"and Dask pauses it at {PAUSE:.0%} of its limit)")
+    return (
+        f"is {size_text(limit)} per worker, below the {size_text(MIN_WORKER_MEMORY)} a "
+        f"worker needs (its process holds about {size_text(WORKER_PROCESS)} before any task, "
+        f"and Dask pauses it at {PAUSE:.0%} of its limit)"
+    )
 
 
 def check_local_cluster(memory_limit: str | int | None, n_workers: int, threads: int) -> None:
@@ -94,8 +94,10 @@ def check_local_cluster(memory_limit: str | int | None, n_workers: int, threads:
     limit = parse_memory_limit(given, threads, n_workers * threads, logger=log)
     wrong = None if limit is None else worker_limit_problem(limit)
     if wrong is not None:
-        raise InputError(f"the memory limit of a LocalCluster of {n_workers} workers (memory "
-                         f"limit {given}) {wrong}: use fewer workers or a larger memory limit")
+        raise InputError(
+            f"the memory limit of a LocalCluster of {n_workers} workers (memory "
+            f"limit {given}) {wrong}: use fewer workers or a larger memory limit"
+        )
 
 
 def factor_bytes(n_users: int, n_items: int, k: int) -> int:
@@ -119,29 +121,39 @@ def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
             raise InputError(
                 f"{need_text} {size_text(need)} in this process {what}, and the training "
                 f"blocks), more than the {size_text(room)} of memory available: {advice}, or "
-                "run on a cluster")
+                "run on a cluster"
+            )
         return
     workers = client.scheduler_info(n_workers=-1)["workers"].values()
     limits = [int(w.get("memory_limit") or 0) for w in workers]
     if not limits or min(limits) == 0:
         return
     room = [max(0, int(PAUSE * limit) - WORKER_PROCESS) for limit in limits]
-    below = (f"below Dask's pause threshold ({PAUSE:.0%} of the limit, less about "
-             f"{size_text(WORKER_PROCESS)} for the worker process): {advice}, or give the "
-             "workers more memory")
+    below = (
+        f"below Dask's pause threshold ({PAUSE:.0%} of the limit, less about "
+        f"{size_text(WORKER_PROCESS)} for the worker process): {advice}, or give the "
+        "workers more memory"
+    )
     need = factor_bytes(info.n_users, info.n_items, k) + (block_bytes(info) if cache else 0)
     if need > sum(room):
         n = len(limits)
-        each = (f"{size_text(limits[0])} each" if len(set(limits)) == 1
-                else f"up to {size_text(max(limits))}")  # fmt: skip
+        each = (
+            f"{size_text(limits[0])} each"
+            if len(set(limits)) == 1
+            else f"up to {size_text(max(limits))}"
+        )
         cached = ", and the cached training blocks" if cache else ""
-        raise InputError(f"{need_text} {size_text(need)} {what}{cached}), more than the "
-                         f"{size_text(sum(room))} left by {n} worker{'s' * (n > 1)} with a "
-                         f"memory limit of {each} {below}")
+        raise InputError(
+            f"{need_text} {size_text(need)} {what}{cached}), more than the "
+            f"{size_text(sum(room))} left by {n} worker{'s' * (n > 1)} with a "
+            f"memory limit of {each} {below}"
+        )
     rows, cols = int(np.diff(info.row_bounds).max()), int(np.diff(info.col_bounds).max())
     need = factor_bytes(rows, cols, k)
     if need > max(room):
-        raise InputError(f"{need_text} {size_text(need)} on one worker for its largest chunks "
-                         f"of W ({rows} users) and H ({cols} items) {what}), more than the "
-                         f"{size_text(max(room))} left by a worker with a memory limit of "
-                         f"{size_text(max(limits))} {below}")
+        raise InputError(
+            f"{need_text} {size_text(need)} on one worker for its largest chunks "
+            f"of W ({rows} users) and H ({cols} items) {what}), more than the "
+            f"{size_text(max(room))} left by a worker with a memory limit of "
+            f"{size_text(max(limits))} {below}"
+        )

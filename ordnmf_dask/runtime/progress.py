@@ -24,9 +24,11 @@ log = logging.getLogger("ordnmf_dask")
 FORMATTER = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
 
 ShowProgress = bool | None
-SWITCH_DOC = ("True shows progress on stderr (a bar with the ETA where stderr is a terminal or "
-              "Jupyter, log lines otherwise), False nothing, None (default) as True where stderr "
-              "is a terminal or Jupyter, else as False.")
+SWITCH_DOC = (
+    "True shows progress on stderr (a bar with the ETA where stderr is a terminal or "
+    "Jupyter, log lines otherwise), False nothing, None (default) as True where stderr "
+    "is a terminal or Jupyter, else as False."
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,8 +71,11 @@ class IterationProgress:
 
     def __init__(self, total: int) -> None:
         self.total = total
-        self.bar = (_terminal() and log.isEnabledFor(logging.INFO)
-                    and threading.current_thread() is threading.main_thread())  # fmt: skip
+        self.bar = (
+            _terminal()
+            and log.isEnabledFor(logging.INFO)
+            and threading.current_thread() is threading.main_thread()
+        )
         self.drawn = False
         self.first: tuple[int, float] | None = None  # (iteration, elapsed) first seen
 
@@ -94,8 +99,10 @@ class IterationProgress:
 
     def draw(self, n: int, elapsed: float) -> None:
         if self.bar:
-            sys.stderr.write(f"\rfit {_bar(n, self.total)} {n}/{self.total}  "
-                             f"{self.clock(elapsed)}  {self.eta(n, elapsed)}")  # fmt: skip
+            sys.stderr.write(
+                f"\rfit {_bar(n, self.total)} {n}/{self.total}  "
+                f"{self.clock(elapsed)}  {self.eta(n, elapsed)}"
+            )
             sys.stderr.flush()
             self.drawn = True
 
@@ -196,8 +203,12 @@ def reporting(show_progress: ShowProgress) -> Iterator[None]:
         _depth += 1
     try:
         on = interactive(sys.stderr) if show_progress is None else bool(show_progress)
-        if (not outermost or not on or log.handlers
-                or (log.isEnabledFor(logging.INFO) and _info_handled())):
+        if (
+            not outermost
+            or not on
+            or log.handlers
+            or (log.isEnabledFor(logging.INFO) and _info_handled())
+        ):
             yield
             return
         level, propagate = log.level, log.propagate
@@ -231,8 +242,9 @@ def shows_progress(fn: F) -> F:
             return fn(*args, **kwargs)
 
     sig = inspect.signature(fn)
-    switch = inspect.Parameter("show_progress", inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation="ShowProgress")
+    switch = inspect.Parameter(
+        "show_progress", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="ShowProgress"
+    )
     params = list(sig.parameters.values())
     at = next((j for j, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
     wrapper.__signature__ = sig.replace(parameters=[*params[:at], switch, *params[at:]])  # type: ignore[attr-defined]

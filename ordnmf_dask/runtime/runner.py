@@ -114,9 +114,12 @@ class Runner:
         return self.gather(self.submit(fn, items, *args))
 
     def map_reduce(
-        self, fn: Callable[..., Any], items: Sequence[Any], combine: Callable[[Any, Any], Any],
+        self,
+        fn: Callable[..., Any],
+        items: Sequence[Any],
+        combine: Callable[[Any, Any], Any],
         *args: Any,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Fold ``fn(item, *args)`` over ``items`` with ``combine`` by a binary tree, on the
         workers.
 

@@ -14,8 +14,11 @@ from ordnmf_dask.sources.values import ValueSpec
 def validation_attrs(fraction: float, hist: list[int]) -> dict[str, object]:
     """The attributes that record a validation subset with class counts ``hist``
     (docs/store-format.md)."""
-    return {"validation_fraction": float(fraction), "nnz_validation": sum(hist),
-            "hist_validation": hist}  # fmt: skip
+    return {
+        "validation_fraction": float(fraction),
+        "nnz_validation": sum(hist),
+        "hist_validation": hist,
+    }
 
 
 def id_kind(kind: str) -> str:
@@ -24,12 +27,25 @@ def id_kind(kind: str) -> str:
 
 
 def ingest_attrs(
-    spec: ValueSpec, hists: dict[str, np.ndarray], row_bounds: np.ndarray, col_bounds: np.ndarray,
-    sources: list[str], kinds: tuple[str, str], *, min_count: int,
-    filter_mode: str, duplicates: str, test_fraction: float, seed: int, nnz_per_block: int,
-    rows_read: int, not_interaction: int, filtered: int, n_before_split: int,
+    spec: ValueSpec,
+    hists: dict[str, np.ndarray],
+    row_bounds: np.ndarray,
+    col_bounds: np.ndarray,
+    sources: list[str],
+    kinds: tuple[str, str],
+    *,
+    min_count: int,
+    filter_mode: str,
+    duplicates: str,
+    test_fraction: float,
+    seed: int,
+    nnz_per_block: int,
+    rows_read: int,
+    not_interaction: int,
+    filtered: int,
+    n_before_split: int,
     test_source: list[str] | None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The attributes every ingest writes, from the class counts (V + 1,) of each split
     (``hists``: "train", "test") and the block bounds (a test file's counts of dropped rows and
     the validation attributes are added to them)."""

@@ -145,8 +145,12 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
     A dask DataFrame's partitions are the chunks, each computed on the worker that parses it;
     other data in memory is one chunk."""
     o, out = plan.options, plan.out
-    delimiter, header, columns, chunk_bytes = plan.delimiter, plan.header, plan.columns, \
-        plan.chunk_bytes  # fmt: skip
+    delimiter, header, columns, chunk_bytes = (
+        plan.delimiter,
+        plan.header,
+        plan.columns,
+        plan.chunk_bytes,
+    )
     rows_per_partition, inputs, test = plan.rows_per_partition, plan.inputs, plan.test
     ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
     min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
@@ -154,9 +158,13 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
     validation_fraction = o["validation_fraction"]
     nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
     train = _plan_input(runner, inputs, "input", delimiter, header, columns, chunk_bytes, 0)
-    tested = None if test is None else \
-        _plan_input(runner, test, "test", delimiter, header, columns, chunk_bytes,
-                    len(train.chunks))  # fmt: skip
+    tested = (
+        None
+        if test is None
+        else _plan_input(
+            runner, test, "test", delimiter, header, columns, chunk_bytes, len(train.chunks)
+        )
+    )
     ins = [train] if tested is None else [train, tested]
     label = train.label
     with temporary_store(out, overwrite, runner) as (path, tmp):
@@ -164,40 +172,69 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
         spec, rows, parsed = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
         found = [k for k, n in enumerate(rows[0]) if n > 0]
         live = [train.chunks[k] for k in found]
-        users = _code_ids(runner, live, [parsed[k] for k in found], tmp, "users",
-                          2 * rows_per_partition)  # fmt: skip
-        items = _code_ids(runner, live, [parsed[k] for k in found], tmp, "items",
-                          2 * rows_per_partition)  # fmt: skip
+        users = _code_ids(
+            runner, live, [parsed[k] for k in found], tmp, "users", 2 * rows_per_partition
+        )
+        items = _code_ids(
+            runner, live, [parsed[k] for k in found], tmp, "items", 2 * rows_per_partition
+        )
         stride = max(1, sum(map(sum, rows)) // _SAMPLED_ROWS)
         coded = [CodesJob(c, users.pieces[k], items.pieces[k]) for k, c in enumerate(live)]
-        sample = runner.map(codes_task, coded, tmp, spec, users.ranges.offsets,
-                             items.ranges.offsets, stride)  # fmt: skip
+        sample = runner.map(
+            codes_task, coded, tmp, spec, users.ranges.offsets, items.ranges.offsets, stride
+        )
         remove_staging(tmp, "codes")  # every chunk has its codes now
         t_live: list[AnyChunk] = []
         test_set = None
         if tested is not None:
             t_live = [c for c, n in zip(tested.chunks, rows[1], strict=True) if n > 0]
             t_index = [c.index for c in t_live]
-            test_set = TestSet(runner.map(ids_task, [t_index], tmp, "users")[0],
-                               runner.map(ids_task, [t_index], tmp, "items")[0],
-                               tested.names)  # fmt: skip
-            sample += runner.map(test_codes_task, t_live, tmp, spec,
-                                 runner.share(users.ranges.load()),  # to look their ids up
-                                 runner.share(items.ranges.load()), runner.share(test_set.users),
-                                 runner.share(test_set.items), stride)  # fmt: skip
+            test_set = TestSet(
+                runner.map(ids_task, [t_index], tmp, "users")[0],
+                runner.map(ids_task, [t_index], tmp, "items")[0],
+                tested.names,
+            )
+            sample += runner.map(
+                test_codes_task,
+                t_live,
+                tmp,
+                spec,
+                runner.share(users.ranges.load()),  # to look their ids up
+                runner.share(items.ranges.load()),
+                runner.share(test_set.users),
+                runner.share(test_set.items),
+                stride,
+            )
         n_users, n_items = len(users.ranges), len(items.ranges)
         n_parts = max(1, min(n_users, math.ceil(sum(map(sum, rows)) / rows_per_partition)))
         bounds = _sample_bounds(np.concatenate(sample), n_users, n_parts)
         n_parts = len(bounds) - 1
         hits = runner.map(partition_task, live, tmp, bounds)
-        t_hits = [] if test_set is None else runner.map(
-            test_partition_task, t_live, tmp, bounds, _test_bounds(users, test_set.users,
-                                                                   bounds))  # fmt: skip
-        jobs = [PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p))
-                for p in range(n_parts)]  # fmt: skip
-        merged = runner.map(dedupe_task, jobs, tmp, spec, duplicates,
-                            users.ranges, items.ranges, runner.share(train.names),
-                            None if test_set is None else runner.share(test_set))  # fmt: skip
+        t_hits = (
+            []
+            if test_set is None
+            else runner.map(
+                test_partition_task,
+                t_live,
+                tmp,
+                bounds,
+                _test_bounds(users, test_set.users, bounds),
+            )
+        )
+        jobs = [
+            PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p)) for p in range(n_parts)
+        ]
+        merged = runner.map(
+            dedupe_task,
+            jobs,
+            tmp,
+            spec,
+            duplicates,
+            users.ranges,
+            items.ranges,
+            runner.share(train.names),
+            None if test_set is None else runner.share(test_set),
+        )
         remove_staging(tmp, "chunks")  # every row is in a partition now
         parts = [j.part for j in jobs]
         n_not = sum(m[1] for m in merged)
@@ -208,8 +245,9 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
             )
         fin = _filter(runner, parts, tmp, bounds, n_items, min_count, filter_mode, seed)
         alive = runner.share(fin.user_alive), runner.share(fin.item_alive)
-        user_deg, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, *alive,
-                                               n_items)  # fmt: skip
+        user_deg, item_deg = runner.map_reduce(
+            degree_task, parts, join_add, tmp, bounds, *alive, n_items
+        )
         n = int(user_deg.sum())
         if n == 0:
             raise InputError(
@@ -222,21 +260,33 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
         user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
         kept_before = np.concatenate([[0], np.cumsum(user_deg > 0)]).astype(np.int64)
         fraction = None if tested is not None else test_fraction
-        fin = Final(bounds, fin.user_alive, fin.item_alive, kept_before[bounds],
-                    _index_map(item_deg > 0), len(item_sel), seed,
-                    split_rule(fraction, validation_fraction), users.ranges,
-                    items.ranges.hashes(0, n_items), file_test=tested is not None)  # fmt: skip
+        fin = Final(
+            bounds,
+            fin.user_alive,
+            fin.item_alive,
+            kept_before[bounds],
+            _index_map(item_deg > 0),
+            len(item_sel),
+            seed,
+            split_rule(fraction, validation_fraction),
+            users.ranges,
+            items.ranges.hashes(0, n_items),
+            file_test=tested is not None,
+        )
         shared = runner.share(fin)
         deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, join_add, tmp, shared)
         check_train_left(label, n, int(deg_u.sum()), fraction, validation_fraction)
         row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
-        placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds,
-                            spec.n_classes)  # fmt: skip
+        placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds, spec.n_classes)
         remove_staging(tmp, "nonzeros")  # every nonzero is in a block piece now
         if tested is not None:
             n_unknown = sum(res["test_unknown"] for res in placed)
-            check_test_left(tested.label, sum(int(res["hist_test"].sum()) for res in placed),
-                            n_unknown, extra["test_not_interaction"])  # fmt: skip
+            check_test_left(
+                tested.label,
+                sum(int(res["hist_test"].sum()) for res in placed),
+                n_unknown,
+                extra["test_not_interaction"],
+            )
             warn_unknown(n_unknown, 5)  # the caller of ``ingest``
             extra = {"test_unknown_dropped": n_unknown, **extra}
         n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
@@ -251,25 +301,50 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
         attrs = ingest_attrs(
-            spec, hists, row_bounds, col_bounds, train.sources, (users.kind, items.kind),
-            min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
-            test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block,
-            rows_read=sum(rows[0]), not_interaction=n_not, filtered=n_kept - n, n_before_split=n,
+            spec,
+            hists,
+            row_bounds,
+            col_bounds,
+            train.sources,
+            (users.kind, items.kind),
+            min_count=min_count,
+            filter_mode=filter_mode,
+            duplicates=duplicates,
+            test_fraction=test_fraction,
+            seed=seed,
+            nnz_per_block=nnz_per_block,
+            rows_read=sum(rows[0]),
+            not_interaction=n_not,
+            filtered=n_kept - n,
+            n_before_split=n,
             test_source=None if tested is None else tested.sources,
-        )  # fmt: skip
+        )
         attrs.update(extra)
         if validation_fraction > 0:
             attrs.update(validation_attrs(validation_fraction, hist_list(hists["validation"])))
-        assemble_store(tmp, runner, attrs, row_bounds, col_bounds, blocks,
-                       users.ranges.staged(user_sel, users.kind),
-                       items.ranges.staged(item_sel, items.kind))  # fmt: skip
+        assemble_store(
+            tmp,
+            runner,
+            attrs,
+            row_bounds,
+            col_bounds,
+            blocks,
+            users.ranges.staged(user_sel, users.kind),
+            items.ranges.staged(item_sel, items.kind),
+        )
         return finish_store(tmp, path, overwrite)
 
 
 def _plan_input(
-    runner: Runner, data: Any, role: str, delimiter: str | None, header: bool | None,
-    columns: tuple[Column, Column, Column], chunk_bytes: int, first_index: int,
-) -> _Input:  # fmt: skip
+    runner: Runner,
+    data: Any,
+    role: str,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column],
+    chunk_bytes: int,
+    first_index: int,
+) -> _Input:
     """``role`` data ("input" or "test") as chunks numbered from ``first_index``: files (their
     formats read and checked), a dask DataFrame (its columns checked) or other data in
     memory."""
@@ -278,16 +353,26 @@ def _plan_input(
         return _Input(label, [], _names([c.path for c in chunks], False), list(chunks), None)
     label = memory_label(data, role)
     if label is not None:
-        return _Input(label, [], _names([label], False),
-                      [memory_chunk(data, label, columns, first_index)], None)  # fmt: skip
+        return _Input(
+            label,
+            [],
+            _names([label], False),
+            [memory_chunk(data, label, columns, first_index)],
+            None,
+        )
     sources = as_list(data)
     paths = expand_inputs(sources)
     formats = runner.map(input_format, paths, delimiter, header, columns)
     check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
     check_some_rows([f for f in formats if isinstance(f, ParquetFormat)], len(formats))
     chunks = plan(runner, formats, chunk_bytes, first_index)
-    return _Input(inputs_label(sources), [source_name(p) for p in sources], _file_names(formats),
-                  list(chunks), [f.path for f in formats])  # fmt: skip
+    return _Input(
+        inputs_label(sources),
+        [source_name(p) for p in sources],
+        _file_names(formats),
+        list(chunks),
+        [f.path for f in formats],
+    )
 
 
 def _pieces(
@@ -323,9 +408,11 @@ def _test_errors(results: list[dict]) -> int:
 
 
 def plan(
-    runner: Runner, formats: list[FileFormat | ParquetFormat], chunk_bytes: int,
+    runner: Runner,
+    formats: list[FileFormat | ParquetFormat],
+    chunk_bytes: int,
     first_index: int = 0,
-) -> list[Chunk | ParquetChunk]:  # fmt: skip
+) -> list[Chunk | ParquetChunk]:
     """Chunks of every file in input order, numbered from ``first_index``: text at line
     boundaries, with their first line numbers; Parquet by row group."""
     jobs, owners = [], []
@@ -348,9 +435,20 @@ def plan(
         line = 1
         for start, stop, n_lines in by_file.get(f_idx, []):
             if stop > start:
-                chunks.append(Chunk(first_index + len(chunks), f_idx, fmt.path, start, stop,
-                                    line, fmt.delim, fmt.header_at, fmt.columns,
-                                    fmt.n_fields))  # fmt: skip
+                chunks.append(
+                    Chunk(
+                        first_index + len(chunks),
+                        f_idx,
+                        fmt.path,
+                        start,
+                        stop,
+                        line,
+                        fmt.delim,
+                        fmt.header_at,
+                        fmt.columns,
+                        fmt.n_fields,
+                    )
+                )
             line += n_lines
     return chunks
 
@@ -358,8 +456,9 @@ def plan(
 def _file_names(formats: list[FileFormat | ParquetFormat]) -> Origin:
     """An Origin of no rows naming every input file (and the row groups of Parquet files)."""
     groups = tuple(f.row_groups if isinstance(f, ParquetFormat) else None for f in formats)
-    return _names([f.path for f in formats], True,
-                  groups if any(g is not None for g in groups) else None)  # fmt: skip
+    return _names(
+        [f.path for f in formats], True, groups if any(g is not None for g in groups) else None
+    )
 
 
 def _names(
@@ -372,9 +471,14 @@ def _names(
 
 
 def _parse(
-    runner: Runner, ins: list[_Input], tmp: str, ratings: str | None, counts: Any,
-    binarize: float | None, scale_max: int | None,
-) -> tuple[ValueSpec, list[list[int]], list[dict]]:  # fmt: skip
+    runner: Runner,
+    ins: list[_Input],
+    tmp: str,
+    ratings: str | None,
+    counts: Any,
+    binarize: float | None,
+    scale_max: int | None,
+) -> tuple[ValueSpec, list[list[int]], list[dict]]:
     """Parse every chunk of the inputs; return the value rule (of all their values, as in
     memory), the rows of each chunk per input and the training chunks' summaries
     (``parse_task``). A chunk of data in memory drops its data."""
@@ -400,10 +504,17 @@ def _parse(
     # make_spec names only the first value that breaks a rule: the bad one, if any
     inp, c = (bad[0], bad[1]) if bad is not None else (found[0][0], found[0][1])
     line = 0 if bad is None else bad[2][1]
-    origin = inp.names.rows(np.full(len(values), c.file_index, np.int32),
-                            np.full(len(values), line, np.int64))  # fmt: skip
-    spec = make_spec(np.asarray(values, np.float64), origin, ratings=ratings, counts=counts,
-                     binarize=binarize, scale_max=scale_max)  # fmt: skip
+    origin = inp.names.rows(
+        np.full(len(values), c.file_index, np.int32), np.full(len(values), line, np.int64)
+    )
+    spec = make_spec(
+        np.asarray(values, np.float64),
+        origin,
+        ratings=ratings,
+        counts=counts,
+        binarize=binarize,
+        scale_max=scale_max,
+    )
     return spec, rows, smalls[: len(ins[0].chunks)]
 
 
@@ -433,9 +544,13 @@ class _Coded:
 
 
 def _code_ids(
-    runner: Runner, chunks: list[AnyChunk], parsed: list[dict], tmp: str, what: str,
+    runner: Runner,
+    chunks: list[AnyChunk],
+    parsed: list[dict],
+    tmp: str,
+    what: str,
     ids_per_range: int,
-) -> _Coded:  # fmt: skip
+) -> _Coded:
     """Sorted distinct ``what`` ids of the parsed ``chunks`` (as ``np.unique`` in memory: int64
     if all are, else str), in ranges cut at splitters from the chunks' samples, each range
     the union of its pieces in one task (``range_task``) of about ``ids_per_range`` ids read."""
@@ -448,14 +563,27 @@ def _code_ids(
     cuts = np.array(cuts, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
     lengths = np.diff(cuts, axis=1)
     starts = np.cumsum(lengths, axis=0) - lengths  # where each piece is in its range's codes
-    jobs = [RangeJob(r, tuple((c.index, int(cuts[k, r]), int(cuts[k, r + 1]))
-                              for k, c in enumerate(chunks) if lengths[k, r]))
-            for r in range(n_ranges)]  # fmt: skip
+    jobs = [
+        RangeJob(
+            r,
+            tuple(
+                (c.index, int(cuts[k, r]), int(cuts[k, r + 1]))
+                for k, c in enumerate(chunks)
+                if lengths[k, r]
+            ),
+        )
+        for r in range(n_ranges)
+    ]
     offsets = np.concatenate([[0], np.cumsum(runner.map(range_task, jobs, tmp, what))])
     # every range has read its pieces: only their order is needed from now on
     runner.map(remove_task, [c.index for c in chunks], tmp, [f"r_{what}"])
-    pieces = [tuple((r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
-                    for r in np.flatnonzero(lengths[k])) for k in range(len(chunks))]  # fmt: skip
+    pieces = [
+        tuple(
+            (r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
+            for r in np.flatnonzero(lengths[k])
+        )
+        for k in range(len(chunks))
+    ]
     return _Coded(IdRanges(tmp, what, offsets.astype(np.int64)), kind, pieces)
 
 
@@ -469,9 +597,15 @@ def _sample_bounds(sample: np.ndarray, n_users: int, n_parts: int) -> np.ndarray
 
 
 def _filter(
-    runner: Runner, parts: list[int], tmp: str, bounds: np.ndarray, n_items: int,
-    min_count: int, mode: str, seed: int,
-) -> Final:  # fmt: skip
+    runner: Runner,
+    parts: list[int],
+    tmp: str,
+    bounds: np.ndarray,
+    n_items: int,
+    min_count: int,
+    mode: str,
+    seed: int,
+) -> Final:
     """Alive users and items after ``filtering.min_count_mask``'s filter, by degree reductions."""
     if min_count <= 1:
         return Final(bounds, None, None, None, None, n_items, seed)
@@ -479,13 +613,15 @@ def _filter(
     item_alive = np.ones(n_items, dtype=bool)
     while True:
         ua, ia = runner.share(user_alive), runner.share(item_alive)
-        _, item_deg = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia,
-                                        n_items, "i")  # fmt: skip
+        _, item_deg = runner.map_reduce(
+            degree_task, parts, join_add, tmp, bounds, ua, ia, n_items, "i"
+        )
         before = int(item_deg.sum())
         item_alive = item_alive & (item_deg >= min_count)
         ia = runner.share(item_alive)
-        user_deg, _ = runner.map_reduce(degree_task, parts, join_add, tmp, bounds, ua, ia,
-                                        n_items, "u")  # fmt: skip
+        user_deg, _ = runner.map_reduce(
+            degree_task, parts, join_add, tmp, bounds, ua, ia, n_items, "u"
+        )
         user_alive = user_alive & (user_deg >= min_count)
         after = int(user_deg[user_alive].sum())
         if mode == "paper" or after == before:

@@ -85,19 +85,32 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
     triples = parse_chunk(chunk)
     if triples is None:
         return {"rows": 0, "vmax": None, "bad": None}
-    (users, uc), (items, ic) = encode_pair(triples.users, triples.items, triples.origin,
-                                             distinct_ids)  # fmt: skip
+    (users, uc), (items, ic) = encode_pair(
+        triples.users, triples.items, triples.origin, distinct_ids
+    )
     values, line = triples.values, triples.origin.line
     if len(line) and line.max() < 2**31:
         line = line.astype(np.int32)  # staged smaller; joined rows widen it back
-    save_arrays(chunk_prefix(tmp, chunk.index), {
-        "uc": uc, "ic": ic, "users": users, "items": items, "values": values, "line": line,
-    })  # fmt: skip
+    save_arrays(
+        chunk_prefix(tmp, chunk.index),
+        {
+            "uc": uc,
+            "ic": ic,
+            "users": users,
+            "items": items,
+            "values": values,
+            "line": line,
+        },
+    )
     bad = np.flatnonzero((values < 1) | (values != np.round(values)))
     return {
-        **{what: (len(ids),
-                  widen(ids[np.linspace(0, len(ids) - 1, min(_SAMPLE, len(ids))).astype(int)]))
-           for what, ids in (("users", users), ("items", items))},
+        **{
+            what: (
+                len(ids),
+                widen(ids[np.linspace(0, len(ids) - 1, min(_SAMPLE, len(ids))).astype(int)]),
+            )
+            for what, ids in (("users", users), ("items", items))
+        },
         "rows": len(values),
         "vmax": float(values.max()),
         "bad": None if not bad.size else (float(values[bad[0]]), int(line[bad[0]])),
@@ -169,8 +182,10 @@ def range_task(job: RangeJob, tmp: str, what: str) -> int:
     """Sorted distinct ids of one id range (the union of its pieces); stages them (``ids``),
     their hashes (``hashes``: ``split.id_hashes``, for the random split) and, piece after
     piece, the pieces' codes among them (``codes``, int32); returns how many there are."""
-    loaded = [load_rows(chunk_prefix(tmp, c), f"r_{what}", lo, hi, staged=True)
-              for c, lo, hi in job.pieces]  # fmt: skip
+    loaded = [
+        load_rows(chunk_prefix(tmp, c), f"r_{what}", lo, hi, staged=True)
+        for c, lo, hi in job.pieces
+    ]
     if len({a.dtype.kind for a in loaded}) > 1:  # ASCII pieces beside others
         loaded = [widen(a) for a in loaded]
     ids, codes = encode_sorted(np.concatenate(loaded))
@@ -202,27 +217,46 @@ class IdRanges:
         parts = [np.zeros(0, np.uint64)]
         for r in range(max(first, 0), min(last, len(self.offsets) - 1)):
             lo, hi = int(self.offsets[r]), int(self.offsets[r + 1])
-            parts.append(load_rows(_range_prefix(self.tmp, self.what, r, "ids"), "hashes",
-                                   max(start, lo) - lo, min(stop, hi) - lo))  # fmt: skip
+            parts.append(
+                load_rows(
+                    _range_prefix(self.tmp, self.what, r, "ids"),
+                    "hashes",
+                    max(start, lo) - lo,
+                    min(stop, hi) - lo,
+                )
+            )
         return np.concatenate(parts)
 
     def load(self) -> np.ndarray:
         """All of them, in order (only a test file's chunks need them)."""
-        return np.concatenate([load_arrays(_range_prefix(self.tmp, self.what, r, "ids"),
-                                           ["ids"])["ids"] for r in range(len(self.offsets) - 1)])
+        return np.concatenate(
+            [
+                load_arrays(_range_prefix(self.tmp, self.what, r, "ids"), ["ids"])["ids"]
+                for r in range(len(self.offsets) - 1)
+            ]
+        )
 
     def staged(self, kept: np.ndarray, kind: str) -> StagedIds:
         """The ids of codes ``kept`` (increasing) to write to the store: pieces of the ranges'
         staged ids cut at the store's chunk bounds; ``kind`` "i" (int64) or "U" (str)."""
-        edges = np.unique(np.concatenate([
-            [0, len(kept)], np.searchsorted(kept, self.offsets[1:-1]),
-            np.arange(CHUNK, len(kept), CHUNK)]))  # fmt: skip
+        edges = np.unique(
+            np.concatenate(
+                [
+                    [0, len(kept)],
+                    np.searchsorted(kept, self.offsets[1:-1]),
+                    np.arange(CHUNK, len(kept), CHUNK),
+                ]
+            )
+        )
         parts = []
         for lo, hi in zip(edges[:-1], edges[1:], strict=True):
             r = int(np.searchsorted(self.offsets, kept[lo], side="right")) - 1
             local = kept[lo:hi] - self.offsets[r]
-            take = range(int(local[0]), int(local[-1]) + 1) \
-                if local[-1] - local[0] + 1 == len(local) else local.astype(np.int32)  # fmt: skip
+            take = (
+                range(int(local[0]), int(local[-1]) + 1)
+                if local[-1] - local[0] + 1 == len(local)
+                else local.astype(np.int32)
+            )
             parts.append(Gather(_range_prefix(self.tmp, self.what, r, "ids"), "ids", take))
         return StagedIds(tuple(parts), zarr_id_dtype(kind))
 
@@ -241,9 +275,13 @@ class CodesJob:
 
 
 def codes_task(
-    job: CodesJob, tmp: str, spec: ValueSpec, user_offsets: np.ndarray,
-    item_offsets: np.ndarray, stride: int,
-) -> np.ndarray:  # fmt: skip
+    job: CodesJob,
+    tmp: str,
+    spec: ValueSpec,
+    user_offsets: np.ndarray,
+    item_offsets: np.ndarray,
+    stride: int,
+) -> np.ndarray:
     """Check every value of a chunk and stage the global codes of its distinct ids (``to_u``,
     ``to_i``); return every ``stride``-th row's user code (a row-weighted sample of users)."""
     prefix = chunk_prefix(tmp, job.chunk.index)
@@ -257,22 +295,35 @@ def codes_task(
 
 
 def _global_codes(
-    tmp: str, prefix: str, what: str, pieces: tuple[tuple[int, int, int], ...],
+    tmp: str,
+    prefix: str,
+    what: str,
+    pieces: tuple[tuple[int, int, int], ...],
     offsets: np.ndarray,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Global codes of a chunk's distinct ``what`` ids, in their order (int32)."""
-    codes = np.concatenate([np.zeros(0, np.int32)] + [
-        load_rows(_range_prefix(tmp, what, r, "codes"), "codes", lo, hi) + np.int32(offsets[r])
-        for r, lo, hi in pieces])  # fmt: skip
+    codes = np.concatenate(
+        [np.zeros(0, np.int32)]
+        + [
+            load_rows(_range_prefix(tmp, what, r, "codes"), "codes", lo, hi) + np.int32(offsets[r])
+            for r, lo, hi in pieces
+        ]
+    )
     out = np.empty_like(codes)
     out[load_arrays(prefix, [f"r_{what}_order"])[f"r_{what}_order"]] = codes
     return out
 
 
 def test_codes_task(
-    chunk: AnyChunk, tmp: str, spec: ValueSpec, user_ids: np.ndarray, item_ids: np.ndarray,
-    t_users: np.ndarray, t_items: np.ndarray, stride: int,
-) -> np.ndarray:  # fmt: skip
+    chunk: AnyChunk,
+    tmp: str,
+    spec: ValueSpec,
+    user_ids: np.ndarray,
+    item_ids: np.ndarray,
+    t_users: np.ndarray,
+    t_items: np.ndarray,
+    stride: int,
+) -> np.ndarray:
     """Check every value of a test chunk and stage, for its distinct ids, their codes among
     the training ids (``to_u``, ``to_i``; -1 for an id the training data lacks, as
     ``split.lookup`` finds them in memory) and among the test set's own sorted ids
@@ -282,13 +333,19 @@ def test_codes_task(
     data = load_arrays(prefix, ["uc", "users", "items", "values", "line"])
     classify(spec, data["values"], chunk_origin(chunk, data["line"]))
     to_u, to_i = lookup(user_ids, data["users"]), lookup(item_ids, data["items"])
-    save_arrays(prefix, {
-        "to_u": to_u, "to_i": to_i,
-        "to_tu": np.searchsorted(t_users, as_kind(data["users"], t_users.dtype.kind))
-        .astype(np.int32),
-        "to_ti": np.searchsorted(t_items, as_kind(data["items"], t_items.dtype.kind))
-        .astype(np.int32),
-    })  # fmt: skip
+    save_arrays(
+        prefix,
+        {
+            "to_u": to_u,
+            "to_i": to_i,
+            "to_tu": np.searchsorted(t_users, as_kind(data["users"], t_users.dtype.kind)).astype(
+                np.int32
+            ),
+            "to_ti": np.searchsorted(t_items, as_kind(data["items"], t_items.dtype.kind)).astype(
+                np.int32
+            ),
+        },
+    )
     u = to_u[data["uc"][chunk.index % stride :: stride]]
     return u[u >= 0]
 
@@ -332,24 +389,34 @@ def test_partition_task(
     data = load_arrays(prefix, _TEST_PARSED)
     u, i = data["to_u"][data["uc"]], data["to_i"][data["ic"]]
     tu, ti = data["to_tu"][data["uc"]], data["to_ti"][data["ic"]]
-    part = np.where(u >= 0, np.searchsorted(part_bounds, u, side="right"),
-                    np.searchsorted(test_bounds, tu, side="right")) - 1  # fmt: skip
+    part = (
+        np.where(
+            u >= 0,
+            np.searchsorted(part_bounds, u, side="right"),
+            np.searchsorted(test_bounds, tu, side="right"),
+        )
+        - 1
+    )
     routed = {"u": u, "i": i, "tu": tu, "ti": ti, "values": data["values"], "line": data["line"]}
     return _route(prefix, part, len(part_bounds) - 1, routed, _TEST_PARSED + _TEST_IDS)
 
 
 def _route(
-    prefix: str, part: np.ndarray, n_parts: int, routed: dict[str, np.ndarray],
+    prefix: str,
+    part: np.ndarray,
+    n_parts: int,
+    routed: dict[str, np.ndarray],
     parsed: tuple[str, ...],
-) -> list[int]:  # fmt: skip
+) -> list[int]:
     """Stage ``routed`` sorted by partition with ``part_offsets``, remove the ``parsed`` files;
     return the partitions hit."""
     small = part.astype(np.int16) if n_parts <= np.iinfo(np.int16).max else part
     order = np.argsort(small, kind="stable")  # a radix sort for 16-bit keys
     counts = np.bincount(part, minlength=n_parts)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    save_arrays(prefix, {**{f"p_{n}": a[order] for n, a in routed.items()},
-                         "part_offsets": offsets})  # fmt: skip
+    save_arrays(
+        prefix, {**{f"p_{n}": a[order] for n, a in routed.items()}, "part_offsets": offsets}
+    )
     remove_arrays(prefix, parsed)
     return [int(p) for p in np.flatnonzero(counts)]
 
@@ -384,16 +451,25 @@ def _gather(
     """The rows of a partition's pieces in input order, their Origin and their chunk index."""
     loaded = [_piece(tmp, c, part, columns) for c, _ in pieces]
     cat = {n: np.concatenate([p[n] for p in loaded]) for n in columns}
-    fidx, cidx = (np.concatenate([np.full(len(p["line"]), x[k], dtype=dt)
-                                  for p, x in zip(loaded, pieces, strict=True)])
-                  for k, dt in ((1, np.int32), (0, np.int64)))  # fmt: skip
+    fidx, cidx = (
+        np.concatenate(
+            [np.full(len(p["line"]), x[k], dtype=dt) for p, x in zip(loaded, pieces, strict=True)]
+        )
+        for k, dt in ((1, np.int32), (0, np.int64))
+    )
     return cat, names.rows(fidx, cat["line"]), cidx
 
 
 def dedupe_task(
-    job: PartJob, tmp: str, spec: ValueSpec, policy: str, user_ids: IdRanges,
-    item_ids: IdRanges, names: Origin, test: TestSet | None,
-) -> tuple[int, int, dict | None]:  # fmt: skip
+    job: PartJob,
+    tmp: str,
+    spec: ValueSpec,
+    policy: str,
+    user_ids: IdRanges,
+    item_ids: IdRanges,
+    names: Origin,
+    test: TestSet | None,
+) -> tuple[int, int, dict | None]:
     """Merge duplicate pairs of a partition, classify, stage the interactions; the same for
     its test rows if ``test`` is given (a test file).
 
@@ -413,20 +489,46 @@ def dedupe_task(
     cat, origin, _ = _gather(tmp, job.part, job.pieces, ["u", "i", "values", "line"], names)
     rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
     y, keep = classify(spec, raw, origin.take(rows))
-    save_arrays(_part_prefix(tmp, job.part), {
-        "u": cat["u"][rows][keep], "i": cat["i"][rows][keep], "y": y[keep], "raw": raw[keep],
-    })  # fmt: skip
+    save_arrays(
+        _part_prefix(tmp, job.part),
+        {
+            "u": cat["u"][rows][keep],
+            "i": cat["i"][rows][keep],
+            "y": y[keep],
+            "raw": raw[keep],
+        },
+    )
     n, n_not = len(rows), int((~keep).sum())
     if test is None:
         return n, n_not, None
-    return n, n_not, _test_rows(job, tmp, spec, policy, len(item_ids), test, cat["u"][rows],
-                                cat["i"][rows], origin.take(rows))  # fmt: skip
+    return (
+        n,
+        n_not,
+        _test_rows(
+            job,
+            tmp,
+            spec,
+            policy,
+            len(item_ids),
+            test,
+            cat["u"][rows],
+            cat["i"][rows],
+            origin.take(rows),
+        ),
+    )
 
 
 def _test_rows(
-    job: PartJob, tmp: str, spec: ValueSpec, policy: str, n_items: int, test: TestSet,
-    train_u: np.ndarray, train_i: np.ndarray, train_origin: Origin,
-) -> dict:  # fmt: skip
+    job: PartJob,
+    tmp: str,
+    spec: ValueSpec,
+    policy: str,
+    n_items: int,
+    test: TestSet,
+    train_u: np.ndarray,
+    train_i: np.ndarray,
+    train_origin: Origin,
+) -> dict:
     """The test side of ``dedupe_task``: the overlap check against the partition's training
     pairs (all of them, interactions or not, as in memory), then the test pairs merged and
     classified; the interactions are staged with their training codes (-1 where unknown)."""
@@ -434,25 +536,44 @@ def _test_rows(
     out: dict = {"overlap": None, "failure": None, "not": 0}
     if not job.test_pieces:
         empty = np.zeros(0, np.int64)
-        save_arrays(prefix, {"test_u": empty, "test_i": empty, "test_y": np.zeros(0, np.uint8),
-                             "test_raw": np.zeros(0)})  # fmt: skip
+        save_arrays(
+            prefix,
+            {
+                "test_u": empty,
+                "test_i": empty,
+                "test_y": np.zeros(0, np.uint8),
+                "test_raw": np.zeros(0),
+            },
+        )
         return out
     columns = ["u", "i", "tu", "ti", "values", "line"]
     cat, origin, cidx = _gather(tmp, job.part, job.test_pieces, columns, test.names)
     hit = first_overlap(cat["u"], cat["i"], n_items, train_u, train_i)
     if hit is not None:
         k, j = hit
-        out["overlap"] = ((int(cidx[k]), int(cat["line"][k])), overlap_message(
-            origin, k, test.users[cat["tu"][k]], test.items[cat["ti"][k]], train_origin, j))
+        out["overlap"] = (
+            (int(cidx[k]), int(cat["line"][k])),
+            overlap_message(
+                origin, k, test.users[cat["tu"][k]], test.items[cat["ti"][k]], train_origin, j
+            ),
+        )
     try:
-        rows, y, raw, keep = classify_test_rows(cat["tu"], cat["ti"], cat["values"], origin,
-                                                policy, test.users, test.items, spec)  # fmt: skip
+        rows, y, raw, keep = classify_test_rows(
+            cat["tu"], cat["ti"], cat["values"], origin, policy, test.users, test.items, spec
+        )
     except InputError as exc:
         out["failure"] = str(exc)
         return out
     rows = rows[keep]
-    save_arrays(prefix, {"test_u": cat["u"][rows], "test_i": cat["i"][rows],
-                         "test_y": y[keep], "test_raw": raw[keep]})  # fmt: skip
+    save_arrays(
+        prefix,
+        {
+            "test_u": cat["u"][rows],
+            "test_i": cat["i"][rows],
+            "test_y": y[keep],
+            "test_raw": raw[keep],
+        },
+    )
     out["not"] = int((~keep).sum())
     return out
 
@@ -467,8 +588,13 @@ def join_add(a: tuple, b: tuple) -> tuple:
 
 
 def degree_task(
-    part: int, tmp: str, bounds: np.ndarray, user_alive: np.ndarray | None,
-    item_alive: np.ndarray | None, n_items: int, sides: str = "ui",
+    part: int,
+    tmp: str,
+    bounds: np.ndarray,
+    user_alive: np.ndarray | None,
+    item_alive: np.ndarray | None,
+    n_items: int,
+    sides: str = "ui",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(Interactions per user of the partition's user range, per item) among rows of alive
     users and items (None: all alive); a side not in ``sides`` ("u", "i") is left empty, so
@@ -544,8 +670,14 @@ def _kept(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], np.nd
     is_test, is_val = fin.rule.masks(h)
     user_map = _user_map(part, fin, d["u"])
     u = user_map[d["u"] - lo]
-    return {"u": u, "i": fin.item_map[d["i"]], "y": d["y"], "raw": d["raw"],
-            "test": is_test, "validation": is_val}, user_map  # fmt: skip
+    return {
+        "u": u,
+        "i": fin.item_map[d["i"]],
+        "y": d["y"],
+        "raw": d["raw"],
+        "test": is_test,
+        "validation": is_val,
+    }, user_map
 
 
 def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
@@ -554,14 +686,20 @@ def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
     assert fin.user_first is not None
     first, stop = int(fin.user_first[part]), int(fin.user_first[part + 1])
     train = ~d["test"] & ~d["validation"]
-    return (np.bincount(d["u"][train] - first, minlength=stop - first).astype(np.int64),
-            np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64))  # fmt: skip
+    return (
+        np.bincount(d["u"][train] - first, minlength=stop - first).astype(np.int64),
+        np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64),
+    )
 
 
 def block_task(
-    part: int, tmp: str, fin: Final, row_bounds: np.ndarray, col_bounds: np.ndarray,
+    part: int,
+    tmp: str,
+    fin: Final,
+    row_bounds: np.ndarray,
+    col_bounds: np.ndarray,
     n_classes: int,
-) -> dict:  # fmt: skip
+) -> dict:
     """Stage a partition's nonzeros block by block, sorted by (row, col) within each block
     (``grid.block_sort``: a partition's nonzeros are in (user, item) order).
 
@@ -575,19 +713,24 @@ def block_task(
     """
     d, user_map = _kept(part, tmp, fin)
     is_test, is_val = d.pop("test"), d.pop("validation")
-    splits = {s: {k: a[sel] for k, a in d.items()}
-              for s, sel in (("train", ~is_test & ~is_val), ("test", is_test),
-                             ("validation", is_val))}  # fmt: skip
+    splits = {
+        s: {k: a[sel] for k, a in d.items()}
+        for s, sel in (("train", ~is_test & ~is_val), ("test", is_test), ("validation", is_val))
+    }
     out: dict = {}
     if fin.file_test:
         splits["test"], out["test_unknown"] = _file_test(part, tmp, fin, user_map)
     for split, nz_in in splits.items():
-        nz = block_sort(nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds,
-                        col_bounds, presorted=True)  # fmt: skip
+        nz = block_sort(
+            nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds, col_bounds, presorted=True
+        )
         ids = np.flatnonzero(np.diff(nz.offsets))
-        segs = save_segments(locations.join(staging_dir(tmp, split), f"{part:06d}"),
-                             {"rows": nz.rows, "cols": nz.cols, "y": nz.y, "raw": nz.raw},
-                             nz.offsets[ids], nz.offsets[ids + 1])  # fmt: skip
+        segs = save_segments(
+            locations.join(staging_dir(tmp, split), f"{part:06d}"),
+            {"rows": nz.rows, "cols": nz.cols, "y": nz.y, "raw": nz.raw},
+            nz.offsets[ids],
+            nz.offsets[ids + 1],
+        )
         out[split] = ([int(b) for b in ids], segs)
         out[f"hist_{split}"] = np.bincount(nz.y, minlength=n_classes + 1).astype(np.int64)
     return out

@@ -71,8 +71,11 @@ def distinct_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.nd
     else:
         col = pa.chunked_array([pa.array(ids)])
     encoded = pc.dictionary_encode(col, memory_pool=POOL)
-    codes = np.concatenate([c.indices.to_numpy() for c in encoded.chunks]) if \
-        encoded.num_chunks else np.zeros(0, np.int32)  # fmt: skip
+    codes = (
+        np.concatenate([c.indices.to_numpy() for c in encoded.chunks])
+        if encoded.num_chunks
+        else np.zeros(0, np.int32)
+    )
     dictionary = encoded.chunk(0).dictionary if encoded.num_chunks else pa.array([], col.type)
     del encoded
     if pa.types.is_integer(dictionary.type):
@@ -134,8 +137,9 @@ def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     dictionary, codes = encoded.dictionary, encoded.indices.to_numpy()
     order = pc.array_sort_indices(dictionary).to_numpy()
     if ids.dtype.kind == "S":
-        distinct = np.frombuffer(dictionary.buffers()[1], ids.dtype, len(dictionary),
-                                 dictionary.offset * width)  # fmt: skip
+        distinct = np.frombuffer(
+            dictionary.buffers()[1], ids.dtype, len(dictionary), dictionary.offset * width
+        )
     else:
         distinct = dictionary.to_numpy(zero_copy_only=False).astype(ids.dtype)
     return _sorted(distinct, codes, order)
@@ -148,8 +152,10 @@ def encode_pair(
     threads (pyarrow releases the GIL); an error in the user ids is raised first, as if encoded
     one after the other."""
     with ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(encode, ids, origin, what)
-                for ids, what in ((users, "user"), (items, "item"))]  # fmt: skip
+        jobs = [
+            pool.submit(encode, ids, origin, what)
+            for ids, what in ((users, "user"), (items, "item"))
+        ]
     return jobs[0].result(), jobs[1].result()
 
 
@@ -196,8 +202,7 @@ def float_ids(ids: np.ndarray, where: Callable[[int], str], what: str) -> np.nda
     """int64 of float ids (n,); an id that is no integer, or beyond int64, is an error naming
     its row (``where``: the row's place, e.g. ``Origin.where``)."""
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(ids) | (ids != np.round(ids)) | (ids < -_INT64_END) | \
-            (ids >= _INT64_END)  # fmt: skip
+        bad = ~np.isfinite(ids) | (ids != np.round(ids)) | (ids < -_INT64_END) | (ids >= _INT64_END)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         value = float(ids[k])

@@ -44,19 +44,30 @@ def accepts_data_in_memory(fit: Fit) -> Fit:
     keyword arguments: ``ingest_options`` (keyword arguments of ``ordnmf_dask.ingest``) and
     ``store_out`` (where to write and keep the store); see the module docstring."""
     signature = inspect.signature(fit)
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=annotation)
-             for name, annotation in (("ingest_options", "Mapping[str, Any] | None"),
-                                      ("store_out", "str | os.PathLike | None"))]  # fmt: skip
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        for name, annotation in (
+            ("ingest_options", "Mapping[str, Any] | None"),
+            ("store_out", "str | os.PathLike | None"),
+        )
+    ]
 
     @functools.wraps(fit)
-    def wrapper(self: Any, store: Any, *args: Any, ingest_options: Mapping[str, Any] | None = None,
-                store_out: str | os.PathLike | None = None, **kwargs: Any) -> Any:  # fmt: skip
+    def wrapper(
+        self: Any,
+        store: Any,
+        *args: Any,
+        ingest_options: Mapping[str, Any] | None = None,
+        store_out: str | os.PathLike | None = None,
+        **kwargs: Any,
+    ) -> Any:
         check = bool(kwargs.get("check"))
         if isinstance(store, str | os.PathLike | StoreInfo):
             if ingest_options is not None or store_out is not None:
-                raise InputError("ingest_options and store_out apply to data in memory; "
-                                 f"{_name(store)} is a store, already ingested")  # fmt: skip
+                raise InputError(
+                    "ingest_options and store_out apply to data in memory; "
+                    f"{_name(store)} is a store, already ingested"
+                )
             _check_not_a_file(store)
             fitted = fit(self, store, *args, **kwargs)
             if not check:
@@ -100,13 +111,17 @@ def check_kind(data: object) -> None:
         return
     hint = ""
     if type(data).__module__ == "numpy":
-        hint = (" A numpy array is ambiguous: pass scipy.sparse.csr_matrix(X) for a users x "
-                "items matrix (zeros: no interaction), or (X[:, 0], X[:, 1], X[:, 2]) for rows "
-                "of (user, item, value).")  # fmt: skip
+        hint = (
+            " A numpy array is ambiguous: pass scipy.sparse.csr_matrix(X) for a users x "
+            "items matrix (zeros: no interaction), or (X[:, 0], X[:, 1], X[:, 2]) for rows "
+            "of (user, item, value)."
+        )
     elif isinstance(data, list | tuple):
         hint = " For arrays of users, items and values pass the tuple (users, items, values)."
-    raise TypeError(f"fit() takes {ACCEPTED}; got {type(data).__name__}.{hint} Files are "
-                    "ingested by ordnmf_dask.ingest(inputs, out), whose store fit() takes.")
+    raise TypeError(
+        f"fit() takes {ACCEPTED}; got {type(data).__name__}.{hint} Files are "
+        "ingested by ordnmf_dask.ingest(inputs, out), whose store fit() takes."
+    )
 
 
 def ingest_for_fit(
@@ -133,8 +148,11 @@ def fit_spelling(message: str) -> str:
     from ordnmf_dask.sources.options import INGEST_DEFAULTS  # as ingest: not at import time
 
     names = "|".join(sorted(INGEST_DEFAULTS, key=len, reverse=True))
-    message = re.sub(rf"(?<![\w./'-])({names})=('[^']*'|[^\s,;()']+)",
-                     lambda m: f"ingest_options={{'{m[1]}': {m[2]}}}", message)  # fmt: skip
+    message = re.sub(
+        rf"(?<![\w./'-])({names})=('[^']*'|[^\s,;()']+)",
+        lambda m: f"ingest_options={{'{m[1]}': {m[2]}}}",
+        message,
+    )
     return re.sub(rf"(?<![\w./'-])({names})=", r"ingest_options['\1']", message)
 
 
@@ -145,9 +163,11 @@ def _check_not_a_file(store: Any) -> None:
         return
     name = os.fspath(store)
     if "://" not in name and os.path.isfile(name):
-        raise InputError(f"{name}: a file, not a store: fit() takes the store "
-                         f"ordnmf_dask.ingest({name!r}, 'ratings.zarr') writes, or data in "
-                         "memory")  # fmt: skip
+        raise InputError(
+            f"{name}: a file, not a store: fit() takes the store "
+            f"ordnmf_dask.ingest({name!r}, 'ratings.zarr') writes, or data in "
+            "memory"
+        )
 
 
 def _name(store: str | os.PathLike | StoreInfo) -> str:

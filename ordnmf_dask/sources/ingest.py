@@ -42,9 +42,16 @@ def run_plan(plan: IngestPlan, client: Any = None, chunked: bool = False) -> Sto
         info = build_chunked(plan, Runner(client))
     else:
         info = build_in_memory(plan)
-    log.info("ingest: %s: %d users x %d items, %d train / %d test nonzeros in %d x %d "
-             "blocks (%.1f s)", info.path, info.n_users, info.n_items, info.nnz_train,
-             info.nnz_test, *info.grid, time.monotonic() - start)  # fmt: skip
+    log.info(
+        "ingest: %s: %d users x %d items, %d train / %d test nonzeros in %d x %d blocks (%.1f s)",
+        info.path,
+        info.n_users,
+        info.n_items,
+        info.nnz_train,
+        info.nnz_test,
+        *info.grid,
+        time.monotonic() - start,
+    )
     return info
 
 
@@ -137,9 +144,17 @@ def ingest(
     InputError
         Any invalid input; nothing is left at ``out`` nor in a temporary sibling.
     """
-    plan = plan_ingest(inputs, out, test=test, delimiter=delimiter, header=header,
-                       columns=columns, chunk_bytes=chunk_bytes,
-                       rows_per_partition=rows_per_partition, **options)  # fmt: skip
+    plan = plan_ingest(
+        inputs,
+        out,
+        test=test,
+        delimiter=delimiter,
+        header=header,
+        columns=columns,
+        chunk_bytes=chunk_bytes,
+        rows_per_partition=rows_per_partition,
+        **options,
+    )
     return run_plan(plan, client)
 
 
@@ -159,10 +174,18 @@ def ingest_distributed(
 ) -> StoreInfo:
     """``ingest`` by the chunked pipeline (:mod:`.distributed`) on ``client``, or in this process
     when it is None, for inputs larger than memory; the same store as ``ingest``."""
-    plan = plan_ingest(inputs, out, test=test, delimiter=delimiter, header=header,
-                       columns=columns, chunk_bytes=chunk_bytes,
-                       rows_per_partition=rows_per_partition, caller="ingest_distributed",
-                       **options)  # fmt: skip
+    plan = plan_ingest(
+        inputs,
+        out,
+        test=test,
+        delimiter=delimiter,
+        header=header,
+        columns=columns,
+        chunk_bytes=chunk_bytes,
+        rows_per_partition=rows_per_partition,
+        caller="ingest_distributed",
+        **options,
+    )
     return run_plan(plan, client, chunked=True)
 
 

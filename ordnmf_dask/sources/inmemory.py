@@ -48,12 +48,22 @@ PathLike = str | os.PathLike
 
 def build_in_memory(plan: IngestPlan) -> StoreInfo:
     """The store of ``plan``, its inputs read whole into memory."""
-    train, label, sources = rows_of(plan.inputs, plan.delimiter, plan.header, plan.columns,
-                                    "input")  # fmt: skip
-    test_rows, test_label, test_sources = (None, None, None) if plan.test is None else \
-        rows_of(plan.test, plan.delimiter, plan.header, plan.columns, "test", ids=True)  # fmt: skip
-    return _build(train, test_rows, plan.out, label=label, sources=sources, test_label=test_label,
-                  test_sources=test_sources, **plan.options)  # fmt: skip
+    train, label, sources = rows_of(plan.inputs, plan.delimiter, plan.header, plan.columns, "input")
+    test_rows, test_label, test_sources = (
+        (None, None, None)
+        if plan.test is None
+        else rows_of(plan.test, plan.delimiter, plan.header, plan.columns, "test", ids=True)
+    )
+    return _build(
+        train,
+        test_rows,
+        plan.out,
+        label=label,
+        sources=sources,
+        test_label=test_label,
+        test_sources=test_sources,
+        **plan.options,
+    )
 
 
 def _build(
@@ -130,19 +140,35 @@ def _build(
 
     extra: dict[str, object] = {}
     rule = split_rule(test_fraction if test is None else None, validation_fraction)
-    is_test, is_val = rule.masks(pair_hash(id_hashes(user_ids[user_sel])[data.u],
-                                           id_hashes(item_ids[item_sel])[data.i], seed))
+    is_test, is_val = rule.masks(
+        pair_hash(
+            id_hashes(user_ids[user_sel])[data.u], id_hashes(item_ids[item_sel])[data.i], seed
+        )
+    )
     if test is None:
         train_nz, test_nz = data.take(~is_test), data.take(is_test)
     else:
         train_nz = data
         test_nz, extra = _file_test(
-            test, str(test_label), spec, duplicates, user_ids, item_ids, pair_keys, train_origin,
-            user_ids[user_sel], item_ids[item_sel],
-        )  # fmt: skip
+            test,
+            str(test_label),
+            spec,
+            duplicates,
+            user_ids,
+            item_ids,
+            pair_keys,
+            train_origin,
+            user_ids[user_sel],
+            item_ids[item_sel],
+        )
     del data
-    check_train_left(label, n_before_split, n_before_split - int(is_test.sum() + is_val.sum()),
-                     test_fraction if test is None else None, validation_fraction)
+    check_train_left(
+        label,
+        n_before_split,
+        n_before_split - int(is_test.sum() + is_val.sum()),
+        test_fraction if test is None else None,
+        validation_fraction,
+    )
 
     val_nz = None
     if validation_fraction > 0:
@@ -161,22 +187,45 @@ def _build(
     blocked = []
     while splits:  # each split's unsorted arrays are freed once it is sorted into blocks
         nz = splits.pop(0)
-        blocked.append(None if nz is None else block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds,
-                                                          col_bounds, presorted=True))  # fmt: skip
+        blocked.append(
+            None
+            if nz is None
+            else block_sort(nz.u, nz.i, nz.y, nz.raw, row_bounds, col_bounds, presorted=True)
+        )
         del nz
     hists = {"train": _hist(blocked[0].y, spec), "test": _hist(blocked[1].y, spec)}
     attrs = ingest_attrs(
-        spec, hists, row_bounds, col_bounds, sources, (user_ids.dtype.kind, item_ids.dtype.kind),
-        min_count=min_count, filter_mode=filter_mode, duplicates=duplicates,
-        test_fraction=test_fraction, seed=seed, nnz_per_block=nnz_per_block, rows_read=n_rows,
-        not_interaction=n_not_interaction, filtered=n_filtered, n_before_split=n_before_split,
+        spec,
+        hists,
+        row_bounds,
+        col_bounds,
+        sources,
+        (user_ids.dtype.kind, item_ids.dtype.kind),
+        min_count=min_count,
+        filter_mode=filter_mode,
+        duplicates=duplicates,
+        test_fraction=test_fraction,
+        seed=seed,
+        nnz_per_block=nnz_per_block,
+        rows_read=n_rows,
+        not_interaction=n_not_interaction,
+        filtered=n_filtered,
+        n_before_split=n_before_split,
         test_source=None if test is None else test_sources,
-    )  # fmt: skip
+    )
     attrs.update(extra)
     return write_store(
-        out, attrs, row_bounds, col_bounds, blocked[0], blocked[1],
-        user_ids[user_sel], item_ids[item_sel], overwrite=overwrite, validation=blocked[2],
-    )  # fmt: skip
+        out,
+        attrs,
+        row_bounds,
+        col_bounds,
+        blocked[0],
+        blocked[1],
+        user_ids[user_sel],
+        item_ids[item_sel],
+        overwrite=overwrite,
+        validation=blocked[2],
+    )
 
 
 def _file_test(
@@ -195,13 +244,17 @@ def _file_test(
     tu, ti = lookup(all_users, test.users), lookup(all_items, test.items)
     hit = first_overlap(tu, ti, len(all_items), *pair_keys)
     if hit is not None:
-        raise InputError(overlap_message(test.origin, hit[0], test.users[hit[0]],
-                                         test.items[hit[0]], train_origin, hit[1]))  # fmt: skip
+        raise InputError(
+            overlap_message(
+                test.origin, hit[0], test.users[hit[0]], test.items[hit[0]], train_origin, hit[1]
+            )
+        )
     del tu, ti
     t_users, tu = encode_ids(test.users, test.origin, "user")
     t_items, ti = encode_ids(test.items, test.origin, "item")
-    rows, y, raw, keep = classify_test_rows(tu, ti, test.values, test.origin, duplicates,
-                                            t_users, t_items, spec)  # fmt: skip
+    rows, y, raw, keep = classify_test_rows(
+        tu, ti, test.values, test.origin, duplicates, t_users, t_items, spec
+    )
     u = lookup(final_users, test.users[rows])
     i = lookup(final_items, test.items[rows])
     nz, n_unknown = known_test(u, i, y, raw, keep)
@@ -227,6 +280,3 @@ def _compact(codes: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 def _hist(y: np.ndarray, spec: ValueSpec) -> np.ndarray:
     """Nonzeros per class (V + 1,) of classes ``y``."""
     return np.bincount(y, minlength=spec.n_classes + 1)
-
-
-

@@ -55,9 +55,14 @@ def expand_inputs(paths: Sequence[str | os.PathLike]) -> list[str]:
         if not fs.isdir(root):
             _add(out, [path])
             continue
-        found = [f for f in fs.find(root) if is_parquet(f)
-                 and not any(part.startswith((".", "_"))
-                             for part in f[len(root.rstrip("/")) + 1 :].split("/"))]  # fmt: skip
+        found = [
+            f
+            for f in fs.find(root)
+            if is_parquet(f)
+            and not any(
+                part.startswith((".", "_")) for part in f[len(root.rstrip("/")) + 1 :].split("/")
+            )
+        ]
         if not found:
             raise InputError(f"{path}: is a directory without .parquet / .parq files")
         _add(out, [name(f) for f in sorted(found)])
@@ -97,5 +102,3 @@ def inputs_label(paths: Sequence[PathLike]) -> str:
     names = [os.fspath(p) for p in paths]
     more = f" and {len(names) - 3} more files" if len(names) > 3 else ""
     return ", ".join(names[:3]) + more
-
-

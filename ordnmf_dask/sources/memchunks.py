@@ -44,8 +44,9 @@ class MemoryChunk:
         return dataclasses.replace(self, data=None)
 
 
-def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
-                 first_index: int) -> tuple[list[MemoryChunk], str]:  # fmt: skip
+def frame_chunks(
+    frame: Any, columns: tuple[Column, Column, Column], role: str, first_index: int
+) -> tuple[list[MemoryChunk], str]:
     """One chunk per partition of a dask DataFrame, numbered from ``first_index``, and the
     label naming the frame; the columns are checked against the frame's (no data is read)."""
     import dask
@@ -58,13 +59,22 @@ def frame_chunks(frame: Any, columns: tuple[Column, Column, Column], role: str,
     # an expression-based frame (dask >= 2025) optimizes itself; a legacy one through dask
     frame = frame.optimize() if hasattr(frame, "optimize") else dask.optimize(frame)[0]
     graph = dict(frame.__dask_graph__())
-    return [MemoryChunk(first_index + p, p, f"{label}, partition {p}", picked, True,
-                        (cull(graph, [key])[0], key))
-            for p, key in enumerate(frame.__dask_keys__())], label  # fmt: skip
+    return [
+        MemoryChunk(
+            first_index + p,
+            p,
+            f"{label}, partition {p}",
+            picked,
+            True,
+            (cull(graph, [key])[0], key),
+        )
+        for p, key in enumerate(frame.__dask_keys__())
+    ], label
 
 
-def memory_chunk(data: Any, label: str, columns: tuple[Column, Column, Column],
-                 first_index: int) -> MemoryChunk:  # fmt: skip
+def memory_chunk(
+    data: Any, label: str, columns: tuple[Column, Column, Column], first_index: int
+) -> MemoryChunk:
     """The one chunk of data in memory that is not a dask DataFrame (``label``:
     ``memory.memory_label``)."""
     return MemoryChunk(first_index, 0, label, columns, False, data)

@@ -75,9 +75,12 @@ def table_rows(table: pa.Table, picked: list[str], label: str) -> Rows:
         raise InputError(f"{label}: no data rows (it is empty)")
     origin = Origin.arrays(table.num_rows, label)
     cu, ci, cv = (table.column(name) for name in picked)
-    return Rows(column_ids(cu, origin, "user", picked[0]),
-                 column_ids(ci, origin, "item", picked[1]),
-                 column_values(cv, origin, picked[2]), origin)  # fmt: skip
+    return Rows(
+        column_ids(cu, origin, "user", picked[0]),
+        column_ids(ci, origin, "item", picked[1]),
+        column_values(cv, origin, picked[2]),
+        origin,
+    )
 
 
 def arrays_rows(users: object, items: object, values: object, label: str) -> Rows:
@@ -96,5 +99,3 @@ def arrays_rows(users: object, items: object, values: object, label: str) -> Row
     if bad.size:
         raise InputError(f"{origin.where(int(bad[0]))}: value {v[bad[0]]} is not finite")
     return Rows(u, i, v, origin)
-
-

@@ -44,11 +44,20 @@ class IngestOptions(TypedDict, total=False):
 
 
 INGEST_DEFAULTS: IngestOptions = {
-    "ratings": None, "counts": None, "binarize": None, "scale_max": None, "min_count": 0,
-    "filter_mode": "paper", "duplicates": "error", "test_fraction": 0.2,
-    "validation_fraction": 0.0, "seed": 0, "nnz_per_block": DEFAULT_NNZ_PER_BLOCK, "grid": None,
+    "ratings": None,
+    "counts": None,
+    "binarize": None,
+    "scale_max": None,
+    "min_count": 0,
+    "filter_mode": "paper",
+    "duplicates": "error",
+    "test_fraction": 0.2,
+    "validation_fraction": 0.0,
+    "seed": 0,
+    "nnz_per_block": DEFAULT_NNZ_PER_BLOCK,
+    "grid": None,
     "overwrite": False,
-}  # fmt: skip
+}
 
 
 def with_defaults(options: IngestOptions, caller: str) -> dict[str, Any]:
@@ -70,8 +79,14 @@ def check_ingest_options(o: dict[str, Any]) -> None:
     """
     check_options(o["min_count"], o["filter_mode"], o["duplicates"], o["test_fraction"], o["seed"])
     check_validation_fraction(o["validation_fraction"])
-    make_spec(np.zeros(0), Origin.arrays(0), ratings=o["ratings"], counts=o["counts"],
-              binarize=o["binarize"], scale_max=o["scale_max"])  # fmt: skip
+    make_spec(
+        np.zeros(0),
+        Origin.arrays(0),
+        ratings=o["ratings"],
+        counts=o["counts"],
+        binarize=o["binarize"],
+        scale_max=o["scale_max"],
+    )
     if o["grid"] is None:
         auto_grid(0, 1, 1, o["nnz_per_block"])
     else:
@@ -133,5 +148,6 @@ def plan_ingest(
             raise InputError(f"{name} must be >= 1, got {value}")
     picked = check_columns(columns)
     check_delimiter(delimiter)
-    return IngestPlan(inputs, out, test, delimiter, header, picked, chunk_bytes,
-                      rows_per_partition, opts)  # fmt: skip
+    return IngestPlan(
+        inputs, out, test, delimiter, header, picked, chunk_bytes, rows_per_partition, opts
+    )

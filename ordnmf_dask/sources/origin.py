@@ -77,8 +77,9 @@ class Origin:
         is_file = all(p.is_file for p in parts)
         row_groups = tuple(groups) if any(g is not None for g in groups) else None
         found = tuple(finders) if any(f is not None for f in finders) else None
-        return cls(tuple(sources), np.concatenate(index), np.concatenate(lines), is_file,
-                   row_groups, found)  # fmt: skip
+        return cls(
+            tuple(sources), np.concatenate(index), np.concatenate(lines), is_file, row_groups, found
+        )
 
     def rows(self, file_index: np.ndarray | None, line: np.ndarray | int) -> Origin:
         """Origin of rows of these sources (``self`` is used as a template; its rows ignored)."""

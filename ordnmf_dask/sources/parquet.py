@@ -140,11 +140,15 @@ def check_same_columns(formats: Sequence[ParquetFormat]) -> None:
         diff = [
             f"{role} {a!r} ({ta}) vs {b!r} ({tb})"
             for role, a, ta, b, tb in zip(
-                ("user", "item", "value"), fmt.columns, fmt.types, first.columns, first.types,
+                ("user", "item", "value"),
+                fmt.columns,
+                fmt.types,
+                first.columns,
+                first.types,
                 strict=True,
             )
             if a != b
-        ]  # fmt: skip
+        ]
         if diff:
             raise InputError(
                 f"{fmt.path}: columns differ from {first.path}: {'; '.join(diff)}; all Parquet "
@@ -162,8 +166,10 @@ def check_some_rows(formats: Sequence[ParquetFormat], n_files: int) -> None:
         return
     if len(formats) == 1:
         raise InputError(f"{formats[0].path}: no data rows (the file is empty)")
-    raise InputError(f"{formats[0].path} and {len(formats) - 1} more Parquet files: no data rows "
-                     "(every file is empty)")  # fmt: skip
+    raise InputError(
+        f"{formats[0].path} and {len(formats) - 1} more Parquet files: no data rows "
+        "(every file is empty)"
+    )
 
 
 def parquet_chunks(fmt: ParquetFormat, file_index: int, first_index: int) -> list[ParquetChunk]:
@@ -171,8 +177,9 @@ def parquet_chunks(fmt: ParquetFormat, file_index: int, first_index: int) -> lis
     out: list[ParquetChunk] = []
     for g, (start, n) in enumerate(zip(fmt.starts, fmt.counts, strict=True)):
         if n:
-            out.append(ParquetChunk(first_index + len(out), file_index, fmt.path, g, start, n,
-                                    fmt.columns))  # fmt: skip
+            out.append(
+                ParquetChunk(first_index + len(out), file_index, fmt.path, g, start, n, fmt.columns)
+            )
     return out
 
 
@@ -261,8 +268,12 @@ def column_values(col: Any, origin: Origin, name: str) -> np.ndarray:
     t = col.type
     if pa.types.is_decimal(t):
         col = col.cast(pa.float64())
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or _is_string(pa, t) or \
-            pa.types.is_decimal(t):  # fmt: skip
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or _is_string(pa, t)
+        or pa.types.is_decimal(t)
+    ):
         return text_values(col, origin)
     raise InputError(
         f"{origin.sources[0]}: column {name!r} (values) has type {t}; values must be numbers"

@@ -32,9 +32,13 @@ from ordnmf_dask.sources.text import (
 
 
 def rows_of(
-    data: Any, delimiter: str | None, header: bool | None, columns: Sequence[int | str],
-    role: str, ids: bool = False,
-) -> tuple[Rows, str, list[str]]:  # fmt: skip
+    data: Any,
+    delimiter: str | None,
+    header: bool | None,
+    columns: Sequence[int | str],
+    role: str,
+    ids: bool = False,
+) -> tuple[Rows, str, list[str]]:
     """Rows of files or of data in memory, the label that names them in messages and the
     sources recorded in the store. ``ids``: raw ids as arrays (for a test set)."""
     label = memory_label(data, role)

@@ -148,8 +148,9 @@ def check_train_left(
     """Raise InputError if the split of ``n`` nonzeros left none (``n_train``) for training."""
     if n_train:
         return
-    fractions = ([] if test_fraction is None else [f"test_fraction={test_fraction:g}"]) + \
-        ([f"validation_fraction={validation_fraction:g}"] if validation_fraction else [])
+    fractions = ([] if test_fraction is None else [f"test_fraction={test_fraction:g}"]) + (
+        [f"validation_fraction={validation_fraction:g}"] if validation_fraction else []
+    )
     raise InputError(
         f"{label}: the random split leaves no training data: all {n} nonzeros go to the test "
         f"or validation set ({', '.join(fractions)}); give more data or smaller fractions"
@@ -165,9 +166,7 @@ def check_test_fraction(test_fraction: float) -> None:
 def check_validation_fraction(validation_fraction: float) -> None:
     """Raise InputError unless 0 <= validation_fraction < 1."""
     if isinstance(validation_fraction, bool) or not 0.0 <= float(validation_fraction) < 1.0:
-        raise InputError(
-            f"validation_fraction must be in [0, 1), got {shown(validation_fraction)}"
-        )
+        raise InputError(f"validation_fraction must be in [0, 1), got {shown(validation_fraction)}")
 
 
 def lookup(known: np.ndarray, query: np.ndarray) -> np.ndarray:

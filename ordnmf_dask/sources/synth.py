@@ -124,8 +124,9 @@ class SynthParams:
     def from_attrs(cls, attrs: dict[str, Any]) -> SynthParams:
         """Parameters of a synthetic store, from its attributes."""
         s = dict(attrs["synth"])
-        return cls(**{k: s[k] for k in cls.__dataclass_fields__ if k != "theta"},
-                   theta=tuple(s["theta"]))  # fmt: skip
+        return cls(
+            **{k: s[k] for k in cls.__dataclass_fields__ if k != "theta"}, theta=tuple(s["theta"])
+        )
 
 
 def expected_density(theta0: float, shape: float, rate_w: float, rate_h: float, k: int) -> float:
@@ -210,7 +211,11 @@ _jit = jit(error_model="numpy")
 
 
 def sample_block(
-    rng: np.random.Generator, w: Any, h: np.ndarray, theta: np.ndarray, test_fraction: float,
+    rng: np.random.Generator,
+    w: Any,
+    h: np.ndarray,
+    theta: np.ndarray,
+    test_fraction: float,
     capacity: int | None = None,
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Sample the nonzeros of one block and split them (steps 1-3 of the module docstring).
@@ -256,8 +261,16 @@ def sample_block(
         n_train, n_test = int(out[6]), int(out[7])
         out[0][:n_train] += u0
         out[3][:n_test] += u0
-        parts.append((out[0][:n_train], out[1][:n_train], out[2][:n_train],
-                      out[3][:n_test], out[4][:n_test], out[5][:n_test]))  # fmt: skip
+        parts.append(
+            (
+                out[0][:n_train],
+                out[1][:n_train],
+                out[2][:n_train],
+                out[3][:n_test],
+                out[4][:n_test],
+                out[5][:n_test],
+            )
+        )
     if len(parts) != 1:  # several passes, or no user at all
         empty = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint8)) * 2
         parts = [tuple(np.concatenate([p[j] for p in [empty, *parts]]) for j in range(6))]
@@ -316,11 +329,8 @@ def _grow(a: np.ndarray, need: int) -> np.ndarray:
     return b
 
 
-
 @_jit
-def _sample_block_kernel(
-    rng, w, h, h_t, totals, prob, alias, theta, test_fraction, capacity
-):  # fmt: skip
+def _sample_block_kernel(rng, w, h, h_t, totals, prob, alias, theta, test_fraction, capacity):
     """One pass over the users of a block; see ``sample_block``.
 
     For user u, the components with E[N_uk] = theta_0 w_uk s_k <= n_i contribute
@@ -451,8 +461,9 @@ def _write_factors(job: _FactorJob, params: SynthParams, tmp: str) -> int:
     """Write true factor rows [lo, hi) of one block row / column as a .npy, chunk by chunk."""
     shape = (job.hi - job.lo, params.n_components)
     with locations.open_file(_factor_path(tmp, job.axis, job.part), "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False,
-                                                 "shape": shape})  # fmt: skip
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f8", "fortran_order": False, "shape": shape}
+        )
         a = job.lo
         while a < job.hi:  # one generator chunk at a time: memory O(FACTOR_ROWS K)
             b = min(job.hi, (a // FACTOR_ROWS + 1) * FACTOR_ROWS)
@@ -540,10 +551,22 @@ def synth(
         ``value_kind = "synthetic"``, attribute ``synth`` holds ``SynthParams`` plus the
         generator name and ``expected_nnz``; ``true_factors`` regenerates W and H from it.
     """
-    plan = plan_synth(out, n_users, n_items, nnz, n_components, n_classes, seed=seed,
-                      shape=shape, rate_w=rate_w, rate_h=rate_h, thresholds=thresholds,
-                      test_fraction=test_fraction, nnz_per_block=nnz_per_block,
-                      overwrite=overwrite)  # fmt: skip
+    plan = plan_synth(
+        out,
+        n_users,
+        n_items,
+        nnz,
+        n_components,
+        n_classes,
+        seed=seed,
+        shape=shape,
+        rate_w=rate_w,
+        rate_h=rate_h,
+        thresholds=thresholds,
+        test_fraction=test_fraction,
+        nnz_per_block=nnz_per_block,
+        overwrite=overwrite,
+    )
     return write_synth(plan, client)
 
 
@@ -560,17 +583,38 @@ class SynthPlan:
 
 
 def plan_synth(
-    out: str | os.PathLike, n_users: int, n_items: int, nnz: int, n_components: int,
-    n_classes: int = 10, *, seed: int = 0, shape: float = 0.3, rate_w: float = 1.0,
-    rate_h: float = 1.0, thresholds: Sequence[float] | None = None, test_fraction: float = 0.2,
-    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK, overwrite: bool = False,
+    out: str | os.PathLike,
+    n_users: int,
+    n_items: int,
+    nnz: int,
+    n_components: int,
+    n_classes: int = 10,
+    *,
+    seed: int = 0,
+    shape: float = 0.3,
+    rate_w: float = 1.0,
+    rate_h: float = 1.0,
+    thresholds: Sequence[float] | None = None,
+    test_fraction: float = 0.2,
+    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
+    overwrite: bool = False,
 ) -> SynthPlan:
     """Check the parameters of :func:`synth` and its target ``out`` without writing anything
     (a command runs it before it starts its cluster)."""
     params, n_r, n_c = _params(
-        n_users, n_items, nnz, n_components, n_classes, seed, shape, rate_w, rate_h, thresholds,
-        test_fraction, nnz_per_block,
-    )  # fmt: skip
+        n_users,
+        n_items,
+        nnz,
+        n_components,
+        n_classes,
+        seed,
+        shape,
+        rate_w,
+        rate_h,
+        thresholds,
+        test_fraction,
+        nnz_per_block,
+    )
     check_target(out, overwrite)
     return SynthPlan(out, overwrite, params, (n_r, n_c), nnz_per_block)
 
@@ -585,10 +629,15 @@ def write_synth(plan: SynthPlan, client: Any = None) -> StoreInfo:
     with temporary_store(plan.out, overwrite, runner) as (path, tmp):
         staging_dir(tmp, "factors")
         shared = runner.share(params)
-        runner.map(_write_factors, [
-            *(_FactorJob("users", r, int(rb[r]), int(rb[r + 1])) for r in range(n_r)),
-            *(_FactorJob("items", c, int(cb[c]), int(cb[c + 1])) for c in range(n_c)),
-        ], shared, tmp)  # fmt: skip
+        runner.map(
+            _write_factors,
+            [
+                *(_FactorJob("users", r, int(rb[r]), int(rb[r + 1])) for r in range(n_r)),
+                *(_FactorJob("items", c, int(cb[c]), int(cb[c + 1])) for c in range(n_c)),
+            ],
+            shared,
+            tmp,
+        )
         jobs = [
             _BlockJob(r, c, (int(rb[r]), int(rb[r + 1])), (int(cb[c]), int(cb[c + 1])))
             for r in range(n_r)
@@ -604,10 +653,19 @@ def write_synth(plan: SynthPlan, client: Any = None) -> StoreInfo:
 
 
 def _params(
-    n_users: int, n_items: int, nnz: int, k: int, n_classes: int, seed: int, shape: float,
-    rate_w: float, rate_h: float, thresholds: Sequence[float] | None, test_fraction: float,
+    n_users: int,
+    n_items: int,
+    nnz: int,
+    k: int,
+    n_classes: int,
+    seed: int,
+    shape: float,
+    rate_w: float,
+    rate_h: float,
+    thresholds: Sequence[float] | None,
+    test_fraction: float,
     nnz_per_block: int,
-) -> tuple[SynthParams, int, int]:  # fmt: skip
+) -> tuple[SynthParams, int, int]:
     for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", k)):
         if isinstance(val, bool) or int(val) != val or val < 1:
             raise InputError(f"{name} must be a positive integer, got {shown(val)}")
@@ -621,10 +679,18 @@ def _params(
     rel = _relative_thresholds(n_classes, thresholds)
     theta0 = calibrate_theta0(nnz, n_users, n_items, k, shape, rate_w, rate_h)
     params = SynthParams(
-        int(n_users), int(n_items), int(k), int(n_classes), float(shape), float(rate_w),
-        float(rate_h), tuple(float(theta0 * t) for t in rel), int(seed), float(test_fraction),
+        int(n_users),
+        int(n_items),
+        int(k),
+        int(n_classes),
+        float(shape),
+        float(rate_w),
+        float(rate_h),
+        tuple(float(theta0 * t) for t in rel),
+        int(seed),
+        float(test_fraction),
         int(nnz),
-    )  # fmt: skip
+    )
     n_r, n_c = auto_grid(int((1.0 - test_fraction) * nnz), n_users, n_items, nnz_per_block)
     return params, n_r, n_c
 
@@ -636,8 +702,9 @@ def _relative_thresholds(n_classes: int, thresholds: Sequence[float] | None) -> 
     if len(t) == n_classes + 1 and t[-1] == 0:
         t = t[:-1]
     if len(t) != n_classes or not np.all(np.isfinite(t)) or t[0] <= 0:
-        raise InputError(f"thresholds: need V = {n_classes} finite values > 0, "
-                         f"got {shown(list(t))}")
+        raise InputError(
+            f"thresholds: need V = {n_classes} finite values > 0, got {shown(list(t))}"
+        )
     if np.any(np.diff(t) >= 0) or t[-1] <= 0:
         raise InputError(f"thresholds must be strictly decreasing and > 0, got {shown(list(t))}")
     return np.append(t / t[0], 0.0)
@@ -647,8 +714,12 @@ def _attrs(
     params: SynthParams, hists: dict[str, np.ndarray], grid: tuple[int, int], nnz_per_block: int
 ) -> dict[str, Any]:
     hist = {s: [0, *(int(x) for x in h[1:])] for s, h in hists.items()}
-    expected = params.n_users * params.n_items * expected_density(
-        params.theta[0], params.shape, params.rate_w, params.rate_h, params.n_components
+    expected = (
+        params.n_users
+        * params.n_items
+        * expected_density(
+            params.theta[0], params.shape, params.rate_w, params.rate_h, params.n_components
+        )
     )
     return {
         "complete": False,
@@ -675,6 +746,11 @@ def _attrs(
         "test_source": None,
         "id_kind": {"users": "int", "items": "int"},
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "synth": {**asdict(params), "theta": list(params.theta), "generator": GENERATOR,
-                  "factor_rows": FACTOR_ROWS, "expected_nnz": expected},
-    }  # fmt: skip
+        "synth": {
+            **asdict(params),
+            "theta": list(params.theta),
+            "generator": GENERATOR,
+            "factor_rows": FACTOR_ROWS,
+            "expected_nnz": expected,
+        },
+    }

@@ -17,9 +17,15 @@ from ordnmf_dask.sources.values import ValueSpec, classify
 
 
 def classify_test_rows(
-    tu: np.ndarray, ti: np.ndarray, values: np.ndarray, origin: Origin, duplicates: str,
-    t_users: np.ndarray, t_items: np.ndarray, spec: ValueSpec,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    tu: np.ndarray,
+    ti: np.ndarray,
+    values: np.ndarray,
+    origin: Origin,
+    duplicates: str,
+    t_users: np.ndarray,
+    t_items: np.ndarray,
+    spec: ValueSpec,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Merge the duplicate pairs of test rows (codes ``tu``, ``ti`` into the test set's own
     sorted ids ``t_users``, ``t_items``) and classify them.
 
@@ -93,5 +99,7 @@ def overlap_message(
 ) -> str:
     """The error of test row ``k`` (raw ids ``user``, ``item``) whose pair is training row
     ``j``."""
-    return (f"{test_origin.where(k)}: test pair (user {user!s}, item {item!s}) is also in the "
-            f"training data at {train_origin.where(j)}")  # fmt: skip
+    return (
+        f"{test_origin.where(k)}: test pair (user {user!s}, item {item!s}) is also in the "
+        f"training data at {train_origin.where(j)}"
+    )

@@ -238,8 +238,10 @@ def _has_blank_line(data: bytes) -> bool:
     """Whether ``data`` (not empty) has a line of only whitespace (a final newline ends the last
     line, it does not start an empty one)."""
     end = len(data) - 1 if data.endswith(b"\n") else len(data)
-    return (_BLANK_AT_START.match(data, 0, end + 1 if end == 0 else end) is not None
-            or _BLANK_AFTER_NEWLINE.search(data, 0, end) is not None)  # fmt: skip
+    return (
+        _BLANK_AT_START.match(data, 0, end + 1 if end == 0 else end) is not None
+        or _BLANK_AFTER_NEWLINE.search(data, 0, end) is not None
+    )
 
 
 @dataclass(eq=False)
@@ -279,6 +281,7 @@ def first_line(path: str, data: bytes, start: int = 0) -> tuple[str, int, int, i
         start, number = end, number + 1
     return None
 
+
 def sniff_delimiter(line: str) -> str | None:
     """The delimiter of a first line by ``csv.Sniffer``: tab, comma, semicolon, ``::``, or None
     for whitespace (also when the sniffer finds none)."""
@@ -314,8 +317,7 @@ def file_format(
         missing = [c for c in columns if isinstance(c, str) and c not in first]
         if missing:
             raise InputError(
-                f"{path}: no column {missing[0]!r} in the header line (columns: "
-                f"{', '.join(first)})"
+                f"{path}: no column {missing[0]!r} in the header line (columns: {', '.join(first)})"
             )
         cols = tuple(first.index(c) if isinstance(c, str) else c for c in columns)
         if len(set(cols)) != 3:
@@ -324,8 +326,10 @@ def file_format(
     need = max(columns) + 1  # type: ignore[type-var]
     if len(first) < need:
         shown = "whitespace" if delim is None else repr(delim)
-        raise InputError(f"{path}, line {line_no}: expected at least {need} columns separated "
-                         f"by {shown}, found {len(first)}")  # fmt: skip
+        raise InputError(
+            f"{path}, line {line_no}: expected at least {need} columns separated "
+            f"by {shown}, found {len(first)}"
+        )
     if header is None:
         header = not _is_number(first[columns[2]])  # type: ignore[index]
     return TextFormat(path, delim, bool(header), columns, len(first))  # type: ignore[arg-type]
@@ -366,8 +370,9 @@ def text_format_of(
         found = first_line(path, data if complete else data[: data.rfind(b"\n") + 1])
         if found is not None:
             line, number, start, after = found
-            fmt = with_data_fields(file_format(path, line, number, delimiter, header, columns),
-                                   data, after)  # fmt: skip
+            fmt = with_data_fields(
+                file_format(path, line, number, delimiter, header, columns), data, after
+            )
             if fmt.header:
                 return Head(fmt, start, number, after)
             return Head(fmt, None, 0, len(_BOM) if data.startswith(_BOM) else 0)
@@ -439,20 +444,30 @@ def _read_streamed(head: Head) -> Triples | None:
     names = [f"f{k}" for k in range(fmt.n_fields)]
     keep = [names[c] for c in fmt.columns]
     read = pacsv.ReadOptions(column_names=names, use_threads=True, block_size=1 << 24)
-    parse = pacsv.ParseOptions(delimiter=fmt.delim, quote_char=False, newlines_in_values=False,
-                               ignore_empty_lines=True,
-                               invalid_row_handler=lambda row: "skip" if not row.text.strip()
-                               else "error")  # fmt: skip
+    parse = pacsv.ParseOptions(
+        delimiter=fmt.delim,
+        quote_char=False,
+        newlines_in_values=False,
+        ignore_empty_lines=True,
+        invalid_row_handler=lambda row: "skip" if not row.text.strip() else "error",
+    )
     convert = pacsv.ConvertOptions(
-        include_columns=keep, null_values=[], strings_can_be_null=False,
+        include_columns=keep,
+        null_values=[],
+        strings_can_be_null=False,
         column_types={keep[0]: pa.string(), keep[1]: pa.string(), keep[2]: pa.float64()},
-    )  # fmt: skip
+    )
     with open_input(fmt.path) as fh:
         watch = _Watch(fh)
         try:
             fh.read(head.data_at)
-            table = pacsv.read_csv(watch, read_options=read, parse_options=parse,
-                                   convert_options=convert, memory_pool=POOL)  # fmt: skip
+            table = pacsv.read_csv(
+                watch,
+                read_options=read,
+                parse_options=parse,
+                convert_options=convert,
+                memory_pool=POOL,
+            )
         except (pa.ArrowInvalid, *READ_ERRORS):  # ``read_bytes`` names a damaged file
             return None
     if watch.quoted or table.num_rows == 0:
@@ -461,8 +476,9 @@ def _read_streamed(head: Head) -> Triples | None:
     origin = Origin((fmt.path,), None, n, lines=(LineFinder(fmt.path, fmt.header),))
     # numpy's own copy: no pyarrow buffer outlives the text columns, so freeing them frees
     # whole pages of pyarrow's allocator
-    values = finite_values(np.concatenate([c.to_numpy() for c in table.column(keep[2]).chunks]),
-                           origin)  # fmt: skip
+    values = finite_values(
+        np.concatenate([c.to_numpy() for c in table.column(keep[2]).chunks]), origin
+    )
     users, items = table.column(keep[0]), table.column(keep[1])
     del table
     release_memory()  # the blocks of text pyarrow read
@@ -515,8 +531,9 @@ def _prepare(fmt: TextFormat, data: bytes, start: int, first_line: int) -> Any:
     body = data[start:]
     if (k := body.find(_UNIT)) >= 0:
         line = first_line + body.count(b"\n", 0, k)
-        raise InputError(f"{fmt.path}, line {line}: the control character U+001F is not "
-                         "allowed in text input")  # fmt: skip
+        raise InputError(
+            f"{fmt.path}, line {line}: the control character U+001F is not allowed in text input"
+        )
     if fmt.delim == "::":
         return body.replace(b"::", _UNIT)
     body = re.sub(rb"(?m)^" + _BLANK + rb"|" + _BLANK + rb"(?=\r?$)", b"", body)
@@ -558,24 +575,44 @@ def _parse(
 
     n_fields = fmt.n_fields if columns is not None else None
     names = [f"f{k}" for k in range(n_fields)] if n_fields else None
-    read = pacsv.ReadOptions(column_names=names, autogenerate_column_names=names is None,
-                             use_threads=True, block_size=1 << 24)  # fmt: skip
-    parse = pacsv.ParseOptions(delimiter=delim, quote_char='"' if fmt.delim in QUOTING else False,
-                               double_quote=True, newlines_in_values=False,
-                               ignore_empty_lines=True, invalid_row_handler=invalid)  # fmt: skip
+    read = pacsv.ReadOptions(
+        column_names=names,
+        autogenerate_column_names=names is None,
+        use_threads=True,
+        block_size=1 << 24,
+    )
+    parse = pacsv.ParseOptions(
+        delimiter=delim,
+        quote_char='"' if fmt.delim in QUOTING else False,
+        double_quote=True,
+        newlines_in_values=False,
+        ignore_empty_lines=True,
+        invalid_row_handler=invalid,
+    )
     if columns is None:
-        convert = pacsv.ConvertOptions(null_values=[], strings_can_be_null=False,
-                                       column_types={f"f{k}": pa.string() for k in range(256)})
+        convert = pacsv.ConvertOptions(
+            null_values=[],
+            strings_can_be_null=False,
+            column_types={f"f{k}": pa.string() for k in range(256)},
+        )
     else:
         keep = [f"f{c}" for c in columns]
         types = {keep[0]: pa.large_string(), keep[1]: pa.large_string()}
-        convert = pacsv.ConvertOptions(include_columns=keep, column_types=types, null_values=[],
-                                       strings_can_be_null=False,
-                                       quoted_strings_can_be_null=False)  # fmt: skip
+        convert = pacsv.ConvertOptions(
+            include_columns=keep,
+            column_types=types,
+            null_values=[],
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        )
     try:
-        return pacsv.read_csv(pa.BufferReader(prepared), read_options=read,
-                              parse_options=parse, convert_options=convert,
-                              memory_pool=POOL)  # fmt: skip
+        return pacsv.read_csv(
+            pa.BufferReader(prepared),
+            read_options=read,
+            parse_options=parse,
+            convert_options=convert,
+            memory_pool=POOL,
+        )
     except (pa.ArrowInvalid, ValueError) as exc:
         if not bad:
             raise InputError(f"{fmt.path}: cannot parse ({exc})") from None
@@ -598,11 +635,19 @@ def _column_error(
         return "error"
 
     read = pacsv.ReadOptions(autogenerate_column_names=True, use_threads=False)
-    parse = pacsv.ParseOptions(delimiter=delim, quote_char='"' if fmt.delim in QUOTING else False,
-                               newlines_in_values=False, invalid_row_handler=invalid)  # fmt: skip
+    parse = pacsv.ParseOptions(
+        delimiter=delim,
+        quote_char='"' if fmt.delim in QUOTING else False,
+        newlines_in_values=False,
+        invalid_row_handler=invalid,
+    )
     try:
-        pacsv.read_csv(pa.BufferReader(prepared), read_options=read, parse_options=parse,
-                       convert_options=pacsv.ConvertOptions(column_types={}))  # fmt: skip
+        pacsv.read_csv(
+            pa.BufferReader(prepared),
+            read_options=read,
+            parse_options=parse,
+            convert_options=pacsv.ConvertOptions(column_types={}),
+        )
     except (pa.ArrowInvalid, ValueError):
         pass
     number, actual = found[0] if found else (1, 0)
@@ -617,10 +662,14 @@ def _column_error(
     need = max(columns) + 1 if columns is not None else fmt.n_fields
     shown = "whitespace" if fmt.delim is None else repr(fmt.delim)
     if columns is not None and actual < need:
-        raise InputError(f"{fmt.path}, line {line}: expected at least {need} columns separated "
-                         f"by {shown}, found {actual}")  # fmt: skip
-    raise InputError(f"{fmt.path}, line {line}: found {actual} columns separated by {shown}, "
-                     f"where the first line has {fmt.n_fields}")  # fmt: skip
+        raise InputError(
+            f"{fmt.path}, line {line}: expected at least {need} columns separated "
+            f"by {shown}, found {actual}"
+        )
+    raise InputError(
+        f"{fmt.path}, line {line}: found {actual} columns separated by {shown}, "
+        f"where the first line has {fmt.n_fields}"
+    )
 
 
 def text_values(col: Any, origin: Origin) -> np.ndarray:

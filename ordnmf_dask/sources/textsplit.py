@@ -91,8 +91,7 @@ def file_format_of(
     """Read the start of ``path`` up to its first non-blank line and resolve its format."""
     head = text_format_of(path, delimiter, header, columns)
     fmt = head.fmt
-    return FileFormat(path, input_size(path), fmt.delim, head.header_at, fmt.columns,
-                      fmt.n_fields)  # fmt: skip
+    return FileFormat(path, input_size(path), fmt.delim, head.header_at, fmt.columns, fmt.n_fields)
 
 
 def line_start(path: str, x: int, size: int) -> int:
@@ -151,8 +150,9 @@ def parse_chunk(chunk: Chunk | ParquetChunk | MemoryChunk) -> Triples | None:
     start = 0
     if chunk.start == 0 and data.startswith(b"\xef\xbb\xbf"):
         start = 3
-    header_in = chunk.header_at is not None and (whole or chunk.start <= chunk.header_at
-                                                 < chunk.stop)  # fmt: skip
+    header_in = chunk.header_at is not None and (
+        whole or chunk.start <= chunk.header_at < chunk.stop
+    )
     if header_in:
         at = chunk.header_at - chunk.start  # type: ignore[operator]
         end = data.find(b"\n", at)

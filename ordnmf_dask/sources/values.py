@@ -71,8 +71,9 @@ def check_thresholds(thresholds: Sequence[float]) -> tuple[float, ...]:
     if t[0] < 0:
         raise InputError(f"count thresholds must start at a value >= 0, got {t[0]:g}")
     if np.any(np.diff(t) <= 0):
-        raise InputError("count thresholds must be strictly increasing, "
-                         f"got {shown(list(thresholds))}")
+        raise InputError(
+            f"count thresholds must be strictly increasing, got {shown(list(thresholds))}"
+        )
     return tuple(float(x) for x in t)
 
 
@@ -107,22 +108,35 @@ def make_spec(
         bad = np.flatnonzero((values < 1) | (values != np.round(values)))
         if bad.size:
             v = values[bad[0]]
-            raise InputError(f"{origin.where(int(bad[0]))}: value {v:g} is not a positive "
-                             f"integer; {_classes_hint(v, values.max())}")  # fmt: skip
+            raise InputError(
+                f"{origin.where(int(bad[0]))}: value {v:g} is not a positive "
+                f"integer; {_classes_hint(v, values.max())}"
+            )
         ratings = "integer"
     if ratings == "halfstar":
         return ValueSpec("ratings-halfstar", 10, None, binarize)
     if ratings == "integer":
         if scale_max is None:  # the scale is the largest rating: every rating must be a class
-            _fail((values < 1) | (values != np.round(values)), values, origin,
-                  "rating {v:g} is not an integer class 1, 2, ...")
+            _fail(
+                (values < 1) | (values != np.round(values)),
+                values,
+                origin,
+                "rating {v:g} is not an integer class 1, 2, ...",
+            )
         top = scale_max if scale_max is not None else (int(values.max()) if values.size else 1)
         if isinstance(top, bool) or int(top) != top or not 1 <= top <= MAX_CLASSES:
-            hint = "" if scale_max is not None or top <= MAX_CLASSES else (  # counts, likely
-                "; if the values are counts (plays, clicks), pass counts='paper' (the paper's "
-                "count classes) or binarize=S (class 1 where value >= S)")
-            raise InputError(f"integer rating scale must be 1..V with 1 <= V <= {MAX_CLASSES}, "
-                             f"got {top}{hint}")
+            hint = (
+                ""
+                if scale_max is not None or top <= MAX_CLASSES
+                # counts, likely
+                else (
+                    "; if the values are counts (plays, clicks), pass counts='paper' (the paper's "
+                    "count classes) or binarize=S (class 1 where value >= S)"
+                )
+            )
+            raise InputError(
+                f"integer rating scale must be 1..V with 1 <= V <= {MAX_CLASSES}, got {top}{hint}"
+            )
         return ValueSpec("ratings-integer", int(top), None, binarize)
     raise InputError(f"ratings must be one of {RATING_KINDS}, got {ratings!r}")
 
@@ -131,8 +145,10 @@ def _classes_hint(bad: float, top: float) -> str:
     """How to say which classes values make, when ``bad`` (a value) is not a positive integer
     and ``top`` is the largest value: half-star ratings when both are on that scale."""
     if 1 <= bad * 2 <= 10 and bad * 2 == round(bad * 2) and top <= 5:
-        return "for half-star ratings 0.5 .. 5 pass ratings='halfstar', else counts= or " \
-            "binarize= to say how to make classes"  # fmt: skip
+        return (
+            "for half-star ratings 0.5 .. 5 pass ratings='halfstar', else counts= or "
+            "binarize= to say how to make classes"
+        )
     return "pass ratings=, counts= or binarize= to say how to make classes"
 
 

@@ -246,7 +246,11 @@ def write_store(
 def write_array(group: zarr.Group, name: str, data: np.ndarray) -> None:
     chunks = (max(1, min(len(data), CHUNK)),)
     arr = group.create_array(
-        name, shape=data.shape, dtype=data.dtype, chunks=chunks, compressors=COMPRESSORS,
+        name,
+        shape=data.shape,
+        dtype=data.dtype,
+        chunks=chunks,
+        compressors=COMPRESSORS,
         config=WRITE_ALL,
     )
     if data.size:
@@ -344,9 +348,7 @@ def _running(pid: object) -> bool:
     return True
 
 
-def publish(
-    tmp: str, path: str, recheck: Callable[[str], object], mark: str = STORE_MARK
-) -> None:
+def publish(tmp: str, path: str, recheck: Callable[[str], object], mark: str = STORE_MARK) -> None:
     """Rename the finished directory ``tmp`` to ``path``. An existing ``path`` is checked again
     with ``recheck`` (it may have appeared since the first check), moved aside, and removed only
     once ``tmp`` is in place, so a failure at any point leaves the old one.

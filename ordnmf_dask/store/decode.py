@@ -57,8 +57,9 @@ def chunk_path(directory: str, i: int, grid: tuple[int, ...] = ()) -> str:
 
 def chunk_grid(array: Any) -> tuple[int, ...]:
     """Chunks per dimension of a ``zarr.Array`` (its chunk files are listed in C order)."""
-    return tuple(-(-int(n) // max(int(c), 1)) for n, c in zip(array.shape, array.chunks,
-                                                                strict=True))
+    return tuple(
+        -(-int(n) // max(int(c), 1)) for n, c in zip(array.shape, array.chunks, strict=True)
+    )
 
 
 def chunk_record(path: str) -> tuple[int, int]:
@@ -89,8 +90,9 @@ def record_inventory(array: Any) -> None:
     else:  # an FsspecStore
         directory = store.fs.unstrip_protocol(f"{store.path.rstrip('/')}/{array.path}")
     grid = chunk_grid(array)
-    set_inventory(array, [chunk_record(chunk_path(directory, i, grid))
-                          for i in range(array.nchunks)])
+    set_inventory(
+        array, [chunk_record(chunk_path(directory, i, grid)) for i in range(array.nchunks)]
+    )
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,9 @@ class ChunkFiles:
         nbytes, crc = inv.get("bytes"), inv.get("crc32")
         n = int(array.nchunks)
         if not (
-            isinstance(nbytes, list) and isinstance(crc, list) and len(nbytes) == len(crc) == n
+            isinstance(nbytes, list)
+            and isinstance(crc, list)
+            and len(nbytes) == len(crc) == n
             and all(isinstance(x, int) for x in (*nbytes, *crc))
         ):
             raise StoreError(
@@ -142,8 +146,11 @@ class ChunkFiles:
 
     def check_present(self) -> None:
         """Raise StoreError unless every chunk file exists with its recorded size."""
-        listed = (locations.sizes(locations.join(self.directory, "c"))
-                  if locations.is_url(self.directory) else None)
+        listed = (
+            locations.sizes(locations.join(self.directory, "c"))
+            if locations.is_url(self.directory)
+            else None
+        )
         for i, n in enumerate(self.nbytes):
             path = self.path(i)
             size = _local_size(path) if listed is None else listed.get(chunk_key(i, self.grid))
@@ -162,9 +169,11 @@ class ChunkFiles:
         inventory."""
         path = self.path(i)
         if into is not None and into.nbytes != self.nbytes[i]:
-            raise StoreError(f"{path}: the {self.owner} records {self.nbytes[i]} bytes for the "
-                             f"chunk file, whose values take {into.nbytes} (the {self.owner} is "
-                             "damaged)")
+            raise StoreError(
+                f"{path}: the {self.owner} records {self.nbytes[i]} bytes for the "
+                f"chunk file, whose values take {into.nbytes} (the {self.owner} is "
+                "damaged)"
+            )
         if locations.is_url(path):
             view = self._load_url(path, i)
             if into is not None:
@@ -212,8 +221,11 @@ class ChunkFiles:
 
     def _check_size(self, path: str, size: int, recorded: int) -> None:
         if size != recorded:
-            source = (f"the {self.owner} recorded" if self.crc32 is not None
-                      else "the array's shape takes")
+            source = (
+                f"the {self.owner} recorded"
+                if self.crc32 is not None
+                else "the array's shape takes"
+            )
             raise StoreError(
                 f"{path}: chunk file has {size} bytes, {source} {recorded} "
                 f"(the {self.owner} is damaged)"
@@ -222,8 +234,10 @@ class ChunkFiles:
     def _check_crc(self, path: str, data: bytes | memoryview, i: int) -> None:
         assert self.crc32 is not None
         if zlib.crc32(data) != self.crc32[i]:
-            raise StoreError(f"{path}: chunk file does not match the CRC-32 the {self.owner} "
-                             f"recorded for it (the {self.owner} is damaged)")
+            raise StoreError(
+                f"{path}: chunk file does not match the CRC-32 the {self.owner} "
+                f"recorded for it (the {self.owner} is damaged)"
+            )
 
 
 _VERIFIED: set[tuple[str, int, int, int, int, int]] = set()  # file versions whose CRC matched

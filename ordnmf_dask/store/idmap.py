@@ -102,8 +102,11 @@ def coerce_ids(store: str, axis: str, raw: Sequence[Any]) -> tuple[np.ndarray, l
     for j, value in enumerate(raw):
         if isinstance(value, str):
             value = id_text(value)
-        elif isinstance(value, float | np.floating) and float(value).is_integer() and \
-                -(2.0**63) <= value < 2.0**63:  # fmt: skip
+        elif (
+            isinstance(value, float | np.floating)
+            and float(value).is_integer()
+            and -(2.0**63) <= value < 2.0**63
+        ):
             value = int(value)
         if integer:
             try:

@@ -29,8 +29,13 @@ EXPORT = "ordnmf_dask.export"  # the kind of an export's markers
 MANIFEST = "_SUCCESS"  # an export's manifest, written last
 
 #: How a message names each kind.
-NAMES = {STORE_MARK: "store", MODEL_KIND: "model", EXPORT: "Parquet export",
-         CHECKPOINT: "checkpoint", CHECKPOINT_DIRECTORY: "checkpoint directory"}
+NAMES = {
+    STORE_MARK: "store",
+    MODEL_KIND: "model",
+    EXPORT: "Parquet export",
+    CHECKPOINT: "checkpoint",
+    CHECKPOINT_DIRECTORY: "checkpoint directory",
+}
 
 
 def group_attrs(path: str) -> dict[str, Any] | None:
@@ -54,8 +59,12 @@ def is_store(path: str) -> bool:
     if attrs is None:
         return False
     version = attrs.get("format_version")
-    return (isinstance(version, int) and not isinstance(version, bool) and "complete" in attrs
-            and all(k in attrs for k in _STORE_FIELDS))
+    return (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and "complete" in attrs
+        and all(k in attrs for k in _STORE_FIELDS)
+    )
 
 
 def is_model(path: str) -> bool:
@@ -88,8 +97,11 @@ def owner(directory: str) -> str | None:
             doc = json.load(fh)
     except (OSError, ValueError):
         return None
-    found = doc.get("model") if isinstance(doc, dict) and doc.get("kind") == CHECKPOINT_DIRECTORY \
+    found = (
+        doc.get("model")
+        if isinstance(doc, dict) and doc.get("kind") == CHECKPOINT_DIRECTORY
         else None
+    )
     return found if isinstance(found, str) else None
 
 
@@ -100,8 +112,11 @@ def holds_checkpoints(directory: str) -> bool:
         return True
     if not os.path.isdir(directory):
         return False
-    return any(fingerprint_of(os.path.join(directory, n)) is not None
-               for n in os.listdir(directory) if CHECKPOINT_NAME.match(n))
+    return any(
+        fingerprint_of(os.path.join(directory, n)) is not None
+        for n in os.listdir(directory)
+        if CHECKPOINT_NAME.match(n)
+    )
 
 
 def export_listing(place: locations.Place) -> list[str]:

@@ -36,8 +36,14 @@ def _read_errors() -> tuple[type[Exception], ...]:
     """What reading an input can raise for a damaged file: the OS's errors and those of each
     decompressor fsspec uses (``.gz``, ``.bz2``, ``.xz``, ``.zip``, ``.zst``; numpy's ``.npz``
     is a zip file)."""
-    errors: list[type[Exception]] = [OSError, EOFError, ValueError, zlib.error, lzma.LZMAError,
-                                     zipfile.BadZipFile]  # fmt: skip
+    errors: list[type[Exception]] = [
+        OSError,
+        EOFError,
+        ValueError,
+        zlib.error,
+        lzma.LZMAError,
+        zipfile.BadZipFile,
+    ]
     try:
         from zstandard import ZstdError
     except ImportError:  # without zstandard, fsspec does not read .zst files
@@ -316,10 +322,10 @@ def upload(local: str, url: str) -> None:
     fs, key = filesystem(url)
     files = sorted(
         os.path.relpath(os.path.join(d, n), local).replace(os.sep, "/")
-        for d, _, names in os.walk(local) for n in names
+        for d, _, names in os.walk(local)
+        for n in names
     )
-    meta = sorted((f for f in files if f.endswith(META) and f != META),
-                  key=lambda f: f.count("/"))
+    meta = sorted((f for f in files if f.endswith(META) and f != META), key=lambda f: f.count("/"))
     order: Iterable[str] = [*meta, *(f for f in files if not f.endswith(META)), META]
     for name in order:
         fs.put_file(os.path.join(local, name), f"{key}/{name}")
@@ -339,5 +345,6 @@ def list_names(url: str) -> list[str]:
 def check_not_pending(url: str, what: str) -> None:
     """StoreError when a write of the ``what`` at ``url`` is in progress or failed."""
     if is_url(url) and marker(url) is not None:
-        raise StoreError(f"{url}: incomplete {what} (marker {PENDING}: a write is in progress "
-                         "or failed)")
+        raise StoreError(
+            f"{url}: incomplete {what} (marker {PENDING}: a write is in progress or failed)"
+        )

@@ -29,8 +29,11 @@ def _relation(outer: str, inner: str) -> str | None:
 
 
 def check_place(
-    path: str | os.PathLike, what: str, writes: str | None = None,
-    inputs: Mapping[str, str | os.PathLike | None] | None = None, itself: bool = True,
+    path: str | os.PathLike,
+    what: str,
+    writes: str | None = None,
+    inputs: Mapping[str, str | os.PathLike | None] | None = None,
+    itself: bool = True,
 ) -> str:
     """The location of the output ``path`` (``what``: how to name it), after checking it is
     not an input (``inputs``: label -> path), inside one or containing one, and not inside or
@@ -43,8 +46,7 @@ def check_place(
         source = locations.location(given)
         where = _relation(source, loc)
         if where is not None:
-            raise InputError(f"refusing to write {what} to {loc}: it {where} the {label} "
-                             f"{source}")
+            raise InputError(f"refusing to write {what} to {loc}: it {where} the {label} {source}")
     if locations.is_url(loc):
         return loc
     here = loc if itself else os.path.dirname(loc)
@@ -52,8 +54,9 @@ def check_place(
         kind = kind_of(here)
         if kind is not None and not (here == loc and kind == writes):
             where = "it is a" if here == loc else f"it is inside {here}, a"
-            raise InputError(f"refusing to write {what} to {loc}: {where} {NAMES[kind]} "
-                             "written by ordnmf_dask")
+            raise InputError(
+                f"refusing to write {what} to {loc}: {where} {NAMES[kind]} written by ordnmf_dask"
+            )
         parent = os.path.dirname(here)
         if parent == here:
             return loc
@@ -94,8 +97,11 @@ def foreign(path: str) -> list[str]:
         except FileNotFoundError:
             return []
     elif os.path.isdir(path) and not os.path.islink(path):
-        present = {os.path.relpath(os.path.join(d, n), path).replace(os.sep, "/")
-                   for d, _, names in os.walk(path) for n in names}
+        present = {
+            os.path.relpath(os.path.join(d, n), path).replace(os.sep, "/")
+            for d, _, names in os.walk(path)
+            for n in names
+        }
     else:
         return []
     listing = export_keys(path)
@@ -109,6 +115,8 @@ def check_replaceable(path: str, what: str) -> None:
     extra = foreign(path)
     if extra:
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise InputError(f"refusing to overwrite {path}: it holds {locations.join(path, extra[0])}"
-                         f"{more}, which ordnmf_dask did not write; move it to replace the "
-                         f"{what}")
+        raise InputError(
+            f"refusing to overwrite {path}: it holds {locations.join(path, extra[0])}"
+            f"{more}, which ordnmf_dask did not write; move it to replace the "
+            f"{what}"
+        )

@@ -110,8 +110,9 @@ def save_segments(
     stops[j])``, as one ``.npy`` file per field; their segments. One file per field, not per
     piece: at 10^9 nonzeros a partition holds ~500 pieces."""
     save_arrays(prefix, {f: np.asarray(arrays[f], dtype=dtype) for f, dtype in FIELDS.items()})
-    return [Segment(prefix, int(hi) - int(lo), int(lo))
-            for lo, hi in zip(starts, stops, strict=True)]  # fmt: skip
+    return [
+        Segment(prefix, int(hi) - int(lo), int(lo)) for lo, hi in zip(starts, stops, strict=True)
+    ]
 
 
 def compact(arr: np.ndarray) -> np.ndarray:
@@ -163,9 +164,7 @@ def remove_arrays(prefix: str, names: Sequence[str]) -> None:
             os.remove(path)
 
 
-def load_arrays(
-    prefix: str, names: Sequence[str], staged: bool = False
-) -> dict[str, np.ndarray]:
+def load_arrays(prefix: str, names: Sequence[str], staged: bool = False) -> dict[str, np.ndarray]:
     """Inverse of ``save_arrays`` (``staged``: as staged, ``compact``, not widened)."""
     out = {}
     for n in names:
@@ -189,8 +188,11 @@ class NpyRows:
         self.path = path
         with contextlib.nullcontext(f) if f is not None else locations.open_file(path) as fh:
             version = np.lib.format.read_magic(fh)
-            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(fh) if version == (1, 0)
-                                     else np.lib.format.read_array_header_2_0(fh))  # fmt: skip
+            shape, fortran, dtype = (
+                np.lib.format.read_array_header_1_0(fh)
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0(fh)
+            )
             self.offset = fh.tell()
         if fortran or dtype.hasobject or len(shape) not in (1, 2):
             raise ValueError(f"{path}: expected a C-order 1-D or 2-D array of numbers")
@@ -212,8 +214,10 @@ class NpyRows:
         f.seek(self.offset + lo * self.row_bytes)
         got = f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
         if got != out.nbytes:
-            raise StoreError(f"{self.path}: staged file cut short ({got} of {out.nbytes} bytes "
-                             f"at offset {self.offset + lo * self.row_bytes})")
+            raise StoreError(
+                f"{self.path}: staged file cut short ({got} of {out.nbytes} bytes "
+                f"at offset {self.offset + lo * self.row_bytes})"
+            )
         return out if staged else widen(out)
 
 
@@ -293,11 +297,16 @@ def assemble_store(
             continue
         chunks = (max(1, min(ids.length, CHUNK)),)
         arrays[locations.join(tmp, name), "ids"] = sub.create_array(
-            "ids", shape=(ids.length,), dtype=ids.dtype, chunks=chunks,
-            compressors=COMPRESSORS, config=WRITE_ALL,
-        )  # fmt: skip
-        jobs.extend(_copy_jobs(locations.join(tmp, name), ("ids",), ids.parts, ids.length,
-                               chunks[0]))  # fmt: skip
+            "ids",
+            shape=(ids.length,),
+            dtype=ids.dtype,
+            chunks=chunks,
+            compressors=COMPRESSORS,
+            config=WRITE_ALL,
+        )
+        jobs.extend(
+            _copy_jobs(locations.join(tmp, name), ("ids",), ids.parts, ids.length, chunks[0])
+        )
     n_c = len(col_bounds) - 1
     n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
     for split in blocks:
@@ -307,8 +316,9 @@ def assemble_store(
         np.cumsum(sizes, out=offsets[1:])
         sub = group.create_group(split)
         write_array(sub, "offsets", offsets)
-        pointers = [RowPointer(tuple(segs), int(n_rows[b // n_c]))
-                    for b, segs in enumerate(blocks[split])]  # fmt: skip
+        pointers = [
+            RowPointer(tuple(segs), int(n_rows[b // n_c])) for b, segs in enumerate(blocks[split])
+        ]
         for fields, parts, total in (
             (NONZERO_FIELDS, segments, int(offsets[-1])),
             (("indptr",), pointers, int(indptr_starts(row_bounds, n_c)[-1])),
@@ -316,9 +326,13 @@ def assemble_store(
             chunks = (max(1, min(total, CHUNK)),)
             for field in fields:
                 arrays[locations.join(tmp, split), field] = sub.create_array(
-                    field, shape=(total,), dtype=_DTYPES[field], chunks=chunks,
-                    compressors=COMPRESSORS, config=WRITE_ALL,
-                )  # fmt: skip
+                    field,
+                    shape=(total,),
+                    dtype=_DTYPES[field],
+                    chunks=chunks,
+                    compressors=COMPRESSORS,
+                    config=WRITE_ALL,
+                )
             jobs.extend(_copy_jobs(locations.join(tmp, split), fields, parts, total, chunks[0]))
     records: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for job, written in zip(jobs, runner.map(_copy_chunk, jobs), strict=True):
@@ -420,9 +434,12 @@ class _CopyJob:
 
 
 def _copy_jobs(
-    group: str, fields: tuple[str, ...], parts: Sequence[Segment | RowPointer | Gather],
-    total: int, chunk: int,
-) -> list[_CopyJob]:  # fmt: skip
+    group: str,
+    fields: tuple[str, ...],
+    parts: Sequence[Segment | RowPointer | Gather],
+    total: int,
+    chunk: int,
+) -> list[_CopyJob]:
     lengths = np.asarray([p.length for p in parts], dtype=np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
@@ -478,8 +495,10 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
     """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
     records = []
     for field in job.fields:
-        parts = [load_rows(*piece) if isinstance(piece[0], str) else piece[0].read(*piece[1:])
-                 for piece in _runs(job.pieces, field)]  # fmt: skip
+        parts = [
+            load_rows(*piece) if isinstance(piece[0], str) else piece[0].read(*piece[1:])
+            for piece in _runs(job.pieces, field)
+        ]
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         directory = locations.join(job.group, field)
         arr = _open_writing_every_chunk(directory)

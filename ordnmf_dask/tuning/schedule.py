@@ -47,8 +47,9 @@ def check_space(space: Space) -> None:
         if name not in SEARCHED:
             raise InputError(f"cannot search {name!r}: the space takes {', '.join(SEARCHED)}")
         if isinstance(values, LogUniform):
-            wrong = next((w for w in map(lambda v: problem(name, v), [values.low, values.high])
-                          if w), None)
+            wrong = next(
+                (w for w in map(lambda v: problem(name, v), [values.low, values.high]) if w), None
+            )
             if wrong is None and not values.low <= values.high:
                 wrong = f"must be a range low <= high, got {values.low}:{values.high}"
         elif isinstance(values, str) or not isinstance(values, Sequence) or not values:
@@ -72,8 +73,7 @@ def parse_values(name: str, text: str, flag: str) -> list[Any] | LogUniform:
         values = []
     if not values:
         kind = "integers" if cast is int else "numbers"
-        raise UsageError(f"{flag} takes {kind} joined by commas or a range LOW:HIGH, "
-                         f"got {text!r}")
+        raise UsageError(f"{flag} takes {kind} joined by commas or a range LOW:HIGH, got {text!r}")
     return values
 
 
@@ -82,11 +82,15 @@ def grid(space: Space) -> list[dict[str, Any]]:
     check_space(space)
     ranges = [name for name, values in space.items() if isinstance(values, LogUniform)]
     if ranges:
-        raise InputError(f"a grid takes lists of values; {ranges[0]} is a range (give "
-                         "n_trials to sample the space instead)")
+        raise InputError(
+            f"a grid takes lists of values; {ranges[0]} is a range (give "
+            "n_trials to sample the space instead)"
+        )
     names = list(space)
-    return [dict(zip(names, combo, strict=True))
-            for combo in itertools.product(*(space[n] for n in names))]
+    return [
+        dict(zip(names, combo, strict=True))
+        for combo in itertools.product(*(space[n] for n in names))
+    ]
 
 
 def sample(space: Space, n_trials: int, seed: int) -> list[dict[str, Any]]:
@@ -113,8 +117,11 @@ def rungs(min_budget: int, max_iter: int, eta: int) -> list[int]:
     """Iteration budgets of the rungs: ``max_iter // eta**j`` for j = n, ..., 1, 0, with n the
     largest such that ``min_budget * eta**n <= max_iter`` (one rung when min_budget =
     max_iter)."""
-    for name, value, low in (("min_budget", min_budget, 1), ("max_iter", max_iter, 1),
-                             ("eta", eta, 2)):  # fmt: skip
+    for name, value, low in (
+        ("min_budget", min_budget, 1),
+        ("max_iter", max_iter, 1),
+        ("eta", eta, 2),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(f"{name} must be an integer >= {low}, got {shown(value)}")
     if min_budget > max_iter:
@@ -133,6 +140,7 @@ def n_kept(n: int, eta: int) -> int:
 def ranked(scores: Mapping[int, float]) -> list[int]:
     """Trial numbers best first: higher score first, a missing (NaN) score last, ties by the
     lower trial number."""
+
     def key(trial: int) -> tuple[bool, float, int]:
         score = scores[trial]
         missing = score is None or math.isnan(score)

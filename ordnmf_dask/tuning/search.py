@@ -50,8 +50,16 @@ log = logging.getLogger("ordnmf_dask")
 TUNE_KIND = "ordnmf_dask.tune"  # the ``kind`` of DIR/tune.json, which marks DIR as a tune's
 METRICS = ("ndcg", "loglik")
 #: parameters tune sets for every trial itself (validation_*: tune's own arguments)
-MANAGED = ("checkpoint_dir", "work_dir", "n_init", "max_iter", "executor", "validation_metric",
-           "validation_k", "validation_s")
+MANAGED = (
+    "checkpoint_dir",
+    "work_dir",
+    "n_init",
+    "max_iter",
+    "executor",
+    "validation_metric",
+    "validation_k",
+    "validation_s",
+)
 #: how a fit ended for good: a larger budget would change nothing
 FINAL_STOPS = ("tol", "patience")
 
@@ -173,13 +181,15 @@ def tune(
     if name not in ALL:
         raise InputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     fixed = _fixed_params(name, dict(params or {}), space)
-    drawn = (schedule.grid(space) if n_trials is None
-             else schedule.sample(space, n_trials, sample_seed))  # fmt: skip
+    drawn = (
+        schedule.grid(space) if n_trials is None else schedule.sample(space, n_trials, sample_seed)
+    )
     trials_params = [validate(p) for p in drawn]
     for p in trials_params:  # every trial's K, before any fit
         check_rank({**fixed, **p}["n_components"], info)
-    budgets = schedule.rungs(max(1, max_iter // eta**2) if min_budget is None else min_budget,
-                           max_iter, eta)
+    budgets = schedule.rungs(
+        max(1, max_iter // eta**2) if min_budget is None else min_budget, max_iter, eta
+    )
     split = _split(info, allow_test)
     metric, k = validation_metric, validation_k
     level = _level(info, split, name, fixed, metric, validation_s, k, user_fraction)
@@ -191,23 +201,41 @@ def tune(
     out = os.path.abspath(os.fspath(out))
     _check_out(out, overwrite)
     # out and out/best: never the training store, nor inside it (checked before any write)
-    best_path = (model_target(os.path.join(out, "best"), overwrite, info.path) if
-                 os.path.isdir(out) else os.path.join(model_target(out, False, info.path), "best"))
+    best_path = (
+        model_target(os.path.join(out, "best"), overwrite, info.path)
+        if os.path.isdir(out)
+        else os.path.join(model_target(out, False, info.path), "best")
+    )
     _prepare(out)
     every = _continuation_every(fixed["checkpoint_every"], budgets[0])
     settings = {
-        "kind": TUNE_KIND, "store": info.path, "model": name, "fixed": fixed,
+        "kind": TUNE_KIND,
+        "store": info.path,
+        "model": name,
+        "fixed": fixed,
         "space": {n: v if isinstance(v, list | tuple) else vars(v) for n, v in space.items()},
-        "n_trials": n_trials, "sample_seed": sample_seed, "rungs": budgets, "eta": eta,
-        "metric": label, "split": split, "checkpoint_every": every,
-    }  # fmt: skip
+        "n_trials": n_trials,
+        "sample_seed": sample_seed,
+        "rungs": budgets,
+        "eta": eta,
+        "metric": label,
+        "split": split,
+        "checkpoint_every": every,
+    }
     _write_json(os.path.join(out, "tune.json"), settings)
-    trials = [Trial(j, p, os.path.join(out, "trials", f"{j:04d}"))
-              for j, p in enumerate(trials_params)]
+    trials = [
+        Trial(j, p, os.path.join(out, "trials", f"{j:04d}")) for j, p in enumerate(trials_params)
+    ]
     for t in trials:
         os.mkdir(t.directory)
-    log.info("tune: %d trials of %s, rungs of %s iterations (eta %d), scored by %s",
-             len(trials), name, budgets, eta, label)
+    log.info(
+        "tune: %d trials of %s, rungs of %s iterations (eta %d), scored by %s",
+        len(trials),
+        name,
+        budgets,
+        eta,
+        label,
+    )
     search = _Search(info, name, fixed, split, metric, k, level, user_fraction, every, label)
     rows: list[dict[str, Any]] = []
     csv_path, parquet_path = os.path.join(out, "results.csv"), os.path.join(out, "results.parquet")
@@ -217,8 +245,13 @@ def tune(
             alive = trials
             for rung, budget in enumerate(budgets):
                 last = rung == len(budgets) - 1
-                log.info("tune: rung %d/%d, max_iter %d: %d trial(s)",
-                         rung + 1, len(budgets), budget, len(alive))
+                log.info(
+                    "tune: rung %d/%d, max_iter %d: %d trial(s)",
+                    rung + 1,
+                    len(budgets),
+                    budget,
+                    len(alive),
+                )
                 found = search.rung(cl, alive, rung, budget, n_jobs)
                 keep = _survivors(alive, found, eta, last)
                 for row in found:
@@ -237,8 +270,14 @@ def tune(
     best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
     copy_model(open_model(best["model"]), best_path, overwrite)
     _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
-    log.info("tune: best trial %d (%s): %s %.6g; model in %s", best["trial"],
-             _describe(trials[best["trial"]].params), label, best["value"], best_path)
+    log.info(
+        "tune: best trial %d (%s): %s %.6g; model in %s",
+        best["trial"],
+        _describe(trials[best["trial"]].params),
+        label,
+        best["value"],
+        best_path,
+    )
     return TuneResult(rows, best, best_path, split, label, csv_path, parquet_path)
 
 
@@ -268,8 +307,9 @@ def _fixed_params(name: str, fixed: dict[str, Any], space: schedule.Space) -> di
     both = sorted(set(space) & set(fixed))
     if both:
         raise InputError(f"{both[0]} is both searched and fixed: give it in one place")
-    return validate({k: fixed.get(k, DEFAULTS[k]) for k in taken
-                     if k not in space and k not in MANAGED})
+    return validate(
+        {k: fixed.get(k, DEFAULTS[k]) for k in taken if k not in space and k not in MANAGED}
+    )
 
 
 def _split(info: StoreInfo, allow_test: bool) -> str:
@@ -282,19 +322,28 @@ def _split(info: StoreInfo, allow_test: bool) -> str:
             "pass allow_test=True to tune on the test subset, whose figures are then no "
             "longer a fair estimate)"
         )
-    log.warning("TUNING ON THE TEST SUBSET of %s (it has no validation subset): the test "
-                "figures of the chosen model are optimistic; ingest with --validation-fraction "
-                "for a fair estimate", info.path)
+    log.warning(
+        "TUNING ON THE TEST SUBSET of %s (it has no validation subset): the test "
+        "figures of the chosen model are optimistic; ingest with --validation-fraction "
+        "for a fair estimate",
+        info.path,
+    )
     return "test"
 
 
-def _level(info: StoreInfo, split: str, name: str, fixed: dict[str, Any], metric: str,
-           level: int | None, k: int, user_fraction: float) -> int:  # fmt: skip
+def _level(
+    info: StoreInfo,
+    split: str,
+    name: str,
+    fixed: dict[str, Any],
+    metric: str,
+    level: int | None,
+    k: int,
+    user_fraction: float,
+) -> int:
     """The relevance threshold s of the metric, checked with the other metric settings."""
     if metric not in METRICS:
-        raise InputError(
-            f"validation_metric must be one of {', '.join(METRICS)}, got {metric!r}"
-        )
+        raise InputError(f"validation_metric must be one of {', '.join(METRICS)}, got {metric!r}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InputError(f"validation_k must be an integer >= 1, got {k!r}")
     if not 0.0 < user_fraction <= 1.0:
@@ -303,8 +352,9 @@ def _level(info: StoreInfo, split: str, name: str, fixed: dict[str, Any], metric
     if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= info.n_classes:
         raise InputError(f"validation_s must be a class in 1..{info.n_classes}, got {s!r}")
     if not sum(info.attrs[f"hist_{split}"][s:]):
-        raise InputError(f"validation_s = {s}: the {split} subset of {info.path} has no nonzero of "
-                         f"class >= {s}")
+        raise InputError(
+            f"validation_s = {s}: the {split} subset of {info.path} has no nonzero of class >= {s}"
+        )
     binarized = name in ("BePoF", "PF") or (name == "DcPF" and fixed.get("p") == 1.0)
     if metric == "loglik" and binarized:
         raise InputError(f"validation_metric loglik: {name} models binarized data, not the classes")
@@ -328,11 +378,14 @@ def _check_out(out: str, overwrite: bool) -> None:
         except (OSError, ValueError, AttributeError):
             ours = False
         if not ours:
-            raise InputError(f"{out}: exists and is not a directory written by ordnmf-dask "
-                             "tune; choose another directory")
+            raise InputError(
+                f"{out}: exists and is not a directory written by ordnmf-dask "
+                "tune; choose another directory"
+            )
         if not overwrite:
-            raise InputError(f"{out}: holds an earlier tune's results; pass overwrite=True to "
-                             "replace them")
+            raise InputError(
+                f"{out}: holds an earlier tune's results; pass overwrite=True to replace them"
+            )
 
 
 def _prepare(out: str) -> None:
@@ -340,8 +393,10 @@ def _prepare(out: str) -> None:
     and checkpoints). Everything is checked first: anything else found in a trial's directory
     is an InputError naming it, and then nothing has been removed."""
     trials = os.path.join(out, "trials")
-    found = [Trial(-1, {}, os.path.join(trials, entry))
-             for entry in (sorted(os.listdir(trials)) if os.path.isdir(trials) else [])]
+    found = [
+        Trial(-1, {}, os.path.join(trials, entry))
+        for entry in (sorted(os.listdir(trials)) if os.path.isdir(trials) else [])
+    ]
     for t in found:
         if not os.path.isdir(t.directory) or os.path.islink(t.directory):
             _refuse(t.directory)
@@ -367,8 +422,10 @@ def _prepare(out: str) -> None:
 
 def _refuse(path: str) -> NoReturn:
     """Refuse to replace an earlier tune's results: ``path`` among them is not ours."""
-    raise InputError(f"{path}: not written by ordnmf-dask tune; an earlier tune's results are "
-                     "replaced only when nothing else is among them: move it and run again")
+    raise InputError(
+        f"{path}: not written by ordnmf-dask tune; an earlier tune's results are "
+        "replaced only when nothing else is among them: move it and run again"
+    )
 
 
 def _drop_checkpoints(trial: Trial) -> None:
@@ -382,9 +439,19 @@ def _drop_checkpoints(trial: Trial) -> None:
 class _Search:
     """Runs the trials of a rung concurrently and scores them."""
 
-    def __init__(self, info: StoreInfo, name: str, fixed: dict[str, Any],
-                 split: str, metric: str, k: int, level: int, user_fraction: float,
-                 every: int, label: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        info: StoreInfo,
+        name: str,
+        fixed: dict[str, Any],
+        split: str,
+        metric: str,
+        k: int,
+        level: int,
+        user_fraction: float,
+        every: int,
+        label: str,
+    ) -> None:
         self.info, self.name, self.fixed, self.split = info, name, fixed, split
         self.metric, self.k, self.level, self.user_fraction = metric, k, level, user_fraction
         self.every, self.label = every, label
@@ -392,8 +459,9 @@ class _Search:
         self.stop = threading.Event()
         self.labels = _TrialLabels()
 
-    def rung(self, cl: Client, alive: list[Trial], rung: int, budget: int,
-             n_jobs: int) -> list[dict[str, Any]]:  # fmt: skip
+    def rung(
+        self, cl: Client, alive: list[Trial], rung: int, budget: int, n_jobs: int
+    ) -> list[dict[str, Any]]:
         """A row per trial of ``alive`` fitted to ``budget`` iterations (a trial whose fit ended
         for good earlier is carried over as it was), in trial order."""
         self.stop.clear()
@@ -421,49 +489,104 @@ class _Search:
             self.labels.local.trial = None
 
     def _fit(self, cl: Client, t: Trial, rung: int, budget: int) -> dict[str, Any]:
-        row: dict[str, Any] = {"trial": t.number, "rung": rung, "max_iter": budget,
-                               **{n: self.fixed.get(n) for n in schedule.SEARCHED}, **t.params,
-                               "metric": self.label}
+        row: dict[str, Any] = {
+            "trial": t.number,
+            "rung": rung,
+            "max_iter": budget,
+            **{n: self.fixed.get(n) for n in schedule.SEARCHED},
+            **t.params,
+            "metric": self.label,
+        }
         if t.done:
             previous = open_model(t.model).attrs
-            return {**row, **self._figures(previous), "status": "carried", "value": t.value,
-                    "seconds": 0.0, "eval_seconds": 0.0, "start": None, "end": None,
-                    "model": t.model, "error": None}  # fmt: skip
+            return {
+                **row,
+                **self._figures(previous),
+                "status": "carried",
+                "value": t.value,
+                "seconds": 0.0,
+                "eval_seconds": 0.0,
+                "start": None,
+                "end": None,
+                "model": t.model,
+                "error": None,
+            }
         if self.stop.is_set():
             raise _Stopped()
-        params = {**self.fixed, **t.params, "max_iter": budget,
-                  "checkpoint_dir": t.checkpoints, "checkpoint_every": self.every}
+        params = {
+            **self.fixed,
+            **t.params,
+            "max_iter": budget,
+            "checkpoint_dir": t.checkpoints,
+            "checkpoint_every": self.every,
+        }
         start = time.perf_counter() - self.clock
         try:  # a survivor resumes from its checkpoints (same fingerprint: max_iter is not in it)
-            fit(self.info, self.name, params, cl, out=t.model, overwrite=True,
-                callback=self._callback)
+            fit(
+                self.info,
+                self.name,
+                params,
+                cl,
+                out=t.model,
+                overwrite=True,
+                callback=self._callback,
+            )
         except (ELBODecreaseError, FloatingPointError) as exc:
             end = time.perf_counter() - self.clock
             log.warning("tune: %s failed: %s", _describe(t.params), exc)
-            return {**row, "n_iter": None, "stop_reason": None, "best_iteration": None,
-                    "elbo": None, "status": "failed",
-                    "value": math.nan, "seconds": round(end - start, 3), "eval_seconds": 0.0,
-                    "start": round(start, 3), "end": round(end, 3), "model": None,
-                    "error": str(exc)}  # fmt: skip
+            return {
+                **row,
+                "n_iter": None,
+                "stop_reason": None,
+                "best_iteration": None,
+                "elbo": None,
+                "status": "failed",
+                "value": math.nan,
+                "seconds": round(end - start, 3),
+                "eval_seconds": 0.0,
+                "start": round(start, 3),
+                "end": round(end, 3),
+                "model": None,
+                "error": str(exc),
+            }
         end = time.perf_counter() - self.clock
         attrs = open_model(t.model).attrs
         t.done = attrs["stop_reason"] in FINAL_STOPS
         t.value = self._score(cl, t.model)
         scored = time.perf_counter() - self.clock
-        log.info("tune: %s, max_iter %d: %s %.6g at iteration %d of %d (%.1f s)",
-                 _describe(t.params), budget, self.label, t.value,
-                 attrs["best_iteration"], attrs["n_iter"], end - start)
-        return {**row, **self._figures(attrs), "status": "fit",
-                "value": t.value, "seconds": round(end - start, 3),
-                "eval_seconds": round(scored - end, 3), "start": round(start, 3),
-                "end": round(end, 3), "model": t.model, "error": None}  # fmt: skip
+        log.info(
+            "tune: %s, max_iter %d: %s %.6g at iteration %d of %d (%.1f s)",
+            _describe(t.params),
+            budget,
+            self.label,
+            t.value,
+            attrs["best_iteration"],
+            attrs["n_iter"],
+            end - start,
+        )
+        return {
+            **row,
+            **self._figures(attrs),
+            "status": "fit",
+            "value": t.value,
+            "seconds": round(end - start, 3),
+            "eval_seconds": round(scored - end, 3),
+            "start": round(start, 3),
+            "end": round(end, 3),
+            "model": t.model,
+            "error": None,
+        }
 
     @staticmethod
     def _figures(attrs: dict[str, Any]) -> dict[str, Any]:
         """Iterations run, why the fit stopped, the kept state's iteration and ELBO."""
         best = int(attrs["best_iteration"])
-        return {"n_iter": int(attrs["n_iter"]), "stop_reason": attrs["stop_reason"],
-                "best_iteration": best, "elbo": float(attrs["elbo"][best - 1])}
+        return {
+            "n_iter": int(attrs["n_iter"]),
+            "stop_reason": attrs["stop_reason"],
+            "best_iteration": best,
+            "elbo": float(attrs["elbo"][best - 1]),
+        }
 
     def _callback(self, *args: Any, **kwargs: Any) -> None:
         """Per iteration of every trial: stop when told to (no iteration log: the fits run at
@@ -479,21 +602,26 @@ class _Search:
         m = open_model(path)
         validated = m.attrs.get("validation")
         if validated is not None:
-            return next(float(v["metric"]) for v in validated["history"]
-                        if v["iteration"] == m.attrs["best_iteration"])
+            return next(
+                float(v["metric"])
+                for v in validated["history"]
+                if v["iteration"] == m.attrs["best_iteration"]
+            )
         n_r, n_c = self.info.grid
         w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
         h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
         spec = loglik_spec(self.info, m.attrs) if self.metric == "loglik" else None
-        res = score_split(cl, self.info, self.split, w, h, [self.level], self.k, spec,
-                          self.user_fraction)
+        res = score_split(
+            cl, self.info, self.split, w, h, [self.level], self.k, spec, self.user_fraction
+        )
         value = res["loglik_mean"] if self.metric == "loglik" else res["ndcg"][self.level]
         return math.nan if value is None else float(value)
 
 
 def _describe(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{n}={v:.4g}" if isinstance(v, float) else f"{n}={v}"
-                    for n, v in params.items())
+    return " ".join(
+        f"{n}={v:.4g}" if isinstance(v, float) else f"{n}={v}" for n, v in params.items()
+    )
 
 
 def _write_json(path: str, value: dict[str, Any]) -> None:
@@ -509,9 +637,26 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-COLUMNS = ("trial", "rung", "max_iter", *schedule.SEARCHED, "status", "n_iter", "stop_reason",
-           "best_iteration", "metric", "value", "elbo", "seconds", "eval_seconds", "start", "end",
-           "kept", "model", "error")
+COLUMNS = (
+    "trial",
+    "rung",
+    "max_iter",
+    *schedule.SEARCHED,
+    "status",
+    "n_iter",
+    "stop_reason",
+    "best_iteration",
+    "metric",
+    "value",
+    "elbo",
+    "seconds",
+    "eval_seconds",
+    "start",
+    "end",
+    "kept",
+    "model",
+    "error",
+)
 
 
 def _write_table(rows: list[dict[str, Any]], csv_path: str, parquet_path: str) -> None:
