@@ -57,6 +57,7 @@ jobs, like the nonzeros.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -113,12 +114,14 @@ from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
     finish_store,
+    held_staging,
     remove_staging,
     staging_dir,
     temporary_store,
 )
 
 PathLike = str | os.PathLike
+_HELD_CHUNKS = 8  # an in-process ingest of at most this many chunks stages in memory
 _SAMPLED_ROWS = 1 << 22  # user codes sampled (about) to balance the partitions by rows
 
 
@@ -159,7 +162,9 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
                     len(train.chunks))  # fmt: skip
     ins = [train] if tested is None else [train, tested]
     label = train.label
-    with temporary_store(out, overwrite, runner) as (path, tmp):
+    held = runner.client is None and sum(len(i.chunks) for i in ins) <= _HELD_CHUNKS
+    with temporary_store(out, overwrite, runner) as (path, tmp), \
+            held_staging(tmp) if held else contextlib.nullcontext():  # fmt: skip
         staging_dir(tmp)
         spec, rows, parsed = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
         found = [k for k, n in enumerate(rows[0]) if n > 0]
