@@ -174,7 +174,7 @@ def main() -> int:
                    help="users,items,nonzeros,K (the issue's: 20000,8000,2000000,20)")
     args = p.parse_args()
     args.synth_shape = [int(float(x)) for x in args.synth_shape.split(",")]
-    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.runtime.cluster import resolve_client
 
     with tempfile.TemporaryDirectory(prefix="ordnmf-early-") as tmp:
         args.work = args.work or tmp

@@ -109,10 +109,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.dist.cluster import resolve_client
     from ordnmf_dask.engine.cavi import IterationInfo
     from ordnmf_dask.fitting import decide_cache
     from ordnmf_dask.postfit.evaluate import evaluate
+    from ordnmf_dask.runtime.cluster import resolve_client
     from ordnmf_dask.store.blocks import open_store
 
     os.makedirs(args.work, exist_ok=True)

@@ -10,7 +10,7 @@ On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros,
 1. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes, cached
    blocks, no checkpoints, ``--iters`` iterations; s/iteration = the mean over the iterations
    after the first (steady state; the median of the callback's seconds is printed too);
-2. in a fresh process, the same fit with the in-process executor (``dist/inprocess.py``: one
+2. in a fresh process, the same fit with the in-process executor (``runtime/inprocess.py``: one
    thread per core, no scheduler);
 3. in a fresh process, the fused kernels over all blocks of the store, one thread: one local
    pass, and the kernel work of one iteration (row + column rate corrections + local pass);
@@ -199,7 +199,7 @@ def distributed_fit(
 
     ``memory_limit``: per-worker cap given to the LocalCluster (dask's default otherwise).
     """
-    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.runtime.cluster import resolve_client
 
     with RssSampler([os.getpid()]) as sampler:
         with resolve_client(None, workers, memory_limit=memory_limit) as client:
@@ -225,7 +225,7 @@ def distributed_fit(
 def inprocess_job(path: str, k: int, iters: int) -> dict[str, Any]:
     """:func:`timed_fit` with the in-process executor (one thread per core), cached blocks,
     and this process's peak RSS; run it in a fresh process (:func:`in_fresh_process`)."""
-    from ordnmf_dask.dist.inprocess import InProcessClient
+    from ordnmf_dask.runtime.inprocess import InProcessClient
 
     with InProcessClient() as client:
         res = timed_fit(path, k, iters, True, client)

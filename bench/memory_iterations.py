@@ -17,7 +17,7 @@ import tempfile
 import psutil
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.dist.cluster import resolve_client
+from ordnmf_dask.runtime.cluster import resolve_client
 from ordnmf_dask.sources.synth import synth
 
 

@@ -6,7 +6,7 @@ d]``.
 Dask's nanny starts each worker with ``MALLOC_TRIM_THRESHOLD_=65536``
 (``distributed.nanny.pre-spawn-environ``), so glibc hands freed memory back to the OS and the
 next large array is faulted in again page by page; the LocalCluster a fit starts sets
-``ordnmf_dask.dist.cluster.WORKER_MALLOC`` instead. This script fits the same synthetic store
+``ordnmf_dask.runtime.cluster.WORKER_MALLOC`` instead. This script fits the same synthetic store
 under these configurations, interleaved (each repeat runs every configuration once, in a rotated
 order, on a fresh LocalCluster of 2 single-thread worker processes, as ``resolve_client``
 starts):
@@ -78,8 +78,8 @@ def _fresh_buffer(name: str, n: int, dtype: np.dtype) -> np.ndarray:
 def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[str, Any]:
     """One fit of the store at ``path`` under ``config`` on a fresh LocalCluster."""
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.dist.cluster import WORKER_MALLOC, resolve_client
     from ordnmf_dask.engine.cavi import IterationInfo
+    from ordnmf_dask.runtime.cluster import WORKER_MALLOC, resolve_client
 
     _, stream, memory_limit, iters = SHAPES[shape]
     iters = args.iters or iters

@@ -142,7 +142,7 @@ def profiled_fit(path: str, k: int, iters: int, workers: int,
     from distributed import get_task_stream
 
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.runtime.cluster import resolve_client
 
     marks: list[tuple[float, float, float, dict[str, int]]] = []  # wall, loop, process CPU, out
     seconds: list[float] = []

@@ -23,7 +23,7 @@ import zarr
 
 from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import MODEL_FORMAT, MODEL_KIND
 from ordnmf_dask.store.blocks import write_array
 

@@ -37,8 +37,8 @@ def profile(path: str, args: argparse.Namespace) -> None:
     from distributed import get_task_stream
 
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.dist.cluster import resolve_client
     from ordnmf_dask.engine.cavi import IterationInfo
+    from ordnmf_dask.runtime.cluster import resolve_client
 
     ends: list[float] = []  # wall clock when the client saw each iteration's result
     seconds: list[float] = []

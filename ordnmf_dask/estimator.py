@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine.cavi import CaviConfig, IterationCallback
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params, run_fit
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
 from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted
+from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
 
@@ -220,7 +220,7 @@ class CaviEstimator:
         Every conflict (store, warm-start model, output path, checkpoints) is checked before
         the cluster is used, and so is K (at most min(n_users, n_items)); factors that cannot
         fit the workers' memory limits (in-process: the memory available) are refused before
-        the first iteration (:func:`ordnmf_dask.dist.memory.check_fit_memory`).
+        the first iteration (:func:`ordnmf_dask.runtime.memory.check_fit_memory`).
         """
         plan = plan_fit(store, type(self).__name__, self.get_params(), init=init,
                         init_model=init_model, out=out, overwrite=overwrite, resume=resume,

@@ -23,10 +23,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 
-from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import block_bytes, checkpoint_schedule, choose_client
-from ordnmf_dask.dist.memory import check_fit_memory
-from ordnmf_dask.dist.progress import IterationProgress
 from ordnmf_dask.engine import checkpoint, warmstart
 from ordnmf_dask.engine.cavi import (
     CaviConfig,
@@ -48,9 +44,13 @@ from ordnmf_dask.modelstore.model import (
 from ordnmf_dask.outputs import check_apart, check_place
 from ordnmf_dask.params import DEFAULTS, PARAMS, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.runtime import interrupt
+from ordnmf_dask.runtime.cluster import block_bytes, checkpoint_schedule, choose_client
+from ordnmf_dask.runtime.memory import check_fit_memory
+from ordnmf_dask.runtime.progress import IterationProgress
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
-from ordnmf_dask.store.files import READ_ERRORS
+from ordnmf_dask.store.locations import READ_ERRORS
 
 if TYPE_CHECKING:  # distributed is imported where it is used
     from distributed import Client

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import MODEL_KIND, is_model
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import STORE_MARK, is_store
 
 EXPORT = "ordnmf_dask.export"  # the kind of an export's markers (postfit.export)

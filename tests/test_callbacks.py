@@ -11,10 +11,10 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF
-from ordnmf_dask.dist.progress import IterationProgress
 from ordnmf_dask.engine import cavi
 from ordnmf_dask.engine.cavi import IterationInfo
 from ordnmf_dask.modelstore.model import open_model
+from ordnmf_dask.runtime.progress import IterationProgress
 
 K = 3
 
@@ -90,7 +90,7 @@ def test_only_a_fit_on_the_main_thread_draws_a_bar(monkeypatch):
     threads (tune's concurrent trials) do not, so their bars cannot overwrite each other."""
     import threading
 
-    from ordnmf_dask.dist import progress
+    from ordnmf_dask.runtime import progress
 
     monkeypatch.setattr(progress, "_terminal", lambda: True)
     monkeypatch.setattr(progress.log, "isEnabledFor", lambda level: True)

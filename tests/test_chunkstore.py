@@ -11,7 +11,7 @@ import zarr
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import CheckpointError
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 
 
 def _chunk(seed: int = 0) -> FactorChunk:

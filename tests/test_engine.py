@@ -315,7 +315,7 @@ def test_own_local_cluster_spills_on_process_memory_only():
     restart thresholds unchanged); the caller's Dask config is left as it was."""
     import dask
 
-    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.runtime.cluster import resolve_client
 
     before = dask.config.get("distributed.worker.memory.target")
     with resolve_client(None, 1, memory_limit="1GB") as c:
@@ -338,7 +338,7 @@ def test_own_local_cluster_workers_keep_freed_memory():
 
     import dask
 
-    from ordnmf_dask.dist.cluster import WORKER_MALLOC, resolve_client
+    from ordnmf_dask.runtime.cluster import WORKER_MALLOC, resolve_client
 
     before = dask.config.get("distributed.nanny.pre-spawn-environ")
     with resolve_client(None, 1, memory_limit="1GB") as c:

@@ -22,7 +22,7 @@ from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.export import MANIFEST, PENDING, export
 from ordnmf_dask.postfit.recommend import recommend
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store import idmap
 
 pytest_plugins = ["tests.s3server"]
 

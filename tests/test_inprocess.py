@@ -1,4 +1,4 @@
-"""The in-process executor (dist/inprocess.py): bitwise the fits of a LocalCluster, chosen
+"""The in-process executor (runtime/inprocess.py): bitwise the fits of a LocalCluster, chosen
 automatically for small stores, and the Client behaviour the engine relies on."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import DcPF, OrdNMF, evaluate
-from ordnmf_dask.dist import cluster as clustermod
-from ordnmf_dask.dist.inprocess import InProcessClient, wait
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
+from ordnmf_dask.runtime import cluster
+from ordnmf_dask.runtime.inprocess import InProcessClient, wait
 
 K = 3
 
@@ -109,13 +109,13 @@ def test_a_small_fit_without_a_client_starts_no_cluster(tmp_path, store):
 
 
 def test_auto_runs_inprocess_within_the_memory_budget_only(store):
-    need = clustermod.inprocess_bytes(store, K)
+    need = cluster.inprocess_bytes(store, K)
     assert need > store.nnz_train * 9
-    assert clustermod.runs_inprocess(store, K, memory=int(need / clustermod.INPROCESS_MEMORY))
-    assert not clustermod.runs_inprocess(store, K, memory=need)
-    big = replace(store, nnz_train=clustermod.INPROCESS_MAX_NNZ + 1)
-    assert clustermod.runs_inprocess(store, 1, memory=1 << 50)
-    assert not clustermod.runs_inprocess(big, 1, memory=1 << 50)
+    assert cluster.runs_inprocess(store, K, memory=int(need / cluster.INPROCESS_MEMORY))
+    assert not cluster.runs_inprocess(store, K, memory=need)
+    big = replace(store, nnz_train=cluster.INPROCESS_MAX_NNZ + 1)
+    assert cluster.runs_inprocess(store, 1, memory=1 << 50)
+    assert not cluster.runs_inprocess(big, 1, memory=1 << 50)
 
 
 def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_path, store):
@@ -127,10 +127,10 @@ def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_
         est = OrdNMF(K, max_iter=5, tol=1e-12, seed=seed)
         return _result(est.fit(store, client, out=tmp_path / f"{name}{seed}"))
 
-    with clustermod.choose_client(None, store, K, "inprocess") as alone:
+    with cluster.choose_client(None, store, K, "inprocess") as alone:
         assert alone.threads > 0  # a 2 x 3 grid: a pool
         solo = [fit(seed, alone, "alone") for seed in (1, 2)]
-    with clustermod.choose_client(None, store, K, "inprocess", jobs=2) as shared:
+    with cluster.choose_client(None, store, K, "inprocess", jobs=2) as shared:
         assert shared.threads == 0
         with ThreadPoolExecutor(2) as pool:
             together = list(pool.map(lambda seed: fit(seed, shared, "shared"), (1, 2)))
@@ -142,11 +142,11 @@ def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
     values = {"checkpoint_dir": None, "work_dir": None, "checkpoint_every": 4,
               "checkpoint_minutes": 2.0}  # fmt: skip
     with InProcessClient(0) as threads:
-        assert clustermod.checkpoint_schedule(threads, values) == (0, None)
+        assert cluster.checkpoint_schedule(threads, values) == (0, None)
         for where in ("checkpoint_dir", "work_dir"):
             given = {**values, where: str(tmp_path)}
-            assert clustermod.checkpoint_schedule(threads, given) == (4, 2.0)
-    assert clustermod.checkpoint_schedule(object(), values) == (4, 2.0)  # a cluster's client
+            assert cluster.checkpoint_schedule(threads, given) == (4, 2.0)
+    assert cluster.checkpoint_schedule(object(), values) == (4, 2.0)  # a cluster's client
 
 
 def test_executor_values_are_checked(tmp_path, store):

@@ -22,7 +22,7 @@ from test_ooc_ingest import assert_same_store, both
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.ingest import ingest, ingest_arrays
-from ordnmf_dask.store.ids import coerce_ids
+from ordnmf_dask.store.idmap import coerce_ids
 
 PLAYS = "".join(f"{u}\t{i}\t{1 + (u + 2 * i) % 5}\n" for u in range(6) for i in range(5))
 

@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
-from ordnmf_dask.dist import interrupt
 from ordnmf_dask.errors import Terminated
+from ordnmf_dask.runtime import interrupt
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import ordnmf_dask
 
 # higher imports lower, never the other way round
-LAYERS = ["errors", "datasets", "params", "model", "dist", "store", "sources", "modelstore",
+LAYERS = ["errors", "datasets", "params", "model", "runtime", "store", "sources", "modelstore",
           "engine", "outputs", "postfit", "fitting", "estimator", "tuning", "app"]  # fmt: skip
 ROOT = Path(ordnmf_dask.__file__).parent
 

@@ -14,9 +14,9 @@ from distributed import system
 
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF, ingest
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.dist.cluster import resolve_client
-from ordnmf_dask.dist.memory import MIN_WORKER_MEMORY
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.cluster import resolve_client
+from ordnmf_dask.runtime.memory import MIN_WORKER_MEMORY
 from ordnmf_dask.sources.values import check_thresholds
 from ordnmf_dask.tuning.search import tune
 

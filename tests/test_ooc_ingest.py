@@ -14,8 +14,8 @@ import zarr
 from conftest import LASTFM, ML, TPS, data_file
 from distributed import Event
 
-from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.distributed_tasks import as_kind, chunk_prefix, split_ids_task
 from ordnmf_dask.sources.filtering import distinct_ids, encode_ids, encode_sorted
 from ordnmf_dask.sources.ingest import ingest, ingest_distributed

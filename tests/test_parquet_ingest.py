@@ -11,8 +11,8 @@ import pytest
 from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.distributed import plan
 from ordnmf_dask.sources.ingest import ingest, ingest_distributed
 from ordnmf_dask.sources.textsplit import input_format

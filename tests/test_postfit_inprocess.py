@@ -54,7 +54,7 @@ def inprocess(fitted, tmp_path_factory) -> dict[str, object]:
     test's ``client``, which would be current): computed in this process."""
     from distributed import Client
 
-    from ordnmf_dask.dist import cluster
+    from ordnmf_dask.runtime import cluster
 
     def no_cluster(*args, **kwargs):
         raise AssertionError("a cluster was used")

@@ -11,7 +11,7 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF, evaluate, ingest_arrays
-from ordnmf_dask.dist.progress import reporting, track
+from ordnmf_dask.runtime.progress import reporting, track
 
 
 def _slow(x):

@@ -1,4 +1,4 @@
-"""Tree sums on the workers (dist/reduce.py): fields, tuples of arrays, lazy parts."""
+"""Tree sums on the workers (runtime/reduce.py): fields, tuples of arrays, lazy parts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from ordnmf_dask.dist import reduce
+from ordnmf_dask.runtime import reduce
 
 
 @dataclass(frozen=True)

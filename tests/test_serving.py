@@ -21,8 +21,7 @@ from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.estimator import BePoF, CaviEstimator, DcPF, OrdNMF
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.modelstore import seen
+from ordnmf_dask.modelstore import chunkstore, seen
 from ordnmf_dask.modelstore.model import MODEL_FORMAT, MODEL_KIND, store_fingerprint
 from ordnmf_dask.postfit import serving
 

@@ -205,10 +205,10 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
 
 @pytest.mark.parametrize("damage", ["remove", "truncate", "flip"])
 def test_piecewise_id_reads_name_a_damaged_id_chunk(healthy, tmp_path, damage):
-    """The post-fit commands read raw ids piecewise on the workers (store/ids.py), not through
+    """The post-fit commands read raw ids piecewise on the workers (store/idmap.py), not through
     open_store: a lost, cut or changed id chunk is an error there too, never empty or other
     ids."""
-    from ordnmf_dask.store.ids import find_in_slice, ids_at, ids_slice
+    from ordnmf_dask.store.idmap import find_in_slice, ids_at, ids_slice
 
     store, chunk = _damaged(healthy, tmp_path, "items/ids", damage)
     for read in (lambda: ids_slice(store, "items", 0, 3),

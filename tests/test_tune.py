@@ -19,7 +19,7 @@ from conftest import synthetic_ordinal
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.estimator import OrdNMF
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import is_model, open_model, save_model
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.sources.ingest import ingest_arrays

@@ -20,8 +20,8 @@ from ordnmf_dask.app.commands import COMMANDS
 from ordnmf_dask.app.exits import EXIT_INPUT, EXIT_PIPE, OUTPUT_FLAGS, exit_code, flag_spelling
 from ordnmf_dask.app.logs import logging_kept, setup_logging, warning_line
 from ordnmf_dask.app.parser import build_parser, subcommand
-from ordnmf_dask.dist import interrupt
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime import interrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:

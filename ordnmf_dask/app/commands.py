@@ -84,7 +84,7 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
     says "default local", a LocalCluster of ``--workers`` processes is started and closed here.
     """
     from ordnmf_dask.app.config import flag_overrides, resolve
-    from ordnmf_dask.dist.cluster import resolve_client
+    from ordnmf_dask.runtime.cluster import resolve_client
 
     flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
     spec = resolve(args.config, flag_overrides(flags)).cluster

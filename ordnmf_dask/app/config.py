@@ -338,7 +338,7 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
     if spec.memory_limit is not None and spec.memory_limit != "auto":
         from dask.utils import parse_bytes
 
-        from ordnmf_dask.dist.memory import worker_limit_problem
+        from ordnmf_dask.runtime.memory import worker_limit_problem
 
         try:
             limit = parse_bytes(spec.memory_limit)

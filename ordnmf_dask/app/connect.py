@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ordnmf_dask.app.config import ClusterSection
-from ordnmf_dask.dist.cluster import resolve_client
 from ordnmf_dask.errors import ClusterConnectError, ConfigError
+from ordnmf_dask.runtime.cluster import resolve_client
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client

@@ -18,7 +18,7 @@ from ordnmf_dask.errors import InputError
 from ordnmf_dask.fitting import FitPlan, plan_fit, run_fit
 from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.params import MODELS
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 
 log = logging.getLogger("ordnmf_dask")
 

@@ -90,8 +90,8 @@ def logging_kept(quiet: bool) -> Iterator[None]:
 
 def setup_logging(args: argparse.Namespace) -> None:
     """INFO (DEBUG with --debug) to stderr and --log-file; -q raises only stderr to WARNING."""
-    from ordnmf_dask.dist.progress import FORMATTER as fmt
-    from ordnmf_dask.dist.progress import StderrHandler
+    from ordnmf_dask.runtime.progress import FORMATTER as fmt
+    from ordnmf_dask.runtime.progress import StderrHandler
 
     stderr = StderrHandler()
     if args.quiet and not args.debug:

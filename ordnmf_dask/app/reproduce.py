@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.fitting import fit
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.postfit.ppc import posterior_predictive
+from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.sources.ingest import ingest
 from ordnmf_dask.store.blocks import StoreInfo
 
@@ -172,7 +172,7 @@ def reproduce(
 
     Each dataset's fits, evaluations and checks run on ``client`` if given, else on the
     current client, else in this process when ``n_jobs`` fits at the largest K fit in memory
-    (:func:`~ordnmf_dask.dist.cluster.choose_client`), else on a LocalCluster of
+    (:func:`~ordnmf_dask.runtime.cluster.choose_client`), else on a LocalCluster of
     ``n_workers`` started for that dataset.
 
     Returns the markdown report (also written to ``out/report.md``).

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist import reduce
-from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.engine import checkpoint, tasks
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.params import DEFAULTS
+from ordnmf_dask.runtime import reduce
+from ordnmf_dask.runtime.reduce import tree_sum
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used

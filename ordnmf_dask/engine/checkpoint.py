@@ -7,7 +7,7 @@ local statistics, column sums) and a fingerprint of the store and configuration 
 attributes. It is written to ``ckpt-<n>.tmp`` (which records the format and fingerprint from the
 start, so that even an unfinished one says whose it is), marked complete, then renamed; chunks
 carry their column sums, and each array its chunk inventory (size and CRC-32,
-:mod:`ordnmf_dask.modelstore.chunks`), checked when read back. The newest two of a fingerprint
+:mod:`ordnmf_dask.modelstore.chunkstore`), checked when read back. The newest two of a fingerprint
 are kept. In a directory at a URL (object stores cannot rename) it is written as ``ckpt-<n>``
 directly, and is not read back until its ``complete`` attribute is set.
 
@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 
-from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.modelstore import chunkstore
+from ordnmf_dask.runtime.inprocess import wait
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import group_attrs
 
 if TYPE_CHECKING:

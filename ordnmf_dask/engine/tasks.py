@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.dist.reduce import resolve
 from ordnmf_dask.model import kernels
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock, RowStats
 from ordnmf_dask.model.updates import FactorChunk, update_chunk
+from ordnmf_dask.runtime.reduce import resolve
 from ordnmf_dask.store.csr import load_block
 
 INIT_ROWS = 4096  # rows per random-initialization seed: the init does not depend on the grid

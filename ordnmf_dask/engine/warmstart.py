@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 
-from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.engine import tasks
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.families import Family, OrdinalFamily
 from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, model_fingerprint, open_model
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.runtime.reduce import tree_sum
+from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo
 from ordnmf_dask.store.csr import load_block
 

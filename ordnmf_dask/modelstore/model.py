@@ -3,7 +3,7 @@
 The layout and attributes are specified in docs/model-format.md. Written to ``MODEL.tmp-<id>``
 by the workers (each chunk where it lives), then renamed: a model directory is complete or
 absent. At a URL (object stores cannot rename) the workers write it in place between the marks
-of :mod:`ordnmf_dask.store.files`, the root's ``complete`` attribute last. An existing path is
+of :mod:`ordnmf_dask.store.locations`, the root's ``complete`` attribute last. An existing path is
 replaced only if it is a model (see :func:`model_target`). A model carries a copy of its
 training store's raw id maps, so that it alone can name users and items, and an index of its
 users' training items (:mod:`.seen`), so that it alone can leave them out of recommendations.
@@ -23,12 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zarr
 
-from ordnmf_dask.dist.inprocess import wait
 from ordnmf_dask.errors import StoreError
-from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.modelstore import seen
-from ordnmf_dask.store import files as locations
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.modelstore import chunkstore, seen
+from ordnmf_dask.runtime.inprocess import wait
+from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import (
     AXES,
     check_target,
@@ -166,7 +164,7 @@ def save_model(
     index of its users' training items (:mod:`.seen`) is written.
 
     At a URL the model is written in place between the marks of
-    :mod:`ordnmf_dask.store.files` (an existing model there is removed first); a failed write
+    :mod:`ordnmf_dask.store.locations` (an existing model there is removed first); a failed write
     removes what it wrote, but keeps the pending marker while a worker may still be writing."""
     path = model_target(path, overwrite)
     store = attrs.get("store", {}).get("path")
@@ -269,7 +267,7 @@ class ModelInfo:
     @property
     def ids_path(self) -> str:
         """The directory whose ``users/ids`` and ``items/ids`` hold this model's raw ids, for
-        the functions of :mod:`ordnmf_dask.store.ids`: the model itself, or, for a model saved
+        the functions of :mod:`ordnmf_dask.store.idmap`: the model itself, or, for a model saved
         without them, its training store (StoreError if that is gone or no longer matches)."""
         if self.attrs.get("ids") is True:
             return self.path

@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.model.kernels import CsrBlock
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.store.blocks import read_block
 
 if TYPE_CHECKING:

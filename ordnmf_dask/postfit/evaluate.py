@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.cluster import choose_client
-from ordnmf_dask.dist.progress import shows_progress, track
-from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
+from ordnmf_dask.runtime.cluster import choose_client
+from ordnmf_dask.runtime.progress import shows_progress, track
+from ordnmf_dask.runtime.reduce import tree_reduce, tree_sum
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 from ordnmf_dask.store.csr import load_block
 

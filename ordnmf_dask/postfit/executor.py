@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ordnmf_dask.dist.cluster import choose_client
 from ordnmf_dask.modelstore.model import ModelInfo
+from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
@@ -31,7 +31,7 @@ def client_for(
 ) -> Iterator[Any]:
     """The client a computation on model ``m`` (and store ``info``) runs on: ``client`` if
     given, else as a fit of the model's store would run
-    (:func:`~ordnmf_dask.dist.cluster.choose_client`): in-process when small, no cluster
+    (:func:`~ordnmf_dask.runtime.cluster.choose_client`): in-process when small, no cluster
     started; else the current client or a LocalCluster of ``n_workers``."""
     a = m.attrs
     sizes = info if info is not None else _Sizes(

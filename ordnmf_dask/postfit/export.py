@@ -12,7 +12,7 @@ written first (listing every part it will write) and the manifest; a failed expo
 (an interrupted one keeps the marker while a part may still be written, so that the prefix stays
 recognisably ours). Only an export (complete, or marked pending) is ever replaced, and only the
 files its manifest or marker lists are removed. The marks are those of stores and models at URLs
-(:class:`ordnmf_dask.store.files.Place`).
+(:class:`ordnmf_dask.store.locations.Place`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ import pyarrow.parquet as pq
 import zarr
 from fsspec.implementations.local import LocalFileSystem
 
-from ordnmf_dask.dist.inprocess import wait
-from ordnmf_dask.dist.progress import track
 from ordnmf_dask.errors import InputError, StoreError
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.outputs import EXPORT, MANIFEST, check_place
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.recommend import block_top, check_n, open_pair
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.runtime.inprocess import wait
+from ordnmf_dask.runtime.progress import track
+from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import (
     AXES,
     StoreInfo,
@@ -47,7 +47,7 @@ from ordnmf_dask.store.blocks import (
     publish,
     temporary_path,
 )
-from ordnmf_dask.store.files import PENDING, Place
+from ordnmf_dask.store.locations import PENDING, Place
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client, Future

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.reduce import tree_reduce, tree_sum
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model import metrics
 from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.recommend import check_n, factor_mean, named_top, open_pair
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.runtime.reduce import tree_reduce, tree_sum
+from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used

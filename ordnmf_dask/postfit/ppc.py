@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.reduce import tree_sum
 from ordnmf_dask.model import simulate
 from ordnmf_dask.model.kernels import sddmm
-from ordnmf_dask.modelstore import chunks as chunkstore
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.executor import client_for
+from ordnmf_dask.runtime.reduce import tree_sum
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used

@@ -17,16 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.dist.reduce import tree_reduce
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model import metrics
 from ordnmf_dask.model.kernels import CsrBlock
-from ordnmf_dask.modelstore import chunks as chunkstore
-from ordnmf_dask.modelstore import seen
+from ordnmf_dask.modelstore import chunkstore, seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.executor import client_for
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.runtime.reduce import tree_reduce
+from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.csr import load_block
 

@@ -38,8 +38,7 @@ from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.recommend import check_n, factor_mean, ranked_pairs
-from ordnmf_dask.store import files as locations
-from ordnmf_dask.store import ids as idmap
+from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 
 _BUDGET = 1 << 23  # scores in one dense (rows x candidates) slab

@@ -68,8 +68,8 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.attrs import hist_list, ingest_attrs, validation_attrs
 from ordnmf_dask.sources.distributed_tasks import (
     AnyChunk,

@@ -28,7 +28,7 @@ from ordnmf_dask.sources.testset import (
 )
 from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import CHUNK, zarr_id_dtype
 from ordnmf_dask.store.grid import block_sort
 from ordnmf_dask.store.staged import (

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
-from ordnmf_dask.store.ids import INTEGRAL_FLOAT
+from ordnmf_dask.store.idmap import INTEGRAL_FLOAT
 
 DUPLICATE_POLICIES = ("error", "sum", "max", "last")
 FILTER_MODES = ("paper", "stable")

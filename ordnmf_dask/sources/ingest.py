@@ -13,8 +13,8 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from ordnmf_dask.dist.progress import shows_progress
-from ordnmf_dask.dist.runner import Runner
+from ordnmf_dask.runtime.progress import shows_progress
+from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.distributed import build_chunked
 from ordnmf_dask.sources.options import (
     DEFAULT_CHUNK_BYTES,

@@ -64,12 +64,12 @@ from typing import Any
 import numpy as np
 from scipy import integrate, optimize, special
 
-from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.kernels import jit, row_dot
+from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.split import check_test_fraction
 from ordnmf_dask.sources.values import MAX_CLASSES
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import StoreInfo, check_target
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, auto_grid
 from ordnmf_dask.store.staged import (

@@ -36,7 +36,7 @@ import pyarrow.csv as pacsv
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
-from ordnmf_dask.store.files import READ_ERRORS
+from ordnmf_dask.store.locations import READ_ERRORS
 
 #: Accepted spellings of ``delimiter``; ``None`` as a value means "any run of whitespace".
 DELIMITERS: dict[str, str | None] = {

@@ -31,7 +31,7 @@ import zarr.codecs
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.decode import (
     WRITE_ALL,
     ArrayFiles,

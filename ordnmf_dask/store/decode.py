@@ -35,7 +35,7 @@ import numpy as np
 from numcodecs import blosc
 
 from ordnmf_dask.errors import StoreError
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 
 CODECS = ("bytes", "blosc")
 INVENTORY = "chunk_files"  # array attribute: {"bytes": [...], "crc32": [...]}, one per chunk file

@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ordnmf_dask.dist.runner import Runner
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.csr import row_pointer
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.runtime.runner import Runner
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import (
     CHUNK,
     COMPRESSORS,

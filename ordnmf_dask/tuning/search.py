@@ -32,15 +32,15 @@ from typing import Any, NoReturn
 import numpy as np
 from distributed import Client
 
-from ordnmf_dask.dist import interrupt
-from ordnmf_dask.dist.cluster import resolve_client
-from ordnmf_dask.dist.progress import shows_progress
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
 from ordnmf_dask.fitting import check_rank, fit
 from ordnmf_dask.modelstore.model import copy_model, is_model, model_target, open_model
 from ordnmf_dask.params import ALL, DEFAULTS, MODELS, accepted, validate
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
+from ordnmf_dask.runtime import interrupt
+from ordnmf_dask.runtime.cluster import resolve_client
+from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
 from ordnmf_dask.tuning import schedule
 

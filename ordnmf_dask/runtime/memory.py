@@ -10,9 +10,9 @@ from typing import Any, Protocol
 import numpy as np
 import psutil
 
-from ordnmf_dask.dist.cluster import FACTOR_TABLES, Sizes, block_bytes, inprocess_bytes
-from ordnmf_dask.dist.inprocess import InProcessClient
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.cluster import FACTOR_TABLES, Sizes, block_bytes, inprocess_bytes
+from ordnmf_dask.runtime.inprocess import InProcessClient
 
 log = logging.getLogger(__name__)
 

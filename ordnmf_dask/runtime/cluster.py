@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ordnmf_dask.dist.inprocess import InProcessClient, physical_memory
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.inprocess import InProcessClient, physical_memory
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client
@@ -76,7 +76,7 @@ def resolve_client(
     import dask
     from distributed import Client, LocalCluster
 
-    from ordnmf_dask.dist.memory import check_local_cluster
+    from ordnmf_dask.runtime.memory import check_local_cluster
 
     check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
     with _environ_kept():

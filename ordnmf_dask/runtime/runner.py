@@ -95,7 +95,7 @@ class Runner:
         cancels the tasks left (see ``settled``)."""
         if self.client is None:
             return list(handles)
-        from ordnmf_dask.dist.progress import track
+        from ordnmf_dask.runtime.progress import track
 
         try:
             track(list(handles), f"{self.label}: tasks")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from ordnmf_dask.dist.inprocess import InProcessFuture
+from ordnmf_dask.runtime.inprocess import InProcessFuture
 
 if TYPE_CHECKING:
     from distributed import Future

@@ -20,7 +20,7 @@ import zarr
 
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.updates import FactorChunk
-from ordnmf_dask.store import files as locations
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import group_attrs
 from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_grid, inventory
 
