@@ -1,4 +1,5 @@
-"""Ingest speed and memory: in-memory and distributed ingest next to the core of any ingest.
+"""Ingest speed and memory: the ingest in this process and on a cluster next to the core of any
+ingest.
 
 Usage: ``python bench/ingest.py --rows 10000000 [--format csv|parquet] [--kinds distributed]
 [--check 4]``.
@@ -9,9 +10,8 @@ one run, each in a fresh process:
 
 - core: ``pyarrow`` reads the file, dictionary-encodes both id columns and argsorts the
   (user, item) codes once -- what any ingest has to do;
-- in-memory: ``ordnmf_dask.ingest(FILE, OUT, ratings="halfstar")``;
-- in-process: the chunked pipeline run in this process, ``ingest_distributed(FILE, OUT,
-  ratings="halfstar")`` without a client (what a single ingest pipeline would run for it);
+- in-process: ``ordnmf_dask.ingest(FILE, OUT, ratings="halfstar")``, the ingest pipeline's
+  tasks run in this process;
 - distributed: ``ingest_distributed`` on a LocalCluster of ``--workers`` processes capped at
   ``--memory-limit`` each.
 
@@ -141,14 +141,10 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
     cpu, start = cpu_seconds(), time.perf_counter()
     if kind == "core":
         run_core(path)
-    elif kind == "in-memory":
+    elif kind == "in-process":
         from ordnmf_dask import ingest
 
         ingest(path, out, ratings="halfstar")
-    elif kind == "in-process":
-        from ordnmf_dask import ingest_distributed
-
-        ingest_distributed(path, out, ratings="halfstar")
     else:
         from distributed import Client, LocalCluster, get_task_stream
 
@@ -297,8 +293,8 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="2GB")
     parser.add_argument(
         "--kinds",
-        default="core,in-memory,distributed",
-        help="comma-separated measurements among core, in-memory, in-process, distributed",
+        default="core,in-process,distributed",
+        help="comma-separated measurements among core, in-process, distributed",
     )
     parser.add_argument(
         "--check",
@@ -323,7 +319,7 @@ def main() -> None:
             f"{time.perf_counter() - start:.0f} s"
         )
     kinds = args.kinds.split(",")
-    unknown = set(kinds) - {"core", "in-memory", "in-process", "distributed"}
+    unknown = set(kinds) - {"core", "in-process", "distributed"}
     if unknown:
         parser.error(f"unknown --kinds {sorted(unknown)}")
     results = {kind: measure(kind, path, args) for kind in kinds}

@@ -8,7 +8,7 @@ import zarr
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.sources.ingest import ingest, ingest_arrays
-from ordnmf_dask.store import blocks
+from ordnmf_dask.store import staged as staged_module
 from ordnmf_dask.store.blocks import open_store, read_block
 
 
@@ -217,23 +217,23 @@ def test_output_exists(tmp_path):
 def test_failure_while_writing_cleans_up(tmp_path, monkeypatch):
     path = write(tmp_path, "r.csv", "1,1,4\n1,2,3\n")
     calls = []
-    real = blocks.write_array
+    real = staged_module._copy_chunk  # what writes every chunk of the store's arrays
 
-    def flaky(group, name, data):
-        calls.append(name)
-        if len(calls) == 5:
+    def flaky(job, opened=None):
+        calls.append(job.fields)
+        if len(calls) == 3:
             raise OSError("disk full")
-        real(group, name, data)
+        return real(job, opened)
 
-    monkeypatch.setattr(blocks, "write_array", flaky)
+    monkeypatch.setattr(staged_module, "_copy_chunk", flaky)
     with pytest.raises(OSError, match="disk full"):
         ingest(path, tmp_path / "s")
     assert_nothing_left(tmp_path / "s")
     # An existing store survives a failed overwrite.
-    monkeypatch.setattr(blocks, "write_array", real)
+    monkeypatch.setattr(staged_module, "_copy_chunk", real)
     ingest(path, tmp_path / "s")
     calls.clear()
-    monkeypatch.setattr(blocks, "write_array", flaky)
+    monkeypatch.setattr(staged_module, "_copy_chunk", flaky)
     with pytest.raises(OSError, match="disk full"):
         ingest(path, tmp_path / "s", overwrite=True, seed=5)
     assert open_store(tmp_path / "s").attrs["seed"] == 0

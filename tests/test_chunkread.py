@@ -7,8 +7,10 @@ import pytest
 import zarr
 
 from ordnmf_dask.errors import StoreError
+from ordnmf_dask.sources import distributed_tasks as tasks_module
 from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.store import blocks
+from ordnmf_dask.store import staged as staged_module
 from ordnmf_dask.store.blocks import COMPRESSORS, SPLITS, read_block
 from ordnmf_dask.store.decode import WRITE_ALL, ArrayFiles, record_inventory, thread_buffer
 
@@ -90,7 +92,8 @@ def test_unsupported_encoding_and_damaged_chunk(tmp_path):
 def test_read_block_matches_zarr_with_many_chunks(tmp_path, monkeypatch):
     """With 7-element chunks every block spans several chunks: reading with and without the
     thread's reused buffers gives the slices zarr gives."""
-    monkeypatch.setattr(blocks, "CHUNK", 7)
+    for module in (blocks, staged_module, tasks_module):  # every writer of store chunks
+        monkeypatch.setattr(module, "CHUNK", 7)
     rng = np.random.default_rng(1)
     u, i = np.nonzero(rng.random((60, 45)) < 0.25)
     info = ingest_arrays(

@@ -1,5 +1,5 @@
-"""Out-of-core ingest: identical stores to the in-memory ingest, chunked split, test files,
-dask DataFrames, errors."""
+"""The ingest pipeline cut into many chunks or run on a cluster: the same store as the input
+ingested in one chunk, chunked split, test files, dask DataFrames, errors."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import zarr
 from conftest import LASTFM, ML, TPS, data_file
 from distributed import Event
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.distributed_tasks import as_kind, chunk_prefix, split_ids_task
 from ordnmf_dask.sources.filtering import distinct_ids, encode_ids, encode_sorted
 from ordnmf_dask.sources.ingest import ingest, ingest_distributed
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import line_numbers
-from ordnmf_dask.store.staged import load_arrays, load_rows, save_arrays, widen
+from ordnmf_dask.store.staged import held_staging, load_arrays, load_rows, save_arrays, widen
 
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [
     f"{s}/{f}" for s in ("train", "test") for f in ("indptr", "cols", "y", "raw", "offsets")
@@ -256,6 +256,34 @@ def test_staged_arrays_are_compact_and_restored_exactly(tmp_path):
     sizes = {n: np.load(tmp_path / f"x.{n}.npy").dtype for n in arrays}
     assert sizes["ascii"] == np.dtype("S7") and sizes["halves"] == np.float32
     assert sizes["text"].kind == "U" and sizes["fine"] == np.float64
+
+
+def test_held_staging_keeps_arrays_in_memory_as_files_would(tmp_path):
+    """An in-process ingest of a small input stages in memory: nothing is written, the arrays
+    read back as from files (compacted, restored, copied), a missing one is a StoreError naming
+    it, and leaving drops them."""
+    tmp = str(tmp_path / "store")
+    arrays = {
+        "ascii": np.array(["u1", "item 22"]),
+        "halves": np.array([0.5, 3.0]),
+        "codes": np.arange(2, dtype=np.int32),
+    }
+    with held_staging(tmp):
+        prefix = str(tmp_path / "store" / "_staging" / "chunks" / "000000")
+        save_arrays(prefix, arrays)
+        arrays["codes"][0] = 7  # the held copy is the saved one
+        got = load_arrays(prefix, list(arrays))
+        for name, arr in arrays.items():
+            assert got[name].dtype == arr.dtype, name
+        assert got["codes"].tolist() == [0, 1] and got["ascii"].tolist() == ["u1", "item 22"]
+        assert load_arrays(prefix, ["ascii"], staged=True)["ascii"].dtype == np.dtype("S7")
+        got["halves"][0] = 9.0  # a reader's copy is its own
+        assert load_rows(prefix, "halves", 0, 1).tolist() == [0.5]
+        with pytest.raises(StoreError, match=f"^{prefix}.y.npy: staged array missing"):
+            load_rows(prefix, "y", 0, 1)
+        assert not tmp_path.joinpath("store").exists()
+    with pytest.raises(FileNotFoundError):
+        load_arrays(prefix, ["codes"])
 
 
 def test_line_numbers_skip_blank_lines():

@@ -1,13 +1,15 @@
-"""Out-of-core ingest: the in-memory ``ingest`` pipeline, chunked, in bounded memory per task.
+"""The ingest pipeline: tasks that a runner executes in this process or on a cluster, in bounded
+memory per task.
 
-Produces a store identical to :mod:`.inmemory` on the same input and options (arrays, ids and
-attributes; only ``created`` differs), for inputs larger than memory: many files, big text files
-cut into byte ranges at line boundaries, Parquet files read row group by row group
+The same store for the same input and options whatever runs the tasks and however the input is
+cut (arrays, ids and attributes; only ``created`` differs): many files, big text files cut
+into byte ranges at line boundaries, Parquet files read row group by row group
 (:mod:`.textsplit`, :mod:`.parquet`), a dask DataFrame read partition by partition on the
 workers (:mod:`.memchunks`). Every option is checked before any input is read
 (``options.plan_ingest``). Steps (tasks in
 :mod:`.distributed_tasks`; everything big goes through ``TMP/_staging``: on disk, visible to
-every worker, or for a URL ``out`` a prefix under it in the object store):
+every worker, or for a URL ``out`` a prefix under it in the object store; held in memory when
+the tasks run in this process on a small input, ``staged.held_staging``):
 
 1. plan: per text file, delimiter, header and columns from its first non-blank line; chunks of
    ``chunk_bytes`` and their first line numbers (a newline-counting pass); per Parquet file,
@@ -18,17 +20,18 @@ every worker, or for a URL ``out`` a prefix under it in the object store):
    value statistics give the value rule (``values.make_spec``);
 3. global ids without any task holding them all: splitters from the samples cut each side's
    ids into ranges (each chunk groups its ids by range); one task per range makes the union of
-   the range's pieces of every chunk (sorted, as ``np.unique`` in memory) and their codes
+   the range's pieces of every chunk (sorted, as ``np.unique`` sorts them) and their codes
    among it; a range's offset is the number of ids in the ranges before it. Check every
    value, give each chunk its global codes and route rows to user-range partitions, cut from
    a row-weighted sample of user codes so that they hold about as many rows each;
 4. per partition: merge duplicate pairs (``filtering.dedupe``; all rows of a pair are in the same
    partition, in input order) and classify;
-5. min-count filtering by degree reductions: the in-memory filter keeps exactly the rows whose
-   user and item are still "alive", so only degree vectors travel (a partition's users only,
+5. min-count filtering by degree reductions (items then users below ``min_count`` drop out,
+   once for "paper", until nothing changes for "stable"): a row is kept iff its user and item
+   are still "alive", so only degree vectors travel (a partition's users only,
    joined in partition order; every item, summed);
-6. split: each pair's subset by the seeded hash of its raw ids (``split.SplitRule``, as in
-   memory); the id hashes are staged with the id ranges (``range_task``), so a partition reads
+6. split: each pair's subset by the seeded hash of its raw ids (``split.SplitRule``); the id
+   hashes are staged with the id ranges (``range_task``), so a partition reads
    those of its users, and every partition gets those of all items (O(I));
 7. block bounds from the train degrees (``grid.bounds_from_degrees``); each partition stages
    its nonzeros block by block, sorted; as partitions are increasing user ranges, a block is the
@@ -39,11 +42,11 @@ A test file (``test``) instead of step 6's random test set is parsed with the tr
 (its values count for the value rule) and its ids merged apart. Its rows are routed with the
 training rows: a row of a training user to that user's partition, a row of another user by its
 place among the test set's sorted users (cut at the partitions' first training ids, so that
-partition order is the test users' order, as in memory). Per partition, :mod:`.testset`'s
+partition order is the test users' order). Per partition, :mod:`.testset`'s
 functions check that no test pair is a training pair, merge and classify the test pairs; in
 step 7 those whose user or item did not survive the filter are dropped and counted. Test errors
-are raised after every training error, choosing the one memory reports. The validation set is
-then drawn by the pair hash from all filtered pairs, as in memory.
+are raised after every training error. The validation set is then drawn by the pair hash
+from all filtered pairs.
 
 Memory per task: one chunk (a dask DataFrame partition; other data in memory, already held by
 the client, is one chunk), one id range (about ``2 * rows_per_partition`` ids read), one
@@ -57,6 +60,7 @@ jobs, like the nonzeros.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -113,12 +117,14 @@ from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
     assemble_store,
     finish_store,
+    held_staging,
     remove_staging,
     staging_dir,
     temporary_store,
 )
 
 PathLike = str | os.PathLike
+_HELD_CHUNKS = 8  # an in-process ingest of at most this many chunks stages in memory
 _SAMPLED_ROWS = 1 << 22  # user codes sampled (about) to balance the partitions by rows
 
 
@@ -167,7 +173,11 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
     )
     ins = [train] if tested is None else [train, tested]
     label = train.label
-    with temporary_store(out, overwrite, runner) as (path, tmp):
+    held = runner.client is None and sum(len(i.chunks) for i in ins) <= _HELD_CHUNKS
+    with (
+        temporary_store(out, overwrite, runner) as (path, tmp),
+        held_staging(tmp) if held else contextlib.nullcontext(),
+    ):
         staging_dir(tmp)
         spec, rows, parsed = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
         found = [k for k, n in enumerate(rows[0]) if n > 0]
@@ -606,7 +616,7 @@ def _filter(
     mode: str,
     seed: int,
 ) -> Final:
-    """Alive users and items after ``filtering.min_count_mask``'s filter, by degree reductions."""
+    """Alive users and items after the ``min_count`` filter (step 5), by degree reductions."""
     if min_count <= 1:
         return Final(bounds, None, None, None, None, n_items, seed)
     user_alive = np.ones(int(bounds[-1]), dtype=bool)

@@ -159,12 +159,6 @@ def encode_pair(
     return jobs[0].result(), jobs[1].result()
 
 
-def raw_ids(ids: Any, origin: Origin, what: str) -> np.ndarray:
-    """The raw id of every row (int64 or str), stripped and checked (``encode_ids``)."""
-    uniques, codes = encode_ids(ids, origin, what)
-    return uniques[codes]
-
-
 def _clean_strings(
     dictionary: pa.Array, codes: np.ndarray, origin: Origin, what: str
 ) -> tuple[pa.Array, np.ndarray]:
@@ -298,38 +292,3 @@ def _repeats(key: np.ndarray, order: np.ndarray, piece: int = 1 << 22) -> bool:
         if np.any(part[1:] == part[:-1]):
             return True
     return False
-
-
-def min_count_mask(
-    u: np.ndarray, i: np.ndarray, n_users: int, n_items: int, min_count: int, mode: str
-) -> np.ndarray:
-    """Rows kept after removing users and items with fewer than ``min_count`` interactions.
-
-    Parameters
-    ----------
-    u, i : np.ndarray of int64, shape (n,)
-    n_users, n_items : int
-        Number of distinct user / item codes.
-    min_count : int
-    mode : {"paper", "stable"}
-        "paper": one pass, items first, then users (as the OrdNMF preprocessing scripts do; some
-        items may end below ``min_count``). "stable": repeat until every remaining user and item
-        has at least ``min_count`` interactions.
-
-    Returns
-    -------
-    np.ndarray of bool, shape (n,)
-    """
-    if mode not in FILTER_MODES:
-        raise InputError(f"filter_mode must be one of {FILTER_MODES}, got {mode!r}")
-    keep = np.ones(len(u), dtype=bool)
-    if min_count <= 1:
-        return keep
-    while True:
-        before = int(keep.sum())
-        item_deg = np.bincount(i[keep], minlength=n_items)
-        keep &= item_deg[i] >= min_count
-        user_deg = np.bincount(u[keep], minlength=n_users)
-        keep &= user_deg[u] >= min_count
-        if mode == "paper" or int(keep.sum()) == before:
-            return keep

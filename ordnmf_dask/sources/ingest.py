@@ -1,7 +1,7 @@
 """The entry point of every ingest: ``options.plan_ingest`` checks every argument before any
 input is read (the check a command runs before it starts a cluster), ``run_plan`` builds the
-store, in this process or with the chunked pipeline on a cluster; ``ingest`` is the two in one
-call."""
+store with the chunked pipeline, its tasks run in this process or on a cluster; ``ingest`` is
+the two in one call."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ import numpy as np
 
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.runtime.runner import Runner
-from ordnmf_dask.sources.datakinds import is_dask_dataframe
 from ordnmf_dask.sources.distributed import build_chunked
-from ordnmf_dask.sources.inmemory import build_in_memory
 from ordnmf_dask.sources.options import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_ROWS_PER_PARTITION,
@@ -32,16 +30,11 @@ PathLike = str | os.PathLike
 log = logging.getLogger("ordnmf_dask")
 
 
-def run_plan(plan: IngestPlan, client: Any = None, chunked: bool = False) -> StoreInfo:
-    """Build the store of ``plan``: with the chunked pipeline on ``client``, or in this process
-    (by the chunked pipeline if ``chunked`` or for a dask DataFrame, which is read partition by
-    partition)."""
+def run_plan(plan: IngestPlan, client: Any = None) -> StoreInfo:
+    """Build the store of ``plan`` with the chunked pipeline (:mod:`.distributed`): its tasks
+    run on ``client``, or in this process when it is None."""
     start = time.monotonic()
-    frame = is_dask_dataframe(plan.inputs) or is_dask_dataframe(plan.test)
-    if client is not None or chunked or frame:
-        info = build_chunked(plan, Runner(client))
-    else:
-        info = build_in_memory(plan)
+    info = build_chunked(plan, Runner(client))
     log.info(
         "ingest: %s: %d users x %d items, %d train / %d test nonzeros in %d x %d blocks (%.1f s)",
         info.path,
@@ -82,7 +75,7 @@ def ingest(
         value columns), a scipy.sparse matrix (users are rows, items columns, values its
         stored entries; explicit zeros are dropped) or a ``(users, items, values)`` tuple of
         arrays; each gives the same store as a CSV file of the same rows. A dask DataFrame
-        (here or as ``test``) is read partition by partition by the chunked pipeline.
+        (here or as ``test``) is read partition by partition.
     out : path
         Store directory to create (see ``ordnmf_dask.store.blocks``).
     test : same kinds as ``inputs``, optional
@@ -125,10 +118,9 @@ def ingest(
     overwrite : bool
         Replace an existing store at ``out`` (only after the new one is complete).
     client : distributed.Client, optional
-        Run the chunked pipeline (:mod:`.distributed`) on this cluster: every worker must see
-        the input files, and ``out``'s directory when it is local. None: the input is built in
-        this process (:mod:`.inmemory`), or for a dask DataFrame by the chunked pipeline in
-        this process.
+        Run the tasks of the chunked pipeline (:mod:`.distributed`) on this cluster: every
+        worker must see the input files, and ``out``'s directory when it is local. None: they
+        run in this process (a small input staged in memory, a larger one in files).
     chunk_bytes : int
         Bytes of text per parsing task of the chunked pipeline (default 16 MiB; about 20x that
         in memory while parsing). Parquet files are parsed one row group per task.
@@ -172,8 +164,7 @@ def ingest_distributed(
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
     **options: Unpack[IngestOptions],
 ) -> StoreInfo:
-    """``ingest`` by the chunked pipeline (:mod:`.distributed`) on ``client``, or in this process
-    when it is None, for inputs larger than memory; the same store as ``ingest``."""
+    """``ingest`` (the same pipeline and store), its errors naming ``ingest_distributed``."""
     plan = plan_ingest(
         inputs,
         out,
@@ -186,7 +177,7 @@ def ingest_distributed(
         caller="ingest_distributed",
         **options,
     )
-    return run_plan(plan, client, chunked=True)
+    return run_plan(plan, client)
 
 
 @shows_progress

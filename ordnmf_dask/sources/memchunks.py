@@ -1,9 +1,9 @@
-"""Data in memory as chunks of the distributed ingest: each partition of a dask DataFrame is one
+"""Data in memory as chunks of the ingest pipeline: each partition of a dask DataFrame is one
 chunk, computed where it is parsed (as a Parquet row group is read there), and other data in
 memory (pandas DataFrame, pyarrow Table, scipy.sparse matrix, arrays) is one chunk.
 
-The rows of a chunk are those the in-memory ingest reads from the same data
-(``memory.table_rows``, ``memory.memory_rows``), with the same checks; a partition's rows are
+The rows of a chunk are read by ``memory.table_rows`` and ``memory.memory_rows``, whose checks
+name the row; a partition's rows are
 named ``"input DataFrame, partition P, row N"`` (N 0-based within the partition).
 """
 

@@ -23,7 +23,7 @@ from ordnmf_dask.sources.text import check_columns
 @dataclass(eq=False)
 class Rows:
     """Raw input rows: ids (pyarrow strings, or np.ndarray of int64 or str, (n,)), values
-    float64 (n,), and their origin. The in-memory build drops the ids once they are encoded."""
+    float64 (n,), and their origin."""
 
     users: Any
     items: Any

@@ -1,19 +1,14 @@
-"""One interface to every reader: ``rows_of`` gives the rows of files (text or Parquet, local
-or at URLs) or of data in memory, with the label that names them in messages and the sources
-the store records."""
+"""Read whole files (text or Parquet, local or at URLs) into triples: ``read_triples``, the
+ingest's parsing rules applied to files read in one go."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.sources.datakinds import memory_label
-from ordnmf_dask.sources.filtering import raw_ids
-from ordnmf_dask.sources.inputs import as_list, expand_inputs, inputs_label, is_parquet, source_name
-from ordnmf_dask.sources.memory import Rows, memory_rows
+from ordnmf_dask.sources.inputs import expand_inputs, is_parquet
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.parquet import (
     check_same_columns,
@@ -29,32 +24,6 @@ from ordnmf_dask.sources.text import (
     concat_ids,
     read_text,
 )
-
-
-def rows_of(
-    data: Any,
-    delimiter: str | None,
-    header: bool | None,
-    columns: Sequence[int | str],
-    role: str,
-    ids: bool = False,
-) -> tuple[Rows, str, list[str]]:
-    """Rows of files or of data in memory, the label that names them in messages and the
-    sources recorded in the store. ``ids``: raw ids as arrays (for a test set)."""
-    label = memory_label(data, role)
-    sources: list[str] = []  # files only
-    if label is None:
-        paths = as_list(data)
-        parsed = read_triples(paths, delimiter=delimiter, header=header, columns=columns)
-        rows = Rows(parsed.users, parsed.items, parsed.values, parsed.origin)
-        del parsed  # the build frees the ids once encoded
-        label, sources = inputs_label(paths), [source_name(p) for p in paths]
-    else:
-        rows = memory_rows(data, label, columns)
-    if ids:
-        rows.users = raw_ids(rows.users, rows.origin, "user")
-        rows.items = raw_ids(rows.items, rows.origin, "item")
-    return rows, label, sources
 
 
 def read_triples(

@@ -105,27 +105,14 @@ def balanced_bounds(degrees: np.ndarray, n_parts: int) -> np.ndarray:
     return bounds
 
 
-def choose_bounds(
-    u: np.ndarray,
-    i: np.ndarray,
-    n_users: int,
-    n_items: int,
-    nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
-    grid: tuple[int, int] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Row bounds (n_r + 1,) and col bounds (n_c + 1,), int64, from train nonzeros (u, i)."""
-    return bounds_from_degrees(
-        np.bincount(u, minlength=n_users), np.bincount(i, minlength=n_items), nnz_per_block, grid
-    )
-
-
 def bounds_from_degrees(
     user_deg: np.ndarray,
     item_deg: np.ndarray,
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     grid: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``choose_bounds`` from train degrees: user_deg (U,) and item_deg (I,), int64."""
+    """Row bounds (n_r + 1,) and col bounds (n_c + 1,), int64, from train degrees: user_deg
+    (U,) and item_deg (I,), int64."""
     if grid is not None:
         n_r, n_c = check_grid(grid)
         return balanced_bounds(user_deg, n_r), balanced_bounds(item_deg, n_c)

@@ -84,10 +84,37 @@ class Segment:
     start: int = 0
 
 
+_HELD: dict[str, np.ndarray] = {}  # staged arrays held in memory, by their file path
+_HELD_ROOTS: set[str] = set()  # the staging directories whose arrays are held
+
+
+@contextmanager
+def held_staging(tmp: str) -> Iterator[None]:
+    """Within the block, arrays staged under ``TMP/_staging`` are held in this process's memory
+    (by path, as they would be saved) instead of written as ``.npy`` files: for an ingest whose
+    tasks all run in this process and whose input fits in memory. Dropped on leaving."""
+    root = locations.join(tmp, STAGING)
+    _HELD_ROOTS.add(root)
+    try:
+        yield
+    finally:
+        _HELD_ROOTS.discard(root)
+        for key in [k for k in _HELD if _is_under(k, root)]:
+            del _HELD[key]
+
+
+def _is_under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _held(path: str) -> bool:
+    return any(_is_under(path, root) for root in _HELD_ROOTS)
+
+
 def staging_dir(tmp: str, *parts: str) -> str:
     """``TMP/_staging/<parts...>`` (a local directory, created if needed, or a URL prefix)."""
     path = locations.join(tmp, STAGING, *parts)
-    if not locations.is_url(path):
+    if not locations.is_url(path) and not _held(path):
         os.makedirs(path, exist_ok=True)
     return path
 
@@ -95,7 +122,12 @@ def staging_dir(tmp: str, *parts: str) -> str:
 def remove_staging(tmp: str, *parts: str) -> None:
     """Remove the ``.npy`` files staged under ``TMP/_staging/<parts...>`` (all staging writes;
     at a URL anything else found under the prefix is left alone)."""
-    locations.remove_tree(locations.join(tmp, STAGING, *parts), ".npy")
+    root = locations.join(tmp, STAGING, *parts)
+    if _held(root):
+        for key in [k for k in _HELD if _is_under(k, root)]:
+            del _HELD[key]
+        return
+    locations.remove_tree(root, ".npy")
 
 
 def save_segment(prefix: str, arrays: dict[str, np.ndarray]) -> Segment:
@@ -145,7 +177,9 @@ def save_arrays(prefix: str, arrays: dict[str, np.ndarray]) -> None:
     for name, arr in arrays.items():
         arr = compact(arr)
         path = f"{prefix}.{name}.npy"
-        if locations.is_url(path):
+        if _held(path):
+            _HELD[path] = np.array(arr, copy=True)  # the caller may change its array later
+        elif locations.is_url(path):
             buf = io.BytesIO()
             np.save(buf, arr, allow_pickle=False)
             locations.write_bytes(path, buf.getbuffer())
@@ -157,7 +191,9 @@ def remove_arrays(prefix: str, names: Sequence[str]) -> None:
     """Remove the staged arrays ``prefix.<name>.npy``."""
     for n in names:
         path = f"{prefix}.{n}.npy"
-        if locations.is_url(path):
+        if _held(path):
+            del _HELD[path]
+        elif locations.is_url(path):
             fs, key = locations.filesystem(path)
             fs.rm_file(key)
         else:
@@ -169,7 +205,9 @@ def load_arrays(prefix: str, names: Sequence[str], staged: bool = False) -> dict
     out = {}
     for n in names:
         path = f"{prefix}.{n}.npy"
-        if locations.is_url(path):
+        if _held(path):
+            arr = _held_array(path).copy()
+        elif locations.is_url(path):
             arr = np.load(io.BytesIO(locations.read_bytes(path)), allow_pickle=False)
         else:
             arr = np.load(path, allow_pickle=False)
@@ -226,8 +264,21 @@ def load_rows(prefix: str, name: str, lo: int, hi: int, staged: bool = False) ->
     header and rows read through one opening of the file; ``staged``: as staged (``compact``),
     not widened."""
     path = f"{prefix}.{name}.npy"
+    if _held(path):
+        arr = _held_array(path)
+        if hi > len(arr):
+            raise StoreError(f"{path}: staged array cut short ({len(arr)} of {hi} entries)")
+        out = arr[lo:hi].copy()
+        return out if staged else widen(out)
     with locations.open_file(path) as f:
         return NpyRows(path, f).read(f, lo, hi, staged)
+
+
+def _held_array(path: str) -> np.ndarray:
+    try:
+        return _HELD[path]
+    except KeyError:
+        raise StoreError(f"{path}: staged array missing") from None
 
 
 @contextmanager
@@ -335,7 +386,8 @@ def assemble_store(
                 )
             jobs.extend(_copy_jobs(locations.join(tmp, split), fields, parts, total, chunks[0]))
     records: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
-    for job, written in zip(jobs, runner.map(_copy_chunk, jobs), strict=True):
+    opened = arrays if runner.client is None else None  # in this process: no reopening
+    for job, written in zip(jobs, runner.map(_copy_chunk, jobs, opened), strict=True):
         for field, record in zip(job.fields, written, strict=True):
             records[job.group, field].append(record)  # jobs come in chunk order
     for key, array in arrays.items():
@@ -491,8 +543,12 @@ def _runs(pieces: Sequence[tuple[Any, int, int]], field: str) -> list[tuple]:
     return runs
 
 
-def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
-    """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order."""
+def _copy_chunk(
+    job: _CopyJob, opened: dict[tuple[str, str], zarr.Array] | None = None
+) -> list[tuple[int, int]]:
+    """Write the job's chunk of each of its arrays; their ``chunk_record`` in field order.
+    ``opened``: the arrays already open to write every chunk, by (group, field), when the
+    job runs in the process that created them."""
     records = []
     for field in job.fields:
         parts = [
@@ -501,7 +557,7 @@ def _copy_chunk(job: _CopyJob) -> list[tuple[int, int]]:
         ]
         data = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
         directory = locations.join(job.group, field)
-        arr = _open_writing_every_chunk(directory)
+        arr = opened[job.group, field] if opened else _open_writing_every_chunk(directory)
         arr[job.start : job.stop] = ids_for_zarr(data) if field == "ids" else data
         records.append(chunk_record(chunk_path(directory, job.start // arr.chunks[0])))
     return records
@@ -515,6 +571,7 @@ __all__: list[str] = [
     "StagedIds",
     "assemble_store",
     "finish_store",
+    "held_staging",
     "load_arrays",
     "load_rows",
     "widen",
