@@ -77,7 +77,9 @@ def _fnv_text(ids: np.ndarray) -> np.ndarray:
     if ids.dtype.kind in "iu":
         text = pc.cast(pa.array(ids.astype(np.int64, copy=False)), pa.large_string())
     else:
-        text = pa.array(ids.astype(str, copy=False), type=pa.large_string())
+        # numpy text converts to pyarrow's string type (to large_string directly only from
+        # pyarrow 17 on), then is cast
+        text = pc.cast(pa.array(ids.astype(str, copy=False)), pa.large_string())
     offsets = np.frombuffer(text.buffers()[1], np.int64, len(text) + 1, text.offset * 8)
     body = text.buffers()[2]
     data = np.frombuffer(body, np.uint8) if body is not None else np.zeros(0, np.uint8)
