@@ -150,34 +150,9 @@ def ingest(
     return run_plan(plan, client)
 
 
-@shows_progress
-def ingest_distributed(
-    inputs: Any,
-    out: PathLike,
-    *,
-    client: Any = None,
-    test: Any = None,
-    delimiter: str | None = None,
-    header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    **options: Unpack[IngestOptions],
-) -> StoreInfo:
-    """``ingest`` (the same pipeline and store), its errors naming ``ingest_distributed``."""
-    plan = plan_ingest(
-        inputs,
-        out,
-        test=test,
-        delimiter=delimiter,
-        header=header,
-        columns=columns,
-        chunk_bytes=chunk_bytes,
-        rows_per_partition=rows_per_partition,
-        caller="ingest_distributed",
-        **options,
-    )
-    return run_plan(plan, client)
+#: The same function as :func:`ingest` (one pipeline, in this process or on ``client``), under
+#: the name that code written for inputs larger than memory calls.
+ingest_distributed = ingest
 
 
 @shows_progress

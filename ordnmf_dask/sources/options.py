@@ -60,12 +60,12 @@ INGEST_DEFAULTS: IngestOptions = {
 }
 
 
-def with_defaults(options: IngestOptions, caller: str) -> dict[str, Any]:
+def with_defaults(options: IngestOptions) -> dict[str, Any]:
     """``options`` completed with ``INGEST_DEFAULTS`` and checked (``check_ingest_options``);
     an unknown name is a TypeError."""
     unknown = sorted(set(options) - set(INGEST_DEFAULTS))
     if unknown:
-        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        raise TypeError(f"ingest() got an unexpected keyword argument {unknown[0]!r}")
     opts = {**INGEST_DEFAULTS, **options}
     check_ingest_options(opts)
     return opts
@@ -134,14 +134,13 @@ def plan_ingest(
     columns: Sequence[int | str] = (0, 1, 2),
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
-    caller: str = "ingest",
     **options: Unpack[IngestOptions],
 ) -> IngestPlan:
     """Check ``out`` and every argument of ``ingest`` (the same names) that can be checked
-    without reading the inputs (InputError; an unknown option is a TypeError naming
-    ``caller``), and return them as a plan. A caller that starts a cluster for the ingest
+    without reading the inputs (InputError; an unknown option is a TypeError), and return them
+    as a plan. A caller that starts a cluster for the ingest
     plans it first."""
-    opts = with_defaults(options, caller)
+    opts = with_defaults(options)
     check_target(out, opts["overwrite"])
     for name, value in (("chunk_bytes", chunk_bytes), ("rows_per_partition", rows_per_partition)):
         if value < 1:
