@@ -240,12 +240,12 @@ def test_the_launcher_checks_every_conflict_before_submitting_a_worker_job(
     from conftest import dense_split, store_from_dense, synthetic_ordinal
 
     from ordnmf_dask.app.config import resolve
-    from ordnmf_dask.app.jobs import fit_job
+    from ordnmf_dask.app.jobs import plan_job, run_job
 
     y = synthetic_ordinal(60, 40, 3, density=0.3, seed=1)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (1, 1)).path
     job = _job_file(tmp_path / "job.toml", store, 0, False)
-    fit_job(resolve(job), client)  # last run: its model and its checkpoints
+    run_job(plan_job(resolve(job)), client)  # last run: its model and its checkpoints
     kept = sorted(p.name for p in (tmp_path / "ck").iterdir())
     assert kept
     monkeypatch.setenv("PATH", str(tmp_path / "no-batch-system"))

@@ -93,8 +93,3 @@ def run_job(plan: JobPlan, client: Any) -> ModelInfo:
         checkpoint.release(beside)
     record_config(model.path, plan.config)
     return model
-
-
-def fit_job(cfg: JobConfig, client: Any, resume: bool = False, restart: bool = False) -> ModelInfo:
-    """:func:`plan_job`, then :func:`run_job`."""
-    return run_job(plan_job(cfg, resume, restart), client)
