@@ -52,6 +52,8 @@ _SHARED_ATTRS_DOC = """
         when first used: a fit alone imports no dask).
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
     elbo_ : list of ELBO values, one per iteration; n_iter_ : len(elbo_); converged_ : bool.
+    passes_ : full passes over the training blocks the fit made (refused extrapolations
+    included).
     model_path_ : the zarr directory holding the fitted factors.
     runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
         converged, stop_reason, validation (the kept state's validation metric, or None), kept
@@ -80,6 +82,7 @@ class CaviEstimator:
         min_iter: int = DEFAULTS["min_iter"],
         seed: int = DEFAULTS["seed"],
         n_init: int = DEFAULTS["n_init"],
+        optimizer: str = DEFAULTS["optimizer"],
         cache_blocks: bool | str = DEFAULTS["cache_blocks"],
         executor: str = DEFAULTS["executor"],
         work_dir: str | None = DEFAULTS["work_dir"],
@@ -101,6 +104,7 @@ class CaviEstimator:
         self.min_iter = min_iter
         self.seed = seed
         self.n_init = n_init
+        self.optimizer = optimizer
         self.cache_blocks = cache_blocks
         self.executor = executor
         self.work_dir = work_dir
@@ -246,6 +250,7 @@ class CaviEstimator:
         self._set_family_attrs(a)
         self.elbo_ = list(a["elbo"])
         self.n_iter_ = int(a["n_iter"])
+        self.passes_ = int(a.get("passes", 0))  # 0: a model saved before passes were counted
         self.runs_ = list(a.get("runs", []))
         self.converged_ = bool(a["converged"])
         for name, field in _FACTORS:  # a damaged model is an error now, not at first use

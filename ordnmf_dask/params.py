@@ -151,6 +151,18 @@ def _rows() -> Iterator[Param]:
         True,
     )
     yield Param(
+        "optimizer",
+        "str",
+        "cavi",
+        lambda v: v in ("cavi", "squarem"),
+        "'cavi' or 'squarem'",
+        "'cavi': the paper's coordinate ascent, one iteration after the other; 'squarem': "
+        "the same iterations with a safeguarded SQUAREM extrapolation every third one, kept "
+        "only when the ELBO does not decrease (same fixed points, fewer passes)",
+        model,
+        True,
+    )
+    yield Param(
         "n_init",
         "int",
         1,

@@ -38,6 +38,7 @@ import numpy as np
 
 from ordnmf_dask.engine import checkpoint, tasks
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
+from ordnmf_dask.model import extrapolation
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.runtime import reduce
@@ -65,6 +66,7 @@ class CaviConfig:
     max_iter: int = DEFAULTS["max_iter"]
     min_iter: int = DEFAULTS["min_iter"]
     seed: int = DEFAULTS["seed"]
+    optimizer: str = DEFAULTS["optimizer"]
 
 
 @dataclass
@@ -86,6 +88,8 @@ class CaviState:
     stop_reason: str = "max_iter"  # "tol", "max_iter", "patience" or "callback"
     best_iteration: int = 0  # the iteration whose state w, h, params hold
     validation: list[dict[str, Any]] = field(default_factory=list)  # one entry per evaluation
+    passes: int = 0  # full passes over the training blocks, refused extrapolations included
+    extrapolations: list[int] = field(default_factory=lambda: [0, 0])  # [kept, refused]
 
     @property
     def n_iter(self) -> int:
@@ -99,7 +103,8 @@ class IterationInfo:
     ``rel_change``: the relative ELBO gain (inf at the first iteration); ``seconds``: this
     iteration's wall time, ``elapsed``: since the loop started; ``params``: Delta, or p for
     dcPF; ``validation``: this iteration's validation figures (None when it was not evaluated);
-    ``best_iteration``: the best validated iteration so far (None without validation). A
+    ``best_iteration``: the best validated iteration so far (None without validation);
+    ``passes``: full passes over the training blocks so far (:attr:`CaviState.passes`). A
     callback stops the fit by returning True or calling :meth:`stop`.
     """
 
@@ -112,6 +117,7 @@ class IterationInfo:
     params: Any
     validation: dict[str, Any] | None = None
     best_iteration: int | None = None
+    passes: int = 0
     stop_requested: bool = False
 
     def stop(self) -> None:
@@ -194,6 +200,10 @@ class CaviRunner:
         else:
             self.blocks = refs
         self.cached = cache_blocks
+        # full passes over the blocks per iteration: the two rate passes and the local pass
+        self.passes_per_iteration = 3 if family.uses_correction else 1
+        self._chain: list[_Flight] = []  # the flights submitted since the last extrapolation
+        self.step_max = extrapolation.STEP_MAX0
 
     # -- initial state -------------------------------------------------------------------
     def random_init(self) -> tuple[list[Future], list[Future]]:
@@ -365,7 +375,66 @@ class CaviRunner:
         h_sum = tree_sum(client, h, "summary")
         sw, sh, small = self._local_pass(w, h, params)
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
-        return _Flight(w, h, sw, sh, params, small, w_sum, h_sum, result)
+        return _Flight(
+            w, h, sw, sh, params, small, w_sum, h_sum, result, passes=self.passes_per_iteration
+        )
+
+    def _advance(self, cur: _Flight) -> _Flight:
+        """Submit the step after ``cur``: one iteration, or with the SQUAREM optimizer, every
+        third step from the last extrapolation, an extrapolated one (:meth:`_extrapolated`)."""
+        if self.cfg.optimizer != "squarem":
+            return self._iteration(cur)
+        if len(self._chain) == 3:
+            if self.step_max > 1.0:
+                nxt = self._extrapolated(*self._chain)
+                self._chain = [nxt]
+                return nxt
+            # a step of at most 1 is the plain iteration: take it as a step at the limit
+            self.step_max = extrapolation.next_step_max(self.step_max, self.step_max, True)
+            self._chain = []
+        nxt = self._iteration(cur)
+        self._chain.append(nxt)
+        return nxt
+
+    def _extrapolated(self, s0: _Flight, s1: _Flight, s2: _Flight) -> _Flight:
+        """One iteration from the SQUAREM extrapolation of three successive states
+        (:mod:`ordnmf_dask.model.extrapolation`): the step from norms summed over every chunk
+        on the workers, the extrapolated chunks where their rows live, a local pass there with
+        ``s2``'s global parameters, then an iteration. ``s2`` is its fallback: the loop keeps
+        the result only if its bound is not below ``s2``'s."""
+        client, submit = self.client, self.client.submit
+        rows = {
+            "w": (list(zip(s0.w, s1.w, s2.w, strict=True)), self._home["row"]),
+            "h": (list(zip(s0.h, s1.h, s2.h, strict=True)), self._home["col"]),
+        }
+        norms = [
+            submit(tasks.extrapolation_norms, *states, **home)
+            for triples, where in rows.values()
+            for states, home in zip(triples, where, strict=True)
+        ]
+        step = submit(tasks.extrapolation_step, tree_sum(client, norms), self.step_max)
+        w, h = (
+            [
+                submit(tasks.extrapolated_chunk, *states, step, **home)
+                for states, home in zip(triples, where, strict=True)
+            ]
+            for triples, where in rows.values()
+        )
+        sw, sh, small = self._local_pass(w, h, s2.params)
+        start = _Flight(
+            w,
+            h,
+            sw,
+            sh,
+            s2.params,
+            small,
+            tree_sum(client, w, "summary"),
+            tree_sum(client, h, "summary"),
+            None,
+        )
+        out = self._iteration(start)
+        out.fallback, out.step, out.passes = s2, step, out.passes + 1
+        return out
 
     def _start_checkpoint(self, st: _Flight, n_done: int) -> checkpoint.Pending:
         """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
@@ -391,6 +460,9 @@ class CaviRunner:
             np.asarray(res["small"]).tolist(),
             np.asarray(res["w_sum"]).tolist(),
             np.asarray(res["h_sum"]).tolist(),
+            state.passes,
+            self.step_max,
+            (state.extrapolations[0], state.extrapolations[1]),
         )
         path, colsums = checkpoint.finish(pending, snap)
         log.debug("checkpoint %s", path)
@@ -462,6 +534,8 @@ class CaviRunner:
             params = fam.from_json(snap.params)
             cur = self._restored(groups, params, snap.small, snap.w_sum, snap.h_sum)
             state = CaviState(cur.w, cur.h, params, list(snap.elbo), snap.objective)
+            state.passes, state.extrapolations = snap.passes, list(snap.extrapolations)
+            self.step_max = snap.step_max
             first = snap.iteration
         else:
             if init is None:
@@ -480,9 +554,11 @@ class CaviRunner:
                 tree_sum(client, h, "summary"),
                 None,
             )
-            state = CaviState(w, h, params)
+            state = CaviState(w, h, params, passes=1)
             del w, h  # the initial chunks live in ``cur`` and ``state`` until replaced
             first = 0
+        self._chain = [cur]
+        owed = False  # a checkpoint due at an extrapolated step, taken at the next plain one
         last_checkpoint = time.monotonic()
         ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered
         clock = start = time.perf_counter()
@@ -491,18 +567,30 @@ class CaviRunner:
         best: tuple[int, list[Future], list[Future], Any] | None = None  # the kept state
         try:
             while n < cfg.max_iter:
-                cur = ahead if ahead is not None else self._iteration(cur)
+                cur = ahead if ahead is not None else self._advance(cur)
                 due = bool(self.checkpoint_every) and (n + 1) % self.checkpoint_every == 0
                 late = self.checkpoint_minutes is not None and (
                     time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
                 )
                 last = n + 1 >= cfg.max_iter
-                take = (due or late) and not last  # after the last one, the result is saved
+                # after the last one, the result is saved; a checkpoint holds one state, so
+                # SQUAREM takes it at the start of a cycle (the trajectory does not depend on
+                # when checkpoints are taken, nor on whether they are)
+                take = (due or late or owed) and not last and len(self._chain) == 1
+                owed = (due or owed) and not take
                 if take:
                     pending = self._start_checkpoint(cur, n + 1)
-                ahead = None if (take or last) else self._iteration(cur)
+                ahead = None if (take or last) else self._advance(cur)
                 res = self._first_result(cur.result) if n == first else cur.result.result()
                 elbo, objective, params = res["elbo"], res["objective"], res["params"]
+                state.passes += cur.passes
+                if cur.fallback is not None and not self._keep_extrapolated(cur, res, state):
+                    cur, ahead = cur.fallback, None  # the next step goes on from the fallback
+                    self._chain = [cur]
+                    if pending is not None:
+                        checkpoint.abandon(pending, finish_writes=True)
+                        pending, owed = None, True
+                    continue
                 state.w, state.h, state.params = cur.w, cur.h, params
                 rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
                 state.elbo.append(elbo)
@@ -549,6 +637,7 @@ class CaviRunner:
                     params,
                     figures,
                     None if best is None else best[0],
+                    state.passes,
                 )
                 if callback is not None and callback(info):
                     info.stop()
@@ -566,6 +655,7 @@ class CaviRunner:
                     cur = self._finish_checkpoint(pending, res, state)
                     pending = None
                     state.w, state.h = cur.w, cur.h
+                    self._chain = [cur]  # the same state, read back
                     last_checkpoint = time.monotonic()
         except BaseException:
             if pending is not None:
@@ -578,6 +668,24 @@ class CaviRunner:
         if best is not None:
             state.best_iteration, state.w, state.h, state.params = best
         return state
+
+    def _keep_extrapolated(self, cur: _Flight, res: dict[str, Any], state: CaviState) -> bool:
+        """Whether the extrapolated step ``cur`` is kept: its bound is finite and not below
+        the last kept one (else the fit goes on from ``cur.fallback``, the ELBO never
+        decreases); the largest step of the next cycles follows."""
+        assert cur.step is not None
+        step, objective = cur.step.result(), res["objective"]
+        kept = bool(np.isfinite(objective)) and objective >= state.objective
+        self.step_max = extrapolation.next_step_max(self.step_max, step, kept)
+        state.extrapolations[0 if kept else 1] += 1
+        if not kept:
+            log.debug(
+                "extrapolated step %.3g refused: bound %s below %s",
+                step,
+                shown(objective),
+                shown(state.objective),
+            )
+        return kept
 
     def _first_result(self, result: Future) -> dict[str, Any]:
         """The first iteration's result; says what the workers are doing if it is slow."""
@@ -674,3 +782,6 @@ class _Flight:
     w_sum: Any
     h_sum: Any
     result: Future | None
+    fallback: _Flight | None = None  # an extrapolated step's: kept if its bound is lower
+    step: Future | None = None  # an extrapolated step's length
+    passes: int = 0  # full passes over the blocks this step costs

@@ -75,6 +75,9 @@ class Snapshot:
     small: list[float]
     w_sum: list[float]
     h_sum: list[float]
+    passes: int = 0  # full passes over the blocks so far
+    step_max: float = 1.0  # the SQUAREM optimizer's largest step for the next cycle
+    extrapolations: tuple[int, int] = (0, 0)  # extrapolated steps kept, refused
 
 
 def fingerprint(store_attrs: dict[str, Any], store_path: str, settings: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.model import kernels
+from ordnmf_dask.model import extrapolation, kernels
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock, RowStats
 from ordnmf_dask.model.updates import FactorChunk, update_chunk
@@ -145,3 +145,34 @@ def update_factor(
     k = old.mean.shape[1]
     theta0 = family.rate_scale(params)
     return update_chunk(old, alpha, shape_stat, theta0 * other_summary[:k], correction)
+
+
+def _state(chunk: FactorChunk) -> tuple[np.ndarray, np.ndarray]:
+    """What the next iteration reads of a chunk, in logs: (log E[x], E[log x])."""
+    return np.log(chunk.mean), np.log(chunk.geo)
+
+
+def extrapolation_norms(c0: FactorChunk, c1: FactorChunk, c2: FactorChunk) -> np.ndarray:
+    """``[|r|^2, |v|^2]`` of one chunk over three successive states."""
+    s0, s1, s2 = _state(c0), _state(c1), _state(c2)
+    return sum(
+        (extrapolation.squared_norms(a, b, c) for a, b, c in zip(s0, s1, s2, strict=True)),
+        np.zeros(2),
+    )
+
+
+def extrapolation_step(norms: np.ndarray, step_max: float) -> float:
+    """The step of one extrapolation from the norms summed over every chunk of W and H."""
+    return extrapolation.step_length(resolve(norms), step_max)
+
+
+def extrapolated_chunk(
+    c0: FactorChunk, c1: FactorChunk, c2: FactorChunk, step: float
+) -> FactorChunk:
+    """The extrapolated state of one chunk: E[x] and exp(E[log x]) only, as at a start (the
+    next iteration reads nothing else)."""
+    s0, s1, s2 = _state(c0), _state(c1), _state(c2)
+    mean, geo = (
+        np.exp(extrapolation.extrapolate(a, b, c, step)) for a, b, c in zip(s0, s1, s2, strict=True)
+    )
+    return FactorChunk(mean=mean, geo=geo)
