@@ -420,13 +420,14 @@ class CaviRunner:
             ]
             for triples, where in rows.values()
         )
-        sw, sh, small = self._local_pass(w, h, s2.params)
+        params = submit(tasks.extrapolated_params, s0.params, s1.params, s2.params, step)
+        sw, sh, small = self._local_pass(w, h, params)
         start = _Flight(
             w,
             h,
             sw,
             sh,
-            s2.params,
+            params,
             small,
             tree_sum(client, w, "summary"),
             tree_sum(client, h, "summary"),
@@ -678,13 +679,13 @@ class CaviRunner:
         kept = bool(np.isfinite(objective)) and objective >= state.objective
         self.step_max = extrapolation.next_step_max(self.step_max, step, kept)
         state.extrapolations[0 if kept else 1] += 1
-        if not kept:
-            log.debug(
-                "extrapolated step %.3g refused: bound %s below %s",
-                step,
-                shown(objective),
-                shown(state.objective),
-            )
+        log.debug(
+            "extrapolated step %.3g %s: bound %s, last kept %s",
+            step,
+            "kept" if kept else "refused",
+            shown(objective),
+            shown(state.objective),
+        )
         return kept
 
     def _first_result(self, result: Future) -> dict[str, Any]:

@@ -1,0 +1,149 @@
+"""Time to quality: passes and seconds until the ELBO is near its optimum, per optimizer and start.
+
+Per dataset, a reference fit (plain CAVI from the paper's random start at ``--ref-tol``, 1e-7)
+gives the converged ELBO E*. Then each configuration (``--configs``: optimizer:start pairs) is
+fitted from the same seed at the default tol (1e-5) and at ``--ref-tol``; for each run the
+script records, from the iteration callback, the full passes over the training blocks and the
+seconds until the ELBO first came within ``--within`` (relative, 1e-4) of E*, and the run's
+final ELBO and NDCG@100 on the test split at a low, middle and top relevance level. All runs of
+a dataset happen one after the other in one process, so their seconds compare (this machine is
+shared: the passes are the stable figure).
+
+Datasets: ml-latest-small (half-star classes), Last.fm (the paper's count classes), synthetic
+stores drawn from the model (``--synthetic 1e6 1e7``), each with a 20% test split.
+
+    python bench/time_to_quality.py --data ../shared/data               # MovieLens, Last.fm
+    python bench/time_to_quality.py --data ../shared/data --synthetic 1e6 --datasets synth
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from ordnmf_dask import OrdNMF, evaluate, ingest
+from ordnmf_dask.sources.synth import synth
+from ordnmf_dask.store.blocks import StoreInfo
+
+
+def stores(data: str, work: str, names: list[str], synthetic: list[float]) -> dict[str, Any]:
+    """name -> (store, NDCG levels), made on demand."""
+    common = {"min_count": 20, "test_fraction": 0.2, "seed": 0, "overwrite": True}
+    makers = {
+        "movielens": (
+            lambda: ingest(
+                os.path.join(data, "ml-latest-small", "ratings.csv"),
+                os.path.join(work, "ml.zarr"),
+                ratings="halfstar",
+                **common,
+            ),
+            [1, 6, 10],
+        ),
+        "lastfm": (
+            lambda: ingest(
+                os.path.join(data, "hetrec2011-lastfm-2k", "user_artists.dat"),
+                os.path.join(work, "fm.zarr"),
+                counts="paper",
+                **common,
+            ),
+            [1, 8, 10],
+        ),
+    }
+    for nnz in synthetic:
+        n_users, n_items = max(12_000, int(nnz / 100)), max(6_000, int(nnz / 400))
+        makers[f"synth{nnz:.0e}"] = (
+            lambda nnz=nnz, u=n_users, i=n_items: synth(
+                os.path.join(work, f"synth{nnz:.0e}.zarr"), u, i, int(nnz), 20, seed=0
+            ),
+            [1, 5, 10],
+        )
+    wanted = [n for n in makers if n in names or (n.startswith("synth") and "synth" in names)]
+    return {n: makers[n] for n in wanted}
+
+
+def run(store: StoreInfo, k: int, optimizer: str, start: str, tol: float) -> dict[str, Any]:
+    """One fit; its trajectory (elbo, passes, elapsed seconds per iteration) and final state."""
+    trace: list[tuple[float, int, float]] = []
+    extra = {} if start == "random" else {"start": start}
+    model = OrdNMF(k, tol=tol, max_iter=20_000, seed=0, optimizer=optimizer, **extra)
+    t0 = time.perf_counter()
+    model.fit(store.path, callback=lambda i: trace.append((i.elbo, i.passes, i.elapsed)))
+    seconds = time.perf_counter() - t0
+    return {"model": model, "trace": trace, "seconds": seconds}
+
+
+def reached(trace: list[tuple[float, int, float]], target: float, within: float) -> tuple:
+    """(passes, seconds) when the ELBO first came within ``within`` of ``target``, or Nones."""
+    for elbo, passes, elapsed in trace:
+        if elbo >= target - within * abs(target):
+            return passes, elapsed
+    return None, None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
+    p.add_argument("--datasets", nargs="+", default=["movielens", "lastfm"])
+    p.add_argument("--synthetic", nargs="*", type=float, default=[])
+    p.add_argument("-k", type=int, default=50)
+    p.add_argument("--ref-tol", type=float, default=1e-7)
+    p.add_argument("--within", type=float, default=1e-4)
+    p.add_argument("--configs", nargs="+", default=["cavi:random", "squarem:random"])
+    p.add_argument("--json", help="write the rows here too")
+    args = p.parse_args()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} commit {commit} {platform.node()} K={args.k}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ttq-") as work:
+        for name, (make, levels) in stores(args.data, work, args.datasets, args.synthetic).items():
+            info = make()
+            print(f"\n## {name}: {info.n_users} users x {info.n_items} items, {info.nnz_train} nnz")
+            runs = {}
+            for config in args.configs:
+                optimizer, start = config.split(":")
+                for tol in (1e-5, args.ref_tol):
+                    runs[(config, tol)] = run(info, args.k, optimizer, start, tol)
+            ref = runs[("cavi:random", args.ref_tol)]["trace"][-1][0]
+            head = "| config | tol | iterations | passes | s | final ELBO - E* (rel) |"
+            head += f" passes to {args.within:g} | s to {args.within:g} | NDCG@100 {levels} |"
+            print(f"E* = {ref:.10e} (cavi:random at tol {args.ref_tol:g})\n")
+            print(head + "\n|" + "---|" * 9)
+            for (config, tol), r in runs.items():
+                model, trace = r["model"], r["trace"]
+                ndcg = evaluate(info.path, model, levels=levels)["ndcg"]
+                passes, secs = reached(trace, ref, args.within)
+                row = {
+                    "dataset": name,
+                    "config": config,
+                    "tol": tol,
+                    "iterations": model.n_iter_,
+                    "passes": model.passes_,
+                    "seconds": r["seconds"],
+                    "final_rel": (trace[-1][0] - ref) / abs(ref),
+                    "passes_to": passes,
+                    "seconds_to": secs,
+                    "ndcg": [ndcg[v] for v in levels],
+                }
+                rows.append(row)
+                print(
+                    f"| {config} | {tol:g} | {row['iterations']} | {row['passes']} | "
+                    f"{row['seconds']:.1f} | {row['final_rel']:+.2e} | {passes} | "
+                    f"{'-' if secs is None else f'{secs:.1f}'} | "
+                    + " / ".join(f"{x:.4f}" for x in row["ndcg"])
+                    + " |"
+                )
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
