@@ -313,6 +313,33 @@ def test_column_strips_spread_over_all_workers():
     assert sorted(w for line in placed for w in line) == sorted(workers * 2)
 
 
+def test_item_block_sums_are_added_on_the_h_chunks_worker(tmp_path, client, problem):
+    """SH and the H-rate terms of each item-block are summed (the last add of each tree) on
+    the worker its H chunk prefers, where the next H update runs."""
+    from distributed import wait
+
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (4, 3))
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
+    runner = CaviRunner(client, store, family, CaviConfig(K), str(tmp_path), cache_blocks=True)
+    w, h = runner.random_init()
+    params = family.init_params()
+    _, sh, _ = runner._local_pass(w, h, params)
+    corr = runner._col_corrections(params, w)
+    assert len(runner.row_runs) > 1  # H-rate terms summed over several column strips
+    ends = [x[0] if isinstance(x, tuple) else x for x in sh + corr]
+    wait(ends)
+    where = client.run_on_scheduler(
+        lambda dask_scheduler, keys: [
+            sorted(dask_scheduler.tasks[k].worker_restrictions or ()) for k in keys
+        ],
+        keys=[f.key for f in ends],
+    )
+    homes = [runner._home["col"][c]["workers"] for c in range(store.grid[1])]
+    assert where == homes + homes
+    assert len({w for (w,) in homes}) == 2
+
+
 def test_strip_runs():
     """Runs of blocks per strip: few enough blocks and factor rows per strip, enough strips for
     MIN_STRIPS workers (when there are that many blocks), never depending on the cluster."""

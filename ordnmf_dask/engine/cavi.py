@@ -243,7 +243,8 @@ class CaviRunner:
         self, w: list[Future], h: list[Future], params: Any
     ) -> tuple[list[reduce.Lazy], list[reduce.Lazy], Future]:
         """Local step by row strips; SW summed over a row's strips, SH over the user-blocks
-        (lazy parts of the sums), and the family's O(V) statistics summed over all strips."""
+        on the H chunks' workers (lazy parts of the sums), and the family's O(V) statistics
+        summed over all strips."""
         client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
         stats = [
             [
@@ -265,12 +266,16 @@ class CaviRunner:
         # until the next W update consumes SW
         rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
         sw = [reduce.item(x, 0) for x in rows]
-        # one tree per run of item-blocks, adding the tuples of their SH parts (a tree per
-        # item-block would be n_c / n_groups times as many tasks)
-        sh = []
-        for g, group in enumerate(self.groups):
-            total = tree_sum(client, [row[g] for row in stats], "sh", lazy=True)
-            sh += [reduce.item(total, j) for j in range(len(group))]
+        # one tree per item-block, its adds on the H chunk's worker: each strip's part of an
+        # item-block moves once, to where the next H update needs it (the same pairing, item
+        # by item, as one tree over the tuples of a run's parts)
+        sh = [
+            tree_sum(
+                client, [row[g] for row in stats], ("sh", j), lazy=True, at=self._home["col"][c]
+            )
+            for g, group in enumerate(self.groups)
+            for j, c in enumerate(group)
+        ]
         small = tree_sum(client, rows, 1)
         return sw, sh, small
 
@@ -298,7 +303,7 @@ class CaviRunner:
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
         """H-rate terms by column strips (item-block c, a run of user-blocks), summed over the
-        runs; each strip on its home (:func:`homes`)."""
+        runs on the worker of H chunk c; each strip on its home (:func:`homes`)."""
         client, fam, home, blocks = self.client, self.family, self._home["colstrip"], self.blocks
         return [
             tree_sum(
@@ -315,6 +320,7 @@ class CaviRunner:
                     for i, run in enumerate(self.row_runs)
                 ],
                 lazy=True,
+                at=self._home["col"][c],
             )
             for c in range(self.store.grid[1])
         ]
