@@ -649,10 +649,9 @@ def homes(
     first strip of user-block r (with one strip per user-block, W chunks, SW and the W-rate
     sums never cross the network). Column strip (run i of ``row_runs``, item-block c) goes to
     the worker of one of its blocks, in grid order to the one given the fewest blocks of column
-    strips so far: the H-rate pass spreads over the workers that hold blocks (all of them
-    when a pass has as many row strips as workers), and no cached block is copied to a worker
-    holding none of a strip's blocks (Dask's memory manager would drop the copy, to be sent
-    again every iteration). H chunk c prefers worker ``c * n // n_c``. The restrictions are
+    strips so far: the H-rate pass spreads over the workers that hold blocks (in practice all
+    of them), and no cached block is copied to a worker holding none of a strip's blocks
+    (Dask's memory manager would drop the copy, to be sent again every iteration). H chunk c prefers worker ``c * n // n_c``. The restrictions are
     loose (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker,
     or none connected yet (a cluster still starting).
     """
