@@ -651,9 +651,10 @@ def homes(
     the worker of one of its blocks, in grid order to the one given the fewest blocks of column
     strips so far: the H-rate pass spreads over the workers that hold blocks (in practice all
     of them), and no cached block is copied to a worker holding none of a strip's blocks
-    (Dask's memory manager would drop the copy, to be sent again every iteration). H chunk c prefers worker ``c * n // n_c``. The restrictions are
-    loose (``allow_other_workers``): a lost worker's tasks run elsewhere. None with one worker,
-    or none connected yet (a cluster still starting).
+    (Dask's memory manager would drop the copy, to be sent again every iteration). H chunk c
+    prefers worker ``c * n // n_c``. The restrictions are loose (``allow_other_workers``): a
+    lost worker's tasks run elsewhere. None with one worker, or none connected yet (a cluster
+    still starting).
     """
     n = len(workers)
     sizes = [len(g) for g in groups]
