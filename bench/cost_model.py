@@ -79,26 +79,19 @@ def predict(
     grid: Grid,
     p: int,
     rates: Rates,
-    spread_cols: bool = False,
     chunk_arrays: int = 3,
     h_rate_by_rows: bool = False,
-    owner_sums: bool = False,
     threads: int = 1,
 ) -> Prediction:
     """The iteration's predicted seconds on ``p`` workers of ``threads`` threads each (a
     worker's tasks of a pass spread over its threads: it takes its kernel seconds / threads,
     or its longest task if that is longer; threads share the worker's chunks).
 
-    Variants the engine does not do (yet), to size design changes: ``spread_cols`` places the
-    H-rate pass's column strips over all workers in grid order (their cached blocks copied
-    there once, so no bytes per iteration), instead of on the worker of their first block's
-    row strip; ``chunk_arrays``: (n, K) arrays a factor chunk sends (3: mean, geo, shape;
-    2: the passes' mean and geo only); ``h_rate_by_rows``: the H-rate pass run on the row
-    strips, where the new W already is (each strip emits its items' partial sums, added along
-    a tree over the user-blocks as SH is), so no W chunk moves; ``owner_sums``: the partial
-    sums of each item-block (SH, H-rate) added where its H chunk lives (one sum per item-block,
-    each partial sent there once), instead of along one tree per run of item-blocks whose adds
-    pile onto the worker of the run's first strip.
+    Variants the engine does not do (yet), to size design changes: ``chunk_arrays``: (n, K)
+    arrays a factor chunk sends (3: mean, geo, shape; 2: the passes' mean and geo only);
+    ``h_rate_by_rows``: the H-rate pass run on the row strips, where the new W already is (each
+    strip emits its items' partial sums, added along a tree over the user-blocks as SH is), so
+    no W chunk moves (its per-item partial sums do instead, to the H chunks' workers).
     """
     n_r, n_c = grid.nnz.shape
     k = grid.k
@@ -106,23 +99,17 @@ def predict(
     groups = runs(cols, n_r, MAX_STRIP_COLS)
     row_runs = runs(rows, n_c, MAX_STRIP_ROWS)
     names = [f"w{j}" for j in range(p)]
-    home = homes(names, n_r, groups)
+    home = homes(names, n_r, groups, row_runs)
 
     def at(h: dict) -> str:
         return h["workers"][0] if h else "w0"
 
     strip = [[at(home["strip"][r][g]) for g in range(len(groups))] for r in range(n_r)]
-    block = [[at(home["block"][r][c]) for c in range(n_c)] for r in range(n_r)]
     w_home = [at(h) for h in home["row"]]
     h_home = [at(h) for h in home["col"]]
     chunk_w = chunk_arrays * F64 * k * rows + F64 * rows  # mean, geo, shape; prior rate (n, 1)
     chunk_h = chunk_arrays * F64 * k * cols + F64 * cols
-    n_col_strips = len(row_runs) * n_c
-
-    def col_strip(i: int, c: int) -> str:
-        if spread_cols:
-            return names[(i * n_c + c) * p // n_col_strips]
-        return block[row_runs[i][0]][c]
+    col_strip = [[at(h) for h in line] for line in home["colstrip"]]
 
     load: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     longest: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -156,18 +143,16 @@ def predict(
             recv[pass_][dst] += size
         return level[0]
 
+    def owner_sum(pass_: str, locs: list[str], c: int) -> None:
+        """The partials of item-block c at ``locs`` added on its H chunk's worker: each one not
+        already there is sent there."""
+        away = sum(loc != h_home[c] for loc in locs)
+        recv[pass_][h_home[c]] += away * F64 * k * cols[c]
+
     def item_sums(pass_: str, g: int, group: list[int]) -> None:
         """Per-item partial sums of the row strips of run g, to each item-block's H chunk."""
-        locs = [strip[r][g] for r in range(n_r)]
-        if owner_sums:
-            for c in group:
-                senders = len(set(locs) - {h_home[c]})
-                recv[pass_][h_home[c]] += senders * F64 * k * cols[c]
-            return
-        end = tree(pass_, locs, F64 * k * cols[group].sum(), None)
-        for c in group:  # item-block c to its H chunk, from where the tree ended
-            if end != h_home[c]:
-                recv[pass_][h_home[c]] += F64 * k * cols[c]
+        for c in group:
+            owner_sum(pass_, [strip[r][g] for r in range(n_r)], c)
 
     n_g = len(groups)
     n_tasks = 1  # next_params
@@ -187,17 +172,17 @@ def predict(
                 add("H-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
         for g, group in enumerate(groups):
             item_sums("H-rate", g, group)
-        n_tasks += n_r * n_g + n_g * (2 * n_r - 1)
+        n_tasks += n_r * n_g + n_c * (2 * n_r - 1)
     else:  # column strips need the new W of their run
         for i, run in enumerate(row_runs):
             for c in range(n_c):
-                dst = col_strip(i, c)
+                dst = col_strip[i][c]
                 add("H-rate", dst, rates.corr_ns / 2 * 1e-9 * grid.nnz[run, c].sum())
                 for r in run:
                     fetch("H-rate", f"W{r}", chunk_w[r], w_home[r], dst)
         for c in range(n_c):
-            locs = [col_strip(i, c) for i in range(len(row_runs))]
-            tree("H-rate", locs, F64 * k * cols[c], h_home[c])
+            locs = [col_strip[i][c] for i in range(len(row_runs))]
+            owner_sum("H-rate", locs, c)
         n_tasks += n_c * (2 * len(row_runs) - 1)
     # H update, column sums of H
     for c in range(n_c):
@@ -215,7 +200,7 @@ def predict(
     for g, group in enumerate(groups):
         item_sums("local", g, group)
     n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * (n_g - 1)  # strips, SW trees
-    n_tasks += n_g * (2 * n_r - 1) + (2 * n_r - 1) + 1  # SH trees, per-class sums, result
+    n_tasks += n_c * (2 * n_r - 1) + (2 * n_r - 1) + 1  # SH trees, per-class sums, result
     kernel = {
         name: max(max(sec / threads, longest[name][j]) for j, sec in per.items())
         for name, per in load.items()

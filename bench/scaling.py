@@ -482,26 +482,18 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
 
 def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
     """The model for design changes on ``p`` workers (see :func:`cost_model.predict`):
-    column strips spread over the workers, chunks sending mean and geo only, the H-rate pass
-    on the row strips, item sums at their chunk's worker, and one process of ``p`` threads
-    (nothing moves; in-process hops of 0.1 ms and 0.05 ms per task)."""
+    chunks sending mean and geo only, the H-rate pass on the row strips, and one process of
+    ``p`` threads (nothing moves; in-process hops of 0.1 ms and 0.05 ms per task)."""
     threads = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, math.inf, 1e-4, 5e-5)
     out = []
     for name, r, kw in [
         ("as the engine places tasks", rates, {}),
-        ("column strips spread", rates, {"spread_cols": True}),
-        ("spread, chunks send mean + geo", rates, {"spread_cols": True, "chunk_arrays": 2}),
+        ("chunks send mean + geo", rates, {"chunk_arrays": 2}),
         ("H-rate pass on the row strips (no W moves)", rates, {"h_rate_by_rows": True}),
         (
             "row-strip H-rate, chunks send mean + geo",
             rates,
             {"h_rate_by_rows": True, "chunk_arrays": 2},
-        ),
-        ("item sums added at their H chunk's worker", rates, {"owner_sums": True}),
-        (
-            "owner sums, row-strip H-rate, mean + geo",
-            rates,
-            {"owner_sums": True, "h_rate_by_rows": True, "chunk_arrays": 2},
         ),
         (f"1 process x {p} threads", threads, {"threads": p}),
     ]:

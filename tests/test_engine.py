@@ -269,11 +269,12 @@ def test_restarts_keep_the_best_run(tmp_path, client, problem):
 
 
 def test_strip_block_and_chunk_homes():
-    """Row strips go to the workers in contiguous runs; a strip's blocks and its user-block's W
-    chunk go with it; restrictions are loose; none without workers."""
+    """Row strips go to the workers in contiguous runs of about as many blocks each; a strip's
+    blocks and its user-block's W chunk go with it; restrictions are loose; none without
+    workers."""
     from ordnmf_dask.engine.cavi import homes
 
-    home = homes(["a", "b"], 4, [[0, 1, 2]])
+    home = homes(["a", "b"], 4, [[0, 1, 2]], [[0], [1], [2], [3]])
     assert [h["workers"] for h in home["row"]] == [["a"], ["a"], ["b"], ["b"]]
     assert all(h["allow_other_workers"] for h in home["row"])
     assert [[h["workers"][0] for h in row] for row in home["block"]] == [
@@ -283,36 +284,83 @@ def test_strip_block_and_chunk_homes():
         ["b"] * 3,
     ]
     assert [h["workers"] for h in home["col"]] == [["a"], ["a"], ["b"]]
-    one_row = homes(["a", "b"], 1, [[0], [1, 2]])  # one user-block cut into two strips
+    one_row = homes(["a", "b"], 1, [[0], [1, 2]], [[0]])  # one user-block cut into two strips
     assert [h["workers"][0] for h in one_row["strip"][0]] == ["a", "b"]
     assert [h["workers"][0] for h in one_row["block"][0]] == ["a", "b", "b"]
     assert one_row["row"][0]["workers"] == ["a"]
-    odd = homes(["a", "b"], 3, [[0, 1]])  # 3 strips on 2 workers: runs of 2 and 1
-    assert [row[0]["workers"][0] for row in odd["strip"]] == ["a", "a", "b"]
+    # strips of 3, 1, 1 and 1 blocks on 2 workers: 3 blocks each, not 2 strips each
+    uneven = homes(["a", "b"], 1, [[0, 1, 2], [3], [4], [5]], [[0]])
+    assert [h["workers"][0] for h in uneven["strip"][0]] == ["a", "b", "b", "b"]
     for workers in ([], ["a"]):
-        none = homes(workers, 2, [[0, 1]])
+        none = homes(workers, 2, [[0, 1]], [[0, 1]])
         assert none["row"] == [{}, {}] and none["block"] == [[{}, {}], [{}, {}]]
+        assert none["colstrip"] == [[{}, {}]]
+
+
+def test_column_strips_spread_over_all_workers():
+    """The H-rate pass's column strips go to every worker that holds blocks, each to a worker
+    holding one of its blocks, about as many blocks' worth to each (the first block's worker
+    alone would leave half the workers idle: runs of two user-blocks)."""
+    from ordnmf_dask.engine.cavi import homes
+
+    workers = ["a", "b", "c", "d"]
+    home = homes(workers, 4, [[0, 1], [2, 3]], [[0, 1], [2, 3]])
+    placed = [[h["workers"][0] for h in line] for line in home["colstrip"]]
+    assert sorted({w for line in placed for w in line}) == workers
+    for run, line in zip([[0, 1], [2, 3]], placed, strict=True):
+        for c, w in enumerate(line):
+            assert w in {home["block"][r][c]["workers"][0] for r in run}
+    assert sorted(w for line in placed for w in line) == sorted(workers * 2)
+
+
+def test_item_block_sums_are_added_on_the_h_chunks_worker(tmp_path, client, problem):
+    """SH and the H-rate terms of each item-block are summed (the last add of each tree) on
+    the worker its H chunk prefers, where the next H update runs."""
+    from distributed import wait
+
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (4, 3))
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
+    runner = CaviRunner(client, store, family, CaviConfig(K), str(tmp_path), cache_blocks=True)
+    w, h = runner.random_init()
+    params = family.init_params()
+    _, sh, _ = runner._local_pass(w, h, params)
+    corr = runner._col_corrections(params, w)
+    assert len(runner.row_runs) > 1  # H-rate terms summed over several column strips
+    ends = [x[0] if isinstance(x, tuple) else x for x in sh + corr]
+    wait(ends)
+    where = client.run_on_scheduler(
+        lambda dask_scheduler, keys: [
+            sorted(dask_scheduler.tasks[k].worker_restrictions or ()) for k in keys
+        ],
+        keys=[f.key for f in ends],
+    )
+    homes = [runner._home["col"][c]["workers"] for c in range(store.grid[1])]
+    assert where == homes + homes
+    assert len({w for (w,) in homes}) == 2
 
 
 def test_strip_runs():
-    """Runs of blocks per strip: few enough blocks and factor rows per strip, enough strips on
-    small grids, never depending on the cluster."""
-    from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, runs
+    """Runs of blocks per strip: few enough blocks and factor rows per strip, enough strips for
+    MIN_STRIPS workers (when there are that many blocks), never depending on the cluster."""
+    from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, MIN_STRIPS, runs
 
     w = np.array([1000] * 6)
-    assert runs(w, 8, MAX_STRIP_COLS) == [[0, 1, 2, 3, 4, 5]]  # 8 strips already: one run
-    assert runs(w, 4, MAX_STRIP_COLS) == [[0, 1, 2], [3, 4, 5]]  # 2 x 4 = 8 strips
+    assert runs(w, MIN_STRIPS, MAX_STRIP_COLS) == [[0, 1, 2, 3, 4, 5]]  # enough strips: one run
+    assert runs(w, MIN_STRIPS // 2, MAX_STRIP_COLS) == [[0, 1, 2], [3, 4, 5]]  # 2 runs
     assert runs(w, 1, MAX_STRIP_COLS) == [[j] for j in range(6)]  # never more runs than blocks
-    assert runs(np.array([10] * 20), 8, MAX_STRIP_COLS) == [
+    assert runs(np.array([10] * 20), MIN_STRIPS, MAX_STRIP_COLS) == [
         list(range(0, 7)),
         list(range(7, 14)),
         list(range(14, 20)),
     ]  # at most MAX_STRIP_BLOCKS = 8 blocks per strip
     wide = np.array([MAX_STRIP_COLS // 2 + 1] * 4)
-    assert runs(wide, 8, MAX_STRIP_COLS) == [[0], [1], [2], [3]]  # <= MAX_STRIP_COLS rows
+    assert runs(wide, MIN_STRIPS, MAX_STRIP_COLS) == [[0], [1], [2], [3]]  # <= MAX_STRIP_COLS
     uneven = np.array([10, 10, 10, MAX_STRIP_COLS])  # 2 equal-count runs; the 2nd is too wide
-    assert runs(uneven, 8, MAX_STRIP_COLS) == [[0, 1], [2], [3]]
-    assert runs(np.array([3 * MAX_STRIP_COLS]), 8, MAX_STRIP_COLS) == [[0]]  # a wide block alone
+    assert runs(uneven, MIN_STRIPS, MAX_STRIP_COLS) == [[0, 1], [2], [3]]
+    assert runs(np.array([3 * MAX_STRIP_COLS]), MIN_STRIPS, MAX_STRIP_COLS) == [[0]]  # alone
+    square = runs(np.array([1000] * 10), 10, MAX_STRIP_COLS)  # a 10 x 10 grid: 70 row strips
+    assert square == [[0, 1], [2, 3], [4, 5], [6], [7], [8], [9]]
 
 
 @pytest.mark.cluster

@@ -49,3 +49,15 @@ def test_tree_sum_order_is_fixed(client):
     got = client.gather(reduce.tree_sum(client, futs))
     assert got[0] == ((xs[0] + xs[1]) + (xs[2] + xs[3]) + xs[4])[0]
     assert got[0] != sum(x[0] for x in xs)  # left to right gives another value here
+
+
+def test_tree_sum_adds_run_where_asked(client):
+    """``at`` places every add of the tree (the sum ends on that worker); the sum is the same."""
+    futs = [client.submit(make, s, pure=False) for s in range(5)]
+    plain = client.gather(reduce.tree_sum(client, futs, ("sh", 1)))
+    for worker in sorted(client.scheduler_info()["workers"]):
+        total = reduce.tree_sum(
+            client, futs, ("sh", 1), at={"workers": [worker], "allow_other_workers": False}
+        )
+        np.testing.assert_array_equal(total.result(), plain)
+        assert set(client.who_has([total])[total.key]) == {worker}

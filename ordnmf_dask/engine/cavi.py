@@ -190,7 +190,9 @@ class CaviRunner:
         # row strips: user-block r x a run of item-blocks; column strips: the transpose
         self.groups = runs(np.diff(store.col_bounds), n_r, MAX_STRIP_COLS)
         self.row_runs = runs(np.diff(store.row_bounds), n_c, MAX_STRIP_ROWS)
-        self._home = homes(sorted(client.scheduler_info()["workers"]), n_r, self.groups)
+        self._home = homes(
+            sorted(client.scheduler_info()["workers"]), n_r, self.groups, self.row_runs
+        )
         if cache_blocks:
             load, home = tasks.materialize, self._home["block"]
             self.blocks = [
@@ -251,7 +253,8 @@ class CaviRunner:
         self, w: list[Future], h: list[Future], params: Any
     ) -> tuple[list[reduce.Lazy], list[reduce.Lazy], Future]:
         """Local step by row strips; SW summed over a row's strips, SH over the user-blocks
-        (lazy parts of the sums), and the family's O(V) statistics summed over all strips."""
+        on the H chunks' workers (lazy parts of the sums), and the family's O(V) statistics
+        summed over all strips."""
         client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
         stats = [
             [
@@ -273,12 +276,16 @@ class CaviRunner:
         # until the next W update consumes SW
         rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
         sw = [reduce.item(x, 0) for x in rows]
-        # one tree per run of item-blocks, adding the tuples of their SH parts (a tree per
-        # item-block would be n_c / n_groups times as many tasks)
-        sh = []
-        for g, group in enumerate(self.groups):
-            total = tree_sum(client, [row[g] for row in stats], "sh", lazy=True)
-            sh += [reduce.item(total, j) for j in range(len(group))]
+        # one tree per item-block, its adds on the H chunk's worker: each strip's part of an
+        # item-block moves once, to where the next H update needs it (the same pairing, item
+        # by item, as one tree over the tuples of a run's parts)
+        sh = [
+            tree_sum(
+                client, [row[g] for row in stats], ("sh", j), lazy=True, at=self._home["col"][c]
+            )
+            for g, group in enumerate(self.groups)
+            for j, c in enumerate(group)
+        ]
         small = tree_sum(client, rows, 1)
         return sw, sh, small
 
@@ -306,8 +313,8 @@ class CaviRunner:
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
         """H-rate terms by column strips (item-block c, a run of user-blocks), summed over the
-        runs."""
-        client, fam, home, blocks = self.client, self.family, self._home["block"], self.blocks
+        runs on the worker of H chunk c; each strip on its home (:func:`homes`)."""
+        client, fam, home, blocks = self.client, self.family, self._home["colstrip"], self.blocks
         return [
             tree_sum(
                 client,
@@ -318,11 +325,12 @@ class CaviRunner:
                         fam,
                         params,
                         [w[r] for r in run],
-                        **home[run[0]][c],
+                        **home[i][c],
                     )
-                    for run in self.row_runs
+                    for i, run in enumerate(self.row_runs)
                 ],
                 lazy=True,
+                at=self._home["col"][c],
             )
             for c in range(self.store.grid[1])
         ]
@@ -708,7 +716,7 @@ class CaviRunner:
 MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~100 MB at K = 50
 MAX_STRIP_ROWS = 2**18  # users per column strip: its E[W] tables stay ~100 MB at K = 50
 MAX_STRIP_BLOCKS = 8  # blocks per strip: a pass has at least n_r n_c / 8 tasks to spread
-MIN_STRIPS = 8  # strips per pass wanted on small grids (when there are enough blocks)
+MIN_STRIPS = 64  # strips per pass wanted (when there are that many blocks): work for 64 workers
 
 
 def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:
@@ -738,27 +746,49 @@ def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:
     return out
 
 
-def homes(workers: list[str], n_r: int, groups: list[list[int]]) -> dict[str, list[Any]]:
-    """Preferred workers (``submit`` keywords) of each row strip, block, W chunk and H chunk.
+def homes(
+    workers: list[str], n_r: int, groups: list[list[int]], row_runs: list[list[int]]
+) -> dict[str, list[Any]]:
+    """Preferred workers (``submit`` keywords) of each row strip, block, column strip, W chunk
+    and H chunk.
 
-    Row strips go to the n workers in contiguous runs in grid order (strip s of S on worker
-    ``s * n // S``); the blocks of a strip live where it runs (cached blocks never move), and W
-    chunk r with the first strip of user-block r (with one strip per user-block, W chunks, SW and
-    the W-rate sums never cross the network). H chunk c prefers worker ``c * n // n_c``. The
-    restrictions are loose (``allow_other_workers``): a lost worker's tasks run elsewhere. None
-    with one worker, or none connected yet (a cluster still starting).
+    Row strips go to the n workers in contiguous runs in grid order, about as many blocks to
+    each (a strip whose middle is block b of B, in row-major order, on worker ``b * n // B``);
+    the blocks of a strip live where it runs (cached blocks never move), and W chunk r with the
+    first strip of user-block r (with one strip per user-block, W chunks, SW and the W-rate
+    sums never cross the network). Column strip (run i of ``row_runs``, item-block c) goes to
+    the worker of one of its blocks, in grid order to the one given the fewest blocks of column
+    strips so far: the H-rate pass spreads over the workers that hold blocks (in practice all
+    of them), and no cached block is copied to a worker holding none of a strip's blocks
+    (Dask's memory manager would drop the copy, to be sent again every iteration). H chunk c
+    prefers worker ``c * n // n_c``. The restrictions are loose (``allow_other_workers``): a
+    lost worker's tasks run elsewhere. None with one worker, or none connected yet (a cluster
+    still starting).
     """
-    n, n_g = len(workers), len(groups)
-    n_c = sum(len(g) for g in groups)
+    n = len(workers)
+    sizes = [len(g) for g in groups]
+    n_c = sum(sizes)
 
     def at(j: int) -> dict[str, Any]:
         return {"workers": [workers[j]], "allow_other_workers": True} if n > 1 else {}
 
-    strip = [[at((r * n_g + g) * n // (n_r * n_g)) for g in range(n_g)] for r in range(n_r)]
-    block = [[strip[r][g] for g, group in enumerate(groups) for _ in group] for r in range(n_r)]
+    mid2 = 2 * np.cumsum([0, *sizes[:-1]]) + sizes  # twice a strip's middle in its row
+    on = [[(2 * r * n_c + int(m)) * n // (2 * n_r * n_c) for m in mid2] for r in range(n_r)]
+    where = [[on[r][g] for g, group in enumerate(groups) for _ in group] for r in range(n_r)]
+    count = [0] * max(n, 1)
+    colstrip = []
+    for run in row_runs:
+        line = []
+        for c in range(n_c):
+            j = min((where[r][c] for r in run), key=lambda x: count[x])
+            count[j] += len(run)
+            line.append(at(j))
+        colstrip.append(line)
+    strip = [[at(j) for j in row] for row in on]
     return {
         "strip": strip,
-        "block": block,
+        "block": [[at(j) for j in row] for row in where],
+        "colstrip": colstrip,
         "row": [strip[r][0] for r in range(n_r)],
         "col": [at(c * n // n_c) for c in range(n_c)],
     }

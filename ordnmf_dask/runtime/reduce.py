@@ -19,20 +19,26 @@ PRIORITY = 1  # of combining tasks; Dask's default is 0
 
 
 def tree_reduce(
-    client: Client, futures: Sequence[Future], combine: Callable[..., Any], *args: Any
+    client: Client,
+    futures: Sequence[Future],
+    combine: Callable[..., Any],
+    *args: Any,
+    at: dict[str, Any] | None = None,
 ) -> Future:
     """Reduce with ``combine(a, b, *args)`` along a fixed binary tree over ``futures``.
 
     The combining tasks run before any task of normal priority that is ready at the same time,
     so partial results are folded in as soon as two exist instead of piling up on the workers
     while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak memory).
+    ``at``: ``submit`` keywords of every combining task (where the sum is wanted); placement
+    only, the tree is the same.
     """
     level = list(futures)
     if not level:
         raise ValueError("tree_reduce of nothing")
     while len(level) > 1:
         nxt = [
-            client.submit(combine, level[j], level[j + 1], *args, priority=PRIORITY)
+            client.submit(combine, level[j], level[j + 1], *args, priority=PRIORITY, **(at or {}))
             for j in range(0, len(level) - 1, 2)
         ]
         if len(level) % 2:
@@ -89,7 +95,11 @@ def item(x: Lazy, j: int) -> Lazy:
 
 
 def tree_sum(
-    client: Client, futures: Sequence[Future], field: Field = None, lazy: bool = False
+    client: Client,
+    futures: Sequence[Future],
+    field: Field = None,
+    lazy: bool = False,
+    at: dict[str, Any] | None = None,
 ) -> Lazy:
     """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
     is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``; a field holding a tuple of arrays (``"sh"``) is
@@ -100,7 +110,8 @@ def tree_sum(
     unwraps on the worker. One task hop less on the critical path of every small-grid pass.
     Never gather a lazy result: it would bring the whole object to the client. Otherwise the
     field is taken on the worker holding each input before anything moves, so e.g. the column
-    sums of factor chunks move (K + 1,) vectors, not the chunks.
+    sums of factor chunks move (K + 1,) vectors, not the chunks. ``at``: as in
+    :func:`tree_reduce` (the adds only: a field is taken where its object lives).
     """
     if len(futures) == 1:
         if lazy:
@@ -108,4 +119,4 @@ def tree_sum(
         return client.submit(_pick, futures[0], field, priority=PRIORITY)
     if field is not None:  # take the field where each object lives: only it travels
         futures = [client.submit(_pick, f, field, priority=PRIORITY) for f in futures]
-    return tree_reduce(client, futures, _add)
+    return tree_reduce(client, futures, _add, at=at)
