@@ -80,6 +80,7 @@ class CaviEstimator:
         min_iter: int = DEFAULTS["min_iter"],
         seed: int = DEFAULTS["seed"],
         n_init: int = DEFAULTS["n_init"],
+        start: str = DEFAULTS["start"],
         cache_blocks: bool | str = DEFAULTS["cache_blocks"],
         executor: str = DEFAULTS["executor"],
         work_dir: str | None = DEFAULTS["work_dir"],
@@ -101,6 +102,7 @@ class CaviEstimator:
         self.min_iter = min_iter
         self.seed = seed
         self.n_init = n_init
+        self.start = start
         self.cache_blocks = cache_blocks
         self.executor = executor
         self.work_dir = work_dir

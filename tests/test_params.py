@@ -174,7 +174,7 @@ def _other(p: params.Param) -> Any:
         "float": lambda d: 0.25 if d is None else d / 2,
         "bool": lambda d: not d,
         "auto": lambda d: False,
-        "str": lambda d: next(w for w in ("inprocess", "loglik") if p.ok(w)),
+        "str": lambda d: next(w for w in ("inprocess", "loglik", "svd") if p.ok(w)),
         "path": lambda d: "/elsewhere",
     }[p.kind](p.default)
 
