@@ -25,6 +25,7 @@ def oracle_nndsvda(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     (the pair with the larger product of norms); zeros filled with the mean of ``a``; both
     factors then scaled so that sum(W H^T) = sum(a)."""
     u, s, vt = np.linalg.svd(a, full_matrices=False)
+    u[~a.any(axis=1)], vt[:, ~a.any(axis=0)] = 0, 0  # exact zeros (u = A v / s), not round-off
     w, h = np.zeros((a.shape[0], k)), np.zeros((a.shape[1], k))
     w[:, 0], h[:, 0] = np.sqrt(s[0]) * np.abs(u[:, 0]), np.sqrt(s[0]) * np.abs(vt[0])
     for j in range(1, k):
@@ -40,12 +41,17 @@ def oracle_nndsvda(a: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return w * factor, h * factor
 
 
-def start_of(store, seed: int = 0, k: int = K) -> tuple[np.ndarray, np.ndarray]:
-    """The SVD start of a fit on ``store``, gathered (in-process)."""
+def start_of(
+    store, seed: int = 0, binarize_at: int | None = None, cache: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """The SVD start of an OrdNMF fit on ``store`` (of BePoF with ``binarize_at``: the values
+    are then 1 for classes >= binarize_at), gathered (in-process)."""
     client = InProcessClient()
     try:
         family = OrdinalFamily(tuple(store.hist_train.tolist()))
-        runner = CaviRunner(client, store, family, CaviConfig(k, seed=seed), "unused", True)
+        if binarize_at is not None:
+            family = OrdinalFamily((0, 1), binarize_at=binarize_at)
+        runner = CaviRunner(client, store, family, CaviConfig(K, seed=seed), "unused", cache)
         w, h = svd_start(runner)
         return tuple(np.concatenate([c.mean for c in client.gather(x)]) for x in (w, h))
     finally:
@@ -86,13 +92,19 @@ def test_the_svd_start_is_the_dense_nndsvda(narrow):
     ow, oh = oracle_nndsvda(train.astype(np.float64), K)
     np.testing.assert_allclose(w, ow, rtol=1e-8, atol=1e-12)
     np.testing.assert_allclose(h, oh, rtol=1e-8, atol=1e-12)
+    # the family's values: BePoF's blocks hold 1 for classes >= 3, streamed from the store
+    # (14 users and 1 item without any: their rows get the fill)
+    w, h = start_of(store, binarize_at=3, cache=False)
+    ow, oh = oracle_nndsvda((train >= 3).astype(np.float64), K)
+    np.testing.assert_allclose(w, ow, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(h, oh, rtol=1e-8, atol=1e-12)
 
 
 def test_the_svd_start_depends_on_the_seed_not_on_the_grid(tmp_path, wide):
     train, test, store = wide
     one_block = store_from_dense(tmp_path / "one.zarr", train, test, 4, (1, 1))
     w, h = start_of(store, seed=5)
-    w1, h1 = start_of(one_block, seed=5)
+    w1, h1 = start_of(one_block, seed=5, cache=False)
     np.testing.assert_allclose(w1, w, rtol=1e-10)
     np.testing.assert_allclose(h1, h, rtol=1e-10)
     assert w.min() > 0 and h.min() > 0
