@@ -11,7 +11,7 @@ only: not on the grid's chunking of the random draws, nor on the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +37,7 @@ def col_strip(blocks: Sequence[Any], mats: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def last_column_sum(y: np.ndarray) -> np.ndarray:
+    """(1,) sum of the last column of a chunk (of A @ [G, 1]: the data's row sums)."""
     return y[:, -1:].sum(axis=0)
 
 
@@ -75,7 +76,7 @@ class _Passes:
             for c in range(len(blocks[0]))
         ]
 
-    def small_sum(self, fn: Any, chunks: list[Future]) -> np.ndarray:
+    def small_sum(self, fn: Callable[[Any], np.ndarray], chunks: list[Future]) -> np.ndarray:
         """sum over the chunks of ``fn(chunk)`` (a small array), gathered."""
         parts = [self.client.submit(fn, x, pure=False) for x in chunks]
         return np.asarray(self.client.gather(tree_sum(self.client, parts)))
