@@ -83,6 +83,7 @@ class CaviEstimator:
         seed: int = DEFAULTS["seed"],
         n_init: int = DEFAULTS["n_init"],
         optimizer: str = DEFAULTS["optimizer"],
+        start: str = DEFAULTS["start"],
         cache_blocks: bool | str = DEFAULTS["cache_blocks"],
         executor: str = DEFAULTS["executor"],
         work_dir: str | None = DEFAULTS["work_dir"],
@@ -105,6 +106,7 @@ class CaviEstimator:
         self.seed = seed
         self.n_init = n_init
         self.optimizer = optimizer
+        self.start = start
         self.cache_blocks = cache_blocks
         self.executor = executor
         self.work_dir = work_dir

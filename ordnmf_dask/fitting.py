@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from ordnmf_dask.engine.cavi import (
     IterationInfo,
     Validation,
 )
+from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
 from ordnmf_dask.modelstore.model import (
@@ -168,6 +170,8 @@ def plan_fit(
         raise InputError("resume and restart contradict each other: give one of them")
     if resume and not values["checkpoint_dir"]:
         raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
+    if values["start"] == "svd" and (init_arrays is not None or source is not None):
+        raise InputError("start='svd' is a start of its own: no init= or init_model= with it")
     n_init = values["n_init"]
     if n_init > 1 and (init_arrays is not None or source is not None or resume):
         raise InputError(
@@ -300,7 +304,8 @@ def _run_one(
     scorer: Validation | None,
     callback: IterationCallback | None,
 ) -> CaviState:
-    """One restart: its initial state (random, arrays, or a saved model), then the loop."""
+    """One restart: its initial state (random draws, the SVD start, arrays, or a saved model),
+    then the loop."""
     params0 = None
     source, arrays = plan.source, plan.init
     if source is not None:
@@ -310,7 +315,9 @@ def _run_one(
         def start() -> Any:
             return warmstart.initial_chunks(runner, source, params0, alpha)
     elif arrays is None:
-        start = runner.random_init
+        start = (
+            runner.random_init if plan.values["start"] == "random" else partial(svd_start, runner)
+        )
     else:
 
         def start() -> Any:  # writes the arrays only when called

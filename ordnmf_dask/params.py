@@ -146,7 +146,8 @@ def _rows() -> Iterator[Param]:
         0,
         int_ge(0),
         "an integer >= 0",
-        "seed of the Gamma(1, 1) initialization of E[W], E[H]",
+        "seed of the initialization of E[W], E[H] (the Gamma(1, 1) draws, or the random "
+        "projection of the SVD start)",
         model,
         True,
     )
@@ -168,9 +169,22 @@ def _rows() -> Iterator[Param]:
         1,
         int_ge(1),
         "an integer >= 1",
-        "random restarts (seeds seed, seed + 1, ...): the run with the highest final ELBO is kept",
+        "random restarts (seeds seed, seed + 1, ...): the run with the highest final ELBO is "
+        "kept (with start='svd' the restarts differ only by the random projection)",
         model,
         False,
+    )
+    yield Param(
+        "start",
+        "str",
+        "random",
+        lambda v: v in ("random", "svd"),
+        "'random' or 'svd'",
+        "initial E[W], E[H]: Gamma(1, 1) draws from the seed ('random'), or a nonnegative "
+        "start (NNDSVDa) from a rank-K randomized SVD of the training matrix, whose random "
+        "projection comes from the seed ('svd')",
+        model,
+        True,
     )
     yield Param(
         "approx",

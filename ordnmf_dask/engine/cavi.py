@@ -428,14 +428,13 @@ class CaviRunner:
             ]
             for triples, where in rows.values()
         )
-        params = submit(tasks.extrapolated_params, s0.params, s1.params, s2.params, step)
-        sw, sh, small = self._local_pass(w, h, params)
+        sw, sh, small = self._local_pass(w, h, s2.params)
         start = _Flight(
             w,
             h,
             sw,
             sh,
-            params,
+            s2.params,
             small,
             tree_sum(client, w, "summary"),
             tree_sum(client, h, "summary"),

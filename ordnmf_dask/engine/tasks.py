@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,20 +37,33 @@ def materialize(block: CsrBlock | BlockRef, reuse: bool = False) -> CsrBlock:
     return block
 
 
-def random_chunk(seed: int, which: int, start: int, stop: int, k: int) -> FactorChunk:
-    """Gamma(1, 1) draws for global rows [start, stop), independent of the block grid.
-
-    Rows are drawn in fixed groups of INIT_ROWS, each from its own stream
-    ``SeedSequence([seed, which, group])``.
-    """
+def grid_free_rows(
+    seed: int, which: int, start: int, stop: int, draw: Callable[[np.random.Generator], np.ndarray]
+) -> np.ndarray:
+    """Random rows [start, stop) independent of the block grid: rows are drawn in fixed groups
+    of INIT_ROWS, group g by ``draw`` from its own stream ``SeedSequence([seed, which, g])``."""
     first, last = start // INIT_ROWS, (stop - 1) // INIT_ROWS
     parts = []
     for group in range(first, last + 1):
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, which, group])))
-        parts.append(rng.gamma(1.0, 1.0, size=(INIT_ROWS, k)))
+        parts.append(draw(rng))
     rows = np.concatenate(parts)
     offset = first * INIT_ROWS
-    return FactorChunk.initial(rows[start - offset : stop - offset].copy())
+    return rows[start - offset : stop - offset].copy()
+
+
+def random_chunk(seed: int, which: int, start: int, stop: int, k: int) -> FactorChunk:
+    """Gamma(1, 1) draws for global rows [start, stop) (``which``: 0 for W, 1 for H)."""
+    draw = lambda rng: rng.gamma(1.0, 1.0, size=(INIT_ROWS, k))  # noqa: E731
+    return FactorChunk.initial(grid_free_rows(seed, which, start, stop, draw))
+
+
+def sketch_rows(seed: int, start: int, stop: int, width: int) -> np.ndarray:
+    """Rows [start, stop) of the SVD start's (I, width) test matrix: standard normal draws and,
+    last, a column of ones (whose product with the data gives the row sums)."""
+    draw = lambda rng: rng.standard_normal(size=(INIT_ROWS, width - 1))  # noqa: E731
+    rows = grid_free_rows(seed, 2, start, stop, draw)
+    return np.hstack([rows, np.ones((stop - start, 1))])
 
 
 def rows_chunk(path: str, start: int, stop: int) -> FactorChunk:
