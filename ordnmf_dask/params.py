@@ -116,7 +116,8 @@ def _rows() -> Iterator[Param]:
         1e-5,
         positive,
         "a finite number > 0",
-        "stop when the relative ELBO gain falls below tol (after min_iter)",
+        "stop when the relative ELBO gain per iteration falls below tol (after min_iter; "
+        "with optimizer='squarem', the gain averaged over its cycle of 3 iterations)",
         model,
         True,
     )

@@ -12,6 +12,7 @@ from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client, LocalCluster
 
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF
+from ordnmf_dask.engine.cavi import mean_gain
 from ordnmf_dask.model import extrapolation
 
 K = 3
@@ -50,6 +51,16 @@ def test_the_largest_step_grows_when_taken_and_shrinks_when_refused():
     assert shrink(1.0, 1.0, False) == 1.0
     assert grow(8.0, 3.0, True) == 8.0  # a step inside the limit leaves it
     assert shrink(8.0, 3.0, False) == 8.0
+
+
+def test_the_stopping_rule_averages_the_gain_over_the_window():
+    elbo = [-100.0, -50.0, -49.0, -48.99, -48.0]
+    assert mean_gain(elbo[:1], 3) == math.inf
+    assert mean_gain(elbo, 1) == pytest.approx(0.99 / 48.99)
+    assert mean_gain(elbo, 3) == pytest.approx(2.0 / (3 * 50.0))
+    assert mean_gain(elbo[:3], 3) == pytest.approx(51.0 / (2 * 100.0))  # fewer at the start
+    # a small step between two large ones does not stop a fit with the window
+    assert mean_gain(elbo[:4], 1) < 1e-3 < mean_gain(elbo[:4], 3)
 
 
 # --------------------------------------------------------------------------------------------

@@ -142,6 +142,15 @@ class Validation:
     window: int = 1
 
 
+def mean_gain(elbo: list[float], window: int) -> float:
+    """The relative ELBO gain per iteration over the last ``window`` iterations (fewer at the
+    start; inf after the first): the stopping rule compares it with tol."""
+    if len(elbo) < 2:
+        return math.inf
+    back = min(window, len(elbo) - 1)
+    return (elbo[-1] - elbo[-1 - back]) / (back * abs(elbo[-1 - back]))
+
+
 def early_stopping(scores: list[float], patience: int, window: int = 1) -> tuple[int, bool]:
     """The early-stopping rule on the validation scores so far (higher is better): the index of
     the evaluation whose state is kept, and whether the fit stops now.
@@ -205,6 +214,9 @@ class CaviRunner:
         # full passes over the blocks per iteration: the two rate passes and the local pass
         self.passes_per_iteration = 3 if family.uses_correction else 1
         self._chain: list[_Flight] = []  # the flights submitted since the last extrapolation
+        # the stopping rule averages the gain over an optimizer's cycle: SQUAREM's steps gain
+        # unevenly (an extrapolated one much more than the two plain ones after it)
+        self.stop_window = 3 if config.optimizer == "squarem" else 1
         self.step_max = extrapolation.STEP_MAX0
 
     # -- initial state -------------------------------------------------------------------
@@ -612,7 +624,9 @@ class CaviRunner:
                     )
                 state.objective = objective
                 n += 1
-                state.converged = rate < cfg.tol and n - 1 >= cfg.min_iter
+                state.converged = (
+                    mean_gain(state.elbo, self.stop_window) < cfg.tol and n - 1 >= cfg.min_iter
+                )
                 stop = "tol" if state.converged else ("max_iter" if last else None)
                 figures = None
                 now = time.perf_counter()
