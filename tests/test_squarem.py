@@ -14,6 +14,7 @@ from distributed import Client, LocalCluster
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF
 from ordnmf_dask.engine.cavi import mean_gain
 from ordnmf_dask.model import extrapolation
+from ordnmf_dask.modelstore.model import open_model
 
 K = 3
 
@@ -132,6 +133,7 @@ def test_squarem_is_bitwise_the_same_on_one_and_two_workers_and_in_process(ordin
         return OrdNMF(K, max_iter=30, optimizer="squarem", **kw).fit(ordinal_store, c)
 
     two, in_process = fit(client), fit(None, executor="inprocess")
+    assert open_model(two.model_path_).attrs["extrapolations"]["kept"] > 0
     with (
         LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address="127.0.0.1:0") as lc,
         Client(lc) as one_client,
@@ -153,5 +155,6 @@ def test_a_squarem_fit_resumes_exactly(ordinal_store, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     est(23, checkpoint_every=7, checkpoint_dir=ckpt).fit(ordinal_store)
     resumed = est(40, checkpoint_every=7, checkpoint_dir=ckpt).fit(ordinal_store, resume=True)
+    assert open_model(whole.model_path_).attrs["extrapolations"]["kept"] > 0
     assert resumed.elbo_ == whole.elbo_ and resumed.passes_ == whole.passes_
     np.testing.assert_array_equal(resumed.W_.compute(), whole.W_.compute())

@@ -217,6 +217,9 @@ class CaviRunner:
         # the stopping rule averages the gain over an optimizer's cycle: SQUAREM's steps gain
         # unevenly (an extrapolated one much more than the two plain ones after it)
         self.stop_window = 3 if config.optimizer == "squarem" else 1
+        self._elbo: list[float] = []  # the fit's bounds so far (the state's list)
+        self._linear_from: int | None = None  # bounds known when the linear phase began
+        self._scanned = 0  # bounds looked at for it
         self.step_max = extrapolation.STEP_MAX0
 
     # -- initial state -------------------------------------------------------------------
@@ -399,12 +402,13 @@ class CaviRunner:
             w, h, sw, sh, params, small, w_sum, h_sum, result, passes=self.passes_per_iteration
         )
 
-    def _advance(self, cur: _Flight) -> _Flight:
-        """Submit the step after ``cur``: one iteration, or with the SQUAREM optimizer, every
-        third step from the last extrapolation, an extrapolated one (:meth:`_extrapolated`)."""
+    def _advance(self, cur: _Flight, number: int) -> _Flight:
+        """Submit the step after ``cur``, iteration ``number`` of the fit: one iteration, or
+        with the SQUAREM optimizer in the linear phase, every third step from the last
+        extrapolation, an extrapolated one (:meth:`_extrapolated`)."""
         if self.cfg.optimizer != "squarem":
             return self._iteration(cur)
-        if len(self._chain) == 3:
+        if len(self._chain) == 3:  # three states of the linear phase: extrapolate
             if self.step_max > 1.0:
                 nxt = self._extrapolated(*self._chain)
                 self._chain = [nxt]
@@ -413,8 +417,24 @@ class CaviRunner:
             self.step_max = extrapolation.next_step_max(self.step_max, self.step_max, True)
             self._chain = []
         nxt = self._iteration(cur)
-        self._chain.append(nxt)
+        # before the linear phase every state starts a cycle (and may be checkpointed)
+        self._chain = self._chain + [nxt] if self._linear(number - 2) else [nxt]
         return nxt
+
+    def _linear(self, known: int) -> bool:
+        """Whether, within its first ``known`` bounds, the fit has entered its linear phase
+        (a relative gain below ``extrapolation.LINEAR_GAIN``). Early steps move far and
+        nonlinearly, where an extrapolation mostly jumps between basins. ``known`` lags the
+        submitted iteration by two, which every submission has gathered whether or not it was
+        submitted ahead: the decision does not depend on when results came back."""
+        if self._linear_from is None:
+            elbo = self._elbo
+            for j in range(max(self._scanned, 1), min(known, len(elbo))):
+                if (elbo[j] - elbo[j - 1]) / abs(elbo[j - 1]) < extrapolation.LINEAR_GAIN:
+                    self._linear_from = j + 1
+                    break
+                self._scanned = j + 1
+        return self._linear_from is not None and self._linear_from <= known
 
     def _extrapolated(self, s0: _Flight, s1: _Flight, s2: _Flight) -> _Flight:
         """One iteration from the SQUAREM extrapolation of three successive states
@@ -578,6 +598,7 @@ class CaviRunner:
             del w, h  # the initial chunks live in ``cur`` and ``state`` until replaced
             first = 0
         self._chain = [cur]
+        self._elbo = state.elbo
         owed = False  # a checkpoint due at an extrapolated step, taken at the next plain one
         last_checkpoint = time.monotonic()
         ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered
@@ -587,7 +608,7 @@ class CaviRunner:
         best: tuple[int, list[Future], list[Future], Any] | None = None  # the kept state
         try:
             while n < cfg.max_iter:
-                cur = ahead if ahead is not None else self._advance(cur)
+                cur = ahead if ahead is not None else self._advance(cur, n + 1)
                 due = bool(self.checkpoint_every) and (n + 1) % self.checkpoint_every == 0
                 late = self.checkpoint_minutes is not None and (
                     time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
@@ -600,7 +621,7 @@ class CaviRunner:
                 owed = (due or owed) and not take
                 if take:
                     pending = self._start_checkpoint(cur, n + 1)
-                ahead = None if (take or last) else self._advance(cur)
+                ahead = None if (take or last) else self._advance(cur, n + 2)
                 res = self._first_result(cur.result) if n == first else cur.result.result()
                 elbo, objective, params = res["elbo"], res["objective"], res["params"]
                 state.passes += cur.passes

@@ -16,6 +16,7 @@ import numpy as np
 
 STEP_MAX0 = 1.0  # the first cycles' largest step
 STEP_FACTOR = 4.0  # the largest step grows by this when taken, and shrinks by it when refused
+LINEAR_GAIN = 1e-3  # extrapolate once a relative ELBO gain per iteration has fallen below this
 
 
 def squared_norms(u0: np.ndarray, u1: np.ndarray, u2: np.ndarray) -> np.ndarray:
