@@ -161,15 +161,20 @@ def subsample_start(runner: CaviRunner) -> tuple[list[Future], list[Future], Any
         "H": [client.scatter(x, hash=False) for x in (sub_items, h_sub)],
     }
     colsum = {"W": w_sub.mean.sum(axis=0), "H": h_sub.mean.sum(axis=0)}
-    n_c = len(cols) - 1
     w_args = [
         (line, hi - lo, *fitted["H"], colsum["H"], cfg.alpha_W, likelihood)
         for line, lo, hi in zip(toward_items, rows[:-1], rows[1:], strict=True)
     ]
     h_args = [
-        ([line[c] for line in toward_users], cols[c + 1] - cols[c])
-        + (*fitted["W"], colsum["W"], cfg.alpha_H, likelihood)
-        for c in range(n_c)
+        (
+            [line[c] for line in toward_users],
+            hi - lo,
+            *fitted["W"],
+            colsum["W"],
+            cfg.alpha_H,
+            likelihood,
+        )
+        for c, (lo, hi) in enumerate(zip(cols[:-1], cols[1:], strict=True))
     ]
     w, h = runner.submit_initial(folded_chunk, w_args, h_args)
     return w, h, params
