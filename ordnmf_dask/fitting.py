@@ -33,6 +33,7 @@ from ordnmf_dask.engine.cavi import (
     IterationInfo,
     Validation,
 )
+from ordnmf_dask.engine.substart import subsample_start
 from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
@@ -170,8 +171,10 @@ def plan_fit(
         raise InputError("resume and restart contradict each other: give one of them")
     if resume and not values["checkpoint_dir"]:
         raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
-    if values["start"] == "svd" and (init_arrays is not None or source is not None):
-        raise InputError("start='svd' is a start of its own: no init= or init_model= with it")
+    if values["start"] != "random" and (init_arrays is not None or source is not None):
+        raise InputError(
+            f"start={values['start']!r} is a start of its own: no init= or init_model= with it"
+        )
     n_init = values["n_init"]
     if n_init > 1 and (init_arrays is not None or source is not None or resume):
         raise InputError(
@@ -304,8 +307,8 @@ def _run_one(
     scorer: Validation | None,
     callback: IterationCallback | None,
 ) -> CaviState:
-    """One restart: its initial state (random draws, the SVD start, arrays, or a saved model),
-    then the loop."""
+    """One restart: its initial state (random draws, the SVD start, the subsample start,
+    arrays, or a saved model), then the loop."""
     params0 = None
     source, arrays = plan.source, plan.init
     if source is not None:
@@ -315,9 +318,11 @@ def _run_one(
         def start() -> Any:
             return warmstart.initial_chunks(runner, source, params0, alpha)
     elif arrays is None:
-        start = (
-            runner.random_init if plan.values["start"] == "random" else partial(svd_start, runner)
-        )
+        start = {
+            "random": runner.random_init,
+            "svd": partial(svd_start, runner),
+            "subsample": partial(subsample_start, runner),
+        }[plan.values["start"]]
     else:
 
         def start() -> Any:  # writes the arrays only when called

@@ -147,8 +147,8 @@ def _rows() -> Iterator[Param]:
         0,
         int_ge(0),
         "an integer >= 0",
-        "seed of the initialization of E[W], E[H] (the Gamma(1, 1) draws, or the random "
-        "projection of the SVD start)",
+        "seed of the initialization of E[W], E[H] (the Gamma(1, 1) draws, the random "
+        "projection of the SVD start, or the subsample and its fit's draws)",
         model,
         True,
     )
@@ -171,7 +171,8 @@ def _rows() -> Iterator[Param]:
         int_ge(1),
         "an integer >= 1",
         "random restarts (seeds seed, seed + 1, ...): the run with the highest final ELBO is "
-        "kept (with start='svd' the restarts differ only by the random projection)",
+        "kept (with start='svd' the restarts differ only by the random projection, with "
+        "start='subsample' by the subsample and its fit's draws)",
         model,
         False,
     )
@@ -179,11 +180,13 @@ def _rows() -> Iterator[Param]:
         "start",
         "str",
         "random",
-        lambda v: v in ("random", "svd"),
-        "'random' or 'svd'",
+        lambda v: v in ("random", "svd", "subsample"),
+        "'random', 'svd' or 'subsample'",
         "initial E[W], E[H]: Gamma(1, 1) draws from the seed ('random'), or a nonnegative "
         "start (NNDSVDa) from a rank-K randomized SVD of the training matrix, whose random "
-        "projection comes from the seed ('svd')",
+        "projection comes from the seed ('svd'), or a fit of a subsample of the users and "
+        "items drawn from the seed, extended to all of them by fold-in, with its Delta (or p) "
+        "('subsample')",
         model,
         True,
     )

@@ -1,4 +1,5 @@
-"""The SVD start (``start="svd"``): NNDSVDa from a randomized SVD computed on the block store."""
+"""The SVD start (``start="svd"``): NNDSVDa from a randomized SVD computed on the block store;
+the subsample start (``start="subsample"``): a fit of a subsample extended by fold-in."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client, LocalCluster
 
-from ordnmf_dask import OrdNMF
+from ordnmf_dask import BePoF, OrdNMF
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
+from ordnmf_dask.engine.substart import subsample_start
 from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.fitting import plan_fit
-from ordnmf_dask.model.families import OrdinalFamily
+from ordnmf_dask.model import subsample
+from ordnmf_dask.model.families import DcPFFamily, OrdinalFamily
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.runtime.inprocess import InProcessClient
 
@@ -164,5 +167,98 @@ def test_the_svd_start_refuses_other_starts_in_one_line(tmp_path, narrow):
     with pytest.raises(InputError, match=r"^start='svd' .* init_model= with it$"):
         plan_fit(store, "OrdNMF", {"n_components": K, "start": "svd"}, init_model=old)
     with pytest.raises(InputError) as exc:
+        plan_fit(store, "OrdNMF", {"n_components": K, "start": "subsample"}, init=(w0, h0))
+    assert str(exc.value) == (
+        "start='subsample' is a start of its own: no init= or init_model= with it"
+    )
+    with pytest.raises(InputError) as exc:
         plan_fit(store, "OrdNMF", {"n_components": K, "start": "nndsvd"})
-    assert str(exc.value) == "start must be 'random' or 'svd', got 'nndsvd'"
+    assert str(exc.value) == "start must be 'random', 'svd' or 'subsample', got 'nndsvd'"
+
+
+def subsample_of(store, family, seed: int = 0, cache: bool = True):
+    """The subsample start of a fit of ``family`` on ``store``: W, H gathered, and the global
+    parameters it starts from (in-process)."""
+    with InProcessClient() as client:
+        runner = CaviRunner(client, store, family, CaviConfig(K, seed=seed), "unused", cache)
+        w, h, params = subsample_start(runner)
+        w, h = (np.concatenate([c.mean for c in client.gather(x)]) for x in (w, h))
+        return w, h, params
+
+
+def test_the_subsample_start_is_positive_everywhere_and_grid_free(tmp_path, narrow, wide):
+    train, test, store = wide
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
+    w, h, delta = subsample_of(store, family, seed=5)
+    assert w.shape == (store.n_users, K) and h.shape == (store.n_items, K)
+    assert np.all(np.isfinite(w)) and np.all(np.isfinite(h)) and w.min() > 0 and h.min() > 0
+    assert not np.allclose(delta, family.init_params())  # the sub-fit's Delta, not the first
+    one_block = store_from_dense(tmp_path / "one.zarr", train, test, 4, (1, 1))
+    w1, h1, delta1 = subsample_of(one_block, family, seed=5, cache=False)
+    np.testing.assert_array_equal(w1, w)
+    np.testing.assert_array_equal(h1, h)
+    np.testing.assert_array_equal(delta1, delta)
+    assert not np.array_equal(subsample_of(store, family, seed=6)[0], w)
+    # BePoF on classes >= 3 (14 users and 1 item without any: folded in from nothing), dcPF
+    _, narrow_store = narrow
+    for fam in (OrdinalFamily((0, 1), binarize_at=3), DcPFFamily("class")):
+        w, h, _ = subsample_of(narrow_store, fam)
+        assert np.all(np.isfinite(w)) and np.all(np.isfinite(h))
+        assert w.min() > 0 and h.min() > 0
+
+
+def test_the_subsample_is_bounded():
+    assert subsample.fractions(50, 40, 500, 3) == (0.6, 0.75)  # 10 K rows of each side
+    assert subsample.fractions(20, 10, 100, 3) == (1.0, 1.0)  # every row of a tiny store
+    assert subsample.fractions(10**6, 10**5, 10**7, 3) == (0.1, 0.1)
+    p_u, p_i = subsample.fractions(10**8, 10**7, 10**10, 50)
+    assert p_u * 10**8 <= subsample.MAX_ROWS and p_i * 10**7 <= subsample.MAX_ROWS
+    assert p_u * p_i * 10**10 <= subsample.MAX_NNZ * (1 + 1e-12)
+
+
+def test_the_subsample_fit_is_bitwise_the_same_on_one_or_two_workers_and_in_process(
+    tmp_path, wide, client
+):
+    _, _, store = wide
+
+    def fit(where, name, **kw):
+        est = OrdNMF(K, start="subsample", max_iter=6, tol=1e-12, **kw)
+        model = est.fit(store, where, out=tmp_path / name)
+        return model.elbo_, open_model(model.model_path_).factor("H", "mean").compute()
+
+    two = fit(client, "two")
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
+        ) as lc,
+        Client(lc) as one_client,
+    ):
+        one = fit(one_client, "one")
+    here = fit(None, "here", executor="inprocess")
+    for other in (one, here):
+        assert other[0] == two[0]
+        np.testing.assert_array_equal(other[1], two[1])
+    elbo = np.asarray(two[0])
+    assert len(elbo) == 6 and np.all(np.diff(elbo) >= -1e-10 * np.abs(elbo[1:]))
+
+
+def test_the_subsample_start_beats_random_draws_on_data_from_the_model(tmp_path):
+    train, test = dense_split(synthetic_ordinal(80, 60, 4, seed=3))
+    store = store_from_dense(tmp_path / "model.zarr", train, test, 4, (2, 2))
+
+    def first(start: str, seed: int) -> float:
+        est = OrdNMF(K, start=start, seed=seed, max_iter=1, executor="inprocess")
+        return est.fit(store).elbo_[0]
+
+    assert first("subsample", 0) > max(first("random", s) for s in range(3))
+
+
+def test_a_subsample_too_small_for_k_is_refused_in_one_line(narrow):
+    _, store = narrow  # 11 of its 12 items have a class >= 3
+    est = BePoF(12, threshold=3, start="subsample", max_iter=2, executor="inprocess")
+    with pytest.raises(InputError) as exc:
+        est.fit(store)
+    assert str(exc.value) == (
+        f"start='subsample': the subsample of {store.path} has 26 users and 11 items with a "
+        "nonzero between them, fewer than K = 12: use start='random' or 'svd'"
+    )

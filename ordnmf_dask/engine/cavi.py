@@ -40,6 +40,7 @@ from ordnmf_dask.engine import checkpoint, tasks
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
 from ordnmf_dask.model import extrapolation
 from ordnmf_dask.model.families import Family
+from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.runtime import reduce
 from ordnmf_dask.runtime.reduce import tree_sum
@@ -169,7 +170,8 @@ def early_stopping(scores: list[float], patience: int, window: int = 1) -> tuple
 
 
 class CaviRunner:
-    """Drives the CAVI iterations of one fit on ``client`` over the blocks of ``store``."""
+    """Drives the CAVI iterations of one fit on ``client`` over the blocks of ``store`` (or
+    over ``held``, the blocks of its grid already in memory, with an in-process client)."""
 
     def __init__(
         self,
@@ -182,6 +184,7 @@ class CaviRunner:
         checkpoint_every: int = DEFAULTS["checkpoint_every"],
         checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
         fingerprint: str = "",
+        held: list[list[CsrBlock]] | None = None,
     ) -> None:
         self.client = client
         self.store = store
@@ -202,7 +205,9 @@ class CaviRunner:
         self._home = homes(
             sorted(client.scheduler_info()["workers"]), n_r, self.groups, self.row_runs
         )
-        if cache_blocks:
+        if held is not None:  # blocks in memory (the subsample start's sub-fit, in-process)
+            self.blocks = held
+        elif cache_blocks:
             load, home = tasks.materialize, self._home["block"]
             self.blocks = [
                 [client.submit(load, refs[r][c], **home[r][c]) for c in range(n_c)]
@@ -210,7 +215,7 @@ class CaviRunner:
             ]
         else:
             self.blocks = refs
-        self.cached = cache_blocks
+        self.cached = cache_blocks or held is not None
         # full passes over the blocks per iteration: the two rate passes and the local pass
         self.passes_per_iteration = 3 if family.uses_correction else 1
         self._chain: list[_Flight] = []  # the flights submitted since the last extrapolation
@@ -528,7 +533,7 @@ class CaviRunner:
 
     def run(
         self,
-        init: Callable[[], tuple[list[Future], list[Future]]] | None,
+        init: Callable[[], tuple[Any, ...]] | None,
         callback: IterationCallback | None = None,
         resume: bool = False,
         required: bool = False,
@@ -550,7 +555,8 @@ class CaviRunner:
         max_iter instead (``init`` is then only used when there is none, or InputError if
         ``required``), and the run continues exactly as the interrupted one would have. Other
         checkpoints in the directory are never touched. ``init_params``: the global parameters
-        to start from with ``init`` (default the family's), e.g. a warm start's old Delta.
+        to start from with ``init`` (default the family's), e.g. a warm start's old Delta; an
+        ``init`` that returns them third, after the chunks (the subsample start), overrides it.
 
         ``callback`` receives an :class:`IterationInfo` after each iteration and may stop the
         fit. With ``validation``, the state is scored every ``validation.every`` iterations
@@ -580,8 +586,9 @@ class CaviRunner:
         else:
             if init is None:
                 raise ValueError("no initial state and nothing to resume from")
-            w, h = init()
-            params = fam.init_params() if init_params is None else init_params
+            w, h, *given = init()
+            params = given[0] if given else init_params
+            params = fam.init_params() if params is None else params
             sw, sh, small = self._local_pass(w, h, params)
             cur = _Flight(
                 w,
