@@ -109,6 +109,7 @@ def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any
     start = time.perf_counter()
     est = OrdNMF(
         args.k,
+        optimizer="cavi",
         tol=args.tol,
         max_iter=args.max_iter,
         validation_every=args.every,
@@ -210,7 +211,9 @@ def synthetic(args: argparse.Namespace, client: Any) -> None:
         ("random start", None),
         ("started from the generating factors", (w0 + 1e-12, h0 + 1e-12)),
     ):
-        est = OrdNMF(k, tol=args.tol, max_iter=args.max_iter).fit(store, client, init=init)
+        est = OrdNMF(k, optimizer="cavi", tol=args.tol, max_iter=args.max_iter).fit(
+            store, client, init=init
+        )
         rows.append((label, est.n_iter_, evaluate(store, est, client, levels=[1])["ndcg"][1]))
     print(f"{'':<44} {'iterations':>16} {'NDCG s=1':>10}")
     for label, n, x in rows:

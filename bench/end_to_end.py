@@ -142,6 +142,7 @@ def main() -> None:
             mode = "cached" if decide_cache("auto", client, open_store(path)) else "streamed"
             model = OrdNMF(
                 args.k,
+                optimizer="cavi",
                 tol=1e-12,
                 max_iter=args.iters,
                 min_iter=args.iters,

@@ -189,6 +189,7 @@ def timed_fit(path: str, k: int, iters: int, cache: bool, client: Any) -> dict[s
     start = time.perf_counter()
     model = OrdNMF(
         k,
+        optimizer="cavi",
         tol=1e-12,
         max_iter=iters,
         min_iter=iters,

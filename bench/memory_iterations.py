@@ -52,7 +52,7 @@ def main() -> None:
             tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
             samples[n] = (rss, tasks)
 
-        OrdNMF(args.k, max_iter=args.iters, tol=1e-300, checkpoint_every=10).fit(
+        OrdNMF(args.k, optimizer="cavi", max_iter=args.iters, tol=1e-300, checkpoint_every=10).fit(
             store, client, callback=record
         )
     print(

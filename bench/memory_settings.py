@@ -103,6 +103,7 @@ def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[st
         malloc_env = client.run(_set_memory, buffers_on)
         model = OrdNMF(
             args.k,
+            optimizer="cavi",
             tol=1e-12,
             max_iter=iters,
             min_iter=iters,

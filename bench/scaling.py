@@ -168,7 +168,13 @@ def profiled_fit(
                 )
 
         model = OrdNMF(
-            k, tol=1e-12, max_iter=iters, min_iter=iters, cache_blocks=True, checkpoint_every=0
+            k,
+            optimizer="cavi",
+            tol=1e-12,
+            max_iter=iters,
+            min_iter=iters,
+            cache_blocks=True,
+            checkpoint_every=0,
         )
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)

@@ -166,6 +166,8 @@ def main() -> None:
         store,
         "-k",
         str(args.k),
+        "--optimizer",
+        "cavi",  # the authors' trajectory, iteration for iteration
         "--tol",
         str(args.tol),
         "--out",

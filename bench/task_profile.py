@@ -51,6 +51,7 @@ def profile(path: str, args: argparse.Namespace) -> None:
         before = client.run(worker_usage)
         model = OrdNMF(
             args.k,
+            optimizer="cavi",
             tol=1e-12,
             max_iter=args.iters,
             min_iter=args.iters,

@@ -155,7 +155,7 @@ def _rows() -> Iterator[Param]:
     yield Param(
         "optimizer",
         "str",
-        "cavi",
+        "squarem",
         lambda v: v in ("cavi", "squarem"),
         "'cavi' or 'squarem'",
         "'cavi': the paper's coordinate ascent, one iteration after the other; 'squarem': "
