@@ -46,7 +46,9 @@ def test_fit_matches_oracle_trajectory(tmp_path, client, problem, grid, approx):
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, grid)
     ref = oracle.fit(train, n_classes, w0, h0, tol=1e-5, approx=approx)
-    model = OrdNMF(K, approx=approx, checkpoint_every=7).fit(store, client, init=(w0, h0))
+    model = OrdNMF(K, approx=approx, checkpoint_every=7, optimizer="cavi").fit(
+        store, client, init=(w0, h0)
+    )
     _assert_same_fit(model, ref)
     assert model.converged_
     objective = np.asarray(ref["objective"])
@@ -58,7 +60,7 @@ def test_binary_data_is_bepof(tmp_path, client, problem):
     tr, te = (train > 0).astype(np.int64), (test > 0).astype(np.int64)
     store = store_from_dense(tmp_path / "b.zarr", tr, te, 1, (2, 2))
     ref = oracle.fit(tr, 1, w0, h0, tol=1e-6, min_iter=5)
-    model = OrdNMF(K, tol=1e-6, min_iter=5).fit(store, client, init=(w0, h0))
+    model = OrdNMF(K, tol=1e-6, min_iter=5, optimizer="cavi").fit(store, client, init=(w0, h0))
     _assert_same_fit(model, ref)
 
 
@@ -120,7 +122,7 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
         client,
         store,
         family,
-        CaviConfig(K, max_iter=40, tol=1e-300),
+        CaviConfig(K, max_iter=40, tol=1e-300, optimizer="cavi"),
         str(tmp_path),
         cache_blocks=True,
         checkpoint_every=5,
@@ -194,30 +196,34 @@ def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, cli
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 3))
     ckpt = tmp_path / "ckpt"
-    whole = OrdNMF(K, max_iter=25, tol=1e-12).fit(store, client, init=(w0, h0))
+    whole = OrdNMF(K, optimizer="cavi", max_iter=25, tol=1e-12).fit(store, client, init=(w0, h0))
     # "interrupted" after 17 iterations: checkpoints at 8 and 16 remain
-    OrdNMF(K, max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)).fit(
-        store, client, init=(w0, h0)
-    )
+    OrdNMF(
+        K, optimizer="cavi", max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)
+    ).fit(store, client, init=(w0, h0))
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000008", "ckpt-00000016"]
     # a checkpoint holds the state only; a saved model also its derived log_mean and rate
     state = {"mean", "geo", "shape", "prior_rate"}
     chunk = ckpt / "ckpt-00000016" / "W" / "1"
     assert {p.name for p in chunk.iterdir() if p.is_dir()} == state
-    resumed = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
+    resumed = OrdNMF(
+        K, optimizer="cavi", max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)
+    )
     resumed.fit(store, client, init=(w0, h0), resume=True)
     assert resumed.elbo_ == whole.elbo_
     np.testing.assert_array_equal(resumed.W_.compute(), whole.W_.compute())
     np.testing.assert_array_equal(resumed.H_.compute(), whole.H_.compute())
 
     # truncate a chunk of the newest checkpoint: it must be skipped, the older one used
-    OrdNMF(K, max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)).fit(
-        store, client, init=(w0, h0), restart=True
-    )
+    OrdNMF(
+        K, optimizer="cavi", max_iter=17, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)
+    ).fit(store, client, init=(w0, h0), restart=True)
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000008", "ckpt-00000016"]
     newest = ckpt / "ckpt-00000016" / "W" / "1" / "mean" / "c" / "0" / "0"
     newest.write_bytes(newest.read_bytes()[:10])
-    again = OrdNMF(K, max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt))
+    again = OrdNMF(
+        K, optimizer="cavi", max_iter=25, tol=1e-12, checkpoint_every=8, checkpoint_dir=str(ckpt)
+    )
     again.fit(store, client, init=(w0, h0), resume=True)
     assert again.elbo_ == whole.elbo_
 

@@ -198,7 +198,9 @@ def test_dcpf_matches_oracle(tmp_path, client, overdispersed, grid, p, update_p)
     train, test, w0, h0 = overdispersed
     store = count_store(tmp_path / "c.zarr", train, test, grid)
     ref = oracle_dcpf.fit(train, w0, h0, p=p, update_p_=update_p, tol=TOL, max_iter=MAX_ITER)
-    model = DcPF(K, p=p, update_p=update_p, tol=TOL, max_iter=MAX_ITER, checkpoint_every=7)
+    model = DcPF(
+        K, p=p, update_p=update_p, tol=TOL, max_iter=MAX_ITER, checkpoint_every=7, optimizer="cavi"
+    )
     model.fit(store, client, init=(w0, h0))
     _assert_same_dcpf_fit(model, ref, MAX_ITER)
     if update_p:
@@ -299,7 +301,7 @@ def test_dcpf_on_a_count_store_uses_the_raw_counts(tmp_path, client):
     edges = [0, 1, 2, 5, 10, 50]
     store = _write_count_store(tmp_path / "raw.zarr", train, test, edges, (2, 2))
     ref = oracle_dcpf.fit(train, w0, h0, p=0.5, tol=TOL, max_iter=MAX_ITER)
-    model = DcPF(K, tol=TOL, max_iter=MAX_ITER).fit(store, client, init=(w0, h0))
+    model = DcPF(K, tol=TOL, max_iter=MAX_ITER, optimizer="cavi").fit(store, client, init=(w0, h0))
     _assert_same_dcpf_fit(model, ref, MAX_ITER)
 
     result = evaluate(store, model, client)

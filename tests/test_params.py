@@ -175,7 +175,7 @@ def _other(p: params.Param) -> Any:
         "bool": lambda d: not d,
         "auto": lambda d: False,
         "str": lambda d: next(
-            w for w in ("inprocess", "loglik", "squarem", "svd") if p.ok(w) and w != d
+            w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.ok(w) and w != d
         ),
         "path": lambda d: "/elsewhere",
     }[p.kind](p.default)
