@@ -510,20 +510,15 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
 
 def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
     """The model for design changes on ``p`` workers (see :func:`cost_model.predict`):
-    chunks sending mean and geo only, the H-rate pass on the row strips, one Dask worker process
+    chunks sent whole (no views), the H-rate pass on the row strips, one Dask worker process
     of ``p`` threads (nothing moves between its threads; the scheduler's hops and per-task cost
     stay), and one in-process executor of ``p`` threads (hops of 0.1 ms and 0.05 ms per task)."""
     threads = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, math.inf, 1e-4, 5e-5)
     out = []
     for name, r, kw in [
         ("as the engine places tasks", rates, {}),
-        ("chunks send mean + geo", rates, {"chunk_arrays": 2}),
+        ("chunks sent whole (no views)", rates, {"views": False}),
         ("H-rate pass on the row strips (no W moves)", rates, {"h_rate_by_rows": True}),
-        (
-            "row-strip H-rate, chunks send mean + geo",
-            rates,
-            {"h_rate_by_rows": True, "chunk_arrays": 2},
-        ),
         (f"1 worker process x {p} threads", rates, {"threads": p}),
         (f"in-process, {p} threads", threads, {"threads": p}),
     ]:
