@@ -79,7 +79,7 @@ def predict(
     grid: Grid,
     p: int,
     rates: Rates,
-    chunk_arrays: int = 3,
+    views: bool | None = None,
     h_rate_by_rows: bool = False,
     threads: int = 1,
 ) -> Prediction:
@@ -87,8 +87,10 @@ def predict(
     worker's tasks of a pass spread over its threads: it takes its kernel seconds / threads,
     or its longest task if that is longer; threads share the worker's chunks).
 
-    Variants the engine does not do (yet), to size design changes: ``chunk_arrays``: (n, K)
-    arrays a factor chunk sends (3: mean, geo, shape; 2: the passes' mean and geo only);
+    ``views``: strips read factor chunks through views made on the chunks' workers (mean and geo
+    only: 2 (n, K) arrays sent, R + C more tasks and 2 more hops per iteration), as the engine
+    does on more than one worker (None: p > 1); False: chunks sent whole (mean, geo, shape and
+    the (n, 1) prior rate). A variant the engine does not do, to size a design change:
     ``h_rate_by_rows``: the H-rate pass run on the row strips, where the new W already is (each
     strip emits its items' partial sums, added along a tree over the user-blocks as SH is), so
     no W chunk moves (its per-item partial sums do instead, to the H chunks' workers).
@@ -107,8 +109,10 @@ def predict(
     strip = [[at(home["strip"][r][g]) for g in range(len(groups))] for r in range(n_r)]
     w_home = [at(h) for h in home["row"]]
     h_home = [at(h) for h in home["col"]]
-    chunk_w = chunk_arrays * F64 * k * rows + F64 * rows  # mean, geo, shape; prior rate (n, 1)
-    chunk_h = chunk_arrays * F64 * k * cols + F64 * cols
+    views = p > 1 if views is None else views
+    # a view: mean and geo; a whole chunk: mean, geo, shape and the prior rate (n, 1)
+    chunk_w = 2 * F64 * k * rows if views else 3 * F64 * k * rows + F64 * rows
+    chunk_h = 2 * F64 * k * cols if views else 3 * F64 * k * cols + F64 * cols
     col_strip = [[at(h) for h in line] for line in home["colstrip"]]
 
     load: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -155,7 +159,7 @@ def predict(
             owner_sum(pass_, [strip[r][g] for r in range(n_r)], c)
 
     n_g = len(groups)
-    n_tasks = 1  # next_params
+    n_tasks = 1 + (n_r + n_c if views else 0)  # next_params, the views
     # W-rate pass: row strips, old H (replicated in the previous local pass: no fetch)
     for r in range(n_r):
         for g, group in enumerate(groups):
@@ -208,7 +212,7 @@ def predict(
     transfer = sum(max(per.values(), default=0.0) for per in recv.values()) / rates.bandwidth
     # one chain of dependent hops (docs/design.md): params, W-rate strip and tree, W update,
     # W column sums, H update, local strip, SW/small trees back to the next params
-    hops = 8 + 2 * _depth(n_g) + 2 * _depth(n_r) + (0 if n_g == 1 else 1)
+    hops = 8 + 2 * _depth(n_g) + 2 * _depth(n_r) + (0 if n_g == 1 else 1) + (2 if views else 0)
     workers = sum(kernel.values()) + transfer + hops * rates.hop_s
     sched = n_tasks * rates.sched_s
     total_kernel = sum(sum(per.values()) for per in load.values())

@@ -12,8 +12,8 @@ one run, each in a fresh process:
   (user, item) codes once -- what any ingest has to do;
 - in-process: ``ordnmf_dask.ingest(FILE, OUT, ratings="halfstar")``, the ingest pipeline's
   tasks run in this process;
-- distributed: ``ingest_distributed`` on a LocalCluster of ``--workers`` processes capped at
-  ``--memory-limit`` each.
+- distributed: ``ingest_distributed`` on a LocalCluster of ``--workers`` processes of
+  ``--threads-per-worker`` threads capped at ``--memory-limit`` each.
 
 It prints seconds per million rows, CPU seconds of all its processes (steadier than wall time
 on a shared machine), the kernel high-water RSS of every process (the measuring process and each
@@ -134,7 +134,9 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
-def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, check: int) -> dict:
+def run_one(
+    kind: str, path: str, out: str, workers: int, memory_limit: str, check: int, threads: int = 1
+) -> dict:
     """Time one measurement in this (fresh) process; kernel high-water RSS and CPU seconds of
     its processes."""
     peaks: dict[str, float] = {}
@@ -153,7 +155,7 @@ def run_one(kind: str, path: str, out: str, workers: int, memory_limit: str, che
         with (
             LocalCluster(
                 n_workers=workers,
-                threads_per_worker=1,
+                threads_per_worker=threads,
                 processes=True,
                 memory_limit=memory_limit,
                 dashboard_address=None,
@@ -273,6 +275,8 @@ def measure(kind: str, path: Path, args: argparse.Namespace) -> dict:
             str(out),
             "--workers",
             str(args.workers),
+            "--threads-per-worker",
+            str(args.threads_per_worker),
             "--memory-limit",
             args.memory_limit,
             "--check",
@@ -290,6 +294,7 @@ def main() -> None:
     parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads-per-worker", type=int, default=1)
     parser.add_argument("--memory-limit", default="2GB")
     parser.add_argument(
         "--kinds",
@@ -307,7 +312,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.run:
         kind, path, out = args.run
-        print(json.dumps(run_one(kind, path, out, args.workers, args.memory_limit, args.check)))
+        print(
+            json.dumps(
+                run_one(
+                    kind,
+                    path,
+                    out,
+                    args.workers,
+                    args.memory_limit,
+                    args.check,
+                    args.threads_per_worker,
+                )
+            )
+        )
         return
     n = int(args.rows)
     path = Path(args.dir) / f"ingest-bench-{n}.{args.format}"

@@ -4,9 +4,10 @@ Usage: ``python bench/scaling.py [--nnz 1e6 1e7] [--workers 1 2] [--iters 4] [--
 [--users U --items I] [--memory-limit 2GB] [--modes cached streaming]`` (add ``1e8`` to ``--nnz``
 for the long run); ``--profile [--predict P...] [--predict-shape U I NNZ R C] [--bandwidth B...]
 [--one-worker-seconds S] [--hop-ms H] [--sched-ms S] [--variants-at P...]
-[--threads-per-worker T]`` for the counters and the cost model, and ``--rates LOCAL CORR GAMMA``
-with the same options for the model alone. At the issue's scale on a 16-core machine:
-``--profile --nnz 1e8 --users 1000000 --items 250000 --workers 1 2 4 8 16``.
+[--threads-per-worker T...] [--layouts PxT...]`` for the counters and the cost model, and
+``--rates LOCAL CORR GAMMA`` with the same options for the model alone. At the issue's scale on a
+16-core machine: ``--profile --nnz 1e8 --users 1000000 --items 250000 --workers 1 2 4 8 16``;
+processes against threads: ``--profile --layouts 1x1 1x2 2x1`` (P worker processes of T threads).
 
 For each train-nnz target a synthetic store is made once in ``--work`` (users = nnz / 100, items =
 nnz / 400, min 12k x 6k: ~100 nonzeros per user; or the fixed ``--users`` x ``--items``, so that
@@ -141,10 +142,10 @@ def _loop_cpu() -> float:
 
 
 def profiled_fit(
-    path: str, k: int, iters: int, workers: int, memory_limit: str | None
+    path: str, k: int, iters: int, workers: int, memory_limit: str | None, threads: int = 1
 ) -> dict[str, Any]:
-    """A cached fit on a LocalCluster of ``workers`` single-thread workers, with the counters
-    of the module's docstring, per iteration after the first."""
+    """A cached fit on a LocalCluster of ``workers`` worker processes of ``threads`` threads,
+    with the counters of the module's docstring, per iteration after the first."""
     from distributed import get_task_stream
 
     from ordnmf_dask import OrdNMF
@@ -152,7 +153,9 @@ def profiled_fit(
 
     marks: list[tuple[float, float, float, dict[str, int]]] = []  # wall, loop, process CPU, out
     seconds: list[float] = []
-    with resolve_client(None, workers, memory_limit=memory_limit) as client:
+    with resolve_client(
+        None, workers, threads_per_worker=threads, memory_limit=memory_limit
+    ) as client:
         client.register_plugin(ChainRecorder())
 
         def record(info: Any) -> None:
@@ -204,13 +207,24 @@ def profiled_fit(
         "tasks": tasks / n,
         "loop_cpu": (loop1 - loop0) / n,
         "process_cpu": (cpu1 - cpu0) / n,
-        "idle": [1 - busy.get(a, 0.0) / span for a in sorted(out1)],
+        "idle": [1 - busy.get(a, 0.0) / (span * threads) for a in sorted(out1)],
         "busy": sum(busy.values()) / n,
         "transfer_s": sum(transfer_s.values()) / n,
         "chain_compute": chain_compute / n,
         "chain_gaps": chain_gaps / n,
         "chain_hops": chain_hops / n,
     }
+
+
+def layout(text: str) -> tuple[int, int]:
+    """``PxT`` of ``--layouts``: P worker processes of T threads each."""
+    try:
+        p, t = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want PxT, e.g. 1x2") from None
+    if p < 1 or t < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: P and T must be >= 1")
+    return p, t
 
 
 def main() -> None:
@@ -281,9 +295,18 @@ def main() -> None:
     ap.add_argument(
         "--threads-per-worker",
         type=int,
-        default=1,
+        nargs="+",
+        default=[1],
         help="predictions for workers of this many threads sharing their factor chunks (the "
         "kernels assumed to keep their one-thread speed on every thread)",
+    )
+    ap.add_argument(
+        "--layouts",
+        type=layout,
+        nargs="+",
+        metavar="PxT",
+        help="with --profile: measured LocalClusters of P worker processes of T threads each, "
+        "in this order, the first the reference (e.g. 1x1 1x2 2x1; default: --workers x 1)",
     )
     ap.add_argument("--sched-ms", type=float, help="scheduler CPU per task for the predictions")
     args = ap.parse_args()
@@ -357,17 +380,19 @@ def profile_main(args: argparse.Namespace) -> None:
             f"{corr_ns:.1f} ns/nnz, Gamma {rates.gamma_ns:.1f} ns/entry",
             flush=True,
         )
+        layouts = args.layouts or [(p, 1) for p in args.workers]
         meas = {
-            p: profiled_fit(path, args.k, args.iters, p, args.memory_limit) for p in args.workers
+            (p, t): profiled_fit(path, args.k, args.iters, p, args.memory_limit, t)
+            for p, t in layouts
         }
-        # calibration: the hop cost from the smallest worker count (its workers' idle time over
-        # the model's hops: with one worker, it idles only while a dependency's result goes
-        # through the scheduler), the scheduler's CPU per task, the bandwidth from the
+        # calibration: the hop cost from the first layout (its workers' idle time over the
+        # model's hops: with one single-thread worker, it idles only while a dependency's result
+        # goes through the scheduler), the scheduler's CPU per task, the bandwidth from the
         # transfers' durations on more than one worker
-        p0 = min(meas)
-        m0 = meas[p0]
-        hop_s = max(m0["mean"] - m0["busy"] / p0, 0.0) / predict(grid, p0, rates).hops
-        moved = [(m["bytes"], m["transfer_s"]) for p, m in meas.items() if p > 1]
+        p0, t0 = layouts[0]
+        m0 = meas[layouts[0]]
+        hop_s = max(m0["mean"] - m0["busy"] / (p0 * t0), 0.0) / predict(grid, p0, rates).hops
+        moved = [(m["bytes"], m["transfer_s"]) for (p, _), m in meas.items() if p > 1]
         bw = sum(b for b, _ in moved) / max(sum(t for _, t in moved), 1e-9) if moved else 1e9
         rates = Rates(
             rates.local_ns,
@@ -378,20 +403,20 @@ def profile_main(args: argparse.Namespace) -> None:
             m0["loop_cpu"] / max(m0["tasks"], 1),
         )
         print(
-            f"calibrated: hop {rates.hop_s * 1e3:.2f} ms (idle time of {p0} worker(s)),"
+            f"calibrated: hop {rates.hop_s * 1e3:.2f} ms (idle time of {p0} x {t0}),"
             f" scheduler loop {rates.sched_s * 1e3:.2f} ms CPU per task, bandwidth "
             f"{bw / 1e6:.0f} MB/s (bytes over transfer seconds)"
         )
         rows = []
-        for p, m in sorted(meas.items()):
-            pr = predict(grid, p, rates)
+        for (p, t), m in meas.items():
+            pr = predict(grid, p, rates, threads=t)
             rows.append(
                 [
-                    p,
+                    f"{p} x {t}",
                     m["mean"],
                     pr.seconds,
-                    m0["mean"] / m["mean"] * p0,
-                    m0["mean"] * p0 / (m["mean"] * p),
+                    m0["mean"] / m["mean"] * p0 * t0,
+                    m0["mean"] * p0 * t0 / (m["mean"] * p * t),
                     m["bytes"] / 1e6,
                     pr.bytes_moved / 1e6,
                     m["tasks"],
@@ -406,21 +431,22 @@ def profile_main(args: argparse.Namespace) -> None:
         print(fmt_table(rows, PROFILE_HEADER))
         print(
             "(measured unless marked 'model'; speed-up and efficiency against "
-            f"{p0} worker(s); busy = workers' compute seconds per iteration, summed)"
+            f"{p0} x {t0}, per thread; busy = workers' compute seconds per iteration, summed "
+            f"over threads; load average {os.getloadavg()[0]:.1f} after the fits)"
         )
         serial = [
             [
-                p,
+                f"{p} x {t}",
                 m["chain_compute"] + m["chain_gaps"],
                 m["chain_compute"],
                 m["chain_gaps"],
                 m["chain_hops"],
                 1e3 * m["chain_gaps"] / max(m["chain_hops"], 1),
-                predict(grid, p, rates).hops,
+                predict(grid, p, rates, threads=t).hops,
                 m["loop_cpu"],
                 m["process_cpu"],
             ]
-            for p, m in sorted(meas.items())
+            for (p, t), m in meas.items()
         ]
         print(fmt_table(serial, SERIAL_HEADER))
         print(
@@ -460,24 +486,26 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
             if args.one_worker_seconds and g is not grid:
                 r_b = scaled_to(ref, r_b, args.one_worker_seconds)
             one = predict(g, 1, r_b).seconds  # one single-thread worker
-            t = args.threads_per_worker
             out = []
-            for p in counts:
-                pr = predict(g, p, r_b, threads=t)
-                out.append(
-                    [
-                        p,
-                        pr.seconds,
-                        one / pr.seconds,
-                        pr.transfer_s,
-                        pr.hops * pr.hop_s,
-                        pr.sched_s,
-                        pr.bytes_moved / 1e6,
-                        " ".join(f"{k} {v:.2f}/{pr.workers_used[k]}" for k, v in pr.kernel.items()),
-                    ]
-                )
+            for t in args.threads_per_worker:
+                for p in counts:
+                    pr = predict(g, p, r_b, threads=t)
+                    out.append(
+                        [
+                            f"{p} x {t}",
+                            pr.seconds,
+                            one / pr.seconds,
+                            pr.transfer_s,
+                            pr.hops * pr.hop_s,
+                            pr.sched_s,
+                            pr.bytes_moved / 1e6,
+                            " ".join(
+                                f"{k} {v:.2f}/{pr.workers_used[k]}" for k, v in pr.kernel.items()
+                            ),
+                        ]
+                    )
             print(
-                f"model, {name}, bandwidth {b / 1e6:.0f} MB/s, {t} thread(s) per worker "
+                f"model, {name}, bandwidth {b / 1e6:.0f} MB/s "
                 "(speed-up against one single-thread worker):"
             )
             print(fmt_table(out, MODEL_HEADER))
@@ -488,20 +516,17 @@ def predictions(args: argparse.Namespace, grid: Grid | None, rates: Rates, bw: f
 
 def print_variants(grid: Grid, p: int, rates: Rates, one: float) -> None:
     """The model for design changes on ``p`` workers (see :func:`cost_model.predict`):
-    chunks sending mean and geo only, the H-rate pass on the row strips, and one process of
-    ``p`` threads (nothing moves; in-process hops of 0.1 ms and 0.05 ms per task)."""
+    chunks sent whole (no views), the H-rate pass on the row strips, one Dask worker process
+    of ``p`` threads (nothing moves between its threads; the scheduler's hops and per-task cost
+    stay), and one in-process executor of ``p`` threads (hops of 0.1 ms and 0.05 ms per task)."""
     threads = Rates(rates.local_ns, rates.corr_ns, rates.gamma_ns, math.inf, 1e-4, 5e-5)
     out = []
     for name, r, kw in [
         ("as the engine places tasks", rates, {}),
-        ("chunks send mean + geo", rates, {"chunk_arrays": 2}),
+        ("chunks sent whole (no views)", rates, {"views": False}),
         ("H-rate pass on the row strips (no W moves)", rates, {"h_rate_by_rows": True}),
-        (
-            "row-strip H-rate, chunks send mean + geo",
-            rates,
-            {"h_rate_by_rows": True, "chunk_arrays": 2},
-        ),
-        (f"1 process x {p} threads", threads, {"threads": p}),
+        (f"1 worker process x {p} threads", rates, {"threads": p}),
+        (f"in-process, {p} threads", threads, {"threads": p}),
     ]:
         pr = predict(grid, 1 if "threads" in kw else p, r, **kw)
         out.append([name, pr.seconds, one / pr.seconds, pr.transfer_s, sum(pr.kernel.values())])
@@ -534,7 +559,7 @@ def scaled_to(grid: Grid, rates: Rates, seconds: float) -> Rates:
 
 
 PROFILE_HEADER = [
-    "workers",
+    "processes x threads",
     "s/iter",
     "model s/iter",
     "speed-up",
@@ -550,7 +575,7 @@ PROFILE_HEADER = [
     "idle per worker",
 ]
 SERIAL_HEADER = [
-    "workers",
+    "processes x threads",
     "critical path s",
     "its compute s",
     "its waits s",
@@ -561,7 +586,7 @@ SERIAL_HEADER = [
     "fit process CPU s",
 ]
 MODEL_HEADER = [
-    "workers",
+    "processes x threads",
     "s/iter",
     "speed-up",
     "transfer s",

@@ -35,18 +35,18 @@ SUBMIT = {"slurm": "sbatch", "pbs": "qsub"}  # what dask-jobqueue submits worker
 
 
 def cluster_settings(system: str, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    """``SLURMCluster`` / ``PBSCluster`` keyword arguments: one worker job = ``cores``
-    single-threaded workers.
+    """``SLURMCluster`` / ``PBSCluster`` keyword arguments: one worker job = one worker process
+    of ``cores`` threads, which share its factor chunks (nothing moves between them).
 
     Environment: ORDNMF_<SLURM|PBS>_{CORES, MEMORY, WALLTIME, QUEUE, ACCOUNT, INTERFACE,
-    LOCAL_DIR, LOG_DIR, DASHBOARD}. Memory is per job and is split evenly between its workers.
+    LOCAL_DIR, LOG_DIR, DASHBOARD}. Memory is per job, all of it the worker's limit.
     """
     prefix = f"ORDNMF_{system.upper()}_"
     get = lambda name, default=None: env.get(prefix + name, default)  # noqa: E731
     cores = int(get("CORES", "8"))
     settings = {
         "cores": cores,
-        "processes": cores,  # 1 thread per worker process
+        "processes": 1,  # one worker process, a thread per core
         "memory": get("MEMORY", "32GB"),
         "walltime": get("WALLTIME", "04:00:00"),
         "queue": get("QUEUE"),

@@ -195,9 +195,9 @@ class CaviEstimator:
             estimator is fitted again, garbage-collected or the process exits (``recommend``'s
             seen-items filter reads it).
         client : a ``distributed.Client``; default the current one, else (``executor``) this
-            process's threads for a store that fits in memory, or a LocalCluster of 2 worker
-            processes x 1 thread started for the fit and closed after it (for another cluster,
-            start it and pass its client).
+            process's threads for a store that fits in memory, or a LocalCluster of one worker
+            process with a thread per core started for the fit and closed after it (for another
+            cluster, start it and pass its client).
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
             arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
         init_model : warm start from a saved model (its directory, or a fitted estimator) of the

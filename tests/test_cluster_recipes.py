@@ -87,8 +87,8 @@ def test_jobqueue_job_scripts(kind):
     lines = script.splitlines()
     worker = next(line for line in lines if "distributed.cli.dask_worker" in line)
     assert address in worker
-    assert "--nthreads 1" in worker and "--nworkers 4" in worker and "--nanny" in worker
-    assert "--memory-limit 3.73GiB" in worker  # 16 GB split over 4 workers
+    assert "--nthreads 4" in worker and "--nworkers" not in worker and "--nanny" in worker
+    assert "--memory-limit 14.90GiB" in worker  # the job's 16 GB, one worker
     assert "--death-timeout 120" in worker
     assert any(
         line.startswith("export DASK_CONFIG=") and line.endswith("cluster/dask.yaml")

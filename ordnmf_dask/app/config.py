@@ -66,10 +66,12 @@ def _table_section(name: str) -> Any:
 
 @dataclass
 class LocalSpec:
-    """A LocalCluster started by the job; ``memory_limit`` None means Dask's "auto"."""
+    """A LocalCluster started by the job; ``memory_limit`` None means Dask's "auto"; workers
+    and threads None: one process, the cores shared among the processes
+    (:func:`~ordnmf_dask.runtime.cluster.local_layout`)."""
 
-    workers: int = 2
-    threads_per_worker: int = 1
+    workers: int | None = None
+    threads_per_worker: int | None = None
     memory_limit: str | int | None = None
 
 
@@ -344,9 +346,9 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
             f"conflicts with '{given[0]}': give only one of {', '.join(CLUSTER_MODES)}",
         )
     spec = c.local_spec
-    if spec.workers < 1:
+    if spec.workers is not None and spec.workers < 1:
         fail("cluster.local.workers", f"must be >= 1, got {spec.workers}")
-    if spec.threads_per_worker < 1:
+    if spec.threads_per_worker is not None and spec.threads_per_worker < 1:
         fail("cluster.local.threads_per_worker", f"must be >= 1, got {spec.threads_per_worker}")
     if spec.memory_limit is not None and spec.memory_limit != "auto":
         from dask.utils import parse_bytes

@@ -79,8 +79,8 @@ def open_client(spec: ClusterSection, timeout: str | None = None) -> Iterator[Cl
 
     ``timeout`` defaults to Dask's ``distributed.comm.timeouts.connect`` (30 s unless set).
     None unless :func:`starts_client`: the API then chooses (in-process for small data, else
-    the default LocalCluster of 2 single-threaded workers) after validating its inputs, so bad
-    input fails before any process starts.
+    the default LocalCluster: one worker process, a thread per core) after validating its
+    inputs, so bad input fails before any process starts.
     """
     if not starts_client(spec):
         yield None

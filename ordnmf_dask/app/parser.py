@@ -466,8 +466,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="scheduler file written by `dask scheduler --scheduler-file`",
     )
-    p.add_argument("--workers", type=int, help="worker processes of the LocalCluster (default 2)")
-    p.add_argument("--threads-per-worker", type=int, help="LocalCluster threads (default 1)")
+    p.add_argument("--workers", type=int, help="worker processes of the LocalCluster (default 1)")
+    p.add_argument(
+        "--threads-per-worker",
+        type=int,
+        help="threads of each LocalCluster worker (default: the cores shared among the workers)",
+    )
     p.add_argument("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)")
     p.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate: TLS to the scheduler")
     p.add_argument("--tls-cert", metavar="PEM", help="our certificate (signed by the CA)")

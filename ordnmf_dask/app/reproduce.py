@@ -207,7 +207,7 @@ def reproduce(
     out: str | os.PathLike,
     client: Client | None = None,
     protocol: Protocol | None = None,
-    n_workers: int = 2,
+    n_workers: int | None = None,
 ) -> str:
     """Run the comparison on ``datasets``; write results, tables and figures under ``out``.
 

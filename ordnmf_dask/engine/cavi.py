@@ -202,9 +202,10 @@ class CaviRunner:
         # row strips: user-block r x a run of item-blocks; column strips: the transpose
         self.groups = runs(np.diff(store.col_bounds), n_r, MAX_STRIP_COLS)
         self.row_runs = runs(np.diff(store.row_bounds), n_c, MAX_STRIP_ROWS)
-        self._home = homes(
-            sorted(client.scheduler_info()["workers"]), n_r, self.groups, self.row_runs
-        )
+        workers = sorted(client.scheduler_info()["workers"])
+        self._home = homes(workers, n_r, self.groups, self.row_runs)
+        # strips read factor chunks through views (:meth:`_views`) where chunks cross processes
+        self._viewed = len(workers) > 1
         if held is not None:  # blocks in memory (the subsample start's sub-fit, in-process)
             self.blocks = held
         elif cache_blocks:
@@ -265,6 +266,15 @@ class CaviRunner:
         return w, h
 
     # -- passes --------------------------------------------------------------------------
+    def _views(self, chunks: list[Any], side: str) -> list[Any]:
+        """The passes' views (:func:`~.tasks.pass_view`) of W (``side`` "row") or H ("col")
+        chunks, each made on its chunk's worker; the chunks themselves on one worker, where
+        nothing moves. Pure tasks: the views of a chunk asked for by two passes are one task."""
+        if not self._viewed:
+            return chunks
+        home, submit = self._home[side], self.client.submit
+        return [submit(tasks.pass_view, x, **home[j]) for j, x in enumerate(chunks)]
+
     def _strip(self, g: int, items: list[Any]) -> list[Any]:
         """``items`` (indexed by item-block) restricted to the item-blocks of group g."""
         return [items[c] for c in self.groups[g]]
@@ -276,6 +286,7 @@ class CaviRunner:
         on the H chunks' workers (lazy parts of the sums), and the family's O(V) statistics
         summed over all strips."""
         client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
+        w, h = self._views(w, "row"), self._views(h, "col")
         stats = [
             [
                 client.submit(
@@ -312,6 +323,7 @@ class CaviRunner:
     def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:
         """W-rate terms by row strips, summed over a row's strips."""
         client, fam, home = self.client, self.family, self._home["strip"]
+        h = self._views(h, "col")
         return [
             tree_sum(
                 client,
@@ -335,6 +347,7 @@ class CaviRunner:
         """H-rate terms by column strips (item-block c, a run of user-blocks), summed over the
         runs on the worker of H chunk c; each strip on its home (:func:`homes`)."""
         client, fam, home, blocks = self.client, self.family, self._home["colstrip"], self.blocks
+        w = self._views(w, "row")
         return [
             tree_sum(
                 client,

@@ -79,6 +79,13 @@ def _read(blocks: Sequence[CsrBlock | BlockRef]) -> Iterator[CsrBlock]:
     return (materialize(b, reuse=True) for b in blocks)
 
 
+def pass_view(chunk: FactorChunk) -> FactorChunk:
+    """What the passes read of ``chunk``: its ``mean`` and ``geo`` (the same arrays, no copy).
+    Made on the chunk's worker, so that a strip elsewhere receives these two (n, K) arrays and
+    not the shape and prior rate besides."""
+    return FactorChunk(chunk.mean, chunk.geo)
+
+
 def local_strip(
     blocks: Sequence[CsrBlock | BlockRef],
     w: FactorChunk,

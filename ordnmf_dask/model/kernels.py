@@ -31,9 +31,10 @@ Dtype policy:
   ``ninf`` / approximate functions, and the compensated sum and the special functions
   (:func:`exp_neg_split`) are compiled strictly (LLVM inlines them keeping their own flags);
   ``error_model="numpy"`` (x / 0 gives inf / nan as in numpy, no exception), single threaded
-  (one Dask worker = one thread), ``nogil=True`` (threads of one process run kernels at once:
-  the in-process executor), ``cache=True``: compiled once per machine into the package's
-  ``__pycache__`` and loaded from there by every later process (:func:`jit`).
+  (one task = one thread), ``nogil=True`` (threads of one process run kernels at once: the
+  in-process executor and a worker process of several threads), ``cache=True``: compiled once
+  per machine into the package's ``__pycache__`` and loaded from there by every later process
+  (:func:`jit`).
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def evaluate(
     *,
     k: int = 100,
     levels: list[int] | None = None,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     user_fraction: float = 1.0,
     seed: int = 0,
     allow_other_store: bool = False,

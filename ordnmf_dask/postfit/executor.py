@@ -27,7 +27,7 @@ class _Sizes:
 
 @contextmanager
 def client_for(
-    client: Client | None, m: ModelInfo, n_workers: int, info: StoreInfo | None = None
+    client: Client | None, m: ModelInfo, n_workers: int | None, info: StoreInfo | None = None
 ) -> Iterator[Any]:
     """The client a computation on model ``m`` (and store ``info``) runs on: ``client`` if
     given, else as a fit of the model's store would run

@@ -226,7 +226,7 @@ def export(
     client: Client | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     allow_other_store: bool = False,
 ) -> str:
     """Export a model as partitioned Parquet to a local directory or a URL.

@@ -128,7 +128,7 @@ def fold_in(
     max_iter: int = 500,
     tol: float = 1e-6,
     seed: int | None = None,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     allow_other_store: bool = False,
 ) -> np.ndarray:
     """E[w] of NEW users from their interactions, with q(H) and the thresholds fixed.
@@ -248,7 +248,7 @@ def recommend_for(
     *,
     store: str | os.PathLike | StoreInfo | None = None,
     client: Client | None = None,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     allow_other_store: bool = False,
 ) -> dict[int, list[tuple[Any, float]]]:
     """Top-``n`` items for users given by their factors (e.g. from :func:`fold_in`).

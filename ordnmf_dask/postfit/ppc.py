@@ -80,7 +80,7 @@ def posterior_predictive(
     *,
     n_pairs: int = 4_000_000,
     seed: int = 0,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     allow_other_store: bool = False,
 ) -> dict[str, Any]:
     """Simulated vs training class histogram over all U x I pairs (class 0 = no interaction).

@@ -35,7 +35,7 @@ def recommend(
     users: Sequence[Any] | None = None,
     out: str | os.PathLike | None = None,
     overwrite: bool = False,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     allow_other_store: bool = False,
 ) -> str | dict[Any, list[tuple[Any, float]]]:
     """Top-``n`` items per user in raw ids, training items excluded, ranked by E[W] E[H]^T.

@@ -44,12 +44,29 @@ WORKER_MEMORY = {"distributed.worker.memory.target": False}
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 1 << 62, "MALLOC_MMAP_THRESHOLD_": 32 << 20}
 
 
+def local_layout(
+    n_workers: int | None = None, threads_per_worker: int | None = None, cores: int | None = None
+) -> tuple[int, int]:
+    """Worker processes and threads per process of a LocalCluster we start on a machine of
+    ``cores`` cores (default: Dask's count for this process): by default one process with a
+    thread per core, whose threads share the factor chunks (nothing moves between them, and the
+    numba kernels release the GIL); given processes and no threads, the cores shared among
+    them (at least one thread each)."""
+    if cores is None:
+        from dask.system import CPU_COUNT
+
+        cores = CPU_COUNT
+    workers = 1 if n_workers is None else n_workers
+    threads = max(1, cores // workers) if threads_per_worker is None else threads_per_worker
+    return workers, threads
+
+
 @contextmanager
 def resolve_client(
     client: Client | None = None,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     *,
-    threads_per_worker: int = 1,
+    threads_per_worker: int | None = None,
     memory_limit: str | int | None = "auto",
     security: Security | None = None,
     host: str = "127.0.0.1",
@@ -57,13 +74,14 @@ def resolve_client(
 ) -> Iterator[Client]:
     """Yield ``client``; else the current client; else a LocalCluster of worker processes.
 
-    A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads,
-    scheduler and dashboard bound to ``host`` / ``dashboard_address``, loopback by default;
-    TLS when ``security`` requires encryption) is closed on exit; a given or current client is
-    left running; InputError before it starts when its workers' memory limit is too small to
-    run a task (:func:`~.memory.check_local_cluster`). Its workers spill to disk on process
-    memory only (:data:`WORKER_MEMORY`), keep freed memory (:data:`WORKER_MALLOC`) and log at
-    this process's ``distributed`` level; ``os.environ`` is left as it was found.
+    A LocalCluster started here (``n_workers`` processes of ``threads_per_worker`` threads, by
+    default one process with a thread per core: :func:`local_layout`; scheduler and dashboard
+    bound to ``host`` / ``dashboard_address``, loopback by default; TLS when ``security``
+    requires encryption) is closed on exit; a given or current client is left running;
+    InputError before it starts when its workers' memory limit is too small to run a task
+    (:func:`~.memory.check_local_cluster`). Its workers spill to disk on process memory only
+    (:data:`WORKER_MEMORY`), keep freed memory (:data:`WORKER_MALLOC`) and log at this
+    process's ``distributed`` level; ``os.environ`` is left as it was found.
     """
     if client is None:
         client = _current_client()
@@ -73,6 +91,7 @@ def resolve_client(
     import dask
     from distributed import Client, LocalCluster
 
+    n_workers, threads_per_worker = local_layout(n_workers, threads_per_worker)
     check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
     with _environ_kept():
         # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
@@ -126,7 +145,12 @@ def _current_client() -> Client | None:
 
 @contextmanager
 def choose_client(
-    client: Any, info: Sizes, k: int, executor: str = "auto", n_workers: int = 2, jobs: int = 1
+    client: Any,
+    info: Sizes,
+    k: int,
+    executor: str = "auto",
+    n_workers: int | None = None,
+    jobs: int = 1,
 ) -> Iterator[Any]:
     """The client a fit (or evaluation) of ``info`` at K = ``k`` runs on.
 
@@ -134,7 +158,8 @@ def choose_client(
     :class:`~.inprocess.InProcessClient` (one thread per core; on a one-block grid, or when
     ``jobs`` > 1 fits share the client from threads of their own, the tasks run in the calling
     thread as they are submitted: the fits are then the parallelism), with "cluster" the current
-    client or a LocalCluster of ``n_workers`` (:func:`resolve_client`), and with "auto" the
+    client or a LocalCluster of ``n_workers`` processes (default one, a thread per core:
+    :func:`resolve_client`), and with "auto" the
     current client if there is one, else in-process when :func:`runs_inprocess`, else a
     LocalCluster. Both executors give bitwise the same results.
     """

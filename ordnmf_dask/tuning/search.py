@@ -135,7 +135,7 @@ def tune(
     allow_test: bool = False,
     user_fraction: float = 1.0,
     n_jobs: int = 4,
-    n_workers: int = 2,
+    n_workers: int | None = None,
     overwrite: bool = False,
 ) -> TuneResult:
     """Search ``space`` by successive halving on a validation metric; save the best model.
