@@ -43,23 +43,18 @@ from ordnmf_dask.store.blocks import StoreInfo
 def stores(data: str, work: str, names: list[str], synthetic: list[float]) -> dict[str, Any]:
     """name -> (store, NDCG levels), made on demand."""
     common = {"min_count": 20, "test_fraction": 0.2, "seed": 0, "overwrite": True}
+
+    def real(relative: str, out: str, **kind: str) -> Any:
+        path = os.path.join(data, relative)
+        return lambda: ingest(path, os.path.join(work, out), **kind, **common)
+
     makers = {
         "movielens": (
-            lambda: ingest(
-                os.path.join(data, "ml-latest-small", "ratings.csv"),
-                os.path.join(work, "ml.zarr"),
-                ratings="halfstar",
-                **common,
-            ),
+            real("ml-latest-small/ratings.csv", "ml.zarr", ratings="halfstar"),
             [1, 6, 10],
         ),
         "lastfm": (
-            lambda: ingest(
-                os.path.join(data, "hetrec2011-lastfm-2k", "user_artists.dat"),
-                os.path.join(work, "fm.zarr"),
-                counts="paper",
-                **common,
-            ),
+            real("hetrec2011-lastfm-2k/user_artists.dat", "fm.zarr", counts="paper"),
             [1, 8, 10],
         ),
     }

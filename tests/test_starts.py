@@ -120,13 +120,14 @@ def test_the_svd_start_depends_on_the_seed_not_on_the_grid(tmp_path, wide):
     assert rel < 1e-3
 
 
-def test_the_svd_fit_is_bitwise_the_same_on_one_or_two_workers_and_in_process(
-    tmp_path, wide, client
+@pytest.mark.parametrize("start", ["svd", "subsample"])
+def test_the_fit_is_bitwise_the_same_on_one_or_two_workers_and_in_process(
+    tmp_path, wide, client, start
 ):
     _, _, store = wide
 
     def fit(where, name, **kw):
-        est = OrdNMF(K, start="svd", max_iter=6, tol=1e-12, **kw)
+        est = OrdNMF(K, start=start, max_iter=6, tol=1e-12, **kw)
         model = est.fit(store, where, out=tmp_path / name)
         return model.elbo_, open_model(model.model_path_).factor("H", "mean").compute()
 
@@ -214,32 +215,6 @@ def test_the_subsample_is_bounded():
     p_u, p_i = subsample.fractions(10**8, 10**7, 10**10, 50)
     assert p_u * 10**8 <= subsample.MAX_ROWS and p_i * 10**7 <= subsample.MAX_ROWS
     assert p_u * p_i * 10**10 <= subsample.MAX_NNZ * (1 + 1e-12)
-
-
-def test_the_subsample_fit_is_bitwise_the_same_on_one_or_two_workers_and_in_process(
-    tmp_path, wide, client
-):
-    _, _, store = wide
-
-    def fit(where, name, **kw):
-        est = OrdNMF(K, start="subsample", max_iter=6, tol=1e-12, **kw)
-        model = est.fit(store, where, out=tmp_path / name)
-        return model.elbo_, open_model(model.model_path_).factor("H", "mean").compute()
-
-    two = fit(client, "two")
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
-        ) as lc,
-        Client(lc) as one_client,
-    ):
-        one = fit(one_client, "one")
-    here = fit(None, "here", executor="inprocess")
-    for other in (one, here):
-        assert other[0] == two[0]
-        np.testing.assert_array_equal(other[1], two[1])
-    elbo = np.asarray(two[0])
-    assert len(elbo) == 6 and np.all(np.diff(elbo) >= -1e-10 * np.abs(elbo[1:]))
 
 
 def test_the_subsample_start_beats_random_draws_on_data_from_the_model(tmp_path):
