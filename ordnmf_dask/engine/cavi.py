@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.engine import checkpoint, tasks
+from ordnmf_dask.engine.flight import Flight
+from ordnmf_dask.engine.squarem import Squarem
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
 from ordnmf_dask.model import extrapolation
 from ordnmf_dask.model.families import Family
@@ -219,14 +221,10 @@ class CaviRunner:
         self.cached = cache_blocks or held is not None
         # full passes over the blocks per iteration: the two rate passes and the local pass
         self.passes_per_iteration = 3 if family.uses_correction else 1
-        self._chain: list[_Flight] = []  # the flights submitted since the last extrapolation
         # the stopping rule averages the gain over an optimizer's cycle: SQUAREM's steps gain
         # unevenly (an extrapolated one much more than the two plain ones after it)
         self.stop_window = 3 if config.optimizer == "squarem" else 1
-        self._elbo: list[float] = []  # the fit's bounds so far (the state's list)
-        self._linear_from: int | None = None  # bounds known when the linear phase began
-        self._scanned = 0  # bounds looked at for it
-        self.step_max = extrapolation.STEP_MAX0
+        self.squarem = Squarem(self) if config.optimizer == "squarem" else None
 
     # -- initial state -------------------------------------------------------------------
     def random_init(self) -> tuple[list[Future], list[Future]]:
@@ -373,7 +371,7 @@ class CaviRunner:
         return {"W": rb, "H": cb, "SW": rb, "SH": cb}
 
     # -- the loop ------------------------------------------------------------------------
-    def _iteration(self, st: _Flight) -> _Flight:
+    def iteration(self, st: Flight) -> Flight:
         """Submit one iteration (docs/design.md §2 steps 1-6) after ``st``; nothing waits.
 
         Every input is a future, the global parameters included (step 2 runs on a worker), so
@@ -416,85 +414,31 @@ class CaviRunner:
         h_sum = tree_sum(client, h, "summary")
         sw, sh, small = self._local_pass(w, h, params)
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
-        return _Flight(
+        return Flight(
             w, h, sw, sh, params, small, w_sum, h_sum, result, passes=self.passes_per_iteration
         )
 
-    def _advance(self, cur: _Flight, number: int) -> _Flight:
+    @property
+    def chunk_homes(self) -> dict[str, list[dict[str, Any]]]:
+        """``submit`` keywords placing each W chunk ("row") and H chunk ("col") on its worker."""
+        return {"row": self._home["row"], "col": self._home["col"]}
+
+    def start_flight(self, w: list[Future], h: list[Future], params: Any) -> Flight:
+        """The state a first iteration starts from: factor chunks ``w``, ``h`` (a start, or an
+        extrapolation) with a local pass at them under ``params`` (one pass over the blocks)."""
+        sw, sh, small = self._local_pass(w, h, params)
+        client = self.client
+        w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
+        return Flight(w, h, sw, sh, params, small, w_sum, h_sum, None)
+
+    def _advance(self, cur: Flight, number: int) -> Flight:
         """Submit the step after ``cur``, iteration ``number`` of the fit: one iteration, or
-        with the SQUAREM optimizer in the linear phase, every third step from the last
-        extrapolation, an extrapolated one (:meth:`_extrapolated`)."""
-        if self.cfg.optimizer != "squarem":
-            return self._iteration(cur)
-        if len(self._chain) == 3:  # three states of the linear phase: extrapolate
-            if self.step_max > 1.0:
-                nxt = self._extrapolated(*self._chain)
-                self._chain = [nxt]
-                return nxt
-            # a step of at most 1 is the plain iteration: take it as a step at the limit
-            self.step_max = extrapolation.next_step_max(self.step_max, self.step_max, True)
-            self._chain = []
-        nxt = self._iteration(cur)
-        # before the linear phase every state starts a cycle (and may be checkpointed)
-        self._chain = self._chain + [nxt] if self._linear(number - 2) else [nxt]
-        return nxt
+        what the SQUAREM optimizer makes of it."""
+        if self.squarem is None:
+            return self.iteration(cur)
+        return self.squarem.advance(cur, number)
 
-    def _linear(self, known: int) -> bool:
-        """Whether, within its first ``known`` bounds, the fit has entered its linear phase
-        (a relative gain below ``extrapolation.LINEAR_GAIN``). Early steps move far and
-        nonlinearly, where an extrapolation mostly jumps between basins. ``known`` lags the
-        submitted iteration by two, which every submission has gathered whether or not it was
-        submitted ahead: the decision does not depend on when results came back."""
-        if self._linear_from is None:
-            elbo = self._elbo
-            for j in range(max(self._scanned, 1), min(known, len(elbo))):
-                if (elbo[j] - elbo[j - 1]) / abs(elbo[j - 1]) < extrapolation.LINEAR_GAIN:
-                    self._linear_from = j + 1
-                    break
-                self._scanned = j + 1
-        return self._linear_from is not None and self._linear_from <= known
-
-    def _extrapolated(self, s0: _Flight, s1: _Flight, s2: _Flight) -> _Flight:
-        """One iteration from the SQUAREM extrapolation of three successive states
-        (:mod:`ordnmf_dask.model.extrapolation`): the step from norms summed over every chunk
-        on the workers, the extrapolated chunks where their rows live, a local pass there with
-        ``s2``'s global parameters, then an iteration. ``s2`` is its fallback: the loop keeps
-        the result only if its bound is not below ``s2``'s."""
-        client, submit = self.client, self.client.submit
-        rows = {
-            "w": (list(zip(s0.w, s1.w, s2.w, strict=True)), self._home["row"]),
-            "h": (list(zip(s0.h, s1.h, s2.h, strict=True)), self._home["col"]),
-        }
-        norms = [
-            submit(tasks.extrapolation_norms, *states, **home)
-            for triples, where in rows.values()
-            for states, home in zip(triples, where, strict=True)
-        ]
-        step = submit(tasks.extrapolation_step, tree_sum(client, norms), self.step_max)
-        w, h = (
-            [
-                submit(tasks.extrapolated_chunk, *states, step, **home)
-                for states, home in zip(triples, where, strict=True)
-            ]
-            for triples, where in rows.values()
-        )
-        sw, sh, small = self._local_pass(w, h, s2.params)
-        start = _Flight(
-            w,
-            h,
-            sw,
-            sh,
-            s2.params,
-            small,
-            tree_sum(client, w, "summary"),
-            tree_sum(client, h, "summary"),
-            None,
-        )
-        out = self._iteration(start)
-        out.fallback, out.step, out.passes = s2, step, out.passes + 1
-        return out
-
-    def _start_checkpoint(self, st: _Flight, n_done: int) -> checkpoint.Pending:
+    def _start_checkpoint(self, st: Flight, n_done: int) -> checkpoint.Pending:
         """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
         submit = self.client.submit
         groups = {
@@ -507,7 +451,7 @@ class CaviRunner:
 
     def _finish_checkpoint(
         self, pending: checkpoint.Pending, res: dict[str, Any], state: CaviState
-    ) -> _Flight:
+    ) -> Flight:
         """Complete ``pending`` with the client's state and read it back (cutting the task
         lineage); the read-back futures are submitted, not waited for."""
         snap = checkpoint.Snapshot(
@@ -519,7 +463,7 @@ class CaviRunner:
             np.asarray(res["w_sum"]).tolist(),
             np.asarray(res["h_sum"]).tolist(),
             state.passes,
-            self.step_max,
+            extrapolation.STEP_MAX0 if self.squarem is None else self.squarem.step_max,
             (state.extrapolations[0], state.extrapolations[1]),
         )
         path, colsums = checkpoint.finish(pending, snap)
@@ -529,10 +473,10 @@ class CaviRunner:
 
     def _restored(
         self, groups: dict[str, list[Future]], params: Any, small: Any, w_sum: Any, h_sum: Any
-    ) -> _Flight:
+    ) -> Flight:
         """A state built from chunks read from a checkpoint and the O(K + V) values saved."""
         w, h, sw, sh = (groups[name] for name in checkpoint.GROUPS)
-        return _Flight(
+        return Flight(
             w,
             h,
             sw,
@@ -594,7 +538,8 @@ class CaviRunner:
             cur = self._restored(groups, params, snap.small, snap.w_sum, snap.h_sum)
             state = CaviState(cur.w, cur.h, params, list(snap.elbo), snap.objective)
             state.passes, state.extrapolations = snap.passes, list(snap.extrapolations)
-            self.step_max = snap.step_max
+            if self.squarem is not None:
+                self.squarem.step_max = snap.step_max
             first = snap.iteration
         else:
             if init is None:
@@ -602,26 +547,15 @@ class CaviRunner:
             w, h, *given = init()
             params = given[0] if given else init_params
             params = fam.init_params() if params is None else params
-            sw, sh, small = self._local_pass(w, h, params)
-            cur = _Flight(
-                w,
-                h,
-                sw,
-                sh,
-                params,
-                small,
-                tree_sum(client, w, "summary"),
-                tree_sum(client, h, "summary"),
-                None,
-            )
+            cur = self.start_flight(w, h, params)
             state = CaviState(w, h, params, passes=1)
             del w, h  # the initial chunks live in ``cur`` and ``state`` until replaced
             first = 0
-        self._chain = [cur]
-        self._elbo = state.elbo
+        if self.squarem is not None:
+            self.squarem.restart(cur, state.elbo)
         owed = False  # a checkpoint due at an extrapolated step, taken at the next plain one
         last_checkpoint = time.monotonic()
-        ahead: _Flight | None = None  # iteration n + 1, submitted while n is gathered
+        ahead: Flight | None = None  # iteration n + 1, submitted while n is gathered
         clock = start = time.perf_counter()
         n = first
         pending: checkpoint.Pending | None = None  # a checkpoint being written
@@ -637,7 +571,8 @@ class CaviRunner:
                 # after the last one, the result is saved; a checkpoint holds one state, so
                 # SQUAREM takes it at the start of a cycle (the trajectory does not depend on
                 # when checkpoints are taken, nor on whether they are)
-                take = (due or late or owed) and not last and len(self._chain) == 1
+                cycle_start = self.squarem is None or self.squarem.at_cycle_start()
+                take = (due or late or owed) and not last and cycle_start
                 owed = (due or owed) and not take
                 if take:
                     pending = self._start_checkpoint(cur, n + 1)
@@ -645,9 +580,9 @@ class CaviRunner:
                 res = self._first_result(cur.result) if n == first else cur.result.result()
                 elbo, objective, params = res["elbo"], res["objective"], res["params"]
                 state.passes += cur.passes
-                if cur.fallback is not None and not self._keep_extrapolated(cur, res, state):
+                if self.squarem is not None and not self.squarem.keep(cur, res, state):
                     cur, ahead = cur.fallback, None  # the next step goes on from the fallback
-                    self._chain = [cur]
+                    self.squarem.restart(cur, state.elbo)
                     if pending is not None:
                         checkpoint.abandon(pending, finish_writes=True)
                         pending, owed = None, True
@@ -718,7 +653,8 @@ class CaviRunner:
                     cur = self._finish_checkpoint(pending, res, state)
                     pending = None
                     state.w, state.h = cur.w, cur.h
-                    self._chain = [cur]  # the same state, read back
+                    if self.squarem is not None:
+                        self.squarem.restart(cur, state.elbo)  # the same state, read back
                     last_checkpoint = time.monotonic()
         except BaseException:
             if pending is not None:
@@ -731,24 +667,6 @@ class CaviRunner:
         if best is not None:
             state.best_iteration, state.w, state.h, state.params = best
         return state
-
-    def _keep_extrapolated(self, cur: _Flight, res: dict[str, Any], state: CaviState) -> bool:
-        """Whether the extrapolated step ``cur`` is kept: its bound is finite and not below
-        the last kept one (else the fit goes on from ``cur.fallback``, the ELBO never
-        decreases); the largest step of the next cycles follows."""
-        assert cur.step is not None
-        step, objective = cur.step.result(), res["objective"]
-        kept = bool(np.isfinite(objective)) and objective >= state.objective
-        self.step_max = extrapolation.next_step_max(self.step_max, step, kept)
-        state.extrapolations[0 if kept else 1] += 1
-        log.debug(
-            "extrapolated step %.3g %s: bound %s, last kept %s",
-            step,
-            "kept" if kept else "refused",
-            shown(objective),
-            shown(state.objective),
-        )
-        return kept
 
     def _first_result(self, result: Future) -> dict[str, Any]:
         """The first iteration's result; says what the workers are doing if it is slow."""
@@ -846,27 +764,3 @@ def homes(
         "row": [strip[r][0] for r in range(n_r)],
         "col": [at(c * n // n_c) for c in range(n_c)],
     }
-
-
-@dataclass
-class _Flight:
-    """Futures of one iteration's state (or values, for what was restored from a checkpoint).
-
-    w, h : factor chunks; sw, sh : shape statistics of the local step (lazy sums); params :
-    global parameters used by this iteration's updates and local step; small, w_sum, h_sum :
-    summed O(K + V) statistics; result : ``tasks.iteration_result`` (None before the first
-    iteration).
-    """
-
-    w: list[Any]
-    h: list[Any]
-    sw: list[Any]
-    sh: list[Any]
-    params: Any
-    small: Any
-    w_sum: Any
-    h_sum: Any
-    result: Future | None
-    fallback: _Flight | None = None  # an extrapolated step's: kept if its bound is lower
-    step: Future | None = None  # an extrapolated step's length
-    passes: int = 0  # full passes over the blocks this step costs

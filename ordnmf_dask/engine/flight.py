@@ -1,0 +1,33 @@
+"""One step of a fit in flight: the futures of its state, as the loop and the optimizer see it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # distributed is imported where a cluster is used
+    from distributed import Future
+
+
+@dataclass
+class Flight:
+    """Futures of one iteration's state (or values, for what was restored from a checkpoint).
+
+    w, h : factor chunks; sw, sh : shape statistics of the local step (lazy sums); params :
+    global parameters used by this iteration's updates and local step; small, w_sum, h_sum :
+    summed O(K + V) statistics; result : ``tasks.iteration_result`` (None before the first
+    iteration).
+    """
+
+    w: list[Any]
+    h: list[Any]
+    sw: list[Any]
+    sh: list[Any]
+    params: Any
+    small: Any
+    w_sum: Any
+    h_sum: Any
+    result: Future | None
+    fallback: Flight | None = None  # an extrapolated step's: kept if its bound is lower
+    step: Future | None = None  # an extrapolated step's length
+    passes: int = 0  # full passes over the blocks this step costs
