@@ -75,8 +75,7 @@ def run(
 ) -> dict[str, Any]:
     """One fit; its trajectory (elbo, passes, elapsed seconds per iteration) and final state."""
     trace: list[tuple[float, int, float]] = []
-    extra = {} if start == "random" else {"start": start}
-    model = OrdNMF(k, tol=tol, max_iter=20_000, seed=seed, optimizer=optimizer, **extra)
+    model = OrdNMF(k, tol=tol, max_iter=20_000, seed=seed, optimizer=optimizer, start=start)
     t0 = time.perf_counter()
     model.fit(store.path, callback=lambda i: trace.append((i.elbo, i.passes, i.elapsed)))
     seconds = time.perf_counter() - t0
