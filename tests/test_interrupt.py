@@ -1,8 +1,11 @@
-"""A Ctrl-C swallowed where Python cannot raise it (a __del__) is raised at the next check."""
+"""A Ctrl-C swallowed where Python cannot raise it (a __del__, a garbage-collector callback) is
+raised at the next check, and nothing is printed about it."""
 
 from __future__ import annotations
 
+import gc
 import signal
+import sys
 
 import pytest
 
@@ -10,19 +13,19 @@ from ordnmf_dask.errors import Terminated
 from ordnmf_dask.runtime import interrupt
 
 
-@pytest.fixture(autouse=True)
-def _handlers_kept():
-    """install() replaces the SIGINT and SIGTERM handlers: put pytest's back."""
-    saved = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
+@pytest.fixture
+def unraisable():
+    """What Python reports as "Exception ignored in ..." (pytest's own hook would turn it into
+    a warning instead): recorded, then the hook put back."""
+    reports: list[object] = []
+    saved = sys.unraisablehook
+    sys.unraisablehook = reports.append
+    yield reports
+    sys.unraisablehook = saved
 
 
 def test_a_swallowed_sigint_is_raised_again_at_the_next_check():
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        interrupt.install()
+    with interrupt.installed():
         interrupt.check()  # nothing pending
         try:
             signal.raise_signal(signal.SIGINT)
@@ -30,55 +33,95 @@ def test_a_swallowed_sigint_is_raised_again_at_the_next_check():
             pass  # as if it had hit a __del__ and been printed and ignored
         with pytest.raises(KeyboardInterrupt):
             interrupt.check()
-        interrupt.install()  # a new command starts clean
+    with interrupt.installed():  # a new command starts clean
         interrupt.check()
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
-def test_a_sigint_inside_a_finalizer_is_deferred_not_printed(capfd):
+def test_a_sigint_inside_a_finalizer_is_deferred_not_printed(unraisable):
     """In a __del__, the handler only sets the flag: nothing is printed as "Exception ignored",
     and the next check raises."""
-    previous = signal.getsignal(signal.SIGINT)
 
     class Finalized:
         def __del__(self) -> None:
             signal.raise_signal(signal.SIGINT)
 
-    try:
-        interrupt.install()
+    with interrupt.installed():
         Finalized()  # collected at once: the signal arrives inside __del__
-        assert "Exception ignored" not in capfd.readouterr().err
+        assert unraisable == []
         with pytest.raises(KeyboardInterrupt):
             interrupt.check()
         with pytest.raises(KeyboardInterrupt):  # outside a finalizer it raises at once
             signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_inside_a_gc_callback_is_deferred_not_printed(unraisable, signum):
+    """distributed registers a garbage-collector callback; a SIGTERM that lands in it is
+    swallowed by Python ("Exception ignored in ... _gc_callback"): nothing is printed and the
+    next check raises it."""
+    fired: list[bool] = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start" and not fired:
+            fired.append(True)
+            signal.raise_signal(signum)
+
+    gc.callbacks.append(callback)
+    try:
+        with interrupt.installed():
+            gc.collect()
+            assert fired
+            assert unraisable == []
+            with pytest.raises(Terminated if signum == signal.SIGTERM else KeyboardInterrupt):
+                interrupt.check()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        gc.callbacks.remove(callback)
+
+
+def test_other_unraisable_exceptions_are_still_reported(unraisable):
+    """Only the interruption the flag carries is dropped: another error in a finalizer still
+    reaches the hook that was there before."""
+
+    class Failing:
+        def __del__(self) -> None:
+            raise ValueError("finalizer failed")
+
+    with interrupt.installed():
+        Failing()
+    assert [type(r.exc_value) for r in unraisable] == [ValueError]  # type: ignore[attr-defined]
+
+
+def test_the_handlers_and_the_hook_are_put_back():
+    handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
+    hook = sys.unraisablehook
+    with interrupt.installed():
+        assert signal.getsignal(signal.SIGTERM) is not handlers[signal.SIGTERM]
+        assert sys.unraisablehook is not hook
+    assert {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS} == handlers
+    assert sys.unraisablehook is hook
 
 
 def test_sigterm_raises_terminated_and_is_kept_for_the_next_check():
     """A batch scheduler's SIGTERM ends the command the same way (exit 143, not 130)."""
-    interrupt.install()
-    with pytest.raises(Terminated):
-        signal.raise_signal(signal.SIGTERM)
-    with pytest.raises(Terminated):
+    with interrupt.installed():
+        with pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        with pytest.raises(Terminated):
+            interrupt.check()
+    with interrupt.installed():
         interrupt.check()
-    interrupt.install()
-    interrupt.check()
 
 
 def test_a_command_that_ended_leaves_no_signal_for_the_next_fit():
     """A signal that interrupted one command (in-process: a notebook, the tests) must not
     interrupt the next fit through the API, which checks the flag between iterations."""
-    interrupt.install()
-    with pytest.raises(KeyboardInterrupt):
-        signal.raise_signal(signal.SIGINT)
-    interrupt.clear()  # what cli.main does when it returns
-    interrupt.check()
-    interrupt.install()
-    with pytest.raises(KeyboardInterrupt):
-        signal.raise_signal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        interrupt.check()  # consumed once raised again
-    interrupt.check()
+    with interrupt.installed():
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    interrupt.check()  # the command ended: its signal is forgotten
+    with interrupt.installed():
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check()  # consumed once raised again
+        interrupt.check()

@@ -10,9 +10,7 @@ import atexit
 import gc
 import logging
 import os
-import signal
 import sys
-import threading
 import warnings
 from collections.abc import Sequence
 
@@ -27,23 +25,16 @@ from ordnmf_dask.runtime import interrupt
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ordnmf-dask``; returns the exit code.
 
-    Logging and the SIGINT / SIGTERM handlers are left as they were found, so that calling it
-    in-process changes no global state."""
+    Logging and the SIGINT / SIGTERM handlers are left as they were found
+    (:func:`~ordnmf_dask.runtime.interrupt.installed`), so that calling it in-process changes
+    no global state."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:  # the process runs this one command and ends: the OS frees its memory,
         atexit.register(gc.freeze)  # without the interpreter's final collection of every object
-    handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
-    try:
-        with logging_kept(quiet=not args.debug), warnings.catch_warnings():
-            warnings.showwarning = warning_line
-            return _run(args, parser)
-    finally:
-        interrupt.clear()
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in handlers.items():
-                if handler is not None:
-                    signal.signal(signum, handler)
+    with logging_kept(quiet=not args.debug), warnings.catch_warnings():
+        warnings.showwarning = warning_line
+        return _run(args, parser)
 
 
 _INPUTS = {
@@ -97,10 +88,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as exc:
         print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    interrupt.install()
     try:
-        code = COMMANDS[args.command](args)
-        sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
+        with interrupt.installed():
+            code = COMMANDS[args.command](args)
+            sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
         return code
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code
         if isinstance(exc, SystemExit):

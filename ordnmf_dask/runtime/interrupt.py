@@ -2,9 +2,11 @@
 iterations.
 
 Python raises KeyboardInterrupt wherever the main thread is; inside a ``__del__`` (e.g. a Dask
-future being released) the exception would be printed ("Exception ignored in ...") and lost.
-So the handler raises only outside finalizers; inside one it only sets the flag, and the next
-iteration boundary raises. SIGTERM (how batch schedulers preempt a job, before SIGKILL) raises
+future being released), a garbage-collector callback or a weakref callback the exception would
+be printed ("Exception ignored in ...") and lost. So the handler raises only outside finalizers
+(inside one it only sets the flag), an interruption that Python still swallows elsewhere is not
+printed (:data:`sys.unraisablehook`), and the next iteration boundary raises it again. SIGTERM
+(how batch schedulers preempt a job, before SIGKILL) raises
 :class:`~ordnmf_dask.errors.Terminated`, so that the command shuts its cluster down and exits
 while the scheduler's grace period runs.
 """
@@ -12,7 +14,10 @@ while the scheduler's grace period runs.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 from ordnmf_dask.errors import Terminated
@@ -34,12 +39,40 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise _interruption(signum)
 
 
-def install() -> None:
-    """Route SIGINT and SIGTERM through the handler (main thread only; the CLI calls it)."""
+def _unraisable(hook: object) -> object:
+    """``sys.unraisablehook`` that drops an interruption the flag still carries and passes
+    anything else to ``hook``."""
+
+    def unraisable(report: object) -> None:
+        if isinstance(getattr(report, "exc_value", None), KeyboardInterrupt) and _requested:
+            return  # raised again at the next check()
+        hook(report)  # type: ignore[operator]
+
+    return unraisable
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """Route SIGINT and SIGTERM through the handler while the block runs (main thread only;
+    the CLI runs each command in it), then put the handlers and the unraisable hook back and
+    forget any signal left (the next command starts clean)."""
     clear()
-    if threading.current_thread() is threading.main_thread():
-        for signum in SIGNALS:
-            signal.signal(signum, _on_signal)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable(hook)  # type: ignore[assignment]
+    for signum in SIGNALS:
+        signal.signal(signum, _on_signal)
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        sys.unraisablehook = hook
+        clear()
 
 
 def check() -> None:
