@@ -24,8 +24,11 @@ JOB = CHECKOUT / "cluster" / "job.toml"
 
 
 def user_env(**extra: str) -> dict[str, str]:
-    """This environment without DATA (a new user's), plus ``extra``."""
-    return {**{k: v for k, v in os.environ.items() if k != "DATA"}, **extra}
+    """This environment without DATA (a new user's), plus ``extra``; the commands installed
+    with this interpreter come first on PATH (as in its activated virtual environment)."""
+    env = {k: v for k, v in os.environ.items() if k != "DATA"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return {**env, **extra}
 
 
 def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
