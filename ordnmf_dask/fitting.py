@@ -48,7 +48,7 @@ from ordnmf_dask.params import DEFAULTS, PARAMS, accepted, validate
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
-from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory
+from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory, fit_tables
 from ordnmf_dask.runtime.progress import IterationProgress
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
@@ -240,9 +240,10 @@ def run_fit(
             os.makedirs(ckpt_dir, exist_ok=True)
         ours = _claim(ckpt_dir, plan.prints, plan.restart, n_init)
         out = plan.out if plan.out is not None else _temporary_model_dir()
-        with choose_client(client, info, cfg.n_components, values["executor"]) as cl:
+        tables = fit_tables(cfg.optimizer)
+        with choose_client(client, info, cfg.n_components, values["executor"], tables=tables) as cl:
             cache = decide_cache(values["cache_blocks"], cl, info)
-            check_fit_memory(cl, info, cfg.n_components, cache)  # before any iteration
+            check_fit_memory(cl, info, cfg.n_components, cache, tables)  # before any iteration
             scorer = None if plan.validation is None else plan.validation(cl)
             runs: list[dict[str, Any]] = []
             state: CaviState | None = None

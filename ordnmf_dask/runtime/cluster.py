@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime.inprocess import InProcessClient, physical_memory
-from ordnmf_dask.runtime.memory import Sizes, check_local_cluster, inprocess_bytes
+from ordnmf_dask.runtime.memory import FACTOR_TABLES, Sizes, check_local_cluster, inprocess_bytes
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client
@@ -119,14 +119,16 @@ def resolve_client(
             yield own
 
 
-def runs_inprocess(info: Sizes, k: int, memory: int | None = None) -> bool:
+def runs_inprocess(
+    info: Sizes, k: int, memory: int | None = None, tables: int = FACTOR_TABLES
+) -> bool:
     """Whether "auto" runs a fit of ``info`` at K = ``k`` in-process: at most
-    INPROCESS_MAX_NNZ training nonzeros and :func:`inprocess_bytes` within INPROCESS_MEMORY of
-    ``memory`` (default: the machine's)."""
+    INPROCESS_MAX_NNZ training nonzeros and :func:`inprocess_bytes` (with ``tables`` (n, K)
+    tables per row) within INPROCESS_MEMORY of ``memory`` (default: the machine's)."""
     memory = physical_memory() if memory is None else memory
     return (
         info.nnz_train <= INPROCESS_MAX_NNZ
-        and inprocess_bytes(info, k) <= INPROCESS_MEMORY * memory
+        and inprocess_bytes(info, k, tables) <= INPROCESS_MEMORY * memory
     )
 
 
@@ -151,8 +153,10 @@ def choose_client(
     executor: str = "auto",
     n_workers: int | None = None,
     jobs: int = 1,
+    tables: int = FACTOR_TABLES,
 ) -> Iterator[Any]:
-    """The client a fit (or evaluation) of ``info`` at K = ``k`` runs on.
+    """The client a fit (or evaluation) of ``info`` at K = ``k``, holding ``tables`` (n, K)
+    tables per row of W and H (:func:`~.memory.fit_tables`), runs on.
 
     ``client`` (a ``distributed.Client``) if given; else with ``executor`` "inprocess" an
     :class:`~.inprocess.InProcessClient` (one thread per core; on a one-block grid, or when
@@ -172,7 +176,7 @@ def choose_client(
             executor == "auto"
             and client is None
             and _current_client() is None
-            and runs_inprocess(info, k)
+            and runs_inprocess(info, k, tables=tables)
         )
     ):
         # one block: each task needs the one before it, so threads would only add hand-overs;

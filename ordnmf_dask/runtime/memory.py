@@ -24,10 +24,20 @@ PAUSE = 0.8
 # The smallest worker memory limit accepted: a worker process alone takes most of the paused
 # fraction of a smaller limit, and a worker paused before its first task never runs one.
 MIN_WORKER_MEMORY = 512 << 20
-# (n, K) float64 tables an in-process fit holds per row of W and of H at its peak: the chunk
+# (n, K) float64 tables a fit with plain CAVI holds per row of W and of H at its peak: the chunk
 # being replaced and its update (mean, geo, shape), the local step's SW / SH and the strip
 # partials, the rate corrections, and the next iteration's, submitted while this one runs
+# (measured: about 8, in-process and on 2 workers; docs/performance.md,
+# "Memory of the factors: CAVI and SQUAREM")
 FACTOR_TABLES = 16
+# SQUAREM holds besides the three states of its cycle and the extrapolated one: measured about
+# twice CAVI's peak, so twice its estimate
+SQUAREM_TABLES = 32
+
+
+def fit_tables(optimizer: str) -> int:
+    """(n, K) tables per row of W and of H that a fit with ``optimizer`` is estimated to hold."""
+    return SQUAREM_TABLES if optimizer == "squarem" else FACTOR_TABLES
 
 
 class Sizes(Protocol):
@@ -50,10 +60,10 @@ def block_bytes(info: Sizes) -> int:
     return info.nnz_train * (4 + 4 + 1) + 8 * info.n_users * info.grid[1]
 
 
-def inprocess_bytes(info: Sizes, k: int) -> int:
+def inprocess_bytes(info: Sizes, k: int, tables: int = FACTOR_TABLES) -> int:
     """Bytes an in-process fit of ``info`` at K = ``k`` is estimated to hold: the cached
-    training blocks (:func:`block_bytes`) and FACTOR_TABLES (n, K) tables per row of W and H."""
-    return block_bytes(info) + FACTOR_TABLES * 8 * k * (info.n_users + info.n_items)
+    training blocks (:func:`block_bytes`) and ``tables`` (n, K) tables per row of W and H."""
+    return block_bytes(info) + factor_bytes(info.n_users, info.n_items, k, tables)
 
 
 class Grid(Sizes, Protocol):
@@ -100,23 +110,26 @@ def check_local_cluster(memory_limit: str | int | None, n_workers: int, threads:
         )
 
 
-def factor_bytes(n_users: int, n_items: int, k: int) -> int:
-    """Bytes the variational parameters of W and H take at a fit's peak: FACTOR_TABLES (n, K)
+def factor_bytes(n_users: int, n_items: int, k: int, tables: int = FACTOR_TABLES) -> int:
+    """Bytes the variational parameters of W and H take at a fit's peak: ``tables`` (n, K)
     float64 tables per row of W and of H."""
-    return FACTOR_TABLES * 8 * k * (n_users + n_items)
+    return tables * 8 * k * (n_users + n_items)
 
 
-def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
-    """InputError when a fit of ``info`` at K = ``k`` cannot fit where it runs: in-process,
+def check_fit_memory(
+    client: Any, info: Grid, k: int, cache: bool, tables: int = FACTOR_TABLES
+) -> None:
+    """InputError when a fit of ``info`` at K = ``k`` holding ``tables`` (n, K) tables per row
+    of W and H (:func:`fit_tables`) cannot fit where it runs: in-process,
     :func:`~.cluster.inprocess_bytes` over the memory available now; on a cluster, the factors
     (and the training blocks when ``cache``) over what the workers' memory limits leave below
     Dask's pause threshold, in all, or on one worker for the largest chunks of W and H.
     Workers without a memory limit are not checked."""
     need_text = f"K = {k} on {info.n_users} users x {info.n_items} items needs about"
-    what = f"(W and H: {FACTOR_TABLES} tables of K numbers per user and item"
+    what = f"(W and H: {tables} tables of K numbers per user and item"
     advice = "lower K (n_components)"
     if isinstance(client, InProcessClient):
-        need, room = inprocess_bytes(info, k), psutil.virtual_memory().available
+        need, room = inprocess_bytes(info, k, tables), psutil.virtual_memory().available
         if need > room:
             raise InputError(
                 f"{need_text} {size_text(need)} in this process {what}, and the training "
@@ -134,7 +147,8 @@ def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
         f"{size_text(WORKER_PROCESS)} for the worker process): {advice}, or give the "
         "workers more memory"
     )
-    need = factor_bytes(info.n_users, info.n_items, k) + (block_bytes(info) if cache else 0)
+    need = factor_bytes(info.n_users, info.n_items, k, tables)
+    need += block_bytes(info) if cache else 0
     if need > sum(room):
         n = len(limits)
         each = (
@@ -149,7 +163,7 @@ def check_fit_memory(client: Any, info: Grid, k: int, cache: bool) -> None:
             f"memory limit of {each} {below}"
         )
     rows, cols = int(np.diff(info.row_bounds).max()), int(np.diff(info.col_bounds).max())
-    need = factor_bytes(rows, cols, k)
+    need = factor_bytes(rows, cols, k, tables)
     if need > max(room):
         raise InputError(
             f"{need_text} {size_text(need)} on one worker for its largest chunks "
