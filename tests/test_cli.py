@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import CLI, ML, data_file, dense_split, store_from_dense, synthetic_ordinal
+from daskprocs import dask_processes
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
@@ -127,54 +125,7 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
     """`dask scheduler` + two `dask worker` processes on loopback, driven through the CLI."""
     y = synthetic_ordinal(25, 20, 3, seed=3)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
-    sched_file = tmp_path / "scheduler.json"
-    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distributed.cli.dask_scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--dashboard-address",
-                "127.0.0.1:0",
-                "--scheduler-file",
-                str(sched_file),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-    ]
-    try:
-        deadline = time.monotonic() + 600  # a hang guard: the loop ends when the file appears
-        while not sched_file.exists():
-            assert time.monotonic() < deadline, "the scheduler did not start"
-            time.sleep(0.2)
-        address = json.loads(sched_file.read_text())["address"]
-        for _ in range(2):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "distributed.cli.dask_worker",
-                        address,
-                        "--nthreads",
-                        "1",
-                        "--nworkers",
-                        "1",
-                        "--host",
-                        "127.0.0.1",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    env=env,
-                )
-            )
+    with dask_processes(tmp_path / "scheduler.json", 2) as address:
         r = run(
             "fit",
             store.path,
@@ -190,11 +141,6 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
             address,
         )
         assert r.returncode == 0, r.stderr
-    finally:
-        for p in reversed(procs):
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait(timeout=600)
     local = OrdNMF(3, max_iter=12, seed=5).fit(store)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_

@@ -601,20 +601,33 @@ def plan_synth(
 ) -> SynthPlan:
     """Check the parameters of :func:`synth` and its target ``out`` without writing anything
     (a command runs it before it starts its cluster)."""
-    params, n_r, n_c = _params(
-        n_users,
-        n_items,
-        nnz,
-        n_components,
-        n_classes,
-        seed,
-        shape,
-        rate_w,
-        rate_h,
-        thresholds,
-        test_fraction,
-        nnz_per_block,
+    k = n_components
+    for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", k)):
+        if isinstance(val, bool) or int(val) != val or val < 1:
+            raise InputError(f"{name} must be a positive integer, got {shown(val)}")
+    if not 1 <= n_classes <= MAX_CLASSES:
+        raise InputError(f"n_classes must be in 1..{MAX_CLASSES}, got {n_classes}")
+    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
+        raise InputError(f"seed must be a non-negative integer, got {shown(seed)}")
+    if min(shape, rate_w, rate_h) <= 0:
+        raise InputError("shape, rate_w and rate_h must be > 0")
+    check_test_fraction(test_fraction)
+    rel = _relative_thresholds(n_classes, thresholds)
+    theta0 = calibrate_theta0(nnz, n_users, n_items, k, shape, rate_w, rate_h)
+    params = SynthParams(
+        int(n_users),
+        int(n_items),
+        int(k),
+        int(n_classes),
+        float(shape),
+        float(rate_w),
+        float(rate_h),
+        tuple(float(theta0 * t) for t in rel),
+        int(seed),
+        float(test_fraction),
+        int(nnz),
     )
+    n_r, n_c = auto_grid(int((1.0 - test_fraction) * nnz), n_users, n_items, nnz_per_block)
     check_target(out, overwrite)
     return SynthPlan(out, overwrite, params, (n_r, n_c), nnz_per_block)
 
@@ -650,49 +663,6 @@ def write_synth(plan: SynthPlan, client: Any = None) -> StoreInfo:
         ids = (np.arange(n_users, dtype=np.int64), np.arange(n_items, dtype=np.int64))
         assemble_store(tmp, runner, attrs, rb, cb, blocks, *ids)
         return finish_store(tmp, path, overwrite)
-
-
-def _params(
-    n_users: int,
-    n_items: int,
-    nnz: int,
-    k: int,
-    n_classes: int,
-    seed: int,
-    shape: float,
-    rate_w: float,
-    rate_h: float,
-    thresholds: Sequence[float] | None,
-    test_fraction: float,
-    nnz_per_block: int,
-) -> tuple[SynthParams, int, int]:
-    for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", k)):
-        if isinstance(val, bool) or int(val) != val or val < 1:
-            raise InputError(f"{name} must be a positive integer, got {shown(val)}")
-    if not 1 <= n_classes <= MAX_CLASSES:
-        raise InputError(f"n_classes must be in 1..{MAX_CLASSES}, got {n_classes}")
-    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise InputError(f"seed must be a non-negative integer, got {shown(seed)}")
-    if min(shape, rate_w, rate_h) <= 0:
-        raise InputError("shape, rate_w and rate_h must be > 0")
-    check_test_fraction(test_fraction)
-    rel = _relative_thresholds(n_classes, thresholds)
-    theta0 = calibrate_theta0(nnz, n_users, n_items, k, shape, rate_w, rate_h)
-    params = SynthParams(
-        int(n_users),
-        int(n_items),
-        int(k),
-        int(n_classes),
-        float(shape),
-        float(rate_w),
-        float(rate_h),
-        tuple(float(theta0 * t) for t in rel),
-        int(seed),
-        float(test_fraction),
-        int(nnz),
-    )
-    n_r, n_c = auto_grid(int((1.0 - test_fraction) * nnz), n_users, n_items, nnz_per_block)
-    return params, n_r, n_c
 
 
 def _relative_thresholds(n_classes: int, thresholds: Sequence[float] | None) -> np.ndarray:
