@@ -139,6 +139,11 @@ def test_daskjob_manifest_structure():
     assert isinstance(cluster["worker"]["replicas"], int) and cluster["worker"]["replicas"] >= 1
     worker = cluster["worker"]["spec"]["containers"][0]
     assert worker["image"] == job["image"] and worker["args"][:2] == ["dask", "worker"]
+    # one process per pod, a thread per requested core (the threads share the factor chunks)
+    args = worker["args"]
+    threads = args[args.index("--nthreads") + 1]
+    assert args[args.index("--nworkers") + 1] == "1" and int(threads) > 1
+    assert worker["resources"]["requests"]["cpu"] == threads
     scheduler = cluster["scheduler"]["spec"]["containers"][0]
     assert scheduler["image"] == job["image"]
     container_ports = {p["name"]: p["containerPort"] for p in scheduler["ports"]}
