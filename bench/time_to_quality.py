@@ -9,6 +9,11 @@ final ELBO and NDCG@100 on the test split at a low, middle and top relevance lev
 a dataset happen one after the other in one process, so their seconds compare (this machine is
 shared: the passes are the stable figure).
 
+``--seed-ratios N`` then fits plain CAVI at ``--ref-tol`` from each seed 0..N-1 (that seed's
+own E*) and every other configuration at ``--ref-tol`` from the same seed, and prints per seed
+the passes until each came within ``--within`` of that seed's E* (none: it converged lower) and
+their share of CAVI's, with the mean share over the seeds where every configuration got there.
+
 ``--paired-seeds N`` then fits every configuration at the default tol from seeds 0..N-1 and
 prints, per configuration, the mean and standard error over the seeds of its NDCG@100 minus
 plain CAVI's from the same seed, and its passes as a share of CAVI's: how the default optimizer
@@ -20,6 +25,8 @@ stores drawn from the model (``--synthetic 1e6 1e7``), each with a 20% test spli
     python bench/time_to_quality.py --data ../shared/data               # MovieLens, Last.fm
     python bench/time_to_quality.py --data ../shared/data --synthetic 1e6 --datasets synth
     python bench/time_to_quality.py --data ../shared/data --paired-seeds 8
+    python bench/time_to_quality.py --data ../shared/data --seed-ratios 6 --configs cavi:random \
+        squarem:random --skip-table
 """
 
 from __future__ import annotations
@@ -90,6 +97,37 @@ def reached(trace: list[tuple[float, int, float]], target: float, within: float)
     return None, None
 
 
+def seed_ratios(
+    info: StoreInfo, k: int, configs: list[str], seeds: int, ref_tol: float, within: float
+) -> None:
+    """Per seed, passes until within ``within`` of that seed's own CAVI optimum, per
+    configuration, and their share of CAVI's."""
+    others = [c for c in configs if c != "cavi:random"]
+    print(f"\nper seed, tol {ref_tol:g}: passes to within {within:g} of the seed's E* (share)\n")
+    print(
+        "| seed | E* | cavi:random | " + " | ".join(others) + " |\n|" + "---|" * (3 + len(others))
+    )
+    shares: dict[str, list[float]] = {c: [] for c in others}
+    for seed in range(seeds):
+        ref = run(info, k, "cavi", "random", ref_tol, seed)["trace"]
+        target = ref[-1][0]
+        base = reached(ref, target, within)[0]
+        got = {}
+        for config in others:
+            optimizer, start = config.split(":")
+            got[config] = reached(
+                run(info, k, optimizer, start, ref_tol, seed)["trace"], target, within
+            )[0]
+        cells = ["none" if got[c] is None else f"{got[c]} ({got[c] / base:.2f})" for c in others]
+        print(f"| {seed} | {target:.10e} | {base} | " + " | ".join(cells) + " |")
+        if all(got[c] is not None for c in others):
+            for c in others:
+                shares[c].append(got[c] / base)
+    for c in others:
+        n = len(shares[c])
+        print(f"{c}: mean share {np.mean(shares[c]):.3f} over the {n} seeds where all got there")
+
+
 def paired(info: StoreInfo, k: int, configs: list[str], levels: list[int], seeds: int) -> None:
     """Per configuration, NDCG@100 minus plain CAVI's from the same seed (mean and standard
     error over the seeds) and passes as a share of CAVI's, at the default tol."""
@@ -130,6 +168,8 @@ def main() -> None:
     p.add_argument("--within", type=float, default=1e-4)
     p.add_argument("--configs", nargs="+", default=["cavi:random", "squarem:random"])
     p.add_argument("--paired-seeds", type=int, default=0, help="then the paired NDCG table")
+    p.add_argument("--seed-ratios", type=int, default=0, help="then the per-seed passes table")
+    p.add_argument("--skip-table", action="store_true", help="only the per-seed tables")
     p.add_argument("--json", help="write the rows here too")
     args = p.parse_args()
     commit = subprocess.run(
@@ -141,6 +181,12 @@ def main() -> None:
         for name, (make, levels) in stores(args.data, work, args.datasets, args.synthetic).items():
             info = make()
             print(f"\n## {name}: {info.n_users} users x {info.n_items} items, {info.nnz_train} nnz")
+            if args.seed_ratios:
+                seed_ratios(info, args.k, args.configs, args.seed_ratios, args.ref_tol, args.within)
+            if args.skip_table:
+                if args.paired_seeds:
+                    paired(info, args.k, args.configs, levels, args.paired_seeds)
+                continue
             runs = {}
             for config in args.configs:
                 optimizer, start = config.split(":")

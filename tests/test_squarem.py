@@ -24,34 +24,37 @@ K = 3
 # --------------------------------------------------------------------------------------------
 
 
-def test_the_extrapolation_follows_the_s3_formula():
+def test_the_extrapolation_follows_the_s3_formula_per_component():
+    """Each column (component) k gets the S3 step of its own norms: a column that bends
+    slowly a long step, one that bends fast a short one."""
     rng = np.random.default_rng(0)
-    u0, r, v = rng.normal(size=(4, 3)), rng.normal(size=(4, 3)), 0.1 * rng.normal(size=(4, 3))
+    u0, r = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    v = rng.normal(size=(4, 3)) * np.array([0.05, 0.3, 1.0])  # bending per column
     u1 = u0 + r
-    u2 = u1 + r + v  # a slowly bending path: the step is well above 1
+    u2 = u1 + r + v
     norms = extrapolation.squared_norms(u0, u1, u2)
-    np.testing.assert_allclose(norms, [np.sum(r**2), np.sum(v**2)], rtol=1e-12)
-    step = math.sqrt(norms[0] / norms[1])
-    assert step > 2
-    for limit in (step / 2, step * 2):
+    np.testing.assert_allclose(norms, [np.sum(r**2, axis=0), np.sum(v**2, axis=0)], rtol=1e-12)
+    steps = np.sqrt(norms[0] / norms[1])
+    assert steps[0] > 4 * steps[2]
+    for limit in (float(np.median(steps)), 2 * float(steps.max())):
         a = extrapolation.step_length(norms, limit)
-        assert a == max(1.0, min(step, limit))
+        np.testing.assert_array_equal(a, np.clip(steps, 1.0, limit))
         np.testing.assert_allclose(
             extrapolation.extrapolate(u0, u1, u2, a), u0 + 2 * a * r + a * a * v, atol=1e-12
         )
     np.testing.assert_allclose(extrapolation.extrapolate(u0, u1, u2, 1.0), u2, atol=1e-12)
-    assert extrapolation.step_length(np.array([1.0, 0.0]), 8.0) == 1.0  # v = 0: no step
-    assert extrapolation.step_length(np.array([1e-6, 1.0]), 8.0) == 1.0  # never below 1
+    # v_k = 0: no step for that component; a step is never below 1
+    assert list(extrapolation.step_length(np.array([[1.0, 1e-6], [0.0, 1.0]]), 8.0)) == [1, 1]
 
 
 def test_the_largest_step_grows_when_taken_and_shrinks_when_refused():
     grow, shrink = extrapolation.next_step_max, extrapolation.next_step_max
     f = extrapolation.STEP_FACTOR
-    assert grow(4.0, 4.0, True) == 4.0 * f
-    assert shrink(4.0 * f, 4.0 * f, False) == 4.0
-    assert shrink(1.0, 1.0, False) == 1.0
-    assert grow(8.0, 3.0, True) == 8.0  # a step inside the limit leaves it
-    assert shrink(8.0, 3.0, False) == 8.0
+    assert grow(4.0, np.array([2.0, 4.0]), True) == 4.0 * f  # a component at the limit
+    assert shrink(4.0 * f, np.array([4.0 * f, 1.0]), False) == 4.0
+    assert shrink(1.0, np.array([1.0]), False) == 1.0
+    assert grow(8.0, np.array([3.0, 1.0]), True) == 8.0  # every step inside the limit
+    assert shrink(8.0, np.array([3.0, 7.9]), False) == 8.0
 
 
 def test_the_stopping_rule_averages_the_gain_over_the_window():

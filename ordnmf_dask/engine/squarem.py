@@ -76,8 +76,9 @@ class Squarem:
         self.step_max = extrapolation.next_step_max(self.step_max, step, kept)
         state.extrapolations[0 if kept else 1] += 1
         log.debug(
-            "extrapolated step %.3g %s: bound %s, last kept %s",
-            step,
+            "extrapolated steps %.3g..%.3g %s: bound %s, last kept %s",
+            float(np.min(step)),
+            float(np.max(step)),
             "kept" if kept else "refused",
             shown(objective),
             shown(state.objective),

@@ -173,21 +173,18 @@ def _state(chunk: FactorChunk) -> tuple[np.ndarray, np.ndarray]:
 
 
 def extrapolation_norms(c0: FactorChunk, c1: FactorChunk, c2: FactorChunk) -> np.ndarray:
-    """``[|r|^2, |v|^2]`` of one chunk over three successive states."""
-    s0, s1, s2 = _state(c0), _state(c1), _state(c2)
-    return sum(
-        (extrapolation.squared_norms(a, b, c) for a, b, c in zip(s0, s1, s2, strict=True)),
-        np.zeros(2),
-    )
+    """(2, K) ``[|r_k|^2, |v_k|^2]`` of one chunk over three successive states."""
+    (m0, g0), (m1, g1), (m2, g2) = _state(c0), _state(c1), _state(c2)
+    return extrapolation.squared_norms(m0, m1, m2) + extrapolation.squared_norms(g0, g1, g2)
 
 
-def extrapolation_step(norms: np.ndarray, step_max: float) -> float:
-    """The step of one extrapolation from the norms summed over every chunk of W and H."""
+def extrapolation_step(norms: np.ndarray, step_max: float) -> np.ndarray:
+    """The (K,) steps of one extrapolation from the norms summed over every chunk of W and H."""
     return extrapolation.step_length(resolve(norms), step_max)
 
 
 def extrapolated_chunk(
-    c0: FactorChunk, c1: FactorChunk, c2: FactorChunk, step: float
+    c0: FactorChunk, c1: FactorChunk, c2: FactorChunk, step: np.ndarray
 ) -> FactorChunk:
     """The extrapolated state of one chunk: E[x] and exp(E[log x]) only, as at a start (the
     next iteration reads nothing else)."""
