@@ -16,9 +16,10 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 from ordnmf_dask.errors import Terminated
 
@@ -39,14 +40,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise _interruption(signum)
 
 
-def _unraisable(hook: object) -> object:
+def _unraisable(hook: Callable[[Any], object]) -> Callable[[Any], None]:
     """``sys.unraisablehook`` that drops an interruption the flag still carries and passes
     anything else to ``hook``."""
 
-    def unraisable(report: object) -> None:
-        if isinstance(getattr(report, "exc_value", None), KeyboardInterrupt) and _requested:
+    def unraisable(report: Any) -> None:
+        if isinstance(report.exc_value, KeyboardInterrupt) and _requested:
             return  # raised again at the next check()
-        hook(report)  # type: ignore[operator]
+        hook(report)
 
     return unraisable
 
@@ -62,7 +63,7 @@ def installed() -> Iterator[None]:
         return
     handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
     hook = sys.unraisablehook
-    sys.unraisablehook = _unraisable(hook)  # type: ignore[assignment]
+    sys.unraisablehook = _unraisable(hook)
     for signum in SIGNALS:
         signal.signal(signum, _on_signal)
     try:
