@@ -29,5 +29,5 @@ class Flight:
     h_sum: Any
     result: Future | None
     fallback: Flight | None = None  # an extrapolated step's: kept if its bound is lower
-    step: Future | None = None  # an extrapolated step's length
+    step: Future | None = None  # an extrapolated step's (K,) steps, one per component
     passes: int = 0  # full passes over the blocks this step costs
