@@ -601,8 +601,7 @@ def plan_synth(
 ) -> SynthPlan:
     """Check the parameters of :func:`synth` and its target ``out`` without writing anything
     (a command runs it before it starts its cluster)."""
-    k = n_components
-    for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", k)):
+    for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", n_components)):
         if isinstance(val, bool) or int(val) != val or val < 1:
             raise InputError(f"{name} must be a positive integer, got {shown(val)}")
     if not 1 <= n_classes <= MAX_CLASSES:
@@ -613,11 +612,11 @@ def plan_synth(
         raise InputError("shape, rate_w and rate_h must be > 0")
     check_test_fraction(test_fraction)
     rel = _relative_thresholds(n_classes, thresholds)
-    theta0 = calibrate_theta0(nnz, n_users, n_items, k, shape, rate_w, rate_h)
+    theta0 = calibrate_theta0(nnz, n_users, n_items, n_components, shape, rate_w, rate_h)
     params = SynthParams(
         int(n_users),
         int(n_items),
-        int(k),
+        int(n_components),
         int(n_classes),
         float(shape),
         float(rate_w),
