@@ -381,10 +381,15 @@ def profile_main(args: argparse.Namespace) -> None:
             flush=True,
         )
         layouts = args.layouts or [(p, 1) for p in args.workers]
-        meas = {
-            (p, t): profiled_fit(path, args.k, args.iters, p, args.memory_limit, t)
-            for p, t in layouts
-        }
+        meas = {}
+        for p, t in layouts:  # a line per layout as it ends, so a run cut short keeps its figures
+            start = time.perf_counter()
+            meas[p, t] = profiled_fit(path, args.k, args.iters, p, args.memory_limit, t)
+            print(
+                f"{p} x {t}: {meas[p, t]['mean']:.3f} s/iteration, busy "
+                f"{meas[p, t]['busy']:.3f} s; fit {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
         # calibration: the hop cost from the first layout (its workers' idle time over the
         # model's hops: with one single-thread worker, it idles only while a dependency's result
         # goes through the scheduler), the scheduler's CPU per task, the bandwidth from the
