@@ -71,9 +71,11 @@ def main() -> None:
         se[j] = draws.std(axis=1) / np.sqrt(args.samples)
     ref_h = -np.log(ref)
     laws = {"reference": ref_h}
-    mean, var = classlaw.rate_moments(mw[users], mw[users] ** 2 / aw[users], mh[items], mh[items] ** 2 / ah[items])
-    laws["plug-in E[lambda]"] = classlaw.hazards(mean, None, theta)
-    laws["Gamma (moments)"] = classlaw.hazards(mean, var, theta)
+    lam = (mw[users] * mh[items]).sum(axis=1)
+    laws["plug-in E[lambda]"] = classlaw.plugin_hazards(lam, theta)
+    laws["Gamma (moments)"] = classlaw.gamma_hazards(
+        users, items, mw, mw**2 / aw, mh, mh**2 / ah, theta
+    )
     p_ref = classlaw.class_law(ref_h, limit)
     levels = range(2, len(theta))
     up_ref = np.stack([classlaw.at_least(ref_h, s, limit) for s in levels], axis=1)

@@ -15,6 +15,20 @@ def _theta(rng: np.random.Generator, v: int) -> np.ndarray:
     return np.append(np.cumsum(delta[::-1])[::-1], 0.0)  # theta_0 > ... > theta_V = 0
 
 
+def _gamma(mean: np.ndarray, var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Hazards of a rate of mean ``mean`` and variance ``var``: one component, h known (= 1)."""
+    n = len(mean)
+    return classlaw.gamma_hazards(
+        np.arange(n),
+        np.zeros(n, np.int64),
+        mean[:, None],
+        var[:, None],
+        np.ones((1, 1)),
+        np.zeros((1, 1)),
+        theta,
+    )
+
+
 def _oracle(lam: np.ndarray, theta: np.ndarray, given: bool) -> np.ndarray:
     """P(y = v) by differences of the cumulative law, one pair at a time."""
     out = np.zeros((len(lam), len(theta)))
@@ -32,7 +46,9 @@ def test_plugin_law_matches_dense_oracle(given: bool) -> None:
     rng = np.random.default_rng(0)
     theta = _theta(rng, 10)
     lam = rng.gamma(0.7, 1.0, size=200) + 1e-3
-    p = classlaw.class_law(classlaw.hazards(lam, None, theta), classlaw.ordinal_limit(theta), given)
+    p = classlaw.class_law(
+        classlaw.plugin_hazards(lam, theta), classlaw.ordinal_limit(theta), given
+    )
     np.testing.assert_allclose(p, _oracle(lam, theta, given), rtol=1e-9, atol=1e-15)
     np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
     assert p.min() >= 0
@@ -44,8 +60,7 @@ def test_law_is_monotone_in_the_rate() -> None:
     theta = _theta(rng, 6)
     lam = np.geomspace(1e-6, 50.0, 400)
     limit = classlaw.ordinal_limit(theta)
-    for var in (None, 0.3 * lam**2):
-        h = classlaw.hazards(lam, var, theta)
+    for h in (classlaw.plugin_hazards(lam, theta), _gamma(lam, 0.3 * lam**2, theta)):
         p = classlaw.class_law(h, limit)
         assert np.all(np.diff(p[:, 0]) < 0)
         for s in range(1, len(theta)):
@@ -59,7 +74,7 @@ def test_zero_rate_has_the_limit_law_given_an_interaction() -> None:
     rng = np.random.default_rng(2)
     theta = _theta(rng, 5)
     limit = classlaw.ordinal_limit(theta)
-    h = classlaw.hazards(np.array([0.0, 1e-9]), None, theta)
+    h = classlaw.plugin_hazards(np.array([0.0, 1e-9]), theta)
     p = classlaw.class_law(h, limit, True)
     np.testing.assert_allclose(p[0], p[1], rtol=1e-6)
     np.testing.assert_allclose(p[0, 1:], -np.diff(theta) / theta[0])
@@ -71,7 +86,7 @@ def test_gamma_mixture_is_the_integral_over_its_gamma() -> None:
     rng = np.random.default_rng(3)
     theta = _theta(rng, 4)
     mean, var = np.array([0.2, 1.5, 4.0]), np.array([0.5, 0.4, 40.0])
-    h = classlaw.hazards(mean, var, theta)
+    h = _gamma(mean, var, theta)
     for j in range(3):
         a, b = mean[j] ** 2 / var[j], mean[j] / var[j]
         for v, t in enumerate(theta):
@@ -81,21 +96,28 @@ def test_gamma_mixture_is_the_integral_over_its_gamma() -> None:
                 np.inf,
             )
             assert np.exp(-h[j, v]) == pytest.approx(value, rel=1e-7)
-    tiny = classlaw.hazards(mean, 1e-14 * mean, theta)
-    np.testing.assert_allclose(tiny, classlaw.hazards(mean, None, theta), rtol=1e-9)
+    tiny = _gamma(mean, 1e-14 * mean, theta)
+    np.testing.assert_allclose(tiny, classlaw.plugin_hazards(mean, theta), rtol=1e-9)
+    zero = _gamma(mean, 0 * mean, theta)
+    np.testing.assert_array_equal(zero, classlaw.plugin_hazards(mean, theta))
 
 
-def test_rate_moments_against_dense_sums() -> None:
-    """Var[sum_k w_k h_k] = sum_k (E[w^2] E[h^2] - E[w]^2 E[h]^2) for independent Gammas."""
+def test_gamma_hazards_use_the_posterior_moments_of_the_rate() -> None:
+    """Var[sum_k w_k h_k] = sum_k (E[w^2] E[h^2] - E[w]^2 E[h]^2) for independent Gammas, and
+    H_v = (E^2 / Var) log(1 + theta_v Var / E)."""
     rng = np.random.default_rng(4)
     n, k = 7, 5
-    aw, ah = rng.gamma(1.0, 2.0, (n, k)) + 0.1, rng.gamma(1.0, 2.0, (n, k)) + 0.1
-    mw, mh = rng.gamma(1.0, 1.0, (n, k)), rng.gamma(1.0, 1.0, (n, k))
-    mean, var = classlaw.rate_moments(mw, mw**2 / aw, mh, mh**2 / ah)
+    theta = _theta(rng, 3)
+    aw, ah = rng.gamma(1.0, 2.0, (n, k)) + 0.1, rng.gamma(1.0, 2.0, (n + 2, k)) + 0.1
+    mw, mh = rng.gamma(1.0, 1.0, (n, k)), rng.gamma(1.0, 1.0, (n + 2, k))
+    users, items = rng.integers(0, n, 11), rng.integers(0, n + 2, 11)
+    h = classlaw.gamma_hazards(users, items, mw, mw**2 / aw, mh, mh**2 / ah, theta)
     sw, sh = mw**2 * (aw + 1) / aw, mh**2 * (ah + 1) / ah  # E[w^2] = a (a + 1) / b^2
-    for j in range(n):
-        assert mean[j] == pytest.approx(sum(mw[j] * mh[j]))
-        assert var[j] == pytest.approx(sum(sw[j] * sh[j] - (mw[j] * mh[j]) ** 2))
+    for j, (u, i) in enumerate(zip(users, items, strict=True)):
+        mean = sum(mw[u] * mh[i])
+        var = sum(sw[u] * sh[i] - (mw[u] * mh[i]) ** 2)
+        want = [mean**2 / var * np.log(1 + t * var / mean) for t in theta]
+        np.testing.assert_allclose(h[j], want, rtol=1e-10)
 
 
 def test_gamma_law_is_closer_to_monte_carlo_than_the_plugin() -> None:
@@ -113,9 +135,11 @@ def test_gamma_law_is_closer_to_monte_carlo_than_the_plugin() -> None:
     mc = cdf.mean(axis=1).T  # (n, V + 1)
     limit = classlaw.ordinal_limit(theta)
     law_mc = classlaw.class_law(-np.log(mc), limit)
-    mean, var = classlaw.rate_moments(mw, mw**2 / aw, mh, mh**2 / ah)
-    gamma = classlaw.class_law(classlaw.hazards(mean, var, theta), limit)
-    plug = classlaw.class_law(classlaw.hazards(mean, None, theta), limit)
+    pairs = np.arange(n)
+    gamma = classlaw.class_law(
+        classlaw.gamma_hazards(pairs, pairs, mw, mw**2 / aw, mh, mh**2 / ah, theta), limit
+    )
+    plug = classlaw.class_law(classlaw.plugin_hazards((mw * mh).sum(axis=1), theta), limit)
     err_gamma, err_plug = np.abs(gamma - law_mc).max(), np.abs(plug - law_mc).max()
     assert err_gamma < err_plug / 3
 

@@ -2,53 +2,64 @@
 and the ratings it predicts (docs/design.md, "Class probabilities"). Pure functions on arrays.
 
 A law is given by its cumulative hazards ``H_v = -log P(y <= v)`` (H_V = 0), (n, V + 1):
-``lambda theta_v`` for a known rate (the model's law, docs/design.md §1), or
-``alpha log(1 + theta_v / beta)`` for a rate of law Gamma(alpha, beta), the Gamma that matches the
-mean and variance of lambda under the variational posterior. Every class probability is a
-difference of two such terms, computed as ``exp(-H_v) (1 - exp(-(H_{v-1} - H_v)))`` so that no
-probability is a difference of two numbers close to 1.
+``lambda theta_v`` for a known rate (the model's law, docs/design.md §1, :func:`plugin_hazards`),
+or ``alpha log(1 + theta_v / beta)`` for a rate of law Gamma(alpha, beta), the Gamma that matches
+the mean and variance of lambda under the variational posterior (:func:`gamma_hazards`). Every
+class probability is a difference of two such terms, computed as ``exp(-H_v) (1 - exp(-(H_{v-1}
+- H_v)))`` so that no probability is a difference of two numbers close to 1.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-POSTERIORS = ("gamma", "mean")  # how the posterior of lambda enters (see :func:`hazards`)
-KINDS = ("expected", "mode", "median")  # the ratings :func:`rating_classes` and friends give
+from ordnmf_dask.model.kernels import jit
+
+POSTERIORS = ("gamma", "mean")  # how the posterior enters: gamma_hazards, plugin_hazards
+KINDS = ("expected", "mode", "median")  # the ratings :func:`class_rating` gives
 
 
-def rate_moments(
-    mean_w: np.ndarray, var_w: np.ndarray, mean_h: np.ndarray, var_h: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """E[lambda] and Var[lambda] of pairs (row j of the W arrays with row j of the H arrays),
-    lambda = sum_k w_k h_k with independent factors: Var[w h] = Var[w] E[h^2] + E[w]^2 Var[h],
-    a sum of nonnegative terms (no cancellation). Inputs (n, K); outputs (n,)."""
-    mean = np.einsum("ij,ij->i", mean_w, mean_h)
-    var = np.einsum("ij,ij->i", var_w, mean_h * mean_h + var_h) + np.einsum(
-        "ij,ij->i", mean_w * mean_w, var_h
-    )
-    return mean, var
+@jit(error_model="numpy")
+def gamma_hazards(
+    users: np.ndarray,
+    items: np.ndarray,
+    mean_w: np.ndarray,
+    var_w: np.ndarray,
+    mean_h: np.ndarray,
+    var_h: np.ndarray,
+    theta: np.ndarray,
+) -> np.ndarray:
+    """Cumulative hazards (n, V + 1) of the pairs (row ``users[j]`` of the W arrays, row
+    ``items[j]`` of the H arrays) under the posterior: lambda = sum_k w_k h_k taken Gamma with
+    its exact mean and variance under independent factors, ``E = sum_k E[w] E[h]``, ``Var =
+    sum_k Var[w] E[h^2] + E[w]^2 Var[h]`` (nonnegative terms, no cancellation), for which
+    ``E[exp(-lambda theta)] = (1 + theta Var / E)^(-E^2 / Var)`` exactly; a pair of variance 0
+    gets the plug-in law ``E theta``. One pass over the pairs, no gathered (n, K) copies."""
+    n, k, width = len(users), mean_w.shape[1], len(theta)
+    out = np.empty((n, width))
+    for j in range(n):
+        u, i = users[j], items[j]
+        m = 0.0
+        v = 0.0
+        for c in range(k):
+            a, b = mean_w[u, c], mean_h[i, c]
+            vb = var_h[i, c]
+            m += a * b
+            v += var_w[u, c] * (b * b + vb) + a * a * vb
+        if v > 0.0 and m > 0.0:
+            scale, shape = v / m, m * m / v
+            for t in range(width):
+                out[j, t] = shape * np.log1p(theta[t] * scale)
+        else:
+            for t in range(width):
+                out[j, t] = m * theta[t]
+    return out
 
 
-def hazards(mean: np.ndarray, var: np.ndarray | None, theta: np.ndarray) -> np.ndarray:
-    """Cumulative hazards (n, V + 1) of the class law at rates of mean ``mean`` (n,) and
-    variance ``var`` (n,), thresholds ``theta`` (V + 1,), theta_V = 0.
-
-    ``var`` None (or 0): the law at lambda = ``mean`` (the plug-in law). Otherwise lambda is
-    taken Gamma with that mean and variance, and ``E[exp(-lambda theta)] = (1 + theta var /
-    mean)^(-mean^2 / var)`` exactly for it; as var -> 0 this tends to the plug-in law.
-    """
-    mean = np.asarray(mean, dtype=np.float64)
-    theta = np.asarray(theta, dtype=np.float64)
-    plug = mean[:, None] * theta[None, :]
-    if var is None:
-        return plug
-    var = np.asarray(var, dtype=np.float64)
-    positive = (var > 0) & (mean > 0)
-    scale = np.where(positive, var / np.where(positive, mean, 1.0), 0.0)  # 1 / beta
-    shape = np.where(positive, mean * mean / np.where(positive, var, 1.0), 0.0)  # alpha
-    mixed = shape[:, None] * np.log1p(theta[None, :] * scale[:, None])
-    return np.where(positive[:, None], mixed, plug)
+def plugin_hazards(lam: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Cumulative hazards (n, V + 1) of the model's law at the rates ``lam`` (n,):
+    ``lambda theta_v``."""
+    return np.multiply.outer(np.asarray(lam, dtype=np.float64), np.asarray(theta, np.float64))
 
 
 def ordinal_limit(theta: np.ndarray) -> np.ndarray:
@@ -66,8 +77,10 @@ def class_law(h: np.ndarray, limit: np.ndarray, given_interaction: bool = False)
     """
     h = np.asarray(h, dtype=np.float64)
     p = np.empty_like(h)
+    np.subtract(h[:, :-1], h[:, 1:], out=p[:, 1:])
+    np.expm1(np.negative(p[:, 1:], out=p[:, 1:]), out=p[:, 1:])
+    p[:, 1:] *= -np.exp(-h[:, 1:])
     p[:, 0] = np.exp(-h[:, 0])
-    p[:, 1:] = np.exp(-h[:, 1:]) * -np.expm1(h[:, 1:] - h[:, :-1])
     if not given_interaction:
         return p
     reach = -np.expm1(-h[:, :1])  # P(y > 0)
