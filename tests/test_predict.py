@@ -282,3 +282,19 @@ def test_evaluate_reports_calibration_against_the_dense_oracle(m, posterior):
     assert sum(b[0] for b in cal["reliability"][2]) == cal["n"]
     if posterior == "mean":  # the plug-in law's log-loss is the test log-likelihood
         assert cal["log_loss"] == pytest.approx(-res["test_loglik_mean"], rel=1e-10)
+
+
+def test_cli_evaluate_prints_calibration_and_draws_reliability(m, tmp_path, capsys):
+    from ordnmf_dask.app.cli import main
+
+    png, out = tmp_path / "rel.png", tmp_path / "res.json"
+    argv = ["evaluate", m.store.path, m.path, "--k", "5", "--json", str(out)]
+    assert main([*argv, "--reliability", str(png), "--posterior", "mean"]) == 0
+    text = capsys.readouterr().out
+    import json
+
+    cal = json.loads(out.read_text())["calibration"]
+    assert cal["posterior"] == "mean"
+    assert f"log-loss {cal['log_loss']:.4f}" in text
+    assert cal["log_loss"] == pytest.approx(_oracle_calibration(m, "mean")["log_loss"], rel=1e-9)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

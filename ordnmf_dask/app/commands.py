@@ -230,8 +230,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             user_fraction=args.user_fraction,
             seed=args.seed,
             allow_other_store=args.allow_other_store,
+            posterior=args.posterior,
         )
     print(format_results(res))
+    if args.reliability and res["calibration"] is not None:
+        from ordnmf_dask.app.plots import plot_reliability
+
+        plot_reliability(res["calibration"]["reliability"], args.reliability)
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(res, fh, indent=2)
@@ -262,7 +267,20 @@ def format_results(res: dict[str, Any]) -> str:
             f"test log-likelihood: {res['test_loglik']:.6g} "
             f"({res['test_loglik_mean']:.4f} per rating, {res['nnz_test']} ratings)"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + format_calibration(res.get("calibration")))
+
+
+def format_calibration(cal: dict[str, Any] | None) -> list[str]:
+    """The lines of ``evaluate``'s calibration results (none without them)."""
+    if cal is None:
+        return ["class probabilities: n/a (the model has no law of the store's classes)"]
+    return [
+        f"class probabilities ({cal['posterior']} posterior, {cal['n']} test ratings): "
+        f"log-loss {cal['log_loss']:.4f}  Brier {cal['brier']:.4f}  "
+        f"expected rating RMSE {cal['rmse']:.4f}  MAE {cal['mae']:.4f}",
+        "calibration error of P(y >= s | y > 0): "
+        + "  ".join(f"{s}:{e:.4f}" for s, e in cal["ece"].items()),
+    ]
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -201,7 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster_args(fit)
 
-    ev = add("evaluate", help="NDCG@k and test log-likelihood of a model")
+    ev = add(
+        "evaluate",
+        help="NDCG@k, test log-likelihood, calibration and rating error of a model",
+    )
     ev.add_argument("store")
     ev.add_argument("model")
     ev.add_argument("--k", type=int, default=100)
@@ -214,6 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
+    ev.add_argument(
+        "--posterior",
+        choices=["gamma", "mean"],
+        default="gamma",
+        help="class law scored: averaged over the posterior (gamma, default) or at E[lambda]",
+    )
+    ev.add_argument(
+        "--reliability",
+        metavar="PNG",
+        help="also draw a reliability diagram per level (needs matplotlib)",
+    )
     _other_store_arg(ev)
     _cluster_args(ev)
 
