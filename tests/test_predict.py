@@ -298,3 +298,43 @@ def test_cli_evaluate_prints_calibration_and_draws_reliability(m, tmp_path, caps
     assert f"log-loss {cal['log_loss']:.4f}" in text
     assert cal["log_loss"] == pytest.approx(_oracle_calibration(m, "mean")["log_loss"], rel=1e-9)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_with_proba_at_matches_predict_proba(m, tmp_path):
+    import pyarrow.parquet as pq
+
+    from ordnmf_dask.postfit.export import export
+
+    out = export(m.path, tmp_path / "x", what=["recommendations"], n=4, proba_at=3)
+    table = pq.read_table(f"{out}/recommendations").to_pandas()
+    assert list(table.columns) == ["user", "rank", "item", "score", "proba"]
+    assert len(table) == 4 * N_USERS
+    p = m.model.predict_proba(
+        table["user"].tolist(), table["item"].tolist(), given_interaction=True
+    )
+    np.testing.assert_allclose(table["proba"], p[:, 3:].sum(axis=1), rtol=1e-10)
+    recs = m.model.recommend(["u1"], n=4, proba_at=3)["u1"]
+    mine = table[table["user"] == "u1"].sort_values("rank")
+    assert [i for i, _, _ in recs] == mine["item"].tolist()
+    with pytest.raises(InputError, match="export them too"):
+        export(m.path, tmp_path / "y", what=["factors"], proba_at=3)
+    with pytest.raises(InputError, match="proba_at must be a class"):
+        export(m.path, tmp_path / "z", what=["recommendations"], proba_at=0)
+
+
+def test_cli_recommend_prints_proba_at(m, capsys):
+    from ordnmf_dask.app.cli import main
+
+    assert (
+        main(["recommend", m.store.path, m.path, "--users", "u1,u4", "-n", "3", "--proba-at", "2"])
+        == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "user\trank\titem\tscore\tP(y>=2|y>0)"
+    recs = m.model.recommend(["u1", "u4"], n=3, proba_at=2)
+    want = [
+        f"{u}\t{r}\t{i}\t{s:.6g}\t{p:.4f}"
+        for u in ("u1", "u4")
+        for r, (i, s, p) in enumerate(recs[u], 1)
+    ]
+    assert lines[1:] == want

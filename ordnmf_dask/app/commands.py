@@ -295,9 +295,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if users is not None and not users:
         raise UsageError("--users needs at least one id")
     if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
-        res = serving.server(args.model, args.store, args.allow_other_store).recommend(
-            users, args.n
-        )
+        srv = serving.server(args.model, args.store, args.allow_other_store)
+        res = srv.recommend(users, args.n)
+        if args.proba_at is not None:
+            from ordnmf_dask.postfit.predict import recommend_with_proba
+
+            res = recommend_with_proba(srv, res, args.proba_at, "gamma")
     else:
         with _client(cluster) as client:
             res = recommend(
@@ -310,14 +313,17 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 n_workers=cluster.local_spec.workers,
                 allow_other_store=args.allow_other_store,
+                proba_at=args.proba_at,
             )
     if users is None:
         print(f"recommendations written to {res}")
         return EXIT_OK
-    print("user\trank\titem\tscore")
+    proba = args.proba_at is not None
+    print("user\trank\titem\tscore" + (f"\tP(y>={args.proba_at}|y>0)" if proba else ""))
     for user, recs in res.items():
-        for rank, (item, score) in enumerate(recs, start=1):
-            print(f"{user}\t{rank}\t{item}\t{score:.6g}")
+        for rank, (item, score, *extra) in enumerate(recs, start=1):
+            tail = "".join(f"\t{x:.4f}" for x in extra)
+            print(f"{user}\t{rank}\t{item}\t{score:.6g}{tail}")
     return EXIT_OK
 
 
@@ -339,6 +345,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             n_workers=cluster.local_spec.workers,
             allow_other_store=args.allow_other_store,
+            proba_at=args.proba_at,
         )
     print(f"export written to {out}")
     return EXIT_OK

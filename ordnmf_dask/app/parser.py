@@ -243,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--users", help="raw user ids joined by commas: print their lists")
     rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    rec.add_argument(
+        "--proba-at",
+        type=int,
+        metavar="S",
+        help="add P(y >= S | y > 0) beside each recommended item (S a class 1..V)",
+    )
     _other_store_arg(rec)
     _cluster_args(rec)
 
@@ -258,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated subset of factors,recommendations (default both)",
     )
     exp.add_argument("-n", type=int, default=10, help="recommendations per user (default 10)")
+    exp.add_argument(
+        "--proba-at",
+        type=int,
+        metavar="S",
+        help="add P(y >= S | y > 0) beside each recommended item (S a class 1..V)",
+    )
     exp.add_argument(
         "--store",
         help="training store for the recommendations (default: the store the model records)",

@@ -12,9 +12,8 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import calibration, classlaw
-from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo
-from ordnmf_dask.postfit.classes import ClassLaw, law_of
+from ordnmf_dask.postfit.classes import ClassLaw, factor_moments, law_of
 from ordnmf_dask.runtime.reduce import tree_sum
 from ordnmf_dask.store.blocks import StoreInfo, read_block
 
@@ -30,15 +29,6 @@ def rating_values(law: ClassLaw) -> np.ndarray:
     if law.value_kind.startswith("ratings-"):
         return classlaw.class_values(law.value_kind, law.n_classes)
     return np.arange(law.n_classes + 1, dtype=np.float64)
-
-
-def factor_moments(model: str, name: str, index: int, gamma: bool) -> tuple[np.ndarray, Any]:
-    """E[x] of chunk ``index`` of factor ``name`` and, with ``gamma``, Var[x] = E[x]^2 /
-    shape (else None)."""
-    mean = chunkstore.read_field(model, name, index, "mean")
-    if not gamma:
-        return mean, None
-    return mean, mean * mean / chunkstore.read_field(model, name, index, "shape")
 
 
 def block_sums(

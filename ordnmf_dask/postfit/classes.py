@@ -6,6 +6,7 @@ classes map back to (docs/design.md, "Class probabilities"); the numerics are
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zarr
@@ -13,6 +14,7 @@ import zarr
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model import classlaw
 from ordnmf_dask.model.thresholds import theta_from_delta
+from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo
 
 SCALES = ("store", "class")
@@ -158,3 +160,40 @@ def to_scale(law: ClassLaw, probs: np.ndarray, kind: str, scale: str) -> np.ndar
         return classlaw.count_range(classes, law.edges)
     values = classlaw.class_values(law.value_kind, law.n_classes)
     return probs @ values if kind == "expected" else values[classes]
+
+
+def factor_moments(model: str, name: str, index: int, gamma: bool) -> tuple[np.ndarray, Any]:
+    """E[x] of chunk ``index`` of factor ``name`` and, with ``gamma``, Var[x] = E[x]^2 /
+    shape (else None); on a worker."""
+    mean = chunkstore.read_field(model, name, index, "mean")
+    if not gamma:
+        return mean, None
+    return mean, mean * mean / chunkstore.read_field(model, name, index, "shape")
+
+
+def top_at_least(
+    top: tuple[np.ndarray, np.ndarray],
+    model: str,
+    law: ClassLaw,
+    s: int,
+    r: int,
+    col_bounds: list[int],
+    gamma: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The top-n ``(scores, items)`` of user-block r with P(y >= s | y > 0) of each listed
+    pair (NaN in the empty slots); on a worker, reading one item-block's factors at a time."""
+    scores, items = top
+    proba = np.full(scores.shape, np.nan)
+    listed = np.isfinite(scores)
+    rows = np.nonzero(listed)[0]
+    cols = items[listed].astype(np.int64)
+    w = factor_moments(model, "W", r, gamma)
+    found = np.empty(len(cols))
+    block = np.searchsorted(np.asarray(col_bounds), cols, side="right") - 1
+    for c in np.unique(block).tolist():
+        sel = block == c
+        h = factor_moments(model, "H", c, gamma)
+        hz = law.pair_hazards(rows[sel], cols[sel] - col_bounds[c], w[0], w[1], h[0], h[1])
+        found[sel] = classlaw.at_least(hz, s, law.limit)
+    proba[listed] = found
+    return scores, items, proba
