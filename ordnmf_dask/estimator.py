@@ -55,6 +55,7 @@ _SHARED_ATTRS_DOC = """
     passes_ : full passes over the training blocks the fit made (refused extrapolations
     included).
     model_path_ : the zarr directory holding the fitted factors.
+    n_active_components_ : the components in use (the others the prior switched off).
     runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
         converged, stop_reason, validation (the kept state's validation metric, or None), kept
         (restarts are chosen by the validation metric when the store has a validation subset,
@@ -259,6 +260,7 @@ class CaviEstimator:
             model.factor_chunks(name, field)
         self._model = model
         self._factors: dict[tuple[str, str], da.Array] = {}
+        self._n_active: int | None = None
 
     def _factor(self, name: str, field: str) -> da.Array:
         """A factor of the fitted model as a dask array, made on first use (a command that
@@ -284,6 +286,19 @@ class CaviEstimator:
     @property
     def log_H_(self) -> da.Array:
         return self._factor("H", "log_mean")
+
+    @property
+    def n_active_components_(self) -> int:
+        """Components in use: those on which some user puts at least 1% of its expected latent
+        counts (posterior shape minus alpha_W); a component the prior switched off carries none
+        (docs/design.md, "Class probabilities"). Read from the posterior shapes on first use."""
+        if "_factors" not in vars(self):
+            raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
+        if self._n_active is None:
+            from ordnmf_dask.postfit.summary import active_components
+
+            self._n_active = int(active_components(self._model).sum())
+        return self._n_active
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the parameters and, once fitted, the model directory's path instead of the

@@ -28,7 +28,8 @@ def save_shapes(path, store, w, h, aw, ah) -> None:
         for j in range(len(bounds) - 1):
             rows = slice(int(bounds[j]), int(bounds[j + 1]))
             chunk = FactorChunk(x[rows].copy(), x[rows] * 0.9, shape=a[rows].copy())
-            chunkstore.save_chunk(chunk, str(path), name, j)
+            with np.errstate(divide="ignore"):  # the zero row's log and rate
+                chunkstore.save_chunk(chunk, str(path), name, j)
 
 
 class Model:
@@ -338,3 +339,32 @@ def test_cli_recommend_prints_proba_at(m, capsys):
         for r, (i, s, p) in enumerate(recs[u], 1)
     ]
     assert lines[1:] == want
+
+
+def test_active_components_and_thresholds_in_info(tmp_path, capsys):
+    import json
+
+    from ordnmf_dask.app.cli import main
+    from ordnmf_dask.model.components import max_count_share
+    from ordnmf_dask.params import DEFAULTS
+
+    alpha = DEFAULTS["alpha_W"]
+    shape = np.array([[alpha + 3.0, alpha, alpha + 1e-4], [alpha + 1.0, alpha + 1e-3, alpha + 5.0]])
+    counts = shape - alpha
+    want = [max(counts[u, k] / counts[u].sum() for u in range(2)) for k in range(3)]
+    np.testing.assert_allclose(max_count_share(shape, alpha), want, rtol=1e-12)
+
+    m = Model(tmp_path)
+    m.aW[:, 1] = alpha + 1e-6 * m.aW[:, 1]  # component 1: no user puts a count on it
+    save_shapes(m.path, m.store, m.W, m.H, m.aW, m.aH)
+    model = OrdNMF.load(m.path)
+    assert model.n_active_components_ == K - 1
+    assert main(["info", m.path, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["n_active_components"] == K - 1 and s["active_components"] == [0, 2]
+    for row in s["thresholds_as_classes"]:
+        assert sum(row["probs"]) == pytest.approx(1.0)
+        assert 1 - np.exp(-row["rate"] * m.theta[0]) == pytest.approx(row["reach"])
+        assert row["expected_class"] == pytest.approx(np.dot(row["probs"], np.arange(1, V + 1)))
+    assert main(["info", m.path]) == 0
+    assert f"components {K - 1} active of {K}" in capsys.readouterr().out

@@ -184,9 +184,41 @@ def _summary_text(info: Any) -> str:
     return "\n".join(lines)
 
 
+def _model_text(s: dict[str, Any]) -> str:
+    """``info MODEL``'s text from :func:`ordnmf_dask.postfit.summary.summary`."""
+    lines = [
+        f"model      {s['path']} ({s['model']}, {s['n_iter']} iterations, "
+        f"{'converged' if s['converged'] else 'not converged'}, ELBO {s['elbo']:.10e})",
+        f"shape      {s['n_users']} users x {s['n_items']} items, V = {s['n_classes']} classes; "
+        f"store {s['store']}",
+        f"components {s['n_active_components']} active of {s['n_components']}",
+    ]
+    table = s["thresholds_as_classes"]
+    if table is None:
+        lines.append("thresholds n/a (no ordinal law of the store's classes)")
+        return "\n".join(lines)
+    v = len(table[0]["probs"])
+    lines.append("thresholds as P(y = v | y > 0) at the rates where P(y > 0) is:")
+    lines.append(" P(y>0)     rate" + "".join(f"{c:>7}" for c in range(1, v + 1)) + "  E[class]")
+    for row in table:
+        probs = "".join(f"{p:>7.3f}" for p in row["probs"])
+        lines.append(
+            f"{row['reach']:>7.2f} {row['rate']:>8.3g}{probs}  {row['expected_class']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from ordnmf_dask.store.blocks import open_store, verify_store
+    from ordnmf_dask.store.kinds import is_model
 
+    if is_model(args.store):
+        from ordnmf_dask.modelstore.model import open_model
+        from ordnmf_dask.postfit.summary import summary
+
+        s = summary(open_model(args.store))
+        print(json.dumps(s, indent=2) if args.json else _model_text(s))
+        return EXIT_OK
     info = verify_store(args.store) if args.verify else open_store(args.store)
     print(json.dumps(_summary(info), indent=2) if args.json else _summary_text(info))
     return EXIT_OK

@@ -152,8 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--overwrite", action="store_true")
     _cluster_args(syn)
 
-    inf = add("info", help="summary of a store (exit 2 if incomplete or unreadable)")
-    inf.add_argument("store")
+    inf = add(
+        "info",
+        help="summary of a store, or of a model (its active components and thresholds as "
+        "class probabilities); exit 2 if incomplete or unreadable",
+    )
+    inf.add_argument("store", metavar="STORE_OR_MODEL")
     inf.add_argument("--json", action="store_true", help="print the summary as JSON")
     inf.add_argument(
         "--verify",
