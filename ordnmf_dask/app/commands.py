@@ -383,6 +383,30 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit.pairs import predict_pairs
+
+    # only the cluster flags: --out here is the predictions, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(cluster) as client:
+        out = predict_pairs(
+            args.model,
+            args.pairs,
+            args.out,
+            store=args.store,
+            given_interaction=args.given_interaction,
+            posterior=args.posterior,
+            client=client,
+            overwrite=args.overwrite,
+            n_workers=cluster.local_spec.workers,
+            allow_other_store=args.allow_other_store,
+        )
+    print(f"class probabilities written to {out}")
+    return EXIT_OK
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.config import flag_overrides, resolve
     from ordnmf_dask.app.reproduce import Protocol, reproduce, shared_datasets
@@ -467,6 +491,7 @@ COMMANDS = {
     "info": cmd_info,
     "fit": cmd_fit,
     "evaluate": cmd_evaluate,
+    "predict": cmd_predict,
     "recommend": cmd_recommend,
     "export": cmd_export,
     "reproduce": cmd_reproduce,

@@ -286,6 +286,37 @@ def build_parser() -> argparse.ArgumentParser:
     _other_store_arg(exp)
     _cluster_args(exp)
 
+    pre = add("predict", help="class probabilities of the (user, item) pairs of Parquet files")
+    pre.add_argument("store", help="the training store (its id maps and compatibility)")
+    pre.add_argument("model")
+    pre.add_argument(
+        "--pairs",
+        nargs="+",
+        required=True,
+        help="Parquet files, directories of them, globs or URLs with columns user and item",
+    )
+    pre.add_argument(
+        "--out", required=True, help="directory or URL: OUT/predictions/part-<j>.parquet"
+    )
+    pre.add_argument(
+        "--given-interaction",
+        action="store_true",
+        help="P(y = v | y > 0) instead of P(y = v)",
+    )
+    pre.add_argument(
+        "--posterior",
+        choices=["gamma", "mean"],
+        default="gamma",
+        help="the law averaged over the posterior (gamma, default) or at E[lambda]",
+    )
+    pre.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it is an export (nothing else is ever replaced)",
+    )
+    _other_store_arg(pre)
+    _cluster_args(pre)
+
     rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
     rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
     rep.add_argument(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -376,8 +376,14 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     )
 
 
-def write_export(cl: Client, plan: Plan) -> str:
-    """Write a planned export on ``cl``'s workers, complete or not at all; returns its name."""
+def write_export(
+    cl: Client,
+    plan: Plan,
+    submit: Callable[[Client, Plan, str, tuple[str, int]], Future] | None = None,
+) -> str:
+    """Write a planned export on ``cl``'s workers, complete or not at all; returns its name.
+    ``submit`` starts the writing of one part (default: the factors and recommendations)."""
+    submit = submit or _submit
     target, fs = plan.target, plan.target.fs
     manifest: dict[str, Any] = {
         "kind": EXPORT,
@@ -398,7 +404,7 @@ def write_export(cl: Client, plan: Plan) -> str:
         place.begin({**manifest, "planned": planned}, export_listing(place))
     futures: list[Future] = []
     try:
-        futures = [_submit(cl, plan, root, p) for p in plan.parts]
+        futures = [submit(cl, plan, root, p) for p in plan.parts]
         track(futures, "export: parts")
         wait(futures)
         rows = dict(zip(plan.parts, cl.gather(futures), strict=True))  # re-raises an error

@@ -239,9 +239,10 @@ class IdMap:
     def index(self, raw: Sequence[Any]) -> np.ndarray:
         """(m,) int64 indices of the raw ids (ints or strings, coerced to the ids' type);
         InputError naming the first unknown ones."""
-        if self._order is None:
-            self._order = np.argsort(self.ids, kind="stable")
-            self._sorted = self.ids[self._order]
+        if self._order is None:  # _sorted first: a thread that sees _order sees it too
+            order = np.argsort(self.ids, kind="stable")
+            self._sorted = self.ids[order]
+            self._order = order
         integer = self.ids.dtype.kind in "iu"
         ok = np.ones(len(raw), dtype=bool)
         if isinstance(raw, np.ndarray) and raw.dtype.kind == ("i" if integer else "U"):
