@@ -135,7 +135,12 @@ def pairs_part(
     file, group, _ = source
     count = 0
     batches = _open_parquet(file).iter_batches(SLAB, row_groups=[group], columns=list(COLUMNS))
-    with fs.open(path, "wb") as fh, pq.ParquetWriter(fh, schema) as writer:
+    # no dictionaries for the probabilities: they rarely repeat, and building them costs more
+    # than the rest of the slab's work
+    with (
+        fs.open(path, "wb") as fh,
+        pq.ParquetWriter(fh, schema, use_dictionary=list(COLUMNS)) as writer,
+    ):
         for batch in batches:
             users = batch.column(0).to_numpy(zero_copy_only=False)
             items = batch.column(1).to_numpy(zero_copy_only=False)
