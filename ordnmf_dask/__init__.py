@@ -32,6 +32,7 @@ _EXPORTS = {
     "ingest_arrays": ".sources.ingest",
     "ingest_distributed": ".sources.ingest",
     "posterior_predictive": ".postfit.ppc",
+    "predict_pairs": ".postfit.pairs",
     "recommend": ".postfit.recommend",
     "tune": ".tuning.search",
     "LogUniform": ".tuning.schedule",
@@ -54,6 +55,7 @@ __all__ = [
     "ingest_distributed",
     "open_store",
     "posterior_predictive",
+    "predict_pairs",
     "read_block",
     "recommend",
     "recommend_for",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:  # static analysis and IDEs see the real names
     from .postfit.evaluate import evaluate
     from .postfit.export import export
     from .postfit.foldin import fold_in, recommend_for
+    from .postfit.pairs import predict_pairs
     from .postfit.ppc import posterior_predictive
     from .postfit.recommend import recommend
     from .sources.ingest import ingest, ingest_arrays, ingest_distributed

@@ -55,6 +55,7 @@ _SHARED_ATTRS_DOC = """
     passes_ : full passes over the training blocks the fit made (refused extrapolations
     included).
     model_path_ : the zarr directory holding the fitted factors.
+    n_active_components_ : the components in use (the others the prior switched off).
     runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
         converged, stop_reason, validation (the kept state's validation metric, or None), kept
         (restarts are chosen by the validation metric when the store has a validation subset,
@@ -259,6 +260,7 @@ class CaviEstimator:
             model.factor_chunks(name, field)
         self._model = model
         self._factors: dict[tuple[str, str], da.Array] = {}
+        self._n_active: int | None = None
 
     def _factor(self, name: str, field: str) -> da.Array:
         """A factor of the fitted model as a dask array, made on first use (a command that
@@ -284,6 +286,19 @@ class CaviEstimator:
     @property
     def log_H_(self) -> da.Array:
         return self._factor("H", "log_mean")
+
+    @property
+    def n_active_components_(self) -> int:
+        """Components in use: those on which some user puts at least 1% of its expected latent
+        counts (posterior shape minus alpha_W); a component the prior switched off carries none
+        (docs/design.md, "Class probabilities"). Read from the posterior shapes on first use."""
+        if "_factors" not in vars(self):
+            raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
+        if self._n_active is None:
+            from ordnmf_dask.postfit.summary import active_components
+
+            self._n_active = int(active_components(self._model).sum())
+        return self._n_active
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the parameters and, once fitted, the model directory's path instead of the
@@ -337,13 +352,22 @@ class CaviEstimator:
         items: Sequence[Any] | None = None,
         exclude: Sequence[Any] | None = None,
         store: str | os.PathLike | None = None,
-    ) -> dict[Any, list[tuple[Any, float]]]:
+        proba_at: int | None = None,
+    ) -> dict[Any, list[tuple[Any, ...]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
         ``{user id as given: [(raw item id, score), ...]}``, best first, ties to the lower item
         index. ``filter_already_seen`` leaves out the user's training items (from the model's
         own index of them, or from ``store``, needed only by models saved without that index);
-        ``items`` restricts the candidates to these raw ids; ``exclude`` removes these."""
-        return self._server(store).recommend(user_ids, n, filter_already_seen, items, exclude)
+        ``items`` restricts the candidates to these raw ids; ``exclude`` removes these.
+        ``proba_at`` s (a class 1..V): ``(raw item id, score, P(y >= s | y > 0))`` triples
+        (:meth:`predict_proba`)."""
+        srv = self._server(store)
+        recs = srv.recommend(user_ids, n, filter_already_seen, items, exclude)
+        if proba_at is None:
+            return recs
+        from ordnmf_dask.postfit.predict import recommend_with_proba
+
+        return recommend_with_proba(srv, recs, proba_at, "gamma")
 
     def recommend_for(
         self,
@@ -352,11 +376,19 @@ class CaviEstimator:
         *,
         exclude: Sequence[Sequence[Any]] | None = None,
         items: Sequence[Any] | None = None,
-    ) -> dict[int, list[tuple[Any, float]]]:
+        proba_at: int | None = None,
+    ) -> dict[int, list[tuple[Any, ...]]]:
         """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
         row j without the raw items ``exclude[j]``: ``{j: [(raw item id, score), ...]}``, as
-        :meth:`recommend` keyed by the row of ``w``."""
-        return self._server().recommend_for(w, n, exclude, items)
+        :meth:`recommend` keyed by the row of ``w`` (with ``proba_at``, the rows of ``w`` are
+        taken as known exactly)."""
+        srv = self._server()
+        recs = srv.recommend_for(w, n, exclude, items)
+        if proba_at is None:
+            return recs
+        from ordnmf_dask.postfit.predict import recommend_for_with_proba
+
+        return recommend_for_with_proba(srv, recs, w, proba_at, "gamma")
 
     def similar_items(self, item_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:
         """The ``n`` items most similar to each given one (cosine of E[h]), itself excluded."""
@@ -369,6 +401,41 @@ class CaviEstimator:
     def score(self, user_ids: Sequence[Any], item_ids: Sequence[Any]) -> np.ndarray:
         """E[w_u] . E[h_i] for the pairs (user_ids[j], item_ids[j]): the ranking score."""
         return self._server().score(user_ids, item_ids)
+
+    def predict_proba(
+        self,
+        user_ids: Sequence[Any],
+        item_ids: Sequence[Any],
+        *,
+        given_interaction: bool = False,
+        posterior: str = "gamma",
+    ) -> np.ndarray:
+        """P(y = v) for v = 0..V (class 0: no interaction) of the pairs (user_ids[j],
+        item_ids[j]), shape (n, V + 1); ``given_interaction``: P(y = v | y > 0). ``posterior``
+        "gamma" averages the law over q(W) q(H) (lambda taken Gamma with its posterior mean and
+        variance), "mean" is the law at lambda = E[w] . E[h] (docs/design.md, "Class
+        probabilities"; dcPF: always the latter). InputError for a model without a law of the
+        classes (dcPF on classes or at p = 1) and for unknown ids."""
+        from ordnmf_dask.postfit.predict import predictor
+
+        return predictor(self._server()).proba(user_ids, item_ids, given_interaction, posterior)
+
+    def predict(
+        self,
+        user_ids: Sequence[Any],
+        item_ids: Sequence[Any],
+        *,
+        kind: str = "expected",
+        posterior: str = "gamma",
+        scale: str = "store",
+    ) -> np.ndarray:
+        """The rating of each pair given an interaction: the ``kind`` "expected", "mode" or
+        "median" of P(y = v | y > 0), on the store's scale (stars for half-star ratings, the
+        rating for integer ratings, for count classes the (n, 2) least and greatest count of
+        the class; counts have no expected value) or, with ``scale="class"``, as a class."""
+        from ordnmf_dask.postfit.predict import predictor
+
+        return predictor(self._server()).predict(user_ids, item_ids, kind, posterior, scale)
 
     def fold_in_users(
         self,

@@ -379,6 +379,8 @@ def _model_attrs(
             "n_items": info.n_items,
             "n_classes": info.n_classes,
             "nnz_train": info.nnz_train,
+            "value_kind": info.attrs.get("value_kind"),  # the scale predict maps classes to
+            "thresholds": info.attrs.get("thresholds"),
         },
         "row_bounds": info.row_bounds.tolist(),
         "col_bounds": info.col_bounds.tolist(),

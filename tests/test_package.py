@@ -29,7 +29,7 @@ def test_import_and_help_load_no_heavy_dependency():
 def test_public_names_are_the_submodule_objects():
     import ordnmf_dask
     from ordnmf_dask import errors, estimator
-    from ordnmf_dask.postfit import evaluate, export, foldin, ppc, recommend
+    from ordnmf_dask.postfit import evaluate, export, foldin, pairs, ppc, recommend
     from ordnmf_dask.sources import ingest
     from ordnmf_dask.store import blocks
     from ordnmf_dask.tuning import schedule, search
@@ -49,6 +49,7 @@ def test_public_names_are_the_submodule_objects():
         "open_store": blocks.open_store,
         "read_block": blocks.read_block,
         "posterior_predictive": ppc.posterior_predictive,
+        "predict_pairs": pairs.predict_pairs,
         "recommend": recommend.recommend,
         "InputError": errors.InputError,
         "StoreError": errors.StoreError,

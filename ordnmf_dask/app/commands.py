@@ -184,9 +184,41 @@ def _summary_text(info: Any) -> str:
     return "\n".join(lines)
 
 
+def _model_text(s: dict[str, Any]) -> str:
+    """``info MODEL``'s text from :func:`ordnmf_dask.postfit.summary.summary`."""
+    lines = [
+        f"model      {s['path']} ({s['model']}, {s['n_iter']} iterations, "
+        f"{'converged' if s['converged'] else 'not converged'}, ELBO {s['elbo']:.10e})",
+        f"shape      {s['n_users']} users x {s['n_items']} items, V = {s['n_classes']} classes; "
+        f"store {s['store']}",
+        f"components {s['n_active_components']} active of {s['n_components']}",
+    ]
+    table = s["thresholds_as_classes"]
+    if table is None:
+        lines.append("thresholds n/a (no ordinal law of the store's classes)")
+        return "\n".join(lines)
+    v = len(table[0]["probs"])
+    lines.append("thresholds as P(y = v | y > 0) at the rates where P(y > 0) is:")
+    lines.append(" P(y>0)     rate" + "".join(f"{c:>7}" for c in range(1, v + 1)) + "  E[class]")
+    for row in table:
+        probs = "".join(f"{p:>7.3f}" for p in row["probs"])
+        lines.append(
+            f"{row['reach']:>7.2f} {row['rate']:>8.3g}{probs}  {row['expected_class']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from ordnmf_dask.store.blocks import open_store, verify_store
+    from ordnmf_dask.store.kinds import is_model
 
+    if is_model(args.store):
+        from ordnmf_dask.modelstore.model import open_model
+        from ordnmf_dask.postfit.summary import summary
+
+        s = summary(open_model(args.store))
+        print(json.dumps(s, indent=2) if args.json else _model_text(s))
+        return EXIT_OK
     info = verify_store(args.store) if args.verify else open_store(args.store)
     print(json.dumps(_summary(info), indent=2) if args.json else _summary_text(info))
     return EXIT_OK
@@ -230,8 +262,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             user_fraction=args.user_fraction,
             seed=args.seed,
             allow_other_store=args.allow_other_store,
+            posterior=args.posterior,
         )
     print(format_results(res))
+    if args.reliability and res["calibration"] is not None:
+        from ordnmf_dask.app.plots import plot_reliability
+
+        plot_reliability(res["calibration"]["reliability"], args.reliability)
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(res, fh, indent=2)
@@ -262,7 +299,20 @@ def format_results(res: dict[str, Any]) -> str:
             f"test log-likelihood: {res['test_loglik']:.6g} "
             f"({res['test_loglik_mean']:.4f} per rating, {res['nnz_test']} ratings)"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + format_calibration(res.get("calibration")))
+
+
+def format_calibration(cal: dict[str, Any] | None) -> list[str]:
+    """The lines of ``evaluate``'s calibration results (none without them)."""
+    if cal is None:
+        return ["class probabilities: n/a (the model has no law of the store's classes)"]
+    return [
+        f"class probabilities ({cal['posterior']} posterior, {cal['n']} test ratings): "
+        f"log-loss {cal['log_loss']:.4f}  Brier {cal['brier']:.4f}  "
+        f"expected rating RMSE {cal['rmse']:.4f}  MAE {cal['mae']:.4f}",
+        "calibration error of P(y >= s | y > 0): "
+        + "  ".join(f"{s}:{e:.4f}" for s, e in cal["ece"].items()),
+    ]
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -277,9 +327,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if users is not None and not users:
         raise UsageError("--users needs at least one id")
     if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
-        res = serving.server(args.model, args.store, args.allow_other_store).recommend(
-            users, args.n
-        )
+        srv = serving.server(args.model, args.store, args.allow_other_store)
+        res = srv.recommend(users, args.n)
+        if args.proba_at is not None:
+            from ordnmf_dask.postfit.predict import recommend_with_proba
+
+            res = recommend_with_proba(srv, res, args.proba_at, "gamma")
     else:
         with _client(cluster) as client:
             res = recommend(
@@ -292,14 +345,17 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 overwrite=args.overwrite,
                 n_workers=cluster.local_spec.workers,
                 allow_other_store=args.allow_other_store,
+                proba_at=args.proba_at,
             )
     if users is None:
         print(f"recommendations written to {res}")
         return EXIT_OK
-    print("user\trank\titem\tscore")
+    proba = args.proba_at is not None
+    print("user\trank\titem\tscore" + (f"\tP(y>={args.proba_at}|y>0)" if proba else ""))
     for user, recs in res.items():
-        for rank, (item, score) in enumerate(recs, start=1):
-            print(f"{user}\t{rank}\t{item}\t{score:.6g}")
+        for rank, (item, score, *extra) in enumerate(recs, start=1):
+            tail = "".join(f"\t{x:.4f}" for x in extra)
+            print(f"{user}\t{rank}\t{item}\t{score:.6g}{tail}")
     return EXIT_OK
 
 
@@ -321,8 +377,33 @@ def cmd_export(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             n_workers=cluster.local_spec.workers,
             allow_other_store=args.allow_other_store,
+            proba_at=args.proba_at,
         )
     print(f"export written to {out}")
+    return EXIT_OK
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.config import flag_overrides, resolve
+    from ordnmf_dask.postfit.pairs import predict_pairs
+
+    # only the cluster flags: --out here is the predictions, not a model
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    with _client(cluster) as client:
+        out = predict_pairs(
+            args.model,
+            args.pairs,
+            args.out,
+            store=args.store,
+            given_interaction=args.given_interaction,
+            posterior=args.posterior,
+            client=client,
+            overwrite=args.overwrite,
+            n_workers=cluster.local_spec.workers,
+            allow_other_store=args.allow_other_store,
+        )
+    print(f"class probabilities written to {out}")
     return EXIT_OK
 
 
@@ -410,6 +491,7 @@ COMMANDS = {
     "info": cmd_info,
     "fit": cmd_fit,
     "evaluate": cmd_evaluate,
+    "predict": cmd_predict,
     "recommend": cmd_recommend,
     "export": cmd_export,
     "reproduce": cmd_reproduce,

@@ -152,8 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--overwrite", action="store_true")
     _cluster_args(syn)
 
-    inf = add("info", help="summary of a store (exit 2 if incomplete or unreadable)")
-    inf.add_argument("store")
+    inf = add(
+        "info",
+        help="summary of a store, or of a model (its active components and thresholds as "
+        "class probabilities); exit 2 if incomplete or unreadable",
+    )
+    inf.add_argument("store", metavar="STORE_OR_MODEL")
     inf.add_argument("--json", action="store_true", help="print the summary as JSON")
     inf.add_argument(
         "--verify",
@@ -201,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster_args(fit)
 
-    ev = add("evaluate", help="NDCG@k and test log-likelihood of a model")
+    ev = add(
+        "evaluate",
+        help="NDCG@k, test log-likelihood, calibration and rating error of a model",
+    )
     ev.add_argument("store")
     ev.add_argument("model")
     ev.add_argument("--k", type=int, default=100)
@@ -214,6 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
+    ev.add_argument(
+        "--posterior",
+        choices=["gamma", "mean"],
+        default="gamma",
+        help="class law scored: averaged over the posterior (gamma, default) or at E[lambda]",
+    )
+    ev.add_argument(
+        "--reliability",
+        metavar="PNG",
+        help="also draw a reliability diagram per level (needs matplotlib)",
+    )
     _other_store_arg(ev)
     _cluster_args(ev)
 
@@ -229,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--users", help="raw user ids joined by commas: print their lists")
     rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    rec.add_argument(
+        "--proba-at",
+        type=int,
+        metavar="S",
+        help="add P(y >= S | y > 0) beside each recommended item (S a class 1..V)",
+    )
     _other_store_arg(rec)
     _cluster_args(rec)
 
@@ -245,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.add_argument("-n", type=int, default=10, help="recommendations per user (default 10)")
     exp.add_argument(
+        "--proba-at",
+        type=int,
+        metavar="S",
+        help="add P(y >= S | y > 0) beside each recommended item (S a class 1..V)",
+    )
+    exp.add_argument(
         "--store",
         help="training store for the recommendations (default: the store the model records)",
     )
@@ -255,6 +285,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _other_store_arg(exp)
     _cluster_args(exp)
+
+    pre = add("predict", help="class probabilities of the (user, item) pairs of Parquet files")
+    pre.add_argument("store", help="the training store (its id maps and compatibility)")
+    pre.add_argument("model")
+    pre.add_argument(
+        "--pairs",
+        nargs="+",
+        required=True,
+        help="Parquet files, directories of them, globs or URLs with columns user and item",
+    )
+    pre.add_argument(
+        "--out", required=True, help="directory or URL: OUT/predictions/part-<j>.parquet"
+    )
+    pre.add_argument(
+        "--given-interaction",
+        action="store_true",
+        help="P(y = v | y > 0) instead of P(y = v)",
+    )
+    pre.add_argument(
+        "--posterior",
+        choices=["gamma", "mean"],
+        default="gamma",
+        help="the law averaged over the posterior (gamma, default) or at E[lambda]",
+    )
+    pre.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out if it is an export (nothing else is ever replaced)",
+    )
+    _other_store_arg(pre)
+    _cluster_args(pre)
 
     rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
     rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")

@@ -1,4 +1,5 @@
-"""Figures a person looks at: ELBO per iteration, PPC histogram, learned thresholds.
+"""Figures a person looks at: ELBO per iteration, PPC histogram, learned thresholds, reliability
+diagrams of the class probabilities.
 
 Needs matplotlib (``pip install ordnmf-dask[plots]``); every function writes one PNG.
 """
@@ -76,6 +77,39 @@ def plot_thresholds(theta: Sequence[float], path: str | os.PathLike, title: str 
     ax.set_xlabel("v")
     ax.set_ylabel("b_v = 1 / theta_v")
     ax.set_title(title or "Learned thresholds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return os.fspath(path)
+
+
+def plot_reliability(
+    reliability: Mapping[int, Sequence[Sequence[float]]], path: str | os.PathLike, title: str = ""
+) -> str:
+    """A reliability diagram per level s: for each bin of the predicted P(y >= s | y > 0), the
+    observed frequency of y >= s against the mean prediction (marker area: the bin's pairs),
+    beside the diagonal of perfect calibration (``evaluate``'s ``calibration["reliability"]``:
+    {s: [[pairs, mean prediction, observed frequency], ...]})."""
+    plt = _pyplot()
+    levels = list(reliability)
+    cols = min(5, len(levels))
+    rows = -(-len(levels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.6 * rows), squeeze=False)
+    for ax in axes.ravel()[len(levels) :]:
+        ax.set_visible(False)
+    for ax, s in zip(axes.ravel(), levels, strict=False):
+        bins = np.asarray(reliability[s], dtype=np.float64).reshape(-1, 3)
+        ax.plot([0, 1], [0, 1], color="0.6", lw=0.8)
+        if len(bins):
+            area = 200 * bins[:, 0] / bins[:, 0].max()
+            ax.plot(bins[:, 1], bins[:, 2], "-", lw=0.8)
+            ax.scatter(bins[:, 1], bins[:, 2], s=area, alpha=0.6)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"y >= {s}", fontsize=9)
+        ax.set_xlabel("predicted", fontsize=8)
+        ax.set_ylabel("observed", fontsize=8)
+    fig.suptitle(title or "Reliability of P(y >= s | y > 0)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

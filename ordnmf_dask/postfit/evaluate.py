@@ -23,6 +23,7 @@ from ordnmf_dask.model import dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
+from ordnmf_dask.postfit.calibrate import calibrate
 from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.runtime.progress import shows_progress, track
 from ordnmf_dask.runtime.reduce import tree_reduce, tree_sum
@@ -206,9 +207,11 @@ def evaluate(
     user_fraction: float = 1.0,
     seed: int = 0,
     allow_other_store: bool = False,
+    posterior: str = "gamma",
 ) -> dict[str, Any]:
-    """NDCG@k, precision@k, recall@k, MAP@k and AUC per threshold, and the test
-    log-likelihood of a fitted model (definitions: docs/design.md §3).
+    """NDCG@k, precision@k, recall@k, MAP@k and AUC per threshold, the test
+    log-likelihood, and the calibration and rating error of a fitted model (definitions:
+    docs/design.md §3 and "Class probabilities").
 
     Parameters
     ----------
@@ -222,6 +225,8 @@ def evaluate(
     allow_other_store : score the model on ``store`` even if it was fitted on another store
         (another split of the same ratings, say); by default that is an InputError
         (:func:`check_compatible`).
+    posterior : how the posterior enters the class law that ``calibration`` scores
+        (:meth:`~ordnmf_dask.estimator.CaviEstimator.predict_proba`).
 
     Returns
     -------
@@ -229,7 +234,10 @@ def evaluate(
     with a relevant item}), ``n_users`` ({s: their number}), ``auc`` ({s: mean over the (sampled)
     users with a relevant item and a non-relevant candidate}), ``n_users_auc`` ({s: their
     number}), ``test_loglik`` (sum over test nonzeros), ``test_loglik_mean`` (per
-    nonzero), ``k``, ``nnz_test`` and ``user_fraction``.
+    nonzero), ``k``, ``nnz_test``, ``user_fraction`` and ``calibration`` (on every test
+    nonzero, :func:`~ordnmf_dask.postfit.calibrate.calibrate`: log-loss, Brier score, ECE and
+    reliability per level, RMSE and MAE of the expected rating; None for a model without a law
+    of the store's classes).
     """
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     check_has_test(info)
@@ -265,6 +273,7 @@ def evaluate(
             seed,
             progress="evaluate: user-blocks and blocks",
         )
+        calibration = calibrate(cl, info, m, "test", levels, posterior)
     log.info(
         "evaluate: %s on the test split of %s (%d x %d blocks): done in %.1f s",
         m.path,
@@ -282,6 +291,7 @@ def evaluate(
         "nnz_test": out["nnz"],
         "user_fraction": float(user_fraction),
         **{name: out[name] for name in ("precision", "recall", "map", "auc", "n_users_auc")},
+        "calibration": calibration,
     }
 
 

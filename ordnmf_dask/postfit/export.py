@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.postfit.classes import ClassLaw, law_of, top_at_least
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.topn import block_top, check_n, open_pair
 from ordnmf_dask.runtime.inprocess import wait
@@ -79,7 +80,9 @@ def factor_schema(ids: pa.DataType, k: int) -> pa.Schema:
     )
 
 
-def recommendation_schema(users: pa.DataType, items: pa.DataType) -> pa.Schema:
+def recommendation_schema(users: pa.DataType, items: pa.DataType, proba: bool = False) -> pa.Schema:
+    """``user``, ``rank``, ``item``, ``score`` (and with ``proba``, ``proba``: P(y >= s | y >
+    0) of the pair at the export's ``proba_at`` s)."""
     return pa.schema(
         [
             pa.field("user", users, nullable=False),
@@ -87,6 +90,7 @@ def recommendation_schema(users: pa.DataType, items: pa.DataType) -> pa.Schema:
             pa.field("item", items, nullable=False),
             pa.field("score", pa.float64(), nullable=False),
         ]
+        + ([pa.field("proba", pa.float64(), nullable=False)] if proba else [])
     )
 
 
@@ -117,7 +121,7 @@ def factor_part(
 
 
 def recommendation_part(
-    top: tuple[np.ndarray, np.ndarray],
+    top: tuple[np.ndarray, ...],
     ids_root: str,
     start: int,
     schema: pa.Schema,
@@ -126,8 +130,9 @@ def recommendation_part(
 ) -> int:
     """Write the top-n ``(scores, items)`` of the users ``start ..`` (one row each, best first,
     excluded slots -inf at the end) as rows (user, rank, item, score) of the Parquet file
-    ``path``; on a worker. A user with no item left has no row. Returns the rows written."""
-    scores, items = top
+    ``path``, with a third array of ``top`` as the column ``proba``; on a worker. A user with
+    no item left has no row. Returns the rows written."""
+    scores, items = top[:2]
     count = 0
     with fs.open(path, "wb") as fh, pq.ParquetWriter(fh, schema) as writer:
         for lo in range(0, max(len(scores), 1), SLAB):
@@ -146,6 +151,7 @@ def recommendation_part(
                             idmap.ids_at(ids_root, "items", items[lo:hi][keep]), schema[2].type
                         ),
                         pa.array(scores[lo:hi][keep]),
+                        *(pa.array(extra[lo:hi][keep]) for extra in top[2:]),
                     ],
                     schema=schema,
                 )
@@ -228,6 +234,7 @@ def export(
     storage_options: dict[str, Any] | None = None,
     n_workers: int | None = None,
     allow_other_store: bool = False,
+    proba_at: int | None = None,
 ) -> str:
     """Export a model as partitioned Parquet to a local directory or a URL.
 
@@ -247,6 +254,8 @@ def export(
     overwrite : replace ``out`` if it is an export (nothing else is ever replaced).
     allow_other_store : use ``store`` even if the model was fitted on another store (by
         default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
+    proba_at : a class s in 1..V: recommendations get a column ``proba``, P(y >= s | y > 0)
+        of the pair under the posterior (docs/design.md, "Class probabilities").
 
     Returns
     -------
@@ -258,7 +267,7 @@ def export(
     info = None
     if RECOMMENDATIONS in what:
         info = training_store(m, store, allow_other_store)
-    plan = plan_export(m, info, out, what, n, overwrite, storage_options)
+    plan = plan_export(m, info, out, what, n, overwrite, storage_options, proba_at)
     with client_for(client, m, n_workers, info) as cl:
         return write_export(cl, plan)
 
@@ -298,6 +307,8 @@ class Plan:
     ids_root: str
     parts: list[tuple[str, int]]  # (dataset, block) of every part file
     schemas: dict[str, pa.Schema]
+    proba_at: int | None = None  # the class s of the recommendations' column proba
+    law: ClassLaw | None = None  # the model's law of the classes, with proba_at
 
     @property
     def datasets(self) -> list[str]:
@@ -312,6 +323,7 @@ def plan_export(
     n: int,
     overwrite: bool,
     storage_options: dict[str, Any] | None = None,
+    proba_at: int | None = None,
 ) -> Plan:
     """Check everything an export needs (before any cluster is used): the model's id maps, the
     training items for recommendations (the store ``info``, checked to match the model, or the
@@ -319,23 +331,28 @@ def plan_export(
     datasets = [
         d for w in dict.fromkeys(what) for d in (FACTORS if w == "factors" else [RECOMMENDATIONS])
     ]
+    law = None
     if RECOMMENDATIONS in datasets:
         n = check_n(n)
         assert info is not None or m.has_seen, "recommendations need the training items"
+        if proba_at is not None:
+            law = law_of(m)
+            proba_at = law.check_level(proba_at)
+    elif proba_at is not None:
+        raise InputError("proba_at adds a column to the recommendations: export them too")
     ids_root = m.ids_path
     ids = {axis: id_type(ids_root, axis) for axis in AXES}
     k = chunkstore.open_checked(m.path, "W", 0, "mean").shape[1]
     schemas = {
         **{d: factor_schema(ids[axis], k) for d, (_, axis) in FACTORS.items()},
-        RECOMMENDATIONS: recommendation_schema(ids["users"], ids["items"]),
+        RECOMMENDATIONS: recommendation_schema(ids["users"], ids["items"], law is not None),
     }
     n_r, n_c = m.n_blocks
     parts = [(d, b) for d in datasets for b in range(n_c if d == "item_factors" else n_r)]
     inputs = {"model": m.path, **({"training store": info.path} if info is not None else {})}
     target = open_target(out, overwrite, storage_options, inputs)
-    return Plan(
-        target, m, info if RECOMMENDATIONS in datasets else None, n, ids_root, parts, schemas
-    )
+    store = info if RECOMMENDATIONS in datasets else None
+    return Plan(target, m, store, n, ids_root, parts, schemas, proba_at, law)
 
 
 def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
@@ -346,6 +363,9 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     rb, cb = m.attrs["row_bounds"], m.attrs["col_bounds"]
     if dataset == RECOMMENDATIONS:
         top = block_top(cl, m, plan.store, b, plan.n)
+        if plan.law is not None:
+            gamma = plan.law.family == "ordinal"
+            top = cl.submit(top_at_least, top, m.path, plan.law, plan.proba_at, b, cb, gamma)
         return cl.submit(
             recommendation_part, top, plan.ids_root, int(rb[b]), schema, fs, path, pure=False
         )
@@ -356,14 +376,21 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     )
 
 
-def write_export(cl: Client, plan: Plan) -> str:
-    """Write a planned export on ``cl``'s workers, complete or not at all; returns its name."""
+def write_export(
+    cl: Client,
+    plan: Plan,
+    submit: Callable[[Client, Plan, str, tuple[str, int]], Future] | None = None,
+) -> str:
+    """Write a planned export on ``cl``'s workers, complete or not at all; returns its name.
+    ``submit`` starts the writing of one part (default: the factors and recommendations)."""
+    submit = submit or _submit
     target, fs = plan.target, plan.target.fs
     manifest: dict[str, Any] = {
         "kind": EXPORT,
         "format_version": EXPORT_FORMAT,
         "model": plan.model.path,
         "n": plan.n if RECOMMENDATIONS in plan.datasets else None,
+        **({"proba_at": plan.proba_at} if plan.proba_at is not None else {}),
     }
     place = Place(fs, target.root, target.url)
     if target.local:
@@ -377,7 +404,7 @@ def write_export(cl: Client, plan: Plan) -> str:
         place.begin({**manifest, "planned": planned}, export_listing(place))
     futures: list[Future] = []
     try:
-        futures = [_submit(cl, plan, root, p) for p in plan.parts]
+        futures = [submit(cl, plan, root, p) for p in plan.parts]
         track(futures, "export: parts")
         wait(futures)
         rows = dict(zip(plan.parts, cl.gather(futures), strict=True))  # re-raises an error

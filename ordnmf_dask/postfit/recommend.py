@@ -37,6 +37,7 @@ def recommend(
     overwrite: bool = False,
     n_workers: int | None = None,
     allow_other_store: bool = False,
+    proba_at: int | None = None,
 ) -> str | dict[Any, list[tuple[Any, float]]]:
     """Top-``n`` items per user in raw ids, training items excluded, ranked by E[W] E[H]^T.
 
@@ -57,6 +58,9 @@ def recommend(
     overwrite : replace an existing ``out`` if it is an export.
     allow_other_store : use ``store`` even if the model was fitted on another store (by
         default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
+    proba_at : with ``out``: the export's column ``proba`` (see
+        :func:`ordnmf_dask.postfit.export.export`); for given users, the in-memory
+        :meth:`~ordnmf_dask.estimator.CaviEstimator.recommend` gives it.
 
     Returns
     -------
@@ -68,8 +72,13 @@ def recommend(
         raise InputError("give either users (raw ids) or out (a directory for all users)")
     info, m = open_pair(store, model, allow_other_store)
     plan = None
+    if out is None and proba_at is not None:
+        raise InputError(
+            "proba_at for given users is served in memory: OrdNMF.load(model).recommend(users, "
+            "proba_at=s)"
+        )
     if out is not None:  # every check before any cluster starts
-        plan = plan_export(m, info, out, ["recommendations"], n, overwrite)
+        plan = plan_export(m, info, out, ["recommendations"], n, overwrite, proba_at=proba_at)
     with client_for(client, m, n_workers, info) as cl:
         if plan is None:
             return _for_users(cl, m, info, list(users or ()), n)

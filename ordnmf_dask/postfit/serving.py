@@ -234,30 +234,36 @@ class IdMap:
     def __init__(self, ids: np.ndarray, noun: str, where: str) -> None:
         self.ids, self.noun, self.where = ids, noun, where
         self._order: np.ndarray | None = None
+        self._sorted: np.ndarray = ids
 
     def index(self, raw: Sequence[Any]) -> np.ndarray:
         """(m,) int64 indices of the raw ids (ints or strings, coerced to the ids' type);
         InputError naming the first unknown ones."""
-        if self._order is None:
-            self._order = np.argsort(self.ids, kind="stable")
+        if self._order is None:  # _sorted first: a thread that sees _order sees it too
+            order = np.argsort(self.ids, kind="stable")
+            self._sorted = self.ids[order]
+            self._order = order
         integer = self.ids.dtype.kind in "iu"
-        wanted = np.zeros(len(raw), dtype=np.int64) if integer else np.empty(len(raw), object)
         ok = np.ones(len(raw), dtype=bool)
-        for j, value in enumerate(raw):
+        if isinstance(raw, np.ndarray) and raw.dtype.kind == ("i" if integer else "U"):
+            wanted = raw.astype(np.int64) if integer else raw  # no per-id coercion needed
+        else:
+            wanted = np.zeros(len(raw), dtype=np.int64) if integer else np.empty(len(raw), object)
+            for j, value in enumerate(raw):
+                if not integer:
+                    wanted[j] = str(value)
+                    continue
+                try:
+                    if isinstance(value, float | np.floating) and not float(value).is_integer():
+                        raise ValueError
+                    wanted[j] = int(value)
+                except (TypeError, ValueError, OverflowError):
+                    ok[j] = False
             if not integer:
-                wanted[j] = str(value)
-                continue
-            try:
-                if isinstance(value, float | np.floating) and not float(value).is_integer():
-                    raise ValueError
-                wanted[j] = int(value)
-            except (TypeError, ValueError, OverflowError):
-                ok[j] = False
-        if not integer:
-            wanted = wanted.astype(str) if len(raw) else np.empty(0, self.ids.dtype)
+                wanted = wanted.astype(str) if len(raw) else np.empty(0, self.ids.dtype)
         index = np.full(len(raw), -1, dtype=np.int64)
         if self.ids.size and ok.any():
-            sorted_ids = self.ids[self._order]
+            sorted_ids = self._sorted
             pos = np.minimum(np.searchsorted(sorted_ids, wanted[ok]), len(sorted_ids) - 1)
             hit = sorted_ids[pos] == wanted[ok]
             index[np.flatnonzero(ok)[hit]] = self._order[pos[hit]]

@@ -1,0 +1,124 @@
+"""Calibration and rating error of OrdNMF's class law beside two simple laws of the rating given
+an interaction, on the same store's test pairs and with the same scorer
+(:mod:`ordnmf_dask.model.calibration`; docs/results.md, "Class probabilities beside simple
+peers").
+
+- OrdNMF: ``predict_proba(given_interaction=True)`` of a fitted model, Gamma posterior and plug-in.
+- Per-item class histogram: the item's training classes, smoothed towards the global histogram
+  with the weight of ``--prior`` pairs.
+- User + item bias: ``r = mu + b_u + b_i`` on the class scale fitted by ridge-regularized
+  alternating least squares (``--reg``, 20 sweeps), and as a law the Normal of the training
+  residuals' variance around it, discretized on the classes 1..V (mass at v: the density at v,
+  normalized).
+- The global class histogram (every pair the same law).
+
+    python bench/class_peers.py STORE MODEL [--prior 5 --reg 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from common import training_arrays
+
+from ordnmf_dask.estimator import OrdNMF
+from ordnmf_dask.model import calibration, classlaw
+from ordnmf_dask.store.blocks import open_store
+from ordnmf_dask.store.csr import load_block
+
+
+def test_arrays(store: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    info = open_store(store)
+    parts = [
+        (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
+        for r in range(info.grid[0])
+        for c in range(info.grid[1])
+        for b in [load_block(store, "test", r, c)]
+    ]
+    rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
+    return rows, cols, y.astype(np.int64)
+
+
+def histogram_law(cols, y, n_items, v, test_cols, prior):
+    counts = np.zeros((n_items, v + 1))
+    np.add.at(counts, (cols, y), 1.0)
+    glob = counts.sum(axis=0) / counts.sum()
+    law = counts[test_cols] + prior * glob
+    return law / law.sum(axis=1, keepdims=True), glob
+
+
+def bias_law(rows, cols, y, shape, test_rows, test_cols, reg):
+    n_users, n_items, v = shape
+    y = y.astype(np.float64)
+    mu = y.mean()
+    bu, bi = np.zeros(n_users), np.zeros(n_items)
+    for _ in range(20):
+        bu = np.bincount(rows, y - mu - bi[cols], n_users) / (
+            np.bincount(rows, None, n_users) + reg
+        )
+        bi = np.bincount(cols, y - mu - bu[rows], n_items) / (
+            np.bincount(cols, None, n_items) + reg
+        )
+    sigma = np.sqrt(np.mean((y - mu - bu[rows] - bi[cols]) ** 2))
+    centre = mu + bu[test_rows] + bi[test_cols]
+    grid = np.arange(1, v + 1)
+    dens = np.exp(-0.5 * ((grid[None, :] - centre[:, None]) / sigma) ** 2)
+    law = np.zeros((len(centre), v + 1))
+    law[:, 1:] = dens / dens.sum(axis=1, keepdims=True)
+    return law, centre, sigma
+
+
+def log_prob(law, y):
+    with np.errstate(divide="ignore"):
+        return np.log(law[np.arange(len(y)), y])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("store")
+    ap.add_argument("model")
+    ap.add_argument("--prior", type=float, default=5.0)
+    ap.add_argument("--reg", type=float, default=10.0)
+    args = ap.parse_args()
+    info = open_store(args.store)
+    rows, cols, y, shape = training_arrays(args.store)
+    trow, tcol, ty = test_arrays(args.store)
+    v = shape[2]
+    values = classlaw.class_values(info.attrs["value_kind"], v)
+    levels = list(range(2, v + 1))
+    model = OrdNMF.load(args.model)
+    users, items = model._server().users.ids[trow], model._server().items.ids[tcol]
+    laws = {
+        "OrdNMF (Gamma posterior)": model.predict_proba(users, items, given_interaction=True),
+        "OrdNMF (plug-in E[lambda])": model.predict_proba(
+            users, items, given_interaction=True, posterior="mean"
+        ),
+    }
+    laws["per-item class histogram"], glob = histogram_law(cols, y, shape[1], v, tcol, args.prior)
+    bias, centre, sigma = bias_law(rows, cols, y, shape, trow, tcol, args.reg)
+    laws["user + item bias, Normal"] = bias
+    laws["global class histogram"] = np.broadcast_to(glob, (len(ty), v + 1)).copy()
+    print(
+        f"{info.path}: {len(ty)} test ratings, V = {v}; ECE over 10 bins of P(y >= s | y > 0); "
+        f"RMSE, MAE of the expected rating in stars (bias predictor: sigma {sigma:.2f} classes)"
+    )
+    head = ["law", "log-loss", "Brier", "ECE s=6", "ECE s=8", "ECE s=10", "mean ECE", "RMSE", "MAE"]
+    print(" | ".join(head))
+    for name, law in laws.items():
+        s = calibration.summary(
+            calibration.sums(law, log_prob(law, ty), ty, values, levels), levels
+        )
+        ece = s["ece"]
+        row = [s["log_loss"], s["brier"], ece[6], ece[8], ece[10], np.mean(list(ece.values()))]
+        print(name, "|", " | ".join(f"{x:.4f}" for x in [*row, s["rmse"], s["mae"]]))
+    scale = values[1]  # stars per class
+    err = np.clip(centre, 1, v) * scale - values[ty]
+    print(
+        f"user + item bias, point prediction (clipped): RMSE {np.sqrt(np.mean(err**2)):.4f} "
+        f"MAE {np.mean(np.abs(err)):.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
