@@ -369,3 +369,41 @@ def test_active_components_and_thresholds_in_info(tmp_path, capsys):
         assert row["expected_class"] == pytest.approx(np.dot(row["probs"], np.arange(1, V + 1)))
     assert main(["info", m.path]) == 0
     assert f"components {K - 1} active of {K}" in capsys.readouterr().out
+
+
+def test_calibration_on_data_drawn_from_the_model(tmp_path):
+    """Classes drawn from a known ordinal law: a model holding the generating factors (shapes so
+    large that q is a point) is calibrated within sampling noise, its log-loss is the law's
+    entropy, and a model with its rates halved is visibly miscalibrated."""
+    from ordnmf_dask.model import classlaw
+
+    rng = np.random.default_rng(11)
+    n_users, n_items, k = 120, 90, 3
+    w, h = rng.gamma(1.0, 0.6, (n_users, k)), rng.gamma(1.0, 0.6, (n_items, k))
+    theta = theta_from_delta(np.asarray(DELTA))
+    lam = w @ h.T
+    law = classlaw.class_law(
+        classlaw.plugin_hazards(lam.ravel(), theta), classlaw.ordinal_limit(theta)
+    )
+    y = (rng.random(lam.size)[:, None] > np.cumsum(law, axis=1)).sum(axis=1).reshape(lam.shape)
+    y[0, :V] = np.arange(1, V + 1)
+    train, test = dense_split(y, 0.5, seed=2)
+    store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 2))
+    results = {}
+    for name, scale in (("true", 1.0), ("halved", 0.5)):
+        path = write_model(tmp_path / f"{name}.zarr", store, w * scale, h, OrdNMF(k))
+        save_shapes(path, store, w * scale, h, np.full(w.shape, 1e9), np.full(h.shape, 1e9))
+        results[name] = evaluate(store, path, k=5, posterior="gamma")["calibration"]
+    n = results["true"]["n"]
+    u, i = np.nonzero(test)
+    given = classlaw.class_law(
+        classlaw.plugin_hazards(lam[u, i], theta), classlaw.ordinal_limit(theta), True
+    )
+    entropy = -(given[:, 1:] * np.log(given[:, 1:])).sum(axis=1)
+    surprise = -np.log(given[np.arange(n), test[u, i]])  # its mean estimates the entropy's
+    noise = 3 * np.sqrt(np.var(surprise) / n)
+    assert results["true"]["log_loss"] == pytest.approx(entropy.mean(), abs=noise)
+    for s in range(2, V + 1):  # 10 bins of n pairs: sampling noise about 0.5 sqrt(10 / n)
+        assert results["true"]["ece"][s] < 0.7 * np.sqrt(10 / n)
+    assert max(results["halved"]["ece"].values()) > 2 * max(results["true"]["ece"].values())
+    assert results["halved"]["log_loss"] > results["true"]["log_loss"]
