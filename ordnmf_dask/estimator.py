@@ -360,14 +360,14 @@ class CaviEstimator:
         own index of them, or from ``store``, needed only by models saved without that index);
         ``items`` restricts the candidates to these raw ids; ``exclude`` removes these.
         ``proba_at`` s (a class 1..V): ``(raw item id, score, P(y >= s | y > 0))`` triples
-        (:meth:`predict_proba`)."""
+        (:meth:`predict_proba`'s plug-in law, which rises with the score)."""
         srv = self._server(store)
         recs = srv.recommend(user_ids, n, filter_already_seen, items, exclude)
         if proba_at is None:
             return recs
         from ordnmf_dask.postfit.predict import recommend_with_proba
 
-        return recommend_with_proba(srv, recs, proba_at, "gamma")
+        return recommend_with_proba(srv, recs, proba_at)
 
     def recommend_for(
         self,
@@ -380,15 +380,14 @@ class CaviEstimator:
     ) -> dict[int, list[tuple[Any, ...]]]:
         """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
         row j without the raw items ``exclude[j]``: ``{j: [(raw item id, score), ...]}``, as
-        :meth:`recommend` keyed by the row of ``w`` (with ``proba_at``, the rows of ``w`` are
-        taken as known exactly)."""
+        :meth:`recommend` keyed by the row of ``w``."""
         srv = self._server()
         recs = srv.recommend_for(w, n, exclude, items)
         if proba_at is None:
             return recs
         from ordnmf_dask.postfit.predict import recommend_for_with_proba
 
-        return recommend_for_with_proba(srv, recs, w, proba_at, "gamma")
+        return recommend_for_with_proba(srv, recs, w, proba_at)
 
     def similar_items(self, item_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:
         """The ``n`` items most similar to each given one (cosine of E[h]), itself excluded."""
@@ -408,14 +407,16 @@ class CaviEstimator:
         item_ids: Sequence[Any],
         *,
         given_interaction: bool = False,
-        posterior: str = "gamma",
+        posterior: str = "mean",
     ) -> np.ndarray:
         """P(y = v) for v = 0..V (class 0: no interaction) of the pairs (user_ids[j],
         item_ids[j]), shape (n, V + 1); ``given_interaction``: P(y = v | y > 0). ``posterior``
-        "gamma" averages the law over q(W) q(H) (lambda taken Gamma with its posterior mean and
-        variance), "mean" is the law at lambda = E[w] . E[h] (docs/design.md, "Class
-        probabilities"; dcPF: always the latter). InputError for a model without a law of the
-        classes (dcPF on classes or at p = 1) and for unknown ids."""
+        "mean" is the model's law at lambda = E[w] . E[h] (the law of the test log-likelihood,
+        rising with the ranking score); "gamma" averages it over q(W) q(H), lambda taken Gamma
+        with its posterior mean and variance (closer to the posterior predictive for pairs of
+        uncertain rate: docs/design.md, "Class probabilities"; dcPF: always "mean").
+        InputError for a model without a law of the classes (dcPF on classes or at p = 1) and
+        for unknown ids."""
         from ordnmf_dask.postfit.predict import predictor
 
         return predictor(self._server()).proba(user_ids, item_ids, given_interaction, posterior)
@@ -426,7 +427,7 @@ class CaviEstimator:
         item_ids: Sequence[Any],
         *,
         kind: str = "expected",
-        posterior: str = "gamma",
+        posterior: str = "mean",
         scale: str = "store",
     ) -> np.ndarray:
         """The rating of each pair given an interaction: the ``kind`` "expected", "mode" or

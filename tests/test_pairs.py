@@ -30,15 +30,21 @@ def _pairs_file(path, m, n=500, row_group=128, seed=0):
 def test_predict_pairs_on_a_cluster_matches_predict_proba(tmp_path, client, given):
     m = Model(tmp_path)
     users, items = _pairs_file(tmp_path / "pairs.parquet", m)
+    posterior = "gamma" if given else "mean"
     out = predict_pairs(
-        m.path, tmp_path / "pairs.parquet", tmp_path / "out", client=client, given_interaction=given
+        m.path,
+        tmp_path / "pairs.parquet",
+        tmp_path / "out",
+        client=client,
+        given_interaction=given,
+        posterior=posterior,
     )
     parts = sorted(os.listdir(f"{out}/predictions"))
     assert parts == [f"part-{j:05d}.parquet" for j in range(4)]  # one per row group
     got = pq.read_table(f"{out}/predictions").to_pandas()
     assert list(got.columns) == ["user", "item", *(f"p{v}" for v in range(V + 1))]
     assert got["user"].tolist() == users.tolist() and got["item"].tolist() == items.tolist()
-    want = m.model.predict_proba(users, items, given_interaction=given)
+    want = m.model.predict_proba(users, items, given_interaction=given, posterior=posterior)
     np.testing.assert_allclose(got[[f"p{v}" for v in range(V + 1)]].to_numpy(), want, rtol=1e-12)
     manifest = json.loads(open(f"{out}/_SUCCESS").read())
     assert manifest["datasets"]["predictions"]["rows"] == [128, 128, 128, 116]
@@ -63,9 +69,9 @@ def test_cli_predict(tmp_path):
     m = Model(tmp_path)
     users, items = _pairs_file(tmp_path / "pairs.parquet", m, n=50, row_group=20)
     argv = ["predict", m.store.path, m.path, "--pairs", str(tmp_path / "pairs.parquet")]
-    assert main([*argv, "--out", str(tmp_path / "o"), "--posterior", "mean"]) == 0
+    assert main([*argv, "--out", str(tmp_path / "o"), "--posterior", "gamma"]) == 0
     got = pq.read_table(tmp_path / "o" / "predictions").to_pandas()
-    want = m.model.predict_proba(users, items, posterior="mean")
+    want = m.model.predict_proba(users, items, posterior="gamma")
     np.testing.assert_allclose(got[[f"p{v}" for v in range(V + 1)]].to_numpy(), want, rtol=1e-12)
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2  # exists: refused
     assert main([*argv, "--out", str(m.path), "--overwrite"]) == 2  # a model: never replaced

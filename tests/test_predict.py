@@ -160,7 +160,7 @@ def test_unknown_ids_and_unequal_lengths_are_refused(m):
 def test_predict_on_the_store_scale(tmp_path):
     half = Model(tmp_path, scale={"value_kind": "ratings-halfstar", "thresholds": None})
     u, i, users, items = _pairs(half, 40, seed=1)
-    law = half.oracle(u, i, "gamma", given=True)
+    law = half.oracle(u, i, "mean", given=True)
     expected = law @ (np.arange(V + 1) / 2)
     np.testing.assert_allclose(half.model.predict(users, items), expected, rtol=1e-10)
     mode = np.array([1 + int(np.argmax(row[1:])) for row in law])
@@ -176,7 +176,7 @@ def test_predict_on_count_classes(tmp_path):
     edges = [0, 1, 2, 5]
     counts = Model(tmp_path, scale={"value_kind": "counts", "thresholds": edges})
     u, i, users, items = _pairs(counts, 30, seed=2)
-    law = counts.oracle(u, i, "gamma", given=True)
+    law = counts.oracle(u, i, "mean", given=True)
     median = np.array([1 + int(np.argmax(np.cumsum(row[1:]) >= 0.5)) for row in law])
     lo = np.array([0, 1, 2, 3, 6])[median]
     hi = np.array([0, 1, 2, 5, np.inf])[median]
@@ -198,16 +198,17 @@ def test_recommend_with_proba_at(m):
         m.model.recommend(["u1"], n=5, proba_at=5)
 
 
-def test_recommend_for_with_proba_at_takes_w_as_known(m):
+def test_recommend_for_with_proba_at(m):
     w = m.W[[2, 9]]
     recs = m.model.recommend_for(w, n=4, proba_at=2)
     for j in (0, 1):
         items = [a for a, _, _ in recs[j]]
         idx = np.searchsorted(m.items, items)
-        mean = m.H[idx] @ w[j]
-        var = (m.H[idx] ** 2 / m.aH[idx]) @ (w[j] ** 2)
-        cdf = (1 + m.theta[None, :] * (var / mean)[:, None]) ** (-(mean**2) / var)[:, None]
-        want = (1 - cdf[:, 1]) / (1 - cdf[:, 0])  # P(y >= 2 | y > 0)
+        lam = m.H[idx] @ w[j]
+        want = (1 - np.exp(-lam * m.theta[1])) / (
+            1 - np.exp(-lam * m.theta[0])
+        )  # P(y >= 2 | y > 0)
+        assert np.all(np.diff(want) <= 1e-15)  # falls down the list as the score does
         np.testing.assert_allclose([x for _, _, x in recs[j]], want, rtol=1e-10)
 
 
@@ -290,14 +291,14 @@ def test_cli_evaluate_prints_calibration_and_draws_reliability(m, tmp_path, caps
 
     png, out = tmp_path / "rel.png", tmp_path / "res.json"
     argv = ["evaluate", m.store.path, m.path, "--k", "5", "--json", str(out)]
-    assert main([*argv, "--reliability", str(png), "--posterior", "mean"]) == 0
+    assert main([*argv, "--reliability", str(png), "--posterior", "gamma"]) == 0
     text = capsys.readouterr().out
     import json
 
     cal = json.loads(out.read_text())["calibration"]
-    assert cal["posterior"] == "mean"
+    assert cal["posterior"] == "gamma"
     assert f"log-loss {cal['log_loss']:.4f}" in text
-    assert cal["log_loss"] == pytest.approx(_oracle_calibration(m, "mean")["log_loss"], rel=1e-9)
+    assert cal["log_loss"] == pytest.approx(_oracle_calibration(m, "gamma")["log_loss"], rel=1e-9)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -368,3 +369,41 @@ def test_active_components_and_thresholds_in_info(tmp_path, capsys):
         assert row["expected_class"] == pytest.approx(np.dot(row["probs"], np.arange(1, V + 1)))
     assert main(["info", m.path]) == 0
     assert f"components {K - 1} active of {K}" in capsys.readouterr().out
+
+
+def test_calibration_on_data_drawn_from_the_model(tmp_path):
+    """Classes drawn from a known ordinal law: a model holding the generating factors (shapes so
+    large that q is a point) is calibrated within sampling noise, its log-loss is the law's
+    entropy, and a model with its rates halved is visibly miscalibrated."""
+    from ordnmf_dask.model import classlaw
+
+    rng = np.random.default_rng(11)
+    n_users, n_items, k = 120, 90, 3
+    w, h = rng.gamma(1.0, 0.6, (n_users, k)), rng.gamma(1.0, 0.6, (n_items, k))
+    theta = theta_from_delta(np.asarray(DELTA))
+    lam = w @ h.T
+    law = classlaw.class_law(
+        classlaw.plugin_hazards(lam.ravel(), theta), classlaw.ordinal_limit(theta)
+    )
+    y = (rng.random(lam.size)[:, None] > np.cumsum(law, axis=1)).sum(axis=1).reshape(lam.shape)
+    y[0, :V] = np.arange(1, V + 1)
+    train, test = dense_split(y, 0.5, seed=2)
+    store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 2))
+    results = {}
+    for name, scale in (("true", 1.0), ("halved", 0.5)):
+        path = write_model(tmp_path / f"{name}.zarr", store, w * scale, h, OrdNMF(k))
+        save_shapes(path, store, w * scale, h, np.full(w.shape, 1e9), np.full(h.shape, 1e9))
+        results[name] = evaluate(store, path, k=5, posterior="gamma")["calibration"]
+    n = results["true"]["n"]
+    u, i = np.nonzero(test)
+    given = classlaw.class_law(
+        classlaw.plugin_hazards(lam[u, i], theta), classlaw.ordinal_limit(theta), True
+    )
+    entropy = -(given[:, 1:] * np.log(given[:, 1:])).sum(axis=1)
+    surprise = -np.log(given[np.arange(n), test[u, i]])  # its mean estimates the entropy's
+    noise = 3 * np.sqrt(np.var(surprise) / n)
+    assert results["true"]["log_loss"] == pytest.approx(entropy.mean(), abs=noise)
+    for s in range(2, V + 1):  # 10 bins of n pairs: sampling noise about 0.5 sqrt(10 / n)
+        assert results["true"]["ece"][s] < 0.7 * np.sqrt(10 / n)
+    assert max(results["halved"]["ece"].values()) > 2 * max(results["true"]["ece"].values())
+    assert results["halved"]["log_loss"] > results["true"]["log_loss"]

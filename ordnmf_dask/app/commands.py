@@ -332,7 +332,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         if args.proba_at is not None:
             from ordnmf_dask.postfit.predict import recommend_with_proba
 
-            res = recommend_with_proba(srv, res, args.proba_at, "gamma")
+            res = recommend_with_proba(srv, res, args.proba_at)
     else:
         with _client(cluster) as client:
             res = recommend(

@@ -223,9 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
     ev.add_argument(
         "--posterior",
-        choices=["gamma", "mean"],
-        default="gamma",
-        help="class law scored: averaged over the posterior (gamma, default) or at E[lambda]",
+        choices=["mean", "gamma"],
+        default="mean",
+        help="class law scored: at E[lambda] (mean, default) or averaged over the posterior",
     )
     ev.add_argument(
         "--reliability",
@@ -305,9 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pre.add_argument(
         "--posterior",
-        choices=["gamma", "mean"],
-        default="gamma",
-        help="the law averaged over the posterior (gamma, default) or at E[lambda]",
+        choices=["mean", "gamma"],
+        default="mean",
+        help="the law at E[lambda] (mean, default) or averaged over the posterior (gamma)",
     )
     pre.add_argument(
         "--overwrite",

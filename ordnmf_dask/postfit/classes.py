@@ -178,21 +178,21 @@ def top_at_least(
     s: int,
     r: int,
     col_bounds: list[int],
-    gamma: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The top-n ``(scores, items)`` of user-block r with P(y >= s | y > 0) of each listed
-    pair (NaN in the empty slots); on a worker, reading one item-block's factors at a time."""
+    pair under the plug-in law (NaN in the empty slots); on a worker, reading one item-block's
+    factors at a time."""
     scores, items = top
     proba = np.full(scores.shape, np.nan)
     listed = np.isfinite(scores)
     rows = np.nonzero(listed)[0]
     cols = items[listed].astype(np.int64)
-    w = factor_moments(model, "W", r, gamma)
+    w = factor_moments(model, "W", r, False)
     found = np.empty(len(cols))
     block = np.searchsorted(np.asarray(col_bounds), cols, side="right") - 1
     for c in np.unique(block).tolist():
         sel = block == c
-        h = factor_moments(model, "H", c, gamma)
+        h = factor_moments(model, "H", c, False)
         hz = law.pair_hazards(rows[sel], cols[sel] - col_bounds[c], w[0], w[1], h[0], h[1])
         found[sel] = classlaw.at_least(hz, s, law.limit)
     proba[listed] = found

@@ -207,7 +207,7 @@ def evaluate(
     user_fraction: float = 1.0,
     seed: int = 0,
     allow_other_store: bool = False,
-    posterior: str = "gamma",
+    posterior: str = "mean",
 ) -> dict[str, Any]:
     """NDCG@k, precision@k, recall@k, MAP@k and AUC per threshold, the test
     log-likelihood, and the calibration and rating error of a fitted model (definitions:

@@ -255,7 +255,8 @@ def export(
     allow_other_store : use ``store`` even if the model was fitted on another store (by
         default an InputError: :func:`~ordnmf_dask.postfit.evaluate.check_compatible`).
     proba_at : a class s in 1..V: recommendations get a column ``proba``, P(y >= s | y > 0)
-        of the pair under the posterior (docs/design.md, "Class probabilities").
+        of the pair (the plug-in law, which rises with the score: docs/design.md, "Class
+        probabilities").
 
     Returns
     -------
@@ -364,8 +365,7 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     if dataset == RECOMMENDATIONS:
         top = block_top(cl, m, plan.store, b, plan.n)
         if plan.law is not None:
-            gamma = plan.law.family == "ordinal"
-            top = cl.submit(top_at_least, top, m.path, plan.law, plan.proba_at, b, cb, gamma)
+            top = cl.submit(top_at_least, top, m.path, plan.law, plan.proba_at, b, cb)
         return cl.submit(
             recommendation_part, top, plan.ids_root, int(rb[b]), schema, fs, path, pure=False
         )

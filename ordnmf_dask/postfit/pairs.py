@@ -166,7 +166,7 @@ def predict_pairs(
     *,
     store: str | os.PathLike | None = None,
     given_interaction: bool = False,
-    posterior: str = "gamma",
+    posterior: str = "mean",
     client: Client | None = None,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,

@@ -93,31 +93,17 @@ class Predictor:
         return to_scale(self.law, self.proba(users, items, True, posterior), kind, scale)
 
     def with_proba(
-        self,
-        recs: dict[Any, list[tuple[Any, float]]],
-        rows: dict[Any, np.ndarray],
-        w_var: dict[Any, np.ndarray | None],
-        s: int,
-        posterior: str,
+        self, recs: dict[Any, list[tuple[Any, float]]], rows: dict[Any, np.ndarray], s: int
     ) -> dict[Any, list[tuple[Any, float, float]]]:
-        """``recs`` ({key: [(raw item, score), ...]}) with P(y >= s | y > 0) beside each item;
-        ``rows[key]``: the (K,) factor E[w] of the key's user, ``w_var[key]`` its variance (None:
-        known exactly)."""
+        """``recs`` ({key: [(raw item, score), ...]}) with P(y >= s | y > 0) beside each item,
+        under the plug-in law (which rises with the score, so the column falls down each list);
+        ``rows[key]``: the (K,) E[w] of the key's user."""
         s = self.law.check_level(s)
         out: dict[Any, list[tuple[Any, float, float]]] = {}
         for key, items in recs.items():
-            if not items:
-                out[key] = []
-                continue
             idx = self.srv.items.index([i for i, _ in items])
-            var = w_var[key]
-            h = self.hazards(
-                rows[key][None],
-                None if var is None else var[None],
-                np.zeros(len(idx), np.int64),
-                idx,
-                posterior,
-            )
+            w = rows[key][None]
+            h = self.hazards(w, None, np.zeros(len(idx), np.int64), idx, "mean")
             up = classlaw.at_least(h, s, self.law.limit)
             out[key] = [(i, score, float(x)) for (i, score), x in zip(items, up, strict=True)]
         return out
@@ -134,25 +120,19 @@ def predictor(srv: Server) -> Predictor:
 
 
 def recommend_with_proba(
-    srv: Server, recs: dict[Any, list[tuple[Any, float]]], s: int, posterior: str
+    srv: Server, recs: dict[Any, list[tuple[Any, float]]], s: int
 ) -> dict[Any, list[tuple[Any, float, float]]]:
     """:meth:`Server.recommend`'s lists with P(y >= s | y > 0) beside each item."""
-    pred = predictor(srv)
     keys = list(recs)
     users = srv.users.index(keys) if keys else np.empty(0, np.int64)
-    gamma = posterior == "gamma" and pred.law.family == "ordinal"
     rows = {key: srv.W[u] for key, u in zip(keys, users, strict=True)}
-    var = {
-        key: pred.variance("W")[u] if gamma else None for key, u in zip(keys, users, strict=True)
-    }
-    return pred.with_proba(recs, rows, var, s, posterior)
+    return predictor(srv).with_proba(recs, rows, s)
 
 
 def recommend_for_with_proba(
-    srv: Server, recs: dict[int, list[tuple[Any, float]]], w: np.ndarray, s: int, posterior: str
+    srv: Server, recs: dict[int, list[tuple[Any, float]]], w: np.ndarray, s: int
 ) -> dict[int, list[tuple[Any, float, float]]]:
-    """:meth:`Server.recommend_for`'s lists with P(y >= s | y > 0) beside each item; the rows
-    of ``w`` (new users' E[w]) are taken as known exactly."""
+    """:meth:`Server.recommend_for`'s lists with P(y >= s | y > 0) beside each item, for the
+    users of E[w] the rows of ``w``."""
     w = np.asarray(w, dtype=np.float64)
-    rows = {j: w[j] for j in recs}
-    return predictor(srv).with_proba(recs, rows, dict.fromkeys(recs), s, posterior)
+    return predictor(srv).with_proba(recs, {j: w[j] for j in recs}, s)
