@@ -22,7 +22,7 @@ from ordnmf_dask.estimator import BePoF, CaviEstimator, DcPF, OrdNMF
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore, seen
-from ordnmf_dask.modelstore.model import MODEL_FORMAT, store_fingerprint
+from ordnmf_dask.modelstore.model import MODEL_FORMAT, open_model, store_fingerprint
 from ordnmf_dask.postfit import serving
 from ordnmf_dask.store.kinds import MODEL_KIND
 
@@ -272,8 +272,8 @@ def test_a_model_with_its_seen_index_filters_without_its_store(tmp_path, monkeyp
     with_store = serving.server(case.path, case.store.path).recommend(asked, n=5)
     shutil.move(case.store.path, tmp_path / "moved.zarr")
     reads = []
-    real = seen.load
-    monkeypatch.setattr(seen, "load", lambda model, r, *a: reads.append(r) or real(model, r, *a))
+    real = seen.load_index
+    monkeypatch.setattr(seen, "load_index", lambda model, r: reads.append(r) or real(model, r))
     model = OrdNMF.load(case.path)
     res = model.recommend(asked, n=5)
     want = oracle_top(case.W, case.H, case.train > 0, 5)
@@ -283,12 +283,15 @@ def test_a_model_with_its_seen_index_filters_without_its_store(tmp_path, monkeyp
         assert res[user] == with_store[user]
     assert len(res["u19"]) == 2  # user 6: 27 of the 29 items in train
     assert sorted(reads) == [0, 1]
-    reads.clear()
-    OrdNMF.load(case.path).recommend(["u1", "u4"], n=2)
+    reads.clear()  # the index is read once per served model, then kept with it
+    assert model.recommend(["u1", "u4"], n=2) == OrdNMF.load(case.path).recommend(["u1", "u4"], 2)
+    assert reads == []
+    fresh = serving.Server(open_model(case.path))  # as a new process serves it
+    fresh.recommend(["u1", "u4"], n=2)
     assert reads == [0]
     shutil.rmtree(f"{case.path}/seen/indices/1/c")
     with pytest.raises(StoreError, match=r"seen/indices/1/c/0: chunk file missing"):
-        OrdNMF.load(case.path).recommend(["u100"], n=2)
+        serving.Server(open_model(case.path)).recommend(["u100"], n=2)
 
 
 def test_a_model_without_a_store_or_with_another_store(tmp_path):
