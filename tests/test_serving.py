@@ -16,6 +16,7 @@ import zarr
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 from test_recommend import oracle_fold_in, oracle_top
 
+from ordnmf_dask import ingest
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.estimator import BePoF, CaviEstimator, DcPF, OrdNMF
@@ -388,3 +389,38 @@ def test_cli_recommend_for_given_users_starts_no_cluster(case, capsys):
     ]
     assert main([*cmd[:3], "--users", "u1,nope"]) == 2
     assert "unknown user id 'nope'" in capsys.readouterr().err
+
+
+def test_fold_in_takes_values_on_the_scale_the_store_was_ingested_from(tmp_path):
+    """A store of half-star ratings: fold-in takes half stars (4.5 -> class 9), as fit(X) does,
+    and gives the dense oracle's E[w] of those classes; a value of no half star is refused,
+    saying what to pass. The model records the rule, so the store may be gone."""
+    rng = np.random.default_rng(4)
+    users, items = np.repeat(np.arange(30), 8), rng.integers(0, 25, 240)
+    keep = np.unique(users * 100 + items, return_index=True)[1]
+    stars = rng.integers(1, 11, 240) / 2
+    store = ingest(
+        (users[keep], items[keep], stars[keep]),
+        tmp_path / "s.zarr",
+        ratings="halfstar",
+        test_fraction=0.0,
+        show_progress=False,
+    )
+    model = OrdNMF(3, max_iter=5, seed=0).fit(store, show_progress=False)
+    model = OrdNMF.load(model.save(tmp_path / "m.zarr"))
+    assert open_model(model.model_path_).attrs["store"]["value_kind"] == "ratings-halfstar"
+    shutil.rmtree(store.path)
+    ids = model._server().items.raw([0, 3, 7])
+    got = model.fold_in_users([ids], [[4.5, 5.0, 0.5]], tol=1e-9)
+    y = np.zeros((1, model._server().H.shape[0]), dtype=np.int64)
+    y[0, [0, 3, 7]] = [9, 10, 1]
+    eh, log_eh = np.asarray(model.H_), np.asarray(model.log_H_)
+    want = oracle_fold_in(y, eh, log_eh, 0.3, "ordinal", {"delta": model.delta_}, tol=1e-9)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    with pytest.raises(
+        InputError,
+        match=r"fold-in values, row 1: rating 9 is off the halfstar scale 0\.5, 1\.0, \.\.\., "
+        r"5\.0; pass values on the scale the store was ingested from: half-star ratings 0\.5, "
+        r"1\.0, \.\.\., 5\.0 \(ratings='halfstar'\)",
+    ):
+        model.fold_in_users([ids[:2]], [[4.5, 9]])

@@ -38,6 +38,7 @@ from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.topn import check_n, factor_mean, ranked_pairs
+from ordnmf_dask.sources.values import ValueSpec
 from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 
@@ -389,6 +390,11 @@ class Server:
         return self.store.path if self._store_given else self.model.ids_path
 
     @cached_property
+    def _spec(self) -> ValueSpec | None:
+        """How the training store made classes of raw values (:func:`foldin.value_spec`)."""
+        return foldin.value_spec(self.model)
+
+    @cached_property
     def users(self) -> IdMap:
         return id_map(self._ids_source, "users")
 
@@ -561,7 +567,7 @@ class Server:
         flat, flat_values, row = foldin.flatten(ids, values, new, other)
         likelihood, threshold = foldin.likelihood_of(self.model)
         n_classes = int(self.model.attrs["store"]["n_classes"])
-        y, keep = foldin.check_values(flat_values, likelihood, n_classes, threshold)
+        y, keep = foldin.check_values(flat_values, likelihood, n_classes, threshold, self._spec)
         names = self.items if axis == "users" else self.users
         index = names.index(flat)
         block = foldin.interactions(row[keep], index[keep], y, len(ids), new, other)
