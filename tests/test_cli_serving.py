@@ -29,6 +29,12 @@ def alone(tmp_path):
     return case
 
 
+def check_text(got, want):
+    """Same items in the same order; scores as text prints them (10 significant digits)."""
+    assert [i for i, _ in got] == [i for i, _ in want]
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-9)
+
+
 def table(capsys, fmt: str) -> list[dict[str, str]]:
     out = capsys.readouterr().out
     if fmt == "json":
@@ -45,7 +51,7 @@ def test_recommend_needs_no_store_and_prints_a_table(alone, capsys, fmt):
     for user, u in (("u1", 0), ("u19", 6)):
         got = [(int(r["item"]), float(r["score"])) for r in rows if r["user"] == user]
         assert [r["rank"] for r in rows if r["user"] == user] == ["1", "2", "3"][: len(got)]
-        check_recs(got, alone.named(want[u]))
+        check_text(got, alone.named(want[u]))
 
 
 def test_parquet_goes_to_a_file_and_never_to_a_terminal(alone, tmp_path):
@@ -78,7 +84,7 @@ def test_similar_commands_give_the_apis_lists(alone, capsys, axis):
     for x, key in zip(ids, want, strict=True):
         got = [(r[f"similar_{noun}"], float(r["cosine"])) for r in rows if r[noun] == x]
         assert [g[0] for g in got] == [str(i) for i, _ in want[key]]
-        np.testing.assert_allclose([g[1] for g in got], [s for _, s in want[key]], rtol=1e-12)
+        np.testing.assert_allclose([g[1] for g in got], [s for _, s in want[key]], rtol=1e-9)
 
 
 def test_fold_in_reads_new_users_from_a_file(alone, tmp_path, capsys):
@@ -91,13 +97,13 @@ def test_fold_in_reads_new_users_from_a_file(alone, tmp_path, capsys):
     want = alone.model.recommend_for(w, 3, exclude=[[105, 140, 110], [100]])
     for user, j in (("new1", 0), ("new2", 1)):
         got = [(int(r["item"]), float(r["score"])) for r in rows if r["user"] == user]
-        check_recs(got, want[j])
+        check_text(got, want[j])
     assert main(["fold-in", alone.path, str(ratings), "--factors", "--format", "csv"]) == 0
     rows = table(capsys, "csv")
     assert [r["user"] for r in rows] == ["new1", "new2"]
     assert list(rows[0])[1:] == [f"f{k}" for k in range(w.shape[1])]
     got = np.array([[float(r[f"f{k}"]) for k in range(w.shape[1])] for r in rows])
-    np.testing.assert_allclose(got, w, rtol=1e-12)
+    np.testing.assert_allclose(got, w, rtol=1e-9)
     ratings.write_text("user,item,rating\nnew1,105,3\nnew1,999,4\n")
     assert main(["fold-in", alone.path, str(ratings)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -113,7 +119,7 @@ def test_score_of_pairs_from_flags_and_from_a_file(alone, tmp_path, capsys):
     rows = table(capsys, "tsv")
     assert list(rows[0]) == ["user", "item", "score"]
     want = alone.model.score(["u1", "u4"], [105, 100])
-    np.testing.assert_allclose([float(r["score"]) for r in rows], want, rtol=1e-12)
+    np.testing.assert_allclose([float(r["score"]) for r in rows], want, rtol=1e-9)
     np.testing.assert_allclose(want, [alone.W[0] @ alone.H[1], alone.W[1] @ alone.H[0]])
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("item,user\n105,u1\n100,u4\n")

@@ -424,3 +424,11 @@ def test_fold_in_takes_values_on_the_scale_the_store_was_ingested_from(tmp_path)
         r"1\.0, \.\.\., 5\.0 \(ratings='halfstar'\)",
     ):
         model.fold_in_users([ids[:2]], [[4.5, 9]])
+
+
+def test_user_and_item_factors_are_numpy_arrays_of_the_posterior_means(case):
+    assert isinstance(case.model.user_factors, np.ndarray)
+    np.testing.assert_array_equal(case.model.user_factors, case.W)
+    np.testing.assert_array_equal(case.model.item_factors, case.H)
+    with pytest.raises(AttributeError, match="not fitted"):
+        OrdNMF(K).user_factors  # noqa: B018

@@ -167,6 +167,18 @@ def _summary(info: Any) -> dict[str, Any]:
     }
 
 
+def _split_text(s: dict[str, Any]) -> str:
+    """The store's split as it is: none, random (the share held out and its seed), or from
+    test files."""
+    total = s["nnz_train"] + s["nnz_test"] + (s["nnz_validation"] or 0)
+    if not s["nnz_test"]:
+        return "none: every nonzero trains (no test pairs)"
+    share = f"{100 * s['nnz_test'] / max(1, total):.1f}% of the nonzeros held out for test"
+    if s["split"] == "random":
+        return f"random, {share} (seed {s['seed']})"
+    return f"{s['split']}, {share}"
+
+
 def _summary_text(info: Any) -> str:
     s = _summary(info)
     density = s["nnz_train"] / max(1, s["n_users"] * s["n_items"])
@@ -178,7 +190,7 @@ def _summary_text(info: Any) -> str:
         + (f"  validation {s['nnz_validation']}" if "validation" in info.splits else "")
         + f"  (train density {density:.2e})",
         f"grid       {s['grid'][0]} x {s['grid'][1]} blocks",
-        f"split      {s['split']} (seed {s['seed']})",
+        f"split      {_split_text(s)}",
         "classes    " + "  ".join(f"{v}:{n}" for v, n in enumerate(s["hist_train"]) if v > 0),
     ]
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Tables the serving commands print (``recommend --users``, ``similar-items``,
 ``similar-users``, ``fold-in``, ``score``): named columns, written to standard output with a
-header as TSV (default), CSV, JSON (an array of one object per row) or Parquet (binary; refused
-on a terminal)."""
+header as TSV (default), CSV (floats to 10 significant digits), JSON (an array of one object per
+row) or Parquet (binary; refused on a terminal)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+def _text(value: Any) -> Any:
+    """A value as text formats print it: floats to 10 significant digits (JSON and Parquet keep
+    every bit), so that the lists of two executors print alike despite round-off."""
+    value = _plain(value)
+    return f"{value:.10g}" if isinstance(value, float) else value
+
+
 def write_table(
     columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: IO[str] | None = None
 ) -> None:
@@ -30,7 +37,7 @@ def write_table(
     if fmt in ("tsv", "csv"):
         writer = csv.writer(out, delimiter="\t" if fmt == "tsv" else ",", lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([[_plain(v) for v in row] for row in rows])
+        writer.writerows([[_text(v) for v in row] for row in rows])
     elif fmt == "json":
         records = [dict(zip(columns, (_plain(v) for v in row), strict=True)) for row in rows]
         out.write(json.dumps(records, indent=1) + "\n")

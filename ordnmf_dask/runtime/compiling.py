@@ -9,6 +9,7 @@ line per burst of compilations of a group of kernels (a fit's, serving's).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -21,6 +22,21 @@ log = logging.getLogger("ordnmf_dask")
 #: serving (docs/performance.md, "First run on a machine": 17 s each on 2 cores at load 8)
 EXPECTED = {"fit": "10-20 s", "serving": "15-20 s"}
 QUIET_SECONDS = 60.0  # a compilation of a group this long after its last one is announced again
+
+
+def _in_worker() -> bool:
+    """Whether this runs in a task of a Dask worker process, whose stderr is not the user's
+    (a LocalCluster's workers share the command's): no line there, so a first fit on a cluster
+    is not announced (an in-process fit, the default on small stores, and serving are)."""
+    if "distributed" not in sys.modules:
+        return False
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
 
 
 def _group(ev: Any) -> str:
@@ -42,7 +58,7 @@ class _Announcer(event.Listener):  # type: ignore[misc]
         with self.lock:
             quiet = now - self.last.get(what, -float("inf")) >= QUIET_SECONDS
             self.last[what] = now
-        if quiet:
+        if quiet and not _in_worker():
             log.warning(
                 "compiling numba kernels (%s): first run on this machine only, about %s; "
                 "later runs load them from numba's cache",
