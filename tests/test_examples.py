@@ -71,6 +71,17 @@ def test_readme_is_short():
     assert len((CHECKOUT / "README.md").read_text().splitlines()) <= 120
 
 
+def test_readme_and_guide_links_resolve():
+    """Every relative link of README.md, cluster/README.md and the guide names a file here."""
+    pages = [CHECKOUT / "README.md", CHECKOUT / "cluster" / "README.md"]
+    pages += sorted((CHECKOUT / "docs" / "guide").glob("*.md"))
+    assert len(pages) >= 8
+    for page in pages:
+        for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", page.read_text()):
+            if not link.startswith(("http://", "https://")):
+                assert (page.parent / link).exists(), f"{page}: {link}"
+
+
 def test_readme_python_quickstart_runs_as_shown(tmp_path):
     """Its ten lines as a script, from an empty directory, as a new user pastes them: the
     shipped MovieLens copy, a fit on all of it, recommend / similar / fold-in, an export and
