@@ -432,3 +432,20 @@ def test_user_and_item_factors_are_numpy_arrays_of_the_posterior_means(case):
     np.testing.assert_array_equal(case.model.item_factors, case.H)
     with pytest.raises(AttributeError, match="not fitted"):
         OrdNMF(K).user_factors  # noqa: B018
+
+
+def test_the_kept_seen_index_stays_within_its_budget(tmp_path, monkeypatch):
+    """With room for one user-block only, the most recent one is kept and the other read again
+    when asked; the lists are the same."""
+    case = Case(tmp_path, own_ids=True, own_seen=True)
+    reads = []
+    real = seen.load_index
+    monkeypatch.setattr(seen, "load_index", lambda model, r: reads.append(r) or real(model, r))
+    monkeypatch.setattr(serving, "_SEEN_BUDGET", 1)
+    served = serving.Server(open_model(case.path))
+    first = served.recommend(["u1", "u100"], n=4)  # user-blocks 0 and 1
+    assert sorted(reads) == [0, 1] and list(served._seen_blocks) == [reads[-1]]
+    again = served.recommend(["u1", "u100"], n=4)
+    assert again == first and len(reads) == 4 and len(served._seen_blocks) == 1
+    want = oracle_top(case.W, case.H, case.train > 0, 4)
+    check_recs(first["u100"], case.named(want[33]))
