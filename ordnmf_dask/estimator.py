@@ -48,6 +48,10 @@ def _params_doc(estimator: str) -> str:
 
 
 _SHARED_ATTRS_DOC = """
+    user_factors, item_factors : numpy arrays (U, K), (I, K): E[W], E[H] in memory, rows in
+        the order of the model's user and item ids. A component the prior switched off has
+        E[w_uk] at about each user's prior mean (E[h_ik] at each item's): columns equal up to
+        a row's scale, that carry no signal (leave them out of a nearest-neighbour index).
     W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block (made
         when first used: a fit alone imports no dask).
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
@@ -280,6 +284,18 @@ class CaviEstimator:
         return self._factor("H", "mean")
 
     @property
+    def user_factors(self) -> np.ndarray:
+        """(U, K) numpy array of E[W], the users' factors in the order of the model's user ids
+        (as ``implicit`` and scikit-learn users hold them; read on first use and kept)."""
+        return self._served().W
+
+    @property
+    def item_factors(self) -> np.ndarray:
+        """(I, K) numpy array of E[H], the items' factors in the order of the model's item
+        ids."""
+        return self._served().H
+
+    @property
     def log_W_(self) -> da.Array:
         return self._factor("W", "log_mean")
 
@@ -343,6 +359,12 @@ class CaviEstimator:
 
         return server(self.model_path_, store)
 
+    def _served(self) -> Any:
+        """The server of the fitted model (AttributeError when not fitted)."""
+        if "_factors" not in vars(self):
+            raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
+        return self._server()
+
     def recommend(
         self,
         user_ids: Any,
@@ -356,11 +378,14 @@ class CaviEstimator:
     ) -> dict[Any, list[tuple[Any, ...]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
         ``{user id as given: [(raw item id, score), ...]}``, best first, ties to the lower item
-        index. ``filter_already_seen`` leaves out the user's training items (from the model's
-        own index of them, or from ``store``, needed only by models saved without that index);
-        ``items`` restricts the candidates to these raw ids; ``exclude`` removes these.
-        ``proba_at`` s (a class 1..V): ``(raw item id, score, P(y >= s | y > 0))`` triples
-        (:meth:`predict_proba`'s plug-in law, which rises with the score)."""
+        index. A score is the Poisson rate E[w_u] . E[h_i] of the pair under the posterior
+        means: nonnegative and unbounded, not a probability nor a predicted rating; it orders
+        the items of a user (every P(y_ui >= s) increases with it), and is not comparable
+        across models. ``filter_already_seen`` leaves out the user's training items (from the
+        model's own index of them, or from ``store``, needed only by models saved without that
+        index); ``items`` restricts the candidates to these raw ids; ``exclude`` removes
+        these. ``proba_at`` s (a class 1..V): ``(raw item id, score, P(y >= s | y > 0))``
+        triples (:meth:`predict_proba`'s plug-in law, which rises with the score)."""
         srv = self._server(store)
         recs = srv.recommend(user_ids, n, filter_already_seen, items, exclude)
         if proba_at is None:
@@ -398,7 +423,8 @@ class CaviEstimator:
         return self._server().similar("users", user_ids, n)
 
     def score(self, user_ids: Sequence[Any], item_ids: Sequence[Any]) -> np.ndarray:
-        """E[w_u] . E[h_i] for the pairs (user_ids[j], item_ids[j]): the ranking score."""
+        """E[w_u] . E[h_i] for the pairs (user_ids[j], item_ids[j]): the ranking score, a
+        Poisson rate (nonnegative, unbounded; an order, not a rating: see :meth:`recommend`)."""
         return self._server().score(user_ids, item_ids)
 
     def predict_proba(
@@ -448,7 +474,9 @@ class CaviEstimator:
         seed: int | None = None,
     ) -> np.ndarray:
         """E[w] (n_new, K) of NEW users from their (raw item id, value) interactions, with
-        q(H) and the thresholds fixed (see :func:`ordnmf_dask.fold_in`), in memory."""
+        q(H) and the thresholds fixed (see :func:`ordnmf_dask.fold_in`), in memory. Values are
+        on the scale the store was ingested from (half-star ratings, integer ratings or counts,
+        as ``fit(X)`` takes them); a value of no class is an InputError saying what to pass."""
         return self._server().fold_in("users", items, values, max_iter, tol, seed)
 
     def fold_in_items(

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import partial
@@ -49,7 +50,7 @@ from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
 from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory, fit_tables
-from ordnmf_dask.runtime.progress import IterationProgress
+from ordnmf_dask.runtime.progress import SUMMARY_EVERY, IterationProgress, summary
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.kinds import CHECKPOINT_DIRECTORY
@@ -244,6 +245,19 @@ def run_fit(
         with choose_client(client, info, cfg.n_components, values["executor"], tables=tables) as cl:
             cache = decide_cache(values["cache_blocks"], cl, info)
             check_fit_memory(cl, info, cfg.n_components, cache, tables)  # before any iteration
+            _say_held_out(info)
+            started = time.perf_counter()
+            log.info(
+                "fit: %s, K = %d, on %s (%d users x %d items, %d training nonzeros), "
+                "at most %d iterations",
+                plan.model,
+                cfg.n_components,
+                info.path,
+                info.n_users,
+                info.n_items,
+                info.nnz_train,
+                cfg.max_iter,
+            )
             scorer = None if plan.validation is None else plan.validation(cl)
             runs: list[dict[str, Any]] = []
             state: CaviState | None = None
@@ -280,10 +294,37 @@ def run_fit(
                 r["kept"] = j == kept
             attrs = _model_attrs(plan, state, scorer is not None, cache, runs)
             save_model(cl, state.w, state.h, out, attrs, overwrite=plan.overwrite)
+            log.info(
+                "fit: %s after %d iterations, ELBO %.10e, in %.1f s; model in %s",
+                "converged" if state.converged else "stopped at max_iter",
+                state.n_iter,
+                state.elbo[-1],
+                time.perf_counter() - started,
+                out,
+            )
     finally:
         if values["work_dir"] is None:
             shutil.rmtree(work, ignore_errors=True)
     return open_model(out)
+
+
+_HELD_OUT_SAID: set[str] = set()  # stores whose test split a fit of this process named
+
+
+def _say_held_out(info: StoreInfo) -> None:
+    """Say, once per store and process, that its test split is held out of every fit."""
+    if not info.nnz_test or info.path in _HELD_OUT_SAID:
+        return
+    _HELD_OUT_SAID.add(info.path)
+    total = info.nnz_train + info.nnz_test + info.nnz_validation
+    log.info(
+        "fit: %s holds out %.1f%% of its nonzeros as a test split (%d of %d), which no fit "
+        "sees; to train on all of them, ingest with test_fraction=0 (--test-fraction 0)",
+        info.path,
+        100 * info.nnz_test / total,
+        info.nnz_test,
+        total,
+    )
 
 
 def fit(
@@ -379,8 +420,11 @@ def _model_attrs(
             "n_items": info.n_items,
             "n_classes": info.n_classes,
             "nnz_train": info.nnz_train,
-            "value_kind": info.attrs.get("value_kind"),  # the scale predict maps classes to
-            "thresholds": info.attrs.get("thresholds"),
+            # how the store made classes of raw values: fold-in takes values on that scale
+            **{
+                k: info.attrs.get(k)
+                for k in ("value_kind", "thresholds", "binarize", "binarize_on")
+            },
         },
         "row_bounds": info.row_bounds.tolist(),
         "col_bounds": info.col_bounds.tolist(),
@@ -401,7 +445,9 @@ class _FitLog:
         interrupt.check()
         progress = self.progress
         progress.clear()
-        log.info(
+        shown = not summary() or info.iteration == 1 or info.iteration % SUMMARY_EVERY == 0
+        log.log(
+            logging.INFO if shown else logging.DEBUG,
             "iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
             info.iteration,
             info.max_iter,

@@ -304,20 +304,21 @@ def _rows() -> Iterator[Param]:
     yield Param(
         "checkpoint_every",
         "int",
-        10,
+        0,
         int_ge(0),
         "an integer >= 0",
-        "checkpoint after every this many iterations (0: never)",
+        "also checkpoint after every this many iterations (0: by time alone, checkpoint_minutes)",
         checkpoint,
         False,
     )
     yield Param(
         "checkpoint_minutes",
         "float",
-        None,
+        5.0,
         positive,
         "a finite number > 0",
-        "also checkpoint when this many minutes have passed since the last one",
+        "checkpoint when this many minutes have passed since the last one (or the start): "
+        "a fit of seconds writes none (None: by count alone, checkpoint_every)",
         checkpoint,
         False,
         optional=True,

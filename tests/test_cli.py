@@ -218,3 +218,29 @@ def test_starts_client_only_when_a_cluster_is_named():
     assert starts_client(ClusterSection(scheduler="tcp://127.0.0.1:8786"))
     assert starts_client(ClusterSection(scheduler_file="scheduler.json"))
     assert starts_client(ClusterSection(ca_file="ca.pem"))
+
+
+def test_info_prints_the_split_as_it_is(tmp_path, capsys):
+    """A store without test pairs has no split to name; a random split says what share it
+    holds out, with its seed."""
+    from ordnmf_dask import ingest_arrays
+
+    users, items = np.repeat(np.arange(20), 5), np.tile(np.arange(5), 20)
+    values = 1 + (users + items) % 4
+    for fraction, path in ((0.0, "all.zarr"), (0.25, "split.zarr")):
+        ingest_arrays(users, items, values, tmp_path / path, test_fraction=fraction, seed=3)
+    assert main(["info", str(tmp_path / "all.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "split      none: every nonzero trains (no test pairs)" in out and "seed" not in out
+    assert main(["info", str(tmp_path / "split.zarr")]) == 0
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("split")]
+    nnz_test = json.loads(
+        subprocess.run(
+            [*CLI, "info", str(tmp_path / "split.zarr"), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+    )["nnz_test"]
+    assert 0 < nnz_test < 100
+    assert line == f"split      random, {nnz_test:.1f}% of the nonzeros held out for test (seed 3)"

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
 import sys
 
 import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
-from ordnmf_dask import OrdNMF, evaluate, ingest_arrays
+from ordnmf_dask import OrdNMF, evaluate, fitting, ingest_arrays
 from ordnmf_dask.runtime.progress import reporting, track
 
 
@@ -76,9 +78,97 @@ def test_a_fit_draws_a_bar_on_a_terminal_by_default(small_store, monkeypatch):
     assert " iter    4/4 " in out
 
 
-def test_no_progress_when_off_or_not_interactive(small_store, monkeypatch, caplog):
+def test_no_progress_when_off(small_store, monkeypatch, caplog):
     assert _fit(small_store, FakeTTY(), monkeypatch, show_progress=False) == ""
-    assert _fit(small_store, io.StringIO(), monkeypatch) == ""  # auto, no terminal
+    assert _fit(small_store, io.StringIO(), monkeypatch, show_progress=False) == ""
+
+
+def test_a_script_gets_a_summary_by_default(small_store, monkeypatch):
+    """show_progress=None where stderr is no terminal (a script, a batch job): a start line,
+    the first iteration and every SUMMARY_EVERY-th with the ETA, the store's held-out share
+    (once per store and process), an end line; no bar."""
+    stream = io.StringIO()
+    before = _config()
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(fitting, "_HELD_OUT_SAID", set())
+    OrdNMF(2, max_iter=25, tol=1e-300, seed=0).fit(small_store)
+    OrdNMF(2, max_iter=3, tol=1e-300, seed=0).fit(small_store)
+    assert _config() == before
+    lines = stream.getvalue().splitlines()
+    iters = [ln.split(" iter ")[1].split()[0] for ln in lines if " iter " in ln]
+    assert iters == ["1/25", "10/25", "20/25", "1/3"]
+    assert all("ETA" in ln for ln in lines if " iter " in ln)
+    starts = [ln for ln in lines if "fit: OrdNMF, K = 2, on " in ln]
+    assert len(starts) == 2 and "at most 25 iterations" in starts[0]
+    ends = [ln for ln in lines if "fit: stopped at max_iter after" in ln]
+    assert len(ends) == 2 and "after 25 iterations" in ends[0]
+    held = [ln for ln in lines if "as a test split" in ln]
+    assert len(held) == 1 and "--test-fraction 0" in held[0]
+    assert "\r" not in stream.getvalue()
+
+
+def test_a_store_without_a_test_split_says_nothing_of_one(tmp_path, monkeypatch):
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    store = ingest_arrays(
+        [1, 2, 3, 3],
+        [5, 6, 5, 6],
+        [1, 2, 3, 1],
+        tmp_path / "s.zarr",
+        test_fraction=0.0,
+        show_progress=False,
+    )
+    OrdNMF(1, max_iter=2).fit(store)
+    assert "fit: OrdNMF, K = 1" in stream.getvalue()
+    assert "test split" not in stream.getvalue()
+
+
+def test_a_small_store_on_a_given_client_says_it_would_fit_here(small_store, client, caplog):
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        OrdNMF(2, max_iter=2).fit(small_store, client)
+        said = [
+            r.getMessage() for r in caplog.records if "would fit in this process" in r.getMessage()
+        ]
+        assert len(said) == 1
+        assert "running on the given client" in said[0] and "executor='cluster'" in said[0]
+        OrdNMF(2, max_iter=2, executor="cluster").fit(small_store, client)
+    assert len([r for r in caplog.records if "would fit in this process" in r.getMessage()]) == 1
+
+
+COMPILED = """
+import numpy as np
+from ordnmf_dask.model.kernels import jit
+
+@jit()
+def twice(x):
+    return 2 * x
+
+print(twice(np.arange(3)).sum())
+"""
+
+
+def test_a_first_compilation_is_announced_once_and_a_cached_one_not(tmp_path):
+    """A new kernel (here a module of its own) in a fresh numba cache: its first run says that
+    it compiles, on stderr, in a script without any logging set up; the next process, loading
+    it from the cache, says nothing."""
+    (tmp_path / "kern.py").write_text(COMPILED)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [
+        subprocess.run(
+            [sys.executable, "kern.py"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert [r.stdout for r in runs] == ["6\n", "6\n"]
+    first = runs[0].stderr.splitlines()
+    assert len(first) == 1 and first[0].startswith("compiling numba kernels (fit): first run")
+    assert runs[1].stderr == ""
 
 
 def test_the_outermost_switch_decides(small_store, monkeypatch):
@@ -121,5 +211,7 @@ def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
     evaluate(small_store, model, show_progress=True)
     assert "(2 x 2 blocks): done in" in stream.getvalue()
     before = stream.getvalue()
-    evaluate(small_store, model)
+    evaluate(small_store, model, show_progress=False)
     assert stream.getvalue() == before
+    evaluate(small_store, model)  # a script's default: its one line
+    assert stream.getvalue().count("(2 x 2 blocks): done in") == 2

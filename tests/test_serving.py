@@ -16,13 +16,14 @@ import zarr
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 from test_recommend import oracle_fold_in, oracle_top
 
+from ordnmf_dask import ingest
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.estimator import BePoF, CaviEstimator, DcPF, OrdNMF
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore, seen
-from ordnmf_dask.modelstore.model import MODEL_FORMAT, store_fingerprint
+from ordnmf_dask.modelstore.model import MODEL_FORMAT, open_model, store_fingerprint
 from ordnmf_dask.postfit import serving
 from ordnmf_dask.store.kinds import MODEL_KIND
 
@@ -272,8 +273,8 @@ def test_a_model_with_its_seen_index_filters_without_its_store(tmp_path, monkeyp
     with_store = serving.server(case.path, case.store.path).recommend(asked, n=5)
     shutil.move(case.store.path, tmp_path / "moved.zarr")
     reads = []
-    real = seen.load
-    monkeypatch.setattr(seen, "load", lambda model, r, *a: reads.append(r) or real(model, r, *a))
+    real = seen.load_index
+    monkeypatch.setattr(seen, "load_index", lambda model, r: reads.append(r) or real(model, r))
     model = OrdNMF.load(case.path)
     res = model.recommend(asked, n=5)
     want = oracle_top(case.W, case.H, case.train > 0, 5)
@@ -283,12 +284,15 @@ def test_a_model_with_its_seen_index_filters_without_its_store(tmp_path, monkeyp
         assert res[user] == with_store[user]
     assert len(res["u19"]) == 2  # user 6: 27 of the 29 items in train
     assert sorted(reads) == [0, 1]
-    reads.clear()
-    OrdNMF.load(case.path).recommend(["u1", "u4"], n=2)
+    reads.clear()  # the index is read once per served model, then kept with it
+    assert model.recommend(["u1", "u4"], n=2) == OrdNMF.load(case.path).recommend(["u1", "u4"], 2)
+    assert reads == []
+    fresh = serving.Server(open_model(case.path))  # as a new process serves it
+    fresh.recommend(["u1", "u4"], n=2)
     assert reads == [0]
     shutil.rmtree(f"{case.path}/seen/indices/1/c")
     with pytest.raises(StoreError, match=r"seen/indices/1/c/0: chunk file missing"):
-        OrdNMF.load(case.path).recommend(["u100"], n=2)
+        serving.Server(open_model(case.path)).recommend(["u100"], n=2)
 
 
 def test_a_model_without_a_store_or_with_another_store(tmp_path):
@@ -385,3 +389,63 @@ def test_cli_recommend_for_given_users_starts_no_cluster(case, capsys):
     ]
     assert main([*cmd[:3], "--users", "u1,nope"]) == 2
     assert "unknown user id 'nope'" in capsys.readouterr().err
+
+
+def test_fold_in_takes_values_on_the_scale_the_store_was_ingested_from(tmp_path):
+    """A store of half-star ratings: fold-in takes half stars (4.5 -> class 9), as fit(X) does,
+    and gives the dense oracle's E[w] of those classes; a value of no half star is refused,
+    saying what to pass. The model records the rule, so the store may be gone."""
+    rng = np.random.default_rng(4)
+    users, items = np.repeat(np.arange(30), 8), rng.integers(0, 25, 240)
+    keep = np.unique(users * 100 + items, return_index=True)[1]
+    stars = rng.integers(1, 11, 240) / 2
+    store = ingest(
+        (users[keep], items[keep], stars[keep]),
+        tmp_path / "s.zarr",
+        ratings="halfstar",
+        test_fraction=0.0,
+        show_progress=False,
+    )
+    model = OrdNMF(3, max_iter=5, seed=0).fit(store, show_progress=False)
+    model = OrdNMF.load(model.save(tmp_path / "m.zarr"))
+    assert open_model(model.model_path_).attrs["store"]["value_kind"] == "ratings-halfstar"
+    shutil.rmtree(store.path)
+    ids = model._server().items.raw([0, 3, 7])
+    got = model.fold_in_users([ids], [[4.5, 5.0, 0.5]], tol=1e-9)
+    y = np.zeros((1, model._server().H.shape[0]), dtype=np.int64)
+    y[0, [0, 3, 7]] = [9, 10, 1]
+    eh, log_eh = np.asarray(model.H_), np.asarray(model.log_H_)
+    want = oracle_fold_in(y, eh, log_eh, 0.3, "ordinal", {"delta": model.delta_}, tol=1e-9)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    with pytest.raises(
+        InputError,
+        match=r"fold-in values, row 1: rating 9 is off the halfstar scale 0\.5, 1\.0, \.\.\., "
+        r"5\.0; pass values on the scale the store was ingested from: half-star ratings 0\.5, "
+        r"1\.0, \.\.\., 5\.0 \(ratings='halfstar'\)",
+    ):
+        model.fold_in_users([ids[:2]], [[4.5, 9]])
+
+
+def test_user_and_item_factors_are_numpy_arrays_of_the_posterior_means(case):
+    assert isinstance(case.model.user_factors, np.ndarray)
+    np.testing.assert_array_equal(case.model.user_factors, case.W)
+    np.testing.assert_array_equal(case.model.item_factors, case.H)
+    with pytest.raises(AttributeError, match="not fitted"):
+        OrdNMF(K).user_factors  # noqa: B018
+
+
+def test_the_kept_seen_index_stays_within_its_budget(tmp_path, monkeypatch):
+    """With room for one user-block only, the most recent one is kept and the other read again
+    when asked; the lists are the same."""
+    case = Case(tmp_path, own_ids=True, own_seen=True)
+    reads = []
+    real = seen.load_index
+    monkeypatch.setattr(seen, "load_index", lambda model, r: reads.append(r) or real(model, r))
+    monkeypatch.setattr(serving, "_SEEN_BUDGET", 1)
+    served = serving.Server(open_model(case.path))
+    first = served.recommend(["u1", "u100"], n=4)  # user-blocks 0 and 1
+    assert sorted(reads) == [0, 1] and list(served._seen_blocks) == [reads[-1]]
+    again = served.recommend(["u1", "u100"], n=4)
+    assert again == first and len(reads) == 4 and len(served._seen_blocks) == 1
+    want = oracle_top(case.W, case.H, case.train > 0, 4)
+    check_recs(first["u100"], case.named(want[33]))

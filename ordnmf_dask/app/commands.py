@@ -1,6 +1,6 @@
-"""The ``ordnmf-dask`` commands (ingest, synth, info, fit, evaluate, recommend, export,
-reproduce, tune): each turns its parsed arguments into calls of the library, prints its result
-and returns the exit code (:data:`COMMANDS`)."""
+"""The ``ordnmf-dask`` commands (ingest, synth, info, fit, evaluate, recommend, similar-items,
+similar-users, fold-in, score, export, reproduce, tune): each turns its parsed arguments into
+calls of the library, prints its result and returns the exit code (:data:`COMMANDS`)."""
 
 from __future__ import annotations
 
@@ -167,6 +167,18 @@ def _summary(info: Any) -> dict[str, Any]:
     }
 
 
+def _split_text(s: dict[str, Any]) -> str:
+    """The store's split as it is: none, random (the share held out and its seed), or from
+    test files."""
+    total = s["nnz_train"] + s["nnz_test"] + (s["nnz_validation"] or 0)
+    if not s["nnz_test"]:
+        return "none: every nonzero trains (no test pairs)"
+    share = f"{100 * s['nnz_test'] / max(1, total):.1f}% of the nonzeros held out for test"
+    if s["split"] == "random":
+        return f"random, {share} (seed {s['seed']})"
+    return f"{s['split']}, {share}"
+
+
 def _summary_text(info: Any) -> str:
     s = _summary(info)
     density = s["nnz_train"] / max(1, s["n_users"] * s["n_items"])
@@ -178,7 +190,7 @@ def _summary_text(info: Any) -> str:
         + (f"  validation {s['nnz_validation']}" if "validation" in info.splits else "")
         + f"  (train density {density:.2e})",
         f"grid       {s['grid'][0]} x {s['grid'][1]} blocks",
-        f"split      {s['split']} (seed {s['seed']})",
+        f"split      {_split_text(s)}",
         "classes    " + "  ".join(f"{v}:{n}" for v, n in enumerate(s["hist_train"]) if v > 0),
     ]
     return "\n".join(lines)
@@ -236,13 +248,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
         model = run_job(plan, client)
     a = model.attrs
     status = "converged" if a["converged"] else "stopped at max_iter"
-    log.info(
-        "%s after %d iterations, ELBO %.10e; model in %s",
-        status,
-        a["n_iter"],
-        a["elbo"][-1],
-        model.path,
-    )
     print(f"{status}: {a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
     return EXIT_OK
 
@@ -315,47 +320,173 @@ def format_calibration(cal: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def cmd_recommend(args: argparse.Namespace) -> int:
+def _cluster_of(args: argparse.Namespace) -> Any:
+    """The [cluster] section from the cluster flags (and --config) alone: --out of the serving
+    commands is a directory of recommendations, not a model."""
     from ordnmf_dask.app.config import flag_overrides, resolve
+
+    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    return resolve(args.config, flag_overrides(flags)).cluster
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.tables import ranked_rows, write_table
+    from ordnmf_dask.modelstore.model import open_model
     from ordnmf_dask.postfit import serving
+    from ordnmf_dask.postfit.export import export
     from ordnmf_dask.postfit.recommend import recommend
 
-    # only the cluster flags: --out here is a directory of recommendations, not a model
-    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
-    cluster = resolve(args.config, flag_overrides(flags)).cluster
-    users = None if args.users is None else [u.strip() for u in args.users.split(",") if u.strip()]
-    if users is not None and not users:
-        raise UsageError("--users needs at least one id")
-    if users is not None and serving.fits_in_memory(args.model):  # no cluster needed
-        srv = serving.server(args.model, args.store, args.allow_other_store)
-        res = srv.recommend(users, args.n)
-        if args.proba_at is not None:
-            from ordnmf_dask.postfit.predict import recommend_with_proba
-
-            res = recommend_with_proba(srv, res, args.proba_at)
-    else:
+    cluster = _cluster_of(args)
+    if args.out is not None:  # every user: the recommendations dataset of an export
         with _client(cluster) as client:
-            res = recommend(
-                args.store,
+            out = export(
                 args.model,
-                client,
+                args.out,
+                what=["recommendations"],
                 n=args.n,
-                users=users,
-                out=args.out,
+                store=args.store,
+                client=client,
                 overwrite=args.overwrite,
                 n_workers=cluster.local_spec.workers,
                 allow_other_store=args.allow_other_store,
                 proba_at=args.proba_at,
             )
-    if users is None:
-        print(f"recommendations written to {res}")
+        print(f"recommendations written to {out}")
         return EXIT_OK
-    proba = args.proba_at is not None
-    print("user\trank\titem\tscore" + (f"\tP(y>={args.proba_at}|y>0)" if proba else ""))
-    for user, recs in res.items():
-        for rank, (item, score, *extra) in enumerate(recs, start=1):
-            tail = "".join(f"\t{x:.4f}" for x in extra)
-            print(f"{user}\t{rank}\t{item}\t{score:.6g}{tail}")
+    if not args.users:
+        raise UsageError("--users needs at least one id")
+    if serving.fits_in_memory(args.model):  # no cluster needed
+        srv = serving.server(args.model, args.store, args.allow_other_store)
+        res = srv.recommend(args.users, args.n)
+        if args.proba_at is not None:
+            from ordnmf_dask.postfit.predict import recommend_with_proba
+
+            res = recommend_with_proba(srv, res, args.proba_at)
+    else:
+        store = args.store or open_model(args.model).attrs["store"]["path"]
+        with _client(cluster) as client:
+            res = recommend(
+                store,
+                args.model,
+                client,
+                n=args.n,
+                users=args.users,
+                n_workers=cluster.local_spec.workers,
+                allow_other_store=args.allow_other_store,
+                proba_at=args.proba_at,
+            )
+    proba = [] if args.proba_at is None else [f"P(y>={args.proba_at}|y>0)"]
+    write_table(["user", "rank", "item", "score", *proba], ranked_rows(res), args.format)
+    return EXIT_OK
+
+
+def _similar(axis: str) -> Any:
+    def cmd_similar(args: argparse.Namespace) -> int:
+        from ordnmf_dask.app.tables import ranked_rows, write_table
+        from ordnmf_dask.postfit import serving
+
+        res = serving.server(args.model).similar(axis, getattr(args, axis), args.n)
+        noun = axis[:-1]
+        write_table([noun, "rank", f"similar_{noun}", "cosine"], ranked_rows(res), args.format)
+        return EXIT_OK
+
+    cmd_similar.__doc__ = f"``similar-{axis}``: the most similar {axis} of given ones."
+    return cmd_similar
+
+
+def _ids(column: Any) -> list[Any]:
+    """Raw ids as read (a pyarrow column of strings, or int64 numbers), as Python values."""
+    values = column.to_pylist() if hasattr(column, "to_pylist") else column.tolist()
+    return [v.strip() if isinstance(v, str) else v for v in values]
+
+
+def cmd_fold_in(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.tables import ranked_rows, write_table
+    from ordnmf_dask.postfit import serving
+    from ordnmf_dask.sources.readers import read_triples
+
+    if args.columns is not None and len(args.columns) != 3:
+        raise UsageError(f"--columns takes user,item,value, got {args.columns}")
+    rows = read_triples(
+        args.ratings, delimiter=args.delimiter, header=args.header, columns=tuple(args.columns)
+    )
+    users: dict[Any, tuple[list[Any], list[float]]] = {}
+    for user, item, value in zip(
+        _ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True
+    ):
+        items, values = users.setdefault(user, ([], []))
+        items.append(item)
+        values.append(value)
+    server = serving.server(args.model)
+    items = [v[0] for v in users.values()]
+    w = server.fold_in("users", items, [v[1] for v in users.values()])
+    if args.factors:
+        columns = ["user", *(f"f{k}" for k in range(w.shape[1]))]
+        write_table(
+            columns, [(u, *row) for u, row in zip(users, w.tolist(), strict=True)], args.format
+        )
+        return EXIT_OK
+    recs = server.recommend_for(w, args.n, exclude=items)
+    named = dict(zip(users, (recs[j] for j in range(len(users))), strict=True))
+    write_table(["user", "rank", "item", "score"], ranked_rows(named), args.format)
+    return EXIT_OK
+
+
+def _read_pairs(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
+    """The (user, item) pairs of ``--pairs FILE``: CSV / TSV text (a header line unless
+    --no-header) or Parquet, columns by position or name."""
+    import pyarrow as pa
+
+    from ordnmf_dask.errors import InputError
+    from ordnmf_dask.sources.inputs import is_parquet
+
+    if len(args.columns) != 2:
+        raise UsageError(f"--columns takes user,item, got {args.columns}")
+    path = args.pairs
+    try:
+        if is_parquet(path):
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        else:
+            from pyarrow import csv as pacsv
+
+            delimiter = args.delimiter or ("\t" if path.endswith((".tsv", ".tab")) else ",")
+            table = pacsv.read_csv(
+                path,
+                read_options=pacsv.ReadOptions(autogenerate_column_names=args.header is False),
+                parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            )
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: cannot read the pairs ({exc})") from None
+    names = table.column_names
+    picked = []
+    for column in args.columns:
+        name = names[column] if isinstance(column, int) and column < len(names) else column
+        if name not in names:
+            raise InputError(f"{path}: no column {column!r} (columns: {', '.join(names)})")
+        picked.append(_ids(table.column(name).cast(pa.string())))
+    return picked[0], picked[1]
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.tables import write_table
+    from ordnmf_dask.postfit import serving
+
+    if args.pairs is not None:
+        if args.items is not None:
+            raise UsageError("--items goes with --users, not with --pairs")
+        users, items = _read_pairs(args)
+    elif args.items is None:
+        raise UsageError("--users needs --items (one item per user)")
+    else:
+        users, items = args.users, args.items
+    scores = serving.server(args.model).score(users, items)
+    write_table(
+        ["user", "item", "score"],
+        list(zip(users, items, scores.tolist(), strict=True)),
+        args.format,
+    )
     return EXIT_OK
 
 
@@ -493,6 +624,10 @@ COMMANDS = {
     "evaluate": cmd_evaluate,
     "predict": cmd_predict,
     "recommend": cmd_recommend,
+    "similar-items": _similar("items"),
+    "similar-users": _similar("users"),
+    "fold-in": cmd_fold_in,
+    "score": cmd_score,
     "export": cmd_export,
     "reproduce": cmd_reproduce,
     "tune": cmd_tune,

@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from ordnmf_dask import __version__
 from ordnmf_dask.app.exits import EXIT_INPUT
+from ordnmf_dask.app.tables import FORMATS
 from ordnmf_dask.params import MODELS, PARAMS
 
 
@@ -235,8 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     _other_store_arg(ev)
     _cluster_args(ev)
 
-    rec = add("recommend", help="top-N items per user in raw ids, training items excluded")
-    rec.add_argument("store")
+    rec = add(
+        "recommend",
+        help="top-N items per user in raw ids, training items excluded",
+        description="Top-N items per user, training items excluded (the model's own index of "
+        "them; STORE only for a model saved without one).",
+    )
+    rec.add_argument(
+        "store", nargs="?", help="training store (optional: the model carries its id maps)"
+    )
     rec.add_argument("model")
     who = rec.add_mutually_exclusive_group(required=True)
     who.add_argument(
@@ -244,8 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="directory or URL for all users: an export of "
         "recommendations (OUT/recommendations/part-<r>.parquet)",
     )
-    who.add_argument("--users", help="raw user ids joined by commas: print their lists")
-    rec.add_argument("-n", type=int, default=10, help="items per user (default 10)")
+    who.add_argument("--users", type=_name_list, help="raw user ids joined by commas")
+    _serving_args(rec, "items per user")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     rec.add_argument(
         "--proba-at",
@@ -255,6 +263,65 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _other_store_arg(rec)
     _cluster_args(rec)
+
+    for axis in ("items", "users"):
+        sim = add(
+            f"similar-{axis}",
+            help=f"the {axis} most similar to given ones (cosine of their factors)",
+        )
+        sim.add_argument("model")
+        sim.add_argument(
+            f"--{axis}", required=True, type=_name_list, help=f"raw {axis[:-1]} ids, commas"
+        )
+        _serving_args(sim, f"similar {axis} per {axis[:-1]}")
+
+    fold = add(
+        "fold-in",
+        help="recommendations (or factors) for NEW users from a ratings file",
+        description="Fold in new users from their ratings (user, item, value rows; values on "
+        "the scale the store was ingested from), the model fixed; print their top-N items, "
+        "their rated items excluded, or with --factors their E[w].",
+    )
+    fold.add_argument("model")
+    fold.add_argument("ratings", help="CSV / TSV / Parquet file of the new users' ratings")
+    fold.add_argument(
+        "--columns",
+        type=_columns,
+        default=[0, 1, 2],
+        help="user,item,value columns: 0-based positions or names (default 0,1,2)",
+    )
+    fold.add_argument("--delimiter", help="field delimiter (default: detected)")
+    fhdr = fold.add_mutually_exclusive_group()
+    fhdr.add_argument("--header", dest="header", action="store_true", default=None)
+    fhdr.add_argument("--no-header", dest="header", action="store_false")
+    fold.add_argument(
+        "--factors", action="store_true", help="print E[w] (user, f0 .. f{K-1}) instead"
+    )
+    _serving_args(fold, "items per new user")
+
+    sco = add("score", help="E[w_u] . E[h_i] of given (user, item) pairs")
+    sco.add_argument("model")
+    pairs = sco.add_mutually_exclusive_group(required=True)
+    pairs.add_argument(
+        "--pairs",
+        metavar="FILE",
+        help="CSV / TSV / Parquet of user, item rows (columns 0 and 1, or --columns)",
+    )
+    pairs.add_argument(
+        "--users", type=_name_list, help="raw user ids, commas (with --items, pairwise)"
+    )
+    sco.add_argument("--items", type=_name_list, help="raw item ids, commas, one per user")
+    sco.add_argument(
+        "--columns",
+        type=_columns,
+        default=[0, 1],
+        help="with --pairs: user,item columns, positions or names (default 0,1)",
+    )
+    sco.add_argument("--delimiter", help="with --pairs: field delimiter (default: detected)")
+    shdr = sco.add_mutually_exclusive_group()
+    shdr.add_argument("--header", dest="header", action="store_true", default=None)
+    shdr.add_argument("--no-header", dest="header", action="store_false")
+    _format_arg(sco)
 
     exp = add("export", help="factors with raw ids and top-N lists as partitioned Parquet")
     exp.add_argument("model")
@@ -502,6 +569,23 @@ def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
         **default,
     )
     p.add_argument("--log-file", help="also write logs to this file", **default)
+
+
+def _format_arg(p: argparse.ArgumentParser) -> None:
+    """``--format``: how the serving commands print their table (:mod:`.tables`)."""
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="tsv",
+        help="output table with a header: tsv (default), csv, json, or parquet (binary, "
+        "to a file: > out.parquet)",
+    )
+
+
+def _serving_args(p: argparse.ArgumentParser, what: str) -> None:
+    """``-n`` and ``--format`` of the serving commands."""
+    p.add_argument("-n", type=int, default=10, help=f"{what} (default 10)")
+    _format_arg(p)
 
 
 def _other_store_arg(p: argparse.ArgumentParser) -> None:

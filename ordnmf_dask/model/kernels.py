@@ -34,7 +34,8 @@ Dtype policy:
   (one task = one thread), ``nogil=True`` (threads of one process run kernels at once: the
   in-process executor and a worker process of several threads), ``cache=True``: compiled once
   per machine into the package's ``__pycache__`` and loaded from there by every later process
-  (:func:`jit`).
+  (:func:`jit`); a compilation (the first run on a machine) is announced on the log
+  (:mod:`ordnmf_dask.runtime.compiling`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from numba.extending import intrinsic
 
 from ordnmf_dask.model.csr import expand_rows, row_pointer
 from ordnmf_dask.model.sizes import held_bytes
+from ordnmf_dask.runtime import compiling
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -74,6 +76,7 @@ def jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     directory at all, compiled in each process instead of failing the import."""
 
     def decorate(fn: Callable[..., Any]) -> Any:
+        compiling.install()  # a first call that compiles says so (runtime/compiling.py)
         try:
             return njit(cache=True, nogil=True, **options)(fn)
         except RuntimeError:  # numba: "cannot cache function ...: no locator available"

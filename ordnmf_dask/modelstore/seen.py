@@ -60,11 +60,16 @@ def start_writing(
     ]
 
 
+def load_index(model: str, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """The index of user-block ``r``: its CSR row pointer (int64) and global item indices
+    (int32), each file checked on read."""
+    return chunkstore.load_array(model, INDPTR, r), chunkstore.load_array(model, INDICES, r)
+
+
 def load(model: str, r: int, n_items: int, rows: np.ndarray | None = None) -> CsrBlock:
     """The training items (global indices) of the users of user-block ``r`` (only its local
     ``rows``, increasing, if given), as a (n_rows, n_items) CSR; each file checked on read."""
-    indptr = chunkstore.load_array(model, INDPTR, r)
-    indices = chunkstore.load_array(model, INDICES, r)
+    indptr, indices = load_index(model, r)
     block = CsrBlock(
         indptr, indices, np.ones(len(indices), dtype=np.uint8), (len(indptr) - 1, n_items)
     )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError, shown
+from ordnmf_dask.errors import InputError, StoreError, shown
 from ordnmf_dask.model import metrics
 from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
@@ -25,8 +25,10 @@ from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.topn import check_n, factor_mean, named_top, open_pair
 from ordnmf_dask.runtime.reduce import tree_reduce, tree_sum
+from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.values import ValueSpec, classify, describe, spec_of
 from ordnmf_dask.store import idmap
-from ordnmf_dask.store.blocks import StoreInfo
+from ordnmf_dask.store.blocks import StoreInfo, open_store
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client
@@ -96,26 +98,59 @@ def _item_index(cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any
     return out
 
 
+def value_spec(m: ModelInfo) -> ValueSpec | None:
+    """How the store ``m`` was fitted on made classes of its raw values: from the model's
+    record of its store, else (models saved before they recorded it) from the store's own
+    attributes when it can be read; None when neither says (the values are then classes)."""
+    recorded = m.attrs.get("store") or {}
+    if "value_kind" in recorded:
+        return spec_of(recorded)
+    try:
+        return spec_of(open_store(recorded["path"]).attrs) if recorded.get("path") else None
+    except StoreError:
+        return None
+
+
 def check_values(
-    values: np.ndarray, likelihood: Likelihood, n_classes: int, threshold: int | None
+    values: np.ndarray,
+    likelihood: Likelihood,
+    n_classes: int,
+    threshold: int | None,
+    spec: ValueSpec | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(values the model sees, mask of the interactions kept)."""
+    """(values the model sees, mask of the interactions kept) of raw ``values`` on the scale
+    the store was ingested from (``spec``, :func:`value_spec`: half-star ratings, counts, ...,
+    turned into classes as the ingest did, and binarized as the fit did); without ``spec``,
+    classes 1..``n_classes``. InputError for a value that fits no class, saying what to pass."""
     if not np.all(np.isfinite(values)):
         raise InputError("interaction values must be finite numbers")
-    if likelihood.family == "dcpf":
+    if likelihood.family == "dcpf" and (spec is None or spec.value_kind == "counts"):
         if np.any(values <= 0):
             raise InputError("dcPF fold-in needs positive counts (0 means no interaction)")
         return values.astype(np.float64), np.ones(len(values), dtype=bool)
-    bad = (values != np.round(values)) | (values < 1) | (values > n_classes)
-    if np.any(bad):
-        raise InputError(
-            f"interaction value {shown(values[bad][0])}: expected a class in 1..{n_classes}"
-        )
-    y = values.astype(np.int64)
+    if spec is None:
+        bad = (values != np.round(values)) | (values < 1) | (values > n_classes)
+        if np.any(bad):
+            raise InputError(
+                f"interaction value {shown(values[bad][0])}: expected a class in 1..{n_classes}"
+            )
+        y, keep = values.astype(np.int64), np.ones(len(values), dtype=bool)
+    else:
+        try:
+            classes, keep = classify(spec, values, Origin.arrays(len(values), "fold-in values"))
+        except InputError as exc:
+            raise InputError(
+                f"{exc}; pass values on the scale the store was ingested from: {describe(spec)}"
+            ) from None
+        y = classes[keep].astype(np.int64)
+    if likelihood.family == "dcpf":  # a class store: its classes are the counts it fitted
+        return y.astype(np.float64), keep
     if threshold is None:
-        return y.astype(np.uint8), np.ones(len(y), dtype=bool)
-    keep = y >= threshold
-    return np.ones(int(keep.sum()), dtype=np.uint8), keep
+        return y.astype(np.uint8), keep
+    above = y >= threshold
+    keep = keep.copy()
+    keep[np.flatnonzero(keep)[~above]] = False
+    return np.ones(int(above.sum()), dtype=np.uint8), keep
 
 
 def fold_in(
@@ -141,9 +176,11 @@ def fold_in(
     model : a model directory or a fitted estimator.
     items : per new user, the items it interacted with: raw item ids when ``store`` is given
         (unknown ids raise InputError naming them), else item indices 0..I-1.
-    values : per new user, the same length as its items: classes 1..V of the store's scale
-        (BePoF / PF models binarize them at their threshold, as the fit did: classes below it
-        are dropped); for dcPF, what its fit saw (raw counts on a count store, else classes).
+    values : per new user, the same length as its items: values on the scale the store was
+        ingested from (half-star ratings, integer ratings, counts: as ``fit(X)`` takes them),
+        made classes as the ingest did (a store whose rule is not recorded: classes 1..V);
+        BePoF / PF models binarize them at their threshold, as the fit did (classes below it
+        are dropped); dcPF takes raw counts on a count store.
     store : the store the model was fitted on, to map raw item ids.
     max_iter, tol : per user, stop when sum_k |dE[w_uk]| / sum_k E[w_uk] < tol.
     seed : None starts from E[w_uk] = 1; an integer from Gamma(1, 1) draws (seeded by
@@ -159,7 +196,8 @@ def fold_in(
     info = None if store is None else open_pair(store, m.path, allow_other_store)[0]
     likelihood, threshold = likelihood_of(m)
     flat_items, flat_values, user = flatten(items, values)
-    y, keep = check_values(flat_values, likelihood, int(m.attrs["store"]["n_classes"]), threshold)
+    n_classes = int(m.attrs["store"]["n_classes"])
+    y, keep = check_values(flat_values, likelihood, n_classes, threshold, value_spec(m))
     alpha = float(m.attrs["params"]["alpha_W"])
     col_bounds = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
     with client_for(client, m, n_workers, info) as cl:

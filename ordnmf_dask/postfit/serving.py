@@ -38,11 +38,13 @@ from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.topn import check_n, factor_mean, ranked_pairs
+from ordnmf_dask.sources.values import ValueSpec
 from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 
 _BUDGET = 1 << 23  # scores in one dense (rows x candidates) slab
 _SAFE32 = (2.0**-60, 2.0**60)  # nonzero entries in this range: float32 products stay normal
+_SEEN_BUDGET = 1 << 29  # bytes of the seen-items index a server keeps in memory (512 MiB)
 
 Recs = list[tuple[Any, float]]
 
@@ -291,6 +293,14 @@ def id_map(source: str, axis: str) -> IdMap:
 # ------------------------------------------------------------------------------------- server
 
 
+def _row_entries(indptr: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions, in a CSR's column array, of the entries of its rows ``local`` (row after
+    row), and each row's number of entries."""
+    starts, lengths = indptr[local], indptr[local + 1] - indptr[local]
+    before = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths), lengths
+
+
 def _listed(ids: Any) -> list[Any]:
     """One raw id or a sequence of them, as a list."""
     return [ids] if isinstance(ids, str | bytes | int | np.integer) else list(ids)
@@ -314,6 +324,8 @@ class Server:
         self._store_given = store is not None
         self._fields: dict[tuple[str, str], np.ndarray] = {}
         self._units: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._seen_blocks: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._seen_lock = threading.Lock()
 
     def _field(self, name: str, field: str) -> np.ndarray:
         """``field`` ("mean" or "log_mean") of factor ``name``, all blocks, read once."""
@@ -384,12 +396,35 @@ class Server:
         return self.store.path if self._store_given else self.model.ids_path
 
     @cached_property
+    def _spec(self) -> ValueSpec | None:
+        """How the training store made classes of raw values (:func:`foldin.value_spec`)."""
+        return foldin.value_spec(self.model)
+
+    @cached_property
     def users(self) -> IdMap:
         return id_map(self._ids_source, "users")
 
     @cached_property
     def items(self) -> IdMap:
         return id_map(self._ids_source, "items")
+
+    def _seen_index(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """The model's index of the training items of user-block ``r`` (row pointer, item
+        indices), read once and kept: the most recently used user-blocks, within
+        :data:`_SEEN_BUDGET` bytes (at least the one asked for)."""
+        with self._seen_lock:
+            if r in self._seen_blocks:
+                self._seen_blocks.move_to_end(r)
+                return self._seen_blocks[r]
+        index = seen.load_index(self.model.path, r)
+        with self._seen_lock:
+            self._seen_blocks[r] = index
+            self._seen_blocks.move_to_end(r)
+            held = sum(a.nbytes + b.nbytes for a, b in self._seen_blocks.values())
+            while held > _SEEN_BUDGET and len(self._seen_blocks) > 1:
+                a, b = self._seen_blocks.popitem(last=False)[1]
+                held -= a.nbytes + b.nbytes
+        return index
 
     def _seen(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in ``users``, item index) of the training nonzeros of the given users
@@ -404,16 +439,15 @@ class Server:
             pos = np.flatnonzero(block == r)
             local = users[pos] - rb[r]
             if info is None:
-                b = seen.load(self.model.path, r, self.H.shape[0], local)
-                rows.append(np.repeat(pos, np.diff(b.indptr)))
-                items.append(b.cols.astype(np.int64))
+                indptr, indices = self._seen_index(r)
+                take, lengths = _row_entries(indptr, local)
+                rows.append(np.repeat(pos, lengths))
+                items.append(indices[take].astype(np.int64))
                 continue
             cb = info.col_bounds
             for c in range(info.grid[1]):
                 b = read_block(info.path, "train", r, c, values=())
-                starts, lengths = b.indptr[local], np.diff(b.indptr)[local]
-                before = np.cumsum(lengths) - lengths
-                take = np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths)
+                take, lengths = _row_entries(b.indptr, local)
                 rows.append(np.repeat(pos, lengths))
                 items.append(b.cols[take].astype(np.int64) + cb[c])
         if not rows:
@@ -539,7 +573,7 @@ class Server:
         flat, flat_values, row = foldin.flatten(ids, values, new, other)
         likelihood, threshold = foldin.likelihood_of(self.model)
         n_classes = int(self.model.attrs["store"]["n_classes"])
-        y, keep = foldin.check_values(flat_values, likelihood, n_classes, threshold)
+        y, keep = foldin.check_values(flat_values, likelihood, n_classes, threshold, self._spec)
         names = self.items if axis == "users" else self.users
         index = names.index(flat)
         block = foldin.interactions(row[keep], index[keep], y, len(ids), new, other)

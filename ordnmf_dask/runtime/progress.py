@@ -26,9 +26,11 @@ FORMATTER = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
 ShowProgress = bool | None
 SWITCH_DOC = (
     "True shows progress on stderr (a bar with the ETA where stderr is a terminal or "
-    "Jupyter, log lines otherwise), False nothing, None (default) as True where stderr "
-    "is a terminal or Jupyter, else as False."
+    "Jupyter, a log line per iteration otherwise), False nothing, None (default) as True "
+    "where stderr is a terminal or Jupyter, else (a script, a batch job) a summary: a "
+    "start line, a line every SUMMARY_EVERY iterations with the ETA, an end line."
 )
+SUMMARY_EVERY = 10  # iterations between a fit's log lines in a summary (show_progress=None)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -187,22 +189,30 @@ class _Forward(logging.Handler):
 
 _depth = 0  # calls inside reporting(), in any thread: the outermost one decides
 _depth_lock = threading.Lock()
+_summary = False  # whether the outermost reporting() shows a summary (see SWITCH_DOC)
+
+
+def summary() -> bool:
+    """Whether progress is shown as a summary now: a fit logs its iterations at INFO only every
+    :data:`SUMMARY_EVERY` (and the first), the others at DEBUG."""
+    return _summary
 
 
 @contextlib.contextmanager
 def reporting(show_progress: ShowProgress) -> Iterator[None]:
     """While active, progress (the INFO records of ``log`` and, on a terminal, their bar) goes
-    to stderr as the switch says (:data:`ShowProgress`). Nothing changes when it is off, inside
+    to stderr as the switch says (:data:`ShowProgress`; None: in full on a terminal, else as a
+    :func:`summary`). Nothing changes when it is off, inside
     another call's (``tune``'s fits: the outermost switch decides), when ``log`` has handlers
     of its own (the command line's, or a caller's setup for this package) or when INFO records
     already reach a handler; otherwise a stderr handler is added, and the logging configuration
     is restored on exit."""
-    global _depth
+    global _depth, _summary
     with _depth_lock:
         outermost = _depth == 0
         _depth += 1
     try:
-        on = interactive(sys.stderr) if show_progress is None else bool(show_progress)
+        on = True if show_progress is None else bool(show_progress)
         if (
             not outermost
             or not on
@@ -211,6 +221,7 @@ def reporting(show_progress: ShowProgress) -> Iterator[None]:
         ):
             yield
             return
+        _summary = show_progress is None and not interactive(sys.stderr)
         level, propagate = log.level, log.propagate
         added: list[logging.Handler] = [StderrHandler()]
         added[0].setLevel(logging.INFO)
@@ -223,6 +234,7 @@ def reporting(show_progress: ShowProgress) -> Iterator[None]:
         try:
             yield
         finally:
+            _summary = False
             for h in added:
                 log.removeHandler(h)
             log.setLevel(level)

@@ -16,8 +16,9 @@ Three ways to define classes, plus optional binarization:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -139,6 +140,35 @@ def make_spec(
             )
         return ValueSpec("ratings-integer", int(top), None, binarize)
     raise InputError(f"ratings must be one of {RATING_KINDS}, got {ratings!r}")
+
+
+def spec_of(attrs: Mapping[str, Any]) -> ValueSpec | None:
+    """The rule a store was ingested with, from its attributes (or a model's record of them:
+    ``value_kind``, ``thresholds``, ``binarize``, ``binarize_on``, ``n_classes``); None when
+    they name no rule of this module (synthetic classes, records without them)."""
+    kind, binarize = attrs.get("value_kind"), attrs.get("binarize")
+    base = attrs.get("binarize_on") if kind == "binary" else kind
+    if base == "ratings-halfstar":
+        return ValueSpec(base, 10, None, binarize)
+    if base == "ratings-integer":  # binarized: the scale before it is not recorded
+        return ValueSpec(base, MAX_CLASSES if binarize else int(attrs["n_classes"]), None, binarize)
+    if base == "counts" and attrs.get("thresholds"):
+        thresholds = tuple(float(t) for t in attrs["thresholds"])
+        return ValueSpec(base, len(thresholds), thresholds, binarize)
+    if base == "raw" and binarize is not None:
+        return ValueSpec(base, 1, None, binarize)
+    return None
+
+
+def describe(spec: ValueSpec) -> str:
+    """The values ``spec`` takes, and the ingest option that chose it, in a few words."""
+    base = {
+        "ratings-halfstar": "half-star ratings 0.5, 1.0, ..., 5.0 (ratings='halfstar')",
+        "ratings-integer": f"integer ratings 1..{spec.base_classes} (ratings='integer')",
+        "counts": f"counts > 0 (counts={list(spec.thresholds or ())})",
+        "raw": "raw values",
+    }[spec.base]
+    return base if spec.binarize is None else f"{base}, binarized at {spec.binarize:g}"
 
 
 def _classes_hint(bad: float, top: float) -> str:

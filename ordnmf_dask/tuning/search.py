@@ -362,9 +362,11 @@ def _level(
 
 
 def _continuation_every(every: int, first: int) -> int:
-    """Trials checkpoint often enough that a survivor resumes at most a quarter of the first
-    rung before where it stopped (the last iteration of a fit is never checkpointed)."""
-    return min(every, max(1, first // 4)) if every else 0
+    """Trials checkpoint by count, often enough that a survivor resumes at most a quarter of
+    the first rung before where it stopped (the last iteration of a fit is never
+    checkpointed); ``every`` (0: not given) makes it more often."""
+    quarter = max(1, first // 4)
+    return min(every, quarter) if every else quarter
 
 
 def _check_out(out: str, overwrite: bool) -> None:

@@ -1,0 +1,129 @@
+"""The serving commands of the command line (``recommend MODEL --users``, ``similar-items``,
+``similar-users``, ``fold-in``, ``score``) give what the API gives, as a table with a header in
+each ``--format``; none needs the training store when the model carries its id maps and its
+index of training items. Not marked ``cluster``: none starts one."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import CLI
+from test_recommend import oracle_top
+from test_serving import Case, check_recs
+
+from ordnmf_dask.app.cli import main
+
+
+@pytest.fixture
+def alone(tmp_path):
+    """A model with its own id maps and seen index, its training store moved away."""
+    case = Case(tmp_path, own_ids=True, own_seen=True)
+    shutil.move(case.store.path, tmp_path / "moved.zarr")
+    return case
+
+
+def check_text(got, want):
+    """Same items in the same order; scores as text prints them (10 significant digits)."""
+    assert [i for i, _ in got] == [i for i, _ in want]
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-9)
+
+
+def table(capsys, fmt: str) -> list[dict[str, str]]:
+    out = capsys.readouterr().out
+    if fmt == "json":
+        return [{k: str(v) for k, v in row.items()} for row in json.loads(out)]
+    return list(csv.DictReader(io.StringIO(out), delimiter="\t" if fmt == "tsv" else ","))
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv", "json"])
+def test_recommend_needs_no_store_and_prints_a_table(alone, capsys, fmt):
+    assert main(["recommend", alone.path, "--users", "u1,u19", "-n", "3", "--format", fmt]) == 0
+    rows = table(capsys, fmt)
+    assert list(rows[0]) == ["user", "rank", "item", "score"]
+    want = oracle_top(alone.W, alone.H, alone.train > 0, 3)
+    for user, u in (("u1", 0), ("u19", 6)):
+        got = [(int(r["item"]), float(r["score"])) for r in rows if r["user"] == user]
+        assert [r["rank"] for r in rows if r["user"] == user] == ["1", "2", "3"][: len(got)]
+        check_text(got, alone.named(want[u]))
+
+
+def test_parquet_goes_to_a_file_and_never_to_a_terminal(alone, tmp_path):
+    target = tmp_path / "recs.parquet"
+    with open(target, "wb") as fh:
+        r = subprocess.run(
+            [*CLI, "recommend", alone.path, "--users", "u1", "-n", "2", "--format", "parquet"],
+            stdout=fh,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    assert r.returncode == 0, r.stderr
+    got = pq.read_table(target).to_pydict()
+    assert list(got) == ["user", "rank", "item", "score"]
+    want = oracle_top(alone.W, alone.H, alone.train > 0, 2)[0]
+    assert got["user"] == ["u1", "u1"] and got["rank"] == [1, 2]
+    check_recs(list(zip(got["item"], got["score"], strict=True)), alone.named(want))
+
+
+@pytest.mark.parametrize("axis", ["items", "users"])
+def test_similar_commands_give_the_apis_lists(alone, capsys, axis):
+    ids = ["105", "140"] if axis == "items" else ["u1", "u4"]
+    assert main([f"similar-{axis}", alone.path, f"--{axis}", ",".join(ids), "-n", "4"]) == 0
+    rows = table(capsys, "tsv")
+    noun = axis[:-1]
+    assert list(rows[0]) == [noun, "rank", f"similar_{noun}", "cosine"]
+    api = getattr(alone.model, f"similar_{axis}")
+    want = api([int(x) for x in ids] if axis == "items" else ids, n=4)
+    for x, key in zip(ids, want, strict=True):
+        got = [(r[f"similar_{noun}"], float(r["cosine"])) for r in rows if r[noun] == x]
+        assert [g[0] for g in got] == [str(i) for i, _ in want[key]]
+        np.testing.assert_allclose([g[1] for g in got], [s for _, s in want[key]], rtol=1e-9)
+
+
+def test_fold_in_reads_new_users_from_a_file(alone, tmp_path, capsys):
+    ratings = tmp_path / "new.csv"
+    ratings.write_text("user,item,rating\nnew1,105,3\nnew1,140,4\nnew2,100,1\nnew1,110,2\n")
+    assert main(["fold-in", alone.path, str(ratings), "-n", "3"]) == 0
+    rows = table(capsys, "tsv")
+    assert list(rows[0]) == ["user", "rank", "item", "score"]
+    w = alone.model.fold_in_users([[105, 140, 110], [100]], [[3, 4, 2], [1]])
+    want = alone.model.recommend_for(w, 3, exclude=[[105, 140, 110], [100]])
+    for user, j in (("new1", 0), ("new2", 1)):
+        got = [(int(r["item"]), float(r["score"])) for r in rows if r["user"] == user]
+        check_text(got, want[j])
+    assert main(["fold-in", alone.path, str(ratings), "--factors", "--format", "csv"]) == 0
+    rows = table(capsys, "csv")
+    assert [r["user"] for r in rows] == ["new1", "new2"]
+    assert list(rows[0])[1:] == [f"f{k}" for k in range(w.shape[1])]
+    got = np.array([[float(r[f"f{k}"]) for k in range(w.shape[1])] for r in rows])
+    np.testing.assert_allclose(got, w, rtol=1e-9)
+    ratings.write_text("user,item,rating\nnew1,105,3\nnew1,999,4\n")
+    assert main(["fold-in", alone.path, str(ratings)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown item id '999'" in err[0]
+    ratings.write_text("user,item,rating\nnew1,105,3\nnew1,110,x\n")
+    assert main(["fold-in", alone.path, str(ratings)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{ratings}, line 3" in err[0]
+
+
+def test_score_of_pairs_from_flags_and_from_a_file(alone, tmp_path, capsys):
+    assert main(["score", alone.path, "--users", "u1,u4", "--items", "105,100"]) == 0
+    rows = table(capsys, "tsv")
+    assert list(rows[0]) == ["user", "item", "score"]
+    want = alone.model.score(["u1", "u4"], [105, 100])
+    np.testing.assert_allclose([float(r["score"]) for r in rows], want, rtol=1e-9)
+    np.testing.assert_allclose(want, [alone.W[0] @ alone.H[1], alone.W[1] @ alone.H[0]])
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("item,user\n105,u1\n100,u4\n")
+    assert main(["score", alone.path, "--pairs", str(pairs), "--columns", "user,item"]) == 0
+    np.testing.assert_allclose([float(r["score"]) for r in table(capsys, "tsv")], want)
+    assert main(["score", alone.path, "--users", "u1"]) == 2
+    assert "--users needs --items" in capsys.readouterr().err
