@@ -335,7 +335,7 @@ def test_cli_recommend_prints_proba_at(m, capsys):
     assert lines[0] == "user\trank\titem\tscore\tP(y>=2|y>0)"
     recs = m.model.recommend(["u1", "u4"], n=3, proba_at=2)
     want = [
-        f"{u}\t{r}\t{i}\t{s:.6g}\t{p:.4f}"
+        f"{u}\t{r}\t{i}\t{s:.10g}\t{p:.10g}"
         for u in ("u1", "u4")
         for r, (i, s, p) in enumerate(recs[u], 1)
     ]
