@@ -341,3 +341,19 @@ def test_distributed_imported_during_a_command_takes_its_logging_levels():
     assert done.stdout.split() and done.stdout.strip() == (
         f"[{silent}, {silent}] [{logging.INFO}, {logging.WARNING}] True"
     )
+
+
+def test_checkpoints_are_by_time_by_default(store_2x3, tmp_path):
+    """The default schedule (checkpoint_minutes, no count) writes no checkpoint in a fit of
+    seconds; the same fit asked for one every 4 iterations writes them; the models are equal."""
+    from ordnmf_dask.params import DEFAULTS
+
+    assert (DEFAULTS["checkpoint_every"], DEFAULTS["checkpoint_minutes"]) == (0, 5.0)
+    written, elbo = {}, {}
+    for name, kw in (("default", {}), ("every", {"checkpoint_every": 4})):
+        ckpt = tmp_path / name
+        model = OrdNMF(K, max_iter=10, tol=1e-12, checkpoint_dir=str(ckpt), **kw)
+        elbo[name] = model.fit(store_2x3, show_progress=False).elbo_
+        written[name] = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("ckpt-"))
+    assert written == {"default": [], "every": ["ckpt-00000004", "ckpt-00000008"]}
+    assert elbo["default"] == elbo["every"]

@@ -338,8 +338,9 @@ def test_test_rows_dropped_are_one_warning_line(tmp_path, capsys):
         (
             ["fitt"],
             "ordnmf-dask: error: argument COMMAND: invalid choice: 'fitt' (choose from "
-            "'ingest', 'synth', 'info', 'fit', 'evaluate', 'recommend', 'export', "
-            "'reproduce', 'tune') (see ordnmf-dask --help)",
+            "'ingest', 'synth', 'info', 'fit', 'evaluate', 'recommend', 'similar-items', "
+            "'similar-users', 'fold-in', 'score', 'export', 'reproduce', 'tune') "
+            "(see ordnmf-dask --help)",
         ),
     ],
 )

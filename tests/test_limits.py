@@ -225,7 +225,7 @@ def test_messages_show_numpy_numbers_as_plain_numbers(store_1x1):
     cases = [
         (lambda: model.recommend([np.float64(50.0)]), "unknown user id 50.0: not in"),
         (lambda: model.recommend([0], n=np.float64(50.0)), "got 50.0"),
-        (lambda: model.fold_in_users([[0]], [[np.float64(50.0)]]), "interaction value 50.0:"),
+        (lambda: model.fold_in_users([[0]], [[np.float64(50.0)]]), "rating 50 is off the"),
         (lambda: check_thresholds(np.array([0.0, 100.0, 50.0])), "got [0.0, 100.0, 50.0]"),
     ]
     for call, text in cases:

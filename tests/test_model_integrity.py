@@ -194,7 +194,9 @@ def test_evaluate_refuses_a_store_without_a_test_split(tmp_path, capsys):
     """It used to return NaN metrics (API) and fail formatting them (exit 1)."""
     train, _ = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
     store = store_from_dense(tmp_path / "s.zarr", train, np.zeros_like(train), 3, (1, 2))
-    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=tmp_path / "m.zarr")
+    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(
+        store, out=tmp_path / "m.zarr", show_progress=False
+    )
     with pytest.raises(InputError, match=f"{store.path}: the store has no test split"):
         evaluate(store.path, model)
     code, line = one_error_line(capsys, ["evaluate", store.path, model.model_path_])

@@ -279,7 +279,11 @@ def test_fold_in_matches_dense_oracle(grid23, mclient):
     assert [[i for i, _ in idx[j]] for j in range(len(w))] == [[i for i, _ in e] for e in expect]
     with pytest.raises(InputError, match="unknown item id 7"):
         fold_in(f.model, [[100, 7]], [[1, 2]], store=f.store, client=mclient)
-    with pytest.raises(InputError, match="expected a class in 1..4"):
+    with pytest.raises(
+        InputError,
+        match=r"rating 5 is off the integer scale 1\.\.4; pass values on the scale the store "
+        r"was ingested from: integer ratings 1\.\.4",
+    ):
         fold_in(f.model, [[0, 1]], [[1, 5]], client=mclient)
     with pytest.raises(InputError, match="given twice"):
         fold_in(f.model, [[3, 3]], [[1, 2]], client=mclient)

@@ -42,7 +42,7 @@ def write_table(
         records = [dict(zip(columns, (_plain(v) for v in row), strict=True)) for row in rows]
         out.write(json.dumps(records, indent=1) + "\n")
     elif fmt == "parquet":
-        if out.isatty():
+        if getattr(out, "isatty", lambda: False)():
             raise UsageError(
                 "--format parquet writes binary: redirect it to a file (> out.parquet)"
             )
