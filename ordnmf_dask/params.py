@@ -165,6 +165,19 @@ def _rows() -> Iterator[Param]:
         True,
     )
     yield Param(
+        "anneal",
+        "int",
+        0,
+        int_ge(0),
+        "an integer >= 0",
+        "iterations of the annealing schedule: the prior shapes start at 10 x alpha_W, "
+        "alpha_H and fall geometrically to them over this many iterations, which leaves "
+        "fewer components stuck where the start put them; the bound never decreases after "
+        "it (0: none, the paper's path)",
+        model,
+        True,
+    )
+    yield Param(
         "n_init",
         "int",
         1,
