@@ -380,15 +380,8 @@ class CaviRunner:
         the client can submit iteration n + 1 before iteration n's bound has come back.
         """
         cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
-        scale = anneal.scale(number, cfg.anneal)
-        alpha_w, alpha_h = (
-            (cfg.alpha_W, cfg.alpha_H)
-            if scale == 1.0
-            else (
-                cfg.alpha_W * scale,
-                cfg.alpha_H * scale,
-            )
-        )
+        scale = anneal.scale(number, cfg.anneal)  # exactly 1.0 outside the schedule
+        alpha_w, alpha_h = cfg.alpha_W * scale, cfg.alpha_H * scale
         params = submit(tasks.next_params, fam, st.params, st.small, st.w_sum, st.h_sum)
         none = [None] * len(st.w)
         corr_w = self._row_corrections(params, st.h) if fam.uses_correction else none
