@@ -171,9 +171,10 @@ def _rows() -> Iterator[Param]:
         int_ge(0),
         "an integer >= 0",
         "iterations of the annealing schedule: the prior shapes start at 10 x alpha_W, "
-        "alpha_H and fall geometrically to them over this many iterations, which leaves "
-        "fewer components stuck where the start put them; the bound never decreases after "
-        "it (0: none, the paper's path)",
+        "alpha_H and fall geometrically to them over this many iterations; the bound never "
+        "decreases after it. It reaches higher ELBO optima in fewer iterations, which rank "
+        "better or worse depending on the data (docs/design.md, 'Better optima'); 0: none, "
+        "the paper's path",
         model,
         True,
     )

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
-from ordnmf_dask import OrdNMF
+from ordnmf_dask import OrdNMF, ingest_arrays
 from ordnmf_dask.model import anneal
+from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store.blocks import open_store
 
@@ -85,6 +86,24 @@ def test_a_fit_resumed_inside_the_schedule_continues_exactly(ordinal_store, tmp_
     resumed = est(40, checkpoint_dir=ckpt).fit(ordinal_store, resume=True)
     assert resumed.elbo_ == whole.elbo_ and resumed.passes_ == whole.passes_
     np.testing.assert_array_equal(resumed.W_.compute(), whole.W_.compute())
+
+
+def test_validation_scores_only_states_after_the_schedule(tmp_path):
+    """A state of the schedule is one of other shapes: it is never scored, so early stopping
+    cannot keep it."""
+    rng = np.random.default_rng(0)
+    u, i = rng.integers(0, 120, 5000), rng.integers(0, 80, 5000)
+    keys = np.unique(u * 1000 + i)
+    u, i = np.divmod(keys, 1000)
+    v = 1 + rng.integers(0, 5, len(u))
+    store = ingest_arrays(
+        u, i, v, tmp_path / "v.zarr", ratings="integer", scale_max=5, validation_fraction=0.2
+    )
+    est = OrdNMF(
+        K, anneal=N, tol=1e-12, max_iter=N + 8, validation_every=2, executor="inprocess"
+    ).fit(store)
+    history = open_model(est.model_path_).attrs["validation"]["history"]
+    assert [h["iteration"] for h in history] == list(range(N + 2, N + 9, 2))
 
 
 def test_anneal_zero_is_the_paper_path_and_a_schedule_changes_it(ordinal_store):
