@@ -88,6 +88,7 @@ class CaviEstimator:
         seed: int = DEFAULTS["seed"],
         n_init: int = DEFAULTS["n_init"],
         optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
         start: str = DEFAULTS["start"],
         cache_blocks: bool | str = DEFAULTS["cache_blocks"],
         executor: str = DEFAULTS["executor"],
@@ -111,6 +112,7 @@ class CaviEstimator:
         self.seed = seed
         self.n_init = n_init
         self.optimizer = optimizer
+        self.anneal = anneal
         self.start = start
         self.cache_blocks = cache_blocks
         self.executor = executor

@@ -165,6 +165,20 @@ def _rows() -> Iterator[Param]:
         True,
     )
     yield Param(
+        "anneal",
+        "int",
+        0,
+        int_ge(0),
+        "an integer >= 0",
+        "iterations of the annealing schedule: the prior shapes start at 10 x alpha_W, "
+        "alpha_H and fall geometrically to them over this many iterations; the bound never "
+        "decreases after it. It reaches higher ELBO optima in fewer iterations, which rank "
+        "better or worse depending on the data (docs/design.md, 'Better optima'); 0: none, "
+        "the paper's path",
+        model,
+        True,
+    )
+    yield Param(
         "n_init",
         "int",
         1,

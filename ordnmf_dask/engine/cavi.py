@@ -40,7 +40,7 @@ from ordnmf_dask.engine import checkpoint, tasks
 from ordnmf_dask.engine.flight import Flight
 from ordnmf_dask.engine.squarem import Squarem
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
-from ordnmf_dask.model import extrapolation
+from ordnmf_dask.model import anneal, extrapolation
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.params import DEFAULTS
@@ -70,6 +70,7 @@ class CaviConfig:
     min_iter: int = DEFAULTS["min_iter"]
     seed: int = DEFAULTS["seed"]
     optimizer: str = DEFAULTS["optimizer"]
+    anneal: int = DEFAULTS["anneal"]
 
 
 @dataclass
@@ -371,13 +372,16 @@ class CaviRunner:
         return {"W": rb, "H": cb, "SW": rb, "SH": cb}
 
     # -- the loop ------------------------------------------------------------------------
-    def iteration(self, st: Flight) -> Flight:
-        """Submit one iteration (docs/design.md §2 steps 1-6) after ``st``; nothing waits.
+    def iteration(self, st: Flight, number: int) -> Flight:
+        """Submit iteration ``number`` of the fit (docs/design.md §2 steps 1-6) after ``st``;
+        nothing waits. Its prior shapes follow the annealing schedule (:mod:`.anneal`).
 
         Every input is a future, the global parameters included (step 2 runs on a worker), so
         the client can submit iteration n + 1 before iteration n's bound has come back.
         """
         cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
+        scale = anneal.scale(number, cfg.anneal)  # exactly 1.0 outside the schedule
+        alpha_w, alpha_h = cfg.alpha_W * scale, cfg.alpha_H * scale
         params = submit(tasks.next_params, fam, st.params, st.small, st.w_sum, st.h_sum)
         none = [None] * len(st.w)
         corr_w = self._row_corrections(params, st.h) if fam.uses_correction else none
@@ -385,7 +389,7 @@ class CaviRunner:
             submit(
                 tasks.update_factor,
                 st.w[r],
-                cfg.alpha_W,
+                alpha_w,
                 st.sw[r],
                 fam,
                 params,
@@ -401,7 +405,7 @@ class CaviRunner:
             submit(
                 tasks.update_factor,
                 st.h[c],
-                cfg.alpha_H,
+                alpha_h,
                 st.sh[c],
                 fam,
                 params,
@@ -435,7 +439,7 @@ class CaviRunner:
         """Submit the step after ``cur``, iteration ``number`` of the fit: one iteration, or
         what the SQUAREM optimizer makes of it."""
         if self.squarem is None:
-            return self.iteration(cur)
+            return self.iteration(cur, number)
         return self.squarem.advance(cur, number)
 
     def _start_checkpoint(self, st: Flight, n_done: int) -> checkpoint.Pending:
@@ -593,7 +597,9 @@ class CaviRunner:
                 failure: Exception | None = None
                 if not np.isfinite(objective):
                     failure = FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
-                elif n > 0 and objective < state.objective - ROUNDOFF * abs(state.objective):
+                elif n + 1 > anneal.exact_from(
+                    cfg.anneal
+                ) and objective < state.objective - ROUNDOFF * abs(state.objective):
                     failure = ELBODecreaseError(
                         f"ELBO decreased at iteration {n + 1}: {shown(state.objective)} -> "
                         f"{shown(objective)}"
@@ -601,7 +607,9 @@ class CaviRunner:
                 state.objective = objective
                 n += 1
                 state.converged = (
-                    mean_gain(state.elbo, self.stop_window) < cfg.tol and n - 1 >= cfg.min_iter
+                    mean_gain(state.elbo, self.stop_window) < cfg.tol
+                    and n - 1 >= cfg.min_iter
+                    and self._past_schedule(n)
                 )
                 stop = "tol" if state.converged else ("max_iter" if last else None)
                 figures = None
@@ -610,6 +618,7 @@ class CaviRunner:
                 if (
                     validation is not None
                     and failure is None
+                    and n > cfg.anneal  # a state of the schedule is not of the model
                     and (n % validation.every == 0 or stop is not None)
                 ):
                     figures = {"iteration": n, **validation.score(cur.w, cur.h, params)}
@@ -667,6 +676,12 @@ class CaviRunner:
         if best is not None:
             state.best_iteration, state.w, state.h, state.params = best
         return state
+
+    def _past_schedule(self, n_done: int) -> bool:
+        """Whether the stopping rule may read the bounds after ``n_done`` iterations: all of
+        its window's at the model's own shapes (always without annealing)."""
+        n = self.cfg.anneal
+        return n == 0 or n_done - self.stop_window >= anneal.exact_from(n)
 
     def _first_result(self, result: Future) -> dict[str, Any]:
         """The first iteration's result; says what the workers are doing if it is slow."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from ordnmf_dask.engine import tasks
 from ordnmf_dask.errors import shown
-from ordnmf_dask.model import extrapolation
+from ordnmf_dask.model import anneal, extrapolation
 from ordnmf_dask.runtime.reduce import tree_sum
 
 if TYPE_CHECKING:
@@ -52,13 +52,13 @@ class Squarem:
         runner = self.runner
         if len(self.chain) == 3:  # three states of the linear phase: extrapolate
             if self.step_max > 1.0:
-                nxt = self._extrapolated(*self.chain)
+                nxt = self._extrapolated(*self.chain, number)
                 self.chain = [nxt]
                 return nxt
             # a step of at most 1 is the plain iteration: take it as a step at the limit
             self.step_max = extrapolation.next_step_max(self.step_max, self.step_max, True)
             self.chain = []
-        nxt = runner.iteration(cur)
+        nxt = runner.iteration(cur, number)
         # before the linear phase every state starts a cycle (and may be checkpointed)
         self.chain = [*self.chain, nxt] if self._linear(number - 2) else [nxt]
         return nxt
@@ -93,14 +93,15 @@ class Squarem:
         submitted ahead: the decision does not depend on when results came back."""
         if self.linear_from is None:
             elbo = self.elbo
-            for j in range(max(self.scanned, 1), min(known, len(elbo))):
+            first = anneal.exact_from(self.runner.cfg.anneal)  # gains of the model's own bound
+            for j in range(max(self.scanned, first), min(known, len(elbo))):
                 if (elbo[j] - elbo[j - 1]) / abs(elbo[j - 1]) < extrapolation.LINEAR_GAIN:
                     self.linear_from = j + 1
                     break
                 self.scanned = j + 1
         return self.linear_from is not None and self.linear_from <= known
 
-    def _extrapolated(self, s0: Flight, s1: Flight, s2: Flight) -> Flight:
+    def _extrapolated(self, s0: Flight, s1: Flight, s2: Flight, number: int) -> Flight:
         """One iteration from the extrapolation of three successive states: the step from
         norms summed over every chunk on the workers, the extrapolated chunks where their rows
         live, a local pass there with ``s2``'s global parameters, then an iteration. ``s2`` is
@@ -124,6 +125,6 @@ class Squarem:
             ]
             for triples, homes in rows.values()
         )
-        out = runner.iteration(runner.start_flight(w, h, s2.params))
+        out = runner.iteration(runner.start_flight(w, h, s2.params), number)
         out.fallback, out.step, out.passes = s2, step, out.passes + 1
         return out

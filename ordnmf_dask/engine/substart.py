@@ -102,7 +102,9 @@ def sub_fit(runner: CaviRunner, block: CsrBlock) -> tuple[FactorChunk, FactorChu
         nnz_train=block.nnz,
         nnz_test=0,
     )
-    cfg = replace(runner.cfg, max_iter=subsample.SUB_MAX_ITER, min_iter=0, optimizer="cavi")
+    cfg = replace(
+        runner.cfg, max_iter=subsample.SUB_MAX_ITER, min_iter=0, optimizer="cavi", anneal=0
+    )
     with InProcessClient() as client:
         sub = CaviRunner(client, info, runner.family, cfg, "", True, 0, None, held=[[block]])
         state = sub.run(sub.random_init)
