@@ -313,10 +313,11 @@ class Server:
         """``field`` ("mean" or "log_mean") of factor ``name``, all blocks, read once."""
         if (name, field) not in self._fields:
             n = self.model.n_blocks[0 if name == "W" else 1]
-            if field == "mean":
-                parts = [factor_mean(self.model.path, name, j) for j in range(n)]
-            else:
-                parts = [foldin.factor_rows(self.model.path, name, j)[1] for j in range(n)]
+            with self.model.reading():  # the version the server was made for, or an error
+                if field == "mean":
+                    parts = [factor_mean(self.model.path, name, j) for j in range(n)]
+                else:
+                    parts = [foldin.factor_rows(self.model.path, name, j)[1] for j in range(n)]
             x = np.concatenate(parts)
             if field == "mean" and not (np.all(np.isfinite(x)) and x.min(initial=0.0) >= 0):
                 raise StoreError(
@@ -379,11 +380,13 @@ class Server:
 
     @cached_property
     def users(self) -> IdMap:
-        return id_map(self._ids_source, "users")
+        with self.model.reading():
+            return id_map(self._ids_source, "users")
 
     @cached_property
     def items(self) -> IdMap:
-        return id_map(self._ids_source, "items")
+        with self.model.reading():
+            return id_map(self._ids_source, "items")
 
     def _seen(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(position in ``users``, item index) of the training nonzeros of the given users
@@ -398,7 +401,8 @@ class Server:
             pos = np.flatnonzero(block == r)
             local = users[pos] - rb[r]
             if info is None:
-                b = seen.load(self.model.path, r, self.H.shape[0], local)
+                with self.model.reading():
+                    b = seen.load(self.model.path, r, self.H.shape[0], local)
                 rows.append(np.repeat(pos, np.diff(b.indptr)))
                 items.append(b.cols.astype(np.int64))
                 continue
@@ -564,22 +568,28 @@ _CACHE_LOCK = threading.Lock()
 def server(
     model: Any, store: str | os.PathLike | None = None, allow_other_store: bool = False
 ) -> Server:
-    """The :class:`Server` of ``model`` (a model directory or a fitted estimator), from the
-    process's cache while the directory on disk is the same one; ``allow_other_store`` as for
-    :func:`~ordnmf_dask.postfit.evaluate.check_compatible`."""
-    path = locations.location(getattr(model, "model_path_", model))
-    try:
-        identity = locations.identity(locations.join(path, "zarr.json"))
-    except OSError:
-        open_model(path)  # raises the StoreError that names what is wrong
-        raise
+    """The :class:`Server` of ``model`` (a model directory, an opened :class:`ModelInfo` (kept
+    at its version: a model replaced since is an error saying so) or a fitted estimator), from
+    the process's cache while the directory on disk is the same one; ``allow_other_store`` as
+    for :func:`~ordnmf_dask.postfit.evaluate.check_compatible`."""
+    if isinstance(model, ModelInfo):
+        opened: ModelInfo | None = model
+        path, identity = model.path, model.version
+    else:
+        opened = None
+        path = locations.location(getattr(model, "model_path_", model))
+        try:
+            identity = locations.identity(locations.join(path, "zarr.json"))
+        except OSError:
+            open_model(path)  # raises the StoreError that names what is wrong
+            raise
     where = None if store is None else locations.location(store)
     key = (path, *identity, where, allow_other_store)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    found = Server(open_model(path), where, allow_other_store)
+    found = Server(opened or open_model(path), where, allow_other_store)
     with _CACHE_LOCK:
         _CACHE[key] = found
         while len(_CACHE) > _CACHE_SIZE:

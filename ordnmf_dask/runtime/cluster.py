@@ -108,15 +108,18 @@ def resolve_client(
                 dashboard_address=dashboard_address,
                 security=security,
             )
-        with cluster, Client(cluster, security=security) as own:
-            log.info(
-                "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
-                n_workers,
-                threads_per_worker,
-                cluster.scheduler_address,
-                own.dashboard_link,
-            )
-            yield own
+        try:
+            with cluster, Client(cluster, security=security) as own:
+                log.info(
+                    "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
+                    n_workers,
+                    threads_per_worker,
+                    cluster.scheduler_address,
+                    own.dashboard_link,
+                )
+                yield own
+        finally:
+            _sweep()  # its workers are gone: no task of theirs can write any more
 
 
 def runs_inprocess(
@@ -183,8 +186,11 @@ def choose_client(
         # several fits at once: a shared pool would interleave their chains of tasks
         threads = 0 if info.grid == (1, 1) or jobs > 1 else None
         log.info("running in-process (%d nonzeros, K = %d)", info.nnz_train, k)
-        with InProcessClient(threads) as own:
-            yield own
+        try:
+            with InProcessClient(threads) as own:
+                yield own
+        finally:
+            _sweep()  # its threads are stopped
         return
     with resolve_client(client, n_workers) as cl:
         yield cl
@@ -216,6 +222,14 @@ def _worker_logging() -> dict[str, dict[str, str]]:
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = str(level).lower()
     return {"distributed.nanny.pre-spawn-environ": env}
+
+
+def _sweep() -> None:
+    """Remove what interrupted writes kept for tasks that might still run
+    (:func:`ordnmf_dask.store.blocks.sweep_abandoned`)."""
+    from ordnmf_dask.store.blocks import sweep_abandoned
+
+    sweep_abandoned()
 
 
 @contextmanager
