@@ -179,3 +179,83 @@ def test_15_tune_after_sigterm_runs_again_as_readme_advises(tmp_path):
     # a finished tune is still kept unless --overwrite is given
     refused = subprocess.run([*cmd, "-q"], capture_output=True, text=True, timeout=SAFETY)
     assert refused.returncode == 2 and "holds an earlier tune's results" in refused.stderr
+
+
+# ------------------------------------------------------------------------ 17: process limits
+
+
+def limited(kind: int, value: int):
+    """A ``preexec_fn`` setting the resource limit ``kind`` of the child to ``value``."""
+    import resource
+
+    return lambda: resource.setrlimit(kind, (value, value))
+
+
+def test_17_too_few_open_files_for_a_local_cluster_is_one_line_naming_ulimit(model):
+    import resource
+
+    r = subprocess.run(
+        [
+            *CLI,
+            "fit",
+            str(model.parent / "s.zarr"),
+            "--out",
+            str(model.parent / "x.zarr"),
+            "-k",
+            "2",
+            "--executor",
+            "cluster",
+            "--workers",
+            "1",
+            "--max-iter",
+            "2",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SAFETY,  # on main the workers never start: the command hangs
+        preexec_fn=limited(resource.RLIMIT_NOFILE, 24),
+    )
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.splitlines()
+    assert "may open only 24 (ulimit -n" in line and "`ulimit -n 1024`" in line, line
+    assert not (model.parent / "x.zarr").exists()
+
+
+def test_17_the_memory_check_sees_the_address_space_limit(tmp_path):
+    import resource
+
+    rng = np.random.default_rng(0)
+    u = np.concatenate([np.arange(20000), rng.integers(0, 20000, 40000)])
+    i = np.concatenate([np.arange(20000) % 2000, rng.integers(0, 2000, 40000)])
+    store = ingest_arrays(
+        u,
+        i,
+        rng.integers(1, 6, len(u)),
+        tmp_path / "big.zarr",
+        ratings="integer",
+        duplicates="last",
+    )
+    assert (store.n_users, store.n_items) == (20000, 2000)
+    r = subprocess.run(
+        [
+            *CLI,
+            "fit",
+            store.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "500",
+            "--max-iter",
+            "2",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SAFETY,
+        preexec_fn=limited(resource.RLIMIT_AS, int(1.2 * (1 << 30))),
+    )
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.splitlines()
+    assert "address-space limit of 1.2 GiB (ulimit -v)" in line, line
+    assert not (tmp_path / "m.zarr").exists()

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime.inprocess import InProcessClient, physical_memory
-from ordnmf_dask.runtime.memory import FACTOR_TABLES, Sizes, check_local_cluster, inprocess_bytes
+from ordnmf_dask.runtime.memory import (
+    FACTOR_TABLES,
+    Sizes,
+    check_local_cluster,
+    check_open_files,
+    inprocess_bytes,
+)
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client
@@ -93,6 +99,7 @@ def resolve_client(
 
     n_workers, threads_per_worker = local_layout(n_workers, threads_per_worker)
     check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
+    check_open_files(n_workers)  # workers that cannot open their connections never start
     with _environ_kept():
         # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
         # process may have left Dask's MALLOC_TRIM_THRESHOLD_ there
