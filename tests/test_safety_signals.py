@@ -259,3 +259,52 @@ def test_17_the_memory_check_sees_the_address_space_limit(tmp_path):
     [line] = r.stderr.splitlines()
     assert "address-space limit of 1.2 GiB (ulimit -v)" in line, line
     assert not (tmp_path / "m.zarr").exists()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.4, 0.8, 1.2, 1.6, 2.0, 2.5, 3.0])
+def test_16_sigint_at_any_moment_of_fit_overwrite_leaves_the_old_model_or_the_new(
+    model, tmp_path, delay
+):
+    """SIGINT once the command holds its lock, then ``delay`` seconds later (through the fit,
+    the save and the publish): the command ends with 0 or 130, and what is left is a complete
+    model (the old one or the new one) and nothing else: no temporary, aside or lock."""
+    import shutil
+
+    out = tmp_path / "m.zarr"
+    shutil.copytree(model, out)
+    job = subprocess.Popen(
+        [
+            *CLI,
+            "fit",
+            str(model.parent / "s.zarr"),
+            "--out",
+            str(out),
+            "-k",
+            "2",
+            "--executor",
+            "inprocess",
+            "--max-iter",
+            "30",
+            "--overwrite",
+            "-q",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: (tmp_path / "m.zarr.lock").exists() or job.poll() is not None, job, "the lock"
+        )
+        time.sleep(delay)
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=SAFETY)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode in (0, 130), err
+    assert sorted(p.name for p in tmp_path.iterdir()) in (
+        ["m.zarr"],
+        ["m.zarr", "m.zarr.checkpoints"],
+    )
+    OrdNMF.load(out)  # complete

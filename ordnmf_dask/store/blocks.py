@@ -433,7 +433,11 @@ def publish(tmp: str, path: str, recheck: Callable[[str], object], mark: str = S
     except BaseException:
         os.rename(aside, path)
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        shutil.rmtree(aside, ignore_errors=True)
+    except BaseException:  # a signal half way: the rest goes too, then the signal
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
 
 
 # --------------------------------------------------------------------------- reading
