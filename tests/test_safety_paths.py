@@ -480,3 +480,16 @@ def test_10_a_lock_left_by_a_killed_writer_is_reclaimed(tmp_path):
         with writelock.held(out):
             pass
     assert json.loads(lock.read_text()) == doc
+
+
+def test_urls_are_compared_in_canonical_form():
+    """Two spellings of one place at a URL are one output: the rule refuses the second."""
+    from ordnmf_dask.store import locations
+    from ordnmf_dask.store.outputs import check_apart
+
+    assert locations.location("S3://bucket//a/./b/../m.zarr/") == "s3://bucket/a/m.zarr"
+    assert locations.location("memory://x/y") == "memory://x/y"
+    with pytest.raises(InputError, match="is the same path as"):
+        check_apart({"--out": "s3://bucket/a/m.zarr", "--json": "S3://bucket//a/m.zarr/"})
+    with pytest.raises(InputError, match="is inside"):
+        check_apart({"--out": "s3://bucket/a", "--json": "s3://bucket/a/./b/../c"})
