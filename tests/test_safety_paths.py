@@ -73,15 +73,19 @@ def copy_of(source: Path, where: Path) -> Path:
 
 
 def test_1_json_through_a_link_to_a_store_file_is_refused(fitted, tmp_path, monkeypatch):
+    """The link leads into a store that is not an input of the command (``o.zarr``, beside the
+    evaluated ``b.zarr``)."""
     store, model = (copy_of(p, tmp_path) for p in fitted)
+    other = tmp_path / "b.zarr"
+    shutil.copytree(store, other)
     before = tree_hash(store)
     monkeypatch.chdir(tmp_path)
     Path("metrics.json").symlink_to(store / "zarr.json")
-    code, err = run_cli(["evaluate", str(store), str(model), "--json", "metrics.json"])
+    code, err = run_cli(["evaluate", str(other), str(model), "--json", "metrics.json"])
     assert code == 2, err
     [line] = err
     assert line.startswith("ordnmf-dask evaluate: error: refusing to write --json")
-    assert f"it is inside the training store {store}" in line
+    assert f"it is inside {store}, a store written by ordnmf_dask" in line
     assert tree_hash(store) == before
 
 
