@@ -268,6 +268,13 @@ class CaviEstimator:
         self._factors: dict[tuple[str, str], da.Array] = {}
         self._n_active: int | None = None
 
+    def _fitted_model(self) -> ModelInfo:
+        """The model this estimator was fitted on or loaded from, at the version it was opened
+        (its readers check that the directory still holds it: :meth:`ModelInfo.reading`)."""
+        if "_model" not in vars(self):
+            raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
+        return self._model
+
     def _factor(self, name: str, field: str) -> da.Array:
         """A factor of the fitted model as a dask array, made on first use (a command that
         only fits imports no dask.array) and kept."""
@@ -339,7 +346,7 @@ class CaviEstimator:
         """Copy the fitted model directory to ``path`` (a directory or a URL: zarr arrays and
         JSON attributes); an existing ``path`` is replaced only with ``overwrite`` and only if
         it is a model."""
-        return copy_model(open_model(self.model_path_), path, overwrite)
+        return copy_model(self._fitted_model(), path, overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CaviEstimator:
@@ -359,7 +366,7 @@ class CaviEstimator:
     def _server(self, store: str | os.PathLike | None = None) -> Any:
         from ordnmf_dask.postfit.serving import server
 
-        return server(self.model_path_, store)
+        return server(self._fitted_model(), store)
 
     def _served(self) -> Any:
         """The server of the fitted model (AttributeError when not fitted)."""

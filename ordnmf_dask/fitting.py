@@ -51,7 +51,7 @@ from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
 from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory, fit_tables
 from ordnmf_dask.runtime.progress import SUMMARY_EVERY, IterationProgress, summary
-from ordnmf_dask.store import locations
+from ordnmf_dask.store import locations, writelock
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.kinds import CHECKPOINT_DIRECTORY
 from ordnmf_dask.store.locations import READ_ERRORS
@@ -221,8 +221,7 @@ def run_fit(
     resumes from checkpoints of the same fit in the checkpoint directory (required with
     ``resume``; ``restart`` first removes every checkpoint there). ``callback`` is called
     after each iteration's log line; its True stops the fit."""
-    cfg, values, info, fam = plan.config, plan.values, plan.info, plan.family
-    n_init = values["n_init"]
+    values, info, fam = plan.values, plan.info, plan.family
     if isinstance(fam, DcPFFamily) and fam.values == "class":  # documented, but rare
         log.warning(
             "dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
@@ -232,6 +231,14 @@ def run_fit(
             info.attrs.get("value_kind"),
             info.n_classes,
         )
+    with writelock.held(plan.out, values["checkpoint_dir"]):  # one writer of each, or none
+        return _run_fit(plan, client, callback)
+
+
+def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback | None) -> ModelInfo:
+    """:func:`run_fit`, its outputs locked."""
+    cfg, values, info, fam = plan.config, plan.values, plan.info, plan.family
+    n_init = values["n_init"]
     work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
     try:
         os.makedirs(work, exist_ok=True)

@@ -80,7 +80,11 @@ def test_download_is_checked_unpacked_and_then_cached(tmp_path, served, no_shipp
     assert path == home / "ml-latest-small" / "ratings.csv"
     assert path.read_bytes() == RATINGS
     assert sorted(p.name for p in home.iterdir()) == ["ml-latest-small"]  # no temporary left
-    assert sorted(p.name for p in path.parent.iterdir()) == ["README.txt", "ratings.csv"]
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "README.txt",
+        "SHA256SUMS",
+        "ratings.csv",
+    ]
     # the cache answers without the network
     assert fetch_movielens_small(home, url="http://127.0.0.1:9/nothing") == path
 
@@ -125,3 +129,41 @@ def test_a_foreign_directory_in_the_cache_is_not_replaced(tmp_path, served, no_s
     with pytest.raises(InputError, match="exists without ratings.csv"):
         fetch_movielens_small(home, url=url, sha256=hashlib.sha256(body).hexdigest())
     assert [p.name for p in (home / "ml-latest-small").iterdir()] == ["notes.txt"]
+
+
+def test_18_a_damaged_cached_copy_is_an_error_naming_it(tmp_path, served, no_shipped_copy):
+    url, body = served
+    home = tmp_path / "cache"
+    path = fetch_movielens_small(home, url=url, sha256=hashlib.sha256(body).hexdigest())
+    path.write_bytes(RATINGS[:-5])  # cut short
+    with pytest.raises(InputError, match=r"ratings\.csv: damaged \(sha256 .*remove .* to download"):
+        fetch_movielens_small(home, url=url, sha256=hashlib.sha256(body).hexdigest())
+
+
+def test_18_a_copy_unzipped_by_hand_is_checked_against_the_published_file(
+    tmp_path, no_shipped_copy
+):
+    home = tmp_path / "cache"
+    (home / "ml-latest-small").mkdir(parents=True)
+    (home / "ml-latest-small" / "ratings.csv").write_bytes(RATINGS)  # not the published one
+    with pytest.raises(
+        InputError, match="damaged .*expected " + datasets.MOVIELENS_SMALL_RATINGS_SHA256
+    ):
+        fetch_movielens_small(home)
+
+
+def test_18_a_cache_that_cannot_be_written_is_one_line(
+    tmp_path, served, no_shipped_copy, monkeypatch
+):
+    """A read-only cache directory (simulated: the tests may run as root, whom permissions do
+    not stop) is an InputError saying what to do, not a raw OSError."""
+    url, body = served
+    home = tmp_path / "cache"
+    home.mkdir()
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(datasets.tempfile, "mkdtemp", read_only)
+    with pytest.raises(InputError, match=f"cannot write the data cache there .*{datasets.ENV_VAR}"):
+        fetch_movielens_small(home, url=url, sha256=hashlib.sha256(body).hexdigest())

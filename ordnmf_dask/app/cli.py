@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import gc
 import logging
 import os
@@ -76,6 +77,16 @@ def _check_outputs(args: argparse.Namespace) -> None:
     outputs.check_outputs(given, inputs, writes)
 
 
+def _outputs_locked(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """The locks of the directories the command writes (:mod:`ordnmf_dask.store.writelock`),
+    held while it runs: a second writer of one is refused before any work."""
+    from ordnmf_dask.store import writelock
+
+    return writelock.held(
+        *(getattr(args, dest, None) for dest in ("out", "checkpoint_dir", "work_dir"))
+    )
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         _check_outputs(args)
@@ -89,9 +100,15 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}", file=sys.stderr)
         return EXIT_INPUT
     try:
-        with interrupt.installed():
-            code = COMMANDS[args.command](args)
-            sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
+        with interrupt.installed(), _outputs_locked(args):
+            try:
+                code = COMMANDS[args.command](args)
+                sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
+            except Exception as exc:  # stopped by a signal, whatever a library raised then
+                stopped = interrupt.as_interruption(exc)
+                if stopped is exc:
+                    raise
+                raise stopped from exc
         return code
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one message + exit code
         if isinstance(exc, SystemExit):

@@ -17,6 +17,8 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -234,31 +236,75 @@ def save_model(
 
 def copy_model(model: ModelInfo, out: str | os.PathLike, overwrite: bool) -> str:
     """Copy the complete model ``model`` to ``out`` (a directory or a URL) as :func:`save_model`
-    would write it; returns where. Only the keys of its zarr hierarchy are copied."""
+    would write it; returns where. Only the keys of its zarr hierarchy are copied, each a
+    regular file read without following a link (:func:`locations.open_regular`): a link or a
+    file a user put in the model directory is never copied."""
     store = model.attrs["store"]["path"]
     target = model_target(out, overwrite, store)
     tmp, scratch = temporary_path(target)
     try:
-        if locations.is_url(model.path):
-            fs, key = locations.filesystem(model.path)
-            for name in locations.zarr_keys(model.path):
-                local = os.path.join(tmp, *name.split("/"))
-                os.makedirs(os.path.dirname(local), exist_ok=True)
-                fs.get_file(f"{key}/{name}", local)
-        else:
-            shutil.copytree(model.path, tmp)
+        with model.reading():  # the version opened, whole, or an error
+            if locations.is_url(model.path):
+                fs, key = locations.filesystem(model.path)
+                for name in locations.zarr_keys(model.path):
+                    local = os.path.join(tmp, *name.split("/"))
+                    os.makedirs(os.path.dirname(local), exist_ok=True)
+                    fs.get_file(f"{key}/{name}", local)
+            else:
+                for name in locations.hierarchy_keys(locations.local_files(model.path)):
+                    parts = name.split("/")
+                    locations.copy_regular(
+                        os.path.join(model.path, *parts), os.path.join(tmp, *parts)
+                    )
         publish(tmp, target, lambda p: model_target(p, overwrite, store), MODEL_KIND)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 
+def version_of(path: str) -> tuple[Any, ...]:
+    """The version of the model at ``path``: the identity of its root ``zarr.json``
+    (:func:`locations.identity`), which every publish of a model there changes (a new file,
+    renamed in, or at a URL rewritten). StoreError if there is none."""
+    try:
+        return locations.identity(locations.join(path, locations.META))
+    except OSError:
+        raise StoreError(f"{path}: the model is gone (no zarr.json)") from None
+
+
 @dataclass(frozen=True)
 class ModelInfo:
-    """A complete model directory: its attributes and lazy access to its factors."""
+    """A complete model directory: its attributes, the version they were read from
+    (:func:`version_of`), and lazy access to its factors.
+
+    One version per reader: whatever a reader takes from the directory after opening it is
+    checked to come from that same version (:meth:`reading`), so that a model published at the
+    same path meanwhile (``fit --overwrite``) is an error saying so, never the new factors with
+    the old thresholds."""
 
     path: str
     attrs: dict[str, Any]
+    version: tuple[Any, ...] = ()
+
+    def check_unchanged(self) -> None:
+        """StoreError if the directory no longer holds the version this was opened from."""
+        if self.version and _current(self.path) != self.version:
+            raise StoreError(
+                f"{self.path}: the model changed while it was read (another write replaced it "
+                "since it was opened); open or load it again"
+            )
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Within the block, what is read from the directory must be of this version: checked
+        on leaving, and an error inside (a chunk that no longer matches its inventory, arrays
+        of another rank) is reported as the change it comes from when the version changed."""
+        try:
+            yield
+        except Exception:
+            self.check_unchanged()
+            raise
+        self.check_unchanged()
 
     @property
     def n_blocks(self) -> tuple[int, int]:
@@ -269,7 +315,8 @@ class ModelInfo:
         checking that each has its chunk file with its recorded size (StoreError naming the one
         that has not); reading them checks their CRC-32 (:func:`chunkstore.read_field`)."""
         n = self.n_blocks[0 if name == "W" else 1]
-        return [chunkstore.open_checked(self.path, name, j, field) for j in range(n)]
+        with self.reading():
+            return [chunkstore.open_checked(self.path, name, j, field) for j in range(n)]
 
     def factor(self, name: str, field: str = "mean") -> da.Array:
         """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily (each read
@@ -280,7 +327,7 @@ class ModelInfo:
 
         parts = []
         for j, meta in enumerate(self.factor_chunks(name, field)):
-            read = dask.delayed(chunkstore.read_field, pure=True)(self.path, name, j, field)
+            read = dask.delayed(read_pinned, pure=True)(self, name, j, field)
             parts.append(da.from_delayed(read, shape=meta.shape, dtype=meta.dtype))
         return da.concatenate(parts, axis=0)
 
@@ -327,13 +374,40 @@ class ModelInfo:
         return idmap.ids_slice(self.ids_path, axis, start, stop)
 
 
-def open_model(path: str) -> ModelInfo:
-    """Open a model written by :func:`save_model`; StoreError if absent, incomplete or newer."""
-    path = locations.location(path)
+def read_pinned(model: ModelInfo, name: str, index: int, field: str) -> np.ndarray:
+    """:func:`chunkstore.read_field` of ``model``, checked to come from its version."""
+    with model.reading():
+        return chunkstore.read_field(model.path, name, index, field)
+
+
+def _current(path: str) -> tuple[Any, ...] | None:
     try:
-        attrs = dict(zarr.open_group(path, mode="r").attrs)
-    except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
-        raise StoreError(f"{path}: not a readable ordnmf_dask model ({exc})") from exc
+        return version_of(path)
+    except StoreError:
+        return None
+
+
+_OPEN_TRIES = 5  # attributes read while a write replaced the model: read again
+
+
+def open_model(path: str) -> ModelInfo:
+    """Open a model written by :func:`save_model`; StoreError if absent, incomplete or newer.
+    Its attributes are those of the version it records (read again if a write replaced the
+    model while they were read)."""
+    path = locations.location(path)
+    locations.check_tree(path, "model")
+    for _ in range(_OPEN_TRIES):
+        pinned = _current(path)
+        try:
+            attrs = dict(zarr.open_group(path, mode="r").attrs)
+        except Exception as exc:  # noqa: BLE001 - any failure to open is reported the same way
+            if _current(path) == pinned:
+                raise StoreError(f"{path}: not a readable ordnmf_dask model ({exc})") from exc
+            continue
+        if pinned is not None and _current(path) == pinned:
+            break
+    else:
+        raise StoreError(f"{path}: the model kept changing while it was opened; try again")
     if not is_model(path) and is_store(path):
         raise StoreError(f"{path}: is an ordnmf_dask store, not a model")
     if attrs.get("complete") is not True:
@@ -345,4 +419,4 @@ def open_model(path: str) -> ModelInfo:
             f"{path}: written by a newer ordnmf_dask model format {version}; "
             f"this version reads <= {MODEL_FORMAT}"
         )
-    return ModelInfo(path, attrs)
+    return ModelInfo(path, attrs, pinned)

@@ -259,7 +259,7 @@ def evaluate(
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
     k_model = int(m.attrs["params"]["n_components"])
     start = time.monotonic()
-    with choose_client(client, info, k_model, n_workers=n_workers) as cl:
+    with choose_client(client, info, k_model, n_workers=n_workers) as cl, m.reading():
         out = score_split(
             cl,
             info,

@@ -205,7 +205,7 @@ def open_target(
     fs, root = fsspec.core.url_to_fs(text, **(storage_options or {}))
     target = Target(fs, root.rstrip("/"), text, overwrite)
     if target.local:
-        path = check_place(os.path.abspath(root), "the export", EXPORT, inputs)
+        path = check_place(root, "the export", EXPORT, inputs)
         path = target.check_local(path)
         return Target(fs, path, path, overwrite)
     fs.invalidate_cache()
@@ -407,7 +407,8 @@ def write_export(
         futures = [submit(cl, plan, root, p) for p in plan.parts]
         track(futures, "export: parts")
         wait(futures)
-        rows = dict(zip(plan.parts, cl.gather(futures), strict=True))  # re-raises an error
+        with plan.model.reading():  # every part from the version planned, or an error
+            rows = dict(zip(plan.parts, cl.gather(futures), strict=True))  # re-raises an error
         manifest["datasets"] = {
             d: {
                 "parts": [part_name(*p) for p in plan.parts if p[0] == d],

@@ -81,7 +81,8 @@ def recommend(
         plan = plan_export(m, info, out, ["recommendations"], n, overwrite, proba_at=proba_at)
     with client_for(client, m, n_workers, info) as cl:
         if plan is None:
-            return _for_users(cl, m, info, list(users or ()), n)
+            with m.reading():
+                return _for_users(cl, m, info, list(users or ()), n)
         return write_export(cl, plan)
 
 

@@ -331,10 +331,11 @@ class Server:
         """``field`` ("mean" or "log_mean") of factor ``name``, all blocks, read once."""
         if (name, field) not in self._fields:
             n = self.model.n_blocks[0 if name == "W" else 1]
-            if field == "mean":
-                parts = [factor_mean(self.model.path, name, j) for j in range(n)]
-            else:
-                parts = [foldin.factor_rows(self.model.path, name, j)[1] for j in range(n)]
+            with self.model.reading():  # the version the server was made for, or an error
+                if field == "mean":
+                    parts = [factor_mean(self.model.path, name, j) for j in range(n)]
+                else:
+                    parts = [foldin.factor_rows(self.model.path, name, j)[1] for j in range(n)]
             x = np.concatenate(parts)
             if field == "mean" and not (np.all(np.isfinite(x)) and x.min(initial=0.0) >= 0):
                 raise StoreError(
@@ -402,11 +403,13 @@ class Server:
 
     @cached_property
     def users(self) -> IdMap:
-        return id_map(self._ids_source, "users")
+        with self.model.reading():
+            return id_map(self._ids_source, "users")
 
     @cached_property
     def items(self) -> IdMap:
-        return id_map(self._ids_source, "items")
+        with self.model.reading():
+            return id_map(self._ids_source, "items")
 
     def _seen_index(self, r: int) -> tuple[np.ndarray, np.ndarray]:
         """The model's index of the training items of user-block ``r`` (row pointer, item
@@ -416,7 +419,8 @@ class Server:
             if r in self._seen_blocks:
                 self._seen_blocks.move_to_end(r)
                 return self._seen_blocks[r]
-        index = seen.load_index(self.model.path, r)
+        with self.model.reading():
+            index = seen.load_index(self.model.path, r)
         with self._seen_lock:
             self._seen_blocks[r] = index
             self._seen_blocks.move_to_end(r)
@@ -604,22 +608,28 @@ _CACHE_LOCK = threading.Lock()
 def server(
     model: Any, store: str | os.PathLike | None = None, allow_other_store: bool = False
 ) -> Server:
-    """The :class:`Server` of ``model`` (a model directory or a fitted estimator), from the
-    process's cache while the directory on disk is the same one; ``allow_other_store`` as for
-    :func:`~ordnmf_dask.postfit.evaluate.check_compatible`."""
-    path = locations.location(getattr(model, "model_path_", model))
-    try:
-        identity = locations.identity(locations.join(path, "zarr.json"))
-    except OSError:
-        open_model(path)  # raises the StoreError that names what is wrong
-        raise
+    """The :class:`Server` of ``model`` (a model directory, an opened :class:`ModelInfo` (kept
+    at its version: a model replaced since is an error saying so) or a fitted estimator), from
+    the process's cache while the directory on disk is the same one; ``allow_other_store`` as
+    for :func:`~ordnmf_dask.postfit.evaluate.check_compatible`."""
+    if isinstance(model, ModelInfo):
+        opened: ModelInfo | None = model
+        path, identity = model.path, model.version
+    else:
+        opened = None
+        path = locations.location(getattr(model, "model_path_", model))
+        try:
+            identity = locations.identity(locations.join(path, "zarr.json"))
+        except OSError:
+            open_model(path)  # raises the StoreError that names what is wrong
+            raise
     where = None if store is None else locations.location(store)
     key = (path, *identity, where, allow_other_store)
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    found = Server(open_model(path), where, allow_other_store)
+    found = Server(opened or open_model(path), where, allow_other_store)
     with _CACHE_LOCK:
         _CACHE[key] = found
         while len(_CACHE) > _CACHE_SIZE:

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime.inprocess import InProcessClient, physical_memory
-from ordnmf_dask.runtime.memory import FACTOR_TABLES, Sizes, check_local_cluster, inprocess_bytes
+from ordnmf_dask.runtime.memory import (
+    FACTOR_TABLES,
+    Sizes,
+    check_local_cluster,
+    check_open_files,
+    inprocess_bytes,
+)
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client
@@ -93,6 +99,7 @@ def resolve_client(
 
     n_workers, threads_per_worker = local_layout(n_workers, threads_per_worker)
     check_local_cluster(memory_limit, n_workers, threads_per_worker)  # paused workers never run
+    check_open_files(n_workers)  # workers that cannot open their connections never start
     with _environ_kept():
         # the nanny takes a variable of os.environ over its config, and an earlier nanny in this
         # process may have left Dask's MALLOC_TRIM_THRESHOLD_ there
@@ -108,15 +115,18 @@ def resolve_client(
                 dashboard_address=dashboard_address,
                 security=security,
             )
-        with cluster, Client(cluster, security=security) as own:
-            log.info(
-                "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
-                n_workers,
-                threads_per_worker,
-                cluster.scheduler_address,
-                own.dashboard_link,
-            )
-            yield own
+        try:
+            with cluster, Client(cluster, security=security) as own:
+                log.info(
+                    "started LocalCluster: %d workers x %d threads, scheduler %s, dashboard %s",
+                    n_workers,
+                    threads_per_worker,
+                    cluster.scheduler_address,
+                    own.dashboard_link,
+                )
+                yield own
+        finally:
+            _sweep()  # its workers are gone: no task of theirs can write any more
 
 
 def runs_inprocess(
@@ -183,8 +193,11 @@ def choose_client(
         # several fits at once: a shared pool would interleave their chains of tasks
         threads = 0 if info.grid == (1, 1) or jobs > 1 else None
         log.info("running in-process (%d nonzeros, K = %d)", info.nnz_train, k)
-        with InProcessClient(threads) as own:
-            yield own
+        try:
+            with InProcessClient(threads) as own:
+                yield own
+        finally:
+            _sweep()  # its threads are stopped
         return
     if executor == "auto" and runs_inprocess(info, k, tables=tables):
         log.info(
@@ -227,6 +240,14 @@ def _worker_logging() -> dict[str, dict[str, str]]:
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = str(level).lower()
     return {"distributed.nanny.pre-spawn-environ": env}
+
+
+def _sweep() -> None:
+    """Remove what interrupted writes kept for tasks that might still run
+    (:func:`ordnmf_dask.store.blocks.sweep_abandoned`)."""
+    from ordnmf_dask.store.blocks import sweep_abandoned
+
+    sweep_abandoned()
 
 
 @contextmanager

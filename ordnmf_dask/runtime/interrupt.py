@@ -25,6 +25,7 @@ from ordnmf_dask.errors import Terminated
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _requested: dict[str, int] = {}  # "signal": the number of the last one that arrived
+_arrived: dict[str, int] = {}  # the same, kept after check() consumed it, until clear()
 
 
 def _interruption(signum: int) -> KeyboardInterrupt:
@@ -33,6 +34,7 @@ def _interruption(signum: int) -> KeyboardInterrupt:
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     _requested["signal"] = signum
+    _arrived["signal"] = signum
     while frame is not None:
         if frame.f_code.co_name == "__del__":
             return
@@ -84,6 +86,18 @@ def check() -> None:
         raise _interruption(signum)
 
 
+def as_interruption(exc: BaseException) -> BaseException:
+    """What a command that failed with ``exc`` ended by: the interruption of a signal that
+    arrived while it ran when ``exc`` is another error (a library stopped half way by the
+    signal, e.g. distributed's ``AssertionError: Status.init`` of a cluster interrupted while
+    starting, fails with an error of its own), else ``exc``."""
+    signum = _arrived.get("signal")
+    if signum is None or isinstance(exc, KeyboardInterrupt):
+        return exc
+    return _interruption(signum)
+
+
 def clear() -> None:
     """Forget a signal that arrived (a command that ends leaves nothing for the next one)."""
     _requested.clear()
+    _arrived.clear()

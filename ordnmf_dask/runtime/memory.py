@@ -1,10 +1,13 @@
 """Whether a fit fits the memory it runs in, checked before its first iteration: a fit whose
 factors cannot fit would otherwise swap, be killed, or wait forever for workers that Dask has
-paused at their memory limit."""
+paused at their memory limit. The process's own limits count as well as the machine's: its
+address space (RLIMIT_AS, ``ulimit -v``) bounds what it can allocate, and its open files
+(RLIMIT_NOFILE, ``ulimit -n``) whether a LocalCluster can start at all."""
 
 from __future__ import annotations
 
 import logging
+import resource
 from typing import Any, Protocol
 
 import numpy as np
@@ -94,6 +97,43 @@ def worker_limit_problem(limit: int) -> str | None:
     )
 
 
+# Open files a LocalCluster needs in the process that starts it (its scheduler's listeners and
+# the connections to each worker and nanny): measured with `ulimit -n`, one worker starts at
+# 64 and hangs at 48, four hang at 96 (docs/design.md, "Safety rules")
+OPEN_FILES_BASE = 32
+OPEN_FILES_PER_WORKER = 32
+
+
+def check_open_files(n_workers: int) -> None:
+    """InputError, before a LocalCluster of ``n_workers`` starts, when this process's limit on
+    open files (``ulimit -n``) is below what it needs: its workers would fail to start ("Nanny
+    failed to start") or hang."""
+    need = OPEN_FILES_BASE + OPEN_FILES_PER_WORKER * n_workers
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    hard_text = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    raise InputError(
+        f"a LocalCluster of {n_workers} worker{'s' * (n_workers > 1)} needs about {need} open "
+        f"files, and this process may open only {soft} (ulimit -n; hard limit {hard_text}): "
+        f"raise it with `ulimit -n {max(need, 1024)}`, or run in-process (--executor inprocess)"
+    )
+
+
+def memory_room() -> tuple[int, str]:
+    """Bytes this process can still allocate, and how a message names that bound: the memory
+    available now, or, when less, what its address-space limit (RLIMIT_AS, ``ulimit -v``)
+    leaves beyond what the process already maps."""
+    room, what = psutil.virtual_memory().available, "of memory available"
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        left = max(0, soft - psutil.Process().memory_info().vms)
+        if left < room:
+            room = left
+            what = f"left under this process's address-space limit of {size_text(soft)} (ulimit -v)"
+    return room, what
+
+
 def check_local_cluster(memory_limit: str | int | None, n_workers: int, threads: int) -> None:
     """InputError, before a LocalCluster of ``n_workers`` x ``threads`` starts, when the memory
     limit it would give each worker (``memory_limit`` as Dask reads it; "auto" or None: the
@@ -129,12 +169,13 @@ def check_fit_memory(
     what = f"(W and H: {tables} tables of K numbers per user and item"
     advice = "lower K (n_components)"
     if isinstance(client, InProcessClient):
-        need, room = inprocess_bytes(info, k, tables), psutil.virtual_memory().available
+        need = inprocess_bytes(info, k, tables)
+        room, bound = memory_room()
         if need > room:
             raise InputError(
                 f"{need_text} {size_text(need)} in this process {what}, and the training "
-                f"blocks), more than the {size_text(room)} of memory available: {advice}, or "
-                "run on a cluster"
+                f"blocks), more than the {size_text(room)} {bound}: {advice}, "
+                f"{'raise that limit, ' if 'ulimit' in bound else ''}or run on a cluster"
             )
         return
     workers = client.scheduler_info(n_workers=-1)["workers"].values()

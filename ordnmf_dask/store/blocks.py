@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -175,6 +177,7 @@ def check_target(
     the package did not write is never removed. At a URL, an unfinished write of a ``kind``
     (its pending marker records ``mark``) may be replaced too.
     """
+    given = os.fspath(out)
     path = check_place(out, f"the {NAMES[mark]}", mark, inputs, itself=False)
     if locations.is_url(path):
         locations.check_url_target(path, overwrite, kind, is_ours, mark)
@@ -182,14 +185,18 @@ def check_target(
         return path
     parent = os.path.dirname(path)
     if not os.path.isdir(parent):
-        raise InputError(f"{path}: parent directory {parent} does not exist")
+        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
+        raise InputError(f"{path}: parent directory {parent} {what}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{path}: parent directory {parent} is not writable")
+    link = "://" not in given and os.path.islink(given)  # the path as given: its real one is not
     if os.path.lexists(path):
         if not overwrite:
             raise InputError(f"{path} already exists; pass overwrite=True to replace it")
-        if os.path.islink(path):
-            raise InputError(f"refusing to overwrite {path}: it is a symbolic link")
+        if link:
+            raise InputError(
+                f"refusing to overwrite {path}: {os.path.abspath(given)} is a symbolic link to it"
+            )
         if not is_ours(path):
             raise InputError(f"refusing to overwrite {path}: it is not a {kind}")
         check_replaceable(path, NAMES[mark])
@@ -285,11 +292,15 @@ def temporary_path(path: str) -> tuple[str, str]:
     remove_leftovers(path)
     scratch = f"{path}.tmp-{secrets.token_hex(6)}"
     os.mkdir(scratch)
-    doc = {"kind": TMP_KIND, "for": path, "host": socket.gethostname(), "pid": os.getpid()}
-    mark = os.path.join(scratch, TMP_MARK)
-    with open(f"{mark}.part", "w") as fh:  # whole or absent
-        json.dump(doc, fh)
-    os.replace(f"{mark}.part", mark)
+    try:  # a signal before the marker is in place: the directory goes, nothing else would
+        doc = {"kind": TMP_KIND, "for": path, "host": socket.gethostname(), "pid": os.getpid()}
+        mark = os.path.join(scratch, TMP_MARK)
+        with open(f"{mark}.part", "w") as fh:  # whole or absent
+            json.dump(doc, fh)
+        os.replace(f"{mark}.part", mark)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     return os.path.join(scratch, "out"), scratch
 
 
@@ -308,6 +319,10 @@ def remove_leftovers(path: str) -> list[str]:
             with open(os.path.join(tmp, TMP_MARK)) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError):
+            if _unmarked(tmp, name):
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.info("removed %s, left by a write to %s killed as it began", tmp, path)
+                removed.append(tmp)
             continue
         if not isinstance(doc, dict) or doc.get("kind") != TMP_KIND or doc.get("for") != path:
             continue
@@ -319,13 +334,32 @@ def remove_leftovers(path: str) -> list[str]:
     return removed
 
 
+_UNMARKED_AGE = 60.0  # seconds: a live writer puts its marker in place within microseconds
+
+
+def _unmarked(tmp: str, name: str) -> bool:
+    """Whether ``tmp`` is what a write to ``name`` killed before its marker was in place left:
+    named as :func:`temporary_path` names them, holding nothing but the marker being written,
+    and older than a live writer can be at that point."""
+    if not re.fullmatch(rf"{re.escape(name)}\.tmp-[0-9a-f]{{12}}", os.path.basename(tmp)):
+        return False
+    try:
+        if not set(os.listdir(tmp)) <= {f"{TMP_MARK}.part"}:
+            return False
+        return time.time() - os.lstat(tmp).st_mtime > _UNMARKED_AGE
+    except OSError:
+        return False
+
+
 def discard_temporary(scratch: str, settled: bool = True) -> None:
     """Remove the directory ``scratch`` of :func:`temporary_path`. While a task may still write
     there (not ``settled``: an interrupted write), its marker stays, so that what the task
     writes later is in a directory the next write to the same destination removes."""
     if settled or locations.is_url(scratch) or not os.path.isdir(scratch):
         shutil.rmtree(scratch, ignore_errors=True)
+        _ABANDONED.discard(scratch)
         return
+    abandoned(scratch)
     for entry in os.scandir(scratch):
         if entry.name == TMP_MARK:
             continue
@@ -333,6 +367,27 @@ def discard_temporary(scratch: str, settled: bool = True) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
             os.remove(entry.path)
+
+
+_ABANDONED: set[str] = set()  # temporary directories kept while a task may still write there
+
+
+def abandoned(path: str) -> None:
+    """Record the local temporary directory ``path`` of an interrupted write, where a task
+    still running may write, to be removed by :func:`sweep_abandoned`."""
+    _ABANDONED.add(path)
+
+
+def sweep_abandoned() -> list[str]:
+    """Remove the temporary directories :func:`discard_temporary` kept (an interrupted write
+    whose tasks might still run), once the workers that ran those tasks are gone: called when
+    a LocalCluster or in-process pool this process started is closed, so that a signal leaves
+    nothing behind. Returns what was removed."""
+    removed = sorted(_ABANDONED)
+    for scratch in removed:
+        shutil.rmtree(scratch, ignore_errors=True)
+        _ABANDONED.discard(scratch)
+    return removed
 
 
 def _running(pid: object) -> bool:
@@ -378,7 +433,11 @@ def publish(tmp: str, path: str, recheck: Callable[[str], object], mark: str = S
     except BaseException:
         os.rename(aside, path)
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        shutil.rmtree(aside, ignore_errors=True)
+    except BaseException:  # a signal half way: the rest goes too, then the signal
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
 
 
 # --------------------------------------------------------------------------- reading
@@ -511,6 +570,7 @@ def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
 
 
 def _open(path: str) -> _Handle:
+    locations.check_tree(path, "store")
     try:
         group = zarr.open_group(path, mode="r")
     except Exception as exc:

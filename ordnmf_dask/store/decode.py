@@ -25,6 +25,7 @@ request of its own).
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import zlib
 from collections.abc import Sequence
@@ -180,7 +181,7 @@ class ChunkFiles:
                 into[:] = view
             return view if into is None else into
         try:
-            f = open(path, "rb", buffering=0)  # noqa: SIM115 (closed below, after readinto)
+            f = locations.open_regular(path)  # never a link, a FIFO or a device
         except FileNotFoundError:
             raise StoreError(f"{path}: chunk file missing (the {self.owner} is damaged)") from None
         with f:
@@ -245,10 +246,18 @@ _VERIFIED_MAX = 1 << 16
 
 
 def _local_size(path: str) -> int | None:
+    """Size of the regular file ``path`` (None if absent); StoreError for a link or anything
+    but a regular file (:func:`locations.open_regular` would refuse to read it)."""
     try:
-        return os.stat(path).st_size
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(
+            f"{path}: not a regular file (a link, FIFO or device where a chunk file "
+            "belongs); refusing to read it"
+        )
+    return st.st_size
 
 
 @dataclass(frozen=True)

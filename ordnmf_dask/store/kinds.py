@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from typing import Any
 
 import zarr
@@ -43,10 +44,19 @@ def group_attrs(path: str) -> dict[str, Any] | None:
     no readable one."""
     if not (locations.is_url(path) or os.path.isdir(path)):
         return None
+    if not locations.is_url(path) and not _regular(os.path.join(path, locations.META)):
+        return None  # zarr would follow a link or block on a FIFO there
     try:
         return dict(zarr.open_group(path, mode="r").attrs)
     except Exception:  # noqa: BLE001 - whatever makes it unreadable, it is not a group of ours
         return None
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 _STORE_FIELDS = ("n_users", "n_items", "n_classes", "nnz_train", "hist_train", "grid")

@@ -17,10 +17,13 @@ or for a Parquet export the files its manifest or marker lists.
 
 from __future__ import annotations
 
+import errno
 import json
 import lzma
 import os
+import posixpath
 import shutil
+import stat
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -68,14 +71,29 @@ def is_url(path: str | os.PathLike) -> bool:
 
 
 def location(path: str | os.PathLike) -> str:
-    """The canonical name of a store or model: an absolute local path, or the URL without a
-    trailing slash."""
+    """The canonical name of an input or output: a local path resolved to its real location
+    (symbolic links followed, ``..`` removed, so that a path through a link names what it
+    reaches), or the URL in canonical form (:func:`canonical_url`). Every command and API call
+    resolves its paths through it once, at its entry; the rule of every output
+    (:mod:`.outputs`) compares what it returns."""
     text = os.fspath(path)
     if is_url(text):
-        return text.rstrip("/")
+        return canonical_url(text)
     if "://" in text:
         text = text.split("://", 1)[1]
-    return os.path.abspath(text)
+    return os.path.realpath(text)
+
+
+def canonical_url(url: str) -> str:
+    """``url`` with its scheme in lower case, its path without empty, ``.`` or ``..`` segments
+    and without a trailing slash: two spellings of one place compare equal."""
+    scheme, _, rest = url.partition("://")
+    query = ""
+    if "?" in rest:
+        rest, query = rest.split("?", 1)
+        query = "?" + query
+    path = posixpath.normpath("/" + rest).lstrip("/") if rest.strip("/") else ""
+    return f"{scheme.lower()}://{path}{query}"
 
 
 def join(base: str, *parts: str) -> str:
@@ -148,6 +166,101 @@ def open_file(path: str, mode: str = "rb") -> Any:
         return open(path, mode)  # noqa: SIM115 - the caller closes it
     fs, key = filesystem(path)
     return fs.open(key, mode)
+
+
+# ------------------------------------------------------ reading a directory others may write
+
+_NO_FOLLOW = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: str) -> Any:
+    """The local file ``path`` of a store or model opened for reading (unbuffered), only if it
+    is a regular file: never through a link at its name, never a FIFO, socket or device (opened
+    without blocking, then checked on the open descriptor). FileNotFoundError if absent;
+    StoreError naming it otherwise. Every chunk file of a store or model is opened here."""
+    try:
+        fd = os.open(path, _NO_FOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a link
+            raise StoreError(
+                f"{path}: is a symbolic link, which a store or model never "
+                "holds; refusing to follow it"
+            ) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise StoreError(
+                f"{path}: is {_file_kind(mode)}, not a regular file; refusing "
+                "to read it as part of a store or model"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def copy_regular(source: str, target: str) -> None:
+    """Copy the local regular file ``source`` (opened by :func:`open_regular`) to the new local
+    file ``target``, creating its directory, streamed."""
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open_regular(source) as src, open(target, "xb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 22)
+
+
+def _file_kind(mode: int) -> str:
+    """How a message names a file that is not a regular one."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def local_files(root: str) -> list[str]:
+    """The regular files under the local directory ``root`` (paths relative to it, '/'
+    separated), found without following any link: a link or special file is never listed."""
+    found = []
+    for d, _, names in os.walk(root):  # os.walk does not descend into linked directories
+        for n in names:
+            full = os.path.join(d, n)
+            if stat.S_ISREG(os.lstat(full).st_mode):
+                found.append(os.path.relpath(full, root).replace(os.sep, "/"))
+    return sorted(found)
+
+
+def check_tree(root: str, what: str) -> None:
+    """StoreError unless the local directory ``root`` (a store or model about to be read) is
+    safe to read through zarr, which follows links and blocks on a FIFO: no FIFO, socket or
+    device anywhere in it, and no symbolic link where a part of its zarr hierarchy is (a
+    ``zarr.json``, anything under a chunk directory ``c/``, or a link to a directory holding a
+    ``zarr.json``). Links elsewhere (a user's notes) are left alone: they are never read."""
+    if is_url(root):
+        return
+    for d, dirs, names in os.walk(root):
+        for n in [*dirs, *names]:
+            full = os.path.join(d, n)
+            mode = os.lstat(full).st_mode
+            if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+                continue
+            rel = os.path.relpath(full, root)
+            if not stat.S_ISLNK(mode):
+                raise StoreError(
+                    f"{full}: is {_file_kind(mode)} inside the {what} {root}; a "
+                    f"{what} holds regular files only"
+                )
+            parts = rel.split(os.sep)
+            if n in (META, "c") or "c" in parts[:-1] or os.path.isfile(os.path.join(full, META)):
+                raise StoreError(
+                    f"{full}: is a symbolic link inside the {what} {root}, where "
+                    f"its own files belong; refusing to follow it"
+                )
 
 
 def remove_tree(path: str, suffix: str = "") -> None:
@@ -282,6 +395,13 @@ def zarr_keys(url: str) -> list[str]:
         found = sorted(sizes(url))
     except FileNotFoundError:
         return []
+    return hierarchy_keys(found)
+
+
+def hierarchy_keys(found: Iterable[str]) -> list[str]:
+    """Of the files ``found`` (paths relative to a directory), those of the zarr hierarchy
+    rooted there (see :func:`zarr_keys`), the root's ``zarr.json`` first."""
+    found = sorted(found)
     nodes = {""} | {k[: -len(META)].rstrip("/") for k in found if k.endswith(META)}
 
     def linked(node: str) -> bool:  # the node and every ancestor up to the root is a node

@@ -41,6 +41,7 @@ from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import resolve_client
 from ordnmf_dask.runtime.progress import shows_progress
+from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
 from ordnmf_dask.store.kinds import is_model
 from ordnmf_dask.tuning import schedule
@@ -198,8 +199,8 @@ def tune(
     label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
     if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
         raise InputError(f"n_jobs must be an integer >= 1, got {shown(n_jobs)}")
-    out = os.path.abspath(os.fspath(out))
-    _check_out(out, overwrite)
+    out = locations.location(out)
+    overwrite = _check_out(out, overwrite)
     # out and out/best: never the training store, nor inside it (checked before any write)
     best_path = (
         model_target(os.path.join(out, "best"), overwrite, info.path)
@@ -369,14 +370,19 @@ def _continuation_every(every: int, first: int) -> int:
     return min(every, quarter) if every else quarter
 
 
-def _check_out(out: str, overwrite: bool) -> None:
-    """InputError unless ``out`` is new or empty, or an earlier tune's and ``overwrite``."""
+def _check_out(out: str, overwrite: bool) -> bool:
+    """InputError unless ``out`` is new or empty, an earlier tune's and ``overwrite``, or an
+    earlier tune's that never finished (stopped by a signal: its ``tune.json`` names no best
+    trial), which the same command run again starts over, as README's exit codes advise.
+    Whether what an earlier tune left there may be replaced."""
     if os.path.lexists(out) and not os.path.isdir(out):
         raise InputError(f"{out}: exists and is not a directory")
     if os.path.isdir(out) and os.listdir(out):
         try:
             with open(os.path.join(out, "tune.json")) as fh:
-                ours = json.load(fh).get("kind") == TUNE_KIND
+                doc = json.load(fh)
+            ours = doc.get("kind") == TUNE_KIND
+            finished = "best" in doc
         except (OSError, ValueError, AttributeError):
             ours = False
         if not ours:
@@ -384,10 +390,12 @@ def _check_out(out: str, overwrite: bool) -> None:
                 f"{out}: exists and is not a directory written by ordnmf-dask "
                 "tune; choose another directory"
             )
-        if not overwrite:
+        if not overwrite and finished:
             raise InputError(
                 f"{out}: holds an earlier tune's results; pass overwrite=True to replace them"
             )
+        return True
+    return overwrite
 
 
 def _prepare(out: str) -> None:
