@@ -100,6 +100,17 @@ def test_a_chunk_shape_of_10_12_rows_is_refused_without_allocating(fitted, tmp_p
     assert not (tmp_path / "ex").exists()
 
 
+def test_a_store_chunk_of_10_12_elements_is_refused_without_allocating(fitted, tmp_path, capsys):
+    """A decode buffer is one chunk: a chunk shape of 10^12 would be a 8 TB allocation."""
+    store = _copy(fitted[0], tmp_path / "s.zarr")
+    meta = Path(store) / "train/raw/zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [10**12]
+    meta.write_text(json.dumps(doc))
+    code, line = one_error_line(capsys, ["info", store, "--verify"])
+    assert code == 2 and "train/raw" in line and "chunks of 1000000000000 elements" in line
+
+
 # ----------------------------------------------------------------- case 7: contradictions
 
 

@@ -33,6 +33,7 @@ from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.decode import (
+    CHUNK,
     WRITE_ALL,
     ArrayFiles,
     ChunkFiles,
@@ -53,7 +54,6 @@ from ordnmf_dask.store.outputs import check_place, check_replaceable
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # docs/store-format.md
-CHUNK = 2**20
 SPLITS = ("train", "test")  # the subsets every store has
 VALIDATION = "validation"  # the optional third subset (docs/store-format.md)
 AXES = ("users", "items")
