@@ -202,16 +202,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     plan = plan_job(cfg, resume=args.resume, restart=args.restart)  # before any cluster
     with _client(cfg.cluster) as client:
         model = run_job(plan, client)
-    a = model.attrs
-    status = "converged" if a["converged"] else "stopped at max_iter"
+    h = model.header
+    status = "converged" if h.converged else "stopped at max_iter"
     log.info(
-        "%s after %d iterations, ELBO %.10e; model in %s",
-        status,
-        a["n_iter"],
-        a["elbo"][-1],
-        model.path,
+        "%s after %d iterations, ELBO %.10e; model in %s", status, h.n_iter, h.elbo[-1], model.path
     )
-    print(f"{status}: {a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
+    print(f"{status}: {h.n_iter} iterations, ELBO {h.elbo[-1]:.10e}, model {model.path}")
     return EXIT_OK
 
 
