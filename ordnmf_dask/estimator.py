@@ -15,8 +15,9 @@ from ordnmf_dask.engine.cavi import CaviConfig, IterationCallback
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params, run_fit
 from ordnmf_dask.model.families import Family
+from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
-from ordnmf_dask.params import DEFAULTS, PARAMS, RENAMED, accepted
+from ordnmf_dask.params import DEFAULTS, PARAMS, accepted
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
@@ -127,7 +128,7 @@ class CaviEstimator:
         self.validation_k = validation_k
         self.validation_s = validation_s
 
-    def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
+    def _set_family_attrs(self, header: ModelHeader) -> None:
         raise NotImplementedError
 
     # -- scikit-learn protocol -----------------------------------------------------------
@@ -254,14 +255,14 @@ class CaviEstimator:
         return self
 
     def _set_fitted(self, model: ModelInfo) -> None:
-        a = model.attrs
+        h = model.header
         self.model_path_ = model.path
-        self._set_family_attrs(a)
-        self.elbo_ = list(a["elbo"])
-        self.n_iter_ = int(a["n_iter"])
-        self.passes_ = int(a.get("passes", 0))  # 0: a model saved before passes were counted
-        self.runs_ = list(a.get("runs", []))
-        self.converged_ = bool(a["converged"])
+        self._set_family_attrs(h)
+        self.elbo_ = list(h.elbo)
+        self.n_iter_ = h.n_iter
+        self.passes_ = h.passes  # 0: a model saved before passes were counted
+        self.runs_ = [dict(r) for r in h.runs]
+        self.converged_ = h.converged
         for name, field in _FACTORS:  # a damaged model is an error now, not at first use
             model.factor_chunks(name, field)
         self._model = model
@@ -352,13 +353,12 @@ class CaviEstimator:
     def load(cls, path: str | os.PathLike) -> CaviEstimator:
         """The estimator (of the saved model's class) with its parameters and fitted state."""
         model = open_model(os.fspath(path))
-        klass = ESTIMATORS.get(model.attrs.get("model", ""))
+        klass = ESTIMATORS.get(model.header.model or "")
         if klass is None or not issubclass(klass, cls):
             raise InputError(
-                f"{model.path}: holds a {model.attrs.get('model')!r} model, not a {cls.__name__}"
+                f"{model.path}: holds a {model.header.model!r} model, not a {cls.__name__}"
             )
-        params = {RENAMED.get(k, k): v for k, v in model.attrs["params"].items()}
-        est = klass(**{k: v for k, v in params.items() if k is not None})
+        est = klass(**dict(model.header.params))
         est._set_fitted(model)
         return est
 
@@ -536,9 +536,9 @@ class OrdNMF(CaviEstimator):
         super().__init__(n_components, **kwargs)
         self.approx = approx
 
-    def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
-        self.delta_ = np.asarray(attrs["delta"])
-        self.theta_ = np.asarray(attrs["theta"])
+    def _set_family_attrs(self, header: ModelHeader) -> None:
+        self.delta_ = np.asarray(header.delta)
+        self.theta_ = header.theta
 
 
 class BePoF(OrdNMF):
@@ -632,8 +632,8 @@ class DcPF(CaviEstimator):
         self.t = t
         self.update_p = update_p
 
-    def _set_family_attrs(self, attrs: dict[str, Any]) -> None:
-        self.p_ = float(attrs["p"])
+    def _set_family_attrs(self, header: ModelHeader) -> None:
+        self.p_ = float(header.p)
 
 
 ESTIMATORS: dict[str, type[CaviEstimator]] = {k.__name__: k for k in (OrdNMF, BePoF, PF, DcPF)}

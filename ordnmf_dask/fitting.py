@@ -84,7 +84,7 @@ def family(model: str, values: Mapping[str, Any], store: StoreInfo) -> Family:
     """The model family (:mod:`ordnmf_dask.model.families`) of ``model`` with the checked
     parameters ``values`` on ``store``; InputError for a threshold the store cannot give."""
     if model == "DcPF":
-        kind = "raw" if store.attrs.get("value_kind") == "counts" else "class"
+        kind = "raw" if store.header.value_kind == "counts" else "class"
         return DcPFFamily(kind, float(values["p"]), float(values["t"]), bool(values["update_p"]))
     approx = model == "PF" or bool(values["approx"])
     if model == "OrdNMF":
@@ -228,7 +228,7 @@ def run_fit(
             "the classes 1..%d as counts; to fit play counts, ingest them with "
             "counts='paper' (--counts paper), which keeps the raw counts",
             info.path,
-            info.attrs.get("value_kind"),
+            info.header.value_kind,
             info.n_classes,
         )
     with writelock.held(plan.out, values["checkpoint_dir"]):  # one writer of each, or none
@@ -493,7 +493,7 @@ def _validation(
     if not values["validation_every"] or "validation" not in info.splits:
         return None
     k, s, metric = values["validation_k"], values["validation_s"], values["validation_metric"]
-    hist = np.asarray(info.attrs["hist_validation"])
+    hist = np.asarray(info.header.hist_validation)
     if not 1 <= s <= info.n_classes or hist[s:].sum() == 0:
         raise InputError(
             f"validation_s = {s}: the validation subset of {info.path} has no "

@@ -74,9 +74,17 @@ class Param:
         return "--" + self.name.lower().replace("_", "-")
 
 
+def int_ge(low: int) -> Callable[[Any], bool]:
+    """The rule "an integer >= low"."""
+    return lambda v: _integer(v) and v >= low
+
+
+def positive(value: Any) -> bool:
+    """The rule "a finite number > 0"."""
+    return _number(value) and value > 0
+
+
 def _rows() -> Iterator[Param]:
-    int_ge = lambda low: lambda v: _integer(v) and v >= low  # noqa: E731
-    positive = lambda v: _number(v) and v > 0  # noqa: E731
     is_bool = lambda v: isinstance(v, bool)  # noqa: E731
     path = lambda v: isinstance(v, str | os.PathLike)  # noqa: E731
     model, engine, checkpoint, validation = SECTIONS
@@ -406,6 +414,62 @@ def _rows() -> Iterator[Param]:
 PARAMS: dict[str, Param] = {p.name: p for p in _rows()}
 
 
+def _call_rows() -> Iterator[tuple[str, Param]]:
+    """The numeric arguments of calls on a fitted model, declared as the estimator's are."""
+    for call in ("fold_in",):
+        yield (
+            call,
+            Param(
+                "max_iter",
+                "int",
+                500,
+                int_ge(1),
+                "an integer >= 1",
+                "at most this many updates of each new row",
+                call,
+                False,
+            ),
+        )
+        yield (
+            call,
+            Param(
+                "tol",
+                "float",
+                1e-6,
+                positive,
+                "a finite number > 0",
+                "a new row stops when the relative change of its factors falls below tol",
+                call,
+                False,
+            ),
+        )
+        yield (
+            call,
+            Param(
+                "seed",
+                "int",
+                None,
+                int_ge(0),
+                "an integer >= 0",
+                "None starts from E[w] = 1, an integer from Gamma(1, 1) draws",
+                call,
+                False,
+                optional=True,
+            ),
+        )
+
+
+#: call -> its arguments' rows (``fold_in``: ``fold_in``, ``fold_in_users``, ``fold_in_items``)
+def _call_table() -> dict[str, dict[str, Param]]:
+    table: dict[str, dict[str, Param]] = {}
+    for call, row in _call_rows():
+        table.setdefault(call, {})[row.name] = row
+    return table
+
+
+CALL_PARAMS = _call_table()
+
+
 class _Defaults(Mapping[str, Any]):
     """name -> default, read from :data:`PARAMS` at each lookup."""
 
@@ -427,18 +491,19 @@ def accepted(estimator: str) -> list[str]:
     return [p.name for p in PARAMS.values() if estimator in p.estimators]
 
 
-def problem(name: str, value: Any) -> str | None:
-    """What is wrong with ``value`` for parameter ``name`` ("must be ..., got ..."), or None."""
-    p = PARAMS[name]
+def problem(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> str | None:
+    """What is wrong with ``value`` for parameter ``name`` of ``table`` (default the estimator
+    parameters) ("must be ..., got ..."), or None."""
+    p = table[name]
     if (value is None and p.optional) or p.ok(value):
         return None
     rule = f"{p.rule} (or None)" if p.optional else p.rule
     return f"must be {rule}, got {shown(value)}"
 
 
-def convert(name: str, value: Any) -> Any:
+def convert(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> Any:
     """A valid ``value`` as the engine takes it: a plain int, float or str."""
-    kind = PARAMS[name].kind
+    kind = table[name].kind
     if value is None or kind in ("bool", "auto", "str"):
         return value
     return {"int": int, "float": float, "path": os.fspath}[kind](value)
@@ -452,3 +517,14 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
         if wrong is not None:
             raise InputError(f"{name} {wrong}")
     return {name: convert(name, value) for name, value in values.items()}
+
+
+def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments ``values`` of ``call`` (a key of :data:`CALL_PARAMS`) checked and
+    converted; InputError naming the first that breaks its rule."""
+    table = CALL_PARAMS[call]
+    for name, value in values.items():
+        wrong = problem(name, value, table)
+        if wrong is not None:
+            raise InputError(f"{call}: {name} {wrong}")
+    return {name: convert(name, value, table) for name, value in values.items()}

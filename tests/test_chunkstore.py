@@ -85,7 +85,15 @@ def test_a_saved_model_records_the_versions_that_wrote_it(tmp_path, client):
 
     chunk = FactorChunk(mean=np.ones((3, 2)), geo=np.ones((3, 2)), elbo=0.0)
     w, h = client.scatter([chunk]), client.scatter([chunk])
-    path = save_model(client, w, h, str(tmp_path / "m.zarr"), {"params": {}, "elbo": [0.0]})
+    attrs = {  # the least a model header holds (ordnmf_dask/modelstore/header.py)
+        "params": {"n_components": 2},
+        "elbo": [0.0],
+        "delta": [0.0, 1.0],
+        "store": {"path": None, "n_users": 3, "n_items": 3, "n_classes": 1},
+        "row_bounds": [0, 3],
+        "col_bounds": [0, 3],
+    }
+    path = save_model(client, w, h, str(tmp_path / "m.zarr"), attrs)
     recorded = open_model(path).attrs["versions"]
     assert set(recorded) == set(PROVENANCE) >= {"ordnmf-dask", "numpy", "dask", "zarr", "numba"}
     assert all(recorded[name] == importlib.metadata.version(name) for name in PROVENANCE)
@@ -102,7 +110,16 @@ def test_a_lost_model_file_is_an_error_naming_it_never_zeros(tmp_path, lost):
 
     chunk, root = _chunk(), str(tmp_path)
     chunkstore.save_chunk(chunk, root, "W", 0)
-    info = ModelInfo(root, {"row_bounds": [0, chunk.mean.shape[0]], "col_bounds": [0, 1]})
+    n = chunk.mean.shape[0]
+    header = {  # the least a model header holds (ordnmf_dask/modelstore/header.py)
+        "format_version": 2,
+        "params": {"n_components": chunk.mean.shape[1]},
+        "delta": [0.0, 1.0],
+        "store": {"path": None, "n_users": n, "n_items": 1, "n_classes": 1},
+        "row_bounds": [0, n],
+        "col_bounds": [0, 1],
+    }
+    info = ModelInfo(root, header)
     lazy = info.factor("W", "mean")  # opened while whole
     mean = chunkstore.field_path(root, "W", 0, "mean")
     if lost == "array":

@@ -158,7 +158,8 @@ def test_recommend_matches_the_dense_oracle(case, monkeypatch):
         want = oracle_top(case.W, case.H, seen | in_allowed[None, :] | in_banned[None, :], 3)
         for user, row in zip(asked, rows, strict=True):
             check_recs(res[user], case.named(want[row]))
-        assert model.recommend("u1", 2) == {"u1": model.recommend(["u1"], 2)["u1"]}
+        with pytest.raises(TypeError, match=r"user_ids must be a list of ids.*\['u1'\]"):
+            model.recommend("u1", 2)  # a bare string is no list of ids (not its characters)
 
 
 def test_ties_go_to_the_lower_item_as_in_the_distributed_recommend(tmp_path):
@@ -311,9 +312,9 @@ def test_a_model_without_a_store_or_with_another_store(tmp_path):
     )
     model = OrdNMF.load(path)
     every = oracle_top(case.W, case.H, np.zeros((N_USERS, N_ITEMS), bool), 2)
-    check_recs(model.recommend("u1", 2, filter_already_seen=False)["u1"], case.named(every[0]))
+    check_recs(model.recommend(["u1"], 2, filter_already_seen=False)["u1"], case.named(every[0]))
     with pytest.raises(StoreError, match="records no training store; pass store=STORE"):
-        model.recommend("u1", 2)
+        model.recommend(["u1"], 2)
     train, test = dense_split(synthetic_ordinal(N_USERS + 1, N_ITEMS, V, k=K, seed=3))
     other = store_from_dense(tmp_path / "other.zarr", train, test, V, (2, 3))
     with pytest.raises(InputError, match="does not match store"):

@@ -246,9 +246,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     plan = plan_job(cfg, resume=args.resume, restart=args.restart)  # before any cluster
     with _client(cfg.cluster) as client:
         model = run_job(plan, client)
-    a = model.attrs
-    status = "converged" if a["converged"] else "stopped at max_iter"
-    print(f"{status}: {a['n_iter']} iterations, ELBO {a['elbo'][-1]:.10e}, model {model.path}")
+    h = model.header
+    status = "converged" if h.converged else "stopped at max_iter"
+    print(f"{status}: {h.n_iter} iterations, ELBO {h.elbo[-1]:.10e}, model {model.path}")
     return EXIT_OK
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ordnmf_dask.app.config import JobConfig, estimator_kwargs
 from ordnmf_dask.app.provenance import record_config
 from ordnmf_dask.engine import checkpoint
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import ConfigError, InputError
 from ordnmf_dask.fitting import FitPlan, plan_fit, run_fit
 from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.params import MODELS
@@ -48,6 +48,12 @@ def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> Job
     checkpoint or work directory, a local model's checkpoints go to ``MODEL.checkpoints``
     beside it (:func:`checkpoint.beside`), so that the same command run again continues."""
     check_required(cfg)
+    if cfg.model.init is not None and cfg.model.init_model is not None:
+        where = f"{cfg.source}: " if cfg.source else ""
+        raise ConfigError(
+            f"{where}[model] init and init_model (--init, --init-model) are two warm starts: "
+            "give one of them"
+        )
     name = MODELS[cfg.model.kind]
     params, unused = estimator_kwargs(cfg, name)
     if unused:

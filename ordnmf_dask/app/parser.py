@@ -4,6 +4,7 @@ of :mod:`ordnmf_dask.params`, and one-line usage errors (exit code 2)."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -12,12 +13,15 @@ from ordnmf_dask.app.exits import EXIT_INPUT
 from ordnmf_dask.app.tables import FORMATS
 from ordnmf_dask.params import MODELS, PARAMS
 
+_DECIMAL = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts
+
 
 def _int_list(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers joined by commas: {text!r}") from None
+    """Integers joined by commas, each in its canonical decimal form (``1_0`` is refused)."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not all(_DECIMAL.fullmatch(t) for t in parts):
+        raise argparse.ArgumentTypeError(f"expected integers joined by commas: {text!r}")
+    return [int(t) for t in parts]
 
 
 def _name_list(text: str) -> list[str]:
@@ -27,7 +31,8 @@ def _name_list(text: str) -> list[str]:
 
 def _columns(text: str) -> list[int | str]:
     """user,item,value columns: 0-based positions (digits) or names."""
-    return [int(t) if t.strip().isdigit() else t.strip() for t in text.split(",") if t.strip()]
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    return [int(n) if n.isascii() and n.isdigit() else n for n in names]
 
 
 def _counts(text: str) -> str | list[float]:

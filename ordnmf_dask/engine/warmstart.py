@@ -33,6 +33,7 @@ from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore
+from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, model_fingerprint, open_model
 from ordnmf_dask.runtime.reduce import tree_sum
 from ordnmf_dask.store import idmap
@@ -53,13 +54,14 @@ class Source:
     ids are, and its fingerprint (:func:`~ordnmf_dask.modelstore.model.model_fingerprint`)."""
 
     path: str
-    attrs: dict[str, Any]
+    header: ModelHeader
     ids: str
     fingerprint: str
 
     def bounds(self, name: str) -> np.ndarray:
         """Row boundaries of the old model's chunks of factor ``name``."""
-        return np.asarray(self.attrs[SIDES[name][1]], dtype=np.int64)
+        h = self.header
+        return np.asarray(h.row_bounds if name == "W" else h.col_bounds, dtype=np.int64)
 
     def describe(self) -> dict[str, str]:
         """What a fit records of its warm-start source (provenance and checkpoint fingerprint)."""
@@ -71,17 +73,14 @@ def open_source(model: Any, estimator: str, family: Family, k: int, store: Store
     ``estimator`` with ``k`` components and ``family`` on ``store``; InputError naming what
     differs (model class, K, number of classes, id types) or what is missing."""
     m: ModelInfo = open_model(os.fspath(getattr(model, "model_path_", model)))
-    a = m.attrs
+    h = m.header
     where = f"init_model {m.path}"
-    if a.get("model") != estimator:
-        raise InputError(
-            f"{where}: its model class {a.get('model')} differs from this fit's {estimator}"
-        )
-    old_k = a.get("params", {}).get("n_components")
-    if old_k != k:
-        raise InputError(f"{where}: its K = {old_k} differs from this fit's K = {k}")
+    if h.model != estimator:
+        raise InputError(f"{where}: its model class {h.model} differs from this fit's {estimator}")
+    if h.n_components != k:
+        raise InputError(f"{where}: its K = {h.n_components} differs from this fit's K = {k}")
     if isinstance(family, OrdinalFamily):
-        old_v = len(a["delta"]) - 1
+        old_v = len(h.delta or ()) - 1
         if old_v != family.n_classes:
             raise InputError(
                 f"{where}: its {old_v} classes differ from the {family.n_classes} "
@@ -100,7 +99,7 @@ def open_source(model: Any, estimator: str, family: Family, k: int, store: Store
                 f"{where}: its {axis} ids are {kinds[old]}, those of store "
                 f"{store.path} are {kinds[new]}"
             )
-    return Source(m.path, a, ids, model_fingerprint(a))
+    return Source(m.path, h, ids, model_fingerprint(m.attrs))
 
 
 def start_params(family: Family, source: Source) -> Any:
@@ -109,10 +108,10 @@ def start_params(family: Family, source: Source) -> Any:
     if isinstance(family, OrdinalFamily):
         if family.fixed_delta is not None:
             return family.init_params()
-        return family.from_json(source.attrs["delta"])
+        return family.from_json(list(source.header.delta or ()))
     if not family.update_p:
         return family.init_params()
-    return family.from_json(source.attrs["p"])
+    return family.from_json(source.header.p)
 
 
 def match(store: str, axis: str, start: int, stop: int, ids: str, bounds: np.ndarray) -> np.ndarray:

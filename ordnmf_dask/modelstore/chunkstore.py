@@ -124,7 +124,16 @@ def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> n
         except (ValueError, RuntimeError) as exc:
             raise StoreError(f"{path}: unreadable chunk ({exc}; the {owner} is damaged)") from None
         return value if rows is None else value[rows]
-    value = np.empty(array.shape, np.dtype(array.dtype).newbyteorder("<"))
+    dtype = np.dtype(array.dtype).newbyteorder("<")
+    if array.nchunks:  # the file's recorded and real sizes, before a byte is allocated
+        need = int(np.prod(array.shape, dtype=object)) * dtype.itemsize
+        if need != files.nbytes[0]:
+            raise StoreError(
+                f"{path}: its shape {tuple(array.shape)} takes {need} bytes, but the {owner} "
+                f"records {files.nbytes[0]} for its chunk file (the {owner} is damaged)"
+            )
+        files.check_present()
+    value = np.empty(array.shape, dtype)
     if array.nchunks:  # none for an array of no rows
         files.load(0, into=memoryview(value).cast("B"))
     return value if rows is None else value[rows]

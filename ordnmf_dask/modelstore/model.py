@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +28,7 @@ import zarr
 
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.modelstore import chunkstore, seen
+from ordnmf_dask.modelstore.header import ModelHeader, check_ids
 from ordnmf_dask.runtime.inprocess import wait
 from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import (
@@ -207,17 +209,17 @@ def save_model(
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
-        root.update_attributes(
-            {  # one write of zarr.json (attrs.update writes it per key)
-                **attrs,
-                "kind": MODEL_KIND,
-                "format_version": MODEL_FORMAT,
-                "versions": versions(),
-                "ids": store is not None,
-                "seen": store is not None,
-                "complete": True,
-            }
-        )
+        final = {
+            **attrs,
+            "kind": MODEL_KIND,
+            "format_version": MODEL_FORMAT,
+            "versions": versions(),
+            "ids": store is not None,
+            "seen": store is not None,
+            "complete": True,
+        }
+        ModelHeader.from_attrs(final, path)  # written only as its readers will accept it
+        root.update_attributes(final)  # one write of zarr.json (attrs.update writes per key)
         if url:
             locations.finish(path)
         else:
@@ -274,8 +276,8 @@ def version_of(path: str) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """A complete model directory: its attributes, the version they were read from
-    (:func:`version_of`), and lazy access to its factors.
+    """A complete model directory: its attributes, checked as :attr:`header`, the version they
+    were read from (:func:`version_of`), and lazy access to its factors.
 
     One version per reader: whatever a reader takes from the directory after opening it is
     checked to come from that same version (:meth:`reading`), so that a model published at the
@@ -306,17 +308,35 @@ class ModelInfo:
             raise
         self.check_unchanged()
 
+    @cached_property
+    def header(self) -> ModelHeader:
+        """The attributes typed and checked (:mod:`.header`): read fields from here."""
+        return ModelHeader.from_attrs(self.attrs, self.path)
+
     @property
     def n_blocks(self) -> tuple[int, int]:
-        return len(self.attrs["row_bounds"]) - 1, len(self.attrs["col_bounds"]) - 1
+        return self.header.n_blocks
 
     def factor_chunks(self, name: str, field: str = "mean") -> list[zarr.Array]:
         """The chunk arrays of ``field`` of factor ``name`` ("W" or "H"), one per block, after
-        checking that each has its chunk file with its recorded size (StoreError naming the one
-        that has not); reading them checks their CRC-32 (:func:`chunkstore.read_field`)."""
+        checking that each has the shape the header gives and its chunk file with its recorded
+        size (StoreError naming the one that has not); reading them checks their CRC-32
+        (:func:`chunkstore.read_field`)."""
         n = self.n_blocks[0 if name == "W" else 1]
+        chunks = []
         with self.reading():
-            return [chunkstore.open_checked(self.path, name, j, field) for j in range(n)]
+            for j in range(n):
+                array = chunkstore.open_checked(self.path, name, j, field)
+                want = self.header.chunk_shape(name, j)
+                want = (want[0], 1) if field == "prior_rate" else want
+                if tuple(array.shape) != want:
+                    raise StoreError(
+                        f"{chunkstore.field_path(self.path, name, j, field)}: shape "
+                        f"{tuple(array.shape)}, but the model's header gives {want} (the model "
+                        "is damaged)"
+                    )
+                chunks.append(array)
+        return chunks
 
     def factor(self, name: str, field: str = "mean") -> da.Array:
         """``name`` in {"W", "H"}: a dask array (n, K) chunked by block, read lazily (each read
@@ -333,37 +353,37 @@ class ModelInfo:
 
     @property
     def delta(self) -> np.ndarray:
-        return np.asarray(self.attrs["delta"], dtype=np.float64)
+        return np.asarray(self.header.delta, dtype=np.float64)
 
     @property
     def ids_path(self) -> str:
         """The directory whose ``users/ids`` and ``items/ids`` hold this model's raw ids, for
         the functions of :mod:`ordnmf_dask.store.idmap`: the model itself, or, for a model saved
         without them, its training store (StoreError if that is gone or no longer matches)."""
-        if self.attrs.get("ids") is True:
+        if self.header.ids:
             return self.path
-        recorded = self.attrs.get("store") or {}
-        if recorded.get("path") is None:
+        recorded = self.header.store
+        if recorded.path is None:
             raise StoreError(f"{self.path}: the model has no id maps and records no store")
         try:
-            info = open_store(recorded["path"])
+            info = open_store(recorded.path)
         except StoreError as exc:
             raise StoreError(
                 f"{self.path}: the model has no id maps of its own, and its "
                 f"training store cannot be read: {exc}"
             ) from None
-        if (info.n_users, info.n_items) != (recorded.get("n_users"), recorded.get("n_items")):
+        if (info.n_users, info.n_items) != (recorded.n_users, recorded.n_items):
             raise StoreError(
                 f"{self.path}: the model has no id maps of its own, and its training store "
                 f"{info.path} no longer matches it ({info.n_users} x {info.n_items}, the model "
-                f"{recorded.get('n_users')} x {recorded.get('n_items')})"
+                f"{recorded.n_users} x {recorded.n_items})"
             )
         return info.path
 
     @property
     def has_seen(self) -> bool:
         """Whether the model holds the index of its users' training items (:mod:`.seen`)."""
-        return self.attrs.get("seen") is True
+        return self.header.seen
 
     def ids_at(self, axis: str, index: np.ndarray) -> list[Any]:
         """Raw ids (int or str) of the given indices of ``axis`` ("users" or "items")."""
@@ -419,4 +439,33 @@ def open_model(path: str) -> ModelInfo:
             f"{path}: written by a newer ordnmf_dask model format {version}; "
             f"this version reads <= {MODEL_FORMAT}"
         )
-    return ModelInfo(path, attrs, pinned)
+    info = ModelInfo(path, attrs, pinned)
+    header = info.header  # every field checked before anything is read
+    if header.ids:
+        shapes = {}
+        for axis in AXES:
+            try:
+                shapes[axis] = tuple(zarr.open_array(f"{path}/{axis}/ids", mode="r").shape)
+            except Exception as exc:  # noqa: BLE001 - any failure: the id map is unreadable
+                raise StoreError(f"{path}/{axis}/ids: unreadable id map ({exc})") from None
+        check_ids(header, shapes, path)
+    _check_shapes(info)
+    return info
+
+
+def _check_shapes(info: ModelInfo) -> None:
+    """StoreError unless each chunk of E[W] and E[H] records the shape the header gives (the
+    arrays' metadata only: their files are checked by the readers that read them)."""
+    h = info.header
+    for name, n in zip(("W", "H"), h.n_blocks, strict=True):
+        for j in range(n):
+            path = chunkstore.field_path(info.path, name, j, "mean")
+            try:
+                shape = tuple(zarr.open_array(path, mode="r").shape)
+            except Exception:  # noqa: BLE001 - a missing or unreadable array: its readers name it
+                continue
+            if shape != h.chunk_shape(name, j):
+                raise StoreError(
+                    f"{path}: shape {shape}, but the model's header gives "
+                    f"{h.chunk_shape(name, j)} (the model is damaged)"
+                )

@@ -148,8 +148,7 @@ def loglik_spec(store: StoreInfo, attrs: dict[str, Any]) -> tuple | None:
     if a.get("family") == "dcpf":
         if float(a["p"]) == 1.0:  # PF on binary data: it does not model the classes
             return None
-        counts = store.attrs.get("value_kind") == "counts"
-        edges = np.asarray(store.attrs["thresholds"]) if counts else None
+        edges = store.count_edges
         return ("dcpf", float(a["p"]), float(a["t"]), edges)
     if a.get("family") == "ordinal" and len(a["delta"]) == store.n_classes + 1:
         return ("ordinal", np.asarray(a["delta"], dtype=np.float64))
@@ -162,23 +161,23 @@ def check_compatible(store: StoreInfo, model: ModelInfo, allow_other_store: bool
     records must be ``store``'s. A store of the same ratings split with another seed has
     another fingerprint (its train and test chunks differ): scoring a model on it would score
     the model on its own training pairs."""
-    s = model.attrs["store"]
+    s, h = model.header.store, model.header
     same = (
-        s["n_users"] == store.n_users
-        and s["n_items"] == store.n_items
-        and s["n_classes"] == store.n_classes
-        and list(model.attrs["row_bounds"]) == store.row_bounds.tolist()
-        and list(model.attrs["col_bounds"]) == store.col_bounds.tolist()
+        s.n_users == store.n_users
+        and s.n_items == store.n_items
+        and s.n_classes == store.n_classes
+        and list(h.row_bounds) == store.row_bounds.tolist()
+        and list(h.col_bounds) == store.col_bounds.tolist()
     )
     if not same:
         raise InputError(
-            f"model {model.path} was fitted on {s['path']} "
-            f"({s['n_users']} users x {s['n_items']} items, V={s['n_classes']}), "
+            f"model {model.path} was fitted on {s.path} "
+            f"({s.n_users} users x {s.n_items} items, V={s.n_classes}), "
             f"which does not match store {store.path}"
         )
-    if not allow_other_store and s.get("fingerprint") != store_fingerprint(store.path):
+    if not allow_other_store and s.fingerprint != store_fingerprint(store.path):
         raise InputError(
-            f"model {model.path} was fitted on store {s['path']}, whose content or split differs "
+            f"model {model.path} was fitted on store {s.path}, whose content or split differs "
             f"from store {store.path} (their fingerprints differ); pass allow_other_store=True "
             "to use it anyway"
         )
@@ -257,7 +256,7 @@ def evaluate(
     n_r, n_c = info.grid
     w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
-    k_model = int(m.attrs["params"]["n_components"])
+    k_model = m.header.n_components
     start = time.monotonic()
     with choose_client(client, info, k_model, n_workers=n_workers) as cl, m.reading():
         out = score_split(

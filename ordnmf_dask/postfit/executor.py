@@ -33,16 +33,11 @@ def client_for(
     given, else as a fit of the model's store would run
     (:func:`~ordnmf_dask.runtime.cluster.choose_client`): in-process when small, no cluster
     started; else the current client or a LocalCluster of ``n_workers``."""
-    a = m.attrs
+    h = m.header
     sizes = (
         info
         if info is not None
-        else _Sizes(
-            int(a["store"]["n_users"]),
-            int(a["store"]["n_items"]),
-            int(a["store"]["nnz_train"]),
-            (len(a["row_bounds"]) - 1, len(a["col_bounds"]) - 1),
-        )
+        else _Sizes(h.store.n_users, h.store.n_items, h.store.nnz_train, h.n_blocks)
     )
-    with choose_client(client, sizes, int(a["params"]["n_components"]), n_workers=n_workers) as cl:
+    with choose_client(client, sizes, h.n_components, n_workers=n_workers) as cl:
         yield cl

@@ -284,7 +284,7 @@ def training_store(
         return open_pair(store, m.path, allow_other_store)[0]
     if m.has_seen:
         return None
-    recorded = (m.attrs.get("store") or {}).get("path")
+    recorded = m.header.store.path
     try:
         if recorded is None:
             raise StoreError("the model records no training store")
@@ -361,7 +361,7 @@ def _submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
     dataset, b = part
     m, fs, schema = plan.model, plan.target.fs, plan.schemas[dataset]
     path = f"{root}/{part_name(*part)}"
-    rb, cb = m.attrs["row_bounds"], m.attrs["col_bounds"]
+    rb, cb = m.header.row_bounds, m.header.col_bounds
     if dataset == RECOMMENDATIONS:
         top = block_top(cl, m, plan.store, b, plan.n)
         if plan.law is not None:

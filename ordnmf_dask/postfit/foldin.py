@@ -22,6 +22,7 @@ from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.topn import check_n, factor_mean, named_top, open_pair
 from ordnmf_dask.runtime.reduce import tree_reduce, tree_sum
@@ -29,6 +30,7 @@ from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.values import ValueSpec, classify, describe, spec_of
 from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import StoreInfo, open_store
+from ordnmf_dask.store.idmap import id_list
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client
@@ -38,10 +40,10 @@ log = logging.getLogger("ordnmf_dask")
 
 def likelihood_of(m: ModelInfo) -> tuple[Likelihood, int | None]:
     """The frozen observation model of ``m`` and its binarization threshold (BePoF / PF)."""
-    a = m.attrs
-    if a.get("family", "ordinal") == "dcpf":
-        return Likelihood("dcpf", p=float(a["p"]), t=float(a["t"])), None
-    params = a.get("params", {})
+    h = m.header
+    if h.family == "dcpf":
+        return Likelihood("dcpf", p=float(h.p), t=float(h.t)), None
+    params = h.params
     threshold = params.get("threshold")
     return (
         Likelihood("ordinal", delta=m.delta, approx=bool(params.get("approx", False))),
@@ -85,7 +87,7 @@ def _item_index(cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any
     """Global item indices of ``flat``: raw ids via the store, else indices checked in range."""
     if info is not None:
         return idmap.lookup(cl, info.path, "items", info.col_bounds.tolist(), flat)
-    n_items = int(m.attrs["store"]["n_items"])
+    n_items = m.header.store.n_items
     out = np.empty(len(flat), dtype=np.int64)
     for j, value in enumerate(flat):
         ok = isinstance(value, int | np.integer) and not isinstance(value, bool)
@@ -192,14 +194,17 @@ def fold_in(
     -------
     (n_new, K) float64 E[w] of the new users, in the order given.
     """
+    settings = validate_call("fold_in", {"max_iter": max_iter, "tol": tol, "seed": seed})
+    max_iter, tol, seed = settings["max_iter"], settings["tol"], settings["seed"]
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None if store is None else open_pair(store, m.path, allow_other_store)[0]
     likelihood, threshold = likelihood_of(m)
     flat_items, flat_values, user = flatten(items, values)
-    n_classes = int(m.attrs["store"]["n_classes"])
-    y, keep = check_values(flat_values, likelihood, n_classes, threshold, value_spec(m))
-    alpha = float(m.attrs["params"]["alpha_W"])
-    col_bounds = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
+    y, keep = check_values(
+        flat_values, likelihood, m.header.store.n_classes, threshold, value_spec(m)
+    )
+    alpha = m.header.alpha("users")
+    col_bounds = np.asarray(m.header.col_bounds, dtype=np.int64)
     with client_for(client, m, n_workers, info) as cl:
         index = _item_index(cl, m, info, flat_items)
         block = interactions(user[keep], index[keep], y, len(items))
@@ -214,7 +219,7 @@ def fold_in(
         result = cl.submit(
             _run, parts, sums, block, alpha, likelihood, max_iter, tol, seed, pure=False
         ).result()
-    warn_unconverged(result, "users", max_iter, tol)
+    warn_unconverged(result, "users", max_iter, tol, block)
     return result.mean
 
 
@@ -226,6 +231,8 @@ def flatten(
 ) -> tuple[list[Any], np.ndarray, np.ndarray]:
     """The interactions of new rows (``new``: "user" or "item") as flat lists, checked: one value
     per id and no id given twice for a row. Returns (ids, float64 values, row of each)."""
+    ids = [id_list(a, f"{other}s[{j}]") for j, a in enumerate(_rows(ids, f"{other}s"))]
+    values = _rows(values, "values")
     if len(ids) != len(values):
         raise InputError(f"{other}s has {len(ids)} {new}s but values has {len(values)}")
     for j, (a, v) in enumerate(zip(ids, values, strict=True)):
@@ -237,16 +244,53 @@ def flatten(
                 raise InputError(f"new {new} {j}: {other} {shown(x)} given twice")
             seen.add(x)
     flat_ids = [x for a in ids for x in a]
-    flat_values = np.array([x for v in values for x in v], dtype=np.float64)
+    flat_values = _numbers([x for v in values for x in v])
     return flat_ids, flat_values, np.repeat(np.arange(len(ids)), [len(a) for a in ids])
 
 
-def warn_unconverged(result: FoldIn, noun: str, max_iter: int, tol: float) -> None:
-    if not result.converged.all():
+def _rows(rows: Any, name: str) -> list[Any]:
+    """A list of per-row lists (TypeError for a string or a single value)."""
+    if isinstance(rows, str | bytes) or not hasattr(rows, "__len__"):
+        raise TypeError(f"{name} must be a list with one list per new row, got {shown(rows)}")
+    out = list(rows)
+    for j, row in enumerate(out):
+        if isinstance(row, str | bytes) or not hasattr(row, "__len__"):
+            raise TypeError(f"{name}[{j}] must be a list, got {shown(row)}")
+    return out
+
+
+def _numbers(values: list[Any]) -> np.ndarray:
+    """Interaction values as float64; InputError for one that is not a real number."""
+    for x in values:
+        if isinstance(x, bool | str | bytes | complex | np.complexfloating):
+            raise InputError(f"interaction value {shown(x)} is not a real number")
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError("interaction values must be real numbers") from None
+
+
+def warn_unconverged(result: FoldIn, noun: str, max_iter: int, tol: float, block: CsrBlock) -> None:
+    """Warn about the new rows (of ``block``) whose fold-in did not converge; rows without any
+    interaction are named apart: they have nothing to fit (their factors only shrink towards 0
+    under the prior), which is no failure to converge."""
+    empty = np.diff(block.indptr) == 0
+    if empty.any():
+        rows = np.flatnonzero(empty)
+        listed = ", ".join(str(j) for j in rows[:5]) + (" ..." if rows.size > 5 else "")
+        log.warning(
+            "fold-in: %d new %s without any interaction (%s): nothing to fit, their factors "
+            "only reflect the prior",
+            rows.size,
+            noun,
+            listed,
+        )
+    failed = ~result.converged & ~empty
+    if failed.any():
         log.warning(
             "fold-in: %d of %d new %s did not converge in %d iterations (tol %g)",
-            int((~result.converged).sum()),
-            len(result.converged),
+            int(failed.sum()),
+            int((~empty).sum()),
             noun,
             max_iter,
             tol,
@@ -309,8 +353,11 @@ def recommend_for(
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None if store is None else open_pair(store, m.path, allow_other_store)[0]
     w = np.asarray(w, dtype=np.float64)
-    cb = np.asarray(m.attrs["col_bounds"], dtype=np.int64)
-    exclude_items = exclude_items if exclude_items is not None else [[] for _ in range(len(w))]
+    cb = np.asarray(m.header.col_bounds, dtype=np.int64)
+    if exclude_items is None:
+        exclude_items = [[] for _ in range(len(w))]
+    rows = _rows(exclude_items, "exclude_items")
+    exclude_items = [id_list(a, f"exclude_items[{j}]") for j, a in enumerate(rows)]
     if w.ndim != 2 or len(exclude_items) != w.shape[0]:
         raise InputError(f"w must be (n_users, K) with one exclusion list per row, got {w.shape}")
     with client_for(client, m, n_workers, info) as cl:

@@ -57,8 +57,7 @@ def _spec(store: StoreInfo, model: ModelInfo) -> tuple[tuple, np.ndarray]:
     a = model.attrs
     total = store.n_users * store.n_items
     if a["family"] == "dcpf":
-        counts = store.attrs.get("value_kind") == "counts"
-        edges = np.asarray(store.attrs["thresholds"]) if counts else None
+        edges = store.count_edges
         truth = store.hist_train.astype(np.float64)
         spec: tuple = ("dcpf", float(a["p"]), float(a["t"]), edges)
     else:

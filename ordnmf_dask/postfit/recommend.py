@@ -21,6 +21,7 @@ from ordnmf_dask.postfit.export import plan_export, write_export
 from ordnmf_dask.postfit.topn import block_top, check_n, named_top, open_pair
 from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import StoreInfo
+from ordnmf_dask.store.idmap import id_list
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Client
@@ -70,6 +71,7 @@ def recommend(
     n = check_n(n)
     if (users is None) == (out is None):
         raise InputError("give either users (raw ids) or out (a directory for all users)")
+    wanted = [] if users is None else id_list(users, "users")
     info, m = open_pair(store, model, allow_other_store)
     plan = None
     if out is None and proba_at is not None:
@@ -82,7 +84,7 @@ def recommend(
     with client_for(client, m, n_workers, info) as cl:
         if plan is None:
             with m.reading():
-                return _for_users(cl, m, info, list(users or ()), n)
+                return _for_users(cl, m, info, wanted, n)
         return write_export(cl, plan)
 
 

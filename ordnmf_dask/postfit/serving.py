@@ -35,12 +35,14 @@ from ordnmf_dask.model.foldin import fold_in_rows
 from ordnmf_dask.model.kernels import jit
 from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit import foldin
 from ordnmf_dask.postfit.evaluate import check_compatible
 from ordnmf_dask.postfit.topn import check_n, factor_mean, ranked_pairs
 from ordnmf_dask.sources.values import ValueSpec
 from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
+from ordnmf_dask.store.idmap import id_list
 
 _BUDGET = 1 << 23  # scores in one dense (rows x candidates) slab
 _SAFE32 = (2.0**-60, 2.0**60)  # nonzero entries in this range: float32 products stay normal
@@ -250,19 +252,10 @@ class IdMap:
         if isinstance(raw, np.ndarray) and raw.dtype.kind == ("i" if integer else "U"):
             wanted = raw.astype(np.int64) if integer else raw  # no per-id coercion needed
         else:
-            wanted = np.zeros(len(raw), dtype=np.int64) if integer else np.empty(len(raw), object)
-            for j, value in enumerate(raw):
-                if not integer:
-                    wanted[j] = str(value)
-                    continue
-                try:
-                    if isinstance(value, float | np.floating) and not float(value).is_integer():
-                        raise ValueError
-                    wanted[j] = int(value)
-                except (TypeError, ValueError, OverflowError):
-                    ok[j] = False
-            if not integer:
-                wanted = wanted.astype(str) if len(raw) else np.empty(0, self.ids.dtype)
+            found, bad = idmap.coerce(raw, integer)
+            ok[bad] = False
+            wanted = np.zeros(len(raw), dtype=found.dtype)
+            wanted[ok] = found
         index = np.full(len(raw), -1, dtype=np.int64)
         if self.ids.size and ok.any():
             sorted_ids = self._sorted
@@ -301,11 +294,6 @@ def _row_entries(indptr: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.
     return np.arange(int(lengths.sum())) + np.repeat(starts - before, lengths), lengths
 
 
-def _listed(ids: Any) -> list[Any]:
-    """One raw id or a sequence of them, as a list."""
-    return [ids] if isinstance(ids, str | bytes | int | np.integer) else list(ids)
-
-
 class Server:
     """The factors of one model in memory, and what is derived from them, built on first use.
 
@@ -319,7 +307,7 @@ class Server:
     ) -> None:
         self.model = model
         self.allow_other_store = allow_other_store
-        recorded = store or model.attrs["store"].get("path")
+        recorded = store or model.header.store.path
         self.store_path = None if recorded is None else locations.location(recorded)
         self._store_given = store is not None
         self._fields: dict[tuple[str, str], np.ndarray] = {}
@@ -436,7 +424,7 @@ class Server:
         given, else from the training blocks; only the requested users' user-blocks are read."""
         from_model = self.model.has_seen and not self._store_given
         info = None if from_model else self.store
-        rb = np.asarray(self.model.attrs["row_bounds"], dtype=np.int64)
+        rb = np.asarray(self.model.header.row_bounds, dtype=np.int64)
         block = np.searchsorted(rb, users, side="right") - 1
         rows, items = [], []
         for r in np.unique(block).tolist():
@@ -473,12 +461,12 @@ class Server:
         (for every row) and the (row, item) pairs ``seen``."""
         pairs = [seen] if seen is not None else []
         if exclude is not None:
-            gone = np.unique(self.items.index(_listed(exclude)))
+            gone = np.unique(self.items.index(id_list(exclude, "exclude")))
             pairs.append((np.repeat(np.arange(len(w)), len(gone)), np.tile(gone, len(w))))
         if items is None:
             cand, target, target32t = None, self.H, self.H32t
         else:
-            cand = np.unique(self.items.index(_listed(items)))
+            cand = np.unique(self.items.index(id_list(items, "items")))
             target = self.H[cand]
             target32t = None if self.H32t is None else self.H32t[:, cand]
         rows = np.concatenate([p[0] for p in pairs]) if pairs else np.empty(0, np.int64)
@@ -504,7 +492,7 @@ class Server:
     ) -> dict[Any, Recs]:
         """Top-``n`` items per user: ``{user id as given: [(raw item id, score), ...]}``."""
         n = check_n(n)
-        users = _listed(user_ids)
+        users = id_list(user_ids, "user_ids")
         index = self.users.index(users)
         uniq, inverse = np.unique(index, return_inverse=True)
         seen = self._seen(uniq) if filter_already_seen else None
@@ -530,17 +518,18 @@ class Server:
             )
         seen = None
         if exclude is not None:
-            if len(exclude) != len(w):
-                raise InputError(f"exclude has {len(exclude)} lists for {len(w)} rows of w")
-            flat = [x for a in exclude for x in a]
-            seen = (np.repeat(np.arange(len(w)), [len(a) for a in exclude]), self.items.index(flat))
+            rows = [id_list(a, f"exclude[{j}]") for j, a in enumerate(id_list(exclude, "exclude"))]
+            if len(rows) != len(w):
+                raise InputError(f"exclude has {len(rows)} lists for {len(w)} rows of w")
+            flat = [x for a in rows for x in a]
+            seen = (np.repeat(np.arange(len(w)), [len(a) for a in rows]), self.items.index(flat))
         return dict(enumerate(self._rank_items(w, n, items, None, seen)))
 
     def similar(self, axis: str, ids: Any, n: int = 10) -> dict[Any, Recs]:
         """The ``n`` rows of ``axis`` ("items" or "users") most similar to each given one by
         the cosine of their E[.] rows, itself excluded: ``{id: [(raw id, cosine), ...]}``."""
         n = check_n(n)
-        ids = _listed(ids)
+        ids = id_list(ids, f"{axis[:-1]}_ids")
         names = self.items if axis == "items" else self.users
         unit, unit32 = self._unit("H" if axis == "items" else "W")
         index = names.index(ids)
@@ -552,7 +541,7 @@ class Server:
 
     def score(self, user_ids: Sequence[Any], item_ids: Sequence[Any]) -> np.ndarray:
         """``E[w_u] . E[h_i]`` for the pairs (user_ids[j], item_ids[j]), shape (m,)."""
-        users, items = _listed(user_ids), _listed(item_ids)
+        users, items = id_list(user_ids, "user_ids"), id_list(item_ids, "item_ids")
         if len(users) != len(items):
             raise InputError(
                 f"score needs as many users as items, got {len(users)} and {len(items)}"
@@ -573,10 +562,12 @@ class Server:
         existing other side, which stays fixed with the thresholds (as
         :func:`ordnmf_dask.postfit.foldin.fold_in`, in memory; ``ids`` are the other side's raw
         ids). Returns (n_new, K) float64, in the order given."""
+        settings = validate_call("fold_in", {"max_iter": max_iter, "tol": tol, "seed": seed})
+        max_iter, tol, seed = settings["max_iter"], settings["tol"], settings["seed"]
         new, other = ("user", "item") if axis == "users" else ("item", "user")
         flat, flat_values, row = foldin.flatten(ids, values, new, other)
         likelihood, threshold = foldin.likelihood_of(self.model)
-        n_classes = int(self.model.attrs["store"]["n_classes"])
+        n_classes = self.model.header.store.n_classes
         y, keep = foldin.check_values(flat_values, likelihood, n_classes, threshold, self._spec)
         names = self.items if axis == "users" else self.users
         index = names.index(flat)
@@ -584,7 +575,7 @@ class Server:
         touched = np.unique(index[keep])
         name = "H" if axis == "users" else "W"
         mean, log_mean = self._field(name, "mean"), self._field(name, "log_mean")
-        alpha = float(self.model.attrs["params"]["alpha_W" if axis == "users" else "alpha_H"])
+        alpha = self.model.header.alpha(axis)
         result = fold_in_rows(
             block,
             mean[touched],
@@ -596,7 +587,7 @@ class Server:
             tol=tol,
             seed=seed,
         )
-        foldin.warn_unconverged(result, axis, max_iter, tol)
+        foldin.warn_unconverged(result, axis, max_iter, tol, block)
         return result.mean
 
 
@@ -641,7 +632,6 @@ def fits_in_memory(model: str | os.PathLike) -> bool:
     """Whether serving ``model`` in memory (its factors, their float32 and unit-norm copies)
     takes under half of the memory available now."""
     m = open_model(os.fspath(model))
-    s = m.attrs["store"]
-    k = int(m.attrs["params"]["n_components"])
-    need = 8 * k * (int(s["n_users"]) + int(s["n_items"])) * 4
+    s, k = m.header.store, m.header.n_components
+    need = 8 * k * (s.n_users + s.n_items) * 4
     return need < psutil.virtual_memory().available / 2

@@ -103,7 +103,7 @@ def block_top(
     """Future of the top-n (scores, item indices) of the users of user-block r (or its local
     ``rows``), merged over the item-blocks on the workers; training items from the store
     ``info``, or without one from the model's own index of them (read once per user-block)."""
-    cb = [int(x) for x in m.attrs["col_bounds"]]
+    cb = list(m.header.col_bounds)
     store = None if info is None else info.path
     seen_rows = None
     if info is None:

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.sources.values import ValueSpec
+from ordnmf_dask.store.blocks import FORMAT_VERSION
+from ordnmf_dask.store.header import StoreHeader
 
 
 def validation_attrs(fraction: float, hist: list[int]) -> dict[str, object]:
@@ -46,40 +48,44 @@ def ingest_attrs(
     n_before_split: int,
     test_source: list[str] | None,
 ) -> dict[str, Any]:
-    """The attributes every ingest writes, from the class counts (V + 1,) of each split
-    (``hists``: "train", "test") and the block bounds (a test file's counts of dropped rows and
-    the validation attributes are added to them)."""
+    """The attributes every ingest writes (through its :class:`StoreHeader`), from the class
+    counts (V + 1,) of each split (``hists``: "train", "test") and the block bounds (a test
+    file's counts of dropped rows and the validation attributes are added to them)."""
     hist = {s: hist_list(h) for s, h in hists.items()}
-    return {
-        "complete": False,
-        "n_users": int(row_bounds[-1]),
-        "n_items": int(col_bounds[-1]),
-        "n_classes": spec.n_classes,
-        "value_kind": spec.value_kind,
-        "thresholds": None if spec.thresholds is None else list(spec.thresholds),
-        "binarize": spec.binarize,
-        "binarize_on": None if spec.binarize is None else spec.base,
-        "min_count": int(min_count),
-        "filter_mode": filter_mode,
-        "duplicates": duplicates,
-        "split": "random" if test_source is None else "file",
-        "test_fraction": float(test_fraction) if test_source is None else None,
-        "seed": int(seed),
-        "nnz_train": sum(hist["train"]),
-        "nnz_test": sum(hist["test"]),
-        "hist_train": hist["train"],
-        "hist_test": hist["test"],
-        "grid": [len(row_bounds) - 1, len(col_bounds) - 1],
-        "nnz_per_block": int(nnz_per_block),
-        "source": sources,
-        "test_source": test_source,
-        "rows_read": int(rows_read),
-        "rows_not_interaction": int(not_interaction),
-        "rows_filtered": int(filtered),
-        "nnz_before_split": int(n_before_split),
-        "id_kind": {"users": id_kind(kinds[0]), "items": id_kind(kinds[1])},
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+    header = StoreHeader(
+        format_version=FORMAT_VERSION,
+        complete=False,
+        n_users=int(row_bounds[-1]),
+        n_items=int(col_bounds[-1]),
+        n_classes=spec.n_classes,
+        value_kind=spec.value_kind,
+        nnz_train=sum(hist["train"]),
+        nnz_test=sum(hist["test"]),
+        hist_train=tuple(hist["train"]),
+        hist_test=tuple(hist["test"]),
+        grid=(len(row_bounds) - 1, len(col_bounds) - 1),
+        nnz_per_block=int(nnz_per_block),
+        thresholds=None if spec.thresholds is None else tuple(spec.thresholds),
+        record={
+            "binarize": spec.binarize,
+            "binarize_on": None if spec.binarize is None else spec.base,
+            "min_count": int(min_count),
+            "filter_mode": filter_mode,
+            "duplicates": duplicates,
+            "split": "random" if test_source is None else "file",
+            "test_fraction": float(test_fraction) if test_source is None else None,
+            "seed": int(seed),
+            "source": sources,
+            "test_source": test_source,
+            "rows_read": int(rows_read),
+            "rows_not_interaction": int(not_interaction),
+            "rows_filtered": int(filtered),
+            "nnz_before_split": int(n_before_split),
+            "id_kind": {"users": id_kind(kinds[0]), "items": id_kind(kinds[1])},
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        },
+    )
+    return header.to_attrs()
 
 
 def hist_list(hist: np.ndarray) -> list[int]:

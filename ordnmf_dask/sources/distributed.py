@@ -61,6 +61,7 @@ jobs, like the nonzeros.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -363,13 +364,9 @@ def _plan_input(
         return _Input(label, [], _names([c.path for c in chunks], False), list(chunks), None)
     label = memory_label(data, role)
     if label is not None:
-        return _Input(
-            label,
-            [],
-            _names([label], False),
-            [memory_chunk(data, label, columns, first_index)],
-            None,
-        )
+        chunk = memory_chunk(data, label, columns, first_index)
+        names = dataclasses.replace(_names([label], False), matrix_cols=chunk.matrix_cols)
+        return _Input(label, [], names, [chunk], None)
     sources = as_list(data)
     paths = expand_inputs(sources)
     formats = runner.map(input_format, paths, delimiter, header, columns)

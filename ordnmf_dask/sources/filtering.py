@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
-from ordnmf_dask.store.idmap import INTEGRAL_FLOAT
+from ordnmf_dask.store.idmap import CANONICAL_INT, INTEGRAL_FLOAT, is_missing
 
 DUPLICATE_POLICIES = ("error", "sum", "max", "last")
 FILTER_MODES = ("paper", "stable")
@@ -22,8 +22,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 _INT64_END = 2.0**63  # the first float beyond int64
 
 
-#: Ids that are the canonical decimal form of an int64 (no sign on 0, no leading zeros).
-_CANONICAL = r"^(?:0|-?[1-9][0-9]{0,18})$"
+_CANONICAL = CANONICAL_INT  # ids that are the canonical decimal form of an int64
 #: Characters refused in ids: C0 and C1 controls (NUL, tab, CR, ...) and the Unicode line and
 #: paragraph separators, which would not survive a line-based text file.
 _CONTROL = r"[\x00-\x1f\x7f-\x{9f}\x{2028}\x{2029}]"
@@ -219,6 +218,12 @@ def ids_from_array(ids: object, label: str, what: str) -> np.ndarray:
         return arr.astype(np.int64)
     if arr.dtype.kind == "f":
         return float_ids(arr, Origin.arrays(len(arr), label).where, what)
+    if arr.dtype.kind in "OMm":  # None, NaN, NaT or pd.NA would become the text 'None', 'nan'
+        gone = np.isnat(arr) if arr.dtype.kind in "Mm" else np.array([is_missing(x) for x in arr])
+        if gone.any():
+            k = int(np.flatnonzero(gone)[0])
+            where = Origin.arrays(len(arr), label).where(k)
+            raise InputError(f"{where}: {what} id is missing ({arr[k]!r})")
     return arr.astype(str)
 
 

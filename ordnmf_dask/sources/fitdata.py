@@ -85,10 +85,15 @@ def accepts_data_in_memory(fit: Fit) -> Fit:
         if work_dir:  # where the workers see it
             os.makedirs(work_dir, exist_ok=True)
         parent = tempfile.mkdtemp(prefix="ordnmf-data-", dir=work_dir or None)
+        path = os.path.join(parent, "store.zarr")
         try:
-            path = os.path.join(parent, "store.zarr")
             ingest_for_fit(store, path, client, ingest_options)
             fitted = fit(self, path, *args, **kwargs)
+        except InputError as exc:  # name the data given, not the store removed here
+            shutil.rmtree(parent, ignore_errors=True)
+            label = f"the {memory_label(store, 'input') or 'input DataFrame'}"
+            named = str(exc).replace(path, label).replace(parent, label)
+            raise type(exc)(named).with_traceback(exc.__traceback__) from None
         except BaseException:
             shutil.rmtree(parent, ignore_errors=True)
             raise

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ordnmf_dask.sources.datakinds import is_sparse
 from ordnmf_dask.sources.memory import as_table, memory_rows, pick_columns, table_rows
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import Column, Triples
@@ -38,6 +39,7 @@ class MemoryChunk:
     columns: tuple[Column, Column, Column]
     partition: bool
     data: Any = field(default=None, compare=False, repr=False)
+    matrix_cols: int | None = None  # a sparse matrix's columns (its rows are named by cell)
 
     def light(self) -> MemoryChunk:
         """This chunk without its data (for the tasks after parsing)."""
@@ -77,12 +79,16 @@ def memory_chunk(
 ) -> MemoryChunk:
     """The one chunk of data in memory that is not a dask DataFrame (``label``:
     ``memory.memory_label``)."""
-    return MemoryChunk(first_index, 0, label, columns, False, data)
+    cols = int(data.shape[1]) if is_sparse(data) else None
+    return MemoryChunk(first_index, 0, label, columns, False, data, cols)
 
 
 def chunk_origin(chunk: MemoryChunk, rows: np.ndarray) -> Origin:
-    """Origin of rows (0-based) of one chunk."""
-    return Origin((chunk.path,), np.zeros(len(rows), np.int32), rows, False)
+    """Origin of rows (0-based; of a sparse matrix, the entries' positions in it) of one
+    chunk."""
+    return Origin(
+        (chunk.path,), np.zeros(len(rows), np.int32), rows, False, matrix_cols=chunk.matrix_cols
+    )
 
 
 def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
@@ -93,8 +99,9 @@ def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
         frame = get_sync(*chunk.data)  # in this task's process
         if len(frame) == 0:
             return None
-        rows = table_rows(as_table(frame), list(chunk.columns), chunk.path)
+        rows = table_rows(as_table(frame, chunk.path), list(chunk.columns), chunk.path)
     else:
         rows = memory_rows(chunk.data, chunk.path, chunk.columns)
-    origin = chunk_origin(chunk, np.arange(len(rows.values), dtype=np.int64))
-    return Triples(rows.users, rows.items, rows.values, origin)
+    line = rows.origin.line
+    line = np.arange(line, dtype=np.int64) if isinstance(line, int) else line
+    return Triples(rows.users, rows.items, rows.values, chunk_origin(chunk, line))

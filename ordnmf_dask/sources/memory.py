@@ -37,21 +37,44 @@ def memory_rows(data: Any, label: str, columns: Sequence[int | str]) -> Rows:
         return arrays_rows(*data, label)
     if is_sparse(data):
         coo = data.tocoo()
+        if np.iscomplexobj(coo.data):
+            raise InputError(f"{label}: a complex matrix ({coo.data.dtype}); values must be real")
         stored = coo.data != 0  # an explicit zero is no interaction, as everywhere in scipy.sparse
-        return arrays_rows(coo.row[stored], coo.col[stored], coo.data[stored], label)
-    table = as_table(data)
+        row, col = coo.row[stored], coo.col[stored]
+        cells = Origin.matrix(row.astype(np.int64) * coo.shape[1] + col, coo.shape[1], label)
+        return arrays_rows(row, col, coo.data[stored], label, cells)
+    table = as_table(data, label)
     return table_rows(table, pick_columns(table.column_names, columns, label), label)
 
 
-def as_table(data: object) -> pa.Table | None:
-    """A pyarrow Table of a pandas DataFrame or a pyarrow Table / RecordBatch, else None."""
+def as_table(data: object, label: str) -> pa.Table | None:
+    """A pyarrow Table of a pandas DataFrame or a pyarrow Table / RecordBatch, else None; a
+    DataFrame column that no Arrow type holds (ints mixed with strings in an object column) is
+    an InputError naming it."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
     if is_pandas(data):
-        return pa.Table.from_pandas(data, preserve_index=False)
+        try:
+            return pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            raise InputError(f"{label}: {_mixed_column(data)}") from None
     return None
+
+
+def _mixed_column(frame: Any) -> str:
+    """What makes a pandas DataFrame unconvertible: its first column that Arrow refuses."""
+    for name in frame.columns:
+        try:
+            pa.array(frame[name], from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+            kinds = sorted({type(x).__name__ for x in frame[name] if x is not None})
+            return (
+                f"column {str(name)!r} mixes values of types {', '.join(kinds)}, which no "
+                "column type holds; give it one type (e.g. .astype(str) for ids)"
+            )
+    return "cannot be read as a table"
 
 
 def pick_columns(names: Sequence[Any], columns: Sequence[int | str], label: str) -> list[str]:
@@ -83,9 +106,20 @@ def table_rows(table: pa.Table, picked: list[str], label: str) -> Rows:
     )
 
 
-def arrays_rows(users: object, items: object, values: object, label: str) -> Rows:
+def arrays_rows(
+    users: object,
+    items: object,
+    values: object,
+    label: str,
+    cells: Origin | None = None,
+) -> Rows:
+    """The rows of ``(users, items, values)`` arrays; ``cells``: their origin in the sparse
+    matrix they come from (:meth:`Origin.matrix`), which messages name instead of the entry's
+    position among the stored ones."""
     u = ids_from_array(users, label, "user")
     i = ids_from_array(items, label, "item")
+    if np.iscomplexobj(values):
+        raise InputError(f"{label}: complex values; values must be real numbers")
     try:
         v = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -94,7 +128,7 @@ def arrays_rows(users: object, items: object, values: object, label: str) -> Row
         raise InputError(f"{label}: users, items, values must be 1-D of equal length")
     if len(v) == 0:
         raise InputError(f"{label}: no data rows (empty arrays)")
-    origin = Origin.arrays(len(v), label)
+    origin = Origin.arrays(len(v), label) if cells is None else cells
     bad = np.flatnonzero(~np.isfinite(v))
     if bad.size:
         raise InputError(f"{origin.where(int(bad[0]))}: value {v[bad[0]]} is not finite")

@@ -45,6 +45,10 @@ class Origin:
         Per source: None if ``line`` is the line (or row) itself, else a function of a 0-based
         data record index that returns its 1-based line; the line numbers of a text file read
         as a whole are found only when a message needs one (``text.LineFinder``).
+    matrix_cols : int, optional
+        Rows from a sparse matrix of this many columns: ``line`` is then each stored entry's
+        position ``row * matrix_cols + column`` in the matrix, and messages name its row and
+        column (``LABEL, row 6, column 3``), not its place among the stored entries.
     """
 
     sources: tuple[str, ...]
@@ -53,11 +57,18 @@ class Origin:
     is_file: bool = True
     row_groups: tuple[RowGroups | None, ...] | None = None
     lines: tuple[Callable[[int], int] | None, ...] | None = None
+    matrix_cols: int | None = None
 
     @classmethod
     def arrays(cls, n: int, label: str = "input arrays") -> Origin:
         """Origin of ``n`` rows of in-memory arrays (rows are 0-based indices)."""
         return cls((label,), None, n, False)
+
+    @classmethod
+    def matrix(cls, cells: np.ndarray, n_cols: int, label: str) -> Origin:
+        """Origin of the stored entries of a sparse matrix of ``n_cols`` columns, at the
+        positions ``cells`` (``row * n_cols + column``, int64)."""
+        return cls((label,), None, cells, False, matrix_cols=n_cols)
 
     @classmethod
     def concat(cls, parts: list[Origin]) -> Origin:
@@ -83,7 +94,15 @@ class Origin:
 
     def rows(self, file_index: np.ndarray | None, line: np.ndarray | int) -> Origin:
         """Origin of rows of these sources (``self`` is used as a template; its rows ignored)."""
-        return Origin(self.sources, file_index, line, self.is_file, self.row_groups, self.lines)
+        return Origin(
+            self.sources,
+            file_index,
+            line,
+            self.is_file,
+            self.row_groups,
+            self.lines,
+            self.matrix_cols,
+        )
 
     def __len__(self) -> int:
         return self.line if isinstance(self.line, int) else len(self.line)
@@ -102,6 +121,9 @@ class Origin:
         a Parquet file, ``"FILE, row N (row group G)"`` (both 0-based, as pyarrow counts)."""
         f = 0 if self.file_index is None else int(self.file_index[k])
         line = k if isinstance(self.line, int) else int(self.line[k])
+        if self.matrix_cols is not None:
+            row, col = divmod(line, self.matrix_cols)
+            return f"{self.sources[f]}, row {row}, column {col}"
         finder = self.lines[f] if self.lines is not None else None
         if finder is not None:
             line = finder(line)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError, shown
+from ordnmf_dask.store.idmap import int_id
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -201,13 +202,9 @@ def _as_kind(query: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarr
         return query.astype(str), ok
     if query.dtype.kind == "i":
         return query.astype(np.int64), ok
-    tokens = query.astype(str)
-    out = np.zeros(len(tokens), dtype=np.int64)
-    for k, tok in enumerate(tokens):
-        try:
-            out[k] = int(tok)
-        except (ValueError, OverflowError):
-            ok[k] = False
-            continue
-        ok[k] = str(out[k]) == tok
+    out = np.zeros(len(query), dtype=np.int64)
+    for k, tok in enumerate(query.astype(str)):
+        number = int_id(tok)  # the canonical decimal form only
+        ok[k] = number is not None
+        out[k] = number or 0
     return out, ok

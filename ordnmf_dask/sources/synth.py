@@ -70,8 +70,9 @@ from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.split import check_test_fraction
 from ordnmf_dask.sources.values import MAX_CLASSES
 from ordnmf_dask.store import locations
-from ordnmf_dask.store.blocks import StoreInfo, check_target
+from ordnmf_dask.store.blocks import FORMAT_VERSION, StoreInfo, check_target
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, auto_grid
+from ordnmf_dask.store.header import StoreHeader
 from ordnmf_dask.store.staged import (
     STAGING,
     NpyRows,
@@ -690,36 +691,39 @@ def _attrs(
             params.theta[0], params.shape, params.rate_w, params.rate_h, params.n_components
         )
     )
-    return {
-        "complete": False,
-        "n_users": params.n_users,
-        "n_items": params.n_items,
-        "n_classes": params.n_classes,
-        "value_kind": "synthetic",
-        "thresholds": None,
-        "binarize": None,
-        "binarize_on": None,
-        "min_count": 0,
-        "filter_mode": None,
-        "duplicates": None,
-        "split": "random",
-        "test_fraction": params.test_fraction,
-        "seed": params.seed,
-        "nnz_train": sum(hist["train"]),
-        "nnz_test": sum(hist["test"]),
-        "hist_train": hist["train"],
-        "hist_test": hist["test"],
-        "grid": list(grid),
-        "nnz_per_block": int(nnz_per_block),
-        "source": [],
-        "test_source": None,
-        "id_kind": {"users": "int", "items": "int"},
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "synth": {
-            **asdict(params),
-            "theta": list(params.theta),
-            "generator": GENERATOR,
-            "factor_rows": FACTOR_ROWS,
-            "expected_nnz": expected,
+    header = StoreHeader(
+        format_version=FORMAT_VERSION,
+        complete=False,
+        n_users=params.n_users,
+        n_items=params.n_items,
+        n_classes=params.n_classes,
+        value_kind="synthetic",
+        nnz_train=sum(hist["train"]),
+        nnz_test=sum(hist["test"]),
+        hist_train=tuple(hist["train"]),
+        hist_test=tuple(hist["test"]),
+        grid=grid,
+        nnz_per_block=int(nnz_per_block),
+        record={
+            "binarize": None,
+            "binarize_on": None,
+            "min_count": 0,
+            "filter_mode": None,
+            "duplicates": None,
+            "split": "random",
+            "test_fraction": params.test_fraction,
+            "seed": params.seed,
+            "source": [],
+            "test_source": None,
+            "id_kind": {"users": "int", "items": "int"},
+            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "synth": {
+                **asdict(params),
+                "theta": list(params.theta),
+                "generator": GENERATOR,
+                "factor_rows": FACTOR_ROWS,
+                "expected_nnz": expected,
+            },
         },
-    }
+    )
+    return header.to_attrs()

@@ -35,6 +35,7 @@ from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.decode import (
+    CHUNK,
     WRITE_ALL,
     ArrayFiles,
     ChunkFiles,
@@ -42,13 +43,19 @@ from ordnmf_dask.store.decode import (
     thread_buffer,
 )
 from ordnmf_dask.store.grid import BlockedNonzeros, block_indptr, indptr_starts
+from ordnmf_dask.store.header import (
+    StoreHeader,
+    check_arrays,
+    check_bounds,
+    check_offsets,
+    prepared,
+)
 from ordnmf_dask.store.kinds import NAMES, STORE_MARK, is_store
 from ordnmf_dask.store.outputs import check_place, check_replaceable
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # docs/store-format.md
-CHUNK = 2**20
 SPLITS = ("train", "test")  # the subsets every store has
 VALIDATION = "validation"  # the optional third subset (docs/store-format.md)
 AXES = ("users", "items")
@@ -76,7 +83,9 @@ class StoreInfo:
     hist_train, hist_test : np.ndarray of int64, shape (V + 1,)
         Class counts; index 0 is always 0.
     attrs : dict
-        All group attributes.
+        All group attributes, as recorded.
+    header : StoreHeader
+        The attributes typed and checked (:mod:`.header`): read fields from here.
     """
 
     path: str
@@ -90,16 +99,23 @@ class StoreInfo:
     hist_train: np.ndarray
     hist_test: np.ndarray
     attrs: dict
+    header: StoreHeader
 
     @property
     def splits(self) -> tuple[str, ...]:
         """The block subsets of the store: train, test, and validation when it has one."""
-        return store_splits(self.attrs)
+        return self.header.splits
 
     @property
     def nnz_validation(self) -> int:
         """Nonzeros of the validation subset (0 when there is none)."""
-        return int(self.attrs.get("nnz_validation") or 0)
+        return self.header.nnz_validation or 0
+
+    @property
+    def count_edges(self) -> np.ndarray | None:
+        """The count thresholds of a count store (the count range of each class), else None."""
+        h = self.header
+        return np.asarray(h.thresholds) if h.value_kind == "counts" else None
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -230,6 +246,7 @@ def write_store(
     tmp, scratch = temporary_path(path)
     try:
         group = zarr.open_group(tmp, mode="w-", zarr_format=3)
+        attrs = prepared(attrs, path)
         group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
         write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
         write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
@@ -595,8 +612,10 @@ def _open(path: str) -> _Handle:
     if attrs.get("complete") is not True:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
     locations.check_not_pending(path, "store")
+    header = StoreHeader.from_attrs(attrs, path)
     try:
-        splits = store_splits(attrs)
+        splits = header.splits
+        check_arrays(header, _shapes(group, header), path)
         files = {
             s: {f: _array_files(group, path, f"{s}/{f}") for f in BLOCK_ARRAYS} for s in splits
         }
@@ -612,24 +631,34 @@ def _open(path: str) -> _Handle:
         ):
             chunks.check_present()
         offsets = {s: _read_all(small[f"{s}/offsets"]) for s in splits}
-        info = StoreInfo(
-            path=path,
-            n_users=int(attrs["n_users"]),
-            n_items=int(attrs["n_items"]),
-            n_classes=int(attrs["n_classes"]),
-            row_bounds=_read_all(small["row_bounds"]),
-            col_bounds=_read_all(small["col_bounds"]),
-            nnz_train=int(attrs["nnz_train"]),
-            nnz_test=int(attrs["nnz_test"]),
-            hist_train=np.asarray(attrs["hist_train"], dtype=np.int64),
-            hist_test=np.asarray(attrs["hist_test"], dtype=np.int64),
-            attrs=attrs,
-        )
+        row_bounds, col_bounds = _read_all(small["row_bounds"]), _read_all(small["col_bounds"])
     except StoreError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"{path}: unreadable store ({type(exc).__name__}: {exc})") from None
+    check_bounds(header, row_bounds, col_bounds, path)
+    for s in splits:
+        check_offsets(header, s, offsets[s], path)
+    info = StoreInfo(
+        path=path,
+        n_users=header.n_users,
+        n_items=header.n_items,
+        n_classes=header.n_classes,
+        row_bounds=row_bounds,
+        col_bounds=col_bounds,
+        nnz_train=header.nnz_train,
+        nnz_test=header.nnz_test,
+        hist_train=np.asarray(header.hist_train, dtype=np.int64),
+        hist_test=np.asarray(header.hist_test, dtype=np.int64),
+        attrs=attrs,
+        header=header,
+    )
     return _Handle(info, group, files, offsets, indptr_starts(info.row_bounds, info.grid[1]))
+
+
+def _shapes(group: zarr.Group, header: StoreHeader) -> dict[str, tuple[int, ...]]:
+    """The recorded shape of every array the header gives one for (its metadata only)."""
+    return {name: tuple(group[name].shape) for name in header.expected_shapes()}
 
 
 def _array_files(group: zarr.Group, path: str, name: str) -> ArrayFiles:

@@ -39,6 +39,7 @@ from ordnmf_dask.errors import StoreError
 from ordnmf_dask.store import locations
 
 CODECS = ("bytes", "blosc")
+CHUNK = 2**20  # elements per chunk of a store's arrays (the last and small arrays: fewer)
 INVENTORY = "chunk_files"  # array attribute: {"bytes": [...], "crc32": [...]}, one per chunk file
 WRITE_ALL = {"write_empty_chunks": True}  # zarr array config of every store writer
 
@@ -301,6 +302,11 @@ class ArrayFiles:
                 "reads 1-D arrays with codecs ('bytes' little endian, 'blosc') and default '/' keys"
             )
         chunk = int(array.chunks[0])  # type: ignore[attr-defined]
+        if not 1 <= chunk <= CHUNK:  # a decode buffer is a chunk: bounded before it is made
+            raise StoreError(
+                f"{directory}: chunks of {chunk} elements, but a store's arrays have chunks of "
+                f"1..{CHUNK} (the store is damaged)"
+            )
         dtype = np.dtype(array.dtype)  # type: ignore[attr-defined]
         return cls(directory, dtype, shape[0], chunk, ChunkFiles.of(array, directory))
 

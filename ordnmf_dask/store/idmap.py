@@ -26,12 +26,104 @@ if TYPE_CHECKING:  # distributed is imported where a cluster is used
 #: Text of an integral float (``7.0``, ``-12.00``): the id whose text is the integer's (``7``), in
 #: every input format (a Parquet float id column gives the same) and on the command line.
 INTEGRAL_FLOAT = r"^(0|-?[1-9][0-9]*)\.0+$"
+#: The canonical decimal text of an int64 id: ASCII digits, a minus sign on a nonzero value, no
+#: leading zeros, nothing else (``1_0``, ``+7``, ``007`` and Arabic-Indic digits are other texts,
+#: so other ids). The one rule by which text becomes an integer id, in ingest and in lookups.
+CANONICAL_INT = r"^(?:0|-?[1-9][0-9]{0,18})$"
+_CANONICAL = re.compile(CANONICAL_INT)
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 def id_text(text: str) -> str:
     """A raw id given as text as the ingest reads it: stripped, integral float text as the
     integer's."""
     return re.sub(INTEGRAL_FLOAT, r"\1", text.strip())
+
+
+def is_missing(value: Any) -> bool:
+    """Whether ``value`` is a missing value (None, NaN, NaT, pandas NA), which names no id."""
+    if value is None or type(value).__name__ in ("NAType", "NaTType"):
+        return True
+    if isinstance(value, float | np.floating):
+        return bool(np.isnan(value))
+    if isinstance(value, np.datetime64 | np.timedelta64):
+        return bool(np.isnat(value))
+    return False
+
+
+def int_id(value: Any) -> int | None:
+    """The int64 id that the raw id ``value`` names, or None when it names none: an integer in
+    int64, an integral float within it, or text in the canonical decimal form
+    (:data:`CANONICAL_INT`, after :func:`id_text`)."""
+    if isinstance(value, bool | np.bool_):
+        return None
+    if isinstance(value, float | np.floating):
+        if not float(value).is_integer() or not -(2.0**63) <= value < 2.0**63:
+            return None
+        value = int(value)
+    if isinstance(value, int | np.integer):
+        return int(value) if _INT64[0] <= value <= _INT64[1] else None
+    if isinstance(value, str):
+        text = id_text(value)
+        if _CANONICAL.fullmatch(text) is None:
+            return None
+        number = int(text)
+        return number if _INT64[0] <= number <= _INT64[1] else None
+    return None
+
+
+def str_id(value: Any) -> str:
+    """The text of the raw id ``value`` in a store of string ids (as the ingest reads it)."""
+    if isinstance(value, str):
+        return id_text(value)
+    number = int_id(value)
+    return str(number) if number is not None else str(value)
+
+
+def id_list(ids: Any, name: str) -> list[Any]:
+    """``ids`` (a list, tuple, array or other sequence of raw ids) as a list; TypeError for a
+    bare string or a single value, which would otherwise be read as its characters or as one
+    id where a list was meant; InputError for a missing value (None, NaN, NaT) among them."""
+    if isinstance(ids, str | bytes) or not _sequence(ids):
+        what = f"the string {ids!r}" if isinstance(ids, str | bytes) else shown(ids)
+        raise TypeError(f"{name} must be a list of ids, got {what} (pass [{ids!r}] for one id)")
+    out = list(ids)
+    for j, value in enumerate(out):
+        if is_missing(value):
+            raise InputError(f"{name}[{j}] is {shown(value)}, which names no id")
+    return out
+
+
+def _sequence(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1
+    return hasattr(value, "__len__") and hasattr(value, "__iter__") and not isinstance(value, dict)
+
+
+def coerce(raw: Sequence[Any], integer: bool) -> tuple[np.ndarray, list[int]]:
+    """Raw ids as given, in the type of a map of int64 (``integer``) or string ids.
+
+    Returns
+    -------
+    wanted : (m',) the ids that can be of that type (int64 or ``<U``), in order.
+    bad : positions in ``raw`` of ids that cannot (``"x"`` or ``"1_0"`` for integer ids):
+        unknown ids.
+    """
+    bad, values = [], []
+    for j, value in enumerate(raw):
+        if is_missing(value):
+            raise InputError(f"id {shown(value)} (position {j}) is missing: it names no id")
+        if integer:
+            number = int_id(value)
+            if number is None:
+                bad.append(j)
+            else:
+                values.append(number)
+        else:
+            values.append(str_id(value))
+    if integer:
+        return np.array(values, dtype=np.int64), bad
+    return _as_plain(np.array(values, dtype=str)), bad
 
 
 def _array(store: str, axis: str) -> zarr.Array:
@@ -90,40 +182,9 @@ def ids_slice(store: str, axis: str, start: int, stop: int) -> list[Any]:
 
 
 def coerce_ids(store: str, axis: str, raw: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
-    """Raw ids as given (e.g. strings from a command line) in the dtype of the store's ids.
-
-    Returns
-    -------
-    wanted : (m',) the ids that can be of the store's type (int64 or ``<U``).
-    bad : positions in ``raw`` of ids that cannot (e.g. "x" for integer ids): unknown ids.
-    """
-    integer = _array(store, axis).dtype.kind in "iu"
-    bad, values = [], []
-    for j, value in enumerate(raw):
-        if isinstance(value, str):
-            value = id_text(value)
-        elif (
-            isinstance(value, float | np.floating)
-            and float(value).is_integer()
-            and -(2.0**63) <= value < 2.0**63
-        ):
-            value = int(value)
-        if integer:
-            try:
-                if isinstance(value, float | np.floating):  # not integral, or beyond int64
-                    raise ValueError
-                number = int(value)
-            except (TypeError, ValueError):
-                bad.append(j)
-                continue
-            if -(2**63) <= number < 2**63:
-                values.append(number)
-            else:
-                bad.append(j)
-        else:
-            values.append(str(value))
-    arr = np.array(values, dtype=np.int64) if integer else _as_plain(np.array(values, dtype=str))
-    return arr, bad
+    """Raw ids as given (e.g. strings from a command line) in the dtype of the store's ids
+    (:func:`coerce`)."""
+    return coerce(raw, _array(store, axis).dtype.kind in "iu")
 
 
 def find_in_slice(

@@ -63,6 +63,7 @@ from ordnmf_dask.store.blocks import (
 )
 from ordnmf_dask.store.decode import WRITE_ALL, chunk_path, chunk_record, set_inventory
 from ordnmf_dask.store.grid import indptr_starts
+from ordnmf_dask.store.header import prepared
 from ordnmf_dask.store.kinds import STORE_MARK
 
 FIELDS: dict[str, np.dtype] = {  # the staged arrays of a segment
@@ -336,6 +337,7 @@ def assemble_store(
         The raw ids, in memory or staged (written by copy jobs like the nonzeros).
     """
     group = zarr.open_group(tmp, mode="a", zarr_format=3)
+    attrs = prepared(attrs, tmp)  # written as its readers will check it
     group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
     write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
     write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))

@@ -352,7 +352,7 @@ def _level(
     s = int(fixed.get("threshold", 1)) if level is None else level
     if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= info.n_classes:
         raise InputError(f"validation_s must be a class in 1..{info.n_classes}, got {s!r}")
-    if not sum(info.attrs[f"hist_{split}"][s:]):
+    if not sum(getattr(info.header, f"hist_{split}")[s:]):
         raise InputError(
             f"validation_s = {s}: the {split} subset of {info.path} has no nonzero of class >= {s}"
         )
