@@ -2,7 +2,7 @@
 process, the first with an empty numba cache (``NUMBA_CACHE_DIR``, a fresh temporary
 directory: the kernels are compiled), the second with the cache the first one left (loaded).
 Prints the seconds of each step side by side, their difference, and the announcement each run
-logged on stderr (``runtime/compiling.py``).
+logged on stderr (``model/compiling.py``).
 
     python bench/first_call.py [--store out/movielens_small/store.zarr] [-k 50]
 """

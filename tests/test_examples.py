@@ -126,8 +126,8 @@ def test_movielens_small_prints_what_the_readme_shows(tmp_path):
     r = run(["bash", str(EXAMPLES / "movielens_small.sh")], tmp_path, OUT=str(tmp_path / "ml"))
     assert r.returncode == 0, r.stderr
     shown = readme_output()
-    assert shown[0].startswith("ranking metrics at k = 100") and len(shown) == 13
-    assert r.stdout.splitlines()[-13:] == shown
+    assert shown[0].startswith("ranking metrics at k = 100") and len(shown) == 15
+    assert r.stdout.splitlines()[-15:] == shown
     results = json.loads((tmp_path / "ml" / "results.json").read_text())
     assert f"{results['ndcg']['1']:.4f}" == readme_ndcg_at_1()
     assert f"converged: {readme_iterations()} iterations" in r.stdout

@@ -164,6 +164,7 @@ def test_an_existing_path_with_glob_characters_is_taken_literally(tmp_path, caps
     (tmp_path / "r1.csv").write_text("99,99,1\n")  # what the glob r[1].csv would match
     both(tmp_path, tmp_path / "r[1].csv", chunk_bytes=50, rows_per_partition=8, test_fraction=0)
     assert ids(tmp_path / "mem", "users") == list(range(6))
+    capsys.readouterr()  # the ingests' summary lines
     err = refused(capsys, tmp_path / "none", tmp_path / "q[1].csv")  # none there: still a glob
     assert "q[1].csv: no files match" in err
 
@@ -339,7 +340,7 @@ def test_test_rows_dropped_are_one_warning_line(tmp_path, capsys):
             ["fitt"],
             "ordnmf-dask: error: argument COMMAND: invalid choice: 'fitt' (choose from "
             "'ingest', 'synth', 'info', 'fit', 'evaluate', 'recommend', 'similar-items', "
-            "'similar-users', 'fold-in', 'score', 'export', 'reproduce', 'tune') "
+            "'similar-users', 'fold-in', 'score', 'export', 'predict', 'reproduce', 'tune') "
             "(see ordnmf-dask --help)",
         ),
     ],

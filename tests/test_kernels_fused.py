@@ -87,8 +87,10 @@ def test_local_step_over_rows_longer_than_a_chunk(monkeypatch, approx, tiled):
 
 
 def test_one_minus_exp_neg_against_expm1():
-    """1 - exp(-x) of the vectorized local step: ~1 ulp of -expm1(-x) from denormals to where
-    it rounds to 1, exact at 0, NaN below 0 and for NaN."""
+    """1 - exp(-x) of the vectorized local step: within 1.5 ulp of the true value (measured:
+    1.39) from denormals to where it rounds to 1, exact at 0, NaN below 0 and for NaN. The truth
+    is -expm1(-x) in extended precision, not float64's expm1, which is itself up to 0.73 ulp off
+    at places that differ between numpy versions."""
     x = np.concatenate(
         [
             [0.0, 5e-324, 1e-300, 1e-200],
@@ -100,7 +102,11 @@ def test_one_minus_exp_neg_against_expm1():
         ]
     )
     got = np.array([kernels._one_minus_exp_neg(v) for v in x])
-    np.testing.assert_allclose(got, -np.expm1(-x), rtol=3e-16, atol=0)
+    assert np.finfo(np.longdouble).nmant > np.finfo(np.float64).nmant  # x86's 80-bit
+    truth = -np.expm1(-x.astype(np.longdouble))
+    err = np.abs(got.astype(np.longdouble) - truth)
+    ulps = err / np.spacing(truth.astype(np.float64))
+    assert np.max(ulps) <= 1.5, x[np.argmax(ulps)]
     assert got[0] == 0.0
     for v in (-1e-300, -1.0, -np.inf, np.nan):
         assert np.isnan(kernels._one_minus_exp_neg(v))

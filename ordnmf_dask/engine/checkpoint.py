@@ -43,9 +43,9 @@ import zarr
 from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore
+from ordnmf_dask.runtime.abandoned import abandoned
 from ordnmf_dask.runtime.inprocess import wait
 from ordnmf_dask.store import locations
-from ordnmf_dask.store.blocks import abandoned
 from ordnmf_dask.store.kinds import (
     CHECKPOINT_DIRECTORY,
     CHECKPOINT_FORMAT,
@@ -376,7 +376,7 @@ def abandon(pending: Pending, finish_writes: bool) -> None:
     fit that stopped normally; a failed one does not wait on its cluster: a write still
     running may leave a ``.tmp`` behind, which is never read as a checkpoint and is removed
     by the rotation of :func:`finish` or a restart, and by this process once the workers that
-    might write there are gone: :func:`ordnmf_dask.store.blocks.sweep_abandoned`)."""
+    might write there are gone: :func:`ordnmf_dask.runtime.abandoned.sweep_abandoned`)."""
     if finish_writes:
         wait([f for fs in pending.sums.values() for f in fs])
     elif not locations.is_url(pending.tmp):

@@ -35,7 +35,7 @@ Dtype policy:
   in-process executor and a worker process of several threads), ``cache=True``: compiled once
   per machine into the package's ``__pycache__`` and loaded from there by every later process
   (:func:`jit`); a compilation (the first run on a machine) is announced on the log
-  (:mod:`ordnmf_dask.runtime.compiling`).
+  (:mod:`ordnmf_dask.model.compiling`).
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ordnmf_dask.model import compiling
 from ordnmf_dask.model.csr import expand_rows, row_pointer
 from ordnmf_dask.model.sizes import held_bytes
-from ordnmf_dask.runtime import compiling
 
 if TYPE_CHECKING:
     import scipy.sparse as sp
@@ -76,7 +76,7 @@ def jit(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     directory at all, compiled in each process instead of failing the import."""
 
     def decorate(fn: Callable[..., Any]) -> Any:
-        compiling.install()  # a first call that compiles says so (runtime/compiling.py)
+        compiling.install()  # a first call that compiles says so (model/compiling.py)
         try:
             return njit(cache=True, nogil=True, **options)(fn)
         except RuntimeError:  # numba: "cannot cache function ...: no locator available"

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.abandoned import sweep_abandoned
 from ordnmf_dask.runtime.inprocess import InProcessClient, physical_memory
 from ordnmf_dask.runtime.memory import (
     FACTOR_TABLES,
@@ -126,7 +127,7 @@ def resolve_client(
                 )
                 yield own
         finally:
-            _sweep()  # its workers are gone: no task of theirs can write any more
+            sweep_abandoned()  # its workers are gone: no task of theirs can write any more
 
 
 def runs_inprocess(
@@ -197,7 +198,7 @@ def choose_client(
             with InProcessClient(threads) as own:
                 yield own
         finally:
-            _sweep()  # its threads are stopped
+            sweep_abandoned()  # its threads are stopped
         return
     if executor == "auto" and runs_inprocess(info, k, tables=tables):
         log.info(
@@ -240,14 +241,6 @@ def _worker_logging() -> dict[str, dict[str, str]]:
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
     env["DASK_DISTRIBUTED__LOGGING__DISTRIBUTED"] = str(level).lower()
     return {"distributed.nanny.pre-spawn-environ": env}
-
-
-def _sweep() -> None:
-    """Remove what interrupted writes kept for tasks that might still run
-    (:func:`ordnmf_dask.store.blocks.sweep_abandoned`)."""
-    from ordnmf_dask.store.blocks import sweep_abandoned
-
-    sweep_abandoned()
 
 
 @contextmanager

@@ -33,6 +33,7 @@ import zarr.codecs
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
+from ordnmf_dask.runtime.abandoned import abandoned, forget
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.decode import (
     CHUNK,
@@ -374,7 +375,7 @@ def discard_temporary(scratch: str, settled: bool = True) -> None:
     writes later is in a directory the next write to the same destination removes."""
     if settled or locations.is_url(scratch) or not os.path.isdir(scratch):
         shutil.rmtree(scratch, ignore_errors=True)
-        _ABANDONED.discard(scratch)
+        forget(scratch)
         return
     abandoned(scratch)
     for entry in os.scandir(scratch):
@@ -384,27 +385,6 @@ def discard_temporary(scratch: str, settled: bool = True) -> None:
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
             os.remove(entry.path)
-
-
-_ABANDONED: set[str] = set()  # temporary directories kept while a task may still write there
-
-
-def abandoned(path: str) -> None:
-    """Record the local temporary directory ``path`` of an interrupted write, where a task
-    still running may write, to be removed by :func:`sweep_abandoned`."""
-    _ABANDONED.add(path)
-
-
-def sweep_abandoned() -> list[str]:
-    """Remove the temporary directories :func:`discard_temporary` kept (an interrupted write
-    whose tasks might still run), once the workers that ran those tasks are gone: called when
-    a LocalCluster or in-process pool this process started is closed, so that a signal leaves
-    nothing behind. Returns what was removed."""
-    removed = sorted(_ABANDONED)
-    for scratch in removed:
-        shutil.rmtree(scratch, ignore_errors=True)
-        _ABANDONED.discard(scratch)
-    return removed
 
 
 def _running(pid: object) -> bool:
