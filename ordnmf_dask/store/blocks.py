@@ -33,7 +33,7 @@ import zarr.codecs
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
-from ordnmf_dask.store import locations
+from ordnmf_dask.store import locations, writelock
 from ordnmf_dask.store.decode import (
     CHUNK,
     WRITE_ALL,
@@ -190,11 +190,13 @@ def check_target(
     of ``inputs``, not inside another directory of this package). An existing path is replaced
     only with ``overwrite``, only if ``is_ours(path)`` (it is a ``kind`` this package wrote),
     and only if it holds nothing else (:func:`.outputs.check_replaceable`), so data
-    the package did not write is never removed. At a URL, an unfinished write of a ``kind``
+    the package did not write is never removed. A local output another live process is
+    writing (its lock, :mod:`.writelock`) is refused. At a URL, an unfinished write of a ``kind``
     (its pending marker records ``mark``) may be replaced too.
     """
     given = os.fspath(out)
     path = check_place(out, f"the {NAMES[mark]}", mark, inputs, itself=False)
+    writelock.check_free(path)  # another writer of it: refused before any work
     if locations.is_url(path):
         locations.check_url_target(path, overwrite, kind, is_ours, mark)
         check_replaceable(path, NAMES[mark])
@@ -263,7 +265,7 @@ def write_store(
         group.attrs["complete"] = True
         publish(tmp, path, lambda p: check_target(p, overwrite))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard_temporary(scratch)
     return open_store(path)
 
 
@@ -302,13 +304,23 @@ def temporary_path(path: str) -> tuple[str, str]:
 
     The local ``OUT.tmp-<random>`` carries a marker naming ``path`` and this process, written
     before anything else: what a run killed before it could clean up leaves behind, the next
-    write to ``path`` removes (:func:`remove_leftovers`)."""
+    write to ``path`` removes (:func:`remove_leftovers`).
+
+    Every writer of a local output passes here first, so here it takes the lock of ``path``
+    (:mod:`.writelock`: a second writer of it is refused, naming the first, before anything
+    is written), held until :func:`discard_temporary` removes ``scratch``."""
     if locations.is_url(path):
         scratch = tempfile.mkdtemp(prefix="ordnmf-upload-")
         return os.path.join(scratch, "out.zarr"), scratch
-    remove_leftovers(path)
-    scratch = f"{path}.tmp-{secrets.token_hex(6)}"
-    os.mkdir(scratch)
+    lock = writelock.take(path)
+    try:
+        remove_leftovers(path)
+        scratch = f"{path}.tmp-{secrets.token_hex(6)}"
+        os.mkdir(scratch)
+    except BaseException:
+        writelock.give_back(lock)
+        raise
+    _LOCKS[scratch] = lock
     try:  # a signal before the marker is in place: the directory goes, nothing else would
         doc = {"kind": TMP_KIND, "for": path, "host": socket.gethostname(), "pid": os.getpid()}
         mark = os.path.join(scratch, TMP_MARK)
@@ -316,9 +328,12 @@ def temporary_path(path: str) -> tuple[str, str]:
             json.dump(doc, fh)
         os.replace(f"{mark}.part", mark)
     except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard_temporary(scratch)
         raise
     return os.path.join(scratch, "out"), scratch
+
+
+_LOCKS: dict[str, str | None] = {}  # scratch directory -> the output lock its writer holds
 
 
 def remove_leftovers(path: str) -> list[str]:
@@ -371,7 +386,15 @@ def _unmarked(tmp: str, name: str) -> bool:
 def discard_temporary(scratch: str, settled: bool = True) -> None:
     """Remove the directory ``scratch`` of :func:`temporary_path`. While a task may still write
     there (not ``settled``: an interrupted write), its marker stays, so that what the task
-    writes later is in a directory the next write to the same destination removes."""
+    writes later is in a directory the next write to the same destination removes. The lock
+    :func:`temporary_path` took is given back either way."""
+    try:
+        _discard(scratch, settled)
+    finally:
+        writelock.give_back(_LOCKS.pop(scratch, None))
+
+
+def _discard(scratch: str, settled: bool) -> None:
     if settled or locations.is_url(scratch) or not os.path.isdir(scratch):
         shutil.rmtree(scratch, ignore_errors=True)
         _ABANDONED.discard(scratch)
