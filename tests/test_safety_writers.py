@@ -157,3 +157,59 @@ def test_locks_are_on_local_paths_only():
     assert writelock.take("memory://bucket/m.zarr") is None
     writelock.give_back(None)
     assert os.path.basename(writelock.lock_path("/a/m.zarr/")) == "m.zarr.lock"
+
+
+def replace_store(path: Path, tmp_path: Path) -> None:
+    """``ingest --overwrite`` of another store at ``path``, by another process."""
+    from conftest import CLI
+
+    csv = tmp_path / "other.csv"
+    csv.write_text(CSV)
+    done = subprocess.run(
+        [*CLI, "ingest", str(csv), "--out", str(path), "--overwrite", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_store_replaced_after_it_was_opened_is_an_error_saying_it_changed(tmp_path):
+    """One version per reader: blocks read after a publish replaced the store opened are
+    refused, never blocks of the new store under the old one's bounds; opening it again reads
+    the new one."""
+    from ordnmf_dask.errors import StoreError
+    from ordnmf_dask.store.blocks import open_store, read_block, read_ids
+
+    train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
+    info = store_from_dense(tmp_path / "s.zarr", train, test, 3, (2, 2))
+    before = read_block(info.path, "train", 0, 0)
+    replace_store(Path(info.path), tmp_path)
+    with pytest.raises(StoreError, match="the store changed while it was read"):
+        read_block(info.path, "train", 0, 0)
+    with pytest.raises(StoreError, match="the store changed while it was read"):
+        read_ids(info.path, "users")
+    with pytest.raises(StoreError, match="the store changed while it was read"):
+        with info.reading():
+            pass
+    again = open_store(info.path)  # a new reader: the new version
+    assert again.version != info.version and again.n_users == 12 != info.n_users
+    assert read_block(info.path, "train", 0, 0).shape != before.shape or again.grid != info.grid
+    with again.reading():
+        read_block(info.path, "train", 0, 0)
+
+
+def test_evaluate_of_a_store_replaced_meanwhile_says_it_changed(fitted, tmp_path):
+    import shutil
+
+    from ordnmf_dask import evaluate
+    from ordnmf_dask.errors import StoreError
+    from ordnmf_dask.store.blocks import open_store
+
+    store, model = fitted
+    copy = tmp_path / "o.zarr"
+    shutil.copytree(store, copy)
+    info = open_store(copy)  # opened, then replaced before its blocks are read
+    replace_store(copy, tmp_path)
+    with pytest.raises(StoreError, match="the store changed while it was read"):
+        evaluate(info, str(model), allow_other_store=True, n_workers=1)

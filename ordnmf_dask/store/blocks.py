@@ -23,7 +23,8 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,11 @@ COMPRESSORS = (zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
 class StoreInfo:
     """Metadata of a complete store.
 
+    One version per reader: the blocks read after opening a store (:func:`read_block`) are
+    checked to come from the version it was opened from (:meth:`reading`, and
+    :func:`read_block` itself), so that a store published at the same path meanwhile
+    (``ingest --overwrite``) is an error saying it changed, never blocks of two stores.
+
     Attributes
     ----------
     path : str
@@ -100,6 +106,25 @@ class StoreInfo:
     hist_test: np.ndarray
     attrs: dict
     header: StoreHeader
+    version: tuple[Any, ...] = ()  # identity of the root zarr.json when opened
+
+    def check_unchanged(self) -> None:
+        """StoreError if the directory no longer holds the version this was opened from (the
+        identity of its root ``zarr.json``, which every publish of a store there changes)."""
+        if self.version and _current(self.path) != self.version:
+            raise _changed(self.path)
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Within the block, what is read from the store must be of this version: checked on
+        leaving, and an error inside (a chunk gone or not matching its inventory) is reported
+        as the change it comes from when the version changed."""
+        try:
+            yield
+        except Exception:
+            self.check_unchanged()
+            raise
+        self.check_unchanged()
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -531,14 +556,25 @@ def read_block(
 
     Cheap and safe to call concurrently from many threads or processes: it reads only the
     block's slice; opened stores are kept in a small per-process cache keyed by the store's
-    identity on disk.
+    identity on disk. A store replaced since this process opened it (:func:`open_store`) is a
+    StoreError saying it changed.
     """
-    handle = _handle(path)
+    handle = _handle(path)  # of the version this process opened, or an error saying it changed
     if split not in handle.files:
         raise ValueError(f"split must be one of {tuple(handle.files)}, got {split!r}")
     unknown = set(values) - {"y", "raw"}
     if unknown:
         raise ValueError(f"values must be among ('y', 'raw'), got {sorted(unknown)}")
+    try:
+        return _read_block(handle, split, r, c, values, reuse)
+    except Exception:  # replaced while read (a chunk gone or another's): said so
+        handle.info.check_unchanged()
+        raise
+
+
+def _read_block(
+    handle: _Handle, split: str, r: int, c: int, values: Sequence[str], reuse: bool
+) -> Block:
     shape = handle.info.block_shape(r, c)
     b = r * handle.info.grid[1] + c
     files = handle.files[split]
@@ -580,6 +616,10 @@ class _Handle:
 
 
 _CACHE: OrderedDict[tuple, _Handle] = OrderedDict()
+# (pid, path) -> the version open_store opened there last in this process: reads by path after
+# a publish replaced it are refused, until open_store opens it again (workers that never open
+# a store are checked by their driver's StoreInfo.reading)
+_PINNED: dict[tuple, tuple] = {}
 _CACHE_SIZE = 8
 _LOCK = threading.Lock()
 
@@ -598,18 +638,40 @@ def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
         raise StoreError(f"{full}: not a zarr group (no zarr.json)") from None
     key = (os.getpid(), full, *identity)
     with _LOCK:
+        pinned = _PINNED.get(key[:2])
+        if pinned is not None and pinned != identity and not fresh:
+            raise _changed(full)
         if key in _CACHE and not fresh:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    handle = _open(full)
+    handle = _open(full, identity)
+    if _current(full) != identity:  # replaced while its attributes were read
+        raise _changed(full)
     with _LOCK:
+        if fresh:
+            _PINNED[key[:2]] = identity
         _CACHE[key] = handle
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return handle
 
 
-def _open(path: str) -> _Handle:
+def _current(path: str) -> tuple[Any, ...] | None:
+    """The version of the store at ``path`` now (None when it has no root zarr.json)."""
+    try:
+        return locations.identity(locations.join(path, "zarr.json"))
+    except OSError:
+        return None
+
+
+def _changed(path: str) -> StoreError:
+    return StoreError(
+        f"{path}: the store changed while it was read (another write replaced it since it "
+        "was opened); open it again"
+    )
+
+
+def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
     locations.check_tree(path, "store")
     try:
         group = zarr.open_group(path, mode="r")
@@ -675,6 +737,7 @@ def _open(path: str) -> _Handle:
         hist_test=np.asarray(header.hist_test, dtype=np.int64),
         attrs=attrs,
         header=header,
+        version=identity,
     )
     return _Handle(info, group, files, offsets, indptr_starts(info.row_bounds, info.grid[1]))
 
