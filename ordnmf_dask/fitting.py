@@ -281,7 +281,8 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                     *checkpoint_schedule(cl, values),
                     plan.prints[j],
                 )
-                run = _run_one(plan, runner, run_cfg, work, bool(ours), scorer, callback)
+                with info.reading():  # the store opened, whole, or an error saying it changed
+                    run = _run_one(plan, runner, run_cfg, work, bool(ours), scorer, callback)
                 runs.append(_run_record(run, run_cfg.seed))
                 if n_init > 1:  # its checkpoints would collide with the next run's
                     checkpoint.discard(ckpt_dir, plan.prints[j])
@@ -300,7 +301,8 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
             for j, r in enumerate(runs):
                 r["kept"] = j == kept
             attrs = _model_attrs(plan, state, scorer is not None, cache, runs)
-            save_model(cl, state.w, state.h, out, attrs, overwrite=plan.overwrite)
+            with info.reading():  # its id maps and training items are copied from the store
+                save_model(cl, state.w, state.h, out, attrs, overwrite=plan.overwrite)
             log.info(
                 "fit: %s after %d iterations, ELBO %.10e, in %.1f s; model in %s",
                 "converged" if state.converged else "stopped at max_iter",

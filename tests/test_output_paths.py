@@ -374,7 +374,13 @@ def test_only_marked_temporary_directories_of_a_gone_process_are_removed(tmp_pat
     _, newest_scratch = temporary_path(dest)
     assert not os.path.exists(scratch)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        os.path.basename(p) for p in (live_scratch, other_scratch, unmarked, newest_scratch)
+        [
+            *(os.path.basename(p) for p in (live_scratch, other_scratch, unmarked, newest_scratch)),
+            "d.zarr.lock",  # held by this process's writes, until they discard their directory
+            "e.zarr.lock",
+        ]
     )
-    discard_temporary(newest_scratch)
+    for held in (newest_scratch, live_scratch, other_scratch):
+        discard_temporary(held)
     assert not os.path.exists(newest_scratch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [os.path.basename(unmarked)]

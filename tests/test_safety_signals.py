@@ -40,8 +40,10 @@ def test_16_a_signal_before_the_temporary_marker_leaves_no_directory(model, tmp_
     """The window between making OUT.tmp-<id> and writing its marker: the directory goes."""
     real_dump = json.dump
 
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
+    def interrupted(doc, fh, *args, **kwargs):
+        if str(fh.name).endswith(f"{blocks.TMP_MARK}.part"):  # the marker, not the lock
+            raise KeyboardInterrupt
+        return real_dump(doc, fh, *args, **kwargs)
 
     monkeypatch.setattr(blocks.json, "dump", interrupted)
     with pytest.raises(KeyboardInterrupt):

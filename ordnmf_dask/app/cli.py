@@ -77,14 +77,20 @@ def _check_outputs(args: argparse.Namespace) -> None:
     outputs.check_outputs(given, inputs, writes)
 
 
+# commands whose writer locks --out itself (store/blocks.py: check_target, temporary_path)
+_OUT_LOCKED_BELOW = frozenset({"ingest", "synth", "fit", "export", "recommend", "predict"})
+
+
 def _outputs_locked(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
-    """The locks of the directories the command writes (:mod:`ordnmf_dask.store.writelock`),
-    held while it runs: a second writer of one is refused before any work."""
+    """The locks of the directories the command writes that no lower level locks
+    (:mod:`ordnmf_dask.store.writelock`), held while it runs: a second writer of one is
+    refused before any work."""
     from ordnmf_dask.store import writelock
 
-    return writelock.held(
-        *(getattr(args, dest, None) for dest in ("out", "checkpoint_dir", "work_dir"))
-    )
+    dests = ("checkpoint_dir", "work_dir")
+    if args.command not in _OUT_LOCKED_BELOW:
+        dests = ("out", *dests)
+    return writelock.held(*(getattr(args, dest, None) for dest in dests))
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

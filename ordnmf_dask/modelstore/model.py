@@ -15,7 +15,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,7 +259,7 @@ def copy_model(model: ModelInfo, out: str | os.PathLike, overwrite: bool) -> str
                     )
         publish(tmp, target, lambda p: model_target(p, overwrite, store), MODEL_KIND)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard_temporary(scratch)
     return target
 
 

@@ -258,7 +258,11 @@ def evaluate(
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
     k_model = m.header.n_components
     start = time.monotonic()
-    with choose_client(client, info, k_model, n_workers=n_workers) as cl, m.reading():
+    with (
+        choose_client(client, info, k_model, n_workers=n_workers) as cl,
+        m.reading(),
+        info.reading(),  # one version of the store too, or an error saying it changed
+    ):
         out = score_split(
             cl,
             info,

@@ -23,7 +23,8 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ import zarr.codecs
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.csr import expand_rows
 from ordnmf_dask.runtime.abandoned import abandoned, forget
-from ordnmf_dask.store import locations
+from ordnmf_dask.store import locations, writelock
 from ordnmf_dask.store.decode import (
     CHUNK,
     WRITE_ALL,
@@ -72,6 +73,11 @@ COMPRESSORS = (zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
 class StoreInfo:
     """Metadata of a complete store.
 
+    One version per reader: the blocks read after opening a store (:func:`read_block`) are
+    checked to come from the version it was opened from (:meth:`reading`, and
+    :func:`read_block` itself), so that a store published at the same path meanwhile
+    (``ingest --overwrite``) is an error saying it changed, never blocks of two stores.
+
     Attributes
     ----------
     path : str
@@ -101,6 +107,25 @@ class StoreInfo:
     hist_test: np.ndarray
     attrs: dict
     header: StoreHeader
+    version: tuple[Any, ...] = ()  # identity of the root zarr.json when opened
+
+    def check_unchanged(self) -> None:
+        """StoreError if the directory no longer holds the version this was opened from (the
+        identity of its root ``zarr.json``, which every publish of a store there changes)."""
+        if self.version and _current(self.path) != self.version:
+            raise _changed(self.path)
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Within the block, what is read from the store must be of this version: checked on
+        leaving, and an error inside (a chunk gone or not matching its inventory) is reported
+        as the change it comes from when the version changed."""
+        try:
+            yield
+        except Exception:
+            self.check_unchanged()
+            raise
+        self.check_unchanged()
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -191,11 +216,13 @@ def check_target(
     of ``inputs``, not inside another directory of this package). An existing path is replaced
     only with ``overwrite``, only if ``is_ours(path)`` (it is a ``kind`` this package wrote),
     and only if it holds nothing else (:func:`.outputs.check_replaceable`), so data
-    the package did not write is never removed. At a URL, an unfinished write of a ``kind``
+    the package did not write is never removed. A local output another live process is
+    writing (its lock, :mod:`.writelock`) is refused. At a URL, an unfinished write of a ``kind``
     (its pending marker records ``mark``) may be replaced too.
     """
     given = os.fspath(out)
     path = check_place(out, f"the {NAMES[mark]}", mark, inputs, itself=False)
+    writelock.check_free(path)  # another writer of it: refused before any work
     if locations.is_url(path):
         locations.check_url_target(path, overwrite, kind, is_ours, mark)
         check_replaceable(path, NAMES[mark])
@@ -264,7 +291,7 @@ def write_store(
         group.attrs["complete"] = True
         publish(tmp, path, lambda p: check_target(p, overwrite))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard_temporary(scratch)
     return open_store(path)
 
 
@@ -303,13 +330,23 @@ def temporary_path(path: str) -> tuple[str, str]:
 
     The local ``OUT.tmp-<random>`` carries a marker naming ``path`` and this process, written
     before anything else: what a run killed before it could clean up leaves behind, the next
-    write to ``path`` removes (:func:`remove_leftovers`)."""
+    write to ``path`` removes (:func:`remove_leftovers`).
+
+    Every writer of a local output passes here first, so here it takes the lock of ``path``
+    (:mod:`.writelock`: a second writer of it is refused, naming the first, before anything
+    is written), held until :func:`discard_temporary` removes ``scratch``."""
     if locations.is_url(path):
         scratch = tempfile.mkdtemp(prefix="ordnmf-upload-")
         return os.path.join(scratch, "out.zarr"), scratch
-    remove_leftovers(path)
-    scratch = f"{path}.tmp-{secrets.token_hex(6)}"
-    os.mkdir(scratch)
+    lock = writelock.take(path)
+    try:
+        remove_leftovers(path)
+        scratch = f"{path}.tmp-{secrets.token_hex(6)}"
+        os.mkdir(scratch)
+    except BaseException:
+        writelock.give_back(lock)
+        raise
+    _LOCKS[scratch] = lock
     try:  # a signal before the marker is in place: the directory goes, nothing else would
         doc = {"kind": TMP_KIND, "for": path, "host": socket.gethostname(), "pid": os.getpid()}
         mark = os.path.join(scratch, TMP_MARK)
@@ -317,9 +354,12 @@ def temporary_path(path: str) -> tuple[str, str]:
             json.dump(doc, fh)
         os.replace(f"{mark}.part", mark)
     except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard_temporary(scratch)
         raise
     return os.path.join(scratch, "out"), scratch
+
+
+_LOCKS: dict[str, str | None] = {}  # scratch directory -> the output lock its writer holds
 
 
 def remove_leftovers(path: str) -> list[str]:
@@ -372,7 +412,15 @@ def _unmarked(tmp: str, name: str) -> bool:
 def discard_temporary(scratch: str, settled: bool = True) -> None:
     """Remove the directory ``scratch`` of :func:`temporary_path`. While a task may still write
     there (not ``settled``: an interrupted write), its marker stays, so that what the task
-    writes later is in a directory the next write to the same destination removes."""
+    writes later is in a directory the next write to the same destination removes. The lock
+    :func:`temporary_path` took is given back either way."""
+    try:
+        _discard(scratch, settled)
+    finally:
+        writelock.give_back(_LOCKS.pop(scratch, None))
+
+
+def _discard(scratch: str, settled: bool) -> None:
     if settled or locations.is_url(scratch) or not os.path.isdir(scratch):
         shutil.rmtree(scratch, ignore_errors=True)
         forget(scratch)
@@ -488,14 +536,25 @@ def read_block(
 
     Cheap and safe to call concurrently from many threads or processes: it reads only the
     block's slice; opened stores are kept in a small per-process cache keyed by the store's
-    identity on disk.
+    identity on disk. A store replaced since this process opened it (:func:`open_store`) is a
+    StoreError saying it changed.
     """
-    handle = _handle(path)
+    handle = _handle(path)  # of the version this process opened, or an error saying it changed
     if split not in handle.files:
         raise ValueError(f"split must be one of {tuple(handle.files)}, got {split!r}")
     unknown = set(values) - {"y", "raw"}
     if unknown:
         raise ValueError(f"values must be among ('y', 'raw'), got {sorted(unknown)}")
+    try:
+        return _read_block(handle, split, r, c, values, reuse)
+    except Exception:  # replaced while read (a chunk gone or another's): said so
+        handle.info.check_unchanged()
+        raise
+
+
+def _read_block(
+    handle: _Handle, split: str, r: int, c: int, values: Sequence[str], reuse: bool
+) -> Block:
     shape = handle.info.block_shape(r, c)
     b = r * handle.info.grid[1] + c
     files = handle.files[split]
@@ -537,6 +596,10 @@ class _Handle:
 
 
 _CACHE: OrderedDict[tuple, _Handle] = OrderedDict()
+# (pid, path) -> the version open_store opened there last in this process: reads by path after
+# a publish replaced it are refused, until open_store opens it again (workers that never open
+# a store are checked by their driver's StoreInfo.reading)
+_PINNED: dict[tuple, tuple] = {}
 _CACHE_SIZE = 8
 _LOCK = threading.Lock()
 
@@ -555,18 +618,40 @@ def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
         raise StoreError(f"{full}: not a zarr group (no zarr.json)") from None
     key = (os.getpid(), full, *identity)
     with _LOCK:
+        pinned = _PINNED.get(key[:2])
+        if pinned is not None and pinned != identity and not fresh:
+            raise _changed(full)
         if key in _CACHE and not fresh:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-    handle = _open(full)
+    handle = _open(full, identity)
+    if _current(full) != identity:  # replaced while its attributes were read
+        raise _changed(full)
     with _LOCK:
+        if fresh:
+            _PINNED[key[:2]] = identity
         _CACHE[key] = handle
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return handle
 
 
-def _open(path: str) -> _Handle:
+def _current(path: str) -> tuple[Any, ...] | None:
+    """The version of the store at ``path`` now (None when it has no root zarr.json)."""
+    try:
+        return locations.identity(locations.join(path, "zarr.json"))
+    except OSError:
+        return None
+
+
+def _changed(path: str) -> StoreError:
+    return StoreError(
+        f"{path}: the store changed while it was read (another write replaced it since it "
+        "was opened); open it again"
+    )
+
+
+def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
     locations.check_tree(path, "store")
     try:
         group = zarr.open_group(path, mode="r")
@@ -632,6 +717,7 @@ def _open(path: str) -> _Handle:
         hist_test=np.asarray(header.hist_test, dtype=np.int64),
         attrs=attrs,
         header=header,
+        version=identity,
     )
     return _Handle(info, group, files, offsets, indptr_starts(info.row_bounds, info.grid[1]))
 

@@ -54,6 +54,37 @@ def held(*paths: str | os.PathLike | None) -> Iterator[None]:
             _give_back(lock)
 
 
+def check_free(path: str | os.PathLike) -> None:
+    """Refuse, as :func:`take` would (InputError naming the writer), an output whose lock
+    another live process holds: the check a writer makes as it plans, before any work
+    (:func:`take`, when it starts writing, is the atomic one)."""
+    for lock in (lock_path(p) for p in _local([path])):
+        with _GUARD:
+            if lock in _HELD:
+                continue
+        if os.path.lexists(lock):
+            holder = _holder(lock)
+            if holder is None or not _stale(holder):
+                _refuse(lock, holder)
+
+
+def take(path: str | os.PathLike) -> str | None:
+    """Take the lock of the output ``path`` (None for a URL, or where it cannot be created);
+    the lock to give back with :func:`give_back`. InputError naming the writer when a live
+    process holds it."""
+    local = _local([path])
+    if not local:
+        return None
+    lock = lock_path(local[0])
+    return lock if _take(lock) else None
+
+
+def give_back(lock: str | None) -> None:
+    """Give back a lock :func:`take` returned (None: nothing)."""
+    if lock is not None:
+        _give_back(lock)
+
+
 def _local(paths: Iterable[str | os.PathLike | None]) -> list[str]:
     return [locations.location(p) for p in paths if p is not None and not locations.is_url(p)]
 
@@ -96,8 +127,13 @@ def _create(lock: str) -> bool:
             continue
         except OSError:
             return False
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(doc, fh)
+        except BaseException:  # a signal or a full disk: no lock naming no one is left
+            with contextlib.suppress(OSError):
+                os.remove(lock)
+            raise
         return True
     _refuse(lock, _holder(lock))
 
