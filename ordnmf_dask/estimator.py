@@ -147,9 +147,13 @@ class CaviEstimator:
         return list(dict.fromkeys(names))
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters and their values (scikit-learn's protocol; ``deep`` is
+        accepted for it and has no effect: no parameter is an estimator)."""
         return {name: getattr(self, name) for name in self._param_names()}
 
     def set_params(self, **params: Any) -> CaviEstimator:
+        """Set constructor parameters by keyword and return the estimator (scikit-learn's
+        protocol); an unknown name is a ValueError."""
         for name, value in params.items():
             if name not in self._param_names():
                 raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
