@@ -36,16 +36,25 @@ def _params_doc(estimator: str) -> str:
         default = "" if DEFAULTS[name] is None else f" (default {DEFAULTS[name]!r})"
         text = f"{name} : {PARAMS[name].doc}{default}."
         lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
-    return (
-        "\n".join(lines)
-        + """\n
+    return "\n".join(lines) + "\n"
+
+
+# the Notes section of the estimators' docstrings: validation, then checkpoints
+_NOTES_DOC = """
+    Notes
+    -----
+    With a validation subset in the store (``ingest --validation-fraction``), the fit scores
+    it every ``validation_every`` iterations, stops after ``validation_patience`` scores
+    without improvement of their mean over the last ``validation_window``, and saves the state
+    that rule keeps (attributes ``best_iteration``, ``stop_reason`` and ``validation`` of the
+    model: docs/model-format.md).
+
     Checkpoints are written by the workers and read back, which also cuts the task lineage;
     none after the last iteration, whose state is the saved model. A fit that finds checkpoints
     of the same store and model parameters in ``checkpoint_dir`` resumes from them; one that
     finds another fit's refuses to start (see :meth:`fit`'s ``restart``). ``checkpoint_dir``
     inside the default ``work_dir`` is removed after the fit.
 """
-    )
 
 
 _SHARED_ATTRS_DOC = """
@@ -56,21 +65,17 @@ _SHARED_ATTRS_DOC = """
     W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block (made
         when first used: a fit alone imports no dask).
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
-    elbo_ : list of ELBO values, one per iteration; n_iter_ : len(elbo_); converged_ : bool.
+    elbo_ : list of ELBO values, one per iteration.
+    n_iter_ : the number of iterations, ``len(elbo_)``.
+    converged_ : bool, whether the fit stopped on ``tol``.
     passes_ : full passes over the training blocks the fit made (refused extrapolations
-    included).
+        included).
     model_path_ : the zarr directory holding the fitted factors.
     n_active_components_ : the components in use (the others the prior switched off).
     runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
         converged, stop_reason, validation (the kept state's validation metric, or None), kept
         (restarts are chosen by the validation metric when the store has a validation subset,
         else by the ELBO).
-
-    With a validation subset in the store (``ingest --validation-fraction``), the fit scores
-    it every ``validation_every`` iterations, stops after ``validation_patience`` scores
-    without improvement of their mean over the last ``validation_window``, and saves the state
-    that rule keeps (attributes ``best_iteration``, ``stop_reason`` and ``validation`` of the
-    model: docs/model-format.md).
 """
 
 
@@ -142,9 +147,13 @@ class CaviEstimator:
         return list(dict.fromkeys(names))
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters and their values (scikit-learn's protocol; ``deep`` is
+        accepted for it and has no effect: no parameter is an estimator)."""
         return {name: getattr(self, name) for name in self._param_names()}
 
     def set_params(self, **params: Any) -> CaviEstimator:
+        """Set constructor parameters by keyword and return the estimator (scikit-learn's
+        protocol); an unknown name is a ValueError."""
         for name, value in params.items():
             if name not in self._param_names():
                 raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
@@ -192,8 +201,8 @@ class CaviEstimator:
             memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
             that all of it trains the model by default (``test_fraction=0``): the model is the
             one of ``fit(ingest(X, out, test_fraction=0, **ingest_options))``. Users and items
-            without an entry are not in it: the rows of W_ and H_ are the others, in increasing
-            id (row or column index of a matrix).
+            without an entry are not in it: the rows of ``W_`` and ``H_`` are the others, in
+            increasing id (row or column index of a matrix).
         ingest_options : for data in memory, keyword arguments of :func:`ordnmf_dask.ingest`,
             e.g. ``{"ratings": "halfstar"}``, ``{"counts": "paper"}``, ``{"test_fraction":
             0.2}``, ``{"columns": ["user", "item", "rating"]}``.
@@ -234,6 +243,8 @@ class CaviEstimator:
             checkpoint directory as the fit would find them; no cluster is used, nothing is
             written or removed (a launcher runs it before it starts its cluster).
 
+        Notes
+        -----
         Every conflict (store, warm-start model, output path, checkpoints) is checked before
         the cluster is used, and so is K (at most min(n_users, n_items)); factors that cannot
         fit the workers' memory limits (in-process: the memory available) are refused before
@@ -523,7 +534,8 @@ class OrdNMF(CaviEstimator):
         + _SHARED_ATTRS_DOC
         + """    delta_ : (V + 1,) threshold decrements (delta_[0] = 0).
     theta_ : (V + 1,) thresholds theta_v = sum_{l > v} Delta_l (theta_V = 0).
-    """
+"""
+        + _NOTES_DOC
     )
 
     def __init__(
@@ -615,7 +627,8 @@ class DcPF(CaviEstimator):
     ----------"""
         + _SHARED_ATTRS_DOC
         + """    p_ : the learned element parameter.
-    """
+"""
+        + _NOTES_DOC
     )
 
     def __init__(

@@ -184,7 +184,7 @@ def fold_in(
         BePoF / PF models binarize them at their threshold, as the fit did (classes below it
         are dropped); dcPF takes raw counts on a count store.
     store : the store the model was fitted on, to map raw item ids.
-    max_iter, tol : per user, stop when sum_k |dE[w_uk]| / sum_k E[w_uk] < tol.
+    max_iter, tol : per user, stop when ``sum_k |dE[w_uk]| / sum_k E[w_uk] < tol``.
     seed : None starts from E[w_uk] = 1; an integer from Gamma(1, 1) draws (seeded by
         ``(seed, j)`` for the j-th new user), as the fit's initialization.
     allow_other_store : use ``store`` even if the model was fitted on another store (by

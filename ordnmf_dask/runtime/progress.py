@@ -8,7 +8,9 @@ import contextlib
 import functools
 import inspect
 import logging
+import re
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -260,5 +262,22 @@ def shows_progress(fn: F) -> F:
     params = list(sig.parameters.values())
     at = next((j for j, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
     wrapper.__signature__ = sig.replace(parameters=[*params[:at], switch, *params[at:]])  # type: ignore[attr-defined]
-    wrapper.__doc__ = f"{fn.__doc__ or ''}\n\n    show_progress : {SWITCH_DOC}\n"
+    wrapper.__doc__ = _with_switch_doc(fn.__doc__ or "")
     return wrapper  # type: ignore[return-value]
+
+
+def _with_switch_doc(doc: str) -> str:
+    """``doc`` (numpy style) with ``show_progress`` as the last entry of its Parameters section,
+    so that help() and the API reference list it with the others."""
+    lines = inspect.cleandoc(doc).splitlines()
+    entry = textwrap.wrap(f"show_progress : {SWITCH_DOC}", 92, subsequent_indent="    ")
+    headers = [j for j in range(len(lines) - 1) if re.fullmatch(r"-{3,}", lines[j + 1])]
+    after = [j for j in headers if j > 0 and lines[j] != "Parameters"]
+    params = [j for j in headers if lines[j] == "Parameters"]
+    at = next((j for j in after if params and j > params[0]), len(lines))
+    while at > 0 and not lines[at - 1].strip():
+        at -= 1
+    if not params:
+        entry = ["", "Parameters", "----------", *entry]
+    gap = [""] if at < len(lines) and lines[at].strip() else []
+    return "\n".join([*lines[:at], *entry, *gap, *lines[at:]])
