@@ -198,10 +198,11 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
     on_cluster = ("-k", "2", "--max-iter", "2", "--scheduler", cluster.scheduler_address)
     ok = run("fit", healthy, "--out", model, *on_cluster)
     assert ok.returncode == 0, ok.stderr
-    r = run("info", model)
+    r = run("fit", model, "--out", str(tmp_path / "of-a-model.zarr"), *on_cluster)
     assert r.returncode == 2 and _error_line(r) == (
-        f"ordnmf-dask info: error: {model}: is an ordnmf_dask model, not a store"
+        f"ordnmf-dask fit: error: {model}: is an ordnmf_dask model, not a store"
     )
+    assert not os.path.exists(tmp_path / "of-a-model.zarr")
     for n, (array, damage) in enumerate([("train/indptr", "remove"), ("train/y", "flip")]):
         store, path = _damaged(healthy, tmp_path / str(n), array, damage)
         out = str(tmp_path / f"m{n}.zarr")
