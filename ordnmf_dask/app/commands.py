@@ -103,11 +103,9 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
     Used by the I/O commands (``synth``, ``ingest --distributed``): when the cluster section
     says "default local", a LocalCluster of ``--workers`` processes is started and closed here.
     """
-    from ordnmf_dask.app.config import flag_overrides, resolve
     from ordnmf_dask.runtime.cluster import resolve_client
 
-    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
-    spec = resolve(args.config, flag_overrides(flags)).cluster
+    spec = _cluster_of(args)
     with _client(spec) as client:
         if client is not None:
             yield client
@@ -321,8 +319,8 @@ def format_calibration(cal: dict[str, Any] | None) -> list[str]:
 
 
 def _cluster_of(args: argparse.Namespace) -> Any:
-    """The [cluster] section from the cluster flags (and --config) alone: --out of the serving
-    commands is a directory of recommendations, not a model."""
+    """The [cluster] section from the cluster flags (and --config) alone, for the commands whose
+    --out is not a model (a directory of recommendations, an export, predictions)."""
     from ordnmf_dask.app.config import flag_overrides, resolve
 
     flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
@@ -491,12 +489,9 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ordnmf_dask.app.config import flag_overrides, resolve
     from ordnmf_dask.postfit.export import export
 
-    # only the cluster flags: --out here is the export, not a model
-    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
-    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    cluster = _cluster_of(args)
     with _client(cluster) as client:
         out = export(
             args.model,
@@ -515,12 +510,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ordnmf_dask.app.config import flag_overrides, resolve
     from ordnmf_dask.postfit.pairs import predict_pairs
 
-    # only the cluster flags: --out here is the predictions, not a model
-    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
-    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    cluster = _cluster_of(args)
     with _client(cluster) as client:
         out = predict_pairs(
             args.model,
@@ -539,7 +531,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from ordnmf_dask.app.config import flag_overrides, resolve
     from ordnmf_dask.app.reproduce import Protocol, reproduce, shared_datasets
 
     data = args.data or os.path.join(os.getcwd(), "..", "shared", "data")
@@ -553,8 +544,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise UsageError(f"dataset file not found: {missing[0]} (set --data)")
     if args.jobs < 1 or not args.k_grid or not args.seeds:
         raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
-    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
-    cluster = resolve(args.config, flag_overrides(flags)).cluster
+    cluster = _cluster_of(args)
     proto = Protocol(
         k_grid=tuple(args.k_grid), seeds=tuple(args.seeds), max_iter=args.max_iter, n_jobs=args.jobs
     )
