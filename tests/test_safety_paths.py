@@ -293,7 +293,9 @@ def test_outputs_through_random_links_never_touch_a_store_model_or_input(fitted,
             name.symlink_to(base / place)
             names.append(name)
         out = str(names[via] / tail) if tail else str(names[via])
-        guarded = {p: tree_hash(base / p) for p in ("o.zarr", "bm.zarr", "in")}
+        # the input is the file in/base.csv: a new output beside it (in/x) is allowed
+        guarded = {p: tree_hash(base / p) for p in ("o.zarr", "bm.zarr")}
+        csv_before = (base / "in" / "base.csv").read_bytes()
         if command == "export":  # the API, in this process
             try:
                 export(str(model), out, n=2)
@@ -311,9 +313,11 @@ def test_outputs_through_random_links_never_touch_a_store_model_or_input(fitted,
             assert len(err) == 1, err
         for p, before in guarded.items():
             assert tree_hash(base / p) == before, (p, out, command, err)
+        assert (base / "in" / "base.csv").read_bytes() == csv_before
+        assert not (base / "in" / "base.csv").is_dir()
         if code == 0:
             real = os.path.realpath(out)
-            for p in ("o.zarr", "bm.zarr", "in"):
+            for p in ("o.zarr", "bm.zarr", "in/base.csv"):
                 inside = real == str(base / p) or real.startswith(str(base / p) + os.sep)
                 assert not inside, (real, command)
 
@@ -497,3 +501,13 @@ def test_urls_are_compared_in_canonical_form():
         check_apart({"--out": "s3://bucket/a/m.zarr", "--json": "S3://bucket//a/m.zarr/"})
     with pytest.raises(InputError, match="is inside"):
         check_apart({"--out": "s3://bucket/a", "--json": "s3://bucket/a/./b/../c"})
+
+
+@pytest.mark.parametrize("name", ["zarr.json", ".zgroup", ".zattrs"])
+def test_an_output_named_like_zarr_metadata_is_refused(tmp_path, name):
+    """``--out data/zarr.json`` would make the user's directory ``data`` read as a zarr group."""
+    from ordnmf_dask.store.outputs import check_place
+
+    with pytest.raises(InputError, match="zarr metadata file's name"):
+        check_place(tmp_path / name, "the store")
+    assert check_place(tmp_path / "ml.zarr", "the store") == str(tmp_path / "ml.zarr")

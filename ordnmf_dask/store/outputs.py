@@ -20,6 +20,10 @@ from ordnmf_dask.errors import InputError
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.kinds import NAMES, export_keys, kind_of
 
+#: names zarr reads as a directory's metadata: an output by such a name would turn its parent
+#: into a (broken) zarr hierarchy
+ZARR_METADATA = frozenset({"zarr.json", ".zgroup", ".zarray", ".zattrs", ".zmetadata"})
+
 
 def _relation(outer: str, inner: str) -> str | None:
     """How the location ``inner`` relates to ``outer``: "is", "is inside", "contains" or None."""
@@ -40,6 +44,11 @@ def check_place(
     (unless not ``itself``, left to the caller) equal to a directory of this package other
     than one of the kind ``writes``. Raises InputError naming both."""
     loc = locations.location(path)
+    if loc.rstrip("/").rsplit("/", 1)[-1] in ZARR_METADATA:
+        raise InputError(
+            f"refusing to write {what} to {loc}: a zarr metadata file's name, which would make "
+            "its directory look like a zarr group"
+        )
     for label, given in (inputs or {}).items():
         if given is None:
             continue
