@@ -44,11 +44,6 @@ def check_place(
     (unless not ``itself``, left to the caller) equal to a directory of this package other
     than one of the kind ``writes``. Raises InputError naming both."""
     loc = locations.location(path)
-    if loc.rstrip("/").rsplit("/", 1)[-1] in ZARR_METADATA:
-        raise InputError(
-            f"refusing to write {what} to {loc}: a zarr metadata file's name, which would make "
-            "its directory look like a zarr group"
-        )
     for label, given in (inputs or {}).items():
         if given is None:
             continue
@@ -56,10 +51,8 @@ def check_place(
         where = _relation(source, loc)
         if where is not None:
             raise InputError(f"refusing to write {what} to {loc}: it {where} the {label} {source}")
-    if locations.is_url(loc):
-        return loc
-    here = loc if itself else os.path.dirname(loc)
-    while True:
+    here = None if locations.is_url(loc) else loc if itself else os.path.dirname(loc)
+    while here is not None:
         kind = kind_of(here)
         if kind is not None and not (here == loc and kind == writes):
             where = "it is a" if here == loc else f"it is inside {here}, a"
@@ -67,9 +60,13 @@ def check_place(
                 f"refusing to write {what} to {loc}: {where} {NAMES[kind]} written by ordnmf_dask"
             )
         parent = os.path.dirname(here)
-        if parent == here:
-            return loc
-        here = parent
+        here = None if parent == here else parent
+    if loc.rstrip("/").rsplit("/", 1)[-1] in ZARR_METADATA:
+        raise InputError(
+            f"refusing to write {what} to {loc}: a zarr metadata file's name, which would make "
+            "its directory look like a zarr group"
+        )
+    return loc
 
 
 def check_apart(outputs: Mapping[str, str | os.PathLike | None]) -> None:
