@@ -25,19 +25,6 @@ from common import training_arrays
 from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.model import calibration, classlaw
 from ordnmf_dask.store.blocks import open_store
-from ordnmf_dask.store.csr import load_block
-
-
-def test_arrays(store: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    info = open_store(store)
-    parts = [
-        (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
-        for r in range(info.grid[0])
-        for c in range(info.grid[1])
-        for b in [load_block(store, "test", r, c)]
-    ]
-    rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
-    return rows, cols, y.astype(np.int64)
 
 
 def histogram_law(cols, y, n_items, v, test_cols, prior):
@@ -83,14 +70,17 @@ def main() -> None:
     args = ap.parse_args()
     info = open_store(args.store)
     rows, cols, y, shape = training_arrays(args.store)
-    trow, tcol, ty = test_arrays(args.store)
+    trow, tcol, ty, _ = training_arrays(args.store, "test")
+    ty = ty.astype(np.int64)
     v = shape[2]
     values = classlaw.class_values(info.attrs["value_kind"], v)
     levels = list(range(2, v + 1))
     model = OrdNMF.load(args.model)
     users, items = model._server().users.ids[trow], model._server().items.ids[tcol]
     laws = {
-        "OrdNMF (Gamma posterior)": model.predict_proba(users, items, given_interaction=True),
+        "OrdNMF (Gamma posterior)": model.predict_proba(
+            users, items, given_interaction=True, posterior="gamma"
+        ),
         "OrdNMF (plug-in E[lambda])": model.predict_proba(
             users, items, given_interaction=True, posterior="mean"
         ),

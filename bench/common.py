@@ -131,9 +131,11 @@ def fmt_table(rows: list[list[Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def training_arrays(store: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
-    """The store's training nonzeros as global ``rows``, ``cols``, classes ``y``, and (U, I, V):
-    the input of the in-memory reference implementations."""
+def training_arrays(
+    store: str, subset: str = "train"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
+    """The store's nonzeros of ``subset`` ("train" or "test") as global ``rows``, ``cols``,
+    classes ``y``, and (U, I, V): the input of the in-memory reference implementations."""
     from ordnmf_dask.store.blocks import open_store
     from ordnmf_dask.store.csr import load_block
 
@@ -142,7 +144,7 @@ def training_arrays(store: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, tup
         (b.rows + info.row_bounds[r], b.cols.astype(np.int64) + info.col_bounds[c], b.y)
         for r in range(info.grid[0])
         for c in range(info.grid[1])
-        for b in [load_block(store, "train", r, c)]
+        for b in [load_block(store, subset, r, c)]
     ]
     rows, cols, y = (np.concatenate(a) for a in zip(*parts, strict=True))
     return rows, cols, y, (info.n_users, info.n_items, info.n_classes)
