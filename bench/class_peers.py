@@ -11,16 +11,24 @@ peers").
   residuals' variance around it, discretized on the classes 1..V (mass at v: the density at v,
   normalized).
 - The global class histogram (every pair the same law).
+- hpfrec's HPF (``bench/peers.py``'s :func:`peers.hpf`, the classes of the same training pairs
+  taken as counts, k = ``--hpf-k``): for the rate ``lam = E[theta_u] . E[beta_i]``, the Poisson
+  mass at 1..V-1 and its tail P(y >= V) at V, renormalized over y >= 1. hpfrec is not a
+  dependency of the project: the row runs where it is importable (the separate environment of
+  ``bench/peers.py``) and a line says so where it is not. Before the row, the law is checked
+  against ``scipy.stats.poisson`` (:func:`check_poisson_law`).
 
-    python bench/class_peers.py STORE MODEL [--prior 5 --reg 10]
+    python bench/class_peers.py STORE MODEL [--prior 5 --reg 10 --hpf-k 25]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 import numpy as np
 from common import training_arrays
+from scipy.special import gammainc, gammaln
 
 from ordnmf_dask.estimator import OrdNMF
 from ordnmf_dask.model import calibration, classlaw
@@ -56,6 +64,48 @@ def bias_law(rows, cols, y, shape, test_rows, test_cols, reg):
     return law, centre, sigma
 
 
+def poisson_class_law(lam: np.ndarray, v: int) -> np.ndarray:
+    """(n, V + 1) law of the class given an interaction under a Poisson rate ``lam`` (n,) on the
+    class numbers: mass at 1..V-1, the tail P(y >= V) at V, renormalized over y >= 1; column 0
+    (no interaction) is zero. The tail keeps the classes above V (impossible on the store's
+    scale, likely under large rates) from being thrown away."""
+    lam = np.asarray(lam, dtype=np.float64)[:, None]
+    k = np.arange(1, v)
+    law = np.zeros((lam.shape[0], v + 1))
+    law[:, 1:v] = np.exp(k * np.log(lam) - lam - gammaln(k + 1))
+    law[:, v] = gammainc(v, lam[:, 0])  # P(Poisson(lam) >= v), the regularized lower gamma
+    return law / law.sum(axis=1, keepdims=True)
+
+
+def check_poisson_law() -> None:
+    """:func:`poisson_class_law` against ``scipy.stats.poisson``'s pmf and survival function,
+    term by term, from small to large rates."""
+    from scipy.stats import poisson
+
+    v, lam = 10, np.array([1e-3, 0.5, 3.0, 7.2, 40.0])
+    dense = np.zeros((len(lam), v + 1))
+    for n, r in enumerate(lam):
+        dense[n, 1:v] = [poisson.pmf(k, r) for k in range(1, v)]
+        dense[n, v] = poisson.sf(v - 1, r)
+        dense[n] /= 1.0 - poisson.pmf(0, r)
+    law = poisson_class_law(lam, v)
+    assert np.allclose(law, dense, rtol=1e-10, atol=1e-300), np.abs(law - dense).max()
+    assert np.allclose(law.sum(axis=1), 1.0, rtol=1e-12)
+
+
+def hpf_law(store: str, k: int, test_rows: np.ndarray, test_cols: np.ndarray, v: int):
+    """hpfrec's HPF at ``k`` fitted to the store's training pairs as ``bench/peers.py`` fits it,
+    and its :func:`poisson_class_law` on the test pairs."""
+    from peers import hpf, subset_matrix  # imports hpfrec (and peers' own deps) only here
+
+    x = subset_matrix(open_store(store), "train")
+    s = hpf(x, k)
+    if s.users.shape[0] != x.shape[0] or s.items.shape[0] != x.shape[1]:
+        raise RuntimeError(f"hpfrec re-indexed the matrix: {s.users.shape}, {s.items.shape}")
+    lam = np.einsum("nk,nk->n", s.users[test_rows], s.items[test_cols])
+    return poisson_class_law(lam, v)
+
+
 def log_prob(law, y):
     with np.errstate(divide="ignore"):
         return np.log(law[np.arange(len(y)), y])
@@ -67,6 +117,9 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--prior", type=float, default=5.0)
     ap.add_argument("--reg", type=float, default=10.0)
+    ap.add_argument(
+        "--hpf-k", type=int, default=25, help="HPF's k (25: chosen on MovieLens by bench/peers.py)"
+    )
     args = ap.parse_args()
     info = open_store(args.store)
     rows, cols, y, shape = training_arrays(args.store)
@@ -88,6 +141,11 @@ def main() -> None:
     laws["per-item class histogram"], glob = histogram_law(cols, y, shape[1], v, tcol, args.prior)
     bias, centre, sigma = bias_law(rows, cols, y, shape, trow, tcol, args.reg)
     laws["user + item bias, Normal"] = bias
+    if importlib.util.find_spec("hpfrec") is None:
+        print("hpfrec (HPF), Poisson law: not run, hpfrec is not importable here (bench/peers.py)")
+    else:
+        check_poisson_law()
+        laws["hpfrec (HPF), Poisson law"] = hpf_law(args.store, args.hpf_k, trow, tcol, v)
     laws["global class histogram"] = np.broadcast_to(glob, (len(ty), v + 1)).copy()
     print(
         f"{info.path}: {len(ty)} test ratings, V = {v}; ECE over 10 bins of P(y >= s | y > 0); "
