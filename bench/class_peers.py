@@ -10,6 +10,12 @@ peers").
   alternating least squares (``--reg``, 20 sweeps), and as a law the Normal of the training
   residuals' variance around it, discretized on the classes 1..V (mass at v: the density at v,
   normalized).
+- scikit-surprise's SVD (biased matrix factorization ``r = mu + b_u + b_i + p_u . q_i`` by SGD,
+  the library's defaults, random_state 0; there is no validation subset here to tune it on) on
+  the same training classes, its law the bias row's Normal (:func:`normal_law`) around its
+  unclipped prediction with its training residuals' sd. scikit-surprise is not a dependency of
+  the project: the row runs where it is importable (install it in ``bench/peers.py``'s
+  environment) and a line says so where it is not.
 - The global class histogram (every pair the same law).
 - hpfrec's HPF (``bench/peers.py``'s :func:`peers.hpf`, the classes of the same training pairs
   taken as counts, k = ``--hpf-k``): for the rate ``lam = E[theta_u] . E[beta_i]``, the Poisson
@@ -57,11 +63,37 @@ def bias_law(rows, cols, y, shape, test_rows, test_cols, reg):
         )
     sigma = np.sqrt(np.mean((y - mu - bu[rows] - bi[cols]) ** 2))
     centre = mu + bu[test_rows] + bi[test_cols]
+    return normal_law(centre, sigma, v), centre, sigma
+
+
+def normal_law(centre: np.ndarray, sigma: float, v: int) -> np.ndarray:
+    """(n, V + 1) law of the class given an interaction around a point prediction ``centre`` (n,)
+    on the class scale: the Normal(centre, sigma) density at 1..V, normalized; column 0 zero."""
     grid = np.arange(1, v + 1)
     dens = np.exp(-0.5 * ((grid[None, :] - centre[:, None]) / sigma) ** 2)
     law = np.zeros((len(centre), v + 1))
     law[:, 1:] = dens / dens.sum(axis=1, keepdims=True)
-    return law, centre, sigma
+    return law
+
+
+def surprise_svd_law(rows, cols, y, v, test_rows, test_cols):
+    """scikit-surprise's SVD (biased matrix factorization, the library's defaults, random_state
+    0) fitted to the training classes on the scale 1..V; its unclipped prediction as the centre
+    of :func:`normal_law` with the training residuals' sd, as the bias row's."""
+    import pandas as pd
+    from surprise import SVD, Dataset, Reader  # not a dependency of the project: imported here
+
+    frame = pd.DataFrame({"user": rows, "item": cols, "rating": y.astype(np.float64)})
+    data = Dataset.load_from_df(frame, Reader(rating_scale=(1, v)))
+    algo = SVD(random_state=0).fit(data.build_full_trainset())
+
+    def estimate(r: np.ndarray, c: np.ndarray) -> np.ndarray:
+        pairs = zip(r.tolist(), c.tolist(), strict=True)
+        return np.array([algo.predict(u, i, clip=False).est for u, i in pairs])
+
+    sigma = float(np.sqrt(np.mean((y - estimate(rows, cols)) ** 2)))
+    centre = estimate(test_rows, test_cols)
+    return normal_law(centre, sigma, v), centre, sigma
 
 
 def poisson_class_law(lam: np.ndarray, v: int) -> np.ndarray:
@@ -141,6 +173,12 @@ def main() -> None:
     laws["per-item class histogram"], glob = histogram_law(cols, y, shape[1], v, tcol, args.prior)
     bias, centre, sigma = bias_law(rows, cols, y, shape, trow, tcol, args.reg)
     laws["user + item bias, Normal"] = bias
+    points = {"user + item bias": (centre, sigma)}  # point prediction, residual sd (classes)
+    if importlib.util.find_spec("surprise") is None:
+        print("surprise SVD (biased MF), Normal law: not run, scikit-surprise is not importable")
+    else:
+        law, *points["surprise SVD"] = surprise_svd_law(rows, cols, y, v, trow, tcol)
+        laws["surprise SVD (biased MF), Normal law"] = law
     if importlib.util.find_spec("hpfrec") is None:
         print("hpfrec (HPF), Poisson law: not run, hpfrec is not importable here (bench/peers.py)")
     else:
@@ -149,7 +187,9 @@ def main() -> None:
     laws["global class histogram"] = np.broadcast_to(glob, (len(ty), v + 1)).copy()
     print(
         f"{info.path}: {len(ty)} test ratings, V = {v}; ECE over 10 bins of P(y >= s | y > 0); "
-        f"RMSE, MAE of the expected rating in stars (bias predictor: sigma {sigma:.2f} classes)"
+        "RMSE, MAE of the expected rating in stars (residual sd in classes: "
+        + ", ".join(f"{name} {sd:.2f}" for name, (_, sd) in points.items())
+        + ")"
     )
     head = ["law", "log-loss", "Brier", "ECE s=6", "ECE s=8", "ECE s=10", "mean ECE", "RMSE", "MAE"]
     print(" | ".join(head))
@@ -161,11 +201,12 @@ def main() -> None:
         row = [s["log_loss"], s["brier"], ece[6], ece[8], ece[10], np.mean(list(ece.values()))]
         print(name, "|", " | ".join(f"{x:.4f}" for x in [*row, s["rmse"], s["mae"]]))
     scale = values[1]  # stars per class
-    err = np.clip(centre, 1, v) * scale - values[ty]
-    print(
-        f"user + item bias, point prediction (clipped): RMSE {np.sqrt(np.mean(err**2)):.4f} "
-        f"MAE {np.mean(np.abs(err)):.4f}"
-    )
+    for name, (c, _) in points.items():
+        err = np.clip(c, 1, v) * scale - values[ty]
+        print(
+            f"{name}, point prediction (clipped): RMSE {np.sqrt(np.mean(err**2)):.4f} "
+            f"MAE {np.mean(np.abs(err)):.4f}"
+        )
 
 
 if __name__ == "__main__":
