@@ -129,14 +129,14 @@ def test_scheduler_graph_stays_bounded(tmp_path, client, problem):
     )
     runner.run(runner.random_init, count_tasks)
     # the scheduler's task count cycles with the checkpoint period instead of growing: without
-    # the cut, iterations 31-40 would hold ~25 iterations' worth of tasks more than 6-15. The
-    # iteration submitted ahead is released while the callback runs, so a count can differ
-    # between periods by part of an iteration (12 tasks seen): allow half of one iteration
+    # the cut, iterations 31-40 would hold ~25 iterations' worth of tasks more than 6-15. How
+    # fast the scheduler forgets the graph before a checkpoint depends on the machine's load
+    # (the count just after one was 76 in one run, 108 in another), so only the peaks of a
+    # period are compared, within one iteration's tasks
     per_iteration = counts[8][0] - counts[7][0]  # tasks one iteration adds within a period (~50)
     assert per_iteration > 20
     late, early_tasks = [counts[n][0] for n in range(31, 41)], [counts[n][0] for n in range(6, 16)]
-    slack = per_iteration // 2
-    assert max(late) <= max(early_tasks) + slack and min(late) <= min(early_tasks) + slack
+    assert max(late) <= max(early_tasks) + per_iteration
     # results held by the workers: bounded. Around a checkpoint the count jumps for an
     # iteration while the state read back replaces the old one (87 against 30-43 seen), so
     # compare medians: one more result kept per iteration would add ~20 between the halves
