@@ -386,10 +386,23 @@ def remove_leftovers(path: str) -> list[str]:
             continue
         if doc.get("host") == socket.gethostname() and _running(doc.get("pid")):
             continue
+        _put_back(tmp, path)
         shutil.rmtree(tmp, ignore_errors=True)
         log.info("removed %s, left by an interrupted write to %s", tmp, path)
         removed.append(tmp)
     return removed
+
+
+ASIDE = "old"  # in a temporary directory: the version of the output that :func:`publish` replaces
+
+
+def _put_back(scratch: str, path: str) -> None:
+    """Move the earlier version of ``path`` back in place when the writer publishing over it
+    was killed between its two renames (:func:`publish`), so that it is never lost."""
+    aside = os.path.join(scratch, ASIDE)
+    if os.path.isdir(aside) and not os.path.islink(aside) and not os.path.lexists(path):
+        os.rename(aside, path)
+        log.warning("put %s back: the write replacing it was killed half way", path)
 
 
 _UNMARKED_AGE = 60.0  # seconds: a live writer puts its marker in place within microseconds
@@ -449,9 +462,11 @@ def _running(pid: object) -> bool:
 
 
 def publish(tmp: str, path: str, recheck: Callable[[str], object], mark: str = STORE_MARK) -> None:
-    """Rename the finished directory ``tmp`` to ``path``. An existing ``path`` is checked again
-    with ``recheck`` (it may have appeared since the first check), moved aside, and removed only
-    once ``tmp`` is in place, so a failure at any point leaves the old one.
+    """Rename the finished directory ``tmp`` (of :func:`temporary_path`) to ``path``. An
+    existing ``path`` is checked again with ``recheck`` (it may have appeared since the first
+    check), moved aside into ``tmp``'s marked directory, and removed only once ``tmp`` is in
+    place, so a failure at any point leaves the old one: a process killed between the two
+    renames too, the next write to ``path`` putting it back (:func:`remove_leftovers`).
 
     At a URL (object stores cannot rename), ``tmp`` is uploaded between the marks of
     :mod:`.files` (pending marker ``mark``): the previous one of ours there is removed first, and
@@ -471,7 +486,9 @@ def publish(tmp: str, path: str, recheck: Callable[[str], object], mark: str = S
         os.rename(tmp, path)
         return
     recheck(path)
-    aside = f"{path}.old-{secrets.token_hex(6)}"
+    # beside the new version, in its writer's marked directory: a writer killed between the two
+    # renames leaves the old version where the next write to ``path`` puts it back
+    aside = os.path.join(os.path.dirname(tmp), ASIDE)
     os.rename(path, aside)
     try:
         os.rename(tmp, path)
