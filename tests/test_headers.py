@@ -140,6 +140,10 @@ def test_counts_that_disagree_with_the_histogram_are_refused(fitted, tmp_path):
         (lambda a: {"params": {**a["params"], "n_components": 0}}, "params.n_components"),
         (lambda a: {"row_bounds": [0, 7, 19]}, "row_bounds"),
         (lambda a: {"theta": [t * 2 for t in a["theta"]]}, "theta"),
+        # the store's value rule, which fold-in maps values through (a TypeError there before)
+        (lambda a: {"store": {**a["store"], "binarize": {}}}, "store.binarize"),
+        (lambda a: {"store": {**a["store"], "binarize": ""}}, "store.binarize"),
+        (lambda a: {"store": {**a["store"], "binarize_on": [1]}}, "store.binarize_on"),
     ],
 )
 def test_a_model_header_contradiction_is_one_line_naming_the_field(

@@ -21,7 +21,7 @@ import numpy as np
 from ordnmf_dask import params as table
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.thresholds import theta_from_delta
-from ordnmf_dask.store.header import MAX_CLASSES, HeaderFields, is_number
+from ordnmf_dask.store.header import MAX_CLASSES, HeaderFields, is_number, value_rule
 
 FAMILIES = ("ordinal", "dcpf")
 
@@ -187,15 +187,18 @@ def _store(f: HeaderFields) -> StoreRecord:
     raw = f.get("store")
     if not isinstance(raw, dict):
         raise f.fail("store", "a table describing the training store", raw)
-    s = HeaderFields(raw, f.where, "model")
+    s = HeaderFields(raw, f.where, "model", "store")
     path, fingerprint = raw.get("path"), raw.get("fingerprint")
     if not isinstance(path, str | None) or not isinstance(fingerprint, str | None):
         raise f.fail("store.path", "a string (and store.fingerprint a string)", path)
+    n_classes = s.integer("n_classes", 1, MAX_CLASSES, raw.get("n_classes"))
+    if "value_kind" in raw:  # absent in models saved before they recorded their store's rule
+        value_rule(s, n_classes)
     return StoreRecord(
         path=path,
         n_users=s.integer("n_users", value=raw.get("n_users")),
         n_items=s.integer("n_items", value=raw.get("n_items")),
-        n_classes=s.integer("n_classes", 1, MAX_CLASSES, raw.get("n_classes")),
+        n_classes=n_classes,
         nnz_train=s.integer("nnz_train", value=raw.get("nnz_train", 0)),
         fingerprint=fingerprint,
     )

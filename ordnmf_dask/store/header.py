@@ -30,13 +30,15 @@ class HeaderFields:
     """Typed reads of one header's fields, each failure a StoreError naming ``where`` (the store
     or model) and the field."""
 
-    def __init__(self, attrs: Mapping[str, Any], where: str, kind: str) -> None:
+    def __init__(self, attrs: Mapping[str, Any], where: str, kind: str, table: str = "") -> None:
+        """``table``: the attribute (a table) ``attrs`` is, named in front of its fields."""
         self.attrs, self.where, self.kind = attrs, where, kind
+        self.prefix = f"{table}." if table else ""
 
     def fail(self, name: str, rule: str, value: Any = None, show: bool = True) -> StoreError:
         got = f", got {_short(value)}" if show else ""
         return StoreError(
-            f"{self.where}: {self.kind} attribute {name} must be {rule}{got} "
+            f"{self.where}: {self.kind} attribute {self.prefix}{name} must be {rule}{got} "
             f"(the {self.kind} is damaged)"
         )
 
@@ -44,8 +46,8 @@ class HeaderFields:
         if name not in self.attrs:
             if default is ...:
                 raise StoreError(
-                    f"{self.where}: {self.kind} attribute {name} is missing (the {self.kind} "
-                    "is damaged)"
+                    f"{self.where}: {self.kind} attribute {self.prefix}{name} is missing (the "
+                    f"{self.kind} is damaged)"
                 )
             return default
         return self.attrs[name]
@@ -184,18 +186,7 @@ class StoreHeader:
             raise f.fail("grid", "[R, C], the numbers of user- and item-blocks", grid)
         rows = f.integer("grid", 1, max(n_users, 1), grid[0])
         cols = f.integer("grid", 1, max(n_items, 1), grid[1])
-        kind = f.get("value_kind")
-        if not isinstance(kind, str):
-            raise f.fail("value_kind", "a string", kind)
-        thresholds = f.get("thresholds", None)
-        if thresholds is not None:
-            t = [f.number("thresholds", x) for x in thresholds] if _listlike(thresholds) else None
-            if t is None or (kind == "counts" and len(t) != v) or np.any(np.diff(t) <= 0):
-                need = f"{v} " if kind == "counts" else ""
-                raise f.fail("thresholds", f"{need}finite increasing numbers", thresholds)
-            thresholds = tuple(t)
-        elif kind == "counts":
-            raise f.fail("thresholds", f"the {v} count thresholds of a count store", None)
+        kind, thresholds = value_rule(f, v)
         version, complete = f.get("format_version"), f.get("complete")
         if not is_int(version) or not isinstance(complete, bool):
             raise f.fail("format_version", "an integer, with a boolean complete", version)
@@ -277,6 +268,31 @@ def prepared(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
     probe = {"format_version": 0, "complete": False, **attrs}
     out = StoreHeader.from_attrs(probe, where).to_attrs()
     return {k: v for k, v in out.items() if k in attrs}
+
+
+def value_rule(f: HeaderFields, n_classes: int) -> tuple[str, tuple[float, ...] | None]:
+    """``value_kind`` and ``thresholds``, with ``binarize`` and ``binarize_on`` checked too: how
+    raw values became classes, as a store records it and a model records of its store (fold-in
+    and ``predict`` map values through it, so a damaged rule is refused here, not met there)."""
+    kind = f.get("value_kind")
+    if not isinstance(kind, str):
+        raise f.fail("value_kind", "a string", kind)
+    thresholds = f.get("thresholds", None)
+    if thresholds is not None:
+        t = [f.number("thresholds", x) for x in thresholds] if _listlike(thresholds) else None
+        if t is None or (kind == "counts" and len(t) != n_classes) or np.any(np.diff(t) <= 0):
+            need = f"{n_classes} " if kind == "counts" else ""
+            raise f.fail("thresholds", f"{need}finite increasing numbers", thresholds)
+        thresholds = tuple(t)
+    elif kind == "counts":
+        raise f.fail("thresholds", f"the {n_classes} count thresholds of a count store", None)
+    binarize = f.get("binarize", None)
+    if binarize is not None and not is_number(binarize):
+        raise f.fail("binarize", "a finite number, or null", binarize)
+    on = f.get("binarize_on", None)
+    if on is not None and not isinstance(on, str):
+        raise f.fail("binarize_on", "a value kind (a string), or null", on)
+    return kind, thresholds
 
 
 def _optional(f: HeaderFields, name: str) -> int | None:
