@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import ordnmf_dask
@@ -36,12 +37,24 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def imported(source: str, modules: set[str]) -> set[str]:
-    """The ``modules`` the module text ``source`` imports, at its top or inside a function
+def _import_nodes(source: str) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of the module text ``source``, at its top or inside a function."""
+    return [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+@functools.cache
+def _imports_of(path: Path) -> tuple[ast.Import | ast.ImportFrom, ...]:
+    """:func:`_import_nodes` of the module at ``path``, found once for all the checks below
+    (parsing and walking the package is most of their time)."""
+    return tuple(_import_nodes(path.read_text()))
+
+
+def imported(source: str | tuple[ast.Import | ast.ImportFrom, ...], modules: set[str]) -> set[str]:
+    """The ``modules`` the module text ``source`` (or its :func:`_import_nodes`) imports
     (``from ordnmf_dask.x import y`` imports the module ``ordnmf_dask.x.y`` when there is
     one, else ``ordnmf_dask.x``)."""
     targets = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in _import_nodes(source) if isinstance(source, str) else source:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
                 inner = f"{node.module}.{alias.name}"
@@ -56,7 +69,7 @@ def import_graph() -> dict[str, set[str]]:
     ``__init__`` and ``_lazy`` (public names loaded on first use) left out."""
     modules = _modules()
     names = set(modules) - {"ordnmf_dask", "ordnmf_dask._lazy"}
-    return {name: imported(modules[name].read_text(), names) - {name} for name in names}
+    return {name: imported(_imports_of(modules[name]), names) - {name} for name in names}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -97,9 +110,8 @@ def _layer(module: str) -> str:
 
 
 def _imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
     out = []
-    for node in ast.walk(tree):
+    for node in _imports_of(path):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append(node.module)
         elif isinstance(node, ast.Import):
@@ -122,7 +134,7 @@ def test_no_import_points_up_and_no_private_name_crosses_modules():
         mine = LAYERS.index(parts[0])
         for module in _imports(path):
             assert LAYERS.index(_layer(module)) <= mine, f"{path} imports {module}"
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _imports_of(path):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ordnmf_dask"):
                 names = [a.name for a in node.names]
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
@@ -134,7 +146,7 @@ def test_relative_imports_are_not_used():
     for path in ROOT.rglob("*.py"):
         if path.name == "__init__.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _imports_of(path):
             if isinstance(node, ast.ImportFrom):
                 assert node.level == 0, f"{path}: relative import"
 

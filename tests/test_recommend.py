@@ -43,8 +43,9 @@ class Fitted:
 
 
 @pytest.fixture(scope="module")
-def grid23(tmp_path_factory, mclient):
-    """(2, 3) grid, string user ids, integer item ids, a short fit (any state will do)."""
+def grid23(tmp_path_factory):
+    """(2, 3) grid, string user ids, integer item ids, a short fit (any state will do; fitted
+    in-process: the model does not depend on the executor, tests/test_inprocess.py)."""
     d = tmp_path_factory.mktemp("g23")
     train, test = dense_split(synthetic_ordinal(37, 29, V, k=K, density=0.3, seed=3))
     train[5, :] = np.where(train[5] > 0, train[5], 1)  # a user with every item in train
@@ -55,17 +56,18 @@ def grid23(tmp_path_factory, mclient):
     users = np.array([f"u{3 * j + 1}" for j in range(37)])
     items = 100 + 5 * np.arange(29)
     store = store_from_dense(d / "s.zarr", train, test, V, (2, 3), users, items)
-    model = OrdNMF(K, max_iter=5).fit(store, mclient, out=d / "m.zarr")
+    model = OrdNMF(K, max_iter=5, executor="inprocess").fit(store, out=d / "m.zarr")
     return Fitted(store, model, train, users, items.tolist())
 
 
 @pytest.fixture(scope="module")
-def grid11(tmp_path_factory, mclient):
-    """(1, 1) grid, integer ids 0.., fitted for 80 iterations (for the fold-in property)."""
+def grid11(tmp_path_factory):
+    """(1, 1) grid, integer ids 0.., fitted for 80 iterations (for the fold-in property;
+    in-process, as grid23)."""
     d = tmp_path_factory.mktemp("g11")
     train, test = dense_split(synthetic_ordinal(30, 25, V, k=K, density=0.5, seed=0))
     store = store_from_dense(d / "s.zarr", train, test, V, (1, 1))
-    model = OrdNMF(K, max_iter=80, tol=1e-14).fit(store, mclient, out=d / "m.zarr")
+    model = OrdNMF(K, max_iter=80, tol=1e-14, executor="inprocess").fit(store, out=d / "m.zarr")
     return Fitted(store, model, train, range(30), range(25))
 
 

@@ -27,7 +27,7 @@ def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
             "--seeds",
             "0,1",
             "--max-iter",
-            "4",
+            "2",
             "--jobs",
             "3",
             "--scheduler",
@@ -42,7 +42,7 @@ def test_reproduce_writes_table_runs_and_figures(tmp_path, client, capsys):
     with open(tmp_path / "tasteprofile" / "runs.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 6 * 2 and {r["seed"] for r in rows} == {"0", "1"}
-    assert all(int(r["n_iter"]) == 4 for r in rows)
+    assert all(int(r["n_iter"]) == 2 for r in rows)
     for name in ("elbo.png", "ppc.png", "thresholds.png", "ppc.json"):
         assert (tmp_path / "tasteprofile" / name).stat().st_size > 0
 
