@@ -127,7 +127,10 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     tmp_path, store_30x20, client
 ):
     ckpt = tmp_path / "ckpt"
-    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=str(ckpt)).fit(store_30x20, client)
+    # the API fits in-process (the same bits as on the cluster), the CLI's on the cluster
+    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=str(ckpt), executor="inprocess").fit(
+        store_30x20
+    )
     ckpt.joinpath("notes.txt").write_text("not a checkpoint")
     ckpt.joinpath("ckpt-notes").mkdir()
     theirs = names(ckpt)
@@ -152,8 +155,8 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"{ckpt} holds checkpoints of another store or configuration" in line
     assert re.search(r"pass (--restart|restart=True) to discard them", line)  # (CLI spelling)
     with pytest.raises(InputError, match="holds checkpoints of another .* restart=True"):
-        OrdNMF(K, max_iter=5, seed=1, checkpoint_dir=str(ckpt)).fit(
-            store_30x20, client, resume=True
+        OrdNMF(K, max_iter=5, seed=1, checkpoint_dir=str(ckpt), executor="inprocess").fit(
+            store_30x20, resume=True
         )
     assert names(ckpt) == theirs
     assert not (tmp_path / "b.zarr").exists()
@@ -163,7 +166,7 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"restart: removed 2 checkpoint(s) from {ckpt}: ckpt-00000004 ckpt-00000002" in r.stderr
     assert names(ckpt) == theirs  # the new fit's own, at the same iterations
     assert ckpt.joinpath("notes.txt").read_text() == "not a checkpoint"
-    fresh = OrdNMF(K, max_iter=5, seed=1).fit(store_30x20, client)
+    fresh = OrdNMF(K, max_iter=5, seed=1, executor="inprocess").fit(store_30x20)
     assert OrdNMF.load(tmp_path / "b.zarr").elbo_ == fresh.elbo_
 
 
@@ -185,10 +188,12 @@ def test_an_unreadable_look_alike_is_refused_even_with_restart(tmp_path, store_3
 def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     tmp_path, store_30x20, client, caplog
 ):
-    whole = OrdNMF(K, max_iter=9, tol=1e-12).fit(store_30x20, client)
+    # the uninterrupted fit and the first in-process (the same bits as on the cluster, and its
+    # checkpoints are the cluster's too); the second resumes on the cluster
+    whole = OrdNMF(K, max_iter=9, tol=1e-12, executor="inprocess").fit(store_30x20)
     ckpt = tmp_path / "ckpt"
     settings = dict(max_iter=9, tol=1e-12, checkpoint_every=4, checkpoint_dir=str(ckpt))
-    OrdNMF(K, **settings).fit(store_30x20, client, out=tmp_path / "first.zarr")
+    OrdNMF(K, **settings, executor="inprocess").fit(store_30x20, out=tmp_path / "first.zarr")
     assert names(ckpt) == ["ckpt-00000004", "ckpt-00000008"]
     seen: list[int] = []
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
@@ -206,22 +211,24 @@ def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     # resume=True requires a checkpoint of this fit
     empty = tmp_path / "empty"
     with pytest.raises(InputError, match="cannot resume: no usable checkpoint"):
-        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty)).fit(store_30x20, client, resume=True)
+        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty), executor="inprocess").fit(
+            store_30x20, resume=True
+        )
 
 
-def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(
-    tmp_path, store_30x20, client
-):
+def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(tmp_path, store_30x20):
     """With n_init > 1, each run's checkpoints (named like the next run's) are removed when it
-    ends; the directory's other files stay, and the result is the best single run's."""
+    ends; the directory's other files stay, and the result is the best single run's. (In-process:
+    the checkpoints are the same on a cluster, test_engine checks the bits are.)"""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     ckpt.joinpath("notes.txt").write_text("x")
-    best = OrdNMF(K, max_iter=5, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt)).fit(
-        store_30x20, client
+    inprocess = dict(max_iter=5, executor="inprocess")
+    best = OrdNMF(K, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt), **inprocess).fit(
+        store_30x20
     )
     assert names(ckpt) == ["notes.txt"]
-    singles = [OrdNMF(K, max_iter=5, seed=s).fit(store_30x20, client).elbo_ for s in (0, 1)]
+    singles = [OrdNMF(K, seed=s, **inprocess).fit(store_30x20).elbo_ for s in (0, 1)]
     assert best.elbo_ == max(singles, key=lambda e: e[-1])
 
 
