@@ -75,7 +75,7 @@ def test_fit_overwrite_replaces_nothing_but_a_model(tmp_path, store_30x20, clien
 
 def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20, client):
     model = tmp_path / "m.zarr"
-    first = OrdNMF(K, max_iter=2).fit(store_30x20, client, out=model)
+    first = OrdNMF(K, max_iter=2, executor="inprocess").fit(store_30x20, out=model)
     assert (
         json.loads((model / "zarr.json").read_text())["attributes"]["kind"] == "ordnmf_dask.model"
     )
@@ -99,16 +99,18 @@ def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20,
     assert OrdNMF.load(model).n_iter_ == 2
 
 
-def test_a_model_of_the_format_without_the_marker_is_recognised(tmp_path, store_30x20, client):
+def test_a_model_of_the_format_without_the_marker_is_recognised(tmp_path, store_30x20):
+    """(In-process: the model a fit writes does not depend on where it ran.)"""
     model = tmp_path / "m.zarr"
-    OrdNMF(K, max_iter=1).fit(store_30x20, client, out=model)
+    OrdNMF(K, max_iter=1, executor="inprocess").fit(store_30x20, out=model)
     meta = model / "zarr.json"
     doc = json.loads(meta.read_text())
     del doc["attributes"]["kind"]
     meta.write_text(json.dumps(doc))
     assert is_model(str(model))
     assert not is_model(store_30x20.path)
-    assert OrdNMF(K, max_iter=1).fit(store_30x20, client, out=model, overwrite=True).n_iter_ == 1
+    refit = OrdNMF(K, max_iter=1, executor="inprocess").fit(store_30x20, out=model, overwrite=True)
+    assert refit.n_iter_ == 1
 
 
 def test_api_fit_refuses_an_existing_out_before_any_iteration(tmp_path, store_30x20, client):
