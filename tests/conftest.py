@@ -247,3 +247,23 @@ def store_from_dense(
         np.arange(train.shape[0]) if user_ids is None else np.asarray(user_ids),
         np.arange(train.shape[1]) if item_ids is None else np.asarray(item_ids),
     )
+
+
+# a 12 x 10 ratings file (user,item,class): the input of tests/test_safety_paths.py and
+# tests/test_safety_writers.py
+SMALL_CSV = "".join(
+    f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(10) if (u + i) % 3
+)
+
+
+@pytest.fixture(scope="module")
+def small_fitted(tmp_path_factory) -> tuple[Path, Path]:
+    """A 20 x 15 store with a test split (grid 2 x 2) and a K = 2 model fitted on it in-process,
+    for the tests that only read or copy them (never written to)."""
+    from ordnmf_dask import OrdNMF
+
+    where = tmp_path_factory.mktemp("fitted")
+    train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
+    store = store_from_dense(where / "o.zarr", train, test, 3, (2, 2))
+    model = OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=where / "bm.zarr")
+    return Path(store.path), Path(model.model_path_)

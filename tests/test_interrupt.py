@@ -101,6 +101,22 @@ def test_the_handlers_and_the_hook_are_put_back():
     assert sys.unraisablehook is hook
 
 
+def test_a_process_whose_command_ended_ignores_the_signals_then():
+    """The CLI's process (``restore=False``): a SIGINT after its command ended, exit code
+    decided, must not kill it (exit -2 instead of the command's); the hook is put back."""
+    handlers = {signum: signal.getsignal(signum) for signum in interrupt.SIGNALS}
+    hook = sys.unraisablehook
+    try:
+        with interrupt.installed(restore=False):
+            pass
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in interrupt.SIGNALS)
+        assert sys.unraisablehook is hook
+        signal.raise_signal(signal.SIGINT)  # ignored: nothing raised
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 def test_sigterm_raises_terminated_and_is_kept_for_the_next_check():
     """A batch scheduler's SIGTERM ends the command the same way (exit 143, not 130)."""
     with interrupt.installed():

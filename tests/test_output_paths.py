@@ -286,7 +286,7 @@ def test_a_fit_terminated_and_run_again_continues_from_its_checkpoint(tmp_path):
         "-k",
         "3",
         "--max-iter",
-        "60",
+        "24",
         "--tol",
         "1e-12",
         "--checkpoint-every",
@@ -301,7 +301,7 @@ def test_a_fit_terminated_and_run_again_continues_from_its_checkpoint(tmp_path):
     assert run.returncode == 0, run.stderr
     assert f"resuming from {beside / left[-1]}" in run.stderr
     assert not beside.exists()
-    whole = OrdNMF(3, max_iter=60, tol=1e-12, executor="inprocess").fit(store)
+    whole = OrdNMF(3, max_iter=24, tol=1e-12, executor="inprocess").fit(store)
     assert open_model(str(out)).attrs["elbo"] == whole.elbo_
 
 

@@ -75,7 +75,7 @@ def test_fit_overwrite_replaces_nothing_but_a_model(tmp_path, store_30x20, clien
 
 def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20, client):
     model = tmp_path / "m.zarr"
-    first = OrdNMF(K, max_iter=2).fit(store_30x20, client, out=model)
+    first = OrdNMF(K, max_iter=2, executor="inprocess").fit(store_30x20, out=model)
     assert (
         json.loads((model / "zarr.json").read_text())["attributes"]["kind"] == "ordnmf_dask.model"
     )
@@ -99,16 +99,18 @@ def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20,
     assert OrdNMF.load(model).n_iter_ == 2
 
 
-def test_a_model_of_the_format_without_the_marker_is_recognised(tmp_path, store_30x20, client):
+def test_a_model_of_the_format_without_the_marker_is_recognised(tmp_path, store_30x20):
+    """(In-process: the model a fit writes does not depend on where it ran.)"""
     model = tmp_path / "m.zarr"
-    OrdNMF(K, max_iter=1).fit(store_30x20, client, out=model)
+    OrdNMF(K, max_iter=1, executor="inprocess").fit(store_30x20, out=model)
     meta = model / "zarr.json"
     doc = json.loads(meta.read_text())
     del doc["attributes"]["kind"]
     meta.write_text(json.dumps(doc))
     assert is_model(str(model))
     assert not is_model(store_30x20.path)
-    assert OrdNMF(K, max_iter=1).fit(store_30x20, client, out=model, overwrite=True).n_iter_ == 1
+    refit = OrdNMF(K, max_iter=1, executor="inprocess").fit(store_30x20, out=model, overwrite=True)
+    assert refit.n_iter_ == 1
 
 
 def test_api_fit_refuses_an_existing_out_before_any_iteration(tmp_path, store_30x20, client):
@@ -127,7 +129,10 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     tmp_path, store_30x20, client
 ):
     ckpt = tmp_path / "ckpt"
-    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=str(ckpt)).fit(store_30x20, client)
+    # the API fits in-process (the same bits as on the cluster), the CLI's on the cluster
+    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=str(ckpt), executor="inprocess").fit(
+        store_30x20
+    )
     ckpt.joinpath("notes.txt").write_text("not a checkpoint")
     ckpt.joinpath("ckpt-notes").mkdir()
     theirs = names(ckpt)
@@ -152,8 +157,8 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"{ckpt} holds checkpoints of another store or configuration" in line
     assert re.search(r"pass (--restart|restart=True) to discard them", line)  # (CLI spelling)
     with pytest.raises(InputError, match="holds checkpoints of another .* restart=True"):
-        OrdNMF(K, max_iter=5, seed=1, checkpoint_dir=str(ckpt)).fit(
-            store_30x20, client, resume=True
+        OrdNMF(K, max_iter=5, seed=1, checkpoint_dir=str(ckpt), executor="inprocess").fit(
+            store_30x20, resume=True
         )
     assert names(ckpt) == theirs
     assert not (tmp_path / "b.zarr").exists()
@@ -163,7 +168,7 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"restart: removed 2 checkpoint(s) from {ckpt}: ckpt-00000004 ckpt-00000002" in r.stderr
     assert names(ckpt) == theirs  # the new fit's own, at the same iterations
     assert ckpt.joinpath("notes.txt").read_text() == "not a checkpoint"
-    fresh = OrdNMF(K, max_iter=5, seed=1).fit(store_30x20, client)
+    fresh = OrdNMF(K, max_iter=5, seed=1, executor="inprocess").fit(store_30x20)
     assert OrdNMF.load(tmp_path / "b.zarr").elbo_ == fresh.elbo_
 
 
@@ -185,10 +190,12 @@ def test_an_unreadable_look_alike_is_refused_even_with_restart(tmp_path, store_3
 def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     tmp_path, store_30x20, client, caplog
 ):
-    whole = OrdNMF(K, max_iter=9, tol=1e-12).fit(store_30x20, client)
+    # the uninterrupted fit and the first in-process (the same bits as on the cluster, and its
+    # checkpoints are the cluster's too); the second resumes on the cluster
+    whole = OrdNMF(K, max_iter=9, tol=1e-12, executor="inprocess").fit(store_30x20)
     ckpt = tmp_path / "ckpt"
     settings = dict(max_iter=9, tol=1e-12, checkpoint_every=4, checkpoint_dir=str(ckpt))
-    OrdNMF(K, **settings).fit(store_30x20, client, out=tmp_path / "first.zarr")
+    OrdNMF(K, **settings, executor="inprocess").fit(store_30x20, out=tmp_path / "first.zarr")
     assert names(ckpt) == ["ckpt-00000004", "ckpt-00000008"]
     seen: list[int] = []
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
@@ -206,22 +213,24 @@ def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     # resume=True requires a checkpoint of this fit
     empty = tmp_path / "empty"
     with pytest.raises(InputError, match="cannot resume: no usable checkpoint"):
-        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty)).fit(store_30x20, client, resume=True)
+        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty), executor="inprocess").fit(
+            store_30x20, resume=True
+        )
 
 
-def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(
-    tmp_path, store_30x20, client
-):
+def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(tmp_path, store_30x20):
     """With n_init > 1, each run's checkpoints (named like the next run's) are removed when it
-    ends; the directory's other files stay, and the result is the best single run's."""
+    ends; the directory's other files stay, and the result is the best single run's. (In-process:
+    the checkpoints are the same on a cluster, test_engine checks the bits are.)"""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     ckpt.joinpath("notes.txt").write_text("x")
-    best = OrdNMF(K, max_iter=5, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt)).fit(
-        store_30x20, client
+    inprocess = dict(max_iter=5, executor="inprocess")
+    best = OrdNMF(K, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt), **inprocess).fit(
+        store_30x20
     )
     assert names(ckpt) == ["notes.txt"]
-    singles = [OrdNMF(K, max_iter=5, seed=s).fit(store_30x20, client).elbo_ for s in (0, 1)]
+    singles = [OrdNMF(K, seed=s, **inprocess).fit(store_30x20).elbo_ for s in (0, 1)]
     assert best.elbo_ == max(singles, key=lambda e: e[-1])
 
 

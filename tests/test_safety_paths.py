@@ -17,26 +17,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import SMALL_CSV
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ordnmf_dask import OrdNMF, export
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError, StoreError
-
-K = 2
-CSV = "".join(f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(10) if (u + i) % 3)
-
-
-@pytest.fixture(scope="module")
-def fitted(tmp_path_factory) -> tuple[Path, Path]:
-    """A store with a test split and a model fitted on it in-process (never written to)."""
-    where = tmp_path_factory.mktemp("fitted")
-    train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
-    store = store_from_dense(where / "o.zarr", train, test, 3, (2, 2))
-    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=where / "bm.zarr")
-    return Path(store.path), Path(model.model_path_)
 
 
 def tree_hash(root: Path) -> dict[str, str]:
@@ -72,10 +59,10 @@ def copy_of(source: Path, where: Path) -> Path:
 # ------------------------------------------------------------- 1-3: writing through a link
 
 
-def test_1_json_through_a_link_to_a_store_file_is_refused(fitted, tmp_path, monkeypatch):
+def test_1_json_through_a_link_to_a_store_file_is_refused(small_fitted, tmp_path, monkeypatch):
     """The link leads into a store that is not an input of the command (``o.zarr``, beside the
     evaluated ``b.zarr``)."""
-    store, model = (copy_of(p, tmp_path) for p in fitted)
+    store, model = (copy_of(p, tmp_path) for p in small_fitted)
     other = tmp_path / "b.zarr"
     shutil.copytree(store, other)
     before = tree_hash(store)
@@ -89,8 +76,8 @@ def test_1_json_through_a_link_to_a_store_file_is_refused(fitted, tmp_path, monk
     assert tree_hash(store) == before
 
 
-def test_2_log_file_through_a_link_to_a_model_is_refused(fitted, tmp_path, monkeypatch):
-    store, model = (copy_of(p, tmp_path) for p in fitted)
+def test_2_log_file_through_a_link_to_a_model_is_refused(small_fitted, tmp_path, monkeypatch):
+    store, model = (copy_of(p, tmp_path) for p in small_fitted)
     before = tree_hash(model)
     monkeypatch.chdir(tmp_path)
     Path("mlink").symlink_to(model)
@@ -105,11 +92,11 @@ def test_2_log_file_through_a_link_to_a_model_is_refused(fitted, tmp_path, monke
     OrdNMF.load(model)  # still a model
 
 
-def test_3_outputs_under_a_link_to_a_store_are_refused(fitted, tmp_path, monkeypatch):
-    store, model = (copy_of(p, tmp_path) for p in fitted)
+def test_3_outputs_under_a_link_to_a_store_are_refused(small_fitted, tmp_path, monkeypatch):
+    store, model = (copy_of(p, tmp_path) for p in small_fitted)
     before, model_before = tree_hash(store), tree_hash(model)
     monkeypatch.chdir(tmp_path)
-    Path("base.csv").write_text(CSV)
+    Path("base.csv").write_text(SMALL_CSV)
     Path("slink").symlink_to(store)
     code, err = run_cli(["ingest", "base.csv", "--out", "slink/sub.zarr"])
     assert code == 2 and len(err) == 1, err
@@ -125,9 +112,9 @@ def test_3_outputs_under_a_link_to_a_store_are_refused(fitted, tmp_path, monkeyp
     assert tree_hash(store) == before and tree_hash(model) == model_before
 
 
-def test_an_existing_output_named_through_a_link_is_not_replaced(fitted, tmp_path):
+def test_an_existing_output_named_through_a_link_is_not_replaced(small_fitted, tmp_path):
     """Overwriting goes to the real path, never replaces a link, and says why."""
-    _, model = fitted
+    _, model = small_fitted
     mine = OrdNMF.load(model).save(tmp_path / "m.zarr")
     (tmp_path / "mlink").symlink_to(mine)
     with pytest.raises(InputError, match="mlink is a symbolic link to it"):
@@ -135,11 +122,11 @@ def test_an_existing_output_named_through_a_link_is_not_replaced(fitted, tmp_pat
     assert os.path.islink(tmp_path / "mlink")
 
 
-def test_18_a_file_as_parent_is_named_as_a_file(fitted, tmp_path, monkeypatch):
-    store, _ = fitted
+def test_18_a_file_as_parent_is_named_as_a_file(small_fitted, tmp_path, monkeypatch):
+    store, _ = small_fitted
     monkeypatch.chdir(tmp_path)
     Path("notes.txt").write_text("mine")
-    Path("base.csv").write_text(CSV)
+    Path("base.csv").write_text(SMALL_CSV)
     code, err = run_cli(["ingest", "base.csv", "--out", "notes.txt/x"])
     assert code == 2, err
     [line] = err
@@ -150,8 +137,8 @@ def test_18_a_file_as_parent_is_named_as_a_file(fitted, tmp_path, monkeypatch):
 # ------------------------------------------------------- 4-5: a model directory is untrusted
 
 
-def test_4_save_copies_only_the_models_own_regular_files(fitted, tmp_path):
-    _, fitted_model = fitted
+def test_4_save_copies_only_the_models_own_regular_files(small_fitted, tmp_path):
+    _, fitted_model = small_fitted
     (tmp_path / "secret.txt").write_text("secret")
     (tmp_path / "private").mkdir()
     (tmp_path / "private" / "key").write_text("private key")
@@ -169,9 +156,9 @@ def test_4_save_copies_only_the_models_own_regular_files(fitted, tmp_path):
     assert (reloaded.W_.compute() == OrdNMF.load(fitted_model).W_.compute()).all()
 
 
-def test_4_a_link_in_the_models_hierarchy_is_refused(fitted, tmp_path):
+def test_4_a_link_in_the_models_hierarchy_is_refused(small_fitted, tmp_path):
     """A chunk file or a node directory replaced by a link is never read through it."""
-    _, fitted_model = fitted
+    _, fitted_model = small_fitted
     other = copy_of(fitted_model, tmp_path / "other")
     model = copy_of(fitted_model, tmp_path / "ev")
     chunk = model / "H" / "0" / "mean" / "c" / "0" / "0"
@@ -207,8 +194,8 @@ for name, call in calls.items():
 """
 
 
-def test_5_a_fifo_in_place_of_a_chunk_is_an_error_not_a_hang(fitted, tmp_path):
-    store, fitted_model = fitted
+def test_5_a_fifo_in_place_of_a_chunk_is_an_error_not_a_hang(small_fitted, tmp_path):
+    store, fitted_model = small_fitted
     model = copy_of(fitted_model, tmp_path)
     chunk = model / "H" / "0" / "mean" / "c" / "0" / "0"
     chunk.unlink()
@@ -276,16 +263,16 @@ def trees(draw):
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=trees())
-def test_outputs_through_random_links_never_touch_a_store_model_or_input(fitted, case):
+def test_outputs_through_random_links_never_touch_a_store_model_or_input(small_fitted, case):
     """Whatever chain of links an output goes through, the command either refuses (one line,
     exit 2; the API: InputError) or writes outside every store, model and input; none of them
     changes."""
     links, via, tail, command = case
     with tempfile.TemporaryDirectory() as d:
         base = Path(d).resolve()
-        store, model = (copy_of(p, base) for p in fitted)
+        store, model = (copy_of(p, base) for p in small_fitted)
         (base / "in").mkdir()
-        (base / "in" / "base.csv").write_text(CSV)
+        (base / "in" / "base.csv").write_text(SMALL_CSV)
         (base / "free").mkdir()
         names = []
         for j, (where, place) in enumerate(links):
@@ -326,13 +313,13 @@ def test_outputs_through_random_links_never_touch_a_store_model_or_input(fitted,
 
 
 @pytest.fixture(scope="module")
-def two_models(fitted, tmp_path_factory) -> tuple[Path, Path]:
+def two_models(small_fitted, tmp_path_factory) -> tuple[Path, Path]:
     """A second model of the same store, of another rank (3): what a ``fit --overwrite``
     publishes over the first."""
-    store, _ = fitted
+    store, _ = small_fitted
     where = tmp_path_factory.mktemp("second")
     other = OrdNMF(3, max_iter=2, executor="inprocess", seed=5).fit(store, out=where / "k3.zarr")
-    return fitted[1], Path(other.model_path_)
+    return small_fitted[1], Path(other.model_path_)
 
 
 def publish_over(source: Path, target: Path) -> None:
@@ -341,14 +328,14 @@ def publish_over(source: Path, target: Path) -> None:
 
 
 def test_8_evaluate_stops_when_the_model_is_replaced_while_it_reads(
-    fitted, two_models, tmp_path, monkeypatch
+    small_fitted, two_models, tmp_path, monkeypatch
 ):
     """The replacement lands after evaluate opened the model (its thresholds) and before it
     reads the factors: an error saying it changed, never a result mixing the two."""
     from ordnmf_dask import evaluate
     from ordnmf_dask.postfit import evaluate as evaluate_module
 
-    store, _ = fitted
+    store, _ = small_fitted
     first, second = two_models
     model = copy_of(first, tmp_path)
     checked = evaluate_module.check_compatible
@@ -429,12 +416,12 @@ def wait_for(path: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_10_a_second_writer_of_the_same_out_is_refused_before_any_work(fitted, tmp_path):
+def test_10_a_second_writer_of_the_same_out_is_refused_before_any_work(small_fitted, tmp_path):
     import signal
 
     from conftest import CLI
 
-    store, _ = fitted
+    store, _ = small_fitted
     out = tmp_path / "m.zarr"
     fit = [*CLI, "fit", str(store), "--out", str(out), "-k", "2", "--executor", "inprocess"]
     first = subprocess.Popen(

@@ -157,7 +157,7 @@ def test_15_tune_after_sigterm_runs_again_as_readme_advises(tmp_path):
         "-k",
         "2,3",
         "--max-iter",
-        "40",
+        "9",  # rungs of 1, 3 and 9 iterations (eta 3): every step of a tune, done quickly
         "--workers",
         "1",
     ]

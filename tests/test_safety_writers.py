@@ -20,31 +20,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import dense_split, store_from_dense, synthetic_ordinal
+from conftest import SMALL_CSV, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF, export, ingest, predict_pairs
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store import writelock
 
-CSV = "".join(f"{u},{i},{1 + (u * i) % 5}\n" for u in range(12) for i in range(10) if (u + i) % 3)
 
-
-@pytest.fixture(scope="module")
-def fitted(tmp_path_factory) -> tuple[Path, Path]:
-    """A store and a model fitted on it in-process (never written to)."""
-    where = tmp_path_factory.mktemp("fitted")
-    train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
-    store = store_from_dense(where / "o.zarr", train, test, 3, (2, 2))
-    model = OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=where / "bm.zarr")
-    return Path(store.path), Path(model.model_path_)
-
-
-def api_writers(fitted: tuple[Path, Path], tmp_path: Path) -> dict[str, object]:
+def api_writers(small_fitted: tuple[Path, Path], tmp_path: Path) -> dict[str, object]:
     """Each API writer of a local output, as a function of that output."""
-    store, model = fitted
+    store, model = small_fitted
     csv = tmp_path / "r.csv"
-    csv.write_text(CSV)
+    csv.write_text(SMALL_CSV)
     pairs = tmp_path / "pairs.parquet"
     pq.write_table(pa.table({"user": np.array([0, 1]), "item": np.array([0, 2])}), pairs)
     return {
@@ -69,11 +57,13 @@ def left_beside(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f"{out.name}."))
 
 
-def test_a_second_api_writer_of_the_same_out_is_refused_and_the_first_goes_on(fitted, tmp_path):
+def test_a_second_api_writer_of_the_same_out_is_refused_and_the_first_goes_on(
+    small_fitted, tmp_path
+):
     """A fit through the API in another process writes ``m.zarr`` (paused by its callback);
     every API writer of ``m.zarr`` in this process is refused in one line naming that process,
     writes nothing, and the first then publishes an intact model."""
-    store, _ = fitted
+    store, _ = small_fitted
     out, started, stop = tmp_path / "m.zarr", tmp_path / "started", tmp_path / "stop"
     script = textwrap.dedent(f"""
         import os, time
@@ -93,7 +83,7 @@ def test_a_second_api_writer_of_the_same_out_is_refused_and_the_first_goes_on(fi
     )
     try:
         wait_for(started, first)
-        for name, write in api_writers(fitted, tmp_path).items():
+        for name, write in api_writers(small_fitted, tmp_path).items():
             with pytest.raises(InputError) as caught:
                 write(str(out))
             [line] = str(caught.value).splitlines()
@@ -109,11 +99,11 @@ def test_a_second_api_writer_of_the_same_out_is_refused_and_the_first_goes_on(fi
     assert left_beside(out) == []  # its lock given back
 
 
-def test_a_second_api_writer_is_refused_while_a_save_writes(fitted, tmp_path):
+def test_a_second_api_writer_is_refused_while_a_save_writes(small_fitted, tmp_path):
     """The lock of a writer other than fit: a live process holding ``dest.zarr.lock`` (as
     ``save`` takes it) refuses this process's save; a live one holding it by another pid of
     this host is never taken over."""
-    _, model = fitted
+    _, model = small_fitted
     out = tmp_path / "dest.zarr"
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
@@ -129,19 +119,19 @@ def test_a_second_api_writer_is_refused_while_a_save_writes(fitted, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ingest", "synth", "save", "export", "predict_pairs"])
-def test_a_stale_lock_of_a_dead_pid_is_taken_over_by_every_api_writer(fitted, tmp_path, name):
+def test_a_stale_lock_of_a_dead_pid_is_taken_over_by_every_api_writer(small_fitted, tmp_path, name):
     gone = subprocess.Popen(["true"])
     gone.wait()
     out = tmp_path / "w.out"
     doc = {"kind": writelock.LOCK_KIND, "host": socket.gethostname(), "pid": gone.pid}
     (tmp_path / "w.out.lock").write_text(json.dumps(doc))
-    api_writers(fitted, tmp_path)[name](str(out))
+    api_writers(small_fitted, tmp_path)[name](str(out))
     assert out.is_dir()
     assert left_beside(out) == []  # taken over, then given back
 
 
-def test_a_signal_while_the_lock_is_written_leaves_no_lock(fitted, tmp_path, monkeypatch):
-    _, model = fitted
+def test_a_signal_while_the_lock_is_written_leaves_no_lock(small_fitted, tmp_path, monkeypatch):
+    _, model = small_fitted
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -164,7 +154,7 @@ def replace_store(path: Path, tmp_path: Path) -> None:
     from conftest import CLI
 
     csv = tmp_path / "other.csv"
-    csv.write_text(CSV)
+    csv.write_text(SMALL_CSV)
     done = subprocess.run(
         [*CLI, "ingest", str(csv), "--out", str(path), "--overwrite", "-q"],
         capture_output=True,
@@ -199,14 +189,14 @@ def test_a_store_replaced_after_it_was_opened_is_an_error_saying_it_changed(tmp_
         read_block(info.path, "train", 0, 0)
 
 
-def test_evaluate_of_a_store_replaced_meanwhile_says_it_changed(fitted, tmp_path):
+def test_evaluate_of_a_store_replaced_meanwhile_says_it_changed(small_fitted, tmp_path):
     import shutil
 
     from ordnmf_dask import evaluate
     from ordnmf_dask.errors import StoreError
     from ordnmf_dask.store.blocks import open_store
 
-    store, model = fitted
+    store, model = small_fitted
     copy = tmp_path / "o.zarr"
     shutil.copytree(store, copy)
     info = open_store(copy)  # opened, then replaced before its blocks are read

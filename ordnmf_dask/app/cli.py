@@ -28,14 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Logging and the SIGINT / SIGTERM handlers are left as they were found
     (:func:`~ordnmf_dask.runtime.interrupt.installed`), so that calling it in-process changes
-    no global state."""
+    no global state; a process that runs this one command (``argv`` None) ignores them once the
+    command ended, so that a signal then (with the exit code decided) does not kill it (-2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if argv is None:  # the process runs this one command and ends: the OS frees its memory,
         atexit.register(gc.freeze)  # without the interpreter's final collection of every object
     with logging_kept(quiet=not args.debug), warnings.catch_warnings():
         warnings.showwarning = warning_line
-        return _run(args, parser)
+        return _run(args, parser, process=argv is None)
 
 
 _INPUTS = {
@@ -93,7 +94,7 @@ def _outputs_locked(args: argparse.Namespace) -> contextlib.AbstractContextManag
     return writelock.held(*(getattr(args, dest, None) for dest in dests))
 
 
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
     try:
         _check_outputs(args)
     except InputError as exc:
@@ -106,7 +107,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}", file=sys.stderr)
         return EXIT_INPUT
     try:
-        with interrupt.installed(), _outputs_locked(args):
+        with interrupt.installed(restore=not process), _outputs_locked(args):
             try:
                 code = COMMANDS[args.command](args)
                 sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit

@@ -55,10 +55,12 @@ def _unraisable(hook: Callable[[Any], object]) -> Callable[[Any], None]:
 
 
 @contextmanager
-def installed() -> Iterator[None]:
+def installed(restore: bool = True) -> Iterator[None]:
     """Route SIGINT and SIGTERM through the handler while the block runs (main thread only;
-    the CLI runs each command in it), then put the handlers and the unraisable hook back and
-    forget any signal left (the next command starts clean)."""
+    the CLI runs each command in it), then put the handlers back (or, not ``restore``, ignore
+    the signals: a process whose command ended has nothing left to stop, its exit code is
+    decided), the unraisable hook too, and forget any signal left (the next command starts
+    clean)."""
     clear()
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -73,7 +75,7 @@ def installed() -> Iterator[None]:
     finally:
         for signum, handler in handlers.items():
             if handler is not None:
-                signal.signal(signum, handler)
+                signal.signal(signum, handler if restore else signal.SIG_IGN)
         sys.unraisablehook = hook
         clear()
 
