@@ -1,7 +1,9 @@
 """The contract every estimator keeps, checked the same way for each family (in the spirit of
 scikit-learn's estimator checks): fit, save / load, resume, restarts, the parameter protocol,
-clone, repr and pickle. The tests that fit share one small count store and the session's
-cluster; the others need neither."""
+clone, repr and pickle. The tests that fit share one small count store and fit in-process
+(the contract is the estimator's, whatever runs its tasks: ``tests/test_inprocess.py`` checks
+that an in-process fit is bitwise the cluster's, a resume across executors too); the others
+need no store."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ordnmf_dask.estimator import CaviEstimator
 
 K, ITERS, STOP, EVERY = 2, 8, 4, 3  # a stopped fit (STOP) resumes from its checkpoint at EVERY
 N_CLASSES = 4
+INPROCESS = "inprocess"  # the executor of every fit here
 
 # class, constructor arguments, and each family attribute with its shape
 FAMILIES: dict[str, tuple[type[CaviEstimator], dict[str, Any], dict[str, tuple[int, ...]]]] = {
@@ -89,10 +92,10 @@ def count_store(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
-def family_fit(family, count_store, mclient, tmp_path_factory) -> CaviEstimator:
+def family_fit(family, count_store, tmp_path_factory) -> CaviEstimator:
     """An uninterrupted fit stopped by ``max_iter`` (tol is never reached)."""
     out = tmp_path_factory.mktemp(family) / "m.zarr"
-    return make(family, max_iter=ITERS, tol=1e-14).fit(count_store, mclient, out=out)
+    return make(family, max_iter=ITERS, tol=1e-14, executor=INPROCESS).fit(count_store, out=out)
 
 
 # -- fitting --------------------------------------------------------------------------------------
@@ -112,8 +115,8 @@ def test_fit_sets_the_fitted_attributes(family, family_fit, count_store):
     assert [r["kept"] for r in family_fit.runs_] == [True]
 
 
-def test_a_converged_fit_stops_before_max_iter(family, count_store, mclient):
-    est = make(family, max_iter=100, tol=1e-2).fit(count_store, mclient)
+def test_a_converged_fit_stops_before_max_iter(family, count_store):
+    est = make(family, max_iter=100, tol=1e-2, executor=INPROCESS).fit(count_store)
     assert est.converged_ is True and est.n_iter_ == len(est.elbo_) < 100
     elbo, window = est.elbo_, 3 if est.optimizer == "squarem" else 1  # the documented rule
     assert mean_gain(elbo, window) < 1e-2 <= mean_gain(elbo[:-1], window)
@@ -127,24 +130,21 @@ def test_save_and_load_round_trip(family, family_fit, tmp_path):
     assert type(family_fit).load(path).get_params() == family_fit.get_params()
 
 
-def test_a_stopped_fit_resumes_to_the_uninterrupted_one(
-    family, family_fit, count_store, mclient, tmp_path
-):
+def test_a_stopped_fit_resumes_to_the_uninterrupted_one(family, family_fit, count_store, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    first = make(family, max_iter=STOP, tol=1e-14, checkpoint_every=EVERY, checkpoint_dir=ckpt)
-    first.fit(count_store, mclient)
+    keep = {"checkpoint_every": EVERY, "checkpoint_dir": ckpt, "executor": INPROCESS}
+    first = make(family, max_iter=STOP, tol=1e-14, **keep)
+    first.fit(count_store)
     assert first.n_iter_ == STOP and first.elbo_ == family_fit.elbo_[:STOP]
     seen: list[int] = []
-    resumed = make(family, max_iter=ITERS, tol=1e-14, checkpoint_every=EVERY, checkpoint_dir=ckpt)
-    resumed.fit(
-        count_store, mclient, resume=True, callback=lambda info: seen.append(info.iteration)
-    )
+    resumed = make(family, max_iter=ITERS, tol=1e-14, **keep)
+    resumed.fit(count_store, resume=True, callback=lambda info: seen.append(info.iteration))
     assert seen == list(range(EVERY + 1, ITERS + 1))  # it went on from the checkpoint
     assert_same_fit(resumed, family_fit)
 
 
-def test_restarts_keep_the_best_run(family, count_store, mclient):
-    est = make(family, max_iter=3, n_init=2).fit(count_store, mclient)
+def test_restarts_keep_the_best_run(family, count_store):
+    est = make(family, max_iter=3, n_init=2, executor=INPROCESS).fit(count_store)
     seed = est.get_params()["seed"]
     assert [r["seed"] for r in est.runs_] == [seed, seed + 1]
     kept = [r for r in est.runs_ if r["kept"]]

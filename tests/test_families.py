@@ -1,9 +1,11 @@
 """The other model families on the engine (dcPF, BePoF, PF) against dense oracles.
 
-Real worker processes (the session LocalCluster of ``conftest``) and real zarr stores. dcPF is
-checked against ``tests/oracle_dcpf.py`` (which is itself checked against an independent
-Poisson-factorization CAVI at its limits p = 0 and p = 1), BePoF and PF against ``tests/oracle.py``
-on the binarized matrix.
+Real zarr stores. dcPF is checked against ``tests/oracle_dcpf.py`` (which is itself checked
+against an independent Poisson-factorization CAVI at its limits p = 0 and p = 1), BePoF and PF
+against ``tests/oracle.py`` on the binarized matrix. The engine-vs-oracle fits run in-process
+(``executor="inprocess"``: the same tasks, bitwise the cluster's, which ``tests/test_inprocess.py``
+checks for dcPF and OrdNMF); persistence and evaluation run on real worker processes (the session
+LocalCluster of ``conftest``), fitting all four families there.
 """
 
 from __future__ import annotations
@@ -194,14 +196,21 @@ def _assert_same_dcpf_fit(model, ref, max_iter, p_rtol=1e-12):
 
 @pytest.mark.parametrize("grid", [(1, 1), (2, 3)])
 @pytest.mark.parametrize("p, update_p", [(0.5, True), (0.0, False), (1.0, False)])
-def test_dcpf_matches_oracle(tmp_path, client, overdispersed, grid, p, update_p):
+def test_dcpf_matches_oracle(tmp_path, overdispersed, grid, p, update_p):
     train, test, w0, h0 = overdispersed
     store = count_store(tmp_path / "c.zarr", train, test, grid)
     ref = oracle_dcpf.fit(train, w0, h0, p=p, update_p_=update_p, tol=TOL, max_iter=MAX_ITER)
     model = DcPF(
-        K, p=p, update_p=update_p, tol=TOL, max_iter=MAX_ITER, checkpoint_every=7, optimizer="cavi"
+        K,
+        p=p,
+        update_p=update_p,
+        tol=TOL,
+        max_iter=MAX_ITER,
+        checkpoint_every=7,
+        optimizer="cavi",
+        executor="inprocess",
     )
-    model.fit(store, client, init=(w0, h0))
+    model.fit(store, init=(w0, h0))
     _assert_same_dcpf_fit(model, ref, MAX_ITER)
     if update_p:
         assert model.converged_  # the stopping rule is exercised too
@@ -210,7 +219,7 @@ def test_dcpf_matches_oracle(tmp_path, client, overdispersed, grid, p, update_p)
         assert model.p_ == p
 
 
-def test_dcpf_limits_on_the_engine(tmp_path, client):
+def test_dcpf_limits_on_the_engine(tmp_path):
     """Binary-like counts: the learned p falls toward 0 (see the oracle test for why), and on
     exactly-binary data p = 1 (E[n] = 1) and p = 0 (E[n] = y = 1) are the same fit.
 
@@ -224,7 +233,7 @@ def test_dcpf_limits_on_the_engine(tmp_path, client):
     w0, h0 = warm_start(24, 18, seed=1)
     store = count_store(tmp_path / "m.zarr", train, test, (2, 2))
     ref = oracle_dcpf.fit(train, w0, h0, p=0.5, tol=TOL, max_iter=10)
-    model = DcPF(K, p=0.5, tol=TOL, max_iter=10).fit(store, client, init=(w0, h0))
+    model = DcPF(K, p=0.5, tol=TOL, max_iter=10, executor="inprocess").fit(store, init=(w0, h0))
     # p* ~ 2 (1 - s_en / s_y): its relative round-off grows like 1 / p (here p ~ 1e-5)
     _assert_same_dcpf_fit(model, ref, 10, p_rtol=1e-5)
     assert model.p_ < 1e-4
@@ -232,8 +241,8 @@ def test_dcpf_limits_on_the_engine(tmp_path, client):
 
     tr, te = (train > 0).astype(np.int64), (test > 0).astype(np.int64)
     binary = store_from_dense(tmp_path / "b.zarr", tr, te, 1, (2, 2))
-    one = DcPF(K, p=1.0, max_iter=12).fit(binary, client, init=(w0, h0))
-    zero = DcPF(K, p=0.0, max_iter=12).fit(binary, client, init=(w0, h0))
+    one = DcPF(K, p=1.0, max_iter=12, executor="inprocess").fit(binary, init=(w0, h0))
+    zero = DcPF(K, p=0.0, max_iter=12, executor="inprocess").fit(binary, init=(w0, h0))
     np.testing.assert_allclose(one.elbo_, zero.elbo_, rtol=1e-12)
     np.testing.assert_allclose(one.W_.compute(), zero.W_.compute(), rtol=1e-12)
     ref = pf_fit(tr, w0, h0, max_iter=12, tol=-np.inf)
@@ -291,7 +300,7 @@ def _nb_logpmf_given_positive(y, lam, p, t):
     return stats.nbinom.logpmf(y, r, 1.0 - p) - np.log1p(-np.exp(-t * lam))
 
 
-def test_dcpf_on_a_count_store_uses_the_raw_counts(tmp_path, client):
+def test_dcpf_on_a_count_store_uses_the_raw_counts(tmp_path):
     """value_kind "counts": DcPF fits the raw counts (here up to ~1000, beyond uint8), and the
     test log-likelihood is that of the count range of each test class."""
     y = dcpf_counts(20, 16, 0.99, seed=7, cap=10**6)
@@ -301,10 +310,11 @@ def test_dcpf_on_a_count_store_uses_the_raw_counts(tmp_path, client):
     edges = [0, 1, 2, 5, 10, 50]
     store = _write_count_store(tmp_path / "raw.zarr", train, test, edges, (2, 2))
     ref = oracle_dcpf.fit(train, w0, h0, p=0.5, tol=TOL, max_iter=MAX_ITER)
-    model = DcPF(K, tol=TOL, max_iter=MAX_ITER, optimizer="cavi").fit(store, client, init=(w0, h0))
+    model = DcPF(K, tol=TOL, max_iter=MAX_ITER, optimizer="cavi", executor="inprocess")
+    model.fit(store, init=(w0, h0))
     _assert_same_dcpf_fit(model, ref, MAX_ITER)
 
-    result = evaluate(store, model, client)
+    result = evaluate(store, model)  # a small model: evaluated in-process
     lam = (ref["EW"] @ ref["EH"].T)[test > 0]
     counts = test[test > 0]
     cls = np.searchsorted(edges, counts, side="left")
@@ -332,14 +342,14 @@ def ordinal_problem():
 
 @pytest.mark.parametrize("threshold", [1, 3])
 @pytest.mark.parametrize("klass", [BePoF, PF])
-def test_binarized_models_match_oracle(tmp_path, client, ordinal_problem, klass, threshold):
+def test_binarized_models_match_oracle(tmp_path, ordinal_problem, klass, threshold):
     n_classes, train, test, w0, h0 = ordinal_problem
     store = store_from_dense(tmp_path / "o.zarr", train, test, n_classes, (2, 2))
     binary = (train >= threshold).astype(np.int64)
     approx = klass is PF
     ref = oracle.fit(binary, 1, w0, h0, tol=TOL, max_iter=BIN_MAX_ITER, approx=approx)
-    model = klass(K, threshold=threshold, tol=TOL, max_iter=BIN_MAX_ITER)
-    model.fit(store, client, init=(w0, h0))
+    model = klass(K, threshold=threshold, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess")
+    model.fit(store, init=(w0, h0))
     assert model.approx is approx
     assert model.n_iter_ == ref["n_iter"]
     np.testing.assert_allclose(model.elbo_, ref["elbo"], rtol=1e-9)
@@ -349,13 +359,15 @@ def test_binarized_models_match_oracle(tmp_path, client, ordinal_problem, klass,
     assert len(model.delta_) == 2
 
 
-def test_bepof_with_theta0_fixed_at_one_matches_oracle(tmp_path, client, ordinal_problem):
+def test_bepof_with_theta0_fixed_at_one_matches_oracle(tmp_path, ordinal_problem):
     n_classes, train, test, w0, h0 = ordinal_problem
     store = store_from_dense(tmp_path / "o.zarr", train, test, n_classes, (2, 2))
     binary = (train >= 2).astype(np.int64)
     ref = oracle.fit(binary, 1, w0, h0, tol=TOL, max_iter=BIN_MAX_ITER, fixed_delta=[0.0, 1.0])
-    model = BePoF(K, threshold=2, learn_threshold=False, tol=TOL, max_iter=BIN_MAX_ITER)
-    model.fit(store, client, init=(w0, h0))
+    model = BePoF(
+        K, threshold=2, learn_threshold=False, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess"
+    )
+    model.fit(store, init=(w0, h0))
     assert model.delta_.tolist() == [0.0, 1.0] and model.theta_.tolist() == [1.0, 0.0]
     assert model.n_iter_ == ref["n_iter"]
     np.testing.assert_allclose(model.elbo_, ref["elbo"], rtol=1e-9)
@@ -368,9 +380,11 @@ def test_bepof_with_theta0_fixed_at_one_matches_oracle(tmp_path, client, ordinal
 
 
 def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_problem):
+    """On the session's worker processes: save / load, evaluation of each family, and the
+    binarized families' fits bitwise their in-process fits (which the oracle tests check)."""
     train, test, w0, h0 = overdispersed
     store = count_store(tmp_path / "c.zarr", train, test, (2, 2))
-    model = DcPF(K, max_iter=6, p=0.5).fit(store, client, init=(w0, h0), out=tmp_path / "m")
+    model = DcPF(K, max_iter=4, p=0.5).fit(store, client, init=(w0, h0), out=tmp_path / "m")
     model.save(tmp_path / "copy")
     loaded = DcPF.load(tmp_path / "copy")
     assert type(loaded) is DcPF
@@ -391,7 +405,7 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
 
     n_classes, otrain, otest, ow0, oh0 = ordinal_problem
     ostore = store_from_dense(tmp_path / "o.zarr", otrain, otest, n_classes, (2, 2))
-    ord_model = OrdNMF(K, max_iter=6).fit(ostore, client, init=(ow0, oh0))
+    ord_model = OrdNMF(K, max_iter=4).fit(ostore, client, init=(ow0, oh0))
     with pytest.raises(InputError, match="'OrdNMF' model, not a DcPF"):
         DcPF.load(ord_model.model_path_)
     ord_result = evaluate(ostore, ord_model, client)
@@ -405,6 +419,14 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
     assert bepof_result["test_loglik"] is None
     assert bepof_result["test_loglik_mean"] is None
     assert set(bepof_result["ndcg"]) == {1, 2, 3, 4}
+
+    pf = PF(K, threshold=2, max_iter=4).fit(ostore, client, init=(ow0, oh0))
+    for on_cluster in (bepof, pf):
+        alone = type(on_cluster)(K, threshold=2, max_iter=4, executor="inprocess")
+        alone.fit(ostore, init=(ow0, oh0))
+        # every iteration's bound, a function of that iteration's factors, compared exactly
+        assert alone.elbo_ == on_cluster.elbo_
+        np.testing.assert_array_equal(alone.delta_, on_cluster.delta_)
 
 
 def test_dcpf_count_loglik_at_p0_is_poisson_and_p_update_terminates():

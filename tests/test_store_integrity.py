@@ -178,11 +178,17 @@ def test_info_exits_2_naming_the_file(healthy, tmp_path, array, damage):
     assert _error_line(r).startswith(f"ordnmf-dask info: error: {path}: chunk file")
 
 
+def test_info_verify_passes_a_healthy_store(healthy):
+    """(Once, not in each case below: the same command on the same store.)"""
+    r = run("info", "--verify", healthy)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("array", ["train/cols", "train/y", "test/raw", "items/ids"])
 def test_info_verify_checks_every_checksum(healthy, tmp_path, array):
     """A changed byte of a large array passes the cheap checks of ``info`` (sizes) and is found
-    by ``info --verify`` (every file's CRC-32), exit 2 naming it; a healthy store verifies."""
-    assert run("info", "--verify", healthy).returncode == 0
+    by ``info --verify`` (every file's CRC-32), exit 2 naming it (a healthy store verifies: the
+    test above)."""
     store, path = _damaged(healthy, tmp_path, array, "flip")
     assert run("info", store).returncode == 0
     r = run("info", "--verify", store)

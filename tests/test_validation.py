@@ -14,6 +14,7 @@ from ordnmf_dask.engine.cavi import early_stopping
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
+from ordnmf_dask.runtime.inprocess import InProcessClient
 from ordnmf_dask.sources.ingest import ingest, ingest_arrays, ingest_distributed
 from ordnmf_dask.sources.split import id_hashes, pair_hash, split_rule
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids
@@ -148,7 +149,9 @@ def test_bad_validation_fraction_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_early_stopping_keeps_the_best_state(vstore, client):
+def test_early_stopping_keeps_the_best_state(vstore):
+    """In-process (bitwise the cluster's fit, tests/test_inprocess.py; the cluster's scoring of
+    held-out subsets is the last test of this file)."""
     est = OrdNMF(
         K,
         tol=1e-12,
@@ -157,7 +160,8 @@ def test_early_stopping_keeps_the_best_state(vstore, client):
         validation_patience=2,
         validation_s=3,
         checkpoint_every=3,
-    ).fit(vstore, client)
+        executor="inprocess",
+    ).fit(vstore)
     attrs = open_model(est.model_path_).attrs
     history = attrs["validation"]["history"]
     assert [v["iteration"] for v in history] == list(range(2, est.n_iter_ + 1, 2))
@@ -169,7 +173,8 @@ def test_early_stopping_keeps_the_best_state(vstore, client):
     assert best < est.n_iter_  # the data overfit within 60 iterations at K = 3
     assert est.runs_[0]["best_iteration"] == best
     # the saved state is iteration ``best`` of the same trajectory
-    plain = OrdNMF(K, tol=1e-12, max_iter=best, validation_every=0).fit(vstore, client)
+    plain = OrdNMF(K, tol=1e-12, max_iter=best, validation_every=0, executor="inprocess")
+    plain.fit(vstore)
     assert plain.n_iter_ == best and open_model(plain.model_path_).attrs["validation"] is None
     np.testing.assert_array_equal(est.W_.compute(), plain.W_.compute())
     np.testing.assert_array_equal(est.H_.compute(), plain.H_.compute())
@@ -179,17 +184,24 @@ def test_early_stopping_keeps_the_best_state(vstore, client):
     model = open_model(est.model_path_)
     w = [SavedChunk(model.path, "W", r) for r in range(vstore.grid[0])]
     h = [SavedChunk(model.path, "H", c) for c in range(vstore.grid[1])]
-    again = score_split(client, vstore, "validation", w, h, [1, 3], 100, None)
-    assert {str(s): x for s, x in again["ndcg"].items()} == history[best // 2 - 1]["ndcg"]
-    # validation is scored as test is: the same function on the other held-out subset
-    test = score_split(client, vstore, "test", w, h, [1], 100, None)
-    assert evaluate(vstore, est, client, levels=[1])["ndcg"] == test["ndcg"]
+    with InProcessClient() as threads:
+        again = score_split(threads, vstore, "validation", w, h, [1, 3], 100, None)
+        assert {str(s): x for s, x in again["ndcg"].items()} == history[best // 2 - 1]["ndcg"]
+        # validation is scored as test is: the same function on the other held-out subset
+        test = score_split(threads, vstore, "test", w, h, [1], 100, None)
+        assert evaluate(vstore, est, threads, levels=[1])["ndcg"] == test["ndcg"]
 
 
-def test_restarts_are_chosen_by_validation(vstore, client):
-    est = OrdNMF(K, tol=1e-4, max_iter=15, n_init=3, validation_every=5, validation_patience=0).fit(
-        vstore, client
-    )
+def test_restarts_are_chosen_by_validation(vstore):
+    est = OrdNMF(
+        K,
+        tol=1e-4,
+        max_iter=15,
+        n_init=3,
+        validation_every=5,
+        validation_patience=0,
+        executor="inprocess",
+    ).fit(vstore)
     runs = est.runs_
     assert all(r["validation"] is not None for r in runs)
     kept = [r for r in runs if r["kept"]]
@@ -239,7 +251,7 @@ def test_early_stopping_agrees_with_a_moving_average_reference(window):
         assert early_stopping(scores[:n], 4, window) == (kept, n - 1 - kept >= 4)
 
 
-def test_the_fit_keeps_the_state_the_windowed_rule_keeps(vstore, client):
+def test_the_fit_keeps_the_state_the_windowed_rule_keeps(vstore):
     est = OrdNMF(
         K,
         tol=1e-12,
@@ -248,7 +260,8 @@ def test_the_fit_keeps_the_state_the_windowed_rule_keeps(vstore, client):
         validation_patience=2,
         validation_window=3,
         validation_s=3,
-    ).fit(vstore, client)
+        executor="inprocess",
+    ).fit(vstore)
     attrs = open_model(est.model_path_).attrs
     assert attrs["validation"]["window"] == 3
     metric = [v["metric"] for v in attrs["validation"]["history"]]

@@ -1,12 +1,15 @@
 """Warm start from a saved model onto a store that grew (engine/warmstart.py): rows matched by
 raw id, known rows keep their old state, new ones get fold-in rows or the cold draws, every
 family, different grids on both sides; incompatible models refused before any work; the warm
-start recorded in the model and in the checkpoint fingerprint."""
+start recorded in the model and in the checkpoint fingerprint.
+
+The models warm-started from are fitted in-process (bitwise the cluster's fit,
+tests/test_inprocess.py); the warm starts themselves (the initial chunks, every family's warm
+fit, the command line's) run on the session's worker processes."""
 
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +25,8 @@ from ordnmf_dask.model.foldin import fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore.model import model_fingerprint, open_model, store_fingerprint
 
-pytestmark = pytest.mark.cluster
-
 V, K = 4, 3
+HERE = {"executor": "inprocess"}  # the fits that are not the subject: in-process
 N_USERS, N_ITEMS = 90, 60
 OLD_USERS, OLD_ITEMS = 70, 45  # the old store holds the first rows and columns
 
@@ -65,10 +67,6 @@ def stores(data, tmp_path_factory):
     return tmp, old, new, pu, pi
 
 
-def _fit_old(estimator, old, client, out: Path):
-    return estimator.fit(old.path, client, out=out)
-
-
 def _initial(client, est, info, source, tmp):
     """The warm-start chunks the fit would start from, gathered."""
     values = est._validate()[1]
@@ -88,8 +86,8 @@ def _stack(chunks, field):
 def test_known_rows_keep_their_state_new_rows_are_folded_in(client, stores, data):
     tmp, old, new, pu, pi = stores
     train, _ = data
-    est = OrdNMF(K, max_iter=15, tol=1e-12)
-    _fit_old(est, old, client, tmp / "m-old.zarr")
+    est = OrdNMF(K, max_iter=15, tol=1e-12, **HERE)
+    est.fit(old.path, out=tmp / "m-old.zarr")
     m = open_model(str(tmp / "m-old.zarr"))
     source = warmstart.open_source(str(tmp / "m-old.zarr"), "OrdNMF", est._family(new), K, new)
     w, h, family, params = _initial(client, OrdNMF(K), new, source, tmp)
@@ -170,12 +168,13 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
     klass = ESTIMATORS[name]
     kw = {"threshold": 3} if name in ("BePoF", "PF") else {}
     old_model = tmp / f"{name}-old.zarr"
-    klass(K, max_iter=15, tol=1e-12, **kw).fit(old.path, client, out=old_model)
+    klass(K, max_iter=15, tol=1e-12, **kw, **HERE).fit(old.path, out=old_model)
     before = dict(zarr.open_group(str(old_model), mode="r").attrs)
-    warm = klass(K, max_iter=3, tol=1e-12, **kw).fit(
+    # one iteration: the first bounds are compared
+    warm = klass(K, max_iter=1, tol=1e-12, **kw).fit(
         new.path, client, init_model=old_model, out=tmp / f"{name}-warm.zarr"
     )
-    cold = klass(K, max_iter=3, tol=1e-12, **kw).fit(new.path, client)
+    cold = klass(K, max_iter=1, tol=1e-12, **kw, **HERE).fit(new.path)
     assert warm.elbo_[0] > cold.elbo_[0]
     attrs = open_model(warm.model_path_).attrs
     assert attrs["init_model"] == {"path": str(old_model), "fingerprint": model_fingerprint(before)}
@@ -199,10 +198,10 @@ def test_a_warm_start_on_its_own_store_continues_the_fit_exactly(stores, name):
     assert np.array_equal(np.asarray(warm.H_), np.asarray(whole.H_))
 
 
-def test_dcpf_starts_from_the_old_p(client, stores):
+def test_dcpf_starts_from_the_old_p(stores):
     tmp, old, new, _, _ = stores
     old_model = tmp / "dcpf-p.zarr"
-    DcPF(K, max_iter=8, tol=1e-12, p=0.3).fit(old.path, client, out=old_model)
+    DcPF(K, max_iter=8, tol=1e-12, p=0.3, **HERE).fit(old.path, out=old_model)
     source = warmstart.open_source(str(old_model), "DcPF", DcPF(K)._family(new), K, new)
     p_old = float(open_model(str(old_model)).attrs["p"])
     assert p_old != 0.5
@@ -211,9 +210,9 @@ def test_dcpf_starts_from_the_old_p(client, stores):
     assert warmstart.start_params(fixed, source) == 0.5  # a fixed p stays the fit's
 
 
-def test_provenance_is_recorded(client, stores):
+def test_provenance_is_recorded(stores):
     tmp, old, new, _, _ = stores
-    m = OrdNMF(K, max_iter=2).fit(old.path, client, out=tmp / "prov.zarr")
+    m = OrdNMF(K, max_iter=2, **HERE).fit(old.path, out=tmp / "prov.zarr")
     attrs = open_model(m.model_path_).attrs
     assert set(attrs["versions"]) == {
         "ordnmf-dask",
@@ -258,45 +257,45 @@ def test_incompatible_models_are_refused_before_any_work(client, stores, make, m
     tmp, old, new, _, _ = stores
     old_model = tmp / "refuse-old.zarr"
     if not old_model.exists():
-        OrdNMF(K, max_iter=2).fit(old.path, client, out=old_model)
+        OrdNMF(K, max_iter=2, **HERE).fit(old.path, out=old_model)
     ckpt = tmp / "refuse-ck"
     with pytest.raises(InputError, match=message):
         make(str(ckpt)).fit(new.path, client, init_model=old_model, out=tmp / "refused.zarr")
     assert not (tmp / "refused.zarr").exists() and not ckpt.exists()
 
 
-def test_another_number_of_classes_is_refused(client, tmp_path, data):
+def test_another_number_of_classes_is_refused(tmp_path, data):
     train, test = data
     three = np.minimum(train, 3), np.minimum(test, 3)
     small = store_from_dense(tmp_path / "v3.zarr", *three, 3, (1, 1))
     full = store_from_dense(tmp_path / "v4.zarr", train, test, V, (1, 2))
-    OrdNMF(K, max_iter=2).fit(small.path, client, out=tmp_path / "v3-model.zarr")
+    OrdNMF(K, max_iter=2, **HERE).fit(small.path, out=tmp_path / "v3-model.zarr")
     with pytest.raises(InputError, match="its 3 classes differ from the 4 of this fit's data"):
-        OrdNMF(K).fit(full.path, client, init_model=tmp_path / "v3-model.zarr")
+        OrdNMF(K, **HERE).fit(full.path, init_model=tmp_path / "v3-model.zarr")
 
 
-def test_the_warm_start_source_enters_the_checkpoint_fingerprint(client, stores):
+def test_the_warm_start_source_enters_the_checkpoint_fingerprint(stores):
     """Checkpoints of a fit warm-started from one model are not resumed by a fit from another:
     it refuses, naming restart, and keeps them."""
     tmp, old, new, _, _ = stores
     a, b = tmp / "src-a.zarr", tmp / "src-b.zarr"
-    OrdNMF(K, max_iter=3, seed=0).fit(old.path, client, out=a)
-    OrdNMF(K, max_iter=3, seed=1).fit(old.path, client, out=b)
+    OrdNMF(K, max_iter=3, seed=0, **HERE).fit(old.path, out=a)
+    OrdNMF(K, max_iter=3, seed=1, **HERE).fit(old.path, out=b)
     ckpt = tmp / "src-ck"
-    est = OrdNMF(K, max_iter=4, tol=1e-12, checkpoint_dir=str(ckpt), checkpoint_every=2)
-    est.fit(new.path, client, init_model=a)
+    est = OrdNMF(K, max_iter=4, tol=1e-12, checkpoint_dir=str(ckpt), checkpoint_every=2, **HERE)
+    est.fit(new.path, init_model=a)
     kept = sorted(p.name for p in ckpt.iterdir())
     assert kept
     with pytest.raises(InputError, match="restart=True"):
-        est.fit(new.path, client, init_model=b)
+        est.fit(new.path, init_model=b)
     assert sorted(p.name for p in ckpt.iterdir()) == kept
-    again = est.fit(new.path, client, init_model=a)  # the same source resumes
+    again = est.fit(new.path, init_model=a)  # the same source resumes
     assert again.n_iter_ == 4
 
 
 def test_cli_init_model(client, stores):
     tmp, old, new, _, _ = stores
-    OrdNMF(K, max_iter=3).fit(old.path, client, out=tmp / "cli-old.zarr")
+    OrdNMF(K, max_iter=3, **HERE).fit(old.path, out=tmp / "cli-old.zarr")
     r = subprocess.run(
         [
             *CLI,
@@ -344,7 +343,7 @@ def test_cli_init_model(client, stores):
     assert not (tmp / "cli-bad.zarr").exists()
 
 
-def test_ids_of_another_type_are_refused(client, tmp_path, data):
+def test_ids_of_another_type_are_refused(tmp_path, data):
     train, test = data
     named = store_from_dense(
         tmp_path / "named.zarr",
@@ -356,6 +355,6 @@ def test_ids_of_another_type_are_refused(client, tmp_path, data):
         np.array([f"i{j}" for j in range(N_ITEMS)]),
     )
     numbered = store_from_dense(tmp_path / "numbered.zarr", train, test, V, (2, 1))
-    OrdNMF(K, max_iter=2).fit(named.path, client, out=tmp_path / "named-model.zarr")
+    OrdNMF(K, max_iter=2, **HERE).fit(named.path, out=tmp_path / "named-model.zarr")
     with pytest.raises(InputError, match="its users ids are strings, those of store .* integers"):
-        OrdNMF(K).fit(numbered.path, client, init_model=tmp_path / "named-model.zarr")
+        OrdNMF(K, **HERE).fit(numbered.path, init_model=tmp_path / "named-model.zarr")
