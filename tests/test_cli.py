@@ -20,9 +20,10 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=600)
 
 
-@pytest.mark.cluster
 @pytest.mark.data
 def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
+    """The commands in turn on MovieLens; the fit in-process (a fit on a LocalCluster the
+    command starts: tests/test_urls.py; on `dask scheduler`: below)."""
     store, model = tmp_path / "ml.zarr", tmp_path / "m.zarr"
     r = run(
         "ingest",
@@ -38,7 +39,18 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     assert "566 users x 1297 items" in r.stdout
     r = run("info", str(store), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["nnz_train"] == 53679
-    r = run("fit", str(store), "--out", str(model), "-k", "5", "--max-iter", "8", "--workers", "1")
+    r = run(
+        "fit",
+        str(store),
+        "--out",
+        str(model),
+        "-k",
+        "5",
+        "--max-iter",
+        "8",
+        "--executor",
+        "inprocess",
+    )
     assert r.returncode == 0, r.stderr
     assert "iter    8" in r.stderr  # one log line per iteration
     r = run("evaluate", str(store), str(model), "--json", str(tmp_path / "res.json"))
@@ -89,14 +101,15 @@ def test_incomplete_store_is_refused(tmp_path):
     assert r.returncode == 2 and "incomplete" in r.stderr.lower()
 
 
-def test_warm_start_from_npz_matches_api(tmp_path, client):
+def test_warm_start_from_npz_matches_api(tmp_path):
+    """``--init`` of an .npz is the API's ``init=``, bit for bit; both in-process (the
+    in-process fit is the cluster's: tests/test_inprocess.py)."""
     y = synthetic_ordinal(20, 15, 3, seed=2)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
     rng = np.random.default_rng(0)
     w0, h0 = rng.gamma(1, 1, (20, 2)), rng.gamma(1, 1, (15, 2))
     np.savez(tmp_path / "init.npz", W=w0, H=h0)
-    api = OrdNMF(2, max_iter=10).fit(store, client, init=(w0, h0))
-    address = client.scheduler.address
+    api = OrdNMF(2, max_iter=10, executor="inprocess").fit(store, init=(w0, h0))
     assert (
         main(
             [
@@ -110,8 +123,8 @@ def test_warm_start_from_npz_matches_api(tmp_path, client):
                 "10",
                 "--init",
                 str(tmp_path / "init.npz"),
-                "--scheduler",
-                address,
+                "--executor",
+                "inprocess",
             ]
         )
         == 0

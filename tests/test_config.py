@@ -130,7 +130,10 @@ file = "{tmp_path / "fit.log"}"
     assert main(["fit", "--config", job, "--max-iter", "4"]) == 2
 
 
-def test_scheduler_file(tmp_path, store_20x15, client):
+@pytest.mark.cluster  # a `dask scheduler` and worker process
+def test_scheduler_file(tmp_path, store_20x15):
+    """A fit on the scheduler a scheduler file names is the fit in this process, bit for bit
+    (in-process == cluster: tests/test_inprocess.py)."""
     sched_file = tmp_path / "scheduler.json"
     with dask_processes(sched_file, 1):
         assert (
@@ -152,7 +155,7 @@ def test_scheduler_file(tmp_path, store_20x15, client):
             )
             == 0
         )
-    local = OrdNMF(2, max_iter=6, seed=1).fit(store_20x15, client)
+    local = OrdNMF(2, max_iter=6, seed=1, executor="inprocess").fit(store_20x15)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     assert read_config(tmp_path / "m.zarr")["cluster"]["scheduler_file"] == str(sched_file)

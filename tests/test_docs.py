@@ -1,9 +1,9 @@
 """The user guide's code (docs/guide/*.md; the site is built by .ci/run): every fenced ``python``
 block compiles, imports only public names, calls only methods the estimators have, and uses no
 name that neither it, an earlier block of its page, nor its first line ``# needs: ...`` provides.
-A block without ``# needs:`` is self-contained and runs as shown, in a temporary directory; so
-does one whose needs are all in ``PROVIDED`` (made from the MovieLens copy the checkout ships);
-any other is skipped, saying what it needs."""
+Every block runs as shown, in a temporary directory: one without ``# needs:`` is
+self-contained; what the others need, ``PROVIDED`` makes (from the MovieLens copy the checkout
+ships, small synthetic ratings, an S3 bucket on loopback, the session's cluster)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ import re
 import shutil
 from pathlib import Path
 
+import fsspec
+import numpy as np
 import pytest
-from conftest import CHECKOUT
+from conftest import CHECKOUT, synthetic_ordinal
 
 import ordnmf_dask
+
+pytest_plugins = ["tests.s3server"]
 
 GUIDE = CHECKOUT / "docs" / "guide"
 NEEDS = "# needs:"
@@ -100,16 +104,7 @@ def movielens_ratings(cwd: Path) -> None:
     shutil.copy(fetch_movielens_small(data_home=cwd / "cache"), cwd / "ratings.csv")
 
 
-def movielens_store(cwd: Path) -> dict[str, object]:
-    """``store``: MovieLens latest-small ingested as README's quickstart does, 20% held out."""
-    movielens_ratings(cwd)
-    store = ordnmf_dask.ingest(
-        "ratings.csv", "given.zarr", ratings="halfstar", min_count=20, test_fraction=0.2
-    )
-    return {"store": store}
-
-
-def last_nights_model(cwd: Path) -> dict[str, object]:
+def last_nights_model(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
     """``day.csv`` (MovieLens latest-small) and ``model-last.zarr``: a model of K = 50 (the
     retraining example's) fitted on it, as last night's job would have left it."""
     if (cwd / "model-last.zarr").exists():  # made for the other of the two
@@ -121,34 +116,143 @@ def last_nights_model(cwd: Path) -> dict[str, object]:
     return {}
 
 
+# the small ratings the guide's fitting and serving blocks run on: half stars of a low-rank model
+# (tests/conftest.py), 120 users x 80 items (K = 50 fits it in milliseconds an iteration, and a
+# randomized SVD of rank 50 exists), ids as MovieLens's (users from 1, items 250.. holding the
+# guide's 296 and 318); the grown store adds 20 users and 10 items
+USERS, ITEMS, GROWN = 120, 80, (20, 10)
+
+
+def write_ratings(path: Path, users: int, items: int, counts: bool = False) -> None:
+    """``user,item,rating`` lines of the first ``users`` x ``items`` of the small ratings (the
+    ratings of a grown period extend those of the earlier one); ``counts``: play counts (the
+    class squared) instead of half stars."""
+    y = synthetic_ordinal(USERS + GROWN[0], ITEMS + GROWN[1], 10, k=3, density=0.2, seed=0)
+    u, i = np.nonzero(y[:users, :items])
+    v = y[u, i] ** 2 if counts else y[u, i] / 2
+    lines = [f"{a + 1},{b + 250},{c:g}" for a, b, c in zip(u, i, v, strict=True)]
+    path.write_text("\n".join(["user,item,rating", *lines]) + "\n")
+
+
+def small_store(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    """``store``: the small ratings ingested with test and validation subsets (tune scores the
+    validation one)."""
+    if (cwd / "given.zarr").exists():  # made for another need of the block
+        return {"store": ordnmf_dask.open_store("given.zarr")}
+    write_ratings(cwd / "small.csv", USERS, ITEMS)
+    store = ordnmf_dask.ingest(
+        "small.csv", "given.zarr", ratings="halfstar", test_fraction=0.2, validation_fraction=0.1
+    )
+    return {"store": store}
+
+
+def counts_store(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    """``counts_store``: play counts of the same pairs, ingested with the paper's thresholds."""
+    write_ratings(cwd / "plays.csv", USERS, ITEMS, counts=True)
+    return {"counts_store": ordnmf_dask.ingest("plays.csv", "plays.zarr", counts="paper")}
+
+
+def grown_store(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    """``new_store``: the small ratings grown by new users and items (the next period's)."""
+    write_ratings(cwd / "grown.csv", USERS + GROWN[0], ITEMS + GROWN[1])
+    new = ordnmf_dask.ingest("grown.csv", "grown.zarr", ratings="halfstar", test_fraction=0.2)
+    return {"new_store": new}
+
+
+def fitted_model(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    """``model`` and ``model.zarr``: a model of K = 50 (the guide's) fitted on the small
+    ratings (5 iterations) and saved there."""
+    if (cwd / "model.zarr").exists():  # made for the other of the two
+        return {"model": ordnmf_dask.OrdNMF.load("model.zarr")}
+    store = small_store(cwd, request)["store"]
+    return {"model": ordnmf_dask.OrdNMF(50, max_iter=5).fit(store, out="model.zarr")}
+
+
+def s3_bucket(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    """An S3 bucket named ``bucket`` (the guide's s3://bucket/...) on the loopback server
+    (tests/s3server.py), reached through the environment as a user's credentials and endpoint
+    are (monkeypatch restores it); the bucket is removed after the test."""
+    s3 = request.getfixturevalue("s3")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3.storage_options))
+    s3.fs.mkdir("bucket")
+    request.addfinalizer(lambda: s3.fs.rm("bucket", recursive=True))
+    return {}
+
+
+def a_cluster(cwd: Path, request: pytest.FixtureRequest) -> dict[str, object]:
+    """The session's LocalCluster, its client the current one (the block's fits run there):
+    ``test_cluster_block_runs_as_shown`` holds it."""
+    assert "client" in request.fixturenames
+    return {}
+
+
 # what a block may need and this test provides: files in the working directory, names in the
-# namespace the block runs in
+# namespace the block runs in (made from its working directory and the test's request)
 PROVIDED = {
-    "ratings.csv": lambda cwd: movielens_ratings(cwd) or {},
-    "store": movielens_store,
+    "ratings.csv": lambda cwd, request: movielens_ratings(cwd) or {},
+    "store": small_store,
+    "counts_store": counts_store,
+    "new_store": grown_store,
+    "model": fitted_model,
+    "model.zarr": fitted_model,
     "day.csv": last_nights_model,
     "model-last.zarr": last_nights_model,
+    "an S3 bucket": s3_bucket,
+    "a cluster": a_cluster,
 }
+# those made from MovieLens (a real dataset: marker ``data``) and those needing the cluster
+REAL_DATA = {"ratings.csv", "day.csv", "model-last.zarr"}
+CLUSTER = {"a cluster"}
 
 
-def reads_data(page: Path, index: int) -> list[pytest.MarkDecorator]:
-    """Marker ``data`` for a block that runs on the MovieLens copy (a real dataset)."""
-    return [pytest.mark.data] if PROVIDED.keys() & set(needed(python_blocks(page)[index])) else []
+def marks(page: Path, index: int) -> list[pytest.MarkDecorator]:
+    """Marker ``data`` for a block that runs on the MovieLens copy (a real dataset), ``cluster``
+    for one that runs on the session's cluster."""
+    needs = set(needed(python_blocks(page)[index]))
+    return [pytest.mark.data] * bool(needs & REAL_DATA) + [pytest.mark.cluster] * bool(
+        needs & CLUSTER
+    )
 
 
 RUNS = [
-    pytest.param(page, j, id=f"{page.name}-{j}", marks=reads_data(page, j)) for page, j in PLACES
+    pytest.param(page, j, id=f"{page.name}-{j}", marks=marks(page, j))
+    for page, j in PLACES
+    if not CLUSTER & set(needed(python_blocks(page)[j]))
+]
+ON_CLUSTER = [
+    pytest.param(page, j, id=f"{page.name}-{j}", marks=marks(page, j))
+    for page, j in PLACES
+    if CLUSTER & set(needed(python_blocks(page)[j]))
 ]
 
 
+def test_every_need_is_provided():
+    """Every block runs below: whatever a block needs, this test provides."""
+    for page, index in PLACES:
+        missing = [item for item in needed(python_blocks(page)[index]) if item not in PROVIDED]
+        assert not missing, f"{page.name} block {index} needs {missing}: add them to PROVIDED"
+
+
 @pytest.mark.parametrize(("page", "index"), RUNS)
-def test_block_runs_as_shown(page, index, tmp_path, monkeypatch):
+def test_block_runs_as_shown(page, index, tmp_path, monkeypatch, request):
+    run_block(page, index, tmp_path, monkeypatch, request)
+
+
+@pytest.mark.parametrize(("page", "index"), ON_CLUSTER)
+def test_cluster_block_runs_as_shown(page, index, tmp_path, monkeypatch, request, client):
+    """A block that needs a cluster, with the session's client the current one (asked for here,
+    not by its provider, so that the session's cluster is up before the test starts)."""
+    run_block(page, index, tmp_path, monkeypatch, request)
+
+
+def run_block(page: Path, index: int, tmp_path: Path, monkeypatch, request) -> None:
+    """Run a block as shown in ``tmp_path``, with what it needs."""
     block = python_blocks(page)[index]
-    missing = [item for item in needed(block) if item not in PROVIDED]
-    if missing:
-        pytest.skip(f"{page.name} block {index} needs {', '.join(missing)}")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__guide__"}
     for item in needed(block):
-        namespace.update(PROVIDED[item](tmp_path))
+        namespace.update(PROVIDED[item](tmp_path, request))
     exec(compile(block, f"{page.name} block {index}", "exec"), namespace)  # noqa: S102
