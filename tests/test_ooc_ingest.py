@@ -329,6 +329,21 @@ def test_a_failure_cancels_the_tasks_left_and_says_one_may_still_run(client, cap
         assert done.settled
 
 
+def test_a_task_submitted_and_not_yet_finished_leaves_the_runner_unsettled(client):
+    """An interrupt may come between submitting tasks and gathering them (SIGTERM during a
+    distributed ingest once left its staged files): the runner is not ``settled`` while a task
+    it submitted runs, whether or not anyone gathers it, and is again once it finished."""
+    runner = Runner(client)
+    release = Event("release-" + uuid.uuid4().hex, client=client)
+    try:
+        (handle,) = runner.submit(wait_or_fail, [0], release.name)
+        assert not runner.settled
+    finally:
+        release.set()
+    assert handle.result(timeout=60) == 0
+    assert runner.settled
+
+
 def test_map_reduce_combines_each_pair_as_soon_as_it_is_done():
     calls = []
 

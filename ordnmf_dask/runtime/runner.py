@@ -62,15 +62,28 @@ class Runner:
     Attributes
     ----------
     settled : bool
-        False once a failure (an error other than ``InputError``, or an interrupt) left tasks
-        of this runner unfinished: they are cancelled, but one already running on a worker
-        finishes, so it may still write after the failure reached the caller.
+        False while a task this runner started may still run: one submitted and not finished
+        (an interrupt between submitting and gathering), or one left unfinished by a failure
+        (an error other than ``InputError``, or an interrupt, while gathering): those are
+        cancelled, but one already running on a worker finishes, so it may still write after
+        the failure reached the caller.
     """
 
     def __init__(self, client: Any = None, label: str = "ingest") -> None:
         self.client = client
         self.label = label
-        self.settled = True
+        self._settled = True
+        self._live: list[Any] = []  # futures submitted and not yet seen finished
+        self._pruned = 64
+
+    @property
+    def settled(self) -> bool:
+        self._live = [h for h in self._live if not h.done()]
+        return self._settled and not self._live
+
+    @settled.setter
+    def settled(self, value: bool) -> None:
+        self._settled = value
 
     def share(self, obj: Any) -> Any:
         """Send a read-only argument used by many tasks once (broadcast to every worker);
@@ -83,7 +96,12 @@ class Runner:
         """Start ``fn(item, *args)`` for every item; returns handles (futures or values)."""
         if self.client is None:
             return [_guard(fn, item, *args) for item in items]
-        return [self.client.submit(_guard, fn, item, *args, key=_key(fn)) for item in items]
+        handles = [self.client.submit(_guard, fn, item, *args, key=_key(fn)) for item in items]
+        self._live.extend(handles)
+        if len(self._live) >= 2 * self._pruned:  # the finished ones go, in amortized O(1)
+            self._live = [h for h in self._live if not h.done()]
+            self._pruned = max(len(self._live), 64)
+        return handles
 
     def gather(self, handles: Sequence[Any]) -> list[Any]:
         """Results of ``handles`` in order; raises the first task's ``InputError``."""
@@ -100,7 +118,7 @@ class Runner:
             track(list(handles), f"{self.label}: tasks")
             return self.client.gather(list(handles))
         except BaseException:
-            self.settled = self.settled and all(h.done() for h in handles)
+            self._settled = self._settled and all(h.done() for h in handles)
             self.client.cancel(list(handles))
             raise
 
