@@ -36,6 +36,7 @@ from ordnmf_dask.store.blocks import (
     discard_temporary,
     open_store,
     publish,
+    read_as_one_version,
     temporary_path,
 )
 from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_path
@@ -300,12 +301,8 @@ class ModelInfo:
         """Within the block, what is read from the directory must be of this version: checked
         on leaving, and an error inside (a chunk that no longer matches its inventory, arrays
         of another rank) is reported as the change it comes from when the version changed."""
-        try:
+        with read_as_one_version(self.check_unchanged):
             yield
-        except Exception:
-            self.check_unchanged()
-            raise
-        self.check_unchanged()
 
     @cached_property
     def header(self) -> ModelHeader:

@@ -69,6 +69,18 @@ BLOCK_ARRAYS = (*NONZERO_FIELDS, "indptr")  # every array of a split read by blo
 COMPRESSORS = (zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),)
 
 
+@contextmanager
+def read_as_one_version(check_unchanged: Callable[[], None]) -> Iterator[None]:
+    """Run the block, then ``check_unchanged`` (a StoreError when the store or model read was
+    replaced meanwhile); an error inside is reported as that change when there was one."""
+    try:
+        yield
+    except Exception:
+        check_unchanged()
+        raise
+    check_unchanged()
+
+
 @dataclass(frozen=True, eq=False)
 class StoreInfo:
     """Metadata of a complete store.
@@ -120,12 +132,8 @@ class StoreInfo:
         """Within the block, what is read from the store must be of this version: checked on
         leaving, and an error inside (a chunk gone or not matching its inventory) is reported
         as the change it comes from when the version changed."""
-        try:
+        with read_as_one_version(self.check_unchanged):
             yield
-        except Exception:
-            self.check_unchanged()
-            raise
-        self.check_unchanged()
 
     @property
     def splits(self) -> tuple[str, ...]:
