@@ -197,7 +197,9 @@ class CaviEstimator:
         store : path of the zarr store (or an opened :class:`StoreInfo`), or data in memory: a
             scipy.sparse matrix (rows users, columns items, stored entries the values; explicit
             zeros are no interaction), a pandas or dask DataFrame or a pyarrow Table (columns
-            user, item, value), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
+            told by name, never by position: userId, movieId, rating ...,
+            ``ordnmf_dask.sources.memory.COLUMN_NAMES``; others given by ``ingest_options``'s
+            ``columns``), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
             memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
             that all of it trains the model by default (``test_fraction=0``): the model is the
             one of ``fit(ingest(X, out, test_fraction=0, **ingest_options))``. Users and items
@@ -205,7 +207,7 @@ class CaviEstimator:
             increasing id (row or column index of a matrix).
         ingest_options : for data in memory, keyword arguments of :func:`ordnmf_dask.ingest`,
             e.g. ``{"ratings": "halfstar"}``, ``{"counts": "paper"}``, ``{"test_fraction":
-            0.2}``, ``{"columns": ["user", "item", "rating"]}``.
+            0.2}``, ``{"columns": ["customer", "product", "stars"]}``.
         store_out : for data in memory, where to write its store and keep it. Without it the
             store goes to a temporary directory (inside ``work_dir`` when set: a cluster on
             other machines needs one they all see), removed if the fit fails, else when the

@@ -107,6 +107,39 @@ def test_every_kind_in_memory_gives_the_model_of_the_matrix(tmp_path):
     assert_bitwise(fit(renamed, ingest_options={"columns": ["u", "i", "r"]}), reference)
 
 
+def test_a_frame_is_read_by_column_name_never_by_position(tmp_path):
+    """Columns reordered and named as MovieLens names them give the model of the canonical
+    frame; names that tell nothing, or positions, are refused naming the frame's columns."""
+    x = ratings(1)
+    u, i, v = triples(x)
+    frame = pd.DataFrame({"user": u, "item": i, "value": v})
+
+    def fit(data, **kw):
+        return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
+
+    reference = fit(frame)
+    movielens = frame.rename(columns={"user": "userId", "item": "movieId", "value": "rating"})
+    reordered = movielens[["movieId", "rating", "userId"]]
+    assert_bitwise(fit(reordered), reference, "pandas, reordered")
+    assert_bitwise(fit(pa.Table.from_pandas(reordered)), reference, "pyarrow, reordered")
+    assert_bitwise(fit(dd.from_pandas(reordered, npartitions=2)), reference, "dask, reordered")
+    shop = frame.rename(columns={"user": "customer", "item": "product", "value": "stars"})
+    work = tmp_path / "work"
+    with pytest.raises(InputError, match=r"customer, product, stars.*columns=\(USER, ITEM"):
+        OrdNMF(2, max_iter=1, work_dir=str(work)).fit(shop)
+    assert_bitwise(
+        fit(shop, ingest_options={"columns": ("customer", "product", "stars")}), reference
+    )
+    twice = movielens.assign(user_id=u)
+    with pytest.raises(InputError, match=r"2 could be the user \(userId, user_id\)"):
+        OrdNMF(2, max_iter=1, work_dir=str(work)).fit(twice)
+    with pytest.raises(InputError, match=r"are positions; a table's columns are picked by name"):
+        OrdNMF(2, max_iter=1, work_dir=str(work)).fit(
+            reordered, ingest_options={"columns": (2, 0, 1)}
+        )
+    assert data_dirs(work) == []
+
+
 def test_all_of_x_trains_unless_a_test_split_is_asked_for(tmp_path):
     x = ratings(2)
     est = OrdNMF(2, max_iter=2).fit(x)

@@ -470,7 +470,7 @@ def test_data_in_memory_as_one_chunk(tmp_path):
     in-memory store (for data the client already holds, one chunk each)."""
     (u, i, v), (tu, ti, tv) = split_rows(4)
     train = write_rows(tmp_path / "train.csv", (u, i, v))
-    frame = pd.DataFrame({"u": u, "i": i, "v": v})
+    frame = pd.DataFrame({"user": u, "item": i, "value": v})
     kw = dict(test=(tu, ti, tv), duplicates="max", min_count=2, nnz_per_block=300)
     with pytest.warns(UserWarning, match="test rows dropped"):
         both(tmp_path, train, rows_per_partition=100, **kw)
@@ -583,7 +583,7 @@ def test_dask_dataframe_errors_name_partition_and_row(tmp_path):
     train.loc[[260, 500], "user"] = [None, " "]  # partitions of 225 rows
     frame = dd.from_pandas(train, npartitions=4)
     with pytest.raises(InputError, match=r"^input DataFrame, partition 1, row 35: null user id$"):
-        ingest(frame, tmp_path / "s", columns=(1, 2, 3))
+        ingest(frame, tmp_path / "s")  # the columns told by name, "x" left out
     with pytest.raises(InputError, match=r"^input DataFrame: no column 'u'"):
         ingest(frame, tmp_path / "s", columns=("u", "item", "rating"))
     test.loc[7, "rating"] = -1.0

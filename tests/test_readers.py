@@ -148,7 +148,7 @@ def test_data_in_memory_gives_the_csv_store(tmp_path, string_ids):
         "tuple": (np.asarray(u), np.asarray(i), v),
     }
     for name, data in given.items():
-        columns = ("user", "item", "r") if name == "table" else (0, 1, 2)
+        columns = ("user", "item", "r") if name == "table" else None
         ingest(data, tmp_path / name, ratings="halfstar", seed=3, columns=columns)
         assert_same_store(tmp_path / "csv", tmp_path / name, ignore=NOT_SOURCE)
     ingest_arrays(u, i, v, tmp_path / "arrays", ratings="halfstar", seed=3)
@@ -168,10 +168,10 @@ def test_sparse_matrix_gives_the_csv_store(tmp_path):
 def test_data_in_memory_errors_name_the_row(tmp_path):
     frame = pd.DataFrame({"u": ["a", "b", None], "i": [1, 2, 3], "r": [1.0, 2.0, 3.0]})
     with pytest.raises(InputError, match=r"input DataFrame, row 2: null user id"):
-        ingest(frame, tmp_path / "s")
+        ingest(frame, tmp_path / "s", columns=("u", "i", "r"))
     table = pa.table({"u": ["a", " "], "i": [1, 2], "r": [1.0, 2.0]})
     with pytest.raises(InputError, match=r"input Table, row 1: empty user id"):
-        ingest(table, tmp_path / "s")
+        ingest(table, tmp_path / "s", columns=("u", "i", "r"))
     with pytest.raises(InputError, match=r"input Table: no column 'x'"):
         ingest(table, tmp_path / "s", columns=("x", "i", "r"))
     assert not list(tmp_path.glob("s*"))

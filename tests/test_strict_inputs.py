@@ -174,10 +174,10 @@ def test_sparse_matrix_errors_name_the_matrix_row_and_column(tmp_path):
 
 
 def test_a_dataframe_column_mixing_ints_and_strings_is_one_line(tmp_path):
-    frame = pd.DataFrame({"u": [1, "a", 3], "i": [1, 2, 3], "v": [1.0, 2.0, 3.0]})
-    with pytest.raises(InputError, match=r"input DataFrame: column 'u' mixes values of types"):
+    frame = pd.DataFrame({"user": [1, "a", 3], "item": [1, 2, 3], "value": [1.0, 2.0, 3.0]})
+    with pytest.raises(InputError, match=r"input DataFrame: column 'user' mixes values of"):
         ingest(frame, tmp_path / "s.zarr")
-    with pytest.raises(InputError, match=r"column 'u' mixes"):
+    with pytest.raises(InputError, match=r"column 'user' mixes"):
         OrdNMF(1, executor="inprocess").fit(frame)
 
 

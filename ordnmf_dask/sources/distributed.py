@@ -352,7 +352,7 @@ def _plan_input(
     role: str,
     delimiter: str | None,
     header: bool | None,
-    columns: tuple[Column, Column, Column],
+    columns: tuple[Column, Column, Column] | None,
     chunk_bytes: int,
     first_index: int,
 ) -> _Input:
@@ -369,7 +369,8 @@ def _plan_input(
         return _Input(label, [], names, [chunk], None)
     sources = as_list(data)
     paths = expand_inputs(sources)
-    formats = runner.map(input_format, paths, delimiter, header, columns)
+    by_position = (0, 1, 2) if columns is None else columns  # files without a choice
+    formats = runner.map(input_format, paths, delimiter, header, by_position)
     check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
     check_some_rows([f for f in formats if isinstance(f, ParquetFormat)], len(formats))
     chunks = plan(runner, formats, chunk_bytes, first_index)

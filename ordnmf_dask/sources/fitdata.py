@@ -32,7 +32,7 @@ FIT_DEFAULTS: dict[str, Any] = {"test_fraction": 0.0}  # all of X trains, as in 
 ACCEPTED = (
     "a store (its path, or the StoreInfo ordnmf_dask.ingest returns) or data in memory: a "
     "scipy.sparse matrix (rows users, columns items, entries the values), a pandas or dask "
-    "DataFrame or a pyarrow Table (columns user, item, value), or a (users, items, values) "
+    "DataFrame or a pyarrow Table (columns told by name), or a (users, items, values) "
     "tuple of 1-D arrays"
 )
 

@@ -57,7 +57,7 @@ def ingest(
     test: Any = None,
     delimiter: str | None = None,
     header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
+    columns: Sequence[int | str] | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
     **options: Unpack[IngestOptions],
@@ -71,11 +71,12 @@ def ingest(
         delimited text (compressed by suffix: ``.gz``, ``.bz2``, ``.zst``, ...) or Parquet
         (files ending in ``.parquet`` / ``.parq``, or directories of them, read row group by row
         group), local or at any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ...). In
-        memory: a pandas DataFrame or a pyarrow Table (``columns`` pick the user, item and
-        value columns), a scipy.sparse matrix (users are rows, items columns, values its
-        stored entries; explicit zeros are dropped) or a ``(users, items, values)`` tuple of
-        arrays; each gives the same store as a CSV file of the same rows. A dask DataFrame
-        (here or as ``test``) is read partition by partition.
+        memory: a pandas DataFrame or a pyarrow Table (its user, item and value columns told
+        by name, ``memory.COLUMN_NAMES``, or named by ``columns``), a scipy.sparse matrix
+        (users are rows, items columns, values its stored entries; explicit zeros are
+        dropped) or a ``(users, items, values)`` tuple of arrays; each gives the same store
+        as a CSV file of the same rows. A dask DataFrame (here or as ``test``) is read
+        partition by partition.
     out : path
         Store directory to create (see ``ordnmf_dask.store.blocks``).
     test : same kinds as ``inputs``, optional
@@ -85,8 +86,9 @@ def ingest(
         and so is a test set left empty.
     delimiter, header, columns
         Parsing options; see ``ordnmf_dask.sources.readers.read_triples``. ``columns`` are 0-based
-        positions or column names (a text header's fields, Parquet, DataFrame or Table column
-        names).
+        positions or column names (a text header's fields, Parquet column names) of files,
+        default 0, 1, 2; the column names of a DataFrame or Table, whose columns are otherwise
+        told by their names (never by position).
     ratings : {"halfstar", "integer"}, optional
     counts : "paper" or sequence of float, optional
         Count thresholds; see ``ordnmf_dask.sources.values``.

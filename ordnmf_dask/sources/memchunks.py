@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.sources.datakinds import is_sparse
-from ordnmf_dask.sources.memory import as_table, memory_rows, pick_columns, table_rows
+from ordnmf_dask.sources.memory import (
+    as_table,
+    memory_rows,
+    pick_columns,
+    table_names,
+    table_rows,
+)
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import Column, Triples
 
@@ -28,15 +34,15 @@ class MemoryChunk:
     (``data``: the object; ``file_index`` 0).
 
     ``index`` is the chunk's position in the input order; ``path`` names it in messages;
-    ``columns`` are the picked column names of a partition, or
-    the ``columns`` option; ``partition`` says which of the two ``data`` is. ``data`` is
+    ``columns`` are the picked column names of a partition or table (None for a matrix or
+    arrays); ``partition`` says which of the two ``data`` is. ``data`` is
     dropped (``light``) once the chunk is parsed, so later tasks do not carry it.
     """
 
     index: int
     file_index: int
     path: str
-    columns: tuple[Column, Column, Column]
+    columns: tuple[Column, ...] | None
     partition: bool
     data: Any = field(default=None, compare=False, repr=False)
     matrix_cols: int | None = None  # a sparse matrix's columns (its rows are named by cell)
@@ -47,7 +53,7 @@ class MemoryChunk:
 
 
 def frame_chunks(
-    frame: Any, columns: tuple[Column, Column, Column], role: str, first_index: int
+    frame: Any, columns: tuple[Column, Column, Column] | None, role: str, first_index: int
 ) -> tuple[list[MemoryChunk], str]:
     """One chunk per partition of a dask DataFrame, numbered from ``first_index``, and the
     label naming the frame; the columns are checked against the frame's (no data is read)."""
@@ -75,12 +81,14 @@ def frame_chunks(
 
 
 def memory_chunk(
-    data: Any, label: str, columns: tuple[Column, Column, Column], first_index: int
+    data: Any, label: str, columns: tuple[Column, Column, Column] | None, first_index: int
 ) -> MemoryChunk:
     """The one chunk of data in memory that is not a dask DataFrame (``label``:
-    ``memory.memory_label``)."""
+    ``memory.memory_label``); a table's columns are picked here, before any task."""
     cols = int(data.shape[1]) if is_sparse(data) else None
-    return MemoryChunk(first_index, 0, label, columns, False, data, cols)
+    names = table_names(data)
+    picked = None if names is None else tuple(pick_columns(names, columns, label))
+    return MemoryChunk(first_index, 0, label, picked, False, data, cols)
 
 
 def chunk_origin(chunk: MemoryChunk, rows: np.ndarray) -> Origin:

@@ -5,6 +5,7 @@ file of them gives (ids and values checked as Parquet columns are; rows named ``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ class Rows:
     origin: Origin
 
 
-def memory_rows(data: Any, label: str, columns: Sequence[int | str]) -> Rows:
+def memory_rows(data: Any, label: str, columns: Sequence[int | str] | None) -> Rows:
     """The rows of data in memory (``label``: ``memory_label``'s, naming them in messages)."""
     if isinstance(data, tuple):
         return arrays_rows(*data, label)
@@ -77,18 +78,76 @@ def _mixed_column(frame: Any) -> str:
     return "cannot be read as a table"
 
 
-def pick_columns(names: Sequence[Any], columns: Sequence[int | str], label: str) -> list[str]:
-    """The names of the user, item and value columns of a table with columns ``names``, chosen
-    by name or 0-based position."""
+# The names read as a table's user, item and value columns when ``columns`` is not given,
+# compared with case, "_", "-", "." and spaces ignored (userId = user_id = UserID); each role
+# must match exactly one column (docs/guide/data.md, "Data in memory").
+COLUMN_NAMES: dict[str, tuple[str, ...]] = {
+    "user": ("user", "userid", "users", "uid"),
+    "item": (
+        "item", "itemid", "items", "iid", "movieid", "movie", "artistid", "artist",
+        "trackid", "track", "songid", "song", "bookid", "book", "productid",
+    ),
+    "value": (
+        "value", "values", "rating", "ratings", "stars", "count", "counts", "playcount",
+        "plays", "weight",
+    ),
+}  # fmt: skip
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[\s_.\-]", "", name).lower()
+
+
+def named_columns(names: Sequence[str], label: str) -> list[str]:
+    """The user, item and value columns of a table told by their names (``COLUMN_NAMES``);
+    an InputError naming the table's columns when a role matches none or several."""
+    picked, problems = [], []
+    for role, aliases in COLUMN_NAMES.items():
+        found = [n for n in names if _normalized(n) in aliases]
+        if len(found) == 1:
+            picked.append(found[0])
+        elif found:
+            problems.append(f"{len(found)} could be the {role} ({', '.join(found)})")
+        else:
+            problems.append(f"none is named as a {role} column")
+    if problems:
+        raise InputError(
+            f"{label}: cannot tell the user, item and value columns by name: of its columns "
+            f"({', '.join(names)}), {'; '.join(problems)}. Name them with columns=(USER, "
+            "ITEM, VALUE); a table is never read by column position"
+        )
+    return picked
+
+
+def pick_columns(
+    names: Sequence[Any], columns: Sequence[int | str] | None, label: str
+) -> list[str]:
+    """The names of the user, item and value columns of a table with columns ``names``: the
+    names ``columns`` gives, or (None) those told by ``named_columns``. Positions are refused:
+    a frame whose columns were reordered would be fitted silently wrong."""
     names = [str(n) for n in names]
+    if columns is None:
+        return named_columns(names, label)
     picked = []
     for c in check_columns(columns):
-        if isinstance(c, str) and c not in names:
+        if not isinstance(c, str):
+            raise InputError(
+                f"{label}: columns {tuple(columns)!r} are positions; a table's columns are "
+                f"picked by name (its columns: {', '.join(names)})"
+            )
+        if c not in names:
             raise InputError(f"{label}: no column {c!r} (columns: {', '.join(names)})")
-        if not isinstance(c, str) and c >= len(names):
-            raise InputError(f"{label}: no column {c} (0-based); it has {len(names)} columns")
-        picked.append(c if isinstance(c, str) else names[c])
+        picked.append(c)
     return picked
+
+
+def table_names(data: object) -> list[str] | None:
+    """The column names of a pandas DataFrame or a pyarrow Table / RecordBatch, else None."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        return list(data.schema.names)
+    if is_pandas(data):
+        return [str(c) for c in data.columns]
+    return None
 
 
 def table_rows(table: pa.Table, picked: list[str], label: str) -> Rows:

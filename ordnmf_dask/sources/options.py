@@ -118,7 +118,7 @@ class IngestPlan:
     test: Any
     delimiter: str | None
     header: bool | None
-    columns: tuple[Column, Column, Column]
+    columns: tuple[Column, Column, Column] | None  # None: by name (tables), 0, 1, 2 (files)
     chunk_bytes: int
     rows_per_partition: int
     options: dict[str, Any]
@@ -131,7 +131,7 @@ def plan_ingest(
     test: Any = None,
     delimiter: str | None = None,
     header: bool | None = None,
-    columns: Sequence[int | str] = (0, 1, 2),
+    columns: Sequence[int | str] | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     rows_per_partition: int = DEFAULT_ROWS_PER_PARTITION,
     **options: Unpack[IngestOptions],
@@ -145,7 +145,7 @@ def plan_ingest(
     for name, value in (("chunk_bytes", chunk_bytes), ("rows_per_partition", rows_per_partition)):
         if value < 1:
             raise InputError(f"{name} must be >= 1, got {value}")
-    picked = check_columns(columns)
+    picked = None if columns is None else check_columns(columns)
     check_delimiter(delimiter)
     return IngestPlan(
         inputs, out, test, delimiter, header, picked, chunk_bytes, rows_per_partition, opts
