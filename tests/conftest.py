@@ -27,6 +27,8 @@ DATA_ROOTS = [
     CHECKOUT.parent / "shared" / "data",
     CHECKOUT / "examples" / "data",
 ]
+# where a skipped test's reason sends the reader for the datasets and DATA (tests/test_datasets.py)
+DATA_DOC = 'docs/guide/data.md, "Data shipped and used"'
 # files of the real datasets, relative to a data root
 ML = "ml-latest-small/ratings.csv"
 LASTFM = "hetrec2011-lastfm-2k/user_artists.dat"
@@ -41,7 +43,7 @@ def data_root(relative: str) -> Path:
         if (root / relative).is_file():
             return root
     name = relative.split("/")[0]
-    pytest.skip(f"needs {name}: set DATA=/path/to/data holding {name}/ (README, Data)")
+    pytest.skip(f"needs {name}: set DATA=/path/to/data holding {name}/ ({DATA_DOC})")
 
 
 def data_file(relative: str) -> Path:

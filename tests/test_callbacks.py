@@ -67,6 +67,11 @@ def test_a_slow_first_iteration_is_explained(store_40x30, client, caplog, monkey
         "iteration 1 of 2 still running after 0 s: the workers read the training blocks"
         in caplog.text
     )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        OrdNMF(K, max_iter=2, executor="inprocess").fit(store_40x30)
+    assert "still running after 0 s: this process reads the training blocks" in caplog.text
+    assert "workers" not in caplog.text
 
 
 def test_progress_estimates_the_rest_from_iterations_after_the_first():

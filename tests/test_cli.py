@@ -234,8 +234,8 @@ def test_starts_client_only_when_a_cluster_is_named():
 
 
 def test_info_prints_the_split_as_it_is(tmp_path, capsys):
-    """A store without test pairs has no split to name; a random split says what share it
-    holds out, with its seed."""
+    """The split named as ``info --json`` names it: a random split says what share it holds
+    out (none: every nonzero trains), with its seed when it holds some out."""
     from ordnmf_dask import ingest_arrays
 
     users, items = np.repeat(np.arange(20), 5), np.tile(np.arange(5), 20)
@@ -244,7 +244,17 @@ def test_info_prints_the_split_as_it_is(tmp_path, capsys):
         ingest_arrays(users, items, values, tmp_path / path, test_fraction=fraction, seed=3)
     assert main(["info", str(tmp_path / "all.zarr")]) == 0
     out = capsys.readouterr().out
-    assert "split      none: every nonzero trains (no test pairs)" in out and "seed" not in out
+    split = json.loads(
+        subprocess.run(
+            [*CLI, "info", str(tmp_path / "all.zarr"), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+    )["split"]
+    assert split == "random"
+    assert f"split      {split}, none held out: every nonzero trains (no test pairs)" in out
+    assert "seed" not in out
     assert main(["info", str(tmp_path / "split.zarr")]) == 0
     [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("split")]
     nnz_test = json.loads(

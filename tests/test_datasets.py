@@ -167,3 +167,14 @@ def test_18_a_cache_that_cannot_be_written_is_one_line(
     monkeypatch.setattr(datasets.tempfile, "mkdtemp", read_only)
     with pytest.raises(InputError, match=f"cannot write the data cache there .*{datasets.ENV_VAR}"):
         fetch_movielens_small(home, url=url, sha256=hashlib.sha256(body).hexdigest())
+
+
+def test_a_skipped_data_test_points_to_a_section_that_says_how_to_set_data():
+    from conftest import CHECKOUT, DATA_DOC
+
+    path, section = DATA_DOC.split(", ")
+    text = (CHECKOUT / path).read_text()
+    heading = f"## {section.strip(chr(34))}\n"
+    assert heading in text
+    body = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert "set `DATA`" in body and "hetrec2011-lastfm-2k" in body

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -276,6 +277,19 @@ def test_integer_ratings_default_and_scale_max(tmp_path):
         test_fraction=0.0,
     )
     assert info.n_classes == 5 and info.hist_train.tolist() == [0, 1, 1, 1, 0, 0]
+
+
+def test_whole_star_ratings_read_as_half_stars_warn(tmp_path):
+    """Integer 1-5 ratings with ratings='halfstar' fill only the even classes: a warning says
+    so and names ratings='integer'; a half star among them, or binarize, says nothing."""
+    users, items = [1, 2, 3, 4], [1, 1, 2, 2]
+    with pytest.warns(UserWarning, match=r"every rating is a whole star.*ratings='integer'"):
+        info = ingest_arrays(users, items, [1, 2, 5, 4], tmp_path / "a", ratings="halfstar")
+    assert info.hist_train[1::2].sum() + info.hist_test[1::2].sum() == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ingest_arrays(users, items, [1, 2.5, 5, 4], tmp_path / "b", ratings="halfstar")
+        ingest_arrays(users, items, [1, 2, 5, 4], tmp_path / "c", ratings="halfstar", binarize=8)
 
 
 def test_count_thresholds_and_binarize_raw(tmp_path):

@@ -166,11 +166,11 @@ def _summary(info: Any) -> dict[str, Any]:
 
 
 def _split_text(s: dict[str, Any]) -> str:
-    """The store's split as it is: none, random (the share held out and its seed), or from
-    test files."""
+    """The store's split as ``info --json`` names it (random, or from test files), with the
+    share held out and the seed of a random one."""
     total = s["nnz_train"] + s["nnz_test"] + (s["nnz_validation"] or 0)
     if not s["nnz_test"]:
-        return "none: every nonzero trains (no test pairs)"
+        return f"{s['split']}, none held out: every nonzero trains (no test pairs)"
     share = f"{100 * s['nnz_test'] / max(1, total):.1f}% of the nonzeros held out for test"
     if s["split"] == "random":
         return f"random, {share} (seed {s['seed']})"

@@ -688,11 +688,18 @@ class CaviRunner:
         try:
             return result.result(timeout=FIRST_NOTICE_SECONDS)
         except TimeoutError:
-            blocks = "to keep in worker memory" if self.cached else "streamed"
+            from ordnmf_dask.runtime.inprocess import InProcessClient
+
+            blocks = "to keep in memory" if self.cached else "streamed"
+            if isinstance(self.client, InProcessClient):
+                who = "this process reads the training blocks from the store (%s) and compiles"
+                once = "once per machine: the compiled kernels are cached"
+            else:
+                who = "the workers read the training blocks from the store (%s) and compile"
+                once = "once per worker"
             log.info(
-                "iteration 1 of %d still running after %.0f s: the workers read the training "
-                "blocks from the store (%s) and compile the numba kernels (once per worker); "
-                "later iterations are faster",
+                f"iteration 1 of %d still running after %.0f s: {who} the numba kernels "
+                f"({once}); later iterations are faster",
                 self.cfg.max_iter,
                 FIRST_NOTICE_SECONDS,
                 blocks,

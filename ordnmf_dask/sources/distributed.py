@@ -112,7 +112,7 @@ from ordnmf_dask.sources.split import check_train_left, split_rule
 from ordnmf_dask.sources.testset import check_test_left, warn_unknown
 from ordnmf_dask.sources.text import Column
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
-from ordnmf_dask.sources.values import ValueSpec, make_spec
+from ordnmf_dask.sources.values import ValueSpec, make_spec, warn_whole_stars
 from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.store.grid import bounds_from_degrees
 from ordnmf_dask.store.staged import (
@@ -311,6 +311,7 @@ def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
                 for b, seg in zip(*res[split], strict=True):
                     blocks[split][b].append(seg)
             hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
+        warn_whole_stars(spec, sum(hists.values()), 5)  # the caller of ``ingest``
         attrs = ingest_attrs(
             spec,
             hists,

@@ -16,6 +16,7 @@ Three ways to define classes, plus optional binarization:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -242,3 +243,18 @@ def _fail(bad: np.ndarray, values: np.ndarray, origin: Origin, message: str) -> 
     if idx.size:
         k = int(idx[0])
         raise InputError(f"{origin.where(k)}: " + message.format(v=values[k]))
+
+
+def warn_whole_stars(spec: ValueSpec, hist: np.ndarray, stacklevel: int) -> None:
+    """Warn when half-star ratings (``hist``: class counts, (V + 1,), of every split) are all
+    whole stars: integer 1-5 ratings read as half stars leave the odd classes empty and double
+    V (``stacklevel`` as for ``warnings.warn``, counted from the caller)."""
+    if spec.base != "ratings-halfstar" or spec.binarize is not None:
+        return
+    if hist[1:].sum() and not hist[1::2].sum():
+        warnings.warn(
+            "ratings='halfstar': every rating is a whole star (classes 2, 4, ..., 10 only; "
+            "the odd classes stay empty); for integer ratings 1..5 pass ratings='integer'",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
