@@ -167,7 +167,7 @@ def test_a_first_compilation_is_announced_once_and_a_cached_one_not(tmp_path):
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
     assert [r.stdout for r in runs] == ["6\n", "6\n"]
     first = runs[0].stderr.splitlines()
-    assert len(first) == 1 and first[0].startswith("compiling numba kernels (fit): first run")
+    assert len(first) == 1 and first[0].startswith("compiling numba kernels (fit): their first")
     assert runs[1].stderr == ""
 
 
@@ -215,3 +215,28 @@ def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
     assert stream.getvalue() == before
     evaluate(small_store, model)  # a script's default: its one line
     assert stream.getvalue().count("(2 x 2 blocks): done in") == 2
+
+
+def test_each_group_of_kernels_is_announced_once_per_process(caplog):
+    """However long and however many compilations a group takes (a slow machine's compile
+    of one kernel outlasting a minute once announced it again), one line per group."""
+    from types import SimpleNamespace
+
+    from ordnmf_dask.model import compiling
+
+    def event(module: str) -> SimpleNamespace:
+        function = SimpleNamespace(__module__=module)
+        return SimpleNamespace(data={"dispatcher": SimpleNamespace(py_func=function)})
+
+    announcer = compiling._Announcer()
+    with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
+        for module in ("ordnmf_dask.model.kernels", "ordnmf_dask.model.gamma"):
+            announcer.on_start(event(module))
+            announcer.on_end(event(module))
+        announcer.on_start(event("ordnmf_dask.postfit.serving"))
+        announcer.on_start(event("ordnmf_dask.model.kernels"))
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(":")[0] for m in said] == [
+        "compiling numba kernels (fit)",
+        "compiling numba kernels (serving)",
+    ]

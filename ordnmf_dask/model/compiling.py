@@ -2,8 +2,8 @@
 call on a machine (``cache=True``: later processes load them from numba's cache in well under a
 second), which takes seconds to tens of seconds with nothing else to show for it. A listener of
 numba's compile events logs one WARNING when a compilation starts (numba compiles only on a
-cache miss), so that the first fit or ``recommend`` on a machine does not wait in silence; one
-line per burst of compilations of a group of kernels (a fit's, serving's).
+cache miss), so that the first fit or ``recommend`` on a machine does not wait in silence: one
+line per group of kernels (a fit's, serving's) and process, however long the group takes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import time
 from typing import Any
 
 from numba.core import event
@@ -19,9 +18,9 @@ from numba.core import event
 log = logging.getLogger("ordnmf_dask")
 
 #: seconds a first run's compilation took here, by group of kernels: those of a fit, those of
-#: serving (docs/performance.md, "First run on a machine": 17 s each on 2 cores at load 8)
-EXPECTED = {"fit": "10-20 s", "serving": "15-20 s"}
-QUIET_SECONDS = 60.0  # a compilation of a group this long after its last one is announced again
+#: serving (docs/performance.md, "First run on a machine": 17 s each on 2 cores at load 8, a
+#: few seconds on a quiet machine)
+EXPECTED = {"fit": "5-20 s", "serving": "5-20 s"}
 
 
 def _in_worker() -> bool:
@@ -46,29 +45,27 @@ def _group(ev: Any) -> str:
 
 
 class _Announcer(event.Listener):  # type: ignore[misc]
-    """Logs a compilation's start when none of its group was under way in the last
-    :data:`QUIET_SECONDS`."""
+    """Logs the first compilation of each group of kernels in this process."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.last: dict[str, float] = {}
+        self.said: set[str] = set()
 
     def on_start(self, ev: Any) -> None:
-        what, now = _group(ev), time.monotonic()
+        what = _group(ev)
         with self.lock:
-            quiet = now - self.last.get(what, -float("inf")) >= QUIET_SECONDS
-            self.last[what] = now
-        if quiet and not _in_worker():
+            first = what not in self.said
+            self.said.add(what)
+        if first and not _in_worker():
             log.warning(
-                "compiling numba kernels (%s): first run on this machine only, about %s; "
-                "later runs load them from numba's cache",
+                "compiling numba kernels (%s): their first use on this machine, about %s "
+                "(longer on a loaded machine); later runs load them from numba's cache",
                 what,
                 EXPECTED[what],
             )
 
     def on_end(self, ev: Any) -> None:
-        with self.lock:
-            self.last[_group(ev)] = time.monotonic()
+        pass
 
 
 _ANNOUNCER = _Announcer()
