@@ -26,12 +26,15 @@ def _job(args: argparse.Namespace) -> Any:
 
     cfg = resolve(args.config, flag_overrides(vars(args)))
     if args.config:
+        from ordnmf_dask.app.logs import LogFile
+        from ordnmf_dask.store import locations
+
         level, path = cfg.logging.level, cfg.logging.file
         log.setLevel(level)
         if path and not any(
-            getattr(h, "baseFilename", None) == os.path.abspath(path) for h in log.handlers
-        ):
-            handler = logging.FileHandler(path)
+            getattr(h, "baseFilename", None) == locations.location(path) for h in log.handlers
+        ):  # checked with the other outputs (cli._check_outputs)
+            handler = LogFile(path)
             handler.setFormatter(log.handlers[0].formatter)
             log.addHandler(handler)
     return cfg
@@ -273,8 +276,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         plot_reliability(res["calibration"]["reliability"], args.reliability)
     if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(res, fh, indent=2)
+        from ordnmf_dask.store.outputs import write_file
+
+        text = json.dumps(res, indent=2).encode()
+        write_file(args.json_out, lambda fh: fh.write(text), "--json")
     return EXIT_OK
 
 
