@@ -188,6 +188,8 @@ def plan_fit(
     ckpt = values["checkpoint_dir"]
     if ckpt:
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
+    if values["work_dir"]:
+        check_place(values["work_dir"], "work_dir", None, {"training store": info.path})
     prints = [  # one per restart: its trajectory depends on its seed
         checkpoint.fingerprint(
             info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)

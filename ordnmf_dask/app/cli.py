@@ -90,7 +90,14 @@ def _check_outputs(args: argparse.Namespace) -> None:
                 inputs[f"{label} {j + 1}" if len(paths) > 1 else label] = path
     writes = {"--out": out_kinds.get(args.command), "--checkpoint-dir": kinds.CHECKPOINT_DIRECTORY}
     writes |= {"[output] model": kinds.MODEL_KIND, "[checkpoint] dir": writes["--checkpoint-dir"]}
-    outputs.check_outputs(given, inputs, writes, files)
+    try:
+        outputs.check_outputs(given, inputs, writes, files)
+    except InputError as exc:  # about a key of the job file: named as the file and its key
+        if any(label in str(exc) for label in JOB_OUTPUTS.values()):
+            from ordnmf_dask.errors import ConfigError
+
+            raise ConfigError(f"{args.config}: {exc}") from None
+        raise
 
 
 # the commands whose job file (--config) sets their outputs (commands._job), and which

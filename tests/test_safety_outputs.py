@@ -1,0 +1,299 @@
+"""The one rule of every output (docs/design.md, "Safety rules"; ``store/outputs.py``): every
+path a command writes, whatever the flag or job-file key, is checked against every input and
+every store or model before any work, through ``cli._check_outputs``. The options and keys are
+enumerated from the parser and the job file's sections, so that a new one that writes
+somewhere fails here until it is routed through the rule."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import io
+import os
+import shutil
+import typing
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import SMALL_CSV
+
+from ordnmf_dask import OrdNMF
+from ordnmf_dask.app import config
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.app.exits import EXIT_INPUT, JOB_OUTPUTS, OUTPUT_FLAGS
+from ordnmf_dask.app.parser import build_parser
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.store import outputs
+
+# the string options that name what a command reads, and those that name no path
+INPUT_OPTIONS = {
+    "inputs",
+    "test",
+    "store",
+    "model",
+    "ratings",
+    "pairs",
+    "config",
+    "data",
+    "init",
+    "init_model",
+    "scheduler_file",
+    "tls_ca_file",
+    "tls_cert",
+    "tls_key",
+}
+NOT_PATHS = {
+    "datasets",
+    "delimiter",
+    "executor",
+    "memory_limit",
+    "optimizer",
+    "scheduler",
+    "start",
+    "validation_metric",
+    "space_n_components",
+    "space_alpha_W",
+    "space_alpha_H",
+}
+INPUT_KEYS = {
+    "store.path",
+    "model.init",
+    "model.init_model",
+    "cluster.scheduler_file",
+    "cluster.ca_file",
+    "cluster.cert",
+    "cluster.key",
+}
+NOT_PATH_KEYS = {
+    "model.kind",
+    "model.optimizer",
+    "model.start",
+    "engine.cache_blocks",
+    "engine.executor",
+    "cluster.local.memory_limit",
+    "cluster.scheduler",
+    "validation.metric",
+    "logging.level",
+}
+
+# each command with the arguments it needs; "{out}" is where its --out goes
+COMMANDS = {
+    "ingest": ["{csv}", "--out", "{out}"],
+    "synth": ["--out", "{out}", "--users", "5", "--items", "5", "--nnz", "10", "-k", "2"],
+    "info": ["{store}"],
+    "fit": ["{store}", "--out", "{out}", "-k", "2"],
+    "evaluate": ["{store}", "{model}"],
+    "recommend": ["{store}", "{model}", "--out", "{out}"],
+    "similar-items": ["{model}", "--items", "1"],
+    "similar-users": ["{model}", "--users", "1"],
+    "fold-in": ["{model}", "{csv}"],
+    "score": ["{model}", "--users", "1", "--items", "1"],
+    "export": ["{model}", "--out", "{out}"],
+    "predict": ["{store}", "{model}", "--pairs", "{pairs}", "--out", "{out}"],
+    "reproduce": ["--out", "{out}", "--data", "{tmp}"],
+    "tune": ["{store}", "--out", "{out}"],
+}
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def path_options(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The options of ``parser`` that take one free string (destination -> flag)."""
+    found = {}
+    for a in parser._actions:
+        if not a.option_strings or a.nargs == 0 or a.choices or a.type not in (None, str):
+            continue
+        found[a.dest] = max(a.option_strings, key=len)
+    return found
+
+
+def job_keys() -> list[str]:
+    """Every string-valued key of a job file, dotted (``cluster.local.memory_limit``)."""
+
+    def walk(cls: type, prefix: str) -> list[str]:
+        hints, keys = typing.get_type_hints(cls), []
+        for f in dataclasses.fields(cls):
+            sub = config._dataclass_in(hints[f.name])
+            if sub is not None:
+                keys += walk(sub, f"{prefix}{f.name}.")
+            elif str in config._members(hints[f.name]):
+                keys.append(prefix + f.name)
+        return keys
+
+    return [k for name, cls in config._section_classes().items() for k in walk(cls, f"{name}.")]
+
+
+def tree_hash(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def run_cli(args: list[str]) -> tuple[int, list[str]]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main([*args, "-q"])
+    return code, err.getvalue().splitlines()
+
+
+@pytest.fixture
+def place(small_fitted, tmp_path) -> dict[str, str]:
+    """Copies of the store and model, a ratings CSV, a pairs file, and ``victim``: another
+    model, which no command here reads."""
+    store, model = (shutil.copytree(p, tmp_path / p.name) for p in small_fitted)
+    victim = shutil.copytree(small_fitted[1], tmp_path / "victim.zarr")
+    (tmp_path / "r.csv").write_text(SMALL_CSV)
+    pq.write_table(pa.table({"user": np.array([1]), "item": np.array([1])}), tmp_path / "p.parquet")
+    return {
+        "store": str(store),
+        "model": str(model),
+        "victim": str(victim),
+        "csv": str(tmp_path / "r.csv"),
+        "pairs": str(tmp_path / "p.parquet"),
+        "tmp": str(tmp_path),
+    }
+
+
+def test_every_string_option_and_job_key_is_an_input_an_output_or_no_path():
+    """An option or key not classified here is one nobody checked: add it to the rule (its
+    destination to exits.OUTPUT_FLAGS, its key to exits.JOB_OUTPUTS) or to the inputs."""
+    for name, parser in subparsers().items():
+        for dest, flag in path_options(parser).items():
+            assert dest in {*OUTPUT_FLAGS, *INPUT_OPTIONS, *NOT_PATHS}, (name, flag)
+        assert name in COMMANDS, name
+    for key in job_keys():
+        assert key in {*JOB_OUTPUTS, *INPUT_KEYS, *NOT_PATH_KEYS}, key
+
+
+def test_every_output_option_through_a_link_to_a_models_metadata_is_refused(place, tmp_path):
+    """Each output option of each command, aimed through a link at another model's
+    ``zarr.json``: exit 2, one line naming the link and where it leads, the model untouched,
+    and nothing written (no --out made)."""
+    victim = Path(place["victim"])
+    before = tree_hash(victim)
+    cases = 0
+    for name, parser in subparsers().items():
+        for dest, flag in path_options(parser).items():
+            if dest not in OUTPUT_FLAGS:
+                continue
+            link = tmp_path / f"link-{name}-{dest}"
+            link.symlink_to(victim / "zarr.json")
+            fresh = tmp_path / f"fresh-{name}-{dest}"
+            out = str(link) if dest == "out" else str(fresh)
+            args = [name, *(a.format(**place, out=out) for a in COMMANDS[name])]
+            if dest != "out":
+                args += [flag, str(link)]
+            code, err = run_cli(args)
+            assert code == EXIT_INPUT, (args, err)
+            assert len(err) == 1, (args, err)
+            assert f"{link} (a link to {victim / 'zarr.json'})" in err[0], (args, err)
+            assert tree_hash(victim) == before, args
+            assert not fresh.exists(), args
+            cases += 1
+    assert cases >= 20  # every command's --log-file, and the --out, --json, ... of some
+
+
+@pytest.mark.parametrize("key", sorted(JOB_OUTPUTS))
+def test_every_output_key_of_a_job_file_through_a_link_is_refused(place, tmp_path, key):
+    victim = Path(place["victim"])
+    before = tree_hash(victim)
+    link = tmp_path / "link"
+    link.symlink_to(victim / "zarr.json")
+    values = {"store.path": place["store"], "output.model": str(tmp_path / "new.zarr"), key: link}
+    tables: dict[str, dict[str, str]] = {}
+    for dotted, value in values.items():
+        section, leaf = dotted.split(".")
+        tables.setdefault(section, {})[leaf] = str(value)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        "".join(
+            f"[{s}]\n" + "".join(f'{k} = "{v}"\n' for k, v in t.items()) for s, t in tables.items()
+        )
+        + "[model]\nn_components = 2\n"
+    )
+    code, err = run_cli(["fit", "--config", str(job)])
+    assert code == EXIT_INPUT, err
+    [line] = err
+    assert f"refusing to write {JOB_OUTPUTS[key]} to {link} (a link to" in line
+    assert tree_hash(victim) == before
+    assert not (tmp_path / "new.zarr").exists()
+
+
+def test_fit_overwrite_through_a_link_to_a_model_is_refused_naming_the_link(place, tmp_path):
+    """--overwrite replaces a model, never through a link (which would replace its target):
+    the message names the link the user typed."""
+    victim = Path(place["victim"])
+    before = tree_hash(victim)
+    link = tmp_path / "mlink"
+    link.symlink_to(victim)
+    code, err = run_cli(["fit", place["store"], "--out", str(link), "-k", "2", "--overwrite"])
+    assert code == EXIT_INPUT, err
+    [line] = err
+    assert f"refusing to overwrite {victim}: {link} is a symbolic link to it" in line
+    with pytest.raises(InputError, match=f"{link} is a symbolic link to it"):
+        OrdNMF(2, max_iter=1, executor="inprocess").fit(place["store"], out=link, overwrite=True)
+    assert tree_hash(victim) == before and link.is_symlink()
+
+
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        ("{tmp}/absent/r.json", "its directory {tmp}/absent does not exist"),
+        ("{tmp}/adir", "it is a directory, not a regular file"),
+        ("{csv}/r.json", "its directory {csv} is not a directory"),
+    ],
+)
+def test_a_file_output_that_cannot_be_written_is_refused_before_the_evaluation(
+    place, where, reason
+):
+    os.mkdir(os.path.join(place["tmp"], "adir"))
+    code, err = run_cli(
+        ["evaluate", place["store"], place["model"], "--json", where.format(**place)]
+    )
+    assert code == EXIT_INPUT, err
+    [line] = err
+    assert line.startswith("ordnmf-dask evaluate: error: cannot write --json to ")
+    assert reason.format(**place) in line
+
+
+def test_a_file_output_is_whole_or_absent(tmp_path):
+    """A write stopped half way (here by a signal) leaves the earlier file as it was and no
+    temporary file; a link at its name is replaced by nothing but refused."""
+    target = tmp_path / "r.json"
+    target.write_text("earlier")
+
+    def stopped(fh):
+        fh.write(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        outputs.write_file(str(target), stopped)
+    assert target.read_text() == "earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+    assert outputs.write_file(str(target), lambda fh: fh.write(b"new")) == str(target)
+    assert target.read_text() == "new"
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InputError, match="is a FIFO, not a regular file"):
+        outputs.write_file(str(tmp_path / "fifo"), lambda fh: fh.write(b"x"))
+    with pytest.raises(InputError, match="not a regular file"):
+        outputs.open_log(str(tmp_path / "fifo"))
+
+
+def test_a_plot_is_written_at_exactly_its_path(tmp_path):
+    """matplotlib adds ``.png`` to a name without a suffix: the rule checks the path given,
+    so the figure goes there and nowhere else."""
+    from ordnmf_dask.app.plots import plot_elbo
+
+    assert plot_elbo({"a": [1.0, 2.0]}, tmp_path / "elbo") == str(tmp_path / "elbo")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elbo"]
+    assert (tmp_path / "elbo").read_bytes()[:4] == b"\x89PNG"
