@@ -172,21 +172,55 @@ def check_file(
         raise InputError(f"cannot write {what} to {shown}: its directory {parent} {state}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"cannot write {what} to {shown}: its directory {parent} is not writable")
-    if os.path.lexists(loc) and not stat.S_ISREG(os.lstat(loc).st_mode):
-        kind = locations.file_kind(os.lstat(loc).st_mode)
-        raise InputError(f"cannot write {what} to {shown}: it is {kind}, not a regular file")
+    if os.path.lexists(loc):
+        mode = os.lstat(loc).st_mode
+        if not (stat.S_ISREG(mode) or _stream(mode)):
+            raise InputError(
+                f"cannot write {what} to {shown}: it is {locations.file_kind(mode)}, not a "
+                "regular file"
+            )
     return loc
+
+
+def _stream(mode: int) -> bool:
+    """Whether a file of this mode is a stream a file output may be written to as it is
+    (``/dev/null``, ``/dev/stdout``, a pipe): a character device or a FIFO."""
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _open_stream(loc: str, flags: int) -> int:
+    """The existing stream ``loc`` opened for writing without blocking (a FIFO nobody reads
+    is refused, never waited for)."""
+    try:
+        fd = os.open(loc, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise InputError(f"cannot write to {loc}: a FIFO that nobody reads") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or _stream(mode)):
+        os.close(fd)
+        raise InputError(
+            f"cannot write to {loc}: it is {locations.file_kind(mode)}, not a regular file"
+        )
+    os.set_blocking(fd, True)
+    return fd
 
 
 def write_file(path: str, write: Callable[[IO[bytes]], Any], what: str = "the output") -> str:
     """Write one file whole or not at all: ``write(fh)`` fills ``PATH.tmp-<random>`` (created
-    anew, never through a link), which then replaces ``path`` (a URL is written in one put).
+    anew, never through a link), which then replaces ``path`` (a URL is written in one put, a
+    stream such as ``/dev/stdout`` as it is).
     Any failure or signal removes the temporary file; ``path`` is checked by
     :func:`check_file` first. Every file output of a command goes through here (or
     :func:`open_log`)."""
     loc = check_file(path, what)
     if locations.is_url(loc):
         with locations.open_file(loc, "wb") as fh:
+            write(fh)
+        return loc
+    if os.path.exists(loc) and _stream(os.stat(loc).st_mode):  # written as it is
+        with os.fdopen(_open_stream(loc, os.O_WRONLY | os.O_NOFOLLOW), "wb") as fh:
             write(fh)
         return loc
     tmp = f"{loc}.tmp-{secrets.token_hex(6)}"
@@ -202,25 +236,16 @@ def write_file(path: str, write: Callable[[IO[bytes]], Any], what: str = "the ou
     return loc
 
 
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-
-
 def open_log(path: str) -> IO[str]:
     """The log file ``path`` (checked by :func:`check_file`) opened for appending text: never
-    through a link at its name, never a FIFO or device (opened without blocking, checked on
-    the open descriptor)."""
+    through a link at its name, never anything but a regular file or a stream (a FIFO
+    nobody reads is refused, not waited for)."""
     loc = locations.location(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
     try:
-        fd = os.open(loc, _APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = _open_stream(loc, flags)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):  # a link, a FIFO with no reader
-            raise InputError(f"cannot write the log to {loc}: not a regular file") from None
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # a link put there since the check
+            raise InputError(f"cannot write the log to {loc}: it is a symbolic link") from None
         raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise InputError(
-            f"cannot write the log to {loc}: it is {locations.file_kind(mode)}, not a regular file"
-        )
-    os.set_blocking(fd, True)
     return os.fdopen(fd, "a", encoding="utf-8")
