@@ -298,3 +298,28 @@ def test_a_plot_is_written_at_exactly_its_path(tmp_path):
     assert plot_elbo({"a": [1.0, 2.0]}, tmp_path / "elbo") == str(tmp_path / "elbo")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elbo"]
     assert (tmp_path / "elbo").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_store_replaced_while_the_model_is_saved_is_caught_before_the_publish(
+    small_fitted, tmp_path, monkeypatch
+):
+    """The model's id maps and training items come from the store: one replaced (``ingest
+    --overwrite``) after they were copied is a StoreError saying it changed, and no model (nor
+    a temporary directory) is left at --out."""
+    from ordnmf_dask import ingest
+    from ordnmf_dask.errors import StoreError
+    from ordnmf_dask.modelstore import model as model_module
+
+    store = shutil.copytree(small_fitted[0], tmp_path / "s.zarr")
+    (tmp_path / "r.csv").write_text(SMALL_CSV)
+    checked = model_module.ModelHeader.from_attrs
+
+    def then_replaced(*args, **kwargs):
+        header = checked(*args, **kwargs)
+        ingest(str(tmp_path / "r.csv"), str(store), overwrite=True, test_fraction=0.2)
+        return header
+
+    monkeypatch.setattr(model_module.ModelHeader, "from_attrs", then_replaced)
+    with pytest.raises(StoreError, match="the store changed while it was read"):
+        OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=tmp_path / "m.zarr")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "s.zarr"]
