@@ -323,3 +323,32 @@ def test_a_store_replaced_while_the_model_is_saved_is_caught_before_the_publish(
     with pytest.raises(StoreError, match="the store changed while it was read"):
         OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=tmp_path / "m.zarr")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "s.zarr"]
+
+
+def test_at_a_url_the_pending_marker_is_the_lock(small_fitted):
+    """Object stores have no exclusive create: a write there begins with its pending marker,
+    which names the writer; a second writer is refused before any work while that writer may
+    be live (another host's cannot be checked), and an unfinished write of a gone process of
+    this host is replaced."""
+    import json
+    import socket
+    import subprocess
+
+    from ordnmf_dask.store import locations
+
+    url = "memory://outputs-lock/m.zarr"
+    model = OrdNMF.load(small_fitted[1])
+    place = locations.Place.of(url)
+    place.begin({"kind": "ordnmf_dask.model"}, [])
+    mark = json.loads(place.fs.cat_file(f"{place.root}/{locations.PENDING}"))
+    assert (mark["host"], mark["pid"]) == (socket.gethostname(), os.getpid())
+    other = {**mark, "host": "another-host.example"}
+    place.fs.pipe_file(f"{place.root}/{locations.PENDING}", json.dumps(other).encode())
+    with pytest.raises(InputError, match="being written by process .* on another-host"):
+        model.save(url, overwrite=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = {**mark, "pid": gone.pid}
+    place.fs.pipe_file(f"{place.root}/{locations.PENDING}", json.dumps(dead).encode())
+    assert model.save(url, overwrite=True) == url
+    assert locations.marker(url) is None and OrdNMF.load(url).n_components == 2

@@ -59,6 +59,8 @@ def check_place(
             raise InputError(
                 f"refusing to write {what} to {shown}: it {where} the {label} {source}"
             )
+    if locations.is_url(loc):
+        locations.check_no_writer(loc)  # at a URL, the pending marker is the lock
     here = None if locations.is_url(loc) else loc if itself else os.path.dirname(loc)
     while here is not None:
         kind = kind_of(here)
