@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import shutil
 import typing
@@ -352,3 +353,54 @@ def test_at_a_url_the_pending_marker_is_the_lock(small_fitted):
     place.fs.pipe_file(f"{place.root}/{locations.PENDING}", json.dumps(dead).encode())
     assert model.save(url, overwrite=True) == url
     assert locations.marker(url) is None and OrdNMF.load(url).n_components == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["similar-users", "{model}", "--users", ","], "--users needs at least one id"),
+        (["similar-items", "{model}", "--items", ","], "--items needs at least one id"),
+        (["score", "{model}", "--users", ",", "--items", ","], "--users needs at least one id"),
+        (["recommend", "{model}", "--users", ","], "--users needs at least one id"),
+    ],
+)
+def test_a_list_of_no_ids_is_refused_by_every_serving_command(small_fitted, capsys, args, line):
+    model = str(small_fitted[1])
+    code, err = run_cli([a.format(model=model) for a in args])
+    assert code == EXIT_INPUT
+    assert err == [f"ordnmf-dask {args[0]}: error: {line}"]
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv", "json", "parquet"])
+def test_a_closed_standard_output_is_exit_141_in_every_format(small_fitted, fmt):
+    """The reader gone before the command wrote (``| head`` that has read enough): 141 and
+    nothing on stderr, whatever the format and however little it writes."""
+    import subprocess
+
+    from conftest import CLI
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [*CLI, "similar-items", str(small_fitted[1]), "--items", "1", "--format", fmt, "-q"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == ""
+
+
+def test_json_tables_are_streamed_as_they_were_printed_whole():
+    from ordnmf_dask.app.tables import write_table
+
+    rows = [(1, 2, "a", 0.5), (1, 3, "b", np.float64(0.25))]
+    out = io.StringIO()
+    write_table(["user", "rank", "item", "score"], rows, "json", out)
+    records = [dict(zip(["user", "rank", "item", "score"], r, strict=True)) for r in rows]
+    assert out.getvalue() == json.dumps(records, indent=1, default=float) + "\n"

@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import gc
+import io
 import logging
 import os
+import select
+import stat
 import sys
 import warnings
 from collections.abc import Sequence
@@ -138,6 +142,21 @@ def _outputs_locked(args: argparse.Namespace) -> contextlib.AbstractContextManag
     return writelock.held(*(getattr(args, dest, None) for dest in dests))
 
 
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head`` that has read what
+    it wanted): then the command ends as if its last write had failed (exit 141), in every
+    output format, however little it wrote."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
     try:
         _check_outputs(args)
@@ -159,6 +178,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: boo
             try:
                 code = COMMANDS[args.command](args)
                 sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
+                if _reader_gone():  # all of it fit in the pipe, but nobody reads it all
+                    raise BrokenPipeError(errno.EPIPE, "standard output closed")
             except Exception as exc:  # stopped by a signal, whatever a library raised then
                 stopped = interrupt.as_interruption(exc)
                 if stopped is exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import SEARCH_FLAGS
-from ordnmf_dask.errors import UsageError
+from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.params import MODELS
 
 log = logging.getLogger("ordnmf_dask")
@@ -388,7 +388,10 @@ def _similar(axis: str) -> Any:
         from ordnmf_dask.app.tables import ranked_rows, write_table
         from ordnmf_dask.postfit import serving
 
-        res = serving.server(args.model).similar(axis, getattr(args, axis), args.n)
+        ids = getattr(args, axis)
+        if not ids:  # "--users ," names none, as recommend refuses it
+            raise UsageError(f"--{axis} needs at least one id")
+        res = serving.server(args.model).similar(axis, ids, args.n)
         noun = axis[:-1]
         write_table([noun, "rank", f"similar_{noun}", "cosine"], ranked_rows(res), args.format)
         return EXIT_OK
@@ -420,6 +423,8 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         items, values = users.setdefault(user, ([], []))
         items.append(item)
         values.append(value)
+    if not users:  # an empty history: nothing to fold in, said rather than an empty table
+        raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
     server = serving.server(args.model)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
@@ -484,6 +489,10 @@ def cmd_score(args: argparse.Namespace) -> int:
         raise UsageError("--users needs --items (one item per user)")
     else:
         users, items = args.users, args.items
+    if not users:
+        raise UsageError(
+            "--users needs at least one id" if args.pairs is None else f"{args.pairs}: no pairs"
+        )
     scores = serving.server(args.model).score(users, items)
     write_table(
         ["user", "item", "score"],
