@@ -404,3 +404,58 @@ def test_json_tables_are_streamed_as_they_were_printed_whole():
     write_table(["user", "rank", "item", "score"], rows, "json", out)
     records = [dict(zip(["user", "rank", "item", "score"], r, strict=True)) for r in rows]
     assert out.getvalue() == json.dumps(records, indent=1, default=float) + "\n"
+
+
+@pytest.mark.parametrize("at", ["wait", "header", "publish", "sweep"])
+def test_an_interrupt_at_any_step_of_a_fits_save_leaves_no_half_written_model(
+    small_fitted, tmp_path, monkeypatch, at
+):
+    """SIGINT (KeyboardInterrupt in the main thread) while the factor chunks are written, once
+    they are, as the model is published, or as the old one is removed: once the fit has
+    returned, --out holds nothing or a complete model, and no OUT.tmp-* is left."""
+    import time
+
+    from ordnmf_dask.modelstore import model as model_module
+    from ordnmf_dask.store import blocks
+
+    store = shutil.copytree(small_fitted[0], tmp_path / "s.zarr")
+    out = tmp_path / "m.zarr"
+    if at == "sweep":  # an old model is being replaced
+        shutil.copytree(small_fitted[1], out)
+
+    def interrupted(real):
+        def call(*args, **kwargs):
+            if at == "wait":
+                time.sleep(0.05)  # the tasks are under way
+            elif at != "header":
+                real(*args, **kwargs)
+            raise KeyboardInterrupt
+
+        return call
+
+    target = {
+        "wait": (model_module, "wait"),
+        "header": (model_module.ModelHeader, "from_attrs"),
+        "publish": (model_module, "publish"),
+        "sweep": (blocks.shutil, "rmtree"),
+    }[at]
+    real = getattr(*target)
+    if at == "sweep":
+        aside = []
+
+        def once(path, *args, **kwargs):
+            real(path, *args, **kwargs)
+            if os.path.basename(path) == blocks.ASIDE and not aside:
+                aside.append(path)
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(*target, once)
+    else:
+        monkeypatch.setattr(*target, interrupted(real))
+    with pytest.raises(KeyboardInterrupt):
+        OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=out, overwrite=True)
+    monkeypatch.undo()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "s.zarr")
+    assert left in ([], ["m.zarr"], ["m.zarr", "m.zarr.checkpoints"]), left
+    if out.exists():
+        OrdNMF.load(out)  # complete
