@@ -459,3 +459,30 @@ def test_an_interrupt_at_any_step_of_a_fits_save_leaves_no_half_written_model(
     assert left in ([], ["m.zarr"], ["m.zarr", "m.zarr.checkpoints"]), left
     if out.exists():
         OrdNMF.load(out)  # complete
+
+
+def test_a_cluster_stopped_as_it_starts_is_closed_and_forgotten():
+    """SIGTERM while tune (or any command) starts its LocalCluster's first worker: the
+    cluster begun is closed there, its error kept quiet, and removed from distributed's list,
+    whose exit hook would close it again and print a worker's traceback."""
+    from distributed.deploy.spec import SpecCluster
+
+    from ordnmf_dask.errors import Terminated
+    from ordnmf_dask.runtime.cluster import _start_cluster
+
+    closed = []
+
+    class Begun:
+        def close(self, timeout=None):
+            closed.append(timeout)
+            raise AssertionError("Status.init")  # what closing a worker still starting raises
+
+    begun = Begun()
+
+    def make():
+        SpecCluster._instances.add(begun)
+        raise Terminated()
+
+    with pytest.raises(Terminated):
+        _start_cluster(make)
+    assert closed and begun not in SpecCluster._instances
