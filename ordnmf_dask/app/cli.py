@@ -118,11 +118,13 @@ def _job_outputs(args: argparse.Namespace) -> dict[str, str]:
     keys = _JOB_COMMANDS.get(args.command, ())
     if not keys or not getattr(args, "config", None):
         return {}
-    from ordnmf_dask.app.config import _get, flag_overrides, resolve
+    from operator import attrgetter
+
+    from ordnmf_dask.app.config import flag_overrides, resolve
 
     flags = flag_overrides(vars(args))
     cfg = resolve(args.config)
-    found = {JOB_OUTPUTS[key]: _get(cfg, key) for key in keys if key not in flags}
+    found = {JOB_OUTPUTS[key]: attrgetter(key)(cfg) for key in keys if key not in flags}
     return {label: path for label, path in found.items() if path is not None}
 
 
