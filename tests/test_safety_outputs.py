@@ -22,6 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import SMALL_CSV
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app import config
@@ -486,3 +488,75 @@ def test_a_cluster_stopped_as_it_starts_is_closed_and_forgotten():
     with pytest.raises(Terminated):
         _start_cluster(make)
     assert closed and begun not in SpecCluster._instances
+
+
+def output_cases() -> list[tuple[str, str, str]]:
+    """(command, destination, flag) of every output option of every command."""
+    return [
+        (name, dest, flag)
+        for name, parser in subparsers().items()
+        for dest, flag in path_options(parser).items()
+        if dest in OUTPUT_FLAGS
+    ]
+
+
+SUBSTITUTES = ["link-to-metadata", "link-to-model", "under-a-link", "link-to-a-chunk", "fifo"]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(case=st.sampled_from(output_cases()), substitute=st.sampled_from(SUBSTITUTES))
+def test_any_output_option_aimed_at_a_model_or_a_fifo_is_refused_in_one_line(
+    place, case, substitute
+):
+    """Property: whatever output option and whichever way it is aimed into a model (a link
+    to its metadata, to it, to a file deep in it, a path under a link to it) or at a FIFO
+    nobody reads (where a file output goes: the log), the command ends in bounded time with
+    exit 2 and one line, the model unchanged and nothing written beside it."""
+    import signal
+    import tempfile
+
+    name, dest, flag = case
+    if substitute == "fifo" and dest != "log_file":
+        substitute = "link-to-metadata"  # a FIFO as --json is refused when written, after work
+    victim = Path(place["victim"])
+    chunk = next(p for p in sorted((victim / "W").rglob("*")) if p.is_file())
+    before = tree_hash(victim)
+    with tempfile.TemporaryDirectory(dir=place["tmp"]) as d:
+        where = Path(d)
+        aimed = where / "aimed"
+        if substitute == "fifo":
+            os.mkfifo(aimed)
+        elif substitute == "under-a-link":
+            (where / "vlink").symlink_to(victim)
+            aimed = where / "vlink" / "x"
+        else:
+            aimed.symlink_to(
+                {
+                    "link-to-metadata": victim / "zarr.json",
+                    "link-to-model": victim,
+                    "link-to-a-chunk": chunk,
+                }[substitute]
+            )
+        made = sorted(os.listdir(where))
+        out = str(aimed) if dest == "out" else str(where / "fresh")
+        args = [name, *(a.format(**place, out=out) for a in COMMANDS[name])]
+        if dest != "out":
+            args += [flag, str(aimed)]
+
+        def stuck(*_):
+            raise TimeoutError(f"{args} did not end")
+
+        old = signal.signal(signal.SIGALRM, stuck)
+        signal.alarm(60)
+        try:
+            code, err = run_cli(args)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+        assert code == EXIT_INPUT and len(err) == 1, (args, code, err)
+        assert tree_hash(victim) == before, args
+        assert sorted(os.listdir(where)) == made, args

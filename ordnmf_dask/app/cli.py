@@ -172,8 +172,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: boo
         return EXIT_INPUT
     try:
         setup_logging(args)
-    except OSError as exc:
-        print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}", file=sys.stderr)
+    except (OSError, InputError) as exc:
+        message = " ".join(str(exc).split())
+        print(
+            f"ordnmf-dask {args.command}: error: cannot write --log-file: {message}",
+            file=sys.stderr,
+        )
         return EXIT_INPUT
     try:
         with interrupt.installed(restore=not process), _outputs_locked(args):
