@@ -560,3 +560,16 @@ def test_any_output_option_aimed_at_a_model_or_a_fifo_is_refused_in_one_line(
         assert code == EXIT_INPUT and len(err) == 1, (args, code, err)
         assert tree_hash(victim) == before, args
         assert sorted(os.listdir(where)) == made, args
+
+
+def test_a_lock_file_planted_as_a_link_is_never_written_through(place, tmp_path):
+    """``OUT.lock`` made a link to a model's metadata: the lock is created with O_EXCL and
+    O_NOFOLLOW, so the writer is refused (naming the lock file) and the model is untouched."""
+    victim = Path(place["victim"])
+    before = tree_hash(victim)
+    (tmp_path / "m.zarr.lock").symlink_to(victim / "zarr.json")
+    code, err = run_cli(["fit", place["store"], "--out", str(tmp_path / "m.zarr"), "-k", "2"])
+    assert code == EXIT_INPUT, err
+    [line] = err
+    assert f"lock file {tmp_path / 'm.zarr.lock'}" in line
+    assert tree_hash(victim) == before and not (tmp_path / "m.zarr").exists()
