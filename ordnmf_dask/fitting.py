@@ -188,6 +188,8 @@ def plan_fit(
     ckpt = values["checkpoint_dir"]
     if ckpt:
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
+    if values["work_dir"]:
+        check_place(values["work_dir"], "work_dir", None, {"training store": info.path})
     prints = [  # one per restart: its trajectory depends on its seed
         checkpoint.fingerprint(
             info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)
@@ -302,7 +304,15 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 r["kept"] = j == kept
             attrs = _model_attrs(plan, state, scorer is not None, cache, runs)
             with info.reading():  # its id maps and training items are copied from the store
-                save_model(cl, state.w, state.h, out, attrs, overwrite=plan.overwrite)
+                save_model(
+                    cl,
+                    state.w,
+                    state.h,
+                    out,
+                    attrs,
+                    overwrite=plan.overwrite,
+                    before_publish=info.check_unchanged,
+                )
             log.info(
                 "fit: %s after %d iterations, ELBO %.10e, in %.1f s; model in %s",
                 "converged" if state.converged else "stopped at max_iter",

@@ -58,8 +58,8 @@ def test_main_leaves_logging_and_sigint_as_it_found_them(cluster_fit, tmp_path, 
 @pytest.mark.parametrize(
     ("target", "reason"),
     [
-        ("adir", "Is a directory"),
-        ("afile/r.json", "Not a directory"),
+        ("adir", "it is a directory, not a regular file"),
+        ("afile/r.json", "afile is not a directory"),
         ("/dev/full", "No space left on device"),
     ],
 )

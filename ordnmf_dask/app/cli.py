@@ -8,15 +8,27 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import gc
+import io
 import logging
 import os
+import select
+import stat
 import sys
 import warnings
 from collections.abc import Sequence
 
 from ordnmf_dask.app.commands import COMMANDS
-from ordnmf_dask.app.exits import EXIT_INPUT, EXIT_PIPE, OUTPUT_FLAGS, exit_code, flag_spelling
+from ordnmf_dask.app.exits import (
+    EXIT_INPUT,
+    EXIT_PIPE,
+    FILE_OUTPUTS,
+    JOB_OUTPUTS,
+    OUTPUT_FLAGS,
+    exit_code,
+    flag_spelling,
+)
 from ordnmf_dask.app.logs import logging_kept, setup_logging, warning_line
 from ordnmf_dask.app.parser import build_parser, subcommand
 from ordnmf_dask.errors import InputError
@@ -51,12 +63,14 @@ _INPUTS = {
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Every path the command writes given as a flag obeys the rule of
-    :mod:`ordnmf_dask.store.outputs` (checked before anything, the log file included)."""
+    """The one rule of every output (:func:`ordnmf_dask.store.outputs.check_outputs`), before
+    anything is read or written: every path the command writes, given as a flag
+    (:data:`~.exits.OUTPUT_FLAGS`) or as a key of its job file (:data:`~.exits.JOB_OUTPUTS`),
+    checked against every input and against one another."""
     from ordnmf_dask.store import kinds, outputs
 
     # what each command's --out is (the kind of directory it writes); the other outputs are
-    # --checkpoint-dir (a checkpoint directory), --json and --log-file (files)
+    # --checkpoint-dir (a checkpoint directory), --work-dir and the files of FILE_OUTPUTS
     out_kinds = {
         "ingest": kinds.STORE_MARK,
         "synth": kinds.STORE_MARK,
@@ -64,9 +78,13 @@ def _check_outputs(args: argparse.Namespace) -> None:
         "export": kinds.EXPORT,
         "recommend": kinds.EXPORT,
     }
-
-    flags = {**OUTPUT_FLAGS, "log_file": "--log-file"}
-    given = {flag: getattr(args, dest, None) for dest, flag in flags.items()}
+    given = {flag: getattr(args, dest, None) for dest, flag in OUTPUT_FLAGS.items()}
+    files = {OUTPUT_FLAGS[dest] for dest in FILE_OUTPUTS}
+    for label, path in _job_outputs(args).items():
+        given[label] = path
+        if label.endswith("file"):
+            files.add(label)
+    given = {label: path for label, path in given.items() if path is not None}
     inputs: dict[str, str] = {}
     for dest, label in _INPUTS.items():
         value = getattr(args, dest, None)
@@ -75,7 +93,39 @@ def _check_outputs(args: argparse.Namespace) -> None:
             if isinstance(path, str) and not any(c in path for c in "*?["):  # not a glob
                 inputs[f"{label} {j + 1}" if len(paths) > 1 else label] = path
     writes = {"--out": out_kinds.get(args.command), "--checkpoint-dir": kinds.CHECKPOINT_DIRECTORY}
-    outputs.check_outputs(given, inputs, writes)
+    writes |= {"[output] model": kinds.MODEL_KIND, "[checkpoint] dir": writes["--checkpoint-dir"]}
+    try:
+        outputs.check_outputs(given, inputs, writes, files)
+    except InputError as exc:  # about a key of the job file: named as the file and its key
+        if any(label in str(exc) for label in JOB_OUTPUTS.values()):
+            from ordnmf_dask.errors import ConfigError
+
+            raise ConfigError(f"{args.config}: {exc}") from None
+        raise
+
+
+# the commands whose job file (--config) sets their outputs (commands._job), and which
+_JOB_COMMANDS = {
+    "fit": tuple(JOB_OUTPUTS),
+    "tune": ("logging.file", "checkpoint.dir", "engine.work_dir"),
+    "evaluate": ("logging.file",),
+}
+
+
+def _job_outputs(args: argparse.Namespace) -> dict[str, str]:
+    """The outputs the job file sets (how a message names each -> its path), but those a flag
+    of the command overrides (they are checked as flags)."""
+    keys = _JOB_COMMANDS.get(args.command, ())
+    if not keys or not getattr(args, "config", None):
+        return {}
+    from operator import attrgetter
+
+    from ordnmf_dask.app.config import flag_overrides, resolve
+
+    flags = flag_overrides(vars(args))
+    cfg = resolve(args.config)
+    found = {JOB_OUTPUTS[key]: attrgetter(key)(cfg) for key in keys if key not in flags}
+    return {label: path for label, path in found.items() if path is not None}
 
 
 # commands whose writer locks --out itself (store/blocks.py: check_target, temporary_path)
@@ -94,23 +144,48 @@ def _outputs_locked(args: argparse.Namespace) -> contextlib.AbstractContextManag
     return writelock.held(*(getattr(args, dest, None) for dest in dests))
 
 
+def _reader_gone() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head`` that has read what
+    it wanted): then the command ends as if its last write had failed (exit 141), in every
+    output format, however little it wrote."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+
+
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
     try:
         _check_outputs(args)
     except InputError as exc:
-        message = flag_spelling(str(exc), subcommand(parser, args.command))
+        from ordnmf_dask.errors import ConfigError
+
+        message = " ".join(str(exc).split())
+        if not isinstance(exc, ConfigError):  # those name config keys
+            message = flag_spelling(message, subcommand(parser, args.command))
         print(f"ordnmf-dask {args.command}: error: {message}", file=sys.stderr)
         return EXIT_INPUT
     try:
         setup_logging(args)
-    except OSError as exc:
-        print(f"ordnmf-dask {args.command}: error: cannot write --log-file: {exc}", file=sys.stderr)
+    except (OSError, InputError) as exc:
+        message = " ".join(str(exc).split())
+        print(
+            f"ordnmf-dask {args.command}: error: cannot write --log-file: {message}",
+            file=sys.stderr,
+        )
         return EXIT_INPUT
     try:
         with interrupt.installed(restore=not process), _outputs_locked(args):
             try:
                 code = COMMANDS[args.command](args)
                 sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
+                if _reader_gone():  # all of it fit in the pipe, but nobody reads it all
+                    raise BrokenPipeError(errno.EPIPE, "standard output closed")
             except Exception as exc:  # stopped by a signal, whatever a library raised then
                 stopped = interrupt.as_interruption(exc)
                 if stopped is exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import SEARCH_FLAGS
-from ordnmf_dask.errors import UsageError
+from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.params import MODELS
 
 log = logging.getLogger("ordnmf_dask")
@@ -26,12 +26,15 @@ def _job(args: argparse.Namespace) -> Any:
 
     cfg = resolve(args.config, flag_overrides(vars(args)))
     if args.config:
+        from ordnmf_dask.app.logs import LogFile
+        from ordnmf_dask.store import locations
+
         level, path = cfg.logging.level, cfg.logging.file
         log.setLevel(level)
         if path and not any(
-            getattr(h, "baseFilename", None) == os.path.abspath(path) for h in log.handlers
-        ):
-            handler = logging.FileHandler(path)
+            getattr(h, "baseFilename", None) == locations.location(path) for h in log.handlers
+        ):  # checked with the other outputs (cli._check_outputs)
+            handler = LogFile(path)
             handler.setFormatter(log.handlers[0].formatter)
             log.addHandler(handler)
     return cfg
@@ -273,8 +276,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         plot_reliability(res["calibration"]["reliability"], args.reliability)
     if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(res, fh, indent=2)
+        from ordnmf_dask.store.outputs import write_file
+
+        text = json.dumps(res, indent=2).encode()
+        write_file(args.json_out, lambda fh: fh.write(text), "--json")
     return EXIT_OK
 
 
@@ -383,7 +388,10 @@ def _similar(axis: str) -> Any:
         from ordnmf_dask.app.tables import ranked_rows, write_table
         from ordnmf_dask.postfit import serving
 
-        res = serving.server(args.model).similar(axis, getattr(args, axis), args.n)
+        ids = getattr(args, axis)
+        if not ids:  # "--users ," names none, as recommend refuses it
+            raise UsageError(f"--{axis} needs at least one id")
+        res = serving.server(args.model).similar(axis, ids, args.n)
         noun = axis[:-1]
         write_table([noun, "rank", f"similar_{noun}", "cosine"], ranked_rows(res), args.format)
         return EXIT_OK
@@ -415,6 +423,8 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         items, values = users.setdefault(user, ([], []))
         items.append(item)
         values.append(value)
+    if not users:  # an empty history: nothing to fold in, said rather than an empty table
+        raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
     server = serving.server(args.model)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
@@ -479,6 +489,10 @@ def cmd_score(args: argparse.Namespace) -> int:
         raise UsageError("--users needs --items (one item per user)")
     else:
         users, items = args.users, args.items
+    if not users:
+        raise UsageError(
+            "--users needs at least one id" if args.pairs is None else f"{args.pairs}: no pairs"
+        )
     scores = serving.server(args.model).score(users, items)
     write_table(
         ["user", "item", "score"],

@@ -55,9 +55,21 @@ _LOCAL_IO_ERRNOS = frozenset(
 OUTPUT_FLAGS = {
     "out": "--out",
     "json_out": "--json",
+    "reliability": "--reliability",
+    "log_file": "--log-file",
     "checkpoint_dir": "--checkpoint-dir",
     "work_dir": "--work-dir",
-}  # argparse destination -> flag of the paths a command writes
+}  # argparse destination -> flag of every path a command writes (cli._check_outputs)
+
+FILE_OUTPUTS = frozenset({"json_out", "reliability", "log_file"})  # those that are one file
+
+# dotted job-file key -> how a message names it, of every path a job file makes a command write
+JOB_OUTPUTS = {
+    "output.model": "[output] model",
+    "logging.file": "[logging] file",
+    "checkpoint.dir": "[checkpoint] dir",
+    "engine.work_dir": "[engine] work_dir",
+}
 
 
 def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:

@@ -58,8 +58,8 @@ def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> Job
     params, unused = estimator_kwargs(cfg, name)
     if unused:
         log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
-    out = locations.location(cfg.output.model)
-    beside = None
+    out = locations.location(cfg.output.model)  # the path typed goes to plan_fit: a link
+    beside = None  # to a model is never replaced through it (blocks.check_target)
     if (
         params["checkpoint_dir"] is None
         and params["work_dir"] is None
@@ -73,7 +73,7 @@ def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> Job
         params,
         init=cfg.model.init,
         init_model=cfg.model.init_model,
-        out=out,
+        out=cfg.output.model,
         overwrite=cfg.output.overwrite,
         resume=resume,
         restart=restart,

@@ -110,7 +110,7 @@ def setup_logging(args: argparse.Namespace) -> None:
         stderr.setLevel(logging.WARNING)
     handlers: list[logging.Handler] = [stderr]
     if args.log_file:
-        handlers.append(logging.FileHandler(args.log_file))
+        handlers.append(LogFile(args.log_file))
     for h in handlers:
         h.setFormatter(fmt)
     log.handlers[:] = handlers
@@ -118,6 +118,22 @@ def setup_logging(args: argparse.Namespace) -> None:
     log.propagate = False
     if not args.debug:  # failures reach main() and become one line; --debug shows the rest
         silence_dask()
+
+
+class LogFile(logging.FileHandler):
+    """A log file (``--log-file``, a job file's ``[logging] file``), appended to at its real
+    location and opened by the output rule's :func:`~ordnmf_dask.store.outputs.open_log`:
+    never through a link at its name, never a FIFO or device."""
+
+    def __init__(self, path: str) -> None:
+        from ordnmf_dask.store import locations
+
+        super().__init__(locations.location(path), encoding="utf-8")
+
+    def _open(self) -> Any:
+        from ordnmf_dask.store.outputs import open_log
+
+        return open_log(self.baseFilename)
 
 
 def silence_dask() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,19 @@ def _pyplot():
     return plt
 
 
+def _save(plt: Any, fig: Any, path: str | os.PathLike) -> str:
+    """Write ``fig`` as a PNG at exactly ``path`` (no suffix added), through the output rule
+    (:func:`~ordnmf_dask.store.outputs.write_file`: checked, whole or absent); its real path."""
+    from ordnmf_dask.store.outputs import write_file
+
+    try:
+        return write_file(
+            os.fspath(path), lambda fh: fig.savefig(fh, format="png", dpi=120), "the figure"
+        )
+    finally:
+        plt.close(fig)
+
+
 def plot_elbo(traces: Mapping[str, Sequence[float]], path: str | os.PathLike) -> str:
     """ELBO per iteration, one line per model (``{label: elbo trace}``)."""
     plt = _pyplot()
@@ -34,9 +48,7 @@ def plot_elbo(traces: Mapping[str, Sequence[float]], path: str | os.PathLike) ->
     ax.set_title("ELBO per iteration")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return os.fspath(path)
+    return _save(plt, fig, path)
 
 
 def plot_ppc(
@@ -61,9 +73,7 @@ def plot_ppc(
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return os.fspath(path)
+    return _save(plt, fig, path)
 
 
 def plot_thresholds(theta: Sequence[float], path: str | os.PathLike, title: str = "") -> str:
@@ -78,9 +88,7 @@ def plot_thresholds(theta: Sequence[float], path: str | os.PathLike, title: str 
     ax.set_ylabel("b_v = 1 / theta_v")
     ax.set_title(title or "Learned thresholds")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return os.fspath(path)
+    return _save(plt, fig, path)
 
 
 def plot_reliability(
@@ -111,6 +119,4 @@ def plot_reliability(
         ax.set_ylabel("observed", fontsize=8)
     fig.suptitle(title or "Reliability of P(y >= s | y > 0)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return os.fspath(path)
+    return _save(plt, fig, path)

@@ -12,6 +12,7 @@ figures.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import os
@@ -261,10 +262,11 @@ def reproduce(
                     pool.submit(_one_run, cl, store, *job, proto=proto, out=ddir) for job in jobs
                 ]
                 rows = [f.result() for f in futures]
-            with open(ddir / "runs.csv", "w", newline="") as fh:
-                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
+            runs = io.StringIO(newline="")
+            writer = csv.DictWriter(runs, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+            _write_text(ddir / "runs.csv", runs.getvalue())
             table, chosen = _summary_table(ds, rows)
             figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
             report += [
@@ -284,8 +286,16 @@ def reproduce(
                 "Figures: " + ", ".join(f"`{p}`" for p in figures["files"]),
             ]
     text = "\n".join(report) + "\n"
-    (out / "report.md").write_text(text)
+    _write_text(out / "report.md", text)
     return text
+
+
+def _write_text(path: Path, text: str) -> None:
+    """A file of the reproduction, through the output rule (whole or absent, no link)."""
+    from ordnmf_dask.store.outputs import write_file
+
+    data = text.encode()
+    write_file(str(path), lambda fh: fh.write(data), "the reproduction's results")
 
 
 def _figures(
@@ -315,7 +325,7 @@ def _figures(
             first["OrdNMF"].theta_, ddir / "thresholds.png", title=f"OrdNMF thresholds, {ds.name}"
         )
     )
-    (ddir / "ppc.json").write_text(json.dumps(ppc, indent=2))
+    _write_text(ddir / "ppc.json", json.dumps(ppc, indent=2))
     head = "| class | " + " | ".join(str(c) for c in range(1, len(train))) + " |"
     lines = [
         head,

@@ -40,7 +40,9 @@ def write_table(
         writer.writerows([[_text(v) for v in row] for row in rows])
     elif fmt == "json":
         records = [dict(zip(columns, (_plain(v) for v in row), strict=True)) for row in rows]
-        out.write(json.dumps(records, indent=1) + "\n")
+        for piece in json.JSONEncoder(indent=1).iterencode(records):  # streamed, as TSV is:
+            out.write(piece)  # a reader gone (`| head`) is seen as the table is written
+        out.write("\n")
     elif fmt == "parquet":
         if getattr(out, "isatty", lambda: False)():
             raise UsageError(

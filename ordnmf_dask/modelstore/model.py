@@ -16,7 +16,7 @@ import importlib.metadata
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -177,11 +177,15 @@ def save_model(
     path: str,
     attrs: dict[str, Any],
     overwrite: bool = False,
+    before_publish: Callable[[], None] | None = None,
 ) -> str:
     """Write the factor chunks (on the workers) and ``attrs`` to ``path``, atomically; an
     existing ``path`` is replaced only as :func:`model_target` allows. With a training store
     recorded in ``attrs["store"]["path"]``, its raw id maps are copied into the model and the
-    index of its users' training items (:mod:`.seen`) is written.
+    index of its users' training items (:mod:`.seen`) is written. ``before_publish`` (the
+    store's ``check_unchanged``) runs once everything is written and before the model becomes
+    visible: a store replaced meanwhile is an error, and no model mixing two stores is
+    published.
 
     At a URL the model is written in place between the marks of
     :mod:`ordnmf_dask.store.locations` (an existing model there is removed first); a failed write
@@ -219,6 +223,8 @@ def save_model(
             "complete": True,
         }
         ModelHeader.from_attrs(final, path)  # written only as its readers will accept it
+        if before_publish is not None:
+            before_publish()
         root.update_attributes(final)  # one write of zarr.json (attrs.update writes per key)
         if url:
             locations.finish(path)

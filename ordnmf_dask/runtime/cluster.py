@@ -3,6 +3,7 @@ in-process executor (:mod:`.inprocess`) for data that fit in memory."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -107,7 +108,8 @@ def resolve_client(
         os.environ.update({name: str(value) for name, value in WORKER_MALLOC.items()})
         # all three reach the worker processes
         with _sigint_ignored(), dask.config.set(WORKER_MEMORY), dask.config.set(_worker_logging()):
-            cluster = LocalCluster(
+            cluster = _start_cluster(
+                LocalCluster,
                 n_workers=n_workers,
                 threads_per_worker=threads_per_worker,
                 memory_limit="auto" if memory_limit is None else memory_limit,
@@ -128,6 +130,24 @@ def resolve_client(
                 yield own
         finally:
             sweep_abandoned()  # its workers are gone: no task of theirs can write any more
+
+
+def _start_cluster(make: Any, **kwargs: Any) -> Any:
+    """``make(**kwargs)`` (a LocalCluster). Stopped half way (a signal while its workers
+    start), the cluster it had begun is closed here, quietly, and forgotten by distributed:
+    its exit hook would otherwise close it again at the interpreter's exit and print the
+    traceback of a worker still starting."""
+    from distributed.deploy.spec import SpecCluster
+
+    before = set(SpecCluster._instances)
+    try:
+        return make(**kwargs)
+    except BaseException:
+        for begun in set(SpecCluster._instances) - before:
+            with contextlib.suppress(Exception):
+                begun.close(timeout=10)
+            SpecCluster._instances.discard(begun)
+        raise
 
 
 def runs_inprocess(

@@ -23,6 +23,7 @@ import lzma
 import os
 import posixpath
 import shutil
+import socket
 import stat
 import zipfile
 import zlib
@@ -191,7 +192,7 @@ def open_regular(path: str) -> Any:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise StoreError(
-                f"{path}: is {_file_kind(mode)}, not a regular file; refusing "
+                f"{path}: is {file_kind(mode)}, not a regular file; refusing "
                 "to read it as part of a store or model"
             )
     except BaseException:
@@ -208,7 +209,7 @@ def copy_regular(source: str, target: str) -> None:
         shutil.copyfileobj(src, dst, 1 << 22)
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """How a message names a file that is not a regular one."""
     for test, name in (
         (stat.S_ISFIFO, "a FIFO"),
@@ -252,7 +253,7 @@ def check_tree(root: str, what: str) -> None:
             rel = os.path.relpath(full, root)
             if not stat.S_ISLNK(mode):
                 raise StoreError(
-                    f"{full}: is {_file_kind(mode)} inside the {what} {root}; a "
+                    f"{full}: is {file_kind(mode)} inside the {what} {root}; a "
                     f"{what} holds regular files only"
                 )
             parts = rel.split(os.sep)
@@ -329,6 +330,7 @@ class Place:
         """Start a write: the pending marker ``doc`` (its ``kind`` says whose), then the removal
         of ``replaced`` (the previous write's keys, listed before the marker was written).
         InputError when nothing can be written there."""
+        doc = {**doc, "host": socket.gethostname(), "pid": os.getpid()}  # the writer, as a lock
         try:
             self.fs.pipe_file(f"{self.root}/{PENDING}", json.dumps(doc).encode())
         except OSError as exc:  # the first write: no bucket, no permission, ...
@@ -354,6 +356,36 @@ class Place:
 def marker(url: str) -> dict[str, Any] | None:
     """The pending marker at ``url`` if there is one of ours, else None."""
     return Place.of(url).marker()
+
+
+def check_no_writer(url: str) -> None:
+    """InputError when another process may be writing at ``url`` right now: its pending marker
+    names a live process of this host, or a process of another host (which cannot be checked
+    from here; the message names the marker to remove once it is known to be gone). Object
+    stores have no exclusive create, so this marker is their lock: checked before any work,
+    it refuses a second writer that comes once the first has begun."""
+    mark = marker(url)
+    if mark is None or mark.get("pid") is None:
+        return
+    host, pid = mark.get("host"), mark.get("pid")
+    if host == socket.gethostname() and (pid == os.getpid() or not _alive(pid)):
+        return
+    raise InputError(
+        f"{url} is being written by process {pid} on {host} (marker {join(url, PENDING)}); "
+        f"wait for it to finish, or remove {join(url, PENDING)} once that process is gone"
+    )
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or not 0 < pid < 2**31:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True
 
 
 def check_url_target(

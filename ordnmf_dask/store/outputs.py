@@ -12,9 +12,14 @@ put there is not ours to remove.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import os
-from collections.abc import Mapping
+import secrets
+import stat
+from collections.abc import Callable, Collection, Mapping
+from typing import IO, Any
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.store import locations
@@ -44,29 +49,44 @@ def check_place(
     (unless not ``itself``, left to the caller) equal to a directory of this package other
     than one of the kind ``writes``. Raises InputError naming both."""
     loc = locations.location(path)
+    shown = _shown(path, loc)
     for label, given in (inputs or {}).items():
         if given is None:
             continue
         source = locations.location(given)
         where = _relation(source, loc)
         if where is not None:
-            raise InputError(f"refusing to write {what} to {loc}: it {where} the {label} {source}")
+            raise InputError(
+                f"refusing to write {what} to {shown}: it {where} the {label} {source}"
+            )
+    if locations.is_url(loc):
+        locations.check_no_writer(loc)  # at a URL, the pending marker is the lock
     here = None if locations.is_url(loc) else loc if itself else os.path.dirname(loc)
     while here is not None:
         kind = kind_of(here)
         if kind is not None and not (here == loc and kind == writes):
             where = "it is a" if here == loc else f"it is inside {here}, a"
             raise InputError(
-                f"refusing to write {what} to {loc}: {where} {NAMES[kind]} written by ordnmf_dask"
+                f"refusing to write {what} to {shown}: {where} {NAMES[kind]} written by ordnmf_dask"
             )
         parent = os.path.dirname(here)
         here = None if parent == here else parent
     if loc.rstrip("/").rsplit("/", 1)[-1] in ZARR_METADATA:
         raise InputError(
-            f"refusing to write {what} to {loc}: a zarr metadata file's name, which would make "
-            "its directory look like a zarr group"
+            f"refusing to write {what} to {shown}: a zarr metadata file's name, which would "
+            "make its directory look like a zarr group"
         )
     return loc
+
+
+def _shown(path: str | os.PathLike, loc: str) -> str:
+    """How a refusal names the output: its real location, after the path the user typed when
+    a link leads elsewhere (``typed (a link to real)``)."""
+    typed = os.fspath(path)
+    if locations.is_url(loc) or "://" in typed:
+        return loc
+    typed = os.path.abspath(typed)
+    return loc if typed == loc else f"{typed} (a link to {loc})"
 
 
 def check_apart(outputs: Mapping[str, str | os.PathLike | None]) -> None:
@@ -84,12 +104,16 @@ def check_outputs(
     outputs: Mapping[str, str | os.PathLike | None],
     inputs: Mapping[str, str | os.PathLike | None],
     writes: Mapping[str, str | None],
+    files: Collection[str] = (),
 ) -> None:
-    """The whole rule for one command: its outputs (name -> path) apart, and each checked by
-    :func:`check_place` against ``inputs``, writing the kind ``writes[name]``."""
+    """The whole rule for one command: its outputs (name -> path) apart, and each checked
+    against ``inputs`` by :func:`check_place` (a directory of the kind ``writes[name]``) or,
+    for the names in ``files``, by :func:`check_file`."""
     check_apart(outputs)
     for name, path in outputs.items():
-        if path is not None:
+        if path is not None and name in files:
+            check_file(path, name, inputs)
+        elif path is not None:
             check_place(path, name, writes.get(name), inputs)
 
 
@@ -126,3 +150,104 @@ def check_replaceable(path: str, what: str) -> None:
             f"{more}, which ordnmf_dask did not write; move it to replace the "
             f"{what}"
         )
+
+
+# ------------------------------------------------------------------- files a command writes
+
+
+def check_file(
+    path: str | os.PathLike,
+    what: str,
+    inputs: Mapping[str, str | os.PathLike | None] | None = None,
+) -> str:
+    """The rule of :func:`check_place` for an output that is one file (a JSON results file, a
+    figure, a log), and what makes writing it fail later: its directory exists and is
+    writable, and nothing but a regular file is there. Checked before any work; its real
+    location, for :func:`write_file` or :func:`open_log`."""
+    loc = check_place(path, what, None, inputs)
+    if locations.is_url(loc):
+        return loc
+    shown = _shown(path, loc)
+    parent = os.path.dirname(loc)
+    if not os.path.isdir(parent):
+        state = "is not a directory" if os.path.lexists(parent) else "does not exist"
+        raise InputError(f"cannot write {what} to {shown}: its directory {parent} {state}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write {what} to {shown}: its directory {parent} is not writable")
+    if os.path.lexists(loc):
+        mode = os.lstat(loc).st_mode
+        if not (stat.S_ISREG(mode) or _stream(mode)):
+            raise InputError(
+                f"cannot write {what} to {shown}: it is {locations.file_kind(mode)}, not a "
+                "regular file"
+            )
+    return loc
+
+
+def _stream(mode: int) -> bool:
+    """Whether a file of this mode is a stream a file output may be written to as it is
+    (``/dev/null``, ``/dev/stdout``, a pipe): a character device or a FIFO."""
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _open_stream(loc: str, flags: int) -> int:
+    """The existing stream ``loc`` opened for writing without blocking (a FIFO nobody reads
+    is refused, never waited for)."""
+    try:
+        fd = os.open(loc, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise InputError(f"cannot write to {loc}: a FIFO that nobody reads") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or _stream(mode)):
+        os.close(fd)
+        raise InputError(
+            f"cannot write to {loc}: it is {locations.file_kind(mode)}, not a regular file"
+        )
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_file(path: str, write: Callable[[IO[bytes]], Any], what: str = "the output") -> str:
+    """Write one file whole or not at all: ``write(fh)`` fills ``PATH.tmp-<random>`` (created
+    anew, never through a link), which then replaces ``path`` (a URL is written in one put, a
+    stream such as ``/dev/stdout`` as it is).
+    Any failure or signal removes the temporary file; ``path`` is checked by
+    :func:`check_file` first. Every file output of a command goes through here (or
+    :func:`open_log`)."""
+    loc = check_file(path, what)
+    if locations.is_url(loc):
+        with locations.open_file(loc, "wb") as fh:
+            write(fh)
+        return loc
+    if os.path.exists(loc) and _stream(os.stat(loc).st_mode):  # written as it is
+        with os.fdopen(_open_stream(loc, os.O_WRONLY | os.O_NOFOLLOW), "wb") as fh:
+            write(fh)
+        return loc
+    tmp = f"{loc}.tmp-{secrets.token_hex(6)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, loc)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    return loc
+
+
+def open_log(path: str) -> IO[str]:
+    """The log file ``path`` (checked by :func:`check_file`) opened for appending text: never
+    through a link at its name, never anything but a regular file or a stream (a FIFO
+    nobody reads is refused, not waited for)."""
+    loc = locations.location(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        fd = _open_stream(loc, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):  # a link put there since the check
+            raise InputError(f"cannot write the log to {loc}: it is a symbolic link") from None
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import logging
 import math
@@ -44,6 +45,7 @@ from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
 from ordnmf_dask.store.kinds import is_model
+from ordnmf_dask.store.outputs import write_file
 from ordnmf_dask.tuning import schedule
 
 log = logging.getLogger("ordnmf_dask")
@@ -635,10 +637,8 @@ def _describe(params: Mapping[str, Any]) -> str:
 
 
 def _write_json(path: str, value: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(value, fh, indent=2, default=_plain)
-    os.replace(tmp, path)
+    text = json.dumps(value, indent=2, default=_plain).encode()
+    write_file(path, lambda fh: fh.write(text), "the tune's results")
 
 
 def _plain(value: Any) -> Any:
@@ -675,10 +675,14 @@ def _write_table(rows: list[dict[str, Any]], csv_path: str, parquet_path: str) -
     import pyarrow.parquet as pq
 
     table = [{c: r.get(c) for c in COLUMNS} for r in rows]
-    with open(f"{csv_path}.tmp", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(table)
-    os.replace(f"{csv_path}.tmp", csv_path)
-    pq.write_table(pa.Table.from_pylist(table), f"{parquet_path}.tmp")
-    os.replace(f"{parquet_path}.tmp", parquet_path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(table)
+    data = text.getvalue().encode()
+    write_file(csv_path, lambda fh: fh.write(data), "the tune's table")
+    write_file(
+        parquet_path,
+        lambda fh: pq.write_table(pa.Table.from_pylist(table), fh),
+        "the tune's table",
+    )
