@@ -178,6 +178,7 @@ def _other(p: params.Param) -> Any:
             w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.ok(w) and w != d
         ),
         "path": lambda d: "/elsewhere",
+        "ints": lambda d: (2, 4),
     }[p.kind](p.default)
 
 
@@ -199,6 +200,7 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     assert {p.name for p in params.PARAMS.values() if not p.model} == {
         "max_iter",
         "n_init",
+        "select_components",
         "cache_blocks",
         "executor",
         "work_dir",
