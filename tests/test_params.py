@@ -129,6 +129,7 @@ def test_flags_set_the_parameters_under_their_own_names():
 
 BAD = [
     ("OrdNMF", "n_components", 0),
+    ("OrdNMF", "select_components", [3, 3]),
     ("OrdNMF", "n_components", 2.5),
     ("OrdNMF", "alpha_W", -1.0),
     ("OrdNMF", "alpha_H", float("inf")),

@@ -540,14 +540,6 @@ def _auto_bool(text: str) -> bool | str:
     return CACHE_BLOCKS[text]
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    """Integers joined by commas (``5,10,20``), as a flag of kind ints takes them."""
-    try:
-        return tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"integers joined by commas, got {text!r}") from None
-
-
 def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
     """One flag per estimator parameter (but those in ``skip``): ``--`` + its name in lower case
     with ``-`` for ``_``, its name as destination, default None (not given); booleans also take
@@ -566,7 +558,7 @@ def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
         elif param.kind == "auto":
             kw.update(type=_auto_bool, metavar="auto|on|off")
         elif param.kind == "ints":
-            kw.update(type=_ints, metavar="K1,K2,...")
+            kw.update(type=_int_list, metavar="K1,K2,...")
         else:
             kw["type"] = {"int": int, "float": float, "path": str, "str": str}[param.kind]
         p.add_argument(*names, **kw)
