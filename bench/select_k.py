@@ -58,6 +58,7 @@ def with_validation(info: StoreInfo, path: str, fraction: float) -> StoreInfo:
 
 
 def run(info: StoreInfo, levels: list[int], **kw: Any) -> dict[str, Any]:
+    """One fit from seed 0 and its chosen K, seconds and test figures."""
     t0 = time.perf_counter()
     model = OrdNMF(**kw).fit(info.path)
     seconds = time.perf_counter() - t0
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=DEFAULTS["n_components"])
     ap.add_argument("--grid", type=int, nargs="+", default=[5, 10, 20, 30, 50])
     ap.add_argument("--validation-fraction", type=float, default=0.1)
+    ap.add_argument("--validation-every", type=int, default=DEFAULTS["validation_every"])
     ap.add_argument("--real", action="store_true")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
@@ -122,11 +124,18 @@ def main() -> None:
                 label = f"{u}x{i} {float(density):.0%} K*={k_true} seed {seed}"
                 pop = scored(info, np.ones((len(ru), 1)), item_counts(info)[:, None], levels)
                 line(label, "popularity", "", pop, truth, levels, None)
-                fixed = run(info, levels, n_components=args.k)
+                fixed = run(
+                    info, levels, n_components=args.k, validation_every=args.validation_every
+                )
                 line(
                     label, f"K={args.k}", fixed["k"], fixed["ndcg"], truth, levels, fixed["seconds"]
                 )
-                sel = run(info, levels, select_components=tuple(args.grid))
+                sel = run(
+                    info,
+                    levels,
+                    select_components=tuple(args.grid),
+                    validation_every=args.validation_every,
+                )
                 line(label, "selected", sel["k"], sel["ndcg"], truth, levels, sel["seconds"])
         if args.real:
             levels = [1, 6, 10]
@@ -142,9 +151,14 @@ def main() -> None:
             label = "ml-latest-small s=1/6/10"
             pop = scored(info, np.ones((info.n_users, 1)), item_counts(info)[:, None], levels)
             line(label, "popularity", "", pop, None, levels, None)
-            fixed = run(info, levels, n_components=args.k)
+            fixed = run(info, levels, n_components=args.k, validation_every=args.validation_every)
             line(label, f"K={args.k}", fixed["k"], fixed["ndcg"], None, levels, fixed["seconds"])
-            sel = run(info, levels, select_components=tuple(args.grid))
+            sel = run(
+                info,
+                levels,
+                select_components=tuple(args.grid),
+                validation_every=args.validation_every,
+            )
             line(label, "selected", sel["k"], sel["ndcg"], None, levels, sel["seconds"])
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
