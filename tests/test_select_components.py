@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ordnmf_dask import OrdNMF
+from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.ingest import ingest_arrays
 
@@ -54,3 +55,20 @@ def test_needs_a_validation_subset_and_valid_candidates(tmp_path):
             OrdNMF(select_components=bad).fit(info.path, check=True)
     with pytest.raises(InputError, match="min\\(users, items\\)"):
         OrdNMF(select_components=(2, 500)).fit(info.path, check=True)
+
+
+def test_the_flag_and_the_job_file_key_choose_k(tmp_path, capsys):
+    info = _store(str(tmp_path / "s.zarr"))
+    job = tmp_path / "job.toml"
+    job.write_text("[model]\nselect_components = [1, 3]\nmax_iter = 9\n")
+    flag = ["--select-components", "1,3", "--max-iter", "9"]
+    for i, extra in enumerate([flag, ["--config", str(job)]]):
+        out = tmp_path / f"m{i}.zarr"
+        assert main(["fit", info.path, "--out", str(out), *extra]) == 0
+        sel = OrdNMF.load(out).selection_
+        assert [c["n_components"] for c in sel["candidates"]] == [1, 3]
+        assert OrdNMF.load(out).user_factors.shape[1] == sel["chosen"]
+    with pytest.raises(SystemExit) as usage:
+        main(["fit", info.path, "--out", str(tmp_path / "x"), "--select-components", "1,a"])
+    assert usage.value.code == 2
+    assert "expected integers joined by commas" in capsys.readouterr().err
