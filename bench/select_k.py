@@ -4,7 +4,7 @@ On stores drawn from the model (``--stores``: U x I x density x K_true, ``source
 0.3, V = 10, 20% test; their training pairs re-ingested with a validation subset of
 ``--validation-fraction``, the test pairs kept as given) and on ml-latest-small (``--real``: half
 stars, min_count 20, seed 0, the same validation fraction), every store is fitted twice from
-seed 0: at the default K (``--k``) and with ``select_components`` (``--grid``), both with the
+``--seed``: at the default K (``--k``) and with ``select_components`` (``--grid``), both with the
 store's validation subset for early stopping. Printed: the chosen K, NDCG@100 of the test split
 at s = 1/5/10 (ml: 1/6/10) as a share of the generating factors' (synthetic stores) or as is
 (ml), and seconds. Scores come from ``bench/quality.py``'s scorer (``postfit.evaluate``).
@@ -58,7 +58,7 @@ def with_validation(info: StoreInfo, path: str, fraction: float) -> StoreInfo:
 
 
 def run(info: StoreInfo, levels: list[int], **kw: Any) -> dict[str, Any]:
-    """One fit from seed 0 and its chosen K, seconds and test figures."""
+    """One fit and its chosen K, seconds and test figures."""
     t0 = time.perf_counter()
     model = OrdNMF(**kw).fit(info.path)
     seconds = time.perf_counter() - t0
@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--grid", type=int, nargs="+", default=[5, 10, 20, 30, 50])
     ap.add_argument("--validation-fraction", type=float, default=0.1)
     ap.add_argument("--validation-every", type=int, default=DEFAULTS["validation_every"])
+    ap.add_argument("--seed", type=int, default=0, help="seed of every fit")
     ap.add_argument("--real", action="store_true")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
@@ -125,7 +126,11 @@ def main() -> None:
                 pop = scored(info, np.ones((len(ru), 1)), item_counts(info)[:, None], levels)
                 line(label, "popularity", "", pop, truth, levels, None)
                 fixed = run(
-                    info, levels, n_components=args.k, validation_every=args.validation_every
+                    info,
+                    levels,
+                    n_components=args.k,
+                    validation_every=args.validation_every,
+                    seed=args.seed,
                 )
                 line(
                     label, f"K={args.k}", fixed["k"], fixed["ndcg"], truth, levels, fixed["seconds"]
@@ -135,6 +140,7 @@ def main() -> None:
                     levels,
                     select_components=tuple(args.grid),
                     validation_every=args.validation_every,
+                    seed=args.seed,
                 )
                 line(label, "selected", sel["k"], sel["ndcg"], truth, levels, sel["seconds"])
         if args.real:
@@ -151,13 +157,20 @@ def main() -> None:
             label = "ml-latest-small s=1/6/10"
             pop = scored(info, np.ones((info.n_users, 1)), item_counts(info)[:, None], levels)
             line(label, "popularity", "", pop, None, levels, None)
-            fixed = run(info, levels, n_components=args.k, validation_every=args.validation_every)
+            fixed = run(
+                info,
+                levels,
+                n_components=args.k,
+                validation_every=args.validation_every,
+                seed=args.seed,
+            )
             line(label, f"K={args.k}", fixed["k"], fixed["ndcg"], None, levels, fixed["seconds"])
             sel = run(
                 info,
                 levels,
                 select_components=tuple(args.grid),
                 validation_every=args.validation_every,
+                seed=args.seed,
             )
             line(label, "selected", sel["k"], sel["ndcg"], None, levels, sel["seconds"])
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
