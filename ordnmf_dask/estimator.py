@@ -72,6 +72,10 @@ _SHARED_ATTRS_DOC = """
         included).
     model_path_ : the zarr directory holding the fitted factors.
     n_active_components_ : the components in use (the others the prior switched off).
+    selection_ : with ``select_components``, how K was chosen: ``chosen`` (the K of the
+        model), ``metric``, ``rungs`` (the search's iteration budgets) and ``candidates``, one
+        ``{"n_components", "scores"}`` per candidate, a validation score per rung it reached
+        (docs/guide/fitting.md); else None.
     runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
         converged, stop_reason, validation (the kept state's validation metric, or None), kept
         (restarts are chosen by the validation metric when the store has a validation subset,
@@ -86,6 +90,7 @@ class CaviEstimator:
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
         alpha_W: float = DEFAULTS["alpha_W"],
         alpha_H: float = DEFAULTS["alpha_H"],
         tol: float = DEFAULTS["tol"],
@@ -110,6 +115,7 @@ class CaviEstimator:
         validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
         self.n_components = n_components
+        self.select_components = select_components
         self.alpha_W = alpha_W
         self.alpha_H = alpha_H
         self.tol = tol
@@ -275,6 +281,7 @@ class CaviEstimator:
         self.n_iter_ = h.n_iter
         self.passes_ = h.passes  # 0: a model saved before passes were counted
         self.runs_ = [dict(r) for r in h.runs]
+        self.selection_ = h.record.get("selection")
         self.converged_ = h.converged
         for name, field in _FACTORS:  # a damaged model is an error now, not at first use
             model.factor_chunks(name, field)

@@ -139,6 +139,7 @@ class FitPlan:
     resume: bool
     restart: bool
     prints: list[str]
+    selection: dict[str, Any] | None = None  # how K was chosen (select_components)
 
 
 def plan_fit(
@@ -160,7 +161,18 @@ def plan_fit(
     those of :meth:`ordnmf_dask.OrdNMF.fit`."""
     cfg, values = resolve_params(model, params)
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
-    check_rank(cfg.n_components, info)
+    candidates = values["select_components"]
+    for k in candidates or [cfg.n_components]:
+        check_rank(k, info)
+    if candidates:
+        from ordnmf_dask.tuning.select import check_selection
+
+        check_selection(info, candidates)
+        if init is not None or init_model is not None or resume:
+            raise InputError(
+                "select_components chooses K by fits from random draws: no init=, "
+                "init_model= or resume= with it"
+            )
     fam = family(model, values, info)
     init_arrays = _read_init(init, info, cfg.n_components)
     source = None
@@ -234,7 +246,28 @@ def run_fit(
             info.n_classes,
         )
     with writelock.held(plan.out, values["checkpoint_dir"]):  # one writer of each, or none
+        if values["select_components"]:
+            plan = _selected(plan, client)
         return _run_fit(plan, client, callback)
+
+
+def _selected(plan: FitPlan, client: Client | None) -> FitPlan:
+    """The plan of the plain fit at the K the validation search chose among
+    ``select_components``, which records the search (attribute ``selection``)."""
+    from ordnmf_dask.tuning.select import select_rank
+
+    selection = select_rank(plan.info, plan.model, plan.values, client)
+    log.info(
+        "select_components: K = %d chosen by %s (%s)",
+        selection["chosen"],
+        selection["metric"],
+        ", ".join(f"K={c['n_components']}: {c['scores'][0]}" for c in selection["candidates"]),
+    )
+    chosen = {**plan.values, "n_components": selection["chosen"], "select_components": None}
+    at_k = plan_fit(
+        plan.info, plan.model, chosen, out=plan.out, overwrite=plan.overwrite, restart=plan.restart
+    )
+    return replace(at_k, selection=selection)
 
 
 def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback | None) -> ModelInfo:
@@ -449,6 +482,7 @@ def _model_attrs(
         "col_bounds": info.col_bounds.tolist(),
         "cache_blocks": cache,
         "runs": runs,
+        **({} if plan.selection is None else {"selection": plan.selection}),
     }
 
 

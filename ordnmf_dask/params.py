@@ -79,6 +79,16 @@ def int_ge(low: int) -> Callable[[Any], bool]:
     return lambda v: _integer(v) and v >= low
 
 
+def _ranks(value: Any) -> bool:
+    """The rule "a non-empty list of distinct integers >= 1" (candidate values of K)."""
+    return (
+        isinstance(value, list | tuple)
+        and bool(value)
+        and all(_integer(v) and v >= 1 for v in value)
+        and len(set(value)) == len(value)
+    )
+
+
 def positive(value: Any) -> bool:
     """The rule "a finite number > 0"."""
     return _number(value) and value > 0
@@ -97,6 +107,19 @@ def _rows() -> Iterator[Param]:
         "K, the number of latent factors",
         model,
         True,
+    )
+    yield Param(
+        "select_components",
+        "ints",
+        None,
+        _ranks,
+        "a non-empty list of distinct integers >= 1",
+        "choose K among these candidates by the validation metric (a successive-halving "
+        "search on the store's validation subset, then the fit at the chosen K, which replaces "
+        "n_components; docs/guide/fitting.md); None: K = n_components",
+        model,
+        False,
+        optional=True,
     )
     yield Param(
         "alpha_W",
@@ -506,6 +529,8 @@ def convert(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> Any:
     kind = table[name].kind
     if value is None or kind in ("bool", "auto", "str"):
         return value
+    if kind == "ints":
+        return tuple(int(v) for v in value)
     return {"int": int, "float": float, "path": os.fspath}[kind](value)
 
 

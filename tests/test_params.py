@@ -129,6 +129,7 @@ def test_flags_set_the_parameters_under_their_own_names():
 
 BAD = [
     ("OrdNMF", "n_components", 0),
+    ("OrdNMF", "select_components", [3, 3]),
     ("OrdNMF", "n_components", 2.5),
     ("OrdNMF", "alpha_W", -1.0),
     ("OrdNMF", "alpha_H", float("inf")),
@@ -178,6 +179,7 @@ def _other(p: params.Param) -> Any:
             w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.ok(w) and w != d
         ),
         "path": lambda d: "/elsewhere",
+        "ints": lambda d: (2, 4),
     }[p.kind](p.default)
 
 
@@ -199,6 +201,7 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     assert {p.name for p in params.PARAMS.values() if not p.model} == {
         "max_iter",
         "n_init",
+        "select_components",
         "cache_blocks",
         "executor",
         "work_dir",

@@ -46,6 +46,7 @@ _HINTS: dict[str, Any] = {
     "path": str,
     "str": str,
     "auto": bool | str,
+    "ints": list[int],
 }
 
 

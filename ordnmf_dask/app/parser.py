@@ -557,6 +557,8 @@ def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
             kw["action"] = argparse.BooleanOptionalAction
         elif param.kind == "auto":
             kw.update(type=_auto_bool, metavar="auto|on|off")
+        elif param.kind == "ints":
+            kw.update(type=_int_list, metavar="K1,K2,...")
         else:
             kw["type"] = {"int": int, "float": float, "path": str, "str": str}[param.kind]
         p.add_argument(*names, **kw)

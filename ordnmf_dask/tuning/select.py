@@ -1,0 +1,85 @@
+"""K chosen by validation: tune's successive-halving search over the candidate values of
+``n_components`` on the store's validation subset (never the ELBO), whose choice the fit then
+makes as a plain fit at that K (:func:`ordnmf_dask.fitting.run_fit`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.runtime.cluster import choose_client
+from ordnmf_dask.store.blocks import VALIDATION, StoreInfo
+from ordnmf_dask.tuning.search import MANAGED, tune
+
+#: what the search leaves to the fit it chooses for (not parameters of its trials)
+_NOT_FIXED = ("n_components", "select_components", "max_iter", "n_init")
+
+
+def check_selection(info: StoreInfo, candidates: Sequence[int]) -> None:
+    """InputError when ``info`` has no validation subset to score the candidates on."""
+    if VALIDATION not in info.splits:
+        raise InputError(
+            f"select_components {list(candidates)}: {info.path} has no validation subset to "
+            "choose K on: ingest it with validation_fraction (--validation-fraction), e.g. 0.1"
+        )
+
+
+def select_rank(
+    info: StoreInfo,
+    model: str,
+    values: Mapping[str, Any],
+    client: Any = None,
+) -> dict[str, Any]:
+    """The K among ``values["select_components"]`` that tune's successive halving (eta 3,
+    rungs up to ``max_iter``) ranks best by the fit's validation metric, with every
+    candidate's scores: ``{"chosen": K, "metric": ..., "candidates": [{"n_components",
+    "scores"}, ...]}``, ``scores`` one per rung the candidate reached (None: its fit failed
+    numerically); the chosen K is the best at the last rung. The
+    search's models and checkpoints live in a temporary directory inside ``work_dir``,
+    removed after it."""
+    candidates = list(values["select_components"])
+    check_selection(info, candidates)
+    fixed = {
+        k: v
+        for k, v in values.items()
+        if k not in _NOT_FIXED and (k not in MANAGED or k in ("work_dir", "executor"))
+    }
+    fixed.pop("executor")
+    work = fixed.pop("work_dir")
+    n_jobs = max(1, min(len(candidates), os.cpu_count() or 1))
+    parent = tempfile.mkdtemp(prefix="ordnmf-select-", dir=work)
+    try:
+        with choose_client(
+            client, info, max(candidates) * n_jobs, values["executor"], jobs=n_jobs
+        ) as cl:
+            res = tune(
+                info,
+                {"n_components": candidates},
+                cl,
+                out=os.path.join(parent, "search"),
+                model=model,
+                params=fixed,
+                max_iter=values["max_iter"],
+                validation_metric=values["validation_metric"],
+                validation_k=values["validation_k"],
+                validation_s=values["validation_s"],
+                n_jobs=n_jobs,
+            )
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+    scores: dict[int, list[float | None]] = {k: [] for k in candidates}
+    for row in res.rows:  # in rung order
+        failed = row["status"] == "failed"
+        scores[row["n_components"]].append(None if failed else float(row["value"]))
+    return {
+        "chosen": int(res.best["n_components"]),
+        "metric": res.metric,
+        "rungs": [
+            int(r["max_iter"]) for r in res.rows if r["n_components"] == res.best["n_components"]
+        ],
+        "candidates": [{"n_components": k, "scores": scores[k]} for k in candidates],
+    }
