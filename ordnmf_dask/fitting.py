@@ -34,6 +34,7 @@ from ordnmf_dask.engine.cavi import (
     IterationInfo,
     Validation,
 )
+from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.engine.substart import subsample_start
 from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
@@ -348,7 +349,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 )
             log.info(
                 "fit: %s after %d iterations, ELBO %.10e, in %.1f s; model in %s",
-                "converged" if state.converged else "stopped at max_iter",
+                stop_words(state.stop_reason, state.converged),
                 state.n_iter,
                 state.elbo[-1],
                 time.perf_counter() - started,

@@ -4,6 +4,8 @@ rule and the state it keeps, restarts chosen by validation."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import zarr
@@ -11,6 +13,7 @@ import zarr
 from ordnmf_dask import BePoF, OrdNMF
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.engine.cavi import early_stopping
+from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.evaluate import SavedChunk, evaluate, score_split
@@ -149,20 +152,24 @@ def test_bad_validation_fraction_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_early_stopping_keeps_the_best_state(vstore):
+def test_early_stopping_keeps_the_best_state(vstore, caplog):
     """In-process (bitwise the cluster's fit, tests/test_inprocess.py; the cluster's scoring of
-    held-out subsets is the last test of this file)."""
-    est = OrdNMF(
-        K,
-        tol=1e-12,
-        max_iter=60,
-        validation_every=2,
-        validation_patience=2,
-        validation_s=3,
-        checkpoint_every=3,
-        executor="inprocess",
-    ).fit(vstore)
+    held-out subsets is the last test of this file); the fit's last line says why it stopped."""
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        est = OrdNMF(
+            K,
+            tol=1e-12,
+            max_iter=60,
+            validation_every=2,
+            validation_patience=2,
+            validation_s=3,
+            checkpoint_every=3,
+            executor="inprocess",
+        ).fit(vstore)
     attrs = open_model(est.model_path_).attrs
+    [end] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fit: ")][-1:]
+    assert end.startswith(f"fit: {stop_words(attrs['stop_reason'], est.converged_)} after")
+    assert ("stopped early on validation" in end) == (attrs["stop_reason"] == "patience")
     history = attrs["validation"]["history"]
     assert [v["iteration"] for v in history] == list(range(2, est.n_iter_ + 1, 2))
     metric = [v["metric"] for v in history]

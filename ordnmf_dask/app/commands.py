@@ -14,6 +14,7 @@ from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import SEARCH_FLAGS
+from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.params import MODELS
 
@@ -248,7 +249,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     with _client(cfg.cluster) as client:
         model = run_job(plan, client)
     h = model.header
-    status = "converged" if h.converged else "stopped at max_iter"
+    status = stop_words(h.record.get("stop_reason"), h.converged)
     print(f"{status}: {h.n_iter} iterations, ELBO {h.elbo[-1]:.10e}, model {model.path}")
     return EXIT_OK
 
