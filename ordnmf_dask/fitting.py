@@ -201,8 +201,8 @@ def plan_fit(
     ckpt = values["checkpoint_dir"]
     if ckpt:
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
-    if values["work_dir"]:
-        check_place(values["work_dir"], "work_dir", None, {"training store": info.path})
+    if values["work_dir"]:  # new temporary directories go in it: it may hold the store
+        check_place(values["work_dir"], "work_dir")  # not inside a store or model
     prints = [  # one per restart: its trajectory depends on its seed
         checkpoint.fingerprint(
             info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)
