@@ -191,7 +191,7 @@ def open_regular(path: str) -> Any:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise StoreError(
-                f"{path}: is {_file_kind(mode)}, not a regular file; refusing "
+                f"{path}: is {file_kind(mode)}, not a regular file; refusing "
                 "to read it as part of a store or model"
             )
     except BaseException:
@@ -208,7 +208,7 @@ def copy_regular(source: str, target: str) -> None:
         shutil.copyfileobj(src, dst, 1 << 22)
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """How a message names a file that is not a regular one."""
     for test, name in (
         (stat.S_ISFIFO, "a FIFO"),
@@ -252,7 +252,7 @@ def check_tree(root: str, what: str) -> None:
             rel = os.path.relpath(full, root)
             if not stat.S_ISLNK(mode):
                 raise StoreError(
-                    f"{full}: is {_file_kind(mode)} inside the {what} {root}; a "
+                    f"{full}: is {file_kind(mode)} inside the {what} {root}; a "
                     f"{what} holds regular files only"
                 )
             parts = rel.split(os.sep)

@@ -1,0 +1,110 @@
+"""The rule of every input (docs/design.md, "Safety rules", "Inputs"): every file a command
+reads besides a store or model goes through one opener (``sources/infile.py``), which refuses
+at once, naming the path, anything but a regular file (a FIFO, a device, a socket, also behind
+a link), and bounds the size of the small files (job files) before parsing; what is read is
+checked before any allocation, ids stay text, and an error names the file and line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.infile import open_input_file, read_input_bytes
+
+
+def run_cli(args: list[str]) -> tuple[int, list[str]]:
+    """main(args) in this process: its exit code and the lines of its stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([*args, "-q"])
+    return code, err.getvalue().splitlines()
+
+
+def one_line_error(args: list[str], *expected: str) -> str:
+    code, err = run_cli(args)
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    for text in expected:
+        assert text in err[0], err
+    return err[0]
+
+
+@pytest.fixture
+def fifo(tmp_path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def test_the_opener_refuses_fifos_devices_sockets_and_links_to_them(tmp_path, fifo):
+    sock_path = tmp_path / "sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    try:
+        for path, kind in [
+            (fifo, "a FIFO"),
+            (link, "a FIFO"),
+            ("/dev/zero", "a character device"),
+            (sock_path, "a socket"),
+        ]:
+            with pytest.raises(InputError, match=f"{path}: is {kind}, not a regular file"):
+                open_input_file(str(path), "pairs file")
+    finally:
+        sock.close()
+    with pytest.raises(InputError, match="is a directory, not a file"):
+        open_input_file(str(tmp_path))
+    with pytest.raises(InputError, match="no such file"):
+        open_input_file(str(tmp_path / "absent"))
+    regular = tmp_path / "r.txt"
+    regular.write_bytes(b"x" * 11)
+    (tmp_path / "to-regular").symlink_to(regular)  # a link to a regular file is followed
+    assert read_input_bytes(str(tmp_path / "to-regular"), "job file", limit=11) == b"x" * 11
+    with pytest.raises(InputError, match="11 bytes, more than the 10 a job file may hold"):
+        read_input_bytes(str(regular), "job file", limit=10)
+
+
+@pytest.mark.parametrize("source", ["fifo", "/dev/zero"])
+def test_special_files_as_inputs_are_refused_at_once(tmp_path, fifo, source):
+    path = str(fifo) if source == "fifo" else source
+    one_line_error(["ingest", path, "--out", str(tmp_path / "s")], path, "not a regular file")
+    assert not (tmp_path / "s").exists()
+    one_line_error(
+        ["fit", path, "--out", str(tmp_path / "m"), "--config", path], path, "not a regular file"
+    )
+
+
+@pytest.mark.parametrize("nest", ["[", "{a="])
+def test_a_job_file_nested_100000_deep_is_one_line(tmp_path, nest):
+    close = "]" if nest == "[" else "}"
+    job = tmp_path / "job.toml"
+    job.write_text("x = " + nest * 100_000 + close * 100_000 + "\n")
+    one_line_error(
+        ["fit", str(tmp_path / "r.csv"), "--out", str(tmp_path / "m"), "--config", str(job)],
+        f"{job}: not a valid TOML file (arrays or tables nested too deeply)",
+    )
+
+
+def test_a_lock_naming_an_impossible_pid_is_stale(tmp_path):
+    from ordnmf_dask.store import writelock
+
+    out = tmp_path / "m.zarr"
+    lock = tmp_path / "m.zarr.lock"
+    for pid in (2**70, 2**31):
+        lock.write_text(
+            json.dumps({"kind": writelock.LOCK_KIND, "host": socket.gethostname(), "pid": pid})
+        )
+        with writelock.held(out):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    lock.write_text("[" * 100_000)  # not ours, not readable: refused, not a RecursionError
+    with pytest.raises(InputError, match="being written by another process"):
+        with writelock.held(out):
+            pass
