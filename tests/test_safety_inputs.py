@@ -108,3 +108,39 @@ def test_a_lock_naming_an_impossible_pid_is_stale(tmp_path):
     with pytest.raises(InputError, match="being written by another process"):
         with writelock.held(out):
             pass
+
+
+@pytest.fixture(scope="module")
+def id_model(tmp_path_factory) -> Path:
+    """A K = 2 model of users ``007``, ``7``, ``x``, ``y``, ``z`` (text ids, two of them
+    differing only by leading zeros)."""
+    where = tmp_path_factory.mktemp("ids")
+    rows = [
+        f"{u},i{i},{1 + (i + j) % 3}"
+        for j, u in enumerate(["007", "7", "x", "y", "z"])
+        for i in range(6)
+    ]
+    (where / "r.csv").write_text("\n".join(rows) + "\n")
+    for args in (
+        ["ingest", str(where / "r.csv"), "--out", str(where / "s"), "--test-fraction", "0"],
+        ["fit", str(where / "s"), "-k", "2", "--max-iter", "2", "--executor", "inprocess"],
+    ):
+        assert run_cli([*args, *(["--out", str(where / "m")] if args[0] == "fit" else [])])[0] == 0
+    return where / "m"
+
+
+def test_pairs_file_ids_stay_text_as_on_the_command_line(id_model, tmp_path, capsys):
+    pairs = tmp_path / "p.csv"
+    pairs.write_text("user,item\n007,i1\n7,i1\n")
+    assert main(["score", str(id_model), "--pairs", str(pairs)]) == 0
+    from_file = capsys.readouterr().out
+    assert main(["score", str(id_model), "--users", "007,7", "--items", "i1,i1"]) == 0
+    assert from_file == capsys.readouterr().out
+    assert [line.split("\t")[0] for line in from_file.splitlines()] == ["user", "007", "7"]
+
+
+def test_a_missing_id_in_a_pairs_file_names_file_and_line(id_model, tmp_path, fifo):
+    pairs = tmp_path / "p.csv"
+    pairs.write_text("user,item\n007,i1\n,i2\n")
+    one_line_error(["score", str(id_model), "--pairs", str(pairs)], f"{pairs}, line 3: no id")
+    one_line_error(["score", str(id_model), "--pairs", str(fifo)], str(fifo), "a FIFO")

@@ -432,38 +432,52 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
 
 def _read_pairs(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
     """The (user, item) pairs of ``--pairs FILE``: CSV / TSV text (a header line unless
-    --no-header) or Parquet, columns by position or name."""
+    --no-header) or Parquet, columns by position or name, read by the one opener of inputs;
+    text ids stay text (``007`` is not ``7``: the strict-id rule of the model's id maps decides),
+    and a missing id is an error naming the file and line (Parquet: row)."""
     import pyarrow as pa
 
     from ordnmf_dask.errors import InputError
+    from ordnmf_dask.sources.infile import open_input_file
     from ordnmf_dask.sources.inputs import is_parquet
 
     if len(args.columns) != 2:
         raise UsageError(f"--columns takes user,item, got {args.columns}")
     path = args.pairs
+    header = args.header is not False
     try:
         if is_parquet(path):
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path)
+            with open_input_file(path, "pairs file") as fh:
+                table = pq.ParquetFile(fh).read()
         else:
             from pyarrow import csv as pacsv
 
             delimiter = args.delimiter or ("\t" if path.endswith((".tsv", ".tab")) else ",")
-            table = pacsv.read_csv(
-                path,
-                read_options=pacsv.ReadOptions(autogenerate_column_names=args.header is False),
-                parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            )
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"{path}: cannot read the pairs ({exc})") from None
+            read = pacsv.ReadOptions(autogenerate_column_names=not header)
+            parse = pacsv.ParseOptions(delimiter=delimiter)
+            with open_input_file(path, "pairs file") as fh:
+                names = pacsv.open_csv(fh, read_options=read, parse_options=parse).schema.names
+            text = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))
+            with open_input_file(path, "pairs file") as fh:
+                table = pacsv.read_csv(
+                    fh, read_options=read, parse_options=parse, convert_options=text
+                )
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: cannot read the pairs ({' '.join(str(exc).split())})") from None
     names = table.column_names
     picked = []
     for column in args.columns:
         name = names[column] if isinstance(column, int) and column < len(names) else column
         if name not in names:
             raise InputError(f"{path}: no column {column!r} (columns: {', '.join(names)})")
-        picked.append(_ids(table.column(name).cast(pa.string())))
+        ids = _ids(table.column(name).cast(pa.string()))
+        for row, value in enumerate(ids):
+            if value is None or value == "":
+                where = f"row {row}" if is_parquet(path) else f"line {row + 1 + header}"
+                raise InputError(f"{path}, {where}: no id in column {name!r}")
+        picked.append(ids)
     return picked[0], picked[1]
 
 
