@@ -144,3 +144,28 @@ def test_a_missing_id_in_a_pairs_file_names_file_and_line(id_model, tmp_path, fi
     pairs.write_text("user,item\n007,i1\n,i2\n")
     one_line_error(["score", str(id_model), "--pairs", str(pairs)], f"{pairs}, line 3: no id")
     one_line_error(["score", str(id_model), "--pairs", str(fifo)], str(fifo), "a FIFO")
+
+
+def test_an_npz_header_claiming_10_12_rows_is_refused_before_any_allocation(
+    id_model, tmp_path, fifo
+):
+    import zipfile
+
+    import numpy as np
+
+    store = id_model.parent / "s"
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w") as zf:
+        for name in ("W", "H"):
+            head = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                head, {"descr": "<f8", "fortran_order": False, "shape": (10**12, 2)}
+            )
+            zf.writestr(f"{name}.npy", head.getvalue() + b"\0" * 64)
+    args = ["fit", str(store), "-k", "2", "--max-iter", "1", "--executor", "inprocess"]
+    one_line_error(
+        [*args, "--out", str(tmp_path / "m"), "--init", str(bomb)],
+        f"{bomb}: array W has shape (1000000000000, 2), expected",
+    )
+    one_line_error([*args, "--out", str(tmp_path / "m"), "--init", str(fifo)], "a FIFO")
+    assert not (tmp_path / "m").exists()

@@ -18,8 +18,10 @@ import os
 import stat
 from typing import Any
 
+import numpy as np
+
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.store.locations import file_kind
+from ordnmf_dask.store.locations import READ_ERRORS, file_kind
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -101,3 +103,46 @@ def read_input_bytes(path: str, what: str, limit: int = SMALL_FILE) -> bytes:
     if len(data) > limit:
         raise _too_big(path, what, len(data), limit)
     return data
+
+
+def read_npz(
+    path: str, shapes: dict[str, tuple[int, ...]], what: str = "warm-start file"
+) -> dict[str, np.ndarray]:
+    """The arrays ``shapes`` names of the ``.npz`` file ``path`` (:func:`open_input_file`),
+    each header read and checked first: a numeric dtype and exactly the expected shape, so a
+    header claiming 10^12 rows is refused naming the file before anything is allocated. An
+    array absent from the file is absent from the result."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    out = {}
+    with open_input_file(path, what) as fh:
+        if fh.read(len(npy.MAGIC_PREFIX)) == npy.MAGIC_PREFIX:  # one .npy array: holds none
+            return out
+        fh.seek(0)
+        try:
+            with zipfile.ZipFile(fh) as zf:
+                members = set(zf.namelist())
+                for name, shape in shapes.items():
+                    if f"{name}.npy" not in members:
+                        continue
+                    with zf.open(f"{name}.npy") as f:
+                        version = npy.read_magic(f)
+                        header = (
+                            npy.read_array_header_1_0
+                            if version == (1, 0)
+                            else npy.read_array_header_2_0
+                        )
+                        found, _, dtype = header(f)
+                        if dtype.kind not in "fiu" or dtype.hasobject:
+                            raise InputError(f"{path}: array {name} has dtype {dtype}, not numbers")
+                        if tuple(found) != shape:
+                            raise InputError(
+                                f"{path}: array {name} has shape {tuple(found)}, expected {shape}"
+                            )
+                        f.seek(0)
+                        out[name] = npy.read_array(f, allow_pickle=False)
+        except READ_ERRORS as exc:
+            raise InputError(f"{path}: not a readable .npz file ({exc})") from None
+    return out
