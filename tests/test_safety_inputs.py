@@ -169,3 +169,17 @@ def test_an_npz_header_claiming_10_12_rows_is_refused_before_any_allocation(
     )
     one_line_error([*args, "--out", str(tmp_path / "m"), "--init", str(fifo)], "a FIFO")
     assert not (tmp_path / "m").exists()
+
+
+def test_two_dimensional_id_arrays_are_named(id_model):
+    import numpy as np
+
+    from ordnmf_dask import OrdNMF
+
+    model = OrdNMF.load(id_model)
+    users, items = np.array([["007", "7"]]), np.array([["i1", "i2"]])
+    with pytest.raises(ValueError, match=r"user_ids must be one-dimensional, got shape \(1, 2\)"):
+        model.predict_proba(users, items)
+    with pytest.raises(ValueError, match=r"item_ids must be one-dimensional"):
+        model.predict_proba(["007"], [["i1"]])
+    assert model.predict_proba(["007", "7"], ["i1", "i1"]).shape[0] == 2
