@@ -183,3 +183,16 @@ def test_two_dimensional_id_arrays_are_named(id_model):
     with pytest.raises(ValueError, match=r"item_ids must be one-dimensional"):
         model.predict_proba(["007"], [["i1"]])
     assert model.predict_proba(["007", "7"], ["i1", "i1"]).shape[0] == 2
+
+
+def test_fold_in_file_errors_name_the_file_line_and_raw_ids(id_model, tmp_path, fifo):
+    unknown = tmp_path / "f1.csv"
+    unknown.write_text("new1,i1,2\nnew1,i2,3\nnew2,i9,1\n")
+    one_line_error(["fold-in", str(id_model), str(unknown)], f"{unknown}, line 3:", "'i9'")
+    twice = tmp_path / "f2.csv"
+    twice.write_text("new1,i1,2\nnew2,i2,3\nnew1,i1,1\n")
+    one_line_error(
+        ["fold-in", str(id_model), str(twice)],
+        f"{twice}, line 3: user 'new1' rates item 'i1' twice",
+    )
+    one_line_error(["fold-in", str(id_model), str(fifo)], str(fifo), "a FIFO")

@@ -14,7 +14,7 @@ from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import SEARCH_FLAGS
-from ordnmf_dask.errors import UsageError
+from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.params import MODELS
 
 log = logging.getLogger("ordnmf_dask")
@@ -408,14 +408,19 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     rows = read_triples(
         args.ratings, delimiter=args.delimiter, header=args.header, columns=tuple(args.columns)
     )
+    server = serving.server(args.model)
     users: dict[Any, tuple[list[Any], list[float]]] = {}
-    for user, item, value in zip(
-        _ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True
+    seen: set[tuple[Any, Any]] = set()
+    for k, (user, item, value) in enumerate(
+        zip(_ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True)
     ):
+        if (user, item) in seen:
+            raise InputError(f"{rows.origin.where(k)}: user {user!r} rates item {item!r} twice")
+        seen.add((user, item))
         items, values = users.setdefault(user, ([], []))
         items.append(item)
         values.append(value)
-    server = serving.server(args.model)
+    _check_known_items(server, rows, _ids(rows.items))
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
     if args.factors:
@@ -428,6 +433,20 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     named = dict(zip(users, (recs[j] for j in range(len(users))), strict=True))
     write_table(["user", "rank", "item", "score"], ranked_rows(named), args.format)
     return EXIT_OK
+
+
+def _check_known_items(server: Any, rows: Any, items: list[Any]) -> None:
+    """InputError naming the file, line and ids of the first row of a fold-in ratings file
+    whose item the model does not know."""
+    try:
+        server.items.index(items)
+    except InputError:
+        for k, item in enumerate(items):
+            try:
+                server.items.index([item])
+            except InputError as exc:
+                raise InputError(f"{rows.origin.where(k)}: {exc}") from None
+        raise
 
 
 def _read_pairs(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
