@@ -196,3 +196,72 @@ def test_fold_in_file_errors_name_the_file_line_and_raw_ids(id_model, tmp_path, 
         f"{twice}, line 3: user 'new1' rates item 'i1' twice",
     )
     one_line_error(["fold-in", str(id_model), str(fifo)], str(fifo), "a FIFO")
+
+
+def _substitute(kind: str, where: Path, fifo: Path) -> Path:
+    """A hostile file of ``kind`` at a new path under ``where``."""
+    path = where / f"{kind}-{len(list(where.iterdir()))}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "link-to-fifo":
+        path.symlink_to(fifo)
+    elif kind == "deep":
+        path.write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    else:  # a directory
+        path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def hostile_dir(tmp_path_factory) -> tuple[Path, Path]:
+    where = tmp_path_factory.mktemp("hostile")
+    fifo = where / "the-fifo"
+    os.mkfifo(fifo)
+    return where, fifo
+
+
+def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_model, hostile_dir):
+    import signal
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    model, store = str(id_model), str(id_model.parent / "s")
+    options = {
+        "ingest": lambda p, out: ["ingest", p, "--out", out],
+        "fit --config": lambda p, out: ["fit", store, "-k", "2", "--config", p, "--out", out],
+        "fit --init": lambda p, out: ["fit", store, "-k", "2", "--init", p, "--out", out],
+        "score --pairs": lambda p, out: ["score", model, "--pairs", p],
+        "fold-in": lambda p, out: ["fold-in", model, p],
+        "predict --pairs": lambda p, out: ["predict", store, model, "--pairs", p, "--out", out],
+    }
+    where, fifo = hostile_dir
+
+    def timeout(*_: object) -> None:
+        raise TimeoutError("an input was waited on")
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        st.sampled_from(sorted(options)),
+        st.sampled_from(["fifo", "device", "link-to-fifo", "deep", "directory"]),
+    )
+    def check(option: str, kind: str) -> None:
+        path = _substitute(kind, where, fifo)
+        out = where / f"out-{path.name}"
+        before = sorted(os.listdir(where))
+        previous = signal.signal(signal.SIGALRM, timeout)
+        signal.alarm(30)
+        start = time.monotonic()
+        try:
+            code, err = run_cli(options[option](str(path), str(out)))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        assert time.monotonic() - start < 30
+        assert code == 2 and len(err) == 1 and "Traceback" not in err[0], (option, kind, err)
+        assert sorted(os.listdir(where)) == before and not out.exists(), (option, kind)
+
+    check()
