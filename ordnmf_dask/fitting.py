@@ -52,10 +52,10 @@ from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
 from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory, fit_tables
 from ordnmf_dask.runtime.progress import SUMMARY_EVERY, IterationProgress, summary
+from ordnmf_dask.sources.infile import read_npz
 from ordnmf_dask.store import locations, writelock
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.kinds import CHECKPOINT_DIRECTORY
-from ordnmf_dask.store.locations import READ_ERRORS
 from ordnmf_dask.store.outputs import check_apart, check_place
 
 if TYPE_CHECKING:  # distributed is imported where it is used
@@ -627,16 +627,7 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
     if isinstance(init, str | os.PathLike):
         source = os.fspath(init)
         path = Path(init)
-        if not path.is_file():
-            raise InputError(f"{path}: initialization file not found")
-        arrays: dict[str, np.ndarray] = {}  # a single .npy array holds neither
-        try:
-            loaded = np.load(path, allow_pickle=False)
-            if isinstance(loaded, np.lib.npyio.NpzFile):
-                with loaded:
-                    arrays = {n: loaded[n] for n in ("W", "H") if n in loaded.files}
-        except READ_ERRORS as exc:  # truncated or damaged, or no .npz at all
-            raise InputError(f"{path}: not a readable .npz file ({exc})") from None
+        arrays = read_npz(source, {"W": (info.n_users, k), "H": (info.n_items, k)})
         missing = sorted({"W", "H"} - set(arrays))
         if missing:
             raise InputError(f"{path}: missing array(s) {missing} (need W and H)")

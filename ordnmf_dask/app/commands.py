@@ -417,16 +417,21 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     rows = read_triples(
         args.ratings, delimiter=args.delimiter, header=args.header, columns=tuple(args.columns)
     )
+    server = serving.server(args.model)
     users: dict[Any, tuple[list[Any], list[float]]] = {}
-    for user, item, value in zip(
-        _ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True
+    seen: set[tuple[Any, Any]] = set()
+    for k, (user, item, value) in enumerate(
+        zip(_ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True)
     ):
+        if (user, item) in seen:
+            raise InputError(f"{rows.origin.where(k)}: user {user!r} rates item {item!r} twice")
+        seen.add((user, item))
         items, values = users.setdefault(user, ([], []))
         items.append(item)
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
-    server = serving.server(args.model)
+    _check_known_items(server, rows, _ids(rows.items))
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
     if args.factors:
@@ -441,40 +446,68 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_known_items(server: Any, rows: Any, items: list[Any]) -> None:
+    """InputError naming the file, line and ids of the first row of a fold-in ratings file
+    whose item the model does not know."""
+    try:
+        server.items.index(items)
+    except InputError:
+        for k, item in enumerate(items):
+            try:
+                server.items.index([item])
+            except InputError as exc:
+                raise InputError(f"{rows.origin.where(k)}: {exc}") from None
+        raise
+
+
 def _read_pairs(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
     """The (user, item) pairs of ``--pairs FILE``: CSV / TSV text (a header line unless
-    --no-header) or Parquet, columns by position or name."""
+    --no-header) or Parquet, columns by position or name, read by the one opener of inputs;
+    text ids stay text (``007`` is not ``7``: the strict-id rule of the model's id maps decides),
+    and a missing id is an error naming the file and line (Parquet: row)."""
     import pyarrow as pa
 
     from ordnmf_dask.errors import InputError
+    from ordnmf_dask.sources.infile import open_input_file
     from ordnmf_dask.sources.inputs import is_parquet
 
     if len(args.columns) != 2:
         raise UsageError(f"--columns takes user,item, got {args.columns}")
     path = args.pairs
+    header = args.header is not False
     try:
         if is_parquet(path):
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path)
+            with open_input_file(path, "pairs file") as fh:
+                table = pq.ParquetFile(fh).read()
         else:
             from pyarrow import csv as pacsv
 
             delimiter = args.delimiter or ("\t" if path.endswith((".tsv", ".tab")) else ",")
-            table = pacsv.read_csv(
-                path,
-                read_options=pacsv.ReadOptions(autogenerate_column_names=args.header is False),
-                parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            )
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"{path}: cannot read the pairs ({exc})") from None
+            read = pacsv.ReadOptions(autogenerate_column_names=not header)
+            parse = pacsv.ParseOptions(delimiter=delimiter)
+            with open_input_file(path, "pairs file") as fh:
+                names = pacsv.open_csv(fh, read_options=read, parse_options=parse).schema.names
+            text = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))
+            with open_input_file(path, "pairs file") as fh:
+                table = pacsv.read_csv(
+                    fh, read_options=read, parse_options=parse, convert_options=text
+                )
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: cannot read the pairs ({' '.join(str(exc).split())})") from None
     names = table.column_names
     picked = []
     for column in args.columns:
         name = names[column] if isinstance(column, int) and column < len(names) else column
         if name not in names:
             raise InputError(f"{path}: no column {column!r} (columns: {', '.join(names)})")
-        picked.append(_ids(table.column(name).cast(pa.string())))
+        ids = _ids(table.column(name).cast(pa.string()))
+        for row, value in enumerate(ids):
+            if value is None or value == "":
+                where = f"row {row}" if is_parquet(path) else f"line {row + 1 + header}"
+                raise InputError(f"{path}, {where}: no id in column {name!r}")
+        picked.append(ids)
     return picked[0], picked[1]
 
 

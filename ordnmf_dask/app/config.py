@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ordnmf_dask import params
-from ordnmf_dask.errors import ConfigError
+from ordnmf_dask.errors import ConfigError, InputError
+from ordnmf_dask.sources.infile import read_input_bytes
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 CLUSTER_MODES = ("local", "scheduler", "scheduler_file")
@@ -176,18 +177,27 @@ def flag_keys() -> dict[str, str]:
 
 
 def read_toml(path: str) -> dict[str, Any]:
-    """The raw tables of a TOML file; ConfigError naming the file if unreadable or invalid."""
+    """The raw tables of a TOML file (read by the one opener of inputs, at most
+    :data:`~ordnmf_dask.sources.infile.SMALL_FILE` bytes); ConfigError naming the file if
+    unreadable or invalid, or nested deeper than the parser's recursion allows."""
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        data = read_input_bytes(path, "job file")
+    except InputError as exc:
+        if str(exc) == f"{path}: no such file":
+            raise ConfigError(f"{path}: config file not found") from None
+        raise ConfigError(str(exc)) from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path}: not a valid TOML file (not UTF-8: byte {exc.start} is "
             f"0x{exc.object[exc.start]:02x})"
         ) from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: not a valid TOML file (arrays or tables nested too deeply)"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not a valid TOML file ({exc})") from None
 
 

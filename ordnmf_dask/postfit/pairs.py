@@ -32,6 +32,7 @@ from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.export import Plan, open_target, part_name, write_export
 from ordnmf_dask.postfit.serving import server
 from ordnmf_dask.postfit.topn import open_pair
+from ordnmf_dask.sources.infile import open_input_file
 from ordnmf_dask.sources.inputs import expand_inputs
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ CHUNK_BUDGET = 256 << 20  # bytes of factor chunks a task keeps
 
 
 def _open_parquet(path: str) -> pq.ParquetFile:
-    fs, root = fsspec.core.url_to_fs(path)
-    return pq.ParquetFile(fs.open(root, "rb"))
+    """The pairs file ``path`` opened by the one opener of inputs (a regular file only)."""
+    return pq.ParquetFile(open_input_file(path, "pairs file"))
 
 
 def input_groups(paths: Sequence[str]) -> list[tuple[str, int, int]]:

@@ -75,6 +75,9 @@ class Predictor:
         if any(isinstance(x, str | bytes | int | np.integer) for x in (users, items)):
             raise InputError("give the pairs' users and items as sequences of raw ids")
         users, items = (x if isinstance(x, np.ndarray) else list(x) for x in (users, items))
+        for name, ids in (("user_ids", users), ("item_ids", items)):
+            if np.ndim(ids) != 1 and not (isinstance(ids, list) and not ids):
+                raise InputError(f"{name} must be one-dimensional, got shape {np.shape(ids)}")
         if len(users) != len(items):
             raise InputError(f"need as many users as items, got {len(users)} and {len(items)}")
         return self.srv.users.index(users), self.srv.items.index(items)

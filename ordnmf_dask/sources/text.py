@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.infile import open_input_file
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.store.locations import READ_ERRORS
 
@@ -151,17 +152,44 @@ def check_columns(columns: Sequence[Column]) -> tuple[Column, Column, Column]:
 
 
 def open_input(path: str, compression: str | None = "infer") -> Any:
-    """An fsspec file object for reading ``path`` (decompressed by suffix); errors name it."""
-    import fsspec
+    """``path`` opened for reading by the one opener of inputs
+    (:func:`~ordnmf_dask.sources.infile.open_input_file`: a regular file only), decompressed by
+    its suffix unless ``compression`` is None; errors name it."""
+    from fsspec.compression import compr
+    from fsspec.utils import infer_compression
 
+    raw = open_input_file(path)
+    codec = infer_compression(path) if compression == "infer" else compression
+    if codec is None:
+        return raw
     try:
-        return fsspec.open(path, "rb", compression=compression).open()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a file") from None
+        return _Decompressed(compr[codec](raw, mode="rb"), raw)
     except READ_ERRORS as exc:
+        raw.close()
         raise InputError(f"{path}: cannot read ({exc})") from None
+
+
+class _Decompressed:
+    """A decompressing reader that also closes the file it reads (the decompressors of
+    fsspec leave the file they were given open)."""
+
+    def __init__(self, outer: Any, raw: Any) -> None:
+        self._outer, self._raw = outer, raw
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._outer, name)
+
+    def close(self) -> None:
+        try:
+            self._outer.close()
+        finally:
+            self._raw.close()
+
+    def __enter__(self) -> _Decompressed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def is_compressed(path: str) -> bool:

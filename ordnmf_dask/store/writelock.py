@@ -28,6 +28,8 @@ from ordnmf_dask.store import locations
 
 LOCK_KIND = "ordnmf_dask.lock"
 SUFFIX = ".lock"
+LOCK_BYTES = 1 << 16  # what is read of a lock file: ours hold a few dozen bytes
+PID_MAX = 1 << 22  # the largest pid a Linux kernel hands out (pid_max)
 
 _HELD: dict[str, int] = {}  # lock file -> how many times this process holds it
 _GUARD = threading.Lock()
@@ -142,8 +144,8 @@ def _holder(lock: str) -> dict | None:
     """The writer the lock file names, or None (unreadable, or being written right now)."""
     try:
         with locations.open_regular(lock) as fh:
-            doc = json.loads(fh.read())
-    except (OSError, ValueError, StoreError):
+            doc = json.loads(fh.read(LOCK_BYTES))
+    except (OSError, ValueError, RecursionError, StoreError):
         return None
     return doc if isinstance(doc, dict) and doc.get("kind") == LOCK_KIND else None
 
@@ -153,6 +155,8 @@ def _stale(holder: dict) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return False
+    if pid > PID_MAX:  # no process of this host has it (os.kill would overflow)
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

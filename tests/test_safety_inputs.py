@@ -1,0 +1,267 @@
+"""The rule of every input (docs/design.md, "Safety rules", "Inputs"): every file a command
+reads besides a store or model goes through one opener (``sources/infile.py``), which refuses
+at once, naming the path, anything but a regular file (a FIFO, a device, a socket, also behind
+a link), and bounds the size of the small files (job files) before parsing; what is read is
+checked before any allocation, ids stay text, and an error names the file and line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from ordnmf_dask.app.cli import main
+from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.infile import open_input_file, read_input_bytes
+
+
+def run_cli(args: list[str]) -> tuple[int, list[str]]:
+    """main(args) in this process: its exit code and the lines of its stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main([*args, "-q"])
+    return code, err.getvalue().splitlines()
+
+
+def one_line_error(args: list[str], *expected: str) -> str:
+    code, err = run_cli(args)
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    for text in expected:
+        assert text in err[0], err
+    return err[0]
+
+
+@pytest.fixture
+def fifo(tmp_path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+def test_the_opener_refuses_fifos_devices_sockets_and_links_to_them(tmp_path, fifo):
+    sock_path = tmp_path / "sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    link = tmp_path / "link"
+    link.symlink_to(fifo)
+    try:
+        for path, kind in [
+            (fifo, "a FIFO"),
+            (link, "a FIFO"),
+            ("/dev/zero", "a character device"),
+            (sock_path, "a socket"),
+        ]:
+            with pytest.raises(InputError, match=f"{path}: is {kind}, not a regular file"):
+                open_input_file(str(path), "pairs file")
+    finally:
+        sock.close()
+    with pytest.raises(InputError, match="is a directory, not a file"):
+        open_input_file(str(tmp_path))
+    with pytest.raises(InputError, match="no such file"):
+        open_input_file(str(tmp_path / "absent"))
+    regular = tmp_path / "r.txt"
+    regular.write_bytes(b"x" * 11)
+    (tmp_path / "to-regular").symlink_to(regular)  # a link to a regular file is followed
+    assert read_input_bytes(str(tmp_path / "to-regular"), "job file", limit=11) == b"x" * 11
+    with pytest.raises(InputError, match="11 bytes, more than the 10 a job file may hold"):
+        read_input_bytes(str(regular), "job file", limit=10)
+
+
+@pytest.mark.parametrize("source", ["fifo", "/dev/zero"])
+def test_special_files_as_inputs_are_refused_at_once(tmp_path, fifo, source):
+    path = str(fifo) if source == "fifo" else source
+    one_line_error(["ingest", path, "--out", str(tmp_path / "s")], path, "not a regular file")
+    assert not (tmp_path / "s").exists()
+    one_line_error(
+        ["fit", path, "--out", str(tmp_path / "m"), "--config", path], path, "not a regular file"
+    )
+
+
+@pytest.mark.parametrize("nest", ["[", "{a="])
+def test_a_job_file_nested_100000_deep_is_one_line(tmp_path, nest):
+    close = "]" if nest == "[" else "}"
+    job = tmp_path / "job.toml"
+    job.write_text("x = " + nest * 100_000 + close * 100_000 + "\n")
+    one_line_error(
+        ["fit", str(tmp_path / "r.csv"), "--out", str(tmp_path / "m"), "--config", str(job)],
+        f"{job}: not a valid TOML file (arrays or tables nested too deeply)",
+    )
+
+
+def test_a_lock_naming_an_impossible_pid_is_stale(tmp_path):
+    from ordnmf_dask.store import writelock
+
+    out = tmp_path / "m.zarr"
+    lock = tmp_path / "m.zarr.lock"
+    for pid in (2**70, 2**31):
+        lock.write_text(
+            json.dumps({"kind": writelock.LOCK_KIND, "host": socket.gethostname(), "pid": pid})
+        )
+        with writelock.held(out):
+            assert json.loads(lock.read_text())["pid"] == os.getpid()
+    lock.write_text("[" * 100_000)  # not ours, not readable: refused, not a RecursionError
+    with pytest.raises(InputError, match="being written by another process"):
+        with writelock.held(out):
+            pass
+
+
+@pytest.fixture(scope="module")
+def id_model(tmp_path_factory) -> Path:
+    """A K = 2 model of users ``007``, ``7``, ``x``, ``y``, ``z`` (text ids, two of them
+    differing only by leading zeros)."""
+    where = tmp_path_factory.mktemp("ids")
+    rows = [
+        f"{u},i{i},{1 + (i + j) % 3}"
+        for j, u in enumerate(["007", "7", "x", "y", "z"])
+        for i in range(6)
+    ]
+    (where / "r.csv").write_text("\n".join(rows) + "\n")
+    for args in (
+        ["ingest", str(where / "r.csv"), "--out", str(where / "s"), "--test-fraction", "0"],
+        ["fit", str(where / "s"), "-k", "2", "--max-iter", "2", "--executor", "inprocess"],
+    ):
+        assert run_cli([*args, *(["--out", str(where / "m")] if args[0] == "fit" else [])])[0] == 0
+    return where / "m"
+
+
+def test_pairs_file_ids_stay_text_as_on_the_command_line(id_model, tmp_path, capsys):
+    pairs = tmp_path / "p.csv"
+    pairs.write_text("user,item\n007,i1\n7,i1\n")
+    assert main(["score", str(id_model), "--pairs", str(pairs)]) == 0
+    from_file = capsys.readouterr().out
+    assert main(["score", str(id_model), "--users", "007,7", "--items", "i1,i1"]) == 0
+    assert from_file == capsys.readouterr().out
+    assert [line.split("\t")[0] for line in from_file.splitlines()] == ["user", "007", "7"]
+
+
+def test_a_missing_id_in_a_pairs_file_names_file_and_line(id_model, tmp_path, fifo):
+    pairs = tmp_path / "p.csv"
+    pairs.write_text("user,item\n007,i1\n,i2\n")
+    one_line_error(["score", str(id_model), "--pairs", str(pairs)], f"{pairs}, line 3: no id")
+    one_line_error(["score", str(id_model), "--pairs", str(fifo)], str(fifo), "a FIFO")
+
+
+def test_an_npz_header_claiming_10_12_rows_is_refused_before_any_allocation(
+    id_model, tmp_path, fifo
+):
+    import zipfile
+
+    import numpy as np
+
+    store = id_model.parent / "s"
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w") as zf:
+        for name in ("W", "H"):
+            head = io.BytesIO()
+            np.lib.format.write_array_header_1_0(
+                head, {"descr": "<f8", "fortran_order": False, "shape": (10**12, 2)}
+            )
+            zf.writestr(f"{name}.npy", head.getvalue() + b"\0" * 64)
+    args = ["fit", str(store), "-k", "2", "--max-iter", "1", "--executor", "inprocess"]
+    one_line_error(
+        [*args, "--out", str(tmp_path / "m"), "--init", str(bomb)],
+        f"{bomb}: array W has shape (1000000000000, 2), expected",
+    )
+    one_line_error([*args, "--out", str(tmp_path / "m"), "--init", str(fifo)], "a FIFO")
+    assert not (tmp_path / "m").exists()
+
+
+def test_two_dimensional_id_arrays_are_named(id_model):
+    import numpy as np
+
+    from ordnmf_dask import OrdNMF
+
+    model = OrdNMF.load(id_model)
+    users, items = np.array([["007", "7"]]), np.array([["i1", "i2"]])
+    with pytest.raises(ValueError, match=r"user_ids must be one-dimensional, got shape \(1, 2\)"):
+        model.predict_proba(users, items)
+    with pytest.raises(ValueError, match=r"item_ids must be one-dimensional"):
+        model.predict_proba(["007"], [["i1"]])
+    assert model.predict_proba(["007", "7"], ["i1", "i1"]).shape[0] == 2
+
+
+def test_fold_in_file_errors_name_the_file_line_and_raw_ids(id_model, tmp_path, fifo):
+    unknown = tmp_path / "f1.csv"
+    unknown.write_text("new1,i1,2\nnew1,i2,3\nnew2,i9,1\n")
+    one_line_error(["fold-in", str(id_model), str(unknown)], f"{unknown}, line 3:", "'i9'")
+    twice = tmp_path / "f2.csv"
+    twice.write_text("new1,i1,2\nnew2,i2,3\nnew1,i1,1\n")
+    one_line_error(
+        ["fold-in", str(id_model), str(twice)],
+        f"{twice}, line 3: user 'new1' rates item 'i1' twice",
+    )
+    one_line_error(["fold-in", str(id_model), str(fifo)], str(fifo), "a FIFO")
+
+
+def _substitute(kind: str, where: Path, fifo: Path) -> Path:
+    """A hostile file of ``kind`` at a new path under ``where``."""
+    path = where / f"{kind}-{len(list(where.iterdir()))}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "link-to-fifo":
+        path.symlink_to(fifo)
+    elif kind == "deep":
+        path.write_text("x = " + "[" * 50_000 + "]" * 50_000 + "\n")
+    else:  # a directory
+        path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def hostile_dir(tmp_path_factory) -> tuple[Path, Path]:
+    where = tmp_path_factory.mktemp("hostile")
+    fifo = where / "the-fifo"
+    os.mkfifo(fifo)
+    return where, fifo
+
+
+def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_model, hostile_dir):
+    import signal
+    import time
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    model, store = str(id_model), str(id_model.parent / "s")
+    options = {
+        "ingest": lambda p, out: ["ingest", p, "--out", out],
+        "fit --config": lambda p, out: ["fit", store, "-k", "2", "--config", p, "--out", out],
+        "fit --init": lambda p, out: ["fit", store, "-k", "2", "--init", p, "--out", out],
+        "score --pairs": lambda p, out: ["score", model, "--pairs", p],
+        "fold-in": lambda p, out: ["fold-in", model, p],
+        "predict --pairs": lambda p, out: ["predict", store, model, "--pairs", p, "--out", out],
+    }
+    where, fifo = hostile_dir
+
+    def timeout(*_: object) -> None:
+        raise TimeoutError("an input was waited on")
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        st.sampled_from(sorted(options)),
+        st.sampled_from(["fifo", "device", "link-to-fifo", "deep", "directory"]),
+    )
+    def check(option: str, kind: str) -> None:
+        path = _substitute(kind, where, fifo)
+        out = where / f"out-{path.name}"
+        before = sorted(os.listdir(where))
+        previous = signal.signal(signal.SIGALRM, timeout)
+        signal.alarm(30)
+        start = time.monotonic()
+        try:
+            code, err = run_cli(options[option](str(path), str(out)))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+        assert time.monotonic() - start < 30
+        assert code == 2 and len(err) == 1 and "Traceback" not in err[0], (option, kind, err)
+        assert sorted(os.listdir(where)) == before and not out.exists(), (option, kind)
+
+    check()
