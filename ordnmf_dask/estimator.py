@@ -13,7 +13,7 @@ import numpy as np
 
 from ordnmf_dask.engine.cavi import CaviConfig, IterationCallback
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params, run_fit
+from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
@@ -21,6 +21,7 @@ from ordnmf_dask.params import DEFAULTS, PARAMS, accepted
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
+from ordnmf_dask.tuning.select import run_selected
 
 if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
     import dask.array as da
@@ -270,7 +271,7 @@ class CaviEstimator:
             restart=restart,
         )
         if not check:
-            self._set_fitted(run_fit(plan, client, callback))
+            self._set_fitted(run_selected(plan, client, callback))
         return self
 
     def _set_fitted(self, model: ModelInfo) -> None:

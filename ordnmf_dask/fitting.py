@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -54,7 +54,7 @@ from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory, fit_tables
 from ordnmf_dask.runtime.progress import SUMMARY_EVERY, IterationProgress, summary
 from ordnmf_dask.sources.infile import read_npz
 from ordnmf_dask.store import locations, writelock
-from ordnmf_dask.store.blocks import StoreInfo, open_store
+from ordnmf_dask.store.blocks import VALIDATION, StoreInfo, open_store
 from ordnmf_dask.store.kinds import CHECKPOINT_DIRECTORY
 from ordnmf_dask.store.outputs import check_apart, check_place
 
@@ -166,8 +166,6 @@ def plan_fit(
     for k in candidates or [cfg.n_components]:
         check_rank(k, info)
     if candidates:
-        from ordnmf_dask.tuning.select import check_selection
-
         check_selection(info, candidates)
         if init is not None or init_model is not None or resume:
             raise InputError(
@@ -246,29 +244,23 @@ def run_fit(
             info.header.value_kind,
             info.n_classes,
         )
+    if values["select_components"]:  # the search runs fits: it lives above this module
+        raise InputError(
+            "select_components: K is chosen by ordnmf_dask.tuning.select.run_selected "
+            "(OrdNMF.fit and the CLI's fit call it), not by run_fit"
+        )
     with writelock.held(plan.out, values["checkpoint_dir"]):  # one writer of each, or none
-        if values["select_components"]:
-            plan = _selected(plan, client)
         return _run_fit(plan, client, callback)
 
 
-def _selected(plan: FitPlan, client: Client | None) -> FitPlan:
-    """The plan of the plain fit at the K the validation search chose among
-    ``select_components``, which records the search (attribute ``selection``)."""
-    from ordnmf_dask.tuning.select import select_rank
-
-    selection = select_rank(plan.info, plan.model, plan.values, client)
-    log.info(
-        "select_components: K = %d chosen by %s (%s)",
-        selection["chosen"],
-        selection["metric"],
-        ", ".join(f"K={c['n_components']}: {c['scores'][0]}" for c in selection["candidates"]),
-    )
-    chosen = {**plan.values, "n_components": selection["chosen"], "select_components": None}
-    at_k = plan_fit(
-        plan.info, plan.model, chosen, out=plan.out, overwrite=plan.overwrite, restart=plan.restart
-    )
-    return replace(at_k, selection=selection)
+def check_selection(info: StoreInfo, candidates: Sequence[int]) -> None:
+    """InputError when ``info`` has no validation subset to score the candidates of
+    ``select_components`` on."""
+    if VALIDATION not in info.splits:
+        raise InputError(
+            f"select_components {list(candidates)}: {info.path} has no validation subset to "
+            "choose K on: ingest it with validation_fraction (--validation-fraction), e.g. 0.1"
+        )
 
 
 def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback | None) -> ModelInfo:

@@ -21,8 +21,8 @@ LAYERS = [
     "engine",
     "postfit",
     "fitting",
-    "estimator",
     "tuning",
+    "estimator",
     "app",
 ]
 ROOT = Path(ordnmf_dask.__file__).parent

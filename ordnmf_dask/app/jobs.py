@@ -15,10 +15,11 @@ from ordnmf_dask.app.config import JobConfig, estimator_kwargs
 from ordnmf_dask.app.provenance import record_config
 from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ConfigError, InputError
-from ordnmf_dask.fitting import FitPlan, plan_fit, run_fit
+from ordnmf_dask.fitting import FitPlan, plan_fit
 from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.params import MODELS
 from ordnmf_dask.store import locations
+from ordnmf_dask.tuning.select import run_selected
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -87,11 +88,11 @@ def run_job(plan: JobPlan, client: Any) -> ModelInfo:
     the model is removed once the model is saved."""
     beside = plan.beside
     if beside is None:
-        model = run_fit(plan.fit, client)
+        model = run_selected(plan.fit, client)
     else:
         checkpoint.make_beside(beside, plan.fit.out)
         try:
-            model = run_fit(plan.fit, client)
+            model = run_selected(plan.fit, client)
         except BaseException:
             if not checkpoint.list_checkpoints(beside):  # refused, or stopped before any
                 checkpoint.release(beside)

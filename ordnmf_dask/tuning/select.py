@@ -1,31 +1,30 @@
 """K chosen by validation: tune's successive-halving search over the candidate values of
-``n_components`` on the store's validation subset (never the ELBO), whose choice the fit then
-makes as a plain fit at that K (:func:`ordnmf_dask.fitting.run_fit`)."""
+``n_components`` on the store's validation subset (never the ELBO), then the plain fit at the
+chosen K (:func:`ordnmf_dask.fitting.run_fit`). It runs fits, so it sits above the fit's
+core: the estimator and the CLI's fit call :func:`run_selected`."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.engine.cavi import IterationCallback
+from ordnmf_dask.fitting import FitPlan, check_selection, plan_fit, run_fit
+from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.runtime.cluster import choose_client
-from ordnmf_dask.store.blocks import VALIDATION, StoreInfo
+from ordnmf_dask.store import writelock
+from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.tuning.search import MANAGED, tune
+
+log = logging.getLogger("ordnmf_dask")
 
 #: what the search leaves to the fit it chooses for (not parameters of its trials)
 _NOT_FIXED = ("n_components", "select_components", "max_iter", "n_init")
-
-
-def check_selection(info: StoreInfo, candidates: Sequence[int]) -> None:
-    """InputError when ``info`` has no validation subset to score the candidates on."""
-    if VALIDATION not in info.splits:
-        raise InputError(
-            f"select_components {list(candidates)}: {info.path} has no validation subset to "
-            "choose K on: ingest it with validation_fraction (--validation-fraction), e.g. 0.1"
-        )
 
 
 def select_rank(
@@ -83,3 +82,32 @@ def select_rank(
         ],
         "candidates": [{"n_components": k, "scores": scores[k]} for k in candidates],
     }
+
+
+def run_selected(
+    plan: FitPlan, client: Any = None, callback: IterationCallback | None = None
+) -> ModelInfo:
+    """:func:`run_fit` of ``plan``; with ``select_components``, the plain fit at the K the
+    validation search chose, which records the search (attribute ``selection``). The outputs
+    are held through the search too (one writer of each)."""
+    values = plan.values
+    if not values["select_components"]:
+        return run_fit(plan, client, callback)
+    with writelock.held(plan.out, values["checkpoint_dir"]):
+        selection = select_rank(plan.info, plan.model, values, client)
+        log.info(
+            "select_components: K = %d chosen by %s (%s)",
+            selection["chosen"],
+            selection["metric"],
+            ", ".join(f"K={c['n_components']}: {c['scores'][0]}" for c in selection["candidates"]),
+        )
+        chosen = {**values, "n_components": selection["chosen"], "select_components": None}
+        at_k = plan_fit(
+            plan.info,
+            plan.model,
+            chosen,
+            out=plan.out,
+            overwrite=plan.overwrite,
+            restart=plan.restart,
+        )
+        return run_fit(replace(at_k, selection=selection), client, callback)
