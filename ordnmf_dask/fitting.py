@@ -415,7 +415,7 @@ def _run_one(
         def start() -> Any:  # writes the arrays only when called
             return runner.warm_init(*_write_init(arrays, work))
 
-    fit_log = _FitLog(plan.family, callback, plan.values["max_iter"])
+    fit_log = _FitLog(plan.family, callback, plan.values["max_iter"], plan.values["tol"])
     try:
         return runner.run(
             start,
@@ -483,15 +483,19 @@ class _FitLog:
     """The default iteration log (with progress and the validation scores), then the user's
     ``callback``, whose True stops the fit; :meth:`close` removes a progress bar."""
 
-    def __init__(self, family: Family, callback: IterationCallback | None, max_iter: int):
-        self.family, self.callback = family, callback
+    def __init__(
+        self, family: Family, callback: IterationCallback | None, max_iter: int, tol: float
+    ):
+        self.family, self.callback, self.tol = family, callback, tol
         self.progress = IterationProgress(max_iter)
 
     def __call__(self, info: IterationInfo) -> bool:
         interrupt.check()
         progress = self.progress
         progress.clear()
-        shown = not summary() or info.iteration == 1 or info.iteration % SUMMARY_EVERY == 0
+        # a summary, or a terminal whose progress line shows every iteration: every N-th logged
+        periodic = summary() or progress.bar
+        shown = not periodic or info.iteration == 1 or info.iteration % SUMMARY_EVERY == 0
         log.log(
             logging.INFO if shown else logging.DEBUG,
             "iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
@@ -516,7 +520,7 @@ class _FitLog:
                 info.best_iteration,
                 v["seconds"],
             )
-        progress.draw(info.iteration, info.elapsed)
+        progress.draw(info.iteration, info.elapsed, info.elbo, info.rel_change, self.tol)
         return bool(self.callback(info)) if self.callback is not None else False
 
     def close(self) -> None:

@@ -108,3 +108,21 @@ def test_only_a_fit_on_the_main_thread_draws_a_bar(monkeypatch):
     worker.join()
     assert IterationProgress(10).bar is True
     assert seen == [False]
+
+
+def test_on_a_terminal_one_line_shows_the_elbo_and_the_log_is_periodic(
+    store_40x30, monkeypatch, caplog, capsys
+):
+    """With a progress line drawn (a terminal), it carries the ELBO, its relative change and
+    the stopping rule, not a bar scaled to max_iter; the iteration log lines come every
+    SUMMARY_EVERY iterations (and the first) only."""
+    from ordnmf_dask.runtime import progress
+
+    monkeypatch.setattr(progress, "_terminal", lambda: True)
+    with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
+        OrdNMF(K, max_iter=12, tol=1e-12, executor="inprocess").fit(store_40x30)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("iter ")]
+    assert [int(m.split()[1].split("/")[0]) for m in logged] == [1, 10]
+    drawn = capsys.readouterr().err
+    assert "fit iter 12  elbo " in drawn and "(stops at rel < 1e-12 or iter 12)" in drawn
+    assert "[#" not in drawn and "/12" not in drawn

@@ -72,10 +72,10 @@ def test_a_fit_shows_log_lines_with_the_eta_on_a_plain_stream(small_store, monke
 
 def test_a_fit_draws_a_bar_on_a_terminal_by_default(small_store, monkeypatch):
     out = _fit(small_store, FakeTTY(), monkeypatch)  # show_progress=None: auto
-    bars = [part for part in out.split("\r") if part.startswith("fit [")]
-    assert [b.split()[2] for b in bars] == ["1/4", "2/4", "3/4", "4/4"]
-    assert "ETA <= 0:00:" in bars[2]
-    assert " iter    4/4 " in out
+    bars = [part for part in out.split("\r") if part.startswith("\033[Kfit iter ")]
+    assert [b.split()[2] for b in bars] == ["1", "2", "3", "4"]
+    assert "elbo -" in bars[2] and "(stops at rel < 1e-300 or iter 4)" in bars[2]
+    assert " iter    1/4 " in out and " iter    2/4 " not in out  # the line shows each one
 
 
 def test_no_progress_when_off(small_store, monkeypatch, caplog):

@@ -27,8 +27,10 @@ FORMATTER = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
 
 ShowProgress = bool | None
 SWITCH_DOC = (
-    "True shows progress on stderr (a bar with the ETA where stderr is a terminal or "
-    "Jupyter, a log line per iteration otherwise), False nothing, None (default) as True "
+    "True shows progress on stderr (where stderr is a terminal or Jupyter, a fit's line "
+    "redrawn at each iteration with the ELBO, its relative change and the stopping rule, "
+    "under a log line every SUMMARY_EVERY iterations; a log line per iteration "
+    "otherwise), False nothing, None (default) as True "
     "where stderr is a terminal or Jupyter, else (a script, a batch job) a summary: a "
     "start line, a line every SUMMARY_EVERY iterations with the ETA, an end line."
 )
@@ -68,7 +70,7 @@ class IterationProgress:
     """Where a fit is: iteration n of ``total`` (max_iter), the elapsed time and an estimate of
     the rest, from the mean time of the iterations after the first one seen (the first reads
     blocks and compiles kernels). The estimate is an upper bound: the tol rule usually stops
-    the fit before max_iter. Where INFO records reach a terminal, :meth:`draw` keeps a bar under
+    the fit before max_iter. Where INFO records reach a terminal, :meth:`draw` keeps a line under
     the log lines (:meth:`clear` removes it before the next line is logged and at the end);
     elsewhere the iteration log lines carry the same figures. Only a fit run from the main
     thread draws a bar: fits run at once from threads (``tune``) would draw over each other."""
@@ -101,11 +103,14 @@ class IterationProgress:
         rest = (self.total - n) * (elapsed - t0) / (n - n0)
         return f"ETA <= {self.clock(rest)} to max_iter"
 
-    def draw(self, n: int, elapsed: float) -> None:
+    def draw(self, n: int, elapsed: float, elbo: float, rel: float, tol: float) -> None:
+        """Redraw the one line under the log: the iteration, the ELBO and its relative change
+        against the stopping rule (``tol``, else ``max_iter``), and the elapsed time; not a bar
+        scaled to max_iter, which a fit stopped by ``tol`` seldom reaches."""
         if self.bar:
             sys.stderr.write(
-                f"\rfit {_bar(n, self.total)} {n}/{self.total}  "
-                f"{self.clock(elapsed)}  {self.eta(n, elapsed)}"
+                f"\r\033[Kfit iter {n}  elbo {elbo:.6e}  rel {rel:.2e}  "
+                f"(stops at rel < {tol:g} or iter {self.total})  {self.clock(elapsed)}"
             )
             sys.stderr.flush()
             self.drawn = True
