@@ -252,3 +252,33 @@ def test_synth_refuses_bad_parameters_before_any_cluster(tmp_path, capsys, bad):
     )
     assert code == 2, line
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (MemoryError(), "out of memory: the command needs more memory"),
+        (RecursionError("maximum recursion depth exceeded"), "input nested too deeply"),
+        (OverflowError("Python int too large to convert to C long"), "a number out of range"),
+    ],
+)
+def test_a_libraries_error_on_what_it_reads_is_bad_input_not_a_bug(exc, said):
+    """Errors numpy, pyarrow, tomllib or json raise on what they were given (memory, numbers
+    or nesting past their range, a file pyarrow cannot parse) are exit 2 with one line; any
+    other foreign error stays exit 1, an internal error."""
+    import argparse
+
+    import pyarrow as pa
+
+    from ordnmf_dask.app.exits import EXIT_INPUT, EXIT_INTERNAL, exit_code
+
+    args = argparse.Namespace()
+    code, message = exit_code(exc, args)
+    assert code == EXIT_INPUT and message.startswith(said) and "\n" not in message
+    code, message = exit_code(pa.ArrowInvalid("CSV parse error: Expected 3 columns"), args)
+    assert (code, message) == (
+        EXIT_INPUT,
+        "cannot read the input: CSV parse error: Expected 3 columns",
+    )
+    code, message = exit_code(KeyError("w"), args)
+    assert code == EXIT_INTERNAL and message.startswith("internal error: KeyError")

@@ -1,7 +1,8 @@
 """The ``ordnmf-dask`` exit codes, and the one-line message and code of each failure.
 
 Exit codes: 0 success; 1 internal error (a bug: please report it with ``--debug`` output);
-2 bad input, configuration or local I/O (a path that cannot be written); 3 cluster failure
+2 bad input, configuration or local I/O (a path that cannot be written), or an input its
+reader cannot hold (memory, a number or nesting past their range); 3 cluster failure
 (scheduler unreachable, workers lost); 4 numerical failure (ELBO decreased or became
 non-finite); 130 interrupted (Ctrl-C / SIGINT); 141 standard output closed (``| head``);
 143 terminated (SIGTERM, e.g. a preempted job).
@@ -114,7 +115,29 @@ def exit_code(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return EXIT_CLUSTER, f"cluster failure: {exc}"
     if type(exc).__module__.startswith("distributed"):
         return EXIT_CLUSTER, f"cluster failure: {type(exc).__name__}: {exc}"
+    foreign = _foreign_input_error(exc)
+    if foreign is not None:
+        return EXIT_INPUT, foreign
     return EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _foreign_input_error(exc: BaseException) -> str | None:
+    """The one-line message of an error a library raises on what it was given to read or
+    hold (memory exhausted, a number or nesting past its range, a file pyarrow cannot parse),
+    which no check of this package caught first: bad input or too little memory (exit 2),
+    not a bug; None for any other error."""
+    if isinstance(exc, MemoryError):
+        return (
+            "out of memory: the command needs more memory than this machine or its limits "
+            "(ulimit -v, a container's) allow; give it more, or a smaller input"
+        )
+    if isinstance(exc, RecursionError):
+        return f"input nested too deeply to read: {exc}"
+    if isinstance(exc, OverflowError):
+        return f"a number out of range: {exc}"
+    if type(exc).__module__.startswith("pyarrow") and type(exc).__name__.startswith("Arrow"):
+        return f"cannot read the input: {exc}"
+    return None
 
 
 def flag_spelling(message: str, parser: argparse.ArgumentParser) -> str:
