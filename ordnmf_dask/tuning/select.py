@@ -19,7 +19,6 @@ from ordnmf_dask.modelstore.model import ModelInfo
 from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.store import writelock
 from ordnmf_dask.store.blocks import StoreInfo
-from ordnmf_dask.tuning.search import MANAGED, tune
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -40,6 +39,10 @@ def select_rank(
     numerically); the chosen K is the best at the last rung. The
     search's models and checkpoints live in a temporary directory inside ``work_dir``,
     removed after it."""
+    # here, not at the top: the estimators import this module, and a fit without a
+    # selection loads no search (nor Dask's cluster machinery, tests/test_inprocess.py)
+    from ordnmf_dask.tuning.search import MANAGED, tune
+
     candidates = list(values["select_components"])
     check_selection(info, candidates)
     fixed = {
