@@ -233,6 +233,14 @@ def test_starts_client_only_when_a_cluster_is_named():
     assert starts_client(ClusterSection(ca_file="ca.pem"))
 
 
+def _info_json(store) -> dict:
+    """``info STORE --json`` of a new process, parsed."""
+    out = subprocess.run(
+        [*CLI, "info", str(store), "--json"], capture_output=True, text=True, timeout=300
+    ).stdout
+    return json.loads(out)
+
+
 def test_info_prints_the_split_as_it_is(tmp_path, capsys):
     """The split named as ``info --json`` names it: a random split says what share it holds
     out (none: every nonzero trains), with its seed when it holds some out."""
@@ -244,26 +252,12 @@ def test_info_prints_the_split_as_it_is(tmp_path, capsys):
         ingest_arrays(users, items, values, tmp_path / path, test_fraction=fraction, seed=3)
     assert main(["info", str(tmp_path / "all.zarr")]) == 0
     out = capsys.readouterr().out
-    split = json.loads(
-        subprocess.run(
-            [*CLI, "info", str(tmp_path / "all.zarr"), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        ).stdout
-    )["split"]
+    split = _info_json(tmp_path / "all.zarr")["split"]
     assert split == "random"
     assert f"split      {split}, none held out: every nonzero trains (no test pairs)" in out
     assert "seed" not in out
     assert main(["info", str(tmp_path / "split.zarr")]) == 0
     [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("split")]
-    nnz_test = json.loads(
-        subprocess.run(
-            [*CLI, "info", str(tmp_path / "split.zarr"), "--json"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        ).stdout
-    )["nnz_test"]
+    nnz_test = _info_json(tmp_path / "split.zarr")["nnz_test"]
     assert 0 < nnz_test < 100
     assert line == f"split      random, {nnz_test:.1f}% of the nonzeros held out for test (seed 3)"

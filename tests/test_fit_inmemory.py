@@ -63,6 +63,11 @@ def assert_bitwise(a: dict[str, object], b: dict[str, object], what: str = "") -
             assert a[name] == b[name], f"{what} {name}"  # floats compared exactly
 
 
+def fit(data, **kw) -> dict[str, object]:
+    """The state of a short K = 2 fit of ``data`` (``kw``: fit's keywords)."""
+    return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
+
+
 def data_dirs(work) -> list:
     return sorted(work.glob("ordnmf-data-*")) if work.exists() else []
 
@@ -87,9 +92,6 @@ def test_every_kind_in_memory_gives_the_model_of_the_matrix(tmp_path):
     u, i, v = triples(x)
     frame = pd.DataFrame({"user": u, "item": i, "value": v})
 
-    def fit(data, **kw):
-        return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
-
     reference = fit(x)
     kinds = {
         "coo": x.tocoo(),
@@ -113,9 +115,6 @@ def test_a_frame_is_read_by_column_name_never_by_position(tmp_path):
     x = ratings(1)
     u, i, v = triples(x)
     frame = pd.DataFrame({"user": u, "item": i, "value": v})
-
-    def fit(data, **kw):
-        return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
 
     reference = fit(frame)
     movielens = frame.rename(columns={"user": "userId", "item": "movieId", "value": "rating"})

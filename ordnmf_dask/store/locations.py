@@ -35,6 +35,8 @@ import fsspec
 
 from ordnmf_dask.errors import InputError, StoreError
 
+PID_MAX = 1 << 22  # the largest pid a Linux kernel hands out (pid_max)
+
 
 def _read_errors() -> tuple[type[Exception], ...]:
     """What reading an input can raise for a damaged file: the OS's errors and those of each
@@ -368,7 +370,7 @@ def check_no_writer(url: str) -> None:
     if mark is None or mark.get("pid") is None:
         return
     host, pid = mark.get("host"), mark.get("pid")
-    if host == socket.gethostname() and (pid == os.getpid() or not _alive(pid)):
+    if host == socket.gethostname() and (pid == os.getpid() or not pid_alive(pid)):
         return
     raise InputError(
         f"{url} is being written by process {pid} on {host} (marker {join(url, PENDING)}); "
@@ -376,8 +378,10 @@ def check_no_writer(url: str) -> None:
     )
 
 
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or not 0 < pid < 2**31:
+def pid_alive(pid: object) -> bool:
+    """Whether a process of this host has ``pid`` (anyone's); False for what no pid can be
+    (not an int, <= 0, past the kernel's pid_max: os.kill would overflow)."""
+    if not isinstance(pid, int) or not 0 < pid <= PID_MAX:
         return False
     try:
         os.kill(pid, 0)

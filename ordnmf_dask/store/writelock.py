@@ -29,7 +29,6 @@ from ordnmf_dask.store import locations
 LOCK_KIND = "ordnmf_dask.lock"
 SUFFIX = ".lock"
 LOCK_BYTES = 1 << 16  # what is read of a lock file: ours hold a few dozen bytes
-PID_MAX = 1 << 22  # the largest pid a Linux kernel hands out (pid_max)
 
 _HELD: dict[str, int] = {}  # lock file -> how many times this process holds it
 _GUARD = threading.Lock()
@@ -155,15 +154,7 @@ def _stale(holder: dict) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
         return False
-    if pid > PID_MAX:  # no process of this host has it (os.kill would overflow)
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, another user's
-        return False
-    return False
+    return not locations.pid_alive(pid)
 
 
 def _reclaim(lock: str) -> None:
