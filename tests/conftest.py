@@ -27,6 +27,12 @@ DATA_ROOTS = [
     CHECKOUT.parent / "shared" / "data",
     CHECKOUT / "examples" / "data",
 ]
+# zarr 3.0 (the floor) warns on every open of an array of strings (the id maps) that their
+# codec is not in the format's specification; newer zarr does not
+ZARR_CODEC_WARNING = "UserWarning: The codec `vlen-utf8` is currently not part in the Zarr"
+# the notice of numba's first compilation (ordnmf_dask/model/compiling.py), which a command
+# run with an empty cache logs as a warning
+COMPILE_NOTICE = "compiling numba kernels ("
 # where a skipped test's reason sends the reader for the datasets and DATA (tests/test_datasets.py)
 DATA_DOC = 'docs/guide/data.md, "Data shipped and used"'
 # files of the real datasets, relative to a data root
