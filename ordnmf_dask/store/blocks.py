@@ -53,7 +53,7 @@ from ordnmf_dask.store.header import (
     prepared,
 )
 from ordnmf_dask.store.kinds import NAMES, STORE_MARK, is_store
-from ordnmf_dask.store.outputs import check_place, check_replaceable
+from ordnmf_dask.store.outputs import check_place, check_replaceable, parent_problem
 
 log = logging.getLogger(__name__)
 
@@ -236,11 +236,9 @@ def check_target(
         check_replaceable(path, NAMES[mark])
         return path
     parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        what = "is not a directory" if os.path.lexists(parent) else "does not exist"
-        raise InputError(f"{path}: parent directory {parent} {what}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{path}: parent directory {parent} is not writable")
+    problem = parent_problem(parent)
+    if problem is not None:
+        raise InputError(f"{path}: parent directory {parent} {problem}")
     link = "://" not in given and os.path.islink(given)  # the path as given: its real one is not
     if os.path.lexists(path):
         if not overwrite:

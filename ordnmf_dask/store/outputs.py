@@ -155,6 +155,16 @@ def check_replaceable(path: str, what: str) -> None:
 # ------------------------------------------------------------------- files a command writes
 
 
+def parent_problem(parent: str) -> str | None:
+    """Why nothing can be created in the local directory ``parent`` ("does not exist", "is
+    not a directory", "is not writable"), or None."""
+    if not os.path.isdir(parent):
+        return "is not a directory" if os.path.lexists(parent) else "does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return "is not writable"
+    return None
+
+
 def check_file(
     path: str | os.PathLike,
     what: str,
@@ -169,11 +179,9 @@ def check_file(
         return loc
     shown = _shown(path, loc)
     parent = os.path.dirname(loc)
-    if not os.path.isdir(parent):
-        state = "is not a directory" if os.path.lexists(parent) else "does not exist"
-        raise InputError(f"cannot write {what} to {shown}: its directory {parent} {state}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"cannot write {what} to {shown}: its directory {parent} is not writable")
+    problem = parent_problem(parent)
+    if problem is not None:
+        raise InputError(f"cannot write {what} to {shown}: its directory {parent} {problem}")
     if os.path.lexists(loc):
         mode = os.lstat(loc).st_mode
         if not (stat.S_ISREG(mode) or _stream(mode)):

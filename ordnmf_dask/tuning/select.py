@@ -36,7 +36,7 @@ def select_rank(
     rungs up to ``max_iter``) ranks best by the fit's validation metric, with every
     candidate's scores: ``{"chosen": K, "metric": ..., "candidates": [{"n_components",
     "scores"}, ...]}``, ``scores`` one per rung the candidate reached (None: its fit failed
-    numerically); the chosen K is the best at the last rung. The
+    numerically); the chosen K is the best at the final rung. The
     search's models and checkpoints live in a temporary directory inside ``work_dir``,
     removed after it."""
     # here, not at the top: the estimators import this module, and a fit without a
