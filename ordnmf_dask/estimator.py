@@ -99,6 +99,7 @@ class CaviEstimator:
         min_iter: int = DEFAULTS["min_iter"],
         seed: int = DEFAULTS["seed"],
         n_init: int = DEFAULTS["n_init"],
+        n_members: int = DEFAULTS["n_members"],
         optimizer: str = DEFAULTS["optimizer"],
         anneal: int = DEFAULTS["anneal"],
         start: str = DEFAULTS["start"],
@@ -124,6 +125,7 @@ class CaviEstimator:
         self.min_iter = min_iter
         self.seed = seed
         self.n_init = n_init
+        self.n_members = n_members
         self.optimizer = optimizer
         self.anneal = anneal
         self.start = start

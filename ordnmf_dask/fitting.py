@@ -15,8 +15,10 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -38,6 +40,7 @@ from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.engine.substart import subsample_start
 from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.model.ensemble import stack_members
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
 from ordnmf_dask.modelstore.model import (
     ModelInfo,
@@ -187,10 +190,19 @@ def plan_fit(
         raise InputError(
             f"start={values['start']!r} is a start of its own: no init= or init_model= with it"
         )
-    n_init = values["n_init"]
+    n_init, n_members = values["n_init"], values["n_members"]
     if n_init > 1 and (init_arrays is not None or source is not None or resume):
         raise InputError(
             "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
+        )
+    if n_members > 1 and (init_arrays is not None or source is not None):
+        raise InputError(
+            "n_members > 1 fits its members from independent random draws: no init= or "
+            "init_model= with it (give n_members=1)"
+        )
+    if n_members > 1 and n_init > 1:
+        raise InputError(
+            "n_init keeps one of several restarts, n_members averages them: give one of them"
         )
     scorer = _validation(info, fam, values)
     check_apart({"out": out, "checkpoint_dir": values["checkpoint_dir"]})
@@ -205,7 +217,7 @@ def plan_fit(
         checkpoint.fingerprint(
             info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)
         )
-        for s in range(cfg.seed, cfg.seed + n_init)
+        for s in range(cfg.seed, cfg.seed + max(n_init, n_members))
     ]
     if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
         _claim(locations.location(ckpt), prints, False, n_init, dry_run=True)
@@ -294,6 +306,32 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 cfg.max_iter,
             )
             scorer = None if plan.validation is None else plan.validation(cl)
+            if values["n_members"] > 1:
+                states = _run_members(plan, cl, ckpt_dir, cache, bool(ours), scorer, work, callback)
+                runs = [_run_record(r, cfg.seed + j) for j, r in enumerate(states)]
+                for r in runs:
+                    r["kept"] = True
+                attrs = _model_attrs(plan, states, scorer is not None, cache, runs)
+                w = _stacked(cl, [r.w for r in states], 1.0 / len(states))
+                h = _stacked(cl, [r.h for r in states], 1.0)
+                with info.reading():  # its id maps and training items are copied from the store
+                    save_model(
+                        cl,
+                        w,
+                        h,
+                        out,
+                        attrs,
+                        overwrite=plan.overwrite,
+                        before_publish=info.check_unchanged,
+                    )
+                log.info(
+                    "fit: %d members after %s iterations, in %.1f s; model in %s",
+                    len(states),
+                    "/".join(str(r.n_iter) for r in states),
+                    time.perf_counter() - started,
+                    out,
+                )
+                return open_model(out)
             runs: list[dict[str, Any]] = []
             state: CaviState | None = None
             kept = 0
@@ -328,7 +366,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
             assert state is not None
             for j, r in enumerate(runs):
                 r["kept"] = j == kept
-            attrs = _model_attrs(plan, state, scorer is not None, cache, runs)
+            attrs = _model_attrs(plan, [state], scorer is not None, cache, runs)
             with info.reading():  # its id maps and training items are copied from the store
                 save_model(
                     cl,
@@ -393,9 +431,12 @@ def _run_one(
     resume: bool,
     scorer: Validation | None,
     callback: IterationCallback | None,
+    label: str = "",
+    stopped: threading.Event | None = None,
 ) -> CaviState:
-    """One restart: its initial state (random draws, the SVD start, the subsample start,
-    arrays, or a saved model), then the loop."""
+    """One restart (or member, ``label`` in front of its log lines; it stops when ``stopped``
+    is set): its initial state (random draws, the SVD start, the subsample start, arrays, or a
+    saved model), then the loop."""
     params0 = None
     source, arrays = plan.source, plan.init
     if source is not None:
@@ -415,7 +456,9 @@ def _run_one(
         def start() -> Any:  # writes the arrays only when called
             return runner.warm_init(*_write_init(arrays, work))
 
-    fit_log = _FitLog(plan.family, callback, plan.values["max_iter"], plan.values["tol"])
+    fit_log = _FitLog(
+        plan.family, callback, plan.values["max_iter"], plan.values["tol"], label, stopped
+    )
     try:
         return runner.run(
             start,
@@ -429,33 +472,120 @@ def _run_one(
         fit_log.close()
 
 
+def _run_members(
+    plan: FitPlan,
+    cl: Client,
+    ckpt_dir: str,
+    cache: bool,
+    resume: bool,
+    scorer: Validation | None,
+    work: str,
+    callback: IterationCallback | None,
+) -> list[CaviState]:
+    """The ``n_members`` fits of an ensemble, side by side: each on a thread of this process
+    driving its own CAVI loop on ``cl`` (the members never wait for each other; the cluster's
+    workers, or this process's pool, run their tasks as they come). Each member checkpoints
+    and resumes under its own fingerprint. When one fails or the fit is interrupted, the others
+    stop at their next iteration."""
+    cfg, values = plan.config, plan.values
+    n = values["n_members"]
+    stopped = threading.Event()
+
+    def member(j: int) -> CaviState:
+        run_cfg = replace(cfg, seed=cfg.seed + j)
+        runner = CaviRunner(
+            cl,
+            plan.info,
+            plan.family,
+            run_cfg,
+            ckpt_dir,
+            cache,
+            *checkpoint_schedule(cl, values),
+            plan.prints[j],
+        )
+        label = f"member {j + 1}/{n} (seed {run_cfg.seed}): "
+        with plan.info.reading():
+            state = _run_one(plan, runner, run_cfg, work, resume, scorer, callback, label, stopped)
+        log.info(
+            "%sELBO %.10e after %d iterations (%s)",
+            label,
+            state.elbo[state.best_iteration - 1],
+            state.n_iter,
+            stop_words(state.stop_reason, state.converged),
+        )
+        return state
+
+    log.info("fit: %d members side by side (seeds %d..%d)", n, cfg.seed, cfg.seed + n - 1)
+    pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="ordnmf-member")
+    try:
+        futures = [pool.submit(member, j) for j in range(n)]
+        return [f.result() for f in futures]
+    except BaseException:
+        stopped.set()  # the others stop at their next iteration
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stacked(cl: Client, members: list[list[Any]], scale: float) -> list[Any]:
+    """Futures of the ensemble's factor chunks: block by block, its members' chunks side by
+    side (:func:`ordnmf_dask.model.ensemble.stack_members`), on the workers that hold them."""
+    return [cl.submit(_stack, scale, *chunks, pure=False) for chunks in zip(*members, strict=True)]
+
+
+def _stack(scale: float, *chunks: Any) -> Any:
+    return stack_members(chunks, scale)
+
+
 def _model_attrs(
-    plan: FitPlan, state: CaviState, validated: bool, cache: bool, runs: list[dict[str, Any]]
+    plan: FitPlan,
+    states: list[CaviState],
+    validated: bool,
+    cache: bool,
+    runs: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The saved model's attributes (docs/model-format.md)."""
+    """The saved model's attributes (docs/model-format.md): of its one kept fit, or of the
+    ensemble of ``states`` (each member's trajectory in ``runs``, its global parameters in
+    ``members``)."""
     values, info, source = plan.values, plan.info, plan.source
+    settings = {
+        k.removeprefix("validation_"): values[k]
+        for k in values
+        if PARAMS[k].section == "validation"
+    }
+    if len(states) == 1:
+        state = states[0]
+        fitted = {
+            **plan.family.describe(state.params),
+            "elbo": state.elbo,
+            "n_iter": state.n_iter,
+            "passes": state.passes,
+            "extrapolations": {
+                "kept": state.extrapolations[0],
+                "refused": state.extrapolations[1],
+            },
+            "converged": state.converged,
+            "stop_reason": state.stop_reason,
+            "best_iteration": state.best_iteration,
+            "validation": None if not validated else {**settings, "history": state.validation},
+        }
+    else:  # no one trajectory: each member's is in runs
+        fitted = {
+            "n_members": len(states),
+            "members": [plan.family.describe(r.params) for r in states],
+            "elbo": [],
+            "n_iter": max(r.n_iter for r in states),
+            "passes": sum(r.passes for r in states),
+            "converged": all(r.converged for r in states),
+            "validation": None
+            if not validated
+            else {**settings, "history": [r.validation for r in states]},
+        }
     return {
         "model": plan.model,
         "family": plan.family.name,
         "params": values,
-        **plan.family.describe(state.params),
-        "elbo": state.elbo,
-        "n_iter": state.n_iter,
-        "passes": state.passes,
-        "extrapolations": {"kept": state.extrapolations[0], "refused": state.extrapolations[1]},
-        "converged": state.converged,
-        "stop_reason": state.stop_reason,
-        "best_iteration": state.best_iteration,
-        "validation": None
-        if not validated
-        else {
-            **{
-                k.removeprefix("validation_"): values[k]
-                for k in values
-                if PARAMS[k].section == "validation"
-            },
-            "history": state.validation,
-        },
+        **fitted,
         "warm_start": plan.init is not None or source is not None,
         "init_model": None if source is None else source.describe(),
         "store": {
@@ -479,18 +609,31 @@ def _model_attrs(
     }
 
 
+class _Stopped(Exception):
+    """A member stopped because another failed or the fit was interrupted."""
+
+
 class _FitLog:
     """The default iteration log (with progress and the validation scores), then the user's
     ``callback``, whose True stops the fit; :meth:`close` removes a progress bar."""
 
     def __init__(
-        self, family: Family, callback: IterationCallback | None, max_iter: int, tol: float
+        self,
+        family: Family,
+        callback: IterationCallback | None,
+        max_iter: int,
+        tol: float,
+        label: str = "",
+        stopped: threading.Event | None = None,
     ):
         self.family, self.callback, self.tol = family, callback, tol
+        self.label, self.stopped = label, stopped
         self.progress = IterationProgress(max_iter)
 
     def __call__(self, info: IterationInfo) -> bool:
         interrupt.check()
+        if self.stopped is not None and self.stopped.is_set():
+            raise _Stopped()
         progress = self.progress
         progress.clear()
         # a summary, or a terminal whose progress line shows every iteration: every N-th logged
@@ -498,7 +641,8 @@ class _FitLog:
         shown = not periodic or info.iteration == 1 or info.iteration % SUMMARY_EVERY == 0
         log.log(
             logging.INFO if shown else logging.DEBUG,
-            "iter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
+            "%siter %4d/%d  elbo %.10e  rel %.3e  %.2fs  %s  (elapsed %s, %s)",
+            self.label,
             info.iteration,
             info.max_iter,
             info.elbo,
@@ -513,7 +657,8 @@ class _FitLog:
             ndcg = "  ".join(f"ndcg@{v['k']}(s={s}) {x:.4f}" for s, x in v["ndcg"].items())
             loglik = "" if v["loglik_mean"] is None else f"  loglik/nz {v['loglik_mean']:.5f}"
             log.info(
-                "validation at iter %d: %s%s  (best: iter %d; %.2fs)",
+                "%svalidation at iter %d: %s%s  (best: iter %d; %.2fs)",
+                self.label,
                 info.iteration,
                 ndcg,
                 loglik,

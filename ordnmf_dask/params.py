@@ -222,6 +222,19 @@ def _rows() -> Iterator[Param]:
         False,
     )
     yield Param(
+        "n_members",
+        "int",
+        1,
+        int_ge(1),
+        "an integer >= 1",
+        "fits averaged into one model (seeds seed, seed + 1, ...), side by side on the "
+        "cluster: the model's law of a pair is the mixture of its members' laws (each member "
+        "weighted 1/n_members), its ranking score the mean of theirs; 1 is the single fit of "
+        'the paper (docs/design.md, "Ensembles")',
+        model,
+        False,
+    )
+    yield Param(
         "start",
         "str",
         "random",

@@ -24,6 +24,22 @@ from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.store.header import MAX_CLASSES, HeaderFields, is_number, value_rule
 
 FAMILIES = ("ordinal", "dcpf")
+MAX_MEMBERS = 1024  # members of an ensemble a header may claim (each costs K factor columns)
+
+
+@dataclass(frozen=True)
+class MemberLaw:
+    """The global parameters of one member of a model: ``delta`` (ordinal models) or dcPF's
+    ``p`` and ``t``."""
+
+    delta: tuple[float, ...] | None = None
+    p: float | None = None
+    t: float | None = None
+
+    @property
+    def theta(self) -> np.ndarray | None:
+        """The thresholds of an ordinal member (``theta_from_delta``), else None."""
+        return None if self.delta is None else theta_from_delta(np.asarray(self.delta))
 
 
 @dataclass(frozen=True)
@@ -42,10 +58,13 @@ class StoreRecord:
 class ModelHeader:
     """The root attributes of a saved model, checked (docs/model-format.md, "Group attributes").
 
-    ``row_bounds`` / ``col_bounds`` run from 0 to the store's U / I; ``delta`` (ordinal models)
-    has V + 1 entries (2 for the binary models BePoF and PF), ``delta[0] = 0``, the others
-    finite and >= 0 with a positive sum, and ``theta`` is the one it gives; dcPF's ``p`` is in
-    [0, 1] and ``t`` > 0; ``params`` obey the parameter table.
+    ``row_bounds`` / ``col_bounds`` run from 0 to the store's U / I; an ensemble of
+    ``n_members`` > 1 fits records each member's global parameters in ``members`` (its factor
+    chunks hold the members' K columns side by side, E[w] divided by n_members), a single fit
+    at the top level: ``delta`` (ordinal models) has V + 1 entries (2 for the binary models
+    BePoF and PF), ``delta[0] = 0``, the others finite and >= 0 with a positive sum, and
+    ``theta`` is the one it gives; dcPF's ``p`` is in [0, 1] and ``t`` > 0; ``params`` obey
+    the parameter table.
     """
 
     format_version: int
@@ -65,6 +84,8 @@ class ModelHeader:
     delta: tuple[float, ...] | None = None
     p: float | None = None
     t: float | None = None
+    n_members: int = 1
+    members: tuple[MemberLaw, ...] = ()
     record: Mapping[str, Any] = field(default_factory=dict)
     where: str = ""
 
@@ -79,6 +100,16 @@ class ModelHeader:
         return None if self.delta is None else theta_from_delta(np.asarray(self.delta))
 
     @property
+    def laws(self) -> tuple[MemberLaw, ...]:
+        """The global parameters of each member (one for a single fit)."""
+        return self.members or (MemberLaw(self.delta, self.p, self.t),)
+
+    @property
+    def width(self) -> int:
+        """Columns of a factor chunk: K per member."""
+        return self.n_components * self.n_members
+
+    @property
     def n_blocks(self) -> tuple[int, int]:
         """(user-blocks, item-blocks): the chunking of W and H."""
         return len(self.row_bounds) - 1, len(self.col_bounds) - 1
@@ -86,7 +117,7 @@ class ModelHeader:
     def chunk_shape(self, name: str, index: int) -> tuple[int, int]:
         """(rows, K) of chunk ``index`` of factor ``name`` ("W" or "H")."""
         b = self.row_bounds if name == "W" else self.col_bounds
-        return b[index + 1] - b[index], self.n_components
+        return b[index + 1] - b[index], self.width
 
     def alpha(self, axis: str) -> float:
         """The Gamma prior shape of the factor of ``axis`` ("users": alpha_W, "items": alpha_H);
@@ -109,14 +140,11 @@ class ModelHeader:
             raise f.fail("family", f"one of {FAMILIES}", family)
         params = _params(f, model)
         store = _store(f)
-        delta = p = t = None
-        if family == "ordinal":
-            delta = _delta(f, model, store.n_classes)
+        n_members = f.integer("n_members", 1, MAX_MEMBERS, f.get("n_members", 1))
+        if n_members == 1:
+            top, members = _law(f, family, model, store.n_classes), ()
         else:
-            p = f.number("p")
-            if p > 1.0 or p < 0.0:
-                raise f.fail("p", "a number in [0, 1]", p)
-            t = f.number("t", low=0.0, above=True)
+            top, members = MemberLaw(), _members(f, family, model, store.n_classes, n_members)
         return cls(
             format_version=f.integer("format_version", 1),
             model=model,
@@ -132,12 +160,41 @@ class ModelHeader:
             passes=f.integer("passes", value=f.get("passes", 0)),
             converged=_flag(f, "converged"),
             runs=_runs(f),
-            delta=delta,
-            p=p,
-            t=t,
+            delta=top.delta,
+            p=top.p,
+            t=top.t,
+            n_members=n_members,
+            members=members,
             record=dict(attrs),
             where=where,
         )
+
+
+def _law(f: HeaderFields, family: str, model: str | None, n_classes: int) -> MemberLaw:
+    """The global parameters of a single fit, or of one member (``f`` its table)."""
+    if family == "ordinal":
+        return MemberLaw(delta=_delta(f, model, n_classes))
+    p = f.number("p")
+    if p > 1.0 or p < 0.0:
+        raise f.fail("p", "a number in [0, 1]", p)
+    return MemberLaw(p=p, t=f.number("t", low=0.0, above=True))
+
+
+def _members(
+    f: HeaderFields, family: str, model: str | None, n_classes: int, n: int
+) -> tuple[MemberLaw, ...]:
+    """The ``members`` of an ensemble: ``n`` tables, each holding a member's parameters."""
+    raw = f.get("members")
+    if not isinstance(raw, list | tuple) or len(raw) != n:
+        raise f.fail("members", f"a list of n_members = {n} tables", None, False)
+    laws = []
+    for m, member in enumerate(raw):
+        if not isinstance(member, dict):
+            raise f.fail(f"members[{m}]", "a table of the member's parameters", member)
+        laws.append(
+            _law(HeaderFields(member, f.where, "model", f"members[{m}]"), family, model, n_classes)
+        )
+    return tuple(laws)
 
 
 def _flag(f: HeaderFields, name: str) -> bool:

@@ -46,7 +46,9 @@ if TYPE_CHECKING:  # dask and distributed are imported where they are used
     import dask.array as da
     from distributed import Client, Future
 
-MODEL_FORMAT = 2  # 2: every factor array records its chunk inventory (docs/model-format.md)
+# 2: every factor array records its chunk inventory; 3: ensembles (n_members, members)
+# (docs/model-format.md)
+MODEL_FORMAT = 3
 
 
 def model_target(
@@ -112,13 +114,15 @@ FITTED = (
     "col_bounds",
     "init_model",
 )
+ENSEMBLE_FITTED = ("n_members", "members")  # in the fingerprint of ensembles only
 
 
 def model_fingerprint(attrs: dict[str, Any]) -> str:
     """Fingerprint of a saved model: a hash of the attributes that describe its fit (class,
     parameters, bound after each iteration, thresholds, store with its fingerprint, and the
     model it was warm-started from)."""
-    return _digest({k: attrs.get(k) for k in FITTED})
+    keys = FITTED + (ENSEMBLE_FITTED if attrs.get("n_members", 1) != 1 else ())
+    return _digest({k: attrs.get(k) for k in keys})
 
 
 def _first(pair: tuple[str, Any]) -> str:
@@ -330,7 +334,7 @@ class ModelInfo:
             for j in range(n):
                 array = chunkstore.open_checked(self.path, name, j, field)
                 want = self.header.chunk_shape(name, j)
-                want = (want[0], 1) if field == "prior_rate" else want
+                want = (want[0], self.header.n_members) if field == "prior_rate" else want
                 if tuple(array.shape) != want:
                     raise StoreError(
                         f"{chunkstore.field_path(self.path, name, j, field)}: shape "

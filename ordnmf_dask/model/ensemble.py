@@ -1,0 +1,46 @@
+"""An ensemble's factors: its members' posteriors side by side (docs/design.md, "Ensembles").
+
+The mean of M members' rates ``(1/M) sum_m w_m . h_m`` is the rate of one factorization whose
+rows hold the members' K columns side by side, with E[w] divided by M: every reader of a rate
+(ranking, top-n, pair scores, exports, the ranking metrics) reads the ensemble as it reads one
+fit. Under q, ``w / M`` is Gamma with the same shape and M times the rate, so the chunk stays a
+posterior of its own: E[w] and exp(E[log w]) divided by M, the prior rate multiplied by M.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ordnmf_dask.model.updates import FactorChunk
+
+
+def stack_members(chunks: Sequence[FactorChunk], scale: float) -> FactorChunk:
+    """One chunk of the members' ``chunks`` side by side, each q(x) that of ``scale * x``
+    (``1 / M`` for W, 1 for H); its ELBO term is the members' sum."""
+    shape = None if any(c.shape is None for c in chunks) else [c.shape for c in chunks]
+    prior = None if any(c.prior_rate is None for c in chunks) else [c.prior_rate for c in chunks]
+    return FactorChunk(
+        mean=np.concatenate([c.mean for c in chunks], axis=1) * scale,
+        geo=np.concatenate([c.geo for c in chunks], axis=1) * scale,
+        shape=None if shape is None else np.concatenate(shape, axis=1),
+        prior_rate=None if prior is None else np.concatenate(prior, axis=1) / scale,
+        elbo=float(sum(c.elbo for c in chunks)),
+    )
+
+
+def member_columns(k: int, m: int) -> slice:
+    """The columns of member ``m`` in a chunk of members of ``k`` components each."""
+    return slice(m * k, (m + 1) * k)
+
+
+def member_view(
+    mean: np.ndarray, var: np.ndarray | None, k: int, m: int, n_members: int, scaled: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Member ``m``'s E[x] and Var[x] from an ensemble's factor arrays (rows, M K): its
+    columns, with ``scaled`` (W) multiplied back by M."""
+    cols = member_columns(k, m)
+    f = float(n_members) if scaled else 1.0
+    mean_m = mean[:, cols] * f
+    return mean_m, None if var is None else var[:, cols] * (f * f)
