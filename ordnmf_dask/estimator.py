@@ -66,7 +66,7 @@ _SHARED_ATTRS_DOC = """
     W_, H_ : dask arrays (U, K), (I, K): posterior means E[W], E[H], chunked by block (made
         when first used: a fit alone imports no dask).
     log_W_, log_H_ : dask arrays: E[log W], E[log H].
-    elbo_ : list of ELBO values, one per iteration.
+    elbo_ : list of ELBO values, one per iteration (empty for an ensemble: see ``runs_``).
     n_iter_ : the number of iterations, ``len(elbo_)``.
     converged_ : bool, whether the fit stopped on ``tol``.
     passes_ : full passes over the training blocks the fit made (refused extrapolations
@@ -77,10 +77,13 @@ _SHARED_ATTRS_DOC = """
         model), ``metric``, ``rungs`` (the search's iteration budgets) and ``candidates``, one
         ``{"n_components", "scores"}`` per candidate, a validation score per rung it reached
         (docs/guide/fitting.md); else None.
-    runs_ : one dict per restart: seed, the ELBO of its kept state, n_iter, best_iteration,
-        converged, stop_reason, validation (the kept state's validation metric, or None), kept
-        (restarts are chosen by the validation metric when the store has a validation subset,
-        else by the ELBO).
+    n_members_ : the fits the model averages (``n_members``); its factors hold their
+        columns side by side (n_members * K), E[W] divided by n_members, so that
+        ``W_ @ H_.T`` is the mean of the members' rates.
+    runs_ : one dict per restart (or member): seed, the ELBO of its kept state, n_iter,
+        best_iteration, converged, stop_reason, validation (the kept state's validation
+        metric, or None), kept (restarts are chosen by the validation metric when the store
+        has a validation subset, else by the ELBO; every member is kept).
 """
 
 
@@ -284,6 +287,7 @@ class CaviEstimator:
         self.n_iter_ = h.n_iter
         self.passes_ = h.passes  # 0: a model saved before passes were counted
         self.runs_ = [dict(r) for r in h.runs]
+        self.n_members_ = h.n_members
         self.selection_ = h.record.get("selection")
         self.converged_ = h.converged
         for name, field in _FACTORS:  # a damaged model is an error now, not at first use
@@ -544,8 +548,10 @@ class OrdNMF(CaviEstimator):
     Attributes
     ----------"""
         + _SHARED_ATTRS_DOC
-        + """    delta_ : (V + 1,) threshold decrements (delta_[0] = 0).
-    theta_ : (V + 1,) thresholds theta_v = sum_{l > v} Delta_l (theta_V = 0).
+        + """    delta_ : (V + 1,) threshold decrements (delta_[0] = 0); an ensemble's
+        (n_members, V + 1), one row per member.
+    theta_ : (V + 1,) thresholds theta_v = sum_{l > v} Delta_l (theta_V = 0); an ensemble's
+        (n_members, V + 1).
 """
         + _NOTES_DOC
     )
@@ -561,8 +567,12 @@ class OrdNMF(CaviEstimator):
         self.approx = approx
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
-        self.delta_ = np.asarray(header.delta)
-        self.theta_ = header.theta
+        if header.n_members == 1:
+            self.delta_ = np.asarray(header.delta)
+            self.theta_ = header.theta
+        else:
+            self.delta_ = np.array([law.delta for law in header.laws])
+            self.theta_ = np.array([law.theta for law in header.laws])
 
 
 class BePoF(OrdNMF):
@@ -658,7 +668,8 @@ class DcPF(CaviEstimator):
         self.update_p = update_p
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
-        self.p_ = float(header.p)
+        p = [float(law.p) for law in header.laws]
+        self.p_ = p[0] if header.n_members == 1 else np.array(p)
 
 
 ESTIMATORS: dict[str, type[CaviEstimator]] = {k.__name__: k for k in (OrdNMF, BePoF, PF, DcPF)}

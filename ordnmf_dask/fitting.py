@@ -312,7 +312,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 for r in runs:
                     r["kept"] = True
                 attrs = _model_attrs(plan, states, scorer is not None, cache, runs)
-                w = _stacked(cl, [r.w for r in states], 1.0 / len(states))
+                w = _stacked(cl, [r.w for r in states], float(len(states)))
                 h = _stacked(cl, [r.h for r in states], 1.0)
                 with info.reading():  # its id maps and training items are copied from the store
                     save_model(
@@ -527,14 +527,16 @@ def _run_members(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _stacked(cl: Client, members: list[list[Any]], scale: float) -> list[Any]:
+def _stacked(cl: Client, members: list[list[Any]], divisor: float) -> list[Any]:
     """Futures of the ensemble's factor chunks: block by block, its members' chunks side by
     side (:func:`ordnmf_dask.model.ensemble.stack_members`), on the workers that hold them."""
-    return [cl.submit(_stack, scale, *chunks, pure=False) for chunks in zip(*members, strict=True)]
+    return [
+        cl.submit(_stack, divisor, *chunks, pure=False) for chunks in zip(*members, strict=True)
+    ]
 
 
-def _stack(scale: float, *chunks: Any) -> Any:
-    return stack_members(chunks, scale)
+def _stack(divisor: float, *chunks: Any) -> Any:
+    return stack_members(chunks, divisor)
 
 
 def _model_attrs(

@@ -135,7 +135,8 @@ def test_predict_proba_monotone_in_the_rate(m):
         for scale in (0.25, 0.5, 1.0, 2.0, 4.0):
             w = m.W[:1] * scale
             var = w**2 / m.aW[:1]
-            h = pred.hazards(w, var, np.zeros(N_ITEMS, np.int64), items, posterior)
+            pairs = pred.pairs(w, var, np.zeros(N_ITEMS, np.int64), items, posterior)
+            h = pred.law.pair_hazards(*pairs)
             now = np.stack(
                 [classlaw.at_least(h, s, limit) for s in (2, 3, 4)] + [-np.exp(-h[:, 0])]
             )

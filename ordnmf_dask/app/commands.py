@@ -200,12 +200,17 @@ def _summary_text(info: Any) -> str:
 
 def _model_text(s: dict[str, Any]) -> str:
     """``info MODEL``'s text from :func:`ordnmf_dask.postfit.summary.summary`."""
+    fit = (
+        f"ELBO {s['elbo']:.10e}"
+        if s["n_members"] == 1
+        else f"an ensemble of {s['n_members']} members of K = {s['n_components']}"
+    )
     lines = [
         f"model      {s['path']} ({s['model']}, {s['n_iter']} iterations, "
-        f"{'converged' if s['converged'] else 'not converged'}, ELBO {s['elbo']:.10e})",
+        f"{'converged' if s['converged'] else 'not converged'}, {fit})",
         f"shape      {s['n_users']} users x {s['n_items']} items, V = {s['n_classes']} classes; "
         f"store {s['store']}",
-        f"components {s['n_active_components']} active of {s['n_components']}",
+        f"components {s['n_active_components']} active of {s['n_components'] * s['n_members']}",
     ]
     table = s["thresholds_as_classes"]
     if table is None:
@@ -250,7 +255,11 @@ def cmd_fit(args: argparse.Namespace) -> int:
         model = run_job(plan, client)
     h = model.header
     status = stop_words(h.record.get("stop_reason"), h.converged)
-    print(f"{status}: {h.n_iter} iterations, ELBO {h.elbo[-1]:.10e}, model {model.path}")
+    if h.n_members > 1:
+        runs = "/".join(str(r.get("n_iter")) for r in h.runs)
+        print(f"{status}: {h.n_members} members after {runs} iterations, model {model.path}")
+    else:
+        print(f"{status}: {h.n_iter} iterations, ELBO {h.elbo[-1]:.10e}, model {model.path}")
     return EXIT_OK
 
 

@@ -77,6 +77,11 @@ def open_source(model: Any, estimator: str, family: Family, k: int, store: Store
     where = f"init_model {m.path}"
     if h.model != estimator:
         raise InputError(f"{where}: its model class {h.model} differs from this fit's {estimator}")
+    if h.n_members > 1:
+        raise InputError(
+            f"{where}: an ensemble of {h.n_members} members; a warm start continues one fit "
+            "(give a model fitted with n_members=1)"
+        )
     if h.n_components != k:
         raise InputError(f"{where}: its K = {h.n_components} differs from this fit's K = {k}")
     if isinstance(family, OrdinalFamily):

@@ -10,22 +10,25 @@ posterior of its own: E[w] and exp(E[log w]) divided by M, the prior rate multip
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
+from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
 
 
-def stack_members(chunks: Sequence[FactorChunk], scale: float) -> FactorChunk:
-    """One chunk of the members' ``chunks`` side by side, each q(x) that of ``scale * x``
-    (``1 / M`` for W, 1 for H); its ELBO term is the members' sum."""
+def stack_members(chunks: Sequence[FactorChunk], divisor: float) -> FactorChunk:
+    """One chunk of the members' ``chunks`` side by side, each q(x) that of ``x / divisor``
+    (M for W, 1 for H); its ELBO term is the members' sum."""
     shape = None if any(c.shape is None for c in chunks) else [c.shape for c in chunks]
     prior = None if any(c.prior_rate is None for c in chunks) else [c.prior_rate for c in chunks]
     return FactorChunk(
-        mean=np.concatenate([c.mean for c in chunks], axis=1) * scale,
-        geo=np.concatenate([c.geo for c in chunks], axis=1) * scale,
+        mean=np.concatenate([c.mean for c in chunks], axis=1) / divisor,
+        geo=np.concatenate([c.geo for c in chunks], axis=1) / divisor,
         shape=None if shape is None else np.concatenate(shape, axis=1),
-        prior_rate=None if prior is None else np.concatenate(prior, axis=1) / scale,
+        prior_rate=None if prior is None else np.concatenate(prior, axis=1) * divisor,
         elbo=float(sum(c.elbo for c in chunks)),
     )
 
@@ -44,3 +47,51 @@ def member_view(
     f = float(n_members) if scaled else 1.0
     mean_m = mean[:, cols] * f
     return mean_m, None if var is None else var[:, cols] * (f * f)
+
+
+def fold_in_members(
+    block: CsrBlock,
+    mean: np.ndarray,
+    log_mean: np.ndarray,
+    colsum: np.ndarray,
+    alpha: float,
+    likelihoods: Sequence[Likelihood],
+    k: int,
+    other_scaled: bool,
+    **options: Any,
+) -> FoldIn:
+    """Fold-in of new rows against an ensemble's other side (``mean``, ``log_mean`` of the
+    touched rows and ``colsum`` of all its rows, M K columns): each member's own rows against
+    its columns (multiplied back by M where ``other_scaled``: new items against W) with its
+    own thresholds, side by side as the ensemble holds them (new users' E[w] divided by M).
+    One member is :func:`fold_in_rows` itself."""
+    n = len(likelihoods)
+    if n == 1:
+        return fold_in_rows(block, mean, log_mean, colsum, alpha, likelihoods[0], **options)
+    f = float(n) if other_scaled else 1.0
+    shift = np.log(f)
+    parts = []
+    for m, likelihood in enumerate(likelihoods):
+        cols = member_columns(k, m)
+        parts.append(
+            fold_in_rows(
+                block,
+                mean[:, cols] * f,
+                log_mean[:, cols] + shift,
+                colsum[cols] * f,
+                alpha,
+                likelihood,
+                **options,
+            )
+        )
+    div = 1.0 if other_scaled else float(n)  # the new rows: W divided by M, H as it is
+    side = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # noqa: E731
+    return FoldIn(
+        mean=side("mean") / div,
+        log_mean=side("log_mean") - np.log(div),
+        shape=side("shape"),
+        rate=side("rate") * div,
+        prior_rate=side("prior_rate") * div,
+        n_iter=np.max([p.n_iter for p in parts], axis=0),
+        converged=np.all([p.converged for p in parts], axis=0),
+    )

@@ -13,8 +13,10 @@ import zarr
 
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model import classlaw
+from ordnmf_dask.model.ensemble import member_view
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.modelstore import chunkstore
+from ordnmf_dask.modelstore.header import MemberLaw
 from ordnmf_dask.modelstore.model import ModelInfo
 
 SCALES = ("store", "class")
@@ -39,10 +41,15 @@ class ClassLaw:
     p: float = 0.0
     t: float = 1.0
     edges: np.ndarray | None = None
+    members: tuple[ClassLaw, ...] = ()  # an ensemble's: its law is their mixture
+    k: int = 0  # an ensemble's components per member
 
     @property
     def limit(self) -> np.ndarray:
-        """The law given an interaction as the rate tends to 0."""
+        """The law given an interaction as the rate tends to 0 (an ensemble's: the mean of
+        its members')."""
+        if self.members:
+            return np.mean([law.limit for law in self.members], axis=0)
         if self.family == "ordinal":
             return classlaw.ordinal_limit(self.theta)
         return classlaw.count_limit(self.p, self.edges)
@@ -66,6 +73,101 @@ class ClassLaw:
         if self.family == "ordinal":
             return classlaw.plugin_hazards(lam, self.theta)
         return classlaw.count_hazards(lam, self.p, self.t, self.edges)
+
+    def pair_probs(
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        mean_w: np.ndarray,
+        var_w: np.ndarray | None,
+        mean_h: np.ndarray,
+        var_h: np.ndarray | None,
+        given_interaction: bool,
+    ) -> np.ndarray:
+        """P(y = v) (n, V + 1) of the pairs, as :meth:`pair_hazards` takes them (given an
+        interaction: P(y = v | y > 0)); an ensemble's is the mean of its members' laws."""
+        if not self.members:
+            hz = self.pair_hazards(users, items, mean_w, var_w, mean_h, var_h)
+            return classlaw.class_law(hz, self.limit, given_interaction)
+        reach, given = self._member_laws(users, items, mean_w, var_w, mean_h, var_h)
+        if given_interaction:
+            return _weighted(given, reach)
+        out = np.einsum("mn,mnv->nv", reach, given) / len(self.members)
+        out[:, 0] = 1.0 - reach.mean(axis=0)
+        return out
+
+    def pair_at_least(
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        mean_w: np.ndarray,
+        var_w: np.ndarray | None,
+        mean_h: np.ndarray,
+        var_h: np.ndarray | None,
+        s: int,
+    ) -> np.ndarray:
+        """P(y >= s | y > 0) (n,) of the pairs."""
+        if not self.members:
+            hz = self.pair_hazards(users, items, mean_w, var_w, mean_h, var_h)
+            return classlaw.at_least(hz, s, self.limit)
+        probs = self.pair_probs(users, items, mean_w, var_w, mean_h, var_h, True)
+        return np.minimum(probs[:, s:].sum(axis=1), 1.0)
+
+    def pair_log_prob(
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        mean_w: np.ndarray,
+        var_w: np.ndarray | None,
+        mean_h: np.ndarray,
+        var_h: np.ndarray | None,
+        y: np.ndarray,
+    ) -> np.ndarray:
+        """log P(y = y_j | y > 0) (n,) of observed classes ``y`` in 1..V."""
+        if not self.members:
+            hz = self.pair_hazards(users, items, mean_w, var_w, mean_h, var_h)
+            return classlaw.log_class_prob(hz, y)
+        logs, reach = [], []
+        for m, law in enumerate(self.members):
+            hz = law.pair_hazards(users, items, *self._view(m, mean_w, var_w, mean_h, var_h))
+            r = -np.expm1(-hz[:, 0])
+            with np.errstate(divide="ignore"):
+                logs.append(np.log(r) + classlaw.log_class_prob(hz, y))
+            reach.append(r)
+        with np.errstate(divide="ignore"):
+            return np.logaddexp.reduce(np.array(logs), axis=0) - np.log(np.sum(reach, axis=0))
+
+    def _view(
+        self,
+        m: int,
+        mean_w: np.ndarray,
+        var_w: np.ndarray | None,
+        mean_h: np.ndarray,
+        var_h: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+        """Member ``m``'s E[w], Var[w], E[h], Var[h] from the ensemble's arrays."""
+        n = len(self.members)
+        return (
+            *member_view(mean_w, var_w, self.k, m, n, True),
+            *member_view(mean_h, var_h, self.k, m, n, False),
+        )
+
+    def _member_laws(
+        self,
+        users: np.ndarray,
+        items: np.ndarray,
+        mean_w: np.ndarray,
+        var_w: np.ndarray | None,
+        mean_h: np.ndarray,
+        var_h: np.ndarray | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's P(y > 0) (M, n) and law given an interaction (M, n, V + 1)."""
+        reach, given = [], []
+        for m, law in enumerate(self.members):
+            hz = law.pair_hazards(users, items, *self._view(m, mean_w, var_w, mean_h, var_h))
+            reach.append(-np.expm1(-hz[:, 0]))
+            given.append(classlaw.class_law(hz, law.limit, True))
+        return np.array(reach), np.array(given)
 
     def check_level(self, s: int) -> int:
         """``s`` as a class 1..V of this law, else InputError."""
@@ -100,6 +202,18 @@ def store_scale(model: ModelInfo) -> tuple[str, list[float] | None]:
     return attrs["value_kind"], attrs.get("thresholds")
 
 
+def _weighted(given: np.ndarray, reach: np.ndarray) -> np.ndarray:
+    """The mixture of the members' laws given an interaction (M, n, V + 1), each weighted by
+    its P(y > 0) (M, n): P(y = v | y > 0) of the ensemble; where every member's P(y > 0) is 0,
+    the mean of their laws (their limits)."""
+    total = reach.sum(axis=0)
+    out = np.einsum("mn,mnv->nv", reach, given)
+    zero = total == 0
+    out[~zero] /= total[~zero, None]
+    out[zero] = given[:, zero].mean(axis=0)
+    return out
+
+
 def law_of(model: ModelInfo) -> ClassLaw:
     """The :class:`ClassLaw` of a saved model; InputError for a model without one.
 
@@ -108,11 +222,29 @@ def law_of(model: ModelInfo) -> ClassLaw:
     p = 1 (binary data) and dcPF on a store of classes (it models the class numbers as counts,
     whose law runs past class V) have no law of the classes.
     """
+    header = model.header
+    laws = [_member_law(model, header.family, law) for law in header.laws]
+    if len(laws) == 1:
+        return laws[0]
+    first = laws[0]
+    return ClassLaw(
+        first.family,
+        first.n_classes,
+        first.value_kind,
+        first.binarized,
+        edges=first.edges,
+        members=tuple(laws),
+        k=header.n_components,
+    )
+
+
+def _member_law(model: ModelInfo, family: str, member: MemberLaw) -> ClassLaw:
+    """The :class:`ClassLaw` of one fit (a model's, or an ensemble member's)."""
     a = model.attrs
     n_store = int(a["store"]["n_classes"])
     value_kind, thresholds = store_scale(model)
-    if a.get("family") == "dcpf":
-        p = float(a["p"])
+    if family == "dcpf":
+        p = float(member.p)
         if p == 1.0:
             raise InputError(
                 f"{model.path}: dcPF at p = 1 models binary data (PF on binarized counts): it "
@@ -125,8 +257,8 @@ def law_of(model: ModelInfo) -> ClassLaw:
                 "OrdNMF for class probabilities)"
             )
         edges = np.asarray(thresholds, dtype=np.float64)
-        return ClassLaw("counts", n_store, value_kind, False, p=p, t=float(a["t"]), edges=edges)
-    delta = np.asarray(a["delta"], dtype=np.float64)
+        return ClassLaw("counts", n_store, value_kind, False, p=p, t=float(member.t), edges=edges)
+    delta = np.asarray(member.delta, dtype=np.float64)
     v = len(delta) - 1
     binarized = v != n_store or value_kind in ("binary", "raw")
     edges = None if thresholds is None else np.asarray(thresholds, dtype=np.float64)
@@ -193,7 +325,6 @@ def top_at_least(
     for c in np.unique(block).tolist():
         sel = block == c
         h = factor_moments(model, "H", c, False)
-        hz = law.pair_hazards(rows[sel], cols[sel] - col_bounds[c], w[0], w[1], h[0], h[1])
-        found[sel] = classlaw.at_least(hz, s, law.limit)
+        found[sel] = law.pair_at_least(rows[sel], cols[sel] - col_bounds[c], *w, *h, s)
     proba[listed] = found
     return scores, items, proba

@@ -1,6 +1,7 @@
 """Fold-in of new users (H and the thresholds fixed, no refit) and recommendations for them.
 
-The numerics are :func:`ordnmf_dask.model.foldin.fold_in_rows`. Here: which rows of the model to
+The numerics are :func:`ordnmf_dask.model.foldin.fold_in_rows` (an ensemble's:
+:func:`ordnmf_dask.model.ensemble.fold_in_members`). Here: which rows of the model to
 read and where. The workers compute the K column sums of E[H] per item-block (summed along a
 fixed tree) and read, per item-block, only the rows of E[H], E[log H] of the items the new users
 touched; the fold-in itself runs in one worker task. The client sends the interactions and
@@ -18,7 +19,8 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError, StoreError, shown
 from ordnmf_dask.model import metrics
-from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
+from ordnmf_dask.model.ensemble import fold_in_members
+from ordnmf_dask.model.foldin import FoldIn, Likelihood
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
@@ -38,15 +40,20 @@ if TYPE_CHECKING:  # distributed is imported where a cluster is used
 log = logging.getLogger("ordnmf_dask")
 
 
-def likelihood_of(m: ModelInfo) -> tuple[Likelihood, int | None]:
-    """The frozen observation model of ``m`` and its binarization threshold (BePoF / PF)."""
+def likelihoods_of(m: ModelInfo) -> tuple[list[Likelihood], int | None]:
+    """The frozen observation model of each member of ``m`` (one for a single fit) and the
+    binarization threshold (BePoF / PF)."""
     h = m.header
     if h.family == "dcpf":
-        return Likelihood("dcpf", p=float(h.p), t=float(h.t)), None
+        return [Likelihood("dcpf", p=float(law.p), t=float(law.t)) for law in h.laws], None
     params = h.params
     threshold = params.get("threshold")
+    approx = bool(params.get("approx", False))
     return (
-        Likelihood("ordinal", delta=m.delta, approx=bool(params.get("approx", False))),
+        [
+            Likelihood("ordinal", delta=np.asarray(law.delta, np.float64), approx=approx)
+            for law in h.laws
+        ],
         None if threshold is None else int(threshold),
     )
 
@@ -71,15 +78,26 @@ def _run(
     colsum: np.ndarray,
     block: CsrBlock,
     alpha: float,
-    likelihood: Likelihood,
+    likelihoods: list[Likelihood],
+    k: int,
     max_iter: int,
     tol: float,
     seed: int | None,
 ) -> FoldIn:
     eh = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, colsum.shape[0]))
     log_eh = np.concatenate([p[1] for p in parts]) if parts else eh.copy()
-    return fold_in_rows(
-        block, eh, log_eh, colsum, alpha, likelihood, max_iter=max_iter, tol=tol, seed=seed
+    return fold_in_members(
+        block,
+        eh,
+        log_eh,
+        colsum,
+        alpha,
+        likelihoods,
+        k,
+        False,
+        max_iter=max_iter,
+        tol=tol,
+        seed=seed,
     )
 
 
@@ -192,16 +210,17 @@ def fold_in(
 
     Returns
     -------
-    (n_new, K) float64 E[w] of the new users, in the order given.
+    (n_new, K) float64 E[w] of the new users, in the order given (an ensemble's: (n_new,
+    n_members * K), each member's against its own columns, as the model's W holds them).
     """
     settings = validate_call("fold_in", {"max_iter": max_iter, "tol": tol, "seed": seed})
     max_iter, tol, seed = settings["max_iter"], settings["tol"], settings["seed"]
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     info = None if store is None else open_pair(store, m.path, allow_other_store)[0]
-    likelihood, threshold = likelihood_of(m)
+    likelihoods, threshold = likelihoods_of(m)
     flat_items, flat_values, user = flatten(items, values)
     y, keep = check_values(
-        flat_values, likelihood, m.header.store.n_classes, threshold, value_spec(m)
+        flat_values, likelihoods[0], m.header.store.n_classes, threshold, value_spec(m)
     )
     alpha = m.header.alpha("users")
     col_bounds = np.asarray(m.header.col_bounds, dtype=np.int64)
@@ -217,7 +236,17 @@ def fold_in(
             for c in np.unique(which).tolist()
         ]
         result = cl.submit(
-            _run, parts, sums, block, alpha, likelihood, max_iter, tol, seed, pure=False
+            _run,
+            parts,
+            sums,
+            block,
+            alpha,
+            likelihoods,
+            m.header.n_components,
+            max_iter,
+            tol,
+            seed,
+            pure=False,
         ).result()
     warn_unconverged(result, "users", max_iter, tol, block)
     return result.mean

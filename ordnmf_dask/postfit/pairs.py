@@ -151,8 +151,7 @@ def pairs_part(
                 raise InputError(f"{file}, row group {group}: {exc}") from None
             pu, wm, wv = chunks.rows("W", u, rb)
             pi, hm, hv = chunks.rows("H", i, cb)
-            hz = law.pair_hazards(pu, pi, wm, wv, hm, hv)
-            probs = classlaw.class_law(hz, law.limit, given_interaction)
+            probs = law.pair_probs(pu, pi, wm, wv, hm, hv, given_interaction)
             columns = [batch.column(0).cast(schema[0].type), batch.column(1).cast(schema[1].type)]
             columns += [pa.array(probs[:, v]) for v in range(probs.shape[1])]
             writer.write_table(pa.Table.from_arrays(columns, schema=schema))

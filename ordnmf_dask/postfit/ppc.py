@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import simulate
 from ordnmf_dask.model.kernels import sddmm
 from ordnmf_dask.modelstore import chunkstore
@@ -55,6 +56,12 @@ def _ppc_task(
 def _spec(store: StoreInfo, model: ModelInfo) -> tuple[tuple, np.ndarray]:
     """The sampler of ``model`` and the training histogram it is compared with (with zeros)."""
     a = model.attrs
+    if model.header.n_members > 1:
+        raise InputError(
+            f"{model.path}: the posterior predictive check draws from one fit's law; this "
+            f"model is an ensemble of {model.header.n_members} members (fit with n_members=1 "
+            "to check one)"
+        )
     total = store.n_users * store.n_items
     if a["family"] == "dcpf":
         edges = store.count_edges

@@ -45,30 +45,31 @@ class Predictor:
             self._var[name] = mean * mean / shape
         return self._var[name]
 
-    def hazards(
+    def pairs(
         self,
         w: np.ndarray,
         w_var: np.ndarray | None,
         users: np.ndarray,
         items: np.ndarray,
         posterior: str,
-    ) -> np.ndarray:
-        """Cumulative hazards of the pairs (row ``users[j]`` of ``w``, item index ``items[j]``)
-        under ``posterior``; ``w_var``: the variances of ``w`` (None: ``w`` known exactly)."""
+    ) -> tuple[Any, ...]:
+        """The arguments of the law's pair methods (:class:`ClassLaw`) for the pairs (row
+        ``users[j]`` of ``w``, item index ``items[j]``) under ``posterior``; ``w_var``: the
+        variances of ``w`` (None: ``w`` known exactly)."""
         if posterior not in classlaw.POSTERIORS:
             raise InputError(
                 f"posterior must be one of {', '.join(classlaw.POSTERIORS)}, got {posterior!r}"
             )
         if posterior == "mean" or self.law.family != "ordinal":
-            return self.law.pair_hazards(users, items, w, None, self.srv.H, None)
+            return users, items, w, None, self.srv.H, None
         var_w = np.zeros_like(w) if w_var is None else w_var
-        return self.law.pair_hazards(users, items, w, var_w, self.srv.H, self.variance("H"))
+        return users, items, w, var_w, self.srv.H, self.variance("H")
 
-    def pair_hazards(self, users: np.ndarray, items: np.ndarray, posterior: str) -> np.ndarray:
-        """Cumulative hazards of pairs of user and item indices."""
+    def pair_args(self, users: np.ndarray, items: np.ndarray, posterior: str) -> tuple[Any, ...]:
+        """:meth:`pairs` of pairs of user and item indices."""
         need_var = posterior == "gamma" and self.law.family == "ordinal"
         w_var = self.variance("W") if need_var else None
-        return self.hazards(self.srv.W, w_var, users, items, posterior)
+        return self.pairs(self.srv.W, w_var, users, items, posterior)
 
     def indices(self, users: Any, items: Any) -> tuple[np.ndarray, np.ndarray]:
         """Indices of pairs given by raw ids; InputError for unknown ids or unequal lengths."""
@@ -85,9 +86,7 @@ class Predictor:
     def proba(self, users: Any, items: Any, given_interaction: bool, posterior: str) -> np.ndarray:
         """P(y = v) (n, V + 1) of pairs of raw ids (given an interaction: P(y = v | y > 0))."""
         u, i = self.indices(users, items)
-        return classlaw.class_law(
-            self.pair_hazards(u, i, posterior), self.law.limit, given_interaction
-        )
+        return self.law.pair_probs(*self.pair_args(u, i, posterior), given_interaction)
 
     def predict(self, users: Any, items: Any, kind: str, posterior: str, scale: str) -> np.ndarray:
         """Ratings of pairs of raw ids given an interaction (:func:`to_scale`)."""
@@ -106,8 +105,8 @@ class Predictor:
         for key, items in recs.items():
             idx = self.srv.items.index([i for i, _ in items])
             w = rows[key][None]
-            h = self.hazards(w, None, np.zeros(len(idx), np.int64), idx, "mean")
-            up = classlaw.at_least(h, s, self.law.limit)
+            pairs = self.pairs(w, None, np.zeros(len(idx), np.int64), idx, "mean")
+            up = self.law.pair_at_least(*pairs, s)
             out[key] = [(i, score, float(x)) for (i, score), x in zip(items, up, strict=True)]
         return out
 

@@ -31,7 +31,7 @@ import psutil
 import zarr
 
 from ordnmf_dask.errors import InputError, StoreError, shown
-from ordnmf_dask.model.foldin import fold_in_rows
+from ordnmf_dask.model.ensemble import fold_in_members
 from ordnmf_dask.model.kernels import jit
 from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
@@ -566,9 +566,9 @@ class Server:
         max_iter, tol, seed = settings["max_iter"], settings["tol"], settings["seed"]
         new, other = ("user", "item") if axis == "users" else ("item", "user")
         flat, flat_values, row = foldin.flatten(ids, values, new, other)
-        likelihood, threshold = foldin.likelihood_of(self.model)
+        likelihoods, threshold = foldin.likelihoods_of(self.model)
         n_classes = self.model.header.store.n_classes
-        y, keep = foldin.check_values(flat_values, likelihood, n_classes, threshold, self._spec)
+        y, keep = foldin.check_values(flat_values, likelihoods[0], n_classes, threshold, self._spec)
         names = self.items if axis == "users" else self.users
         index = names.index(flat)
         block = foldin.interactions(row[keep], index[keep], y, len(ids), new, other)
@@ -576,13 +576,15 @@ class Server:
         name = "H" if axis == "users" else "W"
         mean, log_mean = self._field(name, "mean"), self._field(name, "log_mean")
         alpha = self.model.header.alpha(axis)
-        result = fold_in_rows(
+        result = fold_in_members(
             block,
             mean[touched],
             log_mean[touched],
             mean.sum(axis=0),
             alpha,
-            likelihood,
+            likelihoods,
+            self.model.header.n_components,
+            name == "W",
             max_iter=max_iter,
             tol=tol,
             seed=seed,
@@ -632,6 +634,6 @@ def fits_in_memory(model: str | os.PathLike) -> bool:
     """Whether serving ``model`` in memory (its factors, their float32 and unit-norm copies)
     takes under half of the memory available now."""
     m = open_model(os.fspath(model))
-    s, k = m.header.store, m.header.n_components
+    s, k = m.header.store, m.header.width
     need = 8 * k * (s.n_users + s.n_items) * 4
     return need < psutil.virtual_memory().available / 2

@@ -39,7 +39,8 @@ def active_components(model: ModelInfo) -> np.ndarray:
 def threshold_table(model: ModelInfo) -> list[dict[str, Any]] | None:
     """The learned thresholds as class laws: for each rate lambda at which the model gives a
     pair a chance ``reach`` (:data:`REACH`) of an interaction, ``lambda = -log(1 - reach) /
-    theta_0``, P(y = v | y > 0) for v = 1..V and the expected class. None for a model without
+    theta_0``, P(y = v | y > 0) for v = 1..V and the expected class (an ensemble's: the mean
+    of its members' laws, each at that reach; ``rate`` their mean). None for a model without
     an ordinal law of its classes."""
     try:
         law = law_of(model)
@@ -47,8 +48,16 @@ def threshold_table(model: ModelInfo) -> list[dict[str, Any]] | None:
         return None
     if law.family != "ordinal":
         return None
-    lam = -np.log1p(-np.asarray(REACH)) / law.theta[0]
-    probs = classlaw.class_law(classlaw.plugin_hazards(lam, law.theta), law.limit, True)
+    laws = law.members or (law,)  # an ensemble: each member at that reach, mixed
+    lams = [-np.log1p(-np.asarray(REACH)) / m.theta[0] for m in laws]
+    probs = np.mean(
+        [
+            classlaw.class_law(classlaw.plugin_hazards(lam, m.theta), m.limit, True)
+            for lam, m in zip(lams, laws, strict=True)
+        ],
+        axis=0,
+    )
+    lam = np.mean(lams, axis=0)
     expected = classlaw.class_rating(probs, "expected")
     return [
         {
@@ -77,8 +86,10 @@ def summary(model: ModelInfo) -> dict[str, Any]:
         "store": a["store"].get("path"),
         "n_iter": int(a["n_iter"]),
         "converged": bool(a["converged"]),
-        "elbo": float(a["elbo"][-1]),
+        "elbo": float(a["elbo"][-1]) if a["elbo"] else None,  # an ensemble's: per member
         "theta": a.get("theta"),
         "p": a.get("p"),
+        "n_members": int(a.get("n_members", 1)),
+        "members": a.get("members"),
         "thresholds_as_classes": threshold_table(model),
     }
