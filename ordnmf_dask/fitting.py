@@ -502,6 +502,7 @@ def _run_members(
             cache,
             *checkpoint_schedule(cl, values),
             plan.prints[j],
+            checkpoint_tag=checkpoint.member_tag(j),
         )
         label = f"member {j + 1}/{n} (seed {run_cfg.seed}): "
         with plan.info.reading():

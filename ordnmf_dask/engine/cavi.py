@@ -188,6 +188,7 @@ class CaviRunner:
         checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
         fingerprint: str = "",
         held: list[list[CsrBlock]] | None = None,
+        checkpoint_tag: str = "",
     ) -> None:
         self.client = client
         self.store = store
@@ -197,6 +198,7 @@ class CaviRunner:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_minutes = checkpoint_minutes
         self.fingerprint = fingerprint
+        self.checkpoint_tag = checkpoint_tag  # an ensemble member's (checkpoint.member_tag)
         n_r, n_c = store.grid
         refs = [
             [tasks.BlockRef(store.path, "train", r, c, family.values) for c in range(n_c)]
@@ -451,7 +453,14 @@ class CaviRunner:
             "SW": [submit(reduce.resolve, x) for x in st.sw],
             "SH": [submit(reduce.resolve, x) for x in st.sh],
         }
-        return checkpoint.start(self.client, self.checkpoint_dir, n_done, groups, self.fingerprint)
+        return checkpoint.start(
+            self.client,
+            self.checkpoint_dir,
+            n_done,
+            groups,
+            self.fingerprint,
+            self.checkpoint_tag,
+        )
 
     def _finish_checkpoint(
         self, pending: checkpoint.Pending, res: dict[str, Any], state: CaviState
@@ -530,7 +539,12 @@ class CaviRunner:
         if resume or required:
             try:
                 groups, snap, path = checkpoint.read_newest(
-                    client, self.checkpoint_dir, self._rows(), self.fingerprint, cfg.max_iter
+                    client,
+                    self.checkpoint_dir,
+                    self._rows(),
+                    self.fingerprint,
+                    cfg.max_iter,
+                    self.checkpoint_tag,
                 )
                 log.info("resuming from %s (iteration %d)", path, snap.iteration)
             except CheckpointError as exc:

@@ -61,7 +61,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEEP = 2
-_NAME = re.compile(r"^ckpt-(\d{8})$")
+_NAME = re.compile(r"^ckpt-(\d{8})(-m\d{4})?$")
+
+
+def member_tag(member: int | None) -> str:
+    """What the names of the checkpoints of ensemble member ``member`` end with (members run
+    at once in one directory); "" for a single fit."""
+    return "" if member is None else f"-m{member:04d}"
+
+
 GROUPS = ("W", "H", "SW", "SH")
 
 
@@ -326,12 +334,18 @@ class Pending:
 
 
 def start(
-    client: Client, directory: str, iteration: int, groups: dict[str, list[Future]], print_: str
+    client: Client,
+    directory: str,
+    iteration: int,
+    groups: dict[str, list[Future]],
+    print_: str,
+    tag: str = "",
 ) -> Pending:
     """Submit the writes of ``groups`` (W, H, SW, SH futures) for the checkpoint of iteration
-    ``iteration`` of the fit with fingerprint ``print_``; nothing waits: each chunk is written
-    as soon as it is computed."""
-    pending = Pending(iteration, locations.join(directory, f"ckpt-{iteration:08d}"), print_, {})
+    ``iteration`` of the fit with fingerprint ``print_`` (``tag``: :func:`member_tag`);
+    nothing waits: each chunk is written as soon as it is computed."""
+    final = locations.join(directory, f"ckpt-{iteration:08d}{tag}")
+    pending = Pending(iteration, final, print_, {})
     tmp = pending.tmp
     _make_room(tmp, print_)
     attrs = {"format": CHECKPOINT_FORMAT, "fingerprint": print_}
@@ -419,13 +433,20 @@ def reload(
 
 
 def read_newest(
-    client: Client, directory: str, rows: dict[str, list[int]], print_: str, below: int
+    client: Client,
+    directory: str,
+    rows: dict[str, list[int]],
+    print_: str,
+    below: int,
+    tag: str = "",
 ) -> tuple[dict[str, list[Future]], Snapshot, str]:
-    """The newest checkpoint in ``directory`` taken before iteration ``below`` (a fit stopping
-    at max_iter = ``below`` continues from it) that reads back whole; others are skipped."""
+    """The newest checkpoint in ``directory`` (named with ``tag``: :func:`member_tag`) taken
+    before iteration ``below`` (a fit stopping at max_iter = ``below`` continues from it) that
+    reads back whole; others are skipped."""
     problems = []
     for path in list_checkpoints(directory):
-        if int(os.path.basename(path)[5:]) >= below:
+        match = _NAME.match(os.path.basename(path))
+        if match is None or (match.group(2) or "") != tag or int(match.group(1)) >= below:
             continue
         try:
             futures, snap = read(client, path, rows, print_)

@@ -23,7 +23,8 @@ STORE_MARK = "ordnmf_dask.store"  # the kind a store's pending marker records at
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
 CHECKPOINT = "ordnmf_dask.checkpoint"
 CHECKPOINT_FORMAT = 1  # the ``format`` attribute of a checkpoint
-CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{8})(\.tmp)?$")  # a checkpoint's name, finished or not
+# a checkpoint's name, finished or not: after iteration n, of an ensemble's member m or not
+CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{8})(-m\d{4})?(\.tmp)?$")
 CHECKPOINT_DIRECTORY = "ordnmf_dask.checkpoints"  # the kind of a directory made beside a model
 CHECKPOINTS_MARK = "_ORDNMF_CHECKPOINTS"  # the name of that directory's marker
 EXPORT = "ordnmf_dask.export"  # the kind of an export's markers
