@@ -289,9 +289,10 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
         ours = _claim(ckpt_dir, plan.prints, plan.restart, n_init)
         out = plan.out if plan.out is not None else _temporary_model_dir()
         tables = fit_tables(cfg.optimizer)
-        with choose_client(client, info, cfg.n_components, values["executor"], tables=tables) as cl:
+        width = cfg.n_components * values["n_members"]  # the members' factors are held at once
+        with choose_client(client, info, width, values["executor"], tables=tables) as cl:
             cache = decide_cache(values["cache_blocks"], cl, info)
-            check_fit_memory(cl, info, cfg.n_components, cache, tables)  # before any iteration
+            check_fit_memory(cl, info, width, cache, tables)  # before any iteration
             _say_held_out(info)
             started = time.perf_counter()
             log.info(

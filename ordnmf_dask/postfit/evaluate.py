@@ -256,7 +256,7 @@ def evaluate(
     n_r, n_c = info.grid
     w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
-    k_model = m.header.n_components
+    k_model = m.header.width  # the columns every chunk holds (K per member)
     start = time.monotonic()
     with (
         choose_client(client, info, k_model, n_workers=n_workers) as cl,

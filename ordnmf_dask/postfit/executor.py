@@ -39,5 +39,5 @@ def client_for(
         if info is not None
         else _Sizes(h.store.n_users, h.store.n_items, h.store.nnz_train, h.n_blocks)
     )
-    with choose_client(client, sizes, h.n_components, n_workers=n_workers) as cl:
+    with choose_client(client, sizes, h.width, n_workers=n_workers) as cl:
         yield cl

@@ -159,15 +159,16 @@ def factor_bytes(n_users: int, n_items: int, k: int, tables: int = FACTOR_TABLES
 def check_fit_memory(
     client: Any, info: Grid, k: int, cache: bool, tables: int = FACTOR_TABLES
 ) -> None:
-    """InputError when a fit of ``info`` at K = ``k`` holding ``tables`` (n, K) tables per row
-    of W and H (:func:`fit_tables`) cannot fit where it runs: in-process,
+    """InputError when a fit of ``info`` at K = ``k`` (an ensemble: K times its members) holding
+    ``tables`` (n, K) tables per row of W and H (:func:`fit_tables`) cannot fit where it runs:
+    in-process,
     :func:`~.cluster.inprocess_bytes` over the memory available now; on a cluster, the factors
     (and the training blocks when ``cache``) over what the workers' memory limits leave below
     Dask's pause threshold, in all, or on one worker for the largest chunks of W and H.
     Workers without a memory limit are not checked."""
     need_text = f"K = {k} on {info.n_users} users x {info.n_items} items needs about"
     what = f"(W and H: {tables} tables of K numbers per user and item"
-    advice = "lower K (n_components)"
+    advice = "lower K (n_components) or the ensemble's n_members"
     if isinstance(client, InProcessClient):
         need = inprocess_bytes(info, k, tables)
         room, bound = memory_room()

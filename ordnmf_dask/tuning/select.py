@@ -23,7 +23,7 @@ from ordnmf_dask.store.blocks import StoreInfo
 log = logging.getLogger("ordnmf_dask")
 
 #: what the search leaves to the fit it chooses for (not parameters of its trials)
-_NOT_FIXED = ("n_components", "select_components", "max_iter", "n_init")
+_NOT_FIXED = ("n_components", "select_components", "max_iter", "n_init", "n_members")
 
 
 def select_rank(
@@ -51,6 +51,7 @@ def select_rank(
         if k not in _NOT_FIXED and (k not in MANAGED or k in ("work_dir", "executor"))
     }
     fixed.pop("executor")
+    fixed["n_members"] = 1  # candidates are compared by single fits; the ensemble is the chosen K's
     work = fixed.pop("work_dir")
     n_jobs = max(1, min(len(candidates), os.cpu_count() or 1))
     parent = tempfile.mkdtemp(prefix="ordnmf-select-", dir=work)
