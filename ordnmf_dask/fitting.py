@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
@@ -521,6 +521,10 @@ def _run_members(
     pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="ordnmf-member")
     try:
         futures = [pool.submit(member, j) for j in range(n)]
+        wait(futures, return_when=FIRST_EXCEPTION)  # the first failure stops the others
+        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+        if failed:
+            raise next((e for e in failed if not isinstance(e, _Stopped)), failed[0])
         return [f.result() for f in futures]
     except BaseException:
         stopped.set()  # the others stop at their next iteration

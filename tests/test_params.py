@@ -201,6 +201,7 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     assert {p.name for p in params.PARAMS.values() if not p.model} == {
         "max_iter",
         "n_init",
+        "n_members",
         "select_components",
         "cache_blocks",
         "executor",
