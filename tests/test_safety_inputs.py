@@ -198,6 +198,14 @@ def test_fold_in_file_errors_name_the_file_line_and_raw_ids(id_model, tmp_path, 
         f"{twice}, line 3: user 'new1' rates item 'i1' twice",
     )
     one_line_error(["fold-in", str(id_model), str(fifo)], str(fifo), "a FIFO")
+    for rows, expected in [
+        ("new1,i1,2\nnew2,i2,-3\n", "line 2 (user 'new2', item 'i2'): rating -3 is off the"),
+        ("new1,i1,2\nnew1,i2,2.5\n", "line 2 (user 'new1', item 'i2'): rating 2.5 is off the"),
+        ("new1,i1,2\n  ,i2,3\n", "line 2: no user id (item 'i2')"),
+    ]:
+        bad = tmp_path / "f3.csv"
+        bad.write_text(rows)
+        one_line_error(["fold-in", str(id_model), str(bad)], f"{bad}, {expected}")
 
 
 def _substitute(kind: str, where: Path, fifo: Path) -> Path:

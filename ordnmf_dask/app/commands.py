@@ -418,11 +418,15 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         args.ratings, delimiter=args.delimiter, header=args.header, columns=tuple(args.columns)
     )
     server = serving.server(args.model)
+    user_ids, item_ids = _ids(rows.users), _ids(rows.items)
+    _check_fold_in_values(server, rows, user_ids, item_ids)
     users: dict[Any, tuple[list[Any], list[float]]] = {}
     seen: set[tuple[Any, Any]] = set()
     for k, (user, item, value) in enumerate(
-        zip(_ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True)
+        zip(user_ids, item_ids, rows.values.tolist(), strict=True)
     ):
+        if user is None or user == "":
+            raise InputError(f"{rows.origin.where(k)}: no user id (item {item!r})")
         if (user, item) in seen:
             raise InputError(f"{rows.origin.where(k)}: user {user!r} rates item {item!r} twice")
         seen.add((user, item))
@@ -431,7 +435,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
-    _check_known_items(server, rows, _ids(rows.items))
+    _check_known_items(server, rows, item_ids)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
     if args.factors:
@@ -444,6 +448,23 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     named = dict(zip(users, (recs[j] for j in range(len(users))), strict=True))
     write_table(["user", "rank", "item", "score"], ranked_rows(named), args.format)
     return EXIT_OK
+
+
+def _check_fold_in_values(server: Any, rows: Any, users: list[Any], items: list[Any]) -> None:
+    """InputError naming the file, line and ids of the first row of a fold-in ratings file
+    whose value the model cannot take (on the scale its store was ingested from)."""
+    from ordnmf_dask.postfit import foldin
+    from ordnmf_dask.sources.origin import Named
+
+    likelihood, threshold = foldin.likelihood_of(server.model)
+    foldin.check_values(
+        rows.values,
+        likelihood,
+        server.model.header.store.n_classes,
+        threshold,
+        foldin.value_spec(server.model),
+        Named(rows.origin, lambda k: f"user {users[k]!r}, item {items[k]!r}"),
+    )
 
 
 def _check_known_items(server: Any, rows: Any, items: list[Any]) -> None:
