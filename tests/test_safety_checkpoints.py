@@ -82,6 +82,14 @@ def set_snapshot(field: str, value):
     return change
 
 
+def claim_rows(path) -> None:
+    """W/1's E[W] claims 10^12 rows in its metadata (chunk shape and inventory untouched)."""
+    meta = path / "W" / "1" / "mean" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["shape"] = doc["chunk_grid"]["configuration"]["chunk_shape"] = [10**12, K]
+    meta.write_text(json.dumps(doc))
+
+
 NEWEST = "ckpt-00000004"
 DAMAGE = {
     "elbo": (
@@ -103,6 +111,10 @@ DAMAGE = {
     "negated factors": (
         negate_all_w,
         "snapshot.w_sum must be 3 column sums >= 0 and a bound",
+    ),
+    "claimed rows": (
+        claim_rows,
+        f"{NEWEST}/W/1: mean records shape (1000000000000, 3), not (15, 3)",
     ),
     "colsums": (
         lambda p: edit_header(p, lambda a: a["colsums"]["H"].pop()),

@@ -48,6 +48,7 @@ from ordnmf_dask.engine.snapshot import (
     Snapshot,
     content_problem,
     parse,
+    shape_problem,
 )
 from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
@@ -107,6 +108,9 @@ def _load(
     resume) not a state the model allows (:func:`content_problem`): raise CheckpointError
     (``strict``), else return an :class:`_Unreadable`."""
     try:
+        wrong = None if k is None else shape_problem(_recorded_shapes(root, name, index), rows, k)
+        if wrong is not None:  # refused from its metadata, before anything is allocated
+            return _refuse(f"{root}/{name}/{index}: {wrong}", strict)
         if name in ("W", "H"):
             value = chunkstore.load_chunk(root, name, index, owner="checkpoint")
             data = value.mean
@@ -119,9 +123,22 @@ def _load(
         if data.shape[0] == rows and data.sum(axis=0).tolist() == colsum and wrong is None:
             return value
         problem = f"{root}/{name}/{index}: " + (wrong or "content does not match its checksum")
+    return _refuse(problem, strict)
+
+
+def _refuse(problem: str, strict: bool) -> _Unreadable:
     if strict:
         raise CheckpointError(problem)
     return _Unreadable(problem)
+
+
+def _recorded_shapes(root: str, name: str, index: int) -> dict[str, tuple[int, ...]]:
+    """The shape each array of chunk ``name/index`` records in its metadata (a factor chunk's
+    fields, or a statistic's one array)."""
+    path = chunkstore.chunk_path(root, name, index)
+    if name in ("W", "H"):
+        return {key: tuple(a.shape) for key, a in zarr.open_group(path, mode="r").arrays()}
+    return {"statistic": tuple(zarr.open_array(path, mode="r").shape)}
 
 
 def _submit_loads(

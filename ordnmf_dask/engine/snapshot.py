@@ -200,6 +200,17 @@ def parse(text: bytes, where: str, layout: Layout) -> dict[str, Any]:
     return attrs
 
 
+def shape_problem(recorded: Mapping[str, tuple[int, ...]], rows: int, k: int) -> str | None:
+    """What makes the arrays of a chunk, by the shapes their metadata record (``recorded``:
+    field -> shape), no state of ``rows`` rows of a fit with K = ``k``, or None: checked before
+    a byte is read, so that a chunk claiming 10^12 rows allocates nothing."""
+    for name, shape in recorded.items():
+        want = (rows, 1) if name == "prior_rate" else (rows, k)
+        if shape != want:
+            return f"{name} records shape {shape}, not {want}"
+    return None
+
+
 def content_problem(value: FactorChunk | np.ndarray, rows: int, k: int) -> str | None:
     """What makes a chunk read back unusable as the state of a fit with K = ``k``, or None:
     a factor chunk's E[x] and shape (rows, K), finite and > 0, with exp(E[log x]) finite and
