@@ -110,7 +110,8 @@ class PairsFile:
             with open_input_file(self.path, "pairs file") as fh:
                 parquet = pq.ParquetFile(fh)
                 wanted = self._names(parquet.schema_arrow.names)
-                for batch in parquet.iter_batches(BATCH_ROWS, columns=wanted):
+                batches = parquet.iter_batches(BATCH_ROWS, columns=wanted, use_threads=False)
+                for batch in batches:
                     yield wanted, batch.select(wanted)
             return
         from pyarrow import csv as pacsv
@@ -120,10 +121,7 @@ class PairsFile:
             autogenerate_column_names=not self.header, block_size=BLOCK_BYTES, use_threads=False
         )
         parse = pacsv.ParseOptions(delimiter=self.delimiter or ("\t" if tab else ","))
-        # the system allocator: pyarrow's default (mimalloc) reserves a GiB of address space
-        # at its first use, which an address-space limit (ulimit -v) counts
         options = {"read_options": read, "parse_options": parse}
-        options["memory_pool"] = pa.system_memory_pool()
         with open_input_file(self.path, "pairs file") as fh:
             names = pacsv.open_csv(fh, **options).schema.names
         wanted = self._names(names)
