@@ -189,3 +189,24 @@ def test_a_checkpoint_header_larger_than_its_fit_allows_is_not_parsed(fitted, ck
         again = OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS).fit(store, resume=True)
     assert f"skipping checkpoint: {ckpt / NEWEST}: its zarr.json holds more than" in caplog.text
     assert again.elbo_ == whole
+
+
+def test_the_size_bound_admits_the_longest_header_of_its_layout(tmp_path):
+    """Every number at its longest, as zarr writes it (indented, one a line): the header is
+    parsed, although it is larger than the bound's slack alone."""
+    import zarr
+
+    from ordnmf_dask.engine.snapshot import CheckpointHeader, Layout, Snapshot, parse
+    from ordnmf_dask.model.families import OrdinalFamily
+
+    blocks, k, max_iter, long = 100, 50, 20_000, -1.2345678901234567e-300
+    rows = {name: [1] * blocks for name in ("W", "H", "SW", "SH")}
+    layout = Layout(rows, k, OrdinalFamily((0, 1, 1, 1)), max_iter)
+    many = [long] * (k + 1)
+    snap = Snapshot(max_iter - 1, [long] * 4, [long] * (max_iter - 1), long, many, many, many)
+    colsums = {name: [[long] * k] * blocks for name in rows}
+    path = tmp_path / "ckpt-00019999"
+    zarr.open_group(path, mode="w", attributes=CheckpointHeader("p", snap, colsums).to_attrs())
+    text = (path / "zarr.json").read_bytes()
+    assert 1 << 20 < len(text) <= layout.max_bytes()
+    assert parse(text, str(path), layout)["snapshot"]["iteration"] == max_iter - 1

@@ -29,7 +29,7 @@ from ordnmf_dask.store.kinds import CHECKPOINT_FORMAT, CHECKPOINT_NAME
 
 GROUPS = ("W", "H", "SW", "SH")
 MAX_PASSES = 2**53  # exactly representable: more full passes than any fit makes
-_FLOAT_CHARS = 32  # the most characters one float of the header takes as JSON, separator included
+_FLOAT_CHARS = 64  # a number as zarr writes it, on its own indented line (<= 36), doubled
 _SLACK = 1 << 20  # room for the names and fields around the numbers
 _PARAMS_MAX = 512  # more numbers than any family's parameters and scalar fields hold
 
