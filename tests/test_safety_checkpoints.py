@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -90,6 +91,13 @@ def claim_rows(path) -> None:
     meta.write_text(json.dumps(doc))
 
 
+def fifo_in_place(path) -> None:
+    """W/1's E[W] metadata is a FIFO (zarr would block on it, waiting for a writer)."""
+    meta = path / "W" / "1" / "mean" / "zarr.json"
+    meta.unlink()
+    os.mkfifo(meta)
+
+
 NEWEST = "ckpt-00000004"
 DAMAGE = {
     "elbo": (
@@ -116,6 +124,7 @@ DAMAGE = {
         claim_rows,
         f"{NEWEST}/W/1: mean records shape (1000000000000, 3), not (15, 3)",
     ),
+    "fifo": (fifo_in_place, f"{NEWEST}/W/1/mean/zarr.json: is a FIFO inside the checkpoint"),
     "colsums": (
         lambda p: edit_header(p, lambda a: a["colsums"]["H"].pop()),
         "checkpoint attribute colsums.H must be a list of 2 chunks' column sums",

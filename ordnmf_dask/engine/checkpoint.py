@@ -421,6 +421,10 @@ def read(
 ) -> tuple[dict[str, list[Future]], Snapshot]:
     """Futures reading checkpoint ``path`` back on the workers (its header and every chunk
     checked against ``layout``), and its snapshot."""
+    try:
+        locations.check_tree(path, "checkpoint")  # no FIFO or device for zarr to block on
+    except (InputError, OSError) as exc:
+        raise CheckpointError(str(exc)) from None
     header = CheckpointHeader.from_attrs(_root_attrs(path, layout), path, layout, print_)
     assert header.snapshot is not None and header.colsums is not None  # complete: checked
     rows, k = layout.rows, layout.n_components
