@@ -105,25 +105,25 @@ def _load(
     root: str, name: str, index: int, rows: int, colsum: list[float], strict: bool, k: int | None
 ) -> Any:
     """Read one chunk back. If it is not exactly what was written, or (given K = ``k``: a
-    resume) not a state the model allows (:func:`content_problem`): raise CheckpointError
-    (``strict``), else return an :class:`_Unreadable`."""
+    resume) not a state of the fit (:func:`shape_problem` from its metadata, before anything
+    is allocated; :func:`content_problem` once read): raise CheckpointError (``strict``), else
+    return an :class:`_Unreadable`."""
+    where = f"{root}/{name}/{index}"
     try:
         wrong = None if k is None else shape_problem(_recorded_shapes(root, name, index), rows, k)
-        if wrong is not None:  # refused from its metadata, before anything is allocated
-            return _refuse(f"{root}/{name}/{index}: {wrong}", strict)
-        if name in ("W", "H"):
+        if wrong is None and name in ("W", "H"):
             value = chunkstore.load_chunk(root, name, index, owner="checkpoint")
             data = value.mean
-        else:
+        elif wrong is None:
             value = data = chunkstore.load_array(root, name, index, owner="checkpoint")
     except Exception as exc:  # noqa: BLE001 - truncated, missing or garbled: not usable
-        problem = f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})"
-    else:
-        wrong = None if k is None else content_problem(value, rows, k)
-        if data.shape[0] == rows and data.sum(axis=0).tolist() == colsum and wrong is None:
-            return value
-        problem = f"{root}/{name}/{index}: " + (wrong or "content does not match its checksum")
-    return _refuse(problem, strict)
+        return _refuse(f"{where}: unreadable ({type(exc).__name__}: {exc})", strict)
+    if wrong is not None:
+        return _refuse(f"{where}: {wrong}", strict)
+    if data.shape[0] != rows or data.sum(axis=0).tolist() != colsum:
+        return _refuse(f"{where}: content does not match its checksum", strict)
+    wrong = None if k is None else content_problem(value, rows, k)
+    return value if wrong is None else _refuse(f"{where}: {wrong}", strict)
 
 
 def _refuse(problem: str, strict: bool) -> _Unreadable:
