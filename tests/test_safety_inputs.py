@@ -148,6 +148,72 @@ def test_a_missing_id_in_a_pairs_file_names_file_and_line(id_model, tmp_path, fi
     one_line_error(["score", str(id_model), "--pairs", str(fifo)], str(fifo), "a FIFO")
 
 
+def test_a_pairs_file_is_scored_in_batches_every_id_checked_before_a_line_is_written(
+    id_model, tmp_path, capsys, monkeypatch
+):
+    """``score --pairs`` reads its file a block at a time (here a few lines), scores what the
+    same pairs on the command line score, and refuses an unknown id on the last line naming it
+    before anything is printed."""
+    from ordnmf_dask.app import pairsfile
+
+    monkeypatch.setattr(pairsfile, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(pairsfile, "BATCH_ROWS", 7)
+    users = ["007", "7", "x", "y", "z"] * 20
+    items = [f"i{j % 6}" for j in range(len(users))]
+    text = tmp_path / "p.csv"
+    text.write_text(
+        "user,item\n" + "".join(f"{u},{i}\n" for u, i in zip(users, items, strict=True))
+    )
+    assert (
+        main(["score", str(id_model), "--users", ",".join(users), "--items", ",".join(items)]) == 0
+    )
+    given = capsys.readouterr().out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"user": users, "item": items}), parquet)
+    for path in (text, parquet):
+        assert main(["score", str(id_model), "--pairs", str(path)]) == 0
+        assert capsys.readouterr().out == given
+    with text.open("a") as fh:
+        fh.write("7,i9\n")
+    one_line_error(
+        ["score", str(id_model), "--pairs", str(text)], f"{text}, line 102: unknown item id 'i9'"
+    )
+    assert capsys.readouterr().out == ""
+
+
+def test_score_pairs_streams_under_an_address_space_limit(id_model, tmp_path):
+    """2 million pairs scored under a 1.5 GiB address-space limit (``ulimit -v``): the memory
+    the command takes is bounded by its batches, not by the file (it took 1.1 GB of resident
+    memory for 10^6 pairs, and a MemoryError under such a limit, when read whole)."""
+    import resource
+    import subprocess
+
+    from conftest import CLI
+    from test_safety_signals import limited
+
+    pairs = tmp_path / "big.csv"
+    n = 2_000_000
+    with pairs.open("w") as fh:
+        fh.write("user,item\n")
+        users = ["007", "7", "x", "y", "z"]
+        fh.writelines(f"{users[k % 5]},i{k % 6}\n" for k in range(n))
+    with (tmp_path / "scores.tsv").open("w") as out:
+        r = subprocess.run(
+            [*CLI, "score", str(id_model), "--pairs", str(pairs), "-q"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=600,
+            preexec_fn=limited(resource.RLIMIT_AS, int(1.5 * (1 << 30))),
+        )
+    assert r.returncode == 0, r.stderr
+    with (tmp_path / "scores.tsv").open() as fh:
+        assert sum(1 for _ in fh) == n + 1
+
+
 def test_an_npz_header_claiming_10_12_rows_is_refused_before_any_allocation(
     id_model, tmp_path, fifo
 ):
@@ -198,6 +264,14 @@ def test_fold_in_file_errors_name_the_file_line_and_raw_ids(id_model, tmp_path, 
         f"{twice}, line 3: user 'new1' rates item 'i1' twice",
     )
     one_line_error(["fold-in", str(id_model), str(fifo)], str(fifo), "a FIFO")
+    for rows, expected in [
+        ("new1,i1,2\nnew2,i2,-3\n", "line 2 (user 'new2', item 'i2'): rating -3 is off the"),
+        ("new1,i1,2\nnew1,i2,2.5\n", "line 2 (user 'new1', item 'i2'): rating 2.5 is off the"),
+        ("new1,i1,2\n  ,i2,3\n", "line 2: no user id (item 'i2')"),
+    ]:
+        bad = tmp_path / "f3.csv"
+        bad.write_text(rows)
+        one_line_error(["fold-in", str(id_model), str(bad)], f"{bad}, {expected}")
 
 
 def _substitute(kind: str, where: Path, fifo: Path) -> Path:

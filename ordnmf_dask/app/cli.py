@@ -46,9 +46,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if argv is None:  # the process runs this one command and ends: the OS frees its memory,
         atexit.register(gc.freeze)  # without the interpreter's final collection of every object
+        _system_allocator_under_a_limit()
     with logging_kept(quiet=not args.debug), warnings.catch_warnings():
         warnings.showwarning = warning_line
         return _run(args, parser, process=argv is None)
+
+
+def _system_allocator_under_a_limit() -> None:
+    """Under an address-space limit (``ulimit -v``), pyarrow allocates through the system
+    allocator, in this process and the workers it starts: its default, mimalloc, reserves a GiB
+    of address space at its first use, which the limit counts as used (``score --pairs`` of 10^7
+    pairs under 2 GiB ran out of it). Set before pyarrow loads; a choice of the user's stays."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY:
+        if "pyarrow" not in sys.modules:
+            os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 _INPUTS = {

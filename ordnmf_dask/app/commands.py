@@ -410,13 +410,8 @@ def _similar(axis: str) -> Any:
     return cmd_similar
 
 
-def _ids(column: Any) -> list[Any]:
-    """Raw ids as read (a pyarrow column of strings, or int64 numbers), as Python values."""
-    values = column.to_pylist() if hasattr(column, "to_pylist") else column.tolist()
-    return [v.strip() if isinstance(v, str) else v for v in values]
-
-
 def cmd_fold_in(args: argparse.Namespace) -> int:
+    from ordnmf_dask.app.pairsfile import raw_ids
     from ordnmf_dask.app.tables import ranked_rows, write_table
     from ordnmf_dask.postfit import serving
     from ordnmf_dask.sources.readers import read_triples
@@ -427,11 +422,15 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         args.ratings, delimiter=args.delimiter, header=args.header, columns=tuple(args.columns)
     )
     server = serving.server(args.model)
+    user_ids, item_ids = raw_ids(rows.users), raw_ids(rows.items)
+    _check_fold_in_values(server, rows, user_ids, item_ids)
     users: dict[Any, tuple[list[Any], list[float]]] = {}
     seen: set[tuple[Any, Any]] = set()
     for k, (user, item, value) in enumerate(
-        zip(_ids(rows.users), _ids(rows.items), rows.values.tolist(), strict=True)
+        zip(user_ids, item_ids, rows.values.tolist(), strict=True)
     ):
+        if user is None or user == "":
+            raise InputError(f"{rows.origin.where(k)}: no user id (item {item!r})")
         if (user, item) in seen:
             raise InputError(f"{rows.origin.where(k)}: user {user!r} rates item {item!r} twice")
         seen.add((user, item))
@@ -440,7 +439,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
-    _check_known_items(server, rows, _ids(rows.items))
+    _check_known_items(server, rows, item_ids)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
     if args.factors:
@@ -453,6 +452,23 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     named = dict(zip(users, (recs[j] for j in range(len(users))), strict=True))
     write_table(["user", "rank", "item", "score"], ranked_rows(named), args.format)
     return EXIT_OK
+
+
+def _check_fold_in_values(server: Any, rows: Any, users: list[Any], items: list[Any]) -> None:
+    """InputError naming the file, line and ids of the first row of a fold-in ratings file
+    whose value the model cannot take (on the scale its store was ingested from)."""
+    from ordnmf_dask.postfit import foldin
+    from ordnmf_dask.sources.origin import Named
+
+    likelihood, threshold = foldin.likelihood_of(server.model)
+    foldin.check_values(
+        rows.values,
+        likelihood,
+        server.model.header.store.n_classes,
+        threshold,
+        foldin.value_spec(server.model),
+        Named(rows.origin, lambda k: f"user {users[k]!r}, item {items[k]!r}"),
+    )
 
 
 def _check_known_items(server: Any, rows: Any, items: list[Any]) -> None:
@@ -469,79 +485,29 @@ def _check_known_items(server: Any, rows: Any, items: list[Any]) -> None:
         raise
 
 
-def _read_pairs(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
-    """The (user, item) pairs of ``--pairs FILE``: CSV / TSV text (a header line unless
-    --no-header) or Parquet, columns by position or name, read by the one opener of inputs;
-    text ids stay text (``007`` is not ``7``: the strict-id rule of the model's id maps decides),
-    and a missing id is an error naming the file and line (Parquet: row)."""
-    import pyarrow as pa
-
-    from ordnmf_dask.errors import InputError
-    from ordnmf_dask.sources.infile import open_input_file
-    from ordnmf_dask.sources.inputs import is_parquet
-
-    if len(args.columns) != 2:
-        raise UsageError(f"--columns takes user,item, got {args.columns}")
-    path = args.pairs
-    header = args.header is not False
-    try:
-        if is_parquet(path):
-            import pyarrow.parquet as pq
-
-            with open_input_file(path, "pairs file") as fh:
-                table = pq.ParquetFile(fh).read()
-        else:
-            from pyarrow import csv as pacsv
-
-            delimiter = args.delimiter or ("\t" if path.endswith((".tsv", ".tab")) else ",")
-            read = pacsv.ReadOptions(autogenerate_column_names=not header)
-            parse = pacsv.ParseOptions(delimiter=delimiter)
-            with open_input_file(path, "pairs file") as fh:
-                names = pacsv.open_csv(fh, read_options=read, parse_options=parse).schema.names
-            text = pacsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))
-            with open_input_file(path, "pairs file") as fh:
-                table = pacsv.read_csv(
-                    fh, read_options=read, parse_options=parse, convert_options=text
-                )
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{path}: cannot read the pairs ({' '.join(str(exc).split())})") from None
-    names = table.column_names
-    picked = []
-    for column in args.columns:
-        name = names[column] if isinstance(column, int) and column < len(names) else column
-        if name not in names:
-            raise InputError(f"{path}: no column {column!r} (columns: {', '.join(names)})")
-        ids = _ids(table.column(name).cast(pa.string()))
-        for row, value in enumerate(ids):
-            if value is None or value == "":
-                where = f"row {row}" if is_parquet(path) else f"line {row + 1 + header}"
-                raise InputError(f"{path}, {where}: no id in column {name!r}")
-        picked.append(ids)
-    return picked[0], picked[1]
-
-
 def cmd_score(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.tables import write_table
     from ordnmf_dask.postfit import serving
 
+    columns = ["user", "item", "score"]
     if args.pairs is not None:
+        from ordnmf_dask.app.pairsfile import PairsFile
+
         if args.items is not None:
             raise UsageError("--items goes with --users, not with --pairs")
-        users, items = _read_pairs(args)
-    elif args.items is None:
+        pairs = PairsFile.of(args.pairs, args.columns, args.header, args.delimiter)
+        server = serving.server(args.model)
+        if not pairs.check(server):  # every id checked before a line is written
+            raise UsageError(f"{args.pairs}: no pairs")
+        write_table(columns, pairs.scored(server), args.format)
+        return EXIT_OK
+    if args.items is None:
         raise UsageError("--users needs --items (one item per user)")
-    else:
-        users, items = args.users, args.items
+    users, items = args.users, args.items
     if not users:
-        raise UsageError(
-            "--users needs at least one id" if args.pairs is None else f"{args.pairs}: no pairs"
-        )
+        raise UsageError("--users needs at least one id")
     scores = serving.server(args.model).score(users, items)
-    write_table(
-        ["user", "item", "score"],
-        list(zip(users, items, scores.tolist(), strict=True)),
-        args.format,
-    )
+    write_table(columns, zip(users, items, scores.tolist(), strict=True), args.format)
     return EXIT_OK
 
 

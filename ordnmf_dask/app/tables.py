@@ -6,15 +6,17 @@ row) or Parquet (binary; refused on a terminal)."""
 from __future__ import annotations
 
 import csv
-import io
+import itertools
 import json
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from ordnmf_dask.errors import UsageError
 
 FORMATS = ("tsv", "csv", "json", "parquet")
+BATCH = 1 << 16  # rows of a Parquet table written at a time
 
 
 def _plain(value: Any) -> Any:
@@ -30,35 +32,65 @@ def _text(value: Any) -> Any:
 
 
 def write_table(
-    columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: IO[str] | None = None
+    columns: Sequence[str], rows: Iterable[Sequence[Any]], fmt: str, out: IO[str] | None = None
 ) -> None:
-    """Write ``rows`` (one value per column, in order) as ``fmt`` to ``out`` (default stdout)."""
+    """Write ``rows`` (one value per column, in order) as ``fmt`` to ``out`` (default stdout),
+    as they come: an iterator of rows is never held whole (``score --pairs`` streams its
+    pairs), and a reader gone (``| head``) is seen as the table is written."""
     out = sys.stdout if out is None else out
     if fmt in ("tsv", "csv"):
         writer = csv.writer(out, delimiter="\t" if fmt == "tsv" else ",", lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([[_text(v) for v in row] for row in rows])
+        writer.writerows([_text(v) for v in row] for row in rows)
     elif fmt == "json":
-        records = [dict(zip(columns, (_plain(v) for v in row), strict=True)) for row in rows]
-        for piece in json.JSONEncoder(indent=1).iterencode(records):  # streamed, as TSV is:
-            out.write(piece)  # a reader gone (`| head`) is seen as the table is written
-        out.write("\n")
+        _write_json(columns, rows, out)
     elif fmt == "parquet":
         if getattr(out, "isatty", lambda: False)():
             raise UsageError(
                 "--format parquet writes binary: redirect it to a file (> out.parquet)"
             )
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        table = pa.table({name: [_plain(row[j]) for row in rows] for j, name in enumerate(columns)})
-        buffer = io.BytesIO()
-        pq.write_table(table, buffer)
-        out.flush()
-        out.buffer.write(buffer.getvalue())
-        out.buffer.flush()
+        _write_parquet(columns, rows, out)
     else:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def _write_json(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: IO[str]) -> None:
+    """An array of one object per row, as ``json.dumps(records, indent=1)`` writes it, one
+    record at a time."""
+    first = True
+    for row in rows:
+        record = dict(zip(columns, (_plain(v) for v in row), strict=True))
+        out.write("[\n" if first else ",\n")
+        out.write(textwrap.indent(json.dumps(record, indent=1), " "))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
+
+
+def _write_parquet(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: IO[str]) -> None:
+    """One Parquet file, written :data:`BATCH` rows at a time (its columns typed by the first
+    batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(batch: list[Sequence[Any]], schema: pa.Schema | None) -> pa.Table:
+        data = {name: [_plain(row[j]) for row in batch] for j, name in enumerate(columns)}
+        return pa.table(data, schema=schema)
+
+    out.flush()
+    writer = None
+    iterator = iter(rows)
+    while True:
+        batch = list(itertools.islice(iterator, BATCH))
+        if writer is not None and not batch:
+            break
+        piece = table(batch, None if writer is None else writer.schema)
+        if writer is None:
+            writer = pq.ParquetWriter(pa.PythonFile(out.buffer, mode="w"), piece.schema)
+        writer.write_table(piece)
+        if len(batch) < BATCH:
+            break
+    writer.close()
+    out.buffer.flush()
 
 
 def ranked_rows(lists: dict[Any, list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:

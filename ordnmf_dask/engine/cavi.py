@@ -38,6 +38,7 @@ import numpy as np
 
 from ordnmf_dask.engine import checkpoint, tasks
 from ordnmf_dask.engine.flight import Flight
+from ordnmf_dask.engine.snapshot import Layout, Snapshot
 from ordnmf_dask.engine.squarem import Squarem
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
 from ordnmf_dask.model import anneal, extrapolation
@@ -467,7 +468,7 @@ class CaviRunner:
     ) -> Flight:
         """Complete ``pending`` with the client's state and read it back (cutting the task
         lineage); the read-back futures are submitted, not waited for."""
-        snap = checkpoint.Snapshot(
+        snap = Snapshot(
             pending.iteration,
             self.family.to_json(res["params"]),
             list(state.elbo),
@@ -538,13 +539,9 @@ class CaviRunner:
         snap = None
         if resume or required:
             try:
+                layout = Layout(self._rows(), cfg.n_components, fam, cfg.max_iter)
                 groups, snap, path = checkpoint.read_newest(
-                    client,
-                    self.checkpoint_dir,
-                    self._rows(),
-                    self.fingerprint,
-                    cfg.max_iter,
-                    self.checkpoint_tag,
+                    client, self.checkpoint_dir, layout, self.fingerprint, self.checkpoint_tag
                 )
                 log.info("resuming from %s (iteration %d)", path, snap.iteration)
             except CheckpointError as exc:

@@ -34,12 +34,22 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
 
+from ordnmf_dask.engine.snapshot import (
+    GROUPS,
+    CheckpointHeader,
+    Layout,
+    Snapshot,
+    content_problem,
+    parse,
+    shape_problem,
+)
 from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore
@@ -48,7 +58,6 @@ from ordnmf_dask.runtime.inprocess import wait
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.kinds import (
     CHECKPOINT_DIRECTORY,
-    CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
     CHECKPOINTS_MARK,
     fingerprint_of,
@@ -68,25 +77,6 @@ def member_tag(member: int | None) -> str:
     """What the names of the checkpoints of ensemble member ``member`` end with (members run
     at once in one directory); "" for a single fit."""
     return "" if member is None else f"-m{member:04d}"
-
-
-GROUPS = ("W", "H", "SW", "SH")
-
-
-@dataclass
-class Snapshot:
-    """The client-side part of the state after an iteration (JSON-able)."""
-
-    iteration: int
-    params: Any
-    elbo: list[float]
-    objective: float
-    small: list[float]
-    w_sum: list[float]
-    h_sum: list[float]
-    passes: int = 0  # full passes over the blocks so far
-    step_max: float = 1.0  # the SQUAREM optimizer's largest step for the next cycle
-    extrapolations: tuple[int, int] = (0, 0)  # extrapolated steps kept, refused
 
 
 def fingerprint(store_attrs: dict[str, Any], store_path: str, settings: dict[str, Any]) -> str:
@@ -117,32 +107,57 @@ class _Unreadable:
     problem: str
 
 
-def _load(root: str, name: str, index: int, rows: int, colsum: list[float], strict: bool) -> Any:
-    """Read one chunk back. If it is not exactly what was written: raise CheckpointError
-    (``strict``), else return an :class:`_Unreadable`."""
+def _load(
+    root: str, name: str, index: int, rows: int, colsum: list[float], strict: bool, k: int | None
+) -> Any:
+    """Read one chunk back. If it is not exactly what was written, or (given K = ``k``: a
+    resume) not a state of the fit (:func:`shape_problem` from its metadata, before anything
+    is allocated; :func:`content_problem` once read): raise CheckpointError (``strict``), else
+    return an :class:`_Unreadable`."""
+    where = f"{root}/{name}/{index}"
     try:
-        if name in ("W", "H"):
+        wrong = None if k is None else shape_problem(_recorded_shapes(root, name, index), rows, k)
+        if wrong is None and name in ("W", "H"):
             value = chunkstore.load_chunk(root, name, index, owner="checkpoint")
             data = value.mean
-        else:
+        elif wrong is None:
             value = data = chunkstore.load_array(root, name, index, owner="checkpoint")
     except Exception as exc:  # noqa: BLE001 - truncated, missing or garbled: not usable
-        problem = f"{root}/{name}/{index}: unreadable ({type(exc).__name__}: {exc})"
-    else:
-        if data.shape[0] == rows and data.sum(axis=0).tolist() == colsum:
-            return value
-        problem = f"{root}/{name}/{index}: content does not match its checksum"
+        return _refuse(f"{where}: unreadable ({type(exc).__name__}: {exc})", strict)
+    if wrong is not None:
+        return _refuse(f"{where}: {wrong}", strict)
+    if data.shape[0] != rows or data.sum(axis=0).tolist() != colsum:
+        return _refuse(f"{where}: content does not match its checksum", strict)
+    wrong = None if k is None else content_problem(value, rows, k)
+    return value if wrong is None else _refuse(f"{where}: {wrong}", strict)
+
+
+def _refuse(problem: str, strict: bool) -> _Unreadable:
     if strict:
         raise CheckpointError(problem)
     return _Unreadable(problem)
 
 
+def _recorded_shapes(root: str, name: str, index: int) -> dict[str, tuple[int, ...]]:
+    """The shape each array of chunk ``name/index`` records in its metadata (a factor chunk's
+    fields, or a statistic's one array)."""
+    path = chunkstore.chunk_path(root, name, index)
+    if name in ("W", "H"):
+        return {key: tuple(a.shape) for key, a in zarr.open_group(path, mode="r").arrays()}
+    return {"statistic": tuple(zarr.open_array(path, mode="r").shape)}
+
+
 def _submit_loads(
-    client: Client, path: str, rows: dict[str, list[int]], colsums: dict[str, list], strict: bool
+    client: Client,
+    path: str,
+    rows: Mapping[str, list[int]],
+    colsums: Mapping[str, list],
+    strict: bool,
+    k: int | None = None,
 ) -> dict[str, list[Future]]:
     return {
         name: [
-            client.submit(_load, path, name, j, n, colsums[name][j], strict, pure=False)
+            client.submit(_load, path, name, j, n, colsums[name][j], strict, k, pure=False)
             for j, n in enumerate(rows[name])
         ]
         for name in GROUPS
@@ -348,8 +363,7 @@ def start(
     pending = Pending(iteration, final, print_, {})
     tmp = pending.tmp
     _make_room(tmp, print_)
-    attrs = {"format": CHECKPOINT_FORMAT, "fingerprint": print_}
-    root = zarr.open_group(tmp, mode="w", attributes=attrs)
+    root = zarr.open_group(tmp, mode="w", attributes=CheckpointHeader(print_).to_attrs())
     for name in GROUPS:
         root.create_group(name)
     for name in GROUPS:
@@ -365,9 +379,8 @@ def finish(pending: Pending, snap: Snapshot) -> tuple[str, dict[str, list]]:
     and no unfinished one. Returns its path and column sums."""
     wait([f for fs in pending.sums.values() for f in fs])
     colsums = {name: [f.result() for f in fs] for name, fs in pending.sums.items()}
-    zarr.open_group(pending.tmp, mode="r+").update_attributes(  # one write of zarr.json
-        {"snapshot": snap.__dict__, "colsums": colsums, "complete": True}
-    )
+    header = CheckpointHeader(pending.fingerprint, snap, colsums)
+    zarr.open_group(pending.tmp, mode="r+").update_attributes(header.to_attrs())  # one write
     if pending.tmp != pending.final:
         _make_room(pending.final, pending.fingerprint)
         os.replace(pending.tmp, pending.final)
@@ -399,19 +412,35 @@ def abandon(pending: Pending, finish_writes: bool) -> None:
         remove(pending.tmp)
 
 
-def read(
-    client: Client, path: str, rows: dict[str, list[int]], print_: str
-) -> tuple[dict[str, list[Future]], Snapshot]:
-    """Futures reading checkpoint ``path`` back on the workers (validated), and its snapshot."""
+def _root_attrs(path: str, layout: Layout) -> dict[str, Any]:
+    """The root attributes of the checkpoint at ``path``, its ``zarr.json`` read as a regular
+    file (never a link, FIFO or device) of the size a checkpoint of ``layout`` can have."""
+    meta = locations.join(path, locations.META)
+    limit = layout.max_bytes()
     try:
-        attrs = dict(zarr.open_group(path, mode="r").attrs)
+        if locations.is_url(path):
+            text = locations.read_bytes(meta)
+        else:
+            with locations.open_regular(meta) as fh:
+                text = fh.read(limit + 1)
     except Exception as exc:  # noqa: BLE001 - unreadable metadata: not a usable checkpoint
         raise CheckpointError(f"{path}: unreadable ({exc})") from exc
-    if attrs.get("complete") is not True or attrs.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path}: incomplete or unknown format")
-    if attrs.get("fingerprint") != print_:
-        raise CheckpointError(f"{path}: written for another store or configuration")
-    futures = _submit_loads(client, path, rows, attrs["colsums"], strict=False)
+    return parse(text, path, layout)
+
+
+def read(
+    client: Client, path: str, layout: Layout, print_: str
+) -> tuple[dict[str, list[Future]], Snapshot]:
+    """Futures reading checkpoint ``path`` back on the workers (its header and every chunk
+    checked against ``layout``), and its snapshot."""
+    try:
+        locations.check_tree(path, "checkpoint")  # no FIFO or device for zarr to block on
+    except (InputError, OSError) as exc:
+        raise CheckpointError(str(exc)) from None
+    header = CheckpointHeader.from_attrs(_root_attrs(path, layout), path, layout, print_)
+    assert header.snapshot is not None and header.colsums is not None  # complete: checked
+    rows, k = layout.rows, layout.n_components
+    futures = _submit_loads(client, path, rows, header.colsums, strict=False, k=k)
     flat = [f for fs in futures.values() for f in fs]
     wait(flat)
     for f in flat:
@@ -420,11 +449,11 @@ def read(
     problems = [p for p in client.gather([client.submit(_problem, f) for f in flat]) if p]
     if problems:
         raise CheckpointError(problems[0])
-    return futures, Snapshot(**attrs["snapshot"])
+    return futures, header.snapshot
 
 
 def reload(
-    client: Client, path: str, rows: dict[str, list[int]], colsums: dict[str, list]
+    client: Client, path: str, rows: Mapping[str, list[int]], colsums: Mapping[str, list]
 ) -> dict[str, list[Future]]:
     """Futures reading back the checkpoint just written at ``path`` (nothing waits): they
     depend on no task, which cuts the lineage. A chunk that does not read back exactly makes
@@ -433,27 +462,26 @@ def reload(
 
 
 def read_newest(
-    client: Client,
-    directory: str,
-    rows: dict[str, list[int]],
-    print_: str,
-    below: int,
-    tag: str = "",
+    client: Client, directory: str, layout: Layout, print_: str, tag: str = ""
 ) -> tuple[dict[str, list[Future]], Snapshot, str]:
     """The newest checkpoint in ``directory`` (named with ``tag``: :func:`member_tag`) taken
-    before iteration ``below`` (a fit stopping at max_iter = ``below`` continues from it) that
-    reads back whole; others are skipped."""
+    before iteration ``layout.max_iter`` (a fit stopping at max_iter continues from it) that
+    reads back whole and sound; the newer ones are skipped with a warning naming each, or, when
+    none is usable, CheckpointError naming them all."""
     problems = []
     for path in list_checkpoints(directory):
         match = _NAME.match(os.path.basename(path))
-        if match is None or (match.group(2) or "") != tag or int(match.group(1)) >= below:
+        if match is None or (match.group(2) or "") != tag:
+            continue
+        if int(match.group(1)) >= layout.max_iter:
             continue
         try:
-            futures, snap = read(client, path, rows, print_)
+            futures, snap = read(client, path, layout, print_)
         except CheckpointError as exc:
-            log.warning("skipping checkpoint: %s", exc)
             problems.append(str(exc))
             continue
+        for problem in problems:
+            log.warning("skipping checkpoint: %s", problem)
         return futures, snap, path
     detail = "; ".join(problems) if problems else "none found"
     raise CheckpointError(f"no usable checkpoint in {directory} ({detail})")

@@ -7,6 +7,7 @@ and the assembly of the ELBO. Everything here runs on the client and handles O(K
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,23 @@ class OrdinalFamily:
     def summary(self, delta: np.ndarray) -> str:
         return f"delta[1..V] min {delta[1:].min():.3g} max {delta[1:].max():.3g}"
 
+    @property
+    def small_size(self) -> int:
+        """The length of the summed local statistics (:func:`kernels.ordinal_small`)."""
+        return 2 * len(self.hist) + 2
+
+    def params_problem(self, value: Any) -> str | None:
+        """What makes ``value`` (read back as JSON) no Delta of this family, or None: V + 1
+        finite decrements >= 0, ``delta[0] = 0``, a positive sum (theta_0 > 0); the fixed Delta
+        when the family keeps one."""
+        n = len(self.hist)
+        ok = isinstance(value, list) and len(value) == n and all(_finite(x) for x in value)
+        if not ok or value[0] != 0.0 or min(value) < 0.0 or not sum(value) > 0.0:
+            return f"{n} finite decrements >= 0 with delta[0] = 0 and a positive sum"
+        if self.fixed_delta is not None and tuple(value) != self.fixed_delta:
+            return f"the fixed Delta {list(self.fixed_delta)}"
+        return None
+
     def to_json(self, delta: np.ndarray) -> list[float]:
         return delta.tolist()
 
@@ -133,6 +151,15 @@ class DcPFFamily:
     def summary(self, p: float) -> str:
         return f"p {p:.6g}"
 
+    @property
+    def small_size(self) -> int:
+        """The length of the summed local statistics ``[sum E[n], sum y, local bound]``."""
+        return 3
+
+    def params_problem(self, value: Any) -> str | None:
+        """What makes ``value`` (read back as JSON) no p of dcPF, or None."""
+        return None if _finite(value) and 0.0 <= value <= 1.0 else "a number in [0, 1]"
+
     def to_json(self, p: float) -> float:
         return float(p)
 
@@ -141,3 +168,8 @@ class DcPFFamily:
 
 
 Family = OrdinalFamily | DcPFFamily
+
+
+def _finite(value: Any) -> bool:
+    """A finite real number (JSON's int or float, not a bool)."""
+    return type(value) in (int, float) and math.isfinite(value)

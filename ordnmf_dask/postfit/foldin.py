@@ -28,7 +28,7 @@ from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.topn import check_n, factor_mean, named_top, open_pair
 from ordnmf_dask.runtime.reduce import tree_reduce, tree_sum
-from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.origin import Named, Origin
 from ordnmf_dask.sources.values import ValueSpec, classify, describe, spec_of
 from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import StoreInfo, open_store
@@ -137,27 +137,32 @@ def check_values(
     n_classes: int,
     threshold: int | None,
     spec: ValueSpec | None = None,
+    origin: Origin | Named | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(values the model sees, mask of the interactions kept) of raw ``values`` on the scale
     the store was ingested from (``spec``, :func:`value_spec`: half-star ratings, counts, ...,
     turned into classes as the ingest did, and binarized as the fit did); without ``spec``,
-    classes 1..``n_classes``. InputError for a value that fits no class, saying what to pass."""
-    if not np.all(np.isfinite(values)):
-        raise InputError("interaction values must be finite numbers")
+    classes 1..``n_classes``. InputError for a value that fits no class, saying what to pass
+    and, given ``origin`` (a file's rows), where the value is."""
+    where = origin or Origin.arrays(len(values), "fold-in values")
+
+    def fail(bad: np.ndarray, problem: str) -> None:
+        if np.any(bad):
+            k = int(np.flatnonzero(bad)[0])
+            at = f"{where.where(k)}: " if origin is not None else ""
+            raise InputError(at + problem.format(v=shown(values[k])))
+
+    fail(~np.isfinite(values), "interaction value {v}: values must be finite numbers")
     if likelihood.family == "dcpf" and (spec is None or spec.value_kind == "counts"):
-        if np.any(values <= 0):
-            raise InputError("dcPF fold-in needs positive counts (0 means no interaction)")
+        fail(values <= 0, "count {v}: dcPF fold-in needs positive counts (0 means no interaction)")
         return values.astype(np.float64), np.ones(len(values), dtype=bool)
     if spec is None:
         bad = (values != np.round(values)) | (values < 1) | (values > n_classes)
-        if np.any(bad):
-            raise InputError(
-                f"interaction value {shown(values[bad][0])}: expected a class in 1..{n_classes}"
-            )
+        fail(bad, f"interaction value {{v}}: expected a class in 1..{n_classes}")
         y, keep = values.astype(np.int64), np.ones(len(values), dtype=bool)
     else:
         try:
-            classes, keep = classify(spec, values, Origin.arrays(len(values), "fold-in values"))
+            classes, keep = classify(spec, values, where)
         except InputError as exc:
             raise InputError(
                 f"{exc}; pass values on the scale the store was ingested from: {describe(spec)}"

@@ -24,6 +24,18 @@ class RowGroups:
 
 
 @dataclass(frozen=True, eq=False)
+class Named:
+    """Rows of ``origin`` whose messages also say what each row holds (``label(k)``: its ids,
+    say), after where it is: ``FILE, line 3 (user 'u', item 'i')``."""
+
+    origin: Origin
+    label: Callable[[int], str]
+
+    def where(self, k: int) -> str:
+        return f"{self.origin.where(k)} ({self.label(k)})"
+
+
+@dataclass(frozen=True, eq=False)
 class Origin:
     """Provenance of n input rows.
 

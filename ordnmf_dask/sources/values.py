@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError, shown
-from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.origin import Named, Origin
 
 PAPER_THRESHOLDS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500)
 RATING_KINDS = ("halfstar", "integer")
@@ -191,15 +191,17 @@ def _is_paper(counts: object) -> bool:
     return False
 
 
-def classify(spec: ValueSpec, values: np.ndarray, origin: Origin) -> tuple[np.ndarray, np.ndarray]:
+def classify(
+    spec: ValueSpec, values: np.ndarray, origin: Origin | Named
+) -> tuple[np.ndarray, np.ndarray]:
     """Classes of raw values.
 
     Parameters
     ----------
     spec : ValueSpec
     values : np.ndarray of float64, shape (n,)
-    origin : Origin
-        Used to name the file and line of an invalid value.
+    origin : Origin or Named
+        Used to name the file and line (and the ids) of an invalid value.
 
     Returns
     -------
@@ -238,7 +240,7 @@ def classify(spec: ValueSpec, values: np.ndarray, origin: Origin) -> tuple[np.nd
     return y, keep
 
 
-def _fail(bad: np.ndarray, values: np.ndarray, origin: Origin, message: str) -> None:
+def _fail(bad: np.ndarray, values: np.ndarray, origin: Origin | Named, message: str) -> None:
     idx = np.flatnonzero(bad)
     if idx.size:
         k = int(idx[0])

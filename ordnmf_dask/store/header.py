@@ -27,17 +27,24 @@ INT64_MAX = 2**63 - 1
 
 
 class HeaderFields:
-    """Typed reads of one header's fields, each failure a StoreError naming ``where`` (the store
-    or model) and the field."""
+    """Typed reads of one header's fields, each failure a StoreError (or ``error``) naming
+    ``where`` (the store, model or checkpoint) and the field."""
 
-    def __init__(self, attrs: Mapping[str, Any], where: str, kind: str, table: str = "") -> None:
+    def __init__(
+        self,
+        attrs: Mapping[str, Any],
+        where: str,
+        kind: str,
+        table: str = "",
+        error: type[Exception] = StoreError,
+    ) -> None:
         """``table``: the attribute (a table) ``attrs`` is, named in front of its fields."""
-        self.attrs, self.where, self.kind = attrs, where, kind
+        self.attrs, self.where, self.kind, self.error = attrs, where, kind, error
         self.prefix = f"{table}." if table else ""
 
-    def fail(self, name: str, rule: str, value: Any = None, show: bool = True) -> StoreError:
+    def fail(self, name: str, rule: str, value: Any = None, show: bool = True) -> Exception:
         got = f", got {_short(value)}" if show else ""
-        return StoreError(
+        return self.error(
             f"{self.where}: {self.kind} attribute {self.prefix}{name} must be {rule}{got} "
             f"(the {self.kind} is damaged)"
         )
@@ -45,7 +52,7 @@ class HeaderFields:
     def get(self, name: str, default: Any = ...) -> Any:
         if name not in self.attrs:
             if default is ...:
-                raise StoreError(
+                raise self.error(
                     f"{self.where}: {self.kind} attribute {self.prefix}{name} is missing (the "
                     f"{self.kind} is damaged)"
                 )

@@ -31,17 +31,21 @@ INTEGRAL_FLOAT = r"^(0|-?[1-9][0-9]*)\.0+$"
 #: so other ids). The one rule by which text becomes an integer id, in ingest and in lookups.
 CANONICAL_INT = r"^(?:0|-?[1-9][0-9]{0,18})$"
 _CANONICAL = re.compile(CANONICAL_INT)
+_INTEGRAL_FLOAT = re.compile(INTEGRAL_FLOAT)
 _INT64 = (-(2**63), 2**63 - 1)
 
 
 def id_text(text: str) -> str:
     """A raw id given as text as the ingest reads it: stripped, integral float text as the
     integer's."""
-    return re.sub(INTEGRAL_FLOAT, r"\1", text.strip())
+    text = text.strip()
+    return _INTEGRAL_FLOAT.sub(r"\1", text) if "." in text else text  # the pattern needs a dot
 
 
 def is_missing(value: Any) -> bool:
     """Whether ``value`` is a missing value (None, NaN, NaT, pandas NA), which names no id."""
+    if type(value) is str:  # the common case, first
+        return False
     if value is None or type(value).__name__ in ("NAType", "NaTType"):
         return True
     if isinstance(value, float | np.floating):
