@@ -7,7 +7,7 @@ import inspect
 import os
 import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -84,61 +84,18 @@ _SHARED_ATTRS_DOC = """
 """
 
 
-class CaviEstimator:
-    """Shared fit / save / load of the models that run on the CAVI engine."""
+def _keep_arguments(estimator: CaviEstimator, arguments: dict[str, Any]) -> None:
+    """Keep each constructor argument (of ``arguments``, the constructor's ``locals()``) as the
+    attribute of its name, unchanged and unchecked (scikit-learn's rule: :meth:`fit` checks,
+    and a clone built from :meth:`~CaviEstimator.get_params` is equal)."""
+    for name in estimator._param_names():
+        setattr(estimator, name, arguments[name])
 
-    def __init__(
-        self,
-        n_components: int = DEFAULTS["n_components"],
-        *,
-        select_components: Sequence[int] | None = DEFAULTS["select_components"],
-        alpha_W: float = DEFAULTS["alpha_W"],
-        alpha_H: float = DEFAULTS["alpha_H"],
-        tol: float = DEFAULTS["tol"],
-        max_iter: int = DEFAULTS["max_iter"],
-        min_iter: int = DEFAULTS["min_iter"],
-        seed: int = DEFAULTS["seed"],
-        n_init: int = DEFAULTS["n_init"],
-        optimizer: str = DEFAULTS["optimizer"],
-        anneal: int = DEFAULTS["anneal"],
-        start: str = DEFAULTS["start"],
-        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
-        executor: str = DEFAULTS["executor"],
-        work_dir: str | None = DEFAULTS["work_dir"],
-        checkpoint_dir: str | None = DEFAULTS["checkpoint_dir"],
-        checkpoint_every: int = DEFAULTS["checkpoint_every"],
-        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
-        validation_every: int = DEFAULTS["validation_every"],
-        validation_patience: int = DEFAULTS["validation_patience"],
-        validation_window: int = DEFAULTS["validation_window"],
-        validation_metric: str = DEFAULTS["validation_metric"],
-        validation_k: int = DEFAULTS["validation_k"],
-        validation_s: int = DEFAULTS["validation_s"],
-    ) -> None:
-        self.n_components = n_components
-        self.select_components = select_components
-        self.alpha_W = alpha_W
-        self.alpha_H = alpha_H
-        self.tol = tol
-        self.max_iter = max_iter
-        self.min_iter = min_iter
-        self.seed = seed
-        self.n_init = n_init
-        self.optimizer = optimizer
-        self.anneal = anneal
-        self.start = start
-        self.cache_blocks = cache_blocks
-        self.executor = executor
-        self.work_dir = work_dir
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_minutes = checkpoint_minutes
-        self.validation_every = validation_every
-        self.validation_patience = validation_patience
-        self.validation_window = validation_window
-        self.validation_metric = validation_metric
-        self.validation_k = validation_k
-        self.validation_s = validation_s
+
+class CaviEstimator:
+    """Shared fit / save / load of the models that run on the CAVI engine. Each model's
+    constructor lists its parameters: those the parameter table (:mod:`ordnmf_dask.params`)
+    gives it, in the table's order, with the table's defaults (tests/test_params.py checks)."""
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
         raise NotImplementedError
@@ -146,25 +103,26 @@ class CaviEstimator:
     # -- scikit-learn protocol -----------------------------------------------------------
     @classmethod
     def _param_names(cls) -> list[str]:
-        names: list[str] = []
-        for klass in reversed(cls.__mro__):
-            if "__init__" in vars(klass) and issubclass(klass, CaviEstimator):
-                sig = inspect.signature(klass.__init__)
-                names += [p for p in sig.parameters if p not in ("self", "kwargs")]
-        return list(dict.fromkeys(names))
+        """The constructor's parameters, in its order (scikit-learn's ``_get_param_names``)."""
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters and their values (scikit-learn's protocol; ``deep`` is
         accepted for it and has no effect: no parameter is an estimator)."""
         return {name: getattr(self, name) for name in self._param_names()}
 
-    def set_params(self, **params: Any) -> CaviEstimator:
+    def set_params(self, **params: Any) -> Self:
         """Set constructor parameters by keyword and return the estimator (scikit-learn's
-        protocol); an unknown name is a ValueError."""
-        for name, value in params.items():
-            if name not in self._param_names():
-                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
-            setattr(self, name, value)
+        protocol); an unknown name is a ValueError naming the valid ones. Values are checked
+        by :meth:`fit`, as scikit-learn's are."""
+        names = self._param_names()
+        for name in params:
+            if name not in names:
+                raise ValueError(
+                    f"invalid parameter {name!r} for {type(self).__name__}; valid parameters: "
+                    + ", ".join(names)
+                )
+        vars(self).update(params)
         return self
 
     def __repr__(self) -> str:
@@ -195,7 +153,7 @@ class CaviEstimator:
         resume: bool = False,
         restart: bool = False,
         check: bool = False,
-    ) -> CaviEstimator:
+    ) -> Self:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`, or on
         data in memory.
 
@@ -552,11 +510,32 @@ class OrdNMF(CaviEstimator):
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        start: str = DEFAULTS["start"],
         approx: bool = DEFAULTS["approx"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        super().__init__(n_components, **kwargs)
-        self.approx = approx
+        _keep_arguments(self, locals())
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
         self.delta_ = np.asarray(header.delta)
@@ -576,14 +555,34 @@ class BePoF(OrdNMF):
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        start: str = DEFAULTS["start"],
+        approx: bool = DEFAULTS["approx"],
         threshold: int = DEFAULTS["threshold"],
         learn_threshold: bool = DEFAULTS["learn_threshold"],
-        approx: bool = DEFAULTS["approx"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        super().__init__(n_components, approx=approx, **kwargs)
-        self.threshold = threshold
-        self.learn_threshold = learn_threshold
+        _keep_arguments(self, locals())
 
 
 class PF(BePoF):
@@ -597,22 +596,33 @@ class PF(BePoF):
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        start: str = DEFAULTS["start"],
         threshold: int = DEFAULTS["threshold"],
         learn_threshold: bool = DEFAULTS["learn_threshold"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        kwargs.pop("approx", None)
-        super().__init__(
-            n_components,
-            threshold=threshold,
-            learn_threshold=learn_threshold,
-            approx=True,
-            **kwargs,
-        )
-
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        return [n for n in super()._param_names() if n != "approx"]
+        _keep_arguments(self, locals())
 
 
 class DcPF(CaviEstimator):
@@ -645,15 +655,34 @@ class DcPF(CaviEstimator):
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        start: str = DEFAULTS["start"],
         p: float = DEFAULTS["p"],
         t: float = DEFAULTS["t"],
         update_p: bool = DEFAULTS["update_p"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        super().__init__(n_components, **kwargs)
-        self.p = p
-        self.t = t
-        self.update_p = update_p
+        _keep_arguments(self, locals())
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
         self.p_ = float(header.p)

@@ -60,6 +60,33 @@ def test_api_toml_and_cli_defaults_are_the_tables(name):
     assert cli_defaults(name) == table
 
 
+# the type hint of a parameter of each kind in the estimators' signatures
+HINTS = {
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "auto": "bool | str",
+    "str": "str",
+    "path": "str | os.PathLike[str]",
+    "ints": "Sequence[int]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_each_constructor_lists_its_parameters_of_the_table(name):
+    """No ``**kwargs``: the signature users, help() and the docs see is the table's rows of the
+    model, in the table's order, K positional, each with the table's default and the hint of
+    its kind. A row added to the table and not to a signature (or the reverse) fails here."""
+    first, *rest = list(inspect.signature(ESTIMATORS[name]).parameters.values())
+    assert [p.name for p in (first, *rest)] == params.accepted(name)
+    assert first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest)
+    for p in (first, *rest):
+        row = params.PARAMS[p.name]
+        assert (type(p.default), p.default) == (type(row.default), row.default), p.name
+        assert p.annotation == HINTS[row.kind] + (" | None" if row.optional else ""), p.name
+
+
 def test_a_changed_default_reaches_every_surface(monkeypatch):
     changed = {"alpha_W": 0.7, "checkpoint_every": 3, "cache_blocks": False, "update_p": False}
     # the estimators' signatures read the table when their module is imported: a fresh process
