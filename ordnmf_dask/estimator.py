@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
     import dask.array as da
     from distributed import Client
 
+    from ordnmf_dask.postfit.serving import Server
+
 _FACTORS = (("W", "mean"), ("H", "mean"), ("W", "log_mean"), ("H", "log_mean"))  # W_ .. log_H_
 
 
@@ -142,12 +144,12 @@ class CaviEstimator:
     @accepts_data_in_memory
     def fit(
         self,
-        store: str | os.PathLike | StoreInfo,
+        store: str | os.PathLike[str] | StoreInfo,
         client: Client | None = None,
         *,
         init: InitArg = None,
-        init_model: str | os.PathLike | CaviEstimator | None = None,
-        out: str | os.PathLike | None = None,
+        init_model: str | os.PathLike[str] | CaviEstimator | None = None,
+        out: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         callback: IterationCallback | None = None,
         resume: bool = False,
@@ -322,14 +324,14 @@ class CaviEstimator:
             self._set_fitted(open_model(path))
 
     # -- persistence ---------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
         """Copy the fitted model directory to ``path`` (a directory or a URL: zarr arrays and
         JSON attributes); an existing ``path`` is replaced only with ``overwrite`` and only if
         it is a model."""
         return copy_model(self._fitted_model(), path, overwrite)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> CaviEstimator:
+    def load(cls, path: str | os.PathLike[str]) -> CaviEstimator:
         """The estimator (of the saved model's class) with its parameters and fitted state."""
         model = open_model(os.fspath(path))
         klass = ESTIMATORS.get(model.header.model or "")
@@ -342,12 +344,12 @@ class CaviEstimator:
         return est
 
     # -- serving in memory, no cluster (ordnmf_dask.postfit.serving) ---------------------
-    def _server(self, store: str | os.PathLike | None = None) -> Any:
+    def _server(self, store: str | os.PathLike[str] | None = None) -> Server:
         from ordnmf_dask.postfit.serving import server
 
         return server(self._fitted_model(), store)
 
-    def _served(self) -> Any:
+    def _served(self) -> Server:
         """The server of the fitted model (AttributeError when not fitted)."""
         if "_factors" not in vars(self):
             raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
@@ -361,7 +363,7 @@ class CaviEstimator:
         filter_already_seen: bool = True,
         items: Sequence[Any] | None = None,
         exclude: Sequence[Any] | None = None,
-        store: str | os.PathLike | None = None,
+        store: str | os.PathLike[str] | None = None,
         proba_at: int | None = None,
     ) -> dict[Any, list[tuple[Any, ...]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
@@ -685,6 +687,7 @@ class DcPF(CaviEstimator):
         _keep_arguments(self, locals())
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
+        assert header.p is not None  # a DcPF model records p
         self.p_ = float(header.p)
 
 

@@ -405,11 +405,12 @@ def _run_one(
         def start() -> Any:
             return warmstart.initial_chunks(runner, source, params0, alpha)
     elif arrays is None:
-        start = {
+        starts: dict[str, Callable[[], Any]] = {
             "random": runner.random_init,
             "svd": partial(svd_start, runner),
             "subsample": partial(subsample_start, runner),
-        }[plan.values["start"]]
+        }
+        start = starts[plan.values["start"]]
     else:
 
         def start() -> Any:  # writes the arrays only when called

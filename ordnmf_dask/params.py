@@ -531,7 +531,8 @@ def convert(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> Any:
         return value
     if kind == "ints":
         return tuple(int(v) for v in value)
-    return {"int": int, "float": float, "path": os.fspath}[kind](value)
+    as_kind: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "path": os.fspath}
+    return as_kind[kind](value)
 
 
 def validate(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -361,7 +361,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise UsageError("--users needs at least one id")
     if serving.fits_in_memory(args.model):  # no cluster needed
         srv = serving.server(args.model, args.store, args.allow_other_store)
-        res = srv.recommend(args.users, args.n)
+        res: dict[Any, list[tuple[Any, ...]]] = srv.recommend(args.users, args.n)
         if args.proba_at is not None:
             from ordnmf_dask.postfit.predict import recommend_with_proba
 
@@ -369,7 +369,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     else:
         store = args.store or open_model(args.model).attrs["store"]["path"]
         with _client(cluster) as client:
-            res = recommend(
+            lists = recommend(
                 store,
                 args.model,
                 client,
@@ -379,6 +379,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 allow_other_store=args.allow_other_store,
                 proba_at=args.proba_at,
             )
+        assert not isinstance(lists, str)  # without out, the lists themselves
+        res = lists
     proba = [] if args.proba_at is None else [f"P(y>={args.proba_at}|y>0)"]
     write_table(["user", "rank", "item", "score", *proba], ranked_rows(res), args.format)
     return EXIT_OK

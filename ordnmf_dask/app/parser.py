@@ -63,10 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _logging_args(p)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _logging_args(common, default=argparse.SUPPRESS)  # given after the command, or before it
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
+
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
 
     ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
     ing.add_argument(
@@ -531,7 +533,8 @@ SEARCH_FLAGS = {
 }  # the parameters `tune` searches, and their flags
 
 
-CACHE_BLOCKS = {"auto": "auto", "on": True, "off": False}  # --cache-blocks spelling -> value
+#: --cache-blocks spelling -> value
+CACHE_BLOCKS: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
 
 
 def _auto_bool(text: str) -> bool | str:

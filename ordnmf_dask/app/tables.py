@@ -55,8 +55,9 @@ def write_table(
         buffer = io.BytesIO()
         pq.write_table(table, buffer)
         out.flush()
-        out.buffer.write(buffer.getvalue())
-        out.buffer.flush()
+        binary = out.buffer  # type: ignore[union-attr]  # a text stream over bytes
+        binary.write(buffer.getvalue())
+        binary.flush()
     else:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 

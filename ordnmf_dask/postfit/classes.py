@@ -6,7 +6,7 @@ classes map back to (docs/design.md, "Class probabilities"); the numerics are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zarr
@@ -44,7 +44,9 @@ class ClassLaw:
     def limit(self) -> np.ndarray:
         """The law given an interaction as the rate tends to 0."""
         if self.family == "ordinal":
+            assert self.theta is not None  # every ordinal law has its thresholds
             return classlaw.ordinal_limit(self.theta)
+        assert self.edges is not None  # every count law has its class edges
         return classlaw.count_limit(self.p, self.edges)
 
     def pair_hazards(
@@ -60,12 +62,14 @@ class ClassLaw:
         ``items[j]`` of the H arrays): the posterior's Gamma law from the factors' means and
         variances, or without variances (None) the plug-in law (dcPF's law is always that)."""
         users, items = np.asarray(users, np.int64), np.asarray(items, np.int64)
-        if self.family == "ordinal" and var_w is not None and var_h is not None:
-            return classlaw.gamma_hazards(users, items, mean_w, var_w, mean_h, var_h, self.theta)
+        theta, edges = self.theta, self.edges
+        if theta is not None and var_w is not None and var_h is not None:  # ordinal
+            return classlaw.gamma_hazards(users, items, mean_w, var_w, mean_h, var_h, theta)
         lam = np.einsum("ij,ij->i", mean_w[users], mean_h[items])
-        if self.family == "ordinal":
-            return classlaw.plugin_hazards(lam, self.theta)
-        return classlaw.count_hazards(lam, self.p, self.t, self.edges)
+        if theta is not None:
+            return classlaw.plugin_hazards(lam, theta)
+        assert edges is not None  # a count law
+        return classlaw.count_hazards(lam, self.p, self.t, edges)
 
     def check_level(self, s: int) -> int:
         """``s`` as a class 1..V of this law, else InputError."""
@@ -97,7 +101,7 @@ def store_scale(model: ModelInfo) -> tuple[str, list[float] | None]:
             f"{model.path}: the model does not record its store's value scale, and its "
             f"training store {path} cannot be read ({type(exc).__name__})"
         ) from None
-    return attrs["value_kind"], attrs.get("thresholds")
+    return cast(str, attrs["value_kind"]), cast("list[float] | None", attrs.get("thresholds"))
 
 
 def law_of(model: ModelInfo) -> ClassLaw:
@@ -129,8 +133,8 @@ def law_of(model: ModelInfo) -> ClassLaw:
     delta = np.asarray(a["delta"], dtype=np.float64)
     v = len(delta) - 1
     binarized = v != n_store or value_kind in ("binary", "raw")
-    edges = None if thresholds is None else np.asarray(thresholds, dtype=np.float64)
-    return ClassLaw("ordinal", v, value_kind, binarized, theta=theta_from_delta(delta), edges=edges)
+    bins = None if thresholds is None else np.asarray(thresholds, dtype=np.float64)
+    return ClassLaw("ordinal", v, value_kind, binarized, theta=theta_from_delta(delta), edges=bins)
 
 
 def to_scale(law: ClassLaw, probs: np.ndarray, kind: str, scale: str) -> np.ndarray:
@@ -157,6 +161,7 @@ def to_scale(law: ClassLaw, probs: np.ndarray, kind: str, scale: str) -> np.ndar
                 "under the class law: use kind='median' or 'mode' (a count range), or "
                 "scale='class'"
             )
+        assert law.edges is not None  # a law of count classes has their edges
         return classlaw.count_range(classes, law.edges)
     values = classlaw.class_values(law.value_kind, law.n_classes)
     return probs @ values if kind == "expected" else values[classes]

@@ -42,6 +42,7 @@ def likelihood_of(m: ModelInfo) -> tuple[Likelihood, int | None]:
     """The frozen observation model of ``m`` and its binarization threshold (BePoF / PF)."""
     h = m.header
     if h.family == "dcpf":
+        assert h.p is not None and h.t is not None  # a dcPF model records them
         return Likelihood("dcpf", p=float(h.p), t=float(h.t)), None
     params = h.params
     threshold = params.get("threshold")

@@ -45,7 +45,7 @@ def threshold_table(model: ModelInfo) -> list[dict[str, Any]] | None:
         law = law_of(model)
     except InputError:
         return None
-    if law.family != "ordinal":
+    if law.theta is None:  # not an ordinal law
         return None
     lam = -np.log1p(-np.asarray(REACH)) / law.theta[0]
     probs = classlaw.class_law(classlaw.plugin_hazards(lam, law.theta), law.limit, True)
