@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,6 +196,31 @@ def test_a_bad_value_breaks_the_same_rule_in_the_api_and_the_job_file(
     ).removeprefix(f"{name} ")
 
 
+RULES = [  # a rule, its text, values it takes, values it refuses
+    (params.Integer(1), "an integer >= 1", [1, 7, 10**20], [0, -3, 2.0, True, "1", None]),
+    (params.Real(), "a finite number > 0", [1e-300, 2, 0.5], [0, -1.0, float("inf"), False]),
+    (params.Real(0.0, 1.0), "a number in [0, 1]", [0, 1, 0.5], [1.5, -0.1, float("nan"), True]),
+    (params.Options(("a", "b", "c")), "'a', 'b' or 'c'", ["a", "c"], ["d", "", None, 1]),
+    (params.Options(("a",)), "'a'", ["a"], ["b"]),
+    (params.Boolean(), "a boolean", [True, False], [0, 1, "yes", None]),
+    (params.AutoBoolean(), "True, False or 'auto'", [True, False, "auto"], [1, 0, "on", None]),
+    (params.Path(), "a path", ["/x", Path("x")], [3, None, b"x"]),
+    (params.Ranks(), "a non-empty list of distinct integers >= 1", [[1, 3], (2,)], [[], [2, 2]]),
+]
+
+
+@pytest.mark.parametrize(("rule", "text", "good", "bad"), RULES)
+def test_a_rule_checks_values_and_writes_its_message(rule, text, good, bad):
+    assert str(rule) == text
+    assert all(rule.ok(v) for v in good) and not any(rule.ok(v) for v in bad)
+
+
+def test_every_row_says_its_rule_in_the_message():
+    for name, p in params.PARAMS.items():
+        none = " (or None)" if p.optional else ""
+        assert params.problem(name, {}) == f"must be {p.rule}{none}, got {{}}"
+
+
 def _other(p: params.Param) -> Any:
     """A valid value of ``p`` other than its default."""
     return {
@@ -203,7 +229,7 @@ def _other(p: params.Param) -> Any:
         "bool": lambda d: not d,
         "auto": lambda d: False,
         "str": lambda d: next(
-            w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.ok(w) and w != d
+            w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.rule.ok(w) and w != d
         ),
         "path": lambda d: "/elsewhere",
         "ints": lambda d: (2, 4),
