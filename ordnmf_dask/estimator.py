@@ -17,7 +17,7 @@ from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
-from ordnmf_dask.params import DEFAULTS, PARAMS, accepted
+from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
@@ -131,13 +131,13 @@ class CaviEstimator:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
 
-    def _validate(self) -> tuple[CaviConfig, dict[str, Any]]:
+    def _validate(self) -> tuple[CaviConfig, Settings]:
         """The engine's settings and every parameter, checked against the table's rules."""
         return resolve_params(type(self).__name__, self.get_params())
 
     def _family(self, store: StoreInfo) -> Family:
         """The model family of these parameters on ``store``."""
-        return family(type(self).__name__, self._validate()[1], store)
+        return family(type(self).__name__, self._validate()[1].model, store)
 
     # -- fitting -------------------------------------------------------------------------
     @shows_progress

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +46,15 @@ from ordnmf_dask.modelstore.model import (
     save_model,
     store_fingerprint,
 )
-from ordnmf_dask.params import DEFAULTS, PARAMS, accepted, validate
+from ordnmf_dask.params import (
+    DEFAULTS,
+    ModelSettings,
+    Settings,
+    ValidationSettings,
+    accepted,
+    settings,
+    validate,
+)
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
@@ -67,10 +75,10 @@ InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
 Scorer = Callable[["Client"], Validation]
 
 
-def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, dict[str, Any]]:
+def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, Settings]:
     """The engine's settings and every parameter of ``model`` (the table's default for those
-    not given), checked against the table's rules; InputError naming the first that breaks
-    one, or a parameter ``model`` does not take."""
+    not given), checked against the table's rules, by section; InputError naming the first
+    that breaks one, or a parameter ``model`` does not take."""
     names = accepted(model)
     unknown = [name for name in params if name not in names]
     if unknown:
@@ -78,38 +86,39 @@ def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, d
     given = {**params, **{name: DEFAULTS[name] for name in names if name not in params}}
     values = validate(given)
     cfg = CaviConfig(**{f.name: values[f.name] for f in fields(CaviConfig)})
-    return cfg, values
+    return cfg, settings(model, values)
 
 
-def family(model: str, values: Mapping[str, Any], store: StoreInfo) -> Family:
+def family(model: str, values: ModelSettings, store: StoreInfo) -> Family:
     """The model family (:mod:`ordnmf_dask.model.families`) of ``model`` with the checked
     parameters ``values`` on ``store``; InputError for a threshold the store cannot give."""
     if model == "DcPF":
         kind = "raw" if store.header.value_kind == "counts" else "class"
-        return DcPFFamily(kind, float(values["p"]), float(values["t"]), bool(values["update_p"]))
-    approx = model == "PF" or bool(values["approx"])
+        assert values.p is not None and values.t is not None  # DcPF's parameters
+        return DcPFFamily(kind, float(values.p), float(values.t), bool(values.update_p))
+    approx = model == "PF" or bool(values.approx)
     if model == "OrdNMF":
         return OrdinalFamily(tuple(int(n) for n in store.hist_train), approx=approx)
-    s = int(values["threshold"])  # BePoF, PF: an integer >= 1 (validated); the store bounds it
+    assert values.threshold is not None  # BePoF's and PF's parameter
+    s = int(values.threshold)  # BePoF, PF: an integer >= 1 (validated); the store bounds it
     if s > store.n_classes:
         raise InputError(f"threshold must be an integer in 1..{store.n_classes}, got {s!r}")
     kept = int(store.hist_train[s:].sum())
     if kept == 0:
         raise InputError(f"no training nonzero has class >= {s}")
-    fixed = None if values["learn_threshold"] else (0.0, 1.0)
+    fixed = None if values.learn_threshold else (0.0, 1.0)
     return OrdinalFamily((0, kept), approx=approx, binarize_at=s, fixed_delta=fixed)
 
 
 def fit_settings(
-    model: str,
-    values: Mapping[str, Any],
+    values: Settings,
     init: tuple[np.ndarray, np.ndarray] | warmstart.Source | None,
     seed: int,
 ) -> dict[str, Any]:
     """What the trajectory of the run from ``seed`` (or warm-started from ``init``: arrays or a
-    saved model) depends on (checked when resuming from a checkpoint): the model parameters of
-    the table and the warm start."""
-    params = {k: v for k, v in values.items() if PARAMS[k].model}
+    saved model) depends on (checked when resuming from a checkpoint): the model, its model
+    parameters and the warm start."""
+    params = values.fingerprinted()
     warm: str | bool | dict[str, str] = False
     if isinstance(init, warmstart.Source):
         warm = init.describe()
@@ -118,7 +127,7 @@ def fit_settings(
         for a in init:
             digest.update(np.ascontiguousarray(a).data)
         warm = digest.hexdigest()
-    return {"model": model, **params, "seed": seed, "warm_start": warm}
+    return {"model": values.estimator, **params, "seed": seed, "warm_start": warm}
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,7 @@ class FitPlan:
     model: str
     info: StoreInfo
     config: CaviConfig
-    values: dict[str, Any]
+    settings: Settings
     family: Family
     init: tuple[np.ndarray, np.ndarray] | None
     source: warmstart.Source | None
@@ -161,8 +170,9 @@ def plan_fit(
     as the fit would find them; InputError naming the first conflict. The arguments are
     those of :meth:`ordnmf_dask.OrdNMF.fit`."""
     cfg, values = resolve_params(model, params)
+    settled, ckpt, work_dir = values.model, values.checkpoint.dir, values.engine.work_dir
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
-    candidates = values["select_components"]
+    candidates = settled.select_components
     for k in candidates or [cfg.n_components]:
         check_rank(k, info)
     if candidates:
@@ -172,7 +182,7 @@ def plan_fit(
                 "select_components chooses K by fits from random draws: no init=, "
                 "init_model= or resume= with it"
             )
-    fam = family(model, values, info)
+    fam = family(model, settled, info)
     init_arrays = _read_init(init, info, cfg.n_components)
     source = None
     if init_model is not None:
@@ -181,29 +191,28 @@ def plan_fit(
         source = warmstart.open_source(init_model, model, fam, cfg.n_components, info)
     if resume and restart:
         raise InputError("resume and restart contradict each other: give one of them")
-    if resume and not values["checkpoint_dir"]:
+    if resume and not ckpt:
         raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
-    if values["start"] != "random" and (init_arrays is not None or source is not None):
+    if settled.start != "random" and (init_arrays is not None or source is not None):
         raise InputError(
-            f"start={values['start']!r} is a start of its own: no init= or init_model= with it"
+            f"start={settled.start!r} is a start of its own: no init= or init_model= with it"
         )
-    n_init = values["n_init"]
+    n_init = settled.n_init
     if n_init > 1 and (init_arrays is not None or source is not None or resume):
         raise InputError(
             "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
         )
-    scorer = _validation(info, fam, values)
-    check_apart({"out": out, "checkpoint_dir": values["checkpoint_dir"]})
+    scorer = _validation(info, fam, values.validation)
+    check_apart({"out": out, "checkpoint_dir": ckpt})
     if out is not None:
         out = model_target(out, overwrite, info.path)
-    ckpt = values["checkpoint_dir"]
     if ckpt:
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
-    if values["work_dir"]:  # new temporary directories go in it: it may hold the store
-        check_place(values["work_dir"], "work_dir")  # not inside a store or model
+    if work_dir:  # new temporary directories go in it: it may hold the store
+        check_place(work_dir, "work_dir")  # not inside a store or model
     prints = [  # one per restart: its trajectory depends on its seed
         checkpoint.fingerprint(
-            info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)
+            info.attrs, info.path, fit_settings(values, source or init_arrays, s)
         )
         for s in range(cfg.seed, cfg.seed + n_init)
     ]
@@ -234,7 +243,7 @@ def run_fit(
     resumes from checkpoints of the same fit in the checkpoint directory (required with
     ``resume``; ``restart`` first removes every checkpoint there). ``callback`` is called
     after each iteration's log line; its True stops the fit."""
-    values, info, fam = plan.values, plan.info, plan.family
+    values, info, fam = plan.settings, plan.info, plan.family
     if isinstance(fam, DcPFFamily) and fam.values == "class":  # documented, but rare
         log.warning(
             "dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
@@ -244,12 +253,12 @@ def run_fit(
             info.header.value_kind,
             info.n_classes,
         )
-    if values["select_components"]:  # the search runs fits: it lives above this module
+    if values.model.select_components:  # the search runs fits: it lives above this module
         raise InputError(
             "select_components: K is chosen by ordnmf_dask.tuning.select.run_selected "
             "(OrdNMF.fit and the CLI's fit call it), not by run_fit"
         )
-    with writelock.held(plan.out, values["checkpoint_dir"]):  # one writer of each, or none
+    with writelock.held(plan.out, values.checkpoint.dir):  # one writer of each, or none
         return _run_fit(plan, client, callback)
 
 
@@ -265,20 +274,21 @@ def check_selection(info: StoreInfo, candidates: Sequence[int]) -> None:
 
 def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback | None) -> ModelInfo:
     """:func:`run_fit`, its outputs locked."""
-    cfg, values, info, fam = plan.config, plan.values, plan.info, plan.family
-    n_init = values["n_init"]
-    work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
+    cfg, values, info, fam = plan.config, plan.settings, plan.info, plan.family
+    n_init = values.model.n_init
+    work = values.engine.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
     try:
         os.makedirs(work, exist_ok=True)
-        ckpt_dir = values["checkpoint_dir"] or os.path.join(work, "checkpoints")
+        ckpt_dir = values.checkpoint.dir or os.path.join(work, "checkpoints")
         ckpt_dir = locations.location(ckpt_dir)
         if not locations.is_url(ckpt_dir):  # object stores have no directories
             os.makedirs(ckpt_dir, exist_ok=True)
         ours = _claim(ckpt_dir, plan.prints, plan.restart, n_init)
         out = plan.out if plan.out is not None else _temporary_model_dir()
         tables = fit_tables(cfg.optimizer)
-        with choose_client(client, info, cfg.n_components, values["executor"], tables=tables) as cl:
-            cache = decide_cache(values["cache_blocks"], cl, info)
+        executor = values.engine.executor
+        with choose_client(client, info, cfg.n_components, executor, tables=tables) as cl:
+            cache = decide_cache(values.engine.cache_blocks, cl, info)
             check_fit_memory(cl, info, cfg.n_components, cache, tables)  # before any iteration
             _say_held_out(info)
             started = time.perf_counter()
@@ -291,7 +301,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 info.n_users,
                 info.n_items,
                 info.nnz_train,
-                cfg.max_iter,
+                values.model.max_iter,
             )
             scorer = None if plan.validation is None else plan.validation(cl)
             runs: list[dict[str, Any]] = []
@@ -306,7 +316,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                     run_cfg,
                     ckpt_dir,
                     cache,
-                    *checkpoint_schedule(cl, values),
+                    *checkpoint_schedule(cl, values.values()),
                     plan.prints[j],
                 )
                 with info.reading():  # the store opened, whole, or an error saying it changed
@@ -348,7 +358,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 out,
             )
     finally:
-        if values["work_dir"] is None:
+        if values.engine.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return open_model(out)
 
@@ -410,13 +420,14 @@ def _run_one(
             "svd": partial(svd_start, runner),
             "subsample": partial(subsample_start, runner),
         }
-        start = starts[plan.values["start"]]
+        start = starts[plan.settings.model.start]
     else:
 
         def start() -> Any:  # writes the arrays only when called
             return runner.warm_init(*_write_init(arrays, work))
 
-    fit_log = _FitLog(plan.family, callback, plan.values["max_iter"], plan.values["tol"])
+    model = plan.settings.model
+    fit_log = _FitLog(plan.family, callback, model.max_iter, model.tol)
     try:
         return runner.run(
             start,
@@ -434,11 +445,11 @@ def _model_attrs(
     plan: FitPlan, state: CaviState, validated: bool, cache: bool, runs: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The saved model's attributes (docs/model-format.md)."""
-    values, info, source = plan.values, plan.info, plan.source
+    info, source = plan.info, plan.source
     return {
         "model": plan.model,
         "family": plan.family.name,
-        "params": values,
+        "params": plan.settings.values(),
         **plan.family.describe(state.params),
         "elbo": state.elbo,
         "n_iter": state.n_iter,
@@ -449,14 +460,7 @@ def _model_attrs(
         "best_iteration": state.best_iteration,
         "validation": None
         if not validated
-        else {
-            **{
-                k.removeprefix("validation_"): values[k]
-                for k in values
-                if PARAMS[k].section == "validation"
-            },
-            "history": state.validation,
-        },
+        else {**asdict(plan.settings.validation), "history": state.validation},
         "warm_start": plan.init is not None or source is not None,
         "init_model": None if source is None else source.describe(),
         "store": {
@@ -529,14 +533,14 @@ class _FitLog:
 
 
 def _validation(
-    info: StoreInfo, family: Family, values: dict[str, Any]
+    info: StoreInfo, family: Family, rules: ValidationSettings
 ) -> Callable[[Client], Validation] | None:
     """How a fit on a client scores its states on the store's validation subset (None when the
     store has none or ``validation_every`` is 0); InputError for a metric the data cannot
     give, before any cluster starts."""
-    if not values["validation_every"] or "validation" not in info.splits:
+    if not rules.every or "validation" not in info.splits:
         return None
-    k, s, metric = values["validation_k"], values["validation_s"], values["validation_metric"]
+    k, s, metric = rules.k, rules.s, rules.metric
     hist = np.asarray(info.header.hist_validation)
     if not 1 <= s <= info.n_classes or hist[s:].sum() == 0:
         raise InputError(
@@ -564,12 +568,7 @@ def _validation(
                 "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"],
             }
 
-        return Validation(
-            score,
-            values["validation_every"],
-            values["validation_patience"],
-            values["validation_window"],
-        )
+        return Validation(score, rules.every, rules.patience, rules.window)
 
     return scorer
 

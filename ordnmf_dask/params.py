@@ -461,3 +461,112 @@ def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
         if wrong is not None:
             raise InputError(f"{call}: {name} {wrong}")
     return {name: convert(name, value, table) for name, value in values.items()}
+
+
+# -- the checked parameters of a fit, typed, one frozen section per section of the table --------
+@dataclass(frozen=True)
+class ModelSettings:
+    """``[model]``: what the fit computes (rows with ``model``: the checkpoint fingerprint) and
+    how long it may run. A parameter the estimator does not take is None."""
+
+    n_components: int
+    select_components: tuple[int, ...] | None
+    alpha_W: float
+    alpha_H: float
+    tol: float
+    max_iter: int
+    min_iter: int
+    seed: int
+    optimizer: str
+    anneal: int
+    n_init: int
+    start: str
+    approx: bool | None
+    threshold: int | None
+    learn_threshold: bool | None
+    p: float | None
+    t: float | None
+    update_p: bool | None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """``[engine]``: where and how the fit runs."""
+
+    cache_blocks: bool | str
+    executor: str
+    work_dir: str | None
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """``[checkpoint]``: where and when the fit checkpoints."""
+
+    dir: str | None
+    every: int
+    minutes: float | None
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    """``[validation]``: how the fit scores the store's validation subset and stops early."""
+
+    every: int
+    patience: int
+    window: int
+    metric: str
+    k: int
+    s: int
+
+
+#: section of the table -> its settings class, whose fields are the section's job-file keys
+SECTION_CLASSES: dict[str, type] = {
+    "model": ModelSettings,
+    "engine": EngineSettings,
+    "checkpoint": CheckpointSettings,
+    "validation": ValidationSettings,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every parameter of a fit of ``estimator`` (a class name of :data:`MODELS`), checked and
+    converted, by section (:func:`settings`)."""
+
+    estimator: str
+    model: ModelSettings
+    engine: EngineSettings
+    checkpoint: CheckpointSettings
+    validation: ValidationSettings
+
+    def value(self, name: str) -> Any:
+        """The value of parameter ``name`` of the table."""
+        p = PARAMS[name]
+        return getattr(getattr(self, p.section), p.key)
+
+    def values(self) -> dict[str, Any]:
+        """name -> value of the parameters the estimator takes, in table order (what a saved
+        model records as its ``params``)."""
+        return {name: self.value(name) for name in accepted(self.estimator)}
+
+    def fingerprinted(self) -> dict[str, Any]:
+        """The model parameters (rows with ``model``) the estimator takes: what the trajectory
+        of its fit depends on, with the seed and the warm start."""
+        return {k: v for k, v in self.values().items() if PARAMS[k].model}
+
+
+def settings(estimator: str, values: Mapping[str, Any]) -> Settings:
+    """The :class:`Settings` of ``values``: every parameter ``estimator`` takes, as
+    :func:`validate` returns them."""
+    taken = set(accepted(estimator))
+    sections = {
+        section: klass(
+            **{
+                p.key: values[p.name] if p.name in taken else None
+                for p in PARAMS.values()
+                if p.section == section
+            }
+        )
+        for section, klass in SECTION_CLASSES.items()
+    }
+    return Settings(estimator, **sections)

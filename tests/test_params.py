@@ -3,6 +3,7 @@ defaults and rules from ordnmf_dask.params, and the checkpoint fingerprint its m
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
@@ -86,6 +87,27 @@ def test_each_constructor_lists_its_parameters_of_the_table(name):
         row = params.PARAMS[p.name]
         assert (type(p.default), p.default) == (type(row.default), row.default), p.name
         assert p.annotation == HINTS[row.kind] + (" | None" if row.optional else ""), p.name
+
+
+def test_each_section_of_settings_has_the_keys_of_its_rows():
+    for section, klass in params.SECTION_CLASSES.items():
+        rows = [p.key for p in params.PARAMS.values() if p.section == section]
+        assert [f.name for f in dataclasses.fields(klass)] == rows, section
+    assert list(params.SECTION_CLASSES) == list(params.SECTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_settings_hold_the_checked_values_by_section(name):
+    given = {**ESTIMATORS[name]().get_params(), "work_dir": Path("/w"), "select_components": [3]}
+    values = params.validate(given)
+    settings = params.settings(name, values)
+    assert settings.values() == values and list(settings.values()) == params.accepted(name)
+    assert settings.engine.work_dir == "/w" and settings.model.select_components == (3,)
+    assert settings.checkpoint.every == values["checkpoint_every"]
+    for p in params.PARAMS.values():  # a parameter the model does not take is None
+        assert (settings.value(p.name) is None) == (p.name not in values or values[p.name] is None)
+    model = {k for k in values if params.PARAMS[k].model}
+    assert settings.fingerprinted() == {k: values[k] for k in model}
 
 
 def test_a_changed_default_reaches_every_surface(monkeypatch):
@@ -241,8 +263,8 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     klass = ESTIMATORS[name]
 
     def settings(**kw: Any) -> dict[str, Any]:
-        values = params.validate(klass(**kw).get_params())
-        return fit_settings(name, values, None, values["seed"])
+        values = params.settings(name, params.validate(klass(**kw).get_params()))
+        return fit_settings(values, None, values.model.seed)
 
     base = settings()
     model = {n for n in params.accepted(name) if params.PARAMS[n].model}
