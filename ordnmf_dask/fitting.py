@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # distributed is imported where it is used
 
 log = logging.getLogger("ordnmf_dask")
 
-InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
+InitArg = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray] | None
 Scorer = Callable[["Client"], Validation]
 
 
@@ -153,13 +153,13 @@ class FitPlan:
 
 
 def plan_fit(
-    store: str | os.PathLike | StoreInfo,
+    store: str | os.PathLike[str] | StoreInfo,
     model: str,
     params: Mapping[str, Any],
     *,
     init: InitArg = None,
     init_model: Any = None,
-    out: str | os.PathLike | None = None,
+    out: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     resume: bool = False,
     restart: bool = False,
@@ -383,7 +383,7 @@ def _say_held_out(info: StoreInfo) -> None:
 
 
 def fit(
-    store: str | os.PathLike | StoreInfo,
+    store: str | os.PathLike[str] | StoreInfo,
     model: str,
     params: Mapping[str, Any],
     client: Client | None = None,
@@ -547,7 +547,10 @@ def _validation(
             f"validation_s = {s}: the validation subset of {info.path} has no "
             f"nonzero of class >= {s} (classes 1..{info.n_classes})"
         )
-    describe = lambda params: {"family": family.name, **family.describe(params)}  # noqa: E731
+
+    def describe(params: Any) -> dict[str, Any]:
+        return {"family": family.name, **family.describe(params)}
+
     if metric == "loglik" and loglik_spec(info, describe(family.init_params())) is None:
         raise InputError(
             "validation_metric = 'loglik': this model does not give the "
@@ -592,8 +595,8 @@ def _run_record(run: CaviState, seed: int) -> dict[str, Any]:
 def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
     """Restarts are chosen by the validation metric when there is one, else by the ELBO."""
     if run["validation"] is not None and than["validation"] is not None:
-        return run["validation"] > than["validation"]
-    return run["elbo"] > than["elbo"]
+        return bool(run["validation"] > than["validation"])
+    return bool(run["elbo"] > than["elbo"])
 
 
 def _validation_text(run: dict[str, Any]) -> str:
@@ -620,7 +623,7 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
     if init is None:
         return None
     source = "initialization arrays"
-    if isinstance(init, str | os.PathLike):
+    if isinstance(init, str | os.PathLike[str]):
         source = os.fspath(init)
         path = Path(init)
         arrays = read_npz(source, {"W": (info.n_users, k), "H": (info.n_items, k)})
