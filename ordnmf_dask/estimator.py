@@ -97,7 +97,33 @@ def _keep_arguments(estimator: CaviEstimator, arguments: dict[str, Any]) -> None
 class CaviEstimator:
     """Shared fit / save / load of the models that run on the CAVI engine. Each model's
     constructor lists its parameters: those the parameter table (:mod:`ordnmf_dask.params`)
-    gives it, in the table's order, with the table's defaults (tests/test_params.py checks)."""
+    gives it, in the table's order, with the table's defaults, and keeps each as the attribute
+    of its name, declared below with its type (tests/test_params.py checks them all)."""
+
+    n_components: int
+    select_components: Sequence[int] | None
+    alpha_W: float
+    alpha_H: float
+    tol: float
+    max_iter: int
+    min_iter: int
+    seed: int
+    optimizer: str
+    anneal: int
+    n_init: int
+    start: str
+    cache_blocks: bool | str
+    executor: str
+    work_dir: str | os.PathLike[str] | None
+    checkpoint_dir: str | os.PathLike[str] | None
+    checkpoint_every: int
+    checkpoint_minutes: float | None
+    validation_every: int
+    validation_patience: int
+    validation_window: int
+    validation_metric: str
+    validation_k: int
+    validation_s: int
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
         raise NotImplementedError
@@ -508,6 +534,8 @@ class OrdNMF(CaviEstimator):
         + _NOTES_DOC
     )
 
+    approx: bool
+
     def __init__(
         self,
         n_components: int = DEFAULTS["n_components"],
@@ -553,6 +581,9 @@ class BePoF(OrdNMF):
     binarized data (see :class:`PF`). Other parameters and attributes as :class:`OrdNMF`.
     """
 
+    threshold: int
+    learn_threshold: bool
+
     def __init__(
         self,
         n_components: int = DEFAULTS["n_components"],
@@ -593,6 +624,8 @@ class PF(BePoF):
     As in the published code, Delta_1 is still learned and the reported bound keeps the
     log(expm1(.)) local term. Parameters and attributes as :class:`BePoF` (``approx`` is True).
     """
+
+    approx = True  # not a parameter: q(n) = delta_1 always
 
     def __init__(
         self,
@@ -652,6 +685,10 @@ class DcPF(CaviEstimator):
 """
         + _NOTES_DOC
     )
+
+    p: float
+    t: float
+    update_p: bool
 
     def __init__(
         self,

@@ -623,7 +623,7 @@ def _read_init(init: InitArg, info: StoreInfo, k: int) -> tuple[np.ndarray, np.n
     if init is None:
         return None
     source = "initialization arrays"
-    if isinstance(init, str | os.PathLike[str]):
+    if isinstance(init, str | os.PathLike):
         source = os.fspath(init)
         path = Path(init)
         arrays = read_npz(source, {"W": (info.n_users, k), "H": (info.n_items, k)})

@@ -194,6 +194,7 @@ def test_set_params_round_trip_and_unknown_names(family):
 def test_a_parameter_of_another_model_is_refused():
     """PF is BePoF with approx fixed: approx is not one of its parameters, by keyword or by
     set_params, nor is DcPF's p one of OrdNMF's."""
+    assert PF().approx is True and "approx" not in PF().get_params()  # PF's constant
     with pytest.raises(TypeError, match="approx"):
         PF(approx=False)
     with pytest.raises(ValueError, match="approx"):

@@ -89,6 +89,19 @@ def test_each_constructor_lists_its_parameters_of_the_table(name):
         assert p.annotation == HINTS[row.kind] + (" | None" if row.optional else ""), p.name
 
 
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_each_parameter_is_declared_as_an_attribute_of_its_type(name):
+    """The attributes the constructor keeps are declared on the classes (what a type checker
+    reads), each with the hint of its kind; a model's class declares only table rows."""
+    declared: dict[str, str] = {}
+    for k in reversed(ESTIMATORS[name].__mro__):
+        declared.update(vars(k).get("__annotations__", {}))
+    assert set(params.accepted(name)) <= set(declared) <= set(params.PARAMS)
+    for n in params.accepted(name):
+        row = params.PARAMS[n]
+        assert declared[n] == HINTS[row.kind] + (" | None" if row.optional else ""), n
+
+
 def test_each_section_of_settings_has_the_keys_of_its_rows():
     for section, klass in params.SECTION_CLASSES.items():
         rows = [p.key for p in params.PARAMS.values() if p.section == section]
