@@ -35,7 +35,7 @@ SUMS = "SHA256SUMS"  # beside the files a download kept: "<sha256>  <name>" per 
 SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "data"
 
 
-def cache_dir(data_home: str | os.PathLike | None = None) -> Path:
+def cache_dir(data_home: str | os.PathLike[str] | None = None) -> Path:
     """The cache directory: ``data_home``, else ``$ORDNMF_DASK_DATA``, else
     ``~/.cache/ordnmf_dask``."""
     chosen = data_home or os.environ.get(ENV_VAR) or Path.home() / ".cache" / "ordnmf_dask"
@@ -43,7 +43,7 @@ def cache_dir(data_home: str | os.PathLike | None = None) -> Path:
 
 
 def fetch_movielens_small(
-    data_home: str | os.PathLike | None = None,
+    data_home: str | os.PathLike[str] | None = None,
     *,
     url: str = MOVIELENS_SMALL_URL,
     sha256: str = MOVIELENS_SMALL_SHA256,

@@ -7,7 +7,7 @@ import inspect
 import os
 import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
-from ordnmf_dask.params import DEFAULTS, PARAMS, accepted
+from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
@@ -26,6 +26,8 @@ from ordnmf_dask.tuning.select import run_selected
 if TYPE_CHECKING:  # distributed and dask.array are imported where they are used
     import dask.array as da
     from distributed import Client
+
+    from ordnmf_dask.postfit.serving import Server
 
 _FACTORS = (("W", "mean"), ("H", "mean"), ("W", "log_mean"), ("H", "log_mean"))  # W_ .. log_H_
 
@@ -87,63 +89,45 @@ _SHARED_ATTRS_DOC = """
 """
 
 
-class CaviEstimator:
-    """Shared fit / save / load of the models that run on the CAVI engine."""
+def _keep_arguments(estimator: CaviEstimator, arguments: dict[str, Any]) -> None:
+    """Keep each constructor argument (of ``arguments``, the constructor's ``locals()``) as the
+    attribute of its name, unchanged and unchecked (scikit-learn's rule: :meth:`fit` checks,
+    and a clone built from :meth:`~CaviEstimator.get_params` is equal)."""
+    for name in estimator._param_names():
+        setattr(estimator, name, arguments[name])
 
-    def __init__(
-        self,
-        n_components: int = DEFAULTS["n_components"],
-        *,
-        select_components: Sequence[int] | None = DEFAULTS["select_components"],
-        alpha_W: float = DEFAULTS["alpha_W"],
-        alpha_H: float = DEFAULTS["alpha_H"],
-        tol: float = DEFAULTS["tol"],
-        max_iter: int = DEFAULTS["max_iter"],
-        min_iter: int = DEFAULTS["min_iter"],
-        seed: int = DEFAULTS["seed"],
-        n_init: int = DEFAULTS["n_init"],
-        n_members: int = DEFAULTS["n_members"],
-        optimizer: str = DEFAULTS["optimizer"],
-        anneal: int = DEFAULTS["anneal"],
-        start: str = DEFAULTS["start"],
-        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
-        executor: str = DEFAULTS["executor"],
-        work_dir: str | None = DEFAULTS["work_dir"],
-        checkpoint_dir: str | None = DEFAULTS["checkpoint_dir"],
-        checkpoint_every: int = DEFAULTS["checkpoint_every"],
-        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
-        validation_every: int = DEFAULTS["validation_every"],
-        validation_patience: int = DEFAULTS["validation_patience"],
-        validation_window: int = DEFAULTS["validation_window"],
-        validation_metric: str = DEFAULTS["validation_metric"],
-        validation_k: int = DEFAULTS["validation_k"],
-        validation_s: int = DEFAULTS["validation_s"],
-    ) -> None:
-        self.n_components = n_components
-        self.select_components = select_components
-        self.alpha_W = alpha_W
-        self.alpha_H = alpha_H
-        self.tol = tol
-        self.max_iter = max_iter
-        self.min_iter = min_iter
-        self.seed = seed
-        self.n_init = n_init
-        self.n_members = n_members
-        self.optimizer = optimizer
-        self.anneal = anneal
-        self.start = start
-        self.cache_blocks = cache_blocks
-        self.executor = executor
-        self.work_dir = work_dir
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_minutes = checkpoint_minutes
-        self.validation_every = validation_every
-        self.validation_patience = validation_patience
-        self.validation_window = validation_window
-        self.validation_metric = validation_metric
-        self.validation_k = validation_k
-        self.validation_s = validation_s
+
+class CaviEstimator:
+    """Shared fit / save / load of the models that run on the CAVI engine. Each model's
+    constructor lists its parameters: those the parameter table (:mod:`ordnmf_dask.params`)
+    gives it, in the table's order, with the table's defaults, and keeps each as the attribute
+    of its name, declared below with its type (tests/test_params.py checks them all)."""
+
+    n_components: int
+    select_components: Sequence[int] | None
+    alpha_W: float
+    alpha_H: float
+    tol: float
+    max_iter: int
+    min_iter: int
+    seed: int
+    optimizer: str
+    anneal: int
+    n_init: int
+    n_members: int
+    start: str
+    cache_blocks: bool | str
+    executor: str
+    work_dir: str | os.PathLike[str] | None
+    checkpoint_dir: str | os.PathLike[str] | None
+    checkpoint_every: int
+    checkpoint_minutes: float | None
+    validation_every: int
+    validation_patience: int
+    validation_window: int
+    validation_metric: str
+    validation_k: int
+    validation_s: int
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
         raise NotImplementedError
@@ -151,56 +135,57 @@ class CaviEstimator:
     # -- scikit-learn protocol -----------------------------------------------------------
     @classmethod
     def _param_names(cls) -> list[str]:
-        names: list[str] = []
-        for klass in reversed(cls.__mro__):
-            if "__init__" in vars(klass) and issubclass(klass, CaviEstimator):
-                sig = inspect.signature(klass.__init__)
-                names += [p for p in sig.parameters if p not in ("self", "kwargs")]
-        return list(dict.fromkeys(names))
+        """The constructor's parameters, in its order (scikit-learn's ``_get_param_names``)."""
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters and their values (scikit-learn's protocol; ``deep`` is
         accepted for it and has no effect: no parameter is an estimator)."""
         return {name: getattr(self, name) for name in self._param_names()}
 
-    def set_params(self, **params: Any) -> CaviEstimator:
+    def set_params(self, **params: Any) -> Self:
         """Set constructor parameters by keyword and return the estimator (scikit-learn's
-        protocol); an unknown name is a ValueError."""
-        for name, value in params.items():
-            if name not in self._param_names():
-                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
-            setattr(self, name, value)
+        protocol); an unknown name is a ValueError naming the valid ones. Values are checked
+        by :meth:`fit`, as scikit-learn's are."""
+        names = self._param_names()
+        for name in params:
+            if name not in names:
+                raise ValueError(
+                    f"invalid parameter {name!r} for {type(self).__name__}; valid parameters: "
+                    + ", ".join(names)
+                )
+        vars(self).update(params)
         return self
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
 
-    def _validate(self) -> tuple[CaviConfig, dict[str, Any]]:
+    def _validate(self) -> tuple[CaviConfig, Settings]:
         """The engine's settings and every parameter, checked against the table's rules."""
         return resolve_params(type(self).__name__, self.get_params())
 
     def _family(self, store: StoreInfo) -> Family:
         """The model family of these parameters on ``store``."""
-        return family(type(self).__name__, self._validate()[1], store)
+        return family(type(self).__name__, self._validate()[1].model, store)
 
     # -- fitting -------------------------------------------------------------------------
     @shows_progress
     @accepts_data_in_memory
     def fit(
         self,
-        store: str | os.PathLike | StoreInfo,
+        store: str | os.PathLike[str] | StoreInfo,
         client: Client | None = None,
         *,
         init: InitArg = None,
-        init_model: str | os.PathLike | CaviEstimator | None = None,
-        out: str | os.PathLike | None = None,
+        init_model: str | os.PathLike[str] | CaviEstimator | None = None,
+        out: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         callback: IterationCallback | None = None,
         resume: bool = False,
         restart: bool = False,
         check: bool = False,
-    ) -> CaviEstimator:
+    ) -> Self:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`, or on
         data in memory.
 
@@ -370,14 +355,14 @@ class CaviEstimator:
             self._set_fitted(open_model(path))
 
     # -- persistence ---------------------------------------------------------------------
-    def save(self, path: str | os.PathLike, overwrite: bool = False) -> str:
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
         """Copy the fitted model directory to ``path`` (a directory or a URL: zarr arrays and
         JSON attributes); an existing ``path`` is replaced only with ``overwrite`` and only if
         it is a model."""
         return copy_model(self._fitted_model(), path, overwrite)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> CaviEstimator:
+    def load(cls, path: str | os.PathLike[str]) -> CaviEstimator:
         """The estimator (of the saved model's class) with its parameters and fitted state."""
         model = open_model(os.fspath(path))
         klass = ESTIMATORS.get(model.header.model or "")
@@ -390,12 +375,12 @@ class CaviEstimator:
         return est
 
     # -- serving in memory, no cluster (ordnmf_dask.postfit.serving) ---------------------
-    def _server(self, store: str | os.PathLike | None = None) -> Any:
+    def _server(self, store: str | os.PathLike[str] | None = None) -> Server:
         from ordnmf_dask.postfit.serving import server
 
         return server(self._fitted_model(), store)
 
-    def _served(self) -> Any:
+    def _served(self) -> Server:
         """The server of the fitted model (AttributeError when not fitted)."""
         if "_factors" not in vars(self):
             raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
@@ -409,7 +394,7 @@ class CaviEstimator:
         filter_already_seen: bool = True,
         items: Sequence[Any] | None = None,
         exclude: Sequence[Any] | None = None,
-        store: str | os.PathLike | None = None,
+        store: str | os.PathLike[str] | None = None,
         proba_at: int | None = None,
     ) -> dict[Any, list[tuple[Any, ...]]]:
         """Top-``n`` items per user by E[w_u] . E[h_i], in memory:
@@ -556,15 +541,39 @@ class OrdNMF(CaviEstimator):
         + _NOTES_DOC
     )
 
+    approx: bool
+
     def __init__(
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        n_members: int = DEFAULTS["n_members"],
+        start: str = DEFAULTS["start"],
         approx: bool = DEFAULTS["approx"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        super().__init__(n_components, **kwargs)
-        self.approx = approx
+        _keep_arguments(self, locals())
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
         if header.n_members == 1:
@@ -584,18 +593,42 @@ class BePoF(OrdNMF):
     binarized data (see :class:`PF`). Other parameters and attributes as :class:`OrdNMF`.
     """
 
+    threshold: int
+    learn_threshold: bool
+
     def __init__(
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        n_members: int = DEFAULTS["n_members"],
+        start: str = DEFAULTS["start"],
+        approx: bool = DEFAULTS["approx"],
         threshold: int = DEFAULTS["threshold"],
         learn_threshold: bool = DEFAULTS["learn_threshold"],
-        approx: bool = DEFAULTS["approx"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        super().__init__(n_components, approx=approx, **kwargs)
-        self.threshold = threshold
-        self.learn_threshold = learn_threshold
+        _keep_arguments(self, locals())
 
 
 class PF(BePoF):
@@ -605,26 +638,40 @@ class PF(BePoF):
     log(expm1(.)) local term. Parameters and attributes as :class:`BePoF` (``approx`` is True).
     """
 
+    approx = True  # not a parameter: q(n) = delta_1 always
+
     def __init__(
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        n_members: int = DEFAULTS["n_members"],
+        start: str = DEFAULTS["start"],
         threshold: int = DEFAULTS["threshold"],
         learn_threshold: bool = DEFAULTS["learn_threshold"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        kwargs.pop("approx", None)
-        super().__init__(
-            n_components,
-            threshold=threshold,
-            learn_threshold=learn_threshold,
-            approx=True,
-            **kwargs,
-        )
-
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        return [n for n in super()._param_names() if n != "approx"]
+        _keep_arguments(self, locals())
 
 
 class DcPF(CaviEstimator):
@@ -653,22 +700,46 @@ class DcPF(CaviEstimator):
         + _NOTES_DOC
     )
 
+    p: float
+    t: float
+    update_p: bool
+
     def __init__(
         self,
         n_components: int = DEFAULTS["n_components"],
         *,
+        select_components: Sequence[int] | None = DEFAULTS["select_components"],
+        alpha_W: float = DEFAULTS["alpha_W"],
+        alpha_H: float = DEFAULTS["alpha_H"],
+        tol: float = DEFAULTS["tol"],
+        max_iter: int = DEFAULTS["max_iter"],
+        min_iter: int = DEFAULTS["min_iter"],
+        seed: int = DEFAULTS["seed"],
+        optimizer: str = DEFAULTS["optimizer"],
+        anneal: int = DEFAULTS["anneal"],
+        n_init: int = DEFAULTS["n_init"],
+        n_members: int = DEFAULTS["n_members"],
+        start: str = DEFAULTS["start"],
         p: float = DEFAULTS["p"],
         t: float = DEFAULTS["t"],
         update_p: bool = DEFAULTS["update_p"],
-        **kwargs: Any,
+        cache_blocks: bool | str = DEFAULTS["cache_blocks"],
+        executor: str = DEFAULTS["executor"],
+        work_dir: str | os.PathLike[str] | None = DEFAULTS["work_dir"],
+        checkpoint_dir: str | os.PathLike[str] | None = DEFAULTS["checkpoint_dir"],
+        checkpoint_every: int = DEFAULTS["checkpoint_every"],
+        checkpoint_minutes: float | None = DEFAULTS["checkpoint_minutes"],
+        validation_every: int = DEFAULTS["validation_every"],
+        validation_patience: int = DEFAULTS["validation_patience"],
+        validation_window: int = DEFAULTS["validation_window"],
+        validation_metric: str = DEFAULTS["validation_metric"],
+        validation_k: int = DEFAULTS["validation_k"],
+        validation_s: int = DEFAULTS["validation_s"],
     ) -> None:
-        super().__init__(n_components, **kwargs)
-        self.p = p
-        self.t = t
-        self.update_p = update_p
+        _keep_arguments(self, locals())
 
     def _set_family_attrs(self, header: ModelHeader) -> None:
-        p = [float(law.p) for law in header.laws]
+        p = [float(law.p) for law in header.laws if law.p is not None]  # a DcPF model's
         self.p_ = p[0] if header.n_members == 1 else np.array(p)
 
 

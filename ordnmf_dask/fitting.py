@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,15 @@ from ordnmf_dask.modelstore.model import (
     save_model,
     store_fingerprint,
 )
-from ordnmf_dask.params import DEFAULTS, PARAMS, accepted, validate
+from ordnmf_dask.params import (
+    DEFAULTS,
+    ModelSettings,
+    Settings,
+    ValidationSettings,
+    accepted,
+    settings,
+    validate,
+)
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
@@ -66,14 +74,14 @@ if TYPE_CHECKING:  # distributed is imported where it is used
 
 log = logging.getLogger("ordnmf_dask")
 
-InitArg = str | os.PathLike | tuple[np.ndarray, np.ndarray] | None
+InitArg = str | os.PathLike[str] | tuple[np.ndarray, np.ndarray] | None
 Scorer = Callable[["Client"], Validation]
 
 
-def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, dict[str, Any]]:
+def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, Settings]:
     """The engine's settings and every parameter of ``model`` (the table's default for those
-    not given), checked against the table's rules; InputError naming the first that breaks
-    one, or a parameter ``model`` does not take."""
+    not given), checked against the table's rules, by section; InputError naming the first
+    that breaks one, or a parameter ``model`` does not take."""
     names = accepted(model)
     unknown = [name for name in params if name not in names]
     if unknown:
@@ -81,38 +89,39 @@ def resolve_params(model: str, params: Mapping[str, Any]) -> tuple[CaviConfig, d
     given = {**params, **{name: DEFAULTS[name] for name in names if name not in params}}
     values = validate(given)
     cfg = CaviConfig(**{f.name: values[f.name] for f in fields(CaviConfig)})
-    return cfg, values
+    return cfg, settings(model, values)
 
 
-def family(model: str, values: Mapping[str, Any], store: StoreInfo) -> Family:
+def family(model: str, values: ModelSettings, store: StoreInfo) -> Family:
     """The model family (:mod:`ordnmf_dask.model.families`) of ``model`` with the checked
     parameters ``values`` on ``store``; InputError for a threshold the store cannot give."""
     if model == "DcPF":
         kind = "raw" if store.header.value_kind == "counts" else "class"
-        return DcPFFamily(kind, float(values["p"]), float(values["t"]), bool(values["update_p"]))
-    approx = model == "PF" or bool(values["approx"])
+        assert values.p is not None and values.t is not None  # DcPF's parameters
+        return DcPFFamily(kind, float(values.p), float(values.t), bool(values.update_p))
+    approx = model == "PF" or bool(values.approx)
     if model == "OrdNMF":
         return OrdinalFamily(tuple(int(n) for n in store.hist_train), approx=approx)
-    s = int(values["threshold"])  # BePoF, PF: an integer >= 1 (validated); the store bounds it
+    assert values.threshold is not None  # BePoF's and PF's parameter
+    s = int(values.threshold)  # BePoF, PF: an integer >= 1 (validated); the store bounds it
     if s > store.n_classes:
         raise InputError(f"threshold must be an integer in 1..{store.n_classes}, got {s!r}")
     kept = int(store.hist_train[s:].sum())
     if kept == 0:
         raise InputError(f"no training nonzero has class >= {s}")
-    fixed = None if values["learn_threshold"] else (0.0, 1.0)
+    fixed = None if values.learn_threshold else (0.0, 1.0)
     return OrdinalFamily((0, kept), approx=approx, binarize_at=s, fixed_delta=fixed)
 
 
 def fit_settings(
-    model: str,
-    values: Mapping[str, Any],
+    values: Settings,
     init: tuple[np.ndarray, np.ndarray] | warmstart.Source | None,
     seed: int,
 ) -> dict[str, Any]:
     """What the trajectory of the run from ``seed`` (or warm-started from ``init``: arrays or a
-    saved model) depends on (checked when resuming from a checkpoint): the model parameters of
-    the table and the warm start."""
-    params = {k: v for k, v in values.items() if PARAMS[k].model}
+    saved model) depends on (checked when resuming from a checkpoint): the model, its model
+    parameters and the warm start."""
+    params = values.fingerprinted()
     warm: str | bool | dict[str, str] = False
     if isinstance(init, warmstart.Source):
         warm = init.describe()
@@ -121,7 +130,7 @@ def fit_settings(
         for a in init:
             digest.update(np.ascontiguousarray(a).data)
         warm = digest.hexdigest()
-    return {"model": model, **params, "seed": seed, "warm_start": warm}
+    return {"model": values.estimator, **params, "seed": seed, "warm_start": warm}
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ class FitPlan:
     model: str
     info: StoreInfo
     config: CaviConfig
-    values: dict[str, Any]
+    settings: Settings
     family: Family
     init: tuple[np.ndarray, np.ndarray] | None
     source: warmstart.Source | None  # an ensemble's: member 0's (sources: each member's)
@@ -148,13 +157,13 @@ class FitPlan:
 
 
 def plan_fit(
-    store: str | os.PathLike | StoreInfo,
+    store: str | os.PathLike[str] | StoreInfo,
     model: str,
     params: Mapping[str, Any],
     *,
     init: InitArg = None,
     init_model: Any = None,
-    out: str | os.PathLike | None = None,
+    out: str | os.PathLike[str] | None = None,
     overwrite: bool = False,
     resume: bool = False,
     restart: bool = False,
@@ -165,8 +174,9 @@ def plan_fit(
     as the fit would find them; InputError naming the first conflict. The arguments are
     those of :meth:`ordnmf_dask.OrdNMF.fit`."""
     cfg, values = resolve_params(model, params)
+    settled, ckpt, work_dir = values.model, values.checkpoint.dir, values.engine.work_dir
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
-    candidates = values["select_components"]
+    candidates = settled.select_components
     for k in candidates or [cfg.n_components]:
         check_rank(k, info)
     if candidates:
@@ -176,10 +186,11 @@ def plan_fit(
                 "select_components chooses K by fits from random draws: no init=, "
                 "init_model= or resume= with it"
             )
-    fam = family(model, values, info)
+    fam = family(model, settled, info)
     init_arrays = _read_init(init, info, cfg.n_components)
-    n_init, n_members = values["n_init"], values["n_members"]
-    source, sources = None, ()
+    n_init, n_members = settled.n_init, settled.n_members
+    source: warmstart.Source | None = None
+    sources: tuple[warmstart.Source, ...] = ()
     if init_model is not None:
         if init is not None:
             raise InputError("init and init_model are two warm starts: give one of them")
@@ -190,11 +201,11 @@ def plan_fit(
         source = sources[0]
     if resume and restart:
         raise InputError("resume and restart contradict each other: give one of them")
-    if resume and not values["checkpoint_dir"]:
+    if resume and not ckpt:
         raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
-    if values["start"] != "random" and (init_arrays is not None or source is not None):
+    if settled.start != "random" and (init_arrays is not None or source is not None):
         raise InputError(
-            f"start={values['start']!r} is a start of its own: no init= or init_model= with it"
+            f"start={settled.start!r} is a start of its own: no init= or init_model= with it"
         )
     if n_init > 1 and (init_arrays is not None or source is not None or resume):
         raise InputError(
@@ -209,20 +220,19 @@ def plan_fit(
         raise InputError(
             "n_init keeps one of several restarts, n_members averages them: give one of them"
         )
-    scorer = _validation(info, fam, values)
-    check_apart({"out": out, "checkpoint_dir": values["checkpoint_dir"]})
+    scorer = _validation(info, fam, values.validation)
+    check_apart({"out": out, "checkpoint_dir": ckpt})
     if out is not None:
         out = model_target(out, overwrite, info.path)
-    ckpt = values["checkpoint_dir"]
     if ckpt:
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
-    if values["work_dir"]:  # new temporary directories go in it: it may hold the store
-        check_place(values["work_dir"], "work_dir")  # not inside a store or model
+    if work_dir:  # new temporary directories go in it: it may hold the store
+        check_place(work_dir, "work_dir")  # not inside a store or model
     prints = [  # one per restart or member: its trajectory depends on its seed and start
         checkpoint.fingerprint(
             info.attrs,
             info.path,
-            fit_settings(model, values, sources[j] if sources else init_arrays, cfg.seed + j),
+            fit_settings(values, sources[j] if sources else init_arrays, cfg.seed + j),
         )
         for j in range(max(n_init, n_members))
     ]
@@ -254,7 +264,7 @@ def run_fit(
     resumes from checkpoints of the same fit in the checkpoint directory (required with
     ``resume``; ``restart`` first removes every checkpoint there). ``callback`` is called
     after each iteration's log line; its True stops the fit."""
-    values, info, fam = plan.values, plan.info, plan.family
+    values, info, fam = plan.settings, plan.info, plan.family
     if isinstance(fam, DcPFFamily) and fam.values == "class":  # documented, but rare
         log.warning(
             "dcPF models raw counts, but %s holds classes (value_kind %r): it fits "
@@ -264,12 +274,12 @@ def run_fit(
             info.header.value_kind,
             info.n_classes,
         )
-    if values["select_components"]:  # the search runs fits: it lives above this module
+    if values.model.select_components:  # the search runs fits: it lives above this module
         raise InputError(
             "select_components: K is chosen by ordnmf_dask.tuning.select.run_selected "
             "(OrdNMF.fit and the CLI's fit call it), not by run_fit"
         )
-    with writelock.held(plan.out, values["checkpoint_dir"]):  # one writer of each, or none
+    with writelock.held(plan.out, values.checkpoint.dir):  # one writer of each, or none
         return _run_fit(plan, client, callback)
 
 
@@ -285,21 +295,22 @@ def check_selection(info: StoreInfo, candidates: Sequence[int]) -> None:
 
 def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback | None) -> ModelInfo:
     """:func:`run_fit`, its outputs locked."""
-    cfg, values, info, fam = plan.config, plan.values, plan.info, plan.family
-    n_init = values["n_init"]
-    work = values["work_dir"] or tempfile.mkdtemp(prefix="ordnmf-work-")
+    cfg, values, info, fam = plan.config, plan.settings, plan.info, plan.family
+    n_init = values.model.n_init
+    work = values.engine.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
     try:
         os.makedirs(work, exist_ok=True)
-        ckpt_dir = values["checkpoint_dir"] or os.path.join(work, "checkpoints")
+        ckpt_dir = values.checkpoint.dir or os.path.join(work, "checkpoints")
         ckpt_dir = locations.location(ckpt_dir)
         if not locations.is_url(ckpt_dir):  # object stores have no directories
             os.makedirs(ckpt_dir, exist_ok=True)
         ours = _claim(ckpt_dir, plan.prints, plan.restart, n_init)
         out = plan.out if plan.out is not None else _temporary_model_dir()
         tables = fit_tables(cfg.optimizer)
-        width = cfg.n_components * values["n_members"]  # the members' factors are held at once
-        with choose_client(client, info, width, values["executor"], tables=tables) as cl:
-            cache = decide_cache(values["cache_blocks"], cl, info)
+        executor = values.engine.executor
+        width = cfg.n_components * values.model.n_members  # the members' factors at once
+        with choose_client(client, info, width, executor, tables=tables) as cl:
+            cache = decide_cache(values.engine.cache_blocks, cl, info)
             check_fit_memory(cl, info, width, cache, tables)  # before any iteration
             _say_held_out(info)
             started = time.perf_counter()
@@ -312,15 +323,15 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 info.n_users,
                 info.n_items,
                 info.nnz_train,
-                cfg.max_iter,
+                values.model.max_iter,
             )
             scorer = None if plan.validation is None else plan.validation(cl)
-            if values["n_members"] > 1:
+            if values.model.n_members > 1:
                 states = _run_members(plan, cl, ckpt_dir, cache, bool(ours), scorer, work, callback)
-                runs = [_run_record(r, cfg.seed + j) for j, r in enumerate(states)]
-                for r in runs:
+                members = [_run_record(r, cfg.seed + j) for j, r in enumerate(states)]
+                for r in members:
                     r["kept"] = True
-                attrs = _model_attrs(plan, states, scorer is not None, cache, runs)
+                attrs = _model_attrs(plan, states, scorer is not None, cache, members)
                 w = _stacked(cl, [r.w for r in states], float(len(states)))
                 h = _stacked(cl, [r.h for r in states], 1.0)
                 with info.reading():  # its id maps and training items are copied from the store
@@ -353,7 +364,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                     run_cfg,
                     ckpt_dir,
                     cache,
-                    *checkpoint_schedule(cl, values),
+                    *checkpoint_schedule(cl, values.values()),
                     plan.prints[j],
                 )
                 with info.reading():  # the store opened, whole, or an error saying it changed
@@ -395,7 +406,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 out,
             )
     finally:
-        if values["work_dir"] is None:
+        if values.engine.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return open_model(out)
 
@@ -420,7 +431,7 @@ def _say_held_out(info: StoreInfo) -> None:
 
 
 def fit(
-    store: str | os.PathLike | StoreInfo,
+    store: str | os.PathLike[str] | StoreInfo,
     model: str,
     params: Mapping[str, Any],
     client: Client | None = None,
@@ -444,9 +455,9 @@ def _run_one(
     stopped: threading.Event | None = None,
     member: int = 0,
 ) -> CaviState:
-    """One restart (or member, ``label`` in front of its log lines; it stops when ``stopped``
-    is set): its initial state (random draws, the SVD start, the subsample start, arrays, or a
-    saved model), then the loop."""
+    """One restart (or ensemble member ``member``, ``label`` in front of its log lines; it
+    stops when ``stopped`` is set): its initial state (random draws, the SVD start, the
+    subsample start, arrays, or a saved model), then the loop."""
     params0 = None
     source, arrays = (plan.sources[member] if plan.sources else plan.source), plan.init
     if source is not None:
@@ -456,19 +467,19 @@ def _run_one(
         def start() -> Any:
             return warmstart.initial_chunks(runner, source, params0, alpha)
     elif arrays is None:
-        start = {
+        starts: dict[str, Callable[[], Any]] = {
             "random": runner.random_init,
             "svd": partial(svd_start, runner),
             "subsample": partial(subsample_start, runner),
-        }[plan.values["start"]]
+        }
+        start = starts[plan.settings.model.start]
     else:
 
         def start() -> Any:  # writes the arrays only when called
             return runner.warm_init(*_write_init(arrays, work))
 
-    fit_log = _FitLog(
-        plan.family, callback, plan.values["max_iter"], plan.values["tol"], label, stopped
-    )
+    model = plan.settings.model
+    fit_log = _FitLog(plan.family, callback, model.max_iter, model.tol, label, stopped)
     try:
         return runner.run(
             start,
@@ -495,10 +506,10 @@ def _run_members(
     """The ``n_members`` fits of an ensemble, side by side: each on a thread of this process
     driving its own CAVI loop on ``cl`` (the members never wait for each other; the cluster's
     workers, or this process's pool, run their tasks as they come). Each member checkpoints
-    and resumes under its own fingerprint. When one fails or the fit is interrupted, the others
-    stop at their next iteration."""
-    cfg, values = plan.config, plan.values
-    n = values["n_members"]
+    and resumes under its own fingerprint and name. When one fails or the fit is interrupted,
+    the others stop at their next iteration."""
+    cfg, values = plan.config, plan.settings
+    n = values.model.n_members
     stopped = threading.Event()
 
     def member(j: int) -> CaviState:
@@ -510,7 +521,7 @@ def _run_members(
             run_cfg,
             ckpt_dir,
             cache,
-            *checkpoint_schedule(cl, values),
+            *checkpoint_schedule(cl, values.values()),
             plan.prints[j],
             checkpoint_tag=checkpoint.member_tag(j),
         )
@@ -533,7 +544,7 @@ def _run_members(
     try:
         futures = [pool.submit(member, j) for j in range(n)]
         wait(futures, return_when=FIRST_EXCEPTION)  # the first failure stops the others
-        failed = [f.exception() for f in futures if f.done() and f.exception() is not None]
+        failed = [e for f in futures if f.done() and (e := f.exception()) is not None]
         if failed:
             raise next((e for e in failed if not isinstance(e, _Stopped)), failed[0])
         return [f.result() for f in futures]
@@ -566,12 +577,9 @@ def _model_attrs(
     """The saved model's attributes (docs/model-format.md): of its one kept fit, or of the
     ensemble of ``states`` (each member's trajectory in ``runs``, its global parameters in
     ``members``)."""
-    values, info, source = plan.values, plan.info, plan.source
-    settings = {
-        k.removeprefix("validation_"): values[k]
-        for k in values
-        if PARAMS[k].section == "validation"
-    }
+    info, source = plan.info, plan.source
+    settings = asdict(plan.settings.validation)
+    fitted: dict[str, Any]
     if len(states) == 1:
         state = states[0]
         fitted = {
@@ -603,7 +611,7 @@ def _model_attrs(
     return {
         "model": plan.model,
         "family": plan.family.name,
-        "params": values,
+        "params": plan.settings.values(),
         **fitted,
         "warm_start": plan.init is not None or source is not None,
         "init_model": None if source is None else _described(source),
@@ -626,6 +634,12 @@ def _model_attrs(
         "runs": runs,
         **({} if plan.selection is None else {"selection": plan.selection}),
     }
+
+
+def _described(source: warmstart.Source) -> dict[str, Any]:
+    """What a model records of the model it was warm-started from (an ensemble's members
+    each from their own member of it)."""
+    return {k: v for k, v in source.describe().items() if k != "member"}
 
 
 class _Stopped(Exception):
@@ -692,21 +706,24 @@ class _FitLog:
 
 
 def _validation(
-    info: StoreInfo, family: Family, values: dict[str, Any]
+    info: StoreInfo, family: Family, rules: ValidationSettings
 ) -> Callable[[Client], Validation] | None:
     """How a fit on a client scores its states on the store's validation subset (None when the
     store has none or ``validation_every`` is 0); InputError for a metric the data cannot
     give, before any cluster starts."""
-    if not values["validation_every"] or "validation" not in info.splits:
+    if not rules.every or "validation" not in info.splits:
         return None
-    k, s, metric = values["validation_k"], values["validation_s"], values["validation_metric"]
+    k, s, metric = rules.k, rules.s, rules.metric
     hist = np.asarray(info.header.hist_validation)
     if not 1 <= s <= info.n_classes or hist[s:].sum() == 0:
         raise InputError(
             f"validation_s = {s}: the validation subset of {info.path} has no "
             f"nonzero of class >= {s} (classes 1..{info.n_classes})"
         )
-    describe = lambda params: {"family": family.name, **family.describe(params)}  # noqa: E731
+
+    def describe(params: Any) -> dict[str, Any]:
+        return {"family": family.name, **family.describe(params)}
+
     if metric == "loglik" and loglik_spec(info, describe(family.init_params())) is None:
         raise InputError(
             "validation_metric = 'loglik': this model does not give the "
@@ -727,20 +744,9 @@ def _validation(
                 "metric": ndcg[str(s)] if metric == "ndcg" else out["loglik_mean"],
             }
 
-        return Validation(
-            score,
-            values["validation_every"],
-            values["validation_patience"],
-            values["validation_window"],
-        )
+        return Validation(score, rules.every, rules.patience, rules.window)
 
     return scorer
-
-
-def _described(source: warmstart.Source) -> dict[str, Any]:
-    """What a model records of the model it was warm-started from (an ensemble's members
-    each from their own member of it)."""
-    return {k: v for k, v in source.describe().items() if k != "member"}
 
 
 def _run_record(run: CaviState, seed: int) -> dict[str, Any]:
@@ -762,8 +768,8 @@ def _run_record(run: CaviState, seed: int) -> dict[str, Any]:
 def _better(run: dict[str, Any], than: dict[str, Any]) -> bool:
     """Restarts are chosen by the validation metric when there is one, else by the ELBO."""
     if run["validation"] is not None and than["validation"] is not None:
-        return run["validation"] > than["validation"]
-    return run["elbo"] > than["elbo"]
+        return bool(run["validation"] > than["validation"])
+    return bool(run["elbo"] > than["elbo"])
 
 
 def _validation_text(run: dict[str, Any]) -> str:

@@ -1,9 +1,11 @@
-"""Every estimator parameter, declared once: name, type, default, rule, doc and where it lives.
+"""Every estimator parameter, declared once: name, rule (a :class:`Rule`, which gives the type
+and writes the message), default, doc and where it lives.
 
 The API, the job file and the command line all read this table (:data:`PARAMS`):
 
-- API: the keyword of the estimators (``OrdNMF(alpha_W=0.5)``), whose defaults are
-  ``DEFAULTS[name]``; :func:`validate` checks the values of a fit.
+- API: the keyword of the estimators (``OrdNMF(alpha_W=0.5)``), whose signatures list the rows
+  of their model with the defaults ``DEFAULTS[name]`` (tests/test_params.py checks both);
+  :func:`validate` checks the values of a fit.
 - TOML: the key is the API name without its section prefix, in the row's section
   (``checkpoint_every`` -> ``[checkpoint] every``, ``alpha_W`` -> ``[model] alpha_W``); a bad
   value is refused with the same rule (:func:`problem`), naming the file and the key.
@@ -19,9 +21,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ordnmf_dask.errors import InputError, shown
 
@@ -46,23 +49,143 @@ def _number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+class Rule(ABC):
+    """What the values of a parameter must be: :meth:`ok` checks one, ``str(rule)`` says it
+    (after "must be"), and ``kind`` is the type the job file and the command line read (int,
+    float, bool, path, str, auto, ints). Each rule writes its own message, in the spirit of
+    scikit-learn's ``Interval`` and ``StrOptions``."""
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def ok(self, value: Any) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Integer(Rule):
+    """An integer (not a bool) >= ``low``."""
+
+    low: int
+    kind: ClassVar[str] = "int"
+
+    def ok(self, value: Any) -> bool:
+        return _integer(value) and value >= self.low
+
+    def __str__(self) -> str:
+        return f"an integer >= {self.low}"
+
+
+@dataclass(frozen=True)
+class Real(Rule):
+    """A finite number (not a bool) > 0 (``high`` None), or in ``[low, high]``."""
+
+    low: float = 0.0
+    high: float | None = None
+    kind: ClassVar[str] = "float"
+
+    def ok(self, value: Any) -> bool:
+        if not _number(value):
+            return False
+        return bool(value > self.low if self.high is None else self.low <= value <= self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"a finite number > {self.low:g}"
+        return f"a number in [{self.low:g}, {self.high:g}]"
+
+
+@dataclass(frozen=True)
+class Options(Rule):
+    """One of the strings ``words``."""
+
+    words: tuple[str, ...]
+    kind: ClassVar[str] = "str"
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self.words
+
+    def __str__(self) -> str:
+        quoted = [repr(w) for w in self.words]
+        return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+@dataclass(frozen=True)
+class Boolean(Rule):
+    """True or False."""
+
+    kind: ClassVar[str] = "bool"
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def __str__(self) -> str:
+        return "a boolean"
+
+
+@dataclass(frozen=True)
+class AutoBoolean(Rule):
+    """True, False or the string "auto" (decided when the fit runs)."""
+
+    kind: ClassVar[str] = "auto"
+
+    def ok(self, value: Any) -> bool:
+        return type(value) in (bool, str) and value in ("auto", True, False)
+
+    def __str__(self) -> str:
+        return "True, False or 'auto'"
+
+
+@dataclass(frozen=True)
+class Path(Rule):
+    """A string or an ``os.PathLike``."""
+
+    kind: ClassVar[str] = "path"
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str | os.PathLike)
+
+    def __str__(self) -> str:
+        return "a path"
+
+
+@dataclass(frozen=True)
+class Ranks(Rule):
+    """A non-empty list (or tuple) of distinct integers >= 1: candidate values of K."""
+
+    kind: ClassVar[str] = "ints"
+
+    def ok(self, value: Any) -> bool:
+        return (
+            isinstance(value, list | tuple)
+            and bool(value)
+            and all(_integer(v) and v >= 1 for v in value)
+            and len(set(value)) == len(value)
+        )
+
+    def __str__(self) -> str:
+        return "a non-empty list of distinct integers >= 1"
+
+
 @dataclass(frozen=True)
 class Param:
-    """One row of the table. ``kind`` is the value's type: int, float, bool, path (a string or
-    os.PathLike, or None), str (one of the words ``rule`` names), or auto (True, False or
-    "auto"); ``ok`` the rule, ``rule`` its text
-    (after "must be"); ``optional``: None is also accepted (and disables the setting)."""
+    """One row of the table: the name, the rule its values follow, the default, the doc, the
+    section of the job file, whether it is a *model* parameter (it changes the fitted result and
+    enters the checkpoint fingerprint), the estimators that take it and whether None is also
+    accepted (and disables the setting)."""
 
     name: str
-    kind: str
+    rule: Rule
     default: Any
-    ok: Callable[[Any], bool]
-    rule: str
     doc: str
     section: str
     model: bool
     estimators: frozenset[str] = ALL
     optional: bool = False
+
+    @property
+    def kind(self) -> str:
+        """The value's type, as the job file and the command line read it (see :class:`Rule`)."""
+        return self.rule.kind
 
     @property
     def key(self) -> str:
@@ -74,46 +197,14 @@ class Param:
         return "--" + self.name.lower().replace("_", "-")
 
 
-def int_ge(low: int) -> Callable[[Any], bool]:
-    """The rule "an integer >= low"."""
-    return lambda v: _integer(v) and v >= low
-
-
-def _ranks(value: Any) -> bool:
-    """The rule "a non-empty list of distinct integers >= 1" (candidate values of K)."""
-    return (
-        isinstance(value, list | tuple)
-        and bool(value)
-        and all(_integer(v) and v >= 1 for v in value)
-        and len(set(value)) == len(value)
-    )
-
-
-def positive(value: Any) -> bool:
-    """The rule "a finite number > 0"."""
-    return _number(value) and value > 0
-
-
 def _rows() -> Iterator[Param]:
-    is_bool = lambda v: isinstance(v, bool)  # noqa: E731
-    path = lambda v: isinstance(v, str | os.PathLike)  # noqa: E731
     model, engine, checkpoint, validation = SECTIONS
-    yield Param(
-        "n_components",
-        "int",
-        50,
-        int_ge(1),
-        "an integer >= 1",
-        "K, the number of latent factors",
-        model,
-        True,
-    )
+    at_least_1, at_least_0, positive = Integer(1), Integer(0), Real()
+    yield Param("n_components", at_least_1, 50, "K, the number of latent factors", model, True)
     yield Param(
         "select_components",
-        "ints",
+        Ranks(),
         None,
-        _ranks,
-        "a non-empty list of distinct integers >= 1",
         "choose K among these candidates by the validation metric (a successive-halving "
         "search on the store's validation subset, then the fit at the chosen K, which replaces "
         "n_components; docs/guide/fitting.md); None: K = n_components",
@@ -121,63 +212,26 @@ def _rows() -> Iterator[Param]:
         False,
         optional=True,
     )
-    yield Param(
-        "alpha_W",
-        "float",
-        0.3,
-        positive,
-        "a finite number > 0",
-        "Gamma prior shape of W (prior rates: empirical Bayes per row)",
-        model,
-        True,
-    )
-    yield Param(
-        "alpha_H",
-        "float",
-        0.3,
-        positive,
-        "a finite number > 0",
-        "Gamma prior shape of H (prior rates: empirical Bayes per row)",
-        model,
-        True,
-    )
+    for side in ("W", "H"):
+        doc = f"Gamma prior shape of {side} (prior rates: empirical Bayes per row)"
+        yield Param(f"alpha_{side}", positive, 0.3, doc, model, True)
     yield Param(
         "tol",
-        "float",
-        1e-5,
         positive,
-        "a finite number > 0",
+        1e-5,
         "stop when the relative ELBO gain per iteration falls below tol (after min_iter; "
         "with optimizer='squarem', the gain averaged over its cycle of 3 iterations)",
         model,
         True,
     )
-    yield Param(
-        "max_iter",
-        "int",
-        1000,
-        int_ge(1),
-        "an integer >= 1",
-        "at most this many iterations (ELBO evaluations)",
-        model,
-        False,
-    )
-    yield Param(
-        "min_iter",
-        "int",
-        0,
-        int_ge(0),
-        "an integer >= 0",
-        "at least this many iterations before the tol rule may stop the fit",
-        model,
-        True,
-    )
+    doc = "at most this many iterations (ELBO evaluations)"
+    yield Param("max_iter", at_least_1, 1000, doc, model, False)
+    doc = "at least this many iterations before the tol rule may stop the fit"
+    yield Param("min_iter", at_least_0, 0, doc, model, True)
     yield Param(
         "seed",
-        "int",
+        at_least_0,
         0,
-        int_ge(0),
-        "an integer >= 0",
         "seed of the initialization of E[W], E[H] (the Gamma(1, 1) draws, the random "
         "projection of the SVD start, or the subsample and its fit's draws)",
         model,
@@ -185,10 +239,8 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "optimizer",
-        "str",
+        Options(("cavi", "squarem")),
         "squarem",
-        lambda v: v in ("cavi", "squarem"),
-        "'cavi' or 'squarem'",
         "'cavi': the paper's coordinate ascent, one iteration after the other; 'squarem': "
         "the same iterations with a safeguarded SQUAREM extrapolation every third one, kept "
         "only when the ELBO does not decrease (same fixed points, fewer passes)",
@@ -197,10 +249,8 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "anneal",
-        "int",
+        at_least_0,
         0,
-        int_ge(0),
-        "an integer >= 0",
         "iterations of the annealing schedule: the prior shapes start at 10 x alpha_W, "
         "alpha_H and fall geometrically to them over this many iterations; the bound never "
         "decreases after it. It reaches higher ELBO optima in fewer iterations, which rank "
@@ -211,10 +261,8 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "n_init",
-        "int",
+        at_least_1,
         1,
-        int_ge(1),
-        "an integer >= 1",
         "random restarts (seeds seed, seed + 1, ...): the run with the highest final ELBO is "
         "kept (with start='svd' the restarts differ only by the random projection, with "
         "start='subsample' by the subsample and its fit's draws)",
@@ -223,10 +271,8 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "n_members",
-        "int",
+        at_least_1,
         1,
-        int_ge(1),
-        "an integer >= 1",
         "fits averaged into one model (seeds seed, seed + 1, ...), side by side on the "
         "cluster: the model's law of a pair is the mixture of its members' laws (each member "
         "weighted 1/n_members), its ranking score the mean of theirs; 1 is the single fit of "
@@ -236,10 +282,8 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "start",
-        "str",
+        Options(("random", "svd", "subsample")),
         "random",
-        lambda v: v in ("random", "svd", "subsample"),
-        "'random', 'svd' or 'subsample'",
         "initial E[W], E[H]: Gamma(1, 1) draws from the seed ('random'), or a nonnegative "
         "start (NNDSVDa) from a rank-K randomized SVD of the training matrix, whose random "
         "projection comes from the seed ('svd'), or a fit of a subsample of the users and "
@@ -248,78 +292,21 @@ def _rows() -> Iterator[Param]:
         model,
         True,
     )
-    yield Param(
-        "approx",
-        "bool",
-        False,
-        is_bool,
-        "a boolean",
-        "q(n) = delta_1 instead of the zero-truncated Poisson",
-        model,
-        True,
-        ORDINAL,
-    )
-    yield Param(
-        "threshold",
-        "int",
-        1,
-        int_ge(1),
-        "an integer >= 1",
-        "binarize: classes >= threshold become 1",
-        model,
-        True,
-        BINARY,
-    )
-    yield Param(
-        "learn_threshold",
-        "bool",
-        True,
-        is_bool,
-        "a boolean",
-        "learn theta_0 = Delta_1 (false: fixed at 1, the paper's BePoF)",
-        model,
-        True,
-        BINARY,
-    )
-    yield Param(
-        "p",
-        "float",
-        0.5,
-        lambda v: _number(v) and 0 <= v <= 1,
-        "a number in [0, 1]",
-        "starting value of the element parameter",
-        model,
-        True,
-        COUNTS,
-    )
-    yield Param(
-        "t",
-        "float",
-        1.0,
-        positive,
-        "a finite number > 0",
-        "fixed scale of the Poisson rate",
-        model,
-        True,
-        COUNTS,
-    )
-    yield Param(
-        "update_p",
-        "bool",
-        True,
-        is_bool,
-        "a boolean",
-        "learn p (ignored at the limits 0 and 1)",
-        model,
-        True,
-        COUNTS,
-    )
+    doc = "q(n) = delta_1 instead of the zero-truncated Poisson"
+    yield Param("approx", Boolean(), False, doc, model, True, ORDINAL)
+    doc = "binarize: classes >= threshold become 1"
+    yield Param("threshold", at_least_1, 1, doc, model, True, BINARY)
+    doc = "learn theta_0 = Delta_1 (false: fixed at 1, the paper's BePoF)"
+    yield Param("learn_threshold", Boolean(), True, doc, model, True, BINARY)
+    doc = "starting value of the element parameter"
+    yield Param("p", Real(0.0, 1.0), 0.5, doc, model, True, COUNTS)
+    yield Param("t", positive, 1.0, "fixed scale of the Poisson rate", model, True, COUNTS)
+    doc = "learn p (ignored at the limits 0 and 1)"
+    yield Param("update_p", Boolean(), True, doc, model, True, COUNTS)
     yield Param(
         "cache_blocks",
+        AutoBoolean(),
         "auto",
-        "auto",
-        lambda v: v in ("auto", True, False) and (type(v) in (bool, str)),
-        "True, False or 'auto'",
         "keep training blocks in worker memory (True), stream them from zarr in every "
         "pass (False), or decide from the workers' memory limits ('auto')",
         engine,
@@ -327,54 +314,30 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "executor",
-        "str",
+        Options(("auto", "inprocess", "cluster")),
         "auto",
-        lambda v: v in ("auto", "inprocess", "cluster"),
-        "'auto', 'inprocess' or 'cluster'",
         "run without a client in this process ('inprocess', threads), on the current "
         "client or a LocalCluster ('cluster'), or in-process when there is no current "
         "client and the data are small ('auto')",
         engine,
         False,
     )
-    yield Param(
-        "work_dir",
-        "path",
-        None,
-        path,
-        "a path",
-        "scratch directory visible to all workers (default: a temporary directory)",
-        engine,
-        False,
-        optional=True,
-    )
-    yield Param(
-        "checkpoint_dir",
-        "path",
-        None,
-        path,
-        "a path",
-        "where checkpoints go, visible to all workers (default: inside work_dir)",
-        checkpoint,
-        False,
-        optional=True,
-    )
+    doc = "scratch directory visible to all workers (default: a temporary directory)"
+    yield Param("work_dir", Path(), None, doc, engine, False, optional=True)
+    doc = "where checkpoints go, visible to all workers (default: inside work_dir)"
+    yield Param("checkpoint_dir", Path(), None, doc, checkpoint, False, optional=True)
     yield Param(
         "checkpoint_every",
-        "int",
+        at_least_0,
         0,
-        int_ge(0),
-        "an integer >= 0",
         "also checkpoint after every this many iterations (0: by time alone, checkpoint_minutes)",
         checkpoint,
         False,
     )
     yield Param(
         "checkpoint_minutes",
-        "float",
-        5.0,
         positive,
-        "a finite number > 0",
+        5.0,
         "checkpoint when this many minutes have passed since the last one (or the start): "
         "a fit of seconds writes none (None: by count alone, checkpoint_every)",
         checkpoint,
@@ -383,10 +346,8 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "validation_every",
-        "int",
+        at_least_0,
         5,
-        int_ge(0),
-        "an integer >= 0",
         "score the store's validation subset every this many iterations and at the "
         "last; the saved state is the best scored one (0: no validation; none without "
         "a validation subset)",
@@ -395,20 +356,16 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "validation_patience",
-        "int",
+        at_least_0,
         5,
-        int_ge(0),
-        "an integer >= 0",
         "stop after this many validation scores in a row without improvement (0: never early)",
         validation,
         False,
     )
     yield Param(
         "validation_window",
-        "int",
+        at_least_1,
         1,
-        int_ge(1),
-        "an integer >= 1",
         "early stopping follows the mean of the last this many validation scores and "
         "keeps the newest state of the best such stretch (1: each score alone)",
         validation,
@@ -416,35 +373,17 @@ def _rows() -> Iterator[Param]:
     )
     yield Param(
         "validation_metric",
-        "str",
+        Options(("ndcg", "loglik")),
         "ndcg",
-        lambda v: v in ("ndcg", "loglik"),
-        "'ndcg' or 'loglik'",
         "what validation maximizes: NDCG@validation_k at relevance validation_s, or "
         "the mean log-likelihood of the validation nonzeros",
         validation,
         False,
     )
-    yield Param(
-        "validation_k",
-        "int",
-        100,
-        int_ge(1),
-        "an integer >= 1",
-        "cut-off k of the validation NDCG@k",
-        validation,
-        False,
-    )
-    yield Param(
-        "validation_s",
-        "int",
-        1,
-        int_ge(1),
-        "an integer >= 1",
-        "relevance threshold s of the validation NDCG (class >= s is relevant)",
-        validation,
-        False,
-    )
+    doc = "cut-off k of the validation NDCG@k"
+    yield Param("validation_k", at_least_1, 100, doc, validation, False)
+    doc = "relevance threshold s of the validation NDCG (class >= s is relevant)"
+    yield Param("validation_s", at_least_1, 1, doc, validation, False)
 
 
 PARAMS: dict[str, Param] = {p.name: p for p in _rows()}
@@ -453,46 +392,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in _rows()}
 def _call_rows() -> Iterator[tuple[str, Param]]:
     """The numeric arguments of calls on a fitted model, declared as the estimator's are."""
     for call in ("fold_in",):
-        yield (
-            call,
-            Param(
-                "max_iter",
-                "int",
-                500,
-                int_ge(1),
-                "an integer >= 1",
-                "at most this many updates of each new row",
-                call,
-                False,
-            ),
-        )
-        yield (
-            call,
-            Param(
-                "tol",
-                "float",
-                1e-6,
-                positive,
-                "a finite number > 0",
-                "a new row stops when the relative change of its factors falls below tol",
-                call,
-                False,
-            ),
-        )
-        yield (
-            call,
-            Param(
-                "seed",
-                "int",
-                None,
-                int_ge(0),
-                "an integer >= 0",
-                "None starts from E[w] = 1, an integer from Gamma(1, 1) draws",
-                call,
-                False,
-                optional=True,
-            ),
-        )
+        doc = "at most this many updates of each new row"
+        yield call, Param("max_iter", Integer(1), 500, doc, call, False)
+        doc = "a new row stops when the relative change of its factors falls below tol"
+        yield call, Param("tol", Real(), 1e-6, doc, call, False)
+        doc = "None starts from E[w] = 1, an integer from Gamma(1, 1) draws"
+        yield call, Param("seed", Integer(0), None, doc, call, False, optional=True)
 
 
 #: call -> its arguments' rows (``fold_in``: ``fold_in``, ``fold_in_users``, ``fold_in_items``)
@@ -531,9 +436,9 @@ def problem(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> str |
     """What is wrong with ``value`` for parameter ``name`` of ``table`` (default the estimator
     parameters) ("must be ..., got ..."), or None."""
     p = table[name]
-    if (value is None and p.optional) or p.ok(value):
+    if (value is None and p.optional) or p.rule.ok(value):
         return None
-    rule = f"{p.rule} (or None)" if p.optional else p.rule
+    rule = f"{p.rule} (or None)" if p.optional else str(p.rule)
     return f"must be {rule}, got {shown(value)}"
 
 
@@ -544,7 +449,8 @@ def convert(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> Any:
         return value
     if kind == "ints":
         return tuple(int(v) for v in value)
-    return {"int": int, "float": float, "path": os.fspath}[kind](value)
+    as_kind: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "path": os.fspath}
+    return as_kind[kind](value)
 
 
 def validate(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -566,3 +472,113 @@ def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
         if wrong is not None:
             raise InputError(f"{call}: {name} {wrong}")
     return {name: convert(name, value, table) for name, value in values.items()}
+
+
+# -- the checked parameters of a fit, typed, one frozen section per section of the table --------
+@dataclass(frozen=True)
+class ModelSettings:
+    """``[model]``: what the fit computes (rows with ``model``: the checkpoint fingerprint) and
+    how long it may run. A parameter the estimator does not take is None."""
+
+    n_components: int
+    select_components: tuple[int, ...] | None
+    alpha_W: float
+    alpha_H: float
+    tol: float
+    max_iter: int
+    min_iter: int
+    seed: int
+    optimizer: str
+    anneal: int
+    n_init: int
+    n_members: int
+    start: str
+    approx: bool | None
+    threshold: int | None
+    learn_threshold: bool | None
+    p: float | None
+    t: float | None
+    update_p: bool | None
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """``[engine]``: where and how the fit runs."""
+
+    cache_blocks: bool | str
+    executor: str
+    work_dir: str | None
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """``[checkpoint]``: where and when the fit checkpoints."""
+
+    dir: str | None
+    every: int
+    minutes: float | None
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    """``[validation]``: how the fit scores the store's validation subset and stops early."""
+
+    every: int
+    patience: int
+    window: int
+    metric: str
+    k: int
+    s: int
+
+
+#: section of the table -> its settings class, whose fields are the section's job-file keys
+SECTION_CLASSES: dict[str, type] = {
+    "model": ModelSettings,
+    "engine": EngineSettings,
+    "checkpoint": CheckpointSettings,
+    "validation": ValidationSettings,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every parameter of a fit of ``estimator`` (a class name of :data:`MODELS`), checked and
+    converted, by section (:func:`settings`)."""
+
+    estimator: str
+    model: ModelSettings
+    engine: EngineSettings
+    checkpoint: CheckpointSettings
+    validation: ValidationSettings
+
+    def value(self, name: str) -> Any:
+        """The value of parameter ``name`` of the table."""
+        p = PARAMS[name]
+        return getattr(getattr(self, p.section), p.key)
+
+    def values(self) -> dict[str, Any]:
+        """name -> value of the parameters the estimator takes, in table order (what a saved
+        model records as its ``params``)."""
+        return {name: self.value(name) for name in accepted(self.estimator)}
+
+    def fingerprinted(self) -> dict[str, Any]:
+        """The model parameters (rows with ``model``) the estimator takes: what the trajectory
+        of its fit depends on, with the seed and the warm start."""
+        return {k: v for k, v in self.values().items() if PARAMS[k].model}
+
+
+def settings(estimator: str, values: Mapping[str, Any]) -> Settings:
+    """The :class:`Settings` of ``values``: every parameter ``estimator`` takes, as
+    :func:`validate` returns them."""
+    taken = set(accepted(estimator))
+    sections = {
+        section: klass(
+            **{
+                p.key: values[p.name] if p.name in taken else None
+                for p in PARAMS.values()
+                if p.section == section
+            }
+        )
+        for section, klass in SECTION_CLASSES.items()
+    }
+    return Settings(estimator, **sections)

@@ -7,9 +7,11 @@ need no store."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import pickle
 import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -168,8 +170,10 @@ def declared_defaults(klass: type) -> dict[str, Any]:
 def test_params_are_the_constructor_keywords_with_their_defaults(family):
     klass = FAMILIES[family][0]
     params, declared = klass().get_params(), declared_defaults(klass)
-    assert params and params.keys() <= declared.keys()
+    assert list(params) == list(inspect.signature(klass).parameters)  # each one, in order
     assert params == {name: declared[name] for name in params}
+    assert klass().get_params(deep=False) == params  # no parameter is an estimator
+    assert vars(klass()).keys() == params.keys()  # the constructor sets nothing else
 
 
 def test_set_params_round_trip_and_unknown_names(family):
@@ -181,16 +185,47 @@ def test_set_params_round_trip_and_unknown_names(family):
     for name, value in changed.items():  # each keyword is also the constructor's
         assert type(est)(**{name: value}).get_params()[name] == value
     with pytest.raises(ValueError, match="no_such_param"):
-        est.set_params(no_such_param=1)
+        est.set_params(tol=0.5, no_such_param=1)
+    assert est.tol == 0.25  # nothing set by a refused call
     with pytest.raises(TypeError, match="no_such_param"):
         type(est)(no_such_param=1)
 
 
+def test_a_parameter_of_another_model_is_refused():
+    """PF is BePoF with approx fixed: approx is not one of its parameters, by keyword or by
+    set_params, nor is DcPF's p one of OrdNMF's."""
+    assert PF().approx is True and "approx" not in PF().get_params()  # PF's constant
+    with pytest.raises(TypeError, match="approx"):
+        PF(approx=False)
+    with pytest.raises(ValueError, match="approx"):
+        PF().set_params(approx=False)
+    with pytest.raises(ValueError, match="'p'"):
+        OrdNMF().set_params(p=0.5)
+
+
+def sklearn_clone(est: CaviEstimator) -> CaviEstimator:
+    """``sklearn.base.clone`` for an estimator without estimator parameters: the class built
+    from deep copies of ``get_params(deep=False)``, whose constructor must keep each one as
+    given (scikit-learn checks identity and raises otherwise)."""
+    params = {name: copy.deepcopy(value) for name, value in est.get_params(deep=False).items()}
+    new = type(est)(**params)
+    for name, value in new.get_params(deep=False).items():
+        assert value is params[name], name
+    return new
+
+
 def test_clone_is_unfitted_with_equal_params(family_fit):
-    clone = type(family_fit)(**family_fit.get_params())
-    assert clone.get_params() == family_fit.get_params()
+    clone = sklearn_clone(family_fit)
+    assert type(clone) is type(family_fit) and clone.get_params() == family_fit.get_params()
     assert fitted_state(family_fit) and not fitted_state(clone)
     assert not hasattr(clone, "model_path_")
+
+
+def test_clone_keeps_unusual_values_as_given(family):
+    """The constructor neither checks nor converts (fit does): a clone of any values is
+    equal, even of values fit would refuse."""
+    est = make(family, select_components=[4, 2], work_dir=Path("/w"), tol=-1, max_iter=2.5)
+    assert sklearn_clone(est).get_params() == est.get_params()
 
 
 def test_repr_names_the_class_and_its_params(family):
@@ -206,7 +241,7 @@ def test_an_unfitted_estimator_pickles_to_equal_params(family):
     est = make(family, tol=0.125)
     back = pickle.loads(pickle.dumps(est))
     assert type(back) is type(est) and back.get_params() == est.get_params()
-    assert vars(back) == vars(est)  # PF's fixed approx too
+    assert vars(back) == vars(est)
 
 
 def test_a_fitted_estimator_pickles_by_reference_to_its_model(family_fit, tmp_path):

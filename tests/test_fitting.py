@@ -39,7 +39,7 @@ def test_a_plan_writes_nothing_and_the_run_saves_where_it_said(tmp_path, store):
     out, ckpt = tmp_path / "m.zarr", tmp_path / "ck"
     plan = plan_fit(store.path, "OrdNMF", {**SETTINGS, "checkpoint_dir": str(ckpt)}, out=out)
     assert not out.exists() and not ckpt.exists()
-    assert plan.out == os.fspath(out) and plan.values["alpha_W"] == DEFAULTS["alpha_W"]
+    assert plan.out == os.fspath(out) and plan.settings.model.alpha_W == DEFAULTS["alpha_W"]
     model = run_fit(plan)
     assert model.path == plan.out and model.attrs["n_iter"] == 4
 
@@ -57,7 +57,8 @@ def test_a_plan_refuses_what_the_fit_would_refuse_before_any_work(tmp_path, stor
 def test_parameters_not_given_take_the_table_defaults():
     cfg, values = resolve_params("PF", {"n_components": 3})
     assert cfg.n_components == 3 and cfg.tol == DEFAULTS["tol"]
-    assert "approx" not in values and values["threshold"] == DEFAULTS["threshold"]
+    assert "approx" not in values.values() and values.model.approx is None
+    assert values.model.threshold == DEFAULTS["threshold"] == values.value("threshold")
 
 
 def test_a_synth_plan_writes_nothing(tmp_path):

@@ -3,11 +3,13 @@ defaults and rules from ordnmf_dask.params, and the checkpoint fingerprint its m
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,6 +60,67 @@ def test_api_toml_and_cli_defaults_are_the_tables(name):
     assert ESTIMATORS[name]().get_params() == table
     assert toml_defaults(name) == table
     assert cli_defaults(name) == table
+
+
+# the type hint of a parameter of each kind in the estimators' signatures
+HINTS = {
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+    "auto": "bool | str",
+    "str": "str",
+    "path": "str | os.PathLike[str]",
+    "ints": "Sequence[int]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_each_constructor_lists_its_parameters_of_the_table(name):
+    """No ``**kwargs``: the signature users, help() and the docs see is the table's rows of the
+    model, in the table's order, K positional, each with the table's default and the hint of
+    its kind. A row added to the table and not to a signature (or the reverse) fails here."""
+    first, *rest = list(inspect.signature(ESTIMATORS[name]).parameters.values())
+    assert [p.name for p in (first, *rest)] == params.accepted(name)
+    assert first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest)
+    for p in (first, *rest):
+        row = params.PARAMS[p.name]
+        assert (type(p.default), p.default) == (type(row.default), row.default), p.name
+        assert p.annotation == HINTS[row.kind] + (" | None" if row.optional else ""), p.name
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_each_parameter_is_declared_as_an_attribute_of_its_type(name):
+    """The attributes the constructor keeps are declared on the classes (what a type checker
+    reads), each with the hint of its kind; a model's class declares only table rows."""
+    declared: dict[str, str] = {}
+    for k in reversed(ESTIMATORS[name].__mro__):
+        declared.update(vars(k).get("__annotations__", {}))
+    assert set(params.accepted(name)) <= set(declared) <= set(params.PARAMS)
+    for n in params.accepted(name):
+        row = params.PARAMS[n]
+        assert declared[n] == HINTS[row.kind] + (" | None" if row.optional else ""), n
+
+
+def test_each_section_of_settings_has_the_keys_of_its_rows():
+    for section, klass in params.SECTION_CLASSES.items():
+        rows = [p.key for p in params.PARAMS.values() if p.section == section]
+        assert [f.name for f in dataclasses.fields(klass)] == rows, section
+    assert list(params.SECTION_CLASSES) == list(params.SECTIONS)
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_settings_hold_the_checked_values_by_section(name):
+    given = {**ESTIMATORS[name]().get_params(), "work_dir": Path("/w"), "select_components": [3]}
+    values = params.validate(given)
+    settings = params.settings(name, values)
+    assert settings.values() == values and list(settings.values()) == params.accepted(name)
+    assert settings.engine.work_dir == "/w" and settings.model.select_components == (3,)
+    assert settings.checkpoint.every == values["checkpoint_every"]
+    for p in params.PARAMS.values():  # a parameter the model does not take is None
+        assert (settings.value(p.name) is None) == (p.name not in values or values[p.name] is None)
+    model = {k for k in values if params.PARAMS[k].model}
+    assert settings.fingerprinted() == {k: values[k] for k in model}
 
 
 def test_a_changed_default_reaches_every_surface(monkeypatch):
@@ -168,6 +231,31 @@ def test_a_bad_value_breaks_the_same_rule_in_the_api_and_the_job_file(
     ).removeprefix(f"{name} ")
 
 
+RULES = [  # a rule, its text, values it takes, values it refuses
+    (params.Integer(1), "an integer >= 1", [1, 7, 10**20], [0, -3, 2.0, True, "1", None]),
+    (params.Real(), "a finite number > 0", [1e-300, 2, 0.5], [0, -1.0, float("inf"), False]),
+    (params.Real(0.0, 1.0), "a number in [0, 1]", [0, 1, 0.5], [1.5, -0.1, float("nan"), True]),
+    (params.Options(("a", "b", "c")), "'a', 'b' or 'c'", ["a", "c"], ["d", "", None, 1]),
+    (params.Options(("a",)), "'a'", ["a"], ["b"]),
+    (params.Boolean(), "a boolean", [True, False], [0, 1, "yes", None]),
+    (params.AutoBoolean(), "True, False or 'auto'", [True, False, "auto"], [1, 0, "on", None]),
+    (params.Path(), "a path", ["/x", Path("x")], [3, None, b"x"]),
+    (params.Ranks(), "a non-empty list of distinct integers >= 1", [[1, 3], (2,)], [[], [2, 2]]),
+]
+
+
+@pytest.mark.parametrize(("rule", "text", "good", "bad"), RULES)
+def test_a_rule_checks_values_and_writes_its_message(rule, text, good, bad):
+    assert str(rule) == text
+    assert all(rule.ok(v) for v in good) and not any(rule.ok(v) for v in bad)
+
+
+def test_every_row_says_its_rule_in_the_message():
+    for name, p in params.PARAMS.items():
+        none = " (or None)" if p.optional else ""
+        assert params.problem(name, {}) == f"must be {p.rule}{none}, got {{}}"
+
+
 def _other(p: params.Param) -> Any:
     """A valid value of ``p`` other than its default."""
     return {
@@ -176,7 +264,7 @@ def _other(p: params.Param) -> Any:
         "bool": lambda d: not d,
         "auto": lambda d: False,
         "str": lambda d: next(
-            w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.ok(w) and w != d
+            w for w in ("inprocess", "loglik", "cavi", "squarem", "svd") if p.rule.ok(w) and w != d
         ),
         "path": lambda d: "/elsewhere",
         "ints": lambda d: (2, 4),
@@ -188,8 +276,8 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     klass = ESTIMATORS[name]
 
     def settings(**kw: Any) -> dict[str, Any]:
-        values = params.validate(klass(**kw).get_params())
-        return fit_settings(name, values, None, values["seed"])
+        values = params.settings(name, params.validate(klass(**kw).get_params()))
+        return fit_settings(values, None, values.model.seed)
 
     base = settings()
     model = {n for n in params.accepted(name) if params.PARAMS[n].model}

@@ -69,10 +69,10 @@ def stores(data, tmp_path_factory):
 
 def _initial(client, est, info, source, tmp):
     """The warm-start chunks the fit would start from, gathered."""
-    values = est._validate()[1]
+    seed = est._validate()[1].model.seed
     family = est._family(info)
     runner = CaviRunner(
-        client, info, family, CaviConfig(K, seed=values["seed"]), str(tmp / "ck-initial"), False
+        client, info, family, CaviConfig(K, seed=seed), str(tmp / "ck-initial"), False
     )
     params = warmstart.start_params(family, source)
     w, h = warmstart.initial_chunks(runner, source, params, {"W": 0.3, "H": 0.3})

@@ -151,7 +151,7 @@ def _outputs_locked(args: argparse.Namespace) -> contextlib.AbstractContextManag
     refused before any work."""
     from ordnmf_dask.store import writelock
 
-    dests = ("checkpoint_dir", "work_dir")
+    dests: tuple[str, ...] = ("checkpoint_dir", "work_dir")
     if args.command not in _OUT_LOCKED_BELOW:
         dests = ("out", *dests)
     return writelock.held(*(getattr(args, dest, None) for dest in dests))

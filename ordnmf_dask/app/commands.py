@@ -370,7 +370,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         raise UsageError("--users needs at least one id")
     if serving.fits_in_memory(args.model):  # no cluster needed
         srv = serving.server(args.model, args.store, args.allow_other_store)
-        res = srv.recommend(args.users, args.n)
+        res: dict[Any, list[tuple[Any, ...]]] = srv.recommend(args.users, args.n)
         if args.proba_at is not None:
             from ordnmf_dask.postfit.predict import recommend_with_proba
 
@@ -378,7 +378,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     else:
         store = args.store or open_model(args.model).attrs["store"]["path"]
         with _client(cluster) as client:
-            res = recommend(
+            lists = recommend(
                 store,
                 args.model,
                 client,
@@ -388,6 +388,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 allow_other_store=args.allow_other_store,
                 proba_at=args.proba_at,
             )
+        assert not isinstance(lists, str)  # without out, the lists themselves
+        res = lists
     proba = [] if args.proba_at is None else [f"P(y>={args.proba_at}|y>0)"]
     write_table(["user", "rank", "item", "score", *proba], ranked_rows(res), args.format)
     return EXIT_OK
@@ -460,10 +462,10 @@ def _check_fold_in_values(server: Any, rows: Any, users: list[Any], items: list[
     from ordnmf_dask.postfit import foldin
     from ordnmf_dask.sources.origin import Named
 
-    likelihood, threshold = foldin.likelihood_of(server.model)
+    likelihoods, threshold = foldin.likelihoods_of(server.model)
     foldin.check_values(
         rows.values,
-        likelihood,
+        likelihoods[0],
         server.model.header.store.n_classes,
         threshold,
         foldin.value_spec(server.model),

@@ -314,7 +314,9 @@ def _members(hint: Any) -> tuple[Any, ...]:
 
 
 def _dataclass_in(hint: Any) -> type | None:
-    return next((m for m in _members(hint) if dataclasses.is_dataclass(m)), None)
+    return next(
+        (m for m in _members(hint) if isinstance(m, type) and dataclasses.is_dataclass(m)), None
+    )
 
 
 def _matches(value: Any, hint: Any) -> bool:

@@ -59,7 +59,9 @@ def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> Job
     params, unused = estimator_kwargs(cfg, name)
     if unused:
         log.warning("not used by %s (kept in the resolved config): %s", name, ", ".join(unused))
-    out = locations.location(cfg.output.model)  # the path typed goes to plan_fit: a link
+    store, model_out = cfg.store.path, cfg.output.model
+    assert store is not None and model_out is not None  # check_required
+    out = locations.location(model_out)  # the path typed goes to plan_fit: a link
     beside = None  # to a model is never replaced through it (blocks.check_target)
     if (
         params["checkpoint_dir"] is None
@@ -69,7 +71,7 @@ def plan_job(cfg: JobConfig, resume: bool = False, restart: bool = False) -> Job
         beside = params["checkpoint_dir"] = checkpoint.beside(out)
         checkpoint.check_beside(beside, out)
     plan = plan_fit(
-        cfg.store.path,
+        store,
         name,
         params,
         init=cfg.model.init,
@@ -90,6 +92,7 @@ def run_job(plan: JobPlan, client: Any) -> ModelInfo:
     if beside is None:
         model = run_selected(plan.fit, client)
     else:
+        assert plan.fit.out is not None  # a checkpoint directory beside the model
         checkpoint.make_beside(beside, plan.fit.out)
         try:
             model = run_selected(plan.fit, client)

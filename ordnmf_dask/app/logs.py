@@ -46,7 +46,7 @@ class _OnImport:
             None,
         )
         if spec is not None and spec.loader is not None:
-            self.loader, spec.loader = spec.loader, self
+            self.loader, spec.loader = spec.loader, self  # type: ignore[assignment]  # a loader
         return spec
 
     def create_module(self, spec: Any) -> ModuleType | None:

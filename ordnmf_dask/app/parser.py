@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from ordnmf_dask import __version__
@@ -54,7 +54,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+_Add = Callable[..., argparse.ArgumentParser]  # a subcommand's parser, made by build_parser
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: the options every command takes, then one subcommand per entry of
+    :data:`_COMMANDS`, each of which adds its parser and its flags."""
     p = _Parser(
         prog="ordnmf-dask",
         description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
@@ -63,11 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _logging_args(p)
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _logging_args(common, default=argparse.SUPPRESS)  # given after the command, or before it
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add = lambda name, **kw: sub.add_parser(name, parents=[common], **kw)  # noqa: E731
 
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    for command in _COMMANDS:
+        command(add)
+    return p
+
+
+def _ingest(add: _Add) -> None:
+    """The subcommand ingest: text or Parquet files -> a block store."""
     ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
     ing.add_argument(
         "inputs",
@@ -144,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster_args(ing)
 
+
+def _synth(add: _Add) -> None:
+    """The subcommand synth: a synthetic store."""
     syn = add("synth", help="sample a synthetic IG-OrdNMF dataset into a store")
     syn.add_argument("--out", required=True, help="store directory to create")
     syn.add_argument("--users", type=int, required=True, help="U")
@@ -158,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     syn.add_argument("--overwrite", action="store_true")
     _cluster_args(syn)
 
+
+def _info(add: _Add) -> None:
+    """The subcommand info: a store's or a model's summary."""
     inf = add(
         "info",
         help="summary of a store, or of a model (its active components and thresholds as "
@@ -171,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also check every chunk file's checksum (reads the whole store)",
     )
 
+
+def _fit(add: _Add) -> None:
+    """The subcommand fit: the estimator parameters' flags, then the job's."""
     # One flag per parameter of ordnmf_dask.params (default None = not given, so that a flag
     # overrides the --config file only when the user gave it); the job-only flags after them.
     fit = add("fit", help="fit IG-OrdNMF on a store (flags override --config FILE)")
@@ -211,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster_args(fit)
 
+
+def _evaluate(add: _Add) -> None:
+    """The subcommand evaluate: test metrics of a model."""
     ev = add(
         "evaluate",
         help="NDCG@k, test log-likelihood, calibration and rating error of a model",
@@ -241,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     _other_store_arg(ev)
     _cluster_args(ev)
 
+
+def _recommend(add: _Add) -> None:
+    """The subcommand recommend: top-N items per user."""
     rec = add(
         "recommend",
         help="top-N items per user in raw ids, training items excluded",
@@ -269,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     _other_store_arg(rec)
     _cluster_args(rec)
 
+
+def _similar(add: _Add) -> None:
+    """The subcommand similar-items, similar-users."""
     for axis in ("items", "users"):
         sim = add(
             f"similar-{axis}",
@@ -280,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _serving_args(sim, f"similar {axis} per {axis[:-1]}")
 
+
+def _fold_in(add: _Add) -> None:
+    """The subcommand fold-in: new users' recommendations."""
     fold = add(
         "fold-in",
         help="recommendations (or factors) for NEW users from a ratings file",
@@ -304,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _serving_args(fold, "items per new user")
 
+
+def _score(add: _Add) -> None:
+    """The subcommand score: rates of given pairs."""
     sco = add("score", help="E[w_u] . E[h_i] of given (user, item) pairs")
     sco.add_argument("model")
     pairs = sco.add_mutually_exclusive_group(required=True)
@@ -328,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     shdr.add_argument("--no-header", dest="header", action="store_false")
     _format_arg(sco)
 
+
+def _export(add: _Add) -> None:
+    """The subcommand export: factors and top-N lists as Parquet."""
     exp = add("export", help="factors with raw ids and top-N lists as partitioned Parquet")
     exp.add_argument("model")
     exp.add_argument(
@@ -358,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     _other_store_arg(exp)
     _cluster_args(exp)
 
+
+def _predict(add: _Add) -> None:
+    """The subcommand predict: class probabilities of pairs."""
     pre = add("predict", help="class probabilities of the (user, item) pairs of Parquet files")
     pre.add_argument("store", help="the training store (its id maps and compatibility)")
     pre.add_argument("model")
@@ -389,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     _other_store_arg(pre)
     _cluster_args(pre)
 
+
+def _reproduce(add: _Add) -> None:
+    """The subcommand reproduce: the paper's comparison."""
     rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
     rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
     rep.add_argument(
@@ -407,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
     _cluster_args(rep)
 
+
+def _tune(add: _Add) -> None:
+    """The subcommand tune: a search of K, alpha_W, alpha_H by successive halving."""
     tun = add(
         "tune",
         help="search K, alpha_W, alpha_H by successive halving on validation "
@@ -424,6 +474,34 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(MODELS),
         help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
     )
+    _search_args(tun)
+    tun.add_argument(
+        "--jobs", dest="n_jobs", type=int, default=4, help="fits run concurrently (default 4)"
+    )
+    tun.add_argument(
+        "--overwrite",
+        action="store_true",
+        default=None,
+        help="replace the results of an earlier tune in --out",
+    )
+    _param_args(
+        tun,
+        skip=(
+            *SEARCH_FLAGS,
+            "n_init",
+            "work_dir",
+            "checkpoint_dir",
+            "executor",
+            "validation_metric",
+            "validation_k",
+            "validation_s",
+        ),
+    )  # tune's own
+    _cluster_args(tun)
+
+
+def _search_args(tun: argparse.ArgumentParser) -> None:
+    """tune's flags of the space searched and of the search."""
     for name, flags in SEARCH_FLAGS.items():
         tun.add_argument(
             *flags,
@@ -495,30 +573,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--validation-every 0): rank this random fraction of the users "
         "(default 1)",
     )
-    tun.add_argument(
-        "--jobs", dest="n_jobs", type=int, default=4, help="fits run concurrently (default 4)"
-    )
-    tun.add_argument(
-        "--overwrite",
-        action="store_true",
-        default=None,
-        help="replace the results of an earlier tune in --out",
-    )
-    _param_args(
-        tun,
-        skip=(
-            *SEARCH_FLAGS,
-            "n_init",
-            "work_dir",
-            "checkpoint_dir",
-            "executor",
-            "validation_metric",
-            "validation_k",
-            "validation_s",
-        ),
-    )  # tune's own
-    _cluster_args(tun)
-    return p
+
+
+#: the subcommands, in the order --help lists them: each adds its parser with ``add``
+_COMMANDS: tuple[Callable[[_Add], None], ...] = (
+    _ingest,
+    _synth,
+    _info,
+    _fit,
+    _evaluate,
+    _recommend,
+    _similar,
+    _fold_in,
+    _score,
+    _export,
+    _predict,
+    _reproduce,
+    _tune,
+)
 
 
 SHORT_FLAGS = {"n_components": "-k"}
@@ -531,7 +603,8 @@ SEARCH_FLAGS = {
 }  # the parameters `tune` searches, and their flags
 
 
-CACHE_BLOCKS = {"auto": "auto", "on": True, "off": False}  # --cache-blocks spelling -> value
+#: --cache-blocks spelling -> value
+CACHE_BLOCKS: dict[str, bool | str] = {"auto": "auto", "on": True, "off": False}
 
 
 def _auto_bool(text: str) -> bool | str:

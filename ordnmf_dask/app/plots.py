@@ -79,8 +79,8 @@ def plot_ppc(
 def plot_thresholds(theta: Sequence[float], path: str | os.PathLike, title: str = "") -> str:
     """Learned thresholds b_v = 1 / theta_v, v = 0..V-1, on a log scale."""
     plt = _pyplot()
-    theta = np.asarray(theta, dtype=np.float64)[:-1]
-    b = 1.0 / theta[theta > 0]  # an empty class (Delta = 0) can leave theta_{V-1} = 0
+    upper = np.asarray(theta, dtype=np.float64)[:-1]
+    b = 1.0 / upper[upper > 0]  # an empty class (Delta = 0) can leave theta_{V-1} = 0
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(np.arange(len(b)), b, "o-")
     ax.set_yscale("log")

@@ -16,4 +16,5 @@ def record_config(model_path: str | os.PathLike, resolved: dict[str, Any]) -> No
 
 def read_config(model_path: str | os.PathLike) -> dict[str, Any] | None:
     """The ``resolved_config`` of a saved model, or None if it was fitted through the API."""
-    return zarr.open_group(os.fspath(model_path), mode="r").attrs.get("resolved_config")
+    config = zarr.open_group(os.fspath(model_path), mode="r").attrs.get("resolved_config")
+    return None if config is None else dict(config)  # type: ignore[arg-type]

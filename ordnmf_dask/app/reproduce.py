@@ -115,7 +115,7 @@ class Protocol:
 def model_specs(ds: Dataset) -> list[tuple[str, str, str, dict[str, Any]]]:
     """(label, data kind, model, extra parameters) of each compared model."""
     s = ds.high_threshold
-    specs = [
+    specs: list[tuple[str, str, str, dict[str, Any]]] = [
         ("OrdNMF", "Q", "OrdNMF", {}),
         ("BePoF >=1", "B", "BePoF", {"threshold": 1}),
         (f"BePoF >={s}", "B", "BePoF", {"threshold": s}),
@@ -308,7 +308,7 @@ def _figures(
     proto: Protocol,
 ) -> dict[str, Any]:
     """ELBO traces, PPC histogram and thresholds of the chosen runs (first seed)."""
-    from ordnmf_dask.estimator import CaviEstimator
+    from ordnmf_dask.estimator import CaviEstimator, OrdNMF
 
     first = {c["model"]: CaviEstimator.load(c["runs"][0]["model_dir"]) for c in chosen}
     traces = {label: m.elbo_ for label, m in first.items()}
@@ -320,9 +320,11 @@ def _figures(
             sims[label] = ppc[label]["model"]
     train = next(iter(ppc.values()))["train"]
     files.append(plots.plot_ppc(train, sims, ddir / "ppc.png", title=f"PPC, {ds.name}"))
+    ordinal = first["OrdNMF"]
+    assert isinstance(ordinal, OrdNMF)  # every comparison fits one
     files.append(
         plots.plot_thresholds(
-            first["OrdNMF"].theta_, ddir / "thresholds.png", title=f"OrdNMF thresholds, {ds.name}"
+            ordinal.theta_, ddir / "thresholds.png", title=f"OrdNMF thresholds, {ds.name}"
         )
     )
     _write_text(ddir / "ppc.json", json.dumps(ppc, indent=2))

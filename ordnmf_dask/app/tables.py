@@ -85,12 +85,13 @@ def _write_parquet(columns: Sequence[str], rows: Iterable[Sequence[Any]], out: I
             break
         piece = table(batch, None if writer is None else writer.schema)
         if writer is None:
-            writer = pq.ParquetWriter(pa.PythonFile(out.buffer, mode="w"), piece.schema)
+            binary = out.buffer  # type: ignore[attr-defined]  # a text stream over bytes
+            writer = pq.ParquetWriter(pa.PythonFile(binary, mode="w"), piece.schema)
         writer.write_table(piece)
         if len(batch) < BATCH:
             break
     writer.close()
-    out.buffer.flush()
+    out.buffer.flush()  # type: ignore[attr-defined]
 
 
 def ranked_rows(lists: dict[Any, list[tuple[Any, ...]]]) -> list[tuple[Any, ...]]:

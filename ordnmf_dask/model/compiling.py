@@ -44,7 +44,7 @@ def _group(ev: Any) -> str:
     return "serving" if module.endswith(".serving") else "fit"
 
 
-class _Announcer(event.Listener):  # type: ignore[misc]
+class _Announcer(event.Listener):
     """Logs the first compilation of each group of kernels in this process."""
 
     def __init__(self) -> None:

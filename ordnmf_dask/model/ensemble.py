@@ -22,13 +22,13 @@ from ordnmf_dask.model.updates import FactorChunk
 def stack_members(chunks: Sequence[FactorChunk], divisor: float) -> FactorChunk:
     """One chunk of the members' ``chunks`` side by side, each q(x) that of ``x / divisor``
     (M for W, 1 for H); its ELBO term is the members' sum."""
-    shape = None if any(c.shape is None for c in chunks) else [c.shape for c in chunks]
-    prior = None if any(c.prior_rate is None for c in chunks) else [c.prior_rate for c in chunks]
+    shapes = [c.shape for c in chunks if c.shape is not None]
+    priors = [c.prior_rate for c in chunks if c.prior_rate is not None]
     return FactorChunk(
         mean=np.concatenate([c.mean for c in chunks], axis=1) / divisor,
         geo=np.concatenate([c.geo for c in chunks], axis=1) / divisor,
-        shape=None if shape is None else np.concatenate(shape, axis=1),
-        prior_rate=None if prior is None else np.concatenate(prior, axis=1) * divisor,
+        shape=np.concatenate(shapes, axis=1) if len(shapes) == len(chunks) else None,
+        prior_rate=np.concatenate(priors, axis=1) * divisor if len(priors) == len(chunks) else None,
         elbo=float(sum(c.elbo for c in chunks)),
     )
 

@@ -52,22 +52,29 @@ class Likelihood:
     p: float = 0.5
     t: float = 1.0
 
+    @property
+    def ordinal_delta(self) -> np.ndarray:
+        """``delta`` of an ordinal model (which always has one)."""
+        if self.delta is None:
+            raise ValueError(f"a {self.family!r} likelihood has no delta")
+        return self.delta
+
     def rate_scale(self) -> float:
         """theta_0 (ordinal) or t (dcPF): the factor of colsum(E[H]) in b^W."""
         if self.family == "ordinal":
-            return float(theta_from_delta(self.delta)[0])
+            return float(theta_from_delta(self.ordinal_delta)[0])
         return float(self.t)
 
     def shape_stat(self, block: CsrBlock, gw: np.ndarray, gh: np.ndarray) -> np.ndarray:
         """SW = GW * (R @ GH), shape (n_rows, K), from the family's local step."""
         if self.family == "ordinal":
-            return kernels.local_step(block, gw, gh, gw, gh, self.delta, self.approx).sw
+            return kernels.local_step(block, gw, gh, gw, gh, self.ordinal_delta, self.approx).sw
         return dcpf.local_step(block, gw, gh, gw, gh, self.p, self.t).sw
 
     def correction(self, block: CsrBlock, eh: np.ndarray) -> np.ndarray | None:
         """sum_i G_{y_ui} E[h_i], shape (n_rows, K) (ordinal), None for dcPF."""
         if self.family == "ordinal":
-            return kernels.row_correction(block, gap_from_delta(self.delta), eh)
+            return kernels.row_correction(block, gap_from_delta(self.ordinal_delta), eh)
         return None
 
 

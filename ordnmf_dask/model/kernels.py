@@ -110,7 +110,9 @@ class CsrBlock:
         cls, rows: np.ndarray, cols: np.ndarray, y: np.ndarray, shape: tuple[int, int]
     ) -> CsrBlock:
         """Build from (row, col)-sorted coordinates."""
-        return cls(row_pointer(rows, shape[0]), cols.astype(np.int32, copy=False), y, tuple(shape))
+        n_rows, n_cols = shape
+        indptr = row_pointer(rows, n_rows)
+        return cls(indptr, cols.astype(np.int32, copy=False), y, (n_rows, n_cols))
 
     @property
     def nnz(self) -> int:

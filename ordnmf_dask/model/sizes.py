@@ -17,10 +17,11 @@ import numpy as np
 def held_bytes(obj: object) -> int:
     """The dataclass instance ``obj`` plus the bytes of the numpy arrays in its fields (also
     inside tuples and lists). Arrays shared with other objects are counted in full."""
-    return object.__sizeof__(obj) + sum(
+    arrays = [
         _array_bytes(getattr(obj, f.name))
         for f in dataclasses.fields(obj)  # type: ignore[arg-type]
-    )
+    ]
+    return object.__sizeof__(obj) + sum(arrays)
 
 
 def _array_bytes(value: object) -> int:

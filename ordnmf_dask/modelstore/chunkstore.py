@@ -14,6 +14,7 @@ size only, or, compressed, decoded by zarr.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import numpy as np
 import zarr
@@ -21,13 +22,12 @@ import zarr
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.store import locations
-from ordnmf_dask.store.decode import INVENTORY, ChunkFiles, chunk_grid, inventory
+from ordnmf_dask.store.decode import INVENTORY, WRITE_ALL, ChunkFiles, chunk_grid, inventory
 from ordnmf_dask.store.kinds import group_attrs
 
 _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
 _REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state
 _DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
-_WRITE_ALL = {"write_empty_chunks": True}
 _DTYPE = np.dtype("<f8")  # factor arrays: little-endian float64, the bytes of their one chunk file
 INVENTORY_SINCE = 2  # the model format_version from which every factor array has an inventory
 
@@ -51,7 +51,7 @@ def _plain(array: zarr.Array) -> bool:
     """Whether ``array`` is stored as this module writes it: one chunk file holding its values
     (float64, or the integers of :func:`save_array`) as little-endian bytes, default '/' chunk
     keys."""
-    meta = array.metadata.to_dict()
+    meta: dict[str, Any] = array.metadata.to_dict()  # zarr types it as any JSON value
     codecs = meta.get("codecs", ())
     keys = meta.get("chunk_key_encoding", {})
     return (
@@ -120,7 +120,7 @@ def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> n
         if locations.count_files(locations.join(path, "c")) < array.nchunks:
             raise StoreError(f"{path}: chunk file missing (the {owner} is damaged)")
         try:
-            value = array[...]
+            value = np.asarray(array[...])
         except (ValueError, RuntimeError) as exc:
             raise StoreError(f"{path}: unreadable chunk ({exc}; the {owner} is damaged)") from None
         return value if rows is None else value[rows]
@@ -135,7 +135,7 @@ def _read(root: str, path: str, owner: str, rows: np.ndarray | None = None) -> n
         files.check_present()
     value = np.empty(array.shape, dtype)
     if array.nchunks:  # none for an array of no rows
-        files.load(0, into=memoryview(value).cast("B"))
+        files.load(0, into=value.data.cast("B"))
     return value if rows is None else value[rows]
 
 
@@ -160,17 +160,18 @@ def _create(
     arr = np.ascontiguousarray(value, dtype=np.dtype(dtype).newbyteorder("<"))
     # the chunk file holds exactly the array's bytes (:func:`_plain`): its size and CRC-32
     # are those of the values in memory, so a file that differs from them is found
-    records = [(arr.nbytes, zlib.crc32(arr))] if arr.size else []
-    spec = {
+    records = [(arr.nbytes, zlib.crc32(arr.data))] if arr.size else []
+    spec: dict[str, Any] = {
         "shape": arr.shape,
         "dtype": arr.dtype,
         "chunks": arr.shape or None,
         "compressors": None,
         "overwrite": True,
-        "config": _WRITE_ALL,
+        "config": WRITE_ALL,
         "attributes": {INVENTORY: inventory(records)},
     }
     if isinstance(parent, zarr.Group):
+        assert name is not None
         array = parent.create_array(name, **spec)
     else:
         array = zarr.create_array(parent, **spec)
@@ -194,11 +195,13 @@ def load_chunk(root: str, name: str, index: int, owner: str = "model") -> Factor
     """Read a chunk written by :func:`save_chunk`."""
     path = chunk_path(root, name, index)
     group = zarr.open_group(path, mode="r")
-    fields = {
+    fields: dict[str, Any] = {
         f: _read(root, f"{path}/{f}", owner) if f in _REQUIRED or f in group else None
         for f in _FIELDS
     }
-    return FactorChunk(elbo=float(group.attrs["elbo"]), **fields)
+    elbo = group.attrs["elbo"]
+    assert isinstance(elbo, float | int), path  # written by save_chunk
+    return FactorChunk(elbo=float(elbo), **fields)
 
 
 def save_array(

@@ -141,8 +141,9 @@ class ModelHeader:
         params = _params(f, model)
         store = _store(f)
         n_members = f.integer("n_members", 1, MAX_MEMBERS, f.get("n_members", 1))
+        members: tuple[MemberLaw, ...] = ()
         if n_members == 1:
-            top, members = _law(f, family, model, store.n_classes), ()
+            top = _law(f, family, model, store.n_classes)
         else:
             top, members = MemberLaw(), _members(f, family, model, store.n_classes, n_members)
         return cls(

@@ -88,11 +88,12 @@ def store_fingerprint(path: str) -> str:
     group = zarr.open_group(path, mode="r")
     attrs = group.attrs.asdict()
     doc = {k: attrs.get(k) for k in ("n_users", "n_items", "n_classes", "value_kind")}
-    doc["arrays"] = {
+    arrays = {
         name: array.attrs.get(INVENTORY) for name, array in sorted(group.arrays(), key=_first)
     }
+    doc["arrays"] = arrays
     for name, sub in sorted(group.groups(), key=_first):
-        doc["arrays"].update(
+        arrays.update(
             {
                 f"{name}/{inner}": array.attrs.get(INVENTORY)
                 for inner, array in sorted(sub.arrays(), key=_first)

@@ -50,7 +50,7 @@ def block_sums(
     total = np.zeros(calibration.size(levels))
     for start in range(0, b.nnz, SLAB):
         part = slice(start, start + SLAB)
-        y = b.y[part].astype(np.int64)
+        y = b.classes[part].astype(np.int64)
         pairs = (rows[part], b.cols[part], w[0], w[1], h[0], h[1])
         probs = law.pair_probs(*pairs, True)
         total += calibration.sums(probs, law.pair_log_prob(*pairs, y), y, values, levels)

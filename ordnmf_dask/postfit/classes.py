@@ -6,7 +6,7 @@ classes map back to (docs/design.md, "Class probabilities"); the numerics are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zarr
@@ -51,7 +51,9 @@ class ClassLaw:
         if self.members:
             return np.mean([law.limit for law in self.members], axis=0)
         if self.family == "ordinal":
+            assert self.theta is not None  # every ordinal law has its thresholds
             return classlaw.ordinal_limit(self.theta)
+        assert self.edges is not None  # every count law has its class edges
         return classlaw.count_limit(self.p, self.edges)
 
     def pair_hazards(
@@ -67,12 +69,14 @@ class ClassLaw:
         ``items[j]`` of the H arrays): the posterior's Gamma law from the factors' means and
         variances, or without variances (None) the plug-in law (dcPF's law is always that)."""
         users, items = np.asarray(users, np.int64), np.asarray(items, np.int64)
-        if self.family == "ordinal" and var_w is not None and var_h is not None:
-            return classlaw.gamma_hazards(users, items, mean_w, var_w, mean_h, var_h, self.theta)
+        theta, edges = self.theta, self.edges
+        if theta is not None and var_w is not None and var_h is not None:  # ordinal
+            return classlaw.gamma_hazards(users, items, mean_w, var_w, mean_h, var_h, theta)
         lam = np.einsum("ij,ij->i", mean_w[users], mean_h[items])
-        if self.family == "ordinal":
-            return classlaw.plugin_hazards(lam, self.theta)
-        return classlaw.count_hazards(lam, self.p, self.t, self.edges)
+        if theta is not None:
+            return classlaw.plugin_hazards(lam, theta)
+        assert edges is not None  # a count law
+        return classlaw.count_hazards(lam, self.p, self.t, edges)
 
     def pair_probs(
         self,
@@ -199,7 +203,7 @@ def store_scale(model: ModelInfo) -> tuple[str, list[float] | None]:
             f"{model.path}: the model does not record its store's value scale, and its "
             f"training store {path} cannot be read ({type(exc).__name__})"
         ) from None
-    return attrs["value_kind"], attrs.get("thresholds")
+    return cast(str, attrs["value_kind"]), cast("list[float] | None", attrs.get("thresholds"))
 
 
 def _weighted(given: np.ndarray, reach: np.ndarray) -> np.ndarray:
@@ -244,6 +248,7 @@ def _member_law(model: ModelInfo, family: str, member: MemberLaw) -> ClassLaw:
     n_store = int(a["store"]["n_classes"])
     value_kind, thresholds = store_scale(model)
     if family == "dcpf":
+        assert member.p is not None and member.t is not None  # a dcPF fit records them
         p = float(member.p)
         if p == 1.0:
             raise InputError(
@@ -261,8 +266,8 @@ def _member_law(model: ModelInfo, family: str, member: MemberLaw) -> ClassLaw:
     delta = np.asarray(member.delta, dtype=np.float64)
     v = len(delta) - 1
     binarized = v != n_store or value_kind in ("binary", "raw")
-    edges = None if thresholds is None else np.asarray(thresholds, dtype=np.float64)
-    return ClassLaw("ordinal", v, value_kind, binarized, theta=theta_from_delta(delta), edges=edges)
+    bins = None if thresholds is None else np.asarray(thresholds, dtype=np.float64)
+    return ClassLaw("ordinal", v, value_kind, binarized, theta=theta_from_delta(delta), edges=bins)
 
 
 def to_scale(law: ClassLaw, probs: np.ndarray, kind: str, scale: str) -> np.ndarray:
@@ -289,6 +294,7 @@ def to_scale(law: ClassLaw, probs: np.ndarray, kind: str, scale: str) -> np.ndar
                 "under the class law: use kind='median' or 'mode' (a count range), or "
                 "scale='class'"
             )
+        assert law.edges is not None  # a law of count classes has their edges
         return classlaw.count_range(classes, law.edges)
     values = classlaw.class_values(law.value_kind, law.n_classes)
     return probs @ values if kind == "expected" else values[classes]

@@ -121,17 +121,17 @@ def _ranking_task(
 
 def _loglik_task(w: Any, h: Any, store: str, split: str, r: int, c: int, spec: tuple) -> np.ndarray:
     b = read_block(store, split, r, c)
-    rows = b.rows
+    rows, y = b.rows, b.classes
     ew, eh = w.mean, h.mean
     if spec[0] == "ordinal":
-        value = metrics.test_loglik(rows, b.cols, b.y, ew, eh, spec[1])
+        value = metrics.test_loglik(rows, b.cols, y, ew, eh, spec[1])
     elif spec[0] == "members":
-        value = metrics.ensemble_loglik(rows, b.cols, b.y, ew, eh, spec[2], spec[1])
+        value = metrics.ensemble_loglik(rows, b.cols, y, ew, eh, spec[2], spec[1])
     else:
         _, p, t, edges = spec
         lam = sddmm(rows, b.cols, ew, eh)
-        value = float(dcpf.count_loglik(b.y, lam, p, t, edges).sum())
-    return np.array([value, len(b.y)])
+        value = float(dcpf.count_loglik(y, lam, p, t, edges).sum())
+    return np.array([value, len(y)])
 
 
 def _by_level(levels: list[int], values: np.ndarray, kind: type) -> dict[int, Any]:

@@ -23,6 +23,7 @@ from ordnmf_dask.model.ensemble import fold_in_members
 from ordnmf_dask.model.foldin import FoldIn, Likelihood
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunkstore
+from ordnmf_dask.modelstore.header import MemberLaw
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.executor import client_for
@@ -40,12 +41,17 @@ if TYPE_CHECKING:  # distributed is imported where a cluster is used
 log = logging.getLogger("ordnmf_dask")
 
 
+def _dcpf(law: MemberLaw) -> Likelihood:
+    assert law.p is not None and law.t is not None  # a dcPF model records them
+    return Likelihood("dcpf", p=float(law.p), t=float(law.t))
+
+
 def likelihoods_of(m: ModelInfo) -> tuple[list[Likelihood], int | None]:
     """The frozen observation model of each member of ``m`` (one for a single fit) and the
     binarization threshold (BePoF / PF)."""
     h = m.header
     if h.family == "dcpf":
-        return [Likelihood("dcpf", p=float(law.p), t=float(law.t)) for law in h.laws], None
+        return [_dcpf(law) for law in h.laws], None
     params = h.params
     threshold = params.get("threshold")
     approx = bool(params.get("approx", False))

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # distributed is imported where a cluster is used
 
 def _draw(model: str, name: str, index: int, rng: np.random.Generator) -> np.ndarray:
     chunk = chunkstore.load_chunk(model, name, index)
+    assert chunk.shape is not None and chunk.rate is not None  # a fitted model's chunk
     return rng.gamma(chunk.shape, 1.0 / chunk.rate)
 
 

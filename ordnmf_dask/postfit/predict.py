@@ -17,6 +17,9 @@ from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.postfit.classes import law_of, to_scale
 from ordnmf_dask.postfit.serving import Server
 
+#: users, items, E[w], Var[w] (or None), E[h], Var[h] (or None): what the law's pair methods take
+Pairs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]
+
 
 class Predictor:
     """The class law of pairs of one model served in memory: the server's factors, and their
@@ -52,7 +55,7 @@ class Predictor:
         users: np.ndarray,
         items: np.ndarray,
         posterior: str,
-    ) -> tuple[Any, ...]:
+    ) -> Pairs:
         """The arguments of the law's pair methods (:class:`ClassLaw`) for the pairs (row
         ``users[j]`` of ``w``, item index ``items[j]``) under ``posterior``; ``w_var``: the
         variances of ``w`` (None: ``w`` known exactly)."""
@@ -65,7 +68,7 @@ class Predictor:
         var_w = np.zeros_like(w) if w_var is None else w_var
         return users, items, w, var_w, self.srv.H, self.variance("H")
 
-    def pair_args(self, users: np.ndarray, items: np.ndarray, posterior: str) -> tuple[Any, ...]:
+    def pair_args(self, users: np.ndarray, items: np.ndarray, posterior: str) -> Pairs:
         """:meth:`pairs` of pairs of user and item indices."""
         need_var = posterior == "gamma" and self.law.family == "ordinal"
         w_var = self.variance("W") if need_var else None

@@ -192,8 +192,9 @@ def top_n(
     cols = np.full((m, nn), -1, dtype=np.int64)
     if nn == 0 or m == 0:
         return scores, cols
-    low = target32t is not None and _in_range32(query)
-    q, t = (query.astype(np.float32), target32t) if low else (query, target.T)
+    screen = target32t if target32t is not None and _in_range32(query) else None
+    low = screen is not None
+    q, t = (query.astype(np.float32), screen) if screen is not None else (query, target.T)
     g_screen, g_exact = _gamma(k + 4, 2.0**-24 if low else 2.0**-53), _gamma(k + 4, 2.0**-53)
     shrink = (1 - g_screen) * (1 - g_exact) / ((1 + g_screen) * (1 + g_exact))
     b_rows, b_cols = banned if banned is not None else (np.empty(0, np.int64),) * 2

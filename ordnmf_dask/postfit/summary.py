@@ -49,11 +49,12 @@ def threshold_table(model: ModelInfo) -> list[dict[str, Any]] | None:
     if law.family != "ordinal":
         return None
     laws = law.members or (law,)  # an ensemble: each member at that reach, mixed
-    lams = [-np.log1p(-np.asarray(REACH)) / m.theta[0] for m in laws]
+    thetas = [m.theta for m in laws if m.theta is not None]  # an ordinal law's
+    lams = [-np.log1p(-np.asarray(REACH)) / theta[0] for theta in thetas]
     probs = np.mean(
         [
-            classlaw.class_law(classlaw.plugin_hazards(lam, m.theta), m.limit, True)
-            for lam, m in zip(lams, laws, strict=True)
+            classlaw.class_law(classlaw.plugin_hazards(lam, theta), m.limit, True)
+            for lam, theta, m in zip(lams, thetas, laws, strict=True)
         ],
         axis=0,
     )

@@ -361,13 +361,13 @@ def _plan_input(
     formats read and checked), a dask DataFrame (its columns checked) or other data in
     memory."""
     if is_dask_dataframe(data):
-        chunks, label = frame_chunks(data, columns, role, first_index)
-        return _Input(label, [], _names([c.path for c in chunks], False), list(chunks), None)
-    label = memory_label(data, role)
-    if label is not None:
-        chunk = memory_chunk(data, label, columns, first_index)
-        names = dataclasses.replace(_names([label], False), matrix_cols=chunk.matrix_cols)
-        return _Input(label, [], names, [chunk], None)
+        parts, label = frame_chunks(data, columns, role, first_index)
+        return _Input(label, [], _names([c.path for c in parts], False), list(parts), None)
+    held = memory_label(data, role)
+    if held is not None:
+        chunk = memory_chunk(data, held, columns, first_index)
+        names = dataclasses.replace(_names([held], False), matrix_cols=chunk.matrix_cols)
+        return _Input(held, [], names, [chunk], None)
     sources = as_list(data)
     paths = expand_inputs(sources)
     by_position = (0, 1, 2) if columns is None else columns  # files without a choice
@@ -568,8 +568,8 @@ def _code_ids(
     n_ranges = max(1, min(len(sample), math.ceil(sum(p[what][0] for p in parsed) / ids_per_range)))
     # each range ends at a sampled id, the last beyond its splitter at the largest: none is empty
     splitters = sample[np.arange(1, n_ranges) * len(sample) // n_ranges - 1]
-    cuts = runner.map(split_ids_task, [c.index for c in chunks], tmp, what, kind, splitters)
-    cuts = np.array(cuts, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
+    found = runner.map(split_ids_task, [c.index for c in chunks], tmp, what, kind, splitters)
+    cuts = np.array(found, dtype=np.int64).reshape(len(chunks), n_ranges + 1)
     lengths = np.diff(cuts, axis=1)
     starts = np.cumsum(lengths, axis=0) - lengths  # where each piece is in its range's codes
     jobs = [
@@ -588,7 +588,7 @@ def _code_ids(
     runner.map(remove_task, [c.index for c in chunks], tmp, [f"r_{what}"])
     pieces = [
         tuple(
-            (r, int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
+            (int(r), int(starts[k, r]), int(starts[k, r] + lengths[k, r]))
             for r in np.flatnonzero(lengths[k])
         )
         for k in range(len(chunks))

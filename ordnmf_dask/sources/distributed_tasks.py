@@ -89,6 +89,7 @@ def parse_task(chunk: AnyChunk, tmp: str) -> dict:
         triples.users, triples.items, triples.origin, distinct_ids
     )
     values, line = triples.values, triples.origin.line
+    assert isinstance(line, np.ndarray)  # a chunk's rows carry their lines (or row numbers)
     if len(line) and line.max() < 2**31:
         line = line.astype(np.int32)  # staged smaller; joined rows widen it back
     save_arrays(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -227,14 +227,23 @@ def ids_from_array(ids: object, label: str, what: str) -> np.ndarray:
     return arr.astype(str)
 
 
+class Ids(Protocol):
+    """Ids by code: an array, or ranges staged on disk that are read only for the ids a
+    message names (``distributed_tasks.IdRanges``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, code: int, /) -> Any: ...
+
+
 def dedupe(
     u: np.ndarray,
     i: np.ndarray,
     values: np.ndarray,
     origin: Origin,
     policy: str,
-    user_ids: np.ndarray,
-    item_ids: np.ndarray,
+    user_ids: Ids,
+    item_ids: Ids,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Merge rows with the same (user, item) pair.
 
@@ -246,7 +255,7 @@ def dedupe(
     origin : Origin
     policy : {"error", "sum", "max", "last"}
         "last" keeps the value of the last row in input order (files in the order given).
-    user_ids, item_ids : np.ndarray
+    user_ids, item_ids : Ids
         Raw ids, to name a duplicate pair in the error message.
 
     Returns

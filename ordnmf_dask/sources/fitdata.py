@@ -74,7 +74,7 @@ def accepts_data_in_memory(fit: Fit) -> Fit:
                 _own(self, None)
             return fitted
         check_kind(store)
-        work_dir = self._validate()[1]["work_dir"]  # parameter errors before any data is read
+        work_dir = self._validate()[1].engine.work_dir  # parameter errors before any data is read
         client = kwargs.get("client", args[0] if args else None)
         if store_out is not None:
             ingest_for_fit(store, store_out, client, ingest_options)

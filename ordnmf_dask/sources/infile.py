@@ -116,7 +116,7 @@ def read_npz(
 
     from numpy.lib import format as npy
 
-    out = {}
+    out: dict[str, np.ndarray] = {}
     with open_input_file(path, what) as fh:
         if fh.read(len(npy.MAGIC_PREFIX)) == npy.MAGIC_PREFIX:  # one .npy array: holds none
             return out

@@ -42,7 +42,7 @@ class MemoryChunk:
     index: int
     file_index: int
     path: str
-    columns: tuple[Column, ...] | None
+    columns: tuple[str, ...] | None
     partition: bool
     data: Any = field(default=None, compare=False, repr=False)
     matrix_cols: int | None = None  # a sparse matrix's columns (its rows are named by cell)
@@ -107,6 +107,7 @@ def read_memory_chunk(chunk: MemoryChunk) -> Triples | None:
         frame = get_sync(*chunk.data)  # in this task's process
         if len(frame) == 0:
             return None
+        assert chunk.columns is not None  # a partition's columns were picked
         rows = table_rows(as_table(frame, chunk.path), list(chunk.columns), chunk.path)
     else:
         rows = memory_rows(chunk.data, chunk.path, chunk.columns)

@@ -35,7 +35,8 @@ class Rows:
 def memory_rows(data: Any, label: str, columns: Sequence[int | str] | None) -> Rows:
     """The rows of data in memory (``label``: ``memory_label``'s, naming them in messages)."""
     if isinstance(data, tuple):
-        return arrays_rows(*data, label)
+        users, items, values = data
+        return arrays_rows(users, items, values, label)
     if is_sparse(data):
         coo = data.tocoo()
         if np.iscomplexobj(coo.data):
@@ -45,6 +46,7 @@ def memory_rows(data: Any, label: str, columns: Sequence[int | str] | None) -> R
         cells = Origin.matrix(row.astype(np.int64) * coo.shape[1] + col, coo.shape[1], label)
         return arrays_rows(row, col, coo.data[stored], label, cells)
     table = as_table(data, label)
+    assert table is not None, label  # a Table or DataFrame: memory_label named it
     return table_rows(table, pick_columns(table.column_names, columns, label), label)
 
 
@@ -141,7 +143,7 @@ def pick_columns(
     return picked
 
 
-def table_names(data: object) -> list[str] | None:
+def table_names(data: Any) -> list[str] | None:
     """The column names of a pandas DataFrame or a pyarrow Table / RecordBatch, else None."""
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         return list(data.schema.names)
@@ -166,9 +168,9 @@ def table_rows(table: pa.Table, picked: list[str], label: str) -> Rows:
 
 
 def arrays_rows(
-    users: object,
-    items: object,
-    values: object,
+    users: Any,
+    items: Any,
+    values: Any,
     label: str,
     cells: Origin | None = None,
 ) -> Rows:

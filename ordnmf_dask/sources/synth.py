@@ -275,7 +275,8 @@ def sample_block(
     if len(parts) != 1:  # several passes, or no user at all
         empty = (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.uint8)) * 2
         parts = [tuple(np.concatenate([p[j] for p in [empty, *parts]]) for j in range(6))]
-    return parts[0][:3], parts[0][3:]
+    train_u, train_i, train_y, test_u, test_i, test_y = parts[0]
+    return (train_u, train_i, train_y), (test_u, test_i, test_y)
 
 
 @_jit

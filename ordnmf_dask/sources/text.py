@@ -351,7 +351,8 @@ def file_format(
         if len(set(cols)) != 3:
             raise InputError(f"{path}: columns {columns!r} name the same column twice")
         return TextFormat(path, delim, True, cols, len(first))  # type: ignore[arg-type]
-    need = max(columns) + 1  # type: ignore[type-var]
+    at = (int(columns[0]), int(columns[1]), int(columns[2]))  # none is a name here
+    need = max(at) + 1
     if len(first) < need:
         shown = "whitespace" if delim is None else repr(delim)
         raise InputError(
@@ -359,8 +360,8 @@ def file_format(
             f"by {shown}, found {len(first)}"
         )
     if header is None:
-        header = not _is_number(first[columns[2]])  # type: ignore[index]
-    return TextFormat(path, delim, bool(header), columns, len(first))  # type: ignore[arg-type]
+        header = not _is_number(first[at[2]])
+    return TextFormat(path, delim, bool(header), at, len(first))
 
 
 def with_data_fields(fmt: TextFormat, data: bytes, after: int) -> TextFormat:
@@ -553,7 +554,7 @@ def _prepare(fmt: TextFormat, data: bytes, start: int, first_line: int) -> Any:
         if data.find(b'"', start) < 0:
             return pa.py_buffer(data).slice(start)
         body = data[start:]
-        _check_quoting(fmt, body, first_line)
+        _check_quoting(fmt, fmt.delim, body, first_line)
         delim = re.escape(fmt.delim.encode())
         return re.sub(rb"(?m)(?<=" + delim + rb')[ ]+(?="(?!"))|^[ ]+(?="(?!"))', b"", body)
     body = data[start:]
@@ -568,13 +569,13 @@ def _prepare(fmt: TextFormat, data: bytes, start: int, first_line: int) -> Any:
     return re.sub(_BLANK, _UNIT, body)
 
 
-def _check_quoting(fmt: TextFormat, body: bytes, first_line: int) -> None:
+def _check_quoting(fmt: TextFormat, delim: str, body: bytes, first_line: int) -> None:
     """RFC 4180 quoting of the lines holding a quote (``csv``, strict): each quoted field is
     closed on its line and followed by a delimiter or the end of the line."""
     for match in re.finditer(rb'(?m)^[^\n]*"[^\n]*$', body):
         text = match.group().decode("utf-8").rstrip("\r")
         try:
-            next(csv.reader((text,), delimiter=fmt.delim, strict=True, skipinitialspace=True))
+            next(csv.reader((text,), delimiter=delim, strict=True, skipinitialspace=True))
         except csv.Error as exc:
             reason = str(exc)
             if reason == "unexpected end of data":

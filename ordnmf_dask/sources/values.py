@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -102,7 +102,8 @@ def make_spec(
     if scale_max is not None and ratings not in (None, "integer"):
         raise InputError("scale_max applies to ratings='integer' only")
     if counts is not None:
-        thresholds = check_thresholds(PAPER_THRESHOLDS if _is_paper(counts) else counts)
+        given = PAPER_THRESHOLDS if _is_paper(counts) else cast(Sequence[float], counts)
+        thresholds = check_thresholds(given)
         return ValueSpec("counts", len(thresholds), thresholds, binarize)
     if ratings is None and binarize is not None:
         return ValueSpec("raw", 1, None, binarize)

@@ -191,6 +191,13 @@ class Block:
     shape: tuple[int, int]
 
     @property
+    def classes(self) -> np.ndarray:
+        """``y``, read (:func:`read_block` with ``"y"`` among its ``values``)."""
+        if self.y is None:
+            raise ValueError("the classes of this block were not read")
+        return self.y
+
+    @property
     def nnz(self) -> int:
         """Number of nonzeros in the block."""
         return len(self.cols)
@@ -592,7 +599,9 @@ def _read_block(
     data = {name: read(name, lo, hi) if name in wanted else None for name in NONZERO_FIELDS}
     start = int(handle.indptr_starts[b])
     indptr = read("indptr", start, start + shape[0] + 1)
-    return Block(indptr, data["cols"], data["y"], data["raw"], shape)
+    cols = data["cols"]
+    assert cols is not None  # always read
+    return Block(indptr, cols, data["y"], data["raw"], shape)
 
 
 def read_ids(path: str | os.PathLike, axis: str) -> np.ndarray:
@@ -601,6 +610,7 @@ def read_ids(path: str | os.PathLike, axis: str) -> np.ndarray:
         raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
     handle = _handle(path)
     array = handle.group[f"{axis}/ids"]
+    assert isinstance(array, zarr.Array), axis  # the store was checked when opened
     ChunkFiles.of(array, locations.join(handle.info.path, axis, "ids")).verify()
     ids = np.asarray(array[:])
     if ids.dtype.kind in "iu":
@@ -747,7 +757,13 @@ def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
 
 def _shapes(group: zarr.Group, header: StoreHeader) -> dict[str, tuple[int, ...]]:
     """The recorded shape of every array the header gives one for (its metadata only)."""
-    return {name: tuple(group[name].shape) for name in header.expected_shapes()}
+    shapes = {}
+    for name in header.expected_shapes():
+        node = group[name]
+        if not isinstance(node, zarr.Array):
+            raise StoreError(f"{group.store_path}: {name} is a group, not an array")
+        shapes[name] = tuple(node.shape)
+    return shapes
 
 
 def _array_files(group: zarr.Group, path: str, name: str) -> ArrayFiles:

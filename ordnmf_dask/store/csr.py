@@ -21,11 +21,12 @@ def load_block(
     kind = ("raw",) if values == "raw" else ("y",)
     b = read_block(path, split, r, c, values=kind, reuse=reuse)
     if values == "class":
-        return CsrBlock(b.indptr, b.cols, b.y, b.shape)
+        return CsrBlock(b.indptr, b.cols, b.classes, b.shape)
     if values == "raw":
+        assert b.raw is not None  # read above
         return CsrBlock(b.indptr, b.cols, b.raw, b.shape)
     if values.startswith("ge:"):
-        keep = b.y >= int(values[3:])
+        keep = np.asarray(b.classes >= int(values[3:]))
         ones = np.ones(int(keep.sum()), dtype=np.uint8)
         return CsrBlock.from_coo(b.rows[keep], b.cols[keep], ones, b.shape)
     raise ValueError(f"unknown block values {values!r}")

@@ -30,7 +30,7 @@ import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numcodecs import blosc
@@ -38,10 +38,13 @@ from numcodecs import blosc
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.store import locations
 
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
+
 CODECS = ("bytes", "blosc")
 CHUNK = 2**20  # elements per chunk of a store's arrays (the last and small arrays: fewer)
 INVENTORY = "chunk_files"  # array attribute: {"bytes": [...], "crc32": [...]}, one per chunk file
-WRITE_ALL = {"write_empty_chunks": True}  # zarr array config of every store writer
+WRITE_ALL: ArrayConfigParams = {"write_empty_chunks": True}  # zarr array config of every writer
 
 
 def chunk_key(i: int, grid: tuple[int, ...] = ()) -> str:

@@ -113,7 +113,8 @@ def coerce(raw: Sequence[Any], integer: bool) -> tuple[np.ndarray, list[int]]:
     bad : positions in ``raw`` of ids that cannot (``"x"`` or ``"1_0"`` for integer ids):
         unknown ids.
     """
-    bad, values = [], []
+    bad: list[int] = []
+    values: list[int | str] = []
     for j, value in enumerate(raw):
         if is_missing(value):
             raise InputError(f"id {shown(value)} (position {j}) is missing: it names no id")
@@ -149,7 +150,9 @@ def _read(store: str, axis: str, rows: slice | np.ndarray) -> np.ndarray:
         chunks = np.unique(rows // size)
     for i in chunks:
         files.load(int(i))
-    return array[rows] if isinstance(rows, slice) else array.get_orthogonal_selection(rows)
+    return np.asarray(
+        array[rows] if isinstance(rows, slice) else array.get_orthogonal_selection(rows)
+    )
 
 
 def _as_plain(ids: np.ndarray) -> np.ndarray:

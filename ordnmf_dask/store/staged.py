@@ -35,7 +35,7 @@ import io
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +137,10 @@ def save_segment(prefix: str, arrays: dict[str, np.ndarray]) -> Segment:
 
 
 def save_segments(
-    prefix: str, arrays: dict[str, np.ndarray], starts: Sequence[int], stops: Sequence[int]
+    prefix: str,
+    arrays: dict[str, np.ndarray],
+    starts: Sequence[int] | np.ndarray,
+    stops: Sequence[int] | np.ndarray,
 ) -> list[Segment]:
     """Save the pieces of several blocks, ``FIELDS`` arrays holding piece j at ``[starts[j],
     stops[j])``, as one ``.npy`` file per field; their segments. One file per field, not per
@@ -251,7 +254,7 @@ class NpyRows:
         n = max(hi - lo, 0)
         out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
         f.seek(self.offset + lo * self.row_bytes)
-        got = f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        got = f.readinto(out.reshape(-1).view(np.uint8).data)
         if got != out.nbytes:
             raise StoreError(
                 f"{self.path}: staged file cut short ({got} of {out.nbytes} bytes "
@@ -317,7 +320,7 @@ def assemble_store(
     attrs: dict[str, Any],
     row_bounds: np.ndarray,
     col_bounds: np.ndarray,
-    blocks: dict[str, Sequence[Sequence[Segment]]],
+    blocks: Mapping[str, Sequence[Sequence[Segment]]],
     user_ids: np.ndarray | StagedIds,
     item_ids: np.ndarray | StagedIds,
 ) -> None:

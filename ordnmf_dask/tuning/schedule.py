@@ -15,7 +15,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def grid(space: Space) -> list[dict[str, Any]]:
     names = list(space)
     return [
         dict(zip(names, combo, strict=True))
-        for combo in itertools.product(*(space[n] for n in names))
+        for combo in itertools.product(*(cast(Sequence[Any], space[n]) for n in names))
     ]
 
 

@@ -94,10 +94,10 @@ def run_selected(
     """:func:`run_fit` of ``plan``; with ``select_components``, the plain fit at the K the
     validation search chose, which records the search (attribute ``selection``). The outputs
     are held through the search too (one writer of each)."""
-    values = plan.values
-    if not values["select_components"]:
+    values = plan.settings.values()
+    if not plan.settings.model.select_components:
         return run_fit(plan, client, callback)
-    with writelock.held(plan.out, values["checkpoint_dir"]):
+    with writelock.held(plan.out, plan.settings.checkpoint.dir):
         selection = select_rank(plan.info, plan.model, values, client)
         log.info(
             "select_components: K = %d chosen by %s (%s)",
