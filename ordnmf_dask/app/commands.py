@@ -335,13 +335,12 @@ def _cluster_of(args: argparse.Namespace) -> Any:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.tables import ranked_rows, write_table
-    from ordnmf_dask.modelstore.model import open_model
     from ordnmf_dask.postfit import serving
-    from ordnmf_dask.postfit.export import export
-    from ordnmf_dask.postfit.recommend import recommend
 
     cluster = _cluster_of(args)
     if args.out is not None:  # every user: the recommendations dataset of an export
+        from ordnmf_dask.postfit.export import export
+
         with _client(cluster) as client:
             out = export(
                 args.model,
@@ -366,7 +365,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             from ordnmf_dask.postfit.predict import recommend_with_proba
 
             res = recommend_with_proba(srv, res, args.proba_at)
-    else:
+    else:  # imported here: a model served in memory loads no pyarrow, no cluster machinery
+        from ordnmf_dask.modelstore.model import open_model
+        from ordnmf_dask.postfit.recommend import recommend
+
         store = args.store or open_model(args.model).attrs["store"]["path"]
         with _client(cluster) as client:
             res = recommend(
