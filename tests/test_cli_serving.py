@@ -127,3 +127,60 @@ def test_score_of_pairs_from_flags_and_from_a_file(alone, tmp_path, capsys):
     np.testing.assert_allclose([float(r["score"]) for r in table(capsys, "tsv")], want)
     assert main(["score", alone.path, "--users", "u1"]) == 2
     assert "--users needs --items" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ batches: ids from a file or stdin
+
+
+def test_recommend_reads_a_batch_of_users_from_a_file_into_one_table(alone, tmp_path, capsys):
+    """``--users-from FILE``: one id per line (blank lines skipped), one table, the same
+    lists as ``--users`` gives for the same ids."""
+    ids = tmp_path / "users.txt"
+    ids.write_text("u1\n\n  u19 \nu4\n")
+    assert main(["recommend", alone.path, "--users-from", str(ids), "-n", "3"]) == 0
+    batch = table(capsys, "tsv")
+    assert main(["recommend", alone.path, "--users", "u1,u19,u4", "-n", "3"]) == 0
+    assert batch == table(capsys, "tsv")
+    assert [r["user"] for r in batch][::3] == ["u1", "u19", "u4"]
+
+
+def test_a_batch_from_standard_input(alone, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("105\n140\n"))
+    assert main(["similar-items", alone.path, "--items-from", "-", "-n", "2"]) == 0
+    batch = table(capsys, "tsv")
+    assert main(["similar-items", alone.path, "--items", "105,140", "-n", "2"]) == 0
+    assert batch == table(capsys, "tsv") and len(batch) == 4
+
+
+def test_a_batch_through_a_pipe_in_one_process(alone):
+    """What a script does: the ids piped to the command, the table read back."""
+    r = subprocess.run(
+        [*CLI, "similar-users", alone.path, "--users-from", "-", "-n", "1", "--format", "csv"],
+        input="u1\nu4\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [row["user"] for row in rows] == ["u1", "u4"]
+    want = alone.model.similar_users(["u1", "u4"], n=1)
+    assert [row["similar_user"] for row in rows] == [want["u1"][0][0], want["u4"][0][0]]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("u1\nnobody\n", "users.txt, line 2: unknown user id 'nobody'"),
+        ("\n \n", "users.txt: no user ids (one per line)"),
+        (b"u1\n\xff\n", "users.txt, line 2: not UTF-8 text"),
+    ],
+)
+def test_a_bad_batch_file_is_one_line_naming_it(alone, tmp_path, capsys, text, said):
+    ids = tmp_path / "users.txt"
+    ids.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main(["recommend", alone.path, "--users-from", str(ids)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.splitlines()
+    assert len(err) == 1 and said in err[0] and err[0].startswith("ordnmf-dask recommend: error:")
