@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -71,11 +72,16 @@ def test_a_fit_shows_log_lines_with_the_eta_on_a_plain_stream(small_store, monke
 
 
 def test_a_fit_draws_a_bar_on_a_terminal_by_default(small_store, monkeypatch):
+    """One tqdm line, redrawn at each iteration with the ELBO, its relative change and the
+    stopping rule, cleared for each log line and removed at the end; the log line every
+    SUMMARY_EVERY iterations (and the first) only."""
     out = _fit(small_store, FakeTTY(), monkeypatch)  # show_progress=None: auto
-    bars = [part for part in out.split("\r") if part.startswith("\033[Kfit iter ")]
-    assert [b.split()[2] for b in bars] == ["1", "2", "3", "4"]
+    bars = [part for part in out.split("\r") if part.startswith("fit iter ")]
+    assert [b.split()[2].rstrip(",") for b in bars] == ["1", "2", "3", "4"]
     assert "elbo -" in bars[2] and "(stops at rel < 1e-300 or iter 4)" in bars[2]
     assert " iter    1/4 " in out and " iter    2/4 " not in out  # the line shows each one
+    last = out[out.rindex("fit iter ") :]  # the line removed before the end line is logged
+    assert re.search(r"\r +\r[0-9:]+ INFO ordnmf_dask: fit: stopped at max_iter", last)
 
 
 def test_no_progress_when_off(small_store, monkeypatch, caplog):
