@@ -225,24 +225,44 @@ def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
 
 def test_each_group_of_kernels_is_announced_once_per_process(caplog):
     """However long and however many compilations a group takes (a slow machine's compile
-    of one kernel outlasting a minute once announced it again), one line per group."""
-    from types import SimpleNamespace
-
+    of one kernel outlasting a minute once announced it again), one line per group; the group
+    is what the process compiles for (a fit unless said)."""
     from ordnmf_dask.model import compiling
-
-    def event(module: str) -> SimpleNamespace:
-        function = SimpleNamespace(__module__=module)
-        return SimpleNamespace(data={"dispatcher": SimpleNamespace(py_func=function)})
 
     announcer = compiling._Announcer()
     with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
-        for module in ("ordnmf_dask.model.kernels", "ordnmf_dask.model.gamma"):
-            announcer.on_start(event(module))
-            announcer.on_end(event(module))
-        announcer.on_start(event("ordnmf_dask.postfit.serving"))
-        announcer.on_start(event("ordnmf_dask.model.kernels"))
+        for _ in range(2):
+            announcer.on_start(None)
+            announcer.on_end(None)
+        with compiling.announced_as("evaluate"):
+            announcer.on_start(None)
+            with compiling.announced_as("fold-in"):
+                announcer.on_start(None)
+            announcer.on_start(None)
+        announcer.on_start(None)
     said = [r.getMessage() for r in caplog.records]
     assert [m.split(":")[0] for m in said] == [
         "compiling numba kernels (fit)",
-        "compiling numba kernels (serving)",
+        "compiling numba kernels (evaluate)",
+        "compiling numba kernels (fold-in)",
     ]
+
+
+def test_evaluate_says_its_compilations_are_its_own(small_store, monkeypatch):
+    """What evaluate compiles is announced as evaluate's, not as a fit's (the notice said
+    "(fit)"): the group in force while it scores the test split."""
+    from ordnmf_dask.model import compiling
+    from ordnmf_dask.postfit import evaluate as evaluating
+
+    model = OrdNMF(2, max_iter=2).fit(small_store, show_progress=False)
+    seen = []
+    score_split = evaluating.score_split
+
+    def spy(*args, **kwargs):
+        seen.append(compiling._group())
+        return score_split(*args, **kwargs)
+
+    monkeypatch.setattr(evaluating, "score_split", spy)
+    evaluate(small_store, model, show_progress=False)
+    assert seen == ["evaluate"]
+    assert compiling._group() == "fit"  # and nothing left behind

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError, StoreError, shown
-from ordnmf_dask.model import metrics
+from ordnmf_dask.model import compiling, metrics
 from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunkstore
@@ -78,9 +78,10 @@ def _run(
 ) -> FoldIn:
     eh = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, colsum.shape[0]))
     log_eh = np.concatenate([p[1] for p in parts]) if parts else eh.copy()
-    return fold_in_rows(
-        block, eh, log_eh, colsum, alpha, likelihood, max_iter=max_iter, tol=tol, seed=seed
-    )
+    with compiling.announced_as("fold-in"):
+        return fold_in_rows(
+            block, eh, log_eh, colsum, alpha, likelihood, max_iter=max_iter, tol=tol, seed=seed
+        )
 
 
 def _item_index(cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any]) -> np.ndarray:

@@ -31,6 +31,7 @@ import psutil
 import zarr
 
 from ordnmf_dask.errors import InputError, StoreError, shown
+from ordnmf_dask.model import compiling
 from ordnmf_dask.model.foldin import fold_in_rows
 from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
@@ -491,17 +492,18 @@ class Server:
         name = "H" if axis == "users" else "W"
         mean, log_mean = self._field(name, "mean"), self._field(name, "log_mean")
         alpha = self.model.header.alpha(axis)
-        result = fold_in_rows(
-            block,
-            mean[touched],
-            log_mean[touched],
-            mean.sum(axis=0),
-            alpha,
-            likelihood,
-            max_iter=max_iter,
-            tol=tol,
-            seed=seed,
-        )
+        with compiling.announced_as("fold-in"):
+            result = fold_in_rows(
+                block,
+                mean[touched],
+                log_mean[touched],
+                mean.sum(axis=0),
+                alpha,
+                likelihood,
+                max_iter=max_iter,
+                tol=tol,
+                seed=seed,
+            )
         foldin.warn_unconverged(result, axis, max_iter, tol, block)
         return result.mean
 
