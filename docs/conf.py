@@ -48,7 +48,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 
-html_theme = "alabaster"
+html_theme = "furo"  # maintained; the docs extra installs it
 html_title = f"ordnmf_dask {release}"
 
 
