@@ -4,8 +4,8 @@ second), which takes seconds to tens of seconds with nothing else to show for it
 numba's compile events logs one WARNING when a compilation starts (numba compiles only on a
 cache miss), so that the first fit, ``evaluate`` or fold-in on a machine does not wait in
 silence: one line per group of kernels and process, however long the group takes. The group is
-what the process compiles for (:func:`announced_as`: ``evaluate`` and fold-in say so; a fit by
-default). Serving (recommend, similar, score) runs no kernel.
+what the process compiles for (:func:`announced_as`: ``evaluate``, fold-in and serving say so;
+a fit by default). Serving a few users (a CLI call) runs no kernel at all.
 """
 
 from __future__ import annotations

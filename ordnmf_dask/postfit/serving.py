@@ -33,6 +33,7 @@ import zarr
 from ordnmf_dask.errors import InputError, StoreError, shown
 from ordnmf_dask.model import compiling
 from ordnmf_dask.model.foldin import fold_in_rows
+from ordnmf_dask.model.kernels import jit
 from ordnmf_dask.modelstore import seen
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
 from ordnmf_dask.params import validate_call
@@ -45,6 +46,7 @@ from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 from ordnmf_dask.store.idmap import id_list
 
 _BUDGET = 1 << 23  # scores in one dense (rows x candidates) slab
+_SMALL_SLAB = 1 << 18  # scores of a slab screened in numpy (_screen)
 _SAFE32 = (2.0**-60, 2.0**60)  # nonzero entries in this range: float32 products stay normal
 _SEEN_BUDGET = 1 << 29  # bytes of the seen-items index a server keeps in memory (512 MiB)
 
@@ -54,15 +56,109 @@ Recs = list[tuple[Any, float]]
 # ------------------------------------------------------------------------------ top-n numerics
 
 
-def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``s``: the columns scoring at least ``shrink`` times its n-th best finite score
-    (every finite column when it has fewer than n), in increasing order. Returns a row pointer
-    and the columns.
+@jit()
+def _heap_push(heap: np.ndarray, size: int, v: float) -> None:
+    """Put ``v`` in the min-heap ``heap[:size + 1]`` (``heap[:size]`` is one)."""
+    i = size
+    heap[i] = v
+    while i > 0 and heap[(i - 1) // 2] > heap[i]:
+        p = (i - 1) // 2
+        heap[p], heap[i] = heap[i], heap[p]
+        i = p
 
-    Plain numpy (a partition per row, then one comparison in float64), so that serving calls no
-    numba kernel: a command that serves pays neither a compilation nor numba's start-up
-    (docs/performance.md, "Serving from the command line").
+
+@jit()
+def _heap_replace_min(heap: np.ndarray, v: float) -> None:
+    """Replace the least element of the full min-heap ``heap`` by ``v``."""
+    n = len(heap)
+    heap[0] = v
+    i = 0
+    while 2 * i + 1 < n:
+        c = 2 * i + 1
+        if c + 1 < n and heap[c + 1] < heap[c]:
+            c += 1
+        if heap[i] <= heap[c]:
+            break
+        heap[i], heap[c] = heap[c], heap[i]
+        i = c
+
+
+@jit()
+def _screen_compiled(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_screen` of a large slab (a batch of rows).
+
+    One pass per row: a min-heap holds the n best scores so far, and a column is kept as a
+    candidate only if it reaches ``shrink`` times the heap's least (which only grows); the
+    candidates are filtered by the final bound at the end. (Serial: numba's parallel loop ran
+    this several times slower.)
     """
+    m, width = s.shape
+    room = 2 * n + 16
+    kept = np.empty((m, room), np.int64)
+    counts = np.zeros(m, np.int64)
+    bound = np.empty(m)
+    rescan = np.zeros(m, np.bool_)
+    for r in range(m):
+        heap = np.empty(n)
+        size = 0
+        buf = np.empty(room, np.int64)  # never rebound: that would slow the loop down tenfold
+        used = 0
+        cut = -np.inf
+        for j in range(width):
+            v = np.float64(s[r, j])
+            if v < cut or v == -np.inf:
+                continue
+            if not rescan[r]:
+                if used == room:  # drop what the bound has passed since
+                    w = 0
+                    for t in range(used):
+                        if np.float64(s[r, buf[t]]) >= cut:
+                            buf[w] = buf[t]
+                            w += 1
+                    used = w
+                    rescan[r] = 2 * used > room  # many near-ties: count and collect by a rescan
+                if not rescan[r]:
+                    buf[used] = j
+                    used += 1
+            if size < n:
+                _heap_push(heap, size, v)
+                size += 1
+            elif v > heap[0]:
+                _heap_replace_min(heap, v)
+            if size == n:
+                cut = heap[0] * shrink
+        bound[r] = cut
+        c = 0
+        if rescan[r]:
+            for j in range(width):
+                v = np.float64(s[r, j])
+                if v != -np.inf and v >= cut:
+                    c += 1
+        else:
+            for t in range(used):
+                if np.float64(s[r, buf[t]]) >= cut:
+                    kept[r, c] = buf[t]
+                    c += 1
+        counts[r] = c
+    ptr = np.zeros(m + 1, np.int64)
+    ptr[1:] = np.cumsum(counts)
+    cols = np.empty(ptr[-1], np.int64)
+    for r in range(m):
+        if not rescan[r]:
+            cols[ptr[r] : ptr[r + 1]] = kept[r, : counts[r]]
+            continue
+        at = ptr[r]
+        for j in range(width):
+            v = np.float64(s[r, j])
+            if v != -np.inf and v >= bound[r]:
+                cols[at] = j
+                at += 1
+    return ptr, cols
+
+
+def _screen_small(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_screen` of a small slab, in numpy: a partition per row, then one comparison in
+    float64 (several passes over the slab, where the compiled kernel makes one)."""
     m, width = s.shape
     nth = np.partition(s, width - n, axis=1)[:, width - n].astype(np.float64)
     cut = nth * shrink  # -inf where a row has fewer than n finite scores
@@ -70,6 +166,22 @@ def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarra
     ptr = np.zeros(m + 1, np.int64)
     np.cumsum(keep.sum(axis=1), out=ptr[1:])
     return ptr, np.nonzero(keep)[1].astype(np.int64)
+
+
+def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``s``: the columns scoring at least ``shrink`` times its n-th best finite score
+    (every finite column when it has fewer than n), in increasing order. Returns a row pointer
+    and the columns.
+
+    A slab of a few rows is screened in numpy, so that a command serving a few users calls no
+    numba kernel: the first call of one in a process costs more than such a screen (numba's
+    start-up, or its compilation on a machine's first run); a batch by the compiled kernel,
+    many times faster per row (docs/performance.md, "Serving from the command line").
+    """
+    if s.size <= _SMALL_SLAB:
+        return _screen_small(s, n, shrink)
+    with compiling.announced_as("serving"):
+        return _screen_compiled(s, n, shrink)
 
 
 def _gamma(terms: int, unit: float) -> float:
