@@ -10,6 +10,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -184,3 +185,35 @@ def test_a_bad_batch_file_is_one_line_naming_it(alone, tmp_path, capsys, text, s
     assert captured.out == ""
     err = captured.err.splitlines()
     assert len(err) == 1 and said in err[0] and err[0].startswith("ordnmf-dask recommend: error:")
+
+
+SERVE_AND_LIST_MODULES = """
+import sys
+from ordnmf_dask.app.cli import main
+
+code = main(sys.argv[1:])
+heavy = ("numba.np.arraymath", "scipy.linalg", "pyarrow", "distributed")
+print(code, *(m for m in heavy if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["recommend", "{model}", "--users", "u1,u4", "-n", "3"],
+        ["similar-items", "{model}", "--items", "105", "-n", "3"],
+        ["score", "{model}", "--users", "u1", "--items", "105"],
+    ],
+)
+def test_serving_a_few_users_starts_no_compiled_code(alone, args):
+    """A command for a few users runs no numba kernel (numba's start-up on a first call
+    imports numba.np.arraymath and scipy.linalg: most of such a command's time), and loads
+    neither pyarrow nor distributed (docs/performance.md, "Serving from the command line")."""
+    r = subprocess.run(
+        [sys.executable, "-c", SERVE_AND_LIST_MODULES, *(a.format(model=alone.path) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "0"
