@@ -48,7 +48,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": False}
 
-html_theme = "alabaster"
+html_theme = "furo"  # maintained; the docs extra installs it
 html_title = f"ordnmf_dask {release}"
 
 
@@ -134,6 +134,17 @@ def descriptions_on_the_name_line(app, what, name, obj, options, lines: list[str
     lines[:] = "\n".join(line for line in out if line is not None).split("\n")
 
 
+# a docstring cites a page of this site as its path ("docs/design.md §2"), as help() reads best;
+# on the site the path becomes a link to the page (not inside ``literal`` text)
+_CITATION = re.compile(r"(?<![`/\w])docs/([\w/-]+)\.md\b(?!`)")
+
+
+def cited_pages_as_links(app, what, name, obj, options, lines: list[str]) -> None:
+    """autodoc-process-docstring: "docs/x.md" -> a :doc: link to the page x of the site."""
+    lines[:] = [_CITATION.sub(r":doc:`docs/\1.md </\1>`", line) for line in lines]
+
+
 def setup(app: Sphinx) -> None:
     app.add_directive("command-help", CommandHelp)
     app.connect("autodoc-process-docstring", descriptions_on_the_name_line, priority=400)
+    app.connect("autodoc-process-docstring", cited_pages_as_links, priority=450)

@@ -702,7 +702,7 @@ class _FitLog:
         return bool(self.callback(info)) if self.callback is not None else False
 
     def close(self) -> None:
-        self.progress.clear()
+        self.progress.close()
 
 
 def _validation(

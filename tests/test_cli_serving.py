@@ -10,6 +10,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -127,3 +128,92 @@ def test_score_of_pairs_from_flags_and_from_a_file(alone, tmp_path, capsys):
     np.testing.assert_allclose([float(r["score"]) for r in table(capsys, "tsv")], want)
     assert main(["score", alone.path, "--users", "u1"]) == 2
     assert "--users needs --items" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ batches: ids from a file or stdin
+
+
+def test_recommend_reads_a_batch_of_users_from_a_file_into_one_table(alone, tmp_path, capsys):
+    """``--users-from FILE``: one id per line (blank lines skipped), one table, the same
+    lists as ``--users`` gives for the same ids."""
+    ids = tmp_path / "users.txt"
+    ids.write_text("u1\n\n  u19 \nu4\n")
+    assert main(["recommend", alone.path, "--users-from", str(ids), "-n", "3"]) == 0
+    batch = table(capsys, "tsv")
+    assert main(["recommend", alone.path, "--users", "u1,u19,u4", "-n", "3"]) == 0
+    assert batch == table(capsys, "tsv")
+    assert [r["user"] for r in batch][::3] == ["u1", "u19", "u4"]
+
+
+def test_a_batch_from_standard_input(alone, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("105\n140\n"))
+    assert main(["similar-items", alone.path, "--items-from", "-", "-n", "2"]) == 0
+    batch = table(capsys, "tsv")
+    assert main(["similar-items", alone.path, "--items", "105,140", "-n", "2"]) == 0
+    assert batch == table(capsys, "tsv") and len(batch) == 4
+
+
+def test_a_batch_through_a_pipe_in_one_process(alone):
+    """What a script does: the ids piped to the command, the table read back."""
+    r = subprocess.run(
+        [*CLI, "similar-users", alone.path, "--users-from", "-", "-n", "1", "--format", "csv"],
+        input="u1\nu4\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [row["user"] for row in rows] == ["u1", "u4"]
+    want = alone.model.similar_users(["u1", "u4"], n=1)
+    assert [row["similar_user"] for row in rows] == [want["u1"][0][0], want["u4"][0][0]]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("u1\nnobody\n", "users.txt, line 2: unknown user id 'nobody'"),
+        ("\n \n", "users.txt: no user ids (one per line)"),
+        (b"u1\n\xff\n", "users.txt, line 2: not UTF-8 text"),
+    ],
+)
+def test_a_bad_batch_file_is_one_line_naming_it(alone, tmp_path, capsys, text, said):
+    ids = tmp_path / "users.txt"
+    ids.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main(["recommend", alone.path, "--users-from", str(ids)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err.splitlines()
+    assert len(err) == 1 and said in err[0] and err[0].startswith("ordnmf-dask recommend: error:")
+
+
+SERVE_AND_LIST_MODULES = """
+import sys
+from ordnmf_dask.app.cli import main
+
+code = main(sys.argv[1:])
+heavy = ("numba.np.arraymath", "scipy.linalg", "pyarrow", "distributed")
+print(code, *(m for m in heavy if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["recommend", "{model}", "--users", "u1,u4", "-n", "3"],
+        ["similar-items", "{model}", "--items", "105", "-n", "3"],
+        ["score", "{model}", "--users", "u1", "--items", "105"],
+    ],
+)
+def test_serving_a_few_users_starts_no_compiled_code(alone, args):
+    """A command for a few users runs no numba kernel (numba's start-up on a first call
+    imports numba.np.arraymath and scipy.linalg: most of such a command's time), and loads
+    neither pyarrow nor distributed (docs/performance.md, "Serving from the command line")."""
+    r = subprocess.run(
+        [sys.executable, "-c", SERVE_AND_LIST_MODULES, *(a.format(model=alone.path) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "0"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -71,11 +72,16 @@ def test_a_fit_shows_log_lines_with_the_eta_on_a_plain_stream(small_store, monke
 
 
 def test_a_fit_draws_a_bar_on_a_terminal_by_default(small_store, monkeypatch):
+    """One tqdm line, redrawn at each iteration with the ELBO, its relative change and the
+    stopping rule, cleared for each log line and removed at the end; the log line every
+    SUMMARY_EVERY iterations (and the first) only."""
     out = _fit(small_store, FakeTTY(), monkeypatch)  # show_progress=None: auto
-    bars = [part for part in out.split("\r") if part.startswith("\033[Kfit iter ")]
-    assert [b.split()[2] for b in bars] == ["1", "2", "3", "4"]
+    bars = [part for part in out.split("\r") if part.startswith("fit iter ")]
+    assert [b.split()[2].rstrip(",") for b in bars] == ["1", "2", "3", "4"]
     assert "elbo -" in bars[2] and "(stops at rel < 1e-300 or iter 4)" in bars[2]
     assert " iter    1/4 " in out and " iter    2/4 " not in out  # the line shows each one
+    last = out[out.rindex("fit iter ") :]  # the line removed before the end line is logged
+    assert re.search(r"\r +\r[0-9:]+ INFO ordnmf_dask: fit: stopped at max_iter", last)
 
 
 def test_no_progress_when_off(small_store, monkeypatch, caplog):
@@ -219,24 +225,44 @@ def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
 
 def test_each_group_of_kernels_is_announced_once_per_process(caplog):
     """However long and however many compilations a group takes (a slow machine's compile
-    of one kernel outlasting a minute once announced it again), one line per group."""
-    from types import SimpleNamespace
-
+    of one kernel outlasting a minute once announced it again), one line per group; the group
+    is what the process compiles for (a fit unless said)."""
     from ordnmf_dask.model import compiling
-
-    def event(module: str) -> SimpleNamespace:
-        function = SimpleNamespace(__module__=module)
-        return SimpleNamespace(data={"dispatcher": SimpleNamespace(py_func=function)})
 
     announcer = compiling._Announcer()
     with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
-        for module in ("ordnmf_dask.model.kernels", "ordnmf_dask.model.gamma"):
-            announcer.on_start(event(module))
-            announcer.on_end(event(module))
-        announcer.on_start(event("ordnmf_dask.postfit.serving"))
-        announcer.on_start(event("ordnmf_dask.model.kernels"))
+        for _ in range(2):
+            announcer.on_start(None)
+            announcer.on_end(None)
+        with compiling.announced_as("evaluate"):
+            announcer.on_start(None)
+            with compiling.announced_as("fold-in"):
+                announcer.on_start(None)
+            announcer.on_start(None)
+        announcer.on_start(None)
     said = [r.getMessage() for r in caplog.records]
     assert [m.split(":")[0] for m in said] == [
         "compiling numba kernels (fit)",
-        "compiling numba kernels (serving)",
+        "compiling numba kernels (evaluate)",
+        "compiling numba kernels (fold-in)",
     ]
+
+
+def test_evaluate_says_its_compilations_are_its_own(small_store, monkeypatch):
+    """What evaluate compiles is announced as evaluate's, not as a fit's (the notice said
+    "(fit)"): the group in force while it scores the test split."""
+    from ordnmf_dask.model import compiling
+    from ordnmf_dask.postfit import evaluate as evaluating
+
+    model = OrdNMF(2, max_iter=2).fit(small_store, show_progress=False)
+    seen = []
+    score_split = evaluating.score_split
+
+    def spy(*args, **kwargs):
+        seen.append(compiling._group())
+        return score_split(*args, **kwargs)
+
+    monkeypatch.setattr(evaluating, "score_split", spy)
+    evaluate(small_store, model, show_progress=False)
+    assert seen == ["evaluate"]
+    assert compiling._group() == "fit"  # and nothing left behind

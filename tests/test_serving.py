@@ -174,20 +174,38 @@ def test_ties_go_to_the_lower_item_as_in_the_distributed_recommend(tmp_path):
         assert res[user] == case.named(want[u])
 
 
-def test_top_n_screening_keeps_every_exact_top_item():
+@pytest.mark.parametrize("m", [3, 70])  # a few rows (numpy's screen), a batch (the kernel's)
+def test_top_n_screening_keeps_every_exact_top_item(m):
     """Scores that differ in the 7th digit (closer than float32 can tell apart, with rounding
     errors that reorder them): the float32 screen keeps every item of the float64 top n."""
+    assert (m * 4000 <= serving._SMALL_SLAB) == (m == 3)
     rng = np.random.default_rng(1)
     base = rng.gamma(1.0, 1.0, (1, 8))
     target = base * (1 + rng.uniform(-3e-7, 3e-7, (4000, 8)))
-    query = rng.gamma(1.0, 1.0, (3, 8))
+    query = rng.gamma(1.0, 1.0, (m, 8))
     for n in (1, 7, 60):
         scores, cols = serving.top_n(query, target, serving.screen_copy(target), n)
         exact = query @ target.T
-        for r in range(3):
+        for r in range(m):
             order = np.lexsort((np.arange(4000), -exact[r]))[:n]
             np.testing.assert_array_equal(cols[r], order)
             np.testing.assert_allclose(scores[r], exact[r, order], rtol=1e-14)
+
+
+def test_the_two_screens_keep_the_same_columns():
+    """The numpy screen of a few rows and the compiled one of a batch: the same candidates, on
+    near-ties, rows banned in part (-inf) and rows with fewer than n finite scores."""
+    rng = np.random.default_rng(5)
+    s = (1 + rng.integers(0, 40, (9, 300)) * 1e-7).astype(np.float32)
+    s[2, 5:] = -np.inf  # 5 finite scores, fewer than n
+    s[3] = -np.inf  # none
+    s[4, rng.random(300) < 0.5] = -np.inf
+    for n in (1, 10, 299):
+        for shrink in (1.0, 1 - 1e-7, 0.5):
+            small = serving._screen_small(s, n, shrink)
+            compiled = serving._screen_compiled(s, n, shrink)
+            for a, b in zip(small, compiled, strict=True):
+                np.testing.assert_array_equal(a, b)
 
 
 def test_similar_and_score(case):

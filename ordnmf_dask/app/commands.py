@@ -9,7 +9,8 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
@@ -344,13 +345,12 @@ def _cluster_of(args: argparse.Namespace) -> Any:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.tables import ranked_rows, write_table
-    from ordnmf_dask.modelstore.model import open_model
     from ordnmf_dask.postfit import serving
-    from ordnmf_dask.postfit.export import export
-    from ordnmf_dask.postfit.recommend import recommend
 
     cluster = _cluster_of(args)
     if args.out is not None:  # every user: the recommendations dataset of an export
+        from ordnmf_dask.postfit.export import export
+
         with _client(cluster) as client:
             out = export(
                 args.model,
@@ -366,16 +366,19 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             )
         print(f"recommendations written to {out}")
         return EXIT_OK
-    if not args.users:
-        raise UsageError("--users needs at least one id")
+    users, where = _requested(args, "users")
     if serving.fits_in_memory(args.model):  # no cluster needed
         srv = serving.server(args.model, args.store, args.allow_other_store)
-        res: dict[Any, list[tuple[Any, ...]]] = srv.recommend(args.users, args.n)
+        _check_known(srv.users, users, where)
+        res: dict[Any, list[tuple[Any, ...]]] = srv.recommend(users, args.n)
         if args.proba_at is not None:
             from ordnmf_dask.postfit.predict import recommend_with_proba
 
             res = recommend_with_proba(srv, res, args.proba_at)
-    else:
+    else:  # imported here: a model served in memory loads no pyarrow, no cluster machinery
+        from ordnmf_dask.modelstore.model import open_model
+        from ordnmf_dask.postfit.recommend import recommend
+
         store = args.store or open_model(args.model).attrs["store"]["path"]
         with _client(cluster) as client:
             lists = recommend(
@@ -383,7 +386,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                 args.model,
                 client,
                 n=args.n,
-                users=args.users,
+                users=users,
                 n_workers=cluster.local_spec.workers,
                 allow_other_store=args.allow_other_store,
                 proba_at=args.proba_at,
@@ -400,16 +403,68 @@ def _similar(axis: str) -> Any:
         from ordnmf_dask.app.tables import ranked_rows, write_table
         from ordnmf_dask.postfit import serving
 
-        ids = getattr(args, axis)
-        if not ids:  # "--users ," names none, as recommend refuses it
-            raise UsageError(f"--{axis} needs at least one id")
-        res = serving.server(args.model).similar(axis, ids, args.n)
+        ids, where = _requested(args, axis)
+        srv = serving.server(args.model)
+        _check_known(getattr(srv, axis), ids, where)
+        res = srv.similar(axis, ids, args.n)
         noun = axis[:-1]
         write_table([noun, "rank", f"similar_{noun}", "cosine"], ranked_rows(res), args.format)
         return EXIT_OK
 
     cmd_similar.__doc__ = f"``similar-{axis}``: the most similar {axis} of given ones."
     return cmd_similar
+
+
+def _requested(
+    args: argparse.Namespace, axis: str
+) -> tuple[list[str], Callable[[int], str] | None]:
+    """The raw ids a serving command is asked about (``--users`` / ``--items``, or one per line
+    of ``--users-from`` / ``--items-from`` FILE, ``-`` for standard input; blank lines
+    skipped), and where each was read ("FILE, line N"; None for the flag's list). UsageError
+    when none is given."""
+    path = getattr(args, f"{axis}_from", None)
+    if path is None:
+        ids = getattr(args, axis)
+        if not ids:  # "--users ," names none
+            raise UsageError(f"--{axis} needs at least one id")
+        return ids, None
+    if path == "-":
+        name, text = "standard input", sys.stdin.read()
+    else:
+        from ordnmf_dask.sources.infile import open_input_file
+
+        name = path
+        with open_input_file(path, f"{axis[:-1]} id file") as fh:
+            raw = fh.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise InputError(f"{path}, line {line}: not UTF-8 text") from None
+    ids, lines = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            ids.append(line.strip())
+            lines.append(number)
+    if not ids:
+        raise InputError(f"{name}: no {axis[:-1]} ids (one per line)")
+    return ids, lambda j: f"{name}, line {lines[j]}"
+
+
+def _check_known(ids_map: Any, ids: list[Any], where: Callable[[int], str] | None) -> None:
+    """InputError naming where the first id the model does not know was read (``where(j)`` of
+    its position: a file and line; None, ids of a flag: the server's own message)."""
+    if where is None:
+        return
+    try:
+        ids_map.index(ids)
+    except InputError:
+        for j, one in enumerate(ids):
+            try:
+                ids_map.index([one])
+            except InputError as exc:
+                raise InputError(f"{where(j)}: {exc}") from None
+        raise
 
 
 def cmd_fold_in(args: argparse.Namespace) -> int:
@@ -441,7 +496,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
-    _check_known_items(server, rows, item_ids)
+    _check_known(server.items, item_ids, rows.origin.where)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
     if args.factors:
@@ -471,20 +526,6 @@ def _check_fold_in_values(server: Any, rows: Any, users: list[Any], items: list[
         foldin.value_spec(server.model),
         Named(rows.origin, lambda k: f"user {users[k]!r}, item {items[k]!r}"),
     )
-
-
-def _check_known_items(server: Any, rows: Any, items: list[Any]) -> None:
-    """InputError naming the file, line and ids of the first row of a fold-in ratings file
-    whose item the model does not know."""
-    try:
-        server.items.index(items)
-    except InputError:
-        for k, item in enumerate(items):
-            try:
-                server.items.index([item])
-            except InputError as exc:
-                raise InputError(f"{rows.origin.where(k)}: {exc}") from None
-        raise
 
 
 def cmd_score(args: argparse.Namespace) -> int:

@@ -29,6 +29,12 @@ def _name_list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+_FROM_HELP = (
+    "a text file of raw {noun} ids, one per line ('-': standard input): the whole batch in one "
+    "process and one table"
+)
+
+
 def _columns(text: str) -> list[int | str]:
     """user,item,value columns: 0-based positions (digits) or names."""
     names = [t.strip() for t in text.split(",") if t.strip()]
@@ -287,6 +293,7 @@ def _recommend(add: _Add) -> None:
         "recommendations (OUT/recommendations/part-<r>.parquet)",
     )
     who.add_argument("--users", type=_name_list, help="raw user ids joined by commas")
+    who.add_argument("--users-from", metavar="FILE", help=_FROM_HELP.format(noun="user"))
     _serving_args(rec, "items per user")
     rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     rec.add_argument(
@@ -307,9 +314,9 @@ def _similar(add: _Add) -> None:
             help=f"the {axis} most similar to given ones (cosine of their factors)",
         )
         sim.add_argument("model")
-        sim.add_argument(
-            f"--{axis}", required=True, type=_name_list, help=f"raw {axis[:-1]} ids, commas"
-        )
+        which = sim.add_mutually_exclusive_group(required=True)
+        which.add_argument(f"--{axis}", type=_name_list, help=f"raw {axis[:-1]} ids, commas")
+        which.add_argument(f"--{axis}-from", metavar="FILE", help=_FROM_HELP.format(noun=axis[:-1]))
         _serving_args(sim, f"similar {axis} per {axis[:-1]}")
 
 

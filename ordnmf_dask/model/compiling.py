@@ -2,31 +2,50 @@
 call on a machine (``cache=True``: later processes load them from numba's cache in well under a
 second), which takes seconds to tens of seconds with nothing else to show for it. A listener of
 numba's compile events logs one WARNING when a compilation starts (numba compiles only on a
-cache miss), so that the first fit or ``recommend`` on a machine does not wait in silence: one
-line per group of kernels (a fit's, serving's) and process, however long the group takes.
+cache miss), so that the first fit, ``evaluate`` or fold-in on a machine does not wait in
+silence: one line per group of kernels and process, however long the group takes. The group is
+what the process compiles for (:func:`announced_as`: ``evaluate``, fold-in and serving say so;
+a fit by default). Serving a few users (a CLI call) runs no kernel at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from numba.core import event
 
 log = logging.getLogger("ordnmf_dask")
 
-#: seconds a first run's compilation took here, by group of kernels: those of a fit, those of
-#: serving (docs/performance.md, "First run on a machine": 17 s each on 2 cores at load 8, a
-#: few seconds on a quiet machine)
-EXPECTED = {"fit": "5-20 s", "serving": "5-20 s"}
+#: seconds a first run's compilation takes, by group of kernels (docs/performance.md, "First
+#: run on a machine": a few seconds on a quiet machine, 17 s and more at load 8)
+EXPECTED = "5-20 s"
+
+_doing: list[str] = []  # what the process compiles for now, innermost last (a fit if empty)
+_doing_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def announced_as(what: str) -> Iterator[None]:
+    """While this runs, a compilation is announced as one of ``what``'s kernels ("evaluate",
+    "fold-in"; a fit's otherwise), once per group and process."""
+    with _doing_lock:
+        _doing.append(what)
+    try:
+        yield
+    finally:
+        with _doing_lock:  # the innermost entry of that name (calls may overlap in threads)
+            del _doing[len(_doing) - 1 - _doing[::-1].index(what)]
 
 
 def _in_worker() -> bool:
     """Whether this runs in a task of a Dask worker process, whose stderr is not the user's
     (a LocalCluster's workers share the command's): no line there, so a first fit on a cluster
-    is not announced (an in-process fit, the default on small stores, and serving are)."""
+    is not announced (an in-process fit, the default on small stores, and fold-in are)."""
     if "distributed" not in sys.modules:
         return False
     from distributed import get_worker
@@ -38,10 +57,10 @@ def _in_worker() -> bool:
     return True
 
 
-def _group(ev: Any) -> str:
-    """The group of kernels the compiled function belongs to ("serving" or "fit")."""
-    module = getattr(getattr(ev.data.get("dispatcher"), "py_func", None), "__module__", "")
-    return "serving" if module.endswith(".serving") else "fit"
+def _group() -> str:
+    """The group of kernels compiled now: what :func:`announced_as` says, else a fit's."""
+    with _doing_lock:
+        return _doing[-1] if _doing else "fit"
 
 
 class _Announcer(event.Listener):
@@ -52,7 +71,7 @@ class _Announcer(event.Listener):
         self.said: set[str] = set()
 
     def on_start(self, ev: Any) -> None:
-        what = _group(ev)
+        what = _group()
         with self.lock:
             first = what not in self.said
             self.said.add(what)
@@ -61,7 +80,7 @@ class _Announcer(event.Listener):
                 "compiling numba kernels (%s): their first use on this machine, about %s "
                 "(longer on a loaded machine); later runs load them from numba's cache",
                 what,
-                EXPECTED[what],
+                EXPECTED,
             )
 
     def on_end(self, ev: Any) -> None:

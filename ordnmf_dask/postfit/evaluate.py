@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.model import dcpf, metrics
+from ordnmf_dask.model import compiling, dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
@@ -267,6 +267,7 @@ def evaluate(
     k_model = m.header.width  # the columns every chunk holds (K per member)
     start = time.monotonic()
     with (
+        compiling.announced_as("evaluate"),
         choose_client(client, info, k_model, n_workers=n_workers) as cl,
         m.reading(),
         info.reading(),  # one version of the store too, or an error saying it changed

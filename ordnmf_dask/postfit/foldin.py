@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError, StoreError, shown
-from ordnmf_dask.model import metrics
+from ordnmf_dask.model import compiling, metrics
 from ordnmf_dask.model.ensemble import fold_in_members
 from ordnmf_dask.model.foldin import FoldIn, Likelihood
 from ordnmf_dask.model.kernels import CsrBlock
@@ -92,19 +92,20 @@ def _run(
 ) -> FoldIn:
     eh = np.concatenate([p[0] for p in parts]) if parts else np.empty((0, colsum.shape[0]))
     log_eh = np.concatenate([p[1] for p in parts]) if parts else eh.copy()
-    return fold_in_members(
-        block,
-        eh,
-        log_eh,
-        colsum,
-        alpha,
-        likelihoods,
-        k,
-        False,
-        max_iter=max_iter,
-        tol=tol,
-        seed=seed,
-    )
+    with compiling.announced_as("fold-in"):
+        return fold_in_members(
+            block,
+            eh,
+            log_eh,
+            colsum,
+            alpha,
+            likelihoods,
+            k,
+            False,
+            max_iter=max_iter,
+            tol=tol,
+            seed=seed,
+        )
 
 
 def _item_index(cl: Client, m: ModelInfo, info: StoreInfo | None, flat: list[Any]) -> np.ndarray:

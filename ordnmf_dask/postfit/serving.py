@@ -31,6 +31,7 @@ import psutil
 import zarr
 
 from ordnmf_dask.errors import InputError, StoreError, shown
+from ordnmf_dask.model import compiling
 from ordnmf_dask.model.ensemble import fold_in_members
 from ordnmf_dask.model.kernels import jit
 from ordnmf_dask.modelstore import seen
@@ -45,6 +46,7 @@ from ordnmf_dask.store.blocks import StoreInfo, open_store, read_block
 from ordnmf_dask.store.idmap import id_list
 
 _BUDGET = 1 << 23  # scores in one dense (rows x candidates) slab
+_SMALL_SLAB = 1 << 18  # scores of a slab screened in numpy (_screen)
 _SAFE32 = (2.0**-60, 2.0**60)  # nonzero entries in this range: float32 products stay normal
 _SEEN_BUDGET = 1 << 29  # bytes of the seen-items index a server keeps in memory (512 MiB)
 
@@ -82,10 +84,8 @@ def _heap_replace_min(heap: np.ndarray, v: float) -> None:
 
 
 @jit()
-def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``s``: the columns scoring at least ``shrink`` times its n-th best finite score
-    (every finite column when it has fewer than n), in increasing order. Returns a row pointer
-    and the columns.
+def _screen_compiled(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_screen` of a large slab (a batch of rows).
 
     One pass per row: a min-heap holds the n best scores so far, and a column is kept as a
     candidate only if it reaches ``shrink`` times the heap's least (which only grows); the
@@ -154,6 +154,34 @@ def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarra
                 cols[at] = j
                 at += 1
     return ptr, cols
+
+
+def _screen_small(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_screen` of a small slab, in numpy: a partition per row, then one comparison in
+    float64 (several passes over the slab, where the compiled kernel makes one)."""
+    m, width = s.shape
+    nth = np.partition(s, width - n, axis=1)[:, width - n].astype(np.float64)
+    cut = nth * shrink  # -inf where a row has fewer than n finite scores
+    keep = (s >= cut[:, None]) & (s != -np.inf)
+    ptr = np.zeros(m + 1, np.int64)
+    np.cumsum(keep.sum(axis=1), out=ptr[1:])
+    return ptr, np.nonzero(keep)[1].astype(np.int64)
+
+
+def _screen(s: np.ndarray, n: int, shrink: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``s``: the columns scoring at least ``shrink`` times its n-th best finite score
+    (every finite column when it has fewer than n), in increasing order. Returns a row pointer
+    and the columns.
+
+    A slab of a few rows is screened in numpy, so that a command serving a few users calls no
+    numba kernel: the first call of one in a process costs more than such a screen (numba's
+    start-up, or its compilation on a machine's first run); a batch by the compiled kernel,
+    many times faster per row (docs/performance.md, "Serving from the command line").
+    """
+    if s.size <= _SMALL_SLAB:
+        return _screen_small(s, n, shrink)
+    with compiling.announced_as("serving"):
+        return _screen_compiled(s, n, shrink)
 
 
 def _gamma(terms: int, unit: float) -> float:
@@ -577,19 +605,20 @@ class Server:
         name = "H" if axis == "users" else "W"
         mean, log_mean = self._field(name, "mean"), self._field(name, "log_mean")
         alpha = self.model.header.alpha(axis)
-        result = fold_in_members(
-            block,
-            mean[touched],
-            log_mean[touched],
-            mean.sum(axis=0),
-            alpha,
-            likelihoods,
-            self.model.header.n_components,
-            name == "W",
-            max_iter=max_iter,
-            tol=tol,
-            seed=seed,
-        )
+        with compiling.announced_as("fold-in"):
+            result = fold_in_members(
+                block,
+                mean[touched],
+                log_mean[touched],
+                mean.sum(axis=0),
+                alpha,
+                likelihoods,
+                self.model.header.n_components,
+                name == "W",
+                max_iter=max_iter,
+                tol=tol,
+                seed=seed,
+            )
         foldin.warn_unconverged(result, axis, max_iter, tol, block)
         return result.mean
 

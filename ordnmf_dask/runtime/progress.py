@@ -1,6 +1,7 @@
-"""Progress: of a batch of futures (a bar on a terminal, a log line per tenth otherwise), and of
-a fit's iterations (:class:`IterationProgress`), as INFO records of the ``ordnmf_dask`` logger
-and a bar under them; and the switch that shows them from Python (:func:`shows_progress`)."""
+"""Progress: of a batch of futures (a tqdm bar on a terminal, a log line per tenth otherwise), and
+of a fit's iterations (:class:`IterationProgress`), as INFO records of the ``ordnmf_dask`` logger
+and one tqdm line under them; and the switch that shows them from Python
+(:func:`shows_progress`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ FORMATTER = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
 
 ShowProgress = bool | None
 SWITCH_DOC = (
-    "True shows progress on stderr (where stderr is a terminal or Jupyter, a fit's line "
+    "True shows progress on stderr (where stderr is a terminal or Jupyter, a fit's tqdm line "
     "redrawn at each iteration with the ELBO, its relative change and the stopping rule, "
     "under a log line every SUMMARY_EVERY iterations; a log line per iteration "
     "otherwise), False nothing, None (default) as True "
@@ -39,41 +40,50 @@ SUMMARY_EVERY = 10  # iterations between a fit's log lines in a summary (show_pr
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _tqdm(**kwargs: Any) -> Any:
+    """A tqdm display on stderr (imported here: most calls never draw one)."""
+    from tqdm import tqdm
+
+    return tqdm(file=sys.stderr, dynamic_ncols=True, mininterval=0, **kwargs)
+
+
 def track(futures: Sequence[Future], label: str, min_seconds: float = 2.0) -> None:
     """Wait for ``futures``, reporting progress under ``label`` (errors surface at gather time).
 
     Where INFO records reach a terminal (stderr is a TTY and a handler writes INFO to it) a
-    one-line bar is redrawn; otherwise a log line is written at each tenth, at most every
-    ``min_seconds`` (so ``-q`` keeps them in the log file only).
+    tqdm bar counts the futures done; otherwise a log line is written at each tenth, at most
+    every ``min_seconds`` (so ``-q`` keeps them in the log file only).
     """
     total = len(futures)
     if total == 0 or not log.isEnabledFor(logging.INFO) or isinstance(futures[0], InProcessFuture):
         return  # in-process tasks (.inprocess) finish while the caller gathers
     from distributed import as_completed
 
-    bar = _terminal()
+    bar = _tqdm(total=total, desc=label, unit="task") if _terminal() else None
     start = last = time.monotonic()
     reported = 0
-    for done, _ in enumerate(as_completed(futures), start=1):
-        now = time.monotonic()
-        if bar:
-            sys.stderr.write(f"\r{label} {_bar(done, total)} {done}/{total}")
-            sys.stderr.flush()
-        elif done == total or (10 * done // total > reported and now - last >= min_seconds):
-            log.info("%s: %d/%d done (%.0f s)", label, done, total, now - start)
-            reported, last = 10 * done // total, now
-    if bar:
-        sys.stderr.write("\n")
+    try:
+        for done, _ in enumerate(as_completed(futures), start=1):
+            now = time.monotonic()
+            if bar is not None:
+                bar.update(1)
+            elif done == total or (10 * done // total > reported and now - last >= min_seconds):
+                log.info("%s: %d/%d done (%.0f s)", label, done, total, now - start)
+                reported, last = 10 * done // total, now
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 class IterationProgress:
-    """Where a fit is: iteration n of ``total`` (max_iter), the elapsed time and an estimate of
-    the rest, from the mean time of the iterations after the first one seen (the first reads
-    blocks and compiles kernels). The estimate is an upper bound: the tol rule usually stops
-    the fit before max_iter. Where INFO records reach a terminal, :meth:`draw` keeps a line under
-    the log lines (:meth:`clear` removes it before the next line is logged and at the end);
-    elsewhere the iteration log lines carry the same figures. Only a fit run from the main
-    thread draws a bar: fits run at once from threads (``tune``) would draw over each other."""
+    """Where a fit is: iteration n of at most ``total`` (max_iter), the elapsed time and an
+    estimate of the rest, from the mean time of the iterations after the first one seen (the
+    first reads blocks and compiles kernels). The estimate is an upper bound: the tol rule
+    usually stops the fit before max_iter. Where INFO records reach a terminal, :meth:`draw`
+    keeps one tqdm line under the log lines (:meth:`clear` takes it away while a line is
+    logged, :meth:`close` at the end); elsewhere the iteration log lines carry the same
+    figures. Only a fit run from the main thread draws one: fits run at once from threads
+    (``tune``) would draw over each other."""
 
     def __init__(self, total: int) -> None:
         self.total = total
@@ -82,7 +92,7 @@ class IterationProgress:
             and log.isEnabledFor(logging.INFO)
             and threading.current_thread() is threading.main_thread()
         )
-        self.drawn = False
+        self._line: Any = None  # the tqdm display, from the first draw
         self.first: tuple[int, float] | None = None  # (iteration, elapsed) first seen
 
     @staticmethod
@@ -104,27 +114,37 @@ class IterationProgress:
         return f"ETA <= {self.clock(rest)} to max_iter"
 
     def draw(self, n: int, elapsed: float, elbo: float, rel: float, tol: float) -> None:
-        """Redraw the one line under the log: the iteration, the ELBO and its relative change
-        against the stopping rule (``tol``, else ``max_iter``), and the elapsed time; not a bar
-        scaled to max_iter, which a fit stopped by ``tol`` seldom reaches."""
-        if self.bar:
-            sys.stderr.write(
-                f"\r\033[Kfit iter {n}  elbo {elbo:.6e}  rel {rel:.2e}  "
-                f"(stops at rel < {tol:g} or iter {self.total})  {self.clock(elapsed)}"
+        """Show iteration ``n``, the ELBO and its relative change against the stopping rule
+        (``tol``, else ``max_iter``) on the tqdm line: the iterations done and their rate,
+        not a bar scaled to max_iter, which a fit stopped by ``tol`` seldom reaches."""
+        if not self.bar:
+            return
+        text = (
+            f"elbo {elbo:.6e}  rel {rel:.2e}  (stops at rel < {tol:g} or iter {self.total})  "
+            f"{self.clock(elapsed)}"
+        )
+        if self._line is None:  # drawn as it is made
+            self._line = _tqdm(
+                desc="fit",
+                initial=n,
+                postfix=text,
+                leave=False,
+                bar_format="{desc} iter {n_fmt}{postfix}",
             )
-            sys.stderr.flush()
-            self.drawn = True
+        else:
+            self._line.n = n
+            self._line.set_postfix_str(text)
 
     def clear(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-            self.drawn = False
+        """Take the line away while a log line is written (the next draw shows it again)."""
+        if self._line is not None:
+            self._line.clear()
 
-
-def _bar(done: int, total: int, width: int = 30) -> str:
-    filled = width * done // max(total, 1)
-    return f"[{'#' * filled}{'.' * (width - filled)}]"
+    def close(self) -> None:
+        """Remove the line at the end of the fit."""
+        if self._line is not None:
+            self._line.close()
+            self._line = None
 
 
 def _terminal() -> bool:
