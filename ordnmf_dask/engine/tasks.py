@@ -120,6 +120,12 @@ def col_correction_strip(
     return kernels.col_correction_col(_read(blocks), family.gap(params), [w.mean for w in ws])
 
 
+def part(parts: dict[str, Any], name: str, j: int | None = None) -> Any:
+    """One part of a step run as one task (``engine.cavi.run_step``): ``parts[name]``, or its
+    item j."""
+    return parts[name] if j is None else parts[name][j]
+
+
 def next_params(
     family: Family, params: Any, small: np.ndarray, w_sum: np.ndarray, h_sum: np.ndarray
 ) -> Any:

@@ -243,7 +243,7 @@ def _identity(x: Any) -> Any:
 
 def wait(futures: Iterable[Any]) -> None:
     """Wait for ``futures`` to finish (or fail): in-process ones here, distributed ones with
-    ``distributed.wait``."""
+    ``distributed.wait`` on their own client (which need not be the default one)."""
     futures = list(futures)
     mine = [f for f in futures if isinstance(f, InProcessFuture)]
     for f in mine:
@@ -252,7 +252,8 @@ def wait(futures: Iterable[Any]) -> None:
     if others:
         from distributed import wait as distributed_wait
 
-        distributed_wait(others)
+        with others[0].client.as_current():
+            distributed_wait(others)
 
 
 def available_cores() -> int:
