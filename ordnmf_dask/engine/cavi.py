@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.runtime import reduce
 from ordnmf_dask.runtime.inprocess import InProcessClient
-from ordnmf_dask.runtime.reduce import PRIORITY, resolve, tree_sum
+from ordnmf_dask.runtime.reduce import PRIORITY, tree_sum
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
@@ -455,7 +456,7 @@ class CaviRunner:
         ``step_max``), then iteration ``number``; ``s2`` is its fallback."""
         if self.fused:
             out = self._fused("extrapolation", [s0, s1, s2], number, step_max)
-            out.step = self.client.submit(tasks.part, out.whole, "step", priority=PRIORITY)
+            out.step = self.client.submit(tasks.part, out.whole, "step")
         else:
             assert self.squarem is not None
             out = self.squarem.extrapolated(s0, s1, s2, step_max, number)
@@ -464,7 +465,8 @@ class CaviRunner:
 
     def _fused(self, kind: str, states: list[Any], number: int, step_max: float = 0.0) -> Flight:
         """Submit one step (:func:`run_step`) as one task after ``states`` (flights, or the
-        initial chunks), and the pick of its result: two tasks, one hop."""
+        initial chunks), and the pick of its result (:func:`~.tasks.part`): two tasks, one
+        hop."""
         submit = self.client.submit
         given = [s.whole if isinstance(s, Flight) and s.whole is not None else s for s in states]
         given = [{n: getattr(s, n) for n in PARTS} if isinstance(s, Flight) else s for s in given]
@@ -480,8 +482,9 @@ class CaviRunner:
             step_max,
             pure=False,
             key=f"cavi-{kind}-{uuid.uuid4().hex}",
+            priority=PRIORITY,  # before any pick, which waits: the step hands its work over first
         )
-        result = None if kind == "start" else submit(tasks.part, whole, "result", priority=PRIORITY)
+        result = None if kind == "start" else submit(tasks.part, whole, "result")
         out = Flight(None, None, None, None, None, None, None, None, result, whole=whole)
         out.passes = 0 if kind == "start" else self.passes_per_iteration
         return out
@@ -493,7 +496,7 @@ class CaviRunner:
             submit, (n_r, n_c) = self.client.submit, self.store.grid
 
             def pick(name: str, n: int) -> list[Any]:
-                return [submit(tasks.part, st.whole, name, j, priority=PRIORITY) for j in range(n)]
+                return [submit(tasks.part, st.whole, name, j) for j in range(n)]
 
             st.w, st.h, st.sw, st.sh = (
                 pick("w", n_r),
@@ -791,30 +794,41 @@ def run_step(
     step_max: float,
 ) -> dict[str, Any]:
     """On the one worker of a cluster: one step of a fit, ``kind`` "start" (a local pass at the
-    chunks of ``states[0]``), "iteration" or "extrapolation" (after the flights of ``states``,
-    their parts' values), built by the same :class:`CaviRunner` code as on many workers and
-    run on an in-process executor of this worker's threads (docs/design.md §4, "One task per
-    step"). Returns the values of the new state's parts, its result and step: what the next
-    step and the client's picks read."""
+    chunks of ``states[0]``), "iteration" or "extrapolation" (after the steps of ``states``,
+    their parts), built by the same :class:`CaviRunner` code as on many workers and handed to
+    this worker's executor of steps (:func:`steps_executor`; docs/design.md §4, "One task per
+    step"). Returns at once the new state's parts, its result and step as in-process futures
+    (or lazy parts of them), which the next step's tasks and the client's picks
+    (:func:`~.tasks.part`) wait for."""
+    runner = CaviRunner(steps_executor(), store, family, config, "", True, 0, None, held=blocks)
+    if kind == "start":
+        out = runner.start_flight(states[0]["w"], states[0]["h"], states[0]["params"])
+    else:
+        flights = [Flight(*(s[n] for n in PARTS), None) for s in states]
+        if kind == "iteration":
+            out = runner.iteration(flights[0], number)
+        else:
+            out = runner.extrapolation(*flights, step_max, number)
+    return {**{n: getattr(out, n) for n in PARTS}, "result": out.result, "step": out.step}
+
+
+_STEPS: dict[int, InProcessClient] = {}  # this process's executors of steps, by thread count
+_STEPS_LOCK = threading.Lock()
+
+
+def steps_executor() -> InProcessClient:
+    """The in-process executor of this worker process's steps (:func:`run_step`), a thread per
+    worker thread, made by the first step and kept: a step hands its tasks to it and returns,
+    so the scheduler starts the next step (already submitted) at once, its tasks queue behind
+    the running ones, and the iterations overlap as in an in-process fit; the task hop between
+    steps is hidden behind their work."""
     from distributed import get_worker
 
-    threads = 0 if store.grid == (1, 1) else get_worker().state.nthreads
-    with InProcessClient(threads) as client:
-        runner = CaviRunner(client, store, family, config, "", True, 0, None, held=blocks)
-        if kind == "start":
-            out = runner.start_flight(states[0]["w"], states[0]["h"], states[0]["params"])
-        else:
-            flights = [Flight(*(s[n] for n in PARTS), None) for s in states]
-            if kind == "iteration":
-                out = runner.iteration(flights[0], number)
-            else:
-                out = runner.extrapolation(*flights, step_max, number)
-        got = client.gather(
-            {**{n: getattr(out, n) for n in PARTS}, "result": out.result, "step": out.step}
-        )
-    # a shape statistic is a part of a strip's result until now: only the part is kept
-    got["sw"], got["sh"] = [resolve(x) for x in got["sw"]], [resolve(x) for x in got["sh"]]
-    return got
+    threads = get_worker().state.nthreads
+    with _STEPS_LOCK:
+        if threads not in _STEPS:
+            _STEPS[threads] = InProcessClient(threads)
+        return _STEPS[threads]
 
 
 MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~100 MB at K = 50

@@ -18,9 +18,9 @@ class Flight:
     w, h : factor chunks; sw, sh : shape statistics of the local step (lazy sums); params :
     global parameters used by this iteration's updates and local step; small, w_sum, h_sum :
     summed O(K + V) statistics; result : ``tasks.iteration_result`` (None before the first
-    iteration). A step run as one task (``whole``: the future of a dict of those parts'
-    values, on the worker) has its parts as futures only once :meth:`.cavi.CaviRunner.parts`
-    asked for them (None until then).
+    iteration). A step run as one task (``whole``: the future of the dict of those parts, on
+    the worker, as in-process futures: ``cavi.run_step``) has its parts as Dask futures only
+    once :meth:`.cavi.CaviRunner.parts` has picked them (None until then).
     """
 
     w: list[Any] | None

@@ -89,6 +89,11 @@ class InProcessFuture:
         self._client._wait_for([self], timeout)
         return self._error
 
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+        """Pickled as its value, once finished: a result holding this future that Dask moves
+        to another worker (or spills to disk) arrives there as the value."""
+        return _identity, (self.result(),)
+
     def release(self) -> None:
         """Nothing to release: the result goes with the last reference to this future."""
 
@@ -239,6 +244,15 @@ class InProcessClient:
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def value(obj: Any) -> Any:
+    """``obj`` with the in-process futures in it (directly or inside lists, tuples and dicts)
+    replaced by their values, once finished; raises the first failed one's exception."""
+    found = _futures_in(obj)
+    for f in found:
+        f.result()
+    return _resolved(obj)
 
 
 def wait(futures: Iterable[Any]) -> None:
