@@ -2,7 +2,8 @@
 in-process executor, same store, same run, side by side; on the cluster both ways the engine
 can run an iteration there: its graph of tasks, and one task per step (docs/design.md §4).
 
-Usage: ``python bench/executors.py STORE [--k 50 --iters 12 --skip 2 --rounds 1]``.
+Usage: ``python bench/executors.py STORE [--k 50 --iters 12 --skip 2 --rounds 1]
+[--own-cluster]``.
 
 Fits ``OrdNMF(K)`` on ``STORE`` (a zarr store written by ``ingest`` or ``synth``) with a fixed
 number of iterations (tol 1e-300, no checkpoints): on ``LocalCluster(n_workers=1,
@@ -25,6 +26,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +62,21 @@ def fit(store: str, args: argparse.Namespace, client: Any = None) -> tuple[list[
     return seconds[args.skip :], marks
 
 
+@contextmanager
+def _cluster(own: bool) -> Iterator[Any]:
+    """A client of one worker process of 2 threads: the package's LocalCluster or a plain one."""
+    from distributed import Client, LocalCluster
+
+    from ordnmf_dask.runtime.cluster import resolve_client
+
+    if own:
+        with resolve_client(None, 1, threads_per_worker=2) as client:
+            yield client
+        return
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True) as lc, Client(lc) as c:
+        yield c
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("store")
@@ -66,20 +84,23 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--skip", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="fits of each, alternated")
+    ap.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="the LocalCluster a fit starts (runtime.cluster.resolve_client: its workers keep "
+        "freed memory) instead of a plain one (Dask's settings)",
+    )
     args = ap.parse_args()
     if not 1 <= args.skip < args.iters:
         raise SystemExit("--skip must be at least 1 and below --iters")
-    from distributed import Client, LocalCluster, get_task_stream
+    from distributed import get_task_stream
 
     from ordnmf_dask.engine import cavi
 
     modes = {"graph of tasks": False, "one task per step": True}
     rows: dict[str, list] = {name: [[], 0.0, 0.0, 0.0, 0.0] for name in modes}
     local: list[float] = []
-    with (
-        LocalCluster(n_workers=1, threads_per_worker=2, processes=True) as cluster,
-        Client(cluster) as client,
-    ):
+    with _cluster(args.own_cluster) as client:
         client.register_plugin(ChainRecorder())
         fit(args.store, args, client)  # warm-up: numba compiles on the worker
         fit(args.store, args)  # and here
