@@ -223,9 +223,9 @@ def choose_client(
     if executor == "auto" and runs_inprocess(info, k, tables=tables):
         log.info(
             "running on the %s client: %d nonzeros at K = %d would fit in this process, "
-            "where an iteration pays no task round trips (on ml-latest-small one worker of 2 "
-            "threads took 5.7x the in-process time per iteration, 3.3x at 2.5M nonzeros: "
-            "docs/performance.md); fit it here with no client (or "
+            "where nothing is sent between processes (on ml-latest-small one worker of 2 "
+            "threads took 1.5x the in-process time per iteration, 1.7x at 2.5M nonzeros, "
+            "under load: docs/performance.md); fit it here with no client (or "
             "executor='inprocess', --executor inprocess), or pass executor='cluster' to "
             "choose the cluster",
             "given" if client is not None else "current",
