@@ -248,6 +248,24 @@ def test_futures_in_arguments_are_resolved_and_errors_reach_the_dependents(threa
         assert list(c.scheduler_info()["workers"].values())[0]["memory_limit"] > 0
 
 
+def test_a_result_holding_futures_is_read_and_pickled_as_their_values():
+    """What a step run as one task returns (``cavi.run_step``): its picks read the values of
+    the futures in it (``inprocess.value``), and Dask moving or spilling it pickles them as
+    values; a failed one raises its error."""
+    import pickle
+
+    from ordnmf_dask.runtime.inprocess import value
+
+    with InProcessClient(2) as c:
+        a = c.submit(_add, 1, 2)
+        held = {"x": [a, (c.submit(_add, a, 10), "field")], "n": 5}
+        assert value(held) == {"x": [3, (13, "field")], "n": 5}
+        assert pickle.loads(pickle.dumps(held)) == value(held)
+        bad = c.submit(_boom, a)
+        with pytest.raises(ValueError, match="bad 3"):
+            value([a, bad])
+
+
 def _cli_fit(store_2x3, out, *flags: str) -> str:
     done = subprocess.run(
         [*CLI, "fit", store_2x3.path, "--out", str(out), "-k", "2", "--max-iter", "2", *flags],
