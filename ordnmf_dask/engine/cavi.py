@@ -23,6 +23,10 @@ except after the last, the state is checkpointed to zarr by the workers (each ch
 soon as the iteration has computed it) and read back (:mod:`.checkpoint`), which cuts the task
 lineage so the scheduler's graph stays bounded over long fits, and lets an interrupted fit
 resume where it stopped.
+
+On a cluster of one worker each step (an iteration, the first local pass, SQUAREM's
+extrapolated step) is one task, :func:`run_step`, which hands the same graph to that worker's
+in-process executor: 2 tasks and one hop per iteration instead of the graph's tens of tasks.
 """
 
 from __future__ import annotations
