@@ -493,21 +493,19 @@ class CaviRunner:
         out.passes = 0 if kind == "start" else self.passes_per_iteration
         return out
 
-    def parts(self, st: Flight) -> Flight:
-        """``st`` with its chunks and shape statistics as futures: those of a step run as one
-        task picked from it (once; nothing is picked that no one reads)."""
-        if st.whole is not None and st.w is None:
+    def parts(self, st: Flight, stats: bool = False) -> Flight:
+        """``st`` with its chunks (and with ``stats`` its shape statistics) as futures: those of
+        a step run as one task picked from it (once; nothing is picked that no one reads)."""
+        if st.whole is not None:
             submit, (n_r, n_c) = self.client.submit, self.store.grid
 
             def pick(name: str, n: int) -> list[Any]:
                 return [submit(tasks.part, st.whole, name, j) for j in range(n)]
 
-            st.w, st.h, st.sw, st.sh = (
-                pick("w", n_r),
-                pick("h", n_c),
-                pick("sw", n_r),
-                pick("sh", n_c),
-            )
+            if st.w is None:
+                st.w, st.h = pick("w", n_r), pick("h", n_c)
+            if stats and st.sw is None:
+                st.sw, st.sh = pick("sw", n_r), pick("sh", n_c)
         return st
 
     def _advance(self, cur: Flight, number: int) -> Flight:
@@ -519,7 +517,7 @@ class CaviRunner:
 
     def _start_checkpoint(self, st: Flight, n_done: int) -> checkpoint.Pending:
         """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
-        submit, st = self.client.submit, self.parts(st)
+        submit, st = self.client.submit, self.parts(st, stats=True)
         assert st.w is not None and st.h is not None and st.sw is not None and st.sh is not None
         groups = {
             "W": st.w,
@@ -640,7 +638,7 @@ class CaviRunner:
         n = first
         pending: checkpoint.Pending | None = None  # a checkpoint being written
         best: tuple[int, Flight, Any] | None = None  # the state validation keeps
-        held: Flight | None = None  # the flight whose chunks are the state's
+        held: Flight | None = None  # the chunks of the state (:func:`chunks_of`)
         try:
             while n < cfg.max_iter:
                 cur = ahead if ahead is not None else self._advance(cur, n + 1)
@@ -668,7 +666,7 @@ class CaviRunner:
                         checkpoint.abandon(pending, finish_writes=True)
                         pending, owed = None, True
                     continue
-                held, state.params = cur, params
+                held, state.params = chunks_of(cur), params
                 rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
                 state.elbo.append(elbo)
                 failure: Exception | None = None
@@ -708,7 +706,7 @@ class CaviRunner:
                         validation.window,
                     )
                     if kept == len(state.validation) - 1:
-                        best = (n, cur, params)
+                        best = (n, chunks_of(cur), params)
                     if early:
                         stop = stop or "patience"
                 clock = time.perf_counter()
@@ -739,7 +737,7 @@ class CaviRunner:
                 if pending is not None:
                     cur = self._finish_checkpoint(pending, res, state)
                     pending = None
-                    held = cur
+                    held = chunks_of(cur)
                     if self.squarem is not None:
                         self.squarem.restart(cur, state.elbo)  # the same state, read back
                     last_checkpoint = time.monotonic()
@@ -785,6 +783,12 @@ class CaviRunner:
                 blocks,
             )
             return result.result()
+
+
+def chunks_of(st: Flight) -> Flight:
+    """What a fit's state keeps of the step ``st``: its chunks (or the task holding them), not
+    its sums and shape statistics, which workers would otherwise hold an iteration longer."""
+    return Flight(st.w, st.h, None, None, None, None, None, None, None, whole=st.whole)
 
 
 def run_step(

@@ -28,14 +28,17 @@ def fold(n: int, leaf: Callable[[int], T], combine: Callable[[T, T], T]) -> T:
     and at most one partial per level is held."""
     if n < 1:
         raise ValueError("a reduction of nothing")
+    return _node(0, n, leaf, combine)
 
-    def node(lo: int, hi: int) -> T:
-        if hi - lo == 1:
-            return leaf(lo)
-        mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
-        return combine(node(lo, mid), node(mid, hi))
 
-    return node(0, n)
+def _node(lo: int, hi: int, leaf: Callable[[int], T], combine: Callable[[T, T], T]) -> T:
+    """The node of :func:`fold`'s tree over leaves [lo, hi). (A module-level function: a nested
+    one calling itself is a reference cycle, which would keep the leaves, futures of a fit,
+    until the garbage collector runs.)"""
+    if hi - lo == 1:
+        return leaf(lo)
+    mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+    return combine(_node(lo, mid, leaf, combine), _node(mid, hi, leaf, combine))
 
 
 def tree_reduce(
