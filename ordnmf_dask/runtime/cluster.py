@@ -224,8 +224,8 @@ def choose_client(
         log.info(
             "running on the %s client: %d nonzeros at K = %d would fit in this process, "
             "where nothing is sent between processes (on ml-latest-small one worker of 2 "
-            "threads took 1.5x the in-process time per iteration, 1.7x at 2.5M nonzeros, "
-            "under load: docs/performance.md); fit it here with no client (or "
+            "threads took 1.5-2.7x the in-process time per iteration on a loaded machine: "
+            "docs/performance.md); fit it here with no client (or "
             "executor='inprocess', --executor inprocess), or pass executor='cluster' to "
             "choose the cluster",
             "given" if client is not None else "current",
