@@ -1,13 +1,22 @@
 """Seconds per CAVI iteration: one LocalCluster worker process of 2 threads against the
-in-process executor, same store, same run, side by side.
+in-process executor, same store, same run, side by side; on the cluster both ways the engine
+can run an iteration there: its graph of tasks, and one task per step (docs/design.md §4).
 
-Usage: ``python bench/executors.py STORE [--k 50 --iters 12 --skip 2]``.
+Usage: ``python bench/executors.py STORE [--k 50 --iters 12 --skip 2 --rounds 1]
+[--own-cluster]``.
 
-Fits ``OrdNMF(K)`` on ``STORE`` (a zarr store written by ``ingest`` or ``synth``) twice, with a
-fixed number of iterations (tol 1e-300, no checkpoints): on ``LocalCluster(n_workers=1,
-threads_per_worker=2)`` and in this process (``executor="inprocess"``, one thread per core).
-Prints the median seconds per iteration after the first ``--skip`` (callback seconds), their
-ratio, the tasks per iteration the scheduler ran and the load average.
+Fits ``OrdNMF(K)`` on ``STORE`` (a zarr store written by ``ingest`` or ``synth``) with a fixed
+number of iterations (tol 1e-300, no checkpoints): on ``LocalCluster(n_workers=1,
+threads_per_worker=2)`` with ``engine.cavi.ONE_TASK_PER_STEP`` off (the graph) and on (the
+default), then in this process (``executor="inprocess"``, one thread per core), ``--rounds``
+times alternated, after an untimed warm-up fit on each side (numba compiles once per
+process). Prints the median seconds per iteration after the first ``--skip`` (callback
+seconds, over the rounds), the ratio to in-process, and, between the ``--skip``-th and the
+last iteration, the tasks per iteration the scheduler ran, the dependent task hops per
+iteration along the chain of Dask tasks that gated each other, and that chain's task seconds
+and waits between them (``bench/scaling.py``'s chain recorder: a step run as one task hands
+its work to the worker's executor and returns, so its pick's seconds are the step's); then
+the load average.
 """
 
 from __future__ import annotations
@@ -15,12 +24,32 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import fmt_table  # noqa: E402
+from scaling import ChainRecorder, _chain_records, critical_path  # noqa: E402
 
 
-def fit(store: str, args: argparse.Namespace, client: object = None) -> list[float]:
+def fit(store: str, args: argparse.Namespace, client: Any = None) -> tuple[list[float], list]:
+    """Seconds of each iteration after ``--skip``, and the wall clock at iterations ``--skip``
+    and the last."""
     from ordnmf_dask import OrdNMF
 
     seconds: list[float] = []
+    marks: list[float] = []
+
+    def record(info: Any) -> None:
+        seconds.append(info.seconds)
+        if info.iteration in (args.skip, args.iters):
+            marks.append(time.time())
+
     model = OrdNMF(
         n_components=args.k,
         tol=1e-300,
@@ -29,8 +58,23 @@ def fit(store: str, args: argparse.Namespace, client: object = None) -> list[flo
         checkpoint_every=0,
         executor="inprocess" if client is None else "cluster",
     )
-    model.fit(store, client, callback=lambda info: seconds.append(info.seconds))
-    return seconds[args.skip :]
+    model.fit(store, client, callback=record)
+    return seconds[args.skip :], marks
+
+
+@contextmanager
+def _cluster(own: bool) -> Iterator[Any]:
+    """A client of one worker process of 2 threads: the package's LocalCluster or a plain one."""
+    from distributed import Client, LocalCluster
+
+    from ordnmf_dask.runtime.cluster import resolve_client
+
+    if own:
+        with resolve_client(None, 1, threads_per_worker=2) as client:
+            yield client
+        return
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True) as lc, Client(lc) as c:
+        yield c
 
 
 def main() -> None:
@@ -39,26 +83,73 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="fits of each, alternated")
+    ap.add_argument(
+        "--own-cluster",
+        action="store_true",
+        help="the LocalCluster a fit starts (runtime.cluster.resolve_client: its workers keep "
+        "freed memory) instead of a plain one (Dask's settings)",
+    )
     args = ap.parse_args()
-    from distributed import Client, LocalCluster, get_task_stream
+    if not 1 <= args.skip < args.iters:
+        raise SystemExit("--skip must be at least 1 and below --iters")
+    from distributed import get_task_stream
 
-    with (
-        LocalCluster(n_workers=1, threads_per_worker=2, processes=True) as cluster,
-        Client(cluster) as client,
-    ):
+    from ordnmf_dask.engine import cavi
+
+    modes = {"graph of tasks": False, "one task per step": True}
+    rows: dict[str, list] = {name: [[], 0.0, 0.0, 0.0, 0.0] for name in modes}
+    local: list[float] = []
+    with _cluster(args.own_cluster) as client:
+        client.register_plugin(ChainRecorder())
         fit(args.store, args, client)  # warm-up: numba compiles on the worker
-        with get_task_stream(client) as stream:
-            dist = fit(args.store, args, client)
-    done = len(stream.data)
-    fit(args.store, args)  # warm-up
-    local = fit(args.store, args)
-    d, p = statistics.median(dist), statistics.median(local)
-    print(f"store {args.store}  K {args.k}  iterations {args.iters} (median after {args.skip})")
-    print(f"1 worker x 2 threads  {1000 * d:8.1f} ms/iteration")
-    print(f"in-process            {1000 * p:8.1f} ms/iteration")
-    print(f"ratio                 {d / p:8.2f}x")
-    print(f"tasks/iteration       {done / args.iters:8.1f} (start, model write too)")
-    print("per iteration, cluster ms:", " ".join(f"{1000 * x:.0f}" for x in dist))
+        fit(args.store, args)  # and here
+        n = args.iters - args.skip
+        for _ in range(args.rounds):  # alternated, so that a change of load hits all three
+            for name, fused in modes.items():
+                cavi.ONE_TASK_PER_STEP = fused
+                with get_task_stream(client) as stream:
+                    seconds, (t0, t1) = fit(args.store, args, client)
+                tasks = sum(
+                    part["action"] == "compute" and t0 <= part["start"] and part["stop"] <= t1
+                    for task in stream.data
+                    for part in task["startstops"]
+                )
+                chain = critical_path(client.run_on_scheduler(_chain_records), t0, t1)
+                compute, waits, hops = chain
+                row = rows[name]  # the counts of the last round (they do not depend on load)
+                row[0] += seconds
+                row[1:] = [tasks / n, hops / n, 1000 * compute / n, 1000 * waits / n]
+            cavi.ONE_TASK_PER_STEP = True
+            local += fit(args.store, args)[0]
+    p = statistics.median(local)
+    print(
+        f"store {args.store}  K {args.k}  iterations {args.iters} (median after {args.skip}, "
+        f"{args.rounds} round(s))"
+    )
+    table = [
+        [
+            f"1 worker x 2 threads, {name}",
+            f"{1000 * statistics.median(s):.1f}",
+            f"{statistics.median(s) / p:.2f}x",
+            f"{tasks:.1f}",
+            f"{hops:.1f}",
+            f"{compute:.1f} / {waits:.1f}",
+        ]
+        for name, (s, tasks, hops, compute, waits) in rows.items()
+    ]
+    table.append(["in-process", f"{1000 * p:.1f}", "1", "", "", ""])
+    head = [
+        "executor",
+        "ms/iteration",
+        "ratio",
+        "tasks/iter",
+        "hops/iter",
+        "path ms tasks / waits",
+    ]
+    print(fmt_table(table, head))
+    for name, (s, *_) in rows.items():
+        print(f"per iteration, {name} ms:", " ".join(f"{1000 * x:.0f}" for x in s))
     print("per iteration, in-process ms:", " ".join(f"{1000 * x:.0f}" for x in local))
     print(f"load average          {os.getloadavg()}")
 

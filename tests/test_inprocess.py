@@ -96,6 +96,44 @@ def test_a_one_block_fit_in_the_calling_thread_is_bitwise_the_cluster_fit(tmp_pa
 
 
 @pytest.mark.cluster
+def test_on_one_worker_a_step_is_one_task_and_the_fit_is_bitwise_the_inprocess_fit(
+    tmp_path, store_2x3, cluster
+):
+    """A cluster of one worker runs each step of a fit as one task (``cavi.run_step``: the
+    step's graph on the worker's threads) and picks its result: no task of the graph reaches
+    the scheduler, and the model is the in-process one, with SQUAREM and a checkpoint read
+    back mid-fit, and for dcPF on streamed blocks. (The session's ``cluster`` is started
+    first: its nannies set the environment that this one's would.)"""
+    from distributed import Client, LocalCluster, get_task_stream
+
+    cases = [
+        (OrdNMF, {"optimizer": "squarem", "checkpoint_every": 4}),
+        (DcPF, {"optimizer": "cavi", "cache_blocks": False}),
+    ]
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
+        ) as lc,
+        Client(lc, set_as_default=False) as one,
+    ):
+        for j, (klass, kw) in enumerate(cases):
+
+            def fit(where, name, klass=klass, kw=kw, **more):
+                work = str(tmp_path / f"w{name}")
+                est = klass(K, max_iter=9, tol=1e-12, work_dir=work, **kw, **more)
+                return est.fit(store_2x3, where, out=tmp_path / name)
+
+            with get_task_stream(one) as stream:
+                on_one = fit(one, f"one{j}")
+            kinds = [str(t["key"]).rsplit("-", 1)[0] for t in stream.data]
+            steps = [k for k in kinds if k in ("cavi-iteration", "cavi-extrapolation")]
+            assert 9 <= len(steps) <= 12  # 9 iterations, and any refused extrapolation
+            assert kinds.count("cavi-start") == 1
+            assert not {"local_strip", "update_factor", "next_params"} & set(kinds)
+            _assert_bitwise(_result(on_one), _result(fit(None, f"here{j}", executor="inprocess")))
+
+
+@pytest.mark.cluster
 def test_a_fit_resumes_across_executors_bitwise(tmp_path, store_2x3, client):
     """Checkpoints written in-process, resumed on a cluster: the same model as one
     uninterrupted run."""
@@ -208,6 +246,24 @@ def test_futures_in_arguments_are_resolved_and_errors_reach_the_dependents(threa
             c.gather([total, after])
         assert isinstance(bad.exception(), ValueError)
         assert list(c.scheduler_info()["workers"].values())[0]["memory_limit"] > 0
+
+
+def test_a_result_holding_futures_is_read_and_pickled_as_their_values():
+    """What a step run as one task returns (``cavi.run_step``): its picks read the values of
+    the futures in it (``inprocess.value``), and Dask moving or spilling it pickles them as
+    values; a failed one raises its error."""
+    import pickle
+
+    from ordnmf_dask.runtime.inprocess import value
+
+    with InProcessClient(2) as c:
+        a = c.submit(_add, 1, 2)
+        held = {"x": [a, (c.submit(_add, a, 10), "field")], "n": 5}
+        assert value(held) == {"x": [3, (13, "field")], "n": 5}
+        assert pickle.loads(pickle.dumps(held)) == value(held)
+        bad = c.submit(_boom, a)
+        with pytest.raises(ValueError, match="bad 3"):
+            value([a, bad])
 
 
 def _cli_fit(store_2x3, out, *flags: str) -> str:

@@ -362,9 +362,9 @@ def test_map_reduce_combines_each_pair_as_soon_as_it_is_done():
         "combine",
         "leaf 2",
         "leaf 3",
+        "combine",
+        "combine",
         "leaf 4",
-        "combine",
-        "combine",
         "combine",
     ]
 

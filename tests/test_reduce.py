@@ -61,3 +61,30 @@ def test_tree_sum_adds_run_where_asked(client):
         )
         np.testing.assert_array_equal(total.result(), plain)
         assert set(client.who_has([total])[total.key]) == {worker}
+
+
+def _paren(a: str, b: str) -> str:
+    return f"({a} {b})"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 8, 13])
+def test_one_tree_for_tree_reduce_and_map_reduce(n):
+    """The engine's reductions (``tree_reduce``) and the ingest's (``Runner.map_reduce``) walk
+    the same tree, which pairs neighbours level by level: a combine that records its pairing
+    gives one string for both, and for 7 leaves ((0 1) (2 3)) ((4 5) 6)."""
+    from ordnmf_dask.runtime.inprocess import InProcessClient
+    from ordnmf_dask.runtime.runner import Runner
+
+    with InProcessClient(2) as threads:
+        leaves = [threads.submit(str, j) for j in range(n)]
+        engine = reduce.tree_reduce(threads, leaves, _paren).result()
+    ingest = Runner().map_reduce(str, list(range(n)), _paren)
+    assert engine == ingest == reduce.fold(n, str, _paren)
+    if n == 7:
+        assert engine == "(((0 1) (2 3)) ((4 5) 6))"
+    level = [str(j) for j in range(n)]  # neighbours paired level by level, odd one carried
+    while len(level) > 1:
+        level = [_paren(*level[j : j + 2]) for j in range(0, len(level) - 1, 2)] + (
+            [level[-1]] if len(level) % 2 else []
+        )
+    assert engine == level[0]

@@ -274,6 +274,52 @@ def test_fit_survives_a_replaced_worker_and_a_lost_one(tmp_path, problem):
         procs.close()
 
 
+def test_a_fit_on_one_worker_survives_its_loss(tmp_path, problem):
+    """On one worker each step of the fit is one task whose state stays on that worker
+    (docs/design.md §4, "One task per step"). The worker killed mid-fit (its nanny starts a
+    replacement; the fit's process stopped meanwhile, as above), the lost steps are recomputed
+    from their lineage on the replacement and the fit ends exactly as an undisturbed one."""
+    store = problem[0]
+    procs = DaskProcesses(tmp_path / "cluster", 1)
+    fit = None
+    try:
+        args = [
+            store,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            *FIT,
+            "--scheduler-file",
+            str(procs.scheduler_file),
+            "--checkpoint-every",
+            "5",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ]
+        fit = Fit(args, tmp_path / "fit.log")
+        fit.wait_iteration(3)
+        os.kill(fit.proc.pid, signal.SIGSTOP)
+        try:
+            assert fit.iteration() < MAX_ITER, "the fit ended before the kill"
+            victim = procs.worker_process(0)
+            before = procs.addresses()
+            victim.kill()  # SIGKILL the worker and the steps it held; the nanny restarts it
+            replacement = procs.worker_process(0, other_than=victim.pid)
+            deadline = time.monotonic() + SAFETY
+            while not procs.addresses() - before:  # until the replacement has joined
+                assert time.monotonic() < deadline, "the replacement worker did not join"
+                time.sleep(0.1)
+        finally:
+            os.kill(fit.proc.pid, signal.SIGCONT)
+        code, log = fit.finish()
+        assert code == 0, log
+        assert_same_result(tmp_path / "m.zarr", problem)
+        assert procs.worker_process(0).pid == replacement.pid != victim.pid
+    finally:
+        if fit is not None:
+            kill_group(fit.proc)
+        procs.close()
+
+
 def checkpoints(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 

@@ -23,13 +23,19 @@ except after the last, the state is checkpointed to zarr by the workers (each ch
 soon as the iteration has computed it) and read back (:mod:`.checkpoint`), which cuts the task
 lineage so the scheduler's graph stays bounded over long fits, and lets an interrupted fit
 resume where it stopped.
+
+On a cluster of one worker each step (an iteration, the first local pass, SQUAREM's
+extrapolated step) is one task, :func:`run_step`, which hands the same graph to that worker's
+in-process executor: 2 tasks and one hop per iteration instead of the graph's tens of tasks.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.engine import checkpoint, tasks
-from ordnmf_dask.engine.flight import Flight
+from ordnmf_dask.engine.flight import PARTS, Flight
 from ordnmf_dask.engine.snapshot import Layout, Snapshot
 from ordnmf_dask.engine.squarem import Squarem
 from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
@@ -46,7 +52,8 @@ from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.runtime import reduce
-from ordnmf_dask.runtime.reduce import tree_sum
+from ordnmf_dask.runtime.inprocess import InProcessClient
+from ordnmf_dask.runtime.reduce import PRIORITY, tree_sum
 from ordnmf_dask.store.blocks import StoreInfo
 
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
@@ -54,6 +61,9 @@ if TYPE_CHECKING:  # distributed is imported where a cluster is used
 
 log = logging.getLogger(__name__)
 
+# on one worker, each step of a fit is one task (:func:`run_step`); off, its graph of tasks is
+# submitted as on many workers (bench/executors.py measures both)
+ONE_TASK_PER_STEP = True
 ROUNDOFF = 1e-10  # relative ELBO decrease tolerated as floating-point round-off
 FIRST_NOTICE_SECONDS = 10.0  # a first iteration running longer is explained in the log
 
@@ -212,6 +222,10 @@ class CaviRunner:
         self._home = homes(workers, n_r, self.groups, self.row_runs)
         # strips read factor chunks through views (:meth:`_views`) where chunks cross processes
         self._viewed = len(workers) > 1
+        # on one worker a step is one task, its graph run on the worker's threads (:func:`run_step`)
+        self.fused = (
+            ONE_TASK_PER_STEP and not self._viewed and not isinstance(client, InProcessClient)
+        )
         if held is not None:  # blocks in memory (the subsample start's sub-fit, in-process)
             self.blocks = held
         elif cache_blocks:
@@ -382,6 +396,8 @@ class CaviRunner:
         Every input is a future, the global parameters included (step 2 runs on a worker), so
         the client can submit iteration n + 1 before iteration n's bound has come back.
         """
+        if self.fused:
+            return self._fused("iteration", [st], number)
         cfg, client, submit, fam = self.cfg, self.client, self.client.submit, self.family
         scale = anneal.scale(number, cfg.anneal)  # exactly 1.0 outside the schedule
         alpha_w, alpha_h = cfg.alpha_W * scale, cfg.alpha_H * scale
@@ -433,10 +449,67 @@ class CaviRunner:
     def start_flight(self, w: list[Future], h: list[Future], params: Any) -> Flight:
         """The state a first iteration starts from: factor chunks ``w``, ``h`` (a start, or an
         extrapolation) with a local pass at them under ``params`` (one pass over the blocks)."""
+        if self.fused:
+            return self._fused("start", [{"w": w, "h": h, "params": params}], 0)
         sw, sh, small = self._local_pass(w, h, params)
         client = self.client
         w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
         return Flight(w, h, sw, sh, params, small, w_sum, h_sum, None)
+
+    def extrapolation(
+        self, s0: Flight, s1: Flight, s2: Flight, step_max: float, number: int
+    ) -> Flight:
+        """SQUAREM's extrapolated step from three successive states (its largest step
+        ``step_max``), then iteration ``number``; ``s2`` is its fallback."""
+        if self.fused:
+            out = self._fused("extrapolation", [s0, s1, s2], number, step_max)
+            out.step = self.client.submit(tasks.part, out.whole, "step")
+        else:
+            assert self.squarem is not None
+            out = self.squarem.extrapolated(s0, s1, s2, step_max, number)
+        out.fallback, out.passes = s2, self.passes_per_iteration + 1
+        return out
+
+    def _fused(self, kind: str, states: list[Any], number: int, step_max: float = 0.0) -> Flight:
+        """Submit one step (:func:`run_step`) as one task after ``states`` (flights, or the
+        initial chunks), and the pick of its result (:func:`~.tasks.part`): two tasks, one
+        hop."""
+        submit = self.client.submit
+        given = [s.whole if isinstance(s, Flight) and s.whole is not None else s for s in states]
+        given = [{n: getattr(s, n) for n in PARTS} if isinstance(s, Flight) else s for s in given]
+        whole = submit(
+            run_step,
+            self.store,
+            self.family,
+            self.cfg,
+            self.blocks,
+            kind,
+            given,
+            number,
+            step_max,
+            pure=False,
+            key=f"cavi-{kind}-{uuid.uuid4().hex}",
+            priority=PRIORITY,  # before any pick, which waits: the step hands its work over first
+        )
+        result = None if kind == "start" else submit(tasks.part, whole, "result")
+        out = Flight(None, None, None, None, None, None, None, None, result, whole=whole)
+        out.passes = 0 if kind == "start" else self.passes_per_iteration
+        return out
+
+    def parts(self, st: Flight, stats: bool = False) -> Flight:
+        """``st`` with its chunks (and with ``stats`` its shape statistics) as futures: those of
+        a step run as one task picked from it (once; nothing is picked that no one reads)."""
+        if st.whole is not None:
+            submit, (n_r, n_c) = self.client.submit, self.store.grid
+
+            def pick(name: str, n: int) -> list[Any]:
+                return [submit(tasks.part, st.whole, name, j) for j in range(n)]
+
+            if st.w is None:
+                st.w, st.h = pick("w", n_r), pick("h", n_c)
+            if stats and st.sw is None:
+                st.sw, st.sh = pick("sw", n_r), pick("sh", n_c)
+        return st
 
     def _advance(self, cur: Flight, number: int) -> Flight:
         """Submit the step after ``cur``, iteration ``number`` of the fit: one iteration, or
@@ -447,7 +520,8 @@ class CaviRunner:
 
     def _start_checkpoint(self, st: Flight, n_done: int) -> checkpoint.Pending:
         """Submit the writes of iteration ``n_done``'s chunks (they run as the iteration does)."""
-        submit = self.client.submit
+        submit, st = self.client.submit, self.parts(st, stats=True)
+        assert st.w is not None and st.h is not None and st.sw is not None and st.sh is not None
         groups = {
             "W": st.w,
             "H": st.h,
@@ -574,7 +648,8 @@ class CaviRunner:
         clock = start = time.perf_counter()
         n = first
         pending: checkpoint.Pending | None = None  # a checkpoint being written
-        best: tuple[int, list[Future], list[Future], Any] | None = None  # the kept state
+        best: tuple[int, Flight, Any] | None = None  # the state validation keeps
+        held: Flight | None = None  # the chunks of the state (:func:`chunks_of`)
         try:
             while n < cfg.max_iter:
                 cur = ahead if ahead is not None else self._advance(cur, n + 1)
@@ -602,7 +677,7 @@ class CaviRunner:
                         checkpoint.abandon(pending, finish_writes=True)
                         pending, owed = None, True
                     continue
-                state.w, state.h, state.params = cur.w, cur.h, params
+                held, state.params = chunks_of(cur), params
                 rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
                 state.elbo.append(elbo)
                 failure: Exception | None = None
@@ -632,7 +707,8 @@ class CaviRunner:
                     and n > cfg.anneal  # a state of the schedule is not of the model
                     and (n % validation.every == 0 or stop is not None)
                 ):
-                    figures = {"iteration": n, **validation.score(cur.w, cur.h, params)}
+                    scored = self.parts(cur)
+                    figures = {"iteration": n, **validation.score(scored.w, scored.h, params)}
                     figures["seconds"] = time.perf_counter() - now
                     state.validation.append(figures)
                     kept, early = early_stopping(
@@ -641,7 +717,7 @@ class CaviRunner:
                         validation.window,
                     )
                     if kept == len(state.validation) - 1:
-                        best = (n, cur.w, cur.h, params)
+                        best = (n, chunks_of(cur), params)
                     if early:
                         stop = stop or "patience"
                 clock = time.perf_counter()
@@ -672,7 +748,7 @@ class CaviRunner:
                 if pending is not None:
                     cur = self._finish_checkpoint(pending, res, state)
                     pending = None
-                    state.w, state.h = cur.w, cur.h
+                    held = chunks_of(cur)
                     if self.squarem is not None:
                         self.squarem.restart(cur, state.elbo)  # the same state, read back
                     last_checkpoint = time.monotonic()
@@ -685,7 +761,11 @@ class CaviRunner:
         # dependencies the client also holds trips an assertion in the scheduler)
         state.best_iteration = state.n_iter
         if best is not None:
-            state.best_iteration, state.w, state.h, state.params = best
+            state.best_iteration, held, state.params = best
+        if held is not None:
+            held = self.parts(held)
+            assert held.w is not None and held.h is not None
+            state.w, state.h = held.w, held.h
         return state
 
     def _past_schedule(self, n_done: int) -> bool:
@@ -699,8 +779,6 @@ class CaviRunner:
         try:
             return result.result(timeout=FIRST_NOTICE_SECONDS)
         except TimeoutError:
-            from ordnmf_dask.runtime.inprocess import InProcessClient
-
             blocks = "to keep in memory" if self.cached else "streamed"
             if isinstance(self.client, InProcessClient):
                 who = "this process reads the training blocks from the store (%s) and compiles"
@@ -716,6 +794,60 @@ class CaviRunner:
                 blocks,
             )
             return result.result()
+
+
+def chunks_of(st: Flight) -> Flight:
+    """What a fit's state keeps of the step ``st``: its chunks (or the task holding them), not
+    its sums and shape statistics, which workers would otherwise hold an iteration longer."""
+    return Flight(st.w, st.h, None, None, None, None, None, None, None, whole=st.whole)
+
+
+def run_step(
+    store: StoreInfo,
+    family: Family,
+    config: CaviConfig,
+    blocks: list[list[Any]],
+    kind: str,
+    states: list[dict[str, Any]],
+    number: int,
+    step_max: float,
+) -> dict[str, Any]:
+    """On the one worker of a cluster: one step of a fit, ``kind`` "start" (a local pass at the
+    chunks of ``states[0]``), "iteration" or "extrapolation" (after the steps of ``states``,
+    their parts), built by the same :class:`CaviRunner` code as on many workers and handed to
+    this worker's executor of steps (:func:`steps_executor`; docs/design.md §4, "One task per
+    step"). Returns at once the new state's parts, its result and step as in-process futures
+    (or lazy parts of them), which the next step's tasks and the client's picks
+    (:func:`~.tasks.part`) wait for."""
+    runner = CaviRunner(steps_executor(), store, family, config, "", True, 0, None, held=blocks)
+    if kind == "start":
+        out = runner.start_flight(states[0]["w"], states[0]["h"], states[0]["params"])
+    else:
+        flights = [Flight(*(s[n] for n in PARTS), None) for s in states]
+        if kind == "iteration":
+            out = runner.iteration(flights[0], number)
+        else:
+            out = runner.extrapolation(*flights, step_max, number)
+    return {**{n: getattr(out, n) for n in PARTS}, "result": out.result, "step": out.step}
+
+
+_STEPS: dict[int, InProcessClient] = {}  # this process's executors of steps, by thread count
+_STEPS_LOCK = threading.Lock()
+
+
+def steps_executor() -> InProcessClient:
+    """The in-process executor of this worker process's steps (:func:`run_step`), a thread per
+    worker thread, made by the first step and kept: a step hands its tasks to it and returns,
+    so the scheduler starts the next step (already submitted) at once, its tasks queue behind
+    the running ones, and the iterations overlap as in an in-process fit; the task hop between
+    steps is hidden behind their work."""
+    from distributed import get_worker
+
+    threads = get_worker().state.nthreads
+    with _STEPS_LOCK:
+        if threads not in _STEPS:
+            _STEPS[threads] = InProcessClient(threads)
+        return _STEPS[threads]
 
 
 MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~100 MB at K = 50

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # distributed is imported where a cluster is used
     from distributed import Future
 
+PARTS = ("w", "h", "sw", "sh", "params", "small", "w_sum", "h_sum")  # what the next step reads
+
 
 @dataclass
 class Flight:
@@ -16,13 +18,15 @@ class Flight:
     w, h : factor chunks; sw, sh : shape statistics of the local step (lazy sums); params :
     global parameters used by this iteration's updates and local step; small, w_sum, h_sum :
     summed O(K + V) statistics; result : ``tasks.iteration_result`` (None before the first
-    iteration).
+    iteration). A step run as one task (``whole``: the future of the dict of those parts, on
+    the worker, as in-process futures: ``cavi.run_step``) has its parts as Dask futures only
+    once :meth:`.cavi.CaviRunner.parts` has picked them (None until then).
     """
 
-    w: list[Any]
-    h: list[Any]
-    sw: list[Any]
-    sh: list[Any]
+    w: list[Any] | None
+    h: list[Any] | None
+    sw: list[Any] | None
+    sh: list[Any] | None
     params: Any
     small: Any
     w_sum: Any
@@ -31,3 +35,4 @@ class Flight:
     fallback: Flight | None = None  # an extrapolated step's: kept if its bound is lower
     step: Future | None = None  # an extrapolated step's (K,) steps, one per component
     passes: int = 0  # full passes over the blocks this step costs
+    whole: Future | None = None  # a step run as one task: the dict of its parts' values

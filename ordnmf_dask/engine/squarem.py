@@ -52,7 +52,7 @@ class Squarem:
         runner = self.runner
         if len(self.chain) == 3:  # three states of the linear phase: extrapolate
             if self.step_max > 1.0:
-                nxt = self._extrapolated(*self.chain, number)
+                nxt = runner.extrapolation(*self.chain, self.step_max, number)
                 self.chain = [nxt]
                 return nxt
             # a step of at most 1 is the plain iteration: take it as a step at the limit
@@ -101,11 +101,13 @@ class Squarem:
                 self.scanned = j + 1
         return self.linear_from is not None and self.linear_from <= known
 
-    def _extrapolated(self, s0: Flight, s1: Flight, s2: Flight, number: int) -> Flight:
-        """One iteration from the extrapolation of three successive states: the step from
+    def extrapolated(
+        self, s0: Flight, s1: Flight, s2: Flight, step_max: float, number: int
+    ) -> Flight:
+        """The graph of one iteration from the extrapolation of three successive states (the
+        runner's :meth:`~.cavi.CaviRunner.extrapolation`): the step (at most ``step_max``) from
         norms summed over every chunk on the workers, the extrapolated chunks where their rows
-        live, a local pass there with ``s2``'s global parameters, then an iteration. ``s2`` is
-        its fallback."""
+        live, a local pass there with ``s2``'s global parameters, then an iteration."""
         runner = self.runner
         client, submit, home = runner.client, runner.client.submit, runner.chunk_homes
         rows = {
@@ -117,7 +119,7 @@ class Squarem:
             for triples, homes in rows.values()
             for states, where in zip(triples, homes, strict=True)
         ]
-        step = submit(tasks.extrapolation_step, tree_sum(client, norms), self.step_max)
+        step = submit(tasks.extrapolation_step, tree_sum(client, norms), step_max)
         w, h = (
             [
                 submit(tasks.extrapolated_chunk, *states, step, **where)
@@ -126,5 +128,5 @@ class Squarem:
             for triples, homes in rows.values()
         )
         out = runner.iteration(runner.start_flight(w, h, s2.params), number)
-        out.fallback, out.step, out.passes = s2, step, out.passes + 1
+        out.step = step
         return out

@@ -12,6 +12,7 @@ from ordnmf_dask.model import extrapolation, kernels
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock, RowStats
 from ordnmf_dask.model.updates import FactorChunk, update_chunk
+from ordnmf_dask.runtime import inprocess
 from ordnmf_dask.runtime.reduce import resolve
 from ordnmf_dask.store.csr import load_block
 
@@ -118,6 +119,14 @@ def col_correction_strip(
     """Sparse H-rate term of a column strip (blocks (r, c) for a run of r), shape (n_cols, K),
     with the family's G from params."""
     return kernels.col_correction_col(_read(blocks), family.gap(params), [w.mean for w in ws])
+
+
+def part(parts: dict[str, Any], name: str, j: int | None = None) -> Any:
+    """The value of one part of a step run as one task (``engine.cavi.run_step``):
+    ``parts[name]``, or its item j, once the in-process tasks computing it have finished (a
+    shape statistic taken out of its strip's result)."""
+    value = inprocess.value(parts[name] if j is None else parts[name][j])
+    return resolve(value) if name in ("sw", "sh") else value
 
 
 def next_params(

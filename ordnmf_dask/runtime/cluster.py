@@ -223,8 +223,8 @@ def choose_client(
     if executor == "auto" and runs_inprocess(info, k, tables=tables):
         log.info(
             "running on the %s client: %d nonzeros at K = %d would fit in this process, "
-            "where an iteration pays no task round trips (on ml-latest-small one worker of 2 "
-            "threads took 5.7x the in-process time per iteration, 3.3x at 2.5M nonzeros: "
+            "where nothing is sent between processes (on ml-latest-small one worker of 2 "
+            "threads took 1.5-2.7x the in-process time per iteration on a loaded machine: "
             "docs/performance.md); fit it here with no client (or "
             "executor='inprocess', --executor inprocess), or pass executor='cluster' to "
             "choose the cluster",

@@ -89,6 +89,11 @@ class InProcessFuture:
         self._client._wait_for([self], timeout)
         return self._error
 
+    def __reduce__(self) -> tuple[Callable[[Any], Any], tuple[Any]]:
+        """Pickled as its value, once finished: a result holding this future that Dask moves
+        to another worker (or spills to disk) arrives there as the value."""
+        return _identity, (self.result(),)
+
     def release(self) -> None:
         """Nothing to release: the result goes with the last reference to this future."""
 
@@ -241,9 +246,18 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def value(obj: Any) -> Any:
+    """``obj`` with the in-process futures in it (directly or inside lists, tuples and dicts)
+    replaced by their values, once finished; raises the first failed one's exception."""
+    found = _futures_in(obj)
+    for f in found:
+        f.result()
+    return _resolved(obj)
+
+
 def wait(futures: Iterable[Any]) -> None:
     """Wait for ``futures`` to finish (or fail): in-process ones here, distributed ones with
-    ``distributed.wait``."""
+    ``distributed.wait`` on their own client (which need not be the default one)."""
     futures = list(futures)
     mine = [f for f in futures if isinstance(f, InProcessFuture)]
     for f in mine:
@@ -252,7 +266,8 @@ def wait(futures: Iterable[Any]) -> None:
     if others:
         from distributed import wait as distributed_wait
 
-        distributed_wait(others)
+        with others[0].client.as_current():
+            distributed_wait(others)
 
 
 def available_cores() -> int:

@@ -7,7 +7,7 @@ first, so results are bit-identical across worker counts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,29 @@ if TYPE_CHECKING:  # a client is a distributed.Client or an in-process one (.inp
 
 PRIORITY = 1  # of combining tasks; Dask's default is 0
 
+T = TypeVar("T")
+
+
+def fold(n: int, leaf: Callable[[int], T], combine: Callable[[T, T], T]) -> T:
+    """``leaf(0) .. leaf(n - 1)`` combined along the one fixed tree of the package: a run of
+    leaves is cut after the largest power of two below its length, halves left first (the
+    pairing of neighbours level by level, the odd one out carried up). The tree depends on
+    ``n`` only; it is walked depth first, so a node is combined as soon as its halves exist
+    and at most one partial per level is held."""
+    if n < 1:
+        raise ValueError("a reduction of nothing")
+    return _node(0, n, leaf, combine)
+
+
+def _node(lo: int, hi: int, leaf: Callable[[int], T], combine: Callable[[T, T], T]) -> T:
+    """The node of :func:`fold`'s tree over leaves [lo, hi). (A module-level function: a nested
+    one calling itself is a reference cycle, which would keep the leaves, futures of a fit,
+    until the garbage collector runs.)"""
+    if hi - lo == 1:
+        return leaf(lo)
+    mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+    return combine(_node(lo, mid, leaf, combine), _node(mid, hi, leaf, combine))
+
 
 def tree_reduce(
     client: Client,
@@ -25,7 +48,7 @@ def tree_reduce(
     *args: Any,
     at: dict[str, Any] | None = None,
 ) -> Future:
-    """Reduce with ``combine(a, b, *args)`` along a fixed binary tree over ``futures``.
+    """Reduce with ``combine(a, b, *args)`` along the fixed tree (:func:`fold`) over ``futures``.
 
     The combining tasks run before any task of normal priority that is ready at the same time,
     so partial results are folded in as soon as two exist instead of piling up on the workers
@@ -33,18 +56,11 @@ def tree_reduce(
     ``at``: ``submit`` keywords of every combining task (where the sum is wanted); placement
     only, the tree is the same.
     """
-    level = list(futures)
-    if not level:
-        raise ValueError("tree_reduce of nothing")
-    while len(level) > 1:
-        nxt = [
-            client.submit(combine, level[j], level[j + 1], *args, priority=PRIORITY, **(at or {}))
-            for j in range(0, len(level) - 1, 2)
-        ]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0]
+    return fold(
+        len(futures),
+        futures.__getitem__,
+        lambda a, b: client.submit(combine, a, b, *args, priority=PRIORITY, **(at or {})),
+    )
 
 
 Field = str | int | tuple[str | int, ...] | list[Any] | None

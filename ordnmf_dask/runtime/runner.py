@@ -16,6 +16,7 @@ from typing import Any
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime.progress import track
+from ordnmf_dask.runtime.reduce import fold
 
 
 @dataclass(frozen=True)
@@ -138,24 +139,20 @@ class Runner:
         combine: Callable[[Any, Any], Any],
         *args: Any,
     ) -> Any:
-        """Fold ``fn(item, *args)`` over ``items`` with ``combine`` by a binary tree, on the
-        workers.
+        """Fold ``fn(item, *args)`` over ``items`` with ``combine`` along the package's one
+        fixed tree (:func:`~.reduce.fold`), on the workers.
 
-        ``combine`` must be associative; the tree (halves of the items, left first) depends only
-        on ``len(items)``, so results are reproducible. Tasks are submitted depth first, so a
-        combine runs as soon as its two halves are done: results are not all held at once. An
-        ``InputError`` of the earliest failed item wins.
+        ``combine`` must be associative; the tree depends only on ``len(items)``, so results
+        are reproducible. Tasks are submitted depth first, so a combine runs as soon as its two
+        halves are done: results are not all held at once. An ``InputError`` of the earliest
+        failed item wins.
         """
-        if not items:
-            raise ValueError("nothing to reduce")
+        client = self.client
 
-        def tree(lo: int, hi: int) -> Any:
-            if hi - lo == 1:
-                return self.submit(fn, [items[lo]], *args)[0]
-            mid = (lo + hi) // 2
-            left, right = tree(lo, mid), tree(mid, hi)
-            if self.client is None:
+        def pair(left: Any, right: Any) -> Any:
+            if client is None:
                 return _combine(combine, left, right)
-            return self.client.submit(_combine, combine, left, right, key=_key(combine))
+            return client.submit(_combine, combine, left, right, key=_key(combine))
 
-        return self.gather([tree(0, len(items))])[0]
+        root = fold(len(items), lambda j: self.submit(fn, [items[j]], *args)[0], pair)
+        return self.gather([root])[0]
