@@ -224,7 +224,7 @@ def _rows() -> Iterator[Param]:
     yield Param(
         "n_members",
         "int",
-        1,
+        4,
         int_ge(1),
         "an integer >= 1",
         "fits averaged into one model (seeds seed, seed + 1, ...), side by side on the "

@@ -209,7 +209,7 @@ def test_job_file_runs_as_shipped(tmp_path):
     (tmp_path / "cluster" / "job.toml").write_bytes(JOB.read_bytes())
     r = run(["bash", "-c", prepare_command(JOB)], tmp_path)
     assert r.returncode == 0, r.stderr
-    r = run([*CLI, "fit", "--config", "cluster/job.toml"], tmp_path)
+    r = run([*CLI, "fit", "--n-members", "1", "--config", "cluster/job.toml"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "converged: " in r.stdout
     assert "running in-process" in r.stderr
@@ -218,7 +218,10 @@ def test_job_file_runs_as_shipped(tmp_path):
     assert json.loads(r.stdout)["nnz_test"] == 0
     # the next night: the file's overwrite replaces its own model (a short fit: the file as
     # shipped has run to convergence above)
-    r = run([*CLI, "fit", "--config", "cluster/job.toml", "--max-iter", "3"], tmp_path)
+    r = run(
+        [*CLI, "fit", "--n-members", "1", "--config", "cluster/job.toml", "--max-iter", "3"],
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster", "examples", "out"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["job"]
@@ -237,6 +240,8 @@ def test_job_file_runs_as_shipped(tmp_path):
         [
             "ordnmf-dask",
             "fit",
+            "--n-members",
+            "1",
             "--config",
             "cluster/job.toml",
             "-k",
