@@ -9,7 +9,8 @@ scored as a share of the generating factors' NDCG@100 at s = 1 / 5 / 10; ml-late
 (``--real``: README's split, half stars, min_count 20, seed 0) as is at s = 1 / 6 / 10, and
 Last.fm (``--lastfm``: the paper's count classes, min_count 20, 20% test, 10% validation,
 which early-stops the fits) at s = 1 / 8 / 10. The
-seconds are the whole ensemble's and one member's (this process's threads), peak RSS the
+seconds are the whole ensemble's (this process's threads, or with ``--cluster`` a LocalCluster
+of one worker process with 2 threads) and one single fit's (this process), peak RSS this
 process's after the fit.
 
     python bench/ensemble.py --stores 2000x1000x0.05x8 2000x1000x0.05x20 --real --members 8
@@ -53,7 +54,7 @@ def compare(info: StoreInfo, label: str, levels: list[int], truth, args) -> None
         one = OrdNMF(k, seed=args.seed, n_members=1).fit(info.path)
         single = time.perf_counter() - t0
         t0 = time.perf_counter()
-        ens = OrdNMF(k, seed=args.seed, n_members=max(args.report)).fit(info.path)
+        ens = OrdNMF(k, seed=args.seed, n_members=max(args.report)).fit(info.path, args.client)
         seconds = time.perf_counter() - t0
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         assert np.array_equal(members_of(ens, 1)[1], one.item_factors)  # member 1 is the fit
@@ -78,7 +79,18 @@ def main() -> None:
     ap.add_argument("--real", action="store_true")
     ap.add_argument("--lastfm", action="store_true", help="Last.fm at the paper's count classes")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="fit the ensembles on a LocalCluster of one worker process with 2 threads",
+    )
     args = ap.parse_args()
+    args.client = None
+    if args.cluster:
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None)
+        args.client = Client(cluster)
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(f"{'store':<30} {'fit':<14} {'NDCG@100 per level':>24}")
     with tempfile.TemporaryDirectory(prefix="ensemble-") as work:

@@ -9,7 +9,7 @@
 2. A 1M x 200k, K = 50 model of random Gamma(1, 1) factors written here with its own id maps
    (no store, so no seen filter): ``recommend`` for 1000 random users at once, and for one.
 
-    python bench/serving.py [--model DIR] [--users 1000000 --items 200000 -k 50] [--repeat 5]
+    python bench/serving.py [--model DIR ...] [--users 1000000 --items 200000 -k 50 ...]
 """
 
 from __future__ import annotations
@@ -140,18 +140,32 @@ def big_model(n_users: int, n_items: int, k: int, n_batch: int, repeat: int) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="out/movielens_small/model.zarr")
+    p.add_argument(
+        "--model",
+        nargs="+",
+        default=["out/movielens_small/model.zarr"],
+        help="saved models, timed one after the other (e.g. a single fit and an ensemble)",
+    )
     p.add_argument("--single", type=int, default=200, help="one-user calls timed")
     p.add_argument("--users", type=int, default=1_000_000)
     p.add_argument("--items", type=int, default=200_000)
-    p.add_argument("-k", type=int, default=50)
+    p.add_argument(
+        "-k",
+        type=int,
+        nargs="+",
+        default=[50],
+        help="columns of the random model; several: side by side (an ensemble of M members of "
+        "K components serves M K columns)",
+    )
     p.add_argument("--batch", type=int, default=1000, help="users per batch call")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--saved-only", action="store_true", help="skip the random 1M x 200k model")
     args = p.parse_args()
-    saved_model(args.model, args.single)
+    for model in args.model:
+        saved_model(model, args.single)
     if not args.saved_only:
-        big_model(args.users, args.items, args.k, args.batch, args.repeat)
+        for k in args.k:
+            big_model(args.users, args.items, k, args.batch, args.repeat)
 
 
 if __name__ == "__main__":

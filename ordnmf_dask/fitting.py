@@ -136,7 +136,7 @@ class FitPlan:
     values: dict[str, Any]
     family: Family
     init: tuple[np.ndarray, np.ndarray] | None
-    source: warmstart.Source | None
+    source: warmstart.Source | None  # an ensemble's: member 0's (sources: each member's)
     validation: Scorer | None
     out: str | None
     overwrite: bool
@@ -144,6 +144,7 @@ class FitPlan:
     restart: bool
     prints: list[str]
     selection: dict[str, Any] | None = None  # how K was chosen (select_components)
+    sources: tuple[warmstart.Source, ...] = ()  # an ensemble's warm start: one per member
 
 
 def plan_fit(
@@ -177,11 +178,16 @@ def plan_fit(
             )
     fam = family(model, values, info)
     init_arrays = _read_init(init, info, cfg.n_components)
-    source = None
+    n_init, n_members = values["n_init"], values["n_members"]
+    source, sources = None, ()
     if init_model is not None:
         if init is not None:
             raise InputError("init and init_model are two warm starts: give one of them")
-        source = warmstart.open_source(init_model, model, fam, cfg.n_components, info)
+        sources = tuple(  # each member continues the model's member of its rank
+            warmstart.open_source(init_model, model, fam, cfg.n_components, info, n_members, j)
+            for j in range(n_members)
+        )
+        source = sources[0]
     if resume and restart:
         raise InputError("resume and restart contradict each other: give one of them")
     if resume and not values["checkpoint_dir"]:
@@ -190,15 +196,14 @@ def plan_fit(
         raise InputError(
             f"start={values['start']!r} is a start of its own: no init= or init_model= with it"
         )
-    n_init, n_members = values["n_init"], values["n_members"]
     if n_init > 1 and (init_arrays is not None or source is not None or resume):
         raise InputError(
             "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
         )
-    if n_members > 1 and (init_arrays is not None or source is not None):
+    if n_members > 1 and init_arrays is not None:
         raise InputError(
-            "n_members > 1 fits its members from independent random draws: no init= or "
-            "init_model= with it (give n_members=1)"
+            "n_members > 1 fits its members from independent random draws: no init= arrays "
+            "with it (give n_members=1, or init_model= an ensemble of as many members)"
         )
     if n_members > 1 and n_init > 1:
         raise InputError(
@@ -213,11 +218,13 @@ def plan_fit(
         check_place(ckpt, "checkpoints", CHECKPOINT_DIRECTORY, {"training store": info.path})
     if values["work_dir"]:  # new temporary directories go in it: it may hold the store
         check_place(values["work_dir"], "work_dir")  # not inside a store or model
-    prints = [  # one per restart: its trajectory depends on its seed
+    prints = [  # one per restart or member: its trajectory depends on its seed and start
         checkpoint.fingerprint(
-            info.attrs, info.path, fit_settings(model, values, source or init_arrays, s)
+            info.attrs,
+            info.path,
+            fit_settings(model, values, sources[j] if sources else init_arrays, cfg.seed + j),
         )
-        for s in range(cfg.seed, cfg.seed + max(n_init, n_members))
+        for j in range(max(n_init, n_members))
     ]
     if ckpt and (locations.is_url(ckpt) or os.path.isdir(ckpt)) and not restart:
         _claim(locations.location(ckpt), prints, False, n_init, dry_run=True)
@@ -235,6 +242,7 @@ def plan_fit(
         resume,
         restart,
         prints,
+        sources=sources if n_members > 1 else (),
     )
 
 
@@ -434,12 +442,13 @@ def _run_one(
     callback: IterationCallback | None,
     label: str = "",
     stopped: threading.Event | None = None,
+    member: int = 0,
 ) -> CaviState:
     """One restart (or member, ``label`` in front of its log lines; it stops when ``stopped``
     is set): its initial state (random draws, the SVD start, the subsample start, arrays, or a
     saved model), then the loop."""
     params0 = None
-    source, arrays = plan.source, plan.init
+    source, arrays = (plan.sources[member] if plan.sources else plan.source), plan.init
     if source is not None:
         params0 = warmstart.start_params(plan.family, source)
         alpha = {"W": cfg.alpha_W, "H": cfg.alpha_H}
@@ -507,7 +516,9 @@ def _run_members(
         )
         label = f"member {j + 1}/{n} (seed {run_cfg.seed}): "
         with plan.info.reading():
-            state = _run_one(plan, runner, run_cfg, work, resume, scorer, callback, label, stopped)
+            state = _run_one(
+                plan, runner, run_cfg, work, resume, scorer, callback, label, stopped, j
+            )
         log.info(
             "%sELBO %.10e after %d iterations (%s)",
             label,
@@ -595,7 +606,7 @@ def _model_attrs(
         "params": values,
         **fitted,
         "warm_start": plan.init is not None or source is not None,
-        "init_model": None if source is None else source.describe(),
+        "init_model": None if source is None else _described(source),
         "store": {
             "path": info.path,
             "fingerprint": store_fingerprint(info.path),
@@ -724,6 +735,12 @@ def _validation(
         )
 
     return scorer
+
+
+def _described(source: warmstart.Source) -> dict[str, Any]:
+    """What a model records of the model it was warm-started from (an ensemble's members
+    each from their own member of it)."""
+    return {k: v for k, v in source.describe().items() if k != "member"}
 
 
 def _run_record(run: CaviState, seed: int) -> dict[str, Any]:

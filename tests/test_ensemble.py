@@ -130,16 +130,30 @@ def test_ensembles_are_refused_where_one_fit_is_meant(fitted, tmp_path):
     h0 = np.ones((info.n_items, K))
     with pytest.raises(InputError, match="n_members > 1"):
         OrdNMF(K, n_members=2).fit(info.path, init=(w0, h0), check=True)
-    with pytest.raises(InputError, match="n_members > 1"):
+    with pytest.raises(InputError, match="holds 1 member\\(s\\) and this fit 2"):
         OrdNMF(K, n_members=2).fit(info.path, init_model=singles[0].model_path_, check=True)
     with pytest.raises(InputError, match="n_init"):
         OrdNMF(K, n_members=2, n_init=2).fit(info.path, check=True)
-    with pytest.raises(InputError, match="ensemble of 3 members"):
-        OrdNMF(K).fit(info.path, init_model=ens.model_path_, check=True)
+    with pytest.raises(InputError, match="holds 3 member\\(s\\) and this fit 1"):
+        OrdNMF(K, n_members=1).fit(info.path, init_model=ens.model_path_, check=True)
     from ordnmf_dask.postfit.ppc import posterior_predictive
 
     with pytest.raises(InputError, match="ensemble"):
         posterior_predictive(info.path, ens.model_path_, n_pairs=1000)
+
+
+def test_each_member_continues_its_own_member_of_a_saved_ensemble(tmp_path):
+    info = _store(str(tmp_path / "s.zarr"))
+    old = OrdNMF(K, n_members=2, max_iter=6, seed=3).fit(info.path)
+    new = OrdNMF(K, n_members=2, max_iter=5, seed=8).fit(info.path, init_model=old)
+    assert new.n_members_ == 2
+    for j in range(2):  # member j: the single fit warm-started from old's member j
+        one = OrdNMF(K, n_members=1, max_iter=6, seed=3 + j).fit(info.path)
+        warm = OrdNMF(K, n_members=1, max_iter=5, seed=8 + j).fit(info.path, init_model=one)
+        cols = slice(j * K, (j + 1) * K)
+        assert np.array_equal(new.user_factors[:, cols] * 2, warm.user_factors)  # 2: exact
+        assert np.array_equal(new.item_factors[:, cols], warm.item_factors)
+        assert np.array_equal(new.delta_[j], warm.delta_)
 
 
 def test_members_resume_from_their_own_checkpoints(tmp_path, caplog):

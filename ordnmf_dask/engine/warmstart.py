@@ -28,12 +28,13 @@ import zarr
 
 from ordnmf_dask.engine import tasks
 from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.model.ensemble import member_columns
 from ordnmf_dask.model.families import Family, OrdinalFamily
 from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore
-from ordnmf_dask.modelstore.header import ModelHeader
+from ordnmf_dask.modelstore.header import MemberLaw, ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, model_fingerprint, open_model
 from ordnmf_dask.runtime.reduce import tree_sum
 from ordnmf_dask.store import idmap
@@ -49,6 +50,27 @@ SIDES = {"W": ("users", "row_bounds", 0), "H": ("items", "col_bounds", 1)}
 
 
 @dataclass(frozen=True)
+class OldFactors:
+    """The factors of a warm start's model as the fit's tasks read them: its path, its chunks'
+    row boundaries per factor, and of an ensemble the member started from."""
+
+    path: str
+    bounds: dict[str, np.ndarray]
+    member: int | None
+    n_members: int
+    k: int
+
+    def columns(self, name: str, values: np.ndarray, field: str) -> np.ndarray:
+        """Rows of ``field`` of factor ``name`` as the fit starts from them: of an ensemble,
+        the member's K columns, E[w] and exp(E[log w]) multiplied back by the number of
+        members (the ensemble holds them divided by it)."""
+        if self.member is None:
+            return values
+        values = values[:, member_columns(self.k, self.member)]
+        return values * self.n_members if name == "W" and field in ("mean", "geo") else values
+
+
+@dataclass(frozen=True)
 class Source:
     """A saved model checked to warm-start a fit: its path, attributes, where its training
     ids are, and its fingerprint (:func:`~ordnmf_dask.modelstore.model.model_fingerprint`)."""
@@ -57,35 +79,62 @@ class Source:
     header: ModelHeader
     ids: str
     fingerprint: str
+    member: int | None = None  # of an ensemble: the member a member of the fit starts from
+
+    @property
+    def law(self) -> MemberLaw:
+        """The global parameters the fit starts from: the model's, or its member's."""
+        return self.header.laws[self.member or 0]
+
+    def factors(self) -> OldFactors:
+        """What the tasks that read the model's factors need of it (small, sent with each)."""
+        return OldFactors(
+            self.path,
+            {name: self.bounds(name) for name in SIDES},
+            self.member,
+            self.header.n_members,
+            self.header.n_components,
+        )
 
     def bounds(self, name: str) -> np.ndarray:
         """Row boundaries of the old model's chunks of factor ``name``."""
         h = self.header
         return np.asarray(h.row_bounds if name == "W" else h.col_bounds, dtype=np.int64)
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> dict[str, Any]:
         """What a fit records of its warm-start source (provenance and checkpoint fingerprint)."""
-        return {"path": self.path, "fingerprint": self.fingerprint}
+        member = {} if self.member is None else {"member": self.member}
+        return {"path": self.path, "fingerprint": self.fingerprint, **member}
 
 
-def open_source(model: Any, estimator: str, family: Family, k: int, store: StoreInfo) -> Source:
+def open_source(
+    model: Any,
+    estimator: str,
+    family: Family,
+    k: int,
+    store: StoreInfo,
+    n_members: int = 1,
+    member: int | None = None,
+) -> Source:
     """The model at ``model`` (a path or a fitted estimator), checked against a fit of
-    ``estimator`` with ``k`` components and ``family`` on ``store``; InputError naming what
-    differs (model class, K, number of classes, id types) or what is missing."""
+    ``estimator`` with ``k`` components, ``n_members`` members and ``family`` on ``store``
+    (``member``: the member of the fit and of the model's ensemble it starts); InputError
+    naming what differs (model class, K, members, number of classes, id types) or what is
+    missing."""
     m: ModelInfo = open_model(os.fspath(getattr(model, "model_path_", model)))
     h = m.header
     where = f"init_model {m.path}"
     if h.model != estimator:
         raise InputError(f"{where}: its model class {h.model} differs from this fit's {estimator}")
-    if h.n_members > 1:
+    if h.n_members != n_members:
         raise InputError(
-            f"{where}: an ensemble of {h.n_members} members; a warm start continues one fit "
-            "(give a model fitted with n_members=1)"
+            f"{where}: it holds {h.n_members} member(s) and this fit {n_members}: each member "
+            f"continues its own, so give n_members={h.n_members} (or fit afresh)"
         )
     if h.n_components != k:
         raise InputError(f"{where}: its K = {h.n_components} differs from this fit's K = {k}")
     if isinstance(family, OrdinalFamily):
-        old_v = len(h.delta or ()) - 1
+        old_v = len(h.laws[0].delta or ()) - 1
         if old_v != family.n_classes:
             raise InputError(
                 f"{where}: its {old_v} classes differ from the {family.n_classes} "
@@ -104,7 +153,7 @@ def open_source(model: Any, estimator: str, family: Family, k: int, store: Store
                 f"{where}: its {axis} ids are {kinds[old]}, those of store "
                 f"{store.path} are {kinds[new]}"
             )
-    return Source(m.path, h, ids, model_fingerprint(m.attrs))
+    return Source(m.path, h, ids, model_fingerprint(m.attrs), member if n_members > 1 else None)
 
 
 def start_params(family: Family, source: Source) -> Any:
@@ -113,10 +162,10 @@ def start_params(family: Family, source: Source) -> Any:
     if isinstance(family, OrdinalFamily):
         if family.fixed_delta is not None:
             return family.init_params()
-        return family.from_json(list(source.header.delta or ()))
+        return family.from_json(list(source.law.delta or ()))
     if not family.update_p:
         return family.init_params()
-    return family.from_json(source.header.p)
+    return family.from_json(source.law.p)
 
 
 def match(store: str, axis: str, start: int, stop: int, ids: str, bounds: np.ndarray) -> np.ndarray:
@@ -133,17 +182,19 @@ def match(store: str, axis: str, start: int, stop: int, ids: str, bounds: np.nda
 
 
 def read_rows(
-    model: str, name: str, bounds: np.ndarray, index: np.ndarray, fields: Sequence[str]
+    old: OldFactors, name: str, index: np.ndarray, fields: Sequence[str]
 ) -> list[np.ndarray]:
     """``fields`` of the old rows ``index`` (global, any order) of factor ``name``, each
-    (len(index), K), read block by block (only those rows)."""
+    (len(index), K) (:meth:`OldFactors.columns`), read block by block (only those rows)."""
+    model, bounds = old.path, old.bounds[name]
     order = np.argsort(index, kind="stable")
     which = np.searchsorted(bounds, index[order], side="right") - 1
     parts: list[list[np.ndarray]] = [[] for _ in fields]
     for j in np.unique(which).tolist():
         local = index[order][which == j] - bounds[j]
         for part, field in zip(parts, fields, strict=True):
-            part.append(chunkstore.read_field(model, name, j, field, local))
+            value = chunkstore.read_field(model, name, j, field, local)
+            part.append(old.columns(name, value, field))
     out = []
     for part in parts:
         rows = np.concatenate(part) if part else np.empty((0, 0))
@@ -153,9 +204,10 @@ def read_rows(
     return out
 
 
-def column_sum(model: str, name: str, j: int) -> np.ndarray:
+def column_sum(old: OldFactors, name: str, j: int) -> np.ndarray:
     """(K,) column sums of E[.] of chunk ``j`` of the old factor ``name``."""
-    return chunkstore.read_field(model, name, j, "mean").sum(axis=0)
+    mean = chunkstore.read_field(old.path, name, j, "mean")
+    return old.columns(name, mean, "mean").sum(axis=0)
 
 
 @dataclass(frozen=True)
@@ -164,8 +216,7 @@ class Plan:
 
     store: str
     values: str  # the family's block values ("class", "raw", "ge:S")
-    model: str
-    old_bounds: dict[str, np.ndarray]
+    old: OldFactors
     likelihood: Likelihood
     alpha: dict[str, float]
     seed: int
@@ -224,9 +275,7 @@ def warm_chunk(
     mean, geo = np.empty((n, k)), np.empty((n, k))
     known = np.flatnonzero(own >= 0)
     if known.size:
-        mean[known], geo[known] = read_rows(
-            plan.model, name, plan.old_bounds[name], own[known], ("mean", "geo")
-        )
+        mean[known], geo[known] = read_rows(plan.old, name, own[known], ("mean", "geo"))
     new = np.flatnonzero(own < 0)
     if new.size == 0:
         return FactorChunk(mean, geo)
@@ -237,7 +286,7 @@ def warm_chunk(
     seen = np.flatnonzero(np.diff(block.indptr) > 0)
     if seen.size:
         other = "H" if name == "W" else "W"
-        eh, geo_h = read_rows(plan.model, other, plan.old_bounds[other], touched, ("mean", "geo"))
+        eh, geo_h = read_rows(plan.old, other, touched, ("mean", "geo"))
         fold = fold_in_rows(
             block.take_rows(seen),
             eh,
@@ -275,11 +324,12 @@ def initial_chunks(
             )
             for j in range(len(b) - 1)
         ]
+    old = source.factors()
     colsums = {
         name: tree_sum(
             client,
             [
-                client.submit(column_sum, source.path, name, j, pure=False)
+                client.submit(column_sum, old, name, j, pure=False)
                 for j in range(len(source.bounds(name)) - 1)
             ],
         )
@@ -288,8 +338,7 @@ def initial_chunks(
     plan = Plan(
         store.path,
         family.values,
-        source.path,
-        {name: source.bounds(name) for name in SIDES},
+        old,
         likelihood(family, params),
         alpha,
         runner.cfg.seed,
