@@ -28,6 +28,7 @@ def fit(store: str, args: argparse.Namespace, client: object = None) -> list[flo
         min_iter=args.iters,
         checkpoint_every=0,
         executor="inprocess" if client is None else "cluster",
+        n_members=1,
     )
     model.fit(store, client, callback=lambda info: seconds.append(info.seconds))
     return seconds[args.skip :]

@@ -351,7 +351,9 @@ def test_binarized_models_match_oracle(tmp_path, ordinal_problem, klass, thresho
     binary = (train >= threshold).astype(np.int64)
     approx = klass is PF
     ref = oracle.fit(binary, 1, w0, h0, tol=TOL, max_iter=BIN_MAX_ITER, approx=approx)
-    model = klass(K, threshold=threshold, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess")
+    model = klass(
+        K, threshold=threshold, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess", n_members=1
+    )
     model.fit(store, init=(w0, h0))
     assert model.approx is approx
     assert model.n_iter_ == ref["n_iter"]

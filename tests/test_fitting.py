@@ -15,7 +15,13 @@ from ordnmf_dask.fitting import fit, plan_fit, resolve_params, run_fit
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.sources.synth import plan_synth, write_synth
 
-SETTINGS = {"n_components": 2, "max_iter": 4, "executor": "inprocess", "validation_every": 0}
+SETTINGS = {
+    "n_components": 2,
+    "n_members": 1,
+    "max_iter": 4,
+    "executor": "inprocess",
+    "validation_every": 0,
+}
 
 
 @pytest.fixture

@@ -67,6 +67,7 @@ def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store_2x3, client
             checkpoint_every=every,
             work_dir=str(tmp_path / f"work{len(kw)}"),
             **kw,
+            n_members=1,
         )
         return _result(est.fit(store_2x3, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
 

@@ -104,12 +104,12 @@ def test_squarem_reaches_the_cavi_optimum_in_fewer_passes(klass, extra, ordinal_
     both optimizers reach the same optimum, SQUAREM in fewer passes."""
     store = count_store if klass is DcPF else ordinal_store
     est = {"tol": 1e-9, "max_iter": 3000, "executor": "inprocess", **extra}
-    start = klass(K, max_iter=30, executor="inprocess", **extra).fit(store)
+    start = klass(K, max_iter=30, executor="inprocess", **extra, n_members=1).fit(store)
     init = (start.W_.compute(), start.H_.compute())
     runs = {}
     for optimizer in ("cavi", "squarem"):
         seen: list[tuple[float, int]] = []
-        model = klass(K, optimizer=optimizer, **est).fit(
+        model = klass(K, optimizer=optimizer, **est, n_members=1).fit(
             store, init=init, callback=lambda info, seen=seen: seen.append((info.elbo, info.passes))
         )
         elbo = np.asarray(model.elbo_)

@@ -172,18 +172,27 @@ def test_the_svd_start_refuses_other_starts_in_one_line(tmp_path, narrow):
     train, store = narrow
     w0, h0 = np.ones((store.n_users, K)), np.ones((store.n_items, K))
     with pytest.raises(InputError) as exc:
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "svd"}, init=(w0, h0))
+        plan_fit(
+            store, "OrdNMF", {"n_components": K, "n_members": 1, "start": "svd"}, init=(w0, h0)
+        )
     assert str(exc.value) == "start='svd' is a start of its own: no init= or init_model= with it"
     old = OrdNMF(K, max_iter=1, executor="inprocess", n_members=1).fit(store, out=tmp_path / "old")
     with pytest.raises(InputError, match=r"^start='svd' .* init_model= with it$"):
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "svd"}, init_model=old)
+        plan_fit(
+            store, "OrdNMF", {"n_components": K, "n_members": 1, "start": "svd"}, init_model=old
+        )
     with pytest.raises(InputError) as exc:
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "subsample"}, init=(w0, h0))
+        plan_fit(
+            store,
+            "OrdNMF",
+            {"n_components": K, "n_members": 1, "start": "subsample"},
+            init=(w0, h0),
+        )
     assert str(exc.value) == (
         "start='subsample' is a start of its own: no init= or init_model= with it"
     )
     with pytest.raises(InputError) as exc:
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "nndsvd"})
+        plan_fit(store, "OrdNMF", {"n_components": K, "n_members": 1, "start": "nndsvd"})
     assert str(exc.value) == "start must be 'random', 'svd' or 'subsample', got 'nndsvd'"
 
 

@@ -168,13 +168,13 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
     klass = ESTIMATORS[name]
     kw = {"threshold": 3} if name in ("BePoF", "PF") else {}
     old_model = tmp / f"{name}-old.zarr"
-    klass(K, max_iter=15, tol=1e-12, **kw, **HERE).fit(old.path, out=old_model)
+    klass(K, max_iter=15, tol=1e-12, **kw, **HERE, n_members=1).fit(old.path, out=old_model)
     before = dict(zarr.open_group(str(old_model), mode="r").attrs)
     # one iteration: the first bounds are compared
-    warm = klass(K, max_iter=1, tol=1e-12, **kw).fit(
+    warm = klass(K, max_iter=1, tol=1e-12, **kw, n_members=1).fit(
         new.path, client, init_model=old_model, out=tmp / f"{name}-warm.zarr"
     )
-    cold = klass(K, max_iter=1, tol=1e-12, **kw, **HERE).fit(new.path)
+    cold = klass(K, max_iter=1, tol=1e-12, **kw, **HERE, n_members=1).fit(new.path)
     assert warm.elbo_[0] > cold.elbo_[0]
     attrs = open_model(warm.model_path_).attrs
     assert attrs["init_model"] == {"path": str(old_model), "fingerprint": model_fingerprint(before)}
@@ -190,9 +190,11 @@ def test_a_warm_start_on_its_own_store_continues_the_fit_exactly(stores, name):
     tmp, _, new, _, _ = stores
     klass, m, n = ESTIMATORS[name], 6, 4
     kw = {"tol": 1e-12, "executor": "inprocess"}
-    first = klass(K, max_iter=m, **kw).fit(new.path, out=tmp / f"{name}-first-{m}.zarr")
-    warm = klass(K, max_iter=n, **kw).fit(new.path, init_model=first)
-    whole = klass(K, max_iter=m + n, **kw).fit(new.path)
+    first = klass(K, max_iter=m, **kw, n_members=1).fit(
+        new.path, out=tmp / f"{name}-first-{m}.zarr"
+    )
+    warm = klass(K, max_iter=n, **kw, n_members=1).fit(new.path, init_model=first)
+    whole = klass(K, max_iter=m + n, **kw, n_members=1).fit(new.path)
     assert warm.elbo_ == whole.elbo_[m:]
     assert np.array_equal(np.asarray(warm.W_), np.asarray(whole.W_))
     assert np.array_equal(np.asarray(warm.H_), np.asarray(whole.H_))
