@@ -94,6 +94,24 @@ def test_class_law_is_the_mixture_of_the_members_laws(fitted):
     np.testing.assert_allclose([x for _, _, x in with_proba], p[:, 4:].sum(axis=1), rtol=1e-10)
 
 
+def test_evaluate_scores_the_mixture(fitted):
+    from ordnmf_dask import evaluate
+    from ordnmf_dask.store.blocks import read_block
+
+    info, ens, _ = fitted
+    users, items = read_ids(info.path, "users"), read_ids(info.path, "items")
+    rb, cb = info.row_bounds, info.col_bounds
+    logs = []
+    for r in range(info.grid[0]):
+        for c in range(info.grid[1]):
+            b = read_block(info.path, "test", r, c)
+            u, i = users[rb[r] + b.rows], items[cb[c] + b.cols]
+            p = ens.predict_proba(u.tolist(), i.tolist(), given_interaction=True, posterior="mean")
+            logs.append(np.log(p[np.arange(len(b.y)), b.y.astype(np.int64)]))
+    got = evaluate(info.path, ens)["test_loglik_mean"]
+    np.testing.assert_allclose(got, np.concatenate(logs).mean(), rtol=1e-10)
+
+
 def test_fold_in_is_each_member_against_its_own_columns(fitted):
     _, ens, singles = fitted
     items, values = [[1, 2, 5], [40]], [[5, 3, 1], [2]]

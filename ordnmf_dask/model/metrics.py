@@ -308,12 +308,48 @@ def test_loglik(
     ``log P(y = v) = -lambda theta_v + log(1 - exp(-lambda Delta_v))`` minus
     ``log(1 - exp(-lambda theta_0))``. A class with Delta_v = 0 has probability 0 (-inf).
     """
+    ll, _ = loglik_terms(rows, cols, y, ew, eh, delta)
+    return float(ll.sum())
+
+
+def loglik_terms(
+    rows: np.ndarray,
+    cols: np.ndarray,
+    y: np.ndarray,
+    ew: np.ndarray,
+    eh: np.ndarray,
+    delta: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per test nonzero, log P(y | y > 0, lambda) (the terms of :func:`test_loglik`) and
+    P(y > 0 | lambda) = 1 - exp(-lambda theta_0), which weighs a member of an ensemble."""
     lam = sddmm(rows, cols, ew, eh)
     theta = theta_from_delta(delta)
+    reach = -np.expm1(-lam * theta[0])
     with np.errstate(divide="ignore"):
-        ll = (
-            -lam * theta[y]
-            + np.log(-np.expm1(-lam * delta[y]))
-            - np.log(-np.expm1(-lam * theta[0]))
-        )
-    return float(ll.sum())
+        ll = -lam * theta[y] + np.log(-np.expm1(-lam * delta[y])) - np.log(reach)
+    return ll, reach
+
+
+def ensemble_loglik(
+    rows: np.ndarray,
+    cols: np.ndarray,
+    y: np.ndarray,
+    ew: np.ndarray,
+    eh: np.ndarray,
+    deltas: list[np.ndarray],
+    k: int,
+) -> float:
+    """Sum over test nonzeros of log P(y | y > 0) under an ensemble's mixture of its members'
+    ordinal laws (member m: columns m K .. (m + 1) K - 1, E[w] held divided by M):
+    ``log sum_m P_m(y > 0) P_m(y | y > 0) - log sum_m P_m(y > 0)``."""
+    n = len(deltas)
+    logs, reach = [], []
+    for m, delta in enumerate(deltas):
+        part = slice(m * k, (m + 1) * k)
+        ll, r = loglik_terms(rows, cols, y, ew[:, part] * n, eh[:, part], delta)
+        with np.errstate(divide="ignore"):
+            logs.append(ll + np.log(r))
+        reach.append(r)
+    with np.errstate(divide="ignore"):
+        mixed = np.logaddexp.reduce(np.array(logs), axis=0) - np.log(np.sum(reach, axis=0))
+    return float(mixed.sum())

@@ -125,6 +125,8 @@ def _loglik_task(w: Any, h: Any, store: str, split: str, r: int, c: int, spec: t
     ew, eh = w.mean, h.mean
     if spec[0] == "ordinal":
         value = metrics.test_loglik(rows, b.cols, b.y, ew, eh, spec[1])
+    elif spec[0] == "members":
+        value = metrics.ensemble_loglik(rows, b.cols, b.y, ew, eh, spec[2], spec[1])
     else:
         _, p, t, edges = spec
         lam = sddmm(rows, b.cols, ew, eh)
@@ -140,11 +142,17 @@ def loglik_spec(store: StoreInfo, attrs: dict[str, Any]) -> tuple | None:
     """How to score the test classes under a model with attributes ``attrs`` (a saved model's,
     or a running fit's family and global parameters), or None when it does not model them.
 
-    OrdNMF: the ordinal likelihood with its thresholds. dcPF: the probability of the test class
-    (the count range of the class, exactly) on count stores, of the count itself otherwise.
+    OrdNMF: the ordinal likelihood with its thresholds (an ensemble: the mixture of its
+    members' laws). dcPF: the probability of the test class (the count range of the class,
+    exactly) on count stores, of the count itself otherwise (an ensemble of dcPF fits: None).
     Binarized models (BePoF, PF, dcPF at p = 1) model {0, 1}, not the classes: None.
     """
     a = attrs
+    if int(a.get("n_members", 1)) > 1:
+        deltas = [np.asarray(m.get("delta", ()), dtype=np.float64) for m in a["members"]]
+        if a.get("family") == "ordinal" and all(len(d) == store.n_classes + 1 for d in deltas):
+            return ("members", int(a["params"]["n_components"]), deltas)
+        return None
     if a.get("family") == "dcpf":
         if float(a["p"]) == 1.0:  # PF on binary data: it does not model the classes
             return None
