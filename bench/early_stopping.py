@@ -14,7 +14,8 @@ For each split seed:
    validation subset and on the test split, from the factor chunks on the workers: what the
    ELBO rule keeps (the last state) and the best test NDCG@100 at s = ``--s`` anywhere along it;
 3. the early-stopped fit: ``OrdNMF(validation_every=--every, validation_patience=--patience,
-   validation_window=--window, validation_s=--s)`` (validation NDCG@100 at s), the kept state
+   validation_window=--window, validation_s=--s,
+        n_members=1,)`` (validation NDCG@100 at s), the kept state
    saved, then evaluated on the test split. Same seed, so its states are the trajectory's: the
    check column says whether it kept the state ``early_stopping`` picks on the trajectory's
    validation scores.
@@ -118,6 +119,7 @@ def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any
         validation_s=args.s,
         validation_k=100,
         work_dir=work,
+        n_members=1,
     )
     est.fit(store, client)
     seconds = time.perf_counter() - start
@@ -211,7 +213,7 @@ def synthetic(args: argparse.Namespace, client: Any) -> None:
         ("random start", None),
         ("started from the generating factors", (w0 + 1e-12, h0 + 1e-12)),
     ):
-        est = OrdNMF(k, optimizer="cavi", tol=args.tol, max_iter=args.max_iter).fit(
+        est = OrdNMF(k, optimizer="cavi", tol=args.tol, max_iter=args.max_iter, n_members=1).fit(
             store, client, init=init
         )
         rows.append((label, est.n_iter_, evaluate(store, est, client, levels=[1])["ndcg"][1]))

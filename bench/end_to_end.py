@@ -148,6 +148,7 @@ def main() -> None:
                 min_iter=args.iters,
                 checkpoint_every=10,
                 work_dir=os.path.join(args.work, f"work-{name}"),
+                n_members=1,
             )
             t0 = time.perf_counter()
             model.fit(

@@ -57,6 +57,7 @@ def fit(store: str, args: argparse.Namespace, client: Any = None) -> tuple[list[
         min_iter=args.iters,
         checkpoint_every=0,
         executor="inprocess" if client is None else "cluster",
+        n_members=1,
     )
     model.fit(store, client, callback=record)
     return seconds[args.skip :], marks

@@ -25,7 +25,9 @@ t = time.perf_counter()
 from ordnmf_dask import OrdNMF
 imported = time.perf_counter() - t
 t = time.perf_counter()
-model = OrdNMF(int(sys.argv[2]), tol=1e-5, seed=0).fit(sys.argv[1], show_progress=False)
+model = OrdNMF(int(sys.argv[2]), tol=1e-5, seed=0, n_members=1).fit(
+    sys.argv[1], show_progress=False
+)
 fit = time.perf_counter() - t
 user = model._server().users.raw([0])[0]
 t = time.perf_counter()

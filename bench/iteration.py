@@ -195,6 +195,7 @@ def timed_fit(path: str, k: int, iters: int, cache: bool, client: Any) -> dict[s
         min_iter=iters,
         cache_blocks=cache,
         checkpoint_every=0,
+        n_members=1,
     )
     model.fit(path, client, callback=record)
     steps = max(iters - 1, 1)

@@ -52,9 +52,14 @@ def main() -> None:
             tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
             samples[n] = (rss, tasks)
 
-        OrdNMF(args.k, optimizer="cavi", max_iter=args.iters, tol=1e-300, checkpoint_every=10).fit(
-            store, client, callback=record
-        )
+        OrdNMF(
+            args.k,
+            optimizer="cavi",
+            max_iter=args.iters,
+            tol=1e-300,
+            checkpoint_every=10,
+            n_members=1,
+        ).fit(store, client, callback=record)
     print(
         f"store: {store.n_users} x {store.n_items}, {store.nnz_train} train nnz, "
         f"grid {store.grid}, K = {args.k}"

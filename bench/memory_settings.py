@@ -109,6 +109,7 @@ def run(path: str, args: argparse.Namespace, shape: str, config: str) -> dict[st
             min_iter=iters,
             cache_blocks=not stream,
             checkpoint_every=0,
+            n_members=1,
         )
         model.fit(path, client, callback=record)
         peaks = worker_peaks(client)

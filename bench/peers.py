@@ -256,7 +256,9 @@ def run_ordnmf(info: StoreInfo, ks: tuple[int, ...], levels: list[int]) -> dict[
     fits, tried = [], []
     for k in ks:
         start = time.perf_counter()
-        model = OrdNMF(n_components=k, alpha_W=0.3, alpha_H=0.3, tol=1e-5, seed=0).fit(info.path)
+        model = OrdNMF(n_components=k, alpha_W=0.3, alpha_H=0.3, tol=1e-5, seed=0, n_members=1).fit(
+            info.path
+        )
         fits.append((model, time.perf_counter() - start))
         if len(ks) > 1:
             s = Scores(np.asarray(model.W_.compute()), np.asarray(model.H_.compute()))

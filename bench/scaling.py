@@ -178,6 +178,7 @@ def profiled_fit(
             min_iter=iters,
             cache_blocks=True,
             checkpoint_every=0,
+            n_members=1,
         )
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)

@@ -60,7 +60,7 @@ def with_validation(info: StoreInfo, path: str, fraction: float) -> StoreInfo:
 def run(info: StoreInfo, levels: list[int], **kw: Any) -> dict[str, Any]:
     """One fit and its chosen K, seconds and test figures."""
     t0 = time.perf_counter()
-    model = OrdNMF(**kw).fit(info.path)
+    model = OrdNMF(**kw, n_members=1).fit(info.path)
     seconds = time.perf_counter() - t0
     chosen = model.selection_["chosen"] if model.selection_ else kw["n_components"]
     return {"k": chosen, "seconds": seconds, **figures(info, model, levels)}

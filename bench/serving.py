@@ -89,7 +89,7 @@ def random_model(path: str, n_users: int, n_items: int, k: int) -> None:
         {
             "model": "OrdNMF",
             "family": "ordinal",
-            "params": OrdNMF(k).get_params(),
+            "params": OrdNMF(k, n_members=1).get_params(),
             "delta": [0.0, 1.0],
             "theta": [1.0, 0.0],
             "elbo": [0.0],

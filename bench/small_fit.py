@@ -86,6 +86,8 @@ def prepare(ratings: str, work: str, authors_code: str | None = None) -> tuple[s
         [
             "ordnmf-dask",
             "fit",
+            "--n-members",
+            "1",
             store,
             "-k",
             "2",
@@ -163,6 +165,8 @@ def main() -> None:
     fit = [
         "ordnmf-dask",
         "fit",
+        "--n-members",
+        "1",
         store,
         "-k",
         str(args.k),

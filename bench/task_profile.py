@@ -57,6 +57,7 @@ def profile(path: str, args: argparse.Namespace) -> None:
             min_iter=args.iters,
             cache_blocks=not args.stream,
             checkpoint_every=0,
+            n_members=1,
         )
         with get_task_stream(client) as stream:
             model.fit(path, client, callback=record)

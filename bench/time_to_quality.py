@@ -89,7 +89,9 @@ def run(
     if key in _RUNS:
         return _RUNS[key]
     trace: list[tuple[float, int, float]] = []
-    model = OrdNMF(k, tol=tol, max_iter=20_000, seed=seed, optimizer=optimizer, start=start)
+    model = OrdNMF(
+        k, tol=tol, max_iter=20_000, seed=seed, optimizer=optimizer, start=start, n_members=1
+    )
     t0 = time.perf_counter()
     model.fit(store.path, callback=lambda i: trace.append((i.elbo, i.passes, i.elapsed)))
     seconds = time.perf_counter() - t0

@@ -272,7 +272,7 @@ def _rows() -> Iterator[Param]:
     yield Param(
         "n_members",
         at_least_1,
-        1,
+        4,
         "fits averaged into one model (seeds seed, seed + 1, ...), side by side on the "
         "cluster: the model's law of a pair is the mixture of its members' laws (each member "
         "weighted 1/n_members), its ranking score the mean of theirs; 1 is the single fit of "

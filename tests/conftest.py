@@ -273,5 +273,7 @@ def small_fitted(tmp_path_factory) -> tuple[Path, Path]:
     where = tmp_path_factory.mktemp("fitted")
     train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
     store = store_from_dense(where / "o.zarr", train, test, 3, (2, 2))
-    model = OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=where / "bm.zarr")
+    model = OrdNMF(2, max_iter=2, executor="inprocess", n_members=1).fit(
+        store, out=where / "bm.zarr"
+    )
     return Path(store.path), Path(model.model_path_)

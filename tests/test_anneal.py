@@ -39,7 +39,13 @@ def ordinal_store(tmp_path_factory):
 @pytest.mark.parametrize("optimizer", ["cavi", "squarem"])
 def test_the_bound_never_decreases_once_the_schedule_has_ended(ordinal_store, optimizer):
     model = OrdNMF(
-        K, anneal=N, optimizer=optimizer, tol=1e-12, max_iter=150, executor="inprocess"
+        K,
+        anneal=N,
+        optimizer=optimizer,
+        tol=1e-12,
+        max_iter=150,
+        executor="inprocess",
+        n_members=1,
     ).fit(ordinal_store)
     elbo = np.asarray(model.elbo_)
     assert model.n_iter_ > N + 100  # well past the schedule
@@ -49,7 +55,7 @@ def test_the_bound_never_decreases_once_the_schedule_has_ended(ordinal_store, op
 
 def test_the_stopping_rule_waits_for_the_end_of_the_schedule(ordinal_store):
     """A tol no iteration of the schedule could miss stops the fit just after it."""
-    model = OrdNMF(K, anneal=N, optimizer="cavi", tol=1e3, executor="inprocess")
+    model = OrdNMF(K, anneal=N, optimizer="cavi", tol=1e3, executor="inprocess", n_members=1)
     model.fit(ordinal_store)
     assert model.n_iter_ == anneal.exact_from(N) + 1
 
@@ -59,7 +65,9 @@ def test_an_annealed_fit_is_the_same_on_a_cluster_and_in_process(ordinal_store, 
     on a cluster is tests/test_squarem.py's)."""
 
     def fit(c, **kw):
-        return OrdNMF(K, anneal=N, max_iter=N + 4, tol=1e-9, **kw).fit(ordinal_store, c)
+        return OrdNMF(K, anneal=N, max_iter=N + 4, tol=1e-9, **kw, n_members=1).fit(
+            ordinal_store, c
+        )
 
     two, here = fit(client), fit(None, executor="inprocess")
     assert two.elbo_ == here.elbo_ and two.passes_ == here.passes_
@@ -79,6 +87,7 @@ def test_a_fit_resumed_inside_the_schedule_continues_exactly(ordinal_store, tmp_
             checkpoint_every=4,
             executor="inprocess",
             **kw,
+            n_members=1,
         )
 
     whole = est(40).fit(ordinal_store)
@@ -101,7 +110,13 @@ def test_validation_scores_only_states_after_the_schedule(tmp_path):
         u, i, v, tmp_path / "v.zarr", ratings="integer", scale_max=5, validation_fraction=0.2
     )
     est = OrdNMF(
-        K, anneal=N, tol=1e-12, max_iter=N + 8, validation_every=2, executor="inprocess"
+        K,
+        anneal=N,
+        tol=1e-12,
+        max_iter=N + 8,
+        validation_every=2,
+        executor="inprocess",
+        n_members=1,
     ).fit(store)
     history = open_model(est.model_path_).attrs["validation"]["history"]
     assert [h["iteration"] for h in history] == list(range(N + 2, N + 9, 2))
@@ -109,9 +124,9 @@ def test_validation_scores_only_states_after_the_schedule(tmp_path):
 
 def test_anneal_zero_is_the_paper_path_and_a_schedule_changes_it(ordinal_store):
     def fit(**kw):
-        return OrdNMF(K, optimizer="cavi", max_iter=25, executor="inprocess", **kw).fit(
-            ordinal_store
-        )
+        return OrdNMF(
+            K, optimizer="cavi", max_iter=25, executor="inprocess", **kw, n_members=1
+        ).fit(ordinal_store)
 
     paper, zero, annealed = fit(), fit(anneal=0), fit(anneal=N)
     assert zero.elbo_ == paper.elbo_
@@ -128,7 +143,9 @@ def test_annealing_finds_a_higher_optimum_on_a_store_drawn_from_the_model(tmp_pa
     info = open_store(synth(tmp_path / "s.zarr", 600, 400, 12000, 4, 10, seed=0).path)
 
     def fit(n: int) -> OrdNMF:
-        return OrdNMF(20, optimizer="cavi", anneal=n, executor="inprocess").fit(info.path)
+        return OrdNMF(20, optimizer="cavi", anneal=n, executor="inprocess", n_members=1).fit(
+            info.path
+        )
 
     paper, annealed = fit(0), fit(30)
     assert annealed.elbo_[-1] > paper.elbo_[-1] + 0.005 * abs(paper.elbo_[-1])

@@ -33,7 +33,9 @@ def test_a_callback_sees_every_iteration_and_can_stop_the_fit(store_40x30, clien
         return info.iteration == 4
 
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        est = OrdNMF(K, max_iter=50, tol=1e-12).fit(store_40x30, client, callback=stop_at_4)
+        est = OrdNMF(K, max_iter=50, tol=1e-12, n_members=1).fit(
+            store_40x30, client, callback=stop_at_4
+        )
     assert [i.iteration for i in seen] == [1, 2, 3, 4] and est.n_iter_ == 4
     assert all(i.max_iter == 50 for i in seen)
     assert [i.elbo for i in seen] == est.elbo_
@@ -55,21 +57,23 @@ def test_info_stop_stops_the_fit(store_40x30, client):
         if info.iteration == 2:
             info.stop()
 
-    est = OrdNMF(K, max_iter=50, tol=1e-12).fit(store_40x30, client, callback=stop_at_2)
+    est = OrdNMF(K, max_iter=50, tol=1e-12, n_members=1).fit(
+        store_40x30, client, callback=stop_at_2
+    )
     assert est.n_iter_ == 2
 
 
 def test_a_slow_first_iteration_is_explained(store_40x30, client, caplog, monkeypatch):
     monkeypatch.setattr(cavi, "FIRST_NOTICE_SECONDS", 0.0)
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        OrdNMF(K, max_iter=2).fit(store_40x30, client)
+        OrdNMF(K, max_iter=2, n_members=1).fit(store_40x30, client)
     assert (
         "iteration 1 of 2 still running after 0 s: the workers read the training blocks"
         in caplog.text
     )
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        OrdNMF(K, max_iter=2, executor="inprocess").fit(store_40x30)
+        OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(store_40x30)
     assert "still running after 0 s: this process reads the training blocks" in caplog.text
     assert "workers" not in caplog.text
 
@@ -120,7 +124,7 @@ def test_on_a_terminal_one_line_shows_the_elbo_and_the_log_is_periodic(
 
     monkeypatch.setattr(progress, "_terminal", lambda: True)
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        OrdNMF(K, max_iter=12, tol=1e-12, executor="inprocess").fit(store_40x30)
+        OrdNMF(K, max_iter=12, tol=1e-12, executor="inprocess", n_members=1).fit(store_40x30)
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("iter ")]
     assert [int(m.split()[1].split("/")[0]) for m in logged] == [1, 10]
     drawn = capsys.readouterr().err

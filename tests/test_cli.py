@@ -66,8 +66,14 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     [
         (["ingest", "missing.csv", "--out", "s.zarr"], "missing.csv"),
         (["info", "nothing.zarr"], "nothing.zarr"),
-        (["fit", "STORE", "--out", "m.zarr", "-k", "0"], "--n-components must be an integer >= 1"),
-        (["fit", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"], "bad.npz"),
+        (
+            ["fit", "--n-members", "1", "STORE", "--out", "m.zarr", "-k", "0"],
+            "--n-components must be an integer >= 1",
+        ),
+        (
+            ["fit", "--n-members", "1", "STORE", "--out", "m.zarr", "-k", "2", "--init", "bad.npz"],
+            "bad.npz",
+        ),
         pytest.param(
             ["evaluate", "STORE", "OTHER_MODEL"], "does not match", marks=pytest.mark.cluster
         ),  # fits OTHER_MODEL on its own LocalCluster
@@ -80,7 +86,7 @@ def test_bad_input_exits_2_with_one_clear_message(tmp_path, args, message, capsy
     store_from_dense(tmp_path / "STORE", train, test, 3, (1, 1))
     other = store_from_dense(tmp_path / "OTHER", train[:, :8], test[:, :8], 3, (1, 1))
     if "OTHER_MODEL" in args:
-        OrdNMF(2, max_iter=2).fit(other, out=tmp_path / "OTHER_MODEL")
+        OrdNMF(2, max_iter=2, n_members=1).fit(other, out=tmp_path / "OTHER_MODEL")
     np.savez(tmp_path / "bad.npz", W=np.ones((3, 2)), H=np.ones((10, 2)))
     monkeypatch.chdir(tmp_path)
     code = main(args)
@@ -109,11 +115,13 @@ def test_warm_start_from_npz_matches_api(tmp_path):
     rng = np.random.default_rng(0)
     w0, h0 = rng.gamma(1, 1, (20, 2)), rng.gamma(1, 1, (15, 2))
     np.savez(tmp_path / "init.npz", W=w0, H=h0)
-    api = OrdNMF(2, max_iter=10, executor="inprocess").fit(store, init=(w0, h0))
+    api = OrdNMF(2, max_iter=10, executor="inprocess", n_members=1).fit(store, init=(w0, h0))
     assert (
         main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 store.path,
                 "--out",
                 str(tmp_path / "m.zarr"),
@@ -154,7 +162,7 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
             address,
         )
         assert r.returncode == 0, r.stderr
-    local = OrdNMF(3, max_iter=12, seed=5).fit(store)
+    local = OrdNMF(3, max_iter=12, seed=5, n_members=1).fit(store)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     np.testing.assert_array_equal(remote.W_.compute(), local.W_.compute())
@@ -167,6 +175,8 @@ def test_unreachable_scheduler_exits_3(tmp_path):
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "m.zarr"),
@@ -200,6 +210,8 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
         main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 store.path,
                 "--out",
                 str(tmp_path / "m.zarr"),

@@ -29,7 +29,7 @@ def cluster_fit(tmp_path_factory, cluster) -> tuple[str, str, str]:
         d / "s.zarr", *dense_split(synthetic_ordinal(20, 15, 3, seed=2)), 3, (1, 1)
     )
     with Client(cluster) as client:
-        OrdNMF(2, max_iter=2).fit(store, client, out=d / "m.zarr")
+        OrdNMF(2, max_iter=2, n_members=1).fit(store, client, out=d / "m.zarr")
     return store.path, str(d / "m.zarr"), cluster.scheduler_address
 
 
@@ -88,7 +88,8 @@ def test_non_utf8_config_exits_2_naming_the_file(cluster_fit, tmp_path, capsys):
     job = tmp_path / "job.toml"
     job.write_bytes(b"[model]\nn_components = 2  # caf\xe9\n")
     code, line = one_error_line(
-        capsys, ["fit", store, "--out", str(tmp_path / "m.zarr"), "--config", str(job)]
+        capsys,
+        ["fit", "--n-members", "1", store, "--out", str(tmp_path / "m.zarr"), "--config", str(job)],
     )
     assert code == 2 and str(job) in line and "UTF-8" in line
     assert not (tmp_path / "m.zarr").exists()
@@ -133,6 +134,8 @@ def test_quiet_keeps_info_in_the_log_file_and_global_flags_go_anywhere(
     quiet = ["-q", "--log-file", str(log_file)]
     fit = [
         "fit",
+        "--n-members",
+        "1",
         store,
         "--out",
         str(tmp_path / "m.zarr"),
@@ -167,6 +170,8 @@ def test_a_task_failing_on_the_cli_local_cluster_is_one_line(tmp_path):
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "m.zarr"),

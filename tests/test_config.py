@@ -70,7 +70,18 @@ def test_flags_override_only_what_was_given():
 )
 def test_bad_config_exits_2_naming_file_and_key(tmp_path, store_20x15, capsys, text, message):
     job = write(tmp_path / "job.toml", text)
-    code = main(["fit", store_20x15.path, "--out", str(tmp_path / "m.zarr"), "--config", job])
+    code = main(
+        [
+            "fit",
+            "--n-members",
+            "1",
+            store_20x15.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "--config",
+            job,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err
     assert job in err and message in err and "Traceback" not in err
@@ -79,9 +90,11 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path, store_20x15, capsys, t
 
 def test_missing_required_values_exit_2(tmp_path, store_20x15, capsys):
     job = write(tmp_path / "job.toml", "[model]\nn_components = 2\n")
-    assert main(["fit", "--config", job, "--out", str(tmp_path / "m.zarr")]) == 2
+    assert (
+        main(["fit", "--n-members", "1", "--config", job, "--out", str(tmp_path / "m.zarr")]) == 2
+    )
     assert f"missing STORE (or set it in {job})" in capsys.readouterr().err
-    assert main(["fit", store_20x15.path, "-k", "2"]) == 2
+    assert main(["fit", "--n-members", "1", store_20x15.path, "-k", "2"]) == 2
     assert "missing --out MODEL" in capsys.readouterr().err
 
 
@@ -110,7 +123,7 @@ level = "warning"
 file = "{tmp_path / "fit.log"}"
 """,
     )
-    assert main(["fit", "--config", job, "--max-iter", "4", "--seed", "3"]) == 0
+    assert main(["fit", "--n-members", "1", "--config", job, "--max-iter", "4", "--seed", "3"]) == 0
     fitted = OrdNMF.load(model)
     assert fitted.n_iter_ == 4 and fitted.seed == 3
     # a model saved before the seed was renamed (and n_workers dropped) still loads
@@ -127,7 +140,7 @@ file = "{tmp_path / "fit.log"}"
     assert resolved["logging"] == {"level": "WARNING", "file": str(tmp_path / "fit.log")}
     assert (tmp_path / "fit.log").exists()
     # the output exists now: refused unless overwrite is given (flag or file)
-    assert main(["fit", "--config", job, "--max-iter", "4"]) == 2
+    assert main(["fit", "--n-members", "1", "--config", job, "--max-iter", "4"]) == 2
 
 
 @pytest.mark.cluster  # a `dask scheduler` and worker process
@@ -140,6 +153,8 @@ def test_scheduler_file(tmp_path, store_20x15):
             main(
                 [
                     "fit",
+                    "--n-members",
+                    "1",
                     store_20x15.path,
                     "--out",
                     str(tmp_path / "m.zarr"),
@@ -155,7 +170,7 @@ def test_scheduler_file(tmp_path, store_20x15):
             )
             == 0
         )
-    local = OrdNMF(2, max_iter=6, seed=1, executor="inprocess").fit(store_20x15)
+    local = OrdNMF(2, max_iter=6, seed=1, executor="inprocess", n_members=1).fit(store_20x15)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     assert read_config(tmp_path / "m.zarr")["cluster"]["scheduler_file"] == str(sched_file)
@@ -166,6 +181,8 @@ def test_missing_scheduler_file_times_out_with_exit_3(tmp_path, store_20x15, cap
         code = main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 store_20x15.path,
                 "--out",
                 str(tmp_path / "m.zarr"),

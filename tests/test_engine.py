@@ -54,9 +54,9 @@ def test_fit_matches_oracle_trajectory(tmp_path, client, problem, grid, approx):
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, grid)
     ref = oracle.fit(train, n_classes, w0, h0, tol=1e-3, approx=approx)
     assert ref["n_iter"] > 7
-    model = OrdNMF(K, approx=approx, tol=1e-3, checkpoint_every=7, optimizer="cavi").fit(
-        store, client, init=(w0, h0)
-    )
+    model = OrdNMF(
+        K, approx=approx, tol=1e-3, checkpoint_every=7, optimizer="cavi", n_members=1
+    ).fit(store, client, init=(w0, h0))
     _assert_same_fit(model, ref)
     assert model.converged_
     objective = np.asarray(ref["objective"])
@@ -68,7 +68,9 @@ def test_binary_data_is_bepof(tmp_path, client, problem):
     tr, te = (train > 0).astype(np.int64), (test > 0).astype(np.int64)
     store = store_from_dense(tmp_path / "b.zarr", tr, te, 1, (2, 2))
     ref = oracle.fit(tr, 1, w0, h0, tol=1e-3, min_iter=5)  # 18 iterations (1e-6: 47)
-    model = OrdNMF(K, tol=1e-3, min_iter=5, optimizer="cavi").fit(store, client, init=(w0, h0))
+    model = OrdNMF(K, tol=1e-3, min_iter=5, optimizer="cavi", n_members=1).fit(
+        store, client, init=(w0, h0)
+    )
     _assert_same_fit(model, ref)
 
 
@@ -76,7 +78,7 @@ def test_streaming_cached_and_checkpoints_agree_bitwise(tmp_path, client, proble
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 2))
     fits = [
-        OrdNMF(K, max_iter=7, cache_blocks=cache, checkpoint_every=every).fit(
+        OrdNMF(K, max_iter=7, cache_blocks=cache, checkpoint_every=every, n_members=1).fit(
             store, client, init=(w0, h0)
         )
         for cache, every in [(True, 0), (False, 0), (True, 3)]
@@ -89,14 +91,14 @@ def test_streaming_cached_and_checkpoints_agree_bitwise(tmp_path, client, proble
 def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (3, 3))
-    two = OrdNMF(K, max_iter=4).fit(store, client)  # an order of sums differs at once
+    two = OrdNMF(K, max_iter=4, n_members=1).fit(store, client)  # an order of sums differs at once
     with (
         LocalCluster(
             n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
         ) as lc,
         Client(lc) as one_client,
     ):
-        one = OrdNMF(K, max_iter=4).fit(store, one_client)
+        one = OrdNMF(K, max_iter=4, n_members=1).fit(store, one_client)
     assert one.elbo_ == two.elbo_
     np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
 
@@ -106,9 +108,9 @@ def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):
     fits = []
     for grid in [(1, 1), (3, 2)]:
         store = store_from_dense(tmp_path / f"s{grid[0]}.zarr", train, test, n_classes, grid)
-        fits.append(OrdNMF(K, max_iter=2, seed=3).fit(store, client))
+        fits.append(OrdNMF(K, max_iter=2, seed=3, n_members=1).fit(store, client))
     np.testing.assert_allclose(fits[0].elbo_, fits[1].elbo_, rtol=1e-12)
-    other_seed = OrdNMF(K, max_iter=2, seed=4).fit(store, client)
+    other_seed = OrdNMF(K, max_iter=2, seed=4, n_members=1).fit(store, client)
     assert other_seed.elbo_[-1] != fits[1].elbo_[-1]
 
 
@@ -160,7 +162,7 @@ def test_a_model_fitted_without_out_lives_until_the_process_exits(tmp_path, prob
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     script = (
         "from ordnmf_dask import OrdNMF\n"
-        f"m = OrdNMF({K}, max_iter=2).fit({store.path!r})\n"
+        f"m = OrdNMF({K}, max_iter=2, n_members=1).fit({store.path!r})\n"
         "print(m.model_path_, m.W_.compute().shape)\n"
     )
     done = subprocess.run(
@@ -182,7 +184,7 @@ def test_a_fit_that_cannot_start_leaves_no_scratch_directory(tmp_path, monkeypat
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with pytest.raises(NotADirectoryError, match="a-file"):
-        OrdNMF(K, max_iter=1, checkpoint_dir=str(blocker / "ckpt")).fit(store)
+        OrdNMF(K, max_iter=1, checkpoint_dir=str(blocker / "ckpt"), n_members=1).fit(store)
     assert list(scratch.iterdir()) == []
 
 
@@ -190,7 +192,9 @@ def test_save_and_load_round_trip(tmp_path, problem):
     """(In-process: what is saved does not depend on the executor, tests/test_inprocess.py.)"""
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
-    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=tmp_path / "m.zarr")
+    model = OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(
+        store, out=tmp_path / "m.zarr"
+    )
     model.save(tmp_path / "copy.zarr")
     loaded = OrdNMF.load(tmp_path / "copy.zarr")
     assert loaded.get_params() == model.get_params()
@@ -214,9 +218,12 @@ def test_resume_continues_exactly_and_skips_a_truncated_checkpoint(tmp_path, cli
             tol=1e-12,
             checkpoint_every=3,
             checkpoint_dir=str(ckpt),
+            n_members=1,
         )
 
-    whole = OrdNMF(K, optimizer="cavi", max_iter=10, tol=1e-12).fit(store, client, init=(w0, h0))
+    whole = OrdNMF(K, optimizer="cavi", max_iter=10, tol=1e-12, n_members=1).fit(
+        store, client, init=(w0, h0)
+    )
     # "interrupted" after 7 iterations: checkpoints at 3 and 6 remain
     est(7).fit(store, client, init=(w0, h0))
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000003", "ckpt-00000006"]
@@ -249,11 +256,19 @@ def test_a_fit_stopping_at_a_checkpoint_iteration_leaves_no_checkpoint_for_it(
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     ckpt = tmp_path / "ckpt"
     model = OrdNMF(
-        K, tol=1.0, min_iter=2, max_iter=10, checkpoint_every=1, checkpoint_dir=str(ckpt)
+        K,
+        tol=1.0,
+        min_iter=2,
+        max_iter=10,
+        checkpoint_every=1,
+        checkpoint_dir=str(ckpt),
+        n_members=1,
     ).fit(store, client, init=(w0, h0))
     assert model.converged_ and model.n_iter_ == 3
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000001", "ckpt-00000002"]
-    plain = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10).fit(store, client, init=(w0, h0))
+    plain = OrdNMF(K, tol=1.0, min_iter=2, max_iter=10, n_members=1).fit(
+        store, client, init=(w0, h0)
+    )
     assert model.elbo_ == plain.elbo_
 
 
@@ -261,11 +276,11 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, client, 
     n_classes, train, test, w0, h0 = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (1, 2))
     ckpt = str(tmp_path / "ckpt")
-    OrdNMF(K, max_iter=4, checkpoint_every=3, checkpoint_dir=ckpt).fit(store, client)
+    OrdNMF(K, max_iter=4, checkpoint_every=3, checkpoint_dir=ckpt, n_members=1).fit(store, client)
     # none after the last iteration: its state is the saved model
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-00000003"]
-    other = OrdNMF(K, max_iter=4, alpha_W=1.0, checkpoint_every=3, checkpoint_dir=ckpt)
-    fresh = OrdNMF(K, max_iter=4, alpha_W=1.0).fit(store, client)
+    other = OrdNMF(K, max_iter=4, alpha_W=1.0, checkpoint_every=3, checkpoint_dir=ckpt, n_members=1)
+    fresh = OrdNMF(K, max_iter=4, alpha_W=1.0, n_members=1).fit(store, client)
     refused = re.escape(ckpt) + " holds checkpoints of another .* restart=True"
     for resume in (True, False):  # the checkpoints do not match: refused, and kept
         with pytest.raises(InputError, match=refused):
@@ -281,8 +296,8 @@ def test_restarts_keep_the_best_run(tmp_path, problem):
     n_classes, train, test, _, _ = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (2, 2))
     here = {"max_iter": 4, "executor": "inprocess"}
-    best = OrdNMF(K, n_init=3, seed=10, **here).fit(store)
-    singles = [OrdNMF(K, seed=s, **here).fit(store) for s in (10, 11, 12)]
+    best = OrdNMF(K, n_init=3, seed=10, **here, n_members=1).fit(store)
+    singles = [OrdNMF(K, seed=s, **here, n_members=1).fit(store) for s in (10, 11, 12)]
     finals = [m.elbo_[-1] for m in singles]
     assert [r["elbo"] for r in best.runs_] == finals
     assert best.elbo_ == singles[int(np.argmax(finals))].elbo_

@@ -70,7 +70,7 @@ def family(request: pytest.FixtureRequest) -> str:
 
 def make(family: str, **params: Any) -> CaviEstimator:
     klass, args, _ = FAMILIES[family]
-    return klass(K, **args, **params)
+    return klass(K, **{"n_members": 1, **args, **params})
 
 
 @pytest.fixture(scope="module")

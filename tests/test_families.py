@@ -209,6 +209,7 @@ def test_dcpf_matches_oracle(tmp_path, overdispersed, grid, p, update_p):
         checkpoint_every=7,
         optimizer="cavi",
         executor="inprocess",
+        n_members=1,
     )
     model.fit(store, init=(w0, h0))
     _assert_same_dcpf_fit(model, ref, MAX_ITER)
@@ -233,7 +234,9 @@ def test_dcpf_limits_on_the_engine(tmp_path):
     w0, h0 = warm_start(24, 18, seed=1)
     store = count_store(tmp_path / "m.zarr", train, test, (2, 2))
     ref = oracle_dcpf.fit(train, w0, h0, p=0.5, tol=TOL, max_iter=10)
-    model = DcPF(K, p=0.5, tol=TOL, max_iter=10, executor="inprocess").fit(store, init=(w0, h0))
+    model = DcPF(K, p=0.5, tol=TOL, max_iter=10, executor="inprocess", n_members=1).fit(
+        store, init=(w0, h0)
+    )
     # p* ~ 2 (1 - s_en / s_y): its relative round-off grows like 1 / p (here p ~ 1e-5)
     _assert_same_dcpf_fit(model, ref, 10, p_rtol=1e-5)
     assert model.p_ < 1e-4
@@ -241,8 +244,8 @@ def test_dcpf_limits_on_the_engine(tmp_path):
 
     tr, te = (train > 0).astype(np.int64), (test > 0).astype(np.int64)
     binary = store_from_dense(tmp_path / "b.zarr", tr, te, 1, (2, 2))
-    one = DcPF(K, p=1.0, max_iter=12, executor="inprocess").fit(binary, init=(w0, h0))
-    zero = DcPF(K, p=0.0, max_iter=12, executor="inprocess").fit(binary, init=(w0, h0))
+    one = DcPF(K, p=1.0, max_iter=12, executor="inprocess", n_members=1).fit(binary, init=(w0, h0))
+    zero = DcPF(K, p=0.0, max_iter=12, executor="inprocess", n_members=1).fit(binary, init=(w0, h0))
     np.testing.assert_allclose(one.elbo_, zero.elbo_, rtol=1e-12)
     np.testing.assert_allclose(one.W_.compute(), zero.W_.compute(), rtol=1e-12)
     ref = pf_fit(tr, w0, h0, max_iter=12, tol=-np.inf)
@@ -310,7 +313,7 @@ def test_dcpf_on_a_count_store_uses_the_raw_counts(tmp_path):
     edges = [0, 1, 2, 5, 10, 50]
     store = _write_count_store(tmp_path / "raw.zarr", train, test, edges, (2, 2))
     ref = oracle_dcpf.fit(train, w0, h0, p=0.5, tol=TOL, max_iter=MAX_ITER)
-    model = DcPF(K, tol=TOL, max_iter=MAX_ITER, optimizer="cavi", executor="inprocess")
+    model = DcPF(K, tol=TOL, max_iter=MAX_ITER, optimizer="cavi", executor="inprocess", n_members=1)
     model.fit(store, init=(w0, h0))
     _assert_same_dcpf_fit(model, ref, MAX_ITER)
 
@@ -348,7 +351,9 @@ def test_binarized_models_match_oracle(tmp_path, ordinal_problem, klass, thresho
     binary = (train >= threshold).astype(np.int64)
     approx = klass is PF
     ref = oracle.fit(binary, 1, w0, h0, tol=TOL, max_iter=BIN_MAX_ITER, approx=approx)
-    model = klass(K, threshold=threshold, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess")
+    model = klass(
+        K, threshold=threshold, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess", n_members=1
+    )
     model.fit(store, init=(w0, h0))
     assert model.approx is approx
     assert model.n_iter_ == ref["n_iter"]
@@ -365,7 +370,13 @@ def test_bepof_with_theta0_fixed_at_one_matches_oracle(tmp_path, ordinal_problem
     binary = (train >= 2).astype(np.int64)
     ref = oracle.fit(binary, 1, w0, h0, tol=TOL, max_iter=BIN_MAX_ITER, fixed_delta=[0.0, 1.0])
     model = BePoF(
-        K, threshold=2, learn_threshold=False, tol=TOL, max_iter=BIN_MAX_ITER, executor="inprocess"
+        K,
+        threshold=2,
+        learn_threshold=False,
+        tol=TOL,
+        max_iter=BIN_MAX_ITER,
+        executor="inprocess",
+        n_members=1,
     )
     model.fit(store, init=(w0, h0))
     assert model.delta_.tolist() == [0.0, 1.0] and model.theta_.tolist() == [1.0, 0.0]
@@ -384,7 +395,9 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
     binarized families' fits bitwise their in-process fits (which the oracle tests check)."""
     train, test, w0, h0 = overdispersed
     store = count_store(tmp_path / "c.zarr", train, test, (2, 2))
-    model = DcPF(K, max_iter=4, p=0.5).fit(store, client, init=(w0, h0), out=tmp_path / "m")
+    model = DcPF(K, max_iter=4, p=0.5, n_members=1).fit(
+        store, client, init=(w0, h0), out=tmp_path / "m"
+    )
     model.save(tmp_path / "copy")
     loaded = DcPF.load(tmp_path / "copy")
     assert type(loaded) is DcPF
@@ -405,7 +418,7 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
 
     n_classes, otrain, otest, ow0, oh0 = ordinal_problem
     ostore = store_from_dense(tmp_path / "o.zarr", otrain, otest, n_classes, (2, 2))
-    ord_model = OrdNMF(K, max_iter=4).fit(ostore, client, init=(ow0, oh0))
+    ord_model = OrdNMF(K, max_iter=4, n_members=1).fit(ostore, client, init=(ow0, oh0))
     with pytest.raises(InputError, match="'OrdNMF' model, not a DcPF"):
         DcPF.load(ord_model.model_path_)
     ord_result = evaluate(ostore, ord_model, client)
@@ -414,13 +427,13 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
     )
     assert ord_result["test_loglik"] == pytest.approx(expected, rel=1e-9)
 
-    bepof = BePoF(K, threshold=2, max_iter=4).fit(ostore, client, init=(ow0, oh0))
+    bepof = BePoF(K, threshold=2, max_iter=4, n_members=1).fit(ostore, client, init=(ow0, oh0))
     bepof_result = evaluate(ostore, bepof, client)
     assert bepof_result["test_loglik"] is None
     assert bepof_result["test_loglik_mean"] is None
     assert set(bepof_result["ndcg"]) == {1, 2, 3, 4}
 
-    pf = PF(K, threshold=2, max_iter=4).fit(ostore, client, init=(ow0, oh0))
+    pf = PF(K, threshold=2, max_iter=4, n_members=1).fit(ostore, client, init=(ow0, oh0))
     for on_cluster in (bepof, pf):
         alone = type(on_cluster)(K, threshold=2, max_iter=4, executor="inprocess")
         alone.fit(ostore, init=(ow0, oh0))

@@ -65,7 +65,7 @@ def assert_bitwise(a: dict[str, object], b: dict[str, object], what: str = "") -
 
 def fit(data, **kw) -> dict[str, object]:
     """The state of a short K = 2 fit of ``data`` (``kw``: fit's keywords)."""
-    return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(data, **kw))
+    return state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12, n_members=1).fit(data, **kw))
 
 
 def data_dirs(work) -> list:
@@ -81,8 +81,12 @@ def test_fit_on_a_sparse_matrix_is_bitwise_the_fit_on_the_same_rows_ingested_fro
 ):
     x = ratings()
     store = ingest(write_csv(tmp_path / "r.csv", x), tmp_path / "r.zarr", test_fraction=0.0)
-    on_store = klass(2, max_iter=ITERS, tol=1e-12, **kw).fit(store, out=tmp_path / "a.zarr")
-    in_memory = klass(2, max_iter=ITERS, tol=1e-12, **kw).fit(x, out=tmp_path / "b.zarr")
+    on_store = klass(2, max_iter=ITERS, tol=1e-12, **kw, n_members=1).fit(
+        store, out=tmp_path / "a.zarr"
+    )
+    in_memory = klass(2, max_iter=ITERS, tol=1e-12, **kw, n_members=1).fit(
+        x, out=tmp_path / "b.zarr"
+    )
     assert_bitwise(state_of(in_memory), state_of(on_store))
     assert in_memory.W_.shape == (N_USERS, 2) and in_memory.H_.shape == (N_ITEMS, 2)
 
@@ -125,15 +129,15 @@ def test_a_frame_is_read_by_column_name_never_by_position(tmp_path):
     shop = frame.rename(columns={"user": "customer", "item": "product", "value": "stars"})
     work = tmp_path / "work"
     with pytest.raises(InputError, match=r"customer, product, stars.*columns=\(USER, ITEM"):
-        OrdNMF(2, max_iter=1, work_dir=str(work)).fit(shop)
+        OrdNMF(2, max_iter=1, work_dir=str(work), n_members=1).fit(shop)
     assert_bitwise(
         fit(shop, ingest_options={"columns": ("customer", "product", "stars")}), reference
     )
     twice = movielens.assign(user_id=u)
     with pytest.raises(InputError, match=r"2 could be the user \(userId, user_id\)"):
-        OrdNMF(2, max_iter=1, work_dir=str(work)).fit(twice)
+        OrdNMF(2, max_iter=1, work_dir=str(work), n_members=1).fit(twice)
     with pytest.raises(InputError, match=r"are positions; a table's columns are picked by name"):
-        OrdNMF(2, max_iter=1, work_dir=str(work)).fit(
+        OrdNMF(2, max_iter=1, work_dir=str(work), n_members=1).fit(
             reordered, ingest_options={"columns": (2, 0, 1)}
         )
     assert data_dirs(work) == []
@@ -141,9 +145,9 @@ def test_a_frame_is_read_by_column_name_never_by_position(tmp_path):
 
 def test_all_of_x_trains_unless_a_test_split_is_asked_for(tmp_path):
     x = ratings(2)
-    est = OrdNMF(2, max_iter=2).fit(x)
+    est = OrdNMF(2, max_iter=2, n_members=1).fit(x)
     assert open_model(est.model_path_).attrs["store"]["nnz_train"] == x.nnz
-    est = OrdNMF(2, max_iter=2).fit(
+    est = OrdNMF(2, max_iter=2, n_members=1).fit(
         x, ingest_options={"test_fraction": 0.25, "seed": 3}, store_out=tmp_path / "kept.zarr"
     )
     store = open_store(tmp_path / "kept.zarr")
@@ -155,25 +159,27 @@ def test_all_of_x_trains_unless_a_test_split_is_asked_for(tmp_path):
 
 def test_ingest_options_set_the_classes(tmp_path):
     x = ratings(3, scale=0.5)  # half-star ratings 0.5 .. 2
-    est = OrdNMF(2, max_iter=2).fit(x, ingest_options={"ratings": "halfstar"})
+    est = OrdNMF(2, max_iter=2, n_members=1).fit(x, ingest_options={"ratings": "halfstar"})
     assert est.theta_.shape == (11,)
     counts = ratings(3, scale=300)  # raw counts 300 .. 1200
-    est = DcPF(2, max_iter=2).fit(counts, ingest_options={"counts": "paper"})
+    est = DcPF(2, max_iter=2, n_members=1).fit(counts, ingest_options={"counts": "paper"})
     assert open_model(est.model_path_).attrs["store"]["n_classes"] == 10
 
 
 def test_store_out_keeps_the_store_and_gives_the_model_of_ingest_then_fit(tmp_path):
     x = ratings(4)
-    kept = OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(x, store_out=tmp_path / "s.zarr")
+    kept = OrdNMF(2, max_iter=ITERS, tol=1e-12, n_members=1).fit(x, store_out=tmp_path / "s.zarr")
     store = ingest(x, tmp_path / "t.zarr", test_fraction=0.0)
-    assert_bitwise(state_of(kept), state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(store)))
+    assert_bitwise(
+        state_of(kept), state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12, n_members=1).fit(store))
+    )
     assert open_store(tmp_path / "s.zarr").nnz_train == x.nnz
 
 
 def test_the_temporary_store_lives_as_long_as_the_estimator(tmp_path):
     work = tmp_path / "work"
     x = ratings(5)
-    est = OrdNMF(2, max_iter=2, work_dir=str(work)).fit(x)
+    est = OrdNMF(2, max_iter=2, work_dir=str(work), n_members=1).fit(x)
     (first,) = data_dirs(work)
     store = open_model(est.model_path_).attrs["store"]["path"]
     assert store.startswith(str(first))
@@ -192,10 +198,10 @@ def test_a_failed_fit_leaves_no_store(tmp_path):
     work = tmp_path / "work"
     x = ratings(7)
     with pytest.raises(InputError, match="threshold must be an integer in 1..4"):
-        BePoF(2, threshold=9, work_dir=str(work)).fit(x)  # fails after the ingest
+        BePoF(2, threshold=9, work_dir=str(work), n_members=1).fit(x)  # fails after the ingest
     with pytest.raises(InputError, match="not a positive integer"):
-        OrdNMF(2, work_dir=str(work)).fit(ratings(7, scale=0.5))  # fails in the ingest
-    est = OrdNMF(2, max_iter=2, work_dir=str(work)).fit(x, check=True)
+        OrdNMF(2, work_dir=str(work), n_members=1).fit(ratings(7, scale=0.5))  # fails in the ingest
+    est = OrdNMF(2, max_iter=2, work_dir=str(work), n_members=1).fit(x, check=True)
     assert not hasattr(est, "model_path_")
     assert data_dirs(work) == []
 
@@ -211,7 +217,7 @@ def test_a_failed_fit_leaves_no_store(tmp_path):
 )
 def test_a_wrong_kind_of_data_is_a_type_error_naming_what_fit_takes(data, hint):
     with pytest.raises(TypeError, match=hint) as exc:
-        OrdNMF(2).fit(data)
+        OrdNMF(2, n_members=1).fit(data)
     assert "scipy.sparse matrix" in str(exc.value) and "ordnmf_dask.ingest" in str(exc.value)
 
 
@@ -237,7 +243,7 @@ def test_a_wrong_kind_of_data_is_a_type_error_naming_what_fit_takes(data, hint):
 )
 def test_a_wrong_value_scale_says_which_ingest_option_to_pass(tmp_path, scale, message):
     with pytest.raises(InputError, match=message):
-        OrdNMF(2, work_dir=str(tmp_path)).fit(ratings(8, scale=scale))
+        OrdNMF(2, work_dir=str(tmp_path), n_members=1).fit(ratings(8, scale=scale))
     assert data_dirs(tmp_path) == []
 
 
@@ -251,17 +257,17 @@ def test_explicit_zeros_of_a_sparse_matrix_are_no_interaction(tmp_path):
     info = ingest(with_zeros, tmp_path / "z.zarr", test_fraction=0.0)
     assert info.nnz_train == dropped.nnz < x.nnz
     assert_bitwise(
-        state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(with_zeros)),
-        state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12).fit(dropped)),
+        state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12, n_members=1).fit(with_zeros)),
+        state_of(OrdNMF(2, max_iter=ITERS, tol=1e-12, n_members=1).fit(dropped)),
     )
 
 
 def test_store_arguments_keep_their_errors_with_a_hint(tmp_path):
     csv = write_csv(tmp_path / "r.csv", ratings())
     with pytest.raises(InputError, match=r"r\.csv: a file, not a store: .*ordnmf_dask\.ingest"):
-        OrdNMF(2).fit(csv)
+        OrdNMF(2, n_members=1).fit(csv)
     store = ingest(csv, tmp_path / "r.zarr")
     with pytest.raises(InputError, match="ingest_options and store_out apply to data in memory"):
-        OrdNMF(2).fit(store, ingest_options={"ratings": "integer"})
+        OrdNMF(2, n_members=1).fit(store, ingest_options={"ratings": "integer"})
     with pytest.raises(TypeError, match="unexpected keyword argument 'rating'"):
-        OrdNMF(2).fit(ratings(), ingest_options={"rating": "integer"})
+        OrdNMF(2, n_members=1).fit(ratings(), ingest_options={"rating": "integer"})

@@ -35,7 +35,9 @@ def fitted(tmp_path_factory) -> tuple[str, str]:
     where = tmp_path_factory.mktemp("headers")
     train, test = dense_split(synthetic_ordinal(20, 15, V, seed=2))
     store = store_from_dense(where / "s.zarr", train, test, V, (2, 2))
-    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=where / "m.zarr")
+    model = OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(
+        store, out=where / "m.zarr"
+    )
     return store.path, model.model_path_
 
 
@@ -73,7 +75,18 @@ def test_a_store_header_claiming_huge_sizes_is_refused_before_use(
     _edit(store, change)
     for args in (
         ["info", store, "--verify"],
-        ["fit", store, "--out", str(tmp_path / "new.zarr"), "-k", "2", "--max-iter", "1"],
+        [
+            "fit",
+            "--n-members",
+            "1",
+            store,
+            "--out",
+            str(tmp_path / "new.zarr"),
+            "-k",
+            "2",
+            "--max-iter",
+            "1",
+        ],
         ["evaluate", store, fitted[1]],
     ):
         code, line = one_error_line(capsys, args)

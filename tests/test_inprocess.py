@@ -67,6 +67,7 @@ def test_an_inprocess_fit_is_bitwise_the_cluster_fit(tmp_path, store_2x3, client
             checkpoint_every=every,
             work_dir=str(tmp_path / f"work{len(kw)}"),
             **kw,
+            n_members=1,
         )
         return _result(est.fit(store_2x3, where, out=tmp_path / f"{len(list(tmp_path.iterdir()))}"))
 
@@ -89,6 +90,7 @@ def test_a_one_block_fit_in_the_calling_thread_is_bitwise_the_cluster_fit(tmp_pa
             checkpoint_every=2,
             work_dir=str(tmp_path / f"work{len(kw)}"),
             **kw,
+            n_members=1,
         )
         return _result(est.fit(one, where, out=tmp_path / f"m{len(kw)}"))
 
@@ -140,26 +142,32 @@ def test_a_fit_resumes_across_executors_bitwise(tmp_path, store_2x3, client):
     ckpt = str(tmp_path / "ckpt")
 
     def est(n: int, **kw) -> OrdNMF:
-        return OrdNMF(K, max_iter=n, tol=1e-12, checkpoint_every=3, checkpoint_dir=ckpt, **kw)
+        return OrdNMF(
+            K, max_iter=n, tol=1e-12, checkpoint_every=3, checkpoint_dir=ckpt, **kw, n_members=1
+        )
 
     est(7, executor="inprocess").fit(store_2x3, out=tmp_path / "a")  # leaves ckpt-6 behind
     resumed = est(12).fit(store_2x3, client, out=tmp_path / "b", resume=True)
-    whole = OrdNMF(K, max_iter=12, tol=1e-12, checkpoint_every=3, executor="inprocess").fit(
-        store_2x3, out=tmp_path / "c"
-    )
+    whole = OrdNMF(
+        K, max_iter=12, tol=1e-12, checkpoint_every=3, executor="inprocess", n_members=1
+    ).fit(store_2x3, out=tmp_path / "c")
     _assert_bitwise(_result(whole), _result(resumed))
 
 
 @pytest.mark.cluster
 def test_evaluate_inprocess_is_the_cluster_evaluation(tmp_path, store_2x3, client):
-    model = OrdNMF(K, max_iter=5, executor="inprocess").fit(store_2x3, out=tmp_path / "m")
+    model = OrdNMF(K, max_iter=5, executor="inprocess", n_members=1).fit(
+        store_2x3, out=tmp_path / "m"
+    )
     with InProcessClient() as threads:
         assert evaluate(store_2x3, model, client, k=5) == evaluate(store_2x3, model, threads, k=5)
 
 
 def test_a_small_fit_without_a_client_starts_no_cluster(tmp_path, store_2x3):
     """Not marked ``cluster``: a scheduler started here would fail the fit (conftest)."""
-    model = OrdNMF(K, max_iter=4, checkpoint_every=2).fit(store_2x3, out=tmp_path / "m")
+    model = OrdNMF(K, max_iter=4, checkpoint_every=2, n_members=1).fit(
+        store_2x3, out=tmp_path / "m"
+    )
     assert model.n_iter_ == 4 and np.isfinite(model.elbo_[-1])
     res = evaluate(store_2x3, model, k=5)
     assert res["nnz_test"] == store_2x3.nnz_test
@@ -181,7 +189,7 @@ def test_fits_sharing_a_client_from_threads_run_inline_and_match_fits_alone(tmp_
     from concurrent.futures import ThreadPoolExecutor
 
     def fit(seed: int, client: object, name: str) -> dict[str, object]:
-        est = OrdNMF(K, max_iter=5, tol=1e-12, seed=seed)
+        est = OrdNMF(K, max_iter=5, tol=1e-12, seed=seed, n_members=1)
         return _result(est.fit(store_2x3, client, out=tmp_path / f"{name}{seed}"))
 
     with cluster.choose_client(None, store_2x3, K, "inprocess") as alone:
@@ -212,9 +220,9 @@ def test_inprocess_checkpoints_only_where_a_later_fit_can_find_them(tmp_path):
 
 def test_executor_values_are_checked(tmp_path, store_2x3):
     with pytest.raises(InputError, match="^executor must be 'auto', 'inprocess' or 'cluster'"):
-        OrdNMF(K, executor="threads").fit(store_2x3)
+        OrdNMF(K, executor="threads", n_members=1).fit(store_2x3)
     with pytest.raises(InputError, match="executor='inprocess' runs without a cluster"):
-        OrdNMF(K, executor="inprocess").fit(store_2x3, client=object())
+        OrdNMF(K, executor="inprocess", n_members=1).fit(store_2x3, client=object())
 
 
 def _add(a, b):
@@ -268,7 +276,20 @@ def test_a_result_holding_futures_is_read_and_pickled_as_their_values():
 
 def _cli_fit(store_2x3, out, *flags: str) -> str:
     done = subprocess.run(
-        [*CLI, "fit", store_2x3.path, "--out", str(out), "-k", "2", "--max-iter", "2", *flags],
+        [
+            *CLI,
+            "fit",
+            "--n-members",
+            "1",
+            store_2x3.path,
+            "--out",
+            str(out),
+            "-k",
+            "2",
+            "--max-iter",
+            "2",
+            *flags,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -350,7 +371,7 @@ def test_a_fit_in_a_new_process_loads_every_kernel_from_numba_s_cache(tmp_path, 
         "from ordnmf_dask import OrdNMF\n"
         "compiles = event.RecordingListener()\n"
         "with event.install_listener('numba:compile', compiles):\n"
-        f"    model = OrdNMF(2, max_iter=2).fit({store_2x3.path!r}, "
+        f"    model = OrdNMF(2, max_iter=2, n_members=1).fit({store_2x3.path!r}, "
         f"out={str(tmp_path / 'm')!r}, "
         "overwrite=True)\n"
         "names = {e.data['dispatcher'].py_func.__qualname__ for _, e in compiles.buffer}\n"
@@ -408,7 +429,7 @@ def test_checkpoints_are_by_time_by_default(store_2x3, tmp_path):
     written, elbo = {}, {}
     for name, kw in (("default", {}), ("every", {"checkpoint_every": 4})):
         ckpt = tmp_path / name
-        model = OrdNMF(K, max_iter=10, tol=1e-12, checkpoint_dir=str(ckpt), **kw)
+        model = OrdNMF(K, max_iter=10, tol=1e-12, checkpoint_dir=str(ckpt), **kw, n_members=1)
         elbo[name] = model.fit(store_2x3, show_progress=False).elbo_
         written[name] = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("ckpt-"))
     assert written == {"default": [], "every": ["ckpt-00000004", "ckpt-00000008"]}

@@ -246,7 +246,19 @@ def test_a_damaged_init_file_is_named(tmp_path, capsys):
     not_npz.write_text("W,H\n1,2\n")
     for bad in (truncated, not_npz):
         code = main(
-            ["fit", store.path, "-k", "2", "--init", str(bad), "--out", str(tmp_path / "m"), "-q"]
+            [
+                "fit",
+                "--n-members",
+                "1",
+                store.path,
+                "-k",
+                "2",
+                "--init",
+                str(bad),
+                "--out",
+                str(tmp_path / "m"),
+                "-q",
+            ]
         )
         err = capsys.readouterr().err.splitlines()
         assert code == 2 and len(err) == 1, err
@@ -257,6 +269,8 @@ def test_a_damaged_init_file_is_named(tmp_path, capsys):
         code = main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 store.path,
                 "-k",
                 "2",
@@ -327,7 +341,7 @@ def test_test_rows_dropped_are_one_warning_line(tmp_path, capsys):
     ("args", "line"),
     [
         (
-            ["fit", "-k", "abc", "s.zarr"],
+            ["fit", "--n-members", "1", "-k", "abc", "s.zarr"],
             "ordnmf-dask fit: error: argument -k/--n-components: invalid int value: 'abc' "
             "(see ordnmf-dask fit --help)",
         ),

@@ -158,7 +158,7 @@ def test_empty_classes_without_zero_pairs_give_zero_delta():
 def test_one_row_csv_fits_to_a_finite_elbo(tmp_path, client):
     info = ingest(write(tmp_path, "one.csv", "1,2,3\n"), tmp_path / "s")
     assert (info.n_users, info.n_items, info.nnz_train) == (1, 1, 1)
-    model = OrdNMF(1, max_iter=6, min_iter=6).fit(info, client)
+    model = OrdNMF(1, max_iter=6, min_iter=6, n_members=1).fit(info, client)
     assert len(model.elbo_) == 6 and np.all(np.isfinite(model.elbo_))
     assert np.all(np.isfinite(model.delta_)) and np.all(np.isfinite(model.W_))
 

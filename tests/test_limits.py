@@ -64,7 +64,18 @@ def test_more_factors_than_the_smaller_side_are_refused_before_the_fit(
 def test_cli_refuses_k_above_the_rank_in_one_line(store_1x1, tmp_path, capsys):
     code, line = one_error_line(
         capsys,
-        ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"), "-k", "16", "--max-iter", "1"],
+        [
+            "fit",
+            "--n-members",
+            "1",
+            store_1x1.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "16",
+            "--max-iter",
+            "1",
+        ],
     )
     assert code == 2
     assert "K (--n-components) = 16 is larger than min(users, items) = 15" in line
@@ -90,7 +101,20 @@ def test_a_worker_memory_limit_no_task_runs_under_is_refused_before_any_cluster(
 ):
     """A worker paused at its limit before its first task never runs one: the fit would wait
     for it forever (this test is not marked cluster: a scheduler started here fails)."""
-    args, where = ["fit", store_1x1.path, "--out", str(tmp_path / "m.zarr"), "-k", "2", *given], ""
+    args, where = (
+        [
+            "fit",
+            "--n-members",
+            "1",
+            store_1x1.path,
+            "--out",
+            str(tmp_path / "m.zarr"),
+            "-k",
+            "2",
+            *given,
+        ],
+        "",
+    )
     if config is not None:
         where = str(tmp_path / "job.toml")
         (tmp_path / "job.toml").write_text(f"[cluster.local]\n{config}\n")
@@ -111,6 +135,8 @@ def test_too_many_workers_for_the_machine_are_refused_before_any_cluster(
         capsys,
         [
             "fit",
+            "--n-members",
+            "1",
             store_1x1.path,
             "--out",
             str(tmp_path / "m.zarr"),
@@ -146,7 +172,7 @@ def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration
                 match=rf"K = {k_one} on 1000 users x 1000 items needs "
                 rf"about 244 MiB on one worker .*{tables} tables.*lower K",
             ):
-                OrdNMF(k_one, max_iter=1, optimizer=optimizer).fit(
+                OrdNMF(k_one, max_iter=1, optimizer=optimizer, n_members=1).fit(
                     one_block, client, callback=calls.append
                 )
             with pytest.raises(
@@ -155,17 +181,17 @@ def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration
                 rf"about {two_workers} MiB .* left by 2 workers with a "
                 r"memory limit of 600 MiB each",
             ):
-                OrdNMF(1400, max_iter=1, optimizer=optimizer).fit(
+                OrdNMF(1400, max_iter=1, optimizer=optimizer, n_members=1).fit(
                     two_by_two, client, callback=calls.append
                 )
             assert calls == []  # no iteration ran
-            middle = OrdNMF(600, max_iter=1, optimizer=optimizer)
+            middle = OrdNMF(600, max_iter=1, optimizer=optimizer, n_members=1)
             if optimizer == "cavi":
                 assert middle.fit(two_by_two, client).n_iter_ == 1
             else:
                 with pytest.raises(InputError, match=rf"K = 600 on 1400 users .*{tables} tables"):
                     middle.fit(two_by_two, client)
-            small = OrdNMF(2, max_iter=2, optimizer=optimizer).fit(two_by_two, client)
+            small = OrdNMF(2, max_iter=2, optimizer=optimizer, n_members=1).fit(two_by_two, client)
             assert small.n_iter_ == 2
 
 
@@ -180,7 +206,7 @@ def test_an_inprocess_fit_larger_than_the_available_memory_is_refused(tmp_path):
         match=rf"K = {n} on {n} users x {n} items needs about .* "
         r"in this process .* of memory available",
     ):
-        OrdNMF(n, max_iter=1, executor="inprocess").fit(info, callback=calls.append)
+        OrdNMF(n, max_iter=1, executor="inprocess", n_members=1).fit(info, callback=calls.append)
     assert calls == []
 
 
@@ -208,9 +234,9 @@ def test_dcpf_on_a_class_store_warns_in_one_line(store_1x1, tmp_path, caplog):
         test_fraction=0.0,
     )
     with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
-        DcPF(2, max_iter=1).fit(counts)
+        DcPF(2, max_iter=1, n_members=1).fit(counts)
         assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-        DcPF(2, max_iter=1).fit(store_1x1)
+        DcPF(2, max_iter=1, n_members=1).fit(store_1x1)
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "dcPF models raw counts" in warning and store_1x1.path in warning
     assert "'ratings-integer'" in warning and "--counts paper" in warning
@@ -220,8 +246,8 @@ def test_dcpf_on_a_class_store_warns_in_one_line(store_1x1, tmp_path, caplog):
 def test_messages_show_numpy_numbers_as_plain_numbers(store_1x1):
     """K, n, ids and values taken from numpy arrays are shown as the user wrote them."""
     with pytest.raises(InputError, match=r"n_components must be an integer >= 1, got 50\.0$"):
-        OrdNMF(np.float64(50.0)).fit(store_1x1)
-    model = OrdNMF(2, max_iter=2).fit(store_1x1)
+        OrdNMF(np.float64(50.0), n_members=1).fit(store_1x1)
+    model = OrdNMF(2, max_iter=2, n_members=1).fit(store_1x1)
     cases = [
         (lambda: model.recommend([np.float64(50.0)]), "unknown user id 50.0: not in"),
         (lambda: model.recommend([0], n=np.float64(50.0)), "got 50.0"),

@@ -29,7 +29,9 @@ def fitted_paths(tmp_path_factory) -> tuple[str, str]:
     where = tmp_path_factory.mktemp("fitted")
     train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
     store = store_from_dense(where / "s.zarr", train, test, 3, (2, 2))
-    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=where / "m.zarr")
+    model = OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(
+        store, out=where / "m.zarr"
+    )
     return store.path, model.model_path_
 
 
@@ -58,7 +60,9 @@ def _serve(store: str, model: str, out: Path) -> None:
 
 
 def _warm_start(store: str, model: str, out: Path) -> None:
-    OrdNMF(K, max_iter=1, executor="inprocess").fit(store, init_model=model, out=out / "w.zarr")
+    OrdNMF(K, max_iter=1, executor="inprocess", n_members=1).fit(
+        store, init_model=model, out=out / "w.zarr"
+    )
 
 
 READERS: dict[str, Callable[[str, str, Path], object]] = {
@@ -123,6 +127,8 @@ def test_every_reader_names_a_damaged_model_chunk(fitted_paths, tmp_path, key, d
             "flip",
             [
                 "fit",
+                "--n-members",
+                "1",
                 "{store}",
                 "--init-model",
                 "{model}",
@@ -194,7 +200,7 @@ def test_evaluate_refuses_a_store_without_a_test_split(tmp_path, capsys):
     """It used to return NaN metrics (API) and fail formatting them (exit 1)."""
     train, _ = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
     store = store_from_dense(tmp_path / "s.zarr", train, np.zeros_like(train), 3, (1, 2))
-    model = OrdNMF(K, max_iter=2, executor="inprocess").fit(
+    model = OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(
         store, out=tmp_path / "m.zarr", show_progress=False
     )
     with pytest.raises(InputError, match=f"{store.path}: the store has no test split"):

@@ -46,7 +46,7 @@ def stores(tmp_path_factory):
         )
     s0, s1 = (open_store(where / f"s{seed}.zarr") for seed in (0, 1))
     model = where / "m.zarr"
-    OrdNMF(2, max_iter=3, executor="inprocess").fit(s0, out=model)
+    OrdNMF(2, max_iter=3, executor="inprocess", n_members=1).fit(s0, out=model)
     return s0, s1, str(model)
 
 

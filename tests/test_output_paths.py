@@ -34,7 +34,7 @@ def paths(tmp_path) -> dict[str, Path]:
     """A store, a model fitted on it (in this process) and a CSV of ratings."""
     y = synthetic_ordinal(30, 20, 3, seed=4)
     store = store_from_dense(tmp_path / "b.zarr", *dense_split(y), 3, (2, 2))
-    OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=tmp_path / "bm.zarr")
+    OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(store, out=tmp_path / "bm.zarr")
     csv = tmp_path / "r.csv"
     csv.write_text("1,1,4\n1,2,3\n2,1,5\n2,3,2\n3,2,4\n")
     return {"store": tmp_path / "b.zarr", "model": tmp_path / "bm.zarr", "csv": csv}
@@ -60,6 +60,8 @@ def error_line(capsys) -> str:
         (
             [
                 "fit",
+                "--n-members",
+                "1",
                 "{store}",
                 "--out",
                 "{tmp}/new.zarr",
@@ -73,6 +75,8 @@ def error_line(capsys) -> str:
         (
             [
                 "fit",
+                "--n-members",
+                "1",
                 "{store}",
                 "--out",
                 "{tmp}/new.zarr",
@@ -83,7 +87,10 @@ def error_line(capsys) -> str:
             ],
             "{store}",
         ),
-        (["fit", "{store}", "--out", "{model}/W/new.zarr", "-k", "2"], "{model}"),
+        (
+            ["fit", "--n-members", "1", "{store}", "--out", "{model}/W/new.zarr", "-k", "2"],
+            "{model}",
+        ),
         (["export", "{model}", "--out", "{store}/users/ex"], "{store}"),
         (["recommend", "{store}", "{model}", "--out", "{model}/recs"], "{model}"),
         (["ingest", "{csv}", "--out", "{model}/s.zarr", "--test-fraction", "0"], "{model}"),
@@ -111,6 +118,8 @@ def test_a_checkpoint_dir_that_is_the_model_is_refused_before_the_first_iteratio
         main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 str(paths["store"]),
                 "--out",
                 str(out),
@@ -131,9 +140,9 @@ def test_a_checkpoint_dir_that_is_the_model_is_refused_before_the_first_iteratio
     assert not out.exists()
     seen: list[int] = []
     with pytest.raises(InputError, match=r"checkpoint_dir \(.*\) is inside out"):
-        OrdNMF(K, max_iter=3, executor="inprocess", checkpoint_dir=str(out / "ck")).fit(
-            paths["store"], out=out, callback=lambda info: seen.append(info.iteration)
-        )
+        OrdNMF(
+            K, max_iter=3, executor="inprocess", checkpoint_dir=str(out / "ck"), n_members=1
+        ).fit(paths["store"], out=out, callback=lambda info: seen.append(info.iteration))
     assert seen == []
     assert not out.exists()
 
@@ -145,7 +154,21 @@ def test_a_directory_holding_a_users_file_is_not_replaced(paths, tmp_path, capsy
     (model / "NOTES.txt").write_text("mine")
     before = snapshot(model)
     assert (
-        main(["fit", str(store), "--out", str(model), "-k", "2", "--max-iter", "2", "--overwrite"])
+        main(
+            [
+                "fit",
+                "--n-members",
+                "1",
+                str(store),
+                "--out",
+                str(model),
+                "-k",
+                "2",
+                "--max-iter",
+                "2",
+                "--overwrite",
+            ]
+        )
         == 2
     )
     line = error_line(capsys)
@@ -217,7 +240,7 @@ def test_an_export_killed_half_way_is_cleaned_by_the_same_command(tmp_path):
     y = synthetic_ordinal(400, 200, 3, density=0.3, seed=2)
     store = store_from_dense(tmp_path / "b.zarr", *dense_split(y), 3, (8, 4))
     model = tmp_path / "bm.zarr"
-    OrdNMF(K, max_iter=2, executor="inprocess").fit(store, out=model)
+    OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(store, out=model)
     mine = tmp_path / "ex.tmp-mine"  # named like ours, but not marked: a user's
     mine.mkdir()
     (mine / "notes.txt").write_text("x")
@@ -280,6 +303,8 @@ def test_a_fit_terminated_and_run_again_continues_from_its_checkpoint(tmp_path):
     cmd = [
         *CLI,
         "fit",
+        "--n-members",
+        "1",
         store.path,
         "--out",
         str(out),
@@ -301,7 +326,7 @@ def test_a_fit_terminated_and_run_again_continues_from_its_checkpoint(tmp_path):
     assert run.returncode == 0, run.stderr
     assert f"resuming from {beside / left[-1]}" in run.stderr
     assert not beside.exists()
-    whole = OrdNMF(3, max_iter=24, tol=1e-12, executor="inprocess").fit(store)
+    whole = OrdNMF(3, max_iter=24, tol=1e-12, executor="inprocess", n_members=1).fit(store)
     assert open_model(str(out)).attrs["elbo"] == whole.elbo_
 
 
@@ -312,14 +337,16 @@ def test_checkpoints_beside_a_model_of_another_configuration_are_replaced(paths,
     store, model = paths["store"], str(paths["model"])
     beside = checkpoint.beside(model)
     checkpoint.make_beside(beside, model)
-    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=beside, executor="inprocess").fit(
-        store
-    )
+    OrdNMF(
+        K, max_iter=5, checkpoint_every=2, checkpoint_dir=beside, executor="inprocess", n_members=1
+    ).fit(store)
     assert sorted(os.listdir(beside)) == ["_ORDNMF_CHECKPOINTS", "ckpt-00000002", "ckpt-00000004"]
     assert (
         main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 str(store),
                 "--out",
                 model,
@@ -342,7 +369,9 @@ def test_checkpoints_beside_a_model_of_another_configuration_are_replaced(paths,
 
     os.mkdir(beside)
     Path(beside, "notes.txt").write_text("mine")
-    assert main(["fit", str(store), "--out", model, "-k", "2", "--overwrite"]) == 2
+    assert (
+        main(["fit", "--n-members", "1", str(store), "--out", model, "-k", "2", "--overwrite"]) == 2
+    )
     assert f"error: {beside}: exists and was not made by ordnmf_dask" in error_line(capsys)
     assert os.listdir(beside) == ["notes.txt"]
     assert open_model(model).attrs["params"]["n_components"] == 3

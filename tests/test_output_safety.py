@@ -31,7 +31,17 @@ def store_30x20(tmp_path):
 def fit_cli(client, *args: str) -> subprocess.CompletedProcess:
     """``ordnmf-dask fit ARGS`` in its own process, on the test cluster."""
     return subprocess.run(
-        [*CLI, "fit", *args, "-k", str(K), "--scheduler", client.scheduler.address],
+        [
+            *CLI,
+            "fit",
+            "--n-members",
+            "1",
+            *args,
+            "-k",
+            str(K),
+            "--scheduler",
+            client.scheduler.address,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -70,12 +80,12 @@ def test_fit_overwrite_replaces_nothing_but_a_model(tmp_path, store_30x20, clien
     assert not (tmp_path / "s.zarr" / "m.zarr").exists()
     # the API refuses the same, and so does save()
     with pytest.raises(InputError, match=re.escape(reason)):
-        OrdNMF(K, max_iter=1).fit(store_30x20, client, out=out, overwrite=True)
+        OrdNMF(K, max_iter=1, n_members=1).fit(store_30x20, client, out=out, overwrite=True)
 
 
 def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20, client):
     model = tmp_path / "m.zarr"
-    first = OrdNMF(K, max_iter=2, executor="inprocess").fit(store_30x20, out=model)
+    first = OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).fit(store_30x20, out=model)
     assert (
         json.loads((model / "zarr.json").read_text())["attributes"]["kind"] == "ordnmf_dask.model"
     )
@@ -102,23 +112,25 @@ def test_overwrite_replaces_a_model_and_nothing_else_does(tmp_path, store_30x20,
 def test_a_model_of_the_format_without_the_marker_is_recognised(tmp_path, store_30x20):
     """(In-process: the model a fit writes does not depend on where it ran.)"""
     model = tmp_path / "m.zarr"
-    OrdNMF(K, max_iter=1, executor="inprocess").fit(store_30x20, out=model)
+    OrdNMF(K, max_iter=1, executor="inprocess", n_members=1).fit(store_30x20, out=model)
     meta = model / "zarr.json"
     doc = json.loads(meta.read_text())
     del doc["attributes"]["kind"]
     meta.write_text(json.dumps(doc))
     assert is_model(str(model))
     assert not is_model(store_30x20.path)
-    refit = OrdNMF(K, max_iter=1, executor="inprocess").fit(store_30x20, out=model, overwrite=True)
+    refit = OrdNMF(K, max_iter=1, executor="inprocess", n_members=1).fit(
+        store_30x20, out=model, overwrite=True
+    )
     assert refit.n_iter_ == 1
 
 
 def test_api_fit_refuses_an_existing_out_before_any_iteration(tmp_path, store_30x20, client):
     model = tmp_path / "m.zarr"
-    OrdNMF(K, max_iter=1).fit(store_30x20, client, out=model)
+    OrdNMF(K, max_iter=1, n_members=1).fit(store_30x20, client, out=model)
     seen: list[int] = []
     with pytest.raises(InputError, match="already exists; pass overwrite=True"):
-        OrdNMF(K, max_iter=3).fit(
+        OrdNMF(K, max_iter=3, n_members=1).fit(
             store_30x20, client, out=model, callback=lambda info: seen.append(info.iteration)
         )
     assert seen == []
@@ -130,9 +142,14 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
 ):
     ckpt = tmp_path / "ckpt"
     # the API fits in-process (the same bits as on the cluster), the CLI's on the cluster
-    OrdNMF(K, max_iter=5, checkpoint_every=2, checkpoint_dir=str(ckpt), executor="inprocess").fit(
-        store_30x20
-    )
+    OrdNMF(
+        K,
+        max_iter=5,
+        checkpoint_every=2,
+        checkpoint_dir=str(ckpt),
+        executor="inprocess",
+        n_members=1,
+    ).fit(store_30x20)
     ckpt.joinpath("notes.txt").write_text("not a checkpoint")
     ckpt.joinpath("ckpt-notes").mkdir()
     theirs = names(ckpt)
@@ -157,9 +174,9 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"{ckpt} holds checkpoints of another store or configuration" in line
     assert re.search(r"pass (--restart|restart=True) to discard them", line)  # (CLI spelling)
     with pytest.raises(InputError, match="holds checkpoints of another .* restart=True"):
-        OrdNMF(K, max_iter=5, seed=1, checkpoint_dir=str(ckpt), executor="inprocess").fit(
-            store_30x20, resume=True
-        )
+        OrdNMF(
+            K, max_iter=5, seed=1, checkpoint_dir=str(ckpt), executor="inprocess", n_members=1
+        ).fit(store_30x20, resume=True)
     assert names(ckpt) == theirs
     assert not (tmp_path / "b.zarr").exists()
 
@@ -168,7 +185,7 @@ def test_checkpoints_of_another_fit_are_kept_and_restart_removes_only_checkpoint
     assert f"restart: removed 2 checkpoint(s) from {ckpt}: ckpt-00000004 ckpt-00000002" in r.stderr
     assert names(ckpt) == theirs  # the new fit's own, at the same iterations
     assert ckpt.joinpath("notes.txt").read_text() == "not a checkpoint"
-    fresh = OrdNMF(K, max_iter=5, seed=1, executor="inprocess").fit(store_30x20)
+    fresh = OrdNMF(K, max_iter=5, seed=1, executor="inprocess", n_members=1).fit(store_30x20)
     assert OrdNMF.load(tmp_path / "b.zarr").elbo_ == fresh.elbo_
 
 
@@ -181,7 +198,7 @@ def test_an_unreadable_look_alike_is_refused_even_with_restart(tmp_path, store_3
     (ckpt / "ckpt-00000001").mkdir()
     for restart in (False, True):
         with pytest.raises(InputError, match="ckpt-00000003: named like a checkpoint"):
-            est = OrdNMF(K, max_iter=2, checkpoint_dir=str(ckpt))
+            est = OrdNMF(K, max_iter=2, checkpoint_dir=str(ckpt), n_members=1)
             est.fit(store_30x20, client, restart=restart)
     assert names(ckpt) == ["ckpt-00000003"]
     assert (ckpt / "ckpt-00000003" / "notes.txt").read_text() == "mine"
@@ -192,14 +209,16 @@ def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
 ):
     # the uninterrupted fit and the first in-process (the same bits as on the cluster, and its
     # checkpoints are the cluster's too); the second resumes on the cluster
-    whole = OrdNMF(K, max_iter=9, tol=1e-12, executor="inprocess").fit(store_30x20)
+    whole = OrdNMF(K, max_iter=9, tol=1e-12, executor="inprocess", n_members=1).fit(store_30x20)
     ckpt = tmp_path / "ckpt"
     settings = dict(max_iter=9, tol=1e-12, checkpoint_every=4, checkpoint_dir=str(ckpt))
-    OrdNMF(K, **settings, executor="inprocess").fit(store_30x20, out=tmp_path / "first.zarr")
+    OrdNMF(K, **settings, executor="inprocess", n_members=1).fit(
+        store_30x20, out=tmp_path / "first.zarr"
+    )
     assert names(ckpt) == ["ckpt-00000004", "ckpt-00000008"]
     seen: list[int] = []
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        again = OrdNMF(K, **settings).fit(
+        again = OrdNMF(K, **settings, n_members=1).fit(
             store_30x20,
             client,
             out=tmp_path / "again.zarr",
@@ -213,7 +232,7 @@ def test_a_second_identical_fit_resumes_to_the_uninterrupted_model(
     # resume=True requires a checkpoint of this fit
     empty = tmp_path / "empty"
     with pytest.raises(InputError, match="cannot resume: no usable checkpoint"):
-        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty), executor="inprocess").fit(
+        OrdNMF(K, max_iter=9, checkpoint_dir=str(empty), executor="inprocess", n_members=1).fit(
             store_30x20, resume=True
         )
 
@@ -226,11 +245,11 @@ def test_restarts_share_a_checkpoint_dir_and_leave_only_what_was_there(tmp_path,
     ckpt.mkdir()
     ckpt.joinpath("notes.txt").write_text("x")
     inprocess = dict(max_iter=5, executor="inprocess")
-    best = OrdNMF(K, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt), **inprocess).fit(
-        store_30x20
-    )
+    best = OrdNMF(
+        K, checkpoint_every=2, n_init=2, checkpoint_dir=str(ckpt), **inprocess, n_members=1
+    ).fit(store_30x20)
     assert names(ckpt) == ["notes.txt"]
-    singles = [OrdNMF(K, seed=s, **inprocess).fit(store_30x20).elbo_ for s in (0, 1)]
+    singles = [OrdNMF(K, seed=s, **inprocess, n_members=1).fit(store_30x20).elbo_ for s in (0, 1)]
     assert best.elbo_ == max(singles, key=lambda e: e[-1])
 
 

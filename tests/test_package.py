@@ -81,7 +81,7 @@ def test_python_dash_m_runs_the_command():
     )
     assert done.returncode == 0 and done.stdout.startswith("ordnmf-dask "), done.stderr
     bad = subprocess.run(
-        [sys.executable, "-m", "ordnmf_dask", "fit", "--no-such-flag"],
+        [sys.executable, "-m", "ordnmf_dask", "fit", "--n-members", "1", "--no-such-flag"],
         capture_output=True,
         text=True,
     )

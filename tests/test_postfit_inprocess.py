@@ -24,7 +24,9 @@ def fitted_inprocess(tmp_path_factory):
     where = tmp_path_factory.mktemp("p")
     train, test = dense_split(synthetic_ordinal(30, 24, 4, seed=5))
     store = store_from_dense(where / "s.zarr", train, test, 4, (2, 2))
-    model = OrdNMF(K, max_iter=6, executor="inprocess").fit(store, out=where / "m.zarr")
+    model = OrdNMF(K, max_iter=6, executor="inprocess", n_members=1).fit(
+        store, out=where / "m.zarr"
+    )
     return store, model
 
 

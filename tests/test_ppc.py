@@ -53,7 +53,7 @@ def test_ppc_histogram_covers_all_pairs_and_tracks_the_data(tmp_path, client):
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 3, (2, 2))
     # fitted in-process (milliseconds; the model does not depend on the executor,
     # tests/test_inprocess.py): the sampling on the cluster is what is tested here
-    model = OrdNMF(3, max_iter=200, executor="inprocess").fit(store)
+    model = OrdNMF(3, max_iter=200, executor="inprocess", n_members=1).fit(store)
     exact = posterior_predictive(store, model, client, n_pairs=10**6)
     assert sum(exact["model"]) == pytest.approx(40 * 30)
     assert sum(exact["train"]) == 40 * 30

@@ -52,7 +52,7 @@ class Model:
         self.W[5] = 0.0  # a zero row: its rates are 0
         self.aW = rng.uniform(0.5, 30.0, (N_USERS, K))
         self.aH = rng.uniform(0.5, 30.0, (N_ITEMS, K))
-        estimator = estimator or OrdNMF(K)
+        estimator = estimator or OrdNMF(K, n_members=1)
         attrs = dict(attrs or {})
         if scale is not None:
             attrs["store"] = {**self._store_record(), **scale}
@@ -214,14 +214,18 @@ def test_recommend_for_with_proba_at(m):
 
 
 def test_binarized_and_dcpf_models_say_what_they_lack(tmp_path):
-    bepof = Model(tmp_path, BePoF(K, threshold=3), attrs={"delta": [0.0, 0.7]}, name="b.zarr")
+    bepof = Model(
+        tmp_path, BePoF(K, threshold=3, n_members=1), attrs={"delta": [0.0, 0.7]}, name="b.zarr"
+    )
     p = bepof.model.predict_proba(["u1"], [100])
     assert p.shape == (1, 2)
     with pytest.raises(InputError, match="binarized"):
         bepof.model.predict(["u1"], [100])
     with pytest.raises(InputError, match="binarized"):
         bepof.model.recommend(["u1"], proba_at=1)
-    dcpf = Model(tmp_path, DcPF(K), attrs={"family": "dcpf", "p": 0.3, "t": 1.0}, name="d.zarr")
+    dcpf = Model(
+        tmp_path, DcPF(K, n_members=1), attrs={"family": "dcpf", "p": 0.3, "t": 1.0}, name="d.zarr"
+    )
     with pytest.raises(InputError, match="no law of the classes"):
         dcpf.model.predict_proba(["u1"], [100])
 
@@ -230,7 +234,7 @@ def test_dcpf_on_counts_gives_the_count_mass_of_each_class(tmp_path):
     edges = [0, 1, 2, 5]
     dcpf = Model(
         tmp_path,
-        DcPF(K),
+        DcPF(K, n_members=1),
         attrs={"family": "dcpf", "p": 0.3, "t": 1.5},
         scale={"value_kind": "counts", "thresholds": edges},
     )
@@ -392,7 +396,7 @@ def test_calibration_on_data_drawn_from_the_model(tmp_path):
     store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 2))
     results = {}
     for name, scale in (("true", 1.0), ("halved", 0.5)):
-        path = write_model(tmp_path / f"{name}.zarr", store, w * scale, h, OrdNMF(k))
+        path = write_model(tmp_path / f"{name}.zarr", store, w * scale, h, OrdNMF(k, n_members=1))
         save_shapes(path, store, w * scale, h, np.full(w.shape, 1e9), np.full(h.shape, 1e9))
         results[name] = evaluate(store, path, k=5, posterior="gamma")["calibration"]
     n = results["true"]["n"]

@@ -34,6 +34,8 @@ def command(store: str, out: Path, ckpt: Path, cluster: bool = True) -> list[str
     return [
         *CLI,
         "fit",
+        "--n-members",
+        "1",
         store,
         "--out",
         str(out),

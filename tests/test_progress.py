@@ -57,7 +57,7 @@ def _fit(store, stream, monkeypatch, **kw) -> str:
     logging configuration is checked to be as it was."""
     before = _config()
     monkeypatch.setattr(sys, "stderr", stream)
-    OrdNMF(2, max_iter=4, tol=1e-300, seed=0).fit(store, **kw)
+    OrdNMF(2, max_iter=4, tol=1e-300, seed=0, n_members=1).fit(store, **kw)
     assert _config() == before
     return stream.getvalue()
 
@@ -97,8 +97,8 @@ def test_a_script_gets_a_summary_by_default(small_store, monkeypatch):
     before = _config()
     monkeypatch.setattr(sys, "stderr", stream)
     monkeypatch.setattr(fitting, "_HELD_OUT_SAID", set())
-    OrdNMF(2, max_iter=25, tol=1e-300, seed=0).fit(small_store)
-    OrdNMF(2, max_iter=3, tol=1e-300, seed=0).fit(small_store)
+    OrdNMF(2, max_iter=25, tol=1e-300, seed=0, n_members=1).fit(small_store)
+    OrdNMF(2, max_iter=3, tol=1e-300, seed=0, n_members=1).fit(small_store)
     assert _config() == before
     lines = stream.getvalue().splitlines()
     iters = [ln.split(" iter ")[1].split()[0] for ln in lines if " iter " in ln]
@@ -124,20 +124,20 @@ def test_a_store_without_a_test_split_says_nothing_of_one(tmp_path, monkeypatch)
         test_fraction=0.0,
         show_progress=False,
     )
-    OrdNMF(1, max_iter=2).fit(store)
+    OrdNMF(1, max_iter=2, n_members=1).fit(store)
     assert "fit: OrdNMF, K = 1" in stream.getvalue()
     assert "test split" not in stream.getvalue()
 
 
 def test_a_small_store_on_a_given_client_says_it_would_fit_here(small_store, client, caplog):
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        OrdNMF(2, max_iter=2).fit(small_store, client)
+        OrdNMF(2, max_iter=2, n_members=1).fit(small_store, client)
         said = [
             r.getMessage() for r in caplog.records if "would fit in this process" in r.getMessage()
         ]
         assert len(said) == 1
         assert "running on the given client" in said[0] and "executor='cluster'" in said[0]
-        OrdNMF(2, max_iter=2, executor="cluster").fit(small_store, client)
+        OrdNMF(2, max_iter=2, executor="cluster", n_members=1).fit(small_store, client)
     assert len([r for r in caplog.records if "would fit in this process" in r.getMessage()]) == 1
 
 
@@ -183,7 +183,7 @@ def test_the_outermost_switch_decides(small_store, monkeypatch):
     stream = FakeTTY()
     monkeypatch.setattr(sys, "stderr", stream)
     with reporting(False):
-        OrdNMF(2, max_iter=2).fit(small_store)
+        OrdNMF(2, max_iter=2, n_members=1).fit(small_store)
     assert stream.getvalue() == ""
 
 
@@ -212,7 +212,7 @@ def test_ingest_and_evaluate_report_when_on(small_store, monkeypatch, tmp_path):
     )
     said = f"ingest: {store.path}: 3 users x 2 items, 3 train / 0 test nonzeros"
     assert said in stream.getvalue()
-    model = OrdNMF(2, max_iter=2).fit(small_store, show_progress=False)
+    model = OrdNMF(2, max_iter=2, n_members=1).fit(small_store, show_progress=False)
     assert "iter" not in stream.getvalue()
     evaluate(small_store, model, show_progress=True)
     assert "(2 x 2 blocks): done in" in stream.getvalue()
@@ -254,7 +254,7 @@ def test_evaluate_says_its_compilations_are_its_own(small_store, monkeypatch):
     from ordnmf_dask.model import compiling
     from ordnmf_dask.postfit import evaluate as evaluating
 
-    model = OrdNMF(2, max_iter=2).fit(small_store, show_progress=False)
+    model = OrdNMF(2, max_iter=2, n_members=1).fit(small_store, show_progress=False)
     seen = []
     score_split = evaluating.score_split
 

@@ -15,7 +15,7 @@ def test_movielens_small_reaches_the_published_ndcg(tmp_path):
     (s=10) for a correct implementation; a broken update lands far below these floors. Fitted
     in-process: the cluster gives the same bits (tests/test_inprocess.py), at ~4 ms a task."""
     store = ingest(data_file(ML), tmp_path / "ml.zarr", ratings="halfstar", min_count=20, seed=0)
-    model = OrdNMF(50, seed=0, executor="inprocess").fit(store)
+    model = OrdNMF(50, seed=0, executor="inprocess", n_members=1).fit(store)
     assert model.converged_
     elbo = np.asarray(model.elbo_)
     assert np.all(np.diff(elbo) > 0)

@@ -56,7 +56,7 @@ def grid23(tmp_path_factory):
     users = np.array([f"u{3 * j + 1}" for j in range(37)])
     items = 100 + 5 * np.arange(29)
     store = store_from_dense(d / "s.zarr", train, test, V, (2, 3), users, items)
-    model = OrdNMF(K, max_iter=5, executor="inprocess").fit(store, out=d / "m.zarr")
+    model = OrdNMF(K, max_iter=5, executor="inprocess", n_members=1).fit(store, out=d / "m.zarr")
     return Fitted(store, model, train, users, items.tolist())
 
 
@@ -67,7 +67,9 @@ def grid11(tmp_path_factory):
     d = tmp_path_factory.mktemp("g11")
     train, test = dense_split(synthetic_ordinal(30, 25, V, k=K, density=0.5, seed=0))
     store = store_from_dense(d / "s.zarr", train, test, V, (1, 1))
-    model = OrdNMF(K, max_iter=80, tol=1e-14, executor="inprocess").fit(store, out=d / "m.zarr")
+    model = OrdNMF(K, max_iter=80, tol=1e-14, executor="inprocess", n_members=1).fit(
+        store, out=d / "m.zarr"
+    )
     return Fitted(store, model, train, range(30), range(25))
 
 
@@ -294,7 +296,7 @@ def test_fold_in_matches_dense_oracle(grid23, mclient):
 def test_fold_in_dcpf_and_bepof(grid11, mclient, tmp_path):
     f = grid11
     y, items, values = _new_users(f, 1)
-    dc = DcPF(K, max_iter=4).fit(f.store, mclient, out=tmp_path / "dc.zarr")
+    dc = DcPF(K, max_iter=4, n_members=1).fit(f.store, mclient, out=tmp_path / "dc.zarr")
     m = open_model(dc.model_path_)
     eh, log_eh = m.factor("H").compute(), m.factor("H", "log_mean").compute()
     w = fold_in(dc, items, values, client=mclient, tol=1e-9)
@@ -302,7 +304,9 @@ def test_fold_in_dcpf_and_bepof(grid11, mclient, tmp_path):
     np.testing.assert_allclose(
         w, oracle_fold_in(y, eh, log_eh, 0.3, "dcpf", params, tol=1e-9), rtol=1e-10
     )
-    be = BePoF(K, threshold=3, max_iter=4).fit(f.store, mclient, out=tmp_path / "be.zarr")
+    be = BePoF(K, threshold=3, max_iter=4, n_members=1).fit(
+        f.store, mclient, out=tmp_path / "be.zarr"
+    )
     m = open_model(be.model_path_)
     eh, log_eh = m.factor("H").compute(), m.factor("H", "log_mean").compute()
     w = fold_in(be, items, values, client=mclient)  # classes < 3 dropped, the rest -> 1
@@ -394,7 +398,7 @@ def test_evaluate_on_a_user_sample_matches_the_oracle_on_those_users(tmp_path, m
 
     train, test = dense_split(synthetic_ordinal(41, 23, V, k=K, density=0.35, seed=5))
     store = store_from_dense(tmp_path / "s.zarr", train, test, V, (2, 2))
-    model = OrdNMF(K, max_iter=4).fit(store, mclient, out=tmp_path / "m.zarr")
+    model = OrdNMF(K, max_iter=4, n_members=1).fit(store, mclient, out=tmp_path / "m.zarr")
     m = open_model(model.model_path_)
     w, h = m.factor("W").compute(), m.factor("H").compute()
     full = evaluate(store, model, mclient, k=5)

@@ -50,7 +50,9 @@ def problem(tmp_path_factory):
     d = tmp_path_factory.mktemp("resilience")
     y = synthetic_ordinal(60, 50, 4, seed=7)
     store = store_from_dense(d / "s.zarr", *dense_split(y), 4, (2, 2))
-    ref = OrdNMF(K, max_iter=MAX_ITER, tol=1e-12, seed=SEED, executor="inprocess").fit(store)
+    ref = OrdNMF(K, max_iter=MAX_ITER, tol=1e-12, seed=SEED, executor="inprocess", n_members=1).fit(
+        store
+    )
     assert ref.n_iter_ == MAX_ITER  # the fit runs to max_iter: long enough to disturb
     return store.path, ref.elbo_, ref.W_.compute(), ref.H_.compute()
 
@@ -97,7 +99,7 @@ class Fit:
         env = {**(env or ENV), "TMPDIR": str(log.parent)}
         with open(log, "w") as err, open(log.with_suffix(".out"), "w") as out:
             self.proc = subprocess.Popen(
-                [*CLI, "fit", *args],
+                [*CLI, "fit", "--n-members", "1", *args],
                 stdout=out,
                 stderr=err,
                 env=env,

@@ -33,9 +33,11 @@ def fitted(tmp_path_factory):
     y = synthetic_ordinal(30, 20, 3, seed=4)
     store = store_from_dense(where / "s.zarr", *dense_split(y), 3, (2, 2))
     ckpt = where / "ckpt"
-    OrdNMF(K, max_iter=5, checkpoint_dir=str(ckpt), **SETTINGS).fit(store, out=where / "a")
+    OrdNMF(K, max_iter=5, checkpoint_dir=str(ckpt), **SETTINGS, n_members=1).fit(
+        store, out=where / "a"
+    )
     assert sorted(p.name for p in ckpt.iterdir()) == ["ckpt-00000002", "ckpt-00000004"]
-    whole = OrdNMF(K, max_iter=7, tol=1e-12, executor="inprocess").fit(store)
+    whole = OrdNMF(K, max_iter=7, tol=1e-12, executor="inprocess", n_members=1).fit(store)
     return store, ckpt, whole.elbo_
 
 
@@ -142,7 +144,9 @@ def test_a_damaged_checkpoint_is_skipped_naming_it_and_the_older_one_resumed(
     spoil, expected = DAMAGE[damage]
     spoil(ckpt / NEWEST)
     with caplog.at_level(logging.INFO, logger="ordnmf_dask"):
-        again = OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS).fit(store, resume=True)
+        again = OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS, n_members=1).fit(
+            store, resume=True
+        )
     skipped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     skipped = [m for m in skipped if m.startswith("skipping checkpoint")]
     assert len(skipped) == 1 and str(ckpt / NEWEST) in skipped[0], skipped
@@ -161,6 +165,8 @@ def test_with_no_sound_checkpoint_resuming_is_refused_naming_them(fitted, ckpt, 
     line = one_line_error(
         [
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "m"),
@@ -185,7 +191,9 @@ def test_with_no_sound_checkpoint_resuming_is_refused_naming_them(fitted, ckpt, 
     assert "nan" not in line.lower()
     assert not (tmp_path / "m").exists()
     with pytest.raises(InputError, match="cannot resume: no usable checkpoint"):
-        OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS).fit(store, resume=True)
+        OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS, n_members=1).fit(
+            store, resume=True
+        )
 
 
 def test_a_checkpoint_header_larger_than_its_fit_allows_is_not_parsed(fitted, ckpt, caplog):
@@ -195,7 +203,9 @@ def test_a_checkpoint_header_larger_than_its_fit_allows_is_not_parsed(fitted, ck
     meta = ckpt / NEWEST / "zarr.json"
     meta.write_bytes(meta.read_bytes()[:-1] + b" " * (2 << 20) + b"}")
     with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
-        again = OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS).fit(store, resume=True)
+        again = OrdNMF(K, max_iter=7, checkpoint_dir=str(ckpt), **SETTINGS, n_members=1).fit(
+            store, resume=True
+        )
     assert f"skipping checkpoint: {ckpt / NEWEST}: its zarr.json holds more than" in caplog.text
     assert again.elbo_ == whole
 

@@ -80,7 +80,9 @@ def test_special_files_as_inputs_are_refused_at_once(tmp_path, fifo, source):
     one_line_error(["ingest", path, "--out", str(tmp_path / "s")], path, "not a regular file")
     assert not (tmp_path / "s").exists()
     one_line_error(
-        ["fit", path, "--out", str(tmp_path / "m"), "--config", path], path, "not a regular file"
+        ["fit", "--n-members", "1", path, "--out", str(tmp_path / "m"), "--config", path],
+        path,
+        "not a regular file",
     )
 
 
@@ -90,7 +92,16 @@ def test_a_job_file_nested_100000_deep_is_one_line(tmp_path, nest):
     job = tmp_path / "job.toml"
     job.write_text("x = " + nest * 100_000 + close * 100_000 + "\n")
     one_line_error(
-        ["fit", str(tmp_path / "r.csv"), "--out", str(tmp_path / "m"), "--config", str(job)],
+        [
+            "fit",
+            "--n-members",
+            "1",
+            str(tmp_path / "r.csv"),
+            "--out",
+            str(tmp_path / "m"),
+            "--config",
+            str(job),
+        ],
         f"{job}: not a valid TOML file (arrays or tables nested too deeply)",
     )
 
@@ -125,7 +136,18 @@ def id_model(tmp_path_factory) -> Path:
     (where / "r.csv").write_text("\n".join(rows) + "\n")
     for args in (
         ["ingest", str(where / "r.csv"), "--out", str(where / "s"), "--test-fraction", "0"],
-        ["fit", str(where / "s"), "-k", "2", "--max-iter", "2", "--executor", "inprocess"],
+        [
+            "fit",
+            "--n-members",
+            "1",
+            str(where / "s"),
+            "-k",
+            "2",
+            "--max-iter",
+            "2",
+            "--executor",
+            "inprocess",
+        ],
     ):
         assert run_cli([*args, *(["--out", str(where / "m")] if args[0] == "fit" else [])])[0] == 0
     return where / "m"
@@ -230,7 +252,18 @@ def test_an_npz_header_claiming_10_12_rows_is_refused_before_any_allocation(
                 head, {"descr": "<f8", "fortran_order": False, "shape": (10**12, 2)}
             )
             zf.writestr(f"{name}.npy", head.getvalue() + b"\0" * 64)
-    args = ["fit", str(store), "-k", "2", "--max-iter", "1", "--executor", "inprocess"]
+    args = [
+        "fit",
+        "--n-members",
+        "1",
+        str(store),
+        "-k",
+        "2",
+        "--max-iter",
+        "1",
+        "--executor",
+        "inprocess",
+    ]
     one_line_error(
         [*args, "--out", str(tmp_path / "m"), "--init", str(bomb)],
         f"{bomb}: array W has shape (1000000000000, 2), expected",
@@ -308,8 +341,30 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
     model, store = str(id_model), str(id_model.parent / "s")
     options = {
         "ingest": lambda p, out: ["ingest", p, "--out", out],
-        "fit --config": lambda p, out: ["fit", store, "-k", "2", "--config", p, "--out", out],
-        "fit --init": lambda p, out: ["fit", store, "-k", "2", "--init", p, "--out", out],
+        "fit --config": lambda p, out: [
+            "fit",
+            "--n-members",
+            "1",
+            store,
+            "-k",
+            "2",
+            "--config",
+            p,
+            "--out",
+            out,
+        ],
+        "fit --init": lambda p, out: [
+            "fit",
+            "--n-members",
+            "1",
+            store,
+            "-k",
+            "2",
+            "--init",
+            p,
+            "--out",
+            out,
+        ],
         "score --pairs": lambda p, out: ["score", model, "--pairs", p],
         "fold-in": lambda p, out: ["fold-in", model, p],
         "predict --pairs": lambda p, out: ["predict", store, model, "--pairs", p, "--out", out],

@@ -224,7 +224,7 @@ def test_every_output_key_of_a_job_file_through_a_link_is_refused(place, tmp_pat
         )
         + "[model]\nn_components = 2\n"
     )
-    code, err = run_cli(["fit", "--config", str(job)])
+    code, err = run_cli(["fit", "--n-members", "1", "--config", str(job)])
     assert code == EXIT_INPUT, err
     [line] = err
     assert f"refusing to write {JOB_OUTPUTS[key]} to {link} (a link to" in line
@@ -239,12 +239,16 @@ def test_fit_overwrite_through_a_link_to_a_model_is_refused_naming_the_link(plac
     before = tree_hash(victim)
     link = tmp_path / "mlink"
     link.symlink_to(victim)
-    code, err = run_cli(["fit", place["store"], "--out", str(link), "-k", "2", "--overwrite"])
+    code, err = run_cli(
+        ["fit", "--n-members", "1", place["store"], "--out", str(link), "-k", "2", "--overwrite"]
+    )
     assert code == EXIT_INPUT, err
     [line] = err
     assert f"refusing to overwrite {victim}: {link} is a symbolic link to it" in line
     with pytest.raises(InputError, match=f"{link} is a symbolic link to it"):
-        OrdNMF(2, max_iter=1, executor="inprocess").fit(place["store"], out=link, overwrite=True)
+        OrdNMF(2, max_iter=1, executor="inprocess", n_members=1).fit(
+            place["store"], out=link, overwrite=True
+        )
     assert tree_hash(victim) == before and link.is_symlink()
 
 
@@ -324,7 +328,7 @@ def test_a_store_replaced_while_the_model_is_saved_is_caught_before_the_publish(
 
     monkeypatch.setattr(model_module.ModelHeader, "from_attrs", then_replaced)
     with pytest.raises(StoreError, match="the store changed while it was read"):
-        OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=tmp_path / "m.zarr")
+        OrdNMF(2, max_iter=2, executor="inprocess", n_members=1).fit(store, out=tmp_path / "m.zarr")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "s.zarr"]
 
 
@@ -463,7 +467,7 @@ def test_an_interrupt_at_any_step_of_a_fits_save_leaves_no_half_written_model(
     else:
         monkeypatch.setattr(*target, interrupted(real))
     with pytest.raises(KeyboardInterrupt):
-        OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=out, overwrite=True)
+        OrdNMF(2, max_iter=2, executor="inprocess", n_members=1).fit(store, out=out, overwrite=True)
     monkeypatch.undo()
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != "s.zarr")
     assert left in ([], ["m.zarr"], ["m.zarr", "m.zarr.checkpoints"]), left
@@ -576,7 +580,9 @@ def test_a_lock_file_planted_as_a_link_is_never_written_through(place, tmp_path)
     victim = Path(place["victim"])
     before = tree_hash(victim)
     (tmp_path / "m.zarr.lock").symlink_to(victim / "zarr.json")
-    code, err = run_cli(["fit", place["store"], "--out", str(tmp_path / "m.zarr"), "-k", "2"])
+    code, err = run_cli(
+        ["fit", "--n-members", "1", place["store"], "--out", str(tmp_path / "m.zarr"), "-k", "2"]
+    )
     assert code == EXIT_INPUT, err
     [line] = err
     assert f"lock file {tmp_path / 'm.zarr.lock'}" in line

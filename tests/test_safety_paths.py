@@ -82,7 +82,18 @@ def test_2_log_file_through_a_link_to_a_model_is_refused(small_fitted, tmp_path,
     monkeypatch.chdir(tmp_path)
     Path("mlink").symlink_to(model)
     code, err = run_cli(
-        ["fit", str(store), "--out", "new.zarr", "--log-file", "mlink/zarr.json", "-k", "2"]
+        [
+            "fit",
+            "--n-members",
+            "1",
+            str(store),
+            "--out",
+            "new.zarr",
+            "--log-file",
+            "mlink/zarr.json",
+            "-k",
+            "2",
+        ]
     )
     assert code == 2, err
     [line] = err
@@ -318,7 +329,9 @@ def two_models(small_fitted, tmp_path_factory) -> tuple[Path, Path]:
     publishes over the first."""
     store, _ = small_fitted
     where = tmp_path_factory.mktemp("second")
-    other = OrdNMF(3, max_iter=2, executor="inprocess", seed=5).fit(store, out=where / "k3.zarr")
+    other = OrdNMF(3, max_iter=2, executor="inprocess", seed=5, n_members=1).fit(
+        store, out=where / "k3.zarr"
+    )
     return small_fitted[1], Path(other.model_path_)
 
 
@@ -423,7 +436,19 @@ def test_10_a_second_writer_of_the_same_out_is_refused_before_any_work(small_fit
 
     store, _ = small_fitted
     out = tmp_path / "m.zarr"
-    fit = [*CLI, "fit", str(store), "--out", str(out), "-k", "2", "--executor", "inprocess"]
+    fit = [
+        *CLI,
+        "fit",
+        "--n-members",
+        "1",
+        str(store),
+        "--out",
+        str(out),
+        "-k",
+        "2",
+        "--executor",
+        "inprocess",
+    ]
     first = subprocess.Popen(
         [*fit, "--max-iter", "1000000", "--min-iter", "1000000", "--overwrite"],
         stdout=subprocess.PIPE,

@@ -28,7 +28,9 @@ def model(tmp_path_factory) -> Path:
     train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=2))
     store = store_from_dense(where / "s.zarr", train, test, 3, (2, 2))
     return Path(
-        OrdNMF(2, max_iter=2, executor="inprocess").fit(store, out=where / "m.zarr").model_path_
+        OrdNMF(2, max_iter=2, executor="inprocess", n_members=1)
+        .fit(store, out=where / "m.zarr")
+        .model_path_
     )
 
 
@@ -200,6 +202,8 @@ def test_17_too_few_open_files_for_a_local_cluster_is_one_line_naming_ulimit(mod
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             str(model.parent / "s.zarr"),
             "--out",
             str(model.parent / "x.zarr"),
@@ -243,6 +247,8 @@ def test_17_the_memory_check_sees_the_address_space_limit(tmp_path):
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "m.zarr"),
@@ -278,6 +284,8 @@ def test_16_sigint_at_any_moment_of_fit_overwrite_leaves_the_old_model_or_the_ne
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             str(model.parent / "s.zarr"),
             "--out",
             str(out),

@@ -75,8 +75,9 @@ def test_a_second_api_writer_of_the_same_out_is_refused_and_the_first_goes_on(
                 time.sleep(0.05)
             return True
 
-        OrdNMF(2, max_iter=50, executor="inprocess").fit({str(store)!r}, out={str(out)!r},
-                                                         callback=pause)
+        OrdNMF(2, max_iter=50, executor="inprocess", n_members=1).fit(
+            {str(store)!r}, out={str(out)!r}, callback=pause
+        )
     """)
     first = subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

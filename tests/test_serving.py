@@ -103,7 +103,7 @@ class Case:
             self.store,
             self.W,
             self.H,
-            OrdNMF(K),
+            OrdNMF(K, n_members=1),
             own_ids=own_ids,
             own_seen=own_seen,
         )
@@ -324,7 +324,7 @@ def test_a_model_without_a_store_or_with_another_store(tmp_path):
         case.store,
         case.W,
         case.H,
-        OrdNMF(K),
+        OrdNMF(K, n_members=1),
         {"store": recorded},
         own_ids=True,
     )
@@ -342,7 +342,7 @@ def test_a_model_without_a_store_or_with_another_store(tmp_path):
 def test_a_replaced_model_is_served_afresh(case):
     first = serving.server(case.path)
     assert serving.server(case.path) is first
-    write_model(case.path, case.store, case.W * 2, case.H, OrdNMF(K))
+    write_model(case.path, case.store, case.W * 2, case.H, OrdNMF(K, n_members=1))
     second = serving.server(case.path)
     assert second is not first
     np.testing.assert_array_equal(second.W, case.W * 2)
@@ -353,9 +353,15 @@ def test_fold_in_users_and_items_match_the_dense_oracle(tmp_path, kind):
     """New users against the fixed E[H], E[log H]; new items against the fixed E[W], E[log W],
     with each family's frozen likelihood (BePoF binarizes at its threshold as its fit did)."""
     est, attrs = {
-        "ordnmf": (OrdNMF(K, alpha_W=0.3, alpha_H=0.7), {}),
-        "bepof": (BePoF(K, threshold=3, alpha_W=0.3, alpha_H=0.7), {"delta": [0.0, 0.6]}),
-        "dcpf": (DcPF(K, alpha_W=0.3, alpha_H=0.7), {"family": "dcpf", "p": 0.4, "t": 1.5}),
+        "ordnmf": (OrdNMF(K, alpha_W=0.3, alpha_H=0.7, n_members=1), {}),
+        "bepof": (
+            BePoF(K, threshold=3, alpha_W=0.3, alpha_H=0.7, n_members=1),
+            {"delta": [0.0, 0.6]},
+        ),
+        "dcpf": (
+            DcPF(K, alpha_W=0.3, alpha_H=0.7, n_members=1),
+            {"family": "dcpf", "p": 0.4, "t": 1.5},
+        ),
     }[kind]
     case = Case(tmp_path)
     path = write_model(tmp_path / f"{kind}.zarr", case.store, case.W, case.H, est, attrs)
@@ -425,7 +431,7 @@ def test_fold_in_takes_values_on_the_scale_the_store_was_ingested_from(tmp_path)
         test_fraction=0.0,
         show_progress=False,
     )
-    model = OrdNMF(3, max_iter=5, seed=0).fit(store, show_progress=False)
+    model = OrdNMF(3, max_iter=5, seed=0, n_members=1).fit(store, show_progress=False)
     model = OrdNMF.load(model.save(tmp_path / "m.zarr"))
     assert open_model(model.model_path_).attrs["store"]["value_kind"] == "ratings-halfstar"
     shutil.rmtree(store.path)
@@ -450,7 +456,7 @@ def test_user_and_item_factors_are_numpy_arrays_of_the_posterior_means(case):
     np.testing.assert_array_equal(case.model.user_factors, case.W)
     np.testing.assert_array_equal(case.model.item_factors, case.H)
     with pytest.raises(AttributeError, match="not fitted"):
-        OrdNMF(K).user_factors  # noqa: B018
+        OrdNMF(K, n_members=1).user_factors  # noqa: B018
 
 
 def test_the_kept_seen_index_stays_within_its_budget(tmp_path, monkeypatch):

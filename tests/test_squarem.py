@@ -104,12 +104,12 @@ def test_squarem_reaches_the_cavi_optimum_in_fewer_passes(klass, extra, ordinal_
     both optimizers reach the same optimum, SQUAREM in fewer passes."""
     store = count_store if klass is DcPF else ordinal_store
     est = {"tol": 1e-9, "max_iter": 3000, "executor": "inprocess", **extra}
-    start = klass(K, max_iter=30, executor="inprocess", **extra).fit(store)
+    start = klass(K, max_iter=30, executor="inprocess", **extra, n_members=1).fit(store)
     init = (start.W_.compute(), start.H_.compute())
     runs = {}
     for optimizer in ("cavi", "squarem"):
         seen: list[tuple[float, int]] = []
-        model = klass(K, optimizer=optimizer, **est).fit(
+        model = klass(K, optimizer=optimizer, **est, n_members=1).fit(
             store, init=init, callback=lambda info, seen=seen: seen.append((info.elbo, info.passes))
         )
         elbo = np.asarray(model.elbo_)
@@ -134,11 +134,15 @@ def test_squarem_reaches_the_cavi_optimum_in_fewer_passes(klass, extra, ordinal_
 def test_squarem_is_bitwise_the_same_on_one_and_two_workers_and_in_process(ordinal_store, client):
     # from 40 plain iterations (in-process, milliseconds) the fit reaches SQUAREM's linear phase
     # within a few iterations and extrapolates by the 12th (from a random draw: the ~30th)
-    start = OrdNMF(K, max_iter=40, optimizer="cavi", executor="inprocess").fit(ordinal_store)
+    start = OrdNMF(K, max_iter=40, optimizer="cavi", executor="inprocess", n_members=1).fit(
+        ordinal_store
+    )
     init = (start.W_.compute(), start.H_.compute())
 
     def fit(c, **kw):
-        return OrdNMF(K, max_iter=12, optimizer="squarem", **kw).fit(ordinal_store, c, init=init)
+        return OrdNMF(K, max_iter=12, optimizer="squarem", **kw, n_members=1).fit(
+            ordinal_store, c, init=init
+        )
 
     two, in_process = fit(client), fit(None, executor="inprocess")
     assert open_model(two.model_path_).attrs["extrapolations"]["kept"] > 0
@@ -156,7 +160,13 @@ def test_squarem_is_bitwise_the_same_on_one_and_two_workers_and_in_process(ordin
 def test_a_squarem_fit_resumes_exactly(ordinal_store, tmp_path):
     def est(max_iter, **kw):
         return OrdNMF(
-            K, max_iter=max_iter, tol=1e-12, optimizer="squarem", executor="inprocess", **kw
+            K,
+            max_iter=max_iter,
+            tol=1e-12,
+            optimizer="squarem",
+            executor="inprocess",
+            **kw,
+            n_members=1,
         )
 
     whole = est(40, checkpoint_every=7).fit(ordinal_store)

@@ -141,7 +141,7 @@ def test_the_fit_is_bitwise_the_same_on_one_or_two_workers_and_in_process(
     _, _, store = wide
 
     def fit(where, name, **kw):
-        est = OrdNMF(K, start=start, max_iter=3, tol=1e-12, **kw)
+        est = OrdNMF(K, start=start, max_iter=3, tol=1e-12, **kw, n_members=1)
         model = est.fit(store, where, out=tmp_path / name)
         return model.elbo_, open_model(model.model_path_).factor("H", "mean").compute()
 
@@ -157,12 +157,14 @@ def test_the_fit_is_bitwise_the_same_on_one_or_two_workers_and_in_process(
 
 def test_svd_restarts_differ_by_their_projection(wide):
     _, _, store = wide
-    model = OrdNMF(K, start="svd", n_init=2, max_iter=3, executor="inprocess").fit(store)
+    model = OrdNMF(K, start="svd", n_init=2, max_iter=3, executor="inprocess", n_members=1).fit(
+        store
+    )
     assert [r["seed"] for r in model.runs_] == [0, 1]
     assert model.runs_[0]["elbo"] != model.runs_[1]["elbo"]
     assert model.get_params()["start"] == "svd"
     assert open_model(model.model_path_).attrs["params"]["start"] == "svd"
-    random = OrdNMF(K, max_iter=3, executor="inprocess").fit(store)
+    random = OrdNMF(K, max_iter=3, executor="inprocess", n_members=1).fit(store)
     assert random.runs_[0]["elbo"] != model.runs_[0]["elbo"]  # the start is used
 
 
@@ -170,18 +172,27 @@ def test_the_svd_start_refuses_other_starts_in_one_line(tmp_path, narrow):
     train, store = narrow
     w0, h0 = np.ones((store.n_users, K)), np.ones((store.n_items, K))
     with pytest.raises(InputError) as exc:
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "svd"}, init=(w0, h0))
+        plan_fit(
+            store, "OrdNMF", {"n_components": K, "n_members": 1, "start": "svd"}, init=(w0, h0)
+        )
     assert str(exc.value) == "start='svd' is a start of its own: no init= or init_model= with it"
-    old = OrdNMF(K, max_iter=1, executor="inprocess").fit(store, out=tmp_path / "old")
+    old = OrdNMF(K, max_iter=1, executor="inprocess", n_members=1).fit(store, out=tmp_path / "old")
     with pytest.raises(InputError, match=r"^start='svd' .* init_model= with it$"):
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "svd"}, init_model=old)
+        plan_fit(
+            store, "OrdNMF", {"n_components": K, "n_members": 1, "start": "svd"}, init_model=old
+        )
     with pytest.raises(InputError) as exc:
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "subsample"}, init=(w0, h0))
+        plan_fit(
+            store,
+            "OrdNMF",
+            {"n_components": K, "n_members": 1, "start": "subsample"},
+            init=(w0, h0),
+        )
     assert str(exc.value) == (
         "start='subsample' is a start of its own: no init= or init_model= with it"
     )
     with pytest.raises(InputError) as exc:
-        plan_fit(store, "OrdNMF", {"n_components": K, "start": "nndsvd"})
+        plan_fit(store, "OrdNMF", {"n_components": K, "n_members": 1, "start": "nndsvd"})
     assert str(exc.value) == "start must be 'random', 'svd' or 'subsample', got 'nndsvd'"
 
 
@@ -230,7 +241,7 @@ def test_the_subsample_start_beats_random_draws_on_data_from_the_model(tmp_path)
     store = store_from_dense(tmp_path / "model.zarr", train, test, 4, (2, 2))
 
     def first(start: str, seed: int) -> float:
-        est = OrdNMF(K, start=start, seed=seed, max_iter=1, executor="inprocess")
+        est = OrdNMF(K, start=start, seed=seed, max_iter=1, executor="inprocess", n_members=1)
         return est.fit(store).elbo_[0]
 
     assert first("subsample", 0) > max(first("random", s) for s in range(3))
@@ -238,7 +249,7 @@ def test_the_subsample_start_beats_random_draws_on_data_from_the_model(tmp_path)
 
 def test_a_subsample_too_small_for_k_is_refused_in_one_line(narrow):
     _, store = narrow  # 11 of its 12 items have a class >= 3
-    est = BePoF(12, threshold=3, start="subsample", max_iter=2, executor="inprocess")
+    est = BePoF(12, threshold=3, start="subsample", max_iter=2, executor="inprocess", n_members=1)
     with pytest.raises(InputError) as exc:
         est.fit(store)
     assert str(exc.value) == (

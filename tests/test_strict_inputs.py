@@ -36,7 +36,9 @@ def fitted(tmp_path_factory) -> tuple[str, str]:
     where = tmp_path_factory.mktemp("strict")
     train, test = dense_split(synthetic_ordinal(20, 15, 3, seed=4))
     store = store_from_dense(where / "s.zarr", train, test, 3, (2, 2))
-    model = OrdNMF(K, max_iter=3, executor="inprocess").fit(store, out=where / "m.zarr")
+    model = OrdNMF(K, max_iter=3, executor="inprocess", n_members=1).fit(
+        store, out=where / "m.zarr"
+    )
     return store.path, model.model_path_
 
 
@@ -106,7 +108,7 @@ def test_a_missing_id_in_arrays_is_refused_naming_the_row(tmp_path, users):
     with pytest.raises(InputError, match=r"input arrays, row 1: user id is missing"):
         ingest_arrays(*data, tmp_path / "s.zarr")
     with pytest.raises(InputError, match=r"row 1: user id is missing"):
-        OrdNMF(1, executor="inprocess").fit(data)
+        OrdNMF(1, executor="inprocess", n_members=1).fit(data)
     assert not (tmp_path / "s.zarr").exists()
 
 
@@ -152,7 +154,7 @@ def test_fold_in_arguments_are_range_checked(fitted, setting, rule):
 def test_a_complex_matrix_is_refused_not_cut_to_its_real_part(tmp_path):
     m = sp.csr_matrix(np.array([[1 + 2j, 0, 2], [0, 3, 1], [2, 0, 1j]]))
     with pytest.raises(InputError, match="input matrix: a complex matrix"):
-        OrdNMF(1, executor="inprocess").fit(m)
+        OrdNMF(1, executor="inprocess", n_members=1).fit(m)
     with pytest.raises(InputError, match="complex values"):
         ingest_arrays([0, 1], [0, 1], np.array([1 + 1j, 2]), tmp_path / "s.zarr")
 
@@ -178,12 +180,12 @@ def test_a_dataframe_column_mixing_ints_and_strings_is_one_line(tmp_path):
     with pytest.raises(InputError, match=r"input DataFrame: column 'user' mixes values of"):
         ingest(frame, tmp_path / "s.zarr")
     with pytest.raises(InputError, match=r"column 'user' mixes"):
-        OrdNMF(1, executor="inprocess").fit(frame)
+        OrdNMF(1, executor="inprocess", n_members=1).fit(frame)
 
 
 def test_an_error_about_data_in_memory_names_the_data_not_a_removed_store():
     with pytest.raises(InputError) as err:
-        OrdNMF(2, executor="inprocess").fit(sp.csr_matrix(np.array([[1.0, 2, 0, 3]])))
+        OrdNMF(2, executor="inprocess", n_members=1).fit(sp.csr_matrix(np.array([[1.0, 2, 0, 3]])))
     assert "of the input matrix (1 users x 3 items)" in str(err.value)
     assert "ordnmf-data-" not in str(err.value) and "store.zarr" not in str(err.value)
 
@@ -194,7 +196,7 @@ def test_a_job_file_with_two_warm_starts_is_named(fitted, tmp_path, capsys):
         f'[store]\npath = "{fitted[0]}"\n[model]\ninit = "{tmp_path / "x.npz"}"\n'
         f'init_model = "{fitted[1]}"\n[output]\nmodel = "{tmp_path / "out.zarr"}"\n'
     )
-    code, line = one_error_line(capsys, ["fit", "--config", str(job)])
+    code, line = one_error_line(capsys, ["fit", "--n-members", "1", "--config", str(job)])
     assert code == 2 and f"{job}: [model] init and init_model" in line
 
 

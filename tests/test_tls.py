@@ -145,7 +145,7 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
         assert r.returncode == 3, r.stderr
         assert not (tmp_path / "x.zarr").exists()
 
-    local = OrdNMF(3, max_iter=8, seed=5).fit(store, client)
+    local = OrdNMF(3, max_iter=8, seed=5, n_members=1).fit(store, client)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     np.testing.assert_array_equal(remote.W_.compute(), local.W_.compute())
@@ -163,6 +163,8 @@ def test_local_cluster_with_tls_flags(tmp_path, capsys):
         main(
             [
                 "fit",
+                "--n-members",
+                "1",
                 store.path,
                 "--out",
                 str(tmp_path / "m.zarr"),

@@ -244,7 +244,12 @@ def test_search_runs_fits_at_once_and_saves_the_best(stores, client, tmp_path, c
         for r in second
     ]
     alone = OrdNMF(
-        best["n_components"], alpha_W=best["alpha_W"], tol=1e-12, seed=2, max_iter=8
+        best["n_components"],
+        alpha_W=best["alpha_W"],
+        tol=1e-12,
+        seed=2,
+        max_iter=8,
+        n_members=1,
     ).fit(info, client)
     assert alone.elbo_ == fitted.elbo_
     # the table, as CSV and Parquet; no checkpoint is left behind
@@ -332,7 +337,9 @@ def test_models_of_one_store_saved_at_once(stores, client, tmp_path):
     """Concurrent fits save at the same time, each copying the store's id maps: Dask lost a
     hashed scattered key shared by two saves (a copy task cancelled for lost dependencies)."""
     info = stores["validation"]
-    model = open_model(OrdNMF(2, max_iter=1).fit(info, client, out=tmp_path / "m").model_path_)
+    model = open_model(
+        OrdNMF(2, max_iter=1, n_members=1).fit(info, client, out=tmp_path / "m").model_path_
+    )
     n_r, n_c = model.n_blocks
     errors: list[BaseException] = []
 

@@ -63,7 +63,7 @@ def keys(s3, prefix: str) -> list[str]:
 
 
 def fit(store, out, **kw):
-    return OrdNMF(3, max_iter=4, executor="inprocess").fit(store, out=out, **kw)
+    return OrdNMF(3, max_iter=4, executor="inprocess", n_members=1).fit(store, out=out, **kw)
 
 
 def test_ingest_fit_load_recommend_at_urls_equal_the_local_ones(s3conf, tmp_path):
@@ -159,10 +159,14 @@ def test_overwrite_at_a_url_removes_only_our_own_keys(s3conf, tmp_path):
     with pytest.raises(InputError, match="not a zarr store written by ordnmf_dask"):
         ingest(tmp_path / "r.csv", m, overwrite=True)
     with pytest.raises(InputError, match=f"it holds {re.escape(m)}/notes.txt, which"):
-        OrdNMF(2, max_iter=2, executor="inprocess").fit(store.path, out=m, overwrite=True)
+        OrdNMF(2, max_iter=2, executor="inprocess", n_members=1).fit(
+            store.path, out=m, overwrite=True
+        )
     assert s3.fs.cat(f"{s3.bucket}/m.zarr/notes.txt") == b"mine"
     s3.fs.rm(f"{s3.bucket}/m.zarr/notes.txt")
-    second = OrdNMF(2, max_iter=2, executor="inprocess").fit(store.path, out=m, overwrite=True)
+    second = OrdNMF(2, max_iter=2, executor="inprocess", n_members=1).fit(
+        store.path, out=m, overwrite=True
+    )
     assert second.W_.shape[1] == 2 != first.n_components
     assert "W/0/mean/c/0/stale" not in keys(s3, "m.zarr")
 
@@ -285,7 +289,9 @@ def test_checkpoints_at_a_url_are_kept_rotated_and_resumed_from(s3conf, tmp_path
     s3.fs.pipe(f"{s3.bucket}/ckpt/README", b"mine")
 
     def est(n: int, **kw) -> OrdNMF:
-        return OrdNMF(3, max_iter=n, tol=1e-12, checkpoint_every=2, executor="inprocess", **kw)
+        return OrdNMF(
+            3, max_iter=n, tol=1e-12, checkpoint_every=2, executor="inprocess", **kw, n_members=1
+        )
 
     est(5, checkpoint_dir=ckpt).fit(store.path, out=tmp_path / "a")
     names = sorted({k.split("/")[0] for k in keys(s3, "ckpt")})

@@ -165,6 +165,7 @@ def test_early_stopping_keeps_the_best_state(vstore, caplog):
             validation_s=3,
             checkpoint_every=3,
             executor="inprocess",
+            n_members=1,
         ).fit(vstore)
     attrs = open_model(est.model_path_).attrs
     [end] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fit: ")][-1:]
@@ -180,7 +181,9 @@ def test_early_stopping_keeps_the_best_state(vstore, caplog):
     assert best < est.n_iter_  # the data overfit within 60 iterations at K = 3
     assert est.runs_[0]["best_iteration"] == best
     # the saved state is iteration ``best`` of the same trajectory
-    plain = OrdNMF(K, tol=1e-12, max_iter=best, validation_every=0, executor="inprocess")
+    plain = OrdNMF(
+        K, tol=1e-12, max_iter=best, validation_every=0, executor="inprocess", n_members=1
+    )
     plain.fit(vstore)
     assert plain.n_iter_ == best and open_model(plain.model_path_).attrs["validation"] is None
     np.testing.assert_array_equal(est.W_.compute(), plain.W_.compute())
@@ -208,6 +211,7 @@ def test_restarts_are_chosen_by_validation(vstore):
         validation_every=5,
         validation_patience=0,
         executor="inprocess",
+        n_members=1,
     ).fit(vstore)
     runs = est.runs_
     assert all(r["validation"] is not None for r in runs)
@@ -219,11 +223,11 @@ def test_restarts_are_chosen_by_validation(vstore):
 
 def test_validation_settings_are_checked_before_a_cluster_starts(vstore):
     with pytest.raises(InputError, match="validation_s = 9"):
-        OrdNMF(K, validation_s=9, max_iter=2).fit(vstore)
+        OrdNMF(K, validation_s=9, max_iter=2, n_members=1).fit(vstore)
     with pytest.raises(InputError, match="validation_metric must be"):
-        OrdNMF(K, validation_metric="auc", max_iter=2).fit(vstore)
+        OrdNMF(K, validation_metric="auc", max_iter=2, n_members=1).fit(vstore)
     with pytest.raises(InputError, match="validation_metric = 'loglik'"):
-        BePoF(K, validation_metric="loglik", max_iter=2).fit(vstore)
+        BePoF(K, validation_metric="loglik", max_iter=2, n_members=1).fit(vstore)
 
 
 def test_early_stopping_alone_is_patience_after_the_first_best_score():
@@ -268,6 +272,7 @@ def test_the_fit_keeps_the_state_the_windowed_rule_keeps(vstore):
         validation_window=3,
         validation_s=3,
         executor="inprocess",
+        n_members=1,
     ).fit(vstore)
     attrs = open_model(est.model_path_).attrs
     assert attrs["validation"]["window"] == 3
@@ -305,7 +310,7 @@ def _reference_ndcg(store, est, split: str, s: int, k: int = 100) -> float:
 
 
 def test_held_out_rankings_exclude_the_users_pairs_in_the_other_subsets(vstore, client):
-    est = OrdNMF(K, tol=1e-12, max_iter=5, validation_every=0).fit(vstore, client)
+    est = OrdNMF(K, tol=1e-12, max_iter=5, validation_every=0, n_members=1).fit(vstore, client)
     model = open_model(est.model_path_)
     w = [SavedChunk(model.path, "W", r) for r in range(vstore.grid[0])]
     h = [SavedChunk(model.path, "H", c) for c in range(vstore.grid[1])]

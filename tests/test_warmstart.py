@@ -86,11 +86,11 @@ def _stack(chunks, field):
 def test_known_rows_keep_their_state_new_rows_are_folded_in(client, stores, data):
     tmp, old, new, pu, pi = stores
     train, _ = data
-    est = OrdNMF(K, max_iter=15, tol=1e-12, **HERE)
+    est = OrdNMF(K, max_iter=15, tol=1e-12, **HERE, n_members=1)
     est.fit(old.path, out=tmp / "m-old.zarr")
     m = open_model(str(tmp / "m-old.zarr"))
     source = warmstart.open_source(str(tmp / "m-old.zarr"), "OrdNMF", est._family(new), K, new)
-    w, h, family, params = _initial(client, OrdNMF(K), new, source, tmp)
+    w, h, family, params = _initial(client, OrdNMF(K, n_members=1), new, source, tmp)
     np.testing.assert_array_equal(params, m.delta)  # thresholds from the old model
     old_w = {f: m.factor("W", f).compute() for f in ("mean", "geo")}
     old_h = {f: m.factor("H", f).compute() for f in ("mean", "geo")}
@@ -168,13 +168,13 @@ def test_every_family_warm_starts_onto_the_grown_store(client, stores, name):
     klass = ESTIMATORS[name]
     kw = {"threshold": 3} if name in ("BePoF", "PF") else {}
     old_model = tmp / f"{name}-old.zarr"
-    klass(K, max_iter=15, tol=1e-12, **kw, **HERE).fit(old.path, out=old_model)
+    klass(K, max_iter=15, tol=1e-12, **kw, **HERE, n_members=1).fit(old.path, out=old_model)
     before = dict(zarr.open_group(str(old_model), mode="r").attrs)
     # one iteration: the first bounds are compared
-    warm = klass(K, max_iter=1, tol=1e-12, **kw).fit(
+    warm = klass(K, max_iter=1, tol=1e-12, **kw, n_members=1).fit(
         new.path, client, init_model=old_model, out=tmp / f"{name}-warm.zarr"
     )
-    cold = klass(K, max_iter=1, tol=1e-12, **kw, **HERE).fit(new.path)
+    cold = klass(K, max_iter=1, tol=1e-12, **kw, **HERE, n_members=1).fit(new.path)
     assert warm.elbo_[0] > cold.elbo_[0]
     attrs = open_model(warm.model_path_).attrs
     assert attrs["init_model"] == {"path": str(old_model), "fingerprint": model_fingerprint(before)}
@@ -190,9 +190,11 @@ def test_a_warm_start_on_its_own_store_continues_the_fit_exactly(stores, name):
     tmp, _, new, _, _ = stores
     klass, m, n = ESTIMATORS[name], 6, 4
     kw = {"tol": 1e-12, "executor": "inprocess"}
-    first = klass(K, max_iter=m, **kw).fit(new.path, out=tmp / f"{name}-first-{m}.zarr")
-    warm = klass(K, max_iter=n, **kw).fit(new.path, init_model=first)
-    whole = klass(K, max_iter=m + n, **kw).fit(new.path)
+    first = klass(K, max_iter=m, **kw, n_members=1).fit(
+        new.path, out=tmp / f"{name}-first-{m}.zarr"
+    )
+    warm = klass(K, max_iter=n, **kw, n_members=1).fit(new.path, init_model=first)
+    whole = klass(K, max_iter=m + n, **kw, n_members=1).fit(new.path)
     assert warm.elbo_ == whole.elbo_[m:]
     assert np.array_equal(np.asarray(warm.W_), np.asarray(whole.W_))
     assert np.array_equal(np.asarray(warm.H_), np.asarray(whole.H_))
@@ -201,18 +203,20 @@ def test_a_warm_start_on_its_own_store_continues_the_fit_exactly(stores, name):
 def test_dcpf_starts_from_the_old_p(stores):
     tmp, old, new, _, _ = stores
     old_model = tmp / "dcpf-p.zarr"
-    DcPF(K, max_iter=8, tol=1e-12, p=0.3, **HERE).fit(old.path, out=old_model)
-    source = warmstart.open_source(str(old_model), "DcPF", DcPF(K)._family(new), K, new)
+    DcPF(K, max_iter=8, tol=1e-12, p=0.3, **HERE, n_members=1).fit(old.path, out=old_model)
+    source = warmstart.open_source(
+        str(old_model), "DcPF", DcPF(K, n_members=1)._family(new), K, new
+    )
     p_old = float(open_model(str(old_model)).attrs["p"])
     assert p_old != 0.5
-    assert warmstart.start_params(DcPF(K, p=0.5)._family(new), source) == p_old
-    fixed = DcPF(K, p=0.5, update_p=False)._family(new)
+    assert warmstart.start_params(DcPF(K, p=0.5, n_members=1)._family(new), source) == p_old
+    fixed = DcPF(K, p=0.5, update_p=False, n_members=1)._family(new)
     assert warmstart.start_params(fixed, source) == 0.5  # a fixed p stays the fit's
 
 
 def test_provenance_is_recorded(stores):
     tmp, old, new, _, _ = stores
-    m = OrdNMF(K, max_iter=2, **HERE).fit(old.path, out=tmp / "prov.zarr")
+    m = OrdNMF(K, max_iter=2, **HERE, n_members=1).fit(old.path, out=tmp / "prov.zarr")
     attrs = open_model(m.model_path_).attrs
     assert set(attrs["versions"]) == {
         "ordnmf-dask",
@@ -244,11 +248,11 @@ def test_a_store_changed_in_place_changes_its_fingerprint(tmp_path, data):
     ("make", "message"),
     [
         (
-            lambda ck: BePoF(K, checkpoint_dir=ck),
+            lambda ck: BePoF(K, checkpoint_dir=ck, n_members=1),
             "its model class OrdNMF differs from this fit's BePoF",
         ),
         (
-            lambda ck: OrdNMF(K + 1, checkpoint_dir=ck),
+            lambda ck: OrdNMF(K + 1, checkpoint_dir=ck, n_members=1),
             f"its K = {K} differs from this fit's K = {K + 1}",
         ),
     ],
@@ -257,7 +261,7 @@ def test_incompatible_models_are_refused_before_any_work(client, stores, make, m
     tmp, old, new, _, _ = stores
     old_model = tmp / "refuse-old.zarr"
     if not old_model.exists():
-        OrdNMF(K, max_iter=2, **HERE).fit(old.path, out=old_model)
+        OrdNMF(K, max_iter=2, **HERE, n_members=1).fit(old.path, out=old_model)
     ckpt = tmp / "refuse-ck"
     with pytest.raises(InputError, match=message):
         make(str(ckpt)).fit(new.path, client, init_model=old_model, out=tmp / "refused.zarr")
@@ -269,9 +273,9 @@ def test_another_number_of_classes_is_refused(tmp_path, data):
     three = np.minimum(train, 3), np.minimum(test, 3)
     small = store_from_dense(tmp_path / "v3.zarr", *three, 3, (1, 1))
     full = store_from_dense(tmp_path / "v4.zarr", train, test, V, (1, 2))
-    OrdNMF(K, max_iter=2, **HERE).fit(small.path, out=tmp_path / "v3-model.zarr")
+    OrdNMF(K, max_iter=2, **HERE, n_members=1).fit(small.path, out=tmp_path / "v3-model.zarr")
     with pytest.raises(InputError, match="its 3 classes differ from the 4 of this fit's data"):
-        OrdNMF(K, **HERE).fit(full.path, init_model=tmp_path / "v3-model.zarr")
+        OrdNMF(K, **HERE, n_members=1).fit(full.path, init_model=tmp_path / "v3-model.zarr")
 
 
 def test_the_warm_start_source_enters_the_checkpoint_fingerprint(stores):
@@ -279,10 +283,12 @@ def test_the_warm_start_source_enters_the_checkpoint_fingerprint(stores):
     it refuses, naming restart, and keeps them."""
     tmp, old, new, _, _ = stores
     a, b = tmp / "src-a.zarr", tmp / "src-b.zarr"
-    OrdNMF(K, max_iter=3, seed=0, **HERE).fit(old.path, out=a)
-    OrdNMF(K, max_iter=3, seed=1, **HERE).fit(old.path, out=b)
+    OrdNMF(K, max_iter=3, seed=0, **HERE, n_members=1).fit(old.path, out=a)
+    OrdNMF(K, max_iter=3, seed=1, **HERE, n_members=1).fit(old.path, out=b)
     ckpt = tmp / "src-ck"
-    est = OrdNMF(K, max_iter=4, tol=1e-12, checkpoint_dir=str(ckpt), checkpoint_every=2, **HERE)
+    est = OrdNMF(
+        K, max_iter=4, tol=1e-12, checkpoint_dir=str(ckpt), checkpoint_every=2, **HERE, n_members=1
+    )
     est.fit(new.path, init_model=a)
     kept = sorted(p.name for p in ckpt.iterdir())
     assert kept
@@ -295,11 +301,13 @@ def test_the_warm_start_source_enters_the_checkpoint_fingerprint(stores):
 
 def test_cli_init_model(client, stores):
     tmp, old, new, _, _ = stores
-    OrdNMF(K, max_iter=3, **HERE).fit(old.path, out=tmp / "cli-old.zarr")
+    OrdNMF(K, max_iter=3, **HERE, n_members=1).fit(old.path, out=tmp / "cli-old.zarr")
     r = subprocess.run(
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             new.path,
             "--out",
             str(tmp / "cli-warm.zarr"),
@@ -324,6 +332,8 @@ def test_cli_init_model(client, stores):
         [
             *CLI,
             "fit",
+            "--n-members",
+            "1",
             new.path,
             "--out",
             str(tmp / "cli-bad.zarr"),
@@ -355,6 +365,6 @@ def test_ids_of_another_type_are_refused(tmp_path, data):
         np.array([f"i{j}" for j in range(N_ITEMS)]),
     )
     numbered = store_from_dense(tmp_path / "numbered.zarr", train, test, V, (2, 1))
-    OrdNMF(K, max_iter=2, **HERE).fit(named.path, out=tmp_path / "named-model.zarr")
+    OrdNMF(K, max_iter=2, **HERE, n_members=1).fit(named.path, out=tmp_path / "named-model.zarr")
     with pytest.raises(InputError, match="its users ids are strings, those of store .* integers"):
-        OrdNMF(K, **HERE).fit(numbered.path, init_model=tmp_path / "named-model.zarr")
+        OrdNMF(K, **HERE, n_members=1).fit(numbered.path, init_model=tmp_path / "named-model.zarr")

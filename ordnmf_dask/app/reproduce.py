@@ -142,6 +142,7 @@ def _one_run(
     start = time.perf_counter()
     params = {
         "n_components": k,
+        "n_members": 1,  # the paper's tables are of single fits
         "alpha_W": proto.alpha,
         "alpha_H": proto.alpha,
         "tol": proto.tol,
