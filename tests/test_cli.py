@@ -41,6 +41,10 @@ def test_ingest_info_fit_evaluate_on_movielens(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["nnz_train"] == 53679
     r = run(
         "fit",
+        "--n-members",
+        "1",
+        "--n-members",
+        "1",
         str(store),
         "--out",
         str(model),
@@ -149,6 +153,10 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
     with dask_processes(tmp_path / "scheduler.json", 2) as address:
         r = run(
             "fit",
+            "--n-members",
+            "1",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "m.zarr"),
@@ -226,7 +234,7 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
         )
         == 0
     )
-    api = getattr(ordnmf_dask, klass)(2, max_iter=6, **params).fit(store, client)
+    api = getattr(ordnmf_dask, klass)(2, max_iter=6, n_members=1, **params).fit(store, client)
     cli = getattr(ordnmf_dask, klass).load(tmp_path / "m.zarr")
     assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_
 

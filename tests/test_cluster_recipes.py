@@ -132,13 +132,7 @@ def test_daskjob_manifest_structure():
     assert doc["apiVersion"] == "kubernetes.dask.org/v1" and doc["kind"] == "DaskJob"
     assert doc["metadata"]["name"]
     job = doc["spec"]["job"]["spec"]["containers"][0]
-    assert job["image"] and job["args"][:3] == [
-        "ordnmf-dask",
-        "fit",
-        "--n-members",
-        "1",
-        "--config",
-    ]
+    assert job["image"] and job["args"][:3] == ["ordnmf-dask", "fit", "--config"]
     mounts = {m["name"]: m["mountPath"] for m in job["volumeMounts"]}
     assert job["args"][3].startswith(mounts["job"])
     cluster = doc["spec"]["cluster"]["spec"]

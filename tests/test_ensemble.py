@@ -44,7 +44,7 @@ def fitted(tmp_path_factory):
     root = tmp_path_factory.mktemp("ensemble")
     info = _store(str(root / "s.zarr"))
     ens = OrdNMF(K, n_members=M, max_iter=ITERS, seed=4).fit(info.path, out=str(root / "e.zarr"))
-    singles = [OrdNMF(K, max_iter=ITERS, seed=4 + j).fit(info.path) for j in range(M)]
+    singles = [OrdNMF(K, max_iter=ITERS, seed=4 + j, n_members=1).fit(info.path) for j in range(M)]
     return info, ens, singles
 
 
@@ -210,7 +210,7 @@ def test_a_failing_member_stops_the_fit_and_writes_nothing(tmp_path):
 def test_dcpf_ensembles_mix_their_count_laws(tmp_path):
     info = _store(str(tmp_path / "s.zarr"))
     ens = DcPF(K, n_members=2, max_iter=10, seed=2).fit(info.path)
-    singles = [DcPF(K, max_iter=10, seed=2 + j).fit(info.path) for j in range(2)]
+    singles = [DcPF(K, max_iter=10, seed=2 + j, n_members=1).fit(info.path) for j in range(2)]
     np.testing.assert_array_equal(ens.p_, [s.p_ for s in singles])
     np.testing.assert_allclose(
         ens.score([0, 1], [2, 3]), np.mean([s.score([0, 1], [2, 3]) for s in singles], axis=0)

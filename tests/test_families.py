@@ -435,7 +435,7 @@ def test_dcpf_save_load_and_evaluate(tmp_path, client, overdispersed, ordinal_pr
 
     pf = PF(K, threshold=2, max_iter=4, n_members=1).fit(ostore, client, init=(ow0, oh0))
     for on_cluster in (bepof, pf):
-        alone = type(on_cluster)(K, threshold=2, max_iter=4, executor="inprocess")
+        alone = type(on_cluster)(K, threshold=2, max_iter=4, executor="inprocess", n_members=1)
         alone.fit(ostore, init=(ow0, oh0))
         # every iteration's bound, a function of that iteration's factors, compared exactly
         assert alone.elbo_ == on_cluster.elbo_

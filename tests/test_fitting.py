@@ -33,7 +33,7 @@ def store(tmp_path):
 def test_the_core_fit_is_the_estimator_fit_bitwise(tmp_path, store):
     """The function and the estimator give one model: same factors, same attributes."""
     a = fit(store.path, "DcPF", {**SETTINGS, "p": 0.3}, out=tmp_path / "a.zarr")
-    b = DcPF(**SETTINGS, p=0.3, n_members=1).fit(store.path, out=tmp_path / "b.zarr")
+    b = DcPF(**SETTINGS, p=0.3).fit(store.path, out=tmp_path / "b.zarr")
     assert a.attrs["model"] == "DcPF" and a.attrs["params"] == b._model.attrs["params"]
     assert a.attrs["elbo"] == b.elbo_ and a.attrs["p"] == b.p_
     for name in ("W", "H"):
@@ -55,7 +55,7 @@ def test_a_plan_refuses_what_the_fit_would_refuse_before_any_work(tmp_path, stor
         plan_fit(store.path, "OrdNMF", {"p": 0.5})
     with pytest.raises(InputError, match="K \\(n_components\\) = 16 is larger"):
         plan_fit(store.path, "OrdNMF", {**SETTINGS, "n_components": 16})
-    OrdNMF(**SETTINGS, n_members=1).fit(store.path, out=tmp_path / "m.zarr")
+    OrdNMF(**SETTINGS).fit(store.path, out=tmp_path / "m.zarr")
     with pytest.raises(InputError, match="exists"):  # the model is not replaced unasked
         plan_fit(store.path, "OrdNMF", SETTINGS, out=tmp_path / "m.zarr")
 

@@ -122,7 +122,7 @@ def test_on_one_worker_a_step_is_one_task_and_the_fit_is_bitwise_the_inprocess_f
 
             def fit(where, name, klass=klass, kw=kw, **more):
                 work = str(tmp_path / f"w{name}")
-                est = klass(K, max_iter=9, tol=1e-12, work_dir=work, **kw, **more)
+                est = klass(K, max_iter=9, tol=1e-12, work_dir=work, n_members=1, **kw, **more)
                 return est.fit(store_2x3, where, out=tmp_path / name)
 
             with get_task_stream(one) as stream:
@@ -347,8 +347,8 @@ def test_an_inprocess_cli_fit_imports_no_cluster_machinery(tmp_path, store_2x3):
         "import sys\n"
         "from ordnmf_dask.app.cli import main\n"
         "from ordnmf_dask import OrdNMF\n"
-        f"code = main(['fit', {store_2x3.path!r}, '--out', {str(tmp_path / 'm.zarr')!r}, "
-        "'-k', '2', '--max-iter', '2', '-q'])\n"
+        f"code = main(['fit', '--n-members', '1', {store_2x3.path!r}, "
+        f"'--out', {str(tmp_path / 'm.zarr')!r}, '-k', '2', '--max-iter', '2', '-q'])\n"
         f"print(code, [m for m in {HEAVY!r} if m in sys.modules])\n"
         f"model = OrdNMF.load({str(tmp_path / 'm.zarr')!r})\n"
         "print('dask' in sys.modules, model.W_.shape, type(model.log_H_).__module__)\n"

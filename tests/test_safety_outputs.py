@@ -49,6 +49,8 @@ INPUT_OPTIONS = {
     "tls_ca_file",
     "tls_cert",
     "tls_key",
+    "users_from",  # read by app/commands._requested through sources.infile.open_input_file
+    "items_from",
 }
 NOT_PATHS = {
     "datasets",

@@ -202,9 +202,11 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
     (it gave a NaN ELBO); a healthy store fits, and its model is not taken for a store."""
     model = str(tmp_path / "m.zarr")
     on_cluster = ("-k", "2", "--max-iter", "2", "--scheduler", cluster.scheduler_address)
-    ok = run("fit", healthy, "--out", model, *on_cluster)
+    ok = run("fit", "--n-members", "1", healthy, "--out", model, *on_cluster)
     assert ok.returncode == 0, ok.stderr
-    r = run("fit", model, "--out", str(tmp_path / "of-a-model.zarr"), *on_cluster)
+    r = run(
+        "fit", "--n-members", "1", model, "--out", str(tmp_path / "of-a-model.zarr"), *on_cluster
+    )
     assert r.returncode == 2 and _error_line(r) == (
         f"ordnmf-dask fit: error: {model}: is an ordnmf_dask model, not a store"
     )
@@ -212,7 +214,7 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
     for n, (array, damage) in enumerate([("train/indptr", "remove"), ("train/y", "flip")]):
         store, path = _damaged(healthy, tmp_path / str(n), array, damage)
         out = str(tmp_path / f"m{n}.zarr")
-        r = run("fit", store, "--out", out, *on_cluster)
+        r = run("fit", "--n-members", "1", store, "--out", out, *on_cluster)
         assert r.returncode == 2, r.stderr
         assert _error_line(r).startswith(f"ordnmf-dask fit: error: {path}: chunk file")
         assert not os.path.exists(out)

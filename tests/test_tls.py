@@ -77,6 +77,8 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
 
         r = cli(
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "m.zarr"),
@@ -100,6 +102,8 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
         # No certificate at all: refused at once (the CLI exits 3, "cluster failure").
         r = cli(
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "x.zarr"),
@@ -125,6 +129,8 @@ def test_fit_over_tls_matches_local_and_refuses_clients_without_certificate(tmp_
         assert_refused(OSError, address, security=bad, timeout="5s")
         r = cli(
             "fit",
+            "--n-members",
+            "1",
             store.path,
             "--out",
             str(tmp_path / "x.zarr"),

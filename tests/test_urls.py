@@ -248,6 +248,10 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
     assert json.loads(s3.fs.cat(f"{s3.bucket}/cli/s.zarr/zarr.json"))["attributes"]["complete"]
     run(
         "fit",
+        "--n-members",
+        "1",
+        "--n-members",
+        "1",
         store,
         "--out",
         model,

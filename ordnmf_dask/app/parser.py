@@ -496,6 +496,7 @@ def _tune(add: _Add) -> None:
         skip=(
             *SEARCH_FLAGS,
             "n_init",
+            "n_members",
             "work_dir",
             "checkpoint_dir",
             "executor",

@@ -57,6 +57,7 @@ MANAGED = (
     "checkpoint_dir",
     "work_dir",
     "n_init",
+    "n_members",
     "max_iter",
     "executor",
     "validation_metric",
@@ -156,8 +157,7 @@ def tune(
     model : ``ordnmf``, ``bepof``, ``pf`` or ``dcpf`` (or the class name).
     params : the other estimator parameters, fixed for every trial (tol, seed, threshold, ...);
         tune sets max_iter, checkpoint_dir, n_init (1), executor and the validation metric
-        itself; its trials are single fits (``n_members`` 1) unless ``params`` gives
-        ``n_members``.
+        itself; its trials are single fits (``n_members`` 1).
     n_trials : draw this many trials at random (seeded by ``sample_seed``); None: every
         combination of the listed values.
     max_iter, min_budget, eta : the rungs' iteration budgets (``min_budget`` default
@@ -311,9 +311,8 @@ def _fixed_params(name: str, fixed: dict[str, Any], space: schedule.Space) -> di
     both = sorted(set(space) & set(fixed))
     if both:
         raise InputError(f"{both[0]} is both searched and fixed: give it in one place")
-    trial = {**DEFAULTS, "n_members": 1}  # trials are single fits unless told otherwise
     return validate(
-        {k: fixed.get(k, trial[k]) for k in taken if k not in space and k not in MANAGED}
+        {k: fixed.get(k, DEFAULTS[k]) for k in taken if k not in space and k not in MANAGED}
     )
 
 
@@ -531,6 +530,7 @@ class _Search:
             **self.fixed,
             **t.params,
             "max_iter": budget,
+            "n_members": 1,  # trials are single fits: they compare settings, not ensembles
             "checkpoint_dir": t.checkpoints,
             "checkpoint_every": self.every,
         }

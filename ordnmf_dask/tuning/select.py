@@ -51,7 +51,6 @@ def select_rank(
         if k not in _NOT_FIXED and (k not in MANAGED or k in ("work_dir", "executor"))
     }
     fixed.pop("executor")
-    fixed["n_members"] = 1  # candidates are compared by single fits; the ensemble is the chosen K's
     work = fixed.pop("work_dir")
     n_jobs = max(1, min(len(candidates), os.cpu_count() or 1))
     parent = tempfile.mkdtemp(prefix="ordnmf-select-", dir=work)
