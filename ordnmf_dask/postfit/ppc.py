@@ -2,7 +2,9 @@
 
 Data are simulated from p(Y* | W, H) q(W) q(H): per block, W and H rows are drawn from their
 Gamma posteriors and classes are sampled at pairs (u, i) of the block: all of them for small
-blocks, else a uniform sample scaled to the block's area, so U x I is never materialized.
+blocks, else a uniform sample scaled to the block's area, so U x I is never materialized. An
+ensemble's law is the mixture of its members': each pair is drawn from a member chosen
+uniformly, with that member's factors and thresholds.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import simulate
+from ordnmf_dask.model.ensemble import member_columns
 from ordnmf_dask.model.kernels import sddmm
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
@@ -46,38 +48,50 @@ def _ppc_task(
     rng = np.random.default_rng(np.random.SeedSequence([seed, r, c]))
     w, h = _draw(model, "W", r, rng), _draw(model, "H", c, rng)
     rows, cols, weight = simulate.sample_pairs(shape[0], shape[1], budget, rng)
-    lam = sddmm(rows, cols, w, h)
+    if spec[0] != "members":
+        y = _sample(spec, sddmm(rows, cols, w, h), rng)
+        return weight * np.bincount(np.minimum(y, n_bins - 1), minlength=n_bins)
+    _, k, specs = spec  # an ensemble: each pair drawn from a member chosen uniformly
+    n = len(specs)
+    member = rng.integers(0, n, len(rows))
+    hist = np.zeros(n_bins)
+    for m, one in enumerate(specs):
+        sel = member == m
+        part = member_columns(k, m)  # the member's columns; its W held divided by M
+        wm, hm = np.ascontiguousarray(w[:, part] * n), np.ascontiguousarray(h[:, part])
+        y = _sample(one, sddmm(rows[sel], cols[sel], wm, hm), rng)
+        hist += np.bincount(np.minimum(y, n_bins - 1), minlength=n_bins)
+    return weight * hist
+
+
+def _sample(spec: tuple, lam: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Classes drawn at the rates ``lam`` from one fit's law (``spec``)."""
     if spec[0] == "ordinal":
-        y = simulate.sample_ordinal(lam, spec[1], rng)
-    else:
-        y = simulate.sample_dcpf(lam, spec[1], spec[2], rng, spec[3])
-    return weight * np.bincount(np.minimum(y, n_bins - 1), minlength=n_bins)
+        return simulate.sample_ordinal(lam, spec[1], rng)
+    return simulate.sample_dcpf(lam, spec[1], spec[2], rng, spec[3])
 
 
 def _spec(store: StoreInfo, model: ModelInfo) -> tuple[tuple, np.ndarray]:
     """The sampler of ``model`` and the training histogram it is compared with (with zeros)."""
-    a = model.attrs
-    if model.header.n_members > 1:
-        raise InputError(
-            f"{model.path}: the posterior predictive check draws from one fit's law; this "
-            f"model is an ensemble of {model.header.n_members} members (fit with n_members=1 "
-            "to check one)"
-        )
+    a, header = model.attrs, model.header
     total = store.n_users * store.n_items
+    specs: list[tuple] = []
     if a["family"] == "dcpf":
         edges = store.count_edges
         truth = store.hist_train.astype(np.float64)
-        spec: tuple = ("dcpf", float(a["p"]), float(a["t"]), edges)
+        specs = [("dcpf", float(law.p or 0.0), float(law.t or 1.0), edges) for law in header.laws]
     else:
-        theta = np.asarray(a["theta"], dtype=np.float64)
-        spec = ("ordinal", theta)
+        specs = [("ordinal", law.theta) for law in header.laws]
+        theta = specs[0][1]
         if len(theta) == store.n_classes + 1:
             truth = store.hist_train.astype(np.float64)
         else:  # a binarized model (BePoF, PF): compare with the binarized training data
             threshold = int(a["params"]["threshold"])
             truth = np.array([0.0, float(store.hist_train[threshold:].sum())])
     truth[0] = total - truth[1:].sum()
-    return spec, truth
+    if header.n_members == 1:
+        return specs[0], truth
+    return ("members", header.n_components, specs), truth
 
 
 def posterior_predictive(
