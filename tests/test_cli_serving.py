@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI
+from conftest import CLI, ZARR_CODEC_WARNING
 from test_recommend import oracle_top
 from test_serving import Case, check_recs
 
@@ -183,7 +183,8 @@ def test_a_bad_batch_file_is_one_line_naming_it(alone, tmp_path, capsys, text, s
     assert main(["recommend", alone.path, "--users-from", str(ids)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    err = captured.err.splitlines()
+    # zarr 3.0 (the floors) warns about its string codec when it opens the id maps
+    err = [ln for ln in captured.err.splitlines() if ZARR_CODEC_WARNING not in ln]
     assert len(err) == 1 and said in err[0] and err[0].startswith("ordnmf-dask recommend: error:")
 
 
