@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
+from ordnmf_dask.app.pairsfile import check_known
 from ordnmf_dask.app.parser import SEARCH_FLAGS
 from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError, UsageError
@@ -369,7 +370,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     users, where = _requested(args, "users")
     if serving.fits_in_memory(args.model):  # no cluster needed
         srv = serving.server(args.model, args.store, args.allow_other_store)
-        _check_known(srv.users, users, where)
+        check_known(srv.users, users, where)
         res: dict[Any, list[tuple[Any, ...]]] = srv.recommend(users, args.n)
         if args.proba_at is not None:
             from ordnmf_dask.postfit.predict import recommend_with_proba
@@ -405,7 +406,7 @@ def _similar(axis: str) -> Any:
 
         ids, where = _requested(args, axis)
         srv = serving.server(args.model)
-        _check_known(getattr(srv, axis), ids, where)
+        check_known(getattr(srv, axis), ids, where)
         res = srv.similar(axis, ids, args.n)
         noun = axis[:-1]
         write_table([noun, "rank", f"similar_{noun}", "cosine"], ranked_rows(res), args.format)
@@ -451,22 +452,6 @@ def _requested(
     return ids, lambda j: f"{name}, line {lines[j]}"
 
 
-def _check_known(ids_map: Any, ids: list[Any], where: Callable[[int], str] | None) -> None:
-    """InputError naming where the first id the model does not know was read (``where(j)`` of
-    its position: a file and line; None, ids of a flag: the server's own message)."""
-    if where is None:
-        return
-    try:
-        ids_map.index(ids)
-    except InputError:
-        for j, one in enumerate(ids):
-            try:
-                ids_map.index([one])
-            except InputError as exc:
-                raise InputError(f"{where(j)}: {exc}") from None
-        raise
-
-
 def cmd_fold_in(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.pairsfile import raw_ids
     from ordnmf_dask.app.tables import ranked_rows, write_table
@@ -496,7 +481,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
-    _check_known(server.items, item_ids, rows.origin.where)
+    check_known(server.items, item_ids, rows.origin.where)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()])
     if args.factors:

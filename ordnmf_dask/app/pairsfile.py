@@ -10,7 +10,7 @@ does not grow with the file (docs/design.md, "Safety rules", "Limits").
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,22 @@ def raw_ids(column: Any) -> list[Any]:
     strings stripped."""
     values = column.to_pylist() if hasattr(column, "to_pylist") else column.tolist()
     return [v.strip() if isinstance(v, str) else v for v in values]
+
+
+def check_known(ids_map: Any, ids: list[Any], where: Callable[[int], str] | None) -> None:
+    """InputError naming where the first id the model does not know was read (``where(j)`` of
+    its position: a file and line; None, ids of a flag: the server's own message)."""
+    if where is None:
+        return
+    try:
+        ids_map.index(ids)
+    except InputError:
+        for j, one in enumerate(ids):
+            try:
+                ids_map.index([one])
+            except InputError as exc:
+                raise InputError(f"{where(j)}: {exc}") from None
+        raise
 
 
 @dataclass(frozen=True)
@@ -89,15 +105,7 @@ class PairsFile:
     def _locate(self, first: int, ids: list[Any], known: Any) -> None:
         """InputError naming the line of the first of ``ids`` (rows from ``first``) that the
         id map ``known`` does not hold."""
-        try:
-            known.index(ids)
-        except InputError:
-            for j, value in enumerate(ids):
-                try:
-                    known.index([value])
-                except InputError as exc:
-                    raise InputError(f"{self.where(first + j)}: {exc}") from None
-            raise
+        check_known(known, ids, lambda j: self.where(first + j))
 
     def _record_batches(self) -> Iterator[tuple[list[str], Any]]:
         """(the user and item columns' names, a record batch of those two columns, read as
