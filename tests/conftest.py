@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
+from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.store.blocks import StoreInfo, write_store
 from ordnmf_dask.store.grid import balanced_bounds, block_sort
 
@@ -186,6 +187,27 @@ def mclient(cluster):
     """A client of the session's cluster for the module-scoped fixtures of a test module."""
     with Client(cluster) as c:
         yield c
+
+
+def poisson_class_store(
+    path, n_users: int, n_items: int, validation_fraction: float = 0.0
+) -> StoreInfo:
+    """A store of counts drawn from a rank-3 Poisson factorization with strong signal, as
+    classes 1..5, 20% of them held out for test."""
+    rng = np.random.default_rng(0)
+    w = rng.gamma(0.3, 1.0, (n_users, 3))
+    h = 3.0 * rng.gamma(0.3, 1.0, (n_items, 3))
+    n = rng.poisson(w @ h.T)
+    u, i = np.nonzero(n)
+    return ingest_arrays(
+        u,
+        i,
+        np.minimum(n[u, i], 5),
+        path,
+        ratings="integer",
+        test_fraction=0.2,
+        validation_fraction=validation_fraction,
+    )
 
 
 def synthetic_ordinal(

@@ -9,33 +9,19 @@ import os
 
 import numpy as np
 import pytest
+from conftest import poisson_class_store
 
 from ordnmf_dask import DcPF, OrdNMF
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore.model import MODEL_FORMAT, open_model
-from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.store.blocks import read_ids
 
 K, M, ITERS = 3, 3, 25
 
 
 def _store(path, validation_fraction: float = 0.0):
-    """Counts of a rank-3 Poisson factorization as classes 1..5."""
-    rng = np.random.default_rng(0)
-    w = rng.gamma(0.3, 1.0, (150, 3))
-    h = 3.0 * rng.gamma(0.3, 1.0, (90, 3))
-    n = rng.poisson(w @ h.T)
-    u, i = np.nonzero(n)
-    return ingest_arrays(
-        u,
-        i,
-        np.minimum(n[u, i], 5),
-        path,
-        ratings="integer",
-        test_fraction=0.2,
-        validation_fraction=validation_fraction,
-    )
+    return poisson_class_store(path, 150, 90, validation_fraction)
 
 
 @pytest.fixture(scope="module")

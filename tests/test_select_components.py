@@ -5,29 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import poisson_class_store
 
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.ingest import ingest_arrays
 
 
 def _store(path, validation_fraction: float = 0.1):
-    """Counts drawn from a rank-3 Poisson factorization with strong signal, as classes 1..5."""
-    rng = np.random.default_rng(0)
-    w = rng.gamma(0.3, 1.0, (200, 3))
-    h = 3.0 * rng.gamma(0.3, 1.0, (120, 3))
-    n = rng.poisson(w @ h.T)
-    u, i = np.nonzero(n)
-    return ingest_arrays(
-        u,
-        i,
-        np.minimum(n[u, i], 5),
-        path,
-        ratings="integer",
-        test_fraction=0.2,
-        validation_fraction=validation_fraction,
-    )
+    return poisson_class_store(path, 200, 120, validation_fraction)
 
 
 def test_chosen_k_is_the_best_scored_and_the_model_the_plain_fit(tmp_path):
