@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
-from ordnmf_dask.app.pairsfile import check_known
 from ordnmf_dask.app.parser import SEARCH_FLAGS
 from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError, UsageError
@@ -369,6 +368,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         return EXIT_OK
     users, where = _requested(args, "users")
     if serving.fits_in_memory(args.model):  # no cluster needed
+        from ordnmf_dask.app.pairsfile import check_known
+
         srv = serving.server(args.model, args.store, args.allow_other_store)
         check_known(srv.users, users, where)
         res: dict[Any, list[tuple[Any, ...]]] = srv.recommend(users, args.n)
@@ -401,6 +402,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 def _similar(axis: str) -> Any:
     def cmd_similar(args: argparse.Namespace) -> int:
+        from ordnmf_dask.app.pairsfile import check_known
         from ordnmf_dask.app.tables import ranked_rows, write_table
         from ordnmf_dask.postfit import serving
 
@@ -453,7 +455,7 @@ def _requested(
 
 
 def cmd_fold_in(args: argparse.Namespace) -> int:
-    from ordnmf_dask.app.pairsfile import raw_ids
+    from ordnmf_dask.app.pairsfile import check_known, raw_ids
     from ordnmf_dask.app.tables import ranked_rows, write_table
     from ordnmf_dask.postfit import serving
     from ordnmf_dask.sources.readers import read_triples
