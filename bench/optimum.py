@@ -1,0 +1,136 @@
+"""Levers on the fit's optimum, side by side on one store: estimator settings (annealed or
+smaller ensembles, another K, fewer iterations), their mixture, and a single fit started from an
+ensemble's consensus.
+
+One store per run: drawn from the model (``--store U x I x density x K_true``, ``sources.synth``,
+shape 0.3, V = 10, 20% test, store seed ``--store-seed``; scored as a share of the generating
+factors' NDCG@100 at s = 1 / 5 / 10, with item popularity as the floor), ml-latest-small
+(``--real ml``: README's split, half stars, min_count 20, seed 0; NDCG@100 at s = 1 / 6 / 10) or
+Last.fm (``--real lastfm``: the paper's count classes, min_count 20, 20% test, 10% validation,
+which early-stops the fits; s = 1 / 8 / 10). Each ``--fits`` entry is a JSON object of estimator
+keywords; ``--mix`` also scores the equal mixture of their rates (each entry's rate being its
+members' mean). ``--consensus M`` fits the default ensemble of M members at K = 50, matches every
+member's components to the first member's (the Hungarian assignment on the cosine of their
+item columns, each column scaled to sum 1), averages the matched pairs, and scores that consensus
+as it is and the single fit started from it (``init=``)::
+
+    python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
+    python bench/optimum.py --real ml --consensus 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+from quality import item_counts, scored
+from scipy.optimize import linear_sum_assignment
+
+from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
+from ordnmf_dask.store.blocks import StoreInfo, open_store, read_ids
+
+
+def consensus(model: OrdNMF) -> tuple[np.ndarray, np.ndarray]:
+    """The K components of ``model``'s members matched to its first member's and averaged."""
+    k, n = model.n_components, model.n_members_
+    w_all, h_all = model.user_factors * n, model.item_factors
+    members = []
+    for m in range(n):
+        w, h = w_all[:, m * k : (m + 1) * k], h_all[:, m * k : (m + 1) * k]
+        scale = h.sum(axis=0)
+        members.append((w * scale, h / scale))
+    acc_w, acc_h = members[0][0].copy(), members[0][1].copy()
+    for w, h in members[1:]:
+        a = acc_h / np.linalg.norm(acc_h, axis=0)
+        rows, cols = linear_sum_assignment(-(a.T @ (h / np.linalg.norm(h, axis=0))))
+        acc_w[:, rows] += w[:, cols]
+        acc_h[:, rows] += h[:, cols]
+    return acc_w / n, acc_h / n
+
+
+def store(args: argparse.Namespace, work: str) -> tuple[StoreInfo, list[int], dict | None]:
+    """The store of this run, its levels, and the generating factors' NDCG (None: real data)."""
+    if args.real == "ml":
+        ratings = os.path.join(args.data, "ml-latest-small", "ratings.csv")
+        out = os.path.join(work, "ml.zarr")
+        return ingest(ratings, out, ratings="halfstar", min_count=20, seed=0), [1, 6, 10], None
+    if args.real == "lastfm":
+        plays = os.path.join(args.data, "hetrec2011-lastfm-2k", "user_artists.dat")
+        out = os.path.join(work, "fm.zarr")
+        info = ingest(plays, out, counts="paper", min_count=20, seed=0, validation_fraction=0.1)
+        return info, [1, 8, 10], None
+    u, i, density, k_true = args.store.split("x")
+    u, i, k_true = int(u), int(i), int(k_true)
+    nnz = int(u * i * float(density))
+    info = open_store(
+        synth(os.path.join(work, "s.zarr"), u, i, nnz, k_true, 10, seed=args.store_seed).path
+    )
+    p = SynthParams.from_attrs(info.attrs)
+    ru, ri = read_ids(info.path, "users"), read_ids(info.path, "items")
+    w0, h0 = true_factors(p, "users", 0, u)[ru], true_factors(p, "items", 0, i)[ri]
+    levels = [1, 5, 10]
+    return info, levels, scored(info, w0, h0, levels)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", help="U x I x density x K_true, e.g. 2000x1000x0.05x20")
+    where.add_argument("--real", choices=["ml", "lastfm"])
+    ap.add_argument("--store-seed", type=int, default=0)
+    ap.add_argument("--fits", nargs="*", default=[], help="JSON objects of estimator keywords")
+    ap.add_argument("--mix", action="store_true", help="also score the mixture of the fits")
+    ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
+    ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
+    args = ap.parse_args()
+    logging.disable(logging.INFO)  # the fits' progress lines; the table is the output
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    with tempfile.TemporaryDirectory(prefix="optimum-") as work:
+        info, levels, truth = store(args, work)
+        label = args.store or args.real
+
+        def show(name: str, w: np.ndarray, h: np.ndarray, extra: str = "") -> None:
+            nd = scored(info, w, h, levels)
+            cells = "/".join(f"{nd[s] / truth[s]:.1%}" if truth else f"{nd[s]:.4f}" for s in levels)
+            print(f"{label:<20} {name:<48} {cells:>22}  {extra}", flush=True)
+
+        show("popularity", np.ones((info.n_users, 1)), item_counts(info)[:, None])
+        rates = []
+        for entry in args.fits:
+            t0 = time.perf_counter()
+            model = OrdNMF(**json.loads(entry)).fit(info.path)
+            seconds = time.perf_counter() - t0
+            show(
+                entry,
+                model.user_factors,
+                model.item_factors,
+                f"{seconds:.0f} s, {model.n_iter_} it",
+            )
+            rates.append((model.user_factors, model.item_factors))
+        if args.mix and len(rates) > 1:
+            w = np.hstack([w for w, _ in rates]) / len(rates)
+            show("mixture of the fits above", w, np.hstack([h for _, h in rates]))
+        if args.consensus:
+            ensemble = OrdNMF(50, n_members=args.consensus).fit(info.path)
+            show(f"ensemble of {args.consensus}", ensemble.user_factors, ensemble.item_factors)
+            w0, h0 = consensus(ensemble)
+            show("its consensus, as it is", w0, h0)
+            one = OrdNMF(50, n_members=1).fit(info.path, init=(w0, h0))
+            show(
+                "one fit started from the consensus",
+                one.user_factors,
+                one.item_factors,
+                f"{one.n_iter_} it",
+            )
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
+if __name__ == "__main__":
+    main()
