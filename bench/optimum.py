@@ -12,10 +12,13 @@ keywords; ``--mix`` also scores the equal mixture of their rates (each entry's r
 members' mean). ``--consensus M`` fits the default ensemble of M members at K = 50, matches every
 member's components to the first member's (the Hungarian assignment on the cosine of their
 item columns, each column scaled to sum 1), averages the matched pairs, and scores that consensus
-as it is and the single fit started from it (``init=``)::
+as it is and the single fit started from it (``init=``). ``--bag M FRACTION`` fits M single fits
+(seeds 0..M-1), each on its own random FRACTION of the training pairs (re-ingested, the test pairs
+kept), and scores their mixture (bagging: diversity from the data, not only the start)::
 
     python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
     python bench/optimum.py --real ml --consensus 4
+    python bench/optimum.py --real ml --bag 4 0.8
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ import time
 import numpy as np
 from quality import item_counts, scored
 from scipy.optimize import linear_sum_assignment
+from select_k import triples
 
 from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.sources.ingest import ingest_arrays
 from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_ids
 
@@ -53,6 +58,34 @@ def consensus(model: OrdNMF) -> tuple[np.ndarray, np.ndarray]:
         acc_w[:, rows] += w[:, cols]
         acc_h[:, rows] += h[:, cols]
     return acc_w / n, acc_h / n
+
+
+def bagged(info: StoreInfo, n: int, fraction: float, work: str) -> tuple[np.ndarray, np.ndarray]:
+    """The mixture of ``n`` single fits, each of a random ``fraction`` of ``info``'s training
+    pairs (its rows placed by raw id; a user or item a member never saw scores 0 there)."""
+    train, test = triples(info, "train"), triples(info, "test")
+    users, items = read_ids(info.path, "users").tolist(), read_ids(info.path, "items").tolist()
+    row_of = {x: r for r, x in enumerate(users)}
+    col_of = {x: c for c, x in enumerate(items)}
+    rng = np.random.default_rng(123)
+    k = 50
+    w = np.zeros((len(users), n * k))
+    h = np.zeros((len(items), n * k))
+    for m in range(n):
+        keep = rng.random(len(train[0])) < fraction
+        sub = ingest_arrays(
+            *(a[keep] for a in train),
+            os.path.join(work, f"bag-{m}.zarr"),
+            test=test,
+            ratings="integer",
+            scale_max=info.n_classes,
+        )
+        fit = OrdNMF(k, seed=m, n_members=1).fit(sub.path)
+        rows = [row_of[x] for x in read_ids(sub.path, "users").tolist()]
+        cols = [col_of[x] for x in read_ids(sub.path, "items").tolist()]
+        w[rows, m * k : (m + 1) * k] = fit.user_factors / n
+        h[cols, m * k : (m + 1) * k] = fit.item_factors
+    return w, h
 
 
 def store(args: argparse.Namespace, work: str) -> tuple[StoreInfo, list[int], dict | None]:
@@ -88,6 +121,7 @@ def main() -> None:
     ap.add_argument("--fits", nargs="*", default=[], help="JSON objects of estimator keywords")
     ap.add_argument("--mix", action="store_true", help="also score the mixture of the fits")
     ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
+    ap.add_argument("--bag", nargs=2, metavar=("M", "FRACTION"), help="bagged single fits")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
     logging.disable(logging.INFO)  # the fits' progress lines; the table is the output
@@ -129,6 +163,9 @@ def main() -> None:
                 one.item_factors,
                 f"{one.n_iter_} it",
             )
+        if args.bag:
+            n, fraction = int(args.bag[0]), float(args.bag[1])
+            show(f"{n} fits, each of {fraction:.0%} of the pairs", *bagged(info, n, fraction, work))
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
