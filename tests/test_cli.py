@@ -159,14 +159,14 @@ def test_fit_against_dask_scheduler_and_worker_processes(tmp_path):
             "-k",
             "3",
             "--max-iter",
-            "12",
+            "4",
             "--seed",
             "5",
             "--scheduler",
             address,
         )
         assert r.returncode == 0, r.stderr
-    local = OrdNMF(3, max_iter=12, seed=5, n_members=1).fit(store)
+    local = OrdNMF(3, max_iter=4, seed=5, n_members=1).fit(store)
     remote = OrdNMF.load(tmp_path / "m.zarr")
     assert remote.elbo_ == local.elbo_
     np.testing.assert_array_equal(remote.W_.compute(), local.W_.compute())
@@ -222,7 +222,7 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
                 "-k",
                 "2",
                 "--max-iter",
-                "6",
+                "3",
                 "--scheduler",
                 client.scheduler.address,
                 *flags,
@@ -230,7 +230,7 @@ def test_fit_other_models_from_the_cli(tmp_path, client, flags, klass, params):
         )
         == 0
     )
-    api = getattr(ordnmf_dask, klass)(2, max_iter=6, n_members=1, **params).fit(store, client)
+    api = getattr(ordnmf_dask, klass)(2, max_iter=3, n_members=1, **params).fit(store, client)
     cli = getattr(ordnmf_dask, klass).load(tmp_path / "m.zarr")
     assert type(cli).__name__ == klass and cli.elbo_ == api.elbo_
 
