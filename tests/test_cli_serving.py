@@ -22,11 +22,13 @@ from test_serving import Case, check_recs
 from ordnmf_dask.app.cli import main
 
 
-@pytest.fixture
-def alone(tmp_path):
-    """A model with its own id maps and seen index, its training store moved away."""
-    case = Case(tmp_path, own_ids=True, own_seen=True)
-    shutil.move(case.store.path, tmp_path / "moved.zarr")
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """A model with its own id maps and seen index, its training store moved away (one for
+    the module: the commands only read it)."""
+    where = tmp_path_factory.mktemp("alone")
+    case = Case(where, own_ids=True, own_seen=True)
+    shutil.move(case.store.path, where / "moved.zarr")
     return case
 
 

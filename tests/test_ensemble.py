@@ -215,8 +215,11 @@ def test_dcpf_ensembles_mix_their_count_laws(tmp_path):
 
 @pytest.mark.cluster
 def test_a_cluster_fits_the_same_ensemble(fitted, client):
-    info, ens, _ = fitted
-    on_cluster = OrdNMF(K, n_members=M, max_iter=ITERS, seed=4).fit(info.path, client)
+    """Bitwise the ensemble fitted in-process, after a few iterations (a cluster's are slow)."""
+    info = fitted[0]
+    kw = {"n_members": M, "max_iter": 4, "seed": 4}
+    ens = OrdNMF(K, **kw).fit(info.path)
+    on_cluster = OrdNMF(K, **kw).fit(info.path, client)
     assert np.array_equal(on_cluster.user_factors, ens.user_factors)
     assert np.array_equal(on_cluster.item_factors, ens.item_factors)
     np.testing.assert_array_equal(on_cluster.delta_, ens.delta_)

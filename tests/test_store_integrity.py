@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from conftest import CLI
 
+from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.sources.ingest import ingest_arrays, ingest_distributed
 from ordnmf_dask.sources.synth import synth
@@ -158,8 +158,12 @@ def test_store_without_inventory_is_refused(healthy, tmp_path):
         open_store(store)
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600)
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """``ordnmf-dask ARGS`` in this process (its exit code and output are the claims, not the
+    process: twelve interpreters' start-ups saved), as a finished process."""
+    code = main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 def _error_line(r: subprocess.CompletedProcess) -> str:
@@ -170,42 +174,49 @@ def _error_line(r: subprocess.CompletedProcess) -> str:
     ("array", "damage"),
     [("train/indptr", "remove"), ("train/y", "truncate"), ("train/offsets", "flip")],
 )
-def test_info_exits_2_naming_the_file(healthy, tmp_path, array, damage):
+def test_info_exits_2_naming_the_file(healthy, tmp_path, capsys, array, damage):
     store, path = _damaged(healthy, tmp_path, array, damage)
-    r = run("info", store)
+    r = run(capsys, "info", store)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1
     assert _error_line(r).startswith(f"ordnmf-dask info: error: {path}: chunk file")
 
 
-def test_info_verify_passes_a_healthy_store(healthy):
+def test_info_verify_passes_a_healthy_store(healthy, capsys):
     """(Once, not in each case below: the same command on the same store.)"""
-    r = run("info", "--verify", healthy)
+    r = run(capsys, "info", "--verify", healthy)
     assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("array", ["train/cols", "train/y", "test/raw", "items/ids"])
-def test_info_verify_checks_every_checksum(healthy, tmp_path, array):
+def test_info_verify_checks_every_checksum(healthy, tmp_path, capsys, array):
     """A changed byte of a large array passes the cheap checks of ``info`` (sizes) and is found
     by ``info --verify`` (every file's CRC-32), exit 2 naming it (a healthy store verifies: the
     test above)."""
     store, path = _damaged(healthy, tmp_path, array, "flip")
-    assert run("info", store).returncode == 0
-    r = run("info", "--verify", store)
+    assert run(capsys, "info", store).returncode == 0
+    r = run(capsys, "info", "--verify", store)
     assert r.returncode == 2 and r.stdout == ""
     assert _error_line(r).startswith(f"ordnmf-dask info: error: {path}: chunk file")
 
 
-def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, cluster):
+def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, capsys, cluster):
     """On a cluster of worker processes: a lost row-pointer chunk is found before the fit (it
     was read as zeros: a model of nothing), a changed class chunk by the worker that reads it
     (it gave a NaN ELBO); a healthy store fits, and its model is not taken for a store."""
     model = str(tmp_path / "m.zarr")
     on_cluster = ("-k", "2", "--max-iter", "2", "--scheduler", cluster.scheduler_address)
-    ok = run("fit", "--n-members", "1", healthy, "--out", model, *on_cluster)
+    ok = run(capsys, "fit", "--n-members", "1", healthy, "--out", model, *on_cluster)
     assert ok.returncode == 0, ok.stderr
     r = run(
-        "fit", "--n-members", "1", model, "--out", str(tmp_path / "of-a-model.zarr"), *on_cluster
+        capsys,
+        "fit",
+        "--n-members",
+        "1",
+        model,
+        "--out",
+        str(tmp_path / "of-a-model.zarr"),
+        *on_cluster,
     )
     assert r.returncode == 2 and _error_line(r) == (
         f"ordnmf-dask fit: error: {model}: is an ordnmf_dask model, not a store"
@@ -214,7 +225,7 @@ def test_fit_on_a_damaged_store_exits_2_naming_the_file(healthy, tmp_path, clust
     for n, (array, damage) in enumerate([("train/indptr", "remove"), ("train/y", "flip")]):
         store, path = _damaged(healthy, tmp_path / str(n), array, damage)
         out = str(tmp_path / f"m{n}.zarr")
-        r = run("fit", "--n-members", "1", store, "--out", out, *on_cluster)
+        r = run(capsys, "fit", "--n-members", "1", store, "--out", out, *on_cluster)
         assert r.returncode == 2, r.stderr
         assert _error_line(r).startswith(f"ordnmf-dask fit: error: {path}: chunk file")
         assert not os.path.exists(out)

@@ -250,8 +250,6 @@ def test_the_commands_read_and_write_urls_with_credentials_from_the_environment(
         "fit",
         "--n-members",
         "1",
-        "--n-members",
-        "1",
         store,
         "--out",
         model,
