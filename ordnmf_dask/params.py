@@ -475,7 +475,7 @@ def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- the checked parameters of a fit, typed, one frozen section per section of the table --------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     """``[model]``: what the fit computes (rows with ``model``: the checkpoint fingerprint) and
     how long it may run. A parameter the estimator does not take is None."""
@@ -501,7 +501,7 @@ class ModelSettings:
     update_p: bool | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     """``[engine]``: where and how the fit runs."""
 
@@ -510,7 +510,7 @@ class EngineSettings:
     work_dir: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
     """``[checkpoint]``: where and when the fit checkpoints."""
 
@@ -519,7 +519,7 @@ class CheckpointSettings:
     minutes: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ValidationSettings:
     """``[validation]``: how the fit scores the store's validation subset and stops early."""
 
@@ -538,6 +538,12 @@ SECTION_CLASSES: dict[str, type] = {
     "checkpoint": CheckpointSettings,
     "validation": ValidationSettings,
 }
+
+
+def section_defaults(section: str) -> dict[str, Any]:
+    """Job-file key -> default of the rows of ``section``, read from :data:`PARAMS` at the call
+    (the keyword arguments of its settings class when nothing is given)."""
+    return {p.key: p.default for p in PARAMS.values() if p.section == section}
 
 
 @dataclass(frozen=True)

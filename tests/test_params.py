@@ -123,6 +123,21 @@ def test_settings_hold_the_checked_values_by_section(name):
     assert settings.fingerprinted() == {k: values[k] for k in model}
 
 
+def test_the_job_sections_are_the_typed_settings_of_the_table():
+    cfg = config.resolve(None)
+    for section in params.SECTIONS:
+        got = getattr(cfg, section)
+        assert isinstance(got, params.SECTION_CLASSES[section]), section
+        assert {k: getattr(got, k) for k in params.section_defaults(section)} == (
+            params.section_defaults(section)
+        )
+    choice = [f.name for f in dataclasses.fields(config.ModelChoice)]
+    keys = [f.name for f in dataclasses.fields(config.ModelSection)]
+    assert keys == choice + [f.name for f in dataclasses.fields(params.ModelSettings)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.tol = 1.0  # type: ignore[misc]
+
+
 def test_a_changed_default_reaches_every_surface(monkeypatch):
     changed = {"alpha_W": 0.7, "checkpoint_every": 3, "cache_blocks": False, "update_p": False}
     # the estimators' signatures read the table when their module is imported: a fresh process
@@ -155,7 +170,7 @@ def test_every_fit_flag_and_job_key_is_a_parameter_or_a_job_setting():
             assert action.dest in config.JOB_FLAGS or action.dest in CLI_ONLY, action.dest
     assert set(params.PARAMS) <= {a.dest for a in fit._actions}
     assert "-k" in next(a for a in fit._actions if a.dest == "n_components").option_strings
-    job_only = {f"{s}.{key}" for s, rows in config.JOB_ONLY.items() for key, _, _ in rows}
+    job_only = {f"model.{f.name}" for f in dataclasses.fields(config.ModelChoice)}
     resolved = config.resolve(None).to_dict()
     for section in params.SECTIONS:
         for key in resolved[section]:
