@@ -63,16 +63,19 @@ class Rule(ABC):
 
 @dataclass(frozen=True)
 class Integer(Rule):
-    """An integer (not a bool) >= ``low``."""
+    """An integer (not a bool) >= ``low`` (and <= ``high`` unless None)."""
 
     low: int
+    high: int | None = None
     kind: ClassVar[str] = "int"
 
     def ok(self, value: Any) -> bool:
-        return _integer(value) and value >= self.low
+        return _integer(value) and self.low <= value and (self.high is None or value <= self.high)
 
     def __str__(self) -> str:
-        return f"an integer >= {self.low}"
+        if self.high is None:
+            return f"an integer >= {self.low}"
+        return f"an integer in [{self.low}, {self.high}]"
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,19 @@ class Real(Rule):
         if self.high is None:
             return f"a finite number > {self.low:g}"
         return f"a number in [{self.low:g}, {self.high:g}]"
+
+
+@dataclass(frozen=True)
+class Fraction(Rule):
+    """A number (not a bool) in [0, 1): the share of a split."""
+
+    kind: ClassVar[str] = "float"
+
+    def ok(self, value: Any) -> bool:
+        return _number(value) and 0.0 <= value < 1.0
+
+    def __str__(self) -> str:
+        return "a number in [0, 1)"
 
 
 @dataclass(frozen=True)
@@ -171,7 +187,8 @@ class Param:
     """One row of the table: the name, the rule its values follow, the default, the doc, the
     section of the job file, whether it is a *model* parameter (it changes the fitted result and
     enters the checkpoint fingerprint), the estimators that take it and whether None is also
-    accepted (and disables the setting)."""
+    accepted (and disables the setting); a command's row may name its ``flags`` (none: the
+    API alone takes it) and have the default :data:`REQUIRED`."""
 
     name: str
     rule: Rule
@@ -181,6 +198,7 @@ class Param:
     model: bool
     estimators: frozenset[str] = ALL
     optional: bool = False
+    flags: tuple[str, ...] | None = None
 
     @property
     def kind(self) -> str:
@@ -195,6 +213,11 @@ class Param:
     @property
     def flag(self) -> str:
         return "--" + self.name.lower().replace("_", "-")
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The command line's flags of the row: its own ``flags``, else :attr:`flag`."""
+        return (self.flag,) if self.flags is None else self.flags
 
 
 def _rows() -> Iterator[Param]:
@@ -411,6 +434,47 @@ def _call_table() -> dict[str, dict[str, Param]]:
 CALL_PARAMS = _call_table()
 
 
+class _Required:
+    """The default of a command's row that has none: the caller must give it."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+MAX_CLASSES = 255  # classes are stored as uint8 (docs/store-format.md)
+DEFAULT_NNZ_PER_BLOCK = 2**21  # a store's training nonzeros per block, by default
+
+
+def _synth_rows() -> Iterator[Param]:
+    """The arguments of ``synth`` (:func:`ordnmf_dask.sources.synth.synth`, the command
+    ``ordnmf-dask synth``): the CLI's flags, the API's checks and the docs read them."""
+    s, positive = "synth", Real()
+    yield Param("n_users", Integer(1), REQUIRED, "U", s, False, flags=("--users",))
+    yield Param("n_items", Integer(1), REQUIRED, "I", s, False, flags=("--items",))
+    doc = "expected nonzeros (train + test) under the prior (e.g. 1e7): theta_0 is fitted to it"
+    yield Param("nnz", positive, REQUIRED, doc, s, False)
+    k = ("-k", "--n-components")
+    yield Param("n_components", Integer(1), REQUIRED, "true K", s, False, flags=k)
+    yield Param("n_classes", Integer(1, MAX_CLASSES), 10, "V", s, False, flags=("--classes",))
+    doc = "seeds the factors, the sampling and the split"
+    yield Param("seed", Integer(0), 0, doc, s, False)
+    yield Param("shape", positive, 0.3, "Gamma shape of W and H", s, False)
+    for side in ("w", "h"):
+        doc = f"Gamma rate of {side.upper()}"
+        yield Param(f"rate_{side}", positive, 1.0, doc, s, False, flags=())
+    doc = "probability that a nonzero goes to the test split"
+    yield Param("test_fraction", Fraction(), 0.2, doc, s, False)
+    doc = "target expected train nonzeros per block (regular grid)"
+    yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, s, False)
+    doc = "replace a store written by ordnmf_dask at the output path"
+    yield Param("overwrite", Boolean(), False, doc, s, False)
+
+
+#: command -> its arguments' rows, for the commands whose arguments have a table
+COMMAND_PARAMS: dict[str, dict[str, Param]] = {"synth": {p.name: p for p in _synth_rows()}}
+
+
 class _Defaults(Mapping[str, Any]):
     """name -> default, read from :data:`PARAMS` at each lookup."""
 
@@ -464,9 +528,10 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments ``values`` of ``call`` (a key of :data:`CALL_PARAMS`) checked and
-    converted; InputError naming the first that breaks its rule."""
-    table = CALL_PARAMS[call]
+    """The arguments ``values`` of ``call`` (a key of :data:`CALL_PARAMS`, or of
+    :data:`COMMAND_PARAMS`) checked and converted; InputError naming the first that breaks its
+    rule."""
+    table = CALL_PARAMS[call] if call in CALL_PARAMS else COMMAND_PARAMS[call]
     for name, value in values.items():
         wrong = problem(name, value, table)
         if wrong is not None:

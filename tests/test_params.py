@@ -319,3 +319,50 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
         "validation_k",
         "validation_s",
     }
+
+
+def test_synth_signatures_and_flags_are_its_table():
+    """The API's synth and plan_synth take the rows of the synth table with their defaults,
+    and the command's flags are the rows that have flags (and the output and cluster)."""
+    from ordnmf_dask.sources.synth import plan_synth, synth
+
+    table = params.COMMAND_PARAMS["synth"]
+    for function in (synth, plan_synth):
+        signature = inspect.signature(function).parameters
+        assert set(table) <= set(signature), function.__name__
+        for name, row in table.items():
+            default = signature[name].default
+            want = inspect.Parameter.empty if row.default is params.REQUIRED else row.default
+            assert default == want, (function.__name__, name)
+    syn = subcommand(build_parser(), "synth")
+    flags = {a.dest: a for a in syn._actions}
+    for name, row in table.items():
+        if not row.options:
+            assert name not in flags, name  # an API-only row (rate_w, rate_h)
+            continue
+        action = flags[name]
+        assert tuple(action.option_strings) == row.options and action.help.startswith(row.doc)
+        assert action.required == (row.default is params.REQUIRED), name
+    assert set(flags) - set(table) <= {"help", "out", "debug", "quiet", "log_file"} | {
+        a.dest
+        for a in subcommand(build_parser(), "ingest")._actions  # the cluster flags
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"n_users": 0}, "synth: n_users must be an integer >= 1, got 0"),
+        ({"n_classes": 300}, "synth: n_classes must be an integer in [1, 255], got 300"),
+        ({"rate_h": 0.0}, "synth: rate_h must be a finite number > 0, got 0.0"),
+        ({"test_fraction": 1.0}, "synth: test_fraction must be a number in [0, 1), got 1.0"),
+    ],
+)
+def test_synth_arguments_are_checked_by_their_rows(tmp_path, change, said):
+    from ordnmf_dask.sources.synth import plan_synth
+
+    given = {"n_users": 50, "n_items": 40, "nnz": 500, "n_components": 2, **change}
+    with pytest.raises(InputError) as caught:
+        plan_synth(tmp_path / "s.zarr", **given)
+    assert str(caught.value) == said
+    assert not (tmp_path / "s.zarr").exists()
