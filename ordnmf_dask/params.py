@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import textwrap
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -108,6 +109,19 @@ class Fraction(Rule):
 
     def __str__(self) -> str:
         return "a number in [0, 1)"
+
+
+@dataclass(frozen=True)
+class Share(Rule):
+    """A number (not a bool) in (0, 1]: the part of a whole that is kept."""
+
+    kind: ClassVar[str] = "float"
+
+    def ok(self, value: Any) -> bool:
+        return _number(value) and 0.0 < value <= 1.0
+
+    def __str__(self) -> str:
+        return "a number in (0, 1]"
 
 
 @dataclass(frozen=True)
@@ -450,18 +464,23 @@ def _synth_rows() -> Iterator[Param]:
     """The arguments of ``synth`` (:func:`ordnmf_dask.sources.synth.synth`, the command
     ``ordnmf-dask synth``): the CLI's flags, the API's checks and the docs read them."""
     s, positive = "synth", Real()
-    yield Param("n_users", Integer(1), REQUIRED, "U", s, False, flags=("--users",))
-    yield Param("n_items", Integer(1), REQUIRED, "I", s, False, flags=("--items",))
+    doc = "U, the number of users"
+    yield Param("n_users", Integer(1), REQUIRED, doc, s, False, flags=("--users",))
+    doc = "I, the number of items"
+    yield Param("n_items", Integer(1), REQUIRED, doc, s, False, flags=("--items",))
     doc = "expected nonzeros (train + test) under the prior (e.g. 1e7): theta_0 is fitted to it"
     yield Param("nnz", positive, REQUIRED, doc, s, False)
     k = ("-k", "--n-components")
-    yield Param("n_components", Integer(1), REQUIRED, "true K", s, False, flags=k)
-    yield Param("n_classes", Integer(1, MAX_CLASSES), 10, "V", s, False, flags=("--classes",))
+    doc = "the true K, the number of latent factors"
+    yield Param("n_components", Integer(1), REQUIRED, doc, s, False, flags=k)
+    doc = f"V, the number of classes (at most {MAX_CLASSES})"
+    yield Param("n_classes", Integer(1, MAX_CLASSES), 10, doc, s, False, flags=("--classes",))
     doc = "seeds the factors, the sampling and the split"
     yield Param("seed", Integer(0), 0, doc, s, False)
-    yield Param("shape", positive, 0.3, "Gamma shape of W and H", s, False)
+    doc = "Gamma shape a of W and H: w ~ Gamma(a, rate_w), h ~ Gamma(a, rate_h)"
+    yield Param("shape", positive, 0.3, doc, s, False)
     for side in ("w", "h"):
-        doc = f"Gamma rate of {side.upper()}"
+        doc = f"Gamma rate of {side.upper()} (the API's alone)"
         yield Param(f"rate_{side}", positive, 1.0, doc, s, False, flags=())
     doc = "probability that a nonzero goes to the test split"
     yield Param("test_fraction", Fraction(), 0.2, doc, s, False)
@@ -471,8 +490,32 @@ def _synth_rows() -> Iterator[Param]:
     yield Param("overwrite", Boolean(), False, doc, s, False)
 
 
+def _evaluate_rows() -> Iterator[Param]:
+    """The numeric arguments of ``evaluate`` (:func:`ordnmf_dask.postfit.evaluate.evaluate`,
+    the command ``ordnmf-dask evaluate``)."""
+    e = "evaluate"
+    doc = "cut-off k of the ranking metrics (NDCG@k, precision@k, recall@k, MAP@k)"
+    yield Param("k", Integer(1), 100, doc, e, False, flags=("--k",))
+    doc = "relevance thresholds s (default 1..V)"
+    yield Param("levels", Ranks(), None, doc, e, False, optional=True)
+    doc = "the ranking metrics over this random fraction of the users (1: all)"
+    yield Param("user_fraction", Share(), 1.0, doc, e, False)
+    yield Param("seed", Integer(0), 0, "seed of the user sample", e, False)
+    yield Param(
+        "posterior",
+        Options(("mean", "gamma")),
+        "mean",
+        "class law scored: at E[lambda] ('mean') or averaged over the posterior ('gamma')",
+        e,
+        False,
+    )
+
+
 #: command -> its arguments' rows, for the commands whose arguments have a table
-COMMAND_PARAMS: dict[str, dict[str, Param]] = {"synth": {p.name: p for p in _synth_rows()}}
+COMMAND_PARAMS: dict[str, dict[str, Param]] = {
+    "synth": {p.name: p for p in _synth_rows()},
+    "evaluate": {p.name: p for p in _evaluate_rows()},
+}
 
 
 class _Defaults(Mapping[str, Any]):
@@ -489,6 +532,18 @@ class _Defaults(Mapping[str, Any]):
 
 
 DEFAULTS: Mapping[str, Any] = _Defaults()
+
+
+def parameters_doc(rows: Iterable[Param]) -> str:
+    """The lines of a numpydoc Parameters section for ``rows``: name, doc and default (none
+    for a :data:`REQUIRED` row or a None default), indented as a function's docstring."""
+    lines = []
+    for row in rows:
+        shown = row.default is None or row.default is REQUIRED
+        default = "" if shown else f" (default {row.default!r})"
+        text = f"{row.name} : {row.doc}{default}."
+        lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
+    return "\n".join(lines) + "\n"
 
 
 def accepted(estimator: str) -> list[str]:

@@ -321,32 +321,47 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     }
 
 
-def test_synth_signatures_and_flags_are_its_table():
-    """The API's synth and plan_synth take the rows of the synth table with their defaults,
-    and the command's flags are the rows that have flags (and the output and cluster)."""
+def _command_functions(command: str) -> list[Any]:
+    """The API functions that take the arguments of ``command``'s table."""
+    from ordnmf_dask.postfit.evaluate import evaluate
     from ordnmf_dask.sources.synth import plan_synth, synth
 
-    table = params.COMMAND_PARAMS["synth"]
-    for function in (synth, plan_synth):
+    return {"synth": [synth, plan_synth], "evaluate": [evaluate]}[command]
+
+
+@pytest.mark.parametrize("command", sorted(params.COMMAND_PARAMS))
+def test_a_commands_signatures_and_flags_are_its_table(command):
+    """The API functions of a command take the rows of its table with their defaults, and the
+    command's flags are the rows that have flags (and its own I/O and cluster flags)."""
+    table = params.COMMAND_PARAMS[command]
+    for function in _command_functions(command):
         signature = inspect.signature(function).parameters
         assert set(table) <= set(signature), function.__name__
         for name, row in table.items():
             default = signature[name].default
             want = inspect.Parameter.empty if row.default is params.REQUIRED else row.default
             assert default == want, (function.__name__, name)
-    syn = subcommand(build_parser(), "synth")
-    flags = {a.dest: a for a in syn._actions}
+    flags = {a.dest: a for a in subcommand(build_parser(), command)._actions}
     for name, row in table.items():
         if not row.options:
-            assert name not in flags, name  # an API-only row (rate_w, rate_h)
+            assert name not in flags, name  # an API-only row (synth's rate_w, rate_h)
             continue
         action = flags[name]
         assert tuple(action.option_strings) == row.options and action.help.startswith(row.doc)
         assert action.required == (row.default is params.REQUIRED), name
-    assert set(flags) - set(table) <= {"help", "out", "debug", "quiet", "log_file"} | {
-        a.dest
-        for a in subcommand(build_parser(), "ingest")._actions  # the cluster flags
-    }
+        if row.default is not params.REQUIRED:
+            assert action.default == row.default, name
+        if isinstance(row.rule, params.Options):
+            assert tuple(action.choices) == row.rule.words, name
+
+
+def test_synths_docstring_lists_its_table():
+    from ordnmf_dask.sources.synth import synth
+
+    text = " ".join((synth.__doc__ or "").split())
+    for name, row in params.COMMAND_PARAMS["synth"].items():
+        assert f"{name} : {' '.join(row.doc.split())}" in text, name
+    assert "<the rows" not in text
 
 
 @pytest.mark.parametrize(
@@ -366,3 +381,22 @@ def test_synth_arguments_are_checked_by_their_rows(tmp_path, change, said):
         plan_synth(tmp_path / "s.zarr", **given)
     assert str(caught.value) == said
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"k": 0}, "evaluate: k must be an integer >= 1, got 0"),
+        ({"user_fraction": 0.0}, "evaluate: user_fraction must be a number in (0, 1], got 0.0"),
+        ({"levels": []}, "evaluate: levels must be a non-empty list of distinct integers >= 1 "),
+        ({"posterior": "mode"}, "evaluate: posterior must be 'mean' or 'gamma', got 'mode'"),
+    ],
+)
+def test_evaluate_arguments_are_checked_by_their_rows_before_any_store_is_read(
+    tmp_path, change, said
+):
+    from ordnmf_dask.postfit.evaluate import evaluate
+
+    with pytest.raises(InputError) as caught:  # neither path exists: the rows come first
+        evaluate(tmp_path / "s.zarr", tmp_path / "m.zarr", **change)
+    assert str(caught.value).startswith(said.rstrip())

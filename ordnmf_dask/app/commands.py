@@ -255,6 +255,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ordnmf_dask.params import COMMAND_PARAMS
     from ordnmf_dask.postfit.evaluate import evaluate
 
     cluster = _job(args).cluster
@@ -263,13 +264,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             args.store,
             args.model,
             client,
-            k=args.k,
-            levels=args.levels,
+            **{name: getattr(args, name) for name in COMMAND_PARAMS["evaluate"]},
             n_workers=cluster.local_spec.workers,
-            user_fraction=args.user_fraction,
-            seed=args.seed,
             allow_other_store=args.allow_other_store,
-            posterior=args.posterior,
         )
     print(format_results(res))
     if args.reliability and res["calibration"] is not None:

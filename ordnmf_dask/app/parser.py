@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from ordnmf_dask import __version__
 from ordnmf_dask.app.exits import EXIT_INPUT
 from ordnmf_dask.app.tables import FORMATS
-from ordnmf_dask.params import COMMAND_PARAMS, MODELS, PARAMS, REQUIRED, Param
+from ordnmf_dask.params import COMMAND_PARAMS, MODELS, PARAMS, REQUIRED, Options, Param
 
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts
 
@@ -240,22 +240,8 @@ def _evaluate(add: _Add) -> None:
     )
     ev.add_argument("store")
     ev.add_argument("model")
-    ev.add_argument("--k", type=int, default=100)
-    ev.add_argument("--levels", type=_int_list, help="relevance thresholds s (default 1..V)")
-    ev.add_argument(
-        "--user-fraction",
-        type=float,
-        default=1.0,
-        help="NDCG over this random fraction of the users (default 1: all)",
-    )
-    ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
+    _command_args(ev, COMMAND_PARAMS["evaluate"])
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
-    ev.add_argument(
-        "--posterior",
-        choices=["mean", "gamma"],
-        default="mean",
-        help="class law scored: at E[lambda] (mean, default) or averaged over the posterior",
-    )
     ev.add_argument(
         "--reliability",
         metavar="PNG",
@@ -639,18 +625,25 @@ def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
 def _command_args(p: argparse.ArgumentParser, table: Mapping[str, Param]) -> None:
     """One flag per row of a command's ``table`` that has flags (:attr:`Param.options`), its
     name as destination: the row's default (a :data:`REQUIRED` row: a required flag), type
-    and doc; a boolean is a switch (``--overwrite``)."""
+    (a list of integers joined by commas; the choices of an :class:`Options` rule) and doc; a
+    boolean is a switch (``--overwrite``)."""
     for row in table.values():
         if not row.options:
             continue
         kw: dict[str, Any] = {"dest": row.name, "help": row.doc}
         if row.kind == "bool":
             kw.update(action="store_true", default=row.default)
-        elif row.default is REQUIRED:
-            kw.update(type={"int": int, "float": float}[row.kind], required=True)
+            p.add_argument(*row.options, **kw)
+            continue
+        kind = {"int": int, "float": float, "str": str, "ints": _int_list}[row.kind]
+        kw.update(type=kind, metavar="S1,S2,..." if row.kind == "ints" else None)
+        if isinstance(row.rule, Options):
+            kw.update(choices=row.rule.words, metavar=None)
+        if row.default is REQUIRED:
+            kw["required"] = True
         else:
-            kw.update(type={"int": int, "float": float}[row.kind], default=row.default)
-            kw["help"] = f"{row.doc} (default {row.default})"
+            kw["default"] = row.default
+            kw["help"] = row.doc if row.default is None else f"{row.doc} (default {row.default})"
         p.add_argument(*row.options, **kw)
 
 

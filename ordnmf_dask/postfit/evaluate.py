@@ -23,6 +23,7 @@ from ordnmf_dask.model import compiling, dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
+from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.calibrate import calibrate
 from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.runtime.progress import shows_progress, track
@@ -246,15 +247,14 @@ def evaluate(
     reliability per level, RMSE and MAE of the expected rating; None for a model without a law
     of the store's classes).
     """
+    given = {"k": k, "levels": levels, "user_fraction": user_fraction, "seed": seed}
+    v = validate_call("evaluate", {**given, "posterior": posterior})  # its table's rows
+    k, user_fraction, seed = v["k"], v["user_fraction"], v["seed"]
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     check_has_test(info)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     check_compatible(info, m, allow_other_store)
-    if k < 1:
-        raise InputError(f"k must be >= 1, got {k}")
-    if not 0.0 < user_fraction <= 1.0:
-        raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
-    levels = list(range(1, info.n_classes + 1)) if levels is None else [int(s) for s in levels]
+    levels = list(range(1, info.n_classes + 1)) if levels is None else list(v["levels"])
     outside = [s for s in levels if not 1 <= s <= info.n_classes]
     if outside or not levels:
         raise InputError(

@@ -66,7 +66,7 @@ from scipy import integrate, optimize, special
 
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.kernels import jit, row_dot
-from ordnmf_dask.params import validate_call
+from ordnmf_dask.params import COMMAND_PARAMS, parameters_doc, validate_call
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import FORMAT_VERSION, StoreInfo, check_target
@@ -526,25 +526,13 @@ def synth(
     ----------
     out : path
         Store directory to create (complete or absent, like ``ingest``).
-    n_users, n_items, n_components, n_classes : int
-        U, I, K and V (1 <= V <= 255).
-    nnz : int
-        Expected number of nonzeros (train + test) under the prior; theta_0 is calibrated to it.
-    seed : int
-        Seeds the factors, the sampling and the split.
-    shape, rate_w, rate_h : float
-        Gamma priors: w ~ Gamma(shape, rate_w), h ~ Gamma(shape, rate_h).
+    <the rows of params.COMMAND_PARAMS["synth"]>
     thresholds : sequence of float, optional
         Relative thresholds theta_v / theta_0, v = 0..V-1 (decreasing, first 1; a trailing 0
         for theta_V may be included). Default ``0.7 ** v``.
-    test_fraction : float
-        Probability that a nonzero goes to the test split.
-    nnz_per_block : int
-        Target expected train nonzeros per block (regular grid).
     client : distributed.Client, optional
         Run the block tasks on this cluster (every worker must see ``out``'s directory); None
         runs them in this process.
-    overwrite : bool
 
     Returns
     -------
@@ -569,6 +557,13 @@ def synth(
         overwrite=overwrite,
     )
     return write_synth(plan, client)
+
+
+if synth.__doc__ is not None:  # the Parameters of the table, as the command's --help says them
+    synth.__doc__ = synth.__doc__.replace(
+        '    <the rows of params.COMMAND_PARAMS["synth"]>\n',
+        parameters_doc(COMMAND_PARAMS["synth"].values()),
+    )
 
 
 @dataclass(frozen=True)
