@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 
@@ -17,7 +16,7 @@ from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
-from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted
+from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted, parameters_doc
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
@@ -34,12 +33,7 @@ _FACTORS = (("W", "mean"), ("H", "mean"), ("W", "log_mean"), ("H", "log_mean")) 
 
 def _params_doc(estimator: str) -> str:
     """The Parameters section of an estimator's docstring, from the table."""
-    lines = []
-    for name in accepted(estimator):
-        default = "" if DEFAULTS[name] is None else f" (default {DEFAULTS[name]!r})"
-        text = f"{name} : {PARAMS[name].doc}{default}."
-        lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
-    return "\n".join(lines) + "\n"
+    return parameters_doc(PARAMS[name] for name in accepted(estimator))
 
 
 # the Notes section of the estimators' docstrings: validation, then checkpoints

@@ -42,6 +42,7 @@ from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.ensemble import stack_members
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
+from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import (
     ModelInfo,
     model_target,
@@ -199,27 +200,7 @@ def plan_fit(
             for j in range(n_members)
         )
         source = sources[0]
-    if resume and restart:
-        raise InputError("resume and restart contradict each other: give one of them")
-    if resume and not ckpt:
-        raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
-    if settled.start != "random" and (init_arrays is not None or source is not None):
-        raise InputError(
-            f"start={settled.start!r} is a start of its own: no init= or init_model= with it"
-        )
-    if n_init > 1 and (init_arrays is not None or source is not None or resume):
-        raise InputError(
-            "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
-        )
-    if n_members > 1 and init_arrays is not None:
-        raise InputError(
-            "n_members > 1 fits its members from independent random draws: no init= arrays "
-            "with it (give n_members=1, or init_model= an ensemble of as many members)"
-        )
-    if n_members > 1 and n_init > 1:
-        raise InputError(
-            "n_init keeps one of several restarts, n_members averages them: give one of them"
-        )
+    _check_starts(settled, init_arrays is not None, source is not None, resume, restart, ckpt)
     scorer = _validation(info, fam, values.validation)
     check_apart({"out": out, "checkpoint_dir": ckpt})
     if out is not None:
@@ -254,6 +235,41 @@ def plan_fit(
         prints,
         sources=sources if n_members > 1 else (),
     )
+
+
+def _check_starts(
+    settled: ModelSettings,
+    arrays: bool,
+    model: bool,
+    resume: bool,
+    restart: bool,
+    ckpt: str | None,
+) -> None:
+    """InputError for starts that exclude each other: ``init`` arrays (``arrays``), a model
+    to continue (``model``), checkpoints to resume from, the ``start`` setting, restarts
+    (``n_init``) and members (``n_members``)."""
+    n_init, n_members = settled.n_init, settled.n_members
+    if resume and restart:
+        raise InputError("resume and restart contradict each other: give one of them")
+    if resume and not ckpt:
+        raise InputError("resume=True needs checkpoint_dir (where the checkpoints are)")
+    if settled.start != "random" and (arrays or model):
+        raise InputError(
+            f"start={settled.start!r} is a start of its own: no init= or init_model= with it"
+        )
+    if n_init > 1 and (arrays or model or resume):
+        raise InputError(
+            "n_init > 1 restarts from random draws: no init=, init_model= or resume= with it"
+        )
+    if n_members > 1 and arrays:
+        raise InputError(
+            "n_members > 1 fits its members from independent random draws: no init= arrays "
+            "with it (give n_members=1, or init_model= an ensemble of as many members)"
+        )
+    if n_members > 1 and n_init > 1:
+        raise InputError(
+            "n_init keeps one of several restarts, n_members averages them: give one of them"
+        )
 
 
 def run_fit(
@@ -294,9 +310,9 @@ def check_selection(info: StoreInfo, candidates: Sequence[int]) -> None:
 
 
 def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback | None) -> ModelInfo:
-    """:func:`run_fit`, its outputs locked."""
-    cfg, values, info, fam = plan.config, plan.settings, plan.info, plan.family
-    n_init = values.model.n_init
+    """:func:`run_fit`, its outputs locked: the members of an ensemble (:func:`_fit_members`)
+    or the restarts of one fit (:func:`_fit_restarts`), then the model saved."""
+    cfg, values, info = plan.config, plan.settings, plan.info
     work = values.engine.work_dir or tempfile.mkdtemp(prefix="ordnmf-work-")
     try:
         os.makedirs(work, exist_ok=True)
@@ -304,7 +320,7 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
         ckpt_dir = locations.location(ckpt_dir)
         if not locations.is_url(ckpt_dir):  # object stores have no directories
             os.makedirs(ckpt_dir, exist_ok=True)
-        ours = _claim(ckpt_dir, plan.prints, plan.restart, n_init)
+        ours = _claim(ckpt_dir, plan.prints, plan.restart, values.model.n_init)
         out = plan.out if plan.out is not None else _temporary_model_dir()
         tables = fit_tables(cfg.optimizer)
         executor = values.engine.executor
@@ -326,82 +342,21 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
                 values.model.max_iter,
             )
             scorer = None if plan.validation is None else plan.validation(cl)
-            if values.model.n_members > 1:
-                states = _run_members(plan, cl, ckpt_dir, cache, bool(ours), scorer, work, callback)
-                members = [_run_record(r, cfg.seed + j) for j, r in enumerate(states)]
-                for r in members:
-                    r["kept"] = True
-                attrs = _model_attrs(plan, states, scorer is not None, cache, members)
-                w = _stacked(cl, [r.w for r in states], float(len(states)))
-                h = _stacked(cl, [r.h for r in states], 1.0)
-                with info.reading():  # its id maps and training items are copied from the store
-                    save_model(
-                        cl,
-                        w,
-                        h,
-                        out,
-                        attrs,
-                        overwrite=plan.overwrite,
-                        before_publish=info.check_unchanged,
-                    )
-                log.info(
-                    "fit: %d members after %s iterations, in %.1f s; model in %s",
-                    len(states),
-                    "/".join(str(r.n_iter) for r in states),
-                    time.perf_counter() - started,
-                    out,
-                )
-                return open_model(out)
-            runs: list[dict[str, Any]] = []
-            state: CaviState | None = None
-            kept = 0
-            for j in range(n_init):
-                run_cfg = replace(cfg, seed=cfg.seed + j)
-                runner = CaviRunner(
-                    cl,
-                    info,
-                    fam,
-                    run_cfg,
-                    ckpt_dir,
-                    cache,
-                    *checkpoint_schedule(cl, values.values()),
-                    plan.prints[j],
-                )
-                with info.reading():  # the store opened, whole, or an error saying it changed
-                    run = _run_one(plan, runner, run_cfg, work, bool(ours), scorer, callback)
-                runs.append(_run_record(run, run_cfg.seed))
-                if n_init > 1:  # its checkpoints would collide with the next run's
-                    checkpoint.discard(ckpt_dir, plan.prints[j])
-                    log.info(
-                        "restart %d/%d (seed %d): ELBO %.10e after %d iterations%s",
-                        j + 1,
-                        n_init,
-                        run_cfg.seed,
-                        runs[-1]["elbo"],
-                        run.n_iter,
-                        _validation_text(runs[-1]),
-                    )
-                if state is None or _better(runs[-1], runs[kept]):
-                    state, kept = run, j
-            assert state is not None
-            for j, r in enumerate(runs):
-                r["kept"] = j == kept
-            attrs = _model_attrs(plan, [state], scorer is not None, cache, runs)
+            run = _Run(plan, cl, ckpt_dir, cache, bool(ours), scorer, work, callback, out)
+            fitted = _fit_members(run) if values.model.n_members > 1 else _fit_restarts(run)
             with info.reading():  # its id maps and training items are copied from the store
                 save_model(
                     cl,
-                    state.w,
-                    state.h,
+                    fitted.w,
+                    fitted.h,
                     out,
-                    attrs,
+                    fitted.header.to_attrs(),
                     overwrite=plan.overwrite,
                     before_publish=info.check_unchanged,
                 )
             log.info(
-                "fit: %s after %d iterations, ELBO %.10e, in %.1f s; model in %s",
-                stop_words(state.stop_reason, state.converged),
-                state.n_iter,
-                state.elbo[-1],
+                "fit: %s, in %.1f s; model in %s",
+                fitted.said,
                 time.perf_counter() - started,
                 out,
             )
@@ -409,6 +364,96 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
         if values.engine.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)
     return open_model(out)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Where and how the fits of a plan run: the client, the checkpoint directory (and whether
+    its checkpoints are this fit's to resume from), the cached blocks, the validation scorer,
+    the scratch directory, the user's callback and the model's path."""
+
+    plan: FitPlan
+    cl: Client
+    ckpt_dir: str
+    cache: bool
+    ours: bool
+    scorer: Validation | None
+    work: str
+    callback: IterationCallback | None
+    out: str
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """What a fit saves: the factor chunks, the model's header, and the log's words on it."""
+
+    w: list[Any]
+    h: list[Any]
+    header: ModelHeader
+    said: str
+
+
+def _fit_members(run: _Run) -> _Fitted:
+    """The ``n_members`` fits of an ensemble, side by side, stacked into one model."""
+    plan, cl = run.plan, run.cl
+    scorer = run.scorer
+    states = _run_members(
+        plan, cl, run.ckpt_dir, run.cache, run.ours, scorer, run.work, run.callback
+    )
+    members = [_run_record(r, plan.config.seed + j) for j, r in enumerate(states)]
+    for r in members:
+        r["kept"] = True
+    header = _header(plan, states, scorer is not None, run.cache, members, run.out)
+    w = _stacked(cl, [r.w for r in states], float(len(states)))
+    h = _stacked(cl, [r.h for r in states], 1.0)
+    iterations = "/".join(str(r.n_iter) for r in states)
+    return _Fitted(w, h, header, f"{len(states)} members after {iterations} iterations")
+
+
+def _fit_restarts(run: _Run) -> _Fitted:
+    """The ``n_init`` restarts of one fit, one after the other; the best one kept
+    (:func:`_better`)."""
+    plan, cfg, info = run.plan, run.plan.config, run.plan.info
+    n_init = plan.settings.model.n_init
+    scorer = run.scorer
+    runs: list[dict[str, Any]] = []
+    state: CaviState | None = None
+    kept = 0
+    for j in range(n_init):
+        run_cfg = replace(cfg, seed=cfg.seed + j)
+        runner = CaviRunner(
+            run.cl,
+            info,
+            plan.family,
+            run_cfg,
+            run.ckpt_dir,
+            run.cache,
+            *checkpoint_schedule(run.cl, plan.settings.values()),
+            plan.prints[j],
+        )
+        with info.reading():  # the store opened, whole, or an error saying it changed
+            one = _run_one(plan, runner, run_cfg, run.work, run.ours, scorer, run.callback)
+        runs.append(_run_record(one, run_cfg.seed))
+        if n_init > 1:  # its checkpoints would collide with the next run's
+            checkpoint.discard(run.ckpt_dir, plan.prints[j])
+            log.info(
+                "restart %d/%d (seed %d): ELBO %.10e after %d iterations%s",
+                j + 1,
+                n_init,
+                run_cfg.seed,
+                runs[-1]["elbo"],
+                one.n_iter,
+                _validation_text(runs[-1]),
+            )
+        if state is None or _better(runs[-1], runs[kept]):
+            state, kept = one, j
+    assert state is not None
+    for j, r in enumerate(runs):
+        r["kept"] = j == kept
+    header = _header(plan, [state], scorer is not None, run.cache, runs, run.out)
+    stop = stop_words(state.stop_reason, state.converged)
+    said = f"{stop} after {state.n_iter} iterations, ELBO {state.elbo[-1]:.10e}"
+    return _Fitted(state.w, state.h, header, said)
 
 
 _HELD_OUT_SAID: set[str] = set()  # stores whose test split a fit of this process named
@@ -567,73 +612,32 @@ def _stack(divisor: float, *chunks: Any) -> Any:
     return stack_members(chunks, divisor)
 
 
-def _model_attrs(
+def _header(
     plan: FitPlan,
     states: list[CaviState],
     validated: bool,
     cache: bool,
     runs: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The saved model's attributes (docs/model-format.md): of its one kept fit, or of the
-    ensemble of ``states`` (each member's trajectory in ``runs``, its global parameters in
-    ``members``)."""
-    info, source = plan.info, plan.source
-    settings = asdict(plan.settings.validation)
-    fitted: dict[str, Any]
-    if len(states) == 1:
-        state = states[0]
-        fitted = {
-            **plan.family.describe(state.params),
-            "elbo": state.elbo,
-            "n_iter": state.n_iter,
-            "passes": state.passes,
-            "extrapolations": {
-                "kept": state.extrapolations[0],
-                "refused": state.extrapolations[1],
-            },
-            "converged": state.converged,
-            "stop_reason": state.stop_reason,
-            "best_iteration": state.best_iteration,
-            "validation": None if not validated else {**settings, "history": state.validation},
-        }
-    else:  # no one trajectory: each member's is in runs
-        fitted = {
-            "n_members": len(states),
-            "members": [plan.family.describe(r.params) for r in states],
-            "elbo": [],
-            "n_iter": max(r.n_iter for r in states),
-            "passes": sum(r.passes for r in states),
-            "converged": all(r.converged for r in states),
-            "validation": None
-            if not validated
-            else {**settings, "history": [r.validation for r in states]},
-        }
-    return {
-        "model": plan.model,
-        "family": plan.family.name,
-        "params": plan.settings.values(),
-        **fitted,
-        "warm_start": plan.init is not None or source is not None,
-        "init_model": None if source is None else _described(source),
-        "store": {
-            "path": info.path,
-            "fingerprint": store_fingerprint(info.path),
-            "n_users": info.n_users,
-            "n_items": info.n_items,
-            "n_classes": info.n_classes,
-            "nnz_train": info.nnz_train,
-            # how the store made classes of raw values: fold-in takes values on that scale
-            **{
-                k: info.attrs.get(k)
-                for k in ("value_kind", "thresholds", "binarize", "binarize_on")
-            },
-        },
-        "row_bounds": info.row_bounds.tolist(),
-        "col_bounds": info.col_bounds.tolist(),
-        "cache_blocks": cache,
-        "runs": runs,
-        **({} if plan.selection is None else {"selection": plan.selection}),
-    }
+    out: str,
+) -> ModelHeader:
+    """The header of the model saved at ``out``: of its one kept fit, or of the ensemble of
+    ``states`` (:meth:`ModelHeader.from_fit`)."""
+    source = plan.source
+    return ModelHeader.from_fit(
+        model=plan.model,
+        family=plan.family,
+        params=plan.settings.values(),
+        info=plan.info,
+        fingerprint=store_fingerprint(plan.info.path),
+        states=states,
+        validation=asdict(plan.settings.validation) if validated else None,
+        runs=runs,
+        warm_start=plan.init is not None or source is not None,
+        init_model=None if source is None else _described(source),
+        cache_blocks=cache,
+        selection=plan.selection,
+        where=out,
+    )
 
 
 def _described(source: warmstart.Source) -> dict[str, Any]:

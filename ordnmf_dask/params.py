@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import textwrap
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -63,16 +64,19 @@ class Rule(ABC):
 
 @dataclass(frozen=True)
 class Integer(Rule):
-    """An integer (not a bool) >= ``low``."""
+    """An integer (not a bool) >= ``low`` (and <= ``high`` unless None)."""
 
     low: int
+    high: int | None = None
     kind: ClassVar[str] = "int"
 
     def ok(self, value: Any) -> bool:
-        return _integer(value) and value >= self.low
+        return _integer(value) and self.low <= value and (self.high is None or value <= self.high)
 
     def __str__(self) -> str:
-        return f"an integer >= {self.low}"
+        if self.high is None:
+            return f"an integer >= {self.low}"
+        return f"an integer in [{self.low}, {self.high}]"
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,32 @@ class Real(Rule):
         if self.high is None:
             return f"a finite number > {self.low:g}"
         return f"a number in [{self.low:g}, {self.high:g}]"
+
+
+@dataclass(frozen=True)
+class Fraction(Rule):
+    """A number (not a bool) in [0, 1): the share of a split."""
+
+    kind: ClassVar[str] = "float"
+
+    def ok(self, value: Any) -> bool:
+        return _number(value) and 0.0 <= value < 1.0
+
+    def __str__(self) -> str:
+        return "a number in [0, 1)"
+
+
+@dataclass(frozen=True)
+class Share(Rule):
+    """A number (not a bool) in (0, 1]: the part of a whole that is kept."""
+
+    kind: ClassVar[str] = "float"
+
+    def ok(self, value: Any) -> bool:
+        return _number(value) and 0.0 < value <= 1.0
+
+    def __str__(self) -> str:
+        return "a number in (0, 1]"
 
 
 @dataclass(frozen=True)
@@ -171,7 +201,8 @@ class Param:
     """One row of the table: the name, the rule its values follow, the default, the doc, the
     section of the job file, whether it is a *model* parameter (it changes the fitted result and
     enters the checkpoint fingerprint), the estimators that take it and whether None is also
-    accepted (and disables the setting)."""
+    accepted (and disables the setting); a command's row may name its ``flags`` (none: the
+    API alone takes it) and have the default :data:`REQUIRED`."""
 
     name: str
     rule: Rule
@@ -181,6 +212,7 @@ class Param:
     model: bool
     estimators: frozenset[str] = ALL
     optional: bool = False
+    flags: tuple[str, ...] | None = None
 
     @property
     def kind(self) -> str:
@@ -195,6 +227,11 @@ class Param:
     @property
     def flag(self) -> str:
         return "--" + self.name.lower().replace("_", "-")
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The command line's flags of the row: its own ``flags``, else :attr:`flag`."""
+        return (self.flag,) if self.flags is None else self.flags
 
 
 def _rows() -> Iterator[Param]:
@@ -411,6 +448,76 @@ def _call_table() -> dict[str, dict[str, Param]]:
 CALL_PARAMS = _call_table()
 
 
+class _Required:
+    """The default of a command's row that has none: the caller must give it."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+MAX_CLASSES = 255  # classes are stored as uint8 (docs/store-format.md)
+DEFAULT_NNZ_PER_BLOCK = 2**21  # a store's training nonzeros per block, by default
+
+
+def _synth_rows() -> Iterator[Param]:
+    """The arguments of ``synth`` (:func:`ordnmf_dask.sources.synth.synth`, the command
+    ``ordnmf-dask synth``): the CLI's flags, the API's checks and the docs read them."""
+    s, positive = "synth", Real()
+    doc = "U, the number of users"
+    yield Param("n_users", Integer(1), REQUIRED, doc, s, False, flags=("--users",))
+    doc = "I, the number of items"
+    yield Param("n_items", Integer(1), REQUIRED, doc, s, False, flags=("--items",))
+    doc = "expected nonzeros (train + test) under the prior (e.g. 1e7): theta_0 is fitted to it"
+    yield Param("nnz", positive, REQUIRED, doc, s, False)
+    k = ("-k", "--n-components")
+    doc = "the true K, the number of latent factors"
+    yield Param("n_components", Integer(1), REQUIRED, doc, s, False, flags=k)
+    doc = f"V, the number of classes (at most {MAX_CLASSES})"
+    yield Param("n_classes", Integer(1, MAX_CLASSES), 10, doc, s, False, flags=("--classes",))
+    doc = "seeds the factors, the sampling and the split"
+    yield Param("seed", Integer(0), 0, doc, s, False)
+    doc = "Gamma shape a of W and H: w ~ Gamma(a, rate_w), h ~ Gamma(a, rate_h)"
+    yield Param("shape", positive, 0.3, doc, s, False)
+    for side in ("w", "h"):
+        doc = f"Gamma rate of {side.upper()} (the API's alone)"
+        yield Param(f"rate_{side}", positive, 1.0, doc, s, False, flags=())
+    doc = "probability that a nonzero goes to the test split"
+    yield Param("test_fraction", Fraction(), 0.2, doc, s, False)
+    doc = "target expected train nonzeros per block (regular grid)"
+    yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, s, False)
+    doc = "replace a store written by ordnmf_dask at the output path"
+    yield Param("overwrite", Boolean(), False, doc, s, False)
+
+
+def _evaluate_rows() -> Iterator[Param]:
+    """The numeric arguments of ``evaluate`` (:func:`ordnmf_dask.postfit.evaluate.evaluate`,
+    the command ``ordnmf-dask evaluate``)."""
+    e = "evaluate"
+    doc = "cut-off k of the ranking metrics (NDCG@k, precision@k, recall@k, MAP@k)"
+    yield Param("k", Integer(1), 100, doc, e, False, flags=("--k",))
+    doc = "relevance thresholds s (default 1..V)"
+    yield Param("levels", Ranks(), None, doc, e, False, optional=True)
+    doc = "the ranking metrics over this random fraction of the users (1: all)"
+    yield Param("user_fraction", Share(), 1.0, doc, e, False)
+    yield Param("seed", Integer(0), 0, "seed of the user sample", e, False)
+    yield Param(
+        "posterior",
+        Options(("mean", "gamma")),
+        "mean",
+        "class law scored: at E[lambda] ('mean') or averaged over the posterior ('gamma')",
+        e,
+        False,
+    )
+
+
+#: command -> its arguments' rows, for the commands whose arguments have a table
+COMMAND_PARAMS: dict[str, dict[str, Param]] = {
+    "synth": {p.name: p for p in _synth_rows()},
+    "evaluate": {p.name: p for p in _evaluate_rows()},
+}
+
+
 class _Defaults(Mapping[str, Any]):
     """name -> default, read from :data:`PARAMS` at each lookup."""
 
@@ -425,6 +532,18 @@ class _Defaults(Mapping[str, Any]):
 
 
 DEFAULTS: Mapping[str, Any] = _Defaults()
+
+
+def parameters_doc(rows: Iterable[Param]) -> str:
+    """The lines of a numpydoc Parameters section for ``rows``: name, doc and default (none
+    for a :data:`REQUIRED` row or a None default), indented as a function's docstring."""
+    lines = []
+    for row in rows:
+        shown = row.default is None or row.default is REQUIRED
+        default = "" if shown else f" (default {row.default!r})"
+        text = f"{row.name} : {row.doc}{default}."
+        lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
+    return "\n".join(lines) + "\n"
 
 
 def accepted(estimator: str) -> list[str]:
@@ -464,9 +583,10 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The arguments ``values`` of ``call`` (a key of :data:`CALL_PARAMS`) checked and
-    converted; InputError naming the first that breaks its rule."""
-    table = CALL_PARAMS[call]
+    """The arguments ``values`` of ``call`` (a key of :data:`CALL_PARAMS`, or of
+    :data:`COMMAND_PARAMS`) checked and converted; InputError naming the first that breaks its
+    rule."""
+    table = CALL_PARAMS[call] if call in CALL_PARAMS else COMMAND_PARAMS[call]
     for name, value in values.items():
         wrong = problem(name, value, table)
         if wrong is not None:
@@ -475,7 +595,7 @@ def validate_call(call: str, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- the checked parameters of a fit, typed, one frozen section per section of the table --------
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     """``[model]``: what the fit computes (rows with ``model``: the checkpoint fingerprint) and
     how long it may run. A parameter the estimator does not take is None."""
@@ -501,7 +621,7 @@ class ModelSettings:
     update_p: bool | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     """``[engine]``: where and how the fit runs."""
 
@@ -510,7 +630,7 @@ class EngineSettings:
     work_dir: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointSettings:
     """``[checkpoint]``: where and when the fit checkpoints."""
 
@@ -519,7 +639,7 @@ class CheckpointSettings:
     minutes: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ValidationSettings:
     """``[validation]``: how the fit scores the store's validation subset and stops early."""
 
@@ -538,6 +658,12 @@ SECTION_CLASSES: dict[str, type] = {
     "checkpoint": CheckpointSettings,
     "validation": ValidationSettings,
 }
+
+
+def section_defaults(section: str) -> dict[str, Any]:
+    """Job-file key -> default of the rows of ``section``, read from :data:`PARAMS` at the call
+    (the keyword arguments of its settings class when nothing is given)."""
+    return {p.key: p.default for p in PARAMS.values() if p.section == section}
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,8 @@ def test_a_saved_model_records_the_versions_that_wrote_it(tmp_path, client):
     """Provenance: the package and the numerical libraries, as installed where it was saved."""
     import importlib.metadata
 
-    from ordnmf_dask.modelstore.model import PROVENANCE, open_model, save_model
+    from ordnmf_dask.modelstore.header import PROVENANCE
+    from ordnmf_dask.modelstore.model import open_model, save_model
 
     chunk = FactorChunk(mean=np.ones((3, 2)), geo=np.ones((3, 2)), elbo=0.0)
     w, h = client.scatter([chunk]), client.scatter([chunk])

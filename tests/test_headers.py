@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from test_cli_errors import one_error_line
 
 from ordnmf_dask import OrdNMF, evaluate, export
 from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.model.families import OrdinalFamily
+from ordnmf_dask.modelstore.header import ModelHeader
+from ordnmf_dask.modelstore.model import store_fingerprint
 from ordnmf_dask.store.blocks import open_store, read_block, write_array
 
 K = 2
@@ -341,3 +345,68 @@ def test_the_api_readers_refuse_a_damaged_header_as_the_commands_do(fitted, tmp_
     ):
         with pytest.raises(StoreError, match="attribute delta must be"):
             read()
+
+
+# ------------------------------------------------------------- one writer: ModelHeader.from_fit
+
+
+@dataclass
+class _State:
+    """A fit's end as the engine reports it (the fields ``ModelHeader.from_fit`` records)."""
+
+    params: Any
+    elbo: list[float] = field(default_factory=lambda: [-3.0, -2.0])
+    passes: int = 2
+    extrapolations: list[int] = field(default_factory=lambda: [0, 0])
+    converged: bool = False
+    stop_reason: str = "max_iter"
+    best_iteration: int = 2
+    validation: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def n_iter(self) -> int:
+        return len(self.elbo)
+
+
+def _from_fit(store: str, states: list[_State], where: str) -> ModelHeader:
+    info = open_store(store)
+    return ModelHeader.from_fit(
+        model="OrdNMF",
+        family=OrdinalFamily(tuple(int(n) for n in info.hist_train)),
+        params=OrdNMF(K, max_iter=2, executor="inprocess", n_members=1).get_params(),
+        info=info,
+        fingerprint=store_fingerprint(store),
+        states=states,
+        validation=None,
+        runs=[],
+        warm_start=False,
+        init_model=None,
+        cache_blocks=True,
+        selection=None,
+        where=where,
+    )
+
+
+def test_a_fit_header_is_written_in_the_keys_and_order_of_the_saved_model(fitted, tmp_path):
+    store, model = fitted
+    saved = _attrs(model)
+    delta = np.asarray(saved["delta"])
+    header = _from_fit(store, [_State(delta)], str(tmp_path / "m.zarr"))
+    attrs = header.to_attrs()
+    assert list(attrs) == list(saved)  # what save_model wrote, key for key
+    for key in ("model", "family", "params", "delta", "theta", "store", "row_bounds", "kind"):
+        assert attrs[key] == saved[key], key
+    assert header.n_components == K and header.n_members == 1 and header.delta is not None
+    two = _from_fit(store, [_State(delta), _State(delta, elbo=[-1.0])], str(tmp_path / "e"))
+    law = {"delta": saved["delta"], "theta": saved["theta"]}
+    assert two.n_members == 2 and two.to_attrs()["members"] == [law, law]
+    assert (two.to_attrs()["n_iter"], two.to_attrs()["elbo"]) == (2, [])
+
+
+def test_a_fit_header_its_readers_would_refuse_is_refused_before_it_is_written(fitted, tmp_path):
+    store, model = fitted
+    delta = np.asarray(_attrs(model)["delta"])
+    delta[1] = -1.0  # a negative decrement: no thresholds
+    with pytest.raises(StoreError, match="delta"):
+        _from_fit(store, [_State(delta)], str(tmp_path / "m.zarr"))
+    assert not (tmp_path / "m.zarr").exists()

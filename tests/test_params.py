@@ -123,6 +123,21 @@ def test_settings_hold_the_checked_values_by_section(name):
     assert settings.fingerprinted() == {k: values[k] for k in model}
 
 
+def test_the_job_sections_are_the_typed_settings_of_the_table():
+    cfg = config.resolve(None)
+    for section in params.SECTIONS:
+        got = getattr(cfg, section)
+        assert isinstance(got, params.SECTION_CLASSES[section]), section
+        assert {k: getattr(got, k) for k in params.section_defaults(section)} == (
+            params.section_defaults(section)
+        )
+    choice = [f.name for f in dataclasses.fields(config.ModelChoice)]
+    keys = [f.name for f in dataclasses.fields(config.ModelSection)]
+    assert keys == choice + [f.name for f in dataclasses.fields(params.ModelSettings)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.tol = 1.0  # type: ignore[misc]
+
+
 def test_a_changed_default_reaches_every_surface(monkeypatch):
     changed = {"alpha_W": 0.7, "checkpoint_every": 3, "cache_blocks": False, "update_p": False}
     # the estimators' signatures read the table when their module is imported: a fresh process
@@ -155,7 +170,7 @@ def test_every_fit_flag_and_job_key_is_a_parameter_or_a_job_setting():
             assert action.dest in config.JOB_FLAGS or action.dest in CLI_ONLY, action.dest
     assert set(params.PARAMS) <= {a.dest for a in fit._actions}
     assert "-k" in next(a for a in fit._actions if a.dest == "n_components").option_strings
-    job_only = {f"{s}.{key}" for s, rows in config.JOB_ONLY.items() for key, _, _ in rows}
+    job_only = {f"model.{f.name}" for f in dataclasses.fields(config.ModelChoice)}
     resolved = config.resolve(None).to_dict()
     for section in params.SECTIONS:
         for key in resolved[section]:
@@ -304,3 +319,84 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
         "validation_k",
         "validation_s",
     }
+
+
+def _command_functions(command: str) -> list[Any]:
+    """The API functions that take the arguments of ``command``'s table."""
+    from ordnmf_dask.postfit.evaluate import evaluate
+    from ordnmf_dask.sources.synth import plan_synth, synth
+
+    return {"synth": [synth, plan_synth], "evaluate": [evaluate]}[command]
+
+
+@pytest.mark.parametrize("command", sorted(params.COMMAND_PARAMS))
+def test_a_commands_signatures_and_flags_are_its_table(command):
+    """The API functions of a command take the rows of its table with their defaults, and the
+    command's flags are the rows that have flags (and its own I/O and cluster flags)."""
+    table = params.COMMAND_PARAMS[command]
+    for function in _command_functions(command):
+        signature = inspect.signature(function).parameters
+        assert set(table) <= set(signature), function.__name__
+        for name, row in table.items():
+            default = signature[name].default
+            want = inspect.Parameter.empty if row.default is params.REQUIRED else row.default
+            assert default == want, (function.__name__, name)
+    flags = {a.dest: a for a in subcommand(build_parser(), command)._actions}
+    for name, row in table.items():
+        if not row.options:
+            assert name not in flags, name  # an API-only row (synth's rate_w, rate_h)
+            continue
+        action = flags[name]
+        assert tuple(action.option_strings) == row.options and action.help.startswith(row.doc)
+        assert action.required == (row.default is params.REQUIRED), name
+        if row.default is not params.REQUIRED:
+            assert action.default == row.default, name
+        if isinstance(row.rule, params.Options):
+            assert tuple(action.choices) == row.rule.words, name
+
+
+def test_synths_docstring_lists_its_table():
+    from ordnmf_dask.sources.synth import synth
+
+    text = " ".join((synth.__doc__ or "").split())
+    for name, row in params.COMMAND_PARAMS["synth"].items():
+        assert f"{name} : {' '.join(row.doc.split())}" in text, name
+    assert "<the rows" not in text
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"n_users": 0}, "synth: n_users must be an integer >= 1, got 0"),
+        ({"n_classes": 300}, "synth: n_classes must be an integer in [1, 255], got 300"),
+        ({"rate_h": 0.0}, "synth: rate_h must be a finite number > 0, got 0.0"),
+        ({"test_fraction": 1.0}, "synth: test_fraction must be a number in [0, 1), got 1.0"),
+    ],
+)
+def test_synth_arguments_are_checked_by_their_rows(tmp_path, change, said):
+    from ordnmf_dask.sources.synth import plan_synth
+
+    given = {"n_users": 50, "n_items": 40, "nnz": 500, "n_components": 2, **change}
+    with pytest.raises(InputError) as caught:
+        plan_synth(tmp_path / "s.zarr", **given)
+    assert str(caught.value) == said
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"k": 0}, "evaluate: k must be an integer >= 1, got 0"),
+        ({"user_fraction": 0.0}, "evaluate: user_fraction must be a number in (0, 1], got 0.0"),
+        ({"levels": []}, "evaluate: levels must be a non-empty list of distinct integers >= 1 "),
+        ({"posterior": "mode"}, "evaluate: posterior must be 'mean' or 'gamma', got 'mode'"),
+    ],
+)
+def test_evaluate_arguments_are_checked_by_their_rows_before_any_store_is_read(
+    tmp_path, change, said
+):
+    from ordnmf_dask.postfit.evaluate import evaluate
+
+    with pytest.raises(InputError) as caught:  # neither path exists: the rows come first
+        evaluate(tmp_path / "s.zarr", tmp_path / "m.zarr", **change)
+    assert str(caught.value).startswith(said.rstrip())

@@ -126,21 +126,11 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    from ordnmf_dask.params import COMMAND_PARAMS
     from ordnmf_dask.sources.synth import plan_synth, write_synth
 
-    plan = plan_synth(
-        args.out,
-        args.users,
-        args.items,
-        int(args.nnz),
-        args.n_components,
-        args.classes,
-        seed=args.seed,
-        shape=args.shape,
-        test_fraction=args.test_fraction,
-        nnz_per_block=args.nnz_per_block,
-        overwrite=args.overwrite,
-    )  # before any cluster
+    given = {name: getattr(args, name) for name, p in COMMAND_PARAMS["synth"].items() if p.options}
+    plan = plan_synth(args.out, **{**given, "nnz": int(args.nnz)})  # before any cluster
     with _cluster_client(args) as client:
         info = write_synth(plan, client)
     print(_summary_text(info))
@@ -265,6 +255,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from ordnmf_dask.params import COMMAND_PARAMS
     from ordnmf_dask.postfit.evaluate import evaluate
 
     cluster = _job(args).cluster
@@ -273,13 +264,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             args.store,
             args.model,
             client,
-            k=args.k,
-            levels=args.levels,
+            **{name: getattr(args, name) for name in COMMAND_PARAMS["evaluate"]},
             n_workers=cluster.local_spec.workers,
-            user_fraction=args.user_fraction,
-            seed=args.seed,
             allow_other_store=args.allow_other_store,
-            posterior=args.posterior,
         )
     print(format_results(res))
     if args.reliability and res["calibration"] is not None:

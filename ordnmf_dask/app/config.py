@@ -1,12 +1,12 @@
 """Job configuration: a TOML file and command-line flags, validated into dataclasses (pure).
 
 A job file has the sections ``[store]``, ``[model]``, ``[engine]``, ``[cluster]``,
-``[checkpoint]``, ``[output]`` and ``[logging]`` (see ``cluster/job.toml``). The keys of
-``[model]``, ``[engine]`` and ``[checkpoint]`` are the estimator parameters of
-:mod:`ordnmf_dask.params` (keys, types, defaults and rules from its table), plus the job-only
-``[model] kind``, ``init`` and ``init_model``. Flags the user actually gave override the
-file; every value is checked for its key and type, and an error names the file (or "command
-line") and the key.
+``[checkpoint]``, ``[validation]``, ``[output]`` and ``[logging]`` (see ``cluster/job.toml``).
+``[model]``, ``[engine]``, ``[checkpoint]`` and ``[validation]`` are the typed settings sections
+of :mod:`ordnmf_dask.params` (keys, types, defaults and rules from its table), ``[model]`` with
+the job-only ``kind``, ``init`` and ``init_model`` (:class:`ModelChoice`). Flags the user
+actually gave override the file; every value is checked for its key and type, and an error names
+the file (or "command line") and the key.
 """
 
 from __future__ import annotations
@@ -32,38 +32,29 @@ class StoreSection:
     path: str | None = None
 
 
-# the job settings in the table's sections that are not estimator parameters: key, type, default
-JOB_ONLY: dict[str, list[tuple[str, Any, Any]]] = {
-    "model": [
-        ("kind", str, "ordnmf"),
-        ("init", str | None, None),  # --model, --init FILE
-        ("init_model", str | None, None),
-    ],  # --init-model MODEL
-}
-_HINTS: dict[str, Any] = {
-    "int": int,
-    "float": float,
-    "bool": bool,
-    "path": str,
-    "str": str,
-    "auto": bool | str,
-    "ints": list[int],
-}
+@dataclass(frozen=True, kw_only=True)
+class ModelChoice:
+    """The job-only keys of ``[model]``: which model (``--model``) and its warm start
+    (``--init FILE``, ``--init-model MODEL``)."""
+
+    kind: str = "ordnmf"
+    init: str | None = None
+    init_model: str | None = None
 
 
-def section_class(name: str) -> type:
-    """The dataclass of the table section ``name`` ([model], [engine], [checkpoint]): its
-    job-only keys, then one field per parameter of the table, built at each call."""
-    rows = [(key, hint, field(default=default)) for key, hint, default in JOB_ONLY.get(name, [])]
-    for p in params.PARAMS.values():
-        if p.section == name:
-            hint = _HINTS[p.kind] | None if p.optional else _HINTS[p.kind]
-            rows.append((p.key, hint, field(default=p.default)))
-    return dataclasses.make_dataclass(f"{name.capitalize()}Section", rows)
+@dataclass(frozen=True, kw_only=True)
+class ModelSection(params.ModelSettings, ModelChoice):
+    """``[model]``: the job-only keys of :class:`ModelChoice`, then the model settings of the
+    table (:class:`~ordnmf_dask.params.ModelSettings`)."""
+
+
+#: the job file's sections of table rows -> their typed settings class (the table's, and
+#: [model] with its job-only keys); their keys and defaults are the table's rows
+TABLE_SECTIONS: dict[str, type] = {**params.SECTION_CLASSES, "model": ModelSection}
 
 
 def _table_section(name: str) -> Any:
-    return field(default_factory=lambda: section_class(name)())
+    return field(default_factory=lambda: TABLE_SECTIONS[name](**params.section_defaults(name)))
 
 
 @dataclass
@@ -121,11 +112,11 @@ class JobConfig:
     """A resolved job: file values, then flags, then defaults."""
 
     store: StoreSection = field(default_factory=StoreSection)
-    model: Any = _table_section("model")
-    engine: Any = _table_section("engine")
+    model: ModelSection = _table_section("model")
+    engine: params.EngineSettings = _table_section("engine")
     cluster: ClusterSection = field(default_factory=ClusterSection)
-    checkpoint: Any = _table_section("checkpoint")
-    validation: Any = _table_section("validation")
+    checkpoint: params.CheckpointSettings = _table_section("checkpoint")
+    validation: params.ValidationSettings = _table_section("validation")
     output: OutputSection = field(default_factory=OutputSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     source: str | None = None
@@ -137,11 +128,7 @@ class JobConfig:
 
 def _section_classes() -> dict[str, type]:
     hints = typing.get_type_hints(JobConfig)
-    return {
-        f.name: section_class(f.name) if f.name in params.SECTIONS else hints[f.name]
-        for f in dataclasses.fields(JobConfig)
-        if f.name != "source"
-    }
+    return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig) if f.name != "source"}
 
 
 # argparse destination -> dotted key of the job settings that are not estimator parameters
@@ -304,6 +291,8 @@ def _section(cls: type, table: dict[str, Any], name: str, origin: Any) -> Any:
                 f"{_describe(hint)}, got {type(value).__name__} {value!r}"
             )
         values[key] = float(value) if float in _members(hint) and type(value) is int else value
+    if name in params.SECTIONS:  # a typed section of the table: the rows not given, defaults
+        values = {**params.section_defaults(name), **values}
     return cls(**values)
 
 

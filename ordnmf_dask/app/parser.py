@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from ordnmf_dask import __version__
 from ordnmf_dask.app.exits import EXIT_INPUT
 from ordnmf_dask.app.tables import FORMATS
-from ordnmf_dask.params import MODELS, PARAMS
+from ordnmf_dask.params import COMMAND_PARAMS, MODELS, PARAMS, REQUIRED, Options, Param
 
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts
 
@@ -169,16 +169,7 @@ def _synth(add: _Add) -> None:
     """The subcommand synth: a synthetic store."""
     syn = add("synth", help="sample a synthetic IG-OrdNMF dataset into a store")
     syn.add_argument("--out", required=True, help="store directory to create")
-    syn.add_argument("--users", type=int, required=True, help="U")
-    syn.add_argument("--items", type=int, required=True, help="I")
-    syn.add_argument("--nnz", type=float, required=True, help="expected nonzeros (e.g. 1e7)")
-    syn.add_argument("-k", "--n-components", type=int, required=True, help="true K")
-    syn.add_argument("--classes", type=int, default=10, help="V (default 10)")
-    syn.add_argument("--seed", type=int, default=0)
-    syn.add_argument("--shape", type=float, default=0.3, help="Gamma shape of W and H")
-    syn.add_argument("--test-fraction", type=float, default=0.2)
-    syn.add_argument("--nnz-per-block", type=int, default=2**21)
-    syn.add_argument("--overwrite", action="store_true")
+    _command_args(syn, COMMAND_PARAMS["synth"])
     _cluster_args(syn)
 
 
@@ -249,22 +240,8 @@ def _evaluate(add: _Add) -> None:
     )
     ev.add_argument("store")
     ev.add_argument("model")
-    ev.add_argument("--k", type=int, default=100)
-    ev.add_argument("--levels", type=_int_list, help="relevance thresholds s (default 1..V)")
-    ev.add_argument(
-        "--user-fraction",
-        type=float,
-        default=1.0,
-        help="NDCG over this random fraction of the users (default 1: all)",
-    )
-    ev.add_argument("--seed", type=int, default=0, help="seed of the user sample")
+    _command_args(ev, COMMAND_PARAMS["evaluate"])
     ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
-    ev.add_argument(
-        "--posterior",
-        choices=["mean", "gamma"],
-        default="mean",
-        help="class law scored: at E[lambda] (mean, default) or averaged over the posterior",
-    )
     ev.add_argument(
         "--reliability",
         metavar="PNG",
@@ -643,6 +620,31 @@ def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
         else:
             kw["type"] = {"int": int, "float": float, "path": str, "str": str}[param.kind]
         p.add_argument(*names, **kw)
+
+
+def _command_args(p: argparse.ArgumentParser, table: Mapping[str, Param]) -> None:
+    """One flag per row of a command's ``table`` that has flags (:attr:`Param.options`), its
+    name as destination: the row's default (a :data:`REQUIRED` row: a required flag), type
+    (a list of integers joined by commas; the choices of an :class:`Options` rule) and doc; a
+    boolean is a switch (``--overwrite``)."""
+    for row in table.values():
+        if not row.options:
+            continue
+        kw: dict[str, Any] = {"dest": row.name, "help": row.doc}
+        if row.kind == "bool":
+            kw.update(action="store_true", default=row.default)
+            p.add_argument(*row.options, **kw)
+            continue
+        kind = {"int": int, "float": float, "str": str, "ints": _int_list}[row.kind]
+        kw.update(type=kind, metavar="S1,S2,..." if row.kind == "ints" else None)
+        if isinstance(row.rule, Options):
+            kw.update(choices=row.rule.words, metavar=None)
+        if row.default is REQUIRED:
+            kw["required"] = True
+        else:
+            kw["default"] = row.default
+            kw["help"] = row.doc if row.default is None else f"{row.doc} (default {row.default})"
+        p.add_argument(*row.options, **kw)
 
 
 def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:

@@ -263,11 +263,7 @@ def reproduce(
                     pool.submit(_one_run, cl, store, *job, proto=proto, out=ddir) for job in jobs
                 ]
                 rows = [f.result() for f in futures]
-            runs = io.StringIO(newline="")
-            writer = csv.DictWriter(runs, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-            _write_text(ddir / "runs.csv", runs.getvalue())
+            _write_runs(ddir / "runs.csv", rows)
             table, chosen = _summary_table(ds, rows)
             figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
             report += [
@@ -289,6 +285,15 @@ def reproduce(
     text = "\n".join(report) + "\n"
     _write_text(out / "report.md", text)
     return text
+
+
+def _write_runs(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The rows of a dataset's runs as CSV, one line per fit."""
+    runs = io.StringIO(newline="")
+    writer = csv.DictWriter(runs, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    _write_text(path, runs.getvalue())
 
 
 def _write_text(path: Path, text: str) -> None:

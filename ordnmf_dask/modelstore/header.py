@@ -8,13 +8,20 @@ that a damaged or hostile header is a :class:`StoreError` naming the model and t
 NaN answer, a negative factor, an allocation or ids cut short. The attributes kept for the record
 (the fit's trajectory, validation history, versions, resolved job) stay in
 :attr:`ModelHeader.record`.
+
+It is also the one writer of a model's attributes: :meth:`ModelHeader.from_fit` assembles them
+from a fit (its kept state, or its members), :meth:`ModelHeader.written` adds the keys that mark
+a published model, each checked by :meth:`ModelHeader.from_attrs`, and :meth:`ModelHeader.to_attrs`
+is what ``save_model`` writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib.metadata
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -22,9 +29,57 @@ from ordnmf_dask import params as table
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.store.header import MAX_CLASSES, HeaderFields, is_number, value_rule
+from ordnmf_dask.store.kinds import MODEL_KIND
+
+if TYPE_CHECKING:
+    from ordnmf_dask.model.families import Family
+    from ordnmf_dask.store.blocks import StoreInfo
 
 FAMILIES = ("ordinal", "dcpf")
 MAX_MEMBERS = 1024  # members of an ensemble a header may claim (each costs K factor columns)
+# 2: every factor array records its chunk inventory; 3: ensembles (n_members, members)
+# (docs/model-format.md)
+MODEL_FORMAT = 3
+PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "numba")
+#: the attributes of the training store a model keeps: how the store made classes of raw
+#: values (fold-in takes values on that scale)
+STORE_RULE = ("value_kind", "thresholds", "binarize", "binarize_on")
+
+
+def versions() -> dict[str, str]:
+    """Versions of this package and of the libraries a fit's numbers depend on: an imported
+    module's ``__version__`` (what ran; reading it costs nothing), else the installed
+    distribution's (a metadata lookup, for those the fit did not import)."""
+    out = {}
+    for name in PROVENANCE:
+        module = sys.modules.get(name.replace("-", "_"))
+        version = getattr(module, "__version__", None)
+        out[name] = version if isinstance(version, str) else importlib.metadata.version(name)
+    return out
+
+
+class FitState(Protocol):
+    """What a model's header records of one fit of the engine (a kept restart or a member):
+    the family's global parameters and the trajectory (``engine.cavi.CaviState`` is one)."""
+
+    @property
+    def params(self) -> Any: ...
+    @property
+    def elbo(self) -> Sequence[float]: ...
+    @property
+    def n_iter(self) -> int: ...
+    @property
+    def passes(self) -> int: ...
+    @property
+    def extrapolations(self) -> Sequence[int]: ...
+    @property
+    def converged(self) -> bool: ...
+    @property
+    def stop_reason(self) -> str: ...
+    @property
+    def best_iteration(self) -> int: ...
+    @property
+    def validation(self) -> Sequence[Mapping[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -126,6 +181,107 @@ class ModelHeader:
         if name not in self.params:
             raise StoreError(f"{self.where}: model attribute params.{name} is missing")
         return float(self.params[name])
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The attributes as written (and read back): every key, in the writer's order."""
+        return dict(self.record)
+
+    @classmethod
+    def written(cls, attrs: Mapping[str, Any], where: str) -> ModelHeader:
+        """The header of a model published at ``where`` with the attributes ``attrs``: they,
+        then the model's kind, format, the versions that wrote it, whether it holds the id maps
+        and seen items of a training store, and its completeness; checked as
+        :meth:`from_attrs` reads them (written only as its readers will accept it)."""
+        with_store = attrs.get("store", {}).get("path") is not None
+        final = {
+            **attrs,
+            "kind": MODEL_KIND,
+            "format_version": MODEL_FORMAT,
+            "versions": versions(),
+            "ids": with_store,
+            "seen": with_store,
+            "complete": True,
+        }
+        return cls.from_attrs(final, where)
+
+    @classmethod
+    def from_fit(
+        cls,
+        *,
+        model: str,
+        family: Family,
+        params: Mapping[str, Any],
+        info: StoreInfo,
+        fingerprint: str,
+        states: Sequence[FitState],
+        validation: Mapping[str, Any] | None,
+        runs: Sequence[Mapping[str, Any]],
+        warm_start: bool,
+        init_model: Mapping[str, Any] | None,
+        cache_blocks: bool,
+        selection: Mapping[str, Any] | None,
+        where: str,
+    ) -> ModelHeader:
+        """The header of the model a fit of ``model`` (a class of the parameter table, with
+        the checked ``params``) on the store ``info`` (content ``fingerprint``) saves at
+        ``where`` (docs/model-format.md): of its one kept state, or of the ensemble of
+        ``states`` (each member's trajectory in ``runs``, its global parameters in
+        ``members``); ``validation`` holds the validation settings when the fit scored its
+        states, else None."""
+        fitted: dict[str, Any]
+        if len(states) == 1:
+            state = states[0]
+            fitted = {
+                **family.describe(state.params),
+                "elbo": state.elbo,
+                "n_iter": state.n_iter,
+                "passes": state.passes,
+                "extrapolations": {
+                    "kept": state.extrapolations[0],
+                    "refused": state.extrapolations[1],
+                },
+                "converged": state.converged,
+                "stop_reason": state.stop_reason,
+                "best_iteration": state.best_iteration,
+                "validation": None
+                if validation is None
+                else {**validation, "history": state.validation},
+            }
+        else:  # no one trajectory: each member's is in runs
+            fitted = {
+                "n_members": len(states),
+                "members": [family.describe(r.params) for r in states],
+                "elbo": [],
+                "n_iter": max(r.n_iter for r in states),
+                "passes": sum(r.passes for r in states),
+                "converged": all(r.converged for r in states),
+                "validation": None
+                if validation is None
+                else {**validation, "history": [r.validation for r in states]},
+            }
+        attrs = {
+            "model": model,
+            "family": family.name,
+            "params": dict(params),
+            **fitted,
+            "warm_start": warm_start,
+            "init_model": init_model,
+            "store": {
+                "path": info.path,
+                "fingerprint": fingerprint,
+                "n_users": info.n_users,
+                "n_items": info.n_items,
+                "n_classes": info.n_classes,
+                "nnz_train": info.nnz_train,
+                **{k: info.attrs.get(k) for k in STORE_RULE},
+            },
+            "row_bounds": info.row_bounds.tolist(),
+            "col_bounds": info.col_bounds.tolist(),
+            "cache_blocks": cache_blocks,
+            "runs": list(runs),
+            **({} if selection is None else {"selection": selection}),
+        }
+        return cls.written(attrs, where)
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], where: str) -> ModelHeader:

@@ -12,10 +12,8 @@ users' training items (:mod:`.seen`), so that it alone can leave them out of rec
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ import zarr
 
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.modelstore import chunkstore, seen
-from ordnmf_dask.modelstore.header import ModelHeader, check_ids
+from ordnmf_dask.modelstore.header import MODEL_FORMAT, ModelHeader, check_ids
 from ordnmf_dask.runtime.inprocess import wait
 from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import (
@@ -46,10 +44,6 @@ if TYPE_CHECKING:  # dask and distributed are imported where they are used
     import dask.array as da
     from distributed import Client, Future
 
-# 2: every factor array records its chunk inventory; 3: ensembles (n_members, members)
-# (docs/model-format.md)
-MODEL_FORMAT = 3
-
 
 def model_target(
     out: str | os.PathLike, overwrite: bool, store: str | os.PathLike | None = None
@@ -65,21 +59,6 @@ def model_target(
         MODEL_KIND,
         {"training store": store},
     )
-
-
-PROVENANCE = ("ordnmf-dask", "numpy", "scipy", "dask", "distributed", "zarr", "numba")
-
-
-def versions() -> dict[str, str]:
-    """Versions of this package and of the libraries a fit's numbers depend on: an imported
-    module's ``__version__`` (what ran; reading it costs nothing), else the installed
-    distribution's (a metadata lookup, for those the fit did not import)."""
-    out = {}
-    for name in PROVENANCE:
-        module = sys.modules.get(name.replace("-", "_"))
-        version = getattr(module, "__version__", None)
-        out[name] = version if isinstance(version, str) else importlib.metadata.version(name)
-    return out
 
 
 def store_fingerprint(path: str) -> str:
@@ -218,16 +197,7 @@ def save_model(
         wait(written)
         for f in written:
             f.result()  # re-raise a worker's write error here
-        final = {
-            **attrs,
-            "kind": MODEL_KIND,
-            "format_version": MODEL_FORMAT,
-            "versions": versions(),
-            "ids": store is not None,
-            "seen": store is not None,
-            "complete": True,
-        }
-        ModelHeader.from_attrs(final, path)  # written only as its readers will accept it
+        final = ModelHeader.written(attrs, path).to_attrs()  # as its readers will accept it
         if before_publish is not None:
             before_publish()
         root.update_attributes(final)  # one write of zarr.json (attrs.update writes per key)

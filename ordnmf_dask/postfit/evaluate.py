@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from ordnmf_dask.model import compiling, dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
+from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.calibrate import calibrate
 from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.runtime.progress import shows_progress, track
@@ -246,21 +248,14 @@ def evaluate(
     reliability per level, RMSE and MAE of the expected rating; None for a model without a law
     of the store's classes).
     """
+    given = {"k": k, "levels": levels, "user_fraction": user_fraction, "seed": seed}
+    v = validate_call("evaluate", {**given, "posterior": posterior})  # its table's rows
+    k, user_fraction, seed = v["k"], v["user_fraction"], v["seed"]
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     check_has_test(info)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     check_compatible(info, m, allow_other_store)
-    if k < 1:
-        raise InputError(f"k must be >= 1, got {k}")
-    if not 0.0 < user_fraction <= 1.0:
-        raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
-    levels = list(range(1, info.n_classes + 1)) if levels is None else [int(s) for s in levels]
-    outside = [s for s in levels if not 1 <= s <= info.n_classes]
-    if outside or not levels:
-        raise InputError(
-            f"levels must be thresholds in 1..{info.n_classes} (the classes of "
-            f"{info.path}), got {outside or 'none'}"
-        )
+    levels = _levels(info, v["levels"])
     n_r, n_c = info.grid
     w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
     h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
@@ -286,14 +281,28 @@ def evaluate(
             progress="evaluate: user-blocks and blocks",
         )
         calibration = calibrate(cl, info, m, "test", levels, posterior)
-    log.info(
-        "evaluate: %s on the test split of %s (%d x %d blocks): done in %.1f s",
-        m.path,
-        info.path,
-        n_r,
-        n_c,
-        time.monotonic() - start,
-    )
+    took, where = time.monotonic() - start, f"the test split of {info.path} ({n_r} x {n_c} blocks)"
+    log.info("evaluate: %s on %s: done in %.1f s", m.path, where, took)
+    return _results(k, out, user_fraction, calibration)
+
+
+def _levels(info: StoreInfo, given: Sequence[int] | None) -> list[int]:
+    """The relevance thresholds ``given`` (default 1..V), each a class of the store ``info``;
+    InputError naming those outside."""
+    levels = list(range(1, info.n_classes + 1)) if given is None else list(given)
+    outside = [s for s in levels if not 1 <= s <= info.n_classes]
+    if outside or not levels:
+        raise InputError(
+            f"levels must be thresholds in 1..{info.n_classes} (the classes of "
+            f"{info.path}), got {outside or 'none'}"
+        )
+    return levels
+
+
+def _results(
+    k: int, out: dict[str, Any], user_fraction: float, calibration: dict[str, Any] | None
+) -> dict[str, Any]:
+    """What :func:`evaluate` returns, from the scores ``out`` of the test split."""
     return {
         "k": k,
         "ndcg": out["ndcg"],

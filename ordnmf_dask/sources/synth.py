@@ -66,9 +66,8 @@ from scipy import integrate, optimize, special
 
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.kernels import jit, row_dot
+from ordnmf_dask.params import COMMAND_PARAMS, parameters_doc, validate_call
 from ordnmf_dask.runtime.runner import Runner
-from ordnmf_dask.sources.split import check_test_fraction
-from ordnmf_dask.sources.values import MAX_CLASSES
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import FORMAT_VERSION, StoreInfo, check_target
 from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, auto_grid
@@ -527,25 +526,13 @@ def synth(
     ----------
     out : path
         Store directory to create (complete or absent, like ``ingest``).
-    n_users, n_items, n_components, n_classes : int
-        U, I, K and V (1 <= V <= 255).
-    nnz : int
-        Expected number of nonzeros (train + test) under the prior; theta_0 is calibrated to it.
-    seed : int
-        Seeds the factors, the sampling and the split.
-    shape, rate_w, rate_h : float
-        Gamma priors: w ~ Gamma(shape, rate_w), h ~ Gamma(shape, rate_h).
+    <the rows of params.COMMAND_PARAMS["synth"]>
     thresholds : sequence of float, optional
         Relative thresholds theta_v / theta_0, v = 0..V-1 (decreasing, first 1; a trailing 0
         for theta_V may be included). Default ``0.7 ** v``.
-    test_fraction : float
-        Probability that a nonzero goes to the test split.
-    nnz_per_block : int
-        Target expected train nonzeros per block (regular grid).
     client : distributed.Client, optional
         Run the block tasks on this cluster (every worker must see ``out``'s directory); None
         runs them in this process.
-    overwrite : bool
 
     Returns
     -------
@@ -570,6 +557,13 @@ def synth(
         overwrite=overwrite,
     )
     return write_synth(plan, client)
+
+
+if synth.__doc__ is not None:  # the Parameters of the table, as the command's --help says them
+    synth.__doc__ = synth.__doc__.replace(
+        '    <the rows of params.COMMAND_PARAMS["synth"]>\n',
+        parameters_doc(COMMAND_PARAMS["synth"].values()),
+    )
 
 
 @dataclass(frozen=True)
@@ -601,36 +595,47 @@ def plan_synth(
     nnz_per_block: int = DEFAULT_NNZ_PER_BLOCK,
     overwrite: bool = False,
 ) -> SynthPlan:
-    """Check the parameters of :func:`synth` and its target ``out`` without writing anything
-    (a command runs it before it starts its cluster)."""
-    for name, val in (("n_users", n_users), ("n_items", n_items), ("n_components", n_components)):
-        if isinstance(val, bool) or int(val) != val or val < 1:
-            raise InputError(f"{name} must be a positive integer, got {shown(val)}")
-    if not 1 <= n_classes <= MAX_CLASSES:
-        raise InputError(f"n_classes must be in 1..{MAX_CLASSES}, got {n_classes}")
-    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise InputError(f"seed must be a non-negative integer, got {shown(seed)}")
-    if min(shape, rate_w, rate_h) <= 0:
-        raise InputError("shape, rate_w and rate_h must be > 0")
-    check_test_fraction(test_fraction)
+    """Check the parameters of :func:`synth` (each by its row of
+    :data:`ordnmf_dask.params.COMMAND_PARAMS` ``["synth"]``) and its target ``out`` without
+    writing anything (a command runs it before it starts its cluster)."""
+    v = validate_call(
+        "synth",
+        {
+            "n_users": n_users,
+            "n_items": n_items,
+            "nnz": nnz,
+            "n_components": n_components,
+            "n_classes": n_classes,
+            "seed": seed,
+            "shape": shape,
+            "rate_w": rate_w,
+            "rate_h": rate_h,
+            "test_fraction": test_fraction,
+            "nnz_per_block": nnz_per_block,
+            "overwrite": overwrite,
+        },
+    )
+    n_users, n_items, k, n_classes = v["n_users"], v["n_items"], v["n_components"], v["n_classes"]
     rel = _relative_thresholds(n_classes, thresholds)
-    theta0 = calibrate_theta0(nnz, n_users, n_items, n_components, shape, rate_w, rate_h)
+    theta0 = calibrate_theta0(nnz, n_users, n_items, k, v["shape"], v["rate_w"], v["rate_h"])
     params = SynthParams(
-        int(n_users),
-        int(n_items),
-        int(n_components),
-        int(n_classes),
-        float(shape),
-        float(rate_w),
-        float(rate_h),
+        n_users,
+        n_items,
+        k,
+        n_classes,
+        v["shape"],
+        v["rate_w"],
+        v["rate_h"],
         tuple(float(theta0 * t) for t in rel),
-        int(seed),
-        float(test_fraction),
+        v["seed"],
+        v["test_fraction"],
         int(nnz),
     )
-    n_r, n_c = auto_grid(int((1.0 - test_fraction) * nnz), n_users, n_items, nnz_per_block)
+    n_r, n_c = auto_grid(
+        int((1.0 - v["test_fraction"]) * nnz), n_users, n_items, v["nnz_per_block"]
+    )
     check_target(out, overwrite)
-    return SynthPlan(out, overwrite, params, (n_r, n_c), nnz_per_block)
+    return SynthPlan(out, overwrite, params, (n_r, n_c), v["nnz_per_block"])
 
 
 def write_synth(plan: SynthPlan, client: Any = None) -> StoreInfo:

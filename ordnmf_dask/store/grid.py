@@ -9,8 +9,8 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.csr import row_pointer
+from ordnmf_dask.params import DEFAULT_NNZ_PER_BLOCK
 
-DEFAULT_NNZ_PER_BLOCK = 2**21
 # Users (items) per block at most, whatever the nonzeros: the factor chunks follow the block
 # grid, and a (n, K) float64 array of 2^17 rows takes 52 MB at K = 50, so a worker's memory per
 # chunk stays bounded on sparse data too (1M users with 1e6 nonzeros is 8 user-blocks, not 1).

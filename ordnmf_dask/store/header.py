@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.errors import StoreError, shown
+from ordnmf_dask.params import MAX_CLASSES
 
-MAX_CLASSES = 255  # classes are stored as uint8 (docs/store-format.md)
 INT64_MAX = 2**63 - 1
 
 

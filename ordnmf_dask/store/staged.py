@@ -314,6 +314,35 @@ def temporary_store(
         discard_temporary(scratch, settled=runner is None or runner.settled)
 
 
+def _id_arrays(
+    group: Any,
+    tmp: str,
+    ids_of: Mapping[str, np.ndarray | StagedIds],
+    arrays: dict[tuple[str, str], Any],
+) -> list[_CopyJob]:
+    """The ``users/ids`` and ``items/ids`` arrays of the store group ``group`` at ``tmp``: ids
+    in memory written here, staged ids created in ``arrays`` with the jobs that copy them."""
+    jobs: list[_CopyJob] = []
+    for name, ids in ids_of.items():
+        sub = group.create_group(name)
+        if isinstance(ids, np.ndarray):
+            write_array(sub, "ids", ids_for_zarr(ids))
+            continue
+        chunks = (max(1, min(ids.length, CHUNK)),)
+        arrays[locations.join(tmp, name), "ids"] = sub.create_array(
+            "ids",
+            shape=(ids.length,),
+            dtype=ids.dtype,
+            chunks=chunks,
+            compressors=COMPRESSORS,
+            config=WRITE_ALL,
+        )
+        jobs.extend(
+            _copy_jobs(locations.join(tmp, name), ("ids",), ids.parts, ids.length, chunks[0])
+        )
+    return jobs
+
+
 def assemble_store(
     tmp: str,
     runner: Runner,
@@ -344,25 +373,8 @@ def assemble_store(
     group.update_attributes({**attrs, "format_version": FORMAT_VERSION, "complete": False})
     write_array(group, "row_bounds", np.asarray(row_bounds, np.int64))
     write_array(group, "col_bounds", np.asarray(col_bounds, np.int64))
-    jobs = []
-    arrays = {}  # (group directory, field) -> the array
-    for name, ids in (("users", user_ids), ("items", item_ids)):
-        sub = group.create_group(name)
-        if isinstance(ids, np.ndarray):
-            write_array(sub, "ids", ids_for_zarr(ids))
-            continue
-        chunks = (max(1, min(ids.length, CHUNK)),)
-        arrays[locations.join(tmp, name), "ids"] = sub.create_array(
-            "ids",
-            shape=(ids.length,),
-            dtype=ids.dtype,
-            chunks=chunks,
-            compressors=COMPRESSORS,
-            config=WRITE_ALL,
-        )
-        jobs.extend(
-            _copy_jobs(locations.join(tmp, name), ("ids",), ids.parts, ids.length, chunks[0])
-        )
+    arrays: dict[tuple[str, str], Any] = {}  # (group directory, field) -> the array
+    jobs = _id_arrays(group, tmp, {"users": user_ids, "items": item_ids}, arrays)
     n_c = len(col_bounds) - 1
     n_rows = np.diff(np.asarray(row_bounds, dtype=np.int64))
     for split in blocks:

@@ -241,36 +241,9 @@ def tune(
         label,
     )
     search = _Search(info, name, fixed, split, metric, k, level, user_fraction, every, label)
-    rows: list[dict[str, Any]] = []
     csv_path, parquet_path = os.path.join(out, "results.csv"), os.path.join(out, "results.parquet")
-    log.addFilter(search.labels)
-    try:
-        with resolve_client(client, n_workers) as cl:
-            alive = trials
-            for rung, budget in enumerate(budgets):
-                last = rung == len(budgets) - 1
-                log.info(
-                    "tune: rung %d/%d, max_iter %d: %d trial(s)",
-                    rung + 1,
-                    len(budgets),
-                    budget,
-                    len(alive),
-                )
-                found = search.rung(cl, alive, rung, budget, n_jobs)
-                keep = _survivors(alive, found, eta, last)
-                for row in found:
-                    row["kept"] = row["trial"] in keep
-                rows += found
-                _write_table(rows, csv_path, parquet_path)
-                for t in alive:
-                    if t.number not in keep:
-                        _drop_checkpoints(t)
-                alive = [t for t in alive if t.number in keep]
-    finally:
-        log.removeFilter(search.labels)
-        for t in trials:
-            with contextlib.suppress(OSError, InputError):  # kept, not lost: never masks a failure
-                _drop_checkpoints(t)
+    with resolve_client(client, n_workers) as cl:
+        rows = _halving(search, cl, trials, budgets, eta, n_jobs, (csv_path, parquet_path))
     best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
     copy_model(open_model(best["model"]), best_path, overwrite)
     _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
@@ -283,6 +256,74 @@ def tune(
         best_path,
     )
     return TuneResult(rows, best, best_path, split, label, csv_path, parquet_path)
+
+
+def _halving(
+    search: _Search,
+    cl: Client,
+    trials: list[Trial],
+    budgets: list[int],
+    eta: int,
+    n_jobs: int,
+    tables: tuple[str, str],
+) -> list[dict[str, Any]]:
+    """The rungs of successive halving on ``cl``: each rung fits the trials still alive for
+    its budget, keeps the best ``n // eta`` and rewrites the results ``tables`` (CSV,
+    Parquet); the rows of every rung. Every trial's checkpoints are removed at the end."""
+    rows: list[dict[str, Any]] = []
+    log.addFilter(search.labels)
+    try:
+        alive = trials
+        for rung, budget in enumerate(budgets):
+            last = rung == len(budgets) - 1
+            log.info(
+                "tune: rung %d/%d, max_iter %d: %d trial(s)",
+                rung + 1,
+                len(budgets),
+                budget,
+                len(alive),
+            )
+            found = search.rung(cl, alive, rung, budget, n_jobs)
+            keep = _survivors(alive, found, eta, last)
+            for row in found:
+                row["kept"] = row["trial"] in keep
+            rows += found
+            _write_table(rows, *tables)
+            for t in alive:
+                if t.number not in keep:
+                    _drop_checkpoints(t)
+            alive = [t for t in alive if t.number in keep]
+    finally:
+        log.removeFilter(search.labels)
+        for t in trials:
+            with contextlib.suppress(OSError, InputError):  # kept, not lost: never masks a failure
+                _drop_checkpoints(t)
+    return rows
+
+
+def _outcome(
+    status: str,
+    value: float,
+    model: str | None,
+    error: str | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    scored: float | None = None,
+) -> dict[str, Any]:
+    """The last columns of a trial's row at a rung: how it went ("carried" from an earlier
+    rung, "failed" or "fit"), its score, its model, the error, and the start and end of its
+    fit and the end of its scoring, in seconds since the search began (none for a carried
+    trial, no scoring for a failed one)."""
+    return {
+        "status": status,
+        "value": value,
+        "seconds": 0.0 if start is None or end is None else round(end - start, 3),
+        "eval_seconds": 0.0 if end is None or scored is None else round(scored - end, 3),
+        "start": None if start is None else round(start, 3),
+        "end": None if end is None else round(end, 3),
+        "model": model,
+        "error": error,
+    }
 
 
 def _survivors(alive: list[Trial], rows: list[dict[str, Any]], eta: int, last: bool) -> set[int]:
@@ -512,18 +553,7 @@ class _Search:
         }
         if t.done:
             previous = open_model(t.model).attrs
-            return {
-                **row,
-                **self._figures(previous),
-                "status": "carried",
-                "value": t.value,
-                "seconds": 0.0,
-                "eval_seconds": 0.0,
-                "start": None,
-                "end": None,
-                "model": t.model,
-                "error": None,
-            }
+            return {**row, **self._figures(previous), **_outcome("carried", t.value, t.model)}
         if self.stop.is_set():
             raise _Stopped()
         params = {
@@ -554,14 +584,7 @@ class _Search:
                 "stop_reason": None,
                 "best_iteration": None,
                 "elbo": None,
-                "status": "failed",
-                "value": math.nan,
-                "seconds": round(end - start, 3),
-                "eval_seconds": 0.0,
-                "start": round(start, 3),
-                "end": round(end, 3),
-                "model": None,
-                "error": str(exc),
+                **_outcome("failed", math.nan, None, str(exc), start, end),
             }
         end = time.perf_counter() - self.clock
         attrs = open_model(t.model).attrs
@@ -578,18 +601,8 @@ class _Search:
             attrs["n_iter"],
             end - start,
         )
-        return {
-            **row,
-            **self._figures(attrs),
-            "status": "fit",
-            "value": t.value,
-            "seconds": round(end - start, 3),
-            "eval_seconds": round(scored - end, 3),
-            "start": round(start, 3),
-            "end": round(end, 3),
-            "model": t.model,
-            "error": None,
-        }
+        done = _outcome("fit", t.value, t.model, None, start, end, scored)
+        return {**row, **self._figures(attrs), **done}
 
     @staticmethod
     def _figures(attrs: dict[str, Any]) -> dict[str, Any]:
