@@ -16,8 +16,9 @@ same ``train`` subset. Each peer's small grid (``GRIDS``) is scored on ``validat
 configuration with the best mean NDCG@100 over the three levels is scored on ``test``; OrdNMF
 fits at the paper's settings (alpha = 0.3, tol = 1e-5, seed 0; ``OrdNMF``: the paper's single
 fit, ``OrdNMF-default``: the package's default ensemble of ``n_members`` fits) with K in {25,
-50} chosen the same way, the validation subset also driving its default early stopping. The synthetic store has
-no validation subset: peers use the configuration chosen on MovieLens, OrdNMF the true K, and the
+50} chosen the same way, the validation subset also driving its default early stopping. The
+synthetic store has no validation subset: peers use the configuration chosen on MovieLens,
+OrdNMF the true K, and the
 generating factors and thresholds are scored as the ceiling. Every score matrix is a product of
 two factor matrices (EASE: the training rows times its item-item weights; popularity: ones times
 the item counts), handed to ``score_split`` as its chunks, so the ranking of every method
