@@ -339,6 +339,12 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
     from hypothesis import strategies as st
 
     model, store = str(id_model), str(id_model.parent / "s")
+    ratings = str(id_model.parent / "r.csv")
+    synth_args = ["--users", "5", "--items", "5", "--nnz", "10", "-k", "2"]
+
+    def synth(out: str) -> list[str]:
+        return ["synth", "--out", out, *synth_args]
+
     options = {
         "ingest": lambda p, out: ["ingest", p, "--out", out],
         "fit --config": lambda p, out: [
@@ -368,13 +374,24 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
         "score --pairs": lambda p, out: ["score", model, "--pairs", p],
         "fold-in": lambda p, out: ["fold-in", model, p],
         "predict --pairs": lambda p, out: ["predict", store, model, "--pairs", p, "--out", out],
+        # a job file the command uses none of (ingest without --distributed) is read all the same
+        "ingest --config": lambda p, out: ["ingest", ratings, "--out", out, "--config", p],
+        "recommend --users-from": lambda p, out: ["recommend", model, "--users-from", p],
+        "similar-items --items-from": lambda p, out: ["similar-items", model, "--items-from", p],
+        "synth --scheduler-file": lambda p, out: [*synth(out), "--scheduler-file", p],
+        "synth --tls-ca-file": lambda p, out: [
+            *synth(out),
+            "--scheduler",
+            "tls://127.0.0.1:1",
+            *("--tls-ca-file", p, "--tls-cert", p, "--tls-key", p),
+        ],
     }
     where, fifo = hostile_dir
 
     def timeout(*_: object) -> None:
         raise TimeoutError("an input was waited on")
 
-    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
     @given(
         st.sampled_from(sorted(options)),
         st.sampled_from(["fifo", "device", "link-to-fifo", "deep", "directory"]),
@@ -396,3 +413,11 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
         assert sorted(os.listdir(where)) == before and not out.exists(), (option, kind)
 
     check()
+
+
+def test_a_pairs_file_whose_header_is_not_utf8_is_named(id_model, tmp_path):
+    pairs = tmp_path / "p.csv"
+    pairs.write_bytes(b"us\xffer,item\n007,i1\n")
+    one_line_error(
+        ["score", str(id_model), "--pairs", str(pairs)], f"{pairs}, line 1: the header is not UTF-8"
+    )

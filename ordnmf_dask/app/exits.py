@@ -62,6 +62,26 @@ OUTPUT_FLAGS = {
     "work_dir": "--work-dir",
 }  # argparse destination -> flag of every path a command writes (cli._check_outputs)
 
+INPUT_FLAGS = {
+    "inputs": "input",
+    "test": "test input",
+    "store": "training store",
+    "model": "model",
+    "init": "warm start",
+    "init_model": "warm-start model",
+    "config": "job file",
+    "pairs": "pairs input",
+    "ratings": "ratings file",
+    "users_from": "user id file",
+    "items_from": "item id file",
+    "data": "data directory",
+    "scheduler_file": "scheduler file",
+    "tls_ca_file": "TLS CA file",
+    "tls_cert": "TLS certificate",
+    "tls_key": "TLS key",
+}  # argparse destination -> how a message names it, of every path a command reads: outputs
+# are kept apart from each (cli._check_outputs)
+
 FILE_OUTPUTS = frozenset({"json_out", "reliability", "log_file"})  # those that are one file
 
 # dotted job-file key -> how a message names it, of every path a job file makes a command write

@@ -83,6 +83,9 @@ class PairsFile:
                             raise InputError(f"{self.where(first + j)}: no id in column {name!r}")
                 yield first, picked[0], picked[1]
                 first += batch.num_rows
+        except UnicodeDecodeError:  # pyarrow decodes the header's column names itself
+            what = ": its column names are" if is_parquet(self.path) else ", line 1: the header is"
+            raise InputError(f"{self.path}{what} not UTF-8 text") from None
         except (OSError, pa.ArrowException) as exc:
             detail = " ".join(str(exc).split())
             raise InputError(f"{self.path}: cannot read the pairs ({detail})") from None
