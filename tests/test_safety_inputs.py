@@ -421,3 +421,58 @@ def test_a_pairs_file_whose_header_is_not_utf8_is_named(id_model, tmp_path):
     one_line_error(
         ["score", str(id_model), "--pairs", str(pairs)], f"{pairs}, line 1: the header is not UTF-8"
     )
+
+
+def _parquet_bombs(where: Path) -> dict[str, tuple[Path, str]]:
+    """Parquet files whose footer lies, each with what its refusal says: metadata claimed
+    longer than the file (2^31 - 1 bytes), a row group claiming 2^50 bytes uncompressed (its
+    thrift field rewritten), and a file without the ``PAR1`` footer."""
+    import struct
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while n > 0x7F:
+            out, n = out + bytes([(n & 0x7F) | 0x80]), n >> 7
+        return out + bytes([n])
+
+    good = where / "good.parquet"
+    pq.write_table(pa.table({"user": ["007", "7"], "item": ["i1", "i2"], "v": [1, 2]}), good)
+    data = good.read_bytes()
+    length = struct.unpack("<I", data[-8:-4])[0]
+    footer = data[-8 - length : -8]
+    size = pq.ParquetFile(good).metadata.row_group(0).total_byte_size
+    field = b"\x16" + varint(size << 1)  # RowGroup.total_byte_size: field 2, i64, zigzag
+    assert footer.count(field) == 1
+    huge = footer.replace(field, b"\x16" + varint(2**50 << 1))
+    bombs = {
+        "long-footer": (data[:-8] + struct.pack("<I", 2**31 - 1) + b"PAR1", "claims 2147483647"),
+        "huge-row-group": (
+            data[: -8 - length] + huge + struct.pack("<I", len(huge)) + b"PAR1",
+            "row group 0: claims 1.02e+03 TiB uncompressed, more than the",
+        ),
+        "no-footer": (b"user,item\n007,i1\n", "not a Parquet file (no PAR1 footer at its end)"),
+    }
+    out = {}
+    for name, (content, says) in bombs.items():
+        (where / f"{name}.parquet").write_bytes(content)
+        out[name] = (where / f"{name}.parquet", says)
+    return out
+
+
+@pytest.mark.parametrize("bomb", ["long-footer", "huge-row-group", "no-footer"])
+def test_a_parquet_footer_that_lies_is_refused_before_pyarrow_allocates(id_model, tmp_path, bomb):
+    """Every Parquet input (ingest, fold-in, score and predict pairs) is opened by
+    ``infile.open_parquet`` and its row groups checked by ``infile.check_row_groups``."""
+    path, says = _parquet_bombs(tmp_path)[bomb]
+    model, store, out = str(id_model), str(id_model.parent / "s"), str(tmp_path / "out")
+    for args in (
+        ["ingest", str(path), "--out", out],
+        ["fold-in", model, str(path)],
+        ["score", model, "--pairs", str(path)],
+        ["predict", store, model, "--pairs", str(path), "--out", out],
+    ):
+        one_line_error(args, str(path), says)
+    assert not (tmp_path / "out").exists()
