@@ -476,3 +476,16 @@ def test_a_parquet_footer_that_lies_is_refused_before_pyarrow_allocates(id_model
     ):
         one_line_error(args, str(path), says)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_fold_in_history_is_named_by_its_raw_id(id_model, tmp_path):
+    """A new user whose ratings all fall below a BePoF model's threshold has no interaction
+    left: the warning names it as the file does (``'low'``), not by its position."""
+    store, model = str(id_model.parent / "s"), str(tmp_path / "bepof")
+    fit = ["fit", "--n-members", "1", store, "--model", "bepof", "--threshold", "3", "-k", "2"]
+    assert run_cli([*fit, "--max-iter", "2", "--executor", "inprocess", "--out", model])[0] == 0
+    ratings = tmp_path / "f.csv"
+    ratings.write_text("high,i1,3\nlow,i1,1\nlow,i2,2\n")
+    code, err = run_cli(["fold-in", model, str(ratings)])
+    assert code == 0 and len(err) == 1, err
+    assert "fold-in: 1 new users without any interaction ('low')" in err[0], err

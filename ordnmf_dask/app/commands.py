@@ -485,7 +485,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
     check_known(server.items, item_ids, rows.origin.where)
     items = [v[0] for v in users.values()]
-    w = server.fold_in("users", items, [v[1] for v in users.values()])
+    w = server.fold_in("users", items, [v[1] for v in users.values()], new_ids=list(users))
     if args.factors:
         columns = ["user", *(f"f{k}" for k in range(w.shape[1]))]
         write_table(
