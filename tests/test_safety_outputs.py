@@ -618,3 +618,15 @@ def test_a_log_file_that_cannot_be_written_fails_the_command_in_one_line(place):
     assert code == EXIT_INPUT and err == [
         "ordnmf-dask ingest: error: cannot write the log file /dev/full: No space left on device"
     ], err
+
+
+def test_a_full_standard_output_is_named_as_such(place):
+    err, full = io.StringIO(), open("/dev/full", "w")  # noqa: SIM115 - its close fails too
+    with contextlib.redirect_stdout(full), contextlib.redirect_stderr(err):
+        code = main(["similar-items", place["model"], "--items", "1", "-q"])
+    with contextlib.suppress(OSError):  # what main could not write is still in its buffer
+        full.close()
+    assert code == EXIT_INPUT
+    assert err.getvalue().splitlines() == [
+        "ordnmf-dask similar-items: error: No space left on device (writing standard output)"
+    ]

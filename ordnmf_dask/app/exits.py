@@ -104,7 +104,8 @@ def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:
 
 
 def _io_message(exc: OSError, args: argparse.Namespace) -> str:
-    """The path and the reason; a failed write names no file (ENOSPC): then the outputs."""
+    """The path and the reason; a failed write names no file (ENOSPC): then the outputs, or
+    standard output for a command given none."""
     if exc.filename is not None:
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
         return f"{path}: {exc.strerror or exc}"
@@ -113,8 +114,10 @@ def _io_message(exc: OSError, args: argparse.Namespace) -> str:
         for dest, flag in OUTPUT_FLAGS.items()
         if getattr(args, dest, None)
     ]
-    if exc.errno is None or not outputs:
+    if exc.errno is None:
         return str(exc)
+    if not outputs:  # a command that writes nothing but its standard output
+        return f"{exc.strerror} (writing standard output)"
     return f"{exc.strerror} (writing {', '.join(outputs)})"
 
 
