@@ -453,7 +453,10 @@ def _parquet_bombs(where: Path) -> dict[str, tuple[Path, str]]:
             data[: -8 - length] + huge + struct.pack("<I", len(huge)) + b"PAR1",
             "row group 0: claims 1.02e+03 TiB uncompressed, more than the",
         ),
-        "no-footer": (b"user,item\n007,i1\n", "not a Parquet file (no PAR1 footer at its end)"),
+        "no-footer": (
+            b"user,item\n007,i1\n",
+            "not a readable Parquet file (no PAR1 footer at its end)",
+        ),
     }
     out = {}
     for name, (content, says) in bombs.items():

@@ -167,7 +167,7 @@ def open_parquet(handle: Any, path: str) -> Any:
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot read ({exc})") from None
     if size < 12 or tail[4:] != b"PAR1":
-        raise InputError(f"{path}: not a Parquet file (no PAR1 footer at its end)")
+        raise InputError(f"{path}: not a readable Parquet file (no PAR1 footer at its end)")
     claimed = int.from_bytes(tail[:4], "little")
     if claimed > min(size - 12, PARQUET_METADATA):
         bound = "more than the file holds" if claimed > size - 12 else "more than any real one"
