@@ -35,6 +35,8 @@ from ordnmf_dask.store import outputs
 
 # the string options that name no path (those that name what a command reads are
 # exits.INPUT_FLAGS: every output is kept apart from each)
+# reproduce's --data: a directory of datasets it reads by name, which may hold its --out
+INPUT_ROOTS = {"data"}
 NOT_PATHS = {
     "datasets",
     "delimiter",
@@ -158,7 +160,7 @@ def test_every_string_option_and_job_key_is_an_input_an_output_or_no_path():
     (exits.INPUT_FLAGS, which the outputs are checked against)."""
     for name, parser in subparsers().items():
         for dest, flag in path_options(parser).items():
-            assert dest in {*OUTPUT_FLAGS, *INPUT_FLAGS, *NOT_PATHS}, (name, flag)
+            assert dest in {*OUTPUT_FLAGS, *INPUT_FLAGS, *INPUT_ROOTS, *NOT_PATHS}, (name, flag)
         assert name in COMMANDS, name
     for key in job_keys():
         assert key in {*JOB_OUTPUTS, *INPUT_KEYS, *NOT_PATH_KEYS}, key

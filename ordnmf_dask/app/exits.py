@@ -74,7 +74,6 @@ INPUT_FLAGS = {
     "ratings": "ratings file",
     "users_from": "user id file",
     "items_from": "item id file",
-    "data": "data directory",
     "scheduler_file": "scheduler file",
     "tls_ca_file": "TLS CA file",
     "tls_cert": "TLS certificate",
