@@ -492,3 +492,17 @@ def test_an_empty_fold_in_history_is_named_by_its_raw_id(id_model, tmp_path):
     code, err = run_cli(["fold-in", model, str(ratings)])
     assert code == 0 and len(err) == 1, err
     assert "fold-in: 1 new users without any interaction ('low')" in err[0], err
+
+
+def test_a_zarr_json_too_big_to_be_metadata_is_refused_before_zarr_reads_it(id_model, tmp_path):
+    """A model's or a store's ``zarr.json`` grown to 65 MiB (sparse: no disk used) is refused
+    from its size by the scan of the tree (``locations.check_tree``), never read whole."""
+    import shutil
+
+    from ordnmf_dask.store.locations import META_BYTES
+
+    for source in (id_model, id_model.parent / "s"):
+        copy = Path(shutil.copytree(source, tmp_path / source.name))
+        with (copy / "zarr.json").open("r+b") as fh:
+            fh.truncate(META_BYTES + 1)
+        one_line_error(["info", str(copy)], f"{copy / 'zarr.json'}: {META_BYTES + 1} bytes of")
