@@ -506,3 +506,20 @@ def test_a_zarr_json_too_big_to_be_metadata_is_refused_before_zarr_reads_it(id_m
         with (copy / "zarr.json").open("r+b") as fh:
             fh.truncate(META_BYTES + 1)
         one_line_error(["info", str(copy)], f"{copy / 'zarr.json'}: {META_BYTES + 1} bytes of")
+
+
+def test_an_id_file_is_read_as_the_ratings_readers_read_text(id_model, tmp_path, capsys):
+    """A leading byte-order mark is dropped (ingest drops it: ``007`` is found), and lines are
+    split at newlines only, so a form feed inside an id stays in it and the line is named."""
+    ids = tmp_path / "u.txt"
+    ids.write_bytes(b"\xef\xbb\xbf007\n7\n")
+    assert main(["similar-users", str(id_model), "--users-from", str(ids), "-n", "1"]) == 0
+    assert [ln.split("\t")[0] for ln in capsys.readouterr().out.splitlines()] == [
+        "user",
+        "007",
+        "7",
+    ]
+    ids.write_bytes(b"007\nx\x0cy\n")
+    one_line_error(
+        ["recommend", str(id_model), "--users-from", str(ids)], f"{ids}, line 2: unknown user id"
+    )

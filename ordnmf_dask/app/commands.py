@@ -445,7 +445,8 @@ def _requested(
             line = raw[: exc.start].count(b"\n") + 1
             raise InputError(f"{path}, line {line}: not UTF-8 text") from None
     ids, lines = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as the ratings readers drop it
+    for number, line in enumerate(text.split("\n"), start=1):  # lines as the readers count
         if line.strip():
             ids.append(line.strip())
             lines.append(number)
