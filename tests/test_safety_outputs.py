@@ -632,3 +632,11 @@ def test_a_full_standard_output_is_named_as_such(place):
     assert err.getvalue().splitlines() == [
         "ordnmf-dask similar-items: error: No space left on device (writing standard output)"
     ]
+
+
+def test_an_output_typed_as_a_file_url_through_a_link_names_the_link(place, tmp_path):
+    link = tmp_path / "to-model"
+    link.symlink_to(place["model"])
+    code, err = run_cli(["export", place["model"], "--out", f"file://{link}", "--overwrite"])
+    assert code == EXIT_INPUT and len(err) == 1, err
+    assert f"--out to file://{link} (a link to {place['model']}): it is the model" in err[0], err
