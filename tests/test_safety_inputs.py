@@ -339,6 +339,12 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
     from hypothesis import strategies as st
 
     model, store = str(id_model), str(id_model.parent / "s")
+    ratings = str(id_model.parent / "r.csv")
+    synth_args = ["--users", "5", "--items", "5", "--nnz", "10", "-k", "2"]
+
+    def synth(out: str) -> list[str]:
+        return ["synth", "--out", out, *synth_args]
+
     options = {
         "ingest": lambda p, out: ["ingest", p, "--out", out],
         "fit --config": lambda p, out: [
@@ -368,13 +374,24 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
         "score --pairs": lambda p, out: ["score", model, "--pairs", p],
         "fold-in": lambda p, out: ["fold-in", model, p],
         "predict --pairs": lambda p, out: ["predict", store, model, "--pairs", p, "--out", out],
+        # a job file the command uses none of (ingest without --distributed) is read all the same
+        "ingest --config": lambda p, out: ["ingest", ratings, "--out", out, "--config", p],
+        "recommend --users-from": lambda p, out: ["recommend", model, "--users-from", p],
+        "similar-items --items-from": lambda p, out: ["similar-items", model, "--items-from", p],
+        "synth --scheduler-file": lambda p, out: [*synth(out), "--scheduler-file", p],
+        "synth --tls-ca-file": lambda p, out: [
+            *synth(out),
+            "--scheduler",
+            "tls://127.0.0.1:1",
+            *("--tls-ca-file", p, "--tls-cert", p, "--tls-key", p),
+        ],
     }
     where, fifo = hostile_dir
 
     def timeout(*_: object) -> None:
         raise TimeoutError("an input was waited on")
 
-    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
     @given(
         st.sampled_from(sorted(options)),
         st.sampled_from(["fifo", "device", "link-to-fifo", "deep", "directory"]),
@@ -396,3 +413,113 @@ def test_every_input_option_refuses_hostile_files_at_once_and_writes_nothing(id_
         assert sorted(os.listdir(where)) == before and not out.exists(), (option, kind)
 
     check()
+
+
+def test_a_pairs_file_whose_header_is_not_utf8_is_named(id_model, tmp_path):
+    pairs = tmp_path / "p.csv"
+    pairs.write_bytes(b"us\xffer,item\n007,i1\n")
+    one_line_error(
+        ["score", str(id_model), "--pairs", str(pairs)], f"{pairs}, line 1: the header is not UTF-8"
+    )
+
+
+def _parquet_bombs(where: Path) -> dict[str, tuple[Path, str]]:
+    """Parquet files whose footer lies, each with what its refusal says: metadata claimed
+    longer than the file (2^31 - 1 bytes), a row group claiming 2^50 bytes uncompressed (its
+    thrift field rewritten), and a file without the ``PAR1`` footer."""
+    import struct
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def varint(n: int) -> bytes:
+        out = b""
+        while n > 0x7F:
+            out, n = out + bytes([(n & 0x7F) | 0x80]), n >> 7
+        return out + bytes([n])
+
+    good = where / "good.parquet"
+    pq.write_table(pa.table({"user": ["007", "7"], "item": ["i1", "i2"], "v": [1, 2]}), good)
+    data = good.read_bytes()
+    length = struct.unpack("<I", data[-8:-4])[0]
+    footer = data[-8 - length : -8]
+    size = pq.ParquetFile(good).metadata.row_group(0).total_byte_size
+    field = b"\x16" + varint(size << 1)  # RowGroup.total_byte_size: field 2, i64, zigzag
+    assert footer.count(field) == 1
+    huge = footer.replace(field, b"\x16" + varint(2**50 << 1))
+    bombs = {
+        "long-footer": (data[:-8] + struct.pack("<I", 2**31 - 1) + b"PAR1", "claims 2147483647"),
+        "huge-row-group": (
+            data[: -8 - length] + huge + struct.pack("<I", len(huge)) + b"PAR1",
+            "row group 0: claims 1.02e+03 TiB uncompressed, more than the",
+        ),
+        "no-footer": (
+            b"user,item\n007,i1\n",
+            "not a readable Parquet file (no PAR1 footer at its end)",
+        ),
+    }
+    out = {}
+    for name, (content, says) in bombs.items():
+        (where / f"{name}.parquet").write_bytes(content)
+        out[name] = (where / f"{name}.parquet", says)
+    return out
+
+
+@pytest.mark.parametrize("bomb", ["long-footer", "huge-row-group", "no-footer"])
+def test_a_parquet_footer_that_lies_is_refused_before_pyarrow_allocates(id_model, tmp_path, bomb):
+    """Every Parquet input (ingest, fold-in, score and predict pairs) is opened by
+    ``infile.open_parquet`` and its row groups checked by ``infile.check_row_groups``."""
+    path, says = _parquet_bombs(tmp_path)[bomb]
+    model, store, out = str(id_model), str(id_model.parent / "s"), str(tmp_path / "out")
+    for args in (
+        ["ingest", str(path), "--out", out],
+        ["fold-in", model, str(path)],
+        ["score", model, "--pairs", str(path)],
+        ["predict", store, model, "--pairs", str(path), "--out", out],
+    ):
+        one_line_error(args, str(path), says)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_fold_in_history_is_named_by_its_raw_id(id_model, tmp_path):
+    """A new user whose ratings all fall below a BePoF model's threshold has no interaction
+    left: the warning names it as the file does (``'low'``), not by its position."""
+    store, model = str(id_model.parent / "s"), str(tmp_path / "bepof")
+    fit = ["fit", "--n-members", "1", store, "--model", "bepof", "--threshold", "3", "-k", "2"]
+    assert run_cli([*fit, "--max-iter", "2", "--executor", "inprocess", "--out", model])[0] == 0
+    ratings = tmp_path / "f.csv"
+    ratings.write_text("high,i1,3\nlow,i1,1\nlow,i2,2\n")
+    code, err = run_cli(["fold-in", model, str(ratings)])
+    assert code == 0 and len(err) == 1, err
+    assert "fold-in: 1 new users without any interaction ('low')" in err[0], err
+
+
+def test_a_zarr_json_too_big_to_be_metadata_is_refused_before_zarr_reads_it(id_model, tmp_path):
+    """A model's or a store's ``zarr.json`` grown to 65 MiB (sparse: no disk used) is refused
+    from its size by the scan of the tree (``locations.check_tree``), never read whole."""
+    import shutil
+
+    from ordnmf_dask.store.locations import META_BYTES
+
+    for source in (id_model, id_model.parent / "s"):
+        copy = Path(shutil.copytree(source, tmp_path / source.name))
+        with (copy / "zarr.json").open("r+b") as fh:
+            fh.truncate(META_BYTES + 1)
+        one_line_error(["info", str(copy)], f"{copy / 'zarr.json'}: {META_BYTES + 1} bytes of")
+
+
+def test_an_id_file_is_read_as_the_ratings_readers_read_text(id_model, tmp_path, capsys):
+    """A leading byte-order mark is dropped (ingest drops it: ``007`` is found), and lines are
+    split at newlines only, so a form feed inside an id stays in it and the line is named."""
+    ids = tmp_path / "u.txt"
+    ids.write_bytes(b"\xef\xbb\xbf007\n7\n")
+    assert main(["similar-users", str(id_model), "--users-from", str(ids), "-n", "1"]) == 0
+    assert [ln.split("\t")[0] for ln in capsys.readouterr().out.splitlines()] == [
+        "user",
+        "007",
+        "7",
+    ]
+    ids.write_bytes(b"007\nx\x0cy\n")
+    one_line_error(
+        ["recommend", str(id_model), "--users-from", str(ids)], f"{ids}, line 2: unknown user id"
+    )

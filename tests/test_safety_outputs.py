@@ -28,30 +28,15 @@ from hypothesis import strategies as st
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app import config
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.app.exits import EXIT_INPUT, JOB_OUTPUTS, OUTPUT_FLAGS
+from ordnmf_dask.app.exits import EXIT_INPUT, INPUT_FLAGS, JOB_OUTPUTS, OUTPUT_FLAGS
 from ordnmf_dask.app.parser import build_parser
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.store import outputs
 
-# the string options that name what a command reads, and those that name no path
-INPUT_OPTIONS = {
-    "inputs",
-    "test",
-    "store",
-    "model",
-    "ratings",
-    "pairs",
-    "config",
-    "data",
-    "init",
-    "init_model",
-    "scheduler_file",
-    "tls_ca_file",
-    "tls_cert",
-    "tls_key",
-    "users_from",  # read by app/commands._requested through sources.infile.open_input_file
-    "items_from",
-}
+# the string options that name no path (those that name what a command reads are
+# exits.INPUT_FLAGS: every output is kept apart from each)
+# reproduce's --data: a directory of datasets it reads by name, which may hold its --out
+INPUT_ROOTS = {"data"}
 NOT_PATHS = {
     "datasets",
     "delimiter",
@@ -171,10 +156,11 @@ def place(small_fitted, tmp_path) -> dict[str, str]:
 
 def test_every_string_option_and_job_key_is_an_input_an_output_or_no_path():
     """An option or key not classified here is one nobody checked: add it to the rule (its
-    destination to exits.OUTPUT_FLAGS, its key to exits.JOB_OUTPUTS) or to the inputs."""
+    destination to exits.OUTPUT_FLAGS, its key to exits.JOB_OUTPUTS) or to the inputs
+    (exits.INPUT_FLAGS, which the outputs are checked against)."""
     for name, parser in subparsers().items():
         for dest, flag in path_options(parser).items():
-            assert dest in {*OUTPUT_FLAGS, *INPUT_OPTIONS, *NOT_PATHS}, (name, flag)
+            assert dest in {*OUTPUT_FLAGS, *INPUT_FLAGS, *INPUT_ROOTS, *NOT_PATHS}, (name, flag)
         assert name in COMMANDS, name
     for key in job_keys():
         assert key in {*JOB_OUTPUTS, *INPUT_KEYS, *NOT_PATH_KEYS}, key
@@ -589,3 +575,68 @@ def test_a_lock_file_planted_as_a_link_is_never_written_through(place, tmp_path)
     [line] = err
     assert f"lock file {tmp_path / 'm.zarr.lock'}" in line
     assert tree_hash(victim) == before and not (tmp_path / "m.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["score", "{model}", "--pairs", "{input}"],
+        ["fold-in", "{model}", "{input}"],
+        ["recommend", "{model}", "--users-from", "{input}"],
+        ["similar-items", "{model}", "--items-from", "{input}"],
+        ["ingest", "{csv}", "--out", "{tmp}/o", "--scheduler-file", "{input}"],
+    ],
+)
+def test_a_log_file_that_is_an_input_of_the_command_is_refused(place, command):
+    """Every file a command reads (exits.INPUT_FLAGS) is kept apart from its outputs: the log
+    would be appended to the pairs, ratings or id file being read."""
+    victim = Path(place["tmp"]) / "read.csv"
+    victim.write_text("1,1,2\n")
+    args = [a.format(**place, input=victim) for a in command]
+    code, err = run_cli([*args, "--log-file", str(victim)])
+    assert code == EXIT_INPUT and len(err) == 1, err
+    assert f"refusing to write --log-file to {victim}: it is the" in err[0], err
+    assert victim.read_text() == "1,1,2\n"
+
+
+def test_predict_out_inside_its_pairs_directory_is_refused(place):
+    pairs_dir = Path(place["tmp"]) / "pairs"
+    pairs_dir.mkdir()
+    shutil.copy(place["pairs"], pairs_dir / "p.parquet")
+    out = pairs_dir / "predictions"
+    code, err = run_cli(
+        ["predict", place["store"], place["model"], "--pairs", str(pairs_dir)] + ["--out", str(out)]
+    )
+    assert code == EXIT_INPUT and len(err) == 1, err
+    assert f"it is inside the pairs input {pairs_dir}" in err[0], err
+    assert sorted(os.listdir(pairs_dir)) == ["p.parquet"]
+
+
+def test_a_log_file_that_cannot_be_written_fails_the_command_in_one_line(place):
+    """A log that lost records (a full disk: ``/dev/full``) is an output that failed: exit 2
+    naming it, not a traceback per record and exit 0."""
+    out = Path(place["tmp"]) / "s"
+    code, err = run_cli(["ingest", place["csv"], "--out", str(out), "--log-file", "/dev/full"])
+    assert code == EXIT_INPUT and err == [
+        "ordnmf-dask ingest: error: cannot write the log file /dev/full: No space left on device"
+    ], err
+
+
+def test_a_full_standard_output_is_named_as_such(place):
+    err, full = io.StringIO(), open("/dev/full", "w")  # noqa: SIM115 - its close fails too
+    with contextlib.redirect_stdout(full), contextlib.redirect_stderr(err):
+        code = main(["similar-items", place["model"], "--items", "1", "-q"])
+    with contextlib.suppress(OSError):  # what main could not write is still in its buffer
+        full.close()
+    assert code == EXIT_INPUT
+    assert err.getvalue().splitlines() == [
+        "ordnmf-dask similar-items: error: No space left on device (writing standard output)"
+    ]
+
+
+def test_an_output_typed_as_a_file_url_through_a_link_names_the_link(place, tmp_path):
+    link = tmp_path / "to-model"
+    link.symlink_to(place["model"])
+    code, err = run_cli(["export", place["model"], "--out", f"file://{link}", "--overwrite"])
+    assert code == EXIT_INPUT and len(err) == 1, err
+    assert f"--out to file://{link} (a link to {place['model']}): it is the model" in err[0], err

@@ -24,12 +24,13 @@ from ordnmf_dask.app.exits import (
     EXIT_INPUT,
     EXIT_PIPE,
     FILE_OUTPUTS,
+    INPUT_FLAGS,
     JOB_OUTPUTS,
     OUTPUT_FLAGS,
     exit_code,
     flag_spelling,
 )
-from ordnmf_dask.app.logs import logging_kept, setup_logging, warning_line
+from ordnmf_dask.app.logs import log_file_failure, logging_kept, setup_logging, warning_line
 from ordnmf_dask.app.parser import build_parser, subcommand
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime import interrupt
@@ -64,17 +65,6 @@ def _system_allocator_under_a_limit() -> None:
             os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
-_INPUTS = {
-    "inputs": "input",
-    "test": "test input",
-    "store": "training store",
-    "model": "model",
-    "init": "warm start",
-    "init_model": "warm-start model",
-    "config": "job file",
-}
-
-
 def _check_outputs(args: argparse.Namespace) -> None:
     """The one rule of every output (:func:`ordnmf_dask.store.outputs.check_outputs`), before
     anything is read or written: every path the command writes, given as a flag
@@ -99,11 +89,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
             files.add(label)
     given = {label: path for label, path in given.items() if path is not None}
     inputs: dict[str, str] = {}
-    for dest, label in _INPUTS.items():
+    for dest, label in INPUT_FLAGS.items():
         value = getattr(args, dest, None)
         paths = value if isinstance(value, list) else [value]
         for j, path in enumerate(paths):
-            if isinstance(path, str) and not any(c in path for c in "*?["):  # not a glob
+            # a glob or standard input ("-") names no path to keep outputs apart from
+            if isinstance(path, str) and path != "-" and not any(c in path for c in "*?["):
                 inputs[f"{label} {j + 1}" if len(paths) > 1 else label] = path
     writes = {"--out": out_kinds.get(args.command), "--checkpoint-dir": kinds.CHECKPOINT_DIRECTORY}
     writes |= {"[output] model": kinds.MODEL_KIND, "[checkpoint] dir": writes["--checkpoint-dir"]}
@@ -127,16 +118,18 @@ _JOB_COMMANDS = {
 
 def _job_outputs(args: argparse.Namespace) -> dict[str, str]:
     """The outputs the job file sets (how a message names each -> its path), but those a flag
-    of the command overrides (they are checked as flags)."""
-    keys = _JOB_COMMANDS.get(args.command, ())
-    if not keys or not getattr(args, "config", None):
+    of the command overrides (they are checked as flags). The job file of every command is
+    read and validated here, before any work, even where the command uses none of it (ingest
+    without --distributed): a FIFO, a device or a bad file is refused, never ignored."""
+    if not getattr(args, "config", None):
         return {}
     from operator import attrgetter
 
     from ordnmf_dask.app.config import flag_overrides, resolve
 
-    flags = flag_overrides(vars(args))
     cfg = resolve(args.config)
+    keys = _JOB_COMMANDS.get(args.command, ())
+    flags = flag_overrides(vars(args))
     found = {JOB_OUTPUTS[key]: attrgetter(key)(cfg) for key in keys if key not in flags}
     return {label: path for label, path in found.items() if path is not None}
 
@@ -196,6 +189,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: boo
         with interrupt.installed(restore=not process), _outputs_locked(args):
             try:
                 code = COMMANDS[args.command](args)
+                lost = log_file_failure()
+                if lost is not None:  # the log is an output: one that failed fails the command
+                    raise InputError(lost)
                 sys.stdout.flush()  # a reader gone is seen here, not at the interpreter's exit
                 if _reader_gone():  # all of it fit in the pipe, but nobody reads it all
                     raise BrokenPipeError(errno.EPIPE, "standard output closed")

@@ -432,7 +432,8 @@ def _requested(
             line = raw[: exc.start].count(b"\n") + 1
             raise InputError(f"{path}, line {line}: not UTF-8 text") from None
     ids, lines = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as the ratings readers drop it
+    for number, line in enumerate(text.split("\n"), start=1):  # lines as the readers count
         if line.strip():
             ids.append(line.strip())
             lines.append(number)
@@ -472,7 +473,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
     check_known(server.items, item_ids, rows.origin.where)
     items = [v[0] for v in users.values()]
-    w = server.fold_in("users", items, [v[1] for v in users.values()])
+    w = server.fold_in("users", items, [v[1] for v in users.values()], new_ids=list(users))
     if args.factors:
         columns = ["user", *(f"f{k}" for k in range(w.shape[1]))]
         write_table(

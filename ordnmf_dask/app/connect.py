@@ -11,14 +11,18 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ordnmf_dask.app.config import ClusterSection
-from ordnmf_dask.errors import ClusterConnectError, ConfigError
+from ordnmf_dask.errors import ClusterConnectError, ConfigError, InputError
 from ordnmf_dask.runtime.cluster import resolve_client
+from ordnmf_dask.sources.infile import read_input_bytes
 
 if TYPE_CHECKING:  # dask and distributed are imported where a cluster is used
     from distributed import Client
     from distributed.security import Security
 
 log = logging.getLogger("ordnmf_dask")
+
+#: Bytes of a TLS file or a scheduler file: far above a real one (a few KiB).
+PEM_BYTES = 1 << 20
 
 
 def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
@@ -33,8 +37,13 @@ def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
 
     for name in ("ca_file", "cert", "key"):
         path = getattr(spec, name)
-        if path and not os.path.isfile(path):
-            raise ConfigError(f"{path}: TLS {name} not found")
+        if path:  # the one input rule (a FIFO or a device refused, not read by ssl)
+            try:
+                read_input_bytes(path, f"TLS {name}", limit=PEM_BYTES)
+            except InputError as exc:
+                message = str(exc).replace("no such file", f"TLS {name} not found")
+                raise ConfigError(message) from None
+    _check_pem(spec)
     files = {"tls_ca_file": spec.ca_file, "tls_client_cert": spec.cert, "tls_client_key": spec.key}
     if local:
         files |= {
@@ -45,6 +54,26 @@ def security_from(spec: ClusterSection, local: bool = False) -> Security | None:
         }
     require = True if spec.require_encryption is None else spec.require_encryption
     return Security(require_encryption=require, **{k: v for k, v in files.items() if v})
+
+
+def _check_pem(spec: ClusterSection) -> None:
+    """ConfigError naming the TLS file that is no certificate or key ssl can load (bad input,
+    exit 2, rather than a cluster failure when the connection is tried)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        if spec.ca_file:
+            context.load_verify_locations(cafile=spec.ca_file)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"{spec.ca_file}: not a PEM CA certificate ({exc})") from None
+    try:
+        if spec.cert:
+            # no password: an encrypted key is refused, never asked for on the terminal
+            context.load_cert_chain(spec.cert, spec.key, password=lambda: b"")
+    except (ssl.SSLError, ValueError) as exc:
+        named = spec.cert if spec.key is None else f"{spec.cert} (key {spec.key})"
+        raise ConfigError(f"{named}: not a PEM certificate and its key ({exc})") from None
 
 
 def scheduler_address(path: str, timeout: float | None = None) -> str:
@@ -61,9 +90,12 @@ def scheduler_address(path: str, timeout: float | None = None) -> str:
             raise ClusterConnectError(f"scheduler file {path} did not appear within {timeout:g}s")
         time.sleep(0.2)
     try:
-        with open(path) as fh:
-            return str(json.load(fh)["address"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        data = read_input_bytes(path, "scheduler file", limit=PEM_BYTES)
+    except InputError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        return str(json.loads(data)["address"])
+    except (RecursionError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: not a Dask scheduler file ({exc})") from None
 
 

@@ -62,6 +62,25 @@ OUTPUT_FLAGS = {
     "work_dir": "--work-dir",
 }  # argparse destination -> flag of every path a command writes (cli._check_outputs)
 
+INPUT_FLAGS = {
+    "inputs": "input",
+    "test": "test input",
+    "store": "training store",
+    "model": "model",
+    "init": "warm start",
+    "init_model": "warm-start model",
+    "config": "job file",
+    "pairs": "pairs input",
+    "ratings": "ratings file",
+    "users_from": "user id file",
+    "items_from": "item id file",
+    "scheduler_file": "scheduler file",
+    "tls_ca_file": "TLS CA file",
+    "tls_cert": "TLS certificate",
+    "tls_key": "TLS key",
+}  # argparse destination -> how a message names it, of every path a command reads: outputs
+# are kept apart from each (cli._check_outputs)
+
 FILE_OUTPUTS = frozenset({"json_out", "reliability", "log_file"})  # those that are one file
 
 # dotted job-file key -> how a message names it, of every path a job file makes a command write
@@ -84,7 +103,8 @@ def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:
 
 
 def _io_message(exc: OSError, args: argparse.Namespace) -> str:
-    """The path and the reason; a failed write names no file (ENOSPC): then the outputs."""
+    """The path and the reason; a failed write names no file (ENOSPC): then the outputs, or
+    standard output for a command given none."""
     if exc.filename is not None:
         path = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
         return f"{path}: {exc.strerror or exc}"
@@ -93,8 +113,10 @@ def _io_message(exc: OSError, args: argparse.Namespace) -> str:
         for dest, flag in OUTPUT_FLAGS.items()
         if getattr(args, dest, None)
     ]
-    if exc.errno is None or not outputs:
+    if exc.errno is None:
         return str(exc)
+    if not outputs:  # a command that writes nothing but its standard output
+        return f"{exc.strerror} (writing standard output)"
     return f"{exc.strerror} (writing {', '.join(outputs)})"
 
 

@@ -130,10 +130,45 @@ class LogFile(logging.FileHandler):
 
         super().__init__(locations.location(path), encoding="utf-8")
 
+    failure: OSError | None = None  # the first write that failed (a full disk, /dev/full)
+
     def _open(self) -> Any:
         from ordnmf_dask.store.outputs import open_log
 
         return open_log(self.baseFilename)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A record that could not be written is kept as the command's failure (reported by
+        :func:`log_file_failure` in one line, exit 2), not printed as a traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError) and self.failure is None:
+            self.failure = exc
+        elif not isinstance(exc, OSError):
+            super().handleError(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as exc:
+            self.failure = self.failure or exc
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:
+            self.failure = self.failure or exc
+
+
+def log_file_failure() -> str | None:
+    """Why the command's log file could not be written (its path and the reason), or None:
+    a log that lost records is an output that failed, reported as one (exit 2)."""
+    for handler in log.handlers:
+        if isinstance(handler, LogFile):
+            handler.flush()
+            if handler.failure is not None:
+                reason = handler.failure.strerror or handler.failure
+                return f"cannot write the log file {handler.baseFilename}: {reason}"
+    return None
 
 
 def silence_dask() -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ordnmf_dask.errors import InputError, UsageError
-from ordnmf_dask.sources.infile import open_input_file
+from ordnmf_dask.sources.infile import check_row_groups, open_input_file, open_parquet
 from ordnmf_dask.sources.inputs import is_parquet
 
 BLOCK_BYTES = 1 << 20  # text parsed at a time
@@ -83,6 +83,9 @@ class PairsFile:
                             raise InputError(f"{self.where(first + j)}: no id in column {name!r}")
                 yield first, picked[0], picked[1]
                 first += batch.num_rows
+        except UnicodeDecodeError:  # pyarrow decodes the header's column names itself
+            what = ": its column names are" if is_parquet(self.path) else ", line 1: the header is"
+            raise InputError(f"{self.path}{what} not UTF-8 text") from None
         except (OSError, pa.ArrowException) as exc:
             detail = " ".join(str(exc).split())
             raise InputError(f"{self.path}: cannot read the pairs ({detail})") from None
@@ -113,10 +116,9 @@ class PairsFile:
         import pyarrow as pa
 
         if is_parquet(self.path):
-            import pyarrow.parquet as pq
-
             with open_input_file(self.path, "pairs file") as fh:
-                parquet = pq.ParquetFile(fh)
+                parquet = open_parquet(fh, self.path)
+                check_row_groups(parquet.metadata, self.path)
                 wanted = self._names(parquet.schema_arrow.names)
                 batches = parquet.iter_batches(BATCH_ROWS, columns=wanted, use_threads=False)
                 for batch in batches:

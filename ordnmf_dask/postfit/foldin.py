@@ -311,14 +311,23 @@ def _numbers(values: list[Any]) -> np.ndarray:
         raise InputError("interaction values must be real numbers") from None
 
 
-def warn_unconverged(result: FoldIn, noun: str, max_iter: int, tol: float, block: CsrBlock) -> None:
+def warn_unconverged(
+    result: FoldIn,
+    noun: str,
+    max_iter: int,
+    tol: float,
+    block: CsrBlock,
+    names: Sequence[Any] | None = None,
+) -> None:
     """Warn about the new rows (of ``block``) whose fold-in did not converge; rows without any
     interaction are named apart: they have nothing to fit (their factors only shrink towards 0
-    under the prior), which is no failure to converge."""
+    under the prior), which is no failure to converge. ``names``: the rows' raw ids, which the
+    warning gives (default: their positions)."""
     empty = np.diff(block.indptr) == 0
     if empty.any():
         rows = np.flatnonzero(empty)
-        listed = ", ".join(str(j) for j in rows[:5]) + (" ..." if rows.size > 5 else "")
+        shown_rows = [str(j) if names is None else repr(names[j]) for j in rows[:5].tolist()]
+        listed = ", ".join(shown_rows) + (" ..." if rows.size > 5 else "")
         log.warning(
             "fold-in: %d new %s without any interaction (%s): nothing to fit, their factors "
             "only reflect the prior",

@@ -32,7 +32,7 @@ from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.export import Plan, open_target, part_name, write_export
 from ordnmf_dask.postfit.serving import server
 from ordnmf_dask.postfit.topn import open_pair
-from ordnmf_dask.sources.infile import open_input_file
+from ordnmf_dask.sources.infile import check_row_groups, open_input_file, open_parquet
 from ordnmf_dask.sources.inputs import expand_inputs
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ CHUNK_BUDGET = 256 << 20  # bytes of factor chunks a task keeps
 
 def _open_parquet(path: str) -> pq.ParquetFile:
     """The pairs file ``path`` opened by the one opener of inputs (a regular file only)."""
-    return pq.ParquetFile(open_input_file(path, "pairs file"))
+    return open_parquet(open_input_file(path, "pairs file"), path)
 
 
 def input_groups(paths: Sequence[str]) -> list[tuple[str, int, int]]:
@@ -58,6 +58,7 @@ def input_groups(paths: Sequence[str]) -> list[tuple[str, int, int]]:
             meta = _open_parquet(path).metadata
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+        check_row_groups(meta, path)
         names = meta.schema.to_arrow_schema().names
         missing = [c for c in COLUMNS if c not in names]
         if missing:

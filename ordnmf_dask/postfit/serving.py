@@ -586,11 +586,13 @@ class Server:
         max_iter: int = 500,
         tol: float = 1e-6,
         seed: int | None = None,
+        new_ids: Sequence[Any] | None = None,
     ) -> np.ndarray:
         """E[.] of NEW rows of ``axis`` ("users" or "items") from their interactions with the
         existing other side, which stays fixed with the thresholds (as
         :func:`ordnmf_dask.postfit.foldin.fold_in`, in memory; ``ids`` are the other side's raw
-        ids). Returns (n_new, K) float64, in the order given."""
+        ids; ``new_ids``, the new rows' own raw ids, name them in warnings). Returns (n_new, K)
+        float64, in the order given."""
         settings = validate_call("fold_in", {"max_iter": max_iter, "tol": tol, "seed": seed})
         max_iter, tol, seed = settings["max_iter"], settings["tol"], settings["seed"]
         new, other = ("user", "item") if axis == "users" else ("item", "user")
@@ -619,7 +621,7 @@ class Server:
                 tol=tol,
                 seed=seed,
             )
-        foldin.warn_unconverged(result, axis, max_iter, tol, block)
+        foldin.warn_unconverged(result, axis, max_iter, tol, block, new_ids)
         return result.mean
 
 

@@ -28,6 +28,10 @@ _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 #: Bytes of a job file or a lock file: far above any real one, far below a memory bomb.
 SMALL_FILE = 16 << 20
 
+#: Bytes of a Parquet file's footer metadata: far above a real one (a few MiB for thousands of
+#: row groups), far below a memory bomb.
+PARQUET_METADATA = 64 << 20
+
 
 def _refuse(path: str, what: str, kind: str) -> InputError:
     if kind == "a directory":
@@ -146,3 +150,52 @@ def read_npz(
         except READ_ERRORS as exc:
             raise InputError(f"{path}: not a readable .npz file ({exc})") from None
     return out
+
+
+def open_parquet(handle: Any, path: str) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` on the open, seekable ``handle`` of ``path`` (from
+    :func:`open_input_file`), once its footer is checked before pyarrow reads it: the file
+    ends with ``PAR1`` and the metadata length it claims fits both in the file and under
+    :data:`PARQUET_METADATA`. InputError naming the file otherwise."""
+    import pyarrow.parquet as pq
+
+    try:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - 8))
+        tail = handle.read(8)
+        handle.seek(0)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    if size < 12 or tail[4:] != b"PAR1":
+        raise InputError(f"{path}: not a readable Parquet file (no PAR1 footer at its end)")
+    claimed = int.from_bytes(tail[:4], "little")
+    if claimed > min(size - 12, PARQUET_METADATA):
+        bound = "more than the file holds" if claimed > size - 12 else "more than any real one"
+        raise InputError(
+            f"{path}: not a readable Parquet file (its footer claims {claimed} bytes of "
+            f"metadata, {bound}: {size} bytes in the file, at most {PARQUET_METADATA} read)"
+        )
+    try:
+        return pq.ParquetFile(handle)
+    except (OSError, ValueError) as exc:  # pyarrow.ArrowException subclasses these
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def check_row_groups(metadata: Any, path: str) -> None:
+    """InputError naming the file and row group whose metadata claims more bytes (uncompressed)
+    than this process can allocate, or a negative size or row count, before any is read."""
+    from ordnmf_dask.runtime.memory import memory_room, size_text
+
+    room, what = memory_room()
+    for group in range(metadata.num_row_groups):
+        meta = metadata.row_group(group)
+        if meta.num_rows < 0 or meta.total_byte_size < 0:
+            raise InputError(
+                f"{path}, row group {group}: its metadata claims {meta.num_rows} rows and "
+                f"{meta.total_byte_size} bytes"
+            )
+        if meta.total_byte_size > room:
+            raise InputError(
+                f"{path}, row group {group}: claims {size_text(meta.total_byte_size)} "
+                f"uncompressed, more than the {size_text(room)} {what}"
+            )

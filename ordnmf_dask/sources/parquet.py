@@ -27,6 +27,7 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import float_ids
+from ordnmf_dask.sources.infile import check_row_groups, open_parquet
 from ordnmf_dask.sources.origin import Origin, RowGroups
 from ordnmf_dask.sources.text import (
     Column,
@@ -55,12 +56,8 @@ def _pyarrow(path: str) -> tuple[Any, Any]:
 
 
 def _open(path: str) -> Any:
-    _, pq = _pyarrow(path)
-    handle = open_input(path, compression=None)
-    try:
-        return pq.ParquetFile(handle)
-    except (OSError, ValueError) as exc:  # pyarrow.ArrowException subclasses these
-        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    _pyarrow(path)
+    return open_parquet(open_input(path, compression=None), path)
 
 
 @dataclass(frozen=True)
@@ -121,6 +118,7 @@ def parquet_format_of(path: str, columns: tuple[Column, Column, Column]) -> Parq
     plain = [pf.schema_arrow.field(name).type for name in resolved]
     types = tuple(str(t.value_type if pa.types.is_dictionary(t) else t) for t in plain)
     meta = pf.metadata
+    check_row_groups(meta, path)
     counts = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
     starts = tuple(int(x) for x in np.cumsum((0, *counts))[:-1])  # none without row groups
     return ParquetFormat(path, tuple(resolved), types, starts, counts)  # type: ignore[arg-type]

@@ -238,18 +238,30 @@ def local_files(root: str) -> list[str]:
     return sorted(found)
 
 
+#: Bytes of one ``zarr.json`` of a store, model or checkpoint: far above a real one (a few KiB
+#: to MiB), far below what zarr would read whole into memory as a bomb.
+META_BYTES = 64 << 20
+
+
 def check_tree(root: str, what: str) -> None:
     """StoreError unless the local directory ``root`` (a store or model about to be read) is
     safe to read through zarr, which follows links and blocks on a FIFO: no FIFO, socket or
-    device anywhere in it, and no symbolic link where a part of its zarr hierarchy is (a
-    ``zarr.json``, anything under a chunk directory ``c/``, or a link to a directory holding a
-    ``zarr.json``). Links elsewhere (a user's notes) are left alone: they are never read."""
+    device anywhere in it, no ``zarr.json`` larger than :data:`META_BYTES`, and no symbolic
+    link where a part of its zarr hierarchy is (a ``zarr.json``, anything under a chunk
+    directory ``c/``, or a link to a directory holding a ``zarr.json``). Links elsewhere (a
+    user's notes) are left alone: they are never read."""
     if is_url(root):
         return
     for d, dirs, names in os.walk(root):
         for n in [*dirs, *names]:
             full = os.path.join(d, n)
-            mode = os.lstat(full).st_mode
+            st = os.lstat(full)
+            mode = st.st_mode
+            if n == META and stat.S_ISREG(mode) and st.st_size > META_BYTES:
+                raise StoreError(
+                    f"{full}: {st.st_size} bytes of zarr metadata in the {what} {root}, more "
+                    f"than the {META_BYTES} any holds; refusing to read it"
+                )
             if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
                 continue
             rel = os.path.relpath(full, root)

@@ -83,10 +83,10 @@ def _shown(path: str | os.PathLike, loc: str) -> str:
     """How a refusal names the output: its real location, after the path the user typed when
     a link leads elsewhere (``typed (a link to real)``)."""
     typed = os.fspath(path)
-    if locations.is_url(loc) or "://" in typed:
+    if locations.is_url(loc):
         return loc
-    typed = os.path.abspath(typed)
-    return loc if typed == loc else f"{typed} (a link to {loc})"
+    local = os.path.abspath(typed.split("://", 1)[1] if "://" in typed else typed)
+    return loc if local == loc else f"{typed if '://' in typed else local} (a link to {loc})"
 
 
 def check_apart(outputs: Mapping[str, str | os.PathLike | None]) -> None:
