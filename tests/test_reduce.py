@@ -67,14 +67,17 @@ def _paren(a: str, b: str) -> str:
     return f"({a} {b})"
 
 
+@pytest.mark.parametrize("levels", [1, 2, 3])
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 8, 13])
-def test_one_tree_for_tree_reduce_and_map_reduce(n):
-    """The engine's reductions (``tree_reduce``) and the ingest's (``Runner.map_reduce``) walk
-    the same tree, which pairs neighbours level by level: a combine that records its pairing
-    gives one string for both, and for 7 leaves ((0 1) (2 3)) ((4 5) 6)."""
+def test_one_tree_for_tree_reduce_and_map_reduce(n, levels, monkeypatch):
+    """The engine's reductions (``tree_reduce``, whatever the levels folded per task) and the
+    ingest's (``Runner.map_reduce``) walk the same tree, which pairs neighbours level by level:
+    a combine that records its pairing gives one string for both, and for 7 leaves
+    ((0 1) (2 3)) ((4 5) 6)."""
     from ordnmf_dask.runtime.inprocess import InProcessClient
     from ordnmf_dask.runtime.runner import Runner
 
+    monkeypatch.setattr(reduce, "LEVELS", levels)
     with InProcessClient(2) as threads:
         leaves = [threads.submit(str, j) for j in range(n)]
         engine = reduce.tree_reduce(threads, leaves, _paren).result()
@@ -88,3 +91,23 @@ def test_one_tree_for_tree_reduce_and_map_reduce(n):
             [level[-1]] if len(level) % 2 else []
         )
     assert engine == level[0]
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize("n", [2, 4, 7, 8, 9, 16, 64, 65])
+def test_grouped_fold_takes_fewer_dependent_steps(n, levels):
+    """``fold_grouped`` folds ``levels`` levels of the one tree per node: the same result as
+    ``fold``, each node of at most 2**levels inputs, and ceil(depth / levels) nodes along the
+    longest chain (the tree over n leaves has depth ceil(log2 n))."""
+    sizes: list[int] = []
+
+    def node(shape: reduce.Shape, values: list[tuple[str, int]]) -> tuple[str, int]:
+        sizes.append(len(values))
+        text = reduce.evaluate(lambda a, b: (_paren(a[0], b[0]), 0), shape, (), *values)[0]
+        return text, 1 + max(chain for _, chain in values)
+
+    text, chain = reduce.fold_grouped(n, lambda j: (str(j), 0), node, levels)
+    assert text == reduce.fold(n, str, _paren)
+    assert max(sizes) <= 2**levels
+    depth = (n - 1).bit_length()
+    assert chain == -(-depth // levels)

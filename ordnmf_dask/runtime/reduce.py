@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # a client is a distributed.Client or an in-process one (.inp
 
 
 PRIORITY = 1  # of combining tasks; Dask's default is 0
+# levels of the tree one combining task folds (:func:`tree_reduce`): up to 8 inputs a task, so
+# the sums over the user-blocks or item-blocks of grids up to 8 x 8 take one hop, not three
+LEVELS = 3
 
 T = TypeVar("T")
 
@@ -41,6 +44,65 @@ def _node(lo: int, hi: int, leaf: Callable[[int], T], combine: Callable[[T, T], 
     return combine(_node(lo, mid, leaf, combine), _node(mid, hi, leaf, combine))
 
 
+Shape: TypeAlias = "int | tuple[Shape, Shape]"
+"""The top levels of a node of :func:`fold`'s tree, evaluated in one task: an input's index
+among the task's values, or a pair of shapes combined."""
+
+
+def fold_grouped(
+    n: int,
+    leaf: Callable[[int], T],
+    node: Callable[[Shape, list[T]], T],
+    levels: int,
+) -> T:
+    """:func:`fold`'s tree over ``leaf(0) .. leaf(n - 1)``, ``levels`` of its levels per
+    ``node(shape, values)``: one node (a task) folds up to ``2**levels`` values (leaves, or
+    nodes below it) along the same pairing. The same tree as :func:`fold`, walked depth first
+    likewise, with ``levels`` times fewer dependent steps."""
+    if n < 1:
+        raise ValueError("a reduction of nothing")
+    if n == 1:
+        return leaf(0)
+    return _group(0, n, leaf, node, levels)
+
+
+def _group(
+    lo: int, hi: int, leaf: Callable[[int], T], node: Callable[[Shape, list[T]], T], levels: int
+) -> T:
+    """The node of :func:`fold_grouped` over leaves [lo, hi) (several leaves)."""
+    values: list[T] = []
+    shape = _expand(lo, hi, levels, leaf, node, levels, values)
+    return node(shape, values)
+
+
+def _expand(
+    lo: int,
+    hi: int,
+    depth: int,
+    leaf: Callable[[int], T],
+    node: Callable[[Shape, list[T]], T],
+    levels: int,
+    values: list[T],
+) -> Shape:
+    """The shape of fold's node [lo, hi) down ``depth`` levels, its inputs appended to
+    ``values``: leaves, and the nodes (of their own ``levels``) where the depth runs out."""
+    if hi - lo == 1 or depth == 0:
+        values.append(leaf(lo) if hi - lo == 1 else _group(lo, hi, leaf, node, levels))
+        return len(values) - 1
+    mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+    left = _expand(lo, mid, depth - 1, leaf, node, levels, values)
+    return left, _expand(mid, hi, depth - 1, leaf, node, levels, values)
+
+
+def evaluate(combine: Callable[..., Any], shape: Shape, args: tuple[Any, ...], *values: Any) -> Any:
+    """On a worker: the node ``shape`` of :func:`fold_grouped` over ``values``, combined with
+    ``combine(a, b, *args)`` depth first (one partial per level held)."""
+    if isinstance(shape, int):
+        return values[shape]
+    a = evaluate(combine, shape[0], args, *values)
+    return combine(a, evaluate(combine, shape[1], args, *values), *args)
+
+
 def tree_reduce(
     client: Client,
     futures: Sequence[Future],
@@ -48,19 +110,24 @@ def tree_reduce(
     *args: Any,
     at: dict[str, Any] | None = None,
 ) -> Future:
-    """Reduce with ``combine(a, b, *args)`` along the fixed tree (:func:`fold`) over ``futures``.
+    """Reduce with ``combine(a, b, *args)`` along the fixed tree (:func:`fold`) over ``futures``,
+    ``LEVELS`` of its levels per task (:func:`fold_grouped`): a reduction of up to
+    ``2**LEVELS`` inputs is one task, one hop, where a task per pair would be ``LEVELS``.
 
     The combining tasks run before any task of normal priority that is ready at the same time,
-    so partial results are folded in as soon as two exist instead of piling up on the workers
-    while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak memory).
+    so partial results are folded in as soon as a node's inputs exist instead of piling up on
+    the workers while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak
+    memory, and a combining task holds at most ``2**LEVELS`` of them and one per level).
     ``at``: ``submit`` keywords of every combining task (where the sum is wanted); placement
     only, the tree is the same.
     """
-    return fold(
-        len(futures),
-        futures.__getitem__,
-        lambda a, b: client.submit(combine, a, b, *args, priority=PRIORITY, **(at or {})),
-    )
+
+    def node(shape: Shape, values: list[Any]) -> Future:
+        return client.submit(
+            evaluate, combine, shape, args, *values, priority=PRIORITY, **(at or {})
+        )
+
+    return fold_grouped(len(futures), futures.__getitem__, node, LEVELS)
 
 
 Field = str | int | tuple[str | int, ...] | list[Any] | None
