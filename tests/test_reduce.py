@@ -42,8 +42,11 @@ def test_tree_sums_of_fields_tuples_and_items(client, n):
     np.testing.assert_allclose(small, sum(o.small for o in objs), rtol=1e-15)
 
 
-def test_tree_sum_order_is_fixed(client):
-    """The pairing depends on the input order only: ((x0 + x1) + (x2 + x3)) + x4."""
+@pytest.mark.parametrize("levels", [1, 3])
+def test_tree_sum_order_is_fixed(client, levels, monkeypatch):
+    """The pairing depends on the input order only, not on the levels a task folds:
+    ((x0 + x1) + (x2 + x3)) + x4."""
+    monkeypatch.setattr(reduce, "LEVELS", levels)
     xs = [np.array([v]) for v in (1e16, 1.0, -1e16, 1.0, 3.0)]
     futs = [client.submit(np.copy, x) for x in xs]
     got = client.gather(reduce.tree_sum(client, futs))
