@@ -81,7 +81,7 @@ def _depth(n: int) -> int:
 def _adds(n: int) -> int:
     """Combining tasks of a reduction over n inputs (the nodes of ``reduce.fold_grouped``)."""
     nodes: list[None] = []
-    reduce.fold_grouped(n, lambda j: None, lambda shape, values: nodes.append(None), reduce.LEVELS)
+    reduce.fold_grouped(n, lambda j: None, lambda *node: nodes.append(None), reduce.LEVELS)
     return len(nodes)
 
 
@@ -141,15 +141,18 @@ def predict(
             recv[pass_][dst] += size
 
     def tree(pass_: str, locs: list[str], size: float, dst: str | None) -> str:
-        """The fixed tree of adds over partials at ``locs`` (``reduce.fold_grouped``: a
-        combining task runs where its first input is, the others sent there), then to ``dst``;
-        returns where the sum ends."""
+        """The fixed tree of adds over partials at ``locs`` (``reduce.fold_grouped`` with the
+        inputs' homes: a subtree of one worker's partials added there, any other combining task
+        where its first input is, the others sent there), then to ``dst``; returns where the
+        sum ends."""
 
-        def node(shape: reduce.Shape, values: list[str]) -> str:
+        def node(shape: reduce.Shape, values: list[str], where: object) -> str:
             recv[pass_][values[0]] += size * sum(v != values[0] for v in values[1:])
             return values[0]
 
-        end = reduce.fold_grouped(len(locs), locs.__getitem__, node, reduce.LEVELS)
+        end = reduce.fold_grouped(
+            len(locs), locs.__getitem__, node, reduce.LEVELS, locs.__getitem__
+        )
         if dst is not None and end != dst:
             recv[pass_][dst] += size
         return end

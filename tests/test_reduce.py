@@ -104,7 +104,7 @@ def test_grouped_fold_takes_fewer_dependent_steps(n, levels):
     longest chain (the tree over n leaves has depth ceil(log2 n))."""
     sizes: list[int] = []
 
-    def node(shape: reduce.Shape, values: list[tuple[str, int]]) -> tuple[str, int]:
+    def node(shape: reduce.Shape, values: list[tuple[str, int]], where) -> tuple[str, int]:
         sizes.append(len(values))
         text = reduce.evaluate(lambda a, b: (_paren(a[0], b[0]), 0), shape, (), *values)[0]
         return text, 1 + max(chain for _, chain in values)
@@ -114,3 +114,34 @@ def test_grouped_fold_takes_fewer_dependent_steps(n, levels):
     assert max(sizes) <= 2**levels
     depth = (n - 1).bit_length()
     assert chain == -(-depth // levels)
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_grouped_fold_adds_one_workers_subtrees_there(levels):
+    """With the leaves' homes, a subtree whose leaves all live on one worker (below a node whose
+    leaves do not) is a node of its own on that worker: partials are added where they live
+    before they move. The tree, and so the result, is fold's."""
+    homes = ["a", "a", "a", "a", "b", "b", "c", "a"]
+    seen: list[tuple[str, object]] = []
+
+    def node(shape: reduce.Shape, values: list[str], where) -> str:
+        text = reduce.evaluate(_paren, shape, (), *values)
+        seen.append((text, where))
+        return text
+
+    text = reduce.fold_grouped(len(homes), str, node, levels, homes.__getitem__)
+    assert text == reduce.fold(len(homes), str, _paren)
+    assert ("((0 1) (2 3))", "a") in seen  # leaves 0-3 on worker a: summed there
+    assert ("(4 5)", "b") in seen
+    assert seen[-1] == (text, None)  # the root goes where the caller places it
+    assert all(where is None for t, where in seen if "6" in t)  # nodes spanning b, c and a
+
+
+def test_tree_sum_with_homes_is_the_same_sum(client):
+    """``homes`` moves where the adds run, not what they add: bitwise the sum without them."""
+    workers = sorted(client.scheduler_info()["workers"])
+    at = [{"workers": [workers[j * 2 // 7]], "allow_other_workers": True} for j in range(7)]
+    futs = [client.submit(make, s, pure=False, **at[j]) for j, s in enumerate(range(7))]
+    plain = client.gather(reduce.tree_sum(client, futs, "sw"))
+    placed = client.gather(reduce.tree_sum(client, futs, "sw", homes=at))
+    np.testing.assert_array_equal(placed, plain)

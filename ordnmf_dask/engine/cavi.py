@@ -287,14 +287,21 @@ class CaviRunner:
         # (SW, small) of each user-block, one tree per user-block; not lazy: a strip's result
         # also holds its SH parts (n_items x K over the strip), which must not stay in memory
         # until the next W update consumes SW
-        rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
+        rows = [
+            tree_sum(client, row, ["sw", "small"], homes=home[r]) for r, row in enumerate(stats)
+        ]
         sw = [reduce.item(x, 0) for x in rows]
         # one tree per item-block, its adds on the H chunk's worker: each strip's part of an
         # item-block moves once, to where the next H update needs it (the same pairing, item
         # by item, as one tree over the tuples of a run's parts)
         sh = [
             tree_sum(
-                client, [row[g] for row in stats], ("sh", j), lazy=True, at=self._home["col"][c]
+                client,
+                [row[g] for row in stats],
+                ("sh", j),
+                lazy=True,
+                at=self._home["col"][c],
+                homes=[home[r][g] for r in range(len(stats))],
             )
             for g, group in enumerate(self.groups)
             for j, c in enumerate(group)
@@ -321,6 +328,7 @@ class CaviRunner:
                     for g in range(len(self.groups))
                 ],
                 lazy=True,
+                homes=home[r],
             )
             for r, row in enumerate(self.blocks)
         ]
@@ -346,6 +354,7 @@ class CaviRunner:
                 ],
                 lazy=True,
                 at=self._home["col"][c],
+                homes=[home[i][c] for i in range(len(self.row_runs))],
             )
             for c in range(self.store.grid[1])
         ]
@@ -384,7 +393,7 @@ class CaviRunner:
             )
             for r in range(len(st.w))
         ]
-        w_sum = tree_sum(client, w, "summary")
+        w_sum = tree_sum(client, w, "summary", homes=self._home["row"])
         corr_h = self._col_corrections(params, w) if fam.uses_correction else [None] * len(st.h)
         h = [
             submit(
@@ -400,7 +409,7 @@ class CaviRunner:
             )
             for c in range(len(st.h))
         ]
-        h_sum = tree_sum(client, h, "summary")
+        h_sum = tree_sum(client, h, "summary", homes=self._home["col"])
         sw, sh, small = self._local_pass(w, h, params)
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
         return Flight(
@@ -419,7 +428,8 @@ class CaviRunner:
             return self._fused("start", [{"w": w, "h": h, "params": params}], 0)
         sw, sh, small = self._local_pass(w, h, params)
         client = self.client
-        w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
+        w_sum = tree_sum(client, w, "summary", homes=self._home["row"])
+        h_sum = tree_sum(client, h, "summary", homes=self._home["col"])
         return Flight(w, h, sw, sh, params, small, w_sum, h_sum, None)
 
     def extrapolation(
