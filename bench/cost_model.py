@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, MAX_STRIP_ROWS, homes, runs
+from ordnmf_dask.runtime import reduce
 
 F64 = 8
 
@@ -72,7 +73,16 @@ class Prediction:
 
 
 def _depth(n: int) -> int:
-    return math.ceil(math.log2(n)) if n > 1 else 0
+    """Dependent combining tasks of a reduction over n inputs (``reduce.LEVELS`` levels of the
+    tree per task)."""
+    return -(-(math.ceil(math.log2(n)) if n > 1 else 0) // reduce.LEVELS)
+
+
+def _adds(n: int) -> int:
+    """Combining tasks of a reduction over n inputs (the nodes of ``reduce.fold_grouped``)."""
+    nodes: list[None] = []
+    reduce.fold_grouped(n, lambda j: None, lambda *node: nodes.append(None), reduce.LEVELS)
+    return len(nodes)
 
 
 def predict(
@@ -131,21 +141,21 @@ def predict(
             recv[pass_][dst] += size
 
     def tree(pass_: str, locs: list[str], size: float, dst: str | None) -> str:
-        """A fixed binary tree of adds over partials at ``locs`` (an add runs where its left
-        input is), then to ``dst``; returns where the sum ends."""
-        level = list(locs)
-        while len(level) > 1:
-            nxt = []
-            for j in range(0, len(level) - 1, 2):
-                if level[j + 1] != level[j]:
-                    recv[pass_][level[j]] += size
-                nxt.append(level[j])
-            if len(level) % 2:
-                nxt.append(level[-1])
-            level = nxt
-        if dst is not None and level[0] != dst:
+        """The fixed tree of adds over partials at ``locs`` (``reduce.fold_grouped`` with the
+        inputs' homes: a subtree of one worker's partials added there, any other combining task
+        where its first input is, the others sent there), then to ``dst``; returns where the
+        sum ends."""
+
+        def node(shape: reduce.Shape, values: list[str], where: object) -> str:
+            recv[pass_][values[0]] += size * sum(v != values[0] for v in values[1:])
+            return values[0]
+
+        end = reduce.fold_grouped(
+            len(locs), locs.__getitem__, node, reduce.LEVELS, locs.__getitem__
+        )
+        if dst is not None and end != dst:
             recv[pass_][dst] += size
-        return level[0]
+        return end
 
     def owner_sum(pass_: str, locs: list[str], c: int) -> None:
         """The partials of item-block c at ``locs`` added on its H chunk's worker: each one not
@@ -164,19 +174,19 @@ def predict(
     for r in range(n_r):
         for g, group in enumerate(groups):
             add("W-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
-        n_tasks += len(groups) + (len(groups) - 1)
+        n_tasks += len(groups) + _adds(len(groups))
         tree("W-rate", strip[r], F64 * k * rows[r], w_home[r])
     # W update, column sums of W
     for r in range(n_r):
         add("W update", w_home[r], rates.gamma_ns * 1e-9 * rows[r] * k)
-    n_tasks += n_r + n_r + (n_r - 1)
+    n_tasks += n_r + n_r + _adds(n_r)
     if h_rate_by_rows:  # H-rate pass on the row strips: partial sums of items move, not W
         for r in range(n_r):
             for g, group in enumerate(groups):
                 add("H-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
         for g, group in enumerate(groups):
             item_sums("H-rate", g, group)
-        n_tasks += n_r * n_g + n_c * (2 * n_r - 1)
+        n_tasks += n_r * n_g + n_c * (n_r + _adds(n_r))
     else:  # column strips need the new W of their run
         for i, run in enumerate(row_runs):
             for c in range(n_c):
@@ -187,11 +197,11 @@ def predict(
         for c in range(n_c):
             locs = [col_strip[i][c] for i in range(len(row_runs))]
             owner_sum("H-rate", locs, c)
-        n_tasks += n_c * (2 * len(row_runs) - 1)
+        n_tasks += n_c * (len(row_runs) + _adds(len(row_runs)))
     # H update, column sums of H
     for c in range(n_c):
         add("H update", h_home[c], rates.gamma_ns * 1e-9 * cols[c] * k)
-    n_tasks += n_c + n_c + (n_c - 1)
+    n_tasks += n_c + n_c + _adds(n_c)
     # local pass: row strips need W_r and the new H of their group
     for r in range(n_r):
         for g, group in enumerate(groups):
@@ -203,8 +213,8 @@ def predict(
         tree("local", strip[r], F64 * k * rows[r], w_home[r])  # SW to the next W update
     for g, group in enumerate(groups):
         item_sums("local", g, group)
-    n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * (n_g - 1)  # strips, SW trees
-    n_tasks += n_c * (2 * n_r - 1) + (2 * n_r - 1) + 1  # SH trees, per-class sums, result
+    n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * _adds(n_g)  # strips, SW trees
+    n_tasks += (n_c + 1) * (n_r + _adds(n_r)) + 1  # SH trees, per-class sums, result
     kernel = {
         name: max(max(sec / threads, longest[name][j]) for j, sec in per.items())
         for name, per in load.items()

@@ -48,7 +48,8 @@ ML = ROOT.parent / "shared" / "data" / "ml-latest-small" / "ratings.csv"
 def movielens(args: argparse.Namespace, client: Any, seed: int) -> dict[str, Any]:
     """One split seed's trajectory and early-stopped fit: the row of the table."""
     from ordnmf_dask import OrdNMF
-    from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner, Validation, early_stopping
+    from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
+    from ordnmf_dask.engine.control import Validation, early_stopping
     from ordnmf_dask.model.families import OrdinalFamily
     from ordnmf_dask.modelstore.model import open_model
     from ordnmf_dask.postfit.evaluate import evaluate, score_split

@@ -1,22 +1,25 @@
-"""Seconds per CAVI iteration: one LocalCluster worker process of 2 threads against the
-in-process executor, same store, same run, side by side; on the cluster both ways the engine
-can run an iteration there: its graph of tasks, and one task per step (docs/design.md §4).
+"""Seconds per CAVI iteration: LocalClusters of several layouts against the in-process
+executor, same store, same run, side by side; on each cluster the ways the engine can run an
+iteration there (docs/design.md §4): on one worker its graph of tasks and one task per step, on
+several the graph with each number of tree levels per combining task.
 
 Usage: ``python bench/executors.py STORE [--k 50 --iters 12 --skip 2 --rounds 1]
-[--own-cluster]``.
+[--layouts 1x2 2x1] [--levels 1 3] [--own-cluster]``.
 
 Fits ``OrdNMF(K)`` on ``STORE`` (a zarr store written by ``ingest`` or ``synth``) with a fixed
-number of iterations (tol 1e-300, no checkpoints): on ``LocalCluster(n_workers=1,
-threads_per_worker=2)`` with ``engine.cavi.ONE_TASK_PER_STEP`` off (the graph) and on (the
-default), then in this process (``executor="inprocess"``, one thread per core), ``--rounds``
-times alternated, after an untimed warm-up fit on each side (numba compiles once per
-process). Prints the median seconds per iteration after the first ``--skip`` (callback
-seconds, over the rounds), the ratio to in-process, and, between the ``--skip``-th and the
-last iteration, the tasks per iteration the scheduler ran, the dependent task hops per
-iteration along the chain of Dask tasks that gated each other, and that chain's task seconds
-and waits between them (``bench/scaling.py``'s chain recorder: a step run as one task hands
-its work to the worker's executor and returns, so its pick's seconds are the step's); then
-the load average.
+number of iterations (tol 1e-300, no checkpoints): on ``LocalCluster(n_workers=W,
+threads_per_worker=T)`` for each ``--layouts`` WxT, one worker with
+``engine.cavi.ONE_TASK_PER_STEP`` off (the graph) and on (the default), several workers with
+``runtime.reduce.LEVELS`` at each ``--levels`` (1: a task per add, the tree before
+``fold_grouped``), then in this process (``executor="inprocess"``, one thread per core),
+``--rounds`` times alternated, after an untimed warm-up fit on each cluster and here (numba
+compiles once per process). Prints the median seconds per iteration after the first
+``--skip`` (callback seconds, over the rounds), the ratio to in-process, and, between the
+``--skip``-th and the last iteration, the tasks per iteration the scheduler ran, the dependent
+task hops per iteration along the chain of Dask tasks that gated each other, and that chain's
+task seconds and waits between them (``bench/scaling.py``'s chain recorder: a step run as one
+task hands its work to the worker's executor and returns, so its pick's seconds are the
+step's); then the load average.
 """
 
 from __future__ import annotations
@@ -64,18 +67,31 @@ def fit(store: str, args: argparse.Namespace, client: Any = None) -> tuple[list[
 
 
 @contextmanager
-def _cluster(own: bool) -> Iterator[Any]:
-    """A client of one worker process of 2 threads: the package's LocalCluster or a plain one."""
+def _cluster(own: bool, workers: int, threads: int) -> Iterator[Any]:
+    """A client of ``workers`` worker processes of ``threads`` threads: the package's
+    LocalCluster or a plain one."""
     from distributed import Client, LocalCluster
 
     from ordnmf_dask.runtime.cluster import resolve_client
 
     if own:
-        with resolve_client(None, 1, threads_per_worker=2) as client:
+        with resolve_client(None, workers, threads_per_worker=threads) as client:
             yield client
         return
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True) as lc, Client(lc) as c:
+    with (
+        LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True) as lc,
+        Client(lc) as c,
+    ):
         yield c
+
+
+def modes(workers: int, levels: list[int]) -> dict[str, tuple[bool, int]]:
+    """The ways to run an iteration on ``workers`` workers: name -> (one task per step, levels
+    of the reduction tree per combining task). One worker: its graph of tasks and one task per
+    step; several: the graph, with each of ``levels``."""
+    if workers == 1:
+        return {"graph of tasks": (False, levels[-1]), "one task per step": (True, levels[-1])}
+    return {f"graph, {2**n} inputs per add": (False, n) for n in levels}
 
 
 def main() -> None:
@@ -85,6 +101,20 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=12)
     ap.add_argument("--skip", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1, help="fits of each, alternated")
+    ap.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["1x2"],
+        help="clusters as WORKERSxTHREADS, e.g. 2x1 1x2 (default 1x2)",
+    )
+    ap.add_argument(
+        "--levels",
+        type=int,
+        nargs="+",
+        default=[1, 3],
+        help="on several workers, levels of the reduction tree per combining task "
+        "(runtime.reduce.LEVELS) to compare; the last also on one worker",
+    )
     ap.add_argument(
         "--own-cluster",
         action="store_true",
@@ -97,31 +127,34 @@ def main() -> None:
     from distributed import get_task_stream
 
     from ordnmf_dask.engine import cavi
+    from ordnmf_dask.runtime import reduce
 
-    modes = {"graph of tasks": False, "one task per step": True}
-    rows: dict[str, list] = {name: [[], 0.0, 0.0, 0.0, 0.0] for name in modes}
+    layouts = [tuple(int(x) for x in name.split("x")) for name in args.layouts]
+    rows: dict[str, list] = {}
     local: list[float] = []
-    with _cluster(args.own_cluster) as client:
-        client.register_plugin(ChainRecorder())
-        fit(args.store, args, client)  # warm-up: numba compiles on the worker
-        fit(args.store, args)  # and here
-        n = args.iters - args.skip
-        for _ in range(args.rounds):  # alternated, so that a change of load hits all three
-            for name, fused in modes.items():
-                cavi.ONE_TASK_PER_STEP = fused
-                with get_task_stream(client) as stream:
-                    seconds, (t0, t1) = fit(args.store, args, client)
-                tasks = sum(
-                    part["action"] == "compute" and t0 <= part["start"] and part["stop"] <= t1
-                    for task in stream.data
-                    for part in task["startstops"]
-                )
-                chain = critical_path(client.run_on_scheduler(_chain_records), t0, t1)
-                compute, waits, hops = chain
-                row = rows[name]  # the counts of the last round (they do not depend on load)
-                row[0] += seconds
-                row[1:] = [tasks / n, hops / n, 1000 * compute / n, 1000 * waits / n]
-            cavi.ONE_TASK_PER_STEP = True
+    fit(args.store, args)  # warm-up: numba compiles here
+    n = args.iters - args.skip
+    for _ in range(args.rounds):  # alternated, so that a change of load hits all of them
+        for workers, threads in layouts:
+            with _cluster(args.own_cluster, workers, threads) as client:
+                client.register_plugin(ChainRecorder())
+                fit(args.store, args, client)  # warm-up: numba compiles on the workers
+                for name, (fused, levels) in modes(workers, args.levels).items():
+                    cavi.ONE_TASK_PER_STEP, reduce.LEVELS = fused, levels
+                    with get_task_stream(client) as stream:
+                        seconds, (t0, t1) = fit(args.store, args, client)
+                    tasks = sum(
+                        part["action"] == "compute" and t0 <= part["start"] and part["stop"] <= t1
+                        for task in stream.data
+                        for part in task["startstops"]
+                    )
+                    compute, waits, hops = critical_path(
+                        client.run_on_scheduler(_chain_records), t0, t1
+                    )
+                    row = rows.setdefault(f"{workers} x {threads}, {name}", [[], 0, 0, 0, 0])
+                    row[0] += seconds  # the counts of the last round (they do not depend on load)
+                    row[1:] = [tasks / n, hops / n, 1000 * compute / n, 1000 * waits / n]
+                cavi.ONE_TASK_PER_STEP, reduce.LEVELS = True, args.levels[-1]
             local += fit(args.store, args)[0]
     p = statistics.median(local)
     print(
@@ -130,7 +163,7 @@ def main() -> None:
     )
     table = [
         [
-            f"1 worker x 2 threads, {name}",
+            name,
             f"{1000 * statistics.median(s):.1f}",
             f"{statistics.median(s) / p:.2f}x",
             f"{tasks:.1f}",
@@ -141,7 +174,7 @@ def main() -> None:
     ]
     table.append(["in-process", f"{1000 * p:.1f}", "1", "", "", ""])
     head = [
-        "executor",
+        "workers x threads, executor",
         "ms/iteration",
         "ratio",
         "tasks/iter",

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF, StoreError, ingest_arrays
-from ordnmf_dask.engine.cavi import ROUNDOFF, mean_gain
+from ordnmf_dask.engine.control import ROUNDOFF, mean_gain
 from ordnmf_dask.estimator import CaviEstimator
 
 K, ITERS, STOP, EVERY = 2, 8, 4, 3  # a stopped fit (STOP) resumes from its checkpoint at EVERY

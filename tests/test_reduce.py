@@ -42,8 +42,11 @@ def test_tree_sums_of_fields_tuples_and_items(client, n):
     np.testing.assert_allclose(small, sum(o.small for o in objs), rtol=1e-15)
 
 
-def test_tree_sum_order_is_fixed(client):
-    """The pairing depends on the input order only: ((x0 + x1) + (x2 + x3)) + x4."""
+@pytest.mark.parametrize("levels", [1, 3])
+def test_tree_sum_order_is_fixed(client, levels, monkeypatch):
+    """The pairing depends on the input order only, not on the levels a task folds:
+    ((x0 + x1) + (x2 + x3)) + x4."""
+    monkeypatch.setattr(reduce, "LEVELS", levels)
     xs = [np.array([v]) for v in (1e16, 1.0, -1e16, 1.0, 3.0)]
     futs = [client.submit(np.copy, x) for x in xs]
     got = client.gather(reduce.tree_sum(client, futs))
@@ -67,14 +70,17 @@ def _paren(a: str, b: str) -> str:
     return f"({a} {b})"
 
 
+@pytest.mark.parametrize("levels", [1, 2, 3])
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 6, 7, 8, 13])
-def test_one_tree_for_tree_reduce_and_map_reduce(n):
-    """The engine's reductions (``tree_reduce``) and the ingest's (``Runner.map_reduce``) walk
-    the same tree, which pairs neighbours level by level: a combine that records its pairing
-    gives one string for both, and for 7 leaves ((0 1) (2 3)) ((4 5) 6)."""
+def test_one_tree_for_tree_reduce_and_map_reduce(n, levels, monkeypatch):
+    """The engine's reductions (``tree_reduce``, whatever the levels folded per task) and the
+    ingest's (``Runner.map_reduce``) walk the same tree, which pairs neighbours level by level:
+    a combine that records its pairing gives one string for both, and for 7 leaves
+    ((0 1) (2 3)) ((4 5) 6)."""
     from ordnmf_dask.runtime.inprocess import InProcessClient
     from ordnmf_dask.runtime.runner import Runner
 
+    monkeypatch.setattr(reduce, "LEVELS", levels)
     with InProcessClient(2) as threads:
         leaves = [threads.submit(str, j) for j in range(n)]
         engine = reduce.tree_reduce(threads, leaves, _paren).result()
@@ -88,3 +94,54 @@ def test_one_tree_for_tree_reduce_and_map_reduce(n):
             [level[-1]] if len(level) % 2 else []
         )
     assert engine == level[0]
+
+
+@pytest.mark.parametrize("levels", [1, 2, 3])
+@pytest.mark.parametrize("n", [2, 4, 7, 8, 9, 16, 64, 65])
+def test_grouped_fold_takes_fewer_dependent_steps(n, levels):
+    """``fold_grouped`` folds ``levels`` levels of the one tree per node: the same result as
+    ``fold``, each node of at most 2**levels inputs, and ceil(depth / levels) nodes along the
+    longest chain (the tree over n leaves has depth ceil(log2 n))."""
+    sizes: list[int] = []
+
+    def node(shape: reduce.Shape, values: list[tuple[str, int]], where) -> tuple[str, int]:
+        sizes.append(len(values))
+        text = reduce.evaluate(lambda a, b: (_paren(a[0], b[0]), 0), shape, (), *values)[0]
+        return text, 1 + max(chain for _, chain in values)
+
+    text, chain = reduce.fold_grouped(n, lambda j: (str(j), 0), node, levels)
+    assert text == reduce.fold(n, str, _paren)
+    assert max(sizes) <= 2**levels
+    depth = (n - 1).bit_length()
+    assert chain == -(-depth // levels)
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_grouped_fold_adds_one_workers_subtrees_there(levels):
+    """With the leaves' homes, a subtree whose leaves all live on one worker (below a node whose
+    leaves do not) is a node of its own on that worker: partials are added where they live
+    before they move. The tree, and so the result, is fold's."""
+    homes = ["a", "a", "a", "a", "b", "b", "c", "a"]
+    seen: list[tuple[str, object]] = []
+
+    def node(shape: reduce.Shape, values: list[str], where) -> str:
+        text = reduce.evaluate(_paren, shape, (), *values)
+        seen.append((text, where))
+        return text
+
+    text = reduce.fold_grouped(len(homes), str, node, levels, homes.__getitem__)
+    assert text == reduce.fold(len(homes), str, _paren)
+    assert ("((0 1) (2 3))", "a") in seen  # leaves 0-3 on worker a: summed there
+    assert ("(4 5)", "b") in seen
+    assert seen[-1] == (text, None)  # the root goes where the caller places it
+    assert all(where is None for t, where in seen if "6" in t)  # nodes spanning b, c and a
+
+
+def test_tree_sum_with_homes_is_the_same_sum(client):
+    """``homes`` moves where the adds run, not what they add: bitwise the sum without them."""
+    workers = sorted(client.scheduler_info()["workers"])
+    at = [{"workers": [workers[j * 2 // 7]], "allow_other_workers": True} for j in range(7)]
+    futs = [client.submit(make, s, pure=False, **at[j]) for j, s in enumerate(range(7))]
+    plain = client.gather(reduce.tree_sum(client, futs, "sw"))
+    placed = client.gather(reduce.tree_sum(client, futs, "sw", homes=at))
+    np.testing.assert_array_equal(placed, plain)

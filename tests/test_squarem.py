@@ -12,7 +12,7 @@ from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client, LocalCluster
 
 from ordnmf_dask import PF, BePoF, DcPF, OrdNMF
-from ordnmf_dask.engine.cavi import mean_gain
+from ordnmf_dask.engine.control import mean_gain
 from ordnmf_dask.model import extrapolation
 from ordnmf_dask.modelstore.model import open_model
 

@@ -12,7 +12,7 @@ import zarr
 
 from ordnmf_dask import BePoF, OrdNMF
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.engine.cavi import early_stopping
+from ordnmf_dask.engine.control import early_stopping
 from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.modelstore.model import open_model

@@ -43,10 +43,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.engine import checkpoint, tasks
-from ordnmf_dask.engine.flight import PARTS, Flight
+from ordnmf_dask.engine.control import (
+    CheckpointPolicy,
+    EarlyStopping,
+    StopRule,
+    Validation,
+    mean_gain,
+)
+from ordnmf_dask.engine.flight import PARTS, Flight, chunks_of
 from ordnmf_dask.engine.snapshot import Layout, Snapshot
 from ordnmf_dask.engine.squarem import Squarem
-from ordnmf_dask.errors import CheckpointError, ELBODecreaseError, InputError, shown
+from ordnmf_dask.errors import CheckpointError, InputError
 from ordnmf_dask.model import anneal, extrapolation
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock
@@ -64,7 +71,6 @@ log = logging.getLogger(__name__)
 # on one worker, each step of a fit is one task (:func:`run_step`); off, its graph of tasks is
 # submitted as on many workers (bench/executors.py measures both)
 ONE_TASK_PER_STEP = True
-ROUNDOFF = 1e-10  # relative ELBO decrease tolerated as floating-point round-off
 FIRST_NOTICE_SECONDS = 10.0  # a first iteration running longer is explained in the log
 
 
@@ -141,46 +147,6 @@ class IterationInfo:
 
 
 IterationCallback = Callable[[IterationInfo], bool | None]
-
-
-@dataclass(frozen=True)
-class Validation:
-    """Validation during a fit: ``score(w, h, params)`` gives the figures of a state (its
-    factor-chunk futures and global parameters) as a dict whose float ``metric`` is higher when
-    better. Evaluated every ``every`` iterations and at the last one; :func:`early_stopping`
-    with ``patience`` and ``window`` says when to stop early and which evaluated state is the
-    fit's result, whatever stopped it."""
-
-    score: Callable[[list[Future], list[Future], Any], dict[str, Any]]
-    every: int
-    patience: int
-    window: int = 1
-
-
-def mean_gain(elbo: list[float], window: int) -> float:
-    """The relative ELBO gain per iteration over the last ``window`` iterations (fewer at the
-    start; inf after the first): the stopping rule compares it with tol."""
-    if len(elbo) < 2:
-        return math.inf
-    back = min(window, len(elbo) - 1)
-    return (elbo[-1] - elbo[-1 - back]) / (back * abs(elbo[-1 - back]))
-
-
-def early_stopping(scores: list[float], patience: int, window: int = 1) -> tuple[int, bool]:
-    """The early-stopping rule on the validation scores so far (higher is better): the index of
-    the evaluation whose state is kept, and whether the fit stops now.
-
-    Each score is smoothed as the mean of the last ``window`` scores up to it (fewer at the
-    start), so that the rule follows the metric's trend rather than one evaluation's noise; the
-    kept evaluation is the first with the highest smoothed score, the newest state of the best
-    stretch. The fit stops once ``patience`` evaluations have followed it (0: never early).
-    """
-    kept, best = 0, -math.inf
-    for j in range(len(scores)):
-        smoothed = math.fsum(scores[max(0, j - window + 1) : j + 1]) / min(window, j + 1)
-        if smoothed > best:
-            kept, best = j, smoothed
-    return kept, bool(patience) and len(scores) - 1 - kept >= patience
 
 
 class CaviRunner:
@@ -321,14 +287,21 @@ class CaviRunner:
         # (SW, small) of each user-block, one tree per user-block; not lazy: a strip's result
         # also holds its SH parts (n_items x K over the strip), which must not stay in memory
         # until the next W update consumes SW
-        rows = [tree_sum(client, row, ["sw", "small"]) for row in stats]
+        rows = [
+            tree_sum(client, row, ["sw", "small"], homes=home[r]) for r, row in enumerate(stats)
+        ]
         sw = [reduce.item(x, 0) for x in rows]
         # one tree per item-block, its adds on the H chunk's worker: each strip's part of an
         # item-block moves once, to where the next H update needs it (the same pairing, item
         # by item, as one tree over the tuples of a run's parts)
         sh = [
             tree_sum(
-                client, [row[g] for row in stats], ("sh", j), lazy=True, at=self._home["col"][c]
+                client,
+                [row[g] for row in stats],
+                ("sh", j),
+                lazy=True,
+                at=self._home["col"][c],
+                homes=[home[r][g] for r in range(len(stats))],
             )
             for g, group in enumerate(self.groups)
             for j, c in enumerate(group)
@@ -355,6 +328,7 @@ class CaviRunner:
                     for g in range(len(self.groups))
                 ],
                 lazy=True,
+                homes=home[r],
             )
             for r, row in enumerate(self.blocks)
         ]
@@ -380,6 +354,7 @@ class CaviRunner:
                 ],
                 lazy=True,
                 at=self._home["col"][c],
+                homes=[home[i][c] for i in range(len(self.row_runs))],
             )
             for c in range(self.store.grid[1])
         ]
@@ -418,7 +393,7 @@ class CaviRunner:
             )
             for r in range(len(st.w))
         ]
-        w_sum = tree_sum(client, w, "summary")
+        w_sum = tree_sum(client, w, "summary", homes=self._home["row"])
         corr_h = self._col_corrections(params, w) if fam.uses_correction else [None] * len(st.h)
         h = [
             submit(
@@ -434,7 +409,7 @@ class CaviRunner:
             )
             for c in range(len(st.h))
         ]
-        h_sum = tree_sum(client, h, "summary")
+        h_sum = tree_sum(client, h, "summary", homes=self._home["col"])
         sw, sh, small = self._local_pass(w, h, params)
         result = submit(tasks.iteration_result, fam, params, small, w_sum, h_sum)
         return Flight(
@@ -453,7 +428,8 @@ class CaviRunner:
             return self._fused("start", [{"w": w, "h": h, "params": params}], 0)
         sw, sh, small = self._local_pass(w, h, params)
         client = self.client
-        w_sum, h_sum = tree_sum(client, w, "summary"), tree_sum(client, h, "summary")
+        w_sum = tree_sum(client, w, "summary", homes=self._home["row"])
+        h_sum = tree_sum(client, h, "summary", homes=self._home["col"])
         return Flight(w, h, sw, sh, params, small, w_sum, h_sum, None)
 
     def extrapolation(
@@ -606,16 +582,110 @@ class CaviRunner:
         ``callback`` receives an :class:`IterationInfo` after each iteration and may stop the
         fit. With ``validation``, the state is scored every ``validation.every`` iterations
         (the figures go to the callback and to ``CaviState.validation``), the fit stops early
-        by :func:`early_stopping`, and the result is the state that rule keeps
-        (``best_iteration``); a resumed run's history starts at the resume.
+        by :func:`~.control.early_stopping`, and the result is the state that rule keeps
+        (``best_iteration``); a resumed run's history starts at the resume. The loop asks its
+        components (:mod:`.control`): when to checkpoint, whether the bound is sound and has
+        converged, what validation says and keeps.
         """
-        cfg, client, fam = self.cfg, self.client, self.family
+        cfg, squarem = self.cfg, self.squarem
+        cur, state, first = self._begin(init, resume, required, init_params)
+        policy = CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes)
+        rule = StopRule(cfg.tol, cfg.min_iter, cfg.anneal, self.stop_window)
+        scorer = None if validation is None else EarlyStopping(validation, cfg.anneal)
+        ahead: Flight | None = None  # iteration n + 1, submitted while n is gathered
+        pending: checkpoint.Pending | None = None  # a checkpoint being written
+        held: Flight | None = None  # the chunks of the state (:func:`chunks_of`)
+        n, start = first, time.perf_counter()
+        clock = start
+        try:
+            while n < cfg.max_iter:
+                cur = ahead if ahead is not None else self._advance(cur, n + 1)
+                last = n + 1 >= cfg.max_iter
+                if policy.take(n + 1, last, squarem is None or squarem.at_cycle_start()):
+                    pending = self._start_checkpoint(cur, n + 1)
+                ahead = None if (pending is not None or last) else self._advance(cur, n + 2)
+                res = self._first_result(cur.result) if n == first else cur.result.result()
+                state.passes += cur.passes
+                if squarem is not None and not squarem.keep(cur, res, state):
+                    cur, ahead = cur.fallback, None  # the next step goes on from the fallback
+                    squarem.restart(cur, state.elbo)
+                    if pending is not None:
+                        checkpoint.abandon(pending, finish_writes=True)
+                        pending = None
+                        policy.dropped()
+                    continue
+                n, held, state.params = n + 1, chunks_of(cur), res["params"]
+                failure = rule.record(state, n, res["elbo"], res["objective"])
+                state.converged = rule.converged(state.elbo, n)
+                stop = "tol" if state.converged else ("max_iter" if last else None)
+                seconds, figures = time.perf_counter() - clock, None
+                if scorer is not None and failure is None and scorer.due(n, stop is not None):
+                    figures, early = scorer.score(n, self.parts(cur), state)
+                    stop = stop or ("patience" if early else None)
+                clock = time.perf_counter()
+                info = self._info(n, res, state, seconds, clock - start, figures, scorer)
+                if callback is not None and callback(info):
+                    info.stop()
+                if failure is not None:
+                    raise failure
+                if stop or info.stop_requested:
+                    state.stop_reason = stop or "callback"
+                    break
+                if pending is not None:
+                    cur, pending = self._finish_checkpoint(pending, res, state), None
+                    held = chunks_of(cur)
+                    policy.taken()
+                    if squarem is not None:
+                        squarem.restart(cur, state.elbo)  # the same state, read back
+        except BaseException:
+            if pending is not None:
+                checkpoint.abandon(pending, finish_writes=False)
+            raise
+        if pending is not None:  # written for an iteration that ends the fit
+            checkpoint.abandon(pending, finish_writes=True)
+        return self._result(state, held, scorer)
+
+    def _info(
+        self,
+        n: int,
+        res: dict[str, Any],
+        state: CaviState,
+        seconds: float,
+        elapsed: float,
+        figures: dict[str, Any] | None,
+        scorer: EarlyStopping | None,
+    ) -> IterationInfo:
+        """What the callback is told of iteration ``n``, whose result is ``res``."""
+        best = None if scorer is None or scorer.best is None else scorer.best[0]
+        return IterationInfo(
+            n,
+            self.cfg.max_iter,
+            res["elbo"],
+            mean_gain(state.elbo, 1),
+            seconds,
+            elapsed,
+            res["params"],
+            figures,
+            best,
+            state.passes,
+        )
+
+    def _begin(
+        self,
+        init: Callable[[], tuple[Any, ...]] | None,
+        resume: bool,
+        required: bool,
+        init_params: Any,
+    ) -> tuple[Flight, CaviState, int]:
+        """The state a run starts from (:meth:`run`'s ``init``, ``resume``, ``required`` and
+        ``init_params``): its step, the fit's state and the iterations already done."""
+        cfg, fam = self.cfg, self.family
         snap = None
         if resume or required:
             try:
                 layout = Layout(self._rows(), cfg.n_components, fam, cfg.max_iter)
                 groups, snap, path = checkpoint.read_newest(
-                    client, self.checkpoint_dir, layout, self.fingerprint, self.checkpoint_tag
+                    self.client, self.checkpoint_dir, layout, self.fingerprint, self.checkpoint_tag
                 )
                 log.info("resuming from %s (iteration %d)", path, snap.iteration)
             except CheckpointError as exc:
@@ -642,137 +712,24 @@ class CaviRunner:
             first = 0
         if self.squarem is not None:
             self.squarem.restart(cur, state.elbo)
-        owed = False  # a checkpoint due at an extrapolated step, taken at the next plain one
-        last_checkpoint = time.monotonic()
-        ahead: Flight | None = None  # iteration n + 1, submitted while n is gathered
-        clock = start = time.perf_counter()
-        n = first
-        pending: checkpoint.Pending | None = None  # a checkpoint being written
-        best: tuple[int, Flight, Any] | None = None  # the state validation keeps
-        held: Flight | None = None  # the chunks of the state (:func:`chunks_of`)
-        try:
-            while n < cfg.max_iter:
-                cur = ahead if ahead is not None else self._advance(cur, n + 1)
-                due = bool(self.checkpoint_every) and (n + 1) % self.checkpoint_every == 0
-                late = self.checkpoint_minutes is not None and (
-                    time.monotonic() - last_checkpoint >= 60 * self.checkpoint_minutes
-                )
-                last = n + 1 >= cfg.max_iter
-                # after the last one, the result is saved; a checkpoint holds one state, so
-                # SQUAREM takes it at the start of a cycle (the trajectory does not depend on
-                # when checkpoints are taken, nor on whether they are)
-                cycle_start = self.squarem is None or self.squarem.at_cycle_start()
-                take = (due or late or owed) and not last and cycle_start
-                owed = (due or owed) and not take
-                if take:
-                    pending = self._start_checkpoint(cur, n + 1)
-                ahead = None if (take or last) else self._advance(cur, n + 2)
-                res = self._first_result(cur.result) if n == first else cur.result.result()
-                elbo, objective, params = res["elbo"], res["objective"], res["params"]
-                state.passes += cur.passes
-                if self.squarem is not None and not self.squarem.keep(cur, res, state):
-                    cur, ahead = cur.fallback, None  # the next step goes on from the fallback
-                    self.squarem.restart(cur, state.elbo)
-                    if pending is not None:
-                        checkpoint.abandon(pending, finish_writes=True)
-                        pending, owed = None, True
-                    continue
-                held, state.params = chunks_of(cur), params
-                rate = math.inf if n == 0 else (elbo - state.elbo[-1]) / abs(state.elbo[-1])
-                state.elbo.append(elbo)
-                failure: Exception | None = None
-                if not np.isfinite(objective):
-                    failure = FloatingPointError(f"ELBO is {elbo} at iteration {n + 1}")
-                elif n + 1 > anneal.exact_from(
-                    cfg.anneal
-                ) and objective < state.objective - ROUNDOFF * abs(state.objective):
-                    failure = ELBODecreaseError(
-                        f"ELBO decreased at iteration {n + 1}: {shown(state.objective)} -> "
-                        f"{shown(objective)}"
-                    )
-                state.objective = objective
-                n += 1
-                state.converged = (
-                    mean_gain(state.elbo, self.stop_window) < cfg.tol
-                    and n - 1 >= cfg.min_iter
-                    and self._past_schedule(n)
-                )
-                stop = "tol" if state.converged else ("max_iter" if last else None)
-                figures = None
-                now = time.perf_counter()
-                seconds = now - clock
-                if (
-                    validation is not None
-                    and failure is None
-                    and n > cfg.anneal  # a state of the schedule is not of the model
-                    and (n % validation.every == 0 or stop is not None)
-                ):
-                    scored = self.parts(cur)
-                    figures = {"iteration": n, **validation.score(scored.w, scored.h, params)}
-                    figures["seconds"] = time.perf_counter() - now
-                    state.validation.append(figures)
-                    kept, early = early_stopping(
-                        [v["metric"] for v in state.validation],
-                        validation.patience,
-                        validation.window,
-                    )
-                    if kept == len(state.validation) - 1:
-                        best = (n, chunks_of(cur), params)
-                    if early:
-                        stop = stop or "patience"
-                clock = time.perf_counter()
-                info = IterationInfo(
-                    n,
-                    cfg.max_iter,
-                    elbo,
-                    rate,
-                    seconds,
-                    clock - start,
-                    params,
-                    figures,
-                    None if best is None else best[0],
-                    state.passes,
-                )
-                if callback is not None and callback(info):
-                    info.stop()
-                if failure is not None:
-                    raise failure
-                if info.stop_requested:
-                    stop = stop or "callback"
-                if stop is not None:
-                    state.stop_reason = stop
-                    if pending is not None:  # written for an iteration that ends the fit
-                        checkpoint.abandon(pending, finish_writes=True)
-                        pending = None
-                    break
-                if pending is not None:
-                    cur = self._finish_checkpoint(pending, res, state)
-                    pending = None
-                    held = chunks_of(cur)
-                    if self.squarem is not None:
-                        self.squarem.restart(cur, state.elbo)  # the same state, read back
-                    last_checkpoint = time.monotonic()
-        except BaseException:
-            if pending is not None:
-                checkpoint.abandon(pending, finish_writes=False)
-            raise
-        # an iteration submitted ahead of a stop is dropped with ``ahead``: releasing its
-        # futures makes the scheduler forget its tasks (``Client.cancel`` on a graph whose
-        # dependencies the client also holds trips an assertion in the scheduler)
+        return cur, state, first
+
+    def _result(
+        self, state: CaviState, held: Flight | None, scorer: EarlyStopping | None
+    ) -> CaviState:
+        """``state`` as the fit's result: the chunks of its last iteration (``held``), or of the
+        state validation keeps, as futures. An iteration submitted ahead of a stop was dropped
+        with the loop's ``ahead``: releasing its futures makes the scheduler forget its tasks
+        (``Client.cancel`` on a graph whose dependencies the client also holds trips an
+        assertion in the scheduler)."""
         state.best_iteration = state.n_iter
-        if best is not None:
-            state.best_iteration, held, state.params = best
+        if scorer is not None and scorer.best is not None:
+            state.best_iteration, held, state.params = scorer.best
         if held is not None:
             held = self.parts(held)
             assert held.w is not None and held.h is not None
             state.w, state.h = held.w, held.h
         return state
-
-    def _past_schedule(self, n_done: int) -> bool:
-        """Whether the stopping rule may read the bounds after ``n_done`` iterations: all of
-        its window's at the model's own shapes (always without annealing)."""
-        n = self.cfg.anneal
-        return n == 0 or n_done - self.stop_window >= anneal.exact_from(n)
 
     def _first_result(self, result: Future) -> dict[str, Any]:
         """The first iteration's result; says what the workers are doing if it is slow."""
@@ -794,12 +751,6 @@ class CaviRunner:
                 blocks,
             )
             return result.result()
-
-
-def chunks_of(st: Flight) -> Flight:
-    """What a fit's state keeps of the step ``st``: its chunks (or the task holding them), not
-    its sums and shape statistics, which workers would otherwise hold an iteration longer."""
-    return Flight(st.w, st.h, None, None, None, None, None, None, None, whole=st.whole)
 
 
 def run_step(

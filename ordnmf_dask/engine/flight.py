@@ -36,3 +36,9 @@ class Flight:
     step: Future | None = None  # an extrapolated step's (K,) steps, one per component
     passes: int = 0  # full passes over the blocks this step costs
     whole: Future | None = None  # a step run as one task: the dict of its parts' values
+
+
+def chunks_of(st: Flight) -> Flight:
+    """What a fit's state keeps of the step ``st``: its chunks (or the task holding them), not
+    its sums and shape statistics, which workers would otherwise hold an iteration longer."""
+    return Flight(st.w, st.h, None, None, None, None, None, None, None, whole=st.whole)

@@ -6,8 +6,9 @@ first, so results are bit-identical across worker counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import numpy as np
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:  # a client is a distributed.Client or an in-process one (.inp
 
 
 PRIORITY = 1  # of combining tasks; Dask's default is 0
+# levels of the tree one combining task folds (:func:`tree_reduce`): up to 8 inputs a task, so
+# the sums over the user-blocks or item-blocks of grids up to 8 x 8 take one hop, not three
+LEVELS = 3
 
 T = TypeVar("T")
 
@@ -41,25 +45,122 @@ def _node(lo: int, hi: int, leaf: Callable[[int], T], combine: Callable[[T, T], 
     return combine(_node(lo, mid, leaf, combine), _node(mid, hi, leaf, combine))
 
 
+Shape: TypeAlias = "int | tuple[Shape, Shape]"
+"""The top levels of a node of :func:`fold`'s tree, evaluated in one task: an input's index
+among the task's values, or a pair of shapes combined."""
+
+Node: TypeAlias = Callable[[Shape, list[T], Hashable | None], T]
+"""``node(shape, values, where)``: the value of one node of :func:`fold_grouped` (a task),
+``where`` the one home of all its leaves when it is a task of its own for that reason, else
+None."""
+
+
+@dataclass(frozen=True)
+class _Plan(Generic[T]):
+    leaf: Callable[[int], T]
+    node: Node[T]
+    levels: int
+    home: Callable[[int], Hashable | None] | None
+
+
+def fold_grouped(
+    n: int,
+    leaf: Callable[[int], T],
+    node: Node[T],
+    levels: int,
+    home: Callable[[int], Hashable | None] | None = None,
+) -> T:
+    """:func:`fold`'s tree over ``leaf(0) .. leaf(n - 1)``, ``levels`` of its levels per
+    ``node(shape, values, where)``: one node (a task) folds up to ``2**levels`` values (leaves,
+    or nodes below it) along the same pairing. The same tree as :func:`fold`, walked depth first
+    likewise, with ``levels`` times fewer dependent steps.
+
+    ``home(j)``: where leaf j lives (None: unknown). A node of the tree whose leaves all live on
+    one worker, below a node whose leaves do not, is a node of its own, ``where`` that worker:
+    the partials of one worker are added there before they move, as a task per pair would. The
+    tree, and so the sum, is the same whatever the homes.
+    """
+    if n < 1:
+        raise ValueError("a reduction of nothing")
+    if n == 1:
+        return leaf(0)
+    return _group(0, n, _Plan(leaf, node, levels, home), root=True)
+
+
+def _common(lo: int, hi: int, plan: _Plan[Any]) -> Hashable | None:
+    """The one home of leaves [lo, hi), or None (several, or unknown)."""
+    if plan.home is None:
+        return None
+    homes = {plan.home(j) for j in range(lo, hi)}
+    return homes.pop() if len(homes) == 1 else None
+
+
+def _group(lo: int, hi: int, plan: _Plan[T], root: bool = False) -> T:
+    """The node of :func:`fold_grouped` over leaves [lo, hi) (several leaves)."""
+    values: list[T] = []
+    common = _common(lo, hi, plan)
+    shape = _expand(lo, hi, plan.levels, plan, common is None, values)
+    return plan.node(shape, values, None if root else common)
+
+
+def _expand(lo: int, hi: int, depth: int, plan: _Plan[T], split: bool, values: list[T]) -> Shape:
+    """The shape of fold's node [lo, hi) down ``depth`` levels, its inputs appended to
+    ``values``: leaves, and the nodes of their own where the depth runs out or (``split``) where
+    all leaves below live on one worker."""
+    if hi - lo == 1:
+        values.append(plan.leaf(lo))
+        return len(values) - 1
+    if depth == 0 or (split and _common(lo, hi, plan) is not None):
+        values.append(_group(lo, hi, plan))
+        return len(values) - 1
+    mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
+    left = _expand(lo, mid, depth - 1, plan, split, values)
+    return left, _expand(mid, hi, depth - 1, plan, split, values)
+
+
+def evaluate(combine: Callable[..., Any], shape: Shape, args: tuple[Any, ...], *values: Any) -> Any:
+    """On a worker: the node ``shape`` of :func:`fold_grouped` over ``values``, combined with
+    ``combine(a, b, *args)`` depth first (one partial per level held)."""
+    if isinstance(shape, int):
+        return values[shape]
+    a = evaluate(combine, shape[0], args, *values)
+    return combine(a, evaluate(combine, shape[1], args, *values), *args)
+
+
 def tree_reduce(
     client: Client,
     futures: Sequence[Future],
     combine: Callable[..., Any],
     *args: Any,
     at: dict[str, Any] | None = None,
+    homes: Sequence[dict[str, Any]] | None = None,
 ) -> Future:
-    """Reduce with ``combine(a, b, *args)`` along the fixed tree (:func:`fold`) over ``futures``.
+    """Reduce with ``combine(a, b, *args)`` along the fixed tree (:func:`fold`) over ``futures``,
+    ``LEVELS`` of its levels per task (:func:`fold_grouped`): a reduction of up to
+    ``2**LEVELS`` inputs is one task, one hop, where a task per pair would be ``LEVELS``.
 
     The combining tasks run before any task of normal priority that is ready at the same time,
-    so partial results are folded in as soon as two exist instead of piling up on the workers
-    while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak memory).
-    ``at``: ``submit`` keywords of every combining task (where the sum is wanted); placement
-    only, the tree is the same.
+    so partial results are folded in as soon as a node's inputs exist instead of piling up on
+    the workers while the rest of a pass runs (partials are (n, K) arrays: they set a pass's peak
+    memory, and a combining task holds at most ``2**LEVELS`` of them and one per level).
+    ``at``: ``submit`` keywords of the combining tasks (where the sum is wanted); ``homes``: the
+    ``submit`` keywords each input was placed with, so that a subtree of inputs of one worker is
+    added there first. Placement only: the tree is the same.
     """
-    return fold(
-        len(futures),
-        futures.__getitem__,
-        lambda a, b: client.submit(combine, a, b, *args, priority=PRIORITY, **(at or {})),
+
+    def home(j: int) -> Hashable | None:
+        assert homes is not None
+        return tuple(homes[j].get("workers", ())) or None
+
+    def node(shape: Shape, values: list[Any], where: Hashable | None) -> Future:
+        assert where is None or isinstance(where, tuple)
+        place = at or {}
+        if where is not None:  # a subtree of one worker's inputs, added there
+            place = {"workers": list(where), "allow_other_workers": True}
+        return client.submit(evaluate, combine, shape, args, *values, priority=PRIORITY, **place)
+
+    return fold_grouped(
+        len(futures), futures.__getitem__, node, LEVELS, None if homes is None else home
     )
 
 
@@ -116,6 +217,7 @@ def tree_sum(
     field: Field = None,
     lazy: bool = False,
     at: dict[str, Any] | None = None,
+    homes: Sequence[dict[str, Any]] | None = None,
 ) -> Lazy:
     """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
     is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``; a field holding a tuple of arrays (``"sh"``) is
@@ -126,7 +228,7 @@ def tree_sum(
     unwraps on the worker. One task hop less on the critical path of every small-grid pass.
     Never gather a lazy result: it would bring the whole object to the client. Otherwise the
     field is taken on the worker holding each input before anything moves, so e.g. the column
-    sums of factor chunks move (K + 1,) vectors, not the chunks. ``at``: as in
+    sums of factor chunks move (K + 1,) vectors, not the chunks. ``at`` and ``homes``: as in
     :func:`tree_reduce` (the adds only: a field is taken where its object lives).
     """
     if len(futures) == 1:
@@ -135,4 +237,4 @@ def tree_sum(
         return client.submit(_pick, futures[0], field, priority=PRIORITY)
     if field is not None:  # take the field where each object lives: only it travels
         futures = [client.submit(_pick, f, field, priority=PRIORITY) for f in futures]
-    return tree_reduce(client, futures, _add, at=at)
+    return tree_reduce(client, futures, _add, at=at, homes=homes)
