@@ -196,6 +196,24 @@ class Ranks(Rule):
         return "a non-empty list of distinct integers >= 1"
 
 
+class Levels(Rule):
+    """A non-empty list (or tuple) of distinct integers: relevance thresholds, which the store's
+    classes bound (checked against the store, which names its range 1..V)."""
+
+    kind: ClassVar[str] = "ints"
+
+    def ok(self, value: Any) -> bool:
+        return (
+            isinstance(value, list | tuple)
+            and bool(value)
+            and all(_integer(v) for v in value)
+            and len(set(value)) == len(value)
+        )
+
+    def __str__(self) -> str:
+        return "a non-empty list of distinct integers"
+
+
 @dataclass(frozen=True)
 class Param:
     """One row of the table: the name, the rule its values follow, the default, the doc, the
@@ -497,7 +515,7 @@ def _evaluate_rows() -> Iterator[Param]:
     doc = "cut-off k of the ranking metrics (NDCG@k, precision@k, recall@k, MAP@k)"
     yield Param("k", Integer(1), 100, doc, e, False, flags=("--k",))
     doc = "relevance thresholds s (default 1..V)"
-    yield Param("levels", Ranks(), None, doc, e, False, optional=True)
+    yield Param("levels", Levels(), None, doc, e, False, optional=True)
     doc = "the ranking metrics over this random fraction of the users (1: all)"
     yield Param("user_fraction", Share(), 1.0, doc, e, False)
     yield Param("seed", Integer(0), 0, "seed of the user sample", e, False)

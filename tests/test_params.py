@@ -256,6 +256,12 @@ RULES = [  # a rule, its text, values it takes, values it refuses
     (params.AutoBoolean(), "True, False or 'auto'", [True, False, "auto"], [1, 0, "on", None]),
     (params.Path(), "a path", ["/x", Path("x")], [3, None, b"x"]),
     (params.Ranks(), "a non-empty list of distinct integers >= 1", [[1, 3], (2,)], [[], [2, 2]]),
+    (
+        params.Levels(),
+        "a non-empty list of distinct integers",
+        [[0, 11], (2,)],
+        [[], [2, 2], [1.5]],
+    ),
 ]
 
 
@@ -388,7 +394,8 @@ def test_synth_arguments_are_checked_by_their_rows(tmp_path, change, said):
     [
         ({"k": 0}, "evaluate: k must be an integer >= 1, got 0"),
         ({"user_fraction": 0.0}, "evaluate: user_fraction must be a number in (0, 1], got 0.0"),
-        ({"levels": []}, "evaluate: levels must be a non-empty list of distinct integers >= 1 "),
+        ({"levels": []}, "evaluate: levels must be a non-empty list of distinct integers "),
+        ({"levels": [2, 2]}, "evaluate: levels must be a non-empty list of distinct integers "),
         ({"posterior": "mode"}, "evaluate: posterior must be 'mean' or 'gamma', got 'mode'"),
     ],
 )
