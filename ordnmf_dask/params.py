@@ -81,47 +81,30 @@ class Integer(Rule):
 
 @dataclass(frozen=True)
 class Real(Rule):
-    """A finite number (not a bool) > 0 (``high`` None), or in ``[low, high]``."""
+    """A finite number (not a bool) > ``low`` (``high`` None), or in the interval from ``low`` to
+    ``high`` whose ends ``closed`` says belong to it: "both", "left" or "right" (as
+    scikit-learn's ``Interval``)."""
 
     low: float = 0.0
     high: float | None = None
+    closed: str = "both"
     kind: ClassVar[str] = "float"
 
     def ok(self, value: Any) -> bool:
         if not _number(value):
             return False
-        return bool(value > self.low if self.high is None else self.low <= value <= self.high)
+        if self.high is None:
+            return bool(value > self.low)
+        left = value >= self.low if self.closed in ("both", "left") else value > self.low
+        right = value <= self.high if self.closed in ("both", "right") else value < self.high
+        return bool(left and right)
 
     def __str__(self) -> str:
         if self.high is None:
             return f"a finite number > {self.low:g}"
-        return f"a number in [{self.low:g}, {self.high:g}]"
-
-
-@dataclass(frozen=True)
-class Fraction(Rule):
-    """A number (not a bool) in [0, 1): the share of a split."""
-
-    kind: ClassVar[str] = "float"
-
-    def ok(self, value: Any) -> bool:
-        return _number(value) and 0.0 <= value < 1.0
-
-    def __str__(self) -> str:
-        return "a number in [0, 1)"
-
-
-@dataclass(frozen=True)
-class Share(Rule):
-    """A number (not a bool) in (0, 1]: the part of a whole that is kept."""
-
-    kind: ClassVar[str] = "float"
-
-    def ok(self, value: Any) -> bool:
-        return _number(value) and 0.0 < value <= 1.0
-
-    def __str__(self) -> str:
-        return "a number in (0, 1]"
+        left = "[" if self.closed in ("both", "left") else "("
+        right = "]" if self.closed in ("both", "right") else ")"
+        return f"a number in {left}{self.low:g}, {self.high:g}{right}"
 
 
 @dataclass(frozen=True)
@@ -179,23 +162,6 @@ class Path(Rule):
 
 
 @dataclass(frozen=True)
-class Ranks(Rule):
-    """A non-empty list (or tuple) of distinct integers >= 1: candidate values of K."""
-
-    kind: ClassVar[str] = "ints"
-
-    def ok(self, value: Any) -> bool:
-        return (
-            isinstance(value, list | tuple)
-            and bool(value)
-            and all(_integer(v) and v >= 1 for v in value)
-            and len(set(value)) == len(value)
-        )
-
-    def __str__(self) -> str:
-        return "a non-empty list of distinct integers >= 1"
-
-
 class Levels(Rule):
     """A non-empty list (or tuple) of distinct integers: relevance thresholds, which the store's
     classes bound (checked against the store, which names its range 1..V)."""
@@ -212,6 +178,17 @@ class Levels(Rule):
 
     def __str__(self) -> str:
         return "a non-empty list of distinct integers"
+
+
+@dataclass(frozen=True)
+class Ranks(Levels):
+    """A non-empty list (or tuple) of distinct integers >= 1: candidate values of K."""
+
+    def ok(self, value: Any) -> bool:
+        return super().ok(value) and all(v >= 1 for v in value)
+
+    def __str__(self) -> str:
+        return "a non-empty list of distinct integers >= 1"
 
 
 @dataclass(frozen=True)
@@ -501,7 +478,7 @@ def _synth_rows() -> Iterator[Param]:
         doc = f"Gamma rate of {side.upper()} (the API's alone)"
         yield Param(f"rate_{side}", positive, 1.0, doc, s, False, flags=())
     doc = "probability that a nonzero goes to the test split"
-    yield Param("test_fraction", Fraction(), 0.2, doc, s, False)
+    yield Param("test_fraction", Real(0.0, 1.0, "left"), 0.2, doc, s, False)
     doc = "target expected train nonzeros per block (regular grid)"
     yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, s, False)
     doc = "replace a store written by ordnmf_dask at the output path"
@@ -517,7 +494,7 @@ def _evaluate_rows() -> Iterator[Param]:
     doc = "relevance thresholds s (default 1..V)"
     yield Param("levels", Levels(), None, doc, e, False, optional=True)
     doc = "the ranking metrics over this random fraction of the users (1: all)"
-    yield Param("user_fraction", Share(), 1.0, doc, e, False)
+    yield Param("user_fraction", Real(0.0, 1.0, "right"), 1.0, doc, e, False)
     yield Param("seed", Integer(0), 0, "seed of the user sample", e, False)
     yield Param(
         "posterior",
