@@ -4,8 +4,12 @@ raised at the next check, and nothing is printed about it."""
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import signal
 import sys
+import threading
+import time
 
 import pytest
 
@@ -141,3 +145,63 @@ def test_a_command_that_ended_leaves_no_signal_for_the_next_fit():
         with pytest.raises(KeyboardInterrupt):
             interrupt.check()  # consumed once raised again
         interrupt.check()
+
+
+@pytest.fixture
+def event_loop_log():
+    """The records that reach the handlers of tornado's callback log (where distributed's event
+    loop reports a callback's exception), the handler removed afterwards."""
+    records: list[logging.LogRecord] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("tornado.application")
+    recorder = Recorder()
+    logger.addHandler(recorder)
+    yield records
+    logger.removeHandler(recorder)
+
+
+def test_a_signal_before_distributed_starts_its_call_logs_nothing(event_loop_log):
+    """A Ctrl-C that reaches distributed's ``sync`` before its coroutine created the future
+    makes its ``cancel`` callback fail with a NameError on the event loop: under the handler
+    that report is dropped, and the interruption still comes out of the call."""
+    from distributed.utils import LoopRunner, sync
+
+    runner = LoopRunner(asynchronous=False)
+    runner.start()
+    try:
+
+        async def nothing() -> None:
+            return None
+
+        busy = threading.Event()
+        runner.loop.add_callback(lambda: (busy.set(), time.sleep(0.5)))  # the loop is held
+        busy.wait()
+        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+        with interrupt.installed():
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                sync(runner.loop, nothing)  # interrupted before the loop reaches it
+            sync(runner.loop, nothing)  # runs after the late cancel: its report was made
+        timer.join()
+    finally:
+        runner.stop()
+    assert [r.getMessage() for r in event_loop_log] == []
+
+
+def test_other_event_loop_errors_still_reach_the_log(event_loop_log):
+    """Only distributed's late cancel is dropped: another callback's NameError, logged while a
+    signal is being handled, is reported as before."""
+    with interrupt.installed():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        try:
+            raise NameError("name 'x' is not defined")
+        except NameError:
+            logging.getLogger("tornado.application").exception("a callback failed")
+    assert [r.getMessage() for r in event_loop_log] == ["a callback failed"]

@@ -8,11 +8,16 @@ be printed ("Exception ignored in ...") and lost. So the handler raises only out
 printed (:data:`sys.unraisablehook`), and the next iteration boundary raises it again. SIGTERM
 (how batch schedulers preempt a job, before SIGKILL) raises
 :class:`~ordnmf_dask.errors.Terminated`, so that the command shuts its cluster down and exits
-while the scheduler's grace period runs.
+while the scheduler's grace period runs. distributed's ``sync`` answers an interruption that
+lands before its coroutine has started with a ``NameError`` logged on its event loop (its
+``cancel`` callback reads a future not assigned yet); that one report is dropped while a signal
+is being handled, since the interruption itself is what the command reports.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import sys
 import threading
@@ -54,6 +59,29 @@ def _unraisable(hook: Callable[[Any], object]) -> Callable[[Any], None]:
     return unraisable
 
 
+class _LateCancelFilter(logging.Filter):
+    """Drops the ``NameError`` of distributed's ``sync.<locals>.cancel`` (run on the event loop
+    after an interruption that came before the future it cancels existed) while a signal is
+    being handled; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _arrived or not record.exc_info:
+            return True
+        _, exc, tb = record.exc_info
+        if not isinstance(exc, NameError) or tb is None:
+            return True
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        code = tb.tb_frame.f_code
+        return not (
+            code.co_name == "cancel"
+            and code.co_filename.endswith(os.path.join("distributed", "utils.py"))
+        )
+
+
+_EVENT_LOOP_LOG = "tornado.application"  # where tornado logs a callback's exception
+
+
 @contextmanager
 def installed(restore: bool = True) -> Iterator[None]:
     """Route SIGINT and SIGTERM through the handler while the block runs (main thread only;
@@ -68,11 +96,14 @@ def installed(restore: bool = True) -> Iterator[None]:
     handlers = {signum: signal.getsignal(signum) for signum in SIGNALS}
     hook = sys.unraisablehook
     sys.unraisablehook = _unraisable(hook)
+    late_cancel = _LateCancelFilter()
+    logging.getLogger(_EVENT_LOOP_LOG).addFilter(late_cancel)
     for signum in SIGNALS:
         signal.signal(signum, _on_signal)
     try:
         yield
     finally:
+        logging.getLogger(_EVENT_LOOP_LOG).removeFilter(late_cancel)
         for signum, handler in handlers.items():
             if handler is not None:
                 signal.signal(signum, handler if restore else signal.SIG_IGN)
