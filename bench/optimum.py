@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import numpy as np
+from moves import MoveSettings, fit_with_moves, training_matrix
 from quality import item_counts, scored
 from scipy.optimize import linear_sum_assignment
 from select_k import triples
@@ -122,6 +123,10 @@ def main() -> None:
     ap.add_argument("--mix", action="store_true", help="also score the mixture of the fits")
     ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
     ap.add_argument("--bag", nargs=2, metavar=("M", "FRACTION"), help="bagged single fits")
+    ap.add_argument(
+        "--moves", nargs="*", metavar="JSON", help="merge-and-rebirth schedules (bench/moves.py)"
+    )
+    ap.add_argument("--members", type=int, default=4, help="members of each --moves ensemble")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
     logging.disable(logging.INFO)  # the fits' progress lines; the table is the output
@@ -166,6 +171,22 @@ def main() -> None:
         if args.bag:
             n, fraction = int(args.bag[0]), float(args.bag[1])
             show(f"{n} fits, each of {fraction:.0%} of the pairs", *bagged(info, n, fraction, work))
+        for entry in args.moves or []:
+            settings, y = MoveSettings(**json.loads(entry)), training_matrix(info)
+            t0, ws, hs, logs = time.perf_counter(), [], [], []
+            for m in range(args.members):
+                w, h, log = fit_with_moves(info, y, 50, m, settings)
+                ws.append(w / args.members)
+                hs.append(h)
+                logs.append(f"{sum(log.kept)}/{len(log.kept)}")
+                print(
+                    f"  member {m}: kept {log.kept}, ELBO {[round(e) for e in log.elbo]}, "
+                    f"control {[round(e) for e in log.control]}",
+                    flush=True,
+                )
+            seconds = time.perf_counter() - t0
+            name = f"M = {args.members} with moves {entry}"
+            show(name, np.hstack(ws), np.hstack(hs), f"{seconds:.0f} s, kept {' '.join(logs)}")
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
