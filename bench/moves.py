@@ -2,7 +2,8 @@
 2013), measured by ``bench/optimum.py --moves``: a research probe, not part of the package.
 
 A move merges the ``pairs`` most similar pairs of components (the cosine of their item columns
-times that of their user columns) into the best rank-1 fit of each pair's rate, and re-births each
+times that of their user columns) into the best rank-1 fit of each pair's rate (or, with
+``kind = "delete"``, deletes the ``pairs`` components of least rate mass), and re-births each
 freed component from the training pairs the fit explains worst (the leading singular pair of the
 observed classes damped by the fitted rate). The fit runs ``burn`` iterations, then ``rounds``
 times continues ``sweeps`` iterations both from its state and from the moved state (both warm
@@ -34,6 +35,7 @@ class MoveSettings:
     sweeps: int = 10
     rounds: int = 4
     pairs: int = 4  # 0: the same schedule of warm restarts without moves (the control)
+    kind: str = "merge"  # or "delete": re-birth the ``pairs`` lightest components, no merge
 
 
 @dataclass
@@ -109,14 +111,20 @@ def births(y: sp.csr_matrix, w: np.ndarray, h: np.ndarray, n: int) -> list[tuple
     return out
 
 
-def move(y: sp.csr_matrix, w: np.ndarray, h: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(W, H) with the ``n`` most similar pairs merged and the freed columns re-born."""
+def move(
+    y: sp.csr_matrix, w: np.ndarray, h: np.ndarray, n: int, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(W, H) with the ``n`` most similar pairs merged (``kind`` "merge") or the ``n`` lightest
+    components deleted ("delete"), and the freed columns re-born."""
     w, h = w.copy(), h.copy()
-    pairs = merge_pairs(w, h, n)
-    for j, k in pairs:
-        w[:, j], h[:, j] = rank_one(w[:, [j, k]], h[:, [j, k]])
-        w[:, k], h[:, k] = 0.0, 0.0
-    freed = [k for _, k in pairs]
+    if kind == "merge":
+        pairs = merge_pairs(w, h, n)
+        for j, k in pairs:
+            w[:, j], h[:, j] = rank_one(w[:, [j, k]], h[:, [j, k]])
+        freed = [k for _, k in pairs]
+    else:
+        freed = np.argsort(w.sum(axis=0) * h.sum(axis=0))[:n].tolist()
+    w[:, freed], h[:, freed] = 0.0, 0.0
     for k, (a, b) in zip(freed, births(y, w, h, len(freed)), strict=True):
         w[:, k], h[:, k] = a, b
     floor = 1e-6 * float(np.median(w)), 1e-6 * float(np.median(h))
@@ -147,7 +155,7 @@ def fit_with_moves(
         keep, best = False, control
         if s.pairs:
             moved = OrdNMF(k, seed=seed, n_members=1, max_iter=s.sweeps, tol=1e-12)
-            moved.fit(info.path, init=move(y, w, h, s.pairs))
+            moved.fit(info.path, init=move(y, w, h, s.pairs, s.kind))
             keep = moved.elbo_[-1] > control.elbo_[-1]
             best = moved if keep else control
         log.kept.append(bool(keep))

@@ -14,11 +14,16 @@ member's components to the first member's (the Hungarian assignment on the cosin
 item columns, each column scaled to sum 1), averages the matched pairs, and scores that consensus
 as it is and the single fit started from it (``init=``). ``--bag M FRACTION`` fits M single fits
 (seeds 0..M-1), each on its own random FRACTION of the training pairs (re-ingested, the test pairs
-kept), and scores their mixture (bagging: diversity from the data, not only the start)::
+kept), and scores their mixture (bagging: diversity from the data, not only the start).
+Each ``--moves`` entry is a JSON object of ``moves.MoveSettings`` (``burn``, ``sweeps``,
+``rounds``, ``pairs``; ``pairs`` 0: the same warm restarts without moves): ``--members`` fits
+(seeds 0..M-1, K = 50) with merge-and-rebirth moves (bench/moves.py), scored as their
+ensemble, with each member's kept moves and ELBO per round::
 
     python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
     python bench/optimum.py --real ml --consensus 4
     python bench/optimum.py --real ml --bag 4 0.8
+    python bench/optimum.py --store 2000x1000x0.05x20 --moves '{"rounds": 8, "pairs": 8}'
 """
 
 from __future__ import annotations
