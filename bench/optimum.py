@@ -16,8 +16,8 @@ as it is and the single fit started from it (``init=``). ``--bag M FRACTION`` fi
 (seeds 0..M-1), each on its own random FRACTION of the training pairs (re-ingested, the test pairs
 kept), and scores their mixture (bagging: diversity from the data, not only the start).
 Each ``--moves`` entry is a JSON object of ``moves.MoveSettings`` (``burn``, ``sweeps``,
-``rounds``, ``pairs``; ``pairs`` 0: the same warm restarts without moves): ``--members`` fits
-(seeds 0..M-1, K = 50) with merge-and-rebirth moves (bench/moves.py), scored as their
+``rounds``, ``pairs``, ``kind``; ``pairs`` 0: the same warm restarts without moves): ``--members``
+fits (seeds ``--seed`` .. ``--seed`` + M - 1, K = 50) with merge-and-rebirth moves (bench/moves.py), scored as their
 ensemble, with each member's kept moves and ELBO per round::
 
     python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
@@ -132,6 +132,7 @@ def main() -> None:
         "--moves", nargs="*", metavar="JSON", help="merge-and-rebirth schedules (bench/moves.py)"
     )
     ap.add_argument("--members", type=int, default=4, help="members of each --moves ensemble")
+    ap.add_argument("--seed", type=int, default=0, help="first seed of the --moves members")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
     logging.disable(logging.INFO)  # the fits' progress lines; the table is the output
@@ -179,7 +180,7 @@ def main() -> None:
         for entry in args.moves or []:
             settings, y = MoveSettings(**json.loads(entry)), training_matrix(info)
             t0, ws, hs, logs = time.perf_counter(), [], [], []
-            for m in range(args.members):
+            for m in range(args.seed, args.seed + args.members):
                 w, h, log = fit_with_moves(info, y, 50, m, settings)
                 ws.append(w / args.members)
                 hs.append(h)
