@@ -16,9 +16,9 @@ as it is and the single fit started from it (``init=``). ``--bag M FRACTION`` fi
 (seeds 0..M-1), each on its own random FRACTION of the training pairs (re-ingested, the test pairs
 kept), and scores their mixture (bagging: diversity from the data, not only the start).
 Each ``--moves`` entry is a JSON object of ``moves.MoveSettings`` (``burn``, ``sweeps``,
-``rounds``, ``pairs``, ``kind``; ``pairs`` 0: the same warm restarts without moves): ``--members``
-fits (seeds ``--seed`` .. ``--seed`` + M - 1, K = 50) with merge-and-rebirth moves (bench/moves.py), scored as their
-ensemble, with each member's kept moves and ELBO per round::
+``rounds``, ``pairs``, ``kind``; ``pairs`` 0: the same warm restarts without moves):
+``--members`` fits (seeds ``--seed`` .. ``--seed`` + M - 1, K = 50) with merge-and-rebirth moves
+(bench/moves.py), scored as their ensemble, with each member's kept moves and ELBO per round::
 
     python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
     python bench/optimum.py --real ml --consensus 4
