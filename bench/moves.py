@@ -134,8 +134,8 @@ def move(
 def restart_scale(y: sp.csr_matrix, n_classes: int, theta0: float) -> float:
     """The factor of E[W] and E[H] that carries a fit with thresholds ``theta0`` to a warm start:
     the start's thresholds come from the histogram, and the likelihood depends on the rate only
-    through theta_0 times it, so both factors are scaled by the root of the two theta_0's ratio
-    (without it the first iterations after a restart lose what the fit had gained)."""
+    through the thresholds times it, so both factors are scaled by the root of the two theta_0's
+    ratio (without it the first iterations after a restart lose what the fit had gained)."""
     hist = np.bincount(y.data.astype(np.int64), minlength=n_classes + 1)
     return float(np.sqrt(theta0 / theta_from_delta(init_delta(hist))[0]))
 
