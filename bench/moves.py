@@ -8,9 +8,10 @@ freed component from the training pairs the fit explains worst (the leading sing
 observed classes damped by the fitted rate). The fit runs ``burn`` iterations, then ``rounds``
 times continues ``sweeps`` iterations both from its state and from the moved state (both warm
 started from their E[W], E[H] with ``init=``, scaled to the thresholds a warm start begins
-with, so both re-learn the thresholds alike), and keeps
-the one of higher ELBO; it ends with a plain fit to convergence from the last kept state. So the
-ELBO of the kept state never falls below the control's: a move is kept only when it wins.
+with, so both re-learn the thresholds alike), and keeps the one of higher ELBO; it ends with a
+plain fit to convergence from the last kept state. So the ELBO of the kept state never falls
+below the control's: a move is kept only when it wins (docs/results.md, "Split and merge
+moves", has the measurements).
 """
 
 from __future__ import annotations
