@@ -14,11 +14,16 @@ member's components to the first member's (the Hungarian assignment on the cosin
 item columns, each column scaled to sum 1), averages the matched pairs, and scores that consensus
 as it is and the single fit started from it (``init=``). ``--bag M FRACTION`` fits M single fits
 (seeds 0..M-1), each on its own random FRACTION of the training pairs (re-ingested, the test pairs
-kept), and scores their mixture (bagging: diversity from the data, not only the start)::
+kept), and scores their mixture (bagging: diversity from the data, not only the start).
+Each ``--moves`` entry is a JSON object of ``moves.MoveSettings`` (``burn``, ``sweeps``,
+``rounds``, ``pairs``, ``kind``; ``pairs`` 0: the same warm restarts without moves):
+``--members`` fits (seeds ``--seed`` .. ``--seed`` + M - 1, K = 50) with merge-and-rebirth moves
+(bench/moves.py), scored as their ensemble, with each member's kept moves and ELBO per round::
 
     python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
     python bench/optimum.py --real ml --consensus 4
     python bench/optimum.py --real ml --bag 4 0.8
+    python bench/optimum.py --store 2000x1000x0.05x20 --moves '{"rounds": 8, "pairs": 8}'
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import tempfile
 import time
 
 import numpy as np
+from moves import MoveSettings, fit_with_moves, training_matrix
 from quality import item_counts, scored
 from scipy.optimize import linear_sum_assignment
 from select_k import triples
@@ -122,6 +128,11 @@ def main() -> None:
     ap.add_argument("--mix", action="store_true", help="also score the mixture of the fits")
     ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
     ap.add_argument("--bag", nargs=2, metavar=("M", "FRACTION"), help="bagged single fits")
+    ap.add_argument(
+        "--moves", nargs="*", metavar="JSON", help="merge-and-rebirth schedules (bench/moves.py)"
+    )
+    ap.add_argument("--members", type=int, default=4, help="members of each --moves ensemble")
+    ap.add_argument("--seed", type=int, default=0, help="first seed of the --moves members")
     ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
     logging.disable(logging.INFO)  # the fits' progress lines; the table is the output
@@ -166,6 +177,22 @@ def main() -> None:
         if args.bag:
             n, fraction = int(args.bag[0]), float(args.bag[1])
             show(f"{n} fits, each of {fraction:.0%} of the pairs", *bagged(info, n, fraction, work))
+        for entry in args.moves or []:
+            settings, y = MoveSettings(**json.loads(entry)), training_matrix(info)
+            t0, ws, hs, logs = time.perf_counter(), [], [], []
+            for m in range(args.seed, args.seed + args.members):
+                w, h, log = fit_with_moves(info, y, 50, m, settings)
+                ws.append(w / args.members)
+                hs.append(h)
+                logs.append(f"{sum(log.kept)}/{len(log.kept)}")
+                print(
+                    f"  member {m}: kept {log.kept}, ELBO {[round(e) for e in log.elbo]}, "
+                    f"control {[round(e) for e in log.control]}",
+                    flush=True,
+                )
+            seconds = time.perf_counter() - t0
+            name = f"M = {args.members} with moves {entry}"
+            show(name, np.hstack(ws), np.hstack(hs), f"{seconds:.0f} s, kept {' '.join(logs)}")
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
 
