@@ -13,16 +13,11 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ordnmf_dask.params import DEFAULT_CHUNK_BYTES, DEFAULT_ROWS_PER_PARTITION
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.distributed import build_chunked
-from ordnmf_dask.sources.options import (
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_ROWS_PER_PARTITION,
-    IngestOptions,
-    IngestPlan,
-    plan_ingest,
-)
+from ordnmf_dask.sources.options import IngestOptions, IngestPlan, plan_ingest
 from ordnmf_dask.store.blocks import StoreInfo
 
 PathLike = str | os.PathLike

@@ -37,7 +37,15 @@ from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
 from ordnmf_dask.fitting import check_rank, fit
 from ordnmf_dask.modelstore.model import copy_model, model_target, open_model
-from ordnmf_dask.params import ALL, DEFAULTS, MODELS, accepted, validate
+from ordnmf_dask.params import (
+    ALL,
+    DEFAULTS,
+    MODELS,
+    accepted,
+    rows_doc,
+    validate,
+    validate_call,
+)
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import resolve_client
@@ -51,7 +59,6 @@ from ordnmf_dask.tuning import schedule
 log = logging.getLogger("ordnmf_dask")
 
 TUNE_KIND = "ordnmf_dask.tune"  # the ``kind`` of DIR/tune.json, which marks DIR as a tune's
-METRICS = ("ndcg", "loglik")
 #: parameters tune sets for every trial itself (validation_*: tune's own arguments)
 MANAGED = (
     "checkpoint_dir",
@@ -120,6 +127,7 @@ class TuneResult:
 
 
 @shows_progress
+@rows_doc("tune")
 def tune(
     store: str | os.PathLike | StoreInfo,
     space: schedule.Space,
@@ -158,28 +166,30 @@ def tune(
     params : the other estimator parameters, fixed for every trial (tol, seed, threshold, ...);
         tune sets max_iter, checkpoint_dir, n_init (1), executor and the validation metric
         itself; its trials are single fits (``n_members`` 1).
-    n_trials : draw this many trials at random (seeded by ``sample_seed``); None: every
-        combination of the listed values.
-    max_iter, min_budget, eta : the rungs' iteration budgets (``min_budget`` default
-        ``max_iter // eta**2``: three rungs; :func:`ordnmf_dask.tuning.schedule.rungs`) and the
-        halving factor.
-    validation_metric, validation_k, validation_s : what scores the trials, with the fit's
-        names: ``ndcg`` (NDCG@validation_k with relevance ``y >= validation_s``;
-        ``validation_s`` default the model's ``threshold`` for BePoF and PF, else 1) or
-        ``loglik`` (the mean held-out log-likelihood per nonzero); higher is better.
-    allow_test : without a validation subset, score the trials on the test subset (the test
-        figures of the chosen model are then optimistic); otherwise that is an InputError.
-    user_fraction : when tune scores the saved models itself (on the test subset, or with
-        ``validation_every = 0``), rank this random fraction of the users only (see
-        :func:`ordnmf_dask.evaluate`).
-    n_jobs : fits running at once (each caches its training blocks on the workers unless
-        ``cache_blocks`` is False).
-    overwrite : replace the results and the ``best`` model of an earlier tune in ``out``.
+    <the rows of params.COMMAND_PARAMS["tune"]>
 
     Returns
     -------
     :class:`TuneResult`.
     """
+    v = validate_call(
+        "tune",
+        {
+            "n_trials": n_trials,
+            "sample_seed": sample_seed,
+            "max_iter": max_iter,
+            "min_budget": min_budget,
+            "eta": eta,
+            "validation_metric": validation_metric,
+            "validation_k": validation_k,
+            "validation_s": validation_s,
+            "allow_test": allow_test,
+            "user_fraction": user_fraction,
+            "n_jobs": n_jobs,
+            "overwrite": overwrite,
+        },
+    )  # its table's rows
+    n_trials, sample_seed, max_iter, min_budget, eta = (v[n] for n in list(v)[:5])
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     name = MODELS.get(model, model)
     if name not in ALL:
@@ -195,13 +205,11 @@ def tune(
         max(1, max_iter // eta**2) if min_budget is None else min_budget, max_iter, eta
     )
     split = _split(info, allow_test)
-    metric, k = validation_metric, validation_k
-    level = _level(info, split, name, fixed, metric, validation_s, k, user_fraction)
+    metric, k = v["validation_metric"], v["validation_k"]
+    level = _level(info, split, name, fixed, metric, v["validation_s"])
     # the fits keep their state best by this same metric (validation during the fit)
     fixed.update(validation_metric=metric, validation_k=k, validation_s=level)
     label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
-        raise InputError(f"n_jobs must be an integer >= 1, got {shown(n_jobs)}")
     out = locations.location(out)
     overwrite = _check_out(out, overwrite)
     # out and out/best: never the training store, nor inside it (checked before any write)
@@ -241,7 +249,10 @@ def tune(
         label,
     )
     search = _Search(info, name, fixed, split, metric, k, level, user_fraction, every, label)
-    csv_path, parquet_path = os.path.join(out, "results.csv"), os.path.join(out, "results.parquet")
+    csv_path, parquet_path = (
+        os.path.join(out, "results.csv"),
+        os.path.join(out, "results.parquet"),
+    )
     with resolve_client(client, n_workers) as cl:
         rows = _halving(search, cl, trials, budgets, eta, n_jobs, (csv_path, parquet_path))
     best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
@@ -383,16 +394,9 @@ def _level(
     fixed: dict[str, Any],
     metric: str,
     level: int | None,
-    k: int,
-    user_fraction: float,
 ) -> int:
-    """The relevance threshold s of the metric, checked with the other metric settings."""
-    if metric not in METRICS:
-        raise InputError(f"validation_metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InputError(f"validation_k must be an integer >= 1, got {k!r}")
-    if not 0.0 < user_fraction <= 1.0:
-        raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
+    """The relevance threshold s of the metric (``level``, default the model's threshold),
+    checked against the store's classes and the model (the table checks the other settings)."""
     s = int(fixed.get("threshold", 1)) if level is None else level
     if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= info.n_classes:
         raise InputError(f"validation_s must be a class in 1..{info.n_classes}, got {s!r}")
@@ -507,7 +511,12 @@ class _Search:
         label: str,
     ) -> None:
         self.info, self.name, self.fixed, self.split = info, name, fixed, split
-        self.metric, self.k, self.level, self.user_fraction = metric, k, level, user_fraction
+        self.metric, self.k, self.level, self.user_fraction = (
+            metric,
+            k,
+            level,
+            user_fraction,
+        )
         self.every, self.label = every, label
         self.clock = time.perf_counter()
         self.stop = threading.Event()
@@ -553,7 +562,11 @@ class _Search:
         }
         if t.done:
             previous = open_model(t.model).attrs
-            return {**row, **self._figures(previous), **_outcome("carried", t.value, t.model)}
+            return {
+                **row,
+                **self._figures(previous),
+                **_outcome("carried", t.value, t.model),
+            }
         if self.stop.is_set():
             raise _Stopped()
         params = {
@@ -639,7 +652,15 @@ class _Search:
         h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
         spec = loglik_spec(self.info, m.attrs) if self.metric == "loglik" else None
         res = score_split(
-            cl, self.info, self.split, w, h, [self.level], self.k, spec, self.user_fraction
+            cl,
+            self.info,
+            self.split,
+            w,
+            h,
+            [self.level],
+            self.k,
+            spec,
+            self.user_fraction,
         )
         value = res["loglik_mean"] if self.metric == "loglik" else res["ndcg"][self.level]
         return math.nan if value is None else float(value)
