@@ -172,52 +172,94 @@ def tune(
     -------
     :class:`TuneResult`.
     """
-    v = validate_call(
-        "tune",
-        {
-            "n_trials": n_trials,
-            "sample_seed": sample_seed,
-            "max_iter": max_iter,
-            "min_budget": min_budget,
-            "eta": eta,
-            "validation_metric": validation_metric,
-            "validation_k": validation_k,
-            "validation_s": validation_s,
-            "allow_test": allow_test,
-            "user_fraction": user_fraction,
-            "n_jobs": n_jobs,
-            "overwrite": overwrite,
-        },
-    )  # its table's rows
-    n_trials, sample_seed, max_iter, min_budget, eta = (v[n] for n in list(v)[:5])
+    given = {
+        "n_trials": n_trials,
+        "sample_seed": sample_seed,
+        "max_iter": max_iter,
+        "min_budget": min_budget,
+        "eta": eta,
+        "validation_metric": validation_metric,
+        "validation_k": validation_k,
+        "validation_s": validation_s,
+        "allow_test": allow_test,
+        "user_fraction": user_fraction,
+        "n_jobs": n_jobs,
+        "overwrite": overwrite,
+    }
+    plan = _plan_tune(store, space, out, model, params, validate_call("tune", given))
+    search = _Search(plan.info, plan.name, plan.fixed, *plan.scoring, plan.every, plan.label)
+    with resolve_client(client, n_workers) as cl:
+        rows = _halving(search, cl, plan.trials, plan.budgets, plan.eta, plan.n_jobs, plan.tables)
+    best = next(r for r in rows if r["rung"] == len(plan.budgets) - 1 and r["kept"])
+    copy_model(open_model(best["model"]), plan.best_path, plan.overwrite)
+    _write_json(os.path.join(plan.out, "tune.json"), {**plan.settings, "best": best})
+    log.info(
+        "tune: best trial %d (%s): %s %.6g; model in %s",
+        best["trial"],
+        _describe(plan.trials[best["trial"]].params),
+        plan.label,
+        best["value"],
+        plan.best_path,
+    )
+    return TuneResult(rows, best, plan.best_path, plan.split, plan.label, *plan.tables)
+
+
+@dataclass(frozen=True)
+class _TunePlan:
+    """A search checked and prepared by :func:`_plan_tune`: the store, the model and its fixed
+    parameters, the trials (their directories made), the rungs, how the trials are scored,
+    where the results go (``tune.json`` written) and the settings it records."""
+
+    info: StoreInfo
+    name: str
+    fixed: dict[str, Any]
+    trials: list[Trial]
+    budgets: list[int]
+    eta: int
+    n_jobs: int
+    split: str
+    scoring: tuple[str, str, int, int, float]  # split, metric, k, level, user_fraction
+    label: str
+    every: int
+    out: str
+    best_path: str
+    overwrite: bool
+    settings: dict[str, Any]
+
+    @property
+    def tables(self) -> tuple[str, str]:
+        return os.path.join(self.out, "results.csv"), os.path.join(self.out, "results.parquet")
+
+
+def _plan_tune(
+    store: str | os.PathLike | StoreInfo,
+    space: schedule.Space,
+    out: str | os.PathLike,
+    model: str,
+    params: Mapping[str, Any] | None,
+    v: dict[str, Any],
+) -> _TunePlan:
+    """Check every argument of :func:`tune` (``v``: those of its table, checked) before
+    anything is written, then make ``out`` with the trials' directories and ``tune.json``."""
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     name = MODELS.get(model, model)
     if name not in ALL:
         raise InputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     fixed = _fixed_params(name, dict(params or {}), space)
-    drawn = (
-        schedule.grid(space) if n_trials is None else schedule.sample(space, n_trials, sample_seed)
-    )
+    n_trials, seed, max_iter, eta = v["n_trials"], v["sample_seed"], v["max_iter"], v["eta"]
+    drawn = schedule.grid(space) if n_trials is None else schedule.sample(space, n_trials, seed)
     trials_params = [validate(p) for p in drawn]
     for p in trials_params:  # every trial's K, before any fit
         check_rank({**fixed, **p}["n_components"], info)
-    budgets = schedule.rungs(
-        max(1, max_iter // eta**2) if min_budget is None else min_budget, max_iter, eta
-    )
-    split = _split(info, allow_test)
+    first = max(1, max_iter // eta**2) if v["min_budget"] is None else v["min_budget"]
+    budgets = schedule.rungs(first, max_iter, eta)
+    split = _split(info, v["allow_test"])
     metric, k = v["validation_metric"], v["validation_k"]
     level = _level(info, split, name, fixed, metric, v["validation_s"])
     # the fits keep their state best by this same metric (validation during the fit)
     fixed.update(validation_metric=metric, validation_k=k, validation_s=level)
     label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
-    out = locations.location(out)
-    overwrite = _check_out(out, overwrite)
-    # out and out/best: never the training store, nor inside it (checked before any write)
-    best_path = (
-        model_target(os.path.join(out, "best"), overwrite, info.path)
-        if os.path.isdir(out)
-        else os.path.join(model_target(out, False, info.path), "best")
-    )
+    out, best_path, overwrite = _targets(out, v["overwrite"], info)
     _prepare(out)
     every = _continuation_every(fixed["checkpoint_every"], budgets[0])
     settings = {
@@ -227,7 +269,7 @@ def tune(
         "fixed": fixed,
         "space": {n: v if isinstance(v, list | tuple) else vars(v) for n, v in space.items()},
         "n_trials": n_trials,
-        "sample_seed": sample_seed,
+        "sample_seed": seed,
         "rungs": budgets,
         "eta": eta,
         "metric": label,
@@ -248,25 +290,37 @@ def tune(
         eta,
         label,
     )
-    search = _Search(info, name, fixed, split, metric, k, level, user_fraction, every, label)
-    csv_path, parquet_path = (
-        os.path.join(out, "results.csv"),
-        os.path.join(out, "results.parquet"),
-    )
-    with resolve_client(client, n_workers) as cl:
-        rows = _halving(search, cl, trials, budgets, eta, n_jobs, (csv_path, parquet_path))
-    best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
-    copy_model(open_model(best["model"]), best_path, overwrite)
-    _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
-    log.info(
-        "tune: best trial %d (%s): %s %.6g; model in %s",
-        best["trial"],
-        _describe(trials[best["trial"]].params),
+    scoring = (split, metric, k, level, v["user_fraction"])
+    return _TunePlan(
+        info,
+        name,
+        fixed,
+        trials,
+        budgets,
+        eta,
+        v["n_jobs"],
+        split,
+        scoring,
         label,
-        best["value"],
+        every,
+        out,
         best_path,
+        overwrite,
+        settings,
     )
-    return TuneResult(rows, best, best_path, split, label, csv_path, parquet_path)
+
+
+def _targets(out: str | os.PathLike, overwrite: bool, info: StoreInfo) -> tuple[str, str, bool]:
+    """``out`` as a location, its best model's path and whether an earlier tune's results are
+    replaced: both checked (never the training store, nor inside it) before any write."""
+    out = locations.location(out)
+    overwrite = _check_out(out, overwrite)
+    best_path = (
+        model_target(os.path.join(out, "best"), overwrite, info.path)
+        if os.path.isdir(out)
+        else os.path.join(model_target(out, False, info.path), "best")
+    )
+    return out, best_path, overwrite
 
 
 def _halving(
@@ -511,12 +565,7 @@ class _Search:
         label: str,
     ) -> None:
         self.info, self.name, self.fixed, self.split = info, name, fixed, split
-        self.metric, self.k, self.level, self.user_fraction = (
-            metric,
-            k,
-            level,
-            user_fraction,
-        )
+        self.metric, self.k, self.level, self.user_fraction = metric, k, level, user_fraction
         self.every, self.label = every, label
         self.clock = time.perf_counter()
         self.stop = threading.Event()
@@ -562,11 +611,7 @@ class _Search:
         }
         if t.done:
             previous = open_model(t.model).attrs
-            return {
-                **row,
-                **self._figures(previous),
-                **_outcome("carried", t.value, t.model),
-            }
+            return {**row, **self._figures(previous), **_outcome("carried", t.value, t.model)}
         if self.stop.is_set():
             raise _Stopped()
         params = {
@@ -652,15 +697,7 @@ class _Search:
         h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
         spec = loglik_spec(self.info, m.attrs) if self.metric == "loglik" else None
         res = score_split(
-            cl,
-            self.info,
-            self.split,
-            w,
-            h,
-            [self.level],
-            self.k,
-            spec,
-            self.user_fraction,
+            cl, self.info, self.split, w, h, [self.level], self.k, spec, self.user_fraction
         )
         value = res["loglik_mean"] if self.metric == "loglik" else res["ndcg"][self.level]
         return math.nan if value is None else float(value)
