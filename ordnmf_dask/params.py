@@ -571,11 +571,14 @@ def _ingest_rows() -> Iterator[Param]:
     i = "ingest"
     doc = "ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V"
     yield Param("ratings", Options(RATING_KINDS), None, doc, i, False, optional=True)
-    doc = "quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or T1,T2,..."
+    doc = "quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or increasing T1,T2,... (a list)"
     yield Param("counts", Counts(), None, doc, i, False, optional=True)
-    doc = "class 1 where value >= S"
+    doc = "class 1 where the value (the class, with ratings or counts) >= S; the rest dropped"
     yield Param("binarize", Number(), None, doc, i, False, optional=True, metavar="S")
-    doc = "V for --ratings integer (default: max seen)"
+    doc = (
+        "V of integer ratings (default: the largest value seen; with none of ratings, counts "
+        "and binarize, data of positive integers are integer ratings)"
+    )
     yield Param("scale_max", Integer(1), None, doc, i, False, optional=True)
     doc = "drop items, then users, with fewer interactions"
     yield Param("min_count", Integer(0), 0, doc, i, False)
@@ -589,7 +592,7 @@ def _ingest_rows() -> Iterator[Param]:
         Real(0.0, 1.0, "left"),
         0.2,
         "about this fraction of the nonzeros goes to test, each pair by a seeded hash of its "
-        "raw ids (it keeps its subset as data grow)",
+        "raw ids (it keeps its subset as data grow; none with a test input)",
         i,
         False,
     )
@@ -603,14 +606,18 @@ def _ingest_rows() -> Iterator[Param]:
         False,
         metavar="F",
     )
-    yield Param("seed", Integer(0), 0, "seed of the random split", i, False)
+    doc = "seed of the random split (the seeded hash of each pair's raw ids: sources.split)"
+    yield Param("seed", Integer(0), 0, doc, i, False)
     doc = "target train nonzeros per block when there is no grid"
     yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, i, False)
     doc = "explicit block grid R,C"
     yield Param("grid", Pair(), None, doc, i, False, optional=True, metavar="R,C")
-    doc = "replace a store written by ordnmf_dask at the output path"
+    doc = "replace a store written by ordnmf_dask at the output path, once the new one is complete"
     yield Param("overwrite", Boolean(), False, doc, i, False)
-    doc = "with --distributed: bytes of text per parsing task"
+    doc = (
+        "bytes of text per parsing task (about 20x that in memory while parsing; Parquet files "
+        "are parsed a row group per task)"
+    )
     yield Param("chunk_bytes", Integer(1), DEFAULT_CHUNK_BYTES, doc, i, False)
     doc = "average input rows per merge/filter/route task (the API's alone)"
     yield Param(
