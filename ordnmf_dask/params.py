@@ -25,9 +25,11 @@ import textwrap
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ordnmf_dask.errors import InputError, shown
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 #: the model registry: job-file / CLI kind -> estimator class name
 MODELS = {"ordnmf": "OrdNMF", "bepof": "BePoF", "pf": "PF", "dcpf": "DcPF"}
@@ -105,6 +107,54 @@ class Real(Rule):
         left = "[" if self.closed in ("both", "left") else "("
         right = "]" if self.closed in ("both", "right") else ")"
         return f"a number in {left}{self.low:g}, {self.high:g}{right}"
+
+
+@dataclass(frozen=True)
+class Number(Rule):
+    """A finite number (not a bool), of any sign."""
+
+    kind: ClassVar[str] = "float"
+
+    def ok(self, value: Any) -> bool:
+        return _number(value)
+
+    def __str__(self) -> str:
+        return "a finite number"
+
+
+@dataclass(frozen=True)
+class Pair(Rule):
+    """Two integers >= 1 (a list or a tuple): a block grid R, C."""
+
+    kind: ClassVar[str] = "ints"
+
+    def ok(self, value: Any) -> bool:
+        return (
+            isinstance(value, list | tuple)
+            and len(value) == 2
+            and all(_integer(v) and v >= 1 for v in value)
+        )
+
+    def __str__(self) -> str:
+        return "a pair of integers >= 1"
+
+
+@dataclass(frozen=True)
+class Counts(Rule):
+    """``"paper"`` or a sequence (a list, tuple or array) of numbers: count thresholds, whose
+    number, order and range the value rule checks (``sources.values.check_thresholds``)."""
+
+    kind: ClassVar[str] = "counts"
+
+    def ok(self, value: Any) -> bool:
+        if isinstance(value, str):
+            return value == "paper"
+        if not (hasattr(value, "__len__") and hasattr(value, "__iter__")):
+            return False
+        return all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+
+    def __str__(self) -> str:
+        return "'paper' or a sequence of numbers"
 
 
 @dataclass(frozen=True)
@@ -197,7 +247,7 @@ class Param:
     section of the job file, whether it is a *model* parameter (it changes the fitted result and
     enters the checkpoint fingerprint), the estimators that take it and whether None is also
     accepted (and disables the setting); a command's row may name its ``flags`` (none: the
-    API alone takes it) and have the default :data:`REQUIRED`."""
+    API alone takes it) and their ``metavar``, and have the default :data:`REQUIRED`."""
 
     name: str
     rule: Rule
@@ -208,6 +258,7 @@ class Param:
     estimators: frozenset[str] = ALL
     optional: bool = False
     flags: tuple[str, ...] | None = None
+    metavar: str | None = None
 
     @property
     def kind(self) -> str:
@@ -506,10 +557,166 @@ def _evaluate_rows() -> Iterator[Param]:
     )
 
 
+RATING_KINDS = ("halfstar", "integer")  # ingest's ordinal rating scales (sources.values)
+DUPLICATE_POLICIES = ("error", "sum", "max", "last")  # what ingest does with a repeated pair
+FILTER_MODES = ("paper", "stable")  # ingest's --min-count passes (sources.filtering)
+FORMATS = ("tsv", "csv", "json", "parquet")  # the serving commands' output tables (app.tables)
+DEFAULT_CHUNK_BYTES = 2**24  # bytes of text per parsing task of an ingest
+DEFAULT_ROWS_PER_PARTITION = 2**22  # input rows per merge/filter/route task of an ingest
+
+
+def _ingest_rows() -> Iterator[Param]:
+    """The options of ``ingest`` (:func:`ordnmf_dask.sources.ingest.ingest`, the command
+    ``ordnmf-dask ingest``) but its inputs, output and parsing options."""
+    i = "ingest"
+    doc = "ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V"
+    yield Param("ratings", Options(RATING_KINDS), None, doc, i, False, optional=True)
+    doc = "quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or increasing T1,T2,... (a list)"
+    yield Param("counts", Counts(), None, doc, i, False, optional=True)
+    doc = "class 1 where the value (the class, with ratings or counts) >= S; the rest dropped"
+    yield Param("binarize", Number(), None, doc, i, False, optional=True, metavar="S")
+    doc = (
+        "V of integer ratings (default: the largest value seen; with none of ratings, counts "
+        "and binarize, data of positive integers are integer ratings)"
+    )
+    yield Param("scale_max", Integer(1), None, doc, i, False, optional=True)
+    doc = "drop items, then users, with fewer interactions"
+    yield Param("min_count", Integer(0), 0, doc, i, False)
+    doc = "paper: one pass (items then users); stable: iterate until stable"
+    filters = ("--filter",)
+    yield Param("filter_mode", Options(FILTER_MODES), "paper", doc, i, False, flags=filters)
+    doc = "what to do with repeated (user, item) pairs (values are merged before classes)"
+    yield Param("duplicates", Options(DUPLICATE_POLICIES), "error", doc, i, False)
+    yield Param(
+        "test_fraction",
+        Real(0.0, 1.0, "left"),
+        0.2,
+        "about this fraction of the nonzeros goes to test, each pair by a seeded hash of its "
+        "raw ids (it keeps its subset as data grow; none with a test input)",
+        i,
+        False,
+    )
+    yield Param(
+        "validation_fraction",
+        Real(0.0, 1.0, "left"),
+        0.0,
+        "keep this fraction of the training nonzeros apart for validation during fits (same "
+        "hashed split; 0: none)",
+        i,
+        False,
+        metavar="F",
+    )
+    doc = "seed of the random split (the seeded hash of each pair's raw ids: sources.split)"
+    yield Param("seed", Integer(0), 0, doc, i, False)
+    doc = "target train nonzeros per block when there is no grid"
+    yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, i, False)
+    doc = "explicit block grid R,C"
+    yield Param("grid", Pair(), None, doc, i, False, optional=True, metavar="R,C")
+    doc = "replace a store written by ordnmf_dask at the output path, once the new one is complete"
+    yield Param("overwrite", Boolean(), False, doc, i, False)
+    doc = (
+        "bytes of text per parsing task (about 20x that in memory while parsing; Parquet files "
+        "are parsed a row group per task)"
+    )
+    yield Param("chunk_bytes", Integer(1), DEFAULT_CHUNK_BYTES, doc, i, False)
+    doc = "average input rows per merge/filter/route task (the API's alone)"
+    yield Param(
+        "rows_per_partition", Integer(1), DEFAULT_ROWS_PER_PARTITION, doc, i, False, flags=()
+    )
+
+
+def _tune_rows() -> Iterator[Param]:
+    """The settings of ``tune`` (:func:`ordnmf_dask.tuning.search.tune`, the command
+    ``ordnmf-dask tune``) but its store, space, output and fixed parameters."""
+    t = "tune"
+    doc = "sample this many trials at random, seeded by sample_seed (None: the grid of the values)"
+    yield Param("n_trials", Integer(1), None, doc, t, False, optional=True)
+    yield Param("sample_seed", Integer(0), 0, "seed of the random trials", t, False)
+    doc = "iterations of the last rung (the command's --max-iter, or [model] max_iter)"
+    yield Param("max_iter", Integer(1), PARAMS["max_iter"].default, doc, t, False, flags=())
+    doc = "iterations of the first rung (None: max_iter // eta^2, three rungs)"
+    yield Param("min_budget", Integer(1), None, doc, t, False, optional=True)
+    doc = "keep the best 1/eta of the trials at each rung"
+    yield Param("eta", Integer(2), 3, doc, t, False)
+    yield Param(
+        "validation_metric",
+        Options(("ndcg", "loglik")),
+        "ndcg",
+        "what scores the trials (higher is better): ndcg, NDCG@validation_k at relevance >= "
+        "validation_s; loglik, the mean held-out log-likelihood per nonzero",
+        t,
+        False,
+    )
+    yield Param("validation_k", Integer(1), 100, "k of NDCG@k", t, False)
+    doc = "relevance threshold s (None: the model's threshold for bepof / pf, else 1)"
+    yield Param("validation_s", Integer(1), None, doc, t, False, optional=True)
+    doc = (
+        "score on the test subset when the store has no validation subset (its test figures "
+        "are then optimistic); otherwise that is an error"
+    )
+    yield Param("allow_test", Boolean(), False, doc, t, False)
+    yield Param(
+        "user_fraction",
+        Real(0.0, 1.0, "right"),
+        1.0,
+        "when tune scores the models itself (on the test subset, or with validation_every "
+        "0): rank this random fraction of the users",
+        t,
+        False,
+    )
+    doc = "fits run concurrently (each caches its training blocks unless cache_blocks is off)"
+    yield Param("n_jobs", Integer(1), 4, doc, t, False, flags=("--jobs",))
+    doc = "replace the results and the best model of an earlier tune in the output directory"
+    yield Param("overwrite", Boolean(), False, doc, t, False)
+
+
+def _serving_rows(command: str) -> Iterator[Param]:
+    """The options of the serving command ``command`` (``recommend``, ``similar-items``,
+    ``similar-users``, ``fold-in``, ``score``, ``export``, ``predict``) but its model, ids and
+    files: the count of its lists, the format of its table, its class columns."""
+    per = {
+        "recommend": "items per user",
+        "similar-items": "similar items per item",
+        "similar-users": "similar users per user",
+        "fold-in": "items per new user",
+        "export": "recommendations per user",
+    }
+    if command in per:
+        yield Param("n", Integer(1), 10, per[command], command, False, flags=("-n",))
+    if command in ("recommend", "export"):
+        doc = "add P(y >= S | y > 0) beside each recommended item (S a class 1..V)"
+        yield Param("proba_at", Integer(1), None, doc, command, False, optional=True, metavar="S")
+    if command in ("recommend", "similar-items", "similar-users", "fold-in", "score"):
+        doc = (
+            "output table with a header: tsv, csv, json, or parquet (binary, to a file: > "
+            "out.parquet)"
+        )
+        yield Param("format", Options(FORMATS), "tsv", doc, command, False)
+    if command == "fold-in":
+        doc = "print E[w] (user, f0 .. f{K-1}) instead"
+        yield Param("factors", Boolean(), False, doc, command, False)
+    if command == "recommend":
+        doc = "replace an existing --out"
+        yield Param("overwrite", Boolean(), False, doc, command, False)
+    if command in ("export", "predict"):
+        doc = "replace --out if it is an export (nothing else is ever replaced)"
+        yield Param("overwrite", Boolean(), False, doc, command, False)
+    if command == "predict":
+        doc = "P(y = v | y > 0) instead of P(y = v)"
+        yield Param("given_interaction", Boolean(), False, doc, command, False)
+        doc = "the law at E[lambda] ('mean') or averaged over the posterior ('gamma')"
+        yield Param("posterior", Options(("mean", "gamma")), "mean", doc, command, False)
+
+
+SERVING = ("recommend", "similar-items", "similar-users", "fold-in", "score", "export", "predict")
+
 #: command -> its arguments' rows, for the commands whose arguments have a table
 COMMAND_PARAMS: dict[str, dict[str, Param]] = {
+    "ingest": {p.name: p for p in _ingest_rows()},
     "synth": {p.name: p for p in _synth_rows()},
     "evaluate": {p.name: p for p in _evaluate_rows()},
+    "tune": {p.name: p for p in _tune_rows()},
+    **{c: {p.name: p for p in _serving_rows(c)} for c in SERVING},
 }
 
 
@@ -541,6 +748,21 @@ def parameters_doc(rows: Iterable[Param]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rows_doc(command: str) -> Callable[[_F], _F]:
+    """A decorator: the function's docstring with the line
+    ``    <the rows of params.COMMAND_PARAMS["<command>"]>`` replaced by the Parameters of the
+    rows of ``command``'s table (:func:`parameters_doc`), as the command's --help says them."""
+
+    def put(function: _F) -> _F:
+        if function.__doc__ is not None:  # None under python -OO
+            line = f'    <the rows of params.COMMAND_PARAMS["{command}"]>\n'
+            rows = parameters_doc(COMMAND_PARAMS[command].values())
+            function.__doc__ = function.__doc__.replace(line, rows)
+        return function
+
+    return put
+
+
 def accepted(estimator: str) -> list[str]:
     """The parameters the estimator class named ``estimator`` takes, in table order."""
     return [p.name for p in PARAMS.values() if estimator in p.estimators]
@@ -559,7 +781,7 @@ def problem(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> str |
 def convert(name: str, value: Any, table: Mapping[str, Param] = PARAMS) -> Any:
     """A valid ``value`` as the engine takes it: a plain int, float or str."""
     kind = table[name].kind
-    if value is None or kind in ("bool", "auto", "str"):
+    if value is None or kind in ("bool", "auto", "str", "counts"):
         return value
     if kind == "ints":
         return tuple(int(v) for v in value)

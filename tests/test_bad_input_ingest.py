@@ -134,10 +134,13 @@ def test_bad_options(tmp_path):
     path = write(tmp_path, "r.csv", "1,1,4\n1,2,3\n")
     out = tmp_path / "s"
     fails(out, "either ratings= or counts=", ingest, path, ratings="halfstar", counts="paper")
-    fails(out, "ratings must be one of", ingest, path, ratings="stars")
+    said = r"ingest: ratings must be 'halfstar' or 'integer' \(or None\), got 'stars'"
+    fails(out, said, ingest, path, ratings="stars")
     fails(out, "counts must be 'paper'", ingest, path, counts="log")
-    fails(out, "duplicates must be one of", ingest, path, duplicates="mean")
-    fails(out, "filter_mode must be one of", ingest, path, filter_mode="loose")
+    said = "ingest: duplicates must be 'error', 'sum', 'max' or 'last', got 'mean'"
+    fails(out, said, ingest, path, duplicates="mean")
+    said = "ingest: filter_mode must be 'paper' or 'stable', got 'loose'"
+    fails(out, said, ingest, path, filter_mode="loose")
     fails(out, "test_fraction", ingest, path, test_fraction=1.0)
     fails(out, "unknown delimiter", ingest, path, delimiter="|")
     fails(out, "columns must be", ingest, path, columns=(0, 0, 1))

@@ -369,7 +369,7 @@ def test_the_plan_checks_every_argument_before_any_input_is_read(tmp_path):
     """One check before any work, for every entry point: a missing input is not looked at."""
     missing = tmp_path / "missing.csv"
     for bad, message in (
-        ({"chunk_bytes": 0}, "chunk_bytes must be >= 1"),
+        ({"chunk_bytes": 0}, "ingest: chunk_bytes must be an integer >= 1"),
         ({"delimiter": "|"}, "unknown delimiter"),
         ({"columns": (0, 0, 1)}, "columns must be 3 distinct"),
         ({"min_count": -1}, "min_count must be"),

@@ -521,8 +521,11 @@ def test_test_file_on_cluster(tmp_path, client):
         ({"grid": (0, 2)}, "grid must be"),
         ({"delimiter": "|"}, "unknown delimiter"),
         ({"columns": (0, 0, 1)}, "columns must be"),
-        ({"chunk_bytes": 0}, "^chunk_bytes must be >= 1, got 0$"),
-        ({"rows_per_partition": -3}, "^rows_per_partition must be >= 1, got -3$"),
+        ({"chunk_bytes": 0}, "^ingest: chunk_bytes must be an integer >= 1, got 0$"),
+        (
+            {"rows_per_partition": -3},
+            "^ingest: rows_per_partition must be an integer >= 1, got -3$",
+        ),
     ],
 )
 def test_every_option_checked_before_any_input_is_read(tmp_path, option, match):

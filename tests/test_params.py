@@ -327,30 +327,64 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
     }
 
 
-def _command_functions(command: str) -> list[Any]:
-    """The API functions that take the arguments of ``command``'s table."""
+def _command_functions(command: str) -> tuple[list[Any], set[str]]:
+    """The API functions that take the arguments of ``command``'s table, and the rows that the
+    command line alone takes (how it prints its table, what it prints)."""
     from ordnmf_dask.postfit.evaluate import evaluate
+    from ordnmf_dask.postfit.export import export
+    from ordnmf_dask.postfit.pairs import predict_pairs
+    from ordnmf_dask.postfit.recommend import recommend
+    from ordnmf_dask.sources.ingest import ingest
+    from ordnmf_dask.sources.options import plan_ingest
     from ordnmf_dask.sources.synth import plan_synth, synth
+    from ordnmf_dask.tuning.search import tune
 
-    return {"synth": [synth, plan_synth], "evaluate": [evaluate]}[command]
+    cli = {"format", "factors"}
+    return {
+        "synth": ([synth, plan_synth], cli),
+        "evaluate": ([evaluate], cli),
+        "ingest": ([ingest, plan_ingest], cli),
+        "tune": ([tune], cli),
+        "recommend": ([recommend], cli),
+        "export": ([export], cli),
+        "predict": ([predict_pairs], cli),
+    }.get(command, ([], cli))
+
+
+def _signature_defaults(function: Any) -> dict[str, Any]:
+    """Keyword -> default of ``function``, its ``**options: Unpack[IngestOptions]`` as
+    ``INGEST_DEFAULTS`` (what ingest completes them with)."""
+    from ordnmf_dask.sources.options import INGEST_DEFAULTS
+
+    signature = inspect.signature(function).parameters
+    defaults = {name: p.default for name, p in signature.items() if p.kind != p.VAR_KEYWORD}
+    if any(p.kind == p.VAR_KEYWORD for p in signature.values()):
+        defaults.update(INGEST_DEFAULTS)
+    return defaults
 
 
 @pytest.mark.parametrize("command", sorted(params.COMMAND_PARAMS))
 def test_a_commands_signatures_and_flags_are_its_table(command):
-    """The API functions of a command take the rows of its table with their defaults, and the
-    command's flags are the rows that have flags (and its own I/O and cluster flags)."""
+    """The API functions of a command take the rows of its table with their defaults (but
+    those of the command line alone), and the command's flags are the rows that have flags
+    (and its own I/O and cluster flags)."""
     table = params.COMMAND_PARAMS[command]
-    for function in _command_functions(command):
-        signature = inspect.signature(function).parameters
-        assert set(table) <= set(signature), function.__name__
+    functions, cli_only = _command_functions(command)
+    for function in functions:
+        signature = _signature_defaults(function)
+        assert set(table) - cli_only <= set(signature), function.__name__
         for name, row in table.items():
-            default = signature[name].default
+            if name in cli_only:
+                continue
             want = inspect.Parameter.empty if row.default is params.REQUIRED else row.default
-            assert default == want, (function.__name__, name)
+            assert signature[name] == want, (function.__name__, name)
     flags = {a.dest: a for a in subcommand(build_parser(), command)._actions}
     for name, row in table.items():
         if not row.options:
-            assert name not in flags, name  # an API-only row (synth's rate_w, rate_h)
+            # an API-only row (synth's rate_w, rate_h), or one whose flag is the estimator
+            # parameter's (tune's max_iter: --max-iter, and [model] max_iter of --config)
+            given = flags.get(name)
+            assert given is None or tuple(given.option_strings) == params.PARAMS[name].options
             continue
         action = flags[name]
         assert tuple(action.option_strings) == row.options and action.help.startswith(row.doc)
@@ -361,13 +395,38 @@ def test_a_commands_signatures_and_flags_are_its_table(command):
             assert tuple(action.choices) == row.rule.words, name
 
 
-def test_synths_docstring_lists_its_table():
+@pytest.mark.parametrize("command", ["ingest", "synth", "tune"])
+def test_a_commands_docstring_lists_its_table(command):
+    from ordnmf_dask.sources.ingest import ingest
     from ordnmf_dask.sources.synth import synth
+    from ordnmf_dask.tuning.search import tune
 
-    text = " ".join((synth.__doc__ or "").split())
-    for name, row in params.COMMAND_PARAMS["synth"].items():
+    function = {"ingest": ingest, "synth": synth, "tune": tune}[command]
+    text = " ".join((function.__doc__ or "").split())
+    for name, row in params.COMMAND_PARAMS[command].items():
         assert f"{name} : {' '.join(row.doc.split())}" in text, name
     assert "<the rows" not in text
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"min_count": -1}, "ingest: min_count must be an integer >= 0, got -1"),
+        ({"min_count": 2.0}, "ingest: min_count must be an integer >= 0, got 2.0"),
+        ({"seed": True}, "ingest: seed must be an integer >= 0, got True"),
+        ({"binarize": float("nan")}, "ingest: binarize must be a finite number (or None), got nan"),
+        ({"grid": (2, 0)}, "ingest: grid must be a pair of integers >= 1 (or None), got (2, 0)"),
+        ({"overwrite": "yes"}, "ingest: overwrite must be a boolean, got 'yes'"),
+        ({"chunk_bytes": 1.5}, "ingest: chunk_bytes must be an integer >= 1, got 1.5"),
+    ],
+)
+def test_ingest_options_are_checked_by_their_rows_before_any_input_is_read(tmp_path, change, said):
+    from ordnmf_dask.sources.options import plan_ingest
+
+    with pytest.raises(InputError) as caught:  # the input does not exist: the rows come first
+        plan_ingest(tmp_path / "r.csv", tmp_path / "s.zarr", **change)
+    assert str(caught.value) == said
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(

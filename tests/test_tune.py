@@ -154,11 +154,17 @@ def test_no_validation_subset_needs_allow_test(stores, tmp_path):
         ({"params": {"n_components": 3}}, "n_components is both searched and fixed"),
         ({"params": {"checkpoint_dir": "x"}}, "checkpoint_dir is set by tune"),
         ({"params": {"threshold": 2}}, "OrdNMF has no parameter 'threshold'"),
-        ({"validation_metric": "auc"}, "validation_metric must be one of ndcg, loglik"),
+        (
+            {"validation_metric": "auc"},
+            "tune: validation_metric must be 'ndcg' or 'loglik', got 'auc'",
+        ),
         ({"validation_s": 6}, "validation_s must be a class in 1..5"),
         ({"model": "bepof", "validation_metric": "loglik"}, "BePoF models binarized data"),
         ({"model": "svd"}, "model must be one of"),
-        ({"n_jobs": 0}, "n_jobs must be an integer >= 1"),
+        ({"n_jobs": 0}, "tune: n_jobs must be an integer >= 1, got 0"),
+        ({"eta": 1}, "tune: eta must be an integer >= 2, got 1"),
+        ({"user_fraction": 0.0}, r"tune: user_fraction must be a number in \(0, 1\], got 0.0"),
+        ({"validation_k": 0}, "tune: validation_k must be an integer >= 1, got 0"),
     ],
 )
 def test_settings_refused_before_anything_is_written(stores, tmp_path, kwargs, message):

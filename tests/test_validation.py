@@ -141,13 +141,16 @@ def test_the_command_line_makes_and_shows_the_validation_subset(tmp_path, capsys
         )
         == 2
     )
-    assert "--validation-fraction must be in [0, 1), got 1.5" in capsys.readouterr().err
+    said = "ingest: --validation-fraction must be a number in [0, 1), got 1.5"
+    assert said in capsys.readouterr().err
 
 
 def test_bad_validation_fraction_is_refused(tmp_path):
     u, i, v = triples()
     for bad in (-0.1, 1.0, True):
-        with pytest.raises(InputError, match="validation_fraction must be in"):
+        with pytest.raises(
+            InputError, match=r"ingest: validation_fraction must be a number in \[0, 1\), got "
+        ):
             ingest_arrays(u, i, v, tmp_path / "x.zarr", validation_fraction=bad)
     assert not list(tmp_path.iterdir())
 

@@ -17,7 +17,7 @@ from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import SEARCH_FLAGS
 from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError, UsageError
-from ordnmf_dask.params import MODELS
+from ordnmf_dask.params import COMMAND_PARAMS, MODELS
 
 log = logging.getLogger("ordnmf_dask")
 
@@ -59,26 +59,16 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         raise UsageError(f"--grid takes R,C, got {args.grid}")
     if args.columns is not None and len(args.columns) != 3:
         raise UsageError(f"--columns takes user,item,value, got {args.columns}")
-    kwargs = dict(
-        ratings=args.ratings,
-        counts=args.counts,
-        binarize=args.binarize,
-        scale_max=args.scale_max,
-        min_count=args.min_count,
-        filter_mode=args.filter_mode,
-        duplicates=args.duplicates,
+    given = {name: getattr(args, name) for name, p in COMMAND_PARAMS["ingest"].items() if p.options}
+    plan = plan_ingest(
+        args.inputs,
+        args.out,
         test=args.test,
-        test_fraction=args.test_fraction,
-        validation_fraction=args.validation_fraction,
-        seed=args.seed,
-        nnz_per_block=args.nnz_per_block,
-        grid=tuple(args.grid) if args.grid else None,
-        overwrite=args.overwrite,
         delimiter=args.delimiter,
         header=args.header,
         columns=tuple(args.columns),
+        **{**given, "grid": tuple(args.grid) if args.grid else None},
     )
-    plan = plan_ingest(args.inputs, args.out, chunk_bytes=args.chunk_bytes, **kwargs)
     if args.distributed:
         with _cluster_client(args) as client:  # after the plan's checks
             info = run_plan(plan, client)
@@ -126,7 +116,6 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from ordnmf_dask.params import COMMAND_PARAMS
     from ordnmf_dask.sources.synth import plan_synth, write_synth
 
     given = {name: getattr(args, name) for name, p in COMMAND_PARAMS["synth"].items() if p.options}
@@ -255,7 +244,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from ordnmf_dask.params import COMMAND_PARAMS
     from ordnmf_dask.postfit.evaluate import evaluate
 
     cluster = _job(args).cluster
@@ -622,19 +610,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             out=args.out,
             model=name,
             params=fixed,
-            n_trials=args.n_trials,
-            sample_seed=args.sample_seed,
             max_iter=max_iter,
-            min_budget=args.min_budget,
-            eta=args.eta,
-            validation_metric=args.validation_metric,
-            validation_k=args.validation_k,
-            validation_s=args.validation_s,
-            allow_test=args.allow_test,
-            user_fraction=args.user_fraction,
-            n_jobs=args.n_jobs,
+            **{n: getattr(args, n) for n, p in COMMAND_PARAMS["tune"].items() if p.options},
             n_workers=cfg.cluster.local_spec.workers,
-            overwrite=bool(args.overwrite),
         )
     best = res.best
     searched = " ".join(f"{p}={best[p]:.4g}" for p in SEARCH_FLAGS)

@@ -10,7 +10,6 @@ from typing import Any, NoReturn
 
 from ordnmf_dask import __version__
 from ordnmf_dask.app.exits import EXIT_INPUT
-from ordnmf_dask.app.tables import FORMATS
 from ordnmf_dask.params import COMMAND_PARAMS, MODELS, PARAMS, REQUIRED, Options, Param
 
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts
@@ -97,70 +96,16 @@ def _ingest(add: _Add) -> None:
         "(concatenated)",
     )
     ing.add_argument("--out", required=True, help="store directory to create")
-    ing.add_argument(
-        "--ratings",
-        choices=["halfstar", "integer"],
-        help="ordinal ratings: halfstar (x2 -> 1..10) or integer 1..V",
-    )
-    ing.add_argument("--scale-max", type=int, help="V for --ratings integer (default: max seen)")
-    ing.add_argument(
-        "--counts",
-        type=_counts,
-        help="quantize counts: 'paper' (0,1,2,5,10,20,50,100,200,500) or T1,T2,...",
-    )
-    ing.add_argument("--binarize", type=float, metavar="S", help="class 1 where value >= S")
-    ing.add_argument(
-        "--min-count", type=int, default=0, help="drop items, then users, with fewer interactions"
-    )
-    ing.add_argument(
-        "--filter",
-        dest="filter_mode",
-        choices=["paper", "stable"],
-        default="paper",
-        help="paper: one pass (items then users); stable: iterate until stable",
-    )
-    ing.add_argument("--duplicates", choices=["error", "sum", "max", "last"], default="error")
+    rows = COMMAND_PARAMS["ingest"]
     split = ing.add_mutually_exclusive_group()
     split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
-    split.add_argument(
-        "--test-fraction",
-        type=float,
-        default=0.2,
-        help="about this fraction of the nonzeros goes to test, each pair by a "
-        "seeded hash of its raw ids (it keeps its subset as data grow)",
-    )
-    ing.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="keep this fraction of the training nonzeros apart for validation "
-        "during fits (same hashed split; default 0: none)",
-    )
-    ing.add_argument("--seed", type=int, default=0, help="seed of the random split")
-    ing.add_argument("--nnz-per-block", type=int, default=2**21)
-    ing.add_argument("--grid", type=_int_list, help="explicit block grid R,C")
-    ing.add_argument("--delimiter", help="field delimiter (default: detected)")
-    hdr = ing.add_mutually_exclusive_group()
-    hdr.add_argument("--header", dest="header", action="store_true", default=None)
-    hdr.add_argument("--no-header", dest="header", action="store_false")
-    ing.add_argument(
-        "--columns",
-        type=_columns,
-        default=[0, 1, 2],
-        help="user,item,value columns: 0-based positions or names (default 0,1,2)",
-    )
-    ing.add_argument("--overwrite", action="store_true")
+    _command_args(split, rows, ("test_fraction",))
+    _command_args(ing, rows, [name for name in rows if name != "test_fraction"])
+    _parsing_args(ing, _TRIPLES)
     ing.add_argument(
         "--distributed",
         action="store_true",
         help="out-of-core ingest on a cluster (bounded memory per task)",
-    )
-    ing.add_argument(
-        "--chunk-bytes",
-        type=int,
-        default=2**24,
-        help="with --distributed: bytes of text per parsing task (default 16 MiB)",
     )
     _cluster_args(ing)
 
@@ -271,14 +216,7 @@ def _recommend(add: _Add) -> None:
     )
     who.add_argument("--users", type=_name_list, help="raw user ids joined by commas")
     who.add_argument("--users-from", metavar="FILE", help=_FROM_HELP.format(noun="user"))
-    _serving_args(rec, "items per user")
-    rec.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    rec.add_argument(
-        "--proba-at",
-        type=int,
-        metavar="S",
-        help="add P(y >= S | y > 0) beside each recommended item (S a class 1..V)",
-    )
+    _command_args(rec, COMMAND_PARAMS["recommend"])
     _other_store_arg(rec)
     _cluster_args(rec)
 
@@ -294,7 +232,7 @@ def _similar(add: _Add) -> None:
         which = sim.add_mutually_exclusive_group(required=True)
         which.add_argument(f"--{axis}", type=_name_list, help=f"raw {axis[:-1]} ids, commas")
         which.add_argument(f"--{axis}-from", metavar="FILE", help=_FROM_HELP.format(noun=axis[:-1]))
-        _serving_args(sim, f"similar {axis} per {axis[:-1]}")
+        _command_args(sim, COMMAND_PARAMS[f"similar-{axis}"])
 
 
 def _fold_in(add: _Add) -> None:
@@ -308,20 +246,8 @@ def _fold_in(add: _Add) -> None:
     )
     fold.add_argument("model")
     fold.add_argument("ratings", help="CSV / TSV / Parquet file of the new users' ratings")
-    fold.add_argument(
-        "--columns",
-        type=_columns,
-        default=[0, 1, 2],
-        help="user,item,value columns: 0-based positions or names (default 0,1,2)",
-    )
-    fold.add_argument("--delimiter", help="field delimiter (default: detected)")
-    fhdr = fold.add_mutually_exclusive_group()
-    fhdr.add_argument("--header", dest="header", action="store_true", default=None)
-    fhdr.add_argument("--no-header", dest="header", action="store_false")
-    fold.add_argument(
-        "--factors", action="store_true", help="print E[w] (user, f0 .. f{K-1}) instead"
-    )
-    _serving_args(fold, "items per new user")
+    _parsing_args(fold, _TRIPLES)
+    _command_args(fold, COMMAND_PARAMS["fold-in"])
 
 
 def _score(add: _Add) -> None:
@@ -338,17 +264,12 @@ def _score(add: _Add) -> None:
         "--users", type=_name_list, help="raw user ids, commas (with --items, pairwise)"
     )
     sco.add_argument("--items", type=_name_list, help="raw item ids, commas, one per user")
-    sco.add_argument(
-        "--columns",
-        type=_columns,
-        default=[0, 1],
-        help="with --pairs: user,item columns, positions or names (default 0,1)",
+    _parsing_args(
+        sco,
+        "with --pairs: user,item columns, positions or names (default 0,1)",
+        "with --pairs: ",
     )
-    sco.add_argument("--delimiter", help="with --pairs: field delimiter (default: detected)")
-    shdr = sco.add_mutually_exclusive_group()
-    shdr.add_argument("--header", dest="header", action="store_true", default=None)
-    shdr.add_argument("--no-header", dest="header", action="store_false")
-    _format_arg(sco)
+    _command_args(sco, COMMAND_PARAMS["score"])
 
 
 def _export(add: _Add) -> None:
@@ -364,21 +285,10 @@ def _export(add: _Add) -> None:
         default=["factors", "recommendations"],
         help="comma-separated subset of factors,recommendations (default both)",
     )
-    exp.add_argument("-n", type=int, default=10, help="recommendations per user (default 10)")
-    exp.add_argument(
-        "--proba-at",
-        type=int,
-        metavar="S",
-        help="add P(y >= S | y > 0) beside each recommended item (S a class 1..V)",
-    )
+    _command_args(exp, COMMAND_PARAMS["export"])
     exp.add_argument(
         "--store",
         help="training store for the recommendations (default: the store the model records)",
-    )
-    exp.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --out if it is an export (nothing else is ever replaced)",
     )
     _other_store_arg(exp)
     _cluster_args(exp)
@@ -398,22 +308,7 @@ def _predict(add: _Add) -> None:
     pre.add_argument(
         "--out", required=True, help="directory or URL: OUT/predictions/part-<j>.parquet"
     )
-    pre.add_argument(
-        "--given-interaction",
-        action="store_true",
-        help="P(y = v | y > 0) instead of P(y = v)",
-    )
-    pre.add_argument(
-        "--posterior",
-        choices=["mean", "gamma"],
-        default="mean",
-        help="the law at E[lambda] (mean, default) or averaged over the posterior (gamma)",
-    )
-    pre.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace --out if it is an export (nothing else is ever replaced)",
-    )
+    _command_args(pre, COMMAND_PARAMS["predict"])
     _other_store_arg(pre)
     _cluster_args(pre)
 
@@ -458,16 +353,15 @@ def _tune(add: _Add) -> None:
         choices=list(MODELS),
         help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
     )
-    _search_args(tun)
-    tun.add_argument(
-        "--jobs", dest="n_jobs", type=int, default=4, help="fits run concurrently (default 4)"
-    )
-    tun.add_argument(
-        "--overwrite",
-        action="store_true",
-        default=None,
-        help="replace the results of an earlier tune in --out",
-    )
+    for name, flags in SEARCH_FLAGS.items():
+        tun.add_argument(
+            *flags,
+            dest=f"space_{name}",
+            metavar="V1,V2,...|LOW:HIGH",
+            help=f"{PARAMS[name].doc}: values to search, or a range sampled "
+            "log-uniformly (needs --n-trials)",
+        )
+    _command_args(tun, COMMAND_PARAMS["tune"])
     _param_args(
         tun,
         skip=(
@@ -483,81 +377,6 @@ def _tune(add: _Add) -> None:
         ),
     )  # tune's own
     _cluster_args(tun)
-
-
-def _search_args(tun: argparse.ArgumentParser) -> None:
-    """tune's flags of the space searched and of the search."""
-    for name, flags in SEARCH_FLAGS.items():
-        tun.add_argument(
-            *flags,
-            dest=f"space_{name}",
-            metavar="V1,V2,...|LOW:HIGH",
-            help=f"{PARAMS[name].doc}: values to search, or a range sampled "
-            "log-uniformly (needs --n-trials)",
-        )
-    tun.add_argument(
-        "--n-trials",
-        dest="n_trials",
-        type=int,
-        help="sample this many trials at random (default: the grid of the values)",
-    )
-    tun.add_argument(
-        "--sample-seed",
-        dest="sample_seed",
-        type=int,
-        default=0,
-        help="seed of the random trials (default 0)",
-    )
-    tun.add_argument(
-        "--min-budget",
-        dest="min_budget",
-        type=int,
-        help="iterations of the first rung (default max_iter // eta^2)",
-    )
-    tun.add_argument(
-        "--eta",
-        type=int,
-        default=3,
-        help="keep the best 1/eta of the trials at each rung (default 3)",
-    )
-    tun.add_argument(
-        "--validation-metric",
-        dest="validation_metric",
-        choices=["ndcg", "loglik"],
-        default="ndcg",
-        help="ndcg: NDCG@--validation-k at relevance >= --validation-s; loglik: "
-        "mean held-out "
-        "log-likelihood (default ndcg)",
-    )
-    tun.add_argument(
-        "--validation-k",
-        dest="validation_k",
-        type=int,
-        default=100,
-        help="k of NDCG@k (default 100)",
-    )
-    tun.add_argument(
-        "--validation-s",
-        dest="validation_s",
-        type=int,
-        help="relevance threshold s (default: --threshold for bepof / pf, else 1)",
-    )
-    tun.add_argument(
-        "--allow-test",
-        dest="allow_test",
-        action="store_true",
-        help="score on the test subset when the store has no validation subset "
-        "(its test figures are then optimistic)",
-    )
-    tun.add_argument(
-        "--user-fraction",
-        dest="user_fraction",
-        type=float,
-        default=1.0,
-        help="when tune scores the models itself (test subset, or "
-        "--validation-every 0): rank this random fraction of the users "
-        "(default 1)",
-    )
 
 
 #: the subcommands, in the order --help lists them: each adds its parser with ``add``
@@ -622,12 +441,17 @@ def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
         p.add_argument(*names, **kw)
 
 
-def _command_args(p: argparse.ArgumentParser, table: Mapping[str, Param]) -> None:
-    """One flag per row of a command's ``table`` that has flags (:attr:`Param.options`), its
-    name as destination: the row's default (a :data:`REQUIRED` row: a required flag), type
-    (a list of integers joined by commas; the choices of an :class:`Options` rule) and doc; a
-    boolean is a switch (``--overwrite``)."""
-    for row in table.values():
+def _command_args(
+    p: argparse._ActionsContainer,
+    table: Mapping[str, Param],
+    names: Sequence[str] | None = None,
+) -> None:
+    """One flag per row of a command's ``table`` (those of ``names``, default all) that has
+    flags (:attr:`Param.options`), its name as destination: the row's default (a
+    :data:`REQUIRED` row: a required flag), type (a list of integers joined by commas, count
+    thresholds; the choices of an :class:`Options` rule), metavar and doc; a boolean is a
+    switch (``--overwrite``)."""
+    for row in table.values() if names is None else (table[name] for name in names):
         if not row.options:
             continue
         kw: dict[str, Any] = {"dest": row.name, "help": row.doc}
@@ -635,8 +459,9 @@ def _command_args(p: argparse.ArgumentParser, table: Mapping[str, Param]) -> Non
             kw.update(action="store_true", default=row.default)
             p.add_argument(*row.options, **kw)
             continue
-        kind = {"int": int, "float": float, "str": str, "ints": _int_list}[row.kind]
-        kw.update(type=kind, metavar="S1,S2,..." if row.kind == "ints" else None)
+        kind = {"int": int, "float": float, "str": str, "ints": _int_list, "counts": _counts}
+        metavar = "S1,S2,..." if row.kind == "ints" else None
+        kw.update(type=kind[row.kind], metavar=row.metavar or metavar)
         if isinstance(row.rule, Options):
             kw.update(choices=row.rule.words, metavar=None)
         if row.default is REQUIRED:
@@ -661,21 +486,20 @@ def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
     p.add_argument("--log-file", help="also write logs to this file", **default)
 
 
-def _format_arg(p: argparse.ArgumentParser) -> None:
-    """``--format``: how the serving commands print their table (:mod:`.tables`)."""
-    p.add_argument(
-        "--format",
-        choices=FORMATS,
-        default="tsv",
-        help="output table with a header: tsv (default), csv, json, or parquet (binary, "
-        "to a file: > out.parquet)",
-    )
+def _parsing_args(p: argparse.ArgumentParser, columns: str, when: str = "") -> None:
+    """``--columns`` (``columns``: its help), ``--delimiter`` and ``--header`` /
+    ``--no-header`` of the commands that read files of rows (``when``: the flag they apply
+    with)."""
+    default = [0, 1, 2] if columns.startswith("user,item,value") else [0, 1]
+    p.add_argument("--columns", type=_columns, default=default, help=columns)
+    p.add_argument("--delimiter", help=f"{when}field delimiter (default: detected)")
+    hdr = p.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="header", action="store_true", default=None)
+    hdr.add_argument("--no-header", dest="header", action="store_false")
 
 
-def _serving_args(p: argparse.ArgumentParser, what: str) -> None:
-    """``-n`` and ``--format`` of the serving commands."""
-    p.add_argument("-n", type=int, default=10, help=f"{what} (default 10)")
-    _format_arg(p)
+#: --columns of the files of (user, item, value) rows
+_TRIPLES = "user,item,value columns: 0-based positions or names (default 0,1,2)"
 
 
 def _other_store_arg(p: argparse.ArgumentParser) -> None:

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from ordnmf_dask.errors import UsageError
+from ordnmf_dask.params import FORMATS
 
-FORMATS = ("tsv", "csv", "json", "parquet")
 BATCH = 1 << 16  # rows of a Parquet table written at a time
 
 

@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.model import classlaw
 from ordnmf_dask.modelstore.model import open_model
+from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.classes import ClassLaw, factor_moments, law_of
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.export import Plan, open_target, part_name, write_export
@@ -184,10 +184,10 @@ def predict_pairs(
     :meth:`~ordnmf_dask.estimator.CaviEstimator.predict_proba`. Unknown ids: InputError naming
     the file, row group and ids, and nothing is written. Returns ``out``.
     """
-    if posterior not in classlaw.POSTERIORS:
-        raise InputError(
-            f"posterior must be one of {', '.join(classlaw.POSTERIORS)}, got {posterior!r}"
-        )
+    validate_call(  # its table's rows
+        "predict",
+        {"given_interaction": given_interaction, "posterior": posterior, "overwrite": overwrite},
+    )
     path = os.fspath(getattr(model, "model_path_", model))
     info = None
     if store is not None:

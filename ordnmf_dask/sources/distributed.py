@@ -38,6 +38,11 @@ the tasks run in this process on a small input, ``staged.held_staging``):
    concatenation of its pieces in partition order, which ``staged.assemble_store`` writes
    chunk by chunk.
 
+``build_chunked`` runs them as named stages over one :class:`_Context` (the plan, the runner,
+the temporary store, the inputs), each a function that takes the results of those before it:
+parse (step 2), code ids and partition (step 3), deduplicate (4), filter (5), split and block
+(6, 7), write (7).
+
 A test file (``test``) instead of step 6's random test set is parsed with the training files
 (its values count for the value rule) and its ids merged apart. Its rows are routed with the
 training rows: a row of a training user to that user's partition, a row of another user by its
@@ -146,205 +151,358 @@ class _Input:
 
 
 def build_chunked(plan: IngestPlan, runner: Runner) -> StoreInfo:
-    """The store of ``plan``, built chunk by chunk by ``runner``'s tasks (see module docstring):
-    on a cluster, whose every worker must see the input files, and ``out``'s directory when it
-    is local (a URL ``out`` is written from the workers, staging in place), or in this process.
-    A dask DataFrame's partitions are the chunks, each computed on the worker that parses it;
-    other data in memory is one chunk."""
-    o, out = plan.options, plan.out
-    delimiter, header, columns, chunk_bytes = (
-        plan.delimiter,
-        plan.header,
-        plan.columns,
-        plan.chunk_bytes,
-    )
-    rows_per_partition, inputs, test = plan.rows_per_partition, plan.inputs, plan.test
-    ratings, counts, binarize, scale_max = o["ratings"], o["counts"], o["binarize"], o["scale_max"]
-    min_count, filter_mode, duplicates = o["min_count"], o["filter_mode"], o["duplicates"]
-    test_fraction, seed = o["test_fraction"], o["seed"]
-    validation_fraction = o["validation_fraction"]
-    nnz_per_block, grid, overwrite = o["nnz_per_block"], o["grid"], o["overwrite"]
-    train = _plan_input(runner, inputs, "input", delimiter, header, columns, chunk_bytes, 0)
+    """The store of ``plan``, built chunk by chunk by ``runner``'s tasks, in the named stages
+    of the module docstring (parse, code ids, partition, deduplicate, filter, split and block,
+    write), each a function of one :class:`_Context`: on a cluster, whose every worker must
+    see the input files, and ``out``'s directory when it is local (a URL ``out`` is written
+    from the workers, staging in place), or in this process. A dask DataFrame's partitions are
+    the chunks, each computed on the worker that parses it; other data in memory is one
+    chunk."""
+    read = (plan.delimiter, plan.header, plan.columns, plan.chunk_bytes)
+    train = _plan_input(runner, plan.inputs, "input", *read, 0)
     tested = (
         None
-        if test is None
-        else _plan_input(
-            runner, test, "test", delimiter, header, columns, chunk_bytes, len(train.chunks)
-        )
+        if plan.test is None
+        else _plan_input(runner, plan.test, "test", *read, len(train.chunks))
     )
     ins = [train] if tested is None else [train, tested]
-    label = train.label
     held = runner.client is None and sum(len(i.chunks) for i in ins) <= _HELD_CHUNKS
+    overwrite = plan.options["overwrite"]
     with (
-        temporary_store(out, overwrite, runner) as (path, tmp),
+        temporary_store(plan.out, overwrite, runner) as (path, tmp),
         held_staging(tmp) if held else contextlib.nullcontext(),
     ):
         staging_dir(tmp)
-        spec, rows, parsed = _parse(runner, ins, tmp, ratings, counts, binarize, scale_max)
-        found = [k for k, n in enumerate(rows[0]) if n > 0]
-        live = [train.chunks[k] for k in found]
-        users = _code_ids(
-            runner, live, [parsed[k] for k in found], tmp, "users", 2 * rows_per_partition
-        )
-        items = _code_ids(
-            runner, live, [parsed[k] for k in found], tmp, "items", 2 * rows_per_partition
-        )
-        stride = max(1, sum(map(sum, rows)) // _SAMPLED_ROWS)
-        coded = [CodesJob(c, users.pieces[k], items.pieces[k]) for k, c in enumerate(live)]
-        sample = runner.map(
-            codes_task, coded, tmp, spec, users.ranges.offsets, items.ranges.offsets, stride
-        )
-        remove_staging(tmp, "codes")  # every chunk has its codes now
-        t_live: list[AnyChunk] = []
-        test_set = None
-        if tested is not None:
-            t_live = [c for c, n in zip(tested.chunks, rows[1], strict=True) if n > 0]
-            t_index = [c.index for c in t_live]
-            test_set = TestSet(
-                runner.map(ids_task, [t_index], tmp, "users")[0],
-                runner.map(ids_task, [t_index], tmp, "items")[0],
-                tested.names,
-            )
-            sample += runner.map(
-                test_codes_task,
-                t_live,
-                tmp,
-                spec,
-                runner.share(users.ranges.load()),  # to look their ids up
-                runner.share(items.ranges.load()),
-                runner.share(test_set.users),
-                runner.share(test_set.items),
-                stride,
-            )
-        n_users, n_items = len(users.ranges), len(items.ranges)
-        n_parts = max(1, min(n_users, math.ceil(sum(map(sum, rows)) / rows_per_partition)))
-        bounds = _sample_bounds(np.concatenate(sample), n_users, n_parts)
-        n_parts = len(bounds) - 1
-        hits = runner.map(partition_task, live, tmp, bounds)
-        t_hits = (
-            []
-            if test_set is None
-            else runner.map(
-                test_partition_task,
-                t_live,
-                tmp,
-                bounds,
-                _test_bounds(users, test_set.users, bounds),
-            )
-        )
-        jobs = [
-            PartJob(p, _pieces(live, hits, p), _pieces(t_live, t_hits, p)) for p in range(n_parts)
-        ]
-        merged = runner.map(
-            dedupe_task,
-            jobs,
-            tmp,
-            spec,
-            duplicates,
-            users.ranges,
-            items.ranges,
-            runner.share(train.names),
-            None if test_set is None else runner.share(test_set),
-        )
-        remove_staging(tmp, "chunks")  # every row is in a partition now
-        parts = [j.part for j in jobs]
-        n_not = sum(m[1] for m in merged)
-        n_kept = sum(m[0] - m[1] for m in merged)
-        if n_kept == 0:
-            raise InputError(
-                f"{label}: no interactions left: every row is below the binarize/count threshold"
-            )
-        fin = _filter(runner, parts, tmp, bounds, n_items, min_count, filter_mode, seed)
-        alive = runner.share(fin.user_alive), runner.share(fin.item_alive)
-        user_deg, item_deg = runner.map_reduce(
-            degree_task, parts, join_add, tmp, bounds, *alive, n_items
-        )
-        n = int(user_deg.sum())
-        if n == 0:
-            raise InputError(
-                f"{label}: everything was filtered away by min_count={min_count} "
-                f"(filter_mode={filter_mode!r})"
-            )
-        extra: dict[str, Any] = {}
-        if tested is not None:
-            extra["test_not_interaction"] = _test_errors([m[2] for m in merged])
-        user_sel, item_sel = np.flatnonzero(user_deg > 0), np.flatnonzero(item_deg > 0)
-        kept_before = np.concatenate([[0], np.cumsum(user_deg > 0)]).astype(np.int64)
-        fraction = None if tested is not None else test_fraction
-        fin = Final(
-            bounds,
-            fin.user_alive,
-            fin.item_alive,
-            kept_before[bounds],
-            _index_map(item_deg > 0),
-            len(item_sel),
-            seed,
-            split_rule(fraction, validation_fraction),
-            users.ranges,
-            items.ranges.hashes(0, n_items),
-            file_test=tested is not None,
-        )
-        shared = runner.share(fin)
-        deg_u, deg_i = runner.map_reduce(train_degrees_task, parts, join_add, tmp, shared)
-        check_train_left(label, n, int(deg_u.sum()), fraction, validation_fraction)
-        row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, nnz_per_block, grid)
-        placed = runner.map(block_task, parts, tmp, shared, row_bounds, col_bounds, spec.n_classes)
-        remove_staging(tmp, "nonzeros")  # every nonzero is in a block piece now
-        if tested is not None:
-            n_unknown = sum(res["test_unknown"] for res in placed)
-            check_test_left(
-                tested.label,
-                sum(int(res["hist_test"].sum()) for res in placed),
-                n_unknown,
-                extra["test_not_interaction"],
-            )
-            warn_unknown(n_unknown, 5)  # the caller of ``ingest``
-            extra = {"test_unknown_dropped": n_unknown, **extra}
-        n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
-        blocks: dict[str, list[list]] = {"train": [], "test": []}
-        if validation_fraction > 0:
-            blocks["validation"] = []
-        hists = {}
-        for split in blocks:
-            blocks[split] = [[] for _ in range(n_blocks)]
-            for res in placed:  # partition order
-                for b, seg in zip(*res[split], strict=True):
-                    blocks[split][b].append(seg)
-            hists[split] = np.sum([res[f"hist_{split}"] for res in placed], axis=0)
-        warn_whole_stars(spec, sum(hists.values()), 5)  # the caller of ``ingest``
-        attrs = ingest_attrs(
-            spec,
-            hists,
-            row_bounds,
-            col_bounds,
-            train.sources,
-            (users.kind, items.kind),
-            min_count=min_count,
-            filter_mode=filter_mode,
-            duplicates=duplicates,
-            test_fraction=test_fraction,
-            seed=seed,
-            nnz_per_block=nnz_per_block,
-            rows_read=sum(rows[0]),
-            not_interaction=n_not,
-            filtered=n_kept - n,
-            n_before_split=n,
-            test_source=None if tested is None else tested.sources,
-        )
-        attrs.update(extra)
-        if validation_fraction > 0:
-            attrs.update(validation_attrs(validation_fraction, hist_list(hists["validation"])))
-        assemble_store(
-            tmp,
-            runner,
-            attrs,
-            row_bounds,
-            col_bounds,
-            blocks,
-            users.ranges.staged(user_sel, users.kind),
-            items.ranges.staged(item_sel, items.kind),
-        )
+        ctx = _Context(plan, runner, tmp, train, tested)
+        parsed = _parse_stage(ctx)
+        codes = _code_ids_stage(ctx, parsed)
+        parts = _partition_stage(ctx, parsed, codes)
+        merged = _deduplicate_stage(ctx, parsed, codes, parts)
+        kept = _filter_stage(ctx, codes, parts)
+        blocked = _split_and_block_stage(ctx, parsed, codes, parts, merged, kept)
+        _write_stage(ctx, parsed, codes, merged, kept, blocked)
         return finish_store(tmp, path, overwrite)
+
+
+@dataclass(eq=False)
+class _Context:
+    """What every stage of one ingest reads: its checked plan, the runner of its tasks, the
+    temporary store (``TMP``, whose ``_staging`` holds everything big) and its inputs."""
+
+    plan: IngestPlan
+    runner: Runner
+    tmp: str
+    train: _Input
+    tested: _Input | None
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.plan.options
+
+
+@dataclass(eq=False)
+class _Parsed:
+    """Stage parse: the value rule, the rows of each chunk per input (training, then test) and
+    the training chunks' summaries (``parse_task``)."""
+
+    spec: ValueSpec
+    rows: list[list[int]]
+    summaries: list[dict]
+
+    @property
+    def n_rows(self) -> int:
+        return sum(map(sum, self.rows))
+
+
+@dataclass(eq=False)
+class _Codes:
+    """Stage code ids: both sides' global ids, the chunks with rows (training, test), the test
+    set's ids (a test input) and the row-weighted sample of user codes of every chunk."""
+
+    users: _Coded
+    items: _Coded
+    live: list[AnyChunk]
+    t_live: list[AnyChunk]
+    test_set: TestSet | None
+    sample: list[np.ndarray]
+
+
+@dataclass(eq=False)
+class _Parts:
+    """Stage partition: the user-code bounds of the partitions and their jobs."""
+
+    bounds: np.ndarray
+    jobs: list[PartJob]
+
+    @property
+    def parts(self) -> list[int]:
+        return [j.part for j in self.jobs]
+
+
+@dataclass(eq=False)
+class _Merged:
+    """Stage deduplicate: per partition, (pairs, pairs not an interaction, its test results)."""
+
+    results: list[Any]
+
+    @property
+    def n_not(self) -> int:
+        return sum(m[1] for m in self.results)
+
+    @property
+    def n_kept(self) -> int:
+        return sum(m[0] - m[1] for m in self.results)
+
+
+@dataclass(eq=False)
+class _Kept:
+    """Stage filter: the alive users and items (a :class:`Final` without its split) and the
+    degrees of what the filter keeps."""
+
+    fin: Final
+    user_deg: np.ndarray
+    item_deg: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.user_deg.sum())
+
+
+@dataclass(eq=False)
+class _Blocked:
+    """Stage split and block: the block bounds, each partition's placed pieces
+    (``block_task``) and the attributes of the test input's checks."""
+
+    row_bounds: np.ndarray
+    col_bounds: np.ndarray
+    placed: list[dict]
+    extra: dict[str, Any]
+
+
+def _parse_stage(ctx: _Context) -> _Parsed:
+    """Parse every chunk (step 2); the value rule from all their values."""
+    o = ctx.options
+    ins = [ctx.train] if ctx.tested is None else [ctx.train, ctx.tested]
+    spec, rows, summaries = _parse(
+        ctx.runner, ins, ctx.tmp, o["ratings"], o["counts"], o["binarize"], o["scale_max"]
+    )
+    return _Parsed(spec, rows, summaries)
+
+
+def _code_ids_stage(ctx: _Context, parsed: _Parsed) -> _Codes:
+    """Global ids of both sides and each chunk's codes (step 3), the test input's among the
+    training ids."""
+    runner, tmp, per_range = ctx.runner, ctx.tmp, 2 * ctx.plan.rows_per_partition
+    found = [k for k, n in enumerate(parsed.rows[0]) if n > 0]
+    live = [ctx.train.chunks[k] for k in found]
+    summaries = [parsed.summaries[k] for k in found]
+    users = _code_ids(runner, live, summaries, tmp, "users", per_range)
+    items = _code_ids(runner, live, summaries, tmp, "items", per_range)
+    stride = max(1, parsed.n_rows // _SAMPLED_ROWS)
+    coded = [CodesJob(c, users.pieces[k], items.pieces[k]) for k, c in enumerate(live)]
+    offsets = users.ranges.offsets, items.ranges.offsets
+    sample = runner.map(codes_task, coded, tmp, parsed.spec, *offsets, stride)
+    remove_staging(tmp, "codes")  # every chunk has its codes now
+    if ctx.tested is None:
+        return _Codes(users, items, live, [], None, sample)
+    t_live = [c for c, n in zip(ctx.tested.chunks, parsed.rows[1], strict=True) if n > 0]
+    t_index = [c.index for c in t_live]
+    test_set = TestSet(
+        runner.map(ids_task, [t_index], tmp, "users")[0],
+        runner.map(ids_task, [t_index], tmp, "items")[0],
+        ctx.tested.names,
+    )
+    sample += runner.map(
+        test_codes_task,
+        t_live,
+        tmp,
+        parsed.spec,
+        runner.share(users.ranges.load()),  # to look their ids up
+        runner.share(items.ranges.load()),
+        runner.share(test_set.users),
+        runner.share(test_set.items),
+        stride,
+    )
+    return _Codes(users, items, live, t_live, test_set, sample)
+
+
+def _partition_stage(ctx: _Context, parsed: _Parsed, codes: _Codes) -> _Parts:
+    """Route the rows to user-range partitions of about as many rows each (step 3)."""
+    runner, tmp = ctx.runner, ctx.tmp
+    n_users = len(codes.users.ranges)
+    n_parts = max(1, min(n_users, math.ceil(parsed.n_rows / ctx.plan.rows_per_partition)))
+    bounds = _sample_bounds(np.concatenate(codes.sample), n_users, n_parts)
+    hits = runner.map(partition_task, codes.live, tmp, bounds)
+    t_hits = (
+        []
+        if codes.test_set is None
+        else runner.map(
+            test_partition_task,
+            codes.t_live,
+            tmp,
+            bounds,
+            _test_bounds(codes.users, codes.test_set.users, bounds),
+        )
+    )
+    jobs = [
+        PartJob(p, _pieces(codes.live, hits, p), _pieces(codes.t_live, t_hits, p))
+        for p in range(len(bounds) - 1)
+    ]
+    return _Parts(bounds, jobs)
+
+
+def _deduplicate_stage(ctx: _Context, parsed: _Parsed, codes: _Codes, parts: _Parts) -> _Merged:
+    """Merge each partition's duplicate pairs and classify them (step 4); InputError when no
+    interaction is left."""
+    runner = ctx.runner
+    merged = _Merged(
+        runner.map(
+            dedupe_task,
+            parts.jobs,
+            ctx.tmp,
+            parsed.spec,
+            ctx.options["duplicates"],
+            codes.users.ranges,
+            codes.items.ranges,
+            runner.share(ctx.train.names),
+            None if codes.test_set is None else runner.share(codes.test_set),
+        )
+    )
+    remove_staging(ctx.tmp, "chunks")  # every row is in a partition now
+    if merged.n_kept == 0:
+        raise InputError(
+            f"{ctx.train.label}: no interactions left: every row is below the binarize/count "
+            "threshold"
+        )
+    return merged
+
+
+def _filter_stage(ctx: _Context, codes: _Codes, parts: _Parts) -> _Kept:
+    """The ``min_count`` filter by degree reductions (step 5); InputError when it drops
+    everything."""
+    runner, o = ctx.runner, ctx.options
+    n_items = len(codes.items.ranges)
+    fin = _filter(
+        runner,
+        parts.parts,
+        ctx.tmp,
+        parts.bounds,
+        n_items,
+        o["min_count"],
+        o["filter_mode"],
+        o["seed"],
+    )
+    alive = runner.share(fin.user_alive), runner.share(fin.item_alive)
+    user_deg, item_deg = runner.map_reduce(
+        degree_task, parts.parts, join_add, ctx.tmp, parts.bounds, *alive, n_items
+    )
+    kept = _Kept(fin, user_deg, item_deg)
+    if kept.n == 0:
+        raise InputError(
+            f"{ctx.train.label}: everything was filtered away by min_count={o['min_count']} "
+            f"(filter_mode={o['filter_mode']!r})"
+        )
+    return kept
+
+
+def _split_and_block_stage(
+    ctx: _Context, parsed: _Parsed, codes: _Codes, parts: _Parts, merged: _Merged, kept: _Kept
+) -> _Blocked:
+    """Each kept pair's subset by the seeded hash of its raw ids (step 6), the block bounds
+    from the train degrees and each partition's nonzeros staged block by block (step 7); the
+    test input's errors and checks."""
+    runner, o, tested = ctx.runner, ctx.options, ctx.tested
+    extra: dict[str, Any] = {}
+    if tested is not None:
+        extra["test_not_interaction"] = _test_errors([m[2] for m in merged.results])
+    fraction = None if tested is not None else o["test_fraction"]
+    validation_fraction = o["validation_fraction"]
+    kept_before = np.concatenate([[0], np.cumsum(kept.user_deg > 0)]).astype(np.int64)
+    n_items = len(codes.items.ranges)
+    fin = Final(
+        parts.bounds,
+        kept.fin.user_alive,
+        kept.fin.item_alive,
+        kept_before[parts.bounds],
+        _index_map(kept.item_deg > 0),
+        int(np.count_nonzero(kept.item_deg > 0)),
+        o["seed"],
+        split_rule(fraction, validation_fraction),
+        codes.users.ranges,
+        codes.items.ranges.hashes(0, n_items),
+        file_test=tested is not None,
+    )
+    shared = runner.share(fin)
+    deg_u, deg_i = runner.map_reduce(train_degrees_task, parts.parts, join_add, ctx.tmp, shared)
+    check_train_left(ctx.train.label, kept.n, int(deg_u.sum()), fraction, validation_fraction)
+    row_bounds, col_bounds = bounds_from_degrees(deg_u, deg_i, o["nnz_per_block"], o["grid"])
+    placed = runner.map(
+        block_task, parts.parts, ctx.tmp, shared, row_bounds, col_bounds, parsed.spec.n_classes
+    )
+    remove_staging(ctx.tmp, "nonzeros")  # every nonzero is in a block piece now
+    if tested is not None:
+        n_unknown = sum(res["test_unknown"] for res in placed)
+        check_test_left(
+            tested.label,
+            sum(int(res["hist_test"].sum()) for res in placed),
+            n_unknown,
+            extra["test_not_interaction"],
+        )
+        warn_unknown(n_unknown, 6)  # the caller of ``ingest``
+        extra = {"test_unknown_dropped": n_unknown, **extra}
+    return _Blocked(row_bounds, col_bounds, placed, extra)
+
+
+def _write_stage(
+    ctx: _Context, parsed: _Parsed, codes: _Codes, merged: _Merged, kept: _Kept, blocked: _Blocked
+) -> None:
+    """The store's blocks, attributes and id maps written into the temporary store (step 7,
+    ``staged.assemble_store``)."""
+    o, validation_fraction = ctx.options, ctx.options["validation_fraction"]
+    n_blocks = (len(blocked.row_bounds) - 1) * (len(blocked.col_bounds) - 1)
+    blocks: dict[str, list[list]] = {"train": [], "test": []}
+    if validation_fraction > 0:
+        blocks["validation"] = []
+    hists = {}
+    for split in blocks:
+        blocks[split] = [[] for _ in range(n_blocks)]
+        for res in blocked.placed:  # partition order
+            for b, seg in zip(*res[split], strict=True):
+                blocks[split][b].append(seg)
+        hists[split] = np.sum([res[f"hist_{split}"] for res in blocked.placed], axis=0)
+    warn_whole_stars(parsed.spec, sum(hists.values()), 6)  # the caller of ``ingest``
+    attrs = ingest_attrs(
+        parsed.spec,
+        hists,
+        blocked.row_bounds,
+        blocked.col_bounds,
+        ctx.train.sources,
+        (codes.users.kind, codes.items.kind),
+        min_count=o["min_count"],
+        filter_mode=o["filter_mode"],
+        duplicates=o["duplicates"],
+        test_fraction=o["test_fraction"],
+        seed=o["seed"],
+        nnz_per_block=o["nnz_per_block"],
+        rows_read=sum(parsed.rows[0]),
+        not_interaction=merged.n_not,
+        filtered=merged.n_kept - kept.n,
+        n_before_split=kept.n,
+        test_source=None if ctx.tested is None else ctx.tested.sources,
+    )
+    attrs.update(blocked.extra)
+    if validation_fraction > 0:
+        attrs.update(validation_attrs(validation_fraction, hist_list(hists["validation"])))
+    assemble_store(
+        ctx.tmp,
+        ctx.runner,
+        attrs,
+        blocked.row_bounds,
+        blocked.col_bounds,
+        blocks,
+        codes.users.ranges.staged(np.flatnonzero(kept.user_deg > 0), codes.users.kind),
+        codes.items.ranges.staged(np.flatnonzero(kept.item_deg > 0), codes.items.kind),
+    )
 
 
 def _plan_input(

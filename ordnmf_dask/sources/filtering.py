@@ -12,12 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.params import DUPLICATE_POLICIES
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
 from ordnmf_dask.store.idmap import CANONICAL_INT, INTEGRAL_FLOAT, is_missing
 
-DUPLICATE_POLICIES = ("error", "sum", "max", "last")
-FILTER_MODES = ("paper", "stable")
 _INT64_MAX = np.iinfo(np.int64).max
 _INT64_END = 2.0**63  # the first float beyond int64
 

@@ -13,16 +13,11 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ordnmf_dask.params import DEFAULT_CHUNK_BYTES, DEFAULT_ROWS_PER_PARTITION, rows_doc
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.distributed import build_chunked
-from ordnmf_dask.sources.options import (
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_ROWS_PER_PARTITION,
-    IngestOptions,
-    IngestPlan,
-    plan_ingest,
-)
+from ordnmf_dask.sources.options import IngestOptions, IngestPlan, plan_ingest
 from ordnmf_dask.store.blocks import StoreInfo
 
 PathLike = str | os.PathLike
@@ -49,6 +44,7 @@ def run_plan(plan: IngestPlan, client: Any = None) -> StoreInfo:
 
 
 @shows_progress
+@rows_doc("ingest")
 def ingest(
     inputs: Any,
     out: PathLike,
@@ -89,45 +85,11 @@ def ingest(
         positions or column names (a text header's fields, Parquet column names) of files,
         default 0, 1, 2; the column names of a DataFrame or Table, whose columns are otherwise
         told by their names (never by position).
-    ratings : {"halfstar", "integer"}, optional
-    counts : "paper" or sequence of float, optional
-        Count thresholds; see ``ordnmf_dask.sources.values``.
-    binarize : float, optional
-        Keep rows with value (class, if ratings/counts is given) >= S as class 1; drop the rest.
-    scale_max : int, optional
-        V for ``ratings="integer"`` (default: largest value in train and test).
-        With none of ratings/counts/binarize, all-positive-integer data are integer ratings.
-    min_count : int
-        Remove users and items with fewer interactions (before the split).
-    filter_mode : {"paper", "stable"}
-        "paper": items then users, once; "stable": repeat until nothing changes.
-    duplicates : {"error", "sum", "max", "last"}
-        What to do with repeated (user, item) pairs (values are merged before classes).
-    test_fraction : float
-        Fraction of the nonzeros drawn at random for test (ignored if ``test`` is given).
-    validation_fraction : float
-        Fraction of the training nonzeros (those left by the test split) kept apart as the
-        validation subset, for validation during the fit, by the same seeded pair hash
-        (``ordnmf_dask.sources.split.split_rule``). 0: no validation subset.
-    seed : int
-        Seed of the random split: a pair is test if the seeded hash of its raw (user, item) ids
-        is below ``test_fraction * 2^64`` (``ordnmf_dask.sources.split``), so each pair keeps
-        its subset when data are added; the test set holds about ``test_fraction`` of them.
-    nnz_per_block : int
-        Target train nonzeros per block when ``grid`` is None.
-    grid : (int, int), optional
-        Explicit (n_r, n_c).
-    overwrite : bool
-        Replace an existing store at ``out`` (only after the new one is complete).
+    <the rows of params.COMMAND_PARAMS["ingest"]>
     client : distributed.Client, optional
         Run the tasks of the chunked pipeline (:mod:`.distributed`) on this cluster: every
         worker must see the input files, and ``out``'s directory when it is local. None: they
         run in this process (a small input staged in memory, a larger one in files).
-    chunk_bytes : int
-        Bytes of text per parsing task of the chunked pipeline (default 16 MiB; about 20x that
-        in memory while parsing). Parquet files are parsed one row group per task.
-    rows_per_partition : int
-        Average input rows per merge/filter/route task of the chunked pipeline.
 
     Returns
     -------

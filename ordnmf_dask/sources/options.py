@@ -6,22 +6,23 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, Unpack
+from typing import Any, TypedDict, Unpack, cast
 
 import numpy as np
 
-from ordnmf_dask.errors import InputError, shown
-from ordnmf_dask.sources.filtering import DUPLICATE_POLICIES, FILTER_MODES
+from ordnmf_dask.params import (
+    COMMAND_PARAMS,
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_ROWS_PER_PARTITION,
+    validate_call,
+)
 from ordnmf_dask.sources.origin import Origin
-from ordnmf_dask.sources.split import check_test_fraction, check_validation_fraction
 from ordnmf_dask.sources.text import Column, check_columns, check_delimiter
 from ordnmf_dask.sources.values import make_spec
 from ordnmf_dask.store.blocks import check_target
-from ordnmf_dask.store.grid import DEFAULT_NNZ_PER_BLOCK, auto_grid, check_grid
+from ordnmf_dask.store.grid import auto_grid, check_grid
 
 PathLike = str | os.PathLike
-DEFAULT_CHUNK_BYTES = 2**24
-DEFAULT_ROWS_PER_PARTITION = 2**22
 
 
 class IngestOptions(TypedDict, total=False):
@@ -43,42 +44,27 @@ class IngestOptions(TypedDict, total=False):
     overwrite: bool
 
 
-INGEST_DEFAULTS: IngestOptions = {
-    "ratings": None,
-    "counts": None,
-    "binarize": None,
-    "scale_max": None,
-    "min_count": 0,
-    "filter_mode": "paper",
-    "duplicates": "error",
-    "test_fraction": 0.2,
-    "validation_fraction": 0.0,
-    "seed": 0,
-    "nnz_per_block": DEFAULT_NNZ_PER_BLOCK,
-    "grid": None,
-    "overwrite": False,
-}
+#: the defaults of the options, the rows of ``params.COMMAND_PARAMS["ingest"]``
+INGEST_DEFAULTS: IngestOptions = cast(
+    IngestOptions,
+    {name: COMMAND_PARAMS["ingest"][name].default for name in IngestOptions.__annotations__},
+)
 
 
 def with_defaults(options: IngestOptions) -> dict[str, Any]:
-    """``options`` completed with ``INGEST_DEFAULTS`` and checked (``check_ingest_options``);
-    an unknown name is a TypeError."""
+    """``options`` completed with ``INGEST_DEFAULTS``, checked (``check_ingest_options``) and
+    converted by their rows; an unknown name is a TypeError."""
     unknown = sorted(set(options) - set(INGEST_DEFAULTS))
     if unknown:
         raise TypeError(f"ingest() got an unexpected keyword argument {unknown[0]!r}")
-    opts = {**INGEST_DEFAULTS, **options}
-    check_ingest_options(opts)
-    return opts
+    return check_ingest_options({**INGEST_DEFAULTS, **options})
 
 
-def check_ingest_options(o: dict[str, Any]) -> None:
-    """Raise InputError for an option that is wrong whatever the data, before any is read.
-
-    The value rule is resolved on no values (``values.make_spec``), which checks every value
-    option; the block options are checked as ``grid`` checks them.
-    """
-    check_options(o["min_count"], o["filter_mode"], o["duplicates"], o["test_fraction"], o["seed"])
-    check_validation_fraction(o["validation_fraction"])
+def check_ingest_options(o: dict[str, Any]) -> dict[str, Any]:
+    """The options ``o`` checked by their rows of the table (InputError naming the first that
+    breaks its rule) and converted, then as a whole, before any input is read: the value rule
+    resolved on no values (``values.make_spec``), the block options as ``grid`` checks them."""
+    o = validate_call("ingest", o)
     make_spec(
         np.zeros(0),
         Origin.arrays(0),
@@ -91,20 +77,7 @@ def check_ingest_options(o: dict[str, Any]) -> None:
         auto_grid(0, 1, 1, o["nnz_per_block"])
     else:
         check_grid(o["grid"])
-
-
-def check_options(
-    min_count: int, filter_mode: str, duplicates: str, test_fraction: float, seed: int
-) -> None:
-    if isinstance(min_count, bool) or int(min_count) != min_count or min_count < 0:
-        raise InputError(f"min_count must be a non-negative integer, got {shown(min_count)}")
-    if filter_mode not in FILTER_MODES:
-        raise InputError(f"filter_mode must be one of {FILTER_MODES}, got {filter_mode!r}")
-    if duplicates not in DUPLICATE_POLICIES:
-        raise InputError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
-    check_test_fraction(test_fraction)
-    if isinstance(seed, bool) or int(seed) != seed or seed < 0:
-        raise InputError(f"seed must be a non-negative integer, got {shown(seed)}")
+    return o
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,9 +115,8 @@ def plan_ingest(
     plans it first."""
     opts = with_defaults(options)
     check_target(out, opts["overwrite"])
-    for name, value in (("chunk_bytes", chunk_bytes), ("rows_per_partition", rows_per_partition)):
-        if value < 1:
-            raise InputError(f"{name} must be >= 1, got {value}")
+    sizes = {"chunk_bytes": chunk_bytes, "rows_per_partition": rows_per_partition}
+    chunk_bytes, rows_per_partition = validate_call("ingest", sizes).values()
     picked = None if columns is None else check_columns(columns)
     check_delimiter(delimiter)
     return IngestPlan(

@@ -66,7 +66,7 @@ from scipy import integrate, optimize, special
 
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.model.kernels import jit, row_dot
-from ordnmf_dask.params import COMMAND_PARAMS, parameters_doc, validate_call
+from ordnmf_dask.params import rows_doc, validate_call
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import FORMAT_VERSION, StoreInfo, check_target
@@ -501,6 +501,7 @@ def default_thresholds(n_classes: int, ratio: float = 0.7) -> tuple[float, ...]:
     return (*(ratio**v for v in range(n_classes)), 0.0)
 
 
+@rows_doc("synth")
 def synth(
     out: str | os.PathLike,
     n_users: int,
@@ -557,13 +558,6 @@ def synth(
         overwrite=overwrite,
     )
     return write_synth(plan, client)
-
-
-if synth.__doc__ is not None:  # the Parameters of the table, as the command's --help says them
-    synth.__doc__ = synth.__doc__.replace(
-        '    <the rows of params.COMMAND_PARAMS["synth"]>\n',
-        parameters_doc(COMMAND_PARAMS["synth"].values()),
-    )
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,10 @@ from typing import Any, cast
 import numpy as np
 
 from ordnmf_dask.errors import InputError, shown
-from ordnmf_dask.params import MAX_CLASSES
+from ordnmf_dask.params import MAX_CLASSES, RATING_KINDS
 from ordnmf_dask.sources.origin import Named, Origin
 
 PAPER_THRESHOLDS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500)
-RATING_KINDS = ("halfstar", "integer")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,15 @@ from ordnmf_dask.engine import checkpoint
 from ordnmf_dask.errors import ELBODecreaseError, InputError, shown
 from ordnmf_dask.fitting import check_rank, fit
 from ordnmf_dask.modelstore.model import copy_model, model_target, open_model
-from ordnmf_dask.params import ALL, DEFAULTS, MODELS, accepted, validate
+from ordnmf_dask.params import (
+    ALL,
+    DEFAULTS,
+    MODELS,
+    accepted,
+    rows_doc,
+    validate,
+    validate_call,
+)
 from ordnmf_dask.postfit.evaluate import SavedChunk, loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import resolve_client
@@ -51,7 +59,6 @@ from ordnmf_dask.tuning import schedule
 log = logging.getLogger("ordnmf_dask")
 
 TUNE_KIND = "ordnmf_dask.tune"  # the ``kind`` of DIR/tune.json, which marks DIR as a tune's
-METRICS = ("ndcg", "loglik")
 #: parameters tune sets for every trial itself (validation_*: tune's own arguments)
 MANAGED = (
     "checkpoint_dir",
@@ -120,6 +127,7 @@ class TuneResult:
 
 
 @shows_progress
+@rows_doc("tune")
 def tune(
     store: str | os.PathLike | StoreInfo,
     space: schedule.Space,
@@ -158,58 +166,100 @@ def tune(
     params : the other estimator parameters, fixed for every trial (tol, seed, threshold, ...);
         tune sets max_iter, checkpoint_dir, n_init (1), executor and the validation metric
         itself; its trials are single fits (``n_members`` 1).
-    n_trials : draw this many trials at random (seeded by ``sample_seed``); None: every
-        combination of the listed values.
-    max_iter, min_budget, eta : the rungs' iteration budgets (``min_budget`` default
-        ``max_iter // eta**2``: three rungs; :func:`ordnmf_dask.tuning.schedule.rungs`) and the
-        halving factor.
-    validation_metric, validation_k, validation_s : what scores the trials, with the fit's
-        names: ``ndcg`` (NDCG@validation_k with relevance ``y >= validation_s``;
-        ``validation_s`` default the model's ``threshold`` for BePoF and PF, else 1) or
-        ``loglik`` (the mean held-out log-likelihood per nonzero); higher is better.
-    allow_test : without a validation subset, score the trials on the test subset (the test
-        figures of the chosen model are then optimistic); otherwise that is an InputError.
-    user_fraction : when tune scores the saved models itself (on the test subset, or with
-        ``validation_every = 0``), rank this random fraction of the users only (see
-        :func:`ordnmf_dask.evaluate`).
-    n_jobs : fits running at once (each caches its training blocks on the workers unless
-        ``cache_blocks`` is False).
-    overwrite : replace the results and the ``best`` model of an earlier tune in ``out``.
+    <the rows of params.COMMAND_PARAMS["tune"]>
 
     Returns
     -------
     :class:`TuneResult`.
     """
+    given = {
+        "n_trials": n_trials,
+        "sample_seed": sample_seed,
+        "max_iter": max_iter,
+        "min_budget": min_budget,
+        "eta": eta,
+        "validation_metric": validation_metric,
+        "validation_k": validation_k,
+        "validation_s": validation_s,
+        "allow_test": allow_test,
+        "user_fraction": user_fraction,
+        "n_jobs": n_jobs,
+        "overwrite": overwrite,
+    }
+    plan = _plan_tune(store, space, out, model, params, validate_call("tune", given))
+    search = _Search(plan.info, plan.name, plan.fixed, *plan.scoring, plan.every, plan.label)
+    with resolve_client(client, n_workers) as cl:
+        rows = _halving(search, cl, plan.trials, plan.budgets, plan.eta, plan.n_jobs, plan.tables)
+    best = next(r for r in rows if r["rung"] == len(plan.budgets) - 1 and r["kept"])
+    copy_model(open_model(best["model"]), plan.best_path, plan.overwrite)
+    _write_json(os.path.join(plan.out, "tune.json"), {**plan.settings, "best": best})
+    log.info(
+        "tune: best trial %d (%s): %s %.6g; model in %s",
+        best["trial"],
+        _describe(plan.trials[best["trial"]].params),
+        plan.label,
+        best["value"],
+        plan.best_path,
+    )
+    return TuneResult(rows, best, plan.best_path, plan.split, plan.label, *plan.tables)
+
+
+@dataclass(frozen=True)
+class _TunePlan:
+    """A search checked and prepared by :func:`_plan_tune`: the store, the model and its fixed
+    parameters, the trials (their directories made), the rungs, how the trials are scored,
+    where the results go (``tune.json`` written) and the settings it records."""
+
+    info: StoreInfo
+    name: str
+    fixed: dict[str, Any]
+    trials: list[Trial]
+    budgets: list[int]
+    eta: int
+    n_jobs: int
+    split: str
+    scoring: tuple[str, str, int, int, float]  # split, metric, k, level, user_fraction
+    label: str
+    every: int
+    out: str
+    best_path: str
+    overwrite: bool
+    settings: dict[str, Any]
+
+    @property
+    def tables(self) -> tuple[str, str]:
+        return os.path.join(self.out, "results.csv"), os.path.join(self.out, "results.parquet")
+
+
+def _plan_tune(
+    store: str | os.PathLike | StoreInfo,
+    space: schedule.Space,
+    out: str | os.PathLike,
+    model: str,
+    params: Mapping[str, Any] | None,
+    v: dict[str, Any],
+) -> _TunePlan:
+    """Check every argument of :func:`tune` (``v``: those of its table, checked) before
+    anything is written, then make ``out`` with the trials' directories and ``tune.json``."""
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     name = MODELS.get(model, model)
     if name not in ALL:
         raise InputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     fixed = _fixed_params(name, dict(params or {}), space)
-    drawn = (
-        schedule.grid(space) if n_trials is None else schedule.sample(space, n_trials, sample_seed)
-    )
+    n_trials, seed, max_iter, eta = v["n_trials"], v["sample_seed"], v["max_iter"], v["eta"]
+    drawn = schedule.grid(space) if n_trials is None else schedule.sample(space, n_trials, seed)
     trials_params = [validate(p) for p in drawn]
     for p in trials_params:  # every trial's K, before any fit
         check_rank({**fixed, **p}["n_components"], info)
-    budgets = schedule.rungs(
-        max(1, max_iter // eta**2) if min_budget is None else min_budget, max_iter, eta
-    )
-    split = _split(info, allow_test)
-    metric, k = validation_metric, validation_k
-    level = _level(info, split, name, fixed, metric, validation_s, k, user_fraction)
+    first = max(1, max_iter // eta**2) if v["min_budget"] is None else v["min_budget"]
+    budgets = schedule.rungs(first, max_iter, eta)
+    split = _split(info, v["allow_test"])
+    metric, k = v["validation_metric"], v["validation_k"]
+    level = _level(info, split, name, fixed, metric, v["validation_s"])
     # the fits keep their state best by this same metric (validation during the fit)
     fixed.update(validation_metric=metric, validation_k=k, validation_s=level)
     label = f"{split} " + (f"ndcg@{k} s>={level}" if metric == "ndcg" else "loglik per nonzero")
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
-        raise InputError(f"n_jobs must be an integer >= 1, got {shown(n_jobs)}")
-    out = locations.location(out)
-    overwrite = _check_out(out, overwrite)
-    # out and out/best: never the training store, nor inside it (checked before any write)
-    best_path = (
-        model_target(os.path.join(out, "best"), overwrite, info.path)
-        if os.path.isdir(out)
-        else os.path.join(model_target(out, False, info.path), "best")
-    )
+    out, best_path, overwrite = _targets(out, v["overwrite"], info)
     _prepare(out)
     every = _continuation_every(fixed["checkpoint_every"], budgets[0])
     settings = {
@@ -219,7 +269,7 @@ def tune(
         "fixed": fixed,
         "space": {n: v if isinstance(v, list | tuple) else vars(v) for n, v in space.items()},
         "n_trials": n_trials,
-        "sample_seed": sample_seed,
+        "sample_seed": seed,
         "rungs": budgets,
         "eta": eta,
         "metric": label,
@@ -240,22 +290,37 @@ def tune(
         eta,
         label,
     )
-    search = _Search(info, name, fixed, split, metric, k, level, user_fraction, every, label)
-    csv_path, parquet_path = os.path.join(out, "results.csv"), os.path.join(out, "results.parquet")
-    with resolve_client(client, n_workers) as cl:
-        rows = _halving(search, cl, trials, budgets, eta, n_jobs, (csv_path, parquet_path))
-    best = next(r for r in rows if r["rung"] == len(budgets) - 1 and r["kept"])
-    copy_model(open_model(best["model"]), best_path, overwrite)
-    _write_json(os.path.join(out, "tune.json"), {**settings, "best": best})
-    log.info(
-        "tune: best trial %d (%s): %s %.6g; model in %s",
-        best["trial"],
-        _describe(trials[best["trial"]].params),
+    scoring = (split, metric, k, level, v["user_fraction"])
+    return _TunePlan(
+        info,
+        name,
+        fixed,
+        trials,
+        budgets,
+        eta,
+        v["n_jobs"],
+        split,
+        scoring,
         label,
-        best["value"],
+        every,
+        out,
         best_path,
+        overwrite,
+        settings,
     )
-    return TuneResult(rows, best, best_path, split, label, csv_path, parquet_path)
+
+
+def _targets(out: str | os.PathLike, overwrite: bool, info: StoreInfo) -> tuple[str, str, bool]:
+    """``out`` as a location, its best model's path and whether an earlier tune's results are
+    replaced: both checked (never the training store, nor inside it) before any write."""
+    out = locations.location(out)
+    overwrite = _check_out(out, overwrite)
+    best_path = (
+        model_target(os.path.join(out, "best"), overwrite, info.path)
+        if os.path.isdir(out)
+        else os.path.join(model_target(out, False, info.path), "best")
+    )
+    return out, best_path, overwrite
 
 
 def _halving(
@@ -383,16 +448,9 @@ def _level(
     fixed: dict[str, Any],
     metric: str,
     level: int | None,
-    k: int,
-    user_fraction: float,
 ) -> int:
-    """The relevance threshold s of the metric, checked with the other metric settings."""
-    if metric not in METRICS:
-        raise InputError(f"validation_metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InputError(f"validation_k must be an integer >= 1, got {k!r}")
-    if not 0.0 < user_fraction <= 1.0:
-        raise InputError(f"user_fraction must be in (0, 1], got {user_fraction}")
+    """The relevance threshold s of the metric (``level``, default the model's threshold),
+    checked against the store's classes and the model (the table checks the other settings)."""
     s = int(fixed.get("threshold", 1)) if level is None else level
     if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= info.n_classes:
         raise InputError(f"validation_s must be a class in 1..{info.n_classes}, got {s!r}")
