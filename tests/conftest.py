@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -128,6 +129,25 @@ def _global_state_kept():
         os.chdir(cwd)
     if leaks:
         pytest.fail("the test changed global state: " + "; ".join(leaks), pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test process starts (in pytest's own process, not in xdist's workers): fill
+    numba's cache once (tests/warmup.py), so that with an empty cache the test processes and
+    the processes they start load the kernels instead of compiling them side by side. A failed
+    warm-up only costs time: the tests that compile report their own errors."""
+    if hasattr(config, "workerinput") or config.option.collectonly or config.option.help:
+        return
+    with tempfile.TemporaryDirectory() as work:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("warmup.py")), work],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or [""])[-1]
+        sys.stderr.write(f"tests/warmup.py failed ({done.returncode}): {tail}\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
