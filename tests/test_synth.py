@@ -199,3 +199,17 @@ def test_blocks_use_the_true_factor_rows(tmp_path, monkeypatch):
             np.testing.assert_array_equal(b.cols, cols)
             np.testing.assert_array_equal(b.y, y)
     assert FACTOR_ROWS == 4096  # the module constant itself is untouched
+
+
+def test_cli_synth_of_one_block_runs_in_this_process(tmp_path, capsys):
+    """No cluster named and one block to sample: the command starts no cluster (this test is not
+    marked ``cluster``, so a scheduler started here would fail it) and writes the store the API
+    writes in-process."""
+    args = ["--users", "200", "--items", "100", "--nnz", "2e3", "-k", "3", "--seed", "2"]
+    assert main(["synth", "--out", str(tmp_path / "cli"), *args, "-q"]) == 0
+    assert "1 x 1 blocks" in capsys.readouterr().out
+    api = synth(tmp_path / "api", 200, 100, 2000, 3, seed=2)
+    for split in ("train", "test"):
+        got, want = read_block(tmp_path / "cli", split, 0, 0), read_block(api.path, split, 0, 0)
+        for key in ("indptr", "cols", "y"):
+            np.testing.assert_array_equal(getattr(got, key), getattr(want, key), err_msg=key)

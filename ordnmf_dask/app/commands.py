@@ -120,8 +120,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
     given = {name: getattr(args, name) for name, p in COMMAND_PARAMS["synth"].items() if p.options}
     plan = plan_synth(args.out, **{**given, "nnz": int(args.nnz)})  # before any cluster
-    with _cluster_client(args) as client:
-        info = write_synth(plan, client)
+    spec = _cluster_of(args)
+    if plan.grid == (1, 1) and spec.mode == "local" and spec.local is None:
+        info = write_synth(plan, None)  # one block, no cluster asked for: nothing to spread
+    else:
+        with _cluster_client(args) as client:
+            info = write_synth(plan, client)
     print(_summary_text(info))
     return EXIT_OK
 

@@ -65,6 +65,7 @@ import numpy as np
 from scipy import integrate, optimize, special
 
 from ordnmf_dask.errors import InputError, shown
+from ordnmf_dask.model import compiling
 from ordnmf_dask.model.kernels import jit, row_dot
 from ordnmf_dask.params import rows_doc, validate_call
 from ordnmf_dask.runtime.runner import Runner
@@ -480,7 +481,8 @@ def _sample_block(job: _BlockJob, params: SynthParams, tmp: str) -> dict[str, An
     w = NpyRows(_factor_path(tmp, "users", job.r))
     h = NpyRows(_factor_path(tmp, "items", job.c))[:]
     theta = np.asarray(params.theta, dtype=np.float64)
-    splits = sample_block(rng, w, h, theta, params.test_fraction)
+    with compiling.announced_as("synth"):
+        splits = sample_block(rng, w, h, theta, params.test_fraction)
     out: dict[str, Any] = {}
     for split, (rows, cols, y) in zip(("train", "test"), splits, strict=True):
         prefix = locations.join(staging_dir(tmp, split), f"{job.r:06d}-{job.c:06d}")
