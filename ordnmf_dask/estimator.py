@@ -14,8 +14,8 @@ from ordnmf_dask.engine.cavi import CaviConfig, IterationCallback
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
-from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
+from ordnmf_dask.modelstore.modelheader import ModelHeader
 from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted, parameters_doc
 from ordnmf_dask.runtime.progress import shows_progress
 from ordnmf_dask.sources.fitdata import accepts_data_in_memory
@@ -189,7 +189,7 @@ class CaviEstimator:
             scipy.sparse matrix (rows users, columns items, stored entries the values; explicit
             zeros are no interaction), a pandas or dask DataFrame or a pyarrow Table (columns
             told by name, never by position: userId, movieId, rating ...,
-            ``ordnmf_dask.sources.memory.COLUMN_NAMES``; others given by ``ingest_options``'s
+            ``ordnmf_dask.sources.inmemory.COLUMN_NAMES``; others given by ``ingest_options``'s
             ``columns``), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
             memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
             that all of it trains the model by default (``test_fraction=0``): the model is the

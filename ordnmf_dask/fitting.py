@@ -42,7 +42,6 @@ from ordnmf_dask.engine.svdstart import svd_start
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.ensemble import stack_members
 from ordnmf_dask.model.families import DcPFFamily, Family, OrdinalFamily
-from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import (
     ModelInfo,
     model_target,
@@ -50,6 +49,7 @@ from ordnmf_dask.modelstore.model import (
     save_model,
     store_fingerprint,
 )
+from ordnmf_dask.modelstore.modelheader import ModelHeader
 from ordnmf_dask.params import (
     DEFAULTS,
     ModelSettings,

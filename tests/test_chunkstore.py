@@ -81,12 +81,12 @@ def test_a_saved_model_records_the_versions_that_wrote_it(tmp_path, client):
     """Provenance: the package and the numerical libraries, as installed where it was saved."""
     import importlib.metadata
 
-    from ordnmf_dask.modelstore.header import PROVENANCE
     from ordnmf_dask.modelstore.model import open_model, save_model
+    from ordnmf_dask.modelstore.modelheader import PROVENANCE
 
     chunk = FactorChunk(mean=np.ones((3, 2)), geo=np.ones((3, 2)), elbo=0.0)
     w, h = client.scatter([chunk]), client.scatter([chunk])
-    attrs = {  # the least a model header holds (ordnmf_dask/modelstore/header.py)
+    attrs = {  # the least a model header holds (ordnmf_dask/modelstore/modelheader.py)
         "params": {"n_components": 2},
         "elbo": [0.0],
         "delta": [0.0, 1.0],
@@ -112,7 +112,7 @@ def test_a_lost_model_file_is_an_error_naming_it_never_zeros(tmp_path, lost):
     chunk, root = _chunk(), str(tmp_path)
     chunkstore.save_chunk(chunk, root, "W", 0)
     n = chunk.mean.shape[0]
-    header = {  # the least a model header holds (ordnmf_dask/modelstore/header.py)
+    header = {  # the least a model header holds (ordnmf_dask/modelstore/modelheader.py)
         "format_version": 2,
         "params": {"n_components": chunk.mean.shape[1]},
         "delta": [0.0, 1.0],

@@ -131,7 +131,7 @@ def test_the_saved_model_holds_its_members_and_is_checked(fitted, tmp_path):
     loaded = OrdNMF.load(ens.model_path_)
     assert np.array_equal(loaded.user_factors, ens.user_factors)
     np.testing.assert_array_equal(loaded.delta_, ens.delta_)
-    from ordnmf_dask.modelstore.header import ModelHeader
+    from ordnmf_dask.modelstore.modelheader import ModelHeader
 
     for change, field in (
         ({"members": m.attrs["members"][:2]}, "members"),

@@ -1,6 +1,6 @@
 """Store and model headers are checked before use (ordnmf_dask/store/header.py,
-ordnmf_dask/modelstore/header.py): every field has a type and a range and agrees with the others
-and with the arrays' recorded shapes, so that a damaged or hostile header is one error line
+ordnmf_dask/modelstore/modelheader.py): every field has a type and a range and agrees with the
+others and with the arrays' recorded shapes, so that a damaged or hostile header is one error line
 naming the store or model and the field (exit 2), never an allocation, a hang, a NaN answer or
 ids cut short (issue 38, cases 6 and 7), and a random mutation of any field gives that error or
 the right answer."""
@@ -25,8 +25,8 @@ from test_cli_errors import one_error_line
 from ordnmf_dask import OrdNMF, evaluate, export
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.families import OrdinalFamily
-from ordnmf_dask.modelstore.header import ModelHeader
 from ordnmf_dask.modelstore.model import store_fingerprint
+from ordnmf_dask.modelstore.modelheader import ModelHeader
 from ordnmf_dask.store.blocks import open_store, read_block, write_array
 
 K = 2

@@ -22,7 +22,7 @@ from ordnmf_dask import OrdNMF
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.estimator import BePoF, DcPF
-from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
+from ordnmf_dask.model.foldin_rows import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore.model import open_model
 from ordnmf_dask.postfit.foldin import fold_in, recommend_for

@@ -9,7 +9,7 @@ from distributed import wait
 
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
 from ordnmf_dask.model.families import OrdinalFamily
-from ordnmf_dask.model.foldin import FoldIn
+from ordnmf_dask.model.foldin_rows import FoldIn
 from ordnmf_dask.model.kernels import CsrBlock, LocalStats, RowStats
 from ordnmf_dask.model.updates import FactorChunk
 

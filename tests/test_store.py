@@ -189,7 +189,7 @@ def test_blocks_are_csr_with_row_pointers(tmp_path):
 
 def test_row_pointer_and_expand_rows_round_trip():
     """Rows with no nonzeros (first, middle, last) keep empty ranges; order of rows is free."""
-    from ordnmf_dask.model.csr import expand_rows, row_pointer
+    from ordnmf_dask.model.rowptr import expand_rows, row_pointer
 
     rows = np.array([3, 1, 1, 3, 3, 4], dtype=np.int32)
     ptr = row_pointer(rows, 6)

@@ -21,7 +21,7 @@ from ordnmf_dask.engine import tasks, warmstart
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.estimator import ESTIMATORS
-from ordnmf_dask.model.foldin import fold_in_rows
+from ordnmf_dask.model.foldin_rows import fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore.model import model_fingerprint, open_model, store_fingerprint
 

@@ -14,7 +14,7 @@ fold-in.
    the users and items with a nonzero in the sub-matrix, and the global parameters.
 4. Every user is folded in against the sub-fit's q(H) from its nonzeros with those items, and
    every item against the sub-fit's q(W) from its nonzeros with those users, with the sub-fit's
-   global parameters (:func:`~ordnmf_dask.model.foldin.fold_in_rows`); one task per user-block
+   global parameters (:func:`~ordnmf_dask.model.foldin_rows.fold_in_rows`); one task per user-block
    and per item-block, on the worker its chunk lives on. The two fold-ins read only the small
    sub-fit factors, so they run side by side and each task holds one chunk's rows, its kept
    nonzeros and the sub-fit's factors; each side is fitted on a subsample of the other of the
@@ -36,7 +36,7 @@ from ordnmf_dask.engine import tasks, warmstart
 from ordnmf_dask.engine.cavi import CaviRunner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model import subsample
-from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
+from ordnmf_dask.model.foldin_rows import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.subsample import Part
 from ordnmf_dask.model.updates import FactorChunk

@@ -6,8 +6,8 @@ when it has one, else its training store). On each block of the new store, on th
 - a known row starts from its old posterior state, E[x] and exp(E[log x]), which is what the
   engine's first local step and first update read (:class:`~ordnmf_dask.model.updates.FactorChunk`);
 - a new row with interactions with known rows of the other side starts from a fold-in against
-  the old factors (:func:`ordnmf_dask.model.foldin.fold_in_rows`, run on the transposed block for
-  items), with the old thresholds (or p);
+  the old factors (:func:`ordnmf_dask.model.foldin_rows.fold_in_rows`, run on the transposed
+  block for items), with the old thresholds (or p);
 - a new row with no such interaction starts as a cold fit does (the Gamma(1, 1) draws of the
   fit's seed);
 - the global parameters (Delta, or p) start at the old model's values.
@@ -30,12 +30,12 @@ from ordnmf_dask.engine import tasks
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.ensemble import member_columns
 from ordnmf_dask.model.families import Family, OrdinalFamily
-from ordnmf_dask.model.foldin import Likelihood, fold_in_rows
+from ordnmf_dask.model.foldin_rows import Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
 from ordnmf_dask.modelstore import chunkstore
-from ordnmf_dask.modelstore.header import MemberLaw, ModelHeader
 from ordnmf_dask.modelstore.model import ModelInfo, model_fingerprint, open_model
+from ordnmf_dask.modelstore.modelheader import MemberLaw, ModelHeader
 from ordnmf_dask.runtime.reduce import tree_sum
 from ordnmf_dask.store import idmap
 from ordnmf_dask.store.blocks import AXES, StoreInfo

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ordnmf_dask.model.foldin import FoldIn, Likelihood, fold_in_rows
+from ordnmf_dask.model.foldin_rows import FoldIn, Likelihood, fold_in_rows
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.model.updates import FactorChunk
 

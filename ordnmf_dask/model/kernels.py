@@ -52,7 +52,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ordnmf_dask.model import compiling
-from ordnmf_dask.model.csr import expand_rows, row_pointer
+from ordnmf_dask.model.rowptr import expand_rows, row_pointer
 from ordnmf_dask.model.sizes import held_bytes
 
 if TYPE_CHECKING:

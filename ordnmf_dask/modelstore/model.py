@@ -25,7 +25,7 @@ import zarr
 
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.modelstore import chunkstore, seen
-from ordnmf_dask.modelstore.header import MODEL_FORMAT, ModelHeader, check_ids
+from ordnmf_dask.modelstore.modelheader import MODEL_FORMAT, ModelHeader, check_ids
 from ordnmf_dask.runtime.inprocess import wait
 from ordnmf_dask.store import idmap, locations
 from ordnmf_dask.store.blocks import (

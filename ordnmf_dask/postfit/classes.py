@@ -16,8 +16,8 @@ from ordnmf_dask.model import classlaw
 from ordnmf_dask.model.ensemble import member_view
 from ordnmf_dask.model.thresholds import theta_from_delta
 from ordnmf_dask.modelstore import chunkstore
-from ordnmf_dask.modelstore.header import MemberLaw
 from ordnmf_dask.modelstore.model import ModelInfo
+from ordnmf_dask.modelstore.modelheader import MemberLaw
 
 SCALES = ("store", "class")
 

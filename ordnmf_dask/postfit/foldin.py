@@ -1,6 +1,6 @@
 """Fold-in of new users (H and the thresholds fixed, no refit) and recommendations for them.
 
-The numerics are :func:`ordnmf_dask.model.foldin.fold_in_rows` (an ensemble's:
+The numerics are :func:`ordnmf_dask.model.foldin_rows.fold_in_rows` (an ensemble's:
 :func:`ordnmf_dask.model.ensemble.fold_in_members`). Here: which rows of the model to
 read and where. The workers compute the K column sums of E[H] per item-block (summed along a
 fixed tree) and read, per item-block, only the rows of E[H], E[log H] of the items the new users
@@ -20,11 +20,11 @@ import numpy as np
 from ordnmf_dask.errors import InputError, StoreError, shown
 from ordnmf_dask.model import compiling, metrics
 from ordnmf_dask.model.ensemble import fold_in_members
-from ordnmf_dask.model.foldin import FoldIn, Likelihood
+from ordnmf_dask.model.foldin_rows import FoldIn, Likelihood
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.modelstore import chunkstore
-from ordnmf_dask.modelstore.header import MemberLaw
 from ordnmf_dask.modelstore.model import ModelInfo, open_model
+from ordnmf_dask.modelstore.modelheader import MemberLaw
 from ordnmf_dask.params import validate_call
 from ordnmf_dask.postfit.executor import client_for
 from ordnmf_dask.postfit.topn import check_n, factor_mean, named_top, open_pair
@@ -200,7 +200,7 @@ def fold_in(
 ) -> np.ndarray:
     """E[w] of NEW users from their interactions, with q(H) and the thresholds fixed.
 
-    Coordinate ascent on q(w_u) only (see :mod:`ordnmf_dask.model.foldin`): the model's Delta
+    Coordinate ascent on q(w_u) only (see :mod:`ordnmf_dask.model.foldin_rows`): the model's Delta
     (OrdNMF, BePoF, PF; approx mode kept) or p and t (dcPF) and its q(H) are not changed.
 
     Parameters

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.sources.datakinds import is_sparse
-from ordnmf_dask.sources.memory import (
+from ordnmf_dask.sources.inmemory import (
     as_table,
     memory_rows,
     pick_columns,

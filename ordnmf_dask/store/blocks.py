@@ -33,7 +33,7 @@ import zarr
 import zarr.codecs
 
 from ordnmf_dask.errors import InputError, StoreError
-from ordnmf_dask.model.csr import expand_rows
+from ordnmf_dask.model.rowptr import expand_rows
 from ordnmf_dask.runtime.abandoned import abandoned, forget
 from ordnmf_dask.store import locations, writelock
 from ordnmf_dask.store.decode import (

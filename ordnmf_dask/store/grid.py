@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordnmf_dask.errors import InputError, shown
-from ordnmf_dask.model.csr import row_pointer
+from ordnmf_dask.model.rowptr import row_pointer
 from ordnmf_dask.params import DEFAULT_NNZ_PER_BLOCK
 
 # Users (items) per block at most, whatever the nonzeros: the factor chunks follow the block

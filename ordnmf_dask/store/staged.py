@@ -44,7 +44,7 @@ import numpy as np
 import zarr
 
 from ordnmf_dask.errors import StoreError
-from ordnmf_dask.model.csr import row_pointer
+from ordnmf_dask.model.rowptr import row_pointer
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import (
