@@ -514,14 +514,12 @@ def test_any_output_option_aimed_at_a_model_or_a_fifo_is_refused_in_one_line(
 ):
     """Property: whatever output option and whichever way it is aimed into a model (a link
     to its metadata, to it, to a file deep in it, a path under a link to it) or at a FIFO
-    nobody reads (where a file output goes: the log), the command ends in bounded time with
+    nobody reads, the command ends in bounded time with
     exit 2 and one line, the model unchanged and nothing written beside it."""
     import signal
     import tempfile
 
     name, dest, flag = case
-    if substitute == "fifo" and dest != "log_file":
-        substitute = "link-to-metadata"  # a FIFO as --json is refused when written, after work
     victim = Path(place["victim"])
     chunk = next(p for p in sorted((victim / "W").rglob("*")) if p.is_file())
     before = tree_hash(victim)
@@ -612,14 +610,26 @@ def test_predict_out_inside_its_pairs_directory_is_refused(place):
     assert sorted(os.listdir(pairs_dir)) == ["p.parquet"]
 
 
-def test_a_log_file_that_cannot_be_written_fails_the_command_in_one_line(place):
-    """A log that lost records (a full disk: ``/dev/full``) is an output that failed: exit 2
-    naming it, not a traceback per record and exit 0."""
+def test_a_log_file_that_cannot_be_written_fails_the_command_in_one_line(place, tmp_path):
+    """A log on a device that takes nothing (``/dev/full``) is refused before any work; one that
+    loses records once the command runs (a disk filled meanwhile) is an output that failed:
+    exit 2 naming it, not a traceback per record and exit 0."""
     out = Path(place["tmp"]) / "s"
     code, err = run_cli(["ingest", place["csv"], "--out", str(out), "--log-file", "/dev/full"])
     assert code == EXIT_INPUT and err == [
-        "ordnmf-dask ingest: error: cannot write the log file /dev/full: No space left on device"
+        "ordnmf-dask ingest: error: cannot write --log-file to /dev/full: No space left on device"
     ], err
+    assert not out.exists()
+    from ordnmf_dask.app.logs import LogFile, log, log_file_failure
+
+    handler = LogFile("/dev/full")  # opened as the command opens it, after its check
+    log.addHandler(handler)
+    try:
+        log.warning("a record the disk has no room for")
+        assert log_file_failure() == "cannot write the log file /dev/full: No space left on device"
+    finally:
+        log.removeHandler(handler)
+        handler.close()
 
 
 def test_a_full_standard_output_is_named_as_such(place):
@@ -640,3 +650,30 @@ def test_an_output_typed_as_a_file_url_through_a_link_names_the_link(place, tmp_
     code, err = run_cli(["export", place["model"], "--out", f"file://{link}", "--overwrite"])
     assert code == EXIT_INPUT and len(err) == 1, err
     assert f"--out to file://{link} (a link to {place['model']}): it is the model" in err[0], err
+
+
+@pytest.mark.parametrize("stream", ["fifo", "/dev/full"])
+def test_every_output_option_at_a_dead_stream_is_refused_before_any_work(place, tmp_path, stream):
+    """Each output option of each command aimed at a FIFO nobody reads or at ``/dev/full``
+    (which takes no byte): refused in one line naming it before any work, so before the
+    command's inputs are even looked at (here every input is missing: an error about one
+    would mean the output was checked after it)."""
+    aimed = tmp_path / "fifo"
+    if stream == "fifo":
+        os.mkfifo(aimed)
+    else:
+        aimed = Path(stream)
+    missing = {k: str(tmp_path / f"missing-{k}") for k in ("store", "model", "csv", "pairs")}
+    cases = 0
+    for name, dest, flag in output_cases():
+        fresh = str(tmp_path / f"fresh-{name}-{dest}")
+        out = str(aimed) if dest == "out" else fresh
+        args = [name, *(a.format(**{**place, **missing}, out=out) for a in COMMANDS[name])]
+        if dest != "out":
+            args += [flag, str(aimed)]
+        code, err = run_cli(args)
+        assert code == EXIT_INPUT and len(err) == 1, (args, err)
+        assert str(aimed) in err[0] and "missing-" not in err[0], (args, err)
+        assert not os.path.exists(fresh), args
+        cases += 1
+    assert cases >= 20

@@ -166,6 +166,13 @@ def _reader_gone() -> bool:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
+    from ordnmf_dask.store.outputs import streams_kept
+
+    with streams_kept():  # the streams the check of the outputs opened, until written
+        return _checked_run(args, parser, process)
+
+
+def _checked_run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
     try:
         _check_outputs(args)
     except InputError as exc:

@@ -84,7 +84,12 @@ def location(path: str | os.PathLike) -> str:
         return canonical_url(text)
     if "://" in text:
         text = text.split("://", 1)[1]
-    return os.path.realpath(text)
+    real = os.path.realpath(text)
+    if not os.path.lexists(real) and os.path.exists(text):
+        # reached through a link of /proc to what has no name (``/dev/stdout`` of a pipe or a
+        # socket): named as typed, which still opens it
+        return os.path.abspath(text)
+    return real
 
 
 def canonical_url(url: str) -> str:
