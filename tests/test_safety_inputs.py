@@ -70,7 +70,7 @@ def test_the_opener_refuses_fifos_devices_sockets_and_links_to_them(tmp_path, fi
     regular.write_bytes(b"x" * 11)
     (tmp_path / "to-regular").symlink_to(regular)  # a link to a regular file is followed
     assert read_input_bytes(str(tmp_path / "to-regular"), "job file", limit=11) == b"x" * 11
-    with pytest.raises(InputError, match="11 bytes, more than the 10 a job file may hold"):
+    with pytest.raises(InputError, match="11 bytes, more than the 10 bytes job files may hold"):
         read_input_bytes(str(regular), "job file", limit=10)
 
 
@@ -523,3 +523,26 @@ def test_an_id_file_is_read_as_the_ratings_readers_read_text(id_model, tmp_path,
     one_line_error(
         ["recommend", str(id_model), "--users-from", str(ids)], f"{ids}, line 2: unknown user id"
     )
+
+
+def test_an_id_file_is_bounded_before_it_is_read(id_model, tmp_path, monkeypatch):
+    """An id file (``--users-from``, ``--items-from``) larger than ``ID_FILE`` is refused from
+    its size, before a byte is read (a sparse file of 1 TiB here), and standard input is read
+    at most that far (``< /dev/zero`` ends): one line naming the file, exit 2."""
+    import io
+
+    from ordnmf_dask.sources.infile import ID_FILE
+
+    huge = tmp_path / "u.txt"
+    with huge.open("wb") as fh:
+        fh.truncate(1 << 40)
+    one_line_error(
+        ["recommend", str(id_model), "--users-from", str(huge)],
+        f"{huge}: {1 << 40} bytes, more than the {ID_FILE} bytes user id files may hold",
+    )
+    with open("/dev/zero", "rb") as zero:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(zero))
+        one_line_error(
+            ["similar-items", str(id_model), "--items-from", "-"],
+            f"standard input: more than the {ID_FILE} bytes item id files may hold",
+        )

@@ -355,18 +355,32 @@ def test_at_a_url_the_pending_marker_is_the_lock(small_fitted):
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["similar-users", "{model}", "--users", ","], "--users needs at least one id"),
-        (["similar-items", "{model}", "--items", ","], "--items needs at least one id"),
-        (["score", "{model}", "--users", ",", "--items", ","], "--users needs at least one id"),
-        (["recommend", "{model}", "--users", ","], "--users needs at least one id"),
+        (["similar-users", "{model}", "--users", ","], "--users: no value in ','"),
+        (["similar-items", "{model}", "--items", ","], "--items: no value in ','"),
+        (["score", "{model}", "--users", ",", "--items", "1"], "--users: no value in ','"),
+        (["recommend", "{model}", "--users", ","], "--users: no value in ','"),
+        (["recommend", "{model}", "--users", "1,,2"], "--users: empty value at position 2 of"),
+        (["similar-users", "{model}", "--users", "1,2,"], "--users: empty value at position 3"),
+        (["similar-items", "{model}", "--items", " ,1"], "--items: empty value at position 1"),
+        (["score", "{model}", "--users", "1,2", "--items", "1,,"], "--items: empty value at"),
+        (["export", "{model}", "--out", "{model}-x", "--what", "factors,"], "--what: empty"),
+        (["ingest", "{model}", "--out", "{model}-x", "--grid", "1,,2"], "--grid: empty value"),
+        (["ingest", "{model}", "--out", "{model}-x", "--columns", "0,,2"], "--columns: empty"),
     ],
 )
-def test_a_list_of_no_ids_is_refused_by_every_serving_command(small_fitted, capsys, args, line):
+def test_a_list_with_an_empty_value_is_refused_naming_its_position(
+    small_fitted, capsys, args, line
+):
+    """``--users u1,,u2`` is refused in one line naming the empty position (never read as
+    ``u1,u2``), and a list of none (``--users ,``) as such, by every flag that takes a list,
+    before anything is read."""
     model = str(small_fitted[1])
-    code, err = run_cli([a.format(model=model) for a in args])
-    assert code == EXIT_INPUT
-    assert err == [f"ordnmf-dask {args[0]}: error: {line}"]
-    assert capsys.readouterr().out == ""
+    with pytest.raises(SystemExit) as stopped:
+        main([a.format(model=model) for a in args])
+    assert stopped.value.code == EXIT_INPUT
+    [err] = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"ordnmf-dask {args[0]}: error: argument {line}"), err
+    assert capsys.readouterr().out == "" and not os.path.exists(f"{model}-x")
 
 
 @pytest.mark.parametrize("fmt", ["tsv", "csv", "json", "parquet"])
