@@ -571,6 +571,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.reproduce import Protocol, reproduce, shared_datasets
+    from ordnmf_dask.sources.infile import open_input_file
 
     data = args.data or os.path.join(os.getcwd(), "..", "shared", "data")
     known = shared_datasets(data)
@@ -578,9 +579,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise UsageError(f"--datasets: unknown {unknown}; choose from {', '.join(known)}")
-    missing = [known[n].path for n in names if not os.path.isfile(known[n].path)]
-    if missing:
-        raise UsageError(f"dataset file not found: {missing[0]} (set --data)")
+    if not os.path.isdir(data):  # named as what it is: absent, a file, a FIFO
+        what = "no such directory" if not os.path.exists(data) else "not a directory"
+        raise UsageError(f"--data {data}: {what} (the directory of the datasets)")
+    for name in names:  # each file by the input rule, before any work (regular files only)
+        try:
+            open_input_file(known[name].path, f"dataset {name}").close()
+        except InputError as exc:
+            raise InputError(f"{exc} (--data {data})") from None
     if args.jobs < 1 or not args.k_grid or not args.seeds:
         raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
     cluster = _cluster_of(args)
