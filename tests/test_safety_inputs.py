@@ -546,3 +546,30 @@ def test_an_id_file_is_bounded_before_it_is_read(id_model, tmp_path, monkeypatch
             ["similar-items", str(id_model), "--items-from", "-"],
             f"standard input: more than the {ID_FILE} bytes item id files may hold",
         )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "file"])
+def test_a_store_or_model_that_is_not_a_directory_is_named_as_what_it_is(
+    id_model, tmp_path, fifo, kind
+):
+    """A store or model argument that is a FIFO, a device or a file (never opened, never
+    waited on): one line saying what it is, for each command's store and model."""
+    path = {"fifo": fifo, "device": Path("/dev/zero"), "file": tmp_path / "f"}[kind]
+    if kind == "file":
+        path.write_text("x")
+    what = {"fifo": "a FIFO", "device": "a character device", "file": "a file"}[kind]
+    model, store = str(id_model), str(id_model.parent / "s")
+    for args, role in [
+        (["info", str(path)], "store"),
+        (["evaluate", str(path), model], "store"),
+        (["recommend", str(path), "--users", "x"], "model"),
+        (["export", str(path), "--out", str(tmp_path / "e")], "model"),
+        (
+            ["fit", store, "-k", "2", "--init-model", str(path), "--out", str(tmp_path / "m")],
+            "model",
+        ),
+    ]:
+        one_line_error(args, f"{path}: is {what}, not a {role} (a {role} is a directory)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["fifo", *(["f"] if kind == "file" else [])]
+    )

@@ -648,6 +648,8 @@ def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
         if not (locations.exists(full) if url else os.path.exists(full)):
             raise StoreError(f"{full}: no store here (path does not exist)") from None
         locations.check_not_pending(full, "store")
+        if not url:
+            locations.check_directory(full, "store")
         raise StoreError(f"{full}: not a zarr group (no zarr.json)") from None
     key = (os.getpid(), full, *identity)
     with _LOCK:
