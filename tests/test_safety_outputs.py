@@ -412,6 +412,29 @@ def test_a_closed_standard_output_is_exit_141_in_every_format(small_fitted, fmt)
     assert said == []
 
 
+def test_a_file_output_at_dev_stdout_of_a_pipe_is_written_or_141(small_fitted):
+    """``--json /dev/stdout`` when standard output is a pipe (``| jq``, ``| head``): the pipe
+    has no real path (``/proc/PID/fd/pipe:[N]``), so it is named as typed and written as a
+    stream: the JSON reaches the reader, and a reader gone is 141, never a temporary file
+    beside a path that does not exist (exit 2)."""
+    import subprocess
+
+    from conftest import CLI
+
+    store, model = (str(p) for p in small_fitted)
+    args = [*CLI, "evaluate", store, model, "-q", "--json", "/dev/stdout"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert '"posterior"' in done.stdout and done.stdout.rstrip().endswith("}")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True, timeout=240)
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+
+
 def test_json_tables_are_streamed_as_they_were_printed_whole():
     from ordnmf_dask.app.tables import write_table
 
