@@ -714,3 +714,24 @@ def test_every_output_option_at_a_dead_stream_is_refused_before_any_work(place, 
         assert not os.path.exists(fresh), args
         cases += 1
     assert cases >= 20
+
+
+@pytest.mark.parametrize("flag", ["--log-file", "--json", "--reliability"])
+def test_a_file_output_that_is_a_hard_link_of_a_models_file_is_refused(place, tmp_path, flag):
+    """A hard link is another name of the very file, which no comparison of paths sees: a log
+    appended to a hard link of a model's ``zarr.json`` damaged the model (exit 0). A file
+    output with other names is refused before any work, and by the log's opener too."""
+    victim = Path(place["victim"])
+    before = tree_hash(victim)
+    link = tmp_path / "hard"
+    os.link(victim / "zarr.json", link)
+    code, err = run_cli(["evaluate", place["store"], place["model"], flag, str(link)])
+    assert code == EXIT_INPUT and len(err) == 1, err
+    assert f"{link}: it has 2 hard links" in err[0], err
+    out = tmp_path / "s"
+    if flag == "--log-file":  # a command that logs (ingest), and the opener itself
+        code, err = run_cli(["ingest", place["csv"], "--out", str(out), flag, str(link)])
+        assert code == EXIT_INPUT and "it has 2 hard links" in err[0] and not out.exists()
+        with pytest.raises(InputError, match="it has 2 hard links"):
+            outputs.open_log(str(link))
+    assert tree_hash(victim) == before

@@ -193,13 +193,25 @@ def check_file(
     if problem is not None:
         raise InputError(f"cannot write {what} to {shown}: its directory {parent} {problem}")
     if os.path.lexists(loc):
-        mode = os.lstat(loc).st_mode
-        if not stat.S_ISREG(mode):
+        st = os.lstat(loc)
+        if not stat.S_ISREG(st.st_mode):
             raise InputError(
-                f"cannot write {what} to {shown}: it is {locations.file_kind(mode)}, not a "
-                "regular file"
+                f"cannot write {what} to {shown}: it is {locations.file_kind(st.st_mode)}, not "
+                "a regular file"
             )
+        _check_one_name(st, f"cannot write {what} to {shown}")
     return loc
+
+
+def _check_one_name(st: os.stat_result, refusal: str) -> None:
+    """InputError (``refusal``: its start) if a file output that exists has other names (hard
+    links): one may be a store's or model's file or an input, which a log appended to it
+    would damage, and no check of paths sees it."""
+    if st.st_nlink > 1:
+        raise InputError(
+            f"{refusal}: it has {st.st_nlink} hard links, so another name of it may be a "
+            "store's, a model's or an input's file; give a file of its own"
+        )
 
 
 def _stream(mode: int) -> bool:
@@ -294,12 +306,18 @@ def _open_file(loc: str, flags: int) -> int:
         if exc.errno == errno.ENXIO:
             raise InputError(f"cannot write to {loc}: a FIFO that nobody reads") from None
         raise
-    mode = os.fstat(fd).st_mode
-    if not (stat.S_ISREG(mode) or _stream(mode)):
+    st = os.fstat(fd)
+    try:
+        if not (stat.S_ISREG(st.st_mode) or _stream(st.st_mode)):
+            raise InputError(
+                f"cannot write to {loc}: it is {locations.file_kind(st.st_mode)}, not a "
+                "regular file"
+            )
+        if stat.S_ISREG(st.st_mode):  # linked there since its check
+            _check_one_name(st, f"cannot write to {loc}")
+    except InputError:
         os.close(fd)
-        raise InputError(
-            f"cannot write to {loc}: it is {locations.file_kind(mode)}, not a regular file"
-        )
+        raise
     os.set_blocking(fd, True)
     return fd
 
