@@ -735,3 +735,25 @@ def test_a_file_output_that_is_a_hard_link_of_a_models_file_is_refused(place, tm
         with pytest.raises(InputError, match="it has 2 hard links"):
             outputs.open_log(str(link))
     assert tree_hash(victim) == before
+
+
+def test_a_device_that_cannot_be_opened_is_named_by_its_reason(small_fitted):
+    """``/dev/tty`` in a process without a terminal (a new session) cannot be opened (ENXIO,
+    which a FIFO nobody reads also gives): refused before any work with the device's reason,
+    not called a FIFO. A real process, since the session is the point."""
+    import subprocess
+
+    from conftest import CLI
+
+    done = subprocess.run(
+        [*CLI, "similar-items", str(small_fitted[1]), "--items", "1", "--log-file", "/dev/tty"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        start_new_session=True,
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.splitlines()[-1] == (
+        "ordnmf-dask similar-items: error: cannot write --log-file to /dev/tty: "
+        "No such device or address"
+    )

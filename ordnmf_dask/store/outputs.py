@@ -235,7 +235,8 @@ def _hold_stream(loc: str, what: str, shown: str) -> None:
     try:
         fd = os.open(loc, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        reason = "a FIFO that nobody reads" if exc.errno == errno.ENXIO else exc.strerror
+        fifo = exc.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(loc).st_mode)
+        reason = "a FIFO that nobody reads" if fifo else exc.strerror  # ENXIO: no such device
         raise InputError(f"cannot write {what} to {shown}: {reason}") from None
     try:
         mode = os.fstat(fd).st_mode
