@@ -1,9 +1,9 @@
-"""The zarr metadata of a model's hierarchy, read and checked before zarr reads any of it
+"""The zarr metadata of a model's or store's hierarchy, read and checked when it is opened
 (docs/design.md, "Safety rules"): every node's ``zarr.json`` is a JSON object of zarr format 3
-naming a group or an array; the nodes its header names are of their kind, and each array has
-the shape, data type and chunk grid the header gives, its chunks never larger than itself
-(zarr allocates a whole chunk to read one). A StoreError names the file otherwise: a garbage
-``W/zarr.json`` fails the model's opening, not a read that happens to meet it.
+naming a group or an array; the nodes its header names are of their kind, and (a model's) each
+array has the shape, data type and chunk grid the header gives, its chunks never larger than
+itself (zarr allocates a whole chunk to read one). A StoreError names the file otherwise: a
+garbage ``W/zarr.json`` fails the model's opening, not a read that happens to meet it.
 """
 
 from __future__ import annotations
