@@ -573,3 +573,25 @@ def test_a_store_or_model_that_is_not_a_directory_is_named_as_what_it_is(
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["fifo", *(["f"] if kind == "file" else [])]
     )
+
+
+def test_a_text_file_of_zeros_or_too_big_to_read_whole_is_refused_at_once(id_model, tmp_path):
+    """A sparse file of 1 TiB of zero bytes (no line end: its first line was looked for in
+    ever larger reads, 21 GB held before MemoryError) is refused after its first
+    ``HEAD_LIMIT`` bytes; one whose first row is fine but which fold-in must read whole is
+    refused from its size, before a byte more is read."""
+    from ordnmf_dask.sources.text import HEAD_LIMIT
+
+    zeros, big = tmp_path / "zeros.csv", tmp_path / "big.csv"
+    with zeros.open("wb") as fh:
+        fh.truncate(1 << 40)
+    with big.open("wb") as fh:
+        fh.write(b"new,i1,2\n")
+        fh.truncate(1 << 40)
+    for command in (["fold-in", str(id_model)], ["ingest", "--out", str(tmp_path / "s")]):
+        one_line_error(
+            [*command, str(zeros)],
+            f"{zeros}: no complete non-blank line in its first {HEAD_LIMIT} bytes",
+        )
+    one_line_error(["fold-in", str(id_model), str(big)], f"{big}: 1 TiB of text to read whole")
+    assert not (tmp_path / "s").exists()
