@@ -235,16 +235,14 @@ def _hold_stream(loc: str, what: str, shown: str) -> None:
     try:
         fd = os.open(loc, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        fifo = exc.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(loc).st_mode)
-        reason = "a FIFO that nobody reads" if fifo else exc.strerror  # ENXIO: no such device
+        reason = exc.strerror  # ENXIO: a FIFO nobody reads, or a device absent (/dev/tty)
+        with contextlib.suppress(OSError):
+            if exc.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(loc).st_mode):
+                reason = "a FIFO that nobody reads"
         raise InputError(f"cannot write {what} to {shown}: {reason}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not _stream(mode):  # replaced since it was looked at
-            raise InputError(
-                f"cannot write {what} to {shown}: it is {locations.file_kind(mode)}, not a "
-                "regular file"
-            )
+        if not _stream(os.fstat(fd).st_mode):  # replaced since it was looked at
+            raise InputError(f"cannot write {what} to {shown}: it changed while it was checked")
         os.write(fd, b"")
         os.set_blocking(fd, True)
     except OSError as exc:
