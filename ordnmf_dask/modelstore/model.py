@@ -426,9 +426,12 @@ def open_model(path: str) -> ModelInfo:
 
 
 def _shape(node: dict[str, Any] | None) -> tuple[int, ...] | None:
-    """The shape an array's metadata records, for :func:`check_ids` (None: it has none)."""
+    """The shape an array's metadata records, for :func:`check_ids` (None: it has none, or
+    not one of counts, which :func:`nodes.check_layout` then names)."""
     shape = None if node is None else node.get("shape")
-    return tuple(shape) if isinstance(shape, list) else None
+    if not isinstance(shape, list) or not all(type(n) is int for n in shape):
+        return None
+    return tuple(shape)
 
 
 #: the data types of a model's id maps: a store's integer or text ids
