@@ -208,3 +208,62 @@ def test_evaluate_refuses_a_store_without_a_test_split(tmp_path, capsys):
     code, line = one_error_line(capsys, ["evaluate", store.path, model.model_path_])
     assert code == 2
     assert "no test split" in line and "--test-fraction" in line and "--test FILE" in line
+
+
+def _edit_meta(path: Path, change: str) -> None:
+    """Damage the zarr metadata file ``path`` as ``change`` says."""
+    import json
+
+    if change == "garbage":
+        path.write_bytes(b"{garbage")
+        return
+    if change == "not-an-object":
+        path.write_text("[1, 2]")
+        return
+    meta = json.loads(path.read_text())
+    if change == "an-array":
+        meta = json.loads((path.parent / "0" / "mean" / "zarr.json").read_text())
+    elif change == "huge-shape":
+        meta["shape"] = [10**12, K]
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = [10**12, K]
+    elif change == "huge-chunk":
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = [10**12]
+    elif change == "tiny-chunks":
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = [1, 1]
+    elif change == "complex":
+        meta["data_type"] = "complex128"
+    elif change == "float-shape":
+        meta["shape"] = [10.0, K]
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    ("key", "change", "reason"),
+    [
+        ("W/zarr.json", "garbage", "not zarr metadata (not JSON"),
+        ("W/zarr.json", "an-array", "an array where the model has a group"),
+        ("H/1/zarr.json", "not-an-object", "not zarr metadata (a JSON list)"),
+        ("users/zarr.json", "garbage", "not zarr metadata"),
+        ("seen/indices/zarr.json", "garbage", "not zarr metadata"),
+        ("W/0/rate/zarr.json", "huge-shape", "shape [1000000000000, 2], but the model's header"),
+        ("H/0/log_mean/zarr.json", "tiny-chunks", "not one chunk of its shape"),
+        ("W/1/geo/zarr.json", "complex", "data type 'complex128', not float64"),
+        ("W/0/mean/zarr.json", "float-shape", "shape [10.0, 2], but"),
+        ("items/ids/zarr.json", "huge-chunk", "not regular chunks of at most its shape (15,)"),
+        ("seen/indptr/0/zarr.json", "complex", "data type 'complex128', not int64"),
+    ],
+)
+def test_a_model_whose_zarr_metadata_is_damaged_is_refused_on_opening(
+    fitted_paths, tmp_path, capsys, key, change, reason
+):
+    """Every node's metadata is read and checked against the header when the model is opened
+    (store/nodes.py), those no command reads included: a garbage group ``zarr.json``, an array
+    claiming 10^12 rows or chunks larger than itself, another data type, is refused in one
+    line naming the file, by serving and by the API, never served or allocated."""
+    copy = Path(shutil.copytree(fitted_paths[1], tmp_path / "m.zarr"))
+    _edit_meta(copy / key, change)
+    for args in (["recommend", str(copy), "--users", "0"], ["info", str(copy)]):
+        code, line = one_error_line(capsys, args)
+        assert code == 2 and f"{copy / key}: " in line and reason in line, line
+    with pytest.raises(StoreError, match=str(copy / key)):
+        OrdNMF.load(str(copy))

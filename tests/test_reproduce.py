@@ -78,3 +78,38 @@ def test_reproduce_without_a_cluster_runs_small_datasets_in_process(tmp_path, ca
 def test_reproduce_rejects_unknown_dataset(tmp_path, capsys):
     assert main(["reproduce", "--out", str(tmp_path), "--datasets", "netflix"]) == 2
     assert "netflix" in capsys.readouterr().err
+
+
+def test_reproduce_data_follows_the_input_rule(tmp_path, capsys):
+    """``--data`` is a directory and each dataset a regular file, checked before any work: a
+    missing directory, a file in its place, a FIFO or a directory where the dataset file
+    belongs, or a link to a device, each refused in one line naming the path, nothing
+    written under --out."""
+    import os
+
+    rel = os.path.join("ml-latest-small", "ratings.csv")
+    (tmp_path / "afile").write_text("x")
+    cases = {
+        "absent": (tmp_path / "absent", "no such directory"),
+        "afile": (tmp_path / "afile", "not a directory"),
+    }
+    for kind in ("fifo", "dir", "device"):
+        root = tmp_path / kind
+        (root / "ml-latest-small").mkdir(parents=True)
+        path = root / rel
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dir":
+            path.mkdir()
+        else:
+            path.symlink_to("/dev/zero")
+        reason = {"fifo": "a FIFO", "dir": "a directory", "device": "a character device"}
+        cases[kind] = (root, f"{path}: is {reason[kind]}")
+    for data, reason in cases.values():
+        out = tmp_path / f"out-{data.name}"
+        code = main(
+            ["reproduce", "--out", str(out), "--data", str(data), "--datasets", "movielens", "-q"]
+        )
+        [line] = capsys.readouterr().err.splitlines()
+        assert code == 2 and reason in line and str(data) in line, line
+        assert not out.exists()

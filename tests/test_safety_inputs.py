@@ -70,7 +70,7 @@ def test_the_opener_refuses_fifos_devices_sockets_and_links_to_them(tmp_path, fi
     regular.write_bytes(b"x" * 11)
     (tmp_path / "to-regular").symlink_to(regular)  # a link to a regular file is followed
     assert read_input_bytes(str(tmp_path / "to-regular"), "job file", limit=11) == b"x" * 11
-    with pytest.raises(InputError, match="11 bytes, more than the 10 a job file may hold"):
+    with pytest.raises(InputError, match="11 bytes, more than the 10 bytes job files may hold"):
         read_input_bytes(str(regular), "job file", limit=10)
 
 
@@ -523,3 +523,75 @@ def test_an_id_file_is_read_as_the_ratings_readers_read_text(id_model, tmp_path,
     one_line_error(
         ["recommend", str(id_model), "--users-from", str(ids)], f"{ids}, line 2: unknown user id"
     )
+
+
+def test_an_id_file_is_bounded_before_it_is_read(id_model, tmp_path, monkeypatch):
+    """An id file (``--users-from``, ``--items-from``) larger than ``ID_FILE`` is refused from
+    its size, before a byte is read (a sparse file of 1 TiB here), and standard input is read
+    at most that far (``< /dev/zero`` ends): one line naming the file, exit 2."""
+    import io
+
+    from ordnmf_dask.sources.infile import ID_FILE
+
+    huge = tmp_path / "u.txt"
+    with huge.open("wb") as fh:
+        fh.truncate(1 << 40)
+    one_line_error(
+        ["recommend", str(id_model), "--users-from", str(huge)],
+        f"{huge}: {1 << 40} bytes, more than the {ID_FILE} bytes user id files may hold",
+    )
+    with open("/dev/zero", "rb") as zero:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(zero))
+        one_line_error(
+            ["similar-items", str(id_model), "--items-from", "-"],
+            f"standard input: more than the {ID_FILE} bytes item id files may hold",
+        )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "file"])
+def test_a_store_or_model_that_is_not_a_directory_is_named_as_what_it_is(
+    id_model, tmp_path, fifo, kind
+):
+    """A store or model argument that is a FIFO, a device or a file (never opened, never
+    waited on): one line saying what it is, for each command's store and model."""
+    path = {"fifo": fifo, "device": Path("/dev/zero"), "file": tmp_path / "f"}[kind]
+    if kind == "file":
+        path.write_text("x")
+    what = {"fifo": "a FIFO", "device": "a character device", "file": "a file"}[kind]
+    model, store = str(id_model), str(id_model.parent / "s")
+    for args, role in [
+        (["info", str(path)], "store"),
+        (["evaluate", str(path), model], "store"),
+        (["recommend", str(path), "--users", "x"], "model"),
+        (["export", str(path), "--out", str(tmp_path / "e")], "model"),
+        (
+            ["fit", store, "-k", "2", "--init-model", str(path), "--out", str(tmp_path / "m")],
+            "model",
+        ),
+    ]:
+        one_line_error(args, f"{path}: is {what}, not a {role} (a {role} is a directory)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["fifo", *(["f"] if kind == "file" else [])]
+    )
+
+
+def test_a_text_file_of_zeros_or_too_big_to_read_whole_is_refused_at_once(id_model, tmp_path):
+    """A sparse file of 1 TiB of zero bytes (no line end: its first line was looked for in
+    ever larger reads, 21 GB held before MemoryError) is refused after its first
+    ``HEAD_LIMIT`` bytes; one whose first row is fine but which fold-in must read whole is
+    refused from its size, before a byte more is read."""
+    from ordnmf_dask.sources.text import HEAD_LIMIT
+
+    zeros, big = tmp_path / "zeros.csv", tmp_path / "big.csv"
+    with zeros.open("wb") as fh:
+        fh.truncate(1 << 40)
+    with big.open("wb") as fh:
+        fh.write(b"new,i1,2\n")
+        fh.truncate(1 << 40)
+    for command in (["fold-in", str(id_model)], ["ingest", "--out", str(tmp_path / "s")]):
+        one_line_error(
+            [*command, str(zeros)],
+            f"{zeros}: no complete non-blank line in its first {HEAD_LIMIT} bytes",
+        )
+    one_line_error(["fold-in", str(id_model), str(big)], f"{big}: 1 TiB of text to read whole")
+    assert not (tmp_path / "s").exists()

@@ -355,18 +355,32 @@ def test_at_a_url_the_pending_marker_is_the_lock(small_fitted):
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["similar-users", "{model}", "--users", ","], "--users needs at least one id"),
-        (["similar-items", "{model}", "--items", ","], "--items needs at least one id"),
-        (["score", "{model}", "--users", ",", "--items", ","], "--users needs at least one id"),
-        (["recommend", "{model}", "--users", ","], "--users needs at least one id"),
+        (["similar-users", "{model}", "--users", ","], "--users: no value in ','"),
+        (["similar-items", "{model}", "--items", ","], "--items: no value in ','"),
+        (["score", "{model}", "--users", ",", "--items", "1"], "--users: no value in ','"),
+        (["recommend", "{model}", "--users", ","], "--users: no value in ','"),
+        (["recommend", "{model}", "--users", "1,,2"], "--users: empty value at position 2 of"),
+        (["similar-users", "{model}", "--users", "1,2,"], "--users: empty value at position 3"),
+        (["similar-items", "{model}", "--items", " ,1"], "--items: empty value at position 1"),
+        (["score", "{model}", "--users", "1,2", "--items", "1,,"], "--items: empty value at"),
+        (["export", "{model}", "--out", "{model}-x", "--what", "factors,"], "--what: empty"),
+        (["ingest", "{model}", "--out", "{model}-x", "--grid", "1,,2"], "--grid: empty value"),
+        (["ingest", "{model}", "--out", "{model}-x", "--columns", "0,,2"], "--columns: empty"),
     ],
 )
-def test_a_list_of_no_ids_is_refused_by_every_serving_command(small_fitted, capsys, args, line):
+def test_a_list_with_an_empty_value_is_refused_naming_its_position(
+    small_fitted, capsys, args, line
+):
+    """``--users u1,,u2`` is refused in one line naming the empty position (never read as
+    ``u1,u2``), and a list of none (``--users ,``) as such, by every flag that takes a list,
+    before anything is read."""
     model = str(small_fitted[1])
-    code, err = run_cli([a.format(model=model) for a in args])
-    assert code == EXIT_INPUT
-    assert err == [f"ordnmf-dask {args[0]}: error: {line}"]
-    assert capsys.readouterr().out == ""
+    with pytest.raises(SystemExit) as stopped:
+        main([a.format(model=model) for a in args])
+    assert stopped.value.code == EXIT_INPUT
+    [err] = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"ordnmf-dask {args[0]}: error: argument {line}"), err
+    assert capsys.readouterr().out == "" and not os.path.exists(f"{model}-x")
 
 
 @pytest.mark.parametrize("fmt", ["tsv", "csv", "json", "parquet"])
@@ -396,6 +410,29 @@ def test_a_closed_standard_output_is_exit_141_in_every_format(small_fitted, fmt)
         if COMPILE_NOTICE not in ln and ZARR_CODEC_WARNING not in ln
     ]
     assert said == []
+
+
+def test_a_file_output_at_dev_stdout_of_a_pipe_is_written_or_141(small_fitted):
+    """``--json /dev/stdout`` when standard output is a pipe (``| jq``, ``| head``): the pipe
+    has no real path (``/proc/PID/fd/pipe:[N]``), so it is named as typed and written as a
+    stream: the JSON reaches the reader, and a reader gone is 141, never a temporary file
+    beside a path that does not exist (exit 2)."""
+    import subprocess
+
+    from conftest import CLI
+
+    store, model = (str(p) for p in small_fitted)
+    args = [*CLI, "evaluate", store, model, "-q", "--json", "/dev/stdout"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert '"posterior"' in done.stdout and done.stdout.rstrip().endswith("}")
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True, timeout=240)
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
 
 
 def test_json_tables_are_streamed_as_they_were_printed_whole():
@@ -514,14 +551,12 @@ def test_any_output_option_aimed_at_a_model_or_a_fifo_is_refused_in_one_line(
 ):
     """Property: whatever output option and whichever way it is aimed into a model (a link
     to its metadata, to it, to a file deep in it, a path under a link to it) or at a FIFO
-    nobody reads (where a file output goes: the log), the command ends in bounded time with
+    nobody reads, the command ends in bounded time with
     exit 2 and one line, the model unchanged and nothing written beside it."""
     import signal
     import tempfile
 
     name, dest, flag = case
-    if substitute == "fifo" and dest != "log_file":
-        substitute = "link-to-metadata"  # a FIFO as --json is refused when written, after work
     victim = Path(place["victim"])
     chunk = next(p for p in sorted((victim / "W").rglob("*")) if p.is_file())
     before = tree_hash(victim)
@@ -612,14 +647,26 @@ def test_predict_out_inside_its_pairs_directory_is_refused(place):
     assert sorted(os.listdir(pairs_dir)) == ["p.parquet"]
 
 
-def test_a_log_file_that_cannot_be_written_fails_the_command_in_one_line(place):
-    """A log that lost records (a full disk: ``/dev/full``) is an output that failed: exit 2
-    naming it, not a traceback per record and exit 0."""
+def test_a_log_file_that_cannot_be_written_fails_the_command_in_one_line(place, tmp_path):
+    """A log on a device that takes nothing (``/dev/full``) is refused before any work; one that
+    loses records once the command runs (a disk filled meanwhile) is an output that failed:
+    exit 2 naming it, not a traceback per record and exit 0."""
     out = Path(place["tmp"]) / "s"
     code, err = run_cli(["ingest", place["csv"], "--out", str(out), "--log-file", "/dev/full"])
     assert code == EXIT_INPUT and err == [
-        "ordnmf-dask ingest: error: cannot write the log file /dev/full: No space left on device"
+        "ordnmf-dask ingest: error: cannot write --log-file to /dev/full: No space left on device"
     ], err
+    assert not out.exists()
+    from ordnmf_dask.app.logs import LogFile, log, log_file_failure
+
+    handler = LogFile("/dev/full")  # opened as the command opens it, after its check
+    log.addHandler(handler)
+    try:
+        log.warning("a record the disk has no room for")
+        assert log_file_failure() == "cannot write the log file /dev/full: No space left on device"
+    finally:
+        log.removeHandler(handler)
+        handler.close()
 
 
 def test_a_full_standard_output_is_named_as_such(place):
@@ -640,3 +687,73 @@ def test_an_output_typed_as_a_file_url_through_a_link_names_the_link(place, tmp_
     code, err = run_cli(["export", place["model"], "--out", f"file://{link}", "--overwrite"])
     assert code == EXIT_INPUT and len(err) == 1, err
     assert f"--out to file://{link} (a link to {place['model']}): it is the model" in err[0], err
+
+
+@pytest.mark.parametrize("stream", ["fifo", "/dev/full"])
+def test_every_output_option_at_a_dead_stream_is_refused_before_any_work(place, tmp_path, stream):
+    """Each output option of each command aimed at a FIFO nobody reads or at ``/dev/full``
+    (which takes no byte): refused in one line naming it before any work, so before the
+    command's inputs are even looked at (here every input is missing: an error about one
+    would mean the output was checked after it)."""
+    aimed = tmp_path / "fifo"
+    if stream == "fifo":
+        os.mkfifo(aimed)
+    else:
+        aimed = Path(stream)
+    missing = {k: str(tmp_path / f"missing-{k}") for k in ("store", "model", "csv", "pairs")}
+    cases = 0
+    for name, dest, flag in output_cases():
+        fresh = str(tmp_path / f"fresh-{name}-{dest}")
+        out = str(aimed) if dest == "out" else fresh
+        args = [name, *(a.format(**{**place, **missing}, out=out) for a in COMMANDS[name])]
+        if dest != "out":
+            args += [flag, str(aimed)]
+        code, err = run_cli(args)
+        assert code == EXIT_INPUT and len(err) == 1, (args, err)
+        assert str(aimed) in err[0] and "missing-" not in err[0], (args, err)
+        assert not os.path.exists(fresh), args
+        cases += 1
+    assert cases >= 20
+
+
+@pytest.mark.parametrize("flag", ["--log-file", "--json", "--reliability"])
+def test_a_file_output_that_is_a_hard_link_of_a_models_file_is_refused(place, tmp_path, flag):
+    """A hard link is another name of the very file, which no comparison of paths sees: a log
+    appended to a hard link of a model's ``zarr.json`` damaged the model (exit 0). A file
+    output with other names is refused before any work, and by the log's opener too."""
+    victim = Path(place["victim"])
+    before = tree_hash(victim)
+    link = tmp_path / "hard"
+    os.link(victim / "zarr.json", link)
+    code, err = run_cli(["evaluate", place["store"], place["model"], flag, str(link)])
+    assert code == EXIT_INPUT and len(err) == 1, err
+    assert f"{link}: it has 2 hard links" in err[0], err
+    out = tmp_path / "s"
+    if flag == "--log-file":  # a command that logs (ingest), and the opener itself
+        code, err = run_cli(["ingest", place["csv"], "--out", str(out), flag, str(link)])
+        assert code == EXIT_INPUT and "it has 2 hard links" in err[0] and not out.exists()
+        with pytest.raises(InputError, match="it has 2 hard links"):
+            outputs.open_log(str(link))
+    assert tree_hash(victim) == before
+
+
+def test_a_device_that_cannot_be_opened_is_named_by_its_reason(small_fitted):
+    """``/dev/tty`` in a process without a terminal (a new session) cannot be opened (ENXIO,
+    which a FIFO nobody reads also gives): refused before any work with the device's reason,
+    not called a FIFO. A real process, since the session is the point."""
+    import subprocess
+
+    from conftest import CLI
+
+    done = subprocess.run(
+        [*CLI, "similar-items", str(small_fitted[1]), "--items", "1", "--log-file", "/dev/tty"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        start_new_session=True,
+    )
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.splitlines()[-1] == (
+        "ordnmf-dask similar-items: error: cannot write --log-file to /dev/tty: "
+        "No such device or address"
+    )

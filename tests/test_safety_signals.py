@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -318,3 +319,31 @@ def test_16_sigint_at_any_moment_of_fit_overwrite_leaves_the_old_model_or_the_ne
         ["m.zarr", "m.zarr.checkpoints"],
     )
     OrdNMF.load(out)  # complete
+
+
+def test_an_interruption_met_inside_an_eval_still_exits_130(tmp_path):
+    """A Ctrl-C that arrives inside an ``eval`` of a string (namedtuple's, while psutil
+    imports: found by signalling ``synth`` at random moments) is caught and reported, exit
+    130; CPython's mark of an unhandled KeyboardInterrupt made ``python -m ordnmf_dask`` kill
+    itself with SIGINT at exit instead (-2). A real process, run as ``python -m``."""
+    (tmp_path / "stopped_in_eval.py").write_text(
+        "import sys\n"
+        "from ordnmf_dask.app import cli, commands\n"
+        "def stopped(args):\n"
+        "    exec('raise KeyboardInterrupt')\n"
+        "commands.COMMANDS['info'] = stopped\n"
+        "sys.exit(cli.main())\n"
+    )
+    import ordnmf_dask
+
+    paths = [str(Path(ordnmf_dask.__file__).parents[1]), str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    done = subprocess.run(
+        [sys.executable, "-m", "stopped_in_eval", "info", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done
+    assert done.stderr.splitlines() == ["ordnmf-dask info: error: interrupted"]

@@ -246,3 +246,28 @@ def test_piecewise_id_reads_name_a_damaged_id_chunk(healthy, tmp_path, damage):
     ):
         with pytest.raises(StoreError, match=chunk):
             read()
+
+
+@pytest.mark.parametrize(
+    ("key", "garbage", "reason"),
+    [
+        ("train/zarr.json", b"{garbage", "not zarr metadata (not JSON"),
+        ("users/zarr.json", b"[]", "not zarr metadata (a JSON list)"),
+        ("test/cols/zarr.json", b'{"zarr_format": 2}', "not zarr metadata of format 3"),
+        ("train/zarr.json", None, "an array where the store has a group"),
+    ],
+)
+def test_a_store_whose_zarr_metadata_is_garbage_is_refused_naming_the_file(
+    healthy, tmp_path, capsys, key, garbage, reason
+):
+    """Every node's ``zarr.json`` of a store is read as zarr metadata when the store is opened
+    (store/nodes.py), a group's that no reader reads included: exit 2 naming the file."""
+    copy = Path(shutil.copytree(healthy, tmp_path / "s.zarr"))
+    if garbage is None:  # an array's metadata where a group belongs
+        garbage = (copy / "row_bounds" / "zarr.json").read_bytes()
+    (copy / key).write_bytes(garbage)
+    assert main(["info", str(copy)]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"{copy / key}: {reason}" in line, line
+    with pytest.raises(StoreError, match=str(copy / key)):
+        open_store(str(copy))

@@ -50,7 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _system_allocator_under_a_limit()
     with logging_kept(quiet=not args.debug), warnings.catch_warnings():
         warnings.showwarning = warning_line
-        return _run(args, parser, process=argv is None)
+        code = _run(args, parser, process=argv is None)
+    if argv is None:
+        _interruption_handled()
+    return code
+
+
+def _interruption_handled() -> None:
+    """CPython marks a KeyboardInterrupt that left an ``eval`` or ``exec`` of a string (a
+    signal met inside namedtuple's, while a module imports) as never handled, even once
+    :func:`_run` caught it and chose the exit code, and ``python -m ordnmf_dask`` then ends
+    by killing itself with SIGINT (-2, not 130): an eval that completes clears that mark."""
+    eval("None")  # a constant, for the side effect above
 
 
 def _system_allocator_under_a_limit() -> None:
@@ -166,6 +177,13 @@ def _reader_gone() -> bool:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
+    from ordnmf_dask.store.outputs import streams_kept
+
+    with streams_kept():  # the streams the check of the outputs opened, until written
+        return _checked_run(args, parser, process)
+
+
+def _checked_run(args: argparse.Namespace, parser: argparse.ArgumentParser, process: bool) -> int:
     try:
         _check_outputs(args)
     except InputError as exc:

@@ -401,28 +401,28 @@ def _requested(
     args: argparse.Namespace, axis: str
 ) -> tuple[list[str], Callable[[int], str] | None]:
     """The raw ids a serving command is asked about (``--users`` / ``--items``, or one per line
-    of ``--users-from`` / ``--items-from`` FILE, ``-`` for standard input; blank lines
-    skipped), and where each was read ("FILE, line N"; None for the flag's list). UsageError
-    when none is given."""
+    of ``--users-from`` / ``--items-from`` FILE, ``-`` for standard input, at most
+    :data:`~ordnmf_dask.sources.infile.ID_FILE` bytes; blank lines skipped), and where each
+    was read ("FILE, line N"; None for the flag's list). InputError when the file holds none."""
     path = getattr(args, f"{axis}_from", None)
     if path is None:
-        ids = getattr(args, axis)
-        if not ids:  # "--users ," names none
-            raise UsageError(f"--{axis} needs at least one id")
-        return ids, None
-    if path == "-":
-        name, text = "standard input", sys.stdin.read()
-    else:
-        from ordnmf_dask.sources.infile import open_input_file
+        return getattr(args, axis), None  # never empty (parser._parts)
+    from ordnmf_dask.sources.infile import ID_FILE, read_input_bytes, too_big
 
-        name = path
-        with open_input_file(path, f"{axis[:-1]} id file") as fh:
-            raw = fh.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise InputError(f"{path}, line {line}: not UTF-8 text") from None
+    what = f"{axis[:-1]} id file"
+    if path == "-":  # read as a file is, and bounded as one (`< /dev/zero` ends)
+        name, stream = "standard input", getattr(sys.stdin, "buffer", sys.stdin)
+        raw = stream.read(ID_FILE + 1)
+        raw = raw.encode("utf-8") if isinstance(raw, str) else raw
+        if len(raw) > ID_FILE:
+            raise too_big(name, what, None, ID_FILE)
+    else:
+        name, raw = path, read_input_bytes(path, what, ID_FILE)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InputError(f"{name}, line {line}: not UTF-8 text") from None
     ids, lines = [], []
     text = text.removeprefix("\ufeff")  # a byte-order mark, as the ratings readers drop it
     for number, line in enumerate(text.split("\n"), start=1):  # lines as the readers count
@@ -514,8 +514,6 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.items is None:
         raise UsageError("--users needs --items (one item per user)")
     users, items = args.users, args.items
-    if not users:
-        raise UsageError("--users needs at least one id")
     scores = serving.server(args.model).score(users, items)
     write_table(columns, zip(users, items, scores.tolist(), strict=True), args.format)
     return EXIT_OK
@@ -565,6 +563,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.reproduce import Protocol, reproduce, shared_datasets
+    from ordnmf_dask.sources.infile import open_input_file
 
     data = args.data or os.path.join(os.getcwd(), "..", "shared", "data")
     known = shared_datasets(data)
@@ -572,9 +571,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise UsageError(f"--datasets: unknown {unknown}; choose from {', '.join(known)}")
-    missing = [known[n].path for n in names if not os.path.isfile(known[n].path)]
-    if missing:
-        raise UsageError(f"dataset file not found: {missing[0]} (set --data)")
+    if not os.path.isdir(data):  # named as what it is: absent, a file, a FIFO
+        what = "no such directory" if not os.path.exists(data) else "not a directory"
+        raise UsageError(f"--data {data}: {what} (the directory of the datasets)")
+    for name in names:  # each file by the input rule, before any work (regular files only)
+        try:
+            open_input_file(known[name].path, f"dataset {name}").close()
+        except InputError as exc:
+            raise InputError(f"{exc} (--data {data})") from None
     if args.jobs < 1 or not args.k_grid or not args.seeds:
         raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
     cluster = _cluster_of(args)

@@ -15,17 +15,32 @@ from ordnmf_dask.params import COMMAND_PARAMS, MODELS, PARAMS, REQUIRED, Options
 _DECIMAL = re.compile(r"-?[0-9]+")  # ASCII digits only: int() also reads "1_0" and other scripts
 
 
+def _parts(text: str) -> list[str]:
+    """The values of a flag's comma-separated list (ids, names, integers), the spaces around
+    each dropped: an empty one (``u1,,u2``, a trailing comma) is refused naming its position,
+    never dropped, and so is a list of none (``,``)."""
+    parts = [t.strip() for t in text.split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"no value in {text!r} (values joined by commas)")
+    empty = parts.index("") if "" in parts else None
+    if empty is not None:
+        raise argparse.ArgumentTypeError(
+            f"empty value at position {empty + 1} of {text!r} (values joined by commas)"
+        )
+    return parts
+
+
 def _int_list(text: str) -> list[int]:
     """Integers joined by commas, each in its canonical decimal form (``1_0`` is refused)."""
-    parts = [t.strip() for t in text.split(",") if t.strip()]
+    parts = _parts(text)
     if not all(_DECIMAL.fullmatch(t) for t in parts):
         raise argparse.ArgumentTypeError(f"expected integers joined by commas: {text!r}")
     return [int(t) for t in parts]
 
 
 def _name_list(text: str) -> list[str]:
-    """Names joined by commas."""
-    return [t.strip() for t in text.split(",") if t.strip()]
+    """Names (raw ids) joined by commas (:func:`_parts`)."""
+    return _parts(text)
 
 
 _FROM_HELP = (
@@ -36,8 +51,7 @@ _FROM_HELP = (
 
 def _columns(text: str) -> list[int | str]:
     """user,item,value columns: 0-based positions (digits) or names."""
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    return [int(n) if n.isascii() and n.isdigit() else n for n in names]
+    return [int(n) if n.isascii() and n.isdigit() else n for n in _parts(text)]
 
 
 def _counts(text: str) -> str | list[float]:

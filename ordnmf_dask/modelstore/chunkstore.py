@@ -28,6 +28,7 @@ from ordnmf_dask.store.kinds import group_attrs
 _FIELDS = ("mean", "geo", "shape", "prior_rate")  # the state: read back bit-exactly
 _REQUIRED = ("mean", "geo")  # shape and prior_rate do not exist yet for an initial state
 _DERIVED = ("log_mean", "rate")  # also written, for readers of saved models
+SAVED_FIELDS = (*_FIELDS, *_DERIVED)  # the arrays of a factor chunk of a saved model
 _DTYPE = np.dtype("<f8")  # factor arrays: little-endian float64, the bytes of their one chunk file
 INVENTORY_SINCE = 2  # the model format_version from which every factor array has an inventory
 
@@ -183,7 +184,7 @@ def save_chunk(chunk: FactorChunk, root: str, name: str, index: int, derived: bo
     which a checkpoint does not need); returns the group path."""
     path = chunk_path(root, name, index)
     group = zarr.open_group(path, mode="w")
-    for field in (*_FIELDS, *_DERIVED) if derived else _FIELDS:
+    for field in SAVED_FIELDS if derived else _FIELDS:
         value = getattr(chunk, field)
         if value is not None:
             _create(group, field, value)

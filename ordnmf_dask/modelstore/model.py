@@ -27,7 +27,7 @@ from ordnmf_dask.errors import StoreError
 from ordnmf_dask.modelstore import chunkstore, seen
 from ordnmf_dask.modelstore.modelheader import MODEL_FORMAT, ModelHeader, check_ids
 from ordnmf_dask.runtime.inprocess import wait
-from ordnmf_dask.store import idmap, locations
+from ordnmf_dask.store import idmap, locations, nodes
 from ordnmf_dask.store.blocks import (
     AXES,
     check_target,
@@ -418,31 +418,50 @@ def open_model(path: str) -> ModelInfo:
         )
     info = ModelInfo(path, attrs, pinned)
     header = info.header  # every field checked before anything is read
+    found = nodes.read_nodes(path, "model")
     if header.ids:
-        shapes = {}
-        for axis in AXES:
-            try:
-                shapes[axis] = tuple(zarr.open_array(f"{path}/{axis}/ids", mode="r").shape)
-            except Exception as exc:  # noqa: BLE001 - any failure: the id map is unreadable
-                raise StoreError(f"{path}/{axis}/ids: unreadable id map ({exc})") from None
-        check_ids(header, shapes, path)
-    _check_shapes(info)
+        check_ids(header, {a: _shape(found.get(f"{a}/ids")) for a in AXES}, path)
+    nodes.check_layout(path, found, *_layout(header), "model")
     return info
 
 
-def _check_shapes(info: ModelInfo) -> None:
-    """StoreError unless each chunk of E[W] and E[H] records the shape the header gives (the
-    arrays' metadata only: their files are checked by the readers that read them)."""
-    h = info.header
+def _shape(node: dict[str, Any] | None) -> tuple[int, ...] | None:
+    """The shape an array's metadata records, for :func:`check_ids` (None: it has none, or
+    not one of counts, which :func:`nodes.check_layout` then names)."""
+    shape = None if node is None else node.get("shape")
+    if not isinstance(shape, list) or not all(type(n) is int for n in shape):
+        return None
+    return tuple(shape)
+
+
+#: the data types of a model's id maps: a store's integer or text ids
+ID_TYPES = frozenset({"int64", "int32", "uint64", "uint32", "string"})
+
+
+def _layout(h: ModelHeader) -> tuple[set[str], dict[str, nodes.ArraySpec]]:
+    """The groups and arrays of a model of header ``h`` (docs/model-format.md): each factor
+    chunk's arrays (rows of its block, K per member; ``prior_rate`` one column per member),
+    float64, one chunk; its id maps, one id per row; the index of seen items, a row pointer
+    per user of a block and at most the store's training nonzeros."""
+    groups = {"", "W", "H"}
+    arrays: dict[str, nodes.ArraySpec] = {}
     for name, n in zip(("W", "H"), h.n_blocks, strict=True):
         for j in range(n):
-            path = chunkstore.field_path(info.path, name, j, "mean")
-            try:
-                shape = tuple(zarr.open_array(path, mode="r").shape)
-            except Exception:  # noqa: BLE001 - a missing or unreadable array: its readers name it
-                continue
-            if shape != h.chunk_shape(name, j):
-                raise StoreError(
-                    f"{path}: shape {shape}, but the model's header gives "
-                    f"{h.chunk_shape(name, j)} (the model is damaged)"
-                )
+            groups.add(f"{name}/{j}")
+            rows, width = h.chunk_shape(name, j)
+            for field in chunkstore.SAVED_FIELDS:
+                cols = h.n_members if field == "prior_rate" else width
+                arrays[f"{name}/{j}/{field}"] = nodes.ArraySpec((rows, cols), {"float64"})
+    if h.ids:
+        groups |= set(AXES)
+        for axis, n in zip(AXES, (h.store.n_users, h.store.n_items), strict=True):
+            arrays[f"{axis}/ids"] = nodes.ArraySpec((n,), ID_TYPES, one_chunk=False)
+    if h.seen:
+        groups |= {"seen", seen.INDPTR, seen.INDICES}
+        for r in range(h.n_blocks[0]):
+            rows = h.row_bounds[r + 1] - h.row_bounds[r]
+            arrays[f"{seen.INDPTR}/{r}"] = nodes.ArraySpec((rows + 1,), {"int64"})
+            arrays[f"{seen.INDICES}/{r}"] = nodes.ArraySpec(
+                (None,), {"int32"}, most=h.store.nnz_train
+            )
+    return groups, arrays

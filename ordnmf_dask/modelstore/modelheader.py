@@ -442,7 +442,9 @@ def _delta(f: HeaderFields, model: str | None, n_classes: int) -> tuple[float, .
     return tuple(float(x) for x in delta)
 
 
-def check_ids(header: ModelHeader, shapes: Mapping[str, tuple[int, ...]], where: str) -> None:
+def check_ids(
+    header: ModelHeader, shapes: Mapping[str, tuple[int, ...] | None], where: str
+) -> None:
     """StoreError unless the id maps hold one id per row of W and of H (``shapes``: axis ->
     the recorded shape of its id array)."""
     for axis, n in (("users", header.store.n_users), ("items", header.store.n_items)):

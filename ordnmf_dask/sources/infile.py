@@ -28,6 +28,10 @@ _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 #: Bytes of a job file or a lock file: far above any real one, far below a memory bomb.
 SMALL_FILE = 16 << 20
 
+#: Bytes of an id file (``--users-from``): millions of ids, one batch held in memory with its
+#: results; all the users of a model go through an export (``recommend --out``) instead.
+ID_FILE = 64 << 20
+
 #: Bytes of a Parquet file's footer metadata: far above a real one (a few MiB for thousands of
 #: row groups), far below a memory bomb.
 PARQUET_METADATA = 64 << 20
@@ -39,8 +43,11 @@ def _refuse(path: str, what: str, kind: str) -> InputError:
     return InputError(f"{path}: is {kind}, not a regular file; refusing to read it ({what})")
 
 
-def _too_big(path: str, what: str, size: int, limit: int) -> InputError:
-    return InputError(f"{path}: {size} bytes, more than the {limit} a {what} may hold")
+def too_big(path: str, what: str, size: int | None, limit: int) -> InputError:
+    """The refusal of the ``what`` at ``path`` of ``size`` bytes (None: unknown, more than
+    read), over its ``limit``."""
+    held = f"{size} bytes, more" if size is not None else "more"
+    return InputError(f"{path}: {held} than the {limit} bytes {what}s may hold")
 
 
 def open_input_file(path: str, what: str = "input file", limit: int | None = None) -> Any:
@@ -65,7 +72,7 @@ def open_input_file(path: str, what: str = "input file", limit: int | None = Non
         if not stat.S_ISREG(st.st_mode):
             raise _refuse(path, what, file_kind(st.st_mode))
         if limit is not None and st.st_size > limit:
-            raise _too_big(path, what, st.st_size, limit)
+            raise too_big(path, what, st.st_size, limit)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
@@ -89,7 +96,7 @@ def _open_url(url: str, what: str, limit: int | None) -> Any:
         raise _refuse(url, what, "not a regular file")
     size = info.get("size")
     if limit is not None and isinstance(size, int) and size > limit:
-        raise _too_big(url, what, size, limit)
+        raise too_big(url, what, size, limit)
     try:
         return fs.open(key, "rb")
     except OSError as exc:
@@ -105,7 +112,7 @@ def read_input_bytes(path: str, what: str, limit: int = SMALL_FILE) -> bytes:
         except OSError as exc:
             raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if len(data) > limit:
-        raise _too_big(path, what, len(data), limit)
+        raise too_big(path, what, len(data), limit)
     return data
 
 

@@ -57,6 +57,9 @@ _UNIT = b"\x1f"
 _WHITESPACE = b" \t\r\x0b\x0c"
 _BOM = b"\xef\xbb\xbf"
 _HEAD = 2**20  # bytes read at a time while looking for the first lines
+#: how far the first non-blank lines (a header, the first row) are looked for: far beyond any
+#: real one, far below a file of zeros read whole
+HEAD_LIMIT = 64 << 20
 #: Where pyarrow allocates whole columns of the input: malloc, whose freed memory
 #: ``release_memory`` hands back to the system once the columns are dropped.
 POOL = pa.system_memory_pool()
@@ -199,18 +202,45 @@ def is_compressed(path: str) -> bool:
     return infer_compression(path) is not None
 
 
+#: what parsing a text read whole holds beside it (its rows, ids and values), as a multiple of
+#: its bytes: a file read whole is at most the memory room divided by this
+WHOLE_TEXT_FACTOR = 4
+
+
 def read_bytes(path: str, start: int = 0, stop: int | None = None) -> bytes:
     """Bytes [start, stop) of a file, decompressed (to the end if ``stop`` is None); errors
-    name the file."""
+    name the file. Read to its end, a file is bounded by what memory can parse
+    (:data:`WHOLE_TEXT_FACTOR`): refused from its stored size before a byte is read, and a
+    compressed one once its text passes the bound (a 1 TiB file of zeros held 21 GB, then
+    ran out of memory)."""
+    limit = None
+    if stop is None:
+        from ordnmf_dask.runtime.memory import memory_room, size_text
+
+        room, what = memory_room()
+        limit = max(room // WHOLE_TEXT_FACTOR - start, 0)
+        stored = input_size(path)
+        if stored - start > limit:
+            raise InputError(
+                f"{path}: {size_text(stored - start)} of text to read whole, more than the "
+                f"{size_text(limit)} it may take to be parsed in the {size_text(room)} {what}"
+            )
+    count = limit + 1 if limit is not None else max((stop or 0) - start, 0)
     with open_input(path) as fh:
         try:
             if fh.seekable() and start:
                 fh.seek(start)
             elif start:
                 fh.read(start)
-            return fh.read() if stop is None else fh.read(max(stop - start, 0))
+            data = fh.read(count)
         except READ_ERRORS as exc:
             raise InputError(f"{path}: cannot read ({exc})") from None
+    if limit is not None and len(data) > limit:
+        raise InputError(
+            f"{path}: more than {limit} bytes of text once decompressed, more than it may "
+            "take to be parsed in the memory this process has"
+        )
+    return data
 
 
 def input_size(path: str) -> int:
@@ -407,7 +437,12 @@ def text_format_of(
             return Head(fmt, None, 0, len(_BOM) if data.startswith(_BOM) else 0)
         if complete:
             raise InputError(f"{path}: no data rows (the file is empty)")
-        n *= 4
+        if n >= HEAD_LIMIT:  # a file of zeros, or of one endless line: no rows to read
+            raise InputError(
+                f"{path}: no complete non-blank line in its first {HEAD_LIMIT} bytes "
+                "(not a text file of rows)"
+            )
+        n = min(4 * n, HEAD_LIMIT)
 
 
 def _is_number(token: str) -> bool:

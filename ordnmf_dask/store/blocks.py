@@ -35,7 +35,7 @@ import zarr.codecs
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.model.rowptr import expand_rows
 from ordnmf_dask.runtime.abandoned import abandoned, forget
-from ordnmf_dask.store import locations, writelock
+from ordnmf_dask.store import locations, nodes, writelock
 from ordnmf_dask.store.decode import (
     CHUNK,
     WRITE_ALL,
@@ -648,6 +648,8 @@ def _handle(path: str | os.PathLike, fresh: bool = False) -> _Handle:
         if not (locations.exists(full) if url else os.path.exists(full)):
             raise StoreError(f"{full}: no store here (path does not exist)") from None
         locations.check_not_pending(full, "store")
+        if not url:
+            locations.check_directory(full, "store")
         raise StoreError(f"{full}: not a zarr group (no zarr.json)") from None
     key = (os.getpid(), full, *identity)
     with _LOCK:
@@ -711,6 +713,9 @@ def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
     locations.check_not_pending(path, "store")
     header = StoreHeader.from_attrs(attrs, path)
+    if not locations.is_url(path):  # every node's metadata JSON, these groups (at a URL, a
+        groups = {"", *AXES, *header.splits}  # listing of every chunk: left to the reads)
+        nodes.check_layout(path, nodes.read_nodes(path, "store"), groups, {}, "store")
     try:
         splits = header.splits
         check_arrays(header, _shapes(group, header), path)

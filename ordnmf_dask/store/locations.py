@@ -84,7 +84,12 @@ def location(path: str | os.PathLike) -> str:
         return canonical_url(text)
     if "://" in text:
         text = text.split("://", 1)[1]
-    return os.path.realpath(text)
+    real = os.path.realpath(text)
+    if not os.path.lexists(real) and os.path.exists(text):
+        # reached through a link of /proc to what has no name (``/dev/stdout`` of a pipe or a
+        # socket): named as typed, which still opens it
+        return os.path.abspath(text)
+    return real
 
 
 def canonical_url(url: str) -> str:
@@ -243,6 +248,14 @@ def local_files(root: str) -> list[str]:
 META_BYTES = 64 << 20
 
 
+def check_directory(root: str, what: str) -> None:
+    """StoreError if the local ``root`` of a store or model exists but is not a directory (a
+    file, a FIFO, a device), naming what it is."""
+    if os.path.exists(root) and not os.path.isdir(root):
+        kind = file_kind(os.stat(root).st_mode).replace("not a regular file", "a file")
+        raise StoreError(f"{root}: is {kind}, not a {what} (a {what} is a directory)")
+
+
 def check_tree(root: str, what: str) -> None:
     """StoreError unless the local directory ``root`` (a store or model about to be read) is
     safe to read through zarr, which follows links and blocks on a FIFO: no FIFO, socket or
@@ -252,6 +265,7 @@ def check_tree(root: str, what: str) -> None:
     user's notes) are left alone: they are never read."""
     if is_url(root):
         return
+    check_directory(root, what)
     for d, dirs, names in os.walk(root):
         for n in [*dirs, *names]:
             full = os.path.join(d, n)

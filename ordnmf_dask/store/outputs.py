@@ -18,7 +18,7 @@ import itertools
 import os
 import secrets
 import stat
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import IO, Any
 
 from ordnmf_dask.errors import InputError
@@ -107,14 +107,20 @@ def check_outputs(
     files: Collection[str] = (),
 ) -> None:
     """The whole rule for one command: its outputs (name -> path) apart, and each checked
-    against ``inputs`` by :func:`check_place` (a directory of the kind ``writes[name]``) or,
-    for the names in ``files``, by :func:`check_file`."""
+    against ``inputs`` by :func:`check_place` (a directory of the kind ``writes[name]``, so
+    nothing but a directory where it exists) or, for the names in ``files``, by
+    :func:`check_file`."""
     check_apart(outputs)
     for name, path in outputs.items():
         if path is not None and name in files:
             check_file(path, name, inputs)
         elif path is not None:
-            check_place(path, name, writes.get(name), inputs)
+            loc = check_place(path, name, writes.get(name), inputs)
+            if not locations.is_url(loc) and os.path.exists(loc) and not os.path.isdir(loc):
+                kind = locations.file_kind(os.stat(loc).st_mode).replace("not a regular", "a")
+                raise InputError(
+                    f"cannot write {name} to {_shown(path, loc)}: it is {kind}, not a directory"
+                )
 
 
 def foreign(path: str) -> list[str]:
@@ -171,25 +177,41 @@ def check_file(
     inputs: Mapping[str, str | os.PathLike | None] | None = None,
 ) -> str:
     """The rule of :func:`check_place` for an output that is one file (a JSON results file, a
-    figure, a log), and what makes writing it fail later: its directory exists and is
-    writable, and nothing but a regular file is there. Checked before any work; its real
-    location, for :func:`write_file` or :func:`open_log`."""
+    figure, a log), and what makes writing it fail later: a stream (a FIFO, a device) is
+    opened and tried now (:func:`_hold_stream`), else its directory exists and is writable
+    and nothing but a regular file is there. Checked before any work; its real location, for
+    :func:`write_file` or :func:`open_log`."""
     loc = check_place(path, what, None, inputs)
     if locations.is_url(loc):
         return loc
     shown = _shown(path, loc)
+    if loc in _STREAMS or (os.path.exists(loc) and _stream(os.stat(loc).st_mode)):
+        _hold_stream(loc, what, shown)
+        return loc
     parent = os.path.dirname(loc)
     problem = parent_problem(parent)
     if problem is not None:
         raise InputError(f"cannot write {what} to {shown}: its directory {parent} {problem}")
     if os.path.lexists(loc):
-        mode = os.lstat(loc).st_mode
-        if not (stat.S_ISREG(mode) or _stream(mode)):
+        st = os.lstat(loc)
+        if not stat.S_ISREG(st.st_mode):
             raise InputError(
-                f"cannot write {what} to {shown}: it is {locations.file_kind(mode)}, not a "
-                "regular file"
+                f"cannot write {what} to {shown}: it is {locations.file_kind(st.st_mode)}, not "
+                "a regular file"
             )
+        _check_one_name(st, f"cannot write {what} to {shown}")
     return loc
+
+
+def _check_one_name(st: os.stat_result, refusal: str) -> None:
+    """InputError (``refusal``: its start) if a file output that exists has other names (hard
+    links): one may be a store's or model's file or an input, which a log appended to it
+    would damage, and no check of paths sees it."""
+    if st.st_nlink > 1:
+        raise InputError(
+            f"{refusal}: it has {st.st_nlink} hard links, so another name of it may be a "
+            "store's, a model's or an input's file; give a file of its own"
+        )
 
 
 def _stream(mode: int) -> bool:
@@ -198,29 +220,56 @@ def _stream(mode: int) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
-def _open_stream(loc: str, flags: int) -> int:
-    """The existing stream ``loc`` opened for writing without blocking (a FIFO nobody reads
-    is refused, never waited for)."""
+#: the streams :func:`check_file` opened (location -> descriptor), each kept open until
+#: :func:`write_file` or :func:`open_log` writes it: a FIFO's reader sees no end of file
+#: between the check and the write (:func:`streams_kept` closes those never written)
+_STREAMS: dict[str, int] = {}
+
+
+def _hold_stream(loc: str, what: str, shown: str) -> None:
+    """Open the stream ``loc`` for writing, without blocking, and try it with a write of no
+    bytes, before any work: a FIFO nobody reads is refused, never waited for, and so is a
+    device that takes nothing (``/dev/full``); kept in :data:`_STREAMS`."""
+    if loc in _STREAMS:
+        return
     try:
-        fd = os.open(loc, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(loc, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            raise InputError(f"cannot write to {loc}: a FIFO that nobody reads") from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not (stat.S_ISREG(mode) or _stream(mode)):
+        reason = exc.strerror  # ENXIO: a FIFO nobody reads, or a device absent (/dev/tty)
+        with contextlib.suppress(OSError):
+            if exc.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(loc).st_mode):
+                reason = "a FIFO that nobody reads"
+        raise InputError(f"cannot write {what} to {shown}: {reason}") from None
+    try:
+        if not _stream(os.fstat(fd).st_mode):  # replaced since it was looked at
+            raise InputError(f"cannot write {what} to {shown}: it changed while it was checked")
+        os.write(fd, b"")
+        os.set_blocking(fd, True)
+    except OSError as exc:
         os.close(fd)
-        raise InputError(
-            f"cannot write to {loc}: it is {locations.file_kind(mode)}, not a regular file"
-        )
-    os.set_blocking(fd, True)
-    return fd
+        raise InputError(f"cannot write {what} to {shown}: {exc.strerror or exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    _STREAMS[loc] = fd
+
+
+@contextlib.contextmanager
+def streams_kept() -> Iterator[None]:
+    """The block of a command whose file outputs :func:`check_file` checked: the streams it
+    opened and nothing wrote are closed on leaving."""
+    try:
+        yield
+    finally:
+        while _STREAMS:
+            with contextlib.suppress(OSError):
+                os.close(_STREAMS.popitem()[1])
 
 
 def write_file(path: str, write: Callable[[IO[bytes]], Any], what: str = "the output") -> str:
     """Write one file whole or not at all: ``write(fh)`` fills ``PATH.tmp-<random>`` (created
     anew, never through a link), which then replaces ``path`` (a URL is written in one put, a
-    stream such as ``/dev/stdout`` as it is).
+    stream such as ``/dev/stdout`` as it is, on the descriptor its check opened).
     Any failure or signal removes the temporary file; ``path`` is checked by
     :func:`check_file` first. Every file output of a command goes through here (or
     :func:`open_log`)."""
@@ -229,8 +278,9 @@ def write_file(path: str, write: Callable[[IO[bytes]], Any], what: str = "the ou
         with locations.open_file(loc, "wb") as fh:
             write(fh)
         return loc
-    if os.path.exists(loc) and _stream(os.stat(loc).st_mode):  # written as it is
-        with os.fdopen(_open_stream(loc, os.O_WRONLY | os.O_NOFOLLOW), "wb") as fh:
+    stream = _STREAMS.pop(loc, None)
+    if stream is not None:  # written as it is
+        with os.fdopen(stream, "wb") as fh:
             write(fh)
         return loc
     tmp = f"{loc}.tmp-{secrets.token_hex(6)}"
@@ -246,14 +296,42 @@ def write_file(path: str, write: Callable[[IO[bytes]], Any], what: str = "the ou
     return loc
 
 
+def _open_file(loc: str, flags: int) -> int:
+    """The log ``loc`` opened with ``flags`` without blocking (a FIFO nobody reads is refused,
+    never waited for): a regular file or a stream."""
+    try:
+        fd = os.open(loc, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise InputError(f"cannot write to {loc}: a FIFO that nobody reads") from None
+        raise
+    st = os.fstat(fd)
+    try:
+        if not (stat.S_ISREG(st.st_mode) or _stream(st.st_mode)):
+            raise InputError(
+                f"cannot write to {loc}: it is {locations.file_kind(st.st_mode)}, not a "
+                "regular file"
+            )
+        if stat.S_ISREG(st.st_mode):  # linked there since its check
+            _check_one_name(st, f"cannot write to {loc}")
+    except InputError:
+        os.close(fd)
+        raise
+    os.set_blocking(fd, True)
+    return fd
+
+
 def open_log(path: str) -> IO[str]:
     """The log file ``path`` (checked by :func:`check_file`) opened for appending text: never
     through a link at its name, never anything but a regular file or a stream (a FIFO
     nobody reads is refused, not waited for)."""
     loc = locations.location(path)
+    stream = _STREAMS.pop(loc, None)
+    if stream is not None:  # a stream its check opened
+        return os.fdopen(stream, "a", encoding="utf-8")
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
     try:
-        fd = _open_stream(loc, flags)
+        fd = _open_file(loc, flags)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK):  # a link put there since the check
             raise InputError(f"cannot write the log to {loc}: it is a symbolic link") from None
