@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 # on one worker, each step of a fit is one task (:func:`run_step`); off, its graph of tasks is
 # submitted as on many workers (bench/executors.py measures both)
 ONE_TASK_PER_STEP = True
+# on several workers, the strips of a pass are one task per worker (:meth:`CaviRunner._strips`);
+# off, a task per strip (bench/executors.py measures both)
+ONE_TASK_PER_WORKER = True
 FIRST_NOTICE_SECONDS = 10.0  # a first iteration running longer is explained in the log
 
 
@@ -269,21 +272,14 @@ class CaviRunner:
         summed over all strips."""
         client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
         w, h = self._views(w, "row"), self._views(h, "col")
-        stats = [
-            [
-                client.submit(
-                    tasks.local_strip,
-                    self._strip(g, blocks[r]),
-                    w[r],
-                    self._strip(g, h),
-                    fam,
-                    params,
-                    **home[r][g],
-                )
-                for g in range(len(self.groups))
-            ]
+        n_g = len(self.groups)
+        calls = [
+            ((self._strip(g, blocks[r]), w[r], self._strip(g, h), fam, params), home[r][g])
             for r in range(len(blocks))
+            for g in range(n_g)
         ]
+        flat = self._strips(tasks.local_strip, calls)
+        stats = [flat[r * n_g : (r + 1) * n_g] for r in range(len(blocks))]
         # (SW, small) of each user-block, one tree per user-block; not lazy: a strip's result
         # also holds its SH parts (n_items x K over the strip), which must not stay in memory
         # until the next W update consumes SW
@@ -312,52 +308,69 @@ class CaviRunner:
     def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:
         """W-rate terms by row strips, summed over a row's strips."""
         client, fam, home = self.client, self.family, self._home["strip"]
-        h = self._views(h, "col")
-        return [
-            tree_sum(
-                client,
-                [
-                    client.submit(
-                        tasks.row_correction_strip,
-                        self._strip(g, row),
-                        fam,
-                        params,
-                        self._strip(g, h),
-                        **home[r][g],
-                    )
-                    for g in range(len(self.groups))
-                ],
-                lazy=True,
-                homes=home[r],
-            )
+        h, n_g = self._views(h, "col"), len(self.groups)
+        calls = [
+            ((self._strip(g, row), fam, params, self._strip(g, h)), home[r][g])
             for r, row in enumerate(self.blocks)
+            for g in range(n_g)
+        ]
+        flat = self._strips(tasks.row_correction_strip, calls)
+        return [
+            tree_sum(client, flat[r * n_g : (r + 1) * n_g], lazy=True, homes=home[r])
+            for r in range(len(self.blocks))
         ]
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
         """H-rate terms by column strips (item-block c, a run of user-blocks), summed over the
         runs on the worker of H chunk c; each strip on its home (:func:`homes`)."""
         client, fam, home, blocks = self.client, self.family, self._home["colstrip"], self.blocks
-        w = self._views(w, "row")
+        w, n_c, n_q = self._views(w, "row"), self.store.grid[1], len(self.row_runs)
+        calls = [
+            (([blocks[r][c] for r in run], fam, params, [w[r] for r in run]), home[i][c])
+            for c in range(n_c)
+            for i, run in enumerate(self.row_runs)
+        ]
+        flat = self._strips(tasks.col_correction_strip, calls)
         return [
             tree_sum(
                 client,
-                [
-                    client.submit(
-                        tasks.col_correction_strip,
-                        [blocks[r][c] for r in run],
-                        fam,
-                        params,
-                        [w[r] for r in run],
-                        **home[i][c],
-                    )
-                    for i, run in enumerate(self.row_runs)
-                ],
+                flat[c * n_q : (c + 1) * n_q],
                 lazy=True,
                 at=self._home["col"][c],
-                homes=[home[i][c] for i in range(len(self.row_runs))],
+                homes=[home[i][c] for i in range(n_q)],
             )
-            for c in range(self.store.grid[1])
+            for c in range(n_c)
         ]
+
+    def _strips(
+        self, fn: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
+    ) -> list[reduce.Lazy]:
+        """The strips of a pass, ``fn(*args)`` for each ``(args, home)`` of ``calls``: a task
+        each in one process; on several workers one task per worker (:func:`run_strips`, up
+        to STRIPS_PER_TASK of its strips in pass order), on its home, each strip's result the
+        lazy item of that task's list. The same functions of the same inputs and the same
+        trees after them: the sums do not change (docs/design.md §4, "One task per worker per
+        pass")."""
+        submit = self.client.submit
+        if not (self._viewed and ONE_TASK_PER_WORKER):
+            return [submit(fn, *args, **home) for args, home in calls]
+        mine: dict[tuple[str, ...], list[int]] = {}
+        for j, (_, home) in enumerate(calls):
+            mine.setdefault(tuple(home["workers"]), []).append(j)
+        slot: dict[int, tuple[Future, int]] = {}
+        for ids in mine.values():
+            for lo in range(0, len(ids), STRIPS_PER_TASK):
+                batch = ids[lo : lo + STRIPS_PER_TASK]
+                task = submit(
+                    run_strips,
+                    fn,
+                    [calls[j][0] for j in batch],
+                    key=f"{fn.__name__.replace('_', '-')}s-{uuid.uuid4().hex}",
+                    pure=False,
+                    **calls[batch[0]][1],
+                )
+                slot.update((j, (task, i)) for i, j in enumerate(batch))
+        return [slot[j] for j in range(len(calls))]
 
     def _rows(self) -> dict[str, list[int]]:
         rb, cb = np.diff(self.store.row_bounds).tolist(), np.diff(self.store.col_bounds).tolist()
@@ -782,6 +795,15 @@ def run_step(
     return {**{n: getattr(out, n) for n in PARTS}, "result": out.result, "step": out.step}
 
 
+def run_strips(fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+    """On a worker of several: strips of one pass homed on this worker, ``fn(*args)`` for each
+    of ``calls``, run on the worker's threads (its executor of steps: the kernels release the
+    GIL) and returned in order; one task and one scheduler round trip for them all."""
+    pool = steps_executor()
+    running = [pool.submit(fn, *args) for args in calls]
+    return [f.result() for f in running]
+
+
 _STEPS: dict[int, InProcessClient] = {}  # this process's executors of steps, by thread count
 _STEPS_LOCK = threading.Lock()
 
@@ -805,6 +827,9 @@ MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~
 MAX_STRIP_ROWS = 2**18  # users per column strip: its E[W] tables stay ~100 MB at K = 50
 MAX_STRIP_BLOCKS = 8  # blocks per strip: a pass has at least n_r n_c / 8 tasks to spread
 MIN_STRIPS = 64  # strips per pass wanted (when there are that many blocks): work for 64 workers
+# on several workers, strips of a pass one task runs on its worker's threads (:func:`run_strips`):
+# its memory is that of as many strips' results
+STRIPS_PER_TASK = 8
 
 
 def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:

@@ -118,18 +118,25 @@ def _expand(lo: int, hi: int, depth: int, plan: _Plan[T], split: bool, values: l
     return left, _expand(mid, hi, depth - 1, plan, split, values)
 
 
-def evaluate(combine: Callable[..., Any], shape: Shape, args: tuple[Any, ...], *values: Any) -> Any:
+def evaluate(
+    combine: Callable[..., Any],
+    shape: Shape,
+    args: tuple[Any, ...],
+    *values: Any,
+    lazy: tuple[int, ...] = (),
+) -> Any:
     """On a worker: the node ``shape`` of :func:`fold_grouped` over ``values``, combined with
-    ``combine(a, b, *args)`` depth first (one partial per level held)."""
+    ``combine(a, b, *args)`` depth first (one partial per level held); the values at the
+    indices ``lazy`` are :data:`Lazy` parts, resolved first."""
     if isinstance(shape, int):
-        return values[shape]
-    a = evaluate(combine, shape[0], args, *values)
-    return combine(a, evaluate(combine, shape[1], args, *values), *args)
+        return resolve(values[shape]) if shape in lazy else values[shape]
+    a = evaluate(combine, shape[0], args, *values, lazy=lazy)
+    return combine(a, evaluate(combine, shape[1], args, *values, lazy=lazy), *args)
 
 
 def tree_reduce(
     client: Client,
-    futures: Sequence[Future],
+    futures: Sequence[Lazy],
     combine: Callable[..., Any],
     *args: Any,
     at: dict[str, Any] | None = None,
@@ -145,7 +152,8 @@ def tree_reduce(
     memory, and a combining task holds at most ``2**LEVELS`` of them and one per level).
     ``at``: ``submit`` keywords of the combining tasks (where the sum is wanted); ``homes``: the
     ``submit`` keywords each input was placed with, so that a subtree of inputs of one worker is
-    added there first. Placement only: the tree is the same.
+    added there first. Placement only: the tree is the same. An input may be a :data:`Lazy`
+    part (a strip's result in its worker's task, ``engine/cavi.py``), resolved where it is added.
     """
 
     def home(j: int) -> Hashable | None:
@@ -157,7 +165,10 @@ def tree_reduce(
         place = at or {}
         if where is not None:  # a subtree of one worker's inputs, added there
             place = {"workers": list(where), "allow_other_workers": True}
-        return client.submit(evaluate, combine, shape, args, *values, priority=PRIORITY, **place)
+        lazy = tuple(j for j, v in enumerate(values) if isinstance(v, tuple))
+        return client.submit(
+            evaluate, combine, shape, args, *values, lazy=lazy, priority=PRIORITY, **place
+        )
 
     return fold_grouped(
         len(futures), futures.__getitem__, node, LEVELS, None if homes is None else home
@@ -195,6 +206,24 @@ def _pick(a: object, field: Field = None) -> Any:
 Lazy: TypeAlias = "Future | tuple[Future, Field]"
 
 
+def _steps(field: Field) -> tuple[str | int, ...]:
+    """A field that is one part (not a list of parts) as its path of steps."""
+    assert not isinstance(field, list)
+    return () if field is None else field if isinstance(field, tuple) else (field,)
+
+
+def within(x: Lazy, field: Field) -> tuple[Future, Field]:
+    """``(obj, path)``: the ``field`` of what the :data:`Lazy` ``x`` stands for, as the object
+    holding it and its field there (no task)."""
+    if not isinstance(x, tuple):
+        return x, field
+    obj, path = x
+    head = _steps(path)
+    if isinstance(field, list):
+        return obj, [(*head, *_steps(f)) for f in field]
+    return obj, (*head, *_steps(field))
+
+
 def resolve(x: object) -> Any:
     """On a worker: the value of a :data:`Lazy` argument (``(obj, field)`` -> its field)."""
     return _part(x[0], x[1]) if isinstance(x, tuple) else x
@@ -213,7 +242,7 @@ def item(x: Lazy, j: int) -> Lazy:
 
 def tree_sum(
     client: Client,
-    futures: Sequence[Future],
+    futures: Sequence[Lazy],
     field: Field = None,
     lazy: bool = False,
     at: dict[str, Any] | None = None,
@@ -232,9 +261,10 @@ def tree_sum(
     :func:`tree_reduce` (the adds only: a field is taken where its object lives).
     """
     if len(futures) == 1:
+        obj, part = within(futures[0], field)
         if lazy:
-            return futures[0] if field is None else (futures[0], field)
-        return client.submit(_pick, futures[0], field, priority=PRIORITY)
+            return obj if part is None else (obj, part)
+        return client.submit(_pick, obj, part, priority=PRIORITY)
     if field is not None:  # take the field where each object lives: only it travels
-        futures = [client.submit(_pick, f, field, priority=PRIORITY) for f in futures]
+        futures = [client.submit(_pick, *within(f, field), priority=PRIORITY) for f in futures]
     return tree_reduce(client, futures, _add, at=at, homes=homes)
