@@ -278,13 +278,25 @@ class CaviRunner:
             for r in range(len(blocks))
             for g in range(n_g)
         ]
-        flat = self._strips(tasks.local_strip, calls)
-        stats = [flat[r * n_g : (r + 1) * n_g] for r in range(len(blocks))]
+        n_r, by_item = (
+            len(blocks),
+            [(g, j, c) for g, grp in enumerate(self.groups) for j, c in enumerate(grp)],
+        )
+        sums: list[Sum] = [
+            ([r * n_g + g for g in range(n_g)], ["sw", "small"], None) for r in range(n_r)
+        ]
+        sums += [
+            ([r * n_g + g for r in range(n_r)], ("sh", j), self._home["col"][c])
+            for g, j, c in by_item
+        ]
+        flat, local = self._strips(tasks.local_strip, calls, sums)
+        stats = [flat[r * n_g : (r + 1) * n_g] for r in range(n_r)]
         # (SW, small) of each user-block, one tree per user-block; not lazy: a strip's result
         # also holds its SH parts (n_items x K over the strip), which must not stay in memory
         # until the next W update consumes SW
         rows = [
-            tree_sum(client, row, ["sw", "small"], homes=home[r]) for r, row in enumerate(stats)
+            tree_sum(client, row, ["sw", "small"], homes=home[r], local=local[r])
+            for r, row in enumerate(stats)
         ]
         sw = [reduce.item(x, 0) for x in rows]
         # one tree per item-block, its adds on the H chunk's worker: each strip's part of an
@@ -297,10 +309,10 @@ class CaviRunner:
                 ("sh", j),
                 lazy=True,
                 at=self._home["col"][c],
-                homes=[home[r][g] for r in range(len(stats))],
+                homes=[home[r][g] for r in range(n_r)],
+                local=local[n_r + q],
             )
-            for g, group in enumerate(self.groups)
-            for j, c in enumerate(group)
+            for q, (g, j, c) in enumerate(by_item)
         ]
         small = tree_sum(client, rows, 1)
         return sw, sh, small
@@ -314,10 +326,14 @@ class CaviRunner:
             for r, row in enumerate(self.blocks)
             for g in range(n_g)
         ]
-        flat = self._strips(tasks.row_correction_strip, calls)
+        n_r = len(self.blocks)
+        sums: list[Sum] = [([r * n_g + g for g in range(n_g)], None, None) for r in range(n_r)]
+        flat, local = self._strips(tasks.row_correction_strip, calls, sums)
         return [
-            tree_sum(client, flat[r * n_g : (r + 1) * n_g], lazy=True, homes=home[r])
-            for r in range(len(self.blocks))
+            tree_sum(
+                client, flat[r * n_g : (r + 1) * n_g], lazy=True, homes=home[r], local=local[r]
+            )
+            for r in range(n_r)
         ]
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
@@ -330,7 +346,10 @@ class CaviRunner:
             for c in range(n_c)
             for i, run in enumerate(self.row_runs)
         ]
-        flat = self._strips(tasks.col_correction_strip, calls)
+        sums: list[Sum] = [
+            ([c * n_q + i for i in range(n_q)], None, self._home["col"][c]) for c in range(n_c)
+        ]
+        flat, local = self._strips(tasks.col_correction_strip, calls, sums)
         return [
             tree_sum(
                 client,
@@ -338,39 +357,68 @@ class CaviRunner:
                 lazy=True,
                 at=self._home["col"][c],
                 homes=[home[i][c] for i in range(n_q)],
+                local=local[c],
             )
             for c in range(n_c)
         ]
 
     def _strips(
-        self, fn: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]]
-    ) -> list[reduce.Lazy]:
-        """The strips of a pass, ``fn(*args)`` for each ``(args, home)`` of ``calls``: a task
-        each in one process; on several workers one task per worker (:func:`run_strips`, up
-        to STRIPS_PER_TASK of its strips in pass order), on its home, each strip's result the
-        lazy item of that task's list. The same functions of the same inputs and the same
-        trees after them: the sums do not change (docs/design.md §4, "One task per worker per
-        pass")."""
-        submit = self.client.submit
+        self,
+        fn: Callable[..., Any],
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        sums: list[Sum] | None = None,
+    ) -> tuple[list[reduce.Lazy], list[Supplied | None]]:
+        """The strips of a pass, ``fn(*args)`` for each ``(args, home)`` of ``calls``, and
+        what each of the ``sums`` after the pass may take from them (``local`` of
+        :func:`~ordnmf_dask.runtime.reduce.tree_sum`). A task each in one process (nothing
+        supplied); on several workers one task per worker (:func:`run_strips`, up to
+        STRIPS_PER_TASK of its strips in pass order) on its home, each strip's result an item of
+        that task's result, which also adds the nodes of each sum's fixed tree whose leaves are
+        all among its strips (``reduce.own_ranges``; the whole tree too when its adds may end
+        there, the sum's ``at``). The same functions of the same inputs, the same trees: the
+        sums do not change (docs/design.md §4, "One task per worker per pass")."""
+        submit, sums = self.client.submit, sums or []
         if not (self._viewed and ONE_TASK_PER_WORKER):
-            return [submit(fn, *args, **home) for args, home in calls]
+            return [submit(fn, *args, **home) for args, home in calls], [None] * len(sums)
         mine: dict[tuple[str, ...], list[int]] = {}
         for j, (_, home) in enumerate(calls):
             mine.setdefault(tuple(home["workers"]), []).append(j)
-        slot: dict[int, tuple[Future, int]] = {}
-        for ids in mine.values():
-            for lo in range(0, len(ids), STRIPS_PER_TASK):
-                batch = ids[lo : lo + STRIPS_PER_TASK]
-                task = submit(
-                    run_strips,
-                    fn,
-                    [calls[j][0] for j in batch],
-                    key=f"{fn.__name__.replace('_', '-')}s-{uuid.uuid4().hex}",
-                    pure=False,
-                    **calls[batch[0]][1],
-                )
-                slot.update((j, (task, i)) for i, j in enumerate(batch))
-        return [slot[j] for j in range(len(calls))]
+        batches = [
+            ids[lo : lo + STRIPS_PER_TASK]
+            for ids in mine.values()
+            for lo in range(0, len(ids), STRIPS_PER_TASK)
+        ]
+        spot = {j: (b, i) for b, batch in enumerate(batches) for i, j in enumerate(batch)}
+        jobs: list[list[tuple[list[int], reduce.Field]]] = [[] for _ in batches]
+        given: list[dict[tuple[int, int], tuple[int, int]]] = []
+        for ids, taken, at in sums:
+            where = [tuple(calls[j][1]["workers"]) for j in ids]
+            ranges: dict[tuple[int, int], tuple[int, int]] = {}
+            for lo, hi in reduce.own_ranges(len(ids), where.__getitem__, reduce.LEVELS):
+                whole = (lo, hi) == (0, len(ids))
+                (b, *other) = {spot[j][0] for j in ids[lo:hi]}
+                if other or (whole and at is not None and tuple(at["workers"]) != where[0]):
+                    continue  # over several of its tasks, or to end on another worker
+                ranges[lo, hi] = (b, len(jobs[b]))
+                jobs[b].append(([spot[j][1] for j in ids[lo:hi]], taken))
+            given.append(ranges)
+        name = f"{fn.__name__.replace('_', '-')}s"
+        done = [
+            submit(
+                run_strips,
+                fn,
+                [calls[j][0] for j in batch],
+                jobs[b],
+                key=f"{name}-{uuid.uuid4().hex}",
+                pure=False,
+                **calls[batch[0]][1],
+            )
+            for b, batch in enumerate(batches)
+        ]
+        parts: list[reduce.Lazy] = [
+            (done[b], (0, i)) for b, i in (spot[j] for j in range(len(calls)))
+        ]
+        return parts, [_supplied(done, ranges) for ranges in given]
 
     def _rows(self) -> dict[str, list[int]]:
         rb, cb = np.diff(self.store.row_bounds).tolist(), np.diff(self.store.col_bounds).tolist()
@@ -795,13 +843,39 @@ def run_step(
     return {**{n: getattr(out, n) for n in PARTS}, "result": out.result, "step": out.step}
 
 
-def run_strips(fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+Sum = tuple[list[int], reduce.Field, "dict[str, Any] | None"]
+"""A sum after a pass (:meth:`CaviRunner._strips`): the strips it adds, in its tree's order,
+the field it takes of each, and where its adds end (``at`` of ``reduce.tree_sum``)."""
+Supplied = Callable[[int, int], "reduce.Lazy | None"]
+
+
+def _supplied(done: list[Future], ranges: dict[tuple[int, int], tuple[int, int]]) -> Supplied:
+    """``local`` of a sum: the node over leaves [lo, hi) that task ``done[b]`` added, its
+    ``s``-th (``ranges[lo, hi] = (b, s)``), else None."""
+
+    def local(lo: int, hi: int) -> reduce.Lazy | None:
+        if (lo, hi) not in ranges:
+            return None
+        b, s = ranges[lo, hi]
+        return (done[b], (1, s))
+
+    return local
+
+
+def run_strips(
+    fn: Callable[..., Any],
+    calls: list[tuple[Any, ...]],
+    sums: list[tuple[list[int], reduce.Field]],
+) -> list[list[Any]]:
     """On a worker of several: strips of one pass homed on this worker, ``fn(*args)`` for each
     of ``calls``, run on the worker's threads (its executor of steps: the kernels release the
-    GIL) and returned in order; one task and one scheduler round trip for them all."""
+    GIL), one task and one scheduler round trip for them all; returns their results in order
+    and, for each of ``sums`` (strips by position, a field), that field of those strips added
+    along the fixed tree (``reduce.sum_parts``: bitwise a node of the tree it stands for)."""
     pool = steps_executor()
     running = [pool.submit(fn, *args) for args in calls]
-    return [f.result() for f in running]
+    results = [f.result() for f in running]
+    return [results, [reduce.sum_parts([results[i] for i in at], field) for at, field in sums]]
 
 
 _STEPS: dict[int, InProcessClient] = {}  # this process's executors of steps, by thread count

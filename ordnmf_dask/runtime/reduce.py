@@ -61,6 +61,7 @@ class _Plan(Generic[T]):
     node: Node[T]
     levels: int
     home: Callable[[int], Hashable | None] | None
+    local: Callable[[int, int], T | None] | None = None
 
 
 def fold_grouped(
@@ -69,6 +70,7 @@ def fold_grouped(
     node: Node[T],
     levels: int,
     home: Callable[[int], Hashable | None] | None = None,
+    local: Callable[[int, int], T | None] | None = None,
 ) -> T:
     """:func:`fold`'s tree over ``leaf(0) .. leaf(n - 1)``, ``levels`` of its levels per
     ``node(shape, values, where)``: one node (a task) folds up to ``2**levels`` values (leaves,
@@ -79,12 +81,38 @@ def fold_grouped(
     one worker, below a node whose leaves do not, is a node of its own, ``where`` that worker:
     the partials of one worker are added there before they move, as a task per pair would. The
     tree, and so the sum, is the same whatever the homes.
+
+    ``local(lo, hi)``: the value of such a node of one home over leaves [lo, hi) (the whole tree
+    too, when all its leaves share one), where the caller already has it (the sum taken where
+    the leaves were made; :func:`own_ranges` names the nodes it may be asked for), or None:
+    then it is a node as above.
     """
     if n < 1:
         raise ValueError("a reduction of nothing")
     if n == 1:
         return leaf(0)
-    return _group(0, n, _Plan(leaf, node, levels, home), root=True)
+    plan = _Plan(leaf, node, levels, home, local)
+    if local is not None and _common(0, n, plan) is not None:
+        given = local(0, n)
+        if given is not None:
+            return given
+    return _group(0, n, plan, root=True)
+
+
+def own_ranges(
+    n: int, home: Callable[[int], Hashable | None], levels: int
+) -> list[tuple[int, int]]:
+    """The leaf ranges [lo, hi) that :func:`fold_grouped`'s tree over ``n`` leaves at ``home(j)``
+    makes nodes of their own for their one home, the whole tree first when its leaves share one:
+    the ranges its ``local`` is asked for."""
+    asked: list[tuple[int, int]] = []
+
+    def ask(lo: int, hi: int) -> None:
+        asked.append((lo, hi))
+
+    if n > 1:
+        fold_grouped(n, lambda j: None, lambda *node: None, levels, home, ask)
+    return asked
 
 
 def _common(lo: int, hi: int, plan: _Plan[Any]) -> Hashable | None:
@@ -111,7 +139,10 @@ def _expand(lo: int, hi: int, depth: int, plan: _Plan[T], split: bool, values: l
         values.append(plan.leaf(lo))
         return len(values) - 1
     if depth == 0 or (split and _common(lo, hi, plan) is not None):
-        values.append(_group(lo, hi, plan))
+        given = None
+        if plan.local is not None and split and _common(lo, hi, plan) is not None:
+            given = plan.local(lo, hi)
+        values.append(_group(lo, hi, plan) if given is None else given)
         return len(values) - 1
     mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
     left = _expand(lo, mid, depth - 1, plan, split, values)
@@ -136,7 +167,7 @@ def evaluate(
 
 def tree_reduce(
     client: Client,
-    futures: Sequence[Lazy],
+    futures: Sequence[Future],
     combine: Callable[..., Any],
     *args: Any,
     at: dict[str, Any] | None = None,
@@ -152,9 +183,26 @@ def tree_reduce(
     memory, and a combining task holds at most ``2**LEVELS`` of them and one per level).
     ``at``: ``submit`` keywords of the combining tasks (where the sum is wanted); ``homes``: the
     ``submit`` keywords each input was placed with, so that a subtree of inputs of one worker is
-    added there first. Placement only: the tree is the same. An input may be a :data:`Lazy`
-    part (a strip's result in its worker's task, ``engine/cavi.py``), resolved where it is added.
+    added there first. Placement only: the tree is the same.
     """
+    return _reduce(client, len(futures), futures.__getitem__, combine, args, at, homes, None)
+
+
+def _reduce(
+    client: Client,
+    n: int,
+    leaf: Callable[[int], Any],
+    combine: Callable[..., Any],
+    args: tuple[Any, ...],
+    at: dict[str, Any] | None,
+    homes: Sequence[dict[str, Any]] | None,
+    local: Callable[[int, int], Lazy | None] | None,
+) -> Any:
+    """:func:`tree_reduce` over inputs ``leaf(0) .. leaf(n - 1)``, made when the tree reads
+    them; an input may be a :data:`Lazy` part (a strip's result in its worker's task,
+    ``engine/cavi.py``), resolved where it is added. ``local``: as in :func:`fold_grouped`, the
+    sums of one worker's inputs already taken where they were made (the result may then be such
+    a :data:`Lazy` sum)."""
 
     def home(j: int) -> Hashable | None:
         assert homes is not None
@@ -170,9 +218,7 @@ def tree_reduce(
             evaluate, combine, shape, args, *values, lazy=lazy, priority=PRIORITY, **place
         )
 
-    return fold_grouped(
-        len(futures), futures.__getitem__, node, LEVELS, None if homes is None else home
-    )
+    return fold_grouped(n, leaf, node, LEVELS, None if homes is None else home, local)
 
 
 Field = str | int | tuple[str | int, ...] | list[Any] | None
@@ -201,6 +247,12 @@ def _add(a: Any, b: Any) -> Any:
 
 def _pick(a: object, field: Field = None) -> Any:
     return _part(a, field)
+
+
+def sum_parts(values: Sequence[Any], field: Field) -> Any:
+    """The ``field`` of each of ``values`` summed along the fixed tree (:func:`fold`): bitwise
+    the value of the node of :func:`tree_sum`'s tree over them."""
+    return fold(len(values), lambda j: _part(values[j], field), _add)
 
 
 Lazy: TypeAlias = "Future | tuple[Future, Field]"
@@ -247,6 +299,7 @@ def tree_sum(
     lazy: bool = False,
     at: dict[str, Any] | None = None,
     homes: Sequence[dict[str, Any]] | None = None,
+    local: Callable[[int, int], Lazy | None] | None = None,
 ) -> Lazy:
     """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
     is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``; a field holding a tuple of arrays (``"sh"``) is
@@ -258,13 +311,22 @@ def tree_sum(
     Never gather a lazy result: it would bring the whole object to the client. Otherwise the
     field is taken on the worker holding each input before anything moves, so e.g. the column
     sums of factor chunks move (K + 1,) vectors, not the chunks. ``at`` and ``homes``: as in
-    :func:`tree_reduce` (the adds only: a field is taken where its object lives).
+    :func:`tree_reduce` (the adds only: a field is taken where its object lives). An input may
+    be :data:`Lazy` itself: its field is taken from the object holding it. ``local``: as in
+    :func:`fold_grouped` (the inputs of a range it supplies are never read).
     """
     if len(futures) == 1:
         obj, part = within(futures[0], field)
         if lazy:
             return obj if part is None else (obj, part)
         return client.submit(_pick, obj, part, priority=PRIORITY)
-    if field is not None:  # take the field where each object lives: only it travels
-        futures = [client.submit(_pick, *within(f, field), priority=PRIORITY) for f in futures]
-    return tree_reduce(client, futures, _add, at=at, homes=homes)
+
+    def leaf(j: int) -> Lazy:  # the field taken where each object lives: only it travels
+        if field is None:
+            return futures[j]
+        return client.submit(_pick, *within(futures[j], field), priority=PRIORITY)
+
+    out = _reduce(client, len(futures), leaf, _add, (), at, homes, local)
+    if isinstance(out, tuple) and not lazy:  # a sum its leaves' task made: taken out of it
+        return client.submit(_pick, *out, priority=PRIORITY)
+    return out
