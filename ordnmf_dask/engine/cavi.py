@@ -315,12 +315,13 @@ class CaviRunner:
             for q, (g, j, c) in enumerate(by_item)
         ]
         if self._viewed and ONE_TASK_PER_WORKER:  # an SH left in its worker's pass task would
-            # keep all that task's strips' results until the next H update: taken out there
+            # keep all that task's strips' results until the next H update: taken out where the
+            # task ran (its strips' worker), so that only the sum moves to the H chunk
             sh = [
-                client.submit(reduce.resolve, x, priority=PRIORITY, **self._home["col"][c])
+                client.submit(reduce.resolve, x, priority=PRIORITY, **home[0][g])
                 if isinstance(x, tuple)
                 else x
-                for x, (_, _, c) in zip(sh, by_item, strict=True)
+                for x, (g, _, _) in zip(sh, by_item, strict=True)
             ]
         small = tree_sum(client, rows, 1)
         return sw, sh, small
