@@ -359,7 +359,7 @@ class CaviRunner:
             ([c * n_q + i for i in range(n_q)], None, self._home["col"][c]) for c in range(n_c)
         ]
         flat, local = self._strips(tasks.col_correction_strip, calls, sums)
-        return [
+        out = [
             tree_sum(
                 client,
                 flat[c * n_q : (c + 1) * n_q],
@@ -369,6 +369,14 @@ class CaviRunner:
                 local=local[c],
             )
             for c in range(n_c)
+        ]
+        # one column strip's part in a worker's pass task, for an H chunk elsewhere: taken out
+        # there (the update would receive the task's whole result)
+        return [
+            client.submit(reduce.resolve, x, priority=PRIORITY, **home[0][c])
+            if isinstance(x, tuple) and home[0][c] != self._home["col"][c]
+            else x
+            for c, x in enumerate(out)
         ]
 
     def _strips(

@@ -312,8 +312,9 @@ def tree_sum(
     field is taken on the worker holding each input before anything moves, so e.g. the column
     sums of factor chunks move (K + 1,) vectors, not the chunks. ``at`` and ``homes``: as in
     :func:`tree_reduce` (the adds only: a field is taken where its object lives). An input may
-    be :data:`Lazy` itself: its field is taken from the object holding it. ``local``: as in
-    :func:`fold_grouped` (the inputs of a range it supplies are never read).
+    be :data:`Lazy` itself: its field is taken out where the object holding it lives, as is a
+    node ``local`` supplies (as in :func:`fold_grouped`; the inputs of a range it supplies are
+    never read) below the root: what moves to an add is the part, never the object holding it.
     """
     if len(futures) == 1:
         obj, part = within(futures[0], field)
@@ -322,11 +323,17 @@ def tree_sum(
         return client.submit(_pick, obj, part, priority=PRIORITY)
 
     def leaf(j: int) -> Lazy:  # the field taken where each object lives: only it travels
-        if field is None:
+        if field is None and not isinstance(futures[j], tuple):
             return futures[j]
         return client.submit(_pick, *within(futures[j], field), priority=PRIORITY)
 
-    out = _reduce(client, len(futures), leaf, _add, (), at, homes, local)
+    def given(lo: int, hi: int) -> Lazy | None:  # a node inside the tree: taken out likewise
+        x = None if local is None else local(lo, hi)
+        if x is None or (lo, hi) == (0, len(futures)):
+            return x
+        return client.submit(_pick, *within(x, None), priority=PRIORITY)
+
+    out = _reduce(client, len(futures), leaf, _add, (), at, homes, given)
     if isinstance(out, tuple) and not lazy:  # a sum its leaves' task made: taken out of it
         return client.submit(_pick, *out, priority=PRIORITY)
     return out
