@@ -421,6 +421,37 @@ def test_a_pass_on_two_workers_is_one_task_per_worker_and_the_same_fit(
     np.testing.assert_array_equal(alone.delta_, batched.delta_)
 
 
+def test_no_add_receives_a_pass_task_s_whole_result(tmp_path, client, problem):
+    """A worker's pass task holds all its strips' results; an add reads it directly only on
+    that worker (a node of its own home), elsewhere through the part taken out there
+    (docs/design.md §4, "One task per worker per pass")."""
+    from distributed import wait
+
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (4, 3))
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
+    runner = CaviRunner(client, store, family, CaviConfig(K), str(tmp_path), cache_blocks=True)
+    w, h = runner.random_init()
+    params = family.init_params()
+    sw, sh, small = runner._local_pass(w, h, params)
+    ends = [*sw, *sh, small, *runner._row_corrections(params, h)]
+    ends += runner._col_corrections(params, w)
+    wait([x[0] if isinstance(x, tuple) else x for x in ends])
+
+    def reads(dask_scheduler) -> list[tuple[str, list[str], list[str]]]:
+        return [
+            (dep.key, sorted(ts.worker_restrictions or ()), sorted(dep.worker_restrictions or ()))
+            for ts in dask_scheduler.tasks.values()
+            if ts.key.startswith("evaluate")
+            for dep in ts.dependencies
+            if dep.key.split("-")[-2] == "strips"
+        ]
+
+    direct = client.run_on_scheduler(reads)
+    assert all(mine == theirs for _, mine, theirs in direct)
+    assert len(ends) > 0
+
+
 def test_strip_runs():
     """Runs of blocks per strip: few enough blocks and factor rows per strip, enough strips for
     MIN_STRIPS workers (when there are that many blocks), never depending on the cluster."""
