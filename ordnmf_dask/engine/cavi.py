@@ -420,8 +420,10 @@ class CaviRunner:
                 jobs[b].append(([spot[j][1] for j in ids[lo:hi]], taken))
             given.append(ranges)
         name = f"{fn.__name__.replace('_', '-')}s"
-        done = [
-            submit(
+        done = [  # a worker's one strip is its task as it stands (there is nothing to add)
+            submit(fn, *calls[batch[0]][0], **calls[batch[0]][1])
+            if len(batch) == 1
+            else submit(
                 run_strips,
                 fn,
                 [calls[j][0] for j in batch],
@@ -433,7 +435,8 @@ class CaviRunner:
             for b, batch in enumerate(batches)
         ]
         parts: list[reduce.Lazy] = [
-            (done[b], (0, i)) for b, i in (spot[j] for j in range(len(calls)))
+            done[b] if len(batches[b]) == 1 else (done[b], (0, i))
+            for b, i in (spot[j] for j in range(len(calls)))
         ]
         return parts, [_supplied(done, ranges) for ranges in given]
 
