@@ -319,7 +319,7 @@ class CaviRunner:
             # task ran (its strips' worker), so that only the sum moves to the H chunk
             sh = [
                 client.submit(reduce.resolve, x, priority=PRIORITY, **home[0][g])
-                if isinstance(x, tuple)
+                if _in_pass_task(x)
                 else x
                 for x, (g, _, _) in zip(sh, by_item, strict=True)
             ]
@@ -374,7 +374,7 @@ class CaviRunner:
         # there (the update would receive the task's whole result)
         return [
             client.submit(reduce.resolve, x, priority=PRIORITY, **home[0][c])
-            if isinstance(x, tuple) and home[0][c] != self._home["col"][c]
+            if _in_pass_task(x) and home[0][c] != self._home["col"][c]
             else x
             for c, x in enumerate(out)
         ]
@@ -867,6 +867,12 @@ Sum = tuple[list[int], reduce.Field, "dict[str, Any] | None"]
 """A sum after a pass (:meth:`CaviRunner._strips`): the strips it adds, in its tree's order,
 the field it takes of each, and where its adds end (``at`` of ``reduce.tree_sum``)."""
 Supplied = Callable[[int, int], "reduce.Lazy | None"]
+
+
+def _in_pass_task(x: reduce.Lazy) -> bool:
+    """Whether ``x`` is a part of a worker's pass task (:func:`run_strips`: its path starts at
+    the task's list of results or of sums), not of one strip's task."""
+    return isinstance(x, tuple) and isinstance(x[1], tuple) and isinstance(x[1][0], int)
 
 
 def _supplied(done: list[Future], ranges: dict[tuple[int, int], tuple[int, int]]) -> Supplied:
