@@ -14,12 +14,13 @@ them (no work stealing): with cached blocks a task's blocks live on its preferre
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, MAX_STRIP_ROWS, homes, runs
+from ordnmf_dask.engine import cavi
+from ordnmf_dask.engine.cavi import MAX_STRIP_COLS, MAX_STRIP_ROWS, STRIPS_PER_TASK, homes, runs
 from ordnmf_dask.runtime import reduce
 
 F64 = 8
@@ -83,6 +84,15 @@ def _adds(n: int) -> int:
     nodes: list[None] = []
     reduce.fold_grouped(n, lambda j: None, lambda *node: nodes.append(None), reduce.LEVELS)
     return len(nodes)
+
+
+def _pass_tasks(locs: list[str], several: bool) -> int:
+    """Tasks of a pass whose strips run on the workers ``locs``: one per strip, or on several
+    workers one per worker for each ``STRIPS_PER_TASK`` of its strips
+    (``engine.cavi.CaviRunner._strips``)."""
+    if not (several and cavi.ONE_TASK_PER_WORKER):
+        return len(locs)
+    return sum(-(-n // STRIPS_PER_TASK) for n in Counter(locs).values())
 
 
 def predict(
@@ -174,8 +184,10 @@ def predict(
     for r in range(n_r):
         for g, group in enumerate(groups):
             add("W-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
-        n_tasks += len(groups) + _adds(len(groups))
+        n_tasks += _adds(len(groups))
         tree("W-rate", strip[r], F64 * k * rows[r], w_home[r])
+    row_strips = [j for line in strip for j in line]
+    n_tasks += _pass_tasks(row_strips, p > 1)
     # W update, column sums of W
     for r in range(n_r):
         add("W update", w_home[r], rates.gamma_ns * 1e-9 * rows[r] * k)
@@ -186,7 +198,7 @@ def predict(
                 add("H-rate", strip[r][g], rates.corr_ns / 2 * 1e-9 * grid.nnz[r, group].sum())
         for g, group in enumerate(groups):
             item_sums("H-rate", g, group)
-        n_tasks += n_r * n_g + n_c * (n_r + _adds(n_r))
+        n_tasks += _pass_tasks(row_strips, p > 1) + n_c * (n_r + _adds(n_r))
     else:  # column strips need the new W of their run
         for i, run in enumerate(row_runs):
             for c in range(n_c):
@@ -197,7 +209,8 @@ def predict(
         for c in range(n_c):
             locs = [col_strip[i][c] for i in range(len(row_runs))]
             owner_sum("H-rate", locs, c)
-        n_tasks += n_c * (len(row_runs) + _adds(len(row_runs)))
+        n_tasks += n_c * _adds(len(row_runs))
+        n_tasks += _pass_tasks([j for line in col_strip for j in line], p > 1)
     # H update, column sums of H
     for c in range(n_c):
         add("H update", h_home[c], rates.gamma_ns * 1e-9 * cols[c] * k)
@@ -213,7 +226,8 @@ def predict(
         tree("local", strip[r], F64 * k * rows[r], w_home[r])  # SW to the next W update
     for g, group in enumerate(groups):
         item_sums("local", g, group)
-    n_tasks += n_r * n_g + n_r * (n_g if n_g > 1 else 1) + n_r * _adds(n_g)  # strips, SW trees
+    n_tasks += _pass_tasks(row_strips, p > 1)  # the strips
+    n_tasks += n_r * (n_g if n_g > 1 else 1) + n_r * _adds(n_g)  # SW trees
     n_tasks += (n_c + 1) * (n_r + _adds(n_r)) + 1  # SH trees, per-class sums, result
     kernel = {
         name: max(max(sec / threads, longest[name][j]) for j, sec in per.items())

@@ -1,7 +1,8 @@
 """Seconds per CAVI iteration: LocalClusters of several layouts against the in-process
 executor, same store, same run, side by side; on each cluster the ways the engine can run an
 iteration there (docs/design.md §4): on one worker its graph of tasks and one task per step, on
-several the graph with each number of tree levels per combining task.
+several the graph with a task per strip at each number of tree levels per combining task, and
+with one task per worker per pass.
 
 Usage: ``python bench/executors.py STORE [--k 50 --iters 12 --skip 2 --rounds 1]
 [--layouts 1x2 2x1] [--levels 1 3] [--own-cluster]``.
@@ -10,8 +11,9 @@ Fits ``OrdNMF(K)`` on ``STORE`` (a zarr store written by ``ingest`` or ``synth``
 number of iterations (tol 1e-300, no checkpoints): on ``LocalCluster(n_workers=W,
 threads_per_worker=T)`` for each ``--layouts`` WxT, one worker with
 ``engine.cavi.ONE_TASK_PER_STEP`` off (the graph) and on (the default), several workers with
-``runtime.reduce.LEVELS`` at each ``--levels`` (1: a task per add, the tree before
-``fold_grouped``), then in this process (``executor="inprocess"``, one thread per core),
+``engine.cavi.ONE_TASK_PER_WORKER`` off (a task per strip) and ``runtime.reduce.LEVELS`` at each
+``--levels`` (1: a task per add, the tree before ``fold_grouped``), then on (the default) at
+the last, then in this process (``executor="inprocess"``, one thread per core),
 ``--rounds`` times alternated, after an untimed warm-up fit on each cluster and here (numba
 compiles once per process). Prints the median seconds per iteration after the first
 ``--skip`` (callback seconds, over the rounds), the ratio to in-process, and, between the
@@ -85,13 +87,16 @@ def _cluster(own: bool, workers: int, threads: int) -> Iterator[Any]:
         yield c
 
 
-def modes(workers: int, levels: list[int]) -> dict[str, tuple[bool, int]]:
+def modes(workers: int, levels: list[int]) -> dict[str, tuple[bool, int, bool]]:
     """The ways to run an iteration on ``workers`` workers: name -> (one task per step, levels
-    of the reduction tree per combining task). One worker: its graph of tasks and one task per
-    step; several: the graph, with each of ``levels``."""
+    of the reduction tree per combining task, one task per worker per pass). One worker: its
+    graph of tasks and one task per step; several: the graph with a task per strip, with each
+    of ``levels``, then with one task per worker per pass."""
+    last = levels[-1]
     if workers == 1:
-        return {"graph of tasks": (False, levels[-1]), "one task per step": (True, levels[-1])}
-    return {f"graph, {2**n} inputs per add": (False, n) for n in levels}
+        return {"graph of tasks": (False, last, False), "one task per step": (True, last, False)}
+    out = {f"graph, task per strip, {2**n} inputs per add": (False, n, False) for n in levels}
+    return {**out, f"graph, task per worker, {2**last} inputs per add": (False, last, True)}
 
 
 def main() -> None:
@@ -139,8 +144,9 @@ def main() -> None:
             with _cluster(args.own_cluster, workers, threads) as client:
                 client.register_plugin(ChainRecorder())
                 fit(args.store, args, client)  # warm-up: numba compiles on the workers
-                for name, (fused, levels) in modes(workers, args.levels).items():
+                for name, (fused, levels, batched) in modes(workers, args.levels).items():
                     cavi.ONE_TASK_PER_STEP, reduce.LEVELS = fused, levels
+                    cavi.ONE_TASK_PER_WORKER = batched
                     with get_task_stream(client) as stream:
                         seconds, (t0, t1) = fit(args.store, args, client)
                     tasks = sum(
@@ -155,6 +161,7 @@ def main() -> None:
                     row[0] += seconds  # the counts of the last round (they do not depend on load)
                     row[1:] = [tasks / n, hops / n, 1000 * compute / n, 1000 * waits / n]
                 cavi.ONE_TASK_PER_STEP, reduce.LEVELS = True, args.levels[-1]
+                cavi.ONE_TASK_PER_WORKER = True
             local += fit(args.store, args)[0]
     p = statistics.median(local)
     print(

@@ -376,6 +376,82 @@ def test_item_block_sums_are_added_on_the_h_chunks_worker(tmp_path, client, prob
     assert len({w for (w,) in homes}) == 2
 
 
+def test_a_pass_on_two_workers_is_one_task_per_worker_and_the_same_fit(
+    tmp_path, client, problem, monkeypatch
+):
+    """On several workers the strips of a pass run as one task per worker on its threads
+    (docs/design.md §4, "One task per worker per pass"): 12 strips a pass on a 4 x 3 grid, 2
+    tasks, which also add the subtrees of the sums whose strips are all theirs; the fit is
+    bitwise the one with a task per strip."""
+    from distributed import get_task_stream
+
+    from ordnmf_dask.engine import cavi
+
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (4, 3))
+
+    def fit() -> tuple[OrdNMF, dict[str, list[str]]]:
+        with get_task_stream(client) as stream:
+            model = OrdNMF(K, max_iter=3, optimizer="cavi", n_members=1).fit(store, client)
+        ran: dict[str, list[str]] = {}
+        for task in stream.data:
+            ran.setdefault(task["key"].rsplit("-", 1)[0], []).append(task["worker"])
+        return model, ran
+
+    batched, ran = fit()
+    # the first local pass and 3 iterations of three passes, each one task on each worker
+    for name, passes in [("local-strips", 4), ("row-correction-strips", 3)]:
+        assert len(ran[name]) == 2 * passes
+        assert len(set(ran[name])) == 2
+    assert len(ran["col-correction-strips"]) == 2 * 3
+    assert not any(name.startswith("local_strip") for name in ran)
+    monkeypatch.setattr(cavi, "ONE_TASK_PER_WORKER", False)
+    alone, ran_alone = fit()
+    assert len(ran_alone["local_strip"]) == 4 * 12
+    # the adds of a tree whose strips are one worker's run inside its pass task: fewer adds
+    # (45 against 115 here) and fewer parts taken out as tasks of their own (102 against 140:
+    # a part in a pass task, or a sum it made, is taken out before it moves to an add)
+    assert len(ran["evaluate"]) < len(ran_alone["evaluate"]) / 2
+    assert len(ran["_pick"]) < len(ran_alone["_pick"])
+    assert alone.elbo_ == batched.elbo_
+    for name in ("W_", "H_", "log_W_", "log_H_"):
+        np.testing.assert_array_equal(
+            getattr(alone, name).compute(), getattr(batched, name).compute()
+        )
+    np.testing.assert_array_equal(alone.delta_, batched.delta_)
+
+
+def test_no_add_receives_a_pass_task_s_whole_result(tmp_path, client, problem):
+    """A worker's pass task holds all its strips' results; an add reads it directly only on
+    that worker (a node of its own home), elsewhere through the part taken out there
+    (docs/design.md §4, "One task per worker per pass")."""
+    from distributed import wait
+
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (4, 3))
+    family = OrdinalFamily(tuple(store.hist_train.tolist()))
+    runner = CaviRunner(client, store, family, CaviConfig(K), str(tmp_path), cache_blocks=True)
+    w, h = runner.random_init()
+    params = family.init_params()
+    sw, sh, small = runner._local_pass(w, h, params)
+    ends = [*sw, *sh, small, *runner._row_corrections(params, h)]
+    ends += runner._col_corrections(params, w)
+    wait([x[0] if isinstance(x, tuple) else x for x in ends])
+
+    def reads(dask_scheduler) -> list[tuple[str, list[str], list[str]]]:
+        return [
+            (dep.key, sorted(ts.worker_restrictions or ()), sorted(dep.worker_restrictions or ()))
+            for ts in dask_scheduler.tasks.values()
+            if ts.key.startswith("evaluate")
+            for dep in ts.dependencies
+            if dep.key.split("-")[-2] == "strips"
+        ]
+
+    direct = client.run_on_scheduler(reads)
+    assert all(mine == theirs for _, mine, theirs in direct)
+    assert len(ends) > 0
+
+
 def test_strip_runs():
     """Runs of blocks per strip: few enough blocks and factor rows per strip, enough strips for
     MIN_STRIPS workers (when there are that many blocks), never depending on the cluster."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,6 +136,43 @@ def test_grouped_fold_adds_one_workers_subtrees_there(levels):
     assert ("(4 5)", "b") in seen
     assert seen[-1] == (text, None)  # the root goes where the caller places it
     assert all(where is None for t, where in seen if "6" in t)  # nodes spanning b, c and a
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+@pytest.mark.parametrize("homes", ["aaaabbca", "aabb", "aaaaaaaaa", "abab"])
+def test_one_workers_subtrees_supplied_by_the_caller_give_the_same_tree(levels, homes):
+    """``own_ranges`` names the nodes of one home (the whole tree first when its leaves share
+    one); a caller that supplies them (``local``, as a worker's pass task does) gets fold's
+    tree, its leaves inside them never read and none of their nodes made."""
+    ranges = reduce.own_ranges(len(homes), homes.__getitem__, levels)
+    for lo, hi in ranges:
+        assert len(set(homes[lo:hi])) == 1
+    assert ((0, len(homes)) in ranges) == (len(set(homes)) == 1)
+    read: list[int] = []
+
+    def leaf(j: int) -> str:
+        read.append(j)
+        return str(j)
+
+    def local(lo: int, hi: int) -> str | None:
+        assert (lo, hi) in ranges
+        return "".join(_shift(reduce.fold(hi - lo, str, _paren), lo))
+
+    def node(shape: reduce.Shape, values: list[str], where) -> str:
+        assert where is None  # every node of one home was supplied
+        return reduce.evaluate(_paren, shape, (), *values)
+
+    text = reduce.fold_grouped(len(homes), leaf, node, levels, homes.__getitem__, local)
+    assert text == reduce.fold(len(homes), str, _paren)
+    inside = {j for lo, hi in ranges for j in range(lo, hi)}
+    assert set(read) == set(range(len(homes))) - inside
+    assert homes != "abab" or ranges == []  # no two neighbours share a worker
+    assert homes != "aaaabbca" or ranges == [(0, 4), (4, 6)]
+
+
+def _shift(text: str, by: int) -> list[str]:
+    """``text`` (a tree over leaves 0..) with each leaf index raised by ``by``."""
+    return [str(int(t) + by) if t.isdigit() else t for t in re.split(r"(\d+)", text) if t]
 
 
 def test_tree_sum_with_homes_is_the_same_sum(client):

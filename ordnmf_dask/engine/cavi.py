@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 # on one worker, each step of a fit is one task (:func:`run_step`); off, its graph of tasks is
 # submitted as on many workers (bench/executors.py measures both)
 ONE_TASK_PER_STEP = True
+# on several workers, the strips of a pass are one task per worker (:meth:`CaviRunner._strips`);
+# off, a task per strip (bench/executors.py measures both)
+ONE_TASK_PER_WORKER = True
 FIRST_NOTICE_SECONDS = 10.0  # a first iteration running longer is explained in the log
 
 
@@ -269,26 +272,31 @@ class CaviRunner:
         summed over all strips."""
         client, fam, home, blocks = self.client, self.family, self._home["strip"], self.blocks
         w, h = self._views(w, "row"), self._views(h, "col")
-        stats = [
-            [
-                client.submit(
-                    tasks.local_strip,
-                    self._strip(g, blocks[r]),
-                    w[r],
-                    self._strip(g, h),
-                    fam,
-                    params,
-                    **home[r][g],
-                )
-                for g in range(len(self.groups))
-            ]
+        n_g = len(self.groups)
+        calls = [
+            ((self._strip(g, blocks[r]), w[r], self._strip(g, h), fam, params), home[r][g])
             for r in range(len(blocks))
+            for g in range(n_g)
         ]
+        n_r, by_item = (
+            len(blocks),
+            [(g, j, c) for g, grp in enumerate(self.groups) for j, c in enumerate(grp)],
+        )
+        sums: list[Sum] = [
+            ([r * n_g + g for g in range(n_g)], ["sw", "small"], None) for r in range(n_r)
+        ]
+        sums += [
+            ([r * n_g + g for r in range(n_r)], ("sh", j), self._home["col"][c])
+            for g, j, c in by_item
+        ]
+        flat, local = self._strips(tasks.local_strip, calls, sums)
+        stats = [flat[r * n_g : (r + 1) * n_g] for r in range(n_r)]
         # (SW, small) of each user-block, one tree per user-block; not lazy: a strip's result
         # also holds its SH parts (n_items x K over the strip), which must not stay in memory
         # until the next W update consumes SW
         rows = [
-            tree_sum(client, row, ["sw", "small"], homes=home[r]) for r, row in enumerate(stats)
+            tree_sum(client, row, ["sw", "small"], homes=home[r], local=local[r])
+            for r, row in enumerate(stats)
         ]
         sw = [reduce.item(x, 0) for x in rows]
         # one tree per item-block, its adds on the H chunk's worker: each strip's part of an
@@ -301,63 +309,136 @@ class CaviRunner:
                 ("sh", j),
                 lazy=True,
                 at=self._home["col"][c],
-                homes=[home[r][g] for r in range(len(stats))],
+                homes=[home[r][g] for r in range(n_r)],
+                local=local[n_r + q],
             )
-            for g, group in enumerate(self.groups)
-            for j, c in enumerate(group)
+            for q, (g, j, c) in enumerate(by_item)
         ]
+        if self._viewed and ONE_TASK_PER_WORKER:  # an SH left in its worker's pass task would
+            # keep all that task's strips' results until the next H update: taken out where the
+            # task ran (its strips' worker), so that only the sum moves to the H chunk
+            sh = [
+                client.submit(reduce.resolve, x, priority=PRIORITY, **home[0][g])
+                if _in_pass_task(x)
+                else x
+                for x, (g, _, _) in zip(sh, by_item, strict=True)
+            ]
         small = tree_sum(client, rows, 1)
         return sw, sh, small
 
     def _row_corrections(self, params: Any, h: list[Future]) -> list[Future]:
         """W-rate terms by row strips, summed over a row's strips."""
         client, fam, home = self.client, self.family, self._home["strip"]
-        h = self._views(h, "col")
+        h, n_g = self._views(h, "col"), len(self.groups)
+        calls = [
+            ((self._strip(g, row), fam, params, self._strip(g, h)), home[r][g])
+            for r, row in enumerate(self.blocks)
+            for g in range(n_g)
+        ]
+        n_r = len(self.blocks)
+        sums: list[Sum] = [([r * n_g + g for g in range(n_g)], None, None) for r in range(n_r)]
+        flat, local = self._strips(tasks.row_correction_strip, calls, sums)
         return [
             tree_sum(
-                client,
-                [
-                    client.submit(
-                        tasks.row_correction_strip,
-                        self._strip(g, row),
-                        fam,
-                        params,
-                        self._strip(g, h),
-                        **home[r][g],
-                    )
-                    for g in range(len(self.groups))
-                ],
-                lazy=True,
-                homes=home[r],
+                client, flat[r * n_g : (r + 1) * n_g], lazy=True, homes=home[r], local=local[r]
             )
-            for r, row in enumerate(self.blocks)
+            for r in range(n_r)
         ]
 
     def _col_corrections(self, params: Any, w: list[Future]) -> list[Future]:
         """H-rate terms by column strips (item-block c, a run of user-blocks), summed over the
         runs on the worker of H chunk c; each strip on its home (:func:`homes`)."""
         client, fam, home, blocks = self.client, self.family, self._home["colstrip"], self.blocks
-        w = self._views(w, "row")
-        return [
+        w, n_c, n_q = self._views(w, "row"), self.store.grid[1], len(self.row_runs)
+        calls = [
+            (([blocks[r][c] for r in run], fam, params, [w[r] for r in run]), home[i][c])
+            for c in range(n_c)
+            for i, run in enumerate(self.row_runs)
+        ]
+        sums: list[Sum] = [
+            ([c * n_q + i for i in range(n_q)], None, self._home["col"][c]) for c in range(n_c)
+        ]
+        flat, local = self._strips(tasks.col_correction_strip, calls, sums)
+        out = [
             tree_sum(
                 client,
-                [
-                    client.submit(
-                        tasks.col_correction_strip,
-                        [blocks[r][c] for r in run],
-                        fam,
-                        params,
-                        [w[r] for r in run],
-                        **home[i][c],
-                    )
-                    for i, run in enumerate(self.row_runs)
-                ],
+                flat[c * n_q : (c + 1) * n_q],
                 lazy=True,
                 at=self._home["col"][c],
-                homes=[home[i][c] for i in range(len(self.row_runs))],
+                homes=[home[i][c] for i in range(n_q)],
+                local=local[c],
             )
-            for c in range(self.store.grid[1])
+            for c in range(n_c)
         ]
+        # one column strip's part in a worker's pass task, for an H chunk elsewhere: taken out
+        # there (the update would receive the task's whole result)
+        return [
+            client.submit(reduce.resolve, x, priority=PRIORITY, **home[0][c])
+            if _in_pass_task(x) and home[0][c] != self._home["col"][c]
+            else x
+            for c, x in enumerate(out)
+        ]
+
+    def _strips(
+        self,
+        fn: Callable[..., Any],
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        sums: list[Sum] | None = None,
+    ) -> tuple[list[reduce.Lazy], list[Supplied | None]]:
+        """The strips of a pass, ``fn(*args)`` for each ``(args, home)`` of ``calls``, and
+        what each of the ``sums`` after the pass may take from them (``local`` of
+        :func:`~ordnmf_dask.runtime.reduce.tree_sum`). A task each in one process (nothing
+        supplied); on several workers one task per worker (:func:`run_strips`, up to
+        STRIPS_PER_TASK of its strips in pass order) on its home, each strip's result an item of
+        that task's result, which also adds the nodes of each sum's fixed tree whose leaves are
+        all among its strips (``reduce.own_ranges``; the whole tree too when its adds may end
+        there, the sum's ``at``). The same functions of the same inputs, the same trees: the
+        sums do not change (docs/design.md §4, "One task per worker per pass")."""
+        submit, sums = self.client.submit, sums or []
+        if not (self._viewed and ONE_TASK_PER_WORKER):
+            return [submit(fn, *args, **home) for args, home in calls], [None] * len(sums)
+        mine: dict[tuple[str, ...], list[int]] = {}
+        for j, (_, home) in enumerate(calls):
+            mine.setdefault(tuple(home["workers"]), []).append(j)
+        batches = [
+            ids[lo : lo + STRIPS_PER_TASK]
+            for ids in mine.values()
+            for lo in range(0, len(ids), STRIPS_PER_TASK)
+        ]
+        spot = {j: (b, i) for b, batch in enumerate(batches) for i, j in enumerate(batch)}
+        jobs: list[list[tuple[list[int], reduce.Field]]] = [[] for _ in batches]
+        given: list[dict[tuple[int, int], tuple[int, int]]] = []
+        for ids, taken, at in sums:
+            where = [tuple(calls[j][1]["workers"]) for j in ids]
+            ranges: dict[tuple[int, int], tuple[int, int]] = {}
+            for lo, hi in reduce.own_ranges(len(ids), where.__getitem__, reduce.LEVELS):
+                whole = (lo, hi) == (0, len(ids))
+                (b, *other) = {spot[j][0] for j in ids[lo:hi]}
+                if other or (whole and at is not None and tuple(at["workers"]) != where[0]):
+                    continue  # over several of its tasks, or to end on another worker
+                ranges[lo, hi] = (b, len(jobs[b]))
+                jobs[b].append(([spot[j][1] for j in ids[lo:hi]], taken))
+            given.append(ranges)
+        name = f"{fn.__name__.replace('_', '-')}s"
+        done = [  # a worker's one strip is its task as it stands (there is nothing to add)
+            submit(fn, *calls[batch[0]][0], **calls[batch[0]][1])
+            if len(batch) == 1
+            else submit(
+                run_strips,
+                fn,
+                [calls[j][0] for j in batch],
+                jobs[b],
+                key=f"{name}-{uuid.uuid4().hex}",
+                pure=False,
+                **calls[batch[0]][1],
+            )
+            for b, batch in enumerate(batches)
+        ]
+        parts: list[reduce.Lazy] = [
+            done[b] if len(batches[b]) == 1 else (done[b], (0, i))
+            for b, i in (spot[j] for j in range(len(calls)))
+        ]
+        return parts, [_supplied(done, ranges) for ranges in given]
 
     def _rows(self) -> dict[str, list[int]]:
         rb, cb = np.diff(self.store.row_bounds).tolist(), np.diff(self.store.col_bounds).tolist()
@@ -782,6 +863,47 @@ def run_step(
     return {**{n: getattr(out, n) for n in PARTS}, "result": out.result, "step": out.step}
 
 
+Sum = tuple[list[int], reduce.Field, "dict[str, Any] | None"]
+"""A sum after a pass (:meth:`CaviRunner._strips`): the strips it adds, in its tree's order,
+the field it takes of each, and where its adds end (``at`` of ``reduce.tree_sum``)."""
+Supplied = Callable[[int, int], "reduce.Lazy | None"]
+
+
+def _in_pass_task(x: reduce.Lazy) -> bool:
+    """Whether ``x`` is a part of a worker's pass task (:func:`run_strips`: its path starts at
+    the task's list of results or of sums), not of one strip's task."""
+    return isinstance(x, tuple) and isinstance(x[1], tuple) and isinstance(x[1][0], int)
+
+
+def _supplied(done: list[Future], ranges: dict[tuple[int, int], tuple[int, int]]) -> Supplied:
+    """``local`` of a sum: the node over leaves [lo, hi) that task ``done[b]`` added, its
+    ``s``-th (``ranges[lo, hi] = (b, s)``), else None."""
+
+    def local(lo: int, hi: int) -> reduce.Lazy | None:
+        if (lo, hi) not in ranges:
+            return None
+        b, s = ranges[lo, hi]
+        return (done[b], (1, s))
+
+    return local
+
+
+def run_strips(
+    fn: Callable[..., Any],
+    calls: list[tuple[Any, ...]],
+    sums: list[tuple[list[int], reduce.Field]],
+) -> list[list[Any]]:
+    """On a worker of several: strips of one pass homed on this worker, ``fn(*args)`` for each
+    of ``calls``, run on the worker's threads (its executor of steps: the kernels release the
+    GIL), one task and one scheduler round trip for them all; returns their results in order
+    and, for each of ``sums`` (strips by position, a field), that field of those strips added
+    along the fixed tree (``reduce.sum_parts``: bitwise a node of the tree it stands for)."""
+    pool = steps_executor()
+    running = [pool.submit(fn, *args) for args in calls]
+    results = [f.result() for f in running]
+    return [results, [reduce.sum_parts([results[i] for i in at], field) for at, field in sums]]
+
+
 _STEPS: dict[int, InProcessClient] = {}  # this process's executors of steps, by thread count
 _STEPS_LOCK = threading.Lock()
 
@@ -805,6 +927,9 @@ MAX_STRIP_COLS = 2**18  # items per row strip: its E[H], GH and SH tables stay ~
 MAX_STRIP_ROWS = 2**18  # users per column strip: its E[W] tables stay ~100 MB at K = 50
 MAX_STRIP_BLOCKS = 8  # blocks per strip: a pass has at least n_r n_c / 8 tasks to spread
 MIN_STRIPS = 64  # strips per pass wanted (when there are that many blocks): work for 64 workers
+# on several workers, strips of a pass one task runs on its worker's threads (:func:`run_strips`):
+# its memory is that of as many strips' results
+STRIPS_PER_TASK = 8
 
 
 def runs(widths: np.ndarray, across: int, limit: int) -> list[list[int]]:

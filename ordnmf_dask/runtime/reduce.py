@@ -61,6 +61,7 @@ class _Plan(Generic[T]):
     node: Node[T]
     levels: int
     home: Callable[[int], Hashable | None] | None
+    local: Callable[[int, int], T | None] | None = None
 
 
 def fold_grouped(
@@ -69,6 +70,7 @@ def fold_grouped(
     node: Node[T],
     levels: int,
     home: Callable[[int], Hashable | None] | None = None,
+    local: Callable[[int, int], T | None] | None = None,
 ) -> T:
     """:func:`fold`'s tree over ``leaf(0) .. leaf(n - 1)``, ``levels`` of its levels per
     ``node(shape, values, where)``: one node (a task) folds up to ``2**levels`` values (leaves,
@@ -79,12 +81,38 @@ def fold_grouped(
     one worker, below a node whose leaves do not, is a node of its own, ``where`` that worker:
     the partials of one worker are added there before they move, as a task per pair would. The
     tree, and so the sum, is the same whatever the homes.
+
+    ``local(lo, hi)``: the value of such a node of one home over leaves [lo, hi) (the whole tree
+    too, when all its leaves share one), where the caller already has it (the sum taken where
+    the leaves were made; :func:`own_ranges` names the nodes it may be asked for), or None:
+    then it is a node as above.
     """
     if n < 1:
         raise ValueError("a reduction of nothing")
     if n == 1:
         return leaf(0)
-    return _group(0, n, _Plan(leaf, node, levels, home), root=True)
+    plan = _Plan(leaf, node, levels, home, local)
+    if local is not None and _common(0, n, plan) is not None:
+        given = local(0, n)
+        if given is not None:
+            return given
+    return _group(0, n, plan, root=True)
+
+
+def own_ranges(
+    n: int, home: Callable[[int], Hashable | None], levels: int
+) -> list[tuple[int, int]]:
+    """The leaf ranges [lo, hi) that :func:`fold_grouped`'s tree over ``n`` leaves at ``home(j)``
+    makes nodes of their own for their one home, the whole tree first when its leaves share one:
+    the ranges its ``local`` is asked for."""
+    asked: list[tuple[int, int]] = []
+
+    def ask(lo: int, hi: int) -> None:
+        asked.append((lo, hi))
+
+    if n > 1:
+        fold_grouped(n, lambda j: None, lambda *node: None, levels, home, ask)
+    return asked
 
 
 def _common(lo: int, hi: int, plan: _Plan[Any]) -> Hashable | None:
@@ -111,20 +139,30 @@ def _expand(lo: int, hi: int, depth: int, plan: _Plan[T], split: bool, values: l
         values.append(plan.leaf(lo))
         return len(values) - 1
     if depth == 0 or (split and _common(lo, hi, plan) is not None):
-        values.append(_group(lo, hi, plan))
+        given = None
+        if plan.local is not None and split and _common(lo, hi, plan) is not None:
+            given = plan.local(lo, hi)
+        values.append(_group(lo, hi, plan) if given is None else given)
         return len(values) - 1
     mid = lo + (1 << ((hi - lo - 1).bit_length() - 1))
     left = _expand(lo, mid, depth - 1, plan, split, values)
     return left, _expand(mid, hi, depth - 1, plan, split, values)
 
 
-def evaluate(combine: Callable[..., Any], shape: Shape, args: tuple[Any, ...], *values: Any) -> Any:
+def evaluate(
+    combine: Callable[..., Any],
+    shape: Shape,
+    args: tuple[Any, ...],
+    *values: Any,
+    lazy: tuple[int, ...] = (),
+) -> Any:
     """On a worker: the node ``shape`` of :func:`fold_grouped` over ``values``, combined with
-    ``combine(a, b, *args)`` depth first (one partial per level held)."""
+    ``combine(a, b, *args)`` depth first (one partial per level held); the values at the
+    indices ``lazy`` are :data:`Lazy` parts, resolved first."""
     if isinstance(shape, int):
-        return values[shape]
-    a = evaluate(combine, shape[0], args, *values)
-    return combine(a, evaluate(combine, shape[1], args, *values), *args)
+        return resolve(values[shape]) if shape in lazy else values[shape]
+    a = evaluate(combine, shape[0], args, *values, lazy=lazy)
+    return combine(a, evaluate(combine, shape[1], args, *values, lazy=lazy), *args)
 
 
 def tree_reduce(
@@ -147,6 +185,24 @@ def tree_reduce(
     ``submit`` keywords each input was placed with, so that a subtree of inputs of one worker is
     added there first. Placement only: the tree is the same.
     """
+    return _reduce(client, len(futures), futures.__getitem__, combine, args, at, homes, None)
+
+
+def _reduce(
+    client: Client,
+    n: int,
+    leaf: Callable[[int], Any],
+    combine: Callable[..., Any],
+    args: tuple[Any, ...],
+    at: dict[str, Any] | None,
+    homes: Sequence[dict[str, Any]] | None,
+    local: Callable[[int, int], Lazy | None] | None,
+) -> Any:
+    """:func:`tree_reduce` over inputs ``leaf(0) .. leaf(n - 1)``, made when the tree reads
+    them; an input may be a :data:`Lazy` part (a strip's result in its worker's task,
+    ``engine/cavi.py``), resolved where it is added. ``local``: as in :func:`fold_grouped`, the
+    sums of one worker's inputs already taken where they were made (the result may then be such
+    a :data:`Lazy` sum)."""
 
     def home(j: int) -> Hashable | None:
         assert homes is not None
@@ -157,11 +213,12 @@ def tree_reduce(
         place = at or {}
         if where is not None:  # a subtree of one worker's inputs, added there
             place = {"workers": list(where), "allow_other_workers": True}
-        return client.submit(evaluate, combine, shape, args, *values, priority=PRIORITY, **place)
+        lazy = tuple(j for j, v in enumerate(values) if isinstance(v, tuple))
+        return client.submit(
+            evaluate, combine, shape, args, *values, lazy=lazy, priority=PRIORITY, **place
+        )
 
-    return fold_grouped(
-        len(futures), futures.__getitem__, node, LEVELS, None if homes is None else home
-    )
+    return fold_grouped(n, leaf, node, LEVELS, None if homes is None else home, local)
 
 
 Field = str | int | tuple[str | int, ...] | list[Any] | None
@@ -192,7 +249,31 @@ def _pick(a: object, field: Field = None) -> Any:
     return _part(a, field)
 
 
+def sum_parts(values: Sequence[Any], field: Field) -> Any:
+    """The ``field`` of each of ``values`` summed along the fixed tree (:func:`fold`): bitwise
+    the value of the node of :func:`tree_sum`'s tree over them."""
+    return fold(len(values), lambda j: _part(values[j], field), _add)
+
+
 Lazy: TypeAlias = "Future | tuple[Future, Field]"
+
+
+def _steps(field: Field) -> tuple[str | int, ...]:
+    """A field that is one part (not a list of parts) as its path of steps."""
+    assert not isinstance(field, list)
+    return () if field is None else field if isinstance(field, tuple) else (field,)
+
+
+def within(x: Lazy, field: Field) -> tuple[Future, Field]:
+    """``(obj, path)``: the ``field`` of what the :data:`Lazy` ``x`` stands for, as the object
+    holding it and its field there (no task)."""
+    if not isinstance(x, tuple):
+        return x, field
+    obj, path = x
+    head = _steps(path)
+    if isinstance(field, list):
+        return obj, [(*head, *_steps(f)) for f in field]
+    return obj, (*head, *_steps(field))
 
 
 def resolve(x: object) -> Any:
@@ -213,11 +294,12 @@ def item(x: Lazy, j: int) -> Lazy:
 
 def tree_sum(
     client: Client,
-    futures: Sequence[Future],
+    futures: Sequence[Lazy],
     field: Field = None,
     lazy: bool = False,
     at: dict[str, Any] | None = None,
     homes: Sequence[dict[str, Any]] | None = None,
+    local: Callable[[int, int], Lazy | None] | None = None,
 ) -> Lazy:
     """Sum the ``field`` of each future (or the value itself) with a fixed binary tree: ``"sw"``
     is ``f.sw``, ``("sh", j)`` is ``f.sh[j]``; a field holding a tuple of arrays (``"sh"``) is
@@ -229,12 +311,29 @@ def tree_sum(
     Never gather a lazy result: it would bring the whole object to the client. Otherwise the
     field is taken on the worker holding each input before anything moves, so e.g. the column
     sums of factor chunks move (K + 1,) vectors, not the chunks. ``at`` and ``homes``: as in
-    :func:`tree_reduce` (the adds only: a field is taken where its object lives).
+    :func:`tree_reduce` (the adds only: a field is taken where its object lives). An input may
+    be :data:`Lazy` itself: its field is taken out where the object holding it lives, as is a
+    node ``local`` supplies (as in :func:`fold_grouped`; the inputs of a range it supplies are
+    never read) below the root: what moves to an add is the part, never the object holding it.
     """
     if len(futures) == 1:
+        obj, part = within(futures[0], field)
         if lazy:
-            return futures[0] if field is None else (futures[0], field)
-        return client.submit(_pick, futures[0], field, priority=PRIORITY)
-    if field is not None:  # take the field where each object lives: only it travels
-        futures = [client.submit(_pick, f, field, priority=PRIORITY) for f in futures]
-    return tree_reduce(client, futures, _add, at=at, homes=homes)
+            return obj if part is None else (obj, part)
+        return client.submit(_pick, obj, part, priority=PRIORITY)
+
+    def leaf(j: int) -> Lazy:  # the field taken where each object lives: only it travels
+        if field is None and not isinstance(futures[j], tuple):
+            return futures[j]
+        return client.submit(_pick, *within(futures[j], field), priority=PRIORITY)
+
+    def given(lo: int, hi: int) -> Lazy | None:  # a node inside the tree: taken out likewise
+        x = None if local is None else local(lo, hi)
+        if x is None or (lo, hi) == (0, len(futures)):
+            return x
+        return client.submit(_pick, *within(x, None), priority=PRIORITY)
+
+    out = _reduce(client, len(futures), leaf, _add, (), at, homes, given)
+    if isinstance(out, tuple) and not lazy:  # a sum its leaves' task made: taken out of it
+        return client.submit(_pick, *out, priority=PRIORITY)
+    return out
