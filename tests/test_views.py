@@ -10,6 +10,7 @@ from dask.utils import key_split
 from distributed import wait
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ordnmf_dask.engine import cavi
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
 from ordnmf_dask.model.families import OrdinalFamily
 
@@ -38,7 +39,10 @@ def _seen(dask_scheduler: Any) -> dict[str, list[str]]:
     return dask_scheduler.plugins[Inputs.name].seen
 
 
-def test_strips_read_views_of_the_factor_chunks(tmp_path, client):
+def test_strips_read_views_of_the_factor_chunks(tmp_path, client, monkeypatch):
+    """A task per strip (the graph whose keys name the strips; a worker's strips grouped in one
+    task read the same views, tests/test_engine.py)."""
+    monkeypatch.setattr(cavi, "ONE_TASK_PER_WORKER", False)
     y = synthetic_ordinal(30, 25, 4, seed=0)
     store = store_from_dense(tmp_path / "s.zarr", *dense_split(y), 4, (3, 3))
     family = OrdinalFamily(tuple(store.hist_train.tolist()))

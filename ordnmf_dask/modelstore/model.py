@@ -442,7 +442,8 @@ def _layout(h: ModelHeader) -> tuple[set[str], dict[str, nodes.ArraySpec]]:
     """The groups and arrays of a model of header ``h`` (docs/model-format.md): each factor
     chunk's arrays (rows of its block, K per member; ``prior_rate`` one column per member),
     float64, one chunk; its id maps, one id per row; the index of seen items, a row pointer
-    per user of a block and at most the store's training nonzeros."""
+    per user of a block and at most the store's training nonzeros (where the header records
+    them; else the block's rows times the items)."""
     groups = {"", "W", "H"}
     arrays: dict[str, nodes.ArraySpec] = {}
     for name, n in zip(("W", "H"), h.n_blocks, strict=True):
@@ -461,7 +462,6 @@ def _layout(h: ModelHeader) -> tuple[set[str], dict[str, nodes.ArraySpec]]:
         for r in range(h.n_blocks[0]):
             rows = h.row_bounds[r + 1] - h.row_bounds[r]
             arrays[f"{seen.INDPTR}/{r}"] = nodes.ArraySpec((rows + 1,), {"int64"})
-            arrays[f"{seen.INDICES}/{r}"] = nodes.ArraySpec(
-                (None,), {"int32"}, most=h.store.nnz_train
-            )
+            most = h.store.nnz_train or rows * h.store.n_items  # 0: a header without it
+            arrays[f"{seen.INDICES}/{r}"] = nodes.ArraySpec((None,), {"int32"}, most=most)
     return groups, arrays
