@@ -189,7 +189,7 @@ class CaviEstimator:
             scipy.sparse matrix (rows users, columns items, stored entries the values; explicit
             zeros are no interaction), a pandas or dask DataFrame or a pyarrow Table (columns
             told by name, never by position: userId, movieId, rating ...,
-            ``ordnmf_dask.sources.inmemory.COLUMN_NAMES``; others given by ``ingest_options``'s
+            ``ordnmf_dask.sources.columns.COLUMN_NAMES``; others given by ``ingest_options``'s
             ``columns``), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
             memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
             that all of it trains the model by default (``test_fraction=0``): the model is the

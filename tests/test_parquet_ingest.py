@@ -13,6 +13,7 @@ from test_ooc_ingest import assert_same_store
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime.runner import Runner
+from ordnmf_dask.sources.columns import file_columns
 from ordnmf_dask.sources.distributed import plan
 from ordnmf_dask.sources.ingest import ingest, ingest_distributed
 from ordnmf_dask.sources.textsplit import input_format
@@ -118,6 +119,70 @@ def test_columns_by_name_and_position(tmp_path):
     )
     assert_same_store(tmp_path / "csv", tmp_path / "tm", ignore=NOT_SOURCE)
     assert_same_store(tmp_path / "tm", tmp_path / "to")
+
+
+def test_files_without_columns_are_read_by_their_names(tmp_path):
+    """A header line or a Parquet schema whose names tell the user, item and value chooses
+    them (a reordered MovieLens file gives the canonical store, in memory and distributed);
+    names that tell nothing leave the positions 0, 1, 2; a name that contradicts its position
+    is refused, naming the file and the columns."""
+    u, i, v = random_parts(4, n_files=1)[0]
+    kw = dict(ratings="halfstar", duplicates="last", nnz_per_block=100)
+    canonical = write_csv(tmp_path / "c.csv", [u, i, v / 2], header=["userId", "movieId", "rating"])
+    ingest(canonical, tmp_path / "canon", **kw)
+    swapped = write_csv(
+        tmp_path / "s.csv", [i, v / 2, u, u], header=["movieId", "Rating", "user_id", "note"]
+    )
+    pq.write_table(pa.table({"movieId": i, "userId": u, "rating": v / 2}), tmp_path / "s.parquet")
+    for k, path in enumerate([swapped, tmp_path / "s.parquet"]):
+        ingest(path, tmp_path / f"mem{k}", **kw)
+        ingest_distributed(path, tmp_path / f"ooc{k}", chunk_bytes=999, **kw)
+        assert_same_store(tmp_path / "canon", tmp_path / f"mem{k}", ignore=NOT_SOURCE)
+        assert_same_store(tmp_path / f"mem{k}", tmp_path / f"ooc{k}")
+    out = str(tmp_path / "cli")
+    args = ["--ratings", "halfstar", "--duplicates", "last", "--nnz-per-block", "100"]
+    assert main(["ingest", str(swapped), "--out", out, "--test-fraction", "0.2", *args]) == 0
+    assert_same_store(tmp_path / "canon", out, ignore=NOT_SOURCE)
+    plain = write_csv(tmp_path / "p.csv", [u, i, v / 2], header=["a", "b", "c"])
+    ingest(plain, tmp_path / "plain", **kw)
+    assert_same_store(tmp_path / "canon", tmp_path / "plain", ignore=NOT_SOURCE)
+    wrong = write_csv(tmp_path / "w.csv", [i, u, v / 2], header=["movieId", "b", "c"])
+    for run in (ingest, ingest_distributed):
+        with pytest.raises(
+            InputError,
+            match=r"w\.csv: column 0 \('movieId'\) would be read by position as the user "
+            r"but is named as the item \(columns: movieId, b, c\)",
+        ):
+            run(wrong, tmp_path / "never", **kw)
+        assert not (tmp_path / "never").exists()
+    # chosen columns are taken as given, whatever the names say
+    ingest(wrong, tmp_path / "chosen", columns=(1, 0, 2), **kw)
+    assert_same_store(tmp_path / "canon", tmp_path / "chosen", ignore=NOT_SOURCE)
+
+
+@pytest.mark.parametrize(
+    ("names", "chosen"),
+    [
+        (["UserID", "artistID", "weight"], ("UserID", "artistID", "weight")),
+        (["rating", "item", "user", "ts"], ("user", "item", "rating")),
+        (["a", "b", "c"], (0, 1, 2)),
+        (["user", "b", "c"], (0, 1, 2)),  # the names tell no item, no value: positions
+        (["userId", "movieId", "rating", "stars"], (0, 1, 2)),  # two values: positions
+        (
+            ["user", "b", "c", "movieId"],
+            "column 1 \\('b'\\) would be read by position as the item but is not; 'movieId'",
+        ),
+        (["user", "item"], (0, 1, 2)),
+        (["user", "uid", "rating"], "column 1 \\('uid'\\) would be read by position as the item"),
+        (["x", "y", "movieId"], "column 1 \\(.y.\\) would be read by position as the item but"),
+    ],
+)
+def test_file_columns_names_positions_and_contradictions(names, chosen):
+    if isinstance(chosen, str):
+        with pytest.raises(InputError, match=f"^f.csv: {chosen}"):
+            file_columns(names, "f.csv")
+    else:
+        assert file_columns(names, "f.csv") == chosen
 
 
 def test_id_and_value_column_types(tmp_path):

@@ -66,7 +66,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         test=args.test,
         delimiter=args.delimiter,
         header=args.header,
-        columns=tuple(args.columns),
+        columns=None if args.columns is None else tuple(args.columns),
         **{**given, "grid": tuple(args.grid) if args.grid else None},
     )
     if args.distributed:
@@ -443,7 +443,10 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     if args.columns is not None and len(args.columns) != 3:
         raise UsageError(f"--columns takes user,item,value, got {args.columns}")
     rows = read_triples(
-        args.ratings, delimiter=args.delimiter, header=args.header, columns=tuple(args.columns)
+        args.ratings,
+        delimiter=args.delimiter,
+        header=args.header,
+        columns=None if args.columns is None else tuple(args.columns),
     )
     server = serving.server(args.model)
     user_ids, item_ids = raw_ids(rows.users), raw_ids(rows.items)

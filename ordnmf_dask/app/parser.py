@@ -504,7 +504,7 @@ def _parsing_args(p: argparse.ArgumentParser, columns: str, when: str = "") -> N
     """``--columns`` (``columns``: its help), ``--delimiter`` and ``--header`` /
     ``--no-header`` of the commands that read files of rows (``when``: the flag they apply
     with)."""
-    default = [0, 1, 2] if columns.startswith("user,item,value") else [0, 1]
+    default = None if columns.startswith("user,item,value") else [0, 1]
     p.add_argument("--columns", type=_columns, default=default, help=columns)
     p.add_argument("--delimiter", help=f"{when}field delimiter (default: detected)")
     hdr = p.add_mutually_exclusive_group()
@@ -513,7 +513,10 @@ def _parsing_args(p: argparse.ArgumentParser, columns: str, when: str = "") -> N
 
 
 #: --columns of the files of (user, item, value) rows
-_TRIPLES = "user,item,value columns: 0-based positions or names (default 0,1,2)"
+_TRIPLES = (
+    "user,item,value columns: 0-based positions or names (default: the names of a header "
+    "line or a Parquet schema where they tell all three, else 0,1,2)"
+)
 
 
 def _other_store_arg(p: argparse.ArgumentParser) -> None:

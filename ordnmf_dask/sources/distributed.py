@@ -528,8 +528,7 @@ def _plan_input(
         return _Input(held, [], names, [chunk], None)
     sources = as_list(data)
     paths = expand_inputs(sources)
-    by_position = (0, 1, 2) if columns is None else columns  # files without a choice
-    formats = runner.map(input_format, paths, delimiter, header, by_position)
+    formats = runner.map(input_format, paths, delimiter, header, columns)
     check_same_columns([f for f in formats if isinstance(f, ParquetFormat)])
     check_some_rows([f for f in formats if isinstance(f, ParquetFormat)], len(formats))
     chunks = plan(runner, formats, chunk_bytes, first_index)

@@ -68,7 +68,7 @@ def ingest(
         (files ending in ``.parquet`` / ``.parq``, or directories of them, read row group by row
         group), local or at any fsspec URL (``s3://``, ``gs://``, ``http(s)://``, ...). In
         memory: a pandas DataFrame or a pyarrow Table (its user, item and value columns told
-        by name, ``memory.COLUMN_NAMES``, or named by ``columns``), a scipy.sparse matrix
+        by name, ``columns.COLUMN_NAMES``, or named by ``columns``), a scipy.sparse matrix
         (users are rows, items columns, values its stored entries; explicit zeros are
         dropped) or a ``(users, items, values)`` tuple of arrays; each gives the same store
         as a CSV file of the same rows. A dask DataFrame (here or as ``test``) is read

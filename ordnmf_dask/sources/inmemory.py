@@ -5,7 +5,6 @@ file of them gives (ids and values checked as Parquet columns are; rows named ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.columns import named_columns
 from ordnmf_dask.sources.datakinds import is_pandas, is_sparse
 from ordnmf_dask.sources.filtering import ids_from_array
 from ordnmf_dask.sources.origin import Origin
@@ -78,47 +78,6 @@ def _mixed_column(frame: Any) -> str:
                 "column type holds; give it one type (e.g. .astype(str) for ids)"
             )
     return "cannot be read as a table"
-
-
-# The names read as a table's user, item and value columns when ``columns`` is not given,
-# compared with case, "_", "-", "." and spaces ignored (userId = user_id = UserID); each role
-# must match exactly one column (docs/guide/data.md, "Data in memory").
-COLUMN_NAMES: dict[str, tuple[str, ...]] = {
-    "user": ("user", "userid", "users", "uid"),
-    "item": (
-        "item", "itemid", "items", "iid", "movieid", "movie", "artistid", "artist",
-        "trackid", "track", "songid", "song", "bookid", "book", "productid",
-    ),
-    "value": (
-        "value", "values", "rating", "ratings", "stars", "count", "counts", "playcount",
-        "plays", "weight",
-    ),
-}  # fmt: skip
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[\s_.\-]", "", name).lower()
-
-
-def named_columns(names: Sequence[str], label: str) -> list[str]:
-    """The user, item and value columns of a table told by their names (``COLUMN_NAMES``);
-    an InputError naming the table's columns when a role matches none or several."""
-    picked, problems = [], []
-    for role, aliases in COLUMN_NAMES.items():
-        found = [n for n in names if _normalized(n) in aliases]
-        if len(found) == 1:
-            picked.append(found[0])
-        elif found:
-            problems.append(f"{len(found)} could be the {role} ({', '.join(found)})")
-        else:
-            problems.append(f"none is named as a {role} column")
-    if problems:
-        raise InputError(
-            f"{label}: cannot tell the user, item and value columns by name: of its columns "
-            f"({', '.join(names)}), {'; '.join(problems)}. Name them with columns=(USER, "
-            "ITEM, VALUE); a table is never read by column position"
-        )
-    return picked
 
 
 def pick_columns(

@@ -91,7 +91,7 @@ class IngestPlan:
     test: Any
     delimiter: str | None
     header: bool | None
-    columns: tuple[Column, Column, Column] | None  # None: by name (tables), 0, 1, 2 (files)
+    columns: tuple[Column, Column, Column] | None  # None: by name (tables), file_columns (files)
     chunk_bytes: int
     rows_per_partition: int
     options: dict[str, Any]

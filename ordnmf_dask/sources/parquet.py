@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.columns import file_columns
 from ordnmf_dask.sources.filtering import float_ids
 from ordnmf_dask.sources.infile import check_row_groups, open_parquet
 from ordnmf_dask.sources.origin import Origin, RowGroups
@@ -95,10 +96,13 @@ class ParquetChunk:
     columns: tuple[str, str, str]
 
 
-def parquet_format_of(path: str, columns: tuple[Column, Column, Column]) -> ParquetFormat:
-    """Read the footer of ``path``: resolve the columns and list the row groups."""
+def parquet_format_of(path: str, columns: tuple[Column, Column, Column] | None) -> ParquetFormat:
+    """Read the footer of ``path``: resolve the columns (None: as ``file_columns`` chooses
+    them from the schema's names) and list the row groups."""
     pf = _open(path)
     names = list(pf.schema_arrow.names)
+    if columns is None:
+        columns = file_columns(names, path)
     resolved = []
     for c in columns:
         if isinstance(c, str):

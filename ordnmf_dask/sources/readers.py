@@ -31,7 +31,7 @@ def read_triples(
     *,
     delimiter: str | None = None,
     header: bool | None = None,
-    columns: Sequence[Column] = (0, 1, 2),
+    columns: Sequence[Column] | None = None,
 ) -> Triples:
     """Read and concatenate triples from one or more files (line numbers are per file).
 
@@ -46,9 +46,11 @@ def read_triples(
     header : bool, optional
         True: the first non-blank line is a header. False: there is none. None: the first
         non-blank line is a header iff its value column is not a number.
-    columns : (int or str, int or str, int or str)
+    columns : (int or str, int or str, int or str), optional
         User, item and value columns: 0-based indices, or names (text: fields of the header
-        line, which must then be there; Parquet: column names).
+        line, which must then be there; Parquet: column names). None: the names of a header
+        line or of a Parquet schema, where they tell all three, else 0, 1, 2
+        (``columns.file_columns``).
 
     Raises
     ------
@@ -60,13 +62,13 @@ def read_triples(
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = expand_inputs(list(paths))
-    columns = check_columns(columns)
+    picked = None if columns is None else check_columns(columns)
     check_delimiter(delimiter)
-    formats = {p: parquet_format_of(p, columns) for p in paths if is_parquet(p)}
+    formats = {p: parquet_format_of(p, picked) for p in paths if is_parquet(p)}
     check_same_columns(list(formats.values()))
     check_some_rows(list(formats.values()), len(paths))
     parts = [
-        read_parquet(formats[p]) if p in formats else read_text(p, delimiter, header, columns)
+        read_parquet(formats[p]) if p in formats else read_text(p, delimiter, header, picked)
         for p in paths
         if p not in formats or formats[p].n_rows
     ]

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.sources.columns import file_columns
 from ordnmf_dask.sources.infile import open_input_file
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.store.locations import READ_ERRORS
@@ -358,17 +359,21 @@ def file_format(
     line_no: int,
     delimiter: str | None,
     header: bool | None,
-    columns: tuple[Column, Column, Column],
+    columns: tuple[Column, Column, Column] | None,
 ) -> TextFormat:
     """The format of a file from its first non-blank line (number ``line_no``).
 
     ``delimiter`` (one of ``DELIMITERS``) and ``header`` override the detection. Columns given
     by name are looked up in the first line, which is then the header (an error if ``header``
-    is False).
+    is False); without ``columns`` (None) a header's names may choose them (``file_columns``),
+    else they are 0, 1, 2.
     """
     check_delimiter(delimiter)
     delim = DELIMITERS[delimiter] if delimiter is not None else sniff_delimiter(line)
     first = [f.strip() for f in _fields(path, line.encode("utf-8"), line_no, delim)]
+    if columns is None:
+        named = header or (header is None and len(first) > 2 and not _is_number(first[2]))
+        columns = file_columns(first, path) if named else (0, 1, 2)
     if any(isinstance(c, str) for c in columns):
         if header is False:
             raise InputError(f"{path}: columns given by name need a header line")
@@ -418,7 +423,10 @@ class Head:
 
 
 def text_format_of(
-    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+    path: str,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column] | None,
 ) -> Head:
     """Read the start of ``path`` up to its first non-blank line(s) and resolve its format."""
     check_delimiter(delimiter)
@@ -464,7 +472,10 @@ def _fields(path: str, line: bytes, line_no: int, delim: str | None) -> list[str
 
 
 def read_text(
-    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+    path: str,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column] | None,
 ) -> Triples:
     """Every data row of one text file.
 

@@ -77,7 +77,10 @@ class Chunk:
 
 
 def input_format(
-    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+    path: str,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column] | None,
 ) -> FileFormat | ParquetFormat:
     """Task: how to read one input file (Parquet by its suffix, else delimited text)."""
     if is_parquet(path):
@@ -86,7 +89,10 @@ def input_format(
 
 
 def file_format_of(
-    path: str, delimiter: str | None, header: bool | None, columns: tuple[Column, Column, Column]
+    path: str,
+    delimiter: str | None,
+    header: bool | None,
+    columns: tuple[Column, Column, Column] | None,
 ) -> FileFormat:
     """Read the start of ``path`` up to its first non-blank line and resolve its format."""
     head = text_format_of(path, delimiter, header, columns)
