@@ -35,12 +35,13 @@ import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 
 import numpy as np
 from moves import MoveSettings, fit_with_moves, training_matrix
 from quality import item_counts, scored
 from scipy.optimize import linear_sum_assignment
-from select_k import triples
+from select_k import triples, with_validation
 
 from ordnmf_dask import OrdNMF, ingest
 from ordnmf_dask.sources.ingest import ingest_arrays
@@ -94,6 +95,64 @@ def bagged(info: StoreInfo, n: int, fraction: float, work: str) -> tuple[np.ndar
     return w, h
 
 
+Rate = tuple[np.ndarray, np.ndarray]
+
+
+def mixture(rates: list[Rate], weights: np.ndarray) -> Rate:
+    """The factors of the mixture ``sum_j weights[j] rates[j]`` (zero weights left out)."""
+    keep = [j for j in range(len(rates)) if weights[j] > 0]
+    w = np.hstack([rates[j][0] * weights[j] for j in keep])
+    return w, np.hstack([rates[j][1] for j in keep])
+
+
+def greedy_weights(n: int, score: Callable[[np.ndarray], float], steps: int) -> np.ndarray:
+    """Ensemble selection (Caruana et al. 2004): ``steps`` picks with replacement, each the
+    candidate whose addition scores best; the weights are the pick counts over the picks."""
+    counts = np.zeros(n)
+    for _ in range(steps):
+        tries = [score((counts + np.eye(n)[j]) / (counts.sum() + 1)) for j in range(n)]
+        counts[int(np.argmax(tries))] += 1
+    return counts / counts.sum()
+
+
+def stacked(
+    info: StoreInfo,
+    entries: list[dict],
+    full: list[Rate],
+    fraction: float,
+    levels: list[int],
+    work: str,
+    steps: int,
+) -> tuple[StoreInfo, list[tuple[str, Rate, Rate | None, np.ndarray]]]:
+    """Mixture weights of the ``entries``' fits and a rank-1 fit (K = 1: popularity times
+    activity) chosen on a validation subset of ``fraction`` of the training pairs (the fits of
+    its other pairs, without early stopping; score: the mean over ``levels`` of the validation
+    NDCG@100). Returned per scheme: its name, the weighted mixture of those fits (scored on the
+    same test split), that of the ``full`` fits refitted on all pairs (None: no refit), and
+    the weights. Schemes: the equal mixture of the entries, shrinkage toward the rank-1 fit
+    (its weight on a grid, finer near 1), and greedy ensemble selection over all candidates."""
+    vinfo = with_validation(info, os.path.join(work, "stack.zarr"), fraction)
+    kept: list[Rate] = []
+    for kw in [*entries, {"n_components": 1, "n_members": 1}]:
+        model = OrdNMF(**{"validation_every": 0, **kw}).fit(vinfo.path)
+        kept.append((model.user_factors, model.item_factors))
+    n = len(kept)
+
+    def score(weights: np.ndarray) -> float:
+        nd = scored(vinfo, *mixture(kept, weights), levels, split="validation")
+        return float(np.mean([nd[s] for s in levels]))
+
+    equal = np.r_[np.ones(n - 1) / (n - 1), 0.0]
+    grid = [*np.linspace(0.0, 0.9, 10), 0.95, 0.98, 0.99, 1.0]
+    shrink = [np.r_[equal[:-1] * (1 - a), a] for a in grid]
+    shrunk = shrink[int(np.argmax([score(x) for x in shrink]))]
+    greedy = greedy_weights(n, score, steps)
+    return vinfo, [
+        (name, mixture(kept, x), mixture(full, x) if full else None, x)
+        for name, x in [("equal", equal), ("shrunk to rank 1", shrunk), ("greedy", greedy)]
+    ]
+
+
 def store(args: argparse.Namespace, work: str) -> tuple[StoreInfo, list[int], dict | None]:
     """The store of this run, its levels, and the generating factors' NDCG (None: real data)."""
     if args.real == "ml":
@@ -125,7 +184,22 @@ def main() -> None:
     where.add_argument("--real", choices=["ml", "lastfm"])
     ap.add_argument("--store-seed", type=int, default=0)
     ap.add_argument("--fits", nargs="*", default=[], help="JSON objects of estimator keywords")
-    ap.add_argument("--mix", action="store_true", help="also score the mixture of the fits")
+    ap.add_argument(
+        "--mix",
+        type=int,
+        nargs="?",
+        const=0,
+        metavar="N",
+        help="also score the equal mixture of the first N fits (no N: all)",
+    )
+    ap.add_argument(
+        "--stack",
+        type=float,
+        metavar="FRACTION",
+        help="mixture weights of the fits and a rank-1 fit chosen on a validation subset",
+    )
+    ap.add_argument("--steps", type=int, default=10, help="greedy picks of --stack")
+    ap.add_argument("--no-refit", action="store_true", help="--stack: skip the refit on all")
     ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
     ap.add_argument("--bag", nargs=2, metavar=("M", "FRACTION"), help="bagged single fits")
     ap.add_argument(
@@ -141,8 +215,10 @@ def main() -> None:
         info, levels, truth = store(args, work)
         label = args.store or args.real
 
-        def show(name: str, w: np.ndarray, h: np.ndarray, extra: str = "") -> None:
-            nd = scored(info, w, h, levels)
+        def show(
+            name: str, w: np.ndarray, h: np.ndarray, extra: str = "", on: StoreInfo | None = None
+        ) -> None:
+            nd = scored(on or info, w, h, levels)
             cells = "/".join(f"{nd[s] / truth[s]:.1%}" if truth else f"{nd[s]:.4f}" for s in levels)
             print(f"{label:<20} {name:<48} {cells:>22}  {extra}", flush=True)
 
@@ -159,9 +235,26 @@ def main() -> None:
                 f"{seconds:.0f} s, {model.n_iter_} it",
             )
             rates.append((model.user_factors, model.item_factors))
-        if args.mix and len(rates) > 1:
-            w = np.hstack([w for w, _ in rates]) / len(rates)
-            show("mixture of the fits above", w, np.hstack([h for _, h in rates]))
+        if args.mix is not None:
+            mixed = rates[: args.mix or len(rates)]
+            w = np.hstack([w for w, _ in mixed]) / len(mixed)
+            show(f"mixture of the first {len(mixed)} fits", w, np.hstack([h for _, h in mixed]))
+        if args.stack:
+            entries = [json.loads(e) for e in args.fits]
+            full = []
+            if not args.no_refit:
+                one = OrdNMF(1, n_members=1).fit(info.path)
+                full = [*rates, (one.user_factors, one.item_factors)]
+            t0 = time.perf_counter()
+            vinfo, schemes = stacked(info, entries, full, args.stack, levels, work, args.steps)
+            print(f"  stacking: {time.perf_counter() - t0:.0f} s", flush=True)
+            for name, kept, refit, x in schemes:
+                weights = " ".join(f"{v:.2f}" for v in x)
+                show(
+                    f"{name}, fitted on {1 - args.stack:.0%}", *kept, f"weights {weights}", on=vinfo
+                )
+                if refit:
+                    show(f"{name}, refitted on all", *refit)
         if args.consensus:
             ensemble = OrdNMF(50, n_members=args.consensus).fit(info.path)
             show(f"ensemble of {args.consensus}", ensemble.user_factors, ensemble.item_factors)
