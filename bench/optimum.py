@@ -115,6 +115,18 @@ def greedy_weights(n: int, score: Callable[[np.ndarray], float], steps: int) -> 
     return counts / counts.sum()
 
 
+def dense(rate: Rate) -> np.ndarray:
+    """The rate matrix ``w @ h.T`` of a small store."""
+    return rate[0] @ rate[1].T
+
+
+def geometric(rates: list[Rate], a: float) -> Rate:
+    """Scores ``R_0^(1 - a) R_1^a`` of two rates (the mean of the entries', the rank-1 fit's), as
+    factors a scorer reads (the scores themselves against the identity)."""
+    r0, r1 = dense(rates[0]), dense(rates[1])
+    return np.exp((1 - a) * np.log(r0) + a * np.log(r1)), np.eye(r0.shape[1])
+
+
 def stacked(
     info: StoreInfo,
     entries: list[dict],
@@ -127,10 +139,12 @@ def stacked(
     """Mixture weights of the ``entries``' fits and a rank-1 fit (K = 1: popularity times
     activity) chosen on a validation subset of ``fraction`` of the training pairs (the fits of
     its other pairs, without early stopping; score: the mean over ``levels`` of the validation
-    NDCG@100). Returned per scheme: its name, the weighted mixture of those fits (scored on the
-    same test split), that of the ``full`` fits refitted on all pairs (None: no refit), and
+    NDCG@100). Returned: that store (the same test pairs), and per scheme its name, the weighted
+    mixture of those fits, that of the ``full`` fits refitted on all pairs (None: no refit), and
     the weights. Schemes: the equal mixture of the entries, shrinkage toward the rank-1 fit
-    (its weight on a grid, finer near 1), and greedy ensemble selection over all candidates."""
+    (its weight on a grid, finer near 1), the geometric mean of the two (``geometric``: not a
+    mixture, a ranking score; its exponent on a grid), and greedy ensemble selection over all
+    candidates. The validation score per weight is printed."""
     vinfo = with_validation(info, os.path.join(work, "stack.zarr"), fraction)
     kept: list[Rate] = []
     for kw in [*entries, {"n_components": 1, "n_members": 1}]:
@@ -138,19 +152,38 @@ def stacked(
         kept.append((model.user_factors, model.item_factors))
     n = len(kept)
 
-    def score(weights: np.ndarray) -> float:
-        nd = scored(vinfo, *mixture(kept, weights), levels, split="validation")
+    def score(rate: Rate) -> float:
+        nd = scored(vinfo, *rate, levels, split="validation")
         return float(np.mean([nd[s] for s in levels]))
 
+    def best(name: str, grid: list[float], rate: Callable[[float], Rate]) -> float:
+        curve = [score(rate(a)) for a in grid]
+        cells = " ".join(f"{a:g}:{v:.5f}" for a, v in zip(grid, curve, strict=True))
+        print(f"  validation score per {name}: {cells}", flush=True)
+        return grid[int(np.argmax(curve))]
+
     equal = np.r_[np.ones(n - 1) / (n - 1), 0.0]
-    grid = [*np.linspace(0.0, 0.9, 10), 0.95, 0.98, 0.99, 1.0]
-    shrink = [np.r_[equal[:-1] * (1 - a), a] for a in grid]
-    shrunk = shrink[int(np.argmax([score(x) for x in shrink]))]
-    greedy = greedy_weights(n, score, steps)
-    return vinfo, [
+    shrink = lambda a: np.r_[equal[:-1] * (1 - a), a]  # noqa: E731
+    grid = [0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 1.0]
+    a = best("rank-1 weight", grid, lambda a: mixture(kept, shrink(a)))
+    pair = lambda rates: [mixture(rates, equal), rates[-1]]  # noqa: E731
+    g = best("rank-1 exponent", [x / 10 for x in range(11)], lambda g: geometric(pair(kept), g))
+    out = [
         (name, mixture(kept, x), mixture(full, x) if full else None, x)
-        for name, x in [("equal", equal), ("shrunk to rank 1", shrunk), ("greedy", greedy)]
+        for name, x in [("equal", equal), (f"shrunk to rank 1 ({a:g})", shrink(a))]
     ]
+    out.append(
+        (
+            f"geometric toward rank 1 ({g:g})",
+            geometric(pair(kept), g),
+            geometric(pair(full), g) if full else None,
+            np.r_[1 - g, g],
+        )
+    )
+    if steps:
+        x = greedy_weights(n, lambda x: score(mixture(kept, x)), steps)
+        out.append(("greedy", mixture(kept, x), mixture(full, x) if full else None, x))
+    return vinfo, out
 
 
 def store(args: argparse.Namespace, work: str) -> tuple[StoreInfo, list[int], dict | None]:
@@ -198,7 +231,7 @@ def main() -> None:
         metavar="FRACTION",
         help="mixture weights of the fits and a rank-1 fit chosen on a validation subset",
     )
-    ap.add_argument("--steps", type=int, default=10, help="greedy picks of --stack")
+    ap.add_argument("--steps", type=int, default=10, help="greedy picks of --stack (0: none)")
     ap.add_argument("--no-refit", action="store_true", help="--stack: skip the refit on all")
     ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
     ap.add_argument("--bag", nargs=2, metavar=("M", "FRACTION"), help="bagged single fits")
