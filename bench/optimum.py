@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from hier import patched
 from moves import MoveSettings, fit_with_moves, training_matrix
 from quality import item_counts, scored
 from scipy.optimize import linear_sum_assignment
@@ -145,7 +146,7 @@ def stacked(
     (its weight on a grid, finer near 1), the geometric mean of the two (``geometric``: not a
     mixture, a ranking score; its exponent on a grid), and greedy ensemble selection over all
     candidates. The validation score per weight is printed."""
-    vinfo = with_validation(info, os.path.join(work, "stack.zarr"), fraction)
+    vinfo = with_validation(info, os.path.join(work, "stack.zarr"), fraction, seed=1)
     kept: list[Rate] = []
     for kw in [*entries, {"n_components": 1, "n_members": 1}]:
         model = OrdNMF(**{"validation_every": 0, **kw}).fit(vinfo.path)
@@ -231,6 +232,12 @@ def main() -> None:
         metavar="FRACTION",
         help="mixture weights of the fits and a rank-1 fit chosen on a validation subset",
     )
+    ap.add_argument(
+        "--hier",
+        type=float,
+        metavar="A2",
+        help="--fits with hierarchical row rates (bench/hier.py)",
+    )
     ap.add_argument("--steps", type=int, default=10, help="greedy picks of --stack (0: none)")
     ap.add_argument("--no-refit", action="store_true", help="--stack: skip the refit on all")
     ap.add_argument("--consensus", type=int, metavar="M", help="members of the consensus fit")
@@ -259,7 +266,8 @@ def main() -> None:
         rates = []
         for entry in args.fits:
             t0 = time.perf_counter()
-            model = OrdNMF(**json.loads(entry)).fit(info.path)
+            with patched(args.hier):
+                model = OrdNMF(**json.loads(entry)).fit(info.path)
             seconds = time.perf_counter() - t0
             show(
                 entry,
