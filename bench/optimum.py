@@ -8,9 +8,16 @@ factors' NDCG@100 at s = 1 / 5 / 10, with item popularity as the floor), ml-late
 (``--real ml``: README's split, half stars, min_count 20, seed 0; NDCG@100 at s = 1 / 6 / 10) or
 Last.fm (``--real lastfm``: the paper's count classes, min_count 20, 20% test, 10% validation,
 which early-stops the fits; s = 1 / 8 / 10). Each ``--fits`` entry is a JSON object of estimator
-keywords; ``--mix`` also scores the equal mixture of their rates (each entry's rate being its
-members' mean). ``--consensus M`` fits the default ensemble of M members at K = 50, matches every
-member's components to the first member's (the Hungarian assignment on the cosine of their
+keywords; ``--mix [N]`` also scores the equal mixture of the first N entries' rates (all without
+N; each entry's rate being its members' mean). ``--stack FRACTION`` chooses the weights of the
+entries and of a rank-1 fit (K = 1: popularity times activity) on a validation subset of
+FRACTION of the training pairs, from fits of the other pairs (:func:`stacked`: shrinkage toward
+the rank-1 fit, its geometric mean with the entries' mixture, greedy ensemble selection over
+``--steps`` picks), and scores them as fitted and refitted on all pairs (``--no-refit``: not).
+``--hier A2`` fits the entries with hierarchical row rates (bench/hier.py).
+
+``--consensus M`` fits the default ensemble of M members at K = 50, matches every member's
+components to the first member's (the Hungarian assignment on the cosine of their
 item columns, each column scaled to sum 1), averages the matched pairs, and scores that consensus
 as it is and the single fit started from it (``init=``). ``--bag M FRACTION`` fits M single fits
 (seeds 0..M-1), each on its own random FRACTION of the training pairs (re-ingested, the test pairs
@@ -23,6 +30,7 @@ Each ``--moves`` entry is a JSON object of ``moves.MoveSettings`` (``burn``, ``s
     python bench/optimum.py --store 2000x1000x0.05x20 --fits '{"n_members": 4, "anneal": 20}'
     python bench/optimum.py --real ml --consensus 4
     python bench/optimum.py --real ml --bag 4 0.8
+    python bench/optimum.py --store 2000x1000x0.05x20 --stack 0.1 --fits '{"n_members": 4}'
     python bench/optimum.py --store 2000x1000x0.05x20 --moves '{"rounds": 8, "pairs": 8}'
 """
 
