@@ -114,12 +114,15 @@ def mixture(rates: list[Rate], weights: np.ndarray) -> Rate:
     return w, np.hstack([rates[j][1] for j in keep])
 
 
-def greedy_weights(n: int, score: Callable[[np.ndarray], float], steps: int) -> np.ndarray:
-    """Ensemble selection (Caruana et al. 2004): ``steps`` picks with replacement, each the
-    candidate whose addition scores best; the weights are the pick counts over the picks."""
+def greedy_weights(
+    n: int, score: Callable[[np.ndarray], float], steps: int, pool: int
+) -> np.ndarray:
+    """Ensemble selection (Caruana et al. 2004): ``steps`` picks with replacement among the
+    first ``pool`` of ``n`` candidates, each the one whose addition scores best; the weights
+    are the pick counts over the picks."""
     counts = np.zeros(n)
     for _ in range(steps):
-        tries = [score((counts + np.eye(n)[j]) / (counts.sum() + 1)) for j in range(n)]
+        tries = [score((counts + np.eye(n)[j]) / (counts.sum() + 1)) for j in range(pool)]
         counts[int(np.argmax(tries))] += 1
     return counts / counts.sum()
 
@@ -153,7 +156,7 @@ def stacked(
     the weights. Schemes: the equal mixture of the entries, shrinkage toward the rank-1 fit
     (its weight on a grid, finer near 1), the geometric mean of the two (``geometric``: not a
     mixture, a ranking score; its exponent on a grid), and greedy ensemble selection over all
-    candidates. The validation score per weight is printed."""
+    candidates and over the entries alone. The validation score per weight is printed."""
     vinfo = with_validation(info, os.path.join(work, "stack.zarr"), fraction, seed=1)
     kept: list[Rate] = []
     for kw in [*entries, {"n_components": 1, "n_members": 1}]:
@@ -189,9 +192,9 @@ def stacked(
             np.r_[1 - g, g],
         )
     )
-    if steps:
-        x = greedy_weights(n, lambda x: score(mixture(kept, x)), steps)
-        out.append(("greedy", mixture(kept, x), mixture(full, x) if full else None, x))
+    for name, m in [("greedy", n), ("greedy, entries only", n - 1)] if steps else []:
+        x = greedy_weights(n, lambda x: score(mixture(kept, x)), steps, m)
+        out.append((name, mixture(kept, x), mixture(full, x) if full else None, x))
     return vinfo, out
 
 
