@@ -54,13 +54,15 @@ class Chunk:
     mean: np.ndarray
 
 
-def scored(info: StoreInfo, w: np.ndarray, h: np.ndarray, levels: list[int]) -> dict[int, float]:
-    """NDCG@100 of the test split per level for the scores ``w @ h.T``."""
+def scored(
+    info: StoreInfo, w: np.ndarray, h: np.ndarray, levels: list[int], split: str = "test"
+) -> dict[int, float]:
+    """NDCG@100 of ``split`` per level for the scores ``w @ h.T``."""
     rb, cb = info.row_bounds, info.col_bounds
     wc = [Chunk(np.ascontiguousarray(w[rb[r] : rb[r + 1]])) for r in range(info.grid[0])]
     hc = [Chunk(np.ascontiguousarray(h[cb[c] : cb[c + 1]])) for c in range(info.grid[1])]
     with InProcessClient(2) as cl:
-        return score_split(cl, info, "test", wc, hc, levels, K_NDCG, None)["ndcg"]
+        return score_split(cl, info, split, wc, hc, levels, K_NDCG, None)["ndcg"]
 
 
 def item_counts(info: StoreInfo) -> np.ndarray:

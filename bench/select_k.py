@@ -45,8 +45,10 @@ def triples(info: StoreInfo, split: str) -> tuple[np.ndarray, np.ndarray, np.nda
     return tuple(np.concatenate(a) for a in zip(*out, strict=True))  # type: ignore[return-value]
 
 
-def with_validation(info: StoreInfo, path: str, fraction: float) -> StoreInfo:
-    """The store's training pairs split again with a validation subset; its test pairs kept."""
+def with_validation(info: StoreInfo, path: str, fraction: float, seed: int = 0) -> StoreInfo:
+    """The store's training pairs split again with a validation subset; its test pairs kept.
+    ``seed`` must differ from the seed of a store split by the hash (``ingest``): with the same
+    seed every training pair hashes outside the validation range, which comes out empty."""
     return ingest_arrays(
         *triples(info, "train"),
         path,
@@ -54,6 +56,7 @@ def with_validation(info: StoreInfo, path: str, fraction: float) -> StoreInfo:
         ratings="integer",
         scale_max=info.n_classes,
         validation_fraction=fraction,
+        seed=seed,
     )
 
 
