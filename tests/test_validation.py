@@ -155,6 +155,29 @@ def test_bad_validation_fraction_is_refused(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_validation_range_that_selects_no_pair_is_refused(tmp_path):
+    """A store's training pairs ingested again with its test pairs as a --test file and the
+    same seed: that split sent every pair of the validation range to the test set, so the
+    validation subset would be empty; refused naming the seed, and no store is left; another
+    seed carves one."""
+    u, i, v = triples()
+    first = ingest_arrays(u, i, v, tmp_path / "first.zarr", ratings="integer", seed=3)
+    users, items = read_ids(first.path, "users"), read_ids(first.path, "items")
+    for split in ("train", "test"):
+        rows = sorted(pairs(first, split))
+        lines = [f"{users[a]},{items[b]},1\n" for a, b in rows]
+        (tmp_path / f"{split}.csv").write_text("".join(lines))
+    kw = dict(ratings="integer", validation_fraction=0.1, test=tmp_path / "test.csv")
+    with pytest.raises(
+        InputError,
+        match=r"train\.csv: validation_fraction=0\.1 put none of its \d+ training pairs in the "
+        r"validation subset \(seed 3\); .* give another seed",
+    ):
+        ingest(tmp_path / "train.csv", tmp_path / "again.zarr", seed=3, **kw)
+    assert not (tmp_path / "again.zarr").exists()
+    assert ingest(tmp_path / "train.csv", tmp_path / "again.zarr", seed=4, **kw).nnz_validation
+
+
 def test_early_stopping_keeps_the_best_state(vstore, caplog):
     """In-process (bitwise the cluster's fit, tests/test_inprocess.py; the cluster's scoring of
     held-out subsets is the last test of this file); the fit's last line says why it stopped."""

@@ -113,7 +113,7 @@ from ordnmf_dask.sources.parquet import (
     check_some_rows,
     parquet_chunks,
 )
-from ordnmf_dask.sources.split import check_train_left, split_rule
+from ordnmf_dask.sources.split import check_train_left, check_validation_left, split_rule
 from ordnmf_dask.sources.testset import check_test_left, warn_unknown
 from ordnmf_dask.sources.text import Column
 from ordnmf_dask.sources.textsplit import Chunk, FileFormat, input_format, scan_range
@@ -440,6 +440,11 @@ def _split_and_block_stage(
         block_task, parts.parts, ctx.tmp, shared, row_bounds, col_bounds, parsed.spec.n_classes
     )
     remove_staging(ctx.tmp, "nonzeros")  # every nonzero is in a block piece now
+    if validation_fraction > 0:
+        n_validation = sum(int(res["hist_validation"].sum()) for res in placed)
+        check_validation_left(
+            ctx.train.label, n_validation, int(deg_u.sum()), validation_fraction, o["seed"]
+        )
     if tested is not None:
         n_unknown = sum(res["test_unknown"] for res in placed)
         check_test_left(

@@ -160,6 +160,21 @@ def check_train_left(
     )
 
 
+def check_validation_left(
+    label: str, n_validation: int, n_train: int, validation_fraction: float, seed: int
+) -> None:
+    """Raise InputError if ``validation_fraction`` > 0 put none of the ``n_train`` training
+    pairs of ``label`` in the validation subset (a fit would then validate on nothing)."""
+    if validation_fraction <= 0 or n_validation:
+        return
+    raise InputError(
+        f"{label}: validation_fraction={validation_fraction:g} put none of its {n_train} "
+        f"training pairs in the validation subset (seed {seed}); if they are the training "
+        "pairs of a store split with the same seed, that split sent every pair of the "
+        "validation range to its test set: give another seed (--seed)"
+    )
+
+
 def check_test_fraction(test_fraction: float) -> None:
     """Raise InputError unless 0 <= test_fraction < 1."""
     if not 0.0 <= float(test_fraction) < 1.0:
