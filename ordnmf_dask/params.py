@@ -173,6 +173,19 @@ class Options(Rule):
 
 
 @dataclass(frozen=True)
+class Text(Rule):
+    """Any string."""
+
+    kind: ClassVar[str] = "str"
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def __str__(self) -> str:
+        return "a string"
+
+
+@dataclass(frozen=True)
 class Boolean(Rule):
     """True or False."""
 
@@ -708,6 +721,48 @@ def _serving_rows(command: str) -> Iterator[Param]:
         yield Param("posterior", Options(("mean", "gamma")), "mean", doc, command, False)
 
 
+def _info_rows() -> Iterator[Param]:
+    """The switches of ``info`` (the command ``ordnmf-dask info``) but its store or model."""
+    doc = "print the summary as JSON"
+    yield Param("json", Boolean(), False, doc, "info", False)
+    doc = "also check every chunk file's checksum (reads the whole store)"
+    yield Param("verify", Boolean(), False, doc, "info", False)
+
+
+def _fit_rows() -> Iterator[Param]:
+    """The switches of the command ``fit`` but its store, output, warm starts and the estimator
+    parameters (:data:`PARAMS`); None: not given, so that the --config file decides."""
+    f = "fit"
+    doc = (
+        "require resuming: fail unless --checkpoint-dir holds a usable checkpoint of this fit "
+        "(without it, a fit resumes when it finds one and starts afresh otherwise)"
+    )
+    yield Param("resume", Boolean(), False, doc, f, False)
+    doc = (
+        "remove the checkpoints ordnmf-dask wrote in --checkpoint-dir (of any fit; they are "
+        "logged) and start afresh"
+    )
+    yield Param("restart", Boolean(), False, doc, f, False)
+    doc = "replace --out if it is a model (nothing else is ever replaced)"
+    yield Param("overwrite", Boolean(), None, doc, f, False, optional=True)
+
+
+def _reproduce_rows() -> Iterator[Param]:
+    """The settings of ``reproduce`` (the command ``ordnmf-dask reproduce``,
+    ``app.reproduce.Protocol``) but its output, data and cluster."""
+    r = "reproduce"
+    doc = "comma-separated subset of the shared datasets"
+    yield Param("datasets", Text(), "movielens,tasteprofile,lastfm", doc, r, False)
+    doc = "K values"
+    yield Param("k_grid", Ranks(), (25, 50), doc, r, False, metavar="K1,K2,...")
+    doc = "seeds of the fits of each model and K"
+    yield Param("seeds", Levels(), (0, 1, 2, 3, 4), doc, r, False, metavar="SEED1,SEED2,...")
+    doc = "at most this many iterations of each fit"
+    yield Param("max_iter", Integer(1), 1000, doc, r, False)
+    doc = "fits run concurrently"
+    yield Param("n_jobs", Integer(1), 3, doc, r, False, flags=("--jobs",))
+
+
 SERVING = ("recommend", "similar-items", "similar-users", "fold-in", "score", "export", "predict")
 
 #: command -> its arguments' rows, for the commands whose arguments have a table
@@ -716,6 +771,9 @@ COMMAND_PARAMS: dict[str, dict[str, Param]] = {
     "synth": {p.name: p for p in _synth_rows()},
     "evaluate": {p.name: p for p in _evaluate_rows()},
     "tune": {p.name: p for p in _tune_rows()},
+    "info": {p.name: p for p in _info_rows()},
+    "fit": {p.name: p for p in _fit_rows()},
+    "reproduce": {p.name: p for p in _reproduce_rows()},
     **{c: {p.name: p for p in _serving_rows(c)} for c in SERVING},
 }
 

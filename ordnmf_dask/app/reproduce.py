@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.fitting import fit
+from ordnmf_dask.params import COMMAND_PARAMS
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.postfit.ppc import posterior_predictive
 from ordnmf_dask.runtime.cluster import choose_client
@@ -95,20 +96,23 @@ def shared_datasets(data_dir: str | os.PathLike) -> dict[str, Dataset]:
     }
 
 
+_ROWS = COMMAND_PARAMS["reproduce"]  # the defaults of the command's settings
+
+
 @dataclass
 class Protocol:
-    """Settings of the comparison."""
+    """Settings of the comparison (those the command sets: the rows of its table)."""
 
-    k_grid: tuple[int, ...] = (25, 50)
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    k_grid: tuple[int, ...] = _ROWS["k_grid"].default
+    seeds: tuple[int, ...] = _ROWS["seeds"].default
     min_count: int = 20
     split_seed: int = 0
     alpha: float = 0.3
     tol: float = 1e-5
-    max_iter: int = 1000
+    max_iter: int = _ROWS["max_iter"].default
     optimizer: str = "cavi"  # the paper's algorithm, step for step
     ppc_pairs: int = 4_000_000
-    n_jobs: int = 3
+    n_jobs: int = _ROWS["n_jobs"].default
     extra: dict[str, Any] = field(default_factory=dict)
 
 
