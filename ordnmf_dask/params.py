@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import textwrap
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -730,20 +731,23 @@ def _info_rows() -> Iterator[Param]:
 
 
 def _fit_rows() -> Iterator[Param]:
-    """The switches of the command ``fit`` but its store, output, warm starts and the estimator
-    parameters (:data:`PARAMS`); None: not given, so that the --config file decides."""
+    """The switches of a fit (``CaviEstimator.fit``, the command ``ordnmf-dask fit``) but its
+    store, output, warm starts and the estimator parameters (:data:`PARAMS`); None: not given,
+    so that the command's --config file decides."""
     f = "fit"
     doc = (
-        "require resuming: fail unless --checkpoint-dir holds a usable checkpoint of this fit "
-        "(without it, a fit resumes when it finds one and starts afresh otherwise)"
+        "require resuming: fail unless the checkpoint directory holds a usable checkpoint of "
+        "this fit (without it, a fit resumes from the newest valid checkpoint of the same "
+        "model, settings and store when there is one, and starts afresh otherwise)"
     )
     yield Param("resume", Boolean(), False, doc, f, False)
     doc = (
-        "remove the checkpoints ordnmf-dask wrote in --checkpoint-dir (of any fit; they are "
-        "logged) and start afresh"
+        "first remove the checkpoints ordnmf-dask wrote in the checkpoint directory (of any "
+        "fit; they are logged) and start afresh (without it, a directory holding another "
+        "fit's checkpoints is refused, and nothing is removed)"
     )
     yield Param("restart", Boolean(), False, doc, f, False)
-    doc = "replace --out if it is a model (nothing else is ever replaced)"
+    doc = "replace the output (--out) if it is a model (nothing else, never the store, is replaced)"
     yield Param("overwrite", Boolean(), None, doc, f, False, optional=True)
 
 
@@ -794,28 +798,35 @@ class _Defaults(Mapping[str, Any]):
 DEFAULTS: Mapping[str, Any] = _Defaults()
 
 
-def parameters_doc(rows: Iterable[Param]) -> str:
+def parameters_doc(rows: Iterable[Param], indent: str = "    ") -> str:
     """The lines of a numpydoc Parameters section for ``rows``: name, doc and default (none
-    for a :data:`REQUIRED` row or a None default), indented as a function's docstring."""
+    for a :data:`REQUIRED` row or a None default), at ``indent`` (a function's docstring)."""
     lines = []
     for row in rows:
         shown = row.default is None or row.default is REQUIRED
         default = "" if shown else f" (default {row.default!r})"
         text = f"{row.name} : {row.doc}{default}."
-        lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
+        more, width = indent + "    ", 92 + len(indent)  # lines of at most 96 in a function
+        lines.append(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=more))
     return "\n".join(lines) + "\n"
 
 
 def rows_doc(command: str) -> Callable[[_F], _F]:
     """A decorator: the function's docstring with the line
-    ``    <the rows of params.COMMAND_PARAMS["<command>"]>`` replaced by the Parameters of the
-    rows of ``command``'s table (:func:`parameters_doc`), as the command's --help says them."""
+    ``<the rows of params.COMMAND_PARAMS["<command>"]>`` replaced by the Parameters of the
+    rows of ``command``'s table (:func:`parameters_doc`) at its indentation, as the command's
+    --help says them."""
 
     def put(function: _F) -> _F:
         if function.__doc__ is not None:  # None under python -OO
-            line = f'    <the rows of params.COMMAND_PARAMS["{command}"]>\n'
-            rows = parameters_doc(COMMAND_PARAMS[command].values())
-            function.__doc__ = function.__doc__.replace(line, rows)
+            line = re.escape(f'<the rows of params.COMMAND_PARAMS["{command}"]>')
+            rows = COMMAND_PARAMS[command].values()
+            function.__doc__ = re.sub(
+                f"^( *){line}\n",
+                lambda found: parameters_doc(rows, found[1]),
+                function.__doc__,
+                flags=re.MULTILINE,
+            )
         return function
 
     return put
