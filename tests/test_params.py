@@ -395,13 +395,13 @@ def test_a_commands_signatures_and_flags_are_its_table(command):
             assert tuple(action.choices) == row.rule.words, name
 
 
-@pytest.mark.parametrize("command", ["ingest", "synth", "tune"])
+@pytest.mark.parametrize("command", ["ingest", "synth", "tune", "fit"])
 def test_a_commands_docstring_lists_its_table(command):
     from ordnmf_dask.sources.ingest import ingest
     from ordnmf_dask.sources.synth import synth
     from ordnmf_dask.tuning.search import tune
 
-    function = {"ingest": ingest, "synth": synth, "tune": tune}[command]
+    function = {"ingest": ingest, "synth": synth, "tune": tune, "fit": CaviEstimator.fit}[command]
     text = " ".join((function.__doc__ or "").split())
     for name, row in params.COMMAND_PARAMS[command].items():
         assert f"{name} : {' '.join(row.doc.split())}" in text, name
