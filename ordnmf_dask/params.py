@@ -521,7 +521,7 @@ DEFAULT_NNZ_PER_BLOCK = 2**21  # a store's training nonzeros per block, by defau
 
 
 def _synth_rows() -> Iterator[Param]:
-    """The arguments of ``synth`` (:func:`ordnmf_dask.sources.synth.synth`, the command
+    """The arguments of ``synth`` (:func:`ordnmf_dask.datasets.synth.synth`, the command
     ``ordnmf-dask synth``): the CLI's flags, the API's checks and the docs read them."""
     s, positive = "synth", Real()
     doc = "U, the number of users"

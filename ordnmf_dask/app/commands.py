@@ -103,7 +103,7 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from ordnmf_dask.sources.synth import plan_synth, write_synth
+    from ordnmf_dask.datasets.synth import plan_synth, write_synth
 
     given = {name: getattr(args, name) for name, p in COMMAND_PARAMS["synth"].items() if p.options}
     plan = plan_synth(args.out, **{**given, "nnz": int(args.nnz)})  # before any cluster

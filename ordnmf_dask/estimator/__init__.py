@@ -12,13 +12,13 @@ import numpy as np
 
 from ordnmf_dask.engine.cavi import CaviConfig, IterationCallback
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.estimator.fitdata import accepts_data_in_memory
 from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
 from ordnmf_dask.modelstore.modelheader import ModelHeader
 from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted, parameters_doc, rows_doc
 from ordnmf_dask.runtime.progress import shows_progress
-from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.tuning.select import run_selected
 
