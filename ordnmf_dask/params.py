@@ -294,9 +294,12 @@ class Param:
         return (self.flag,) if self.flags is None else self.flags
 
 
-def _rows() -> Iterator[Param]:
-    model, engine, checkpoint, validation = SECTIONS
-    at_least_1, at_least_0, positive = Integer(1), Integer(0), Real()
+_AT_LEAST_1, _AT_LEAST_0, _POSITIVE = Integer(1), Integer(0), Real()
+
+
+def _model_rows() -> Iterator[Param]:
+    """``[model]``: what the fit computes, and how long it may run."""
+    model, at_least_1, at_least_0, positive = "model", _AT_LEAST_1, _AT_LEAST_0, _POSITIVE
     yield Param("n_components", at_least_1, 50, "K, the number of latent factors", model, True)
     yield Param(
         "select_components",
@@ -389,6 +392,12 @@ def _rows() -> Iterator[Param]:
         model,
         True,
     )
+
+
+def _family_rows() -> Iterator[Param]:
+    """``[model]``, the parameters of some families alone (:data:`ORDINAL`, :data:`BINARY`,
+    :data:`COUNTS`)."""
+    model, at_least_1, positive = "model", _AT_LEAST_1, _POSITIVE
     doc = "q(n) = delta_1 instead of the zero-truncated Poisson"
     yield Param("approx", Boolean(), False, doc, model, True, ORDINAL)
     doc = "binarize: classes >= threshold become 1"
@@ -400,6 +409,11 @@ def _rows() -> Iterator[Param]:
     yield Param("t", positive, 1.0, "fixed scale of the Poisson rate", model, True, COUNTS)
     doc = "learn p (ignored at the limits 0 and 1)"
     yield Param("update_p", Boolean(), True, doc, model, True, COUNTS)
+
+
+def _engine_rows() -> Iterator[Param]:
+    """``[engine]``: where and how the fit runs."""
+    engine = "engine"
     yield Param(
         "cache_blocks",
         AutoBoolean(),
@@ -421,6 +435,11 @@ def _rows() -> Iterator[Param]:
     )
     doc = "scratch directory visible to all workers (default: a temporary directory)"
     yield Param("work_dir", Path(), None, doc, engine, False, optional=True)
+
+
+def _checkpoint_rows() -> Iterator[Param]:
+    """``[checkpoint]``: where and when the fit checkpoints."""
+    checkpoint, at_least_0, positive = "checkpoint", _AT_LEAST_0, _POSITIVE
     doc = "where checkpoints go, visible to all workers (default: inside work_dir)"
     yield Param("checkpoint_dir", Path(), None, doc, checkpoint, False, optional=True)
     yield Param(
@@ -441,6 +460,11 @@ def _rows() -> Iterator[Param]:
         False,
         optional=True,
     )
+
+
+def _validation_rows() -> Iterator[Param]:
+    """``[validation]``: how the fit scores the validation subset and stops early."""
+    validation, at_least_1, at_least_0 = "validation", _AT_LEAST_1, _AT_LEAST_0
     yield Param(
         "validation_every",
         at_least_0,
@@ -481,6 +505,12 @@ def _rows() -> Iterator[Param]:
     yield Param("validation_k", at_least_1, 100, doc, validation, False)
     doc = "relevance threshold s of the validation NDCG (class >= s is relevant)"
     yield Param("validation_s", at_least_1, 1, doc, validation, False)
+
+
+def _rows() -> Iterator[Param]:
+    """Every estimator parameter, section by section (:data:`SECTIONS`)."""
+    for section in (_model_rows, _family_rows, _engine_rows, _checkpoint_rows, _validation_rows):
+        yield from section()
 
 
 PARAMS: dict[str, Param] = {p.name: p for p in _rows()}
