@@ -395,13 +395,20 @@ def test_a_commands_signatures_and_flags_are_its_table(command):
             assert tuple(action.choices) == row.rule.words, name
 
 
-@pytest.mark.parametrize("command", ["ingest", "synth", "tune", "fit"])
+@pytest.mark.parametrize("command", ["ingest", "synth", "tune", "fit", "evaluate"])
 def test_a_commands_docstring_lists_its_table(command):
     from ordnmf_dask.datasets.synth import synth
+    from ordnmf_dask.postfit.evaluate import evaluate
     from ordnmf_dask.sources.ingest import ingest
     from ordnmf_dask.tuning.search import tune
 
-    function = {"ingest": ingest, "synth": synth, "tune": tune, "fit": CaviEstimator.fit}[command]
+    function = {
+        "ingest": ingest,
+        "synth": synth,
+        "tune": tune,
+        "fit": CaviEstimator.fit,
+        "evaluate": evaluate,
+    }[command]
     text = " ".join((function.__doc__ or "").split())
     for name, row in params.COMMAND_PARAMS[command].items():
         assert f"{name} : {' '.join(row.doc.split())}" in text, name

@@ -227,8 +227,6 @@ def reproduce(
 
     Returns the markdown report (also written to ``out/report.md``).
     """
-    from ordnmf_dask.app import plots
-
     proto = protocol or Protocol()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -243,52 +241,60 @@ def reproduce(
         "ordinal classes; dcPF: the class's count range).",
     ]
     for ds in datasets:
-        ddir = out / ds.name
-        ddir.mkdir(exist_ok=True)
-        store = ingest(
-            ds.path,
-            ddir / "store.zarr",
-            min_count=proto.min_count,
-            seed=proto.split_seed,
-            overwrite=True,
-            **ds.ingest_options,
-        )
-        # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
-        at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
-        with choose_client(client, store, at_once, n_workers=n_workers, jobs=proto.n_jobs) as cl:
-            jobs = [
-                (label, kind, model, extra, k, seed)
-                for label, kind, model, extra in model_specs(ds)
-                for k in proto.k_grid
-                for seed in proto.seeds
-            ]
-            with ThreadPoolExecutor(proto.n_jobs) as pool:
-                futures = [
-                    pool.submit(_one_run, cl, store, *job, proto=proto, out=ddir) for job in jobs
-                ]
-                rows = [f.result() for f in futures]
-            _write_runs(ddir / "runs.csv", rows)
-            table, chosen = _summary_table(ds, rows)
-            figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
-            report += [
-                "",
-                f"## {ds.name}",
-                "",
-                f"{store.n_users} users x {store.n_items} items, {store.nnz_train} train / "
-                f"{store.nnz_test} test nonzeros, {ds.notes}.",
-                "",
-                table,
-                "",
-                "PPC (training class counts vs simulated from the first seed's model, "
-                "classes 1..V):",
-                "",
-                figures["ppc_table"],
-                "",
-                "Figures: " + ", ".join(f"`{p}`" for p in figures["files"]),
-            ]
+        report += _one_dataset(ds, out / ds.name, client, proto, n_workers)
     text = "\n".join(report) + "\n"
     _write_text(out / "report.md", text)
     return text
+
+
+def _one_dataset(
+    ds: Dataset, ddir: Path, client: Client | None, proto: Protocol, n_workers: int | None
+) -> list[str]:
+    """Ingest ``ds`` into ``ddir``, fit every model, K and seed of the protocol, write the runs
+    and figures there, and return the dataset's section of the report."""
+    from ordnmf_dask.app import plots
+
+    ddir.mkdir(exist_ok=True)
+    store = ingest(
+        ds.path,
+        ddir / "store.zarr",
+        min_count=proto.min_count,
+        seed=proto.split_seed,
+        overwrite=True,
+        **ds.ingest_options,
+    )
+    # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
+    at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
+    with choose_client(client, store, at_once, n_workers=n_workers, jobs=proto.n_jobs) as cl:
+        jobs = [
+            (label, kind, model, extra, k, seed)
+            for label, kind, model, extra in model_specs(ds)
+            for k in proto.k_grid
+            for seed in proto.seeds
+        ]
+        with ThreadPoolExecutor(proto.n_jobs) as pool:
+            futures = [
+                pool.submit(_one_run, cl, store, *job, proto=proto, out=ddir) for job in jobs
+            ]
+            rows = [f.result() for f in futures]
+        _write_runs(ddir / "runs.csv", rows)
+        table, chosen = _summary_table(ds, rows)
+        figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
+    return [
+        "",
+        f"## {ds.name}",
+        "",
+        f"{store.n_users} users x {store.n_items} items, {store.nnz_train} train / "
+        f"{store.nnz_test} test nonzeros, {ds.notes}.",
+        "",
+        table,
+        "",
+        "PPC (training class counts vs simulated from the first seed's model, classes 1..V):",
+        "",
+        figures["ppc_table"],
+        "",
+        "Figures: " + ", ".join(f"`{p}`" for p in figures["files"]),
+    ]
 
 
 def _write_runs(path: Path, rows: list[dict[str, Any]]) -> None:
