@@ -79,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = _Parser(add_help=False)  # the logging flags given after the command, or before it:
-    for logging in LOGGING:  # a SUPPRESS default there, so that the subcommand does not reset
-        logging.add(p)  # them
-        Flag(logging.names, {**logging.kw, "default": argparse.SUPPRESS}).add(common)
+    for log_flag in LOGGING:  # a SUPPRESS default there, so that the subcommand does not reset
+        log_flag.add(p)  # them
+        Flag(log_flag.names, {**log_flag.kw, "default": argparse.SUPPRESS}).add(common)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
         parser = sub.add_parser(
