@@ -184,9 +184,9 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
 
 def synthetic(args: argparse.Namespace, client: Any) -> None:
     from ordnmf_dask import OrdNMF
+    from ordnmf_dask.datasets.synth import SynthParams, synth, true_factors
     from ordnmf_dask.model.updates import FactorChunk
     from ordnmf_dask.postfit.evaluate import evaluate, score_split
-    from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 
     u, i, nnz, k = args.synth_shape
     store = synth(

@@ -4,7 +4,7 @@ Usage: ``python bench/end_to_end.py [--users 1000000 --items 200000 --nnz 1e9 --
 --iters 20 --workers 2 --memory-limit 2GB --work /tmp/ordnmf-bench --eval-k 100
 --eval-user-fraction 0.02] [--no-evaluate]``.
 
-1. ``ordnmf_dask.sources.synth`` writes the store (``--nnz`` train nonzeros; reused from ``--work``
+1. ``ordnmf_dask.datasets.synth`` writes the store (``--nnz`` train nonzeros; reused from ``--work``
    when it is already there, and then its creation time is not part of this run);
 2. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes capped at
    ``--memory-limit`` each, block caching decided by the estimator (``auto``: streamed from

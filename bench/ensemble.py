@@ -4,7 +4,7 @@ One ensemble of ``--members`` members is fitted per store and K (``--k``); its f
 (seeds seed .. seed + M - 1, the columns of the ensemble's factors) are scored for every M of
 ``--report`` (M = 1 is the single fit of the paper, bitwise), since a member is the fit of its
 seed whatever the ensemble around it (tests/test_ensemble.py). Stores drawn from the model
-(``--stores``: U x I x density x K_true, ``sources.synth``, shape 0.3, V = 10, 20% test) are
+(``--stores``: U x I x density x K_true, ``datasets.synth``, shape 0.3, V = 10, 20% test) are
 scored as a share of the generating factors' NDCG@100 at s = 1 / 5 / 10; ml-latest-small
 (``--real``: README's split, half stars, min_count 20, seed 0) as is at s = 1 / 6 / 10, and
 Last.fm (``--lastfm``: the paper's count classes, min_count 20, 20% test, 10% validation,
@@ -29,7 +29,7 @@ import numpy as np
 from quality import item_counts, scored
 
 from ordnmf_dask import OrdNMF, ingest
-from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
+from ordnmf_dask.datasets.synth import SynthParams, synth, true_factors
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_ids
 
 

@@ -4,7 +4,7 @@ Usage: ``python bench/iteration.py [--users 20000 --items 12000 --nnz 2.5e6 --k 
 --iters 6 --workers 2 --nnz-per-block 2097152 --paper-iters 2 --authors-code PATH
 --authors-iters 3]``.
 
-On one synthetic store (``ordnmf_dask.sources.synth``; ``--nnz`` train nonzeros, kept in
+On one synthetic store (``ordnmf_dask.datasets.synth``; ``--nnz`` train nonzeros, kept in
 ``--work``), in one run:
 
 1. ``OrdNMF(K).fit`` on a LocalCluster of ``--workers`` single-thread worker processes, cached
@@ -65,7 +65,7 @@ def store_name(args: argparse.Namespace) -> str:
 
 def ensure_store(args: argparse.Namespace) -> str:
     """The synthetic store for these sizes (made once, then reused from ``--work``)."""
-    from ordnmf_dask.sources.synth import synth
+    from ordnmf_dask.datasets.synth import synth
 
     path = os.path.join(args.work, store_name(args))
     if not os.path.exists(path):

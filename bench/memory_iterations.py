@@ -1,6 +1,6 @@
 """Worker memory over a long fit: does peak RSS grow with the number of iterations?
 
-Writes a synthetic store (``ordnmf_dask.sources.synth``), fits it on a LocalCluster of 2
+Writes a synthetic store (``ordnmf_dask.datasets.synth``), fits it on a LocalCluster of 2
 single-threaded worker processes and samples every worker's RSS after each iteration (through the
 fit callback). Prints RSS at a few iterations, the peak per window of iterations and the
 scheduler's task count (bounded by the checkpoints' lineage cuts).
@@ -17,8 +17,8 @@ import tempfile
 import psutil
 
 from ordnmf_dask import OrdNMF
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.runtime.cluster import resolve_client
-from ordnmf_dask.sources.synth import synth
 
 
 def _rss(dask_worker=None) -> int:  # runs on each worker

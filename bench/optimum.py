@@ -2,7 +2,7 @@
 smaller ensembles, another K, fewer iterations), their mixture, and a single fit started from an
 ensemble's consensus.
 
-One store per run: drawn from the model (``--store U x I x density x K_true``, ``sources.synth``,
+One store per run: drawn from the model (``--store U x I x density x K_true``, ``datasets.synth``,
 shape 0.3, V = 10, 20% test, store seed ``--store-seed``; scored as a share of the generating
 factors' NDCG@100 at s = 1 / 5 / 10, with item popularity as the floor), ml-latest-small
 (``--real ml``: README's split, half stars, min_count 20, seed 0; NDCG@100 at s = 1 / 6 / 10) or
@@ -53,8 +53,8 @@ from scipy.optimize import linear_sum_assignment
 from select_k import triples, with_validation
 
 from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.datasets.synth import SynthParams, synth, true_factors
 from ordnmf_dask.sources.ingest import ingest_arrays
-from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_ids
 
 

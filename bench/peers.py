@@ -47,9 +47,9 @@ from scipy.special import gammaln
 from threadpoolctl import threadpool_limits
 
 from ordnmf_dask import OrdNMF, evaluate, ingest
+from ordnmf_dask.datasets.synth import SynthParams, synth, true_factors
 from ordnmf_dask.postfit.evaluate import score_split
 from ordnmf_dask.runtime.inprocess import InProcessClient
-from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_ids
 from ordnmf_dask.store.csr import load_block
 

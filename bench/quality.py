@@ -1,6 +1,6 @@
 """Quality of the optimum: the default fit against the paper's path on stores drawn from the model.
 
-For each synthetic store (``--stores``: U x I x density x K_true, drawn by ``sources.synth`` with
+For each synthetic store (``--stores``: U x I x density x K_true, drawn by ``datasets.synth`` with
 shape 0.3 and V = 10, 20% test), every configuration (``--configs``) is fitted at ``--k``
 components (K unknown to the fit) and printed side by side: its final ELBO, the ELBO gap to a fit
 at the same K started from the generating factors (relative; the components beyond K_true start
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask import OrdNMF, evaluate, ingest
+from ordnmf_dask.datasets.synth import SynthParams, synth, true_factors
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.postfit.evaluate import score_split
 from ordnmf_dask.runtime.inprocess import InProcessClient
-from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 from ordnmf_dask.store.blocks import StoreInfo, open_store
 from ordnmf_dask.store.csr import load_block
 

@@ -1,6 +1,6 @@
 """K chosen by validation against the default fixed K, side by side, with popularity as a floor.
 
-On stores drawn from the model (``--stores``: U x I x density x K_true, ``sources.synth``, shape
+On stores drawn from the model (``--stores``: U x I x density x K_true, ``datasets.synth``, shape
 0.3, V = 10, 20% test; their training pairs re-ingested with a validation subset of
 ``--validation-fraction``, the test pairs kept as given) and on ml-latest-small (``--real``: half
 stars, min_count 20, seed 0, the same validation fraction), every store is fitted twice from
@@ -25,9 +25,9 @@ import numpy as np
 from quality import figures, item_counts, scored
 
 from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.datasets.synth import SynthParams, synth, true_factors
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.sources.ingest import ingest_arrays
-from ordnmf_dask.sources.synth import SynthParams, synth, true_factors
 from ordnmf_dask.store.blocks import StoreInfo, open_store, read_ids
 from ordnmf_dask.store.csr import load_block
 

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask import OrdNMF, evaluate, ingest
-from ordnmf_dask.sources.synth import synth
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.store.blocks import StoreInfo
 
 

@@ -36,8 +36,8 @@ import numpy as np
 from distributed import Client, LocalCluster
 
 from ordnmf_dask import evaluate, ingest_arrays
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.estimator import ESTIMATORS
-from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store.blocks import StoreInfo, read_block, read_ids
 
 ML = Path(__file__).resolve().parents[2] / "shared" / "data" / "ml-latest-small" / "ratings.csv"

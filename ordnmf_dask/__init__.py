@@ -1,9 +1,10 @@
 """Ordinal NMF (Gouvert, Oberlin & Fevotte, ICML 2020) with exact CAVI on Dask and zarr.
 
-The package follows the data flow: ``sources`` (text, Parquet, arrays, synthetic data) ->
-``store`` (the zarr block store) -> ``engine`` (the CAVI fit; numerics in ``model``, Dask
-helpers in ``dist``) -> ``modelstore`` (the saved model) -> ``postfit`` (evaluate, recommend,
-fold-in, posterior predictive checks); ``app`` holds the command line and job files.
+The package follows the data flow: ``sources`` (text, Parquet, arrays) and ``datasets`` (public
+data sets, synthetic stores) -> ``store`` (the zarr block store) -> ``engine`` (the CAVI fit;
+numerics in ``model``, Dask helpers in ``runtime``) -> ``modelstore`` (the saved model) ->
+``postfit`` (evaluate, recommend, fold-in, posterior predictive checks); ``app`` holds the
+command line and job files.
 
 The public names are imported on first use (``ordnmf_dask._lazy``), so that importing the
 package, and ``ordnmf-dask --help``, does not load dask, distributed, scipy, numba or zarr.

@@ -177,29 +177,12 @@ def plan_fit(
     cfg, values = resolve_params(model, params)
     settled, ckpt, work_dir = values.model, values.checkpoint.dir, values.engine.work_dir
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
-    candidates = settled.select_components
-    for k in candidates or [cfg.n_components]:
-        check_rank(k, info)
-    if candidates:
-        check_selection(info, candidates)
-        if init is not None or init_model is not None or resume:
-            raise InputError(
-                "select_components chooses K by fits from random draws: no init=, "
-                "init_model= or resume= with it"
-            )
+    _check_ranks(info, cfg.n_components, settled.select_components, init, init_model, resume)
     fam = family(model, settled, info)
     init_arrays = _read_init(init, info, cfg.n_components)
     n_init, n_members = settled.n_init, settled.n_members
-    source: warmstart.Source | None = None
-    sources: tuple[warmstart.Source, ...] = ()
-    if init_model is not None:
-        if init is not None:
-            raise InputError("init and init_model are two warm starts: give one of them")
-        sources = tuple(  # each member continues the model's member of its rank
-            warmstart.open_source(init_model, model, fam, cfg.n_components, info, n_members, j)
-            for j in range(n_members)
-        )
-        source = sources[0]
+    sources = _warm_sources(init, init_model, model, fam, cfg.n_components, info, n_members)
+    source = sources[0] if sources else None
     _check_starts(settled, init_arrays is not None, source is not None, resume, restart, ckpt)
     scorer = _validation(info, fam, values.validation)
     check_apart({"out": out, "checkpoint_dir": ckpt})
@@ -234,6 +217,48 @@ def plan_fit(
         restart,
         prints,
         sources=sources if n_members > 1 else (),
+    )
+
+
+def _check_ranks(
+    info: StoreInfo,
+    k: int,
+    candidates: Sequence[int] | None,
+    init: InitArg,
+    init_model: Any,
+    resume: bool,
+) -> None:
+    """K, or each candidate of ``select_components``, fits the store; a selection has a
+    validation subset and no warm start or resume (its fits start from random draws)."""
+    for rank in candidates or [k]:
+        check_rank(rank, info)
+    if candidates:
+        check_selection(info, candidates)
+        if init is not None or init_model is not None or resume:
+            raise InputError(
+                "select_components chooses K by fits from random draws: no init=, "
+                "init_model= or resume= with it"
+            )
+
+
+def _warm_sources(
+    init: InitArg,
+    init_model: Any,
+    model: str,
+    fam: Family,
+    k: int,
+    info: StoreInfo,
+    n_members: int,
+) -> tuple[warmstart.Source, ...]:
+    """The warm start of each member from ``init_model`` (none without it): each member
+    continues the model's member of its rank."""
+    if init_model is None:
+        return ()
+    if init is not None:
+        raise InputError("init and init_model are two warm starts: give one of them")
+    return tuple(
+        warmstart.open_source(init_model, model, fam, k, info, n_members, j)
+        for j in range(n_members)
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import textwrap
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -173,6 +174,19 @@ class Options(Rule):
 
 
 @dataclass(frozen=True)
+class Text(Rule):
+    """Any string."""
+
+    kind: ClassVar[str] = "str"
+
+    def ok(self, value: Any) -> bool:
+        return isinstance(value, str)
+
+    def __str__(self) -> str:
+        return "a string"
+
+
+@dataclass(frozen=True)
 class Boolean(Rule):
     """True or False."""
 
@@ -280,9 +294,12 @@ class Param:
         return (self.flag,) if self.flags is None else self.flags
 
 
-def _rows() -> Iterator[Param]:
-    model, engine, checkpoint, validation = SECTIONS
-    at_least_1, at_least_0, positive = Integer(1), Integer(0), Real()
+_AT_LEAST_1, _AT_LEAST_0, _POSITIVE = Integer(1), Integer(0), Real()
+
+
+def _model_rows() -> Iterator[Param]:
+    """``[model]``: what the fit computes, and how long it may run."""
+    model, at_least_1, at_least_0, positive = "model", _AT_LEAST_1, _AT_LEAST_0, _POSITIVE
     yield Param("n_components", at_least_1, 50, "K, the number of latent factors", model, True)
     yield Param(
         "select_components",
@@ -375,6 +392,12 @@ def _rows() -> Iterator[Param]:
         model,
         True,
     )
+
+
+def _family_rows() -> Iterator[Param]:
+    """``[model]``, the parameters of some families alone (:data:`ORDINAL`, :data:`BINARY`,
+    :data:`COUNTS`)."""
+    model, at_least_1, positive = "model", _AT_LEAST_1, _POSITIVE
     doc = "q(n) = delta_1 instead of the zero-truncated Poisson"
     yield Param("approx", Boolean(), False, doc, model, True, ORDINAL)
     doc = "binarize: classes >= threshold become 1"
@@ -386,6 +409,11 @@ def _rows() -> Iterator[Param]:
     yield Param("t", positive, 1.0, "fixed scale of the Poisson rate", model, True, COUNTS)
     doc = "learn p (ignored at the limits 0 and 1)"
     yield Param("update_p", Boolean(), True, doc, model, True, COUNTS)
+
+
+def _engine_rows() -> Iterator[Param]:
+    """``[engine]``: where and how the fit runs."""
+    engine = "engine"
     yield Param(
         "cache_blocks",
         AutoBoolean(),
@@ -407,6 +435,11 @@ def _rows() -> Iterator[Param]:
     )
     doc = "scratch directory visible to all workers (default: a temporary directory)"
     yield Param("work_dir", Path(), None, doc, engine, False, optional=True)
+
+
+def _checkpoint_rows() -> Iterator[Param]:
+    """``[checkpoint]``: where and when the fit checkpoints."""
+    checkpoint, at_least_0, positive = "checkpoint", _AT_LEAST_0, _POSITIVE
     doc = "where checkpoints go, visible to all workers (default: inside work_dir)"
     yield Param("checkpoint_dir", Path(), None, doc, checkpoint, False, optional=True)
     yield Param(
@@ -427,6 +460,11 @@ def _rows() -> Iterator[Param]:
         False,
         optional=True,
     )
+
+
+def _validation_rows() -> Iterator[Param]:
+    """``[validation]``: how the fit scores the validation subset and stops early."""
+    validation, at_least_1, at_least_0 = "validation", _AT_LEAST_1, _AT_LEAST_0
     yield Param(
         "validation_every",
         at_least_0,
@@ -469,6 +507,12 @@ def _rows() -> Iterator[Param]:
     yield Param("validation_s", at_least_1, 1, doc, validation, False)
 
 
+def _rows() -> Iterator[Param]:
+    """Every estimator parameter, section by section (:data:`SECTIONS`)."""
+    for section in (_model_rows, _family_rows, _engine_rows, _checkpoint_rows, _validation_rows):
+        yield from section()
+
+
 PARAMS: dict[str, Param] = {p.name: p for p in _rows()}
 
 
@@ -507,7 +551,7 @@ DEFAULT_NNZ_PER_BLOCK = 2**21  # a store's training nonzeros per block, by defau
 
 
 def _synth_rows() -> Iterator[Param]:
-    """The arguments of ``synth`` (:func:`ordnmf_dask.sources.synth.synth`, the command
+    """The arguments of ``synth`` (:func:`ordnmf_dask.datasets.synth.synth`, the command
     ``ordnmf-dask synth``): the CLI's flags, the API's checks and the docs read them."""
     s, positive = "synth", Real()
     doc = "U, the number of users"
@@ -708,6 +752,51 @@ def _serving_rows(command: str) -> Iterator[Param]:
         yield Param("posterior", Options(("mean", "gamma")), "mean", doc, command, False)
 
 
+def _info_rows() -> Iterator[Param]:
+    """The switches of ``info`` (the command ``ordnmf-dask info``) but its store or model."""
+    doc = "print the summary as JSON"
+    yield Param("json", Boolean(), False, doc, "info", False)
+    doc = "also check every chunk file's checksum (reads the whole store)"
+    yield Param("verify", Boolean(), False, doc, "info", False)
+
+
+def _fit_rows() -> Iterator[Param]:
+    """The switches of a fit (``CaviEstimator.fit``, the command ``ordnmf-dask fit``) but its
+    store, output, warm starts and the estimator parameters (:data:`PARAMS`); None: not given,
+    so that the command's --config file decides."""
+    f = "fit"
+    doc = (
+        "require resuming: fail unless the checkpoint directory holds a usable checkpoint of "
+        "this fit (without it, a fit resumes from the newest valid checkpoint of the same "
+        "model, settings and store when there is one, and starts afresh otherwise)"
+    )
+    yield Param("resume", Boolean(), False, doc, f, False)
+    doc = (
+        "first remove the checkpoints ordnmf-dask wrote in the checkpoint directory (of any "
+        "fit; they are logged) and start afresh (without it, a directory holding another "
+        "fit's checkpoints is refused, and nothing is removed)"
+    )
+    yield Param("restart", Boolean(), False, doc, f, False)
+    doc = "replace the output (--out) if it is a model (nothing else, never the store, is replaced)"
+    yield Param("overwrite", Boolean(), None, doc, f, False, optional=True)
+
+
+def _reproduce_rows() -> Iterator[Param]:
+    """The settings of ``reproduce`` (the command ``ordnmf-dask reproduce``,
+    ``app.reproduce.Protocol``) but its output, data and cluster."""
+    r = "reproduce"
+    doc = "comma-separated subset of the shared datasets"
+    yield Param("datasets", Text(), "movielens,tasteprofile,lastfm", doc, r, False)
+    doc = "K values"
+    yield Param("k_grid", Ranks(), (25, 50), doc, r, False, metavar="K1,K2,...")
+    doc = "seeds of the fits of each model and K"
+    yield Param("seeds", Levels(), (0, 1, 2, 3, 4), doc, r, False, metavar="SEED1,SEED2,...")
+    doc = "at most this many iterations of each fit"
+    yield Param("max_iter", Integer(1), 1000, doc, r, False)
+    doc = "fits run concurrently"
+    yield Param("n_jobs", Integer(1), 3, doc, r, False, flags=("--jobs",))
+
+
 SERVING = ("recommend", "similar-items", "similar-users", "fold-in", "score", "export", "predict")
 
 #: command -> its arguments' rows, for the commands whose arguments have a table
@@ -716,6 +805,9 @@ COMMAND_PARAMS: dict[str, dict[str, Param]] = {
     "synth": {p.name: p for p in _synth_rows()},
     "evaluate": {p.name: p for p in _evaluate_rows()},
     "tune": {p.name: p for p in _tune_rows()},
+    "info": {p.name: p for p in _info_rows()},
+    "fit": {p.name: p for p in _fit_rows()},
+    "reproduce": {p.name: p for p in _reproduce_rows()},
     **{c: {p.name: p for p in _serving_rows(c)} for c in SERVING},
 }
 
@@ -736,28 +828,35 @@ class _Defaults(Mapping[str, Any]):
 DEFAULTS: Mapping[str, Any] = _Defaults()
 
 
-def parameters_doc(rows: Iterable[Param]) -> str:
+def parameters_doc(rows: Iterable[Param], indent: str = "    ") -> str:
     """The lines of a numpydoc Parameters section for ``rows``: name, doc and default (none
-    for a :data:`REQUIRED` row or a None default), indented as a function's docstring."""
+    for a :data:`REQUIRED` row or a None default), at ``indent`` (a function's docstring)."""
     lines = []
     for row in rows:
         shown = row.default is None or row.default is REQUIRED
         default = "" if shown else f" (default {row.default!r})"
         text = f"{row.name} : {row.doc}{default}."
-        lines.append(textwrap.fill(text, 96, initial_indent="    ", subsequent_indent="        "))
+        more, width = indent + "    ", 92 + len(indent)  # lines of at most 96 in a function
+        lines.append(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=more))
     return "\n".join(lines) + "\n"
 
 
 def rows_doc(command: str) -> Callable[[_F], _F]:
     """A decorator: the function's docstring with the line
-    ``    <the rows of params.COMMAND_PARAMS["<command>"]>`` replaced by the Parameters of the
-    rows of ``command``'s table (:func:`parameters_doc`), as the command's --help says them."""
+    ``<the rows of params.COMMAND_PARAMS["<command>"]>`` replaced by the Parameters of the
+    rows of ``command``'s table (:func:`parameters_doc`) at its indentation, as the command's
+    --help says them."""
 
     def put(function: _F) -> _F:
         if function.__doc__ is not None:  # None under python -OO
-            line = f'    <the rows of params.COMMAND_PARAMS["{command}"]>\n'
-            rows = parameters_doc(COMMAND_PARAMS[command].values())
-            function.__doc__ = function.__doc__.replace(line, rows)
+            line = re.escape(f'<the rows of params.COMMAND_PARAMS["{command}"]>')
+            rows = COMMAND_PARAMS[command].values()
+            function.__doc__ = re.sub(
+                f"^( *){line}\n",
+                lambda found: parameters_doc(rows, found[1]),
+                function.__doc__,
+                flags=re.MULTILINE,
+            )
         return function
 
     return put

@@ -10,9 +10,9 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF, ingest_arrays
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.model import anneal
 from ordnmf_dask.modelstore.model import open_model
-from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store.blocks import open_store
 
 K = 3

@@ -10,10 +10,10 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import InputError
+from ordnmf_dask.datasets.synth import plan_synth, write_synth
 from ordnmf_dask.estimator import DcPF, OrdNMF
 from ordnmf_dask.fitting import fit, plan_fit, resolve_params, run_fit
 from ordnmf_dask.params import DEFAULTS
-from ordnmf_dask.sources.synth import plan_synth, write_synth
 
 SETTINGS = {
     "n_components": 2,

@@ -11,11 +11,11 @@ import ordnmf_dask
 # higher imports lower, never the other way round
 LAYERS = [
     "errors",
-    "datasets",
     "params",
     "model",
     "runtime",
     "store",
+    "datasets",
     "sources",
     "modelstore",
     "engine",

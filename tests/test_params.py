@@ -330,13 +330,13 @@ def test_the_fingerprint_covers_exactly_the_model_parameters(name):
 def _command_functions(command: str) -> tuple[list[Any], set[str]]:
     """The API functions that take the arguments of ``command``'s table, and the rows that the
     command line alone takes (how it prints its table, what it prints)."""
+    from ordnmf_dask.datasets.synth import plan_synth, synth
     from ordnmf_dask.postfit.evaluate import evaluate
     from ordnmf_dask.postfit.export import export
     from ordnmf_dask.postfit.pairs import predict_pairs
     from ordnmf_dask.postfit.recommend import recommend
     from ordnmf_dask.sources.ingest import ingest
     from ordnmf_dask.sources.options import plan_ingest
-    from ordnmf_dask.sources.synth import plan_synth, synth
     from ordnmf_dask.tuning.search import tune
 
     cli = {"format", "factors"}
@@ -395,13 +395,20 @@ def test_a_commands_signatures_and_flags_are_its_table(command):
             assert tuple(action.choices) == row.rule.words, name
 
 
-@pytest.mark.parametrize("command", ["ingest", "synth", "tune"])
+@pytest.mark.parametrize("command", ["ingest", "synth", "tune", "fit", "evaluate"])
 def test_a_commands_docstring_lists_its_table(command):
+    from ordnmf_dask.datasets.synth import synth
+    from ordnmf_dask.postfit.evaluate import evaluate
     from ordnmf_dask.sources.ingest import ingest
-    from ordnmf_dask.sources.synth import synth
     from ordnmf_dask.tuning.search import tune
 
-    function = {"ingest": ingest, "synth": synth, "tune": tune}[command]
+    function = {
+        "ingest": ingest,
+        "synth": synth,
+        "tune": tune,
+        "fit": CaviEstimator.fit,
+        "evaluate": evaluate,
+    }[command]
     text = " ".join((function.__doc__ or "").split())
     for name, row in params.COMMAND_PARAMS[command].items():
         assert f"{name} : {' '.join(row.doc.split())}" in text, name
@@ -439,7 +446,7 @@ def test_ingest_options_are_checked_by_their_rows_before_any_input_is_read(tmp_p
     ],
 )
 def test_synth_arguments_are_checked_by_their_rows(tmp_path, change, said):
-    from ordnmf_dask.sources.synth import plan_synth
+    from ordnmf_dask.datasets.synth import plan_synth
 
     given = {"n_users": 50, "n_items": 40, "nnz": 500, "n_components": 2, **change}
     with pytest.raises(InputError) as caught:

@@ -23,8 +23,8 @@ import pytest
 from conftest import SMALL_CSV, dense_split, store_from_dense, synthetic_ordinal
 
 from ordnmf_dask import OrdNMF, export, ingest, predict_pairs
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store import writelock
 
 

@@ -17,9 +17,9 @@ import pytest
 import zarr
 
 from ordnmf_dask.app.cli import main
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.errors import StoreError
 from ordnmf_dask.sources.ingest import ingest_arrays, ingest_distributed
-from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store.blocks import AXES, SPLITS, open_store, read_block, read_ids
 from ordnmf_dask.store.decode import ChunkFiles, chunk_path
 

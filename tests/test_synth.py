@@ -7,9 +7,8 @@ import pytest
 import zarr
 
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.errors import InputError
-from ordnmf_dask.sources import synth as synth_mod
-from ordnmf_dask.sources.synth import (
+from ordnmf_dask.datasets import synth as synth_mod
+from ordnmf_dask.datasets.synth import (
     FACTOR_ROWS,
     SynthParams,
     class_probabilities,
@@ -18,6 +17,7 @@ from ordnmf_dask.sources.synth import (
     synth,
     true_factors,
 )
+from ordnmf_dask.errors import InputError
 from ordnmf_dask.store.blocks import open_store, read_block
 
 ARRAYS = ["row_bounds", "col_bounds", "users/ids", "items/ids"] + [

@@ -21,13 +21,13 @@ from conftest import CLI
 from test_ooc_ingest import assert_same_store
 
 from ordnmf_dask import OrdNMF, ingest
+from ordnmf_dask.datasets.synth import synth
 from ordnmf_dask.errors import InputError, StoreError
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import open_model, save_model
 from ordnmf_dask.runtime.inprocess import InProcessClient
 from ordnmf_dask.runtime.runner import Runner
 from ordnmf_dask.sources.ingest import ingest_distributed
-from ordnmf_dask.sources.synth import synth
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import open_store, read_block, read_ids, verify_store
 from ordnmf_dask.store.staged import save_arrays, staging_dir, temporary_store

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ordnmf_dask import DcPF, OrdNMF, evaluate
-from ordnmf_dask.sources.synth import synth
+from ordnmf_dask.datasets.synth import synth
 
 
 def main(work: Path) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ordnmf_dask.app.exits import EXIT_OK
-from ordnmf_dask.app.parser import SEARCH_FLAGS
+from ordnmf_dask.app.parser import CLUSTER_DESTS, SEARCH_FLAGS
 from ordnmf_dask.engine.stops import stop_words
 from ordnmf_dask.errors import InputError, UsageError
 from ordnmf_dask.params import COMMAND_PARAMS, MODELS
@@ -78,19 +78,6 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_CLUSTER_FLAGS = (
-    "config",
-    "scheduler",
-    "scheduler_file",
-    "workers",
-    "threads_per_worker",
-    "memory_limit",
-    "tls_ca_file",
-    "tls_cert",
-    "tls_key",
-)
-
-
 @contextlib.contextmanager
 def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
     """A client from the cluster flags (or --config); always a client, never None.
@@ -116,7 +103,7 @@ def _cluster_client(args: argparse.Namespace) -> Iterator[Any]:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from ordnmf_dask.sources.synth import plan_synth, write_synth
+    from ordnmf_dask.datasets.synth import plan_synth, write_synth
 
     given = {name: getattr(args, name) for name, p in COMMAND_PARAMS["synth"].items() if p.options}
     plan = plan_synth(args.out, **{**given, "nnz": int(args.nnz)})  # before any cluster
@@ -318,7 +305,7 @@ def _cluster_of(args: argparse.Namespace) -> Any:
     --out is not a model (a directory of recommendations, an export, predictions)."""
     from ordnmf_dask.app.config import flag_overrides, resolve
 
-    flags = {k: getattr(args, k, None) for k in _CLUSTER_FLAGS}
+    flags = {k: getattr(args, k, None) for k in CLUSTER_DESTS}
     return resolve(args.config, flag_overrides(flags)).cluster
 
 
@@ -582,11 +569,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             open_input_file(known[name].path, f"dataset {name}").close()
         except InputError as exc:
             raise InputError(f"{exc} (--data {data})") from None
-    if args.jobs < 1 or not args.k_grid or not args.seeds:
+    if args.n_jobs < 1 or not args.k_grid or not args.seeds:
         raise UsageError("--jobs must be >= 1 and --k-grid / --seeds non-empty")
     cluster = _cluster_of(args)
     proto = Protocol(
-        k_grid=tuple(args.k_grid), seeds=tuple(args.seeds), max_iter=args.max_iter, n_jobs=args.jobs
+        k_grid=tuple(args.k_grid),
+        seeds=tuple(args.seeds),
+        max_iter=args.max_iter,
+        n_jobs=args.n_jobs,
     )
     with _client(cluster) as client:
         text = reproduce(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ordnmf_dask import __version__
@@ -43,12 +44,6 @@ def _name_list(text: str) -> list[str]:
     return _parts(text)
 
 
-_FROM_HELP = (
-    "a text file of raw {noun} ids, one per line ('-': standard input): the whole batch in one "
-    "process and one table"
-)
-
-
 def _columns(text: str) -> list[int | str]:
     """user,item,value columns: 0-based positions (digits) or names."""
     return [int(n) if n.isascii() and n.isdigit() else n for n in _parts(text)]
@@ -73,12 +68,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-_Add = Callable[..., argparse.ArgumentParser]  # a subcommand's parser, made by build_parser
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line: the options every command takes, then one subcommand per entry of
-    :data:`_COMMANDS`, each of which adds its parser and its flags."""
+    :data:`COMMANDS`, whose parts add their flags."""
     p = _Parser(
         prog="ordnmf-dask",
         description="Ordinal NMF (IG-OrdNMF) with exact CAVI on Dask, out of core on zarr.",
@@ -86,329 +78,216 @@ def build_parser() -> argparse.ArgumentParser:
         "3 cluster failure, 4 numerical failure, 130 interrupted, 143 terminated.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _logging_args(p)
-    common = _Parser(add_help=False)
-    _logging_args(common, default=argparse.SUPPRESS)  # given after the command, or before it
+    common = _Parser(add_help=False)  # the logging flags given after the command, or before it:
+    for log_flag in LOGGING:  # a SUPPRESS default there, so that the subcommand does not reset
+        log_flag.add(p)  # them
+        Flag(log_flag.names, {**log_flag.kw, "default": argparse.SUPPRESS}).add(common)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kw)
-
-    for command in _COMMANDS:
-        command(add)
+    for name, command in COMMANDS.items():
+        parser = sub.add_parser(
+            name, parents=[common], help=command.help, description=command.description
+        )
+        for part in command.parts:
+            part.add(parser)
     return p
 
 
-def _ingest(add: _Add) -> None:
-    """The subcommand ingest: text or Parquet files -> a block store."""
-    ing = add("ingest", help="text or Parquet files of (user, item, value) -> zarr block store")
-    ing.add_argument(
-        "inputs",
-        nargs="+",
-        help="CSV / TSV / .dat / .parquet files (.gz, .bz2, .zst by suffix), "
-        "directories of Parquet files, globs, or s3:// gs:// http(s):// URLs "
-        "(concatenated)",
+# -- the parts of a command: flags of no table, groups, rows of a table -------------------------
+@dataclass(frozen=True)
+class Flag:
+    """One argument that no table of :mod:`ordnmf_dask.params` holds (a file, a cluster
+    setting): its names and its ``add_argument`` keywords, declared once."""
+
+    names: tuple[str, ...]
+    kw: Mapping[str, Any]
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed arguments that holds its value."""
+        if "dest" in self.kw:
+            return str(self.kw["dest"])
+        long = [n for n in self.names if n.startswith("--")]
+        return (long or list(self.names))[0].lstrip("-").replace("-", "_")
+
+    def add(self, p: argparse._ActionsContainer) -> None:
+        p.add_argument(*self.names, **self.kw)
+
+
+def flag(*names: str, **kw: Any) -> Flag:
+    """The :class:`Flag` of ``names``, ``kw`` as ``add_argument`` takes them."""
+    return Flag(names, kw)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Mutually exclusive parts, one of which must be given when ``required``."""
+
+    parts: tuple[Part, ...]
+    required: bool = False
+
+    def add(self, p: argparse._ActionsContainer) -> None:
+        group = p.add_mutually_exclusive_group(required=self.required)
+        for part in self.parts:
+            part.add(group)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The flags of the rows of ``command``'s table (:data:`~ordnmf_dask.params.COMMAND_PARAMS`)
+    named ``only`` (default all) but those of ``skip``."""
+
+    command: str
+    only: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+
+    def add(self, p: argparse._ActionsContainer) -> None:
+        table = COMMAND_PARAMS[self.command]
+        names = [n for n in (table if self.only is None else self.only) if n not in self.skip]
+        _command_args(p, table, names)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One flag per estimator parameter (:data:`~ordnmf_dask.params.PARAMS`) but ``skip``."""
+
+    skip: tuple[str, ...] = ()
+
+    def add(self, p: argparse._ActionsContainer) -> None:
+        _param_args(p, self.skip)
+
+
+Part = Flag | Group | Rows | Estimator
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: its one-line help, the description of its --help, and its parts in the
+    order --help lists them."""
+
+    help: str
+    parts: tuple[Part, ...]
+    description: str | None = None
+
+
+def _files(columns: str, when: str = "") -> tuple[Part, ...]:
+    """``--columns`` (``columns``: its help), ``--delimiter`` and ``--header`` /
+    ``--no-header`` of the commands that read files of rows (``when``: the flag they apply
+    with)."""
+    default = None if columns.startswith("user,item,value") else [0, 1]
+    return (
+        flag("--columns", type=_columns, default=default, help=columns),
+        flag("--delimiter", help=f"{when}field delimiter (default: detected)"),
+        Group(
+            (
+                flag("--header", dest="header", action="store_true", default=None),
+                flag("--no-header", dest="header", action="store_false"),
+            )
+        ),
     )
-    ing.add_argument("--out", required=True, help="store directory to create")
-    rows = COMMAND_PARAMS["ingest"]
-    split = ing.add_mutually_exclusive_group()
-    split.add_argument("--test", nargs="+", help="test file(s) instead of a random split")
-    _command_args(split, rows, ("test_fraction",))
-    _command_args(ing, rows, [name for name in rows if name != "test_fraction"])
-    _parsing_args(ing, _TRIPLES)
-    ing.add_argument(
-        "--distributed",
+
+
+#: --columns of the files of (user, item, value) rows
+_TRIPLES = _files(
+    "user,item,value columns: 0-based positions or names (default: the names of a header "
+    "line or a Parquet schema where they tell all three, else 0,1,2)"
+)
+
+LOGGING = (
+    flag("--debug", action="store_true", help="show tracebacks and debug logs"),
+    flag(
+        "-q",
+        "--quiet",
         action="store_true",
-        help="out-of-core ingest on a cluster (bounded memory per task)",
-    )
-    _cluster_args(ing)
+        help="only warnings and errors on stderr (--log-file still gets INFO)",
+    ),
+    flag("--log-file", help="also write logs to this file"),
+)  # --debug, -q and --log-file, before the command or after it
 
-
-def _synth(add: _Add) -> None:
-    """The subcommand synth: a synthetic store."""
-    syn = add("synth", help="sample a synthetic IG-OrdNMF dataset into a store")
-    syn.add_argument("--out", required=True, help="store directory to create")
-    _command_args(syn, COMMAND_PARAMS["synth"])
-    _cluster_args(syn)
-
-
-def _info(add: _Add) -> None:
-    """The subcommand info: a store's or a model's summary."""
-    inf = add(
-        "info",
-        help="summary of a store, or of a model (its active components and thresholds as "
-        "class probabilities); exit 2 if incomplete or unreadable",
-    )
-    inf.add_argument("store", metavar="STORE_OR_MODEL")
-    inf.add_argument("--json", action="store_true", help="print the summary as JSON")
-    inf.add_argument(
-        "--verify",
-        action="store_true",
-        help="also check every chunk file's checksum (reads the whole store)",
-    )
-
-
-def _fit(add: _Add) -> None:
-    """The subcommand fit: the estimator parameters' flags, then the job's."""
-    # One flag per parameter of ordnmf_dask.params (default None = not given, so that a flag
-    # overrides the --config file only when the user gave it); the job-only flags after them.
-    fit = add("fit", help="fit IG-OrdNMF on a store (flags override --config FILE)")
-    fit.add_argument("store", nargs="?", help="store directory (or [store] path in --config)")
-    fit.add_argument("--out", help="model directory to write (or [output] model)")
-    fit.add_argument(
-        "--model",
-        dest="model_kind",
-        choices=list(MODELS),
-        help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
-    )
-    _param_args(fit)
-    fit.add_argument("--init", help=".npz with arrays W (U, K) and H (I, K): warm start")
-    fit.add_argument(
-        "--init-model",
-        metavar="MODEL",
-        help="warm start from a saved model of the same kind and K, on this store "
-        "or one that grew (users and items matched by raw id)",
-    )
-    fit.add_argument(
-        "--resume",
-        action="store_true",
-        help="require resuming: fail unless --checkpoint-dir holds a usable "
-        "checkpoint of this fit (without it, a fit resumes when it finds one "
-        "and starts afresh otherwise)",
-    )
-    fit.add_argument(
-        "--restart",
-        action="store_true",
-        help="remove the checkpoints ordnmf-dask wrote in --checkpoint-dir "
-        "(of any fit; they are logged) and start afresh",
-    )
-    fit.add_argument(
-        "--overwrite",
-        action="store_true",
-        default=None,
-        help="replace --out if it is a model (nothing else is ever replaced)",
-    )
-    _cluster_args(fit)
-
-
-def _evaluate(add: _Add) -> None:
-    """The subcommand evaluate: test metrics of a model."""
-    ev = add(
-        "evaluate",
-        help="NDCG@k, test log-likelihood, calibration and rating error of a model",
-    )
-    ev.add_argument("store")
-    ev.add_argument("model")
-    _command_args(ev, COMMAND_PARAMS["evaluate"])
-    ev.add_argument("--json", dest="json_out", metavar="FILE", help="also write results as JSON")
-    ev.add_argument(
-        "--reliability",
-        metavar="PNG",
-        help="also draw a reliability diagram per level (needs matplotlib)",
-    )
-    _other_store_arg(ev)
-    _cluster_args(ev)
-
-
-def _recommend(add: _Add) -> None:
-    """The subcommand recommend: top-N items per user."""
-    rec = add(
-        "recommend",
-        help="top-N items per user in raw ids, training items excluded",
-        description="Top-N items per user, training items excluded (the model's own index of "
-        "them; STORE only for a model saved without one).",
-    )
-    rec.add_argument(
-        "store", nargs="?", help="training store (optional: the model carries its id maps)"
-    )
-    rec.add_argument("model")
-    who = rec.add_mutually_exclusive_group(required=True)
-    who.add_argument(
-        "--out",
-        help="directory or URL for all users: an export of "
-        "recommendations (OUT/recommendations/part-<r>.parquet)",
-    )
-    who.add_argument("--users", type=_name_list, help="raw user ids joined by commas")
-    who.add_argument("--users-from", metavar="FILE", help=_FROM_HELP.format(noun="user"))
-    _command_args(rec, COMMAND_PARAMS["recommend"])
-    _other_store_arg(rec)
-    _cluster_args(rec)
-
-
-def _similar(add: _Add) -> None:
-    """The subcommand similar-items, similar-users."""
-    for axis in ("items", "users"):
-        sim = add(
-            f"similar-{axis}",
-            help=f"the {axis} most similar to given ones (cosine of their factors)",
-        )
-        sim.add_argument("model")
-        which = sim.add_mutually_exclusive_group(required=True)
-        which.add_argument(f"--{axis}", type=_name_list, help=f"raw {axis[:-1]} ids, commas")
-        which.add_argument(f"--{axis}-from", metavar="FILE", help=_FROM_HELP.format(noun=axis[:-1]))
-        _command_args(sim, COMMAND_PARAMS[f"similar-{axis}"])
-
-
-def _fold_in(add: _Add) -> None:
-    """The subcommand fold-in: new users' recommendations."""
-    fold = add(
-        "fold-in",
-        help="recommendations (or factors) for NEW users from a ratings file",
-        description="Fold in new users from their ratings (user, item, value rows; values on "
-        "the scale the store was ingested from), the model fixed; print their top-N items, "
-        "their rated items excluded, or with --factors their E[w].",
-    )
-    fold.add_argument("model")
-    fold.add_argument("ratings", help="CSV / TSV / Parquet file of the new users' ratings")
-    _parsing_args(fold, _TRIPLES)
-    _command_args(fold, COMMAND_PARAMS["fold-in"])
-
-
-def _score(add: _Add) -> None:
-    """The subcommand score: rates of given pairs."""
-    sco = add("score", help="E[w_u] . E[h_i] of given (user, item) pairs")
-    sco.add_argument("model")
-    pairs = sco.add_mutually_exclusive_group(required=True)
-    pairs.add_argument(
-        "--pairs",
+CLUSTER = (
+    flag("--config", metavar="FILE", help="job file (TOML); flags given override it"),
+    flag(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="tcp://host:port of a running scheduler (default: start a LocalCluster)",
+    ),
+    flag(
+        "--scheduler-file",
         metavar="FILE",
-        help="CSV / TSV / Parquet of user, item rows (columns 0 and 1, or --columns)",
-    )
-    pairs.add_argument(
-        "--users", type=_name_list, help="raw user ids, commas (with --items, pairwise)"
-    )
-    sco.add_argument("--items", type=_name_list, help="raw item ids, commas, one per user")
-    _parsing_args(
-        sco,
-        "with --pairs: user,item columns, positions or names (default 0,1)",
-        "with --pairs: ",
-    )
-    _command_args(sco, COMMAND_PARAMS["score"])
+        help="scheduler file written by `dask scheduler --scheduler-file`",
+    ),
+    flag("--workers", type=int, help="worker processes of the LocalCluster (default 1)"),
+    flag(
+        "--threads-per-worker",
+        type=int,
+        help="threads of each LocalCluster worker (default: the cores shared among the workers)",
+    ),
+    flag("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)"),
+    flag("--tls-ca-file", metavar="PEM", help="CA certificate: TLS to the scheduler"),
+    flag("--tls-cert", metavar="PEM", help="our certificate (signed by the CA)"),
+    flag("--tls-key", metavar="PEM", help="private key of --tls-cert"),
+)  # the --config file and the cluster, of every command that runs on one
+
+#: the destinations of :data:`CLUSTER`: what the [cluster] section is resolved from
+CLUSTER_DESTS = tuple(f.dest for f in CLUSTER)
+
+# ``--allow-other-store``: use a store other than the one the model was fitted on (by default
+# refused, ``postfit.evaluate.check_compatible``)
+_OTHER_STORE = flag(
+    "--allow-other-store",
+    action="store_true",
+    help="use STORE even if the model was fitted on another store (e.g. another "
+    "split of the same ratings: its test pairs may be the model's training pairs)",
+)
+
+_MODEL_KIND = flag(
+    "--model",
+    dest="model_kind",
+    choices=list(MODELS),
+    help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
+)
+
+_FROM_HELP = (
+    "a text file of raw {noun} ids, one per line ('-': standard input): the whole batch in one "
+    "process and one table"
+)
 
 
-def _export(add: _Add) -> None:
-    """The subcommand export: factors and top-N lists as Parquet."""
-    exp = add("export", help="factors with raw ids and top-N lists as partitioned Parquet")
-    exp.add_argument("model")
-    exp.add_argument(
-        "--out", required=True, help="directory or URL (s3://bucket/prefix, ...) of the export"
-    )
-    exp.add_argument(
-        "--what",
-        type=_name_list,
-        default=["factors", "recommendations"],
-        help="comma-separated subset of factors,recommendations (default both)",
-    )
-    _command_args(exp, COMMAND_PARAMS["export"])
-    exp.add_argument(
-        "--store",
-        help="training store for the recommendations (default: the store the model records)",
-    )
-    _other_store_arg(exp)
-    _cluster_args(exp)
+def _out(help: str, required: bool = True) -> Flag:
+    """``--out``: where the command writes (``help``)."""
+    return flag("--out", help=help, **({"required": True} if required else {}))
 
 
-def _predict(add: _Add) -> None:
-    """The subcommand predict: class probabilities of pairs."""
-    pre = add("predict", help="class probabilities of the (user, item) pairs of Parquet files")
-    pre.add_argument("store", help="the training store (its id maps and compatibility)")
-    pre.add_argument("model")
-    pre.add_argument(
-        "--pairs",
-        nargs="+",
-        required=True,
-        help="Parquet files, directories of them, globs or URLs with columns user and item",
+def _ids(axis: str, help: str) -> tuple[Flag, Flag]:
+    """``--<axis>`` (raw ids joined by commas, ``help``) and ``--<axis>-from FILE``."""
+    return (
+        flag(f"--{axis}", type=_name_list, help=help),
+        flag(f"--{axis}-from", metavar="FILE", help=_FROM_HELP.format(noun=axis[:-1])),
     )
-    pre.add_argument(
-        "--out", required=True, help="directory or URL: OUT/predictions/part-<j>.parquet"
-    )
-    _command_args(pre, COMMAND_PARAMS["predict"])
-    _other_store_arg(pre)
-    _cluster_args(pre)
 
 
-def _reproduce(add: _Add) -> None:
-    """The subcommand reproduce: the paper's comparison."""
-    rep = add("reproduce", help="the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets")
-    rep.add_argument("--out", required=True, help="directory for stores, models, tables, figures")
-    rep.add_argument(
-        "--data",
-        help="directory holding the shared datasets "
-        "(default ../shared/data from the working directory)",
+def _similar(axis: str) -> Command:
+    return Command(
+        f"the {axis} most similar to given ones (cosine of their factors)",
+        (
+            flag("model"),
+            Group(_ids(axis, f"raw {axis[:-1]} ids, commas"), required=True),
+            Rows(f"similar-{axis}"),
+        ),
     )
-    rep.add_argument(
-        "--datasets",
-        default="movielens,tasteprofile,lastfm",
-        help="comma-separated subset of movielens,tasteprofile,lastfm",
-    )
-    rep.add_argument("--k-grid", type=_int_list, default=[25, 50], help="K values (default 25,50)")
-    rep.add_argument("--seeds", type=_int_list, default=[0, 1, 2, 3, 4])
-    rep.add_argument("--max-iter", type=int, default=1000)
-    rep.add_argument("--jobs", type=int, default=3, help="fits run concurrently (default 3)")
-    _cluster_args(rep)
 
 
-def _tune(add: _Add) -> None:
-    """The subcommand tune: a search of K, alpha_W, alpha_H by successive halving."""
-    tun = add(
-        "tune",
-        help="search K, alpha_W, alpha_H by successive halving on validation "
-        "(flags and [model] of --config fix the other parameters)",
-    )
-    tun.add_argument("store", help="store directory (with a validation subset)")
-    tun.add_argument(
-        "--out",
-        required=True,
-        help="directory of the results table, trials and best model (DIR/best)",
-    )
-    tun.add_argument(
-        "--model",
-        dest="model_kind",
-        choices=list(MODELS),
-        help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
-    )
-    for name, flags in SEARCH_FLAGS.items():
-        tun.add_argument(
+def _search_flags() -> tuple[Flag, ...]:
+    """The flags of the parameters ``tune`` searches (:data:`SEARCH_FLAGS`)."""
+    return tuple(
+        flag(
             *flags,
             dest=f"space_{name}",
             metavar="V1,V2,...|LOW:HIGH",
             help=f"{PARAMS[name].doc}: values to search, or a range sampled "
             "log-uniformly (needs --n-trials)",
         )
-    _command_args(tun, COMMAND_PARAMS["tune"])
-    _param_args(
-        tun,
-        skip=(
-            *SEARCH_FLAGS,
-            "n_init",
-            "n_members",
-            "work_dir",
-            "checkpoint_dir",
-            "executor",
-            "validation_metric",
-            "validation_k",
-            "validation_s",
-        ),
-    )  # tune's own
-    _cluster_args(tun)
-
-
-#: the subcommands, in the order --help lists them: each adds its parser with ``add``
-_COMMANDS: tuple[Callable[[_Add], None], ...] = (
-    _ingest,
-    _synth,
-    _info,
-    _fit,
-    _evaluate,
-    _recommend,
-    _similar,
-    _fold_in,
-    _score,
-    _export,
-    _predict,
-    _reproduce,
-    _tune,
-)
+        for name, flags in SEARCH_FLAGS.items()
+    )
 
 
 SHORT_FLAGS = {"n_components": "-k"}
@@ -419,6 +298,227 @@ SEARCH_FLAGS = {
     "alpha_W": ("--alpha-w",),
     "alpha_H": ("--alpha-h",),
 }  # the parameters `tune` searches, and their flags
+
+#: the subcommands, in the order --help lists them
+COMMANDS: dict[str, Command] = {
+    "ingest": Command(
+        "text or Parquet files of (user, item, value) -> zarr block store",
+        (
+            flag(
+                "inputs",
+                nargs="+",
+                help="CSV / TSV / .dat / .parquet files (.gz, .bz2, .zst by suffix), "
+                "directories of Parquet files, globs, or s3:// gs:// http(s):// URLs "
+                "(concatenated)",
+            ),
+            _out("store directory to create"),
+            Group(
+                (
+                    flag("--test", nargs="+", help="test file(s) instead of a random split"),
+                    Rows("ingest", only=("test_fraction",)),
+                )
+            ),
+            Rows("ingest", skip=("test_fraction",)),
+            *_TRIPLES,
+            flag(
+                "--distributed",
+                action="store_true",
+                help="out-of-core ingest on a cluster (bounded memory per task)",
+            ),
+            *CLUSTER,
+        ),
+    ),
+    "synth": Command(
+        "sample a synthetic IG-OrdNMF dataset into a store",
+        (_out("store directory to create"), Rows("synth"), *CLUSTER),
+    ),
+    "info": Command(
+        "summary of a store, or of a model (its active components and thresholds as "
+        "class probabilities); exit 2 if incomplete or unreadable",
+        (flag("store", metavar="STORE_OR_MODEL"), Rows("info")),
+    ),
+    # One flag per parameter of ordnmf_dask.params (default None = not given, so that a flag
+    # overrides the --config file only when the user gave it); the job-only flags after them.
+    "fit": Command(
+        "fit IG-OrdNMF on a store (flags override --config FILE)",
+        (
+            flag("store", nargs="?", help="store directory (or [store] path in --config)"),
+            _out("model directory to write (or [output] model)", required=False),
+            _MODEL_KIND,
+            Estimator(),
+            flag("--init", help=".npz with arrays W (U, K) and H (I, K): warm start"),
+            flag(
+                "--init-model",
+                metavar="MODEL",
+                help="warm start from a saved model of the same kind and K, on this store "
+                "or one that grew (users and items matched by raw id)",
+            ),
+            Rows("fit"),
+            *CLUSTER,
+        ),
+    ),
+    "evaluate": Command(
+        "NDCG@k, test log-likelihood, calibration and rating error of a model",
+        (
+            flag("store"),
+            flag("model"),
+            Rows("evaluate"),
+            flag("--json", dest="json_out", metavar="FILE", help="also write results as JSON"),
+            flag(
+                "--reliability",
+                metavar="PNG",
+                help="also draw a reliability diagram per level (needs matplotlib)",
+            ),
+            _OTHER_STORE,
+            *CLUSTER,
+        ),
+    ),
+    "recommend": Command(
+        "top-N items per user in raw ids, training items excluded",
+        (
+            flag(
+                "store",
+                nargs="?",
+                help="training store (optional: the model carries its id maps)",
+            ),
+            flag("model"),
+            Group(
+                (
+                    _out(
+                        "directory or URL for all users: an export of "
+                        "recommendations (OUT/recommendations/part-<r>.parquet)",
+                        required=False,
+                    ),
+                    *_ids("users", "raw user ids joined by commas"),
+                ),
+                required=True,
+            ),
+            Rows("recommend"),
+            _OTHER_STORE,
+            *CLUSTER,
+        ),
+        description="Top-N items per user, training items excluded (the model's own index of "
+        "them; STORE only for a model saved without one).",
+    ),
+    "similar-items": _similar("items"),
+    "similar-users": _similar("users"),
+    "fold-in": Command(
+        "recommendations (or factors) for NEW users from a ratings file",
+        (
+            flag("model"),
+            flag("ratings", help="CSV / TSV / Parquet file of the new users' ratings"),
+            *_TRIPLES,
+            Rows("fold-in"),
+        ),
+        description="Fold in new users from their ratings (user, item, value rows; values on "
+        "the scale the store was ingested from), the model fixed; print their top-N items, "
+        "their rated items excluded, or with --factors their E[w].",
+    ),
+    "score": Command(
+        "E[w_u] . E[h_i] of given (user, item) pairs",
+        (
+            flag("model"),
+            Group(
+                (
+                    flag(
+                        "--pairs",
+                        metavar="FILE",
+                        help="CSV / TSV / Parquet of user, item rows (columns 0 and 1, or "
+                        "--columns)",
+                    ),
+                    flag(
+                        "--users",
+                        type=_name_list,
+                        help="raw user ids, commas (with --items, pairwise)",
+                    ),
+                ),
+                required=True,
+            ),
+            flag("--items", type=_name_list, help="raw item ids, commas, one per user"),
+            *_files(
+                "with --pairs: user,item columns, positions or names (default 0,1)",
+                "with --pairs: ",
+            ),
+            Rows("score"),
+        ),
+    ),
+    "export": Command(
+        "factors with raw ids and top-N lists as partitioned Parquet",
+        (
+            flag("model"),
+            _out("directory or URL (s3://bucket/prefix, ...) of the export"),
+            flag(
+                "--what",
+                type=_name_list,
+                default=["factors", "recommendations"],
+                help="comma-separated subset of factors,recommendations (default both)",
+            ),
+            Rows("export"),
+            flag(
+                "--store",
+                help="training store for the recommendations (default: the store the model "
+                "records)",
+            ),
+            _OTHER_STORE,
+            *CLUSTER,
+        ),
+    ),
+    "predict": Command(
+        "class probabilities of the (user, item) pairs of Parquet files",
+        (
+            flag("store", help="the training store (its id maps and compatibility)"),
+            flag("model"),
+            flag(
+                "--pairs",
+                nargs="+",
+                required=True,
+                help="Parquet files, directories of them, globs or URLs with columns user and item",
+            ),
+            _out("directory or URL: OUT/predictions/part-<j>.parquet"),
+            Rows("predict"),
+            _OTHER_STORE,
+            *CLUSTER,
+        ),
+    ),
+    "reproduce": Command(
+        "the paper's comparison (OrdNMF vs BePoF, PF, dcPF) on datasets",
+        (
+            _out("directory for stores, models, tables, figures"),
+            flag(
+                "--data",
+                help="directory holding the shared datasets "
+                "(default ../shared/data from the working directory)",
+            ),
+            Rows("reproduce"),
+            *CLUSTER,
+        ),
+    ),
+    "tune": Command(
+        "search K, alpha_W, alpha_H by successive halving on validation "
+        "(flags and [model] of --config fix the other parameters)",
+        (
+            flag("store", help="store directory (with a validation subset)"),
+            _out("directory of the results table, trials and best model (DIR/best)"),
+            _MODEL_KIND,
+            *_search_flags(),
+            Rows("tune"),
+            Estimator(
+                skip=(
+                    *SEARCH_FLAGS,
+                    "n_init",
+                    "n_members",
+                    "work_dir",
+                    "checkpoint_dir",
+                    "executor",
+                    "validation_metric",
+                    "validation_k",
+                    "validation_s",
+                )  # tune's own
+            ),
+            *CLUSTER,
+        ),
+    ),
+}
 
 
 #: --cache-blocks spelling -> value
@@ -431,7 +531,7 @@ def _auto_bool(text: str) -> bool | str:
     return CACHE_BLOCKS[text]
 
 
-def _param_args(p: argparse.ArgumentParser, skip: Sequence[str] = ()) -> None:
+def _param_args(p: argparse._ActionsContainer, skip: Sequence[str] = ()) -> None:
     """One flag per estimator parameter (but those in ``skip``): ``--`` + its name in lower case
     with ``-`` for ``_``, its name as destination, default None (not given); booleans also take
     ``--no-...``."""
@@ -482,76 +582,15 @@ def _command_args(
             kw["required"] = True
         else:
             kw["default"] = row.default
-            kw["help"] = row.doc if row.default is None else f"{row.doc} (default {row.default})"
+            kw["help"] = row.doc if row.default is None else f"{row.doc} (default {_shown(row)})"
         p.add_argument(*row.options, **kw)
 
 
-def _logging_args(p: argparse.ArgumentParser, **default: Any) -> None:
-    """--debug, -q and --log-file; on the subcommands with a SUPPRESS default, so that a flag
-    given before the command is not reset by the subcommand's own default."""
-    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs", **default)
-    p.add_argument(
-        "-q",
-        "--quiet",
-        action="store_true",
-        help="only warnings and errors on stderr (--log-file still gets INFO)",
-        **default,
-    )
-    p.add_argument("--log-file", help="also write logs to this file", **default)
-
-
-def _parsing_args(p: argparse.ArgumentParser, columns: str, when: str = "") -> None:
-    """``--columns`` (``columns``: its help), ``--delimiter`` and ``--header`` /
-    ``--no-header`` of the commands that read files of rows (``when``: the flag they apply
-    with)."""
-    default = None if columns.startswith("user,item,value") else [0, 1]
-    p.add_argument("--columns", type=_columns, default=default, help=columns)
-    p.add_argument("--delimiter", help=f"{when}field delimiter (default: detected)")
-    hdr = p.add_mutually_exclusive_group()
-    hdr.add_argument("--header", dest="header", action="store_true", default=None)
-    hdr.add_argument("--no-header", dest="header", action="store_false")
-
-
-#: --columns of the files of (user, item, value) rows
-_TRIPLES = (
-    "user,item,value columns: 0-based positions or names (default: the names of a header "
-    "line or a Parquet schema where they tell all three, else 0,1,2)"
-)
-
-
-def _other_store_arg(p: argparse.ArgumentParser) -> None:
-    """``--allow-other-store``: use a store other than the one the model was fitted on (by
-    default refused, ``postfit.evaluate.check_compatible``)."""
-    p.add_argument(
-        "--allow-other-store",
-        action="store_true",
-        help="use STORE even if the model was fitted on another store (e.g. another "
-        "split of the same ratings: its test pairs may be the model's training pairs)",
-    )
-
-
-def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE", help="job file (TOML); flags given override it")
-    p.add_argument(
-        "--scheduler",
-        metavar="ADDRESS",
-        help="tcp://host:port of a running scheduler (default: start a LocalCluster)",
-    )
-    p.add_argument(
-        "--scheduler-file",
-        metavar="FILE",
-        help="scheduler file written by `dask scheduler --scheduler-file`",
-    )
-    p.add_argument("--workers", type=int, help="worker processes of the LocalCluster (default 1)")
-    p.add_argument(
-        "--threads-per-worker",
-        type=int,
-        help="threads of each LocalCluster worker (default: the cores shared among the workers)",
-    )
-    p.add_argument("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)")
-    p.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate: TLS to the scheduler")
-    p.add_argument("--tls-cert", metavar="PEM", help="our certificate (signed by the CA)")
-    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+def _shown(row: Param) -> str:
+    """The default of ``row`` as its flag is spelt (a list of integers joined by commas)."""
+    if row.kind == "ints":
+        return ",".join(str(v) for v in row.default)
+    return str(row.default)
 
 
 def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ordnmf_dask.fitting import fit
+from ordnmf_dask.params import COMMAND_PARAMS
 from ordnmf_dask.postfit.evaluate import evaluate
 from ordnmf_dask.postfit.ppc import posterior_predictive
 from ordnmf_dask.runtime.cluster import choose_client
@@ -95,20 +96,23 @@ def shared_datasets(data_dir: str | os.PathLike) -> dict[str, Dataset]:
     }
 
 
+_ROWS = COMMAND_PARAMS["reproduce"]  # the defaults of the command's settings
+
+
 @dataclass
 class Protocol:
-    """Settings of the comparison."""
+    """Settings of the comparison (those the command sets: the rows of its table)."""
 
-    k_grid: tuple[int, ...] = (25, 50)
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    k_grid: tuple[int, ...] = _ROWS["k_grid"].default
+    seeds: tuple[int, ...] = _ROWS["seeds"].default
     min_count: int = 20
     split_seed: int = 0
     alpha: float = 0.3
     tol: float = 1e-5
-    max_iter: int = 1000
+    max_iter: int = _ROWS["max_iter"].default
     optimizer: str = "cavi"  # the paper's algorithm, step for step
     ppc_pairs: int = 4_000_000
-    n_jobs: int = 3
+    n_jobs: int = _ROWS["n_jobs"].default
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -223,8 +227,6 @@ def reproduce(
 
     Returns the markdown report (also written to ``out/report.md``).
     """
-    from ordnmf_dask.app import plots
-
     proto = protocol or Protocol()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,52 +241,60 @@ def reproduce(
         "ordinal classes; dcPF: the class's count range).",
     ]
     for ds in datasets:
-        ddir = out / ds.name
-        ddir.mkdir(exist_ok=True)
-        store = ingest(
-            ds.path,
-            ddir / "store.zarr",
-            min_count=proto.min_count,
-            seed=proto.split_seed,
-            overwrite=True,
-            **ds.ingest_options,
-        )
-        # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
-        at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
-        with choose_client(client, store, at_once, n_workers=n_workers, jobs=proto.n_jobs) as cl:
-            jobs = [
-                (label, kind, model, extra, k, seed)
-                for label, kind, model, extra in model_specs(ds)
-                for k in proto.k_grid
-                for seed in proto.seeds
-            ]
-            with ThreadPoolExecutor(proto.n_jobs) as pool:
-                futures = [
-                    pool.submit(_one_run, cl, store, *job, proto=proto, out=ddir) for job in jobs
-                ]
-                rows = [f.result() for f in futures]
-            _write_runs(ddir / "runs.csv", rows)
-            table, chosen = _summary_table(ds, rows)
-            figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
-            report += [
-                "",
-                f"## {ds.name}",
-                "",
-                f"{store.n_users} users x {store.n_items} items, {store.nnz_train} train / "
-                f"{store.nnz_test} test nonzeros, {ds.notes}.",
-                "",
-                table,
-                "",
-                "PPC (training class counts vs simulated from the first seed's model, "
-                "classes 1..V):",
-                "",
-                figures["ppc_table"],
-                "",
-                "Figures: " + ", ".join(f"`{p}`" for p in figures["files"]),
-            ]
+        report += _one_dataset(ds, out / ds.name, client, proto, n_workers)
     text = "\n".join(report) + "\n"
     _write_text(out / "report.md", text)
     return text
+
+
+def _one_dataset(
+    ds: Dataset, ddir: Path, client: Client | None, proto: Protocol, n_workers: int | None
+) -> list[str]:
+    """Ingest ``ds`` into ``ddir``, fit every model, K and seed of the protocol, write the runs
+    and figures there, and return the dataset's section of the report."""
+    from ordnmf_dask.app import plots
+
+    ddir.mkdir(exist_ok=True)
+    store = ingest(
+        ds.path,
+        ddir / "store.zarr",
+        min_count=proto.min_count,
+        seed=proto.split_seed,
+        overwrite=True,
+        **ds.ingest_options,
+    )
+    # n_jobs fits at once hold about the factor tables of one fit at n_jobs times the K
+    at_once = max(proto.k_grid) * max(proto.n_jobs, 1)
+    with choose_client(client, store, at_once, n_workers=n_workers, jobs=proto.n_jobs) as cl:
+        jobs = [
+            (label, kind, model, extra, k, seed)
+            for label, kind, model, extra in model_specs(ds)
+            for k in proto.k_grid
+            for seed in proto.seeds
+        ]
+        with ThreadPoolExecutor(proto.n_jobs) as pool:
+            futures = [
+                pool.submit(_one_run, cl, store, *job, proto=proto, out=ddir) for job in jobs
+            ]
+            rows = [f.result() for f in futures]
+        _write_runs(ddir / "runs.csv", rows)
+        table, chosen = _summary_table(ds, rows)
+        figures = _figures(plots, cl, store, ds, chosen, ddir, proto)
+    return [
+        "",
+        f"## {ds.name}",
+        "",
+        f"{store.n_users} users x {store.n_items} items, {store.nnz_train} train / "
+        f"{store.nnz_test} test nonzeros, {ds.notes}.",
+        "",
+        table,
+        "",
+        "PPC (training class counts vs simulated from the first seed's model, classes 1..V):",
+        "",
+        figures["ppc_table"],
+        "",
+        "Figures: " + ", ".join(f"`{p}`" for p in figures["files"]),
+    ]
 
 
 def _write_runs(path: Path, rows: list[dict[str, Any]]) -> None:

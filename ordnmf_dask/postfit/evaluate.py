@@ -24,7 +24,7 @@ from ordnmf_dask.model import compiling, dcpf, metrics
 from ordnmf_dask.model.kernels import CsrBlock, sddmm
 from ordnmf_dask.modelstore import chunkstore
 from ordnmf_dask.modelstore.model import ModelInfo, open_model, store_fingerprint
-from ordnmf_dask.params import validate_call
+from ordnmf_dask.params import rows_doc, validate_call
 from ordnmf_dask.postfit.calibrate import calibrate
 from ordnmf_dask.runtime.cluster import choose_client
 from ordnmf_dask.runtime.progress import shows_progress, track
@@ -205,6 +205,7 @@ def check_has_test(store: StoreInfo) -> None:
 
 
 @shows_progress
+@rows_doc("evaluate")
 def evaluate(
     store: str | os.PathLike | StoreInfo,
     model: Any,
@@ -226,16 +227,10 @@ def evaluate(
     ----------
     store : the store the model was fitted on (its ``test`` split is evaluated).
     model : a model directory path or a fitted estimator (uses its ``model_path_``).
-    levels : relevance thresholds s (default 1..V).
-    user_fraction, seed : the ranking metrics over a random sample of the users (each kept with
-        probability ``user_fraction``, see :func:`sampled_users`): ranking all items costs
-        U x I x K, about an hour for 1M users x 200k items on two cores, where a 2% sample
-        takes a minute. The test log-likelihood always covers every test nonzero.
+    <the rows of params.COMMAND_PARAMS["evaluate"]>
     allow_other_store : score the model on ``store`` even if it was fitted on another store
         (another split of the same ratings, say); by default that is an InputError
         (:func:`check_compatible`).
-    posterior : how the posterior enters the class law that ``calibration`` scores
-        (:meth:`~ordnmf_dask.estimator.CaviEstimator.predict_proba`).
 
     Returns
     -------
@@ -247,6 +242,11 @@ def evaluate(
     nonzero, :func:`~ordnmf_dask.postfit.calibrate.calibrate`: log-loss, Brier score, ECE and
     reliability per level, RMSE and MAE of the expected rating; None for a model without a law
     of the store's classes).
+
+    Notes
+    -----
+    Ranking all items costs U x I x K: an hour for 1M users x 200k items on two cores, a minute
+    for 2% of the users (:func:`sampled_users`); the log-likelihood covers every test nonzero.
     """
     given = {"k": k, "levels": levels, "user_fraction": user_fraction, "seed": seed}
     v = validate_call("evaluate", {**given, "posterior": posterior})  # its table's rows
@@ -256,34 +256,47 @@ def evaluate(
     m = open_model(os.fspath(getattr(model, "model_path_", model)))
     check_compatible(info, m, allow_other_store)
     levels = _levels(info, v["levels"])
-    n_r, n_c = info.grid
-    w = [SavedChunk(m.path, "W", r) for r in range(n_r)]
-    h = [SavedChunk(m.path, "H", c) for c in range(n_c)]
-    k_model = m.header.width  # the columns every chunk holds (K per member)
     start = time.monotonic()
     with (
         compiling.announced_as("evaluate"),
-        choose_client(client, info, k_model, n_workers=n_workers) as cl,
+        choose_client(client, info, m.header.width, n_workers=n_workers) as cl,  # K per member
         m.reading(),
         info.reading(),  # one version of the store too, or an error saying it changed
     ):
-        out = score_split(
-            cl,
-            info,
-            "test",
-            w,
-            h,
-            levels,
-            k,
-            loglik_spec(info, m.attrs),
-            user_fraction,
-            seed,
-            progress="evaluate: user-blocks and blocks",
-        )
+        out = _score_test(cl, info, m, levels, k, user_fraction, seed)
         calibration = calibrate(cl, info, m, "test", levels, posterior)
+    n_r, n_c = info.grid
     took, where = time.monotonic() - start, f"the test split of {info.path} ({n_r} x {n_c} blocks)"
     log.info("evaluate: %s on %s: done in %.1f s", m.path, where, took)
     return _results(k, out, user_fraction, calibration)
+
+
+def _score_test(
+    cl: Client,
+    info: StoreInfo,
+    m: ModelInfo,
+    levels: list[int],
+    k: int,
+    user_fraction: float,
+    seed: int,
+) -> dict[str, Any]:
+    """The ranking metrics and the log-likelihood of the saved model ``m`` on the test split
+    of ``info`` (:func:`score_split` over the model's factor chunks)."""
+    w = [SavedChunk(m.path, "W", r) for r in range(info.grid[0])]
+    h = [SavedChunk(m.path, "H", c) for c in range(info.grid[1])]
+    return score_split(
+        cl,
+        info,
+        "test",
+        w,
+        h,
+        levels,
+        k,
+        loglik_spec(info, m.attrs),
+        user_fraction,
+        seed,
+        progress="evaluate: user-blocks and blocks",
+    )
 
 
 def _levels(info: StoreInfo, given: Sequence[int] | None) -> list[int]:

@@ -32,7 +32,7 @@ MOVIELENS_SMALL_FILES = ("ratings.csv", "README.txt")
 # the published ratings.csv of that zip (the copy examples/data ships)
 MOVIELENS_SMALL_RATINGS_SHA256 = "aa289ca83157595d0df6aea1be6a4ded676ddc4385472e8313a8ed9805352646"
 SUMS = "SHA256SUMS"  # beside the files a download kept: "<sha256>  <name>" per line
-SHIPPED = Path(__file__).resolve().parents[1] / "examples" / "data"
+SHIPPED = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 
 def cache_dir(data_home: str | os.PathLike[str] | None = None) -> Path:

@@ -12,13 +12,13 @@ import numpy as np
 
 from ordnmf_dask.engine.cavi import CaviConfig, IterationCallback
 from ordnmf_dask.errors import InputError
+from ordnmf_dask.estimator.fitdata import accepts_data_in_memory
 from ordnmf_dask.fitting import InitArg, family, plan_fit, resolve_params
 from ordnmf_dask.model.families import Family
 from ordnmf_dask.modelstore.model import ModelInfo, copy_model, open_model
 from ordnmf_dask.modelstore.modelheader import ModelHeader
-from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted, parameters_doc
+from ordnmf_dask.params import DEFAULTS, PARAMS, Settings, accepted, parameters_doc, rows_doc
 from ordnmf_dask.runtime.progress import shows_progress
-from ordnmf_dask.sources.fitdata import accepts_data_in_memory
 from ordnmf_dask.store.blocks import StoreInfo
 from ordnmf_dask.tuning.select import run_selected
 
@@ -166,6 +166,7 @@ class CaviEstimator:
     # -- fitting -------------------------------------------------------------------------
     @shows_progress
     @accepts_data_in_memory
+    @rows_doc("fit")
     def fit(
         self,
         store: str | os.PathLike[str] | StoreInfo,
@@ -181,67 +182,35 @@ class CaviEstimator:
         check: bool = False,
     ) -> Self:
         """Fit on the training blocks of a store written by :func:`ordnmf_dask.ingest`, or on
-        data in memory.
+        data in memory, ingested as ``ingest`` does (docs/guide/fitting.md, "The arguments of
+        fit", says more of each argument).
 
         Parameters
         ----------
         store : path of the zarr store (or an opened :class:`StoreInfo`), or data in memory: a
-            scipy.sparse matrix (rows users, columns items, stored entries the values; explicit
-            zeros are no interaction), a pandas or dask DataFrame or a pyarrow Table (columns
-            told by name, never by position: userId, movieId, rating ...,
-            ``ordnmf_dask.sources.columns.COLUMN_NAMES``; others given by ``ingest_options``'s
-            ``columns``), or a ``(users, items, values)`` tuple of 1-D arrays. Data in
-            memory is ingested as :func:`ordnmf_dask.ingest` does with ``ingest_options``, except
-            that all of it trains the model by default (``test_fraction=0``): the model is the
-            one of ``fit(ingest(X, out, test_fraction=0, **ingest_options))``. Users and items
-            without an entry are not in it: the rows of ``W_`` and ``H_`` are the others, in
-            increasing id (row or column index of a matrix).
-        ingest_options : for data in memory, keyword arguments of :func:`ordnmf_dask.ingest`,
-            e.g. ``{"ratings": "halfstar"}``, ``{"counts": "paper"}``, ``{"test_fraction":
-            0.2}``, ``{"columns": ["customer", "product", "stars"]}``.
-        store_out : for data in memory, where to write its store and keep it. Without it the
-            store goes to a temporary directory (inside ``work_dir`` when set: a cluster on
-            other machines needs one they all see), removed if the fit fails, else when the
-            estimator is fitted again, garbage-collected or the process exits (``recommend``'s
-            seen-items filter reads it).
-        client : a ``distributed.Client``; default the current one, else (``executor``) this
-            process's threads for a store that fits in memory, or a LocalCluster of one worker
-            process with a thread per core started for the fit and closed after it (for another
-            cluster, start it and pass its client).
+            scipy.sparse matrix, a pandas or dask DataFrame or a pyarrow Table (columns told by
+            name), or a ``(users, items, values)`` tuple of 1-D arrays; all of it trains.
+        ingest_options : for data in memory, keyword arguments of :func:`ordnmf_dask.ingest`.
+        store_out : for data in memory, where to write its store and keep it (default: a
+            temporary directory, kept while the estimator reads it).
+        client : a ``distributed.Client``; default the current one, else as ``executor`` says.
         init : warm start: ``(W0, H0)`` arrays of shape (U, K), (I, K), or an ``.npz`` file with
-            arrays ``W`` and ``H``; replaces the random initialization (E[W] = W0, E[H] = H0).
+            arrays ``W`` and ``H``.
         init_model : warm start from a saved model (its directory, or a fitted estimator) of the
-            same class, K and number of classes, on this store or one that grew: users and items
-            are matched by raw id; known ones start from their old posterior, new ones from a
-            fold-in against the old factors (or as a cold fit, without interactions with known
-            ones); Delta (or p) starts at the old value (docs/design.md, "Warm start").
+            same class, K and classes, on this store or one that grew (users and items matched
+            by raw id).
         out : directory of the saved model (default: a temporary directory, removed when the
-            Python process exits; :meth:`save` copies the model to keep it). An existing ``out``
-            is replaced only with ``overwrite`` and only if it is a model; never the store.
-        callback : called after each iteration (after the default log line) with an
-            :class:`~ordnmf_dask.engine.cavi.IterationInfo`: iteration, max_iter, ELBO, relative
-            change, seconds, elapsed, params (Delta, or p for dcPF), the validation scores when
-            the iteration was scored, best_iteration. Returning True (or calling
-            ``info.stop()``) stops the fit after this iteration; with validation, the best
-            scored state is still the one saved.
-        resume : require resuming: InputError unless ``checkpoint_dir`` holds a usable checkpoint
-            of this fit. Without it, a fit resumes from the newest valid checkpoint of the same
-            model, settings and store when there is one (an interrupted or resubmitted job
-            continues), and starts afresh when there is none.
-        restart : first remove every checkpoint ordnmf_dask wrote in the checkpoint directory
-            (they are logged), whatever fit wrote it, and start afresh. Without it, a directory
-            holding another fit's checkpoints is refused (InputError), and nothing is removed.
-
-        check : only check, and return: the store, the warm start, the output path and the
-            checkpoint directory as the fit would find them; no cluster is used, nothing is
-            written or removed (a launcher runs it before it starts its cluster).
+            process exits; :meth:`save` keeps it).
+        callback : called after each iteration with an
+            :class:`~ordnmf_dask.engine.cavi.IterationInfo`; returning True stops the fit.
+        <the rows of params.COMMAND_PARAMS["fit"]>
+        check : only check the store, the warm start, the output and the checkpoints as the fit
+            would find them, and return: no cluster, nothing written or removed.
 
         Notes
         -----
         Every conflict (store, warm-start model, output path, checkpoints) is checked before
-        the cluster is used, and so is K (at most min(n_users, n_items)); factors that cannot
-        fit the workers' memory limits (in-process: the memory available) are refused before
-        the first iteration (:func:`ordnmf_dask.runtime.memory.check_fit_memory`).
+        the cluster is used, and so are K and the factors' memory.
         """
         plan = plan_fit(
             store,
