@@ -16,7 +16,7 @@ from typing import Any
 from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import SEARCH_FLAGS
 from ordnmf_dask.engine.stops import stop_words
-from ordnmf_dask.errors import InputError, UsageError
+from ordnmf_dask.errors import InputError, UsageError, shown
 from ordnmf_dask.params import COMMAND_PARAMS, MODELS
 
 log = logging.getLogger("ordnmf_dask")
@@ -454,9 +454,11 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         zip(user_ids, item_ids, rows.values.tolist(), strict=True)
     ):
         if user is None or user == "":
-            raise InputError(f"{rows.origin.where(k)}: no user id (item {item!r})")
+            raise InputError(f"{rows.origin.where(k)}: no user id (item {shown(item)})")
         if (user, item) in seen:
-            raise InputError(f"{rows.origin.where(k)}: user {user!r} rates item {item!r} twice")
+            raise InputError(
+                f"{rows.origin.where(k)}: user {shown(user)} rates item {shown(item)} twice"
+            )
         seen.add((user, item))
         items, values = users.setdefault(user, ([], []))
         items.append(item)
@@ -491,7 +493,7 @@ def _check_fold_in_values(server: Any, rows: Any, users: list[Any], items: list[
         server.model.header.store.n_classes,
         threshold,
         foldin.value_spec(server.model),
-        Named(rows.origin, lambda k: f"user {users[k]!r}, item {items[k]!r}"),
+        Named(rows.origin, lambda k: f"user {shown(users[k])}, item {shown(items[k])}"),
     )
 
 

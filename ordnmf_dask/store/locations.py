@@ -33,7 +33,7 @@ from typing import Any
 
 import fsspec
 
-from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.errors import InputError, StoreError, shown
 
 PID_MAX = 1 << 22  # the largest pid a Linux kernel hands out (pid_max)
 
@@ -78,8 +78,9 @@ def location(path: str | os.PathLike) -> str:
     (symbolic links followed, ``..`` removed, so that a path through a link names what it
     reaches), or the URL in canonical form (:func:`canonical_url`). Every command and API call
     resolves its paths through it once, at its entry; the rule of every output
-    (:mod:`.outputs`) compares what it returns."""
-    text = os.fspath(path)
+    (:mod:`.outputs`) compares what it returns. InputError for what names no file
+    (:func:`named`)."""
+    text = named(path)
     if is_url(text):
         return canonical_url(text)
     if "://" in text:
@@ -90,6 +91,20 @@ def location(path: str | os.PathLike) -> str:
         # socket): named as typed, which still opens it
         return os.path.abspath(text)
     return real
+
+
+def named(path: str | os.PathLike) -> str:
+    """``path`` as text, InputError if it names no file: an empty path (which the OS would
+    read as the current directory) or one holding a NUL character (which no file name can,
+    and a job file's TOML string can). Every path read or written passes here first, through
+    :func:`location` or the one opener of input files."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text or "\0" in text:
+        problem = "an empty path" if not text else "a path with a NUL character"
+        raise InputError(f"{shown(text)}: {problem} names no file")
+    return text
 
 
 def canonical_url(url: str) -> str:
