@@ -636,3 +636,26 @@ def test_an_empty_path_given_as_a_flag_is_refused_naming_the_flag(id_model, tmp_
     one_line_error(["fit", "", "-k", "2", "--out", str(tmp_path / "m")], "'': an empty path")
     one_line_error(["score", str(id_model), "--pairs", ""], "'': an empty path names no file")
     assert not list(tmp_path.iterdir())
+
+
+def test_fold_in_new_user_ids_obey_ingests_rule_of_printable_text(id_model, tmp_path):
+    """A new user's id is echoed in fold-in's table: a newline or NUL in it (a Parquet
+    string can hold either) would break the table, so it is refused as ingest refuses it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"user": ["a\nb", "ok"], "item": ["i1", "i2"], "r": [2, 3]}), bad)
+    one_line_error(
+        ["fold-in", str(id_model), str(bad)],
+        f"{bad}, row 0 (row group 0): user id 'a\\nb' contains the control character U+000A",
+    )
+
+
+def test_a_pairs_file_with_two_columns_of_one_name_is_refused_naming_them(id_model, tmp_path):
+    pairs = tmp_path / "p.csv"
+    pairs.write_text("user,user,item\n007,7,i1\n")
+    one_line_error(
+        ["score", str(id_model), "--pairs", str(pairs)],
+        f"{pairs}: 2 columns named 'user' (columns: user, user, item)",
+    )

@@ -438,6 +438,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.pairsfile import check_known, raw_ids
     from ordnmf_dask.app.tables import ranked_rows, write_table
     from ordnmf_dask.postfit import serving
+    from ordnmf_dask.sources.filtering import distinct_ids
     from ordnmf_dask.sources.readers import read_triples
 
     if args.columns is not None and len(args.columns) != 3:
@@ -465,6 +466,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
+    distinct_ids(rows.users, rows.origin, "user")  # new ids obey ingest's rule: printable text
     check_known(server.items, item_ids, rows.origin.where)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()], new_ids=list(users))
