@@ -29,10 +29,19 @@ def _rebuild(cls: type[InputError], args: tuple[Any, ...], state: dict[str, Any]
     return exc
 
 
+SHOWN_MOST = 100  # characters of a value's repr a message shows (an id can be megabytes long)
+
+
 def shown(value: Any) -> str:
     """``repr(value)`` for a message, with numpy scalars (also inside lists and tuples) as the
-    plain numbers they hold: ``50.0``, not ``np.float64(50.0)``."""
-    return repr(_plain(value))
+    plain numbers they hold: ``50.0``, not ``np.float64(50.0)``; a repr longer than
+    :data:`SHOWN_MOST` cut there, saying how long the value is, so that a message about a
+    megabyte-long id stays a line one can read."""
+    text = repr(_plain(value))
+    if len(text) <= SHOWN_MOST:
+        return text
+    size = f"{len(value)} characters" if isinstance(value, str) else f"{len(text)} shown"
+    return f"{text[:SHOWN_MOST]}... ({size})"
 
 
 def _plain(value: Any) -> Any:

@@ -595,3 +595,67 @@ def test_a_text_file_of_zeros_or_too_big_to_read_whole_is_refused_at_once(id_mod
         )
     one_line_error(["fold-in", str(id_model), str(big)], f"{big}: 1 TiB of text to read whole")
     assert not (tmp_path / "s").exists()
+
+
+def test_a_megabyte_long_id_is_shown_cut_in_its_one_line(id_model, tmp_path):
+    """An id of a million characters (a line of NUL bytes, a line of letters) is named in its
+    message by its first characters and its length (errors.shown), not printed whole: the
+    line stays one a person can read, and still names the file and line."""
+    for name, text in [("nul.txt", "\0" * (1 << 20)), ("long.txt", "b" * (1 << 20))]:
+        ids = tmp_path / name
+        ids.write_text(text + "\n")
+        line = one_line_error(
+            ["recommend", str(id_model), "--users-from", str(ids)],
+            f"{ids}, line 1: unknown user id ",
+            f"... ({1 << 20} characters)",
+        )
+        assert len(line) < 400, len(line)
+    code, err = run_cli(["recommend", str(id_model), "--users", "c" * 100_000])
+    assert code == 2 and len(err[0]) < 400 and "(100000 characters)" in err[0], err
+
+
+@pytest.mark.parametrize("key", ["logging.file", "checkpoint.dir", "engine.work_dir", "model.init"])
+@pytest.mark.parametrize("value", ["", "a\\u0000b"])
+def test_a_job_file_path_that_names_no_file_is_refused_naming_it(id_model, tmp_path, key, value):
+    """A TOML string can hold a NUL character, and an empty path is the current directory to
+    the OS: either, as any path of a job file, is refused in one line (exit 2) saying so
+    (locations.named), never an internal error, and nothing is written."""
+    section, leaf = key.split(".")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[{section}]\n{leaf} = "{value}"\n')
+    store = str(id_model.parent / "s")
+    problem = "an empty path" if not value else "a path with a NUL character"
+    args = ["fit", "--n-members", "1", store, "-k", "2", "--out", str(tmp_path / "m")]
+    one_line_error([*args, "--config", str(job)], f"{problem} names no file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
+
+
+def test_an_empty_path_given_as_a_flag_is_refused_naming_the_flag(id_model, tmp_path):
+    store = str(id_model.parent / "s")
+    one_line_error(["evaluate", store, str(id_model), "--json", ""], "--json '': an empty path")
+    one_line_error(["fit", "", "-k", "2", "--out", str(tmp_path / "m")], "'': an empty path")
+    one_line_error(["score", str(id_model), "--pairs", ""], "'': an empty path names no file")
+    assert not list(tmp_path.iterdir())
+
+
+def test_fold_in_new_user_ids_obey_ingests_rule_of_printable_text(id_model, tmp_path):
+    """A new user's id is echoed in fold-in's table: a newline or NUL in it (a Parquet
+    string can hold either) would break the table, so it is refused as ingest refuses it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "f.parquet"
+    pq.write_table(pa.table({"user": ["a\nb", "ok"], "item": ["i1", "i2"], "r": [2, 3]}), bad)
+    one_line_error(
+        ["fold-in", str(id_model), str(bad)],
+        f"{bad}, row 0 (row group 0): user id 'a\\nb' contains the control character U+000A",
+    )
+
+
+def test_a_pairs_file_with_two_columns_of_one_name_is_refused_naming_them(id_model, tmp_path):
+    pairs = tmp_path / "p.csv"
+    pairs.write_text("user,user,item\n007,7,i1\n")
+    one_line_error(
+        ["score", str(id_model), "--pairs", str(pairs)],
+        f"{pairs}: 2 columns named 'user' (columns: user, user, item)",
+    )

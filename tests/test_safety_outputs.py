@@ -527,60 +527,130 @@ def test_a_cluster_stopped_as_it_starts_is_closed_and_forgotten():
     assert closed and begun not in SpecCluster._instances
 
 
-def output_cases() -> list[tuple[str, str, str]]:
-    """(command, destination, flag) of every output option of every command."""
+def output_cases(job_keys: bool = False) -> list[tuple[str, str, str]]:
+    """(command, destination, flag) of every output option of every command, and with
+    ``job_keys`` ("job", key, "") of every output key of a job file (for ``fit --config``)."""
     return [
         (name, dest, flag)
         for name, parser in subparsers().items()
         for dest, flag in path_options(parser).items()
         if dest in OUTPUT_FLAGS
-    ]
+    ] + [("job", key, "") for key in sorted(JOB_OUTPUTS) if job_keys]
 
 
-SUBSTITUTES = ["link-to-metadata", "link-to-model", "under-a-link", "link-to-a-chunk", "fifo"]
+SUBSTITUTES = [
+    "link-to-metadata",
+    "link-to-model",
+    "under-a-link",
+    "link-to-a-chunk",
+    "hard-link-to-metadata",
+    "link-to-store-metadata",
+    "link-to-the-ratings",
+    "hard-link-to-the-ratings",
+    "fifo",
+    "socket",
+    "device",
+    "link-to-a-device",
+    "directory",
+]
+# the commands that read the ratings file (a link to it elsewhere is a file of one name)
+READ_RATINGS = {"ingest", "fold-in"}
+# outputs that are directories (an existing empty one is theirs to write in)
+DIRECTORY_OUTPUTS = {"out", "work_dir", "checkpoint_dir", *JOB_OUTPUTS} - {"logging.file"}
+
+
+def _aim(substitute: str, where: Path, victim: Path, store: Path, csv: Path) -> Path:
+    """A path under ``where`` that leads, as ``substitute`` says, into the model ``victim``,
+    into the ``store``, to the ratings file ``csv``, or to what no output can be (a FIFO
+    nobody reads, a socket, ``/dev/full``, a directory)."""
+    import socket
+
+    aimed = where / "aimed"
+    chunk = next(p for p in sorted((victim / "W").rglob("*")) if p.is_file())
+    if substitute == "fifo":
+        os.mkfifo(aimed)
+    elif substitute == "socket":
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(aimed))
+    elif substitute == "device":
+        return Path("/dev/full")
+    elif substitute == "directory":
+        aimed.mkdir()
+    elif substitute == "under-a-link":
+        (where / "vlink").symlink_to(victim)
+        return where / "vlink" / "x"
+    elif substitute.startswith("hard-link"):
+        os.link(victim / "zarr.json" if substitute.endswith("metadata") else csv, aimed)
+    else:
+        aimed.symlink_to(
+            {
+                "link-to-metadata": victim / "zarr.json",
+                "link-to-model": victim,
+                "link-to-a-chunk": chunk,
+                "link-to-store-metadata": store / "zarr.json",
+                "link-to-the-ratings": csv,
+                "link-to-a-device": Path("/dev/full"),
+            }[substitute]
+        )
+    return aimed
+
+
+def _job_args(place: dict[str, str], where: Path, key: str, aimed: Path) -> list[str]:
+    """``fit --config JOB`` with a job file under ``where`` whose ``key`` is ``aimed``."""
+    values = {"store.path": place["store"], "output.model": str(where / "fresh"), key: aimed}
+    tables: dict[str, dict[str, str]] = {}
+    for dotted, value in values.items():
+        section, leaf = dotted.split(".")
+        tables.setdefault(section, {})[leaf] = str(value)
+    job = where / "job.toml"
+    job.write_text(
+        "".join(
+            f"[{s}]\n" + "".join(f'{k} = "{v}"\n' for k, v in t.items()) for s, t in tables.items()
+        )
+        + "[model]\nn_components = 2\n"
+    )
+    return ["fit", "--n-members", "1", "--config", str(job)]
 
 
 @settings(
-    max_examples=40,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(case=st.sampled_from(output_cases()), substitute=st.sampled_from(SUBSTITUTES))
-def test_any_output_option_aimed_at_a_model_or_a_fifo_is_refused_in_one_line(
+@given(case=st.sampled_from(output_cases(job_keys=True)), substitute=st.sampled_from(SUBSTITUTES))
+def test_any_output_option_aimed_at_a_model_an_input_or_a_stream_is_refused_in_one_line(
     place, case, substitute
 ):
-    """Property: whatever output option and whichever way it is aimed into a model (a link
-    to its metadata, to it, to a file deep in it, a path under a link to it) or at a FIFO
-    nobody reads, the command ends in bounded time with
-    exit 2 and one line, the model unchanged and nothing written beside it."""
+    """Property: whatever output option or job-file key, and whichever way it is aimed into
+    a model (a link to its metadata, to it, to a file deep in it, a path under a link to it,
+    a hard link to its metadata), at an input (a link to a store's metadata, to the ratings
+    file the command reads, a hard link to the ratings file) or
+    at what no output can be (a FIFO nobody reads, a socket, ``/dev/full`` or a link to it, a
+    directory where a file goes), the command ends in bounded time with exit 2 and one line,
+    the model, the command's store, model and inputs unchanged, and nothing written beside
+    them."""
     import signal
     import tempfile
 
+    from hypothesis import assume
+
     name, dest, flag = case
-    victim = Path(place["victim"])
-    chunk = next(p for p in sorted((victim / "W").rglob("*")) if p.is_file())
-    before = tree_hash(victim)
+    assume(not (substitute == "directory" and dest in DIRECTORY_OUTPUTS))
+    assume(substitute != "link-to-the-ratings" or name in READ_RATINGS)
+    victim, csv = Path(place["victim"]), Path(place["csv"])
+    watched = [victim, Path(place["store"]), Path(place["model"])]
+    before = [tree_hash(p) for p in watched], csv.read_bytes()
     with tempfile.TemporaryDirectory(dir=place["tmp"]) as d:
         where = Path(d)
-        aimed = where / "aimed"
-        if substitute == "fifo":
-            os.mkfifo(aimed)
-        elif substitute == "under-a-link":
-            (where / "vlink").symlink_to(victim)
-            aimed = where / "vlink" / "x"
+        aimed = _aim(substitute, where, victim, Path(place["store"]), csv)
+        if name == "job":
+            args = _job_args(place, where, dest, aimed)
         else:
-            aimed.symlink_to(
-                {
-                    "link-to-metadata": victim / "zarr.json",
-                    "link-to-model": victim,
-                    "link-to-a-chunk": chunk,
-                }[substitute]
-            )
+            out = str(aimed) if dest == "out" else str(where / "fresh")
+            args = [name, *(a.format(**place, out=out) for a in COMMANDS[name])]
+            if dest != "out":
+                args += [flag, str(aimed)]
         made = sorted(os.listdir(where))
-        out = str(aimed) if dest == "out" else str(where / "fresh")
-        args = [name, *(a.format(**place, out=out) for a in COMMANDS[name])]
-        if dest != "out":
-            args += [flag, str(aimed)]
 
         def stuck(*_):
             raise TimeoutError(f"{args} did not end")
@@ -593,7 +663,8 @@ def test_any_output_option_aimed_at_a_model_or_a_fifo_is_refused_in_one_line(
             signal.alarm(0)
             signal.signal(signal.SIGALRM, old)
         assert code == EXIT_INPUT and len(err) == 1, (args, code, err)
-        assert tree_hash(victim) == before, args
+        assert "Traceback" not in err[0] and str(aimed) in err[0], (args, err)
+        assert ([tree_hash(p) for p in watched], csv.read_bytes()) == before, args
         assert sorted(os.listdir(where)) == made, args
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from ordnmf_dask.app.exits import EXIT_OK
 from ordnmf_dask.app.parser import CLUSTER_DESTS, SEARCH_FLAGS
 from ordnmf_dask.engine.stops import stop_words
-from ordnmf_dask.errors import InputError, UsageError
+from ordnmf_dask.errors import InputError, UsageError, shown
 from ordnmf_dask.params import COMMAND_PARAMS, MODELS
 
 log = logging.getLogger("ordnmf_dask")
@@ -425,6 +425,7 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
     from ordnmf_dask.app.pairsfile import check_known, raw_ids
     from ordnmf_dask.app.tables import ranked_rows, write_table
     from ordnmf_dask.postfit import serving
+    from ordnmf_dask.sources.filtering import distinct_ids
     from ordnmf_dask.sources.readers import read_triples
 
     if args.columns is not None and len(args.columns) != 3:
@@ -444,15 +445,18 @@ def cmd_fold_in(args: argparse.Namespace) -> int:
         zip(user_ids, item_ids, rows.values.tolist(), strict=True)
     ):
         if user is None or user == "":
-            raise InputError(f"{rows.origin.where(k)}: no user id (item {item!r})")
+            raise InputError(f"{rows.origin.where(k)}: no user id (item {shown(item)})")
         if (user, item) in seen:
-            raise InputError(f"{rows.origin.where(k)}: user {user!r} rates item {item!r} twice")
+            raise InputError(
+                f"{rows.origin.where(k)}: user {shown(user)} rates item {shown(item)} twice"
+            )
         seen.add((user, item))
         items, values = users.setdefault(user, ([], []))
         items.append(item)
         values.append(value)
     if not users:  # an empty history: nothing to fold in, said rather than an empty table
         raise InputError(f"{args.ratings}: no ratings (user, item, value rows) to fold in")
+    distinct_ids(rows.users, rows.origin, "user")  # new ids obey ingest's rule: printable text
     check_known(server.items, item_ids, rows.origin.where)
     items = [v[0] for v in users.values()]
     w = server.fold_in("users", items, [v[1] for v in users.values()], new_ids=list(users))
@@ -481,7 +485,7 @@ def _check_fold_in_values(server: Any, rows: Any, users: list[Any], items: list[
         server.model.header.store.n_classes,
         threshold,
         foldin.value_spec(server.model),
-        Named(rows.origin, lambda k: f"user {users[k]!r}, item {items[k]!r}"),
+        Named(rows.origin, lambda k: f"user {shown(users[k])}, item {shown(items[k])}"),
     )
 
 

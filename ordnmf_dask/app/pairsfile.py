@@ -149,5 +149,10 @@ class PairsFile:
             name = names[column] if isinstance(column, int) and column < len(names) else column
             if name not in names:
                 raise InputError(f"{self.path}: no column {column!r} (columns: {', '.join(names)})")
+            if names.count(name) > 1:  # which of them is meant cannot be told
+                raise InputError(
+                    f"{self.path}: {names.count(name)} columns named {name!r} "
+                    f"(columns: {', '.join(names)})"
+                )
             out.append(name)
         return out

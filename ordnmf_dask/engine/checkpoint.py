@@ -418,11 +418,7 @@ def _root_attrs(path: str, layout: Layout) -> dict[str, Any]:
     meta = locations.join(path, locations.META)
     limit = layout.max_bytes()
     try:
-        if locations.is_url(path):
-            text = locations.read_bytes(meta)
-        else:
-            with locations.open_regular(meta) as fh:
-                text = fh.read(limit + 1)
+        text = locations.read_head(meta, limit)
     except Exception as exc:  # noqa: BLE001 - unreadable metadata: not a usable checkpoint
         raise CheckpointError(f"{path}: unreadable ({exc})") from exc
     return parse(text, path, layout)

@@ -393,6 +393,7 @@ def open_model(path: str) -> ModelInfo:
     model while they were read)."""
     path = locations.location(path)
     locations.check_tree(path, "model")
+    found = nodes.read_nodes(path, "model")  # every node's metadata, before zarr reads any
     for _ in range(_OPEN_TRIES):
         pinned = _current(path)
         try:
@@ -418,7 +419,6 @@ def open_model(path: str) -> ModelInfo:
         )
     info = ModelInfo(path, attrs, pinned)
     header = info.header  # every field checked before anything is read
-    found = nodes.read_nodes(path, "model")
     if header.ids:
         check_ids(header, {a: _shape(found.get(f"{a}/ids")) for a in AXES}, path)
     nodes.check_layout(path, found, *_layout(header), "model")

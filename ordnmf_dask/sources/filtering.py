@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ordnmf_dask.errors import InputError
+from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.params import DUPLICATE_POLICIES
 from ordnmf_dask.sources.origin import Origin
 from ordnmf_dask.sources.text import POOL
@@ -172,7 +172,7 @@ def _clean_strings(
                 raise InputError(f"{origin.where(k)}: empty {what} id")
             hit = next(ch for ch in tok if re.match(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", ch))
             raise InputError(
-                f"{origin.where(k)}: {what} id {tok!r} contains the control character "
+                f"{origin.where(k)}: {what} id {shown(tok)} contains the control character "
                 f"U+{ord(hit):04X}; ids must be printable text"
             )
     if pc.all(pc.equal(pc.binary_length(stripped), pc.binary_length(dictionary))).as_py():

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ordnmf_dask.errors import InputError
-from ordnmf_dask.store.locations import READ_ERRORS, file_kind
+from ordnmf_dask.store.locations import READ_ERRORS, file_kind, named
 
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -53,7 +53,7 @@ def too_big(path: str, what: str, size: int | None, limit: int) -> InputError:
 def open_input_file(path: str, what: str = "input file", limit: int | None = None) -> Any:
     """``path`` (local or a URL) opened for reading in binary, if it obeys the rule of this
     module; ``what`` names it in messages ("pairs file", "job file", ...). The caller closes it."""
-    path = os.fspath(path)
+    path = named(path)
     if "://" in path and not path.startswith("file://"):
         return _open_url(path, what, limit)
     local = path.split("://", 1)[1] if "://" in path else path

@@ -688,6 +688,7 @@ def _changed(path: str) -> StoreError:
 
 def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
     locations.check_tree(path, "store")
+    found = nodes.read_nodes(path, "store")  # every node's metadata, before zarr reads any
     try:
         group = zarr.open_group(path, mode="r")
     except Exception as exc:
@@ -713,9 +714,7 @@ def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
         raise StoreError(f"{path}: incomplete store (attribute complete is not true)")
     locations.check_not_pending(path, "store")
     header = StoreHeader.from_attrs(attrs, path)
-    if not locations.is_url(path):  # every node's metadata JSON, these groups (at a URL, a
-        groups = {"", *AXES, *header.splits}  # listing of every chunk: left to the reads)
-        nodes.check_layout(path, nodes.read_nodes(path, "store"), groups, {}, "store")
+    nodes.check_layout(path, found, *_layout(header), "store")
     try:
         splits = header.splits
         check_arrays(header, _shapes(group, header), path)
@@ -758,6 +757,30 @@ def _open(path: str, identity: tuple[Any, ...]) -> _Handle:
         version=identity,
     )
     return _Handle(info, group, files, offsets, indptr_starts(info.row_bounds, info.grid[1]))
+
+
+#: the data types of a store's arrays (zarr's names), by name in a split or at the root
+STORE_TYPES = {
+    "cols": {"int32"},
+    "y": {"uint8"},
+    "raw": {"float64"},
+    "indptr": {"int64"},
+    "offsets": {"int64"},
+    "row_bounds": {"int64"},
+    "col_bounds": {"int64"},
+    "ids": {"int64", "string"},
+}
+
+
+def _layout(header: StoreHeader) -> tuple[set[str], dict[str, nodes.ArraySpec]]:
+    """The groups and arrays of a store of header ``h`` (docs/store-format.md): the root, the
+    id maps' and the splits' groups; each array of the shape the header gives, of its data
+    type, in regular chunks no larger than itself."""
+    arrays = {
+        name: nodes.ArraySpec(shape, STORE_TYPES[name.rpartition("/")[2]], one_chunk=False)
+        for name, shape in header.expected_shapes().items()
+    }
+    return {"", *AXES, *header.splits}, arrays
 
 
 def _shapes(group: zarr.Group, header: StoreHeader) -> dict[str, tuple[int, ...]]:

@@ -214,17 +214,20 @@ class ChunkFiles:
         return view
 
     def _load_url(self, path: str, i: int) -> memoryview:
-        """:meth:`load` of a chunk file at a URL: one request, the CRC-32 checked every time."""
+        """:meth:`load` of a chunk file at a URL: one request for at most one byte more than
+        recorded (a larger file is never read whole), the CRC-32 checked every time."""
         try:
-            data = locations.read_bytes(path)
+            data = locations.read_head(path, self.nbytes[i])
         except FileNotFoundError:
             raise StoreError(f"{path}: chunk file missing (the {self.owner} is damaged)") from None
-        self._check_size(path, len(data), self.nbytes[i])
+        self._check_size(path, len(data), self.nbytes[i], whole=len(data) <= self.nbytes[i])
         if self.crc32 is not None:
             self._check_crc(path, data, i)
         return memoryview(data)
 
-    def _check_size(self, path: str, size: int, recorded: int) -> None:
+    def _check_size(self, path: str, size: int, recorded: int, whole: bool = True) -> None:
+        """StoreError unless the file of ``size`` bytes (``whole``: all of it; else the part
+        read, which is more than ``recorded``) has the size recorded."""
         if size != recorded:
             source = (
                 f"the {self.owner} recorded"
@@ -232,7 +235,8 @@ class ChunkFiles:
                 else "the array's shape takes"
             )
             raise StoreError(
-                f"{path}: chunk file has {size} bytes, {source} {recorded} "
+                f"{path}: chunk file has {size if whole else f'more than {recorded}'} bytes, "
+                f"{source} {recorded} "
                 f"(the {self.owner} is damaged)"
             )
 

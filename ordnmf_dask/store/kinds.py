@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from typing import Any
 
-import zarr
-
-from ordnmf_dask.store import locations
+from ordnmf_dask.errors import StoreError
+from ordnmf_dask.store import locations, nodes
 
 STORE_MARK = "ordnmf_dask.store"  # the kind a store's pending marker records at a URL
 MODEL_KIND = "ordnmf_dask.model"  # the ``kind`` attribute that marks a model directory
@@ -45,19 +43,12 @@ def group_attrs(path: str) -> dict[str, Any] | None:
     no readable one."""
     if not (locations.is_url(path) or os.path.isdir(path)):
         return None
-    if not locations.is_url(path) and not _regular(os.path.join(path, locations.META)):
-        return None  # zarr would follow a link or block on a FIFO there
-    try:
-        return dict(zarr.open_group(path, mode="r").attrs)
-    except Exception:  # noqa: BLE001 - whatever makes it unreadable, it is not a group of ours
+    try:  # never through a link, a FIFO or a device, nor more than a zarr.json can hold
+        doc = nodes.read_root(path, "zarr group")
+    except StoreError:  # whatever makes it unreadable, it is not a group of ours
         return None
-
-
-def _regular(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False
+    attrs = doc.get("attributes", {})
+    return dict(attrs) if doc["node_type"] == "group" and isinstance(attrs, dict) else None
 
 
 _STORE_FIELDS = ("n_users", "n_items", "n_classes", "nnz_train", "hist_train", "grid")
@@ -100,13 +91,15 @@ def fingerprint_of(path: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+_MARK = 1 << 16  # bytes of a marker read at most (one is a line of JSON)
+
+
 def owner(directory: str) -> str | None:
     """The model the local checkpoint ``directory`` was made beside (its marker says so), or
     None."""
-    try:
-        with open(os.path.join(directory, CHECKPOINTS_MARK)) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
+    try:  # a regular file of a marker's size, never a FIFO to wait on or a bomb to parse
+        doc = json.loads(locations.read_head(os.path.join(directory, CHECKPOINTS_MARK), _MARK))
+    except (OSError, ValueError, RecursionError, StoreError):
         return None
     found = (
         doc.get("model")

@@ -33,7 +33,7 @@ from typing import Any
 
 import fsspec
 
-from ordnmf_dask.errors import InputError, StoreError
+from ordnmf_dask.errors import InputError, StoreError, shown
 
 PID_MAX = 1 << 22  # the largest pid a Linux kernel hands out (pid_max)
 
@@ -78,8 +78,9 @@ def location(path: str | os.PathLike) -> str:
     (symbolic links followed, ``..`` removed, so that a path through a link names what it
     reaches), or the URL in canonical form (:func:`canonical_url`). Every command and API call
     resolves its paths through it once, at its entry; the rule of every output
-    (:mod:`.outputs`) compares what it returns."""
-    text = os.fspath(path)
+    (:mod:`.outputs`) compares what it returns. InputError for what names no file
+    (:func:`named`)."""
+    text = named(path)
     if is_url(text):
         return canonical_url(text)
     if "://" in text:
@@ -90,6 +91,20 @@ def location(path: str | os.PathLike) -> str:
         # socket): named as typed, which still opens it
         return os.path.abspath(text)
     return real
+
+
+def named(path: str | os.PathLike) -> str:
+    """``path`` as text, InputError if it names no file: an empty path (which the OS would
+    read as the current directory) or one holding a NUL character (which no file name can,
+    and a job file's TOML string can). Every path read or written passes here first, through
+    :func:`location` or the one opener of input files."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text or "\0" in text:
+        problem = "an empty path" if not text else "a path with a NUL character"
+        raise InputError(f"{shown(text)}: {problem} names no file")
+    return text
 
 
 def canonical_url(url: str) -> str:
@@ -129,6 +144,17 @@ def read_bytes(url: str) -> bytes:
     """The content of the file at ``url``; FileNotFoundError if there is none."""
     fs, key = filesystem(url)
     return fs.cat_file(key)
+
+
+def read_head(path: str, most: int) -> bytes:
+    """At most ``most + 1`` bytes from the start of the file ``path``, enough to tell one
+    larger than ``most`` and never more: a local file opened by :func:`open_regular` (never a
+    link, FIFO or device), a URL in one ranged request. FileNotFoundError if absent."""
+    if is_url(path):
+        fs, key = filesystem(path)
+        return bytes(fs.cat_file(key, start=0, end=most + 1))
+    with open_regular(path) as fh:
+        return fh.read(most + 1)
 
 
 def exists(url: str) -> bool:
@@ -257,13 +283,21 @@ def check_directory(root: str, what: str) -> None:
 
 
 def check_tree(root: str, what: str) -> None:
-    """StoreError unless the local directory ``root`` (a store or model about to be read) is
-    safe to read through zarr, which follows links and blocks on a FIFO: no FIFO, socket or
-    device anywhere in it, no ``zarr.json`` larger than :data:`META_BYTES`, and no symbolic
-    link where a part of its zarr hierarchy is (a ``zarr.json``, anything under a chunk
-    directory ``c/``, or a link to a directory holding a ``zarr.json``). Links elsewhere (a
-    user's notes) are left alone: they are never read."""
+    """StoreError unless the directory or URL ``root`` (a store, model or checkpoint about to
+    be read) is safe to read through zarr, which reads a ``zarr.json`` whole, follows links and
+    blocks on a FIFO: no ``zarr.json`` larger than :data:`META_BYTES` (at a URL, by one
+    listing), and locally no FIFO, socket or device anywhere in it and no symbolic link where
+    a part of its zarr hierarchy is (a ``zarr.json``, anything under a chunk directory ``c/``,
+    or a link to a directory holding a ``zarr.json``). Links elsewhere (a user's notes) are
+    left alone: they are never read."""
     if is_url(root):
+        try:
+            listed = sizes(root)
+        except OSError as exc:
+            raise StoreError(f"{root}: cannot be listed ({exc})") from None
+        for key, size in listed.items():
+            if key.rpartition("/")[2] == META and size > META_BYTES:
+                raise StoreError(_oversized(join(root, key), size, what, root))
         return
     check_directory(root, what)
     for d, dirs, names in os.walk(root):
@@ -272,10 +306,7 @@ def check_tree(root: str, what: str) -> None:
             st = os.lstat(full)
             mode = st.st_mode
             if n == META and stat.S_ISREG(mode) and st.st_size > META_BYTES:
-                raise StoreError(
-                    f"{full}: {st.st_size} bytes of zarr metadata in the {what} {root}, more "
-                    f"than the {META_BYTES} any holds; refusing to read it"
-                )
+                raise StoreError(_oversized(full, st.st_size, what, root))
             if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
                 continue
             rel = os.path.relpath(full, root)
@@ -290,6 +321,13 @@ def check_tree(root: str, what: str) -> None:
                     f"{full}: is a symbolic link inside the {what} {root}, where "
                     f"its own files belong; refusing to follow it"
                 )
+
+
+def _oversized(file: str, size: int, what: str, root: str) -> str:
+    return (
+        f"{file}: {size} bytes of zarr metadata in the {what} {root}, more than the "
+        f"{META_BYTES} any holds; refusing to read it"
+    )
 
 
 def remove_tree(path: str, suffix: str = "") -> None:

@@ -1,6 +1,7 @@
-"""The zarr metadata of a model's or store's hierarchy, read and checked when it is opened
-(docs/design.md, "Safety rules"): every node's ``zarr.json`` is a JSON object of zarr format 3
-naming a group or an array; the nodes its header names are of their kind, and (a model's) each
+"""The zarr metadata of a model's or store's hierarchy, local or at a URL, read and checked
+when it is opened, before zarr reads any (docs/design.md, "Safety rules"): every node's
+``zarr.json`` is a JSON object of zarr format 3 naming a group or an array, with that node
+type's keys only; the nodes its header names are of their kind, and (a model's) each
 array has the shape, data type and chunk grid the header gives, its chunks never larger than
 itself (zarr allocates a whole chunk to read one). A StoreError names the file otherwise: a
 garbage ``W/zarr.json`` fails the model's opening, not a read that happens to meet it.
@@ -18,6 +19,26 @@ from ordnmf_dask.errors import StoreError
 from ordnmf_dask.store import locations
 
 NODE_TYPES = ("group", "array")
+#: the keys a ``zarr.json`` of each node type may hold (zarr v3; no extension this package
+#: does not write)
+NODE_KEYS = {
+    "group": frozenset({"zarr_format", "node_type", "attributes", "consolidated_metadata"}),
+    "array": frozenset(
+        {
+            "zarr_format",
+            "node_type",
+            "attributes",
+            "shape",
+            "data_type",
+            "chunk_grid",
+            "chunk_key_encoding",
+            "fill_value",
+            "codecs",
+            "storage_transformers",
+            "dimension_names",
+        }
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -33,10 +54,11 @@ class ArraySpec:
 
 
 def read_nodes(root: str, what: str) -> dict[str, dict[str, Any]]:
-    """The metadata of every node of the zarr hierarchy at ``root`` (its path relative to
-    ``root``, "" for the root -> its ``zarr.json`` parsed), each checked to be a JSON object
-    of zarr format 3 naming a group or an array. Local files are read through
-    :func:`~.locations.open_regular`, at most :data:`~.locations.META_BYTES` each."""
+    """The metadata of every node of the zarr hierarchy at ``root``, a local directory or a
+    URL (its path relative to ``root``, "" for the root -> its ``zarr.json`` parsed), each
+    checked to be a JSON object of zarr format 3 naming a group or an array, before zarr reads
+    any: at most :data:`~.locations.META_BYTES` of each is read (:func:`~.locations.read_head`;
+    :func:`~.locations.check_tree` refused a larger one from its size)."""
     meta = locations.META
     if locations.is_url(root):
         found = [k for k in locations.zarr_keys(root) if k.rpartition("/")[2] == meta]
@@ -51,15 +73,22 @@ def read_nodes(root: str, what: str) -> dict[str, dict[str, Any]]:
     for key in found:
         file = locations.join(root, key)
         nodes[key[: -len(meta)].rstrip("/")] = _parse(file, _read(file), what)
+    if nodes.get("", {}).get("node_type", "group") != "group":
+        raise StoreError(f"{_file(root, '')}: an array where the {what}'s root group is")
     return nodes
+
+
+def read_root(root: str, what: str) -> dict[str, Any]:
+    """The root ``zarr.json`` of the hierarchy at ``root`` parsed and checked as
+    :func:`read_nodes` checks each (a regular file of at most
+    :data:`~.locations.META_BYTES`); StoreError naming it otherwise, or when there is none."""
+    file = locations.join(root, locations.META)
+    return _parse(file, _read(file), what)
 
 
 def _read(file: str) -> bytes:
     try:
-        if locations.is_url(file):
-            return locations.read_bytes(file)
-        with locations.open_regular(file) as fh:
-            return fh.read(locations.META_BYTES + 1)
+        return locations.read_head(file, locations.META_BYTES)
     except OSError as exc:
         raise StoreError(f"{file}: cannot read ({exc})") from None
 
@@ -79,6 +108,10 @@ def _parse(file: str, data: bytes, what: str) -> dict[str, Any]:
             f"{file}: not zarr metadata of format 3 (zarr_format {doc.get('zarr_format')!r}, "
             f"node_type {doc.get('node_type')!r}) {damaged}"
         )
+    kind = doc["node_type"]
+    extra = ", ".join(sorted(str(k) for k in doc.keys() - NODE_KEYS[kind]))
+    if extra:
+        raise StoreError(f"{file}: zarr metadata of a {kind} with keys {extra} {damaged}")
     return doc
 
 

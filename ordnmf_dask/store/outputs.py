@@ -109,7 +109,14 @@ def check_outputs(
     """The whole rule for one command: its outputs (name -> path) apart, and each checked
     against ``inputs`` by :func:`check_place` (a directory of the kind ``writes[name]``, so
     nothing but a directory where it exists) or, for the names in ``files``, by
-    :func:`check_file`."""
+    :func:`check_file`. A path that names no file (:func:`~.locations.named`) is refused
+    naming its option."""
+    for name, path in {**inputs, **outputs}.items():
+        try:
+            if path is not None:
+                locations.named(path)
+        except InputError as exc:
+            raise InputError(f"{name} {exc}") from None
     check_apart(outputs)
     for name, path in outputs.items():
         if path is not None and name in files:
