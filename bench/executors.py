@@ -21,7 +21,10 @@ compiles once per process). Prints the median seconds per iteration after the fi
 task hops per iteration along the chain of Dask tasks that gated each other, and that chain's
 task seconds and waits between them (``bench/scaling.py``'s chain recorder: a step run as one
 task hands its work to the worker's executor and returns, so its pick's seconds are the
-step's); then the load average.
+step's); then, for each fit, the CPU per iteration between those two iterations
+(``getrusage``: user and system ms, minor page faults) of this process (the client, the
+scheduler of a LocalCluster, or the in-process fit) and of the workers, which the load moves
+less than the seconds; then the load average.
 """
 
 from __future__ import annotations
@@ -42,18 +45,31 @@ from common import fmt_table  # noqa: E402
 from scaling import ChainRecorder, _chain_records, critical_path  # noqa: E402
 
 
-def fit(store: str, args: argparse.Namespace, client: Any = None) -> tuple[list[float], list]:
-    """Seconds of each iteration after ``--skip``, and the wall clock at iterations ``--skip``
-    and the last."""
+def usage() -> tuple[float, float, int]:
+    """This process's CPU seconds so far, user and system, and its minor page faults."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime, r.ru_minflt
+
+
+def fit(
+    store: str, args: argparse.Namespace, client: Any = None
+) -> tuple[list[float], list, list[float]]:
+    """Seconds of each iteration after ``--skip``, the wall clock at iterations ``--skip`` and
+    the last, and between those two, per iteration: this process's CPU ms (user, system) and
+    minor page faults, then the workers' (summed over them; none in-process)."""
     from ordnmf_dask import OrdNMF
 
     seconds: list[float] = []
     marks: list[float] = []
+    cpu: list[list[tuple[float, float, int]]] = []
 
     def record(info: Any) -> None:
         seconds.append(info.seconds)
         if info.iteration in (args.skip, args.iters):
             marks.append(time.time())
+            cpu.append([usage(), *(client.run(usage).values() if client is not None else [])])
 
     model = OrdNMF(
         n_components=args.k,
@@ -65,7 +81,14 @@ def fit(store: str, args: argparse.Namespace, client: Any = None) -> tuple[list[
         n_members=1,
     )
     model.fit(store, client, callback=record)
-    return seconds[args.skip :], marks
+    n = args.iters - args.skip
+    here = [(b - a) / n for a, b in zip(cpu[0][0], cpu[1][0], strict=True)]
+    there = [
+        sum(w1[i] - w0[i] for w0, w1 in zip(cpu[0][1:], cpu[1][1:], strict=True)) / n
+        for i in range(3)
+    ]
+    ms = [1000 * here[0], 1000 * here[1], here[2], 1000 * there[0], 1000 * there[1], there[2]]
+    return seconds[args.skip :], marks, ms
 
 
 @contextmanager
@@ -97,6 +120,11 @@ def modes(workers: int, levels: list[int]) -> dict[str, tuple[bool, int, bool]]:
         return {"graph of tasks": (False, last, False), "one task per step": (True, last, False)}
     out = {f"graph, task per strip, {2**n} inputs per add": (False, n, False) for n in levels}
     return {**out, f"graph, task per worker, {2**last} inputs per add": (False, last, True)}
+
+
+def _cpu_text(ms: list[float]) -> list[str]:
+    """CPU ms per iteration (user / system) and minor faults, here and on the workers."""
+    return [f"{ms[0]:.0f} / {ms[1]:.0f}, {ms[2]:.0f}", f"{ms[3]:.0f} / {ms[4]:.0f}, {ms[5]:.0f}"]
 
 
 def main() -> None:
@@ -137,6 +165,7 @@ def main() -> None:
     layouts = [tuple(int(x) for x in name.split("x")) for name in args.layouts]
     rows: dict[str, list] = {}
     local: list[float] = []
+    local_cpu: list[list[float]] = []
     fit(args.store, args)  # warm-up: numba compiles here
     n = args.iters - args.skip
     for _ in range(args.rounds):  # alternated, so that a change of load hits all of them
@@ -148,7 +177,7 @@ def main() -> None:
                     cavi.ONE_TASK_PER_STEP, reduce.LEVELS = fused, levels
                     cavi.ONE_TASK_PER_WORKER = batched
                     with get_task_stream(client) as stream:
-                        seconds, (t0, t1) = fit(args.store, args, client)
+                        seconds, (t0, t1), cpu = fit(args.store, args, client)
                     tasks = sum(
                         part["action"] == "compute" and t0 <= part["start"] and part["stop"] <= t1
                         for task in stream.data
@@ -157,12 +186,15 @@ def main() -> None:
                     compute, waits, hops = critical_path(
                         client.run_on_scheduler(_chain_records), t0, t1
                     )
-                    row = rows.setdefault(f"{workers} x {threads}, {name}", [[], 0, 0, 0, 0])
+                    row = rows.setdefault(f"{workers} x {threads}, {name}", [[], 0, 0, 0, 0, []])
                     row[0] += seconds  # the counts of the last round (they do not depend on load)
-                    row[1:] = [tasks / n, hops / n, 1000 * compute / n, 1000 * waits / n]
+                    row[1:5] = [tasks / n, hops / n, 1000 * compute / n, 1000 * waits / n]
+                    row[5].append(cpu)
                 cavi.ONE_TASK_PER_STEP, reduce.LEVELS = True, args.levels[-1]
                 cavi.ONE_TASK_PER_WORKER = True
-            local += fit(args.store, args)[0]
+            done = fit(args.store, args)
+            local += done[0]
+            local_cpu.append(done[2])
     p = statistics.median(local)
     print(
         f"store {args.store}  K {args.k}  iterations {args.iters} (median after {args.skip}, "
@@ -177,7 +209,7 @@ def main() -> None:
             f"{hops:.1f}",
             f"{compute:.1f} / {waits:.1f}",
         ]
-        for name, (s, tasks, hops, compute, waits) in rows.items()
+        for name, (s, tasks, hops, compute, waits, _) in rows.items()
     ]
     table.append(["in-process", f"{1000 * p:.1f}", "1", "", "", ""])
     head = [
@@ -192,6 +224,11 @@ def main() -> None:
     for name, (s, *_) in rows.items():
         print(f"per iteration, {name} ms:", " ".join(f"{1000 * x:.0f}" for x in s))
     print("per iteration, in-process ms:", " ".join(f"{1000 * x:.0f}" for x in local))
+    cpu_head = ["CPU per iteration, each round", "here: user / system ms, faults", "workers: same"]
+    cpu_rows = [[name, *_cpu_text(c)] for name, (*_, cpus) in rows.items() for c in cpus] + [
+        ["in-process", *_cpu_text(c)[:1], ""] for c in local_cpu
+    ]
+    print(fmt_table(cpu_rows, cpu_head))
     print(f"load average          {os.getloadavg()}")
 
 

@@ -103,6 +103,54 @@ def test_one_and_two_workers_give_the_same_fit(tmp_path, client, problem):
     np.testing.assert_array_equal(one.H_.compute(), two.H_.compute())
 
 
+def _mapped_on_reuse() -> int:
+    """Bytes glibc holds in mmapped blocks (``mallinfo2``) while a 24 MiB array is alive,
+    another having been freed just before: 24 MiB more where freed memory goes back to the OS
+    at once (each large array mapped anew, and faulted in page by page), less where it is kept
+    for reuse (the array taken from the heap)."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks "
+            "keepcost".split()
+        ]
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = Info
+    np.ones(3 << 20)  # made and freed
+    array = np.ones(3 << 20)
+    mapped = int(mallinfo2().hblkhd)
+    del array
+    return mapped
+
+
+@pytest.mark.cluster
+def test_a_plain_workers_steps_keep_freed_memory(tmp_path, problem):
+    """A worker that Dask's nanny started with its own malloc setting (MALLOC_TRIM_THRESHOLD_
+    65536: each fresh large array faulted in page by page) keeps freed memory once it has run
+    a step of a fit (``runtime.cluster.keep_freed_memory``)."""
+    n_classes, train, test, _, _ = problem
+    store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (1, 2))
+    environ = dict(os.environ)  # a plain LocalCluster's nannies leave their spawn settings there
+    try:
+        with (
+            LocalCluster(
+                n_workers=1, threads_per_worker=2, processes=True, dashboard_address="127.0.0.1:0"
+            ) as lc,
+            Client(lc) as c,
+        ):
+            (before,) = c.run(_mapped_on_reuse).values()
+            OrdNMF(K, max_iter=2, n_members=1).fit(store, c)
+            (after,) = c.run(_mapped_on_reuse).values()
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+    assert before >= 24 << 20
+    assert after < 24 << 20
+
+
 def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):
     n_classes, train, test, _, _ = problem
     fits = []

@@ -59,6 +59,7 @@ from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.runtime import reduce
+from ordnmf_dask.runtime.cluster import keep_freed_memory
 from ordnmf_dask.runtime.inprocess import InProcessClient
 from ordnmf_dask.runtime.reduce import PRIORITY, tree_sum
 from ordnmf_dask.store.blocks import StoreInfo
@@ -644,87 +645,89 @@ class CaviRunner:
     ) -> CaviState:
         """Iterate docs/design.md §2 steps 1-6 until the relative ELBO gain is below tol.
 
-        The first local step uses the initial E[W], E[H] directly as geometric means. Each
-        iteration: (1) empirical-Bayes prior rates (inside the chunk updates, from the current
-        E[.]); (2) the family's global parameters from the previous local step; (3) W; (4) H
-        with the new E[W]; (5) local step; (6) ELBO and the stopping rule. Iteration n + 1 is
-        submitted before iteration n's bound is gathered (the workers never wait for the
-        client); when iteration n stops the fit, n + 1 is cancelled and n's state is the result,
-        exactly as in a one-at-a-time loop. ``init`` submits the initial E[W], E[H] chunks
-        (e.g. ``self.random_init``); it is called only when the run starts from scratch, and
-        nothing keeps its chunks once the first iteration has replaced them. With ``resume``,
-        the state is read from the newest valid checkpoint of this run's fingerprint taken before
-        max_iter instead (``init`` is then only used when there is none, or InputError if
-        ``required``), and the run continues exactly as the interrupted one would have. Other
-        checkpoints in the directory are never touched. ``init_params``: the global parameters
-        to start from with ``init`` (default the family's), e.g. a warm start's old Delta; an
-        ``init`` that returns them third, after the chunks (the subsample start), overrides it.
+        Iteration n + 1 is submitted before iteration n's bound is gathered (the workers never
+        wait for the client); when n stops the fit, n + 1 is dropped and n's state is the
+        result, exactly as in a one-at-a-time loop. ``init`` submits the initial E[W], E[H]
+        chunks (e.g. ``self.random_init``), only when the run starts from scratch; the global
+        parameters are its third item if it returns one, else ``init_params``, else the
+        family's. With ``resume``, the state is read from the newest valid checkpoint of this
+        run's fingerprint taken before max_iter (``init`` is used when there is none, or
+        InputError if ``required``), and the run continues exactly as the interrupted one
+        would have; other checkpoints in the directory are never touched.
 
         ``callback`` receives an :class:`IterationInfo` after each iteration and may stop the
         fit. With ``validation``, the state is scored every ``validation.every`` iterations
-        (the figures go to the callback and to ``CaviState.validation``), the fit stops early
-        by :func:`~.control.early_stopping`, and the result is the state that rule keeps
-        (``best_iteration``); a resumed run's history starts at the resume. The loop asks its
-        components (:mod:`.control`): when to checkpoint, whether the bound is sound and has
-        converged, what validation says and keeps.
+        (figures to the callback and ``CaviState.validation``), the fit stops early by
+        :func:`~.control.early_stopping`, and the result is the state that rule keeps
+        (``best_iteration``). The loop asks its components (:mod:`.control`) when to
+        checkpoint (:class:`_Saves`) and whether to stop (:meth:`_stops`).
         """
         cfg, squarem = self.cfg, self.squarem
         cur, state, first = self._begin(init, resume, required, init_params)
-        policy = CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes)
-        rule = StopRule(cfg.tol, cfg.min_iter, cfg.anneal, self.stop_window)
+        saves = _Saves(self, CheckpointPolicy(self.checkpoint_every, self.checkpoint_minutes))
         scorer = None if validation is None else EarlyStopping(validation, cfg.anneal)
+        judge = _Judge(StopRule(cfg.tol, cfg.min_iter, cfg.anneal, self.stop_window), scorer)
         ahead: Flight | None = None  # iteration n + 1, submitted while n is gathered
-        pending: checkpoint.Pending | None = None  # a checkpoint being written
         held: Flight | None = None  # the chunks of the state (:func:`chunks_of`)
-        n, start = first, time.perf_counter()
-        clock = start
+        n = first
         try:
             while n < cfg.max_iter:
                 cur = ahead if ahead is not None else self._advance(cur, n + 1)
                 last = n + 1 >= cfg.max_iter
-                if policy.take(n + 1, last, squarem is None or squarem.at_cycle_start()):
-                    pending = self._start_checkpoint(cur, n + 1)
-                ahead = None if (pending is not None or last) else self._advance(cur, n + 2)
+                saves.start(cur, n + 1, last, squarem is None or squarem.at_cycle_start())
+                ahead = None if (saves.pending is not None or last) else self._advance(cur, n + 2)
                 res = self._first_result(cur.result) if n == first else cur.result.result()
                 state.passes += cur.passes
                 if squarem is not None and not squarem.keep(cur, res, state):
                     cur, ahead = cur.fallback, None  # the next step goes on from the fallback
                     squarem.restart(cur, state.elbo)
-                    if pending is not None:
-                        checkpoint.abandon(pending, finish_writes=True)
-                        pending = None
-                        policy.dropped()
+                    saves.drop()
                     continue
                 n, held, state.params = n + 1, chunks_of(cur), res["params"]
-                failure = rule.record(state, n, res["elbo"], res["objective"])
-                state.converged = rule.converged(state.elbo, n)
-                stop = "tol" if state.converged else ("max_iter" if last else None)
-                seconds, figures = time.perf_counter() - clock, None
-                if scorer is not None and failure is None and scorer.due(n, stop is not None):
-                    figures, early = scorer.score(n, self.parts(cur), state)
-                    stop = stop or ("patience" if early else None)
-                clock = time.perf_counter()
-                info = self._info(n, res, state, seconds, clock - start, figures, scorer)
-                if callback is not None and callback(info):
-                    info.stop()
-                if failure is not None:
-                    raise failure
-                if stop or info.stop_requested:
-                    state.stop_reason = stop or "callback"
+                if self._stops(n, res, state, cur, last, judge, callback):
                     break
-                if pending is not None:
-                    cur, pending = self._finish_checkpoint(pending, res, state), None
-                    held = chunks_of(cur)
-                    policy.taken()
+                restored = saves.finish(res, state)
+                if restored is not None:
+                    cur, held = restored, chunks_of(restored)
                     if squarem is not None:
                         squarem.restart(cur, state.elbo)  # the same state, read back
         except BaseException:
-            if pending is not None:
-                checkpoint.abandon(pending, finish_writes=False)
+            saves.abandon(finish_writes=False)
             raise
-        if pending is not None:  # written for an iteration that ends the fit
-            checkpoint.abandon(pending, finish_writes=True)
+        saves.abandon(finish_writes=True)  # written for an iteration that ends the fit
         return self._result(state, held, scorer)
+
+    def _stops(
+        self,
+        n: int,
+        res: dict[str, Any],
+        state: CaviState,
+        cur: Flight,
+        last: bool,
+        judge: _Judge,
+        callback: IterationCallback | None,
+    ) -> bool:
+        """Iteration ``n`` (its step ``cur``, its result ``res``; ``last``: max_iter's) told to
+        the stop rule, validation and ``callback``: whether the fit stops after it (the reason
+        in ``state.stop_reason``). An unsound bound is raised once the callback has seen it."""
+        rule, scorer = judge.rule, judge.scorer
+        failure = rule.record(state, n, res["elbo"], res["objective"])
+        state.converged = rule.converged(state.elbo, n)
+        stop = "tol" if state.converged else ("max_iter" if last else None)
+        seconds, figures = time.perf_counter() - judge.clock, None
+        if scorer is not None and failure is None and scorer.due(n, stop is not None):
+            figures, early = scorer.score(n, self.parts(cur), state)
+            stop = stop or ("patience" if early else None)
+        judge.clock = time.perf_counter()  # validation counts in no iteration's seconds
+        info = self._info(n, res, state, seconds, judge.clock - judge.start, figures, scorer)
+        if callback is not None and callback(info):
+            info.stop()
+        if failure is not None:
+            raise failure
+        if stop or info.stop_requested:
+            state.stop_reason = stop or "callback"
+            return True
+        return False
 
     def _info(
         self,
@@ -834,6 +837,59 @@ class CaviRunner:
             return result.result()
 
 
+@dataclass
+class _Judge:
+    """The loop's components that judge an iteration (:meth:`CaviRunner._stops`): the bound's
+    checks and stopping rule, validation (None without), and the clock of the iterations'
+    seconds (``start``: the loop's; ``clock``: the last iteration's end)."""
+
+    rule: StopRule
+    scorer: EarlyStopping | None
+    start: float = field(default_factory=time.perf_counter)
+    clock: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.clock = self.start
+
+
+@dataclass
+class _Saves:
+    """The loop's checkpoints: when to take one (``policy``) and the one being written
+    (``pending``), submitted with an iteration and completed (read back, which cuts the task
+    lineage) once that iteration has been judged, or abandoned."""
+
+    runner: CaviRunner
+    policy: CheckpointPolicy
+    pending: checkpoint.Pending | None = None
+
+    def start(self, cur: Flight, n_done: int, last: bool, cycle_start: bool) -> None:
+        """The writes of iteration ``n_done``'s state (step ``cur``), if the policy takes one."""
+        if self.policy.take(n_done, last, cycle_start):
+            self.pending = self.runner._start_checkpoint(cur, n_done)
+
+    def drop(self) -> None:
+        """The step being written was refused (SQUAREM): its checkpoint is owed again."""
+        if self.pending is not None:
+            self.abandon(finish_writes=True)
+            self.policy.dropped()
+
+    def finish(self, res: dict[str, Any], state: CaviState) -> Flight | None:
+        """The state read back from the checkpoint being written, now completed with ``res``
+        and ``state``; None without one."""
+        if self.pending is None:
+            return None
+        restored = self.runner._finish_checkpoint(self.pending, res, state)
+        self.pending = None
+        self.policy.taken()
+        return restored
+
+    def abandon(self, finish_writes: bool) -> None:
+        """Give up the checkpoint being written, if any (``checkpoint.abandon``)."""
+        if self.pending is not None:
+            checkpoint.abandon(self.pending, finish_writes=finish_writes)
+            self.pending = None
+
+
 def run_step(
     store: StoreInfo,
     family: Family,
@@ -913,11 +969,15 @@ def steps_executor() -> InProcessClient:
     worker thread, made by the first step and kept: a step hands its tasks to it and returns,
     so the scheduler starts the next step (already submitted) at once, its tasks queue behind
     the running ones, and the iterations overlap as in an in-process fit; the task hop between
-    steps is hidden behind their work."""
+    steps is hidden behind their work. The first also makes a worker started with Dask's
+    malloc setting keep its freed memory (:func:`~ordnmf_dask.runtime.cluster.keep_freed_memory`):
+    the steps' fresh (n, K) arrays are not faulted in page by page each iteration."""
     from distributed import get_worker
 
     threads = get_worker().state.nthreads
     with _STEPS_LOCK:
+        if not _STEPS:
+            keep_freed_memory()
         if threads not in _STEPS:
             _STEPS[threads] = InProcessClient(threads)
         return _STEPS[threads]

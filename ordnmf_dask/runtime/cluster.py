@@ -4,6 +4,7 @@ in-process executor (:mod:`.inprocess`) for data that fit in memory."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -50,6 +51,26 @@ WORKER_MEMORY = {"distributed.worker.memory.target": False}
 # iteration. Freed memory is kept for reuse instead: no trimming, and allocations up to glibc's
 # largest mmap threshold (32 MiB) come from the heap (docs/performance.md, "Worker memory").
 WORKER_MALLOC = {"MALLOC_TRIM_THRESHOLD_": 1 << 62, "MALLOC_MMAP_THRESHOLD_": 32 << 20}
+DASK_TRIM = "65536"  # the MALLOC_TRIM_THRESHOLD_ Dask's nanny gives a worker it starts
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """In a worker process that Dask's nanny started with its own malloc setting (freed memory
+    returned at once), glibc's settings changed to :data:`WORKER_MALLOC`'s now (``mallopt``):
+    a fit's steps on a cluster the user started do not fault their arrays in again each
+    iteration (docs/performance.md, "Malloc of a user's workers"). A process configured
+    otherwise, or not on glibc, is left as it is; True when changed."""
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") != DASK_TRIM:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # no C library to ask, or not glibc's
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    trim = min(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"], 2**31 - 1)  # an int, in mallopt
+    kept = mallopt(_M_TRIM_THRESHOLD, trim)
+    return bool(kept and mallopt(_M_MMAP_THRESHOLD, WORKER_MALLOC["MALLOC_MMAP_THRESHOLD_"]))
 
 
 def local_layout(
