@@ -17,7 +17,7 @@ import numpy as np
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import dedupe, distinct_ids, encode_pair, encode_sorted
 from ordnmf_dask.sources.memchunks import MemoryChunk
-from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.origin import Origin, Taken
 from ordnmf_dask.sources.parquet import ParquetChunk
 from ordnmf_dask.sources.split import SplitRule, id_hashes, lookup, pair_hash
 from ordnmf_dask.sources.testset import (
@@ -452,12 +452,8 @@ def _gather(
     """The rows of a partition's pieces in input order, their Origin and their chunk index."""
     loaded = [_piece(tmp, c, part, columns) for c, _ in pieces]
     cat = {n: np.concatenate([p[n] for p in loaded]) for n in columns}
-    fidx, cidx = (
-        np.concatenate(
-            [np.full(len(p["line"]), x[k], dtype=dt) for p, x in zip(loaded, pieces, strict=True)]
-        )
-        for k, dt in ((1, np.int32), (0, np.int64))
-    )
+    sizes = [len(p["line"]) for p in loaded]
+    fidx, cidx = (np.repeat(np.array([x[k] for x in pieces], np.int32), sizes) for k in (1, 0))
     return cat, names.rows(fidx, cat["line"]), cidx
 
 
@@ -489,17 +485,18 @@ def dedupe_task(
     """
     cat, origin, _ = _gather(tmp, job.part, job.pieces, ["u", "i", "values", "line"], names)
     rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
-    y, keep = classify(spec, raw, origin.take(rows))
+    y, keep = classify(spec, raw, Taken(origin, rows))
+    n, n_not = len(rows), int((~keep).sum())
+    kept = rows if n_not == 0 else rows[keep]
     save_arrays(
         _part_prefix(tmp, job.part),
         {
-            "u": cat["u"][rows][keep],
-            "i": cat["i"][rows][keep],
-            "y": y[keep],
-            "raw": raw[keep],
+            "u": cat["u"][kept],
+            "i": cat["i"][kept],
+            "y": y if n_not == 0 else y[keep],
+            "raw": raw if n_not == 0 else raw[keep],
         },
     )
-    n, n_not = len(rows), int((~keep).sum())
     if test is None:
         return n, n_not, None
     return (
@@ -655,6 +652,8 @@ def _user_map(part: int, fin: Final, u: np.ndarray) -> np.ndarray:
 def _kept_rows(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
     """A partition's interactions after filtering, in codes before it."""
     data = load_arrays(_part_prefix(tmp, part), ["u", "i", "y", "raw"])
+    if fin.user_alive is None and fin.item_alive is None:  # no min_count filter
+        return data
     keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
     return {k: a[keep] for k, a in data.items()}
 

@@ -268,11 +268,10 @@ def dedupe(
         raise InputError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {policy!r}")
     key = u.astype(np.int64) * np.int64(max(len(item_ids), 1))
     key += i
-    order = np.argsort(key)
+    order = np.argsort(key, kind="stable")  # input order within a pair: "last", messages
     if not _repeats(key, order):
         del key
         return order, values[order]
-    order = np.argsort(key, kind="stable")  # input order within a pair: "last", messages
     sk = key[order]
     del key
     new = np.ones(len(sk), dtype=bool)
