@@ -79,16 +79,25 @@ def distinct_ids(ids: Any, origin: Origin, what: str) -> tuple[np.ndarray, np.nd
     if pa.types.is_integer(dictionary.type):
         return dictionary.to_numpy().astype(np.int64), codes
     dictionary, codes = _clean_strings(dictionary, codes, origin, what)
-    canonical = pc.match_substring_regex(dictionary, _CANONICAL)
-    if not pc.all(canonical).as_py():  # ids all in integer form hold no float text
+    canonical = _all_canonical(dictionary)
+    if not canonical:  # ids all in integer form hold no float text
+        found = dictionary
         dictionary, codes = _integral_floats(dictionary, codes)
-        canonical = pc.match_substring_regex(dictionary, _CANONICAL)
-    if len(dictionary) and pc.all(canonical).as_py():
+        canonical = dictionary is not found and _all_canonical(dictionary)
+    if len(dictionary) and canonical:
         try:
             return pc.cast(dictionary, pa.int64()).to_numpy(), codes
         except pa.ArrowInvalid:  # beyond int64
             pass
     return _numpy_strings(dictionary), codes
+
+
+def _all_canonical(strings: pa.Array, head: int = 64) -> bool:
+    """Whether every string is the canonical decimal form of an int64 (``_CANONICAL``); the
+    first ``head`` are matched first, which settles it for most string ids."""
+    if not pc.all(pc.match_substring_regex(strings[:head], _CANONICAL)).as_py():
+        return False
+    return bool(pc.all(pc.match_substring_regex(strings, _CANONICAL)).as_py())
 
 
 def _numpy_strings(strings: pa.Array) -> np.ndarray:
