@@ -649,43 +649,48 @@ def _user_map(part: int, fin: Final, u: np.ndarray) -> np.ndarray:
     return np.where(kept, np.cumsum(kept) - 1 + fin.user_first[part], -1)
 
 
-def _kept_rows(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
+def _kept_rows(part: int, tmp: str, fin: Final, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     """A partition's interactions after filtering, in codes before it."""
-    data = load_arrays(_part_prefix(tmp, part), ["u", "i", "y", "raw"])
+    data = load_arrays(_part_prefix(tmp, part), list(columns))
     if fin.user_alive is None and fin.item_alive is None:  # no min_count filter
         return data
     keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
     return {k: a[keep] for k, a in data.items()}
 
 
-def _kept(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A partition's interactions after filtering, in final indices, their split (``test``,
-    ``validation``: masks by the hash of their raw ids, ``split.SplitRule``), and its user
-    map."""
-    d = _kept_rows(part, tmp, fin)
+_TRAIN, _TEST, _VALIDATION = 0, 1, 2  # a kept pair's subset, as staged (``subset``)
+
+
+def _kept(
+    part: int, tmp: str, fin: Final, subset: np.ndarray | None, columns: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A partition's interactions after filtering (``columns`` of them), in final indices, the
+    subset of each (``subset`` as staged by ``train_degrees_task``; None: by the hash of its
+    raw ids, ``split.SplitRule``), and its user map."""
+    d = _kept_rows(part, tmp, fin, columns)
     assert fin.item_map is not None and fin.rule is not None
     assert fin.user_ids is not None and fin.item_hash is not None
     lo, hi = int(fin.bounds[part]), int(fin.bounds[part + 1])
-    h = pair_hash(fin.user_ids.hashes(lo, hi)[d["u"] - lo], fin.item_hash[d["i"]], fin.seed)
-    is_test, is_val = fin.rule.masks(h)
+    if subset is None:
+        h = pair_hash(fin.user_ids.hashes(lo, hi)[d["u"] - lo], fin.item_hash[d["i"]], fin.seed)
+        is_test, is_val = fin.rule.masks(h)
+        del h
+        subset = is_test.view(np.uint8) * np.uint8(_TEST)
+        subset[is_val] = _VALIDATION
     user_map = _user_map(part, fin, d["u"])
-    u = user_map[d["u"] - lo]
-    return {
-        "u": u,
-        "i": fin.item_map[d["i"]],
-        "y": d["y"],
-        "raw": d["raw"],
-        "test": is_test,
-        "validation": is_val,
-    }, user_map
+    d["u"] = user_map[d["u"] - lo]
+    d["i"] = fin.item_map[d["i"]]
+    return d, subset, user_map
 
 
 def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
-    """(Train nonzeros per kept user of the partition, per item (I',)), in final indices."""
-    d, _ = _kept(part, tmp, fin)
+    """(Train nonzeros per kept user of the partition, per item (I',)), in final indices; stages
+    the subset of each kept pair (``subset``) for ``block_task``."""
+    d, subset, _ = _kept(part, tmp, fin, None, ("u", "i"))
+    save_arrays(_part_prefix(tmp, part), {"subset": subset})
     assert fin.user_first is not None
     first, stop = int(fin.user_first[part]), int(fin.user_first[part + 1])
-    train = ~d["test"] & ~d["validation"]
+    train = subset == _TRAIN
     return (
         np.bincount(d["u"][train] - first, minlength=stop - first).astype(np.int64),
         np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64),
@@ -711,11 +716,15 @@ def block_task(
         file, ``test_unknown``: its interactions dropped as their user or item is not in the
         filtered training data.
     """
-    d, user_map = _kept(part, tmp, fin)
-    is_test, is_val = d.pop("test"), d.pop("validation")
+    subset = load_arrays(_part_prefix(tmp, part), ["subset"])["subset"]
+    d, _, user_map = _kept(part, tmp, fin, subset, ("u", "i", "y", "raw"))
     splits = {
         s: {k: a[sel] for k, a in d.items()}
-        for s, sel in (("train", ~is_test & ~is_val), ("test", is_test), ("validation", is_val))
+        for s, sel in (
+            ("train", subset == _TRAIN),
+            ("test", subset == _TEST),
+            ("validation", subset == _VALIDATION),
+        )
     }
     out: dict = {}
     if fin.file_test:
