@@ -30,7 +30,7 @@ from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import CHUNK, zarr_id_dtype
-from ordnmf_dask.store.grid import block_sort
+from ordnmf_dask.store.grid import BlockedNonzeros, block_sort
 from ordnmf_dask.store.staged import (
     Gather,
     StagedIds,
@@ -658,7 +658,8 @@ def _kept_rows(part: int, tmp: str, fin: Final, columns: tuple[str, ...]) -> dic
     return {k: a[keep] for k, a in data.items()}
 
 
-_TRAIN, _TEST, _VALIDATION = 0, 1, 2  # a kept pair's subset, as staged (``subset``)
+_SUBSETS = ("train", "test", "validation")  # a kept pair's subset, staged by its number
+_TRAIN, _TEST, _VALIDATION = range(3)
 
 
 def _kept(
@@ -718,21 +719,19 @@ def block_task(
     """
     subset = load_arrays(_part_prefix(tmp, part), ["subset"])["subset"]
     d, _, user_map = _kept(part, tmp, fin, subset, ("u", "i", "y", "raw"))
-    splits = {
-        s: {k: a[sel] for k, a in d.items()}
-        for s, sel in (
-            ("train", subset == _TRAIN),
-            ("test", subset == _TEST),
-            ("validation", subset == _VALIDATION),
-        )
-    }
+    every = block_sort(
+        d["u"], d["i"], d["y"], d["raw"], row_bounds, col_bounds, True, subset, len(_SUBSETS)
+    )
+    del d
+    n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
+    splits = {s: _subset_blocks(every, k, n_blocks) for k, s in enumerate(_SUBSETS)}
     out: dict = {}
     if fin.file_test:
-        splits["test"], out["test_unknown"] = _file_test(part, tmp, fin, user_map)
-    for split, nz_in in splits.items():
-        nz = block_sort(
-            nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds, col_bounds, presorted=True
+        t, out["test_unknown"] = _file_test(part, tmp, fin, user_map)
+        splits["test"] = block_sort(
+            t["u"], t["i"], t["y"], t["raw"], row_bounds, col_bounds, presorted=True
         )
+    for split, nz in splits.items():
         ids = np.flatnonzero(np.diff(nz.offsets))
         segs = save_segments(
             locations.join(staging_dir(tmp, split), f"{part:06d}"),
@@ -743,6 +742,13 @@ def block_task(
         out[split] = ([int(b) for b in ids], segs)
         out[f"hist_{split}"] = np.bincount(nz.y, minlength=n_classes + 1).astype(np.int64)
     return out
+
+
+def _subset_blocks(nz: BlockedNonzeros, k: int, n_blocks: int) -> BlockedNonzeros:
+    """The blocks of subset ``k`` of nonzeros sorted subset by subset (views)."""
+    offsets = nz.offsets[k * n_blocks : (k + 1) * n_blocks + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    return BlockedNonzeros(nz.rows[lo:hi], nz.cols[lo:hi], nz.y[lo:hi], nz.raw[lo:hi], offsets - lo)
 
 
 def _file_test(
