@@ -135,6 +135,8 @@ def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         uniques, inverse = np.unique(ids, return_inverse=True)
         return uniques, inverse.astype(np.int32).reshape(-1)
     width = ids.dtype.itemsize
+    if ids.dtype.kind == "S" and width <= 8:
+        return _encode_words(ids)
     if ids.dtype.kind == "S":
         buffer = pa.py_buffer(np.ascontiguousarray(ids))
         arr = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(ids), [None, buffer])
@@ -150,6 +152,23 @@ def encode_sorted(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     else:
         distinct = dictionary.to_numpy(zero_copy_only=False).astype(ids.dtype)
     return _sorted(distinct, codes, order)
+
+
+def _encode_words(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``encode_sorted`` of byte strings of at most 8 bytes: each read as a big-endian uint64
+    (NUL-padded, so the integers' order is the strings' byte order), hashed as integers
+    (about 3x faster than as fixed-size binary)."""
+    n, width = len(ids), ids.dtype.itemsize
+    words = np.zeros((n, 8), np.uint8)
+    words[:, :width] = np.ascontiguousarray(ids).view(np.uint8).reshape(n, width)
+    keys = words.view(">u8").ravel().astype(np.uint64)
+    del words
+    encoded = pc.dictionary_encode(pa.array(keys), memory_pool=POOL)
+    del keys
+    found = encoded.dictionary.to_numpy()
+    words = found.astype(">u8").view(np.uint8).reshape(-1, 8)
+    distinct = np.ascontiguousarray(words[:, :width]).view(ids.dtype).ravel()
+    return _sorted(distinct, encoded.indices.to_numpy(), np.argsort(found))
 
 
 def encode_pair(
