@@ -761,8 +761,9 @@ def _code_ids(
 def _sample_bounds(sample: np.ndarray, n_users: int, n_parts: int) -> np.ndarray:
     """Cuts (P' + 1,) of the user codes into at most ``n_parts`` ranges of about as many rows,
     from a row-weighted sample of user codes; every range starts at a user with rows."""
-    s = np.sort(sample)
-    inner = np.unique(s[np.arange(1, n_parts) * len(s) // n_parts]) if len(s) else s
+    at = np.arange(1, n_parts) * len(sample) // n_parts  # quantiles of the sorted sample
+    picked = np.partition(sample, np.unique(at))[at] if len(sample) and len(at) else at[:0]
+    inner = np.unique(picked)
     inner = inner[(inner > 0) & (inner < n_users)]
     return np.concatenate([[0], inner, [n_users]]).astype(np.int64)
 

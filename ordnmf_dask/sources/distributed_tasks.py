@@ -17,7 +17,7 @@ import numpy as np
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.filtering import dedupe, distinct_ids, encode_pair, encode_sorted
 from ordnmf_dask.sources.memchunks import MemoryChunk
-from ordnmf_dask.sources.origin import Origin
+from ordnmf_dask.sources.origin import Origin, Taken
 from ordnmf_dask.sources.parquet import ParquetChunk
 from ordnmf_dask.sources.split import SplitRule, id_hashes, lookup, pair_hash
 from ordnmf_dask.sources.testset import (
@@ -30,7 +30,7 @@ from ordnmf_dask.sources.textsplit import Chunk, chunk_origin, parse_chunk
 from ordnmf_dask.sources.values import ValueSpec, classify
 from ordnmf_dask.store import locations
 from ordnmf_dask.store.blocks import CHUNK, zarr_id_dtype
-from ordnmf_dask.store.grid import block_sort
+from ordnmf_dask.store.grid import BlockedNonzeros, block_sort
 from ordnmf_dask.store.staged import (
     Gather,
     StagedIds,
@@ -452,12 +452,8 @@ def _gather(
     """The rows of a partition's pieces in input order, their Origin and their chunk index."""
     loaded = [_piece(tmp, c, part, columns) for c, _ in pieces]
     cat = {n: np.concatenate([p[n] for p in loaded]) for n in columns}
-    fidx, cidx = (
-        np.concatenate(
-            [np.full(len(p["line"]), x[k], dtype=dt) for p, x in zip(loaded, pieces, strict=True)]
-        )
-        for k, dt in ((1, np.int32), (0, np.int64))
-    )
+    sizes = [len(p["line"]) for p in loaded]
+    fidx, cidx = (np.repeat(np.array([x[k] for x in pieces], np.int32), sizes) for k in (1, 0))
     return cat, names.rows(fidx, cat["line"]), cidx
 
 
@@ -489,17 +485,18 @@ def dedupe_task(
     """
     cat, origin, _ = _gather(tmp, job.part, job.pieces, ["u", "i", "values", "line"], names)
     rows, raw = dedupe(cat["u"], cat["i"], cat["values"], origin, policy, user_ids, item_ids)
-    y, keep = classify(spec, raw, origin.take(rows))
+    y, keep = classify(spec, raw, Taken(origin, rows))
+    n, n_not = len(rows), int((~keep).sum())
+    kept = rows if n_not == 0 else rows[keep]
     save_arrays(
         _part_prefix(tmp, job.part),
         {
-            "u": cat["u"][rows][keep],
-            "i": cat["i"][rows][keep],
-            "y": y[keep],
-            "raw": raw[keep],
+            "u": cat["u"][kept],
+            "i": cat["i"][kept],
+            "y": y if n_not == 0 else y[keep],
+            "raw": raw if n_not == 0 else raw[keep],
         },
     )
-    n, n_not = len(rows), int((~keep).sum())
     if test is None:
         return n, n_not, None
     return (
@@ -652,41 +649,49 @@ def _user_map(part: int, fin: Final, u: np.ndarray) -> np.ndarray:
     return np.where(kept, np.cumsum(kept) - 1 + fin.user_first[part], -1)
 
 
-def _kept_rows(part: int, tmp: str, fin: Final) -> dict[str, np.ndarray]:
+def _kept_rows(part: int, tmp: str, fin: Final, columns: tuple[str, ...]) -> dict[str, np.ndarray]:
     """A partition's interactions after filtering, in codes before it."""
-    data = load_arrays(_part_prefix(tmp, part), ["u", "i", "y", "raw"])
+    data = load_arrays(_part_prefix(tmp, part), list(columns))
+    if fin.user_alive is None and fin.item_alive is None:  # no min_count filter
+        return data
     keep = _alive(data["u"], data["i"], fin.user_alive, fin.item_alive)
     return {k: a[keep] for k, a in data.items()}
 
 
-def _kept(part: int, tmp: str, fin: Final) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """A partition's interactions after filtering, in final indices, their split (``test``,
-    ``validation``: masks by the hash of their raw ids, ``split.SplitRule``), and its user
-    map."""
-    d = _kept_rows(part, tmp, fin)
+_SUBSETS = ("train", "test", "validation")  # a kept pair's subset, staged by its number
+_TRAIN, _TEST, _VALIDATION = range(3)
+
+
+def _kept(
+    part: int, tmp: str, fin: Final, subset: np.ndarray | None, columns: tuple[str, ...]
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """A partition's interactions after filtering (``columns`` of them), in final indices, the
+    subset of each (``subset`` as staged by ``train_degrees_task``; None: by the hash of its
+    raw ids, ``split.SplitRule``), and its user map."""
+    d = _kept_rows(part, tmp, fin, columns)
     assert fin.item_map is not None and fin.rule is not None
     assert fin.user_ids is not None and fin.item_hash is not None
     lo, hi = int(fin.bounds[part]), int(fin.bounds[part + 1])
-    h = pair_hash(fin.user_ids.hashes(lo, hi)[d["u"] - lo], fin.item_hash[d["i"]], fin.seed)
-    is_test, is_val = fin.rule.masks(h)
+    if subset is None:
+        h = pair_hash(fin.user_ids.hashes(lo, hi)[d["u"] - lo], fin.item_hash[d["i"]], fin.seed)
+        is_test, is_val = fin.rule.masks(h)
+        del h
+        subset = is_test.view(np.uint8) * np.uint8(_TEST)
+        subset[is_val] = _VALIDATION
     user_map = _user_map(part, fin, d["u"])
-    u = user_map[d["u"] - lo]
-    return {
-        "u": u,
-        "i": fin.item_map[d["i"]],
-        "y": d["y"],
-        "raw": d["raw"],
-        "test": is_test,
-        "validation": is_val,
-    }, user_map
+    d["u"] = user_map[d["u"] - lo]
+    d["i"] = fin.item_map[d["i"]]
+    return d, subset, user_map
 
 
 def train_degrees_task(part: int, tmp: str, fin: Final) -> tuple:
-    """(Train nonzeros per kept user of the partition, per item (I',)), in final indices."""
-    d, _ = _kept(part, tmp, fin)
+    """(Train nonzeros per kept user of the partition, per item (I',)), in final indices; stages
+    the subset of each kept pair (``subset``) for ``block_task``."""
+    d, subset, _ = _kept(part, tmp, fin, None, ("u", "i"))
+    save_arrays(_part_prefix(tmp, part), {"subset": subset})
     assert fin.user_first is not None
     first, stop = int(fin.user_first[part]), int(fin.user_first[part + 1])
-    train = ~d["test"] & ~d["validation"]
+    train = subset == _TRAIN
     return (
         np.bincount(d["u"][train] - first, minlength=stop - first).astype(np.int64),
         np.bincount(d["i"][train], minlength=fin.n_items).astype(np.int64),
@@ -712,19 +717,21 @@ def block_task(
         file, ``test_unknown``: its interactions dropped as their user or item is not in the
         filtered training data.
     """
-    d, user_map = _kept(part, tmp, fin)
-    is_test, is_val = d.pop("test"), d.pop("validation")
-    splits = {
-        s: {k: a[sel] for k, a in d.items()}
-        for s, sel in (("train", ~is_test & ~is_val), ("test", is_test), ("validation", is_val))
-    }
+    subset = load_arrays(_part_prefix(tmp, part), ["subset"])["subset"]
+    d, _, user_map = _kept(part, tmp, fin, subset, ("u", "i", "y", "raw"))
+    every = block_sort(
+        d["u"], d["i"], d["y"], d["raw"], row_bounds, col_bounds, True, subset, len(_SUBSETS)
+    )
+    del d
+    n_blocks = (len(row_bounds) - 1) * (len(col_bounds) - 1)
+    splits = {s: _subset_blocks(every, k, n_blocks) for k, s in enumerate(_SUBSETS)}
     out: dict = {}
     if fin.file_test:
-        splits["test"], out["test_unknown"] = _file_test(part, tmp, fin, user_map)
-    for split, nz_in in splits.items():
-        nz = block_sort(
-            nz_in["u"], nz_in["i"], nz_in["y"], nz_in["raw"], row_bounds, col_bounds, presorted=True
+        t, out["test_unknown"] = _file_test(part, tmp, fin, user_map)
+        splits["test"] = block_sort(
+            t["u"], t["i"], t["y"], t["raw"], row_bounds, col_bounds, presorted=True
         )
+    for split, nz in splits.items():
         ids = np.flatnonzero(np.diff(nz.offsets))
         segs = save_segments(
             locations.join(staging_dir(tmp, split), f"{part:06d}"),
@@ -735,6 +742,13 @@ def block_task(
         out[split] = ([int(b) for b in ids], segs)
         out[f"hist_{split}"] = np.bincount(nz.y, minlength=n_classes + 1).astype(np.int64)
     return out
+
+
+def _subset_blocks(nz: BlockedNonzeros, k: int, n_blocks: int) -> BlockedNonzeros:
+    """The blocks of subset ``k`` of nonzeros sorted subset by subset (views)."""
+    offsets = nz.offsets[k * n_blocks : (k + 1) * n_blocks + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    return BlockedNonzeros(nz.rows[lo:hi], nz.cols[lo:hi], nz.y[lo:hi], nz.raw[lo:hi], offsets - lo)
 
 
 def _file_test(

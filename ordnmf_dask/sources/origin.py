@@ -36,6 +36,18 @@ class Named:
 
 
 @dataclass(frozen=True, eq=False)
+class Taken:
+    """Rows ``idx`` of ``origin`` (``Origin.take`` without gathering their lines: a message
+    names one row, so only that row's place is looked up)."""
+
+    origin: Origin
+    idx: np.ndarray
+
+    def where(self, k: int) -> str:
+        return self.origin.where(int(self.idx[k]))
+
+
+@dataclass(frozen=True, eq=False)
 class Origin:
     """Provenance of n input rows.
 

@@ -31,11 +31,12 @@ _SPAN = 2**64  # hashes are uniform on [0, 2^64)
 def _mix64(x: np.ndarray) -> np.ndarray:
     """The SplitMix64 finalizer, a bijection of uint64 (wrap-around arithmetic)."""
     with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * _M1
-        x = x ^ (x >> np.uint64(27))
-        x = x * _M2
-        return x ^ (x >> np.uint64(31))
+        x = x ^ (x >> np.uint64(30))  # a new array: the rest is in place
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        x ^= x >> np.uint64(31)
+        return x
 
 
 def id_hashes(ids: np.ndarray) -> np.ndarray:

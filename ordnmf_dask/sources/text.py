@@ -289,6 +289,7 @@ def line_numbers(data: bytes, first_line: int = 1) -> np.ndarray:
     return np.flatnonzero(counts > 0).astype(np.int64) + first_line
 
 
+_WHITESPACE_BYTES = tuple(bytes([b]) for b in _WHITESPACE)
 _BLANK_AT_START = re.compile(rb"[ \t\r\x0b\x0c]*(?:\n|\Z)")
 _BLANK_AFTER_NEWLINE = re.compile(rb"\n[ \t\r\x0b\x0c]*(?:\n|\Z)")
 
@@ -296,6 +297,9 @@ _BLANK_AFTER_NEWLINE = re.compile(rb"\n[ \t\r\x0b\x0c]*(?:\n|\Z)")
 def _has_blank_line(data: bytes) -> bool:
     """Whether ``data`` (not empty) has a line of only whitespace (a final newline ends the last
     line, it does not start an empty one)."""
+    if not any(w in data for w in _WHITESPACE_BYTES):  # a blank line is then an empty one
+        newline = np.frombuffer(data, np.uint8) == 10
+        return bool(newline[0] or np.any(newline[1:] & newline[:-1]))
     end = len(data) - 1 if data.endswith(b"\n") else len(data)
     return (
         _BLANK_AT_START.match(data, 0, end + 1 if end == 0 else end) is not None

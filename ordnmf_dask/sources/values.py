@@ -25,7 +25,7 @@ import numpy as np
 
 from ordnmf_dask.errors import InputError, shown
 from ordnmf_dask.params import MAX_CLASSES, RATING_KINDS
-from ordnmf_dask.sources.origin import Named, Origin
+from ordnmf_dask.sources.origin import Named, Origin, Taken
 
 PAPER_THRESHOLDS: tuple[float, ...] = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500)
 
@@ -192,7 +192,7 @@ def _is_paper(counts: object) -> bool:
 
 
 def classify(
-    spec: ValueSpec, values: np.ndarray, origin: Origin | Named
+    spec: ValueSpec, values: np.ndarray, origin: Origin | Named | Taken
 ) -> tuple[np.ndarray, np.ndarray]:
     """Classes of raw values.
 
@@ -200,7 +200,7 @@ def classify(
     ----------
     spec : ValueSpec
     values : np.ndarray of float64, shape (n,)
-    origin : Origin or Named
+    origin : Origin, Named or Taken
         Used to name the file and line (and the ids) of an invalid value.
 
     Returns
@@ -240,7 +240,9 @@ def classify(
     return y, keep
 
 
-def _fail(bad: np.ndarray, values: np.ndarray, origin: Origin | Named, message: str) -> None:
+def _fail(
+    bad: np.ndarray, values: np.ndarray, origin: Origin | Named | Taken, message: str
+) -> None:
     idx = np.flatnonzero(bad)
     if idx.size:
         k = int(idx[0])

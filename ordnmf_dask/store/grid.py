@@ -141,17 +141,21 @@ def block_sort(
     row_bounds: np.ndarray,
     col_bounds: np.ndarray,
     presorted: bool = False,
+    groups: np.ndarray | None = None,
+    n_groups: int = 1,
 ) -> BlockedNonzeros:
     """Sort global nonzeros (u, i int (nnz,)) into blocks with local int32 indices.
 
-    ``presorted``: the nonzeros are sorted by (u, i) already. Each block row is then a
-    contiguous slice, and a stable sort of its block columns (a radix sort of small numbers)
-    keeps the (row, col) order within each block, one block row at a time.
+    ``presorted``: the nonzeros are sorted by (u, i) already. A stable sort of their block
+    numbers (a radix sort of small numbers) then keeps the (row, col) order within each
+    block. ``groups`` (presorted only): a group in ``[0, n_groups)`` of each nonzero (a
+    split's subset, say); the blocks of group 0 come first, then those of group 1, ...,
+    ``offsets`` then has ``n_groups * n_r * n_c + 1`` entries.
     """
     n_c = len(col_bounds) - 1
     n_blocks = (len(row_bounds) - 1) * n_c
     if presorted:
-        return _block_sort_sorted(u, i, y, raw, row_bounds, col_bounds)
+        return _block_sort_sorted(u, i, y, raw, row_bounds, col_bounds, groups, n_groups)
     r = np.searchsorted(row_bounds, u, side="right") - 1
     c = np.searchsorted(col_bounds, i, side="right") - 1
     rows = (u - row_bounds[r]).astype(np.int32)
@@ -172,27 +176,32 @@ def _block_sort_sorted(
     raw: np.ndarray,
     row_bounds: np.ndarray,
     col_bounds: np.ndarray,
+    groups: np.ndarray | None,
+    n_groups: int,
 ) -> BlockedNonzeros:
-    """``block_sort`` of nonzeros sorted by (u, i), block row by block row."""
+    """``block_sort`` of nonzeros sorted by (u, i): one stable sort of (group, block)."""
     n_r, n_c = len(row_bounds) - 1, len(col_bounds) - 1
-    nnz = len(u)
-    rows, cols = np.empty(nnz, np.int32), np.empty(nnz, np.int32)
-    y_out, raw_out = np.empty(nnz, np.uint8), np.empty(nnz, np.float64)
-    counts = np.zeros((n_r, n_c), dtype=np.int64)
     cuts = np.searchsorted(u, row_bounds)
-    for r in range(n_r):
-        lo, hi = int(cuts[r]), int(cuts[r + 1])
-        c = np.searchsorted(col_bounds, i[lo:hi], side="right") - 1
-        order = np.argsort(c.astype(np.uint16) if n_c <= 2**16 else c, kind="stable") + lo
-        counts[r] = np.bincount(c, minlength=n_c)
-        np.subtract(u[order], row_bounds[r], out=rows[lo:hi], casting="unsafe")
-        ii = i[order]
-        np.subtract(ii, col_bounds[c[order - lo]], out=cols[lo:hi], casting="unsafe")
-        y_out[lo:hi] = y[order]
-        raw_out[lo:hi] = raw[order]
-    offsets = np.zeros(n_r * n_c + 1, dtype=np.int64)
-    np.cumsum(counts.ravel(), out=offsets[1:])
-    return BlockedNonzeros(rows, cols, y_out, raw_out, offsets)
+    r = np.repeat(np.arange(n_r, dtype=np.int64), np.diff(cuts))
+    c = np.searchsorted(col_bounds, i, side="right") - 1
+    rows = np.subtract(u, row_bounds[r], dtype=np.int64).astype(np.int32)
+    cols = np.subtract(i, col_bounds[c], dtype=np.int64).astype(np.int32)
+    key = r * n_c + c
+    del r
+    if groups is not None:
+        key += groups.astype(np.int64) * (n_r * n_c)
+    n_keys = n_groups * n_r * n_c
+    small = key.astype(np.uint16) if n_keys <= 2**16 else key
+    order = np.argsort(small, kind="stable")  # a radix sort for 16-bit keys
+    offsets = np.zeros(n_keys + 1, dtype=np.int64)
+    np.cumsum(np.bincount(key, minlength=n_keys), out=offsets[1:])
+    return BlockedNonzeros(
+        rows[order],
+        cols[order],
+        y[order].astype(np.uint8, copy=False),
+        raw[order].astype(np.float64, copy=False),
+        offsets,
+    )
 
 
 def indptr_starts(row_bounds: np.ndarray, n_c: int) -> np.ndarray:
