@@ -83,8 +83,9 @@ def ingest(
     delimiter, header, columns
         Parsing options; see ``ordnmf_dask.sources.readers.read_triples``. ``columns`` are 0-based
         positions or column names (a text header's fields, Parquet column names) of files,
-        default 0, 1, 2; the column names of a DataFrame or Table, whose columns are otherwise
-        told by their names (never by position).
+        by default the columns a file's names tell, else 0, 1, 2 (``columns.file_columns``);
+        the column names of a DataFrame or Table, whose columns are otherwise told by their
+        names (never by position).
     <the rows of params.COMMAND_PARAMS["ingest"]>
     client : distributed.Client, optional
         Run the tasks of the chunked pipeline (:mod:`.distributed`) on this cluster: every
