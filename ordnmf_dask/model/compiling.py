@@ -22,8 +22,9 @@ from numba.core import event
 log = logging.getLogger("ordnmf_dask")
 
 #: seconds a first run's compilation takes, by group of kernels (docs/performance.md, "First
-#: run on a machine": a few seconds on a quiet machine, 17 s and more at load 8)
-EXPECTED = "5-20 s"
+#: run on a machine: the command line": 2.7-3.0 s for a fit's on an idle machine, 6-18 s at
+#: load 8-10)
+EXPECTED = "3 s"
 
 _doing: list[str] = []  # what the process compiles for now, innermost last (a fit if empty)
 _doing_lock = threading.Lock()
