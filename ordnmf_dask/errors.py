@@ -16,6 +16,15 @@ class InputError(ValueError):
     Pickled without calling ``__init__`` again, so that an InputError raised in a task on a
     worker reaches the client as itself (an exit code 2), whatever the signature of a subclass:
     Dask replaces an exception that does not survive pickling by a plain ``Exception``.
+
+    Examples
+    --------
+    >>> from ordnmf_dask import InputError, ingest_arrays
+    >>> try:
+    ...     ingest_arrays([1, 2], [10, 11], [4.0, float("nan")], "bad.zarr")
+    ... except InputError as err:
+    ...     print("refused:", type(err).__name__)
+    refused: InputError
     """
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -53,7 +62,17 @@ def _plain(value: Any) -> Any:
 
 
 class StoreError(InputError):
-    """A store that is absent, incomplete, unreadable or written by a newer format."""
+    """A store that is absent, incomplete, unreadable or written by a newer format.
+
+    Examples
+    --------
+    >>> from ordnmf_dask import StoreError, open_store
+    >>> try:
+    ...     open_store("missing.zarr")
+    ... except StoreError as err:
+    ...     print(str(err).endswith("missing.zarr: no store here (path does not exist)"))
+    True
+    """
 
 
 class ConfigError(InputError):

@@ -37,7 +37,14 @@ SHIPPED = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 def cache_dir(data_home: str | os.PathLike[str] | None = None) -> Path:
     """The cache directory: ``data_home``, else ``$ORDNMF_DASK_DATA``, else
-    ``~/.cache/ordnmf_dask``."""
+    ``~/.cache/ordnmf_dask``.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets import cache_dir
+    >>> cache_dir("data").name  # data_home given: that directory
+    'data'
+    """
     chosen = data_home or os.environ.get(ENV_VAR) or Path.home() / ".cache" / "ordnmf_dask"
     return Path(chosen).expanduser()
 
@@ -51,7 +58,15 @@ def fetch_movielens_small(
     """The path of MovieLens latest-small's ``ratings.csv`` (GroupLens; licence in the
     ``README.txt`` beside it), downloaded from ``url`` into the cache only when neither the
     cache nor the checkout holds it. Raises :class:`InputError` (one line: where to get the
-    zip and where to put it) when the download fails or its sha256 is not ``sha256``."""
+    zip and where to put it) when the download fails or its sha256 is not ``sha256``.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets import fetch_movielens_small
+    >>> path = fetch_movielens_small()  # the cache, the checkout's copy, or a checked download
+    >>> path.name
+    'ratings.csv'
+    """
     home = cache_dir(data_home)
     for root in (home, SHIPPED):
         found = root / MOVIELENS_SMALL / "ratings.csv"

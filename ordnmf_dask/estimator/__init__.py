@@ -502,6 +502,21 @@ class OrdNMF(CaviEstimator):
         (n_members, V + 1).
 """
         + _NOTES_DOC
+        + """
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=2, max_iter=30).fit(store)
+    >>> model.user_factors.shape  # 200 users x 2 members of 3 components
+    (200, 6)
+    >>> top = model.recommend([0], n=5)  # raw user id 0: five (item, score) pairs
+    >>> len(top[0])
+    5
+    >>> model.predict_proba([0], [1]).shape  # P(y = v), v = 0 .. 10
+    (1, 11)
+"""
     )
 
     approx: bool
@@ -554,6 +569,15 @@ class BePoF(OrdNMF):
     so one ingested ordinal store serves every threshold. theta_0 = Delta_1 is learned, or fixed
     at 1 with ``learn_threshold=False`` (the paper's BePoF). ``approx=True`` is PF on the
     binarized data (see :class:`PF`). Other parameters and attributes as :class:`OrdNMF`.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import BePoF
+    >>> model = BePoF(n_components=3, threshold=6, n_members=1, max_iter=20).fit(store)
+    >>> model.item_factors.shape
+    (100, 3)
     """
 
     threshold: int
@@ -599,6 +623,15 @@ class PF(BePoF):
 
     As in the published code, Delta_1 is still learned and the reported bound keeps the
     log(expm1(.)) local term. Parameters and attributes as :class:`BePoF` (``approx`` is True).
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import PF
+    >>> model = PF(n_components=3, threshold=6, n_members=1, max_iter=20).fit(store)
+    >>> model.item_factors.shape
+    (100, 3)
     """
 
     approx = True  # not a parameter: q(n) = delta_1 always
@@ -661,6 +694,19 @@ class DcPF(CaviEstimator):
         + """    p_ : the learned element parameter.
 """
         + _NOTES_DOC
+        + """
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import scipy.sparse as sp
+    >>> from ordnmf_dask import DcPF
+    >>> rng = np.random.default_rng(0)  # play counts of 60 users x 40 items
+    >>> X = sp.csr_matrix(rng.poisson(3, (60, 40)) * (rng.random((60, 40)) < 0.2))
+    >>> model = DcPF(n_components=3, n_members=1, max_iter=20)
+    >>> model = model.fit(X, ingest_options={"counts": "paper"})  # keeps the raw counts
+    >>> model.user_factors.shape
+    (60, 3)
+"""
     )
 
     p: float

@@ -247,6 +247,17 @@ def evaluate(
     -----
     Ranking all items costs U x I x K: an hour for 1M users x 200k items on two cores, a minute
     for 2% of the users (:func:`sampled_users`); the log-likelihood covers every test nonzero.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> from ordnmf_dask import evaluate
+    >>> scores = evaluate(store, model)  # the store's test split, NDCG@100 and more per level
+    >>> scores["k"], len(scores["ndcg"]) == store.n_classes
+    (100, True)
     """
     given = {"k": k, "levels": levels, "user_fraction": user_fraction, "seed": seed}
     v = validate_call("evaluate", {**given, "posterior": posterior})  # its table's rows

@@ -261,6 +261,18 @@ def export(
     Returns
     -------
     ``out`` (an absolute path when local).
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> from pathlib import Path
+    >>> from ordnmf_dask import export
+    >>> _ = export(model, "exp", what=("factors",))  # partitioned Parquet, raw ids
+    >>> sorted(p.name for p in Path("exp").iterdir())
+    ['_SUCCESS', 'item_factors', 'user_factors']
     """
     if isinstance(what, str) or not what or any(w not in WHAT for w in what):
         raise InputError(f"what must be a list of some of {', '.join(WHAT)}, got {what!r}")

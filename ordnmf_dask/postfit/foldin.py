@@ -224,6 +224,17 @@ def fold_in(
     -------
     (n_new, K) float64 E[w] of the new users, in the order given (an ensemble's: (n_new,
     n_members * K), each member's against its own columns, as the model's W holds them).
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> from ordnmf_dask import fold_in
+    >>> w = fold_in(model, [[1, 2, 3]], [[10, 8, 9]])  # a new user who rated items 1, 2, 3
+    >>> w.shape
+    (1, 3)
     """
     settings = validate_call("fold_in", {"max_iter": max_iter, "tol": tol, "seed": seed})
     max_iter, tol, seed = settings["max_iter"], settings["tol"], settings["seed"]
@@ -398,6 +409,18 @@ def recommend_for(
     -------
     ``{row j of w: [(item, score), ...]}`` best first (score = w . E[h_i], ties to the lower
     index): the shape of :func:`ordnmf_dask.recommend` for given users, keyed by row.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> from ordnmf_dask import fold_in, recommend_for
+    >>> w = fold_in(model, [[1, 2, 3]], [[10, 8, 9]])
+    >>> top = recommend_for(model, w, [[1, 2, 3]], n=2)  # the new user's own items left out
+    >>> len(top[0]), {1, 2, 3} & {item for item, _ in top[0]}
+    (2, set())
     """
     n = check_n(n)
     m = open_model(os.fspath(getattr(model, "model_path_", model)))

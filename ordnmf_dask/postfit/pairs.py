@@ -183,6 +183,20 @@ def predict_pairs(
     ids are read for a model saved without its own (default: the model's). ``posterior`` as
     :meth:`~ordnmf_dask.estimator.CaviEstimator.predict_proba`. Unknown ids: InputError naming
     the file, row group and ids, and nothing is written. Returns ``out``.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> import pyarrow as pa
+    >>> import pyarrow.parquet as pq
+    >>> from ordnmf_dask import predict_pairs
+    >>> pq.write_table(pa.table({"user": [0, 0, 5], "item": [1, 2, 7]}), "pairs.parquet")
+    >>> out = predict_pairs(model, "pairs.parquet", "proba")  # Parquet: user, item, p0 .. p10
+    >>> pq.read_table(out).column_names[:4], pq.read_table(out).num_rows
+    (['user', 'item', 'p0', 'p1'], 3)
     """
     validate_call(  # its table's rows
         "predict",

@@ -117,6 +117,17 @@ def posterior_predictive(
     -------
     dict with ``classes`` (0..V), ``train`` (training counts, zeros included) and ``model``
     (expected counts of the simulated data, same scale), as lists of floats.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> from ordnmf_dask import posterior_predictive
+    >>> check = posterior_predictive(store, model, n_pairs=10000)  # classes drawn from the model
+    >>> sorted(check)
+    ['classes', 'model', 'train']
     """
     info = store if isinstance(store, StoreInfo) else open_store(os.fspath(store))
     m = open_model(os.fspath(getattr(model, "model_path_", model)))

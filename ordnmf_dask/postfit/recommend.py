@@ -67,6 +67,17 @@ def recommend(
     -------
     ``out`` (absolute path) for all users; for given users a dict
     ``{user id as given: [(raw item id, score), ...] best first}`` in the order given.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import OrdNMF
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
+    >>> from ordnmf_dask import recommend
+    >>> top = recommend(store, model, n=3, users=[0, 1])  # raw ids, training items left out
+    >>> sorted(top), [len(v) for v in top.values()]
+    ([0, 1], [3, 3])
     """
     n = check_n(n)
     if (users is None) == (out is None):

@@ -100,6 +100,16 @@ def ingest(
     ------
     InputError
         Any invalid input; nothing is left at ``out`` nor in a temporary sibling.
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> from ordnmf_dask import ingest
+    >>> rows = ["user,item,rating", "1,10,4", "1,11,5", "2,10,3", "2,12,4", "3,11,2"]
+    >>> _ = Path("r.csv").write_text("\\n".join(rows) + "\\n")
+    >>> store = ingest("r.csv", "r.zarr", test_fraction=0)  # every rating trains
+    >>> store.n_users, store.n_items, store.nnz_train
+    (3, 3, 5)
     """
     plan = plan_ingest(
         inputs,
@@ -131,5 +141,14 @@ def ingest_arrays(
     **options: Unpack[IngestOptions],
 ) -> StoreInfo:
     """``ingest((users, items, values), out, ...)``: in-memory arrays of shape (n,); raw ids may
-    be integers (stored as int64) or strings; errors name the 0-based row."""
+    be integers (stored as int64) or strings; errors name the 0-based row.
+
+    Examples
+    --------
+    >>> from ordnmf_dask import ingest_arrays
+    >>> users, items, stars = ["ann", "ann", "bob"], [10, 11, 10], [4, 5, 3]
+    >>> store = ingest_arrays(users, items, stars, "a.zarr", test_fraction=0)
+    >>> store.n_users, store.n_items, store.nnz_train
+    (2, 2, 3)
+    """
     return run_plan(plan_ingest((users, items, values), out, test=test, **options))

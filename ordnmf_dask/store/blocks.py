@@ -105,6 +105,13 @@ class StoreInfo:
         All group attributes, as recorded.
     header : StoreHeader
         The attributes typed and checked (:mod:`.header`): read fields from here.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> store.n_users, store.n_items, store.n_classes, store.grid
+    (200, 100, 10, (1, 1))
     """
 
     path: str
@@ -529,6 +536,15 @@ def open_store(path: str | os.PathLike) -> StoreInfo:
     StoreError
         Missing path, not a zarr group, a model, written by a newer format, not complete, or
         a chunk file missing or of the wrong size (named).
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import open_store
+    >>> info = open_store("ratings.zarr")
+    >>> info.nnz_train == store.nnz_train
+    True
     """
     return _handle(path, fresh=True).info
 
@@ -568,6 +584,15 @@ def read_block(
     block's slice; opened stores are kept in a small per-process cache keyed by the store's
     identity on disk. A store replaced since this process opened it (:func:`open_store`) is a
     StoreError saying it changed.
+
+    Examples
+    --------
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> from ordnmf_dask import read_block
+    >>> block = read_block("ratings.zarr", "train", 0, 0)  # the one block of this store
+    >>> len(block.rows) == store.nnz_train
+    True
     """
     handle = _handle(path)  # of the version this process opened, or an error saying it changed
     if split not in handle.files:

@@ -29,7 +29,13 @@ SEARCHED = ("n_components", "alpha_W", "alpha_H")
 @dataclass(frozen=True)
 class LogUniform:
     """Values drawn log-uniformly in [low, high] (rounded to the nearest integer for
-    ``n_components``)."""
+    ``n_components``).
+
+    Examples
+    --------
+    >>> from ordnmf_dask import LogUniform
+    >>> space = {"alpha_W": LogUniform(0.05, 2.0), "n_components": LogUniform(5, 100)}  # for tune
+    """
 
     low: float
     high: float

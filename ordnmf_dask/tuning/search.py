@@ -171,6 +171,21 @@ def tune(
     Returns
     -------
     :class:`TuneResult`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ordnmf_dask import LogUniform, ingest_arrays, tune
+    >>> rng = np.random.default_rng(0)
+    >>> users, items = np.divmod(rng.choice(200 * 100, 4000, replace=False), 100)
+    >>> stars = rng.integers(1, 6, 4000)
+    >>> store = ingest_arrays(users, items, stars, "v.zarr", validation_fraction=0.2)
+    >>> space = {"alpha_W": LogUniform(0.1, 1.0)}
+    >>> result = tune(store, space, out="best.zarr", n_trials=2, max_iter=10, n_workers=1)
+    >>> from ordnmf_dask import OrdNMF
+    >>> best = OrdNMF.load(result.best_model)  # the best trial's model, refitted and saved
+    >>> result.metric, best.user_factors.shape[0] == store.n_users
+    ('validation ndcg@100 s>=1', True)
     """
     given = {
         "n_trials": n_trials,
