@@ -171,6 +171,15 @@ def test_predict_on_the_store_scale(tmp_path):
     np.testing.assert_array_equal(
         half.model.predict(users, items, kind="mode", scale="class"), mode
     )
+    # classes that are no points of a scale (a synthetic store's) are predicted as classes only
+    synthetic = Model(
+        tmp_path, scale={"value_kind": "synthetic", "thresholds": None}, name="syn.zarr"
+    )
+    with pytest.raises(InputError, match="'synthetic' are not points of a rating scale: use scale"):
+        synthetic.model.predict(users, items)
+    np.testing.assert_array_equal(
+        synthetic.model.predict(users, items, kind="mode", scale="class"), mode
+    )
 
 
 def test_predict_on_count_classes(tmp_path):

@@ -134,13 +134,25 @@ class CaviEstimator:
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         """The constructor's parameters and their values (scikit-learn's protocol; ``deep`` is
-        accepted for it and has no effect: no parameter is an estimator)."""
+        accepted for it and has no effect: no parameter is an estimator).
+
+        Examples
+        --------
+        >>> model.get_params()["n_components"]
+        3
+        """
         return {name: getattr(self, name) for name in self._param_names()}
 
     def set_params(self, **params: Any) -> Self:
         """Set constructor parameters by keyword and return the estimator (scikit-learn's
         protocol); an unknown name is a ValueError naming the valid ones. Values are checked
-        by :meth:`fit`, as scikit-learn's are."""
+        by :meth:`fit`, as scikit-learn's are.
+
+        Examples
+        --------
+        >>> model.set_params(max_iter=50).max_iter
+        50
+        """
         names = self._param_names()
         for name in params:
             if name not in names:
@@ -211,6 +223,12 @@ class CaviEstimator:
         -----
         Every conflict (store, warm-start model, output path, checkpoints) is checked before
         the cluster is used, and so are K and the factors' memory.
+
+        Examples
+        --------
+        >>> model = OrdNMF(n_components=3, n_members=2, max_iter=30).fit(store)
+        >>> model.n_iter_ <= 30
+        True
         """
         plan = plan_fit(
             store,
@@ -262,37 +280,87 @@ class CaviEstimator:
 
     @property
     def W_(self) -> da.Array:
+        """E[W] (U, K): the users' factors as a dask array read lazily from the saved model
+        (chunked as its blocks), for models larger than memory; ``user_factors`` in memory.
+
+        Examples
+        --------
+        >>> model.W_.shape
+        (200, 6)
+        """
         return self._factor("W", "mean")
 
     @property
     def H_(self) -> da.Array:
+        """E[H] (I, K): the items' factors as a dask array read lazily from the saved model;
+        ``item_factors`` in memory.
+
+        Examples
+        --------
+        >>> model.H_.shape
+        (100, 6)
+        """
         return self._factor("H", "mean")
 
     @property
     def user_factors(self) -> np.ndarray:
         """(U, K) numpy array of E[W], the users' factors in the order of the model's user ids
-        (as ``implicit`` and scikit-learn users hold them; read on first use and kept)."""
+        (as ``implicit`` and scikit-learn users hold them; read on first use and kept).
+
+        Examples
+        --------
+        >>> model.user_factors.shape  # 200 users x (2 members x 3 components)
+        (200, 6)
+        """
         return self._served().W
 
     @property
     def item_factors(self) -> np.ndarray:
         """(I, K) numpy array of E[H], the items' factors in the order of the model's item
-        ids."""
+        ids.
+
+        Examples
+        --------
+        >>> model.item_factors.shape
+        (100, 6)
+        """
         return self._served().H
 
     @property
     def log_W_(self) -> da.Array:
+        """E[log W] (U, K) as a dask array read lazily from the saved model (the geometric
+        mean of q(W), below E[W]).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> bool((np.exp(model.log_W_.compute()) < model.W_.compute()).all())
+        True
+        """
         return self._factor("W", "log_mean")
 
     @property
     def log_H_(self) -> da.Array:
+        """E[log H] (I, K) as a dask array read lazily from the saved model.
+
+        Examples
+        --------
+        >>> model.log_H_.shape
+        (100, 6)
+        """
         return self._factor("H", "log_mean")
 
     @property
     def n_active_components_(self) -> int:
         """Components in use: those on which some user puts at least 1% of its expected latent
         counts (posterior shape minus alpha_W); a component the prior switched off carries none
-        (docs/design.md, "Class probabilities"). Read from the posterior shapes on first use."""
+        (docs/design.md, "Class probabilities"). Read from the posterior shapes on first use.
+
+        Examples
+        --------
+        >>> 1 <= model.n_active_components_ <= 6
+        True
+        """
         if "_factors" not in vars(self):
             raise AttributeError(f"{type(self).__name__} is not fitted: call fit() or load()")
         if self._n_active is None:
@@ -321,12 +389,26 @@ class CaviEstimator:
     def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
         """Copy the fitted model directory to ``path`` (a directory or a URL: zarr arrays and
         JSON attributes); an existing ``path`` is replaced only with ``overwrite`` and only if
-        it is a model."""
+        it is a model.
+
+        Examples
+        --------
+        >>> path = model.save("model.zarr", overwrite=True)  # OrdNMF.load(path) serves it
+        >>> path.endswith("model.zarr")
+        True
+        """
         return copy_model(self._fitted_model(), path, overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CaviEstimator:
-        """The estimator (of the saved model's class) with its parameters and fitted state."""
+        """The estimator (of the saved model's class) with its parameters and fitted state.
+
+        Examples
+        --------
+        >>> _ = model.save("model.zarr")
+        >>> OrdNMF.load("model.zarr").user_factors.shape
+        (200, 6)
+        """
         model = open_model(os.fspath(path))
         klass = ESTIMATORS.get(model.header.model or "")
         if klass is None or not issubclass(klass, cls):
@@ -369,7 +451,14 @@ class CaviEstimator:
         model's own index of them, or from ``store``, needed only by models saved without that
         index); ``items`` restricts the candidates to these raw ids; ``exclude`` removes
         these. ``proba_at`` s (a class 1..V): ``(raw item id, score, P(y >= s | y > 0))``
-        triples (:meth:`predict_proba`'s plug-in law, which rises with the score)."""
+        triples (:meth:`predict_proba`'s plug-in law, which rises with the score).
+
+        Examples
+        --------
+        >>> top = model.recommend([0, 1], n=3)  # (item, score) pairs, training items left out
+        >>> sorted(top), [len(v) for v in top.values()]
+        ([0, 1], [3, 3])
+        """
         srv = self._server(store)
         recs = srv.recommend(user_ids, n, filter_already_seen, items, exclude)
         if proba_at is None:
@@ -389,7 +478,15 @@ class CaviEstimator:
     ) -> dict[int, list[tuple[Any, ...]]]:
         """Top-``n`` items for users given by their factors (from :meth:`fold_in_users`),
         row j without the raw items ``exclude[j]``: ``{j: [(raw item id, score), ...]}``, as
-        :meth:`recommend` keyed by the row of ``w``."""
+        :meth:`recommend` keyed by the row of ``w``.
+
+        Examples
+        --------
+        >>> w = model.fold_in_users([[1, 2, 3]], [[10, 8, 9]])
+        >>> top = model.recommend_for(w, n=2, exclude=[[1, 2, 3]])
+        >>> len(top[0])
+        2
+        """
         srv = self._server()
         recs = srv.recommend_for(w, n, exclude, items)
         if proba_at is None:
@@ -399,16 +496,36 @@ class CaviEstimator:
         return recommend_for_with_proba(srv, recs, w, proba_at)
 
     def similar_items(self, item_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:
-        """The ``n`` items most similar to each given one (cosine of E[h]), itself excluded."""
+        """The ``n`` items most similar to each given one (cosine of E[h]), itself excluded.
+
+        Examples
+        --------
+        >>> near = model.similar_items([1], n=4)  # (item, cosine) pairs
+        >>> len(near[1]), 1 in {item for item, _ in near[1]}
+        (4, False)
+        """
         return self._server().similar("items", item_ids, n)
 
     def similar_users(self, user_ids: Any, n: int = 10) -> dict[Any, list[tuple[Any, float]]]:
-        """The ``n`` users most similar to each given one (cosine of E[w]), itself excluded."""
+        """The ``n`` users most similar to each given one (cosine of E[w]), itself excluded.
+
+        Examples
+        --------
+        >>> near = model.similar_users([0], n=4)  # (user, cosine) pairs
+        >>> len(near[0]), 0 in {user for user, _ in near[0]}
+        (4, False)
+        """
         return self._server().similar("users", user_ids, n)
 
     def score(self, user_ids: Sequence[Any], item_ids: Sequence[Any]) -> np.ndarray:
         """E[w_u] . E[h_i] for the pairs (user_ids[j], item_ids[j]): the ranking score, a
-        Poisson rate (nonnegative, unbounded; an order, not a rating: see :meth:`recommend`)."""
+        Poisson rate (nonnegative, unbounded; an order, not a rating: see :meth:`recommend`).
+
+        Examples
+        --------
+        >>> model.score([0, 0], [1, 2]).shape  # E[w_u] . E[h_i], the ranking score
+        (2,)
+        """
         return self._server().score(user_ids, item_ids)
 
     def predict_proba(
@@ -426,7 +543,14 @@ class CaviEstimator:
         with its posterior mean and variance (closer to the posterior predictive for pairs of
         uncertain rate: docs/design.md, "Class probabilities"; dcPF: always "mean").
         InputError for a model without a law of the classes (dcPF on classes or at p = 1) and
-        for unknown ids."""
+        for unknown ids.
+
+        Examples
+        --------
+        >>> p = model.predict_proba([0, 0], [1, 2])  # P(y = v), v = 0 .. 10
+        >>> p.shape, bool(abs(p.sum(axis=1) - 1).max() < 1e-9)
+        ((2, 11), True)
+        """
         from ordnmf_dask.postfit.predict import predictor
 
         return predictor(self._server()).proba(user_ids, item_ids, given_interaction, posterior)
@@ -443,7 +567,14 @@ class CaviEstimator:
         """The rating of each pair given an interaction: the ``kind`` "expected", "mode" or
         "median" of P(y = v | y > 0), on the store's scale (stars for half-star ratings, the
         rating for integer ratings, for count classes the (n, 2) least and greatest count of
-        the class; counts have no expected value) or, with ``scale="class"``, as a class."""
+        the class; counts have no expected value) or, with ``scale="class"``, as a class.
+
+        Examples
+        --------
+        >>> ratings = model.predict([0, 0], [1, 2], scale="class")  # expected class, given a rating
+        >>> ratings.shape, bool(((ratings >= 1) & (ratings <= 10)).all())
+        ((2,), True)
+        """
         from ordnmf_dask.postfit.predict import predictor
 
         return predictor(self._server()).predict(user_ids, item_ids, kind, posterior, scale)
@@ -460,7 +591,14 @@ class CaviEstimator:
         """E[w] (n_new, K) of NEW users from their (raw item id, value) interactions, with
         q(H) and the thresholds fixed (see :func:`ordnmf_dask.fold_in`), in memory. Values are
         on the scale the store was ingested from (half-star ratings, integer ratings or counts,
-        as ``fit(X)`` takes them); a value of no class is an InputError saying what to pass."""
+        as ``fit(X)`` takes them); a value of no class is an InputError saying what to pass.
+
+        Examples
+        --------
+        >>> w = model.fold_in_users([[1, 2, 3]], [[10, 8, 9]])  # a new user who rated items 1, 2, 3
+        >>> w.shape  # 2 members of 3 components
+        (1, 6)
+        """
         return self._server().fold_in("users", items, values, max_iter, tol, seed)
 
     def fold_in_items(
@@ -473,7 +611,14 @@ class CaviEstimator:
         seed: int | None = None,
     ) -> np.ndarray:
         """E[h] (n_new, K) of NEW items from their (raw user id, value) interactions, with
-        q(W) and the thresholds fixed, in memory."""
+        q(W) and the thresholds fixed, in memory.
+
+        Examples
+        --------
+        >>> h = model.fold_in_items([[0, 1, 2]], [[9, 10, 8]])  # a new item rated by users 0, 1, 2
+        >>> h.shape  # 2 members of 3 components
+        (1, 6)
+        """
         return self._server().fold_in("items", users, values, max_iter, tol, seed)
 
 

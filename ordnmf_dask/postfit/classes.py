@@ -296,7 +296,10 @@ def to_scale(law: ClassLaw, probs: np.ndarray, kind: str, scale: str) -> np.ndar
             )
         assert law.edges is not None  # a law of count classes has their edges
         return classlaw.count_range(classes, law.edges)
-    values = classlaw.class_values(law.value_kind, law.n_classes)
+    try:
+        values = classlaw.class_values(law.value_kind, law.n_classes)
+    except ValueError as err:  # e.g. a synthetic store's classes: no points of a scale
+        raise InputError(f"{err}: use scale='class'") from None
     return probs @ values if kind == "expected" else values[classes]
 
 
