@@ -227,13 +227,11 @@ def fold_in(
 
     Examples
     --------
+    >>> from ordnmf_dask import OrdNMF, fold_in
     >>> from ordnmf_dask.datasets.synth import synth
     >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
-    >>> from ordnmf_dask import OrdNMF
     >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
-    >>> from ordnmf_dask import fold_in
-    >>> w = fold_in(model, [[1, 2, 3]], [[10, 8, 9]])  # a new user who rated items 1, 2, 3
-    >>> w.shape
+    >>> fold_in(model, [[1, 2, 3]], [[10, 8, 9]]).shape  # a new user who rated items 1, 2, 3
     (1, 3)
     """
     settings = validate_call("fold_in", {"max_iter": max_iter, "tol": tol, "seed": seed})
@@ -258,19 +256,8 @@ def fold_in(
             cl.submit(factor_rows, m.path, "H", c, touched[which == c] - col_bounds[c], pure=False)
             for c in np.unique(which).tolist()
         ]
-        result = cl.submit(
-            _run,
-            parts,
-            sums,
-            block,
-            alpha,
-            likelihoods,
-            m.header.n_components,
-            max_iter,
-            tol,
-            seed,
-            pure=False,
-        ).result()
+        law = (alpha, likelihoods, m.header.n_components)
+        result = cl.submit(_run, parts, sums, block, *law, max_iter, tol, seed, pure=False).result()
     warn_unconverged(result, "users", max_iter, tol, block)
     return result.mean
 

@@ -186,13 +186,12 @@ def predict_pairs(
 
     Examples
     --------
-    >>> from ordnmf_dask.datasets.synth import synth
-    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
-    >>> from ordnmf_dask import OrdNMF
-    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
     >>> import pyarrow as pa
     >>> import pyarrow.parquet as pq
-    >>> from ordnmf_dask import predict_pairs
+    >>> from ordnmf_dask import OrdNMF, predict_pairs
+    >>> from ordnmf_dask.datasets.synth import synth
+    >>> store = synth("ratings.zarr", 200, 100, 4000, 3, seed=0)  # drawn from the model, K = 3
+    >>> model = OrdNMF(n_components=3, n_members=1, max_iter=20).fit(store)
     >>> pq.write_table(pa.table({"user": [0, 0, 5], "item": [1, 2, 7]}), "pairs.parquet")
     >>> out = predict_pairs(model, "pairs.parquet", "proba")  # Parquet: user, item, p0 .. p10
     >>> pq.read_table(out).column_names[:4], pq.read_table(out).num_rows
@@ -231,19 +230,10 @@ def predict_pairs(
     store_path = None if info is None else info.path
 
     def submit(cl: Client, plan: Plan, root: str, part: tuple[str, int]) -> Future:
+        where = (m.path, store_path, allow_other_store)
+        what = (law, gamma, given_interaction, groups[part[1]], schema)
         return cl.submit(
-            pairs_part,
-            m.path,
-            store_path,
-            allow_other_store,
-            law,
-            gamma,
-            given_interaction,
-            groups[part[1]],
-            schema,
-            plan.target.fs,
-            f"{root}/{part_name(*part)}",
-            pure=False,
+            pairs_part, *where, *what, plan.target.fs, f"{root}/{part_name(*part)}", pure=False
         )
 
     with client_for(client, m, n_workers, info) as cl:

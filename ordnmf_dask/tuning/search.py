@@ -175,14 +175,12 @@ def tune(
     Examples
     --------
     >>> import numpy as np
-    >>> from ordnmf_dask import LogUniform, ingest_arrays, tune
+    >>> from ordnmf_dask import LogUniform, OrdNMF, ingest_arrays, tune
     >>> rng = np.random.default_rng(0)
     >>> users, items = np.divmod(rng.choice(200 * 100, 4000, replace=False), 100)
     >>> stars = rng.integers(1, 6, 4000)
     >>> store = ingest_arrays(users, items, stars, "v.zarr", validation_fraction=0.2)
-    >>> space = {"alpha_W": LogUniform(0.1, 1.0)}
-    >>> result = tune(store, space, out="best.zarr", n_trials=2, max_iter=10, n_workers=1)
-    >>> from ordnmf_dask import OrdNMF
+    >>> result = tune(store, {"alpha_W": LogUniform(0.1, 1.0)}, out="t", n_trials=2, max_iter=10)
     >>> best = OrdNMF.load(result.best_model)  # the best trial's model, refitted and saved
     >>> result.metric, best.user_factors.shape[0] == store.n_users
     ('validation ndcg@100 s>=1', True)
@@ -208,6 +206,12 @@ def tune(
     best = next(r for r in rows if r["rung"] == len(plan.budgets) - 1 and r["kept"])
     copy_model(open_model(best["model"]), plan.best_path, plan.overwrite)
     _write_json(os.path.join(plan.out, "tune.json"), {**plan.settings, "best": best})
+    _log_best(plan, best)
+    return TuneResult(rows, best, plan.best_path, plan.split, plan.label, *plan.tables)
+
+
+def _log_best(plan: _TunePlan, best: dict[str, Any]) -> None:
+    """The search's one line of outcome: the best trial, its settings, its score and model."""
     log.info(
         "tune: best trial %d (%s): %s %.6g; model in %s",
         best["trial"],
@@ -216,7 +220,6 @@ def tune(
         best["value"],
         plan.best_path,
     )
-    return TuneResult(rows, best, plan.best_path, plan.split, plan.label, *plan.tables)
 
 
 @dataclass(frozen=True)
