@@ -220,15 +220,16 @@ def test_every_output_key_of_a_job_file_through_a_link_is_refused(place, tmp_pat
     assert not (tmp_path / "new.zarr").exists()
 
 
-def test_fit_overwrite_through_a_link_to_a_model_is_refused_naming_the_link(place, tmp_path):
-    """--overwrite replaces a model, never through a link (which would replace its target):
-    the message names the link the user typed."""
+@pytest.mark.parametrize("overwrite", [["--overwrite"], []])
+def test_fit_through_a_link_to_a_model_is_refused_naming_the_link(place, tmp_path, overwrite):
+    """--overwrite replaces a model, never through a link (which would replace its target);
+    with or without it, the message names the link the user typed."""
     victim = Path(place["victim"])
     before = tree_hash(victim)
     link = tmp_path / "mlink"
     link.symlink_to(victim)
     code, err = run_cli(
-        ["fit", "--n-members", "1", place["store"], "--out", str(link), "-k", "2", "--overwrite"]
+        ["fit", "--n-members", "1", place["store"], "--out", str(link), "-k", "2", *overwrite]
     )
     assert code == EXIT_INPUT, err
     [line] = err

@@ -255,12 +255,12 @@ def check_target(
         raise InputError(f"{path}: parent directory {parent} {problem}")
     link = "://" not in given and os.path.islink(given)  # the path as given: its real one is not
     if os.path.lexists(path):
-        if not overwrite:
-            raise InputError(f"{path} already exists; pass overwrite=True to replace it")
-        if link:
+        if link:  # named by the link the user typed, with or without overwrite
             raise InputError(
                 f"refusing to overwrite {path}: {os.path.abspath(given)} is a symbolic link to it"
             )
+        if not overwrite:
+            raise InputError(f"{path} already exists; pass overwrite=True to replace it")
         if not is_ours(path):
             raise InputError(f"refusing to overwrite {path}: it is not a {kind}")
         check_replaceable(path, NAMES[mark])
