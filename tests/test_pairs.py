@@ -65,6 +65,34 @@ def test_predict_pairs_refuses_unknown_ids_and_writes_nothing(tmp_path, client):
         predict_pairs(m.path, tmp_path / "cols.parquet", tmp_path / "out", client=client)
 
 
+@pytest.mark.parametrize(
+    ("table", "reason"),
+    [
+        (pa.table({"user": pa.nulls(2), "item": [100, 105]}), r"column 'user' is of type null;"),
+        (pa.table({"user": [["u1"], ["u4"]], "item": [100, 105]}), r"column 'user' is of type"),
+        (pa.table({"user": ["u1"], "item": [True]}), r"column 'item' is of type bool;"),
+        (
+            pa.Table.from_arrays(
+                [pa.array(["u1"]), pa.array(["u4"]), pa.array([100])],
+                names=["user", "user", "item"],
+            ),
+            r"2 columns named 'user'; pairs need one of each",
+        ),
+    ],
+)
+def test_predict_pairs_refuses_id_columns_that_hold_no_ids(tmp_path, table, reason):
+    """Ids are integer, string or integral float columns, one of each role: any other column
+    is refused in one line naming the file and the column, before any work, and nothing is
+    written (ingest's rule for id columns)."""
+    m = Model(tmp_path)
+    pq.write_table(table, tmp_path / "odd.parquet")
+    with pytest.raises(InputError, match=rf"odd\.parquet: {reason}"):
+        predict_pairs(m.path, tmp_path / "odd.parquet", tmp_path / "out")
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("out")]
+    argv = ["predict", m.store.path, m.path, "--pairs", str(tmp_path / "odd.parquet")]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+
+
 def test_cli_predict(tmp_path):
     m = Model(tmp_path)
     users, items = _pairs_file(tmp_path / "pairs.parquet", m, n=50, row_group=20)

@@ -59,15 +59,35 @@ def input_groups(paths: Sequence[str]) -> list[tuple[str, int, int]]:
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
         check_row_groups(meta, path)
-        names = meta.schema.to_arrow_schema().names
+        schema = meta.schema.to_arrow_schema()
+        names = schema.names
         missing = [c for c in COLUMNS if c not in names]
         if missing:
             raise InputError(
                 f"{path}: no column {', '.join(missing)} (pairs need columns user and item, "
                 f"found {', '.join(names)})"
             )
+        for c in COLUMNS:
+            _check_id_column(path, c, names.count(c), schema.field(names.index(c)).type)
         groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
     return groups
+
+
+def _check_id_column(path: str, name: str, count: int, kind: pa.DataType) -> None:
+    """InputError unless the pairs file ``path`` has one column ``name`` of ids: integers,
+    text or (as ingest reads them) integral floats, plain or dictionary-encoded."""
+    if count > 1:
+        raise InputError(f"{path}: {count} columns named {name!r}; pairs need one of each")
+    plain = kind.value_type if pa.types.is_dictionary(kind) else kind
+    if not (
+        pa.types.is_integer(plain)
+        or pa.types.is_floating(plain)
+        or pa.types.is_string(plain)
+        or pa.types.is_large_string(plain)
+    ):
+        raise InputError(
+            f"{path}: column {name!r} is of type {kind}; ids are integer or string columns"
+        )
 
 
 class _Chunks:
