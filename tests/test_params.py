@@ -4,8 +4,10 @@ defaults and rules from ordnmf_dask.params, and the checkpoint fingerprint its m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
+import operator
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,7 +18,7 @@ import pytest
 
 from ordnmf_dask import params
 from ordnmf_dask.app import config
-from ordnmf_dask.app.parser import build_parser, subcommand
+from ordnmf_dask.app.parser import build_parser, job_keys, subcommand
 from ordnmf_dask.errors import ConfigError, InputError
 from ordnmf_dask.estimator import ESTIMATORS, CaviEstimator
 from ordnmf_dask.fitting import fit_settings
@@ -167,11 +169,16 @@ def test_every_fit_flag_and_job_key_is_a_parameter_or_a_job_setting():
             assert p.flag in action.option_strings and action.default is None
             assert p.flag == "--" + p.name.lower().replace("_", "-")
         else:
-            assert action.dest in config.JOB_FLAGS or action.dest in CLI_ONLY, action.dest
+            assert action.dest in config.flag_keys() or action.dest in CLI_ONLY, action.dest
     assert set(params.PARAMS) <= {a.dest for a in fit._actions}
     assert "-k" in next(a for a in fit._actions if a.dest == "n_components").option_strings
     job_only = {f"model.{f.name}" for f in dataclasses.fields(config.ModelChoice)}
     resolved = config.resolve(None).to_dict()
+    with_local = config.resolve(None, {"cluster.local.workers": 1}).to_dict()
+    for dest, key in job_keys("fit").items():  # each declared key is a setting of the job
+        *path, leaf = key.split(".")
+        assert leaf in functools.reduce(operator.getitem, path, with_local), key
+        assert dest not in params.PARAMS, dest
     for section in params.SECTIONS:
         for key in resolved[section]:
             assert f"{section}.{key}" in set(keys.values()) | job_only, (section, key)

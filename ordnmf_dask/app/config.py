@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ordnmf_dask import params
+from ordnmf_dask.app.parser import job_keys
 from ordnmf_dask.errors import ConfigError, InputError
 from ordnmf_dask.sources.infile import read_input_bytes
 
@@ -131,27 +132,6 @@ def _section_classes() -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig) if f.name != "source"}
 
 
-# argparse destination -> dotted key of the job settings that are not estimator parameters
-# (store, model kind, warm start, cluster, output, log file); only flags the user gave apply
-JOB_FLAGS: dict[str, str] = {
-    "store": "store.path",
-    "model_kind": "model.kind",
-    "init": "model.init",
-    "init_model": "model.init_model",
-    "scheduler": "cluster.scheduler",
-    "scheduler_file": "cluster.scheduler_file",
-    "workers": "cluster.local.workers",
-    "threads_per_worker": "cluster.local.threads_per_worker",
-    "memory_limit": "cluster.local.memory_limit",
-    "tls_ca_file": "cluster.ca_file",
-    "tls_cert": "cluster.cert",
-    "tls_key": "cluster.key",
-    "out": "output.model",
-    "overwrite": "output.overwrite",
-    "log_file": "logging.file",
-}
-
-
 def param_keys() -> dict[str, str]:
     """Estimator parameter -> its dotted job-file key (``checkpoint_every`` ->
     ``checkpoint.every``); the flag of a parameter has the parameter's name as destination."""
@@ -159,8 +139,10 @@ def param_keys() -> dict[str, str]:
 
 
 def flag_keys() -> dict[str, str]:
-    """argparse destination -> dotted config key, for every flag that sets a job value."""
-    return {**JOB_FLAGS, **param_keys()}
+    """argparse destination -> dotted config key, for every flag that sets a job value: the
+    job settings that are not estimator parameters (store, model kind, warm start, cluster,
+    output, log file) as ``fit``'s flags declare them, then one per parameter."""
+    return {**job_keys("fit"), **param_keys()}
 
 
 def read_toml(path: str) -> dict[str, Any]:

@@ -96,10 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclass(frozen=True)
 class Flag:
     """One argument that no table of :mod:`ordnmf_dask.params` holds (a file, a cluster
-    setting): its names and its ``add_argument`` keywords, declared once."""
+    setting): its names, its ``add_argument`` keywords and the dotted job-file key it
+    overrides (``job``; None: a flag of the command line alone), declared once."""
 
     names: tuple[str, ...]
     kw: Mapping[str, Any]
+    job: str | None = None
 
     @property
     def dest(self) -> str:
@@ -113,9 +115,10 @@ class Flag:
         p.add_argument(*self.names, **self.kw)
 
 
-def flag(*names: str, **kw: Any) -> Flag:
-    """The :class:`Flag` of ``names``, ``kw`` as ``add_argument`` takes them."""
-    return Flag(names, kw)
+def flag(*names: str, job: str | None = None, **kw: Any) -> Flag:
+    """The :class:`Flag` of ``names`` setting the job-file key ``job``, ``kw`` as
+    ``add_argument`` takes them."""
+    return Flag(names, kw, job)
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class Rows:
     command: str
     only: tuple[str, ...] | None = None
     skip: tuple[str, ...] = ()
+    jobs: tuple[tuple[str, str], ...] = ()  # (row, the dotted job-file key its flag overrides)
 
     def add(self, p: argparse._ActionsContainer) -> None:
         table = COMMAND_PARAMS[self.command]
@@ -200,31 +204,50 @@ LOGGING = (
         action="store_true",
         help="only warnings and errors on stderr (--log-file still gets INFO)",
     ),
-    flag("--log-file", help="also write logs to this file"),
+    flag("--log-file", job="logging.file", help="also write logs to this file"),
 )  # --debug, -q and --log-file, before the command or after it
 
 CLUSTER = (
     flag("--config", metavar="FILE", help="job file (TOML); flags given override it"),
     flag(
         "--scheduler",
+        job="cluster.scheduler",
         metavar="ADDRESS",
         help="tcp://host:port of a running scheduler (default: start a LocalCluster)",
     ),
     flag(
         "--scheduler-file",
+        job="cluster.scheduler_file",
         metavar="FILE",
         help="scheduler file written by `dask scheduler --scheduler-file`",
     ),
-    flag("--workers", type=int, help="worker processes of the LocalCluster (default 1)"),
+    flag(
+        "--workers",
+        job="cluster.local.workers",
+        type=int,
+        help="worker processes of the LocalCluster (default 1)",
+    ),
     flag(
         "--threads-per-worker",
+        job="cluster.local.threads_per_worker",
         type=int,
         help="threads of each LocalCluster worker (default: the cores shared among the workers)",
     ),
-    flag("--memory-limit", help="per LocalCluster worker, e.g. 4GB (default auto)"),
-    flag("--tls-ca-file", metavar="PEM", help="CA certificate: TLS to the scheduler"),
-    flag("--tls-cert", metavar="PEM", help="our certificate (signed by the CA)"),
-    flag("--tls-key", metavar="PEM", help="private key of --tls-cert"),
+    flag(
+        "--memory-limit",
+        job="cluster.local.memory_limit",
+        help="per LocalCluster worker, e.g. 4GB (default auto)",
+    ),
+    flag(
+        "--tls-ca-file",
+        job="cluster.ca_file",
+        metavar="PEM",
+        help="CA certificate: TLS to the scheduler",
+    ),
+    flag(
+        "--tls-cert", job="cluster.cert", metavar="PEM", help="our certificate (signed by the CA)"
+    ),
+    flag("--tls-key", job="cluster.key", metavar="PEM", help="private key of --tls-cert"),
 )  # the --config file and the cluster, of every command that runs on one
 
 #: the destinations of :data:`CLUSTER`: what the [cluster] section is resolved from
@@ -241,6 +264,7 @@ _OTHER_STORE = flag(
 
 _MODEL_KIND = flag(
     "--model",
+    job="model.kind",
     dest="model_kind",
     choices=list(MODELS),
     help="ordnmf (default) | bepof, pf (on classes >= --threshold) | dcpf",
@@ -253,8 +277,8 @@ _FROM_HELP = (
 
 
 def _out(help: str, required: bool = True) -> Flag:
-    """``--out``: where the command writes (``help``)."""
-    return flag("--out", help=help, **({"required": True} if required else {}))
+    """``--out``: where the command writes (``help``; the job file's ``[output] model``)."""
+    return flag("--out", job="output.model", help=help, **({"required": True} if required else {}))
 
 
 def _ids(axis: str, help: str) -> tuple[Flag, Flag]:
@@ -342,18 +366,28 @@ COMMANDS: dict[str, Command] = {
     "fit": Command(
         "fit IG-OrdNMF on a store (flags override --config FILE)",
         (
-            flag("store", nargs="?", help="store directory (or [store] path in --config)"),
+            flag(
+                "store",
+                job="store.path",
+                nargs="?",
+                help="store directory (or [store] path in --config)",
+            ),
             _out("model directory to write (or [output] model)", required=False),
             _MODEL_KIND,
             Estimator(),
-            flag("--init", help=".npz with arrays W (U, K) and H (I, K): warm start"),
+            flag(
+                "--init",
+                job="model.init",
+                help=".npz with arrays W (U, K) and H (I, K): warm start",
+            ),
             flag(
                 "--init-model",
+                job="model.init_model",
                 metavar="MODEL",
                 help="warm start from a saved model of the same kind and K, on this store "
                 "or one that grew (users and items matched by raw id)",
             ),
-            Rows("fit"),
+            Rows("fit", jobs=(("overwrite", "output.overwrite"),)),
             *CLUSTER,
         ),
     ),
@@ -591,6 +625,25 @@ def _shown(row: Param) -> str:
     if row.kind == "ints":
         return ",".join(str(v) for v in row.default)
     return str(row.default)
+
+
+def job_keys(command: str) -> dict[str, str]:
+    """argparse destination -> the dotted job-file key it overrides, for the flags of
+    ``command`` (and the logging flags every command takes) that set a job value: what their
+    declarations say (:attr:`Flag.job`, :attr:`Rows.jobs`)."""
+    keys: dict[str, str] = {}
+
+    def walk(parts: Sequence[Part]) -> None:
+        for part in parts:
+            if isinstance(part, Flag) and part.job is not None:
+                keys[part.dest] = part.job
+            elif isinstance(part, Group):
+                walk(part.parts)
+            elif isinstance(part, Rows):
+                keys.update(part.jobs)
+
+    walk((*LOGGING, *COMMANDS[command].parts))
+    return keys
 
 
 def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
