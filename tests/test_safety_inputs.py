@@ -11,12 +11,14 @@ import io
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 import pytest
 from conftest import ZARR_CODEC_WARNING
 
 from ordnmf_dask.app.cli import main
+from ordnmf_dask.app.exits import JOB_INPUTS, JOB_OUTPUTS
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.sources.infile import open_input_file, read_input_bytes
 
@@ -614,19 +616,24 @@ def test_a_megabyte_long_id_is_shown_cut_in_its_one_line(id_model, tmp_path):
     assert code == 2 and len(err[0]) < 400 and "(100000 characters)" in err[0], err
 
 
-@pytest.mark.parametrize("key", ["logging.file", "checkpoint.dir", "engine.work_dir", "model.init"])
+@pytest.mark.parametrize("key", [*JOB_OUTPUTS, *JOB_INPUTS])
 @pytest.mark.parametrize("value", ["", "a\\u0000b"])
 def test_a_job_file_path_that_names_no_file_is_refused_naming_it(id_model, tmp_path, key, value):
     """A TOML string can hold a NUL character, and an empty path is the current directory to
-    the OS: either, as any path of a job file, is refused in one line (exit 2) saying so
-    (locations.named), never an internal error, and nothing is written."""
+    the OS: either, as any path of a job file, is refused in one line (exit 2) naming the file
+    and the key and saying so (locations.named), never an internal error, and nothing is
+    written."""
     section, leaf = key.split(".")
     job = tmp_path / "job.toml"
     job.write_text(f'[{section}]\n{leaf} = "{value}"\n')
     store = str(id_model.parent / "s")
     problem = "an empty path" if not value else "a path with a NUL character"
     args = ["fit", "--n-members", "1", store, "-k", "2", "--out", str(tmp_path / "m")]
-    one_line_error([*args, "--config", str(job)], f"{problem} names no file")
+    one_line_error(
+        [*args, "--config", str(job)],
+        f"{job}: key '{leaf}' in [{section}]",
+        f"{problem} names no file",
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
 
 
@@ -659,3 +666,40 @@ def test_a_pairs_file_with_two_columns_of_one_name_is_refused_naming_them(id_mod
         ["score", str(id_model), "--pairs", str(pairs)],
         f"{pairs}: 2 columns named 'user' (columns: user, user, item)",
     )
+
+
+def test_a_scheduler_file_that_is_a_loop_of_links_is_refused_at_once(tmp_path):
+    """A scheduler file not yet there is waited for (the scheduler may still be starting);
+    a loop of symbolic links can never become one, so it is refused at once, naming it,
+    rather than after the connect timeout."""
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.json")
+    (tmp_path / "b.json").symlink_to(tmp_path / "a.json")
+    start = time.monotonic()
+    one_line_error(
+        [
+            *("synth", "--out", str(tmp_path / "s"), "--users", "5", "--items", "5"),
+            *("--nnz", "10", "-k", "2", "--scheduler-file", str(tmp_path / "a.json")),
+        ],
+        f"scheduler file {tmp_path / 'a.json'}: a loop of symbolic links",
+    )
+    assert time.monotonic() - start < 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "b.json"]
+
+
+@pytest.mark.parametrize("key", ["engine.work_dir", "checkpoint.dir"])
+def test_a_directory_output_that_is_a_dangling_link_is_refused_naming_it(id_model, tmp_path, key):
+    """A work or checkpoint directory given as a link to nothing cannot be made ("File
+    exists" from the OS): it is refused before any work, naming the link and its target, and
+    the missing target is not created."""
+    section, leaf = key.split(".")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[{section}]\n{leaf} = "{link}"\n')
+    store = str(id_model.parent / "s")
+    args = ["fit", "--n-members", "1", store, "-k", "2", "--out", str(tmp_path / "m")]
+    one_line_error(
+        [*args, "--config", str(job)],
+        f"{link}: a symbolic link to {tmp_path / 'nowhere'}, which does not exist",
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml", "link"]

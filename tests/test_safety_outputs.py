@@ -28,7 +28,13 @@ from hypothesis import strategies as st
 from ordnmf_dask import OrdNMF
 from ordnmf_dask.app import config
 from ordnmf_dask.app.cli import main
-from ordnmf_dask.app.exits import EXIT_INPUT, INPUT_FLAGS, JOB_OUTPUTS, OUTPUT_FLAGS
+from ordnmf_dask.app.exits import (
+    EXIT_INPUT,
+    INPUT_FLAGS,
+    JOB_INPUTS,
+    JOB_OUTPUTS,
+    OUTPUT_FLAGS,
+)
 from ordnmf_dask.app.parser import build_parser
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.store import outputs
@@ -49,15 +55,6 @@ NOT_PATHS = {
     "space_n_components",
     "space_alpha_W",
     "space_alpha_H",
-}
-INPUT_KEYS = {
-    "store.path",
-    "model.init",
-    "model.init_model",
-    "cluster.scheduler_file",
-    "cluster.ca_file",
-    "cluster.cert",
-    "cluster.key",
 }
 NOT_PATH_KEYS = {
     "model.kind",
@@ -163,7 +160,7 @@ def test_every_string_option_and_job_key_is_an_input_an_output_or_no_path():
             assert dest in {*OUTPUT_FLAGS, *INPUT_FLAGS, *INPUT_ROOTS, *NOT_PATHS}, (name, flag)
         assert name in COMMANDS, name
     for key in job_keys():
-        assert key in {*JOB_OUTPUTS, *INPUT_KEYS, *NOT_PATH_KEYS}, key
+        assert key in {*JOB_OUTPUTS, *JOB_INPUTS, *NOT_PATH_KEYS}, key
 
 
 def test_every_output_option_through_a_link_to_a_models_metadata_is_refused(place, tmp_path):

@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ordnmf_dask import params
+from ordnmf_dask.app.exits import JOB_INPUTS, JOB_OUTPUTS
 from ordnmf_dask.app.parser import job_keys
 from ordnmf_dask.errors import ConfigError, InputError
 from ordnmf_dask.sources.infile import read_input_bytes
+from ordnmf_dask.store.locations import named
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 CLUSTER_MODES = ("local", "scheduler", "scheduler_file")
@@ -320,6 +322,13 @@ def _check_values(cfg: JobConfig, origin: Any) -> None:
         section, _, leaf = key.partition(".")
         raise ConfigError(f"{origin(key)}: key '{leaf}' in [{section}] {message}")
 
+    for key in (*JOB_INPUTS, *JOB_OUTPUTS):  # a path of the file names a file
+        value = _get(cfg, key)
+        if isinstance(value, str) and origin(key) != COMMAND_LINE:  # a flag: named as typed
+            try:
+                named(value)
+            except InputError as exc:
+                fail(key, str(exc))
     m, c = cfg.model, cfg.cluster
     if m.kind not in params.MODELS:
         fail("model.kind", f"must be one of {', '.join(params.MODELS)}, got {m.kind!r}")

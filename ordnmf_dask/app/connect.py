@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -76,6 +77,18 @@ def _check_pem(spec: ClusterSection) -> None:
         raise ConfigError(f"{named}: not a PEM certificate and its key ({exc})") from None
 
 
+def _check_resolvable(path: str) -> None:
+    """ConfigError if ``path`` can never appear: a loop of symbolic links (waiting for it
+    would only run out the timeout)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(
+                f"scheduler file {path}: a loop of symbolic links, which no scheduler can write"
+            ) from None
+
+
 def scheduler_address(path: str, timeout: float | None = None) -> str:
     """The address in a scheduler file, waiting up to ``timeout`` s for it to appear
     (default: Dask's ``distributed.comm.timeouts.connect``)."""
@@ -86,6 +99,7 @@ def scheduler_address(path: str, timeout: float | None = None) -> str:
         timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
+        _check_resolvable(path)
         if time.monotonic() > deadline:
             raise ClusterConnectError(f"scheduler file {path} did not appear within {timeout:g}s")
         time.sleep(0.2)

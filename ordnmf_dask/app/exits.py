@@ -90,6 +90,16 @@ JOB_OUTPUTS = {
     "checkpoint.dir": "[checkpoint] dir",
     "engine.work_dir": "[engine] work_dir",
 }
+# the dotted job-file keys of every path a job file makes a command read
+JOB_INPUTS = (
+    "store.path",
+    "model.init",
+    "model.init_model",
+    "cluster.scheduler_file",
+    "cluster.ca_file",
+    "cluster.cert",
+    "cluster.key",
+)
 
 
 def _local_io_error(exc: BaseException) -> TypeGuard[OSError]:

@@ -50,6 +50,12 @@ def check_place(
     than one of the kind ``writes``. Raises InputError naming both."""
     loc = locations.location(path)
     shown = _shown(path, loc)
+    typed = os.fspath(path)
+    if not locations.is_url(loc) and os.path.islink(typed) and not os.path.exists(typed):
+        raise InputError(
+            f"refusing to write {what} to {os.path.abspath(typed)}: a symbolic link to "
+            f"{os.readlink(typed)}, which does not exist (or a loop of links)"
+        )
     for label, given in (inputs or {}).items():
         if given is None:
             continue
