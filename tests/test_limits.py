@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import dask
 import numpy as np
 import psutil
 import pytest
@@ -16,7 +17,7 @@ from ordnmf_dask import PF, BePoF, DcPF, OrdNMF, ingest
 from ordnmf_dask.app.cli import main
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.runtime.cluster import resolve_client
-from ordnmf_dask.runtime.memory import MIN_WORKER_MEMORY
+from ordnmf_dask.runtime.memory import MIN_WORKER_MEMORY, check_fit_memory
 from ordnmf_dask.sources.values import check_thresholds
 from ordnmf_dask.tuning.search import tune
 
@@ -153,7 +154,8 @@ def test_too_many_workers_for_the_machine_are_refused_before_any_cluster(
 # -- the factors' memory ----------------------------------------------------------------------
 @pytest.mark.cluster
 def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration(tmp_path):
-    """Two workers of 600 MiB (160 MiB each below the pause threshold, less the process): a
+    """Two workers of 600 MiB (160 MiB each below the pause threshold, less the process) that
+    do not spill to disk: a
     1000 x 1000 store at K = 1000 with CAVI's 16 tables per row (about 256 MB of factors), or
     at K = 500 with SQUAREM's 32, fits in the two but not in the one worker that holds its
     single block; 1400 x 1400 at K = 1400 fits in neither. K = 600 on the 1400 x 1400 store
@@ -162,7 +164,10 @@ def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration
     one_block = diagonal_store(tmp_path / "a.zarr", 1000)
     two_by_two = diagonal_store(tmp_path / "b.zarr", 1400, grid=(2, 2))
     calls = []
-    with resolve_client(None, 2, memory_limit="600MiB") as client:
+    with (
+        dask.config.set({"distributed.worker.memory.spill": False}),
+        resolve_client(None, 2, memory_limit="600MiB") as client,
+    ):
         for optimizer, tables, k_one, two_workers in [
             ("squarem", 32, 500, 957),
             ("cavi", 16, 1000, 479),  # last: its K = 600 fit leaves the workers' memory used
@@ -179,7 +184,7 @@ def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration
                 InputError,
                 match=rf"K = 1400 on 1400 users x 1400 items needs "
                 rf"about {two_workers} MiB .* left by 2 workers with a "
-                r"memory limit of 600 MiB each",
+                r"memory limit of 600 MiB each, which do not spill to disk",
             ):
                 OrdNMF(1400, max_iter=1, optimizer=optimizer, n_members=1).fit(
                     two_by_two, client, callback=calls.append
@@ -193,6 +198,23 @@ def test_factors_larger_than_the_workers_memory_are_refused_before_any_iteration
                     middle.fit(two_by_two, client)
             small = OrdNMF(2, max_iter=2, optimizer=optimizer, n_members=1).fit(two_by_two, client)
             assert small.n_iter_ == 2
+
+
+@pytest.mark.cluster
+def test_factors_larger_than_workers_that_spill_are_a_warning_not_a_refusal(tmp_path, caplog):
+    """Workers that spill (Dask's default) move the chunks a task does not use to disk, so
+    factors larger than all their memory are a warning (a fit of 10^9 nonzeros on 2 GB
+    workers runs so: docs/performance.md); the largest chunks, which one task holds at once,
+    must still fit one worker."""
+    one_block = diagonal_store(tmp_path / "a.zarr", 1000)
+    four_by_four = diagonal_store(tmp_path / "b.zarr", 1400, grid=(4, 4))
+    with resolve_client(None, 2, memory_limit="600MiB") as client:
+        with caplog.at_level(logging.WARNING, logger="ordnmf_dask"):
+            check_fit_memory(client, four_by_four, 1400, False)
+        (record,) = [r for r in caplog.records if "spill factor chunks to disk" in r.message]
+        assert "K = 1400 on 1400 users x 1400 items needs about 479 MiB" in record.message
+        with pytest.raises(InputError, match=r"about 244 MiB on one worker"):
+            check_fit_memory(client, one_block, 1000, False)
 
 
 def test_an_inprocess_fit_larger_than_the_available_memory_is_refused(tmp_path):

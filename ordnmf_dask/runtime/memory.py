@@ -156,6 +156,12 @@ def factor_bytes(n_users: int, n_items: int, k: int, tables: int = FACTOR_TABLES
     return tables * 8 * k * (n_users + n_items)
 
 
+def _spills(dask_worker: Any) -> bool:
+    """Whether a worker moves its data to disk near its memory limit (Dask's
+    ``distributed.worker.memory.spill``); on the worker."""
+    return bool(dask_worker.memory_manager.memory_spill_fraction)
+
+
 def check_fit_memory(
     client: Any, info: Grid, k: int, cache: bool, tables: int = FACTOR_TABLES
 ) -> None:
@@ -164,8 +170,9 @@ def check_fit_memory(
     in-process,
     :func:`~.cluster.inprocess_bytes` over the memory available now; on a cluster, the factors
     (and the training blocks when ``cache``) over what the workers' memory limits leave below
-    Dask's pause threshold, in all, or on one worker for the largest chunks of W and H.
-    Workers without a memory limit are not checked."""
+    Dask's pause threshold, in all (only a warning where the workers spill to disk: the chunks
+    they do not use move there), or on one worker for the largest chunks of W and H, which a
+    task holds at once. Workers without a memory limit are not checked."""
     need_text = f"K = {k} on {info.n_users} users x {info.n_items} items needs about"
     what = f"(W and H: {tables} tables of K numbers per user and item"
     advice = "lower K (n_components) or the ensemble's n_members"
@@ -191,7 +198,19 @@ def check_fit_memory(
     )
     need = factor_bytes(info.n_users, info.n_items, k, tables)
     need += block_bytes(info) if cache else 0
-    if need > sum(room):
+    if need > sum(room) and all(client.run(_spills).values()):
+        log.warning(
+            "K = %d on %d users x %d items needs about %s %s), more than the %s the workers' "
+            "memory limits leave: they will spill factor chunks to disk, which is slower "
+            "(docs/performance.md, '10^9 nonzeros end to end')",
+            k,
+            info.n_users,
+            info.n_items,
+            size_text(need),
+            what,
+            size_text(sum(room)),
+        )
+    elif need > sum(room):
         n = len(limits)
         each = (
             f"{size_text(limits[0])} each"
@@ -202,7 +221,8 @@ def check_fit_memory(
         raise InputError(
             f"{need_text} {size_text(need)} {what}{cached}), more than the "
             f"{size_text(sum(room))} left by {n} worker{'s' * (n > 1)} with a "
-            f"memory limit of {each} {below}"
+            f"memory limit of {each}, which do not spill to disk "
+            f"(distributed.worker.memory.spill is off), {below}"
         )
     rows, cols = int(np.diff(info.row_bounds).max()), int(np.diff(info.col_bounds).max())
     need = factor_bytes(rows, cols, k, tables)
