@@ -62,6 +62,7 @@ from ordnmf_dask.params import (
 from ordnmf_dask.postfit.evaluate import loglik_spec, score_split
 from ordnmf_dask.runtime import interrupt
 from ordnmf_dask.runtime.cluster import checkpoint_schedule, choose_client
+from ordnmf_dask.runtime.inprocess import InProcessClient
 from ordnmf_dask.runtime.memory import block_bytes, check_fit_memory, fit_tables
 from ordnmf_dask.runtime.progress import SUMMARY_EVERY, IterationProgress, summary
 from ordnmf_dask.sources.infile import read_npz
@@ -352,7 +353,11 @@ def _run_fit(plan: FitPlan, client: Client | None, callback: IterationCallback |
         width = cfg.n_components * values.model.n_members  # the members' factors at once
         with choose_client(client, info, width, executor, tables=tables) as cl:
             cache = decide_cache(values.engine.cache_blocks, cl, info)
-            check_fit_memory(cl, info, width, cache, tables)  # before any iteration
+            fits = check_fit_memory(cl, info, width, cache, tables)  # before any iteration
+            if not isinstance(cl, InProcessClient):  # freed memory returned where they spill
+                from ordnmf_dask.runtime.mallocplugin import set_worker_malloc
+
+                set_worker_malloc(cl, keep=fits)
             _say_held_out(info)
             started = time.perf_counter()
             log.info(

@@ -550,6 +550,16 @@ MAX_CLASSES = 255  # classes are stored as uint8 (docs/store-format.md)
 DEFAULT_NNZ_PER_BLOCK = 2**21  # a store's training nonzeros per block, by default
 
 
+def _overwrite(command: str, replaces: str, default: bool | None = False) -> Param:
+    """The ``overwrite`` switch of ``command``, which replaces what ``replaces`` says (only
+    what the package wrote there: docs/design.md, "Safety rules"); ``default`` None: not
+    given (fit's flag, which a job file's ``[output] overwrite`` may set)."""
+    optional = default is None
+    return Param(
+        "overwrite", Boolean(), default, f"replace {replaces}", command, False, optional=optional
+    )
+
+
 def _synth_rows() -> Iterator[Param]:
     """The arguments of ``synth`` (:func:`ordnmf_dask.datasets.synth.synth`, the command
     ``ordnmf-dask synth``): the CLI's flags, the API's checks and the docs read them."""
@@ -576,8 +586,7 @@ def _synth_rows() -> Iterator[Param]:
     yield Param("test_fraction", Real(0.0, 1.0, "left"), 0.2, doc, s, False)
     doc = "target expected train nonzeros per block (regular grid)"
     yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, s, False)
-    doc = "replace a store written by ordnmf_dask at the output path"
-    yield Param("overwrite", Boolean(), False, doc, s, False)
+    yield _overwrite(s, "a store written by ordnmf_dask at the output path")
 
 
 def _evaluate_rows() -> Iterator[Param]:
@@ -656,8 +665,9 @@ def _ingest_rows() -> Iterator[Param]:
     yield Param("nnz_per_block", Integer(1), DEFAULT_NNZ_PER_BLOCK, doc, i, False)
     doc = "explicit block grid R,C"
     yield Param("grid", Pair(), None, doc, i, False, optional=True, metavar="R,C")
-    doc = "replace a store written by ordnmf_dask at the output path, once the new one is complete"
-    yield Param("overwrite", Boolean(), False, doc, i, False)
+    yield _overwrite(
+        i, "a store written by ordnmf_dask at the output path, once the new one is complete"
+    )
     doc = (
         "bytes of text per parsing task (about 20x that in memory while parsing; Parquet files "
         "are parsed a row group per task)"
@@ -710,8 +720,7 @@ def _tune_rows() -> Iterator[Param]:
     )
     doc = "fits run concurrently (each caches its training blocks unless cache_blocks is off)"
     yield Param("n_jobs", Integer(1), 4, doc, t, False, flags=("--jobs",))
-    doc = "replace the results and the best model of an earlier tune in the output directory"
-    yield Param("overwrite", Boolean(), False, doc, t, False)
+    yield _overwrite(t, "the results and the best model of an earlier tune in the output directory")
 
 
 def _serving_rows(command: str) -> Iterator[Param]:
@@ -740,11 +749,9 @@ def _serving_rows(command: str) -> Iterator[Param]:
         doc = "print E[w] (user, f0 .. f{K-1}) instead"
         yield Param("factors", Boolean(), False, doc, command, False)
     if command == "recommend":
-        doc = "replace an existing --out"
-        yield Param("overwrite", Boolean(), False, doc, command, False)
+        yield _overwrite(command, "an existing --out")
     if command in ("export", "predict"):
-        doc = "replace --out if it is an export (nothing else is ever replaced)"
-        yield Param("overwrite", Boolean(), False, doc, command, False)
+        yield _overwrite(command, "--out if it is an export (nothing else is ever replaced)")
     if command == "predict":
         doc = "P(y = v | y > 0) instead of P(y = v)"
         yield Param("given_interaction", Boolean(), False, doc, command, False)
@@ -777,8 +784,9 @@ def _fit_rows() -> Iterator[Param]:
         "fit's checkpoints is refused, and nothing is removed)"
     )
     yield Param("restart", Boolean(), False, doc, f, False)
-    doc = "replace the output (--out) if it is a model (nothing else, never the store, is replaced)"
-    yield Param("overwrite", Boolean(), None, doc, f, False, optional=True)
+    yield _overwrite(
+        f, "the output (--out) if it is a model (nothing else, never the store, is replaced)", None
+    )
 
 
 def _reproduce_rows() -> Iterator[Param]:

@@ -15,10 +15,11 @@ import pytest
 from conftest import dense_split, store_from_dense, synthetic_ordinal
 from distributed import Client, LocalCluster
 
-from ordnmf_dask import OrdNMF
+from ordnmf_dask import OrdNMF, ingest
 from ordnmf_dask.engine.cavi import CaviConfig, CaviRunner
 from ordnmf_dask.errors import InputError
 from ordnmf_dask.model.families import OrdinalFamily
+from ordnmf_dask.runtime.cluster import resolve_client
 
 K = 3
 
@@ -129,8 +130,8 @@ def _mapped_on_reuse() -> int:
 @pytest.mark.cluster
 def test_a_plain_workers_steps_keep_freed_memory(tmp_path, problem):
     """A worker that Dask's nanny started with its own malloc setting (MALLOC_TRIM_THRESHOLD_
-    65536: each fresh large array faulted in page by page) keeps freed memory once it has run
-    a step of a fit (``runtime.cluster.keep_freed_memory``)."""
+    65536: each fresh large array faulted in page by page) keeps freed memory once a fit whose
+    factors fit its memory has started (``runtime.mallocplugin.set_worker_malloc``)."""
     n_classes, train, test, _, _ = problem
     store = store_from_dense(tmp_path / "s.zarr", train, test, n_classes, (1, 2))
     environ = dict(os.environ)  # a plain LocalCluster's nannies leave their spawn settings there
@@ -149,6 +150,28 @@ def test_a_plain_workers_steps_keep_freed_memory(tmp_path, problem):
         os.environ.update(environ)
     assert before >= 24 << 20
     assert after < 24 << 20
+
+
+@pytest.mark.cluster
+def test_workers_of_a_fit_that_spills_return_freed_memory(tmp_path):
+    """Where the factors exceed the workers' memory (a 1400 x 1400 store at K = 1400: about
+    479 MiB with CAVI, two workers of 600 MiB leaving 320), Dask spills them to disk and
+    must see the process's memory fall: the fit's workers return freed memory at once, even
+    those of the LocalCluster the package starts (which otherwise keep it), and a later fit
+    that fits keeps it again."""
+    users = np.r_[np.arange(1400), np.arange(1400)]
+    items = np.r_[np.arange(1400), (np.arange(1400) + 1) % 1400]
+    store = ingest(
+        (users, items, np.ones(2800)), tmp_path / "s.zarr", test_fraction=0.0, grid=(4, 4)
+    )
+    with resolve_client(None, 2, memory_limit="600MiB") as c:
+        kept = set(c.run(_mapped_on_reuse).values())
+        OrdNMF(1400, max_iter=1, optimizer="cavi", n_members=1).fit(store, c)
+        spilled = set(c.run(_mapped_on_reuse).values())
+        OrdNMF(2, max_iter=1, n_members=1).fit(store, c)
+        again = set(c.run(_mapped_on_reuse).values())
+    assert max(kept) < 24 << 20 and max(again) < 24 << 20, (kept, again)
+    assert min(spilled) >= 24 << 20, spilled
 
 
 def test_random_init_does_not_depend_on_grid(tmp_path, client, problem):

@@ -59,7 +59,6 @@ from ordnmf_dask.model.families import Family
 from ordnmf_dask.model.kernels import CsrBlock
 from ordnmf_dask.params import DEFAULTS
 from ordnmf_dask.runtime import reduce
-from ordnmf_dask.runtime.cluster import keep_freed_memory
 from ordnmf_dask.runtime.inprocess import InProcessClient
 from ordnmf_dask.runtime.reduce import PRIORITY, tree_sum
 from ordnmf_dask.store.blocks import StoreInfo
@@ -969,15 +968,12 @@ def steps_executor() -> InProcessClient:
     worker thread, made by the first step and kept: a step hands its tasks to it and returns,
     so the scheduler starts the next step (already submitted) at once, its tasks queue behind
     the running ones, and the iterations overlap as in an in-process fit; the task hop between
-    steps is hidden behind their work. The first also makes a worker started with Dask's
-    malloc setting keep its freed memory (:func:`~ordnmf_dask.runtime.cluster.keep_freed_memory`):
-    the steps' fresh (n, K) arrays are not faulted in page by page each iteration."""
+    steps is hidden behind their work (the worker's malloc setting is the fit's:
+    :func:`~ordnmf_dask.runtime.mallocplugin.set_worker_malloc`)."""
     from distributed import get_worker
 
     threads = get_worker().state.nthreads
     with _STEPS_LOCK:
-        if not _STEPS:
-            keep_freed_memory()
         if threads not in _STEPS:
             _STEPS[threads] = InProcessClient(threads)
         return _STEPS[threads]

@@ -55,22 +55,32 @@ DASK_TRIM = "65536"  # the MALLOC_TRIM_THRESHOLD_ Dask's nanny gives a worker it
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 
 
-def keep_freed_memory() -> bool:
-    """In a worker process that Dask's nanny started with its own malloc setting (freed memory
-    returned at once), glibc's settings changed to :data:`WORKER_MALLOC`'s now (``mallopt``):
-    a fit's steps on a cluster the user started do not fault their arrays in again each
-    iteration (docs/performance.md, "Malloc of a user's workers"). A process configured
+# glibc's settings with which a worker returns freed memory at once (Dask's trimming, and large
+# arrays mapped apart so that freeing one unmaps it): for a fit that spills, whose worker's
+# memory must fall when Dask moves data to disk
+RETURN_MALLOC = {"MALLOC_TRIM_THRESHOLD_": int(DASK_TRIM), "MALLOC_MMAP_THRESHOLD_": 128 << 10}
+
+
+def worker_malloc(keep: bool) -> bool:
+    """In a worker process started with Dask's malloc setting or this package's, glibc's
+    settings changed now (``mallopt``) to :data:`WORKER_MALLOC`'s when ``keep`` (freed memory
+    kept: a fit's steps do not fault their fresh (n, K) arrays in again each iteration;
+    docs/performance.md, "Where a 1 x 2 iteration's time goes"), else to
+    :data:`RETURN_MALLOC`'s (freed memory returned at once: a fit whose factors exceed the
+    workers' memory spills, and Dask sees the process's memory). A process configured
     otherwise, or not on glibc, is left as it is; True when changed."""
-    if os.environ.get("MALLOC_TRIM_THRESHOLD_") != DASK_TRIM:
+    ours = str(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"])
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") not in (DASK_TRIM, ours):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # no C library to ask, or not glibc's
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    trim = min(WORKER_MALLOC["MALLOC_TRIM_THRESHOLD_"], 2**31 - 1)  # an int, in mallopt
+    values = WORKER_MALLOC if keep else RETURN_MALLOC
+    trim = min(values["MALLOC_TRIM_THRESHOLD_"], 2**31 - 1)  # an int, in mallopt
     kept = mallopt(_M_TRIM_THRESHOLD, trim)
-    return bool(kept and mallopt(_M_MMAP_THRESHOLD, WORKER_MALLOC["MALLOC_MMAP_THRESHOLD_"]))
+    return bool(kept and mallopt(_M_MMAP_THRESHOLD, values["MALLOC_MMAP_THRESHOLD_"]))
 
 
 def local_layout(
@@ -139,6 +149,7 @@ def resolve_client(
                 dashboard_address=dashboard_address,
                 security=security,
             )
+        workers: list[Any] = []
         try:
             with cluster, Client(cluster, security=security) as own:
                 log.info(
@@ -148,9 +159,40 @@ def resolve_client(
                     cluster.scheduler_address,
                     own.dashboard_link,
                 )
-                yield own
+                try:
+                    yield own
+                finally:
+                    workers = _worker_processes(cluster)
         finally:
+            _wait_gone(workers)
             sweep_abandoned()  # its workers are gone: no task of theirs can write any more
+
+
+def _worker_processes(cluster: Any) -> list[Any]:
+    """The worker processes of a LocalCluster now (psutil handles, which know a reused pid
+    from the process they were made for)."""
+    import psutil
+
+    found = []
+    for nanny in list(cluster.workers.values()):
+        pid = getattr(nanny, "pid", None)
+        if pid:
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(pid))
+    return found
+
+
+def _wait_gone(processes: list[Any], timeout: float = 10.0) -> None:
+    """Wait for a closed LocalCluster's worker processes to exit, and kill those that have not
+    after ``timeout`` s (under heavy load a nanny's close can return first): a task still
+    running in one could otherwise write into a temporary directory after it was swept."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=timeout)
 
 
 def _start_cluster(make: Any, **kwargs: Any) -> Any:

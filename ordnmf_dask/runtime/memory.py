@@ -164,7 +164,7 @@ def _spills(dask_worker: Any) -> bool:
 
 def check_fit_memory(
     client: Any, info: Grid, k: int, cache: bool, tables: int = FACTOR_TABLES
-) -> None:
+) -> bool:
     """InputError when a fit of ``info`` at K = ``k`` (an ensemble: K times its members) holding
     ``tables`` (n, K) tables per row of W and H (:func:`fit_tables`) cannot fit where it runs:
     in-process,
@@ -172,7 +172,8 @@ def check_fit_memory(
     (and the training blocks when ``cache``) over what the workers' memory limits leave below
     Dask's pause threshold, in all (only a warning where the workers spill to disk: the chunks
     they do not use move there), or on one worker for the largest chunks of W and H, which a
-    task holds at once. Workers without a memory limit are not checked."""
+    task holds at once. Workers without a memory limit are not checked. Returns whether the
+    factors fit the memory (False: the workers will spill them)."""
     need_text = f"K = {k} on {info.n_users} users x {info.n_items} items needs about"
     what = f"(W and H: {tables} tables of K numbers per user and item"
     advice = "lower K (n_components) or the ensemble's n_members"
@@ -185,11 +186,11 @@ def check_fit_memory(
                 f"blocks), more than the {size_text(room)} {bound}: {advice}, "
                 f"{'raise that limit, ' if 'ulimit' in bound else ''}or run on a cluster"
             )
-        return
+        return True
     workers = client.scheduler_info(n_workers=-1)["workers"].values()
     limits = [int(w.get("memory_limit") or 0) for w in workers]
     if not limits or min(limits) == 0:
-        return
+        return True
     room = [max(0, int(PAUSE * limit) - WORKER_PROCESS) for limit in limits]
     below = (
         f"below Dask's pause threshold ({PAUSE:.0%} of the limit, less about "
@@ -198,7 +199,8 @@ def check_fit_memory(
     )
     need = factor_bytes(info.n_users, info.n_items, k, tables)
     need += block_bytes(info) if cache else 0
-    if need > sum(room) and all(client.run(_spills).values()):
+    fits = need <= sum(room)
+    if not fits and all(client.run(_spills).values()):
         log.warning(
             "K = %d on %d users x %d items needs about %s %s), more than the %s the workers' "
             "memory limits leave: they will spill factor chunks to disk, which is slower "
@@ -233,3 +235,4 @@ def check_fit_memory(
             f"{size_text(max(room))} left by a worker with a memory limit of "
             f"{size_text(max(limits))} {below}"
         )
+    return fits
