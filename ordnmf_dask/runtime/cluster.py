@@ -287,7 +287,7 @@ def choose_client(
         log.info(
             "running on the %s client: %d nonzeros at K = %d would fit in this process, "
             "where nothing is sent between processes (on ml-latest-small one worker of 2 "
-            "threads took 1.4x the in-process time per iteration on an idle machine: "
+            "threads took 1.06-1.41x the in-process time per iteration on an idle machine: "
             "docs/performance.md); fit it here with no client (or "
             "executor='inprocess', --executor inprocess), or pass executor='cluster' to "
             "choose the cluster",
