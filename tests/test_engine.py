@@ -128,7 +128,7 @@ def _mapped_on_reuse() -> int:
 
 
 @pytest.mark.cluster
-def test_a_plain_workers_steps_keep_freed_memory(tmp_path, problem):
+def test_a_plain_workers_fit_keeps_freed_memory(tmp_path, problem):
     """A worker that Dask's nanny started with its own malloc setting (MALLOC_TRIM_THRESHOLD_
     65536: each fresh large array faulted in page by page) keeps freed memory once a fit whose
     factors fit its memory has started (``runtime.mallocplugin.set_worker_malloc``)."""

@@ -202,17 +202,15 @@ def check_fit_memory(
     fits = need <= sum(room)
     if not fits and all(client.run(_spills).values()):
         log.warning(
-            "K = %d on %d users x %d items needs about %s %s), more than the %s the workers' "
-            "memory limits leave: they will spill factor chunks to disk, which is slower "
-            "(docs/performance.md, '10^9 nonzeros end to end')",
-            k,
-            info.n_users,
-            info.n_items,
+            "%s %s %s), more than the %s the workers' memory limits leave: they will spill "
+            "factor chunks to disk, which is slower (docs/performance.md, '10^9 nonzeros end "
+            "to end')",
+            need_text,
             size_text(need),
             what,
             size_text(sum(room)),
         )
-    elif need > sum(room):
+    elif not fits:
         n = len(limits)
         each = (
             f"{size_text(limits[0])} each"
