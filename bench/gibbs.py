@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from moves import training_matrix  # noqa: E402
 from optimum import store as make_store  # noqa: E402
+from optimum import store_arguments  # noqa: E402
 from quality import item_counts, scored  # noqa: E402
 from select_k import with_validation  # noqa: E402
 
@@ -146,10 +147,7 @@ def chain(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    where = ap.add_mutually_exclusive_group(required=True)
-    where.add_argument("--store", help="U x I x density x K_true")
-    where.add_argument("--real", choices=["ml", "lastfm"])
-    ap.add_argument("--store-seed", type=int, default=0)
+    store_arguments(ap)
     ap.add_argument("-k", type=int, help="components (default: K_true; 50 on real data)")
     ap.add_argument("--chains", type=int, default=4)
     ap.add_argument("--burn", type=int, default=500)
@@ -160,7 +158,6 @@ def main() -> None:
     ap.add_argument("--shape", type=float, default=0.3, help="prior shape where learned")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--validation", type=float, help="carve a validation subset, score it too")
-    ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
     args = ap.parse_args()
     work = tempfile.mkdtemp()
     info, levels, truth = make_store(args, work)

@@ -222,12 +222,17 @@ def store(args: argparse.Namespace, work: str) -> tuple[StoreInfo, list[int], di
     return info, levels, scored(info, w0, h0, levels)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def store_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options :func:`store` reads: a drawn store or a real dataset, and where data live."""
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", help="U x I x density x K_true, e.g. 2000x1000x0.05x20")
     where.add_argument("--real", choices=["ml", "lastfm"])
     ap.add_argument("--store-seed", type=int, default=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    store_arguments(ap)
     ap.add_argument("--fits", nargs="*", default=[], help="JSON objects of estimator keywords")
     ap.add_argument(
         "--mix",

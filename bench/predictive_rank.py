@@ -15,7 +15,6 @@ the same mean. Item popularity is printed beside. Dense (U x I) score tables: sm
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from optimum import store as make_store  # noqa: E402
+from optimum import store_arguments  # noqa: E402
 from quality import item_counts, scored  # noqa: E402
 
 from ordnmf_dask import OrdNMF  # noqa: E402
@@ -50,10 +50,7 @@ def at_least(e: np.ndarray, v: np.ndarray | None, theta: float) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--store")
-    ap.add_argument("--real")
-    ap.add_argument("--store-seed", type=int, default=0)
-    ap.add_argument("--data", default=os.environ.get("DATA", "../shared/data"))
+    store_arguments(ap)
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("-k", type=int, default=50)
     ap.add_argument("--alpha", type=float)
