@@ -51,7 +51,7 @@ from quality import item_counts, scored  # noqa: E402
 from select_k import with_validation  # noqa: E402
 
 from ordnmf_dask.datasets.synth import SynthParams, true_factors  # noqa: E402
-from ordnmf_dask.store.blocks import open_store, read_ids  # noqa: E402
+from ordnmf_dask.store.blocks import read_ids  # noqa: E402
 
 
 def truncated_poisson(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
@@ -161,10 +161,11 @@ def main() -> None:
     args = ap.parse_args()
     work = tempfile.mkdtemp()
     info, levels, truth = make_store(args, work)
+    if truth is not None:  # the generating parameters, from the drawn store
+        p = SynthParams.from_attrs(info.attrs)
     if args.validation:  # the seeded hash of ingest needs another seed (bench/select_k.py)
         info = with_validation(info, os.path.join(work, "v.zarr"), args.validation, seed=1)
         if truth is not None:
-            p = SynthParams.from_attrs(open_store(os.path.join(work, "s.zarr")).attrs)
             ru, ri = read_ids(info.path, "users"), read_ids(info.path, "items")
             w0 = true_factors(p, "users", 0, p.n_users)[ru]
             truth = scored(info, w0, true_factors(p, "items", 0, p.n_items)[ri], levels)
@@ -174,7 +175,6 @@ def main() -> None:
     if truth is None:
         k = args.k or 50
     else:
-        p = SynthParams.from_attrs(open_store(os.path.join(work, "s.zarr")).attrs)
         k = args.k or p.n_components
     eye = np.eye(info.n_items)
 

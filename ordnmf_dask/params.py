@@ -686,7 +686,7 @@ def _tune_rows() -> Iterator[Param]:
     doc = "sample this many trials at random, seeded by sample_seed (None: the grid of the values)"
     yield Param("n_trials", Integer(1), None, doc, t, False, optional=True)
     yield Param("sample_seed", Integer(0), 0, "seed of the random trials", t, False)
-    doc = "iterations of the last rung, the same default as a fit's max_iter"
+    doc = "iterations of the last rung (default: a fit's max_iter)"
     yield Param("max_iter", Integer(1), PARAMS["max_iter"].default, doc, t, False, flags=())
     doc = "iterations of the first rung (None: max_iter // eta^2, three rungs)"
     yield Param("min_budget", Integer(1), None, doc, t, False, optional=True)
